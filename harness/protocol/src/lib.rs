@@ -1,0 +1,196 @@
+//! Wire protocol between the kloop host harness and the guest agent.
+//!
+//! The guest writes *frames* to its data port (the second serial port); the
+//! host decodes them. A frame is
+//!
+//! ```text
+//! magic  b"KLF1"   4 bytes
+//! kind   u8        FrameKind
+//! pad    [u8; 3]   zero
+//! len    u32 LE    payload length (<= MAX_PAYLOAD)
+//! crc    u32 LE    CRC-32 (IEEE) of kind || len || payload
+//! payload          len bytes
+//! ```
+//!
+//! `Message` frames carry one JSON-encoded [`Message`]; `Records` frames carry
+//! raw perf ring bytes behind a small binary [`RecordsHeader`]. The guest never
+//! interprets perf records: the host owns the ABI knowledge.
+//!
+//! The plan the guest executes ([`Plan`]) travels the other way, as a JSON file
+//! inside the initramfs.
+
+use serde::{Deserialize, Serialize};
+
+pub mod frame;
+pub mod plan;
+
+pub use frame::{encode_frame, FrameDecoder, FrameError, FrameKind, RawFrame, MAX_PAYLOAD};
+pub use plan::{ListenerSpec, Plan, Step};
+
+/// Bumped whenever a frame layout or a message changes incompatibly.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Where the agent finds its plan inside the initramfs.
+pub const PLAN_PATH: &str = "/kloop/plan.json";
+
+/// The guest device the agent writes frames to (second 8250 UART).
+pub const DATA_PORT: &str = "/dev/ttyS1";
+
+/// Interval between guest heartbeats; the host allows several missed ones.
+pub const HEARTBEAT_INTERVAL_MS: u64 = 250;
+
+/// `uname(2)` of the guest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Uname {
+    pub sysname: String,
+    pub release: String,
+    pub version: String,
+    pub machine: String,
+}
+
+/// One line of `/proc/kallsyms`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KallsymsEntry {
+    pub addr: u64,
+    pub kind: char,
+    pub name: String,
+    /// The `[module]` column without brackets (`bpf` for BPF programs).
+    pub module: Option<String>,
+}
+
+/// What `BPF_OBJ_GET_INFO_BY_FD` said about one program the agent loaded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProgFacts {
+    /// The scenario's label for this program (`main`, `worker3`, ...).
+    pub label: String,
+    pub id: u32,
+    /// `bpf_prog_info.tag`, 8 bytes.
+    pub tag: [u8; 8],
+    /// `bpf_prog_info.name` (truncated to 15 bytes by the kernel).
+    pub name: String,
+    pub prog_type: u32,
+    /// `jited_ksyms`: start address of every JITed function, main first.
+    pub jited_ksyms: Vec<u64>,
+    /// `jited_func_lens`, same order as `jited_ksyms`.
+    pub jited_func_lens: Vec<u32>,
+    /// `/proc/kallsyms` lines whose address is one of `jited_ksyms`.
+    pub kallsyms: Vec<KallsymsEntry>,
+}
+
+/// One perf listener the agent opened.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListenerInfo {
+    /// Index used by `RecordsHeader::listener`.
+    pub index: u32,
+    /// CPU the listener is bound to, or -1 for a task-bound listener.
+    pub cpu: i32,
+    /// `perf_event_attr.sample_type` as opened.
+    pub sample_type: u64,
+    pub sample_id_all: bool,
+    pub ksymbol: bool,
+    pub bpf_event: bool,
+    /// Size of the data area of its ring buffer in bytes.
+    pub ring_bytes: u64,
+}
+
+/// Messages from the guest agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "kebab-case")]
+pub enum Message {
+    /// First frame of every run.
+    Hello {
+        protocol_version: u32,
+        agent_version: String,
+        uname: Uname,
+        online_cpus: Vec<u32>,
+        /// Guest monotonic clock at the moment of the hello, in ns.
+        monotonic_ns: u64,
+    },
+    /// Sent every [`HEARTBEAT_INTERVAL_MS`] while the agent is alive.
+    Heartbeat { seq: u64 },
+    /// Kernel knobs that change what the records look like.
+    KernelFacts {
+        /// `(path, value)` of sysctls read from /proc/sys (trimmed).
+        sysctls: Vec<(String, String)>,
+        /// Kernel command line.
+        cmdline: String,
+    },
+    /// A step of the plan starts.
+    StepStart { index: u32, what: String },
+    /// A step of the plan finished.
+    StepDone { index: u32, elapsed_ns: u64 },
+    Listener(ListenerInfo),
+    Prog(ProgFacts),
+    /// Symbols present at the start of recording (for reconciling
+    /// unregisters of symbols the run never saw registered).
+    InitialKallsyms { entries: Vec<KallsymsEntry> },
+    /// Free-form diagnostics, shown to the user on failure.
+    Log { text: String },
+    /// The agent could not carry out a step; it powers off after this.
+    AgentError { step: Option<u32>, message: String },
+    /// Every step ran and every ring was drained.
+    Done { records_bytes: u64 },
+}
+
+/// Binary header in front of raw ring bytes in a `Records` frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordsHeader {
+    pub listener: u32,
+    /// Offset of these bytes in the listener's stream (sum of earlier chunks).
+    pub stream_offset: u64,
+}
+
+impl RecordsHeader {
+    pub const LEN: usize = 12;
+
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut out = [0u8; Self::LEN];
+        out[..4].copy_from_slice(&self.listener.to_le_bytes());
+        out[4..].copy_from_slice(&self.stream_offset.to_le_bytes());
+        out
+    }
+
+    /// Splits a `Records` payload into its header and the raw bytes.
+    pub fn split(payload: &[u8]) -> Option<(RecordsHeader, &[u8])> {
+        if payload.len() < Self::LEN {
+            return None;
+        }
+        let listener = u32::from_le_bytes(payload[..4].try_into().ok()?);
+        let stream_offset = u64::from_le_bytes(payload[4..12].try_into().ok()?);
+        Some((
+            RecordsHeader {
+                listener,
+                stream_offset,
+            },
+            &payload[Self::LEN..],
+        ))
+    }
+}
+
+impl Message {
+    /// Encodes this message as a complete frame.
+    pub fn to_frame(&self) -> Vec<u8> {
+        let json = serde_json::to_vec(self).expect("messages always serialise");
+        encode_frame(FrameKind::Message, &json)
+    }
+}
+
+/// Encodes raw ring bytes as one or more `Records` frames.
+pub fn records_frames(listener: u32, mut stream_offset: u64, bytes: &[u8]) -> Vec<Vec<u8>> {
+    const CHUNK: usize = 64 * 1024;
+    let mut frames = Vec::new();
+    for chunk in bytes.chunks(CHUNK) {
+        let mut payload = Vec::with_capacity(RecordsHeader::LEN + chunk.len());
+        payload.extend_from_slice(
+            &RecordsHeader {
+                listener,
+                stream_offset,
+            }
+            .encode(),
+        );
+        payload.extend_from_slice(chunk);
+        frames.push(encode_frame(FrameKind::Records, &payload));
+        stream_offset += chunk.len() as u64;
+    }
+    frames
+}

@@ -1,0 +1,46 @@
+//! The plan a guest agent executes, built by the host from `scenario.toml`.
+
+use serde::{Deserialize, Serialize};
+
+/// One perf listener configuration. The host computes the bits; the guest
+/// passes them to `perf_event_open` unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListenerSpec {
+    /// `perf_event_attr.sample_type`.
+    pub sample_type: u64,
+    pub ksymbol: bool,
+    pub bpf_event: bool,
+    /// Data pages per ring (power of two).
+    pub ring_pages: u32,
+}
+
+/// One step. The agent runs them in order and reports each.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Step {
+    /// Read `/proc/kallsyms` before recording starts.
+    SnapshotKallsyms,
+    /// Open one listener of this spec on every online CPU.
+    OpenListeners { listener: ListenerSpec },
+    /// Load `program` from the embedded fixture object `fixture` and report
+    /// its `bpf_prog_info` and kallsyms lines under `label`.
+    Load {
+        fixture: String,
+        program: String,
+        label: String,
+    },
+    /// Drop every reference the agent holds on the program `label`.
+    Unload { label: String },
+    /// Wait until no program the agent loaded is visible by id any more
+    /// (unloads can be deferred to a worker), at most `timeout_ms`.
+    WaitUnloaded { timeout_ms: u64 },
+    /// Read every ring to its head and send the bytes.
+    Drain,
+}
+
+/// Everything the agent needs to run one trial.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    pub scenario: String,
+    pub steps: Vec<Step>,
+}

@@ -1,0 +1,2 @@
+//! kloop: kernel-in-the-loop tests of the KSYMBOL / BPF_EVENT record stream.
+pub mod kernel;
