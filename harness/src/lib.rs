@@ -1,3 +1,19 @@
 //! kloop: kernel-in-the-loop tests of the KSYMBOL / BPF_EVENT record stream.
+//!
+//! Data flows one way: pin → image → VM → agent → raw records → parse →
+//! check → normalise → compare → report. See ARCHITECTURE.md.
+pub mod accel;
+pub mod agent;
+pub mod check;
 pub mod evidence;
+pub mod initramfs;
 pub mod kernel;
+pub mod normalise;
+pub mod records;
+pub mod report;
+pub mod scenario;
+pub mod signals;
+pub mod snapshot;
+pub mod suite;
+pub mod trial;
+pub mod vm;

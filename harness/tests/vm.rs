@@ -1,1 +1,71 @@
-fn main() {}
+//! The VM suite: one libtest-mimic trial per `<kernel pin>/<scenario>`.
+//!
+//! `cargo test -- 6.12` runs one kernel's trials; `cargo nextest run` runs each
+//! trial in its own process. Real kernels under real QEMU: the first trial to
+//! run builds the guest agent, fetches its kernel and decides the accelerator
+//! (`KLOOP_ACCEL=kvm|tcg|auto`, default auto).
+
+use std::sync::OnceLock;
+
+use kloop::accel::AccelChoice;
+use kloop::suite::{self, EnvOptions, Layout, PlannedTrial, Selection};
+use kloop::trial::{TrialEnv, Verdict};
+use libtest_mimic::{Arguments, Failed, Trial};
+
+static ENV: OnceLock<Result<TrialEnv, String>> = OnceLock::new();
+
+fn env(layout: &Layout, first: &PlannedTrial) -> Result<&'static TrialEnv, String> {
+    ENV.get_or_init(|| {
+        let accel = std::env::var("KLOOP_ACCEL")
+            .unwrap_or_else(|_| "auto".into())
+            .parse::<AccelChoice>()?;
+        let opts = EnvOptions {
+            accel,
+            ..EnvOptions::default()
+        };
+        let env = suite::prepare_env(layout, &opts, Some(&first.kernel))
+            .map_err(|e| format!("preparing the VM environment: {e}"))?;
+        eprintln!("kloop: accelerator: {}", env.accel.reason);
+        eprintln!("kloop: artefacts in {}", env.run_dir.display());
+        Ok(env)
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let layout = Layout::from_root(kloop::agent::workspace_root());
+    let planned = match suite::plan(&layout, &Selection::default()) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("kloop: cannot plan the VM trials: {e}");
+            std::process::exit(2);
+        }
+    };
+    kloop::signals::install();
+    let first = planned[0].clone();
+    let trials = planned
+        .into_iter()
+        .map(|t| {
+            let layout = layout.clone();
+            let first = first.clone();
+            Trial::test(t.id(), move || {
+                let env = env(&layout, &first)?;
+                let r = kloop::trial::run_trial(env, &t.kernel, &t.scenario);
+                eprintln!("{}", kloop::report::trial_line(&r));
+                match r.verdict {
+                    Verdict::Ok => Ok(()),
+                    v => Err(Failed::from(format!(
+                        "{}: {}\nartefacts: {}",
+                        v.label(),
+                        v.message().unwrap_or(""),
+                        r.artefacts.display()
+                    ))),
+                }
+            })
+            .with_kind("vm")
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit();
+}

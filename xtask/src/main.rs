@@ -1,1 +1,246 @@
-fn main() {}
+//! `cargo xtask`: a thin CLI over the `kloop` library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use kloop::accel::AccelChoice;
+use kloop::kernel::{Catalog, FetchOptions, KernelCache};
+use kloop::report::{self, Summary};
+use kloop::suite::{self, EnvOptions, Layout, Selection};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "kloop: kernel-in-the-loop tests of the KSYMBOL / BPF_EVENT stream")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Boot kernels under QEMU, run scenarios, check records, compare snapshots.
+    VmTest(VmTestArgs),
+    /// Re-run trials and rewrite their golden snapshots from the real streams.
+    Bless(VmTestArgs),
+    /// The kernel catalog.
+    Kernels {
+        #[command(subcommand)]
+        cmd: KernelsCmd,
+    },
+}
+
+#[derive(Args, Clone)]
+struct FetchArgs {
+    /// Debian mirror URL (default: from the host's apt sources, or $KLOOP_MIRROR).
+    #[arg(long)]
+    mirror: Option<String>,
+    /// Never download: use only the cache.
+    #[arg(long)]
+    offline: bool,
+}
+
+impl FetchArgs {
+    fn options(&self) -> FetchOptions {
+        FetchOptions {
+            mirror: self.mirror.clone(),
+            offline: self.offline,
+            ..FetchOptions::default()
+        }
+    }
+}
+
+#[derive(Args, Clone)]
+struct VmTestArgs {
+    /// Only these kernel pins (repeatable).
+    #[arg(long = "kernel", value_name = "ID")]
+    kernels: Vec<String>,
+    /// Only these scenarios (repeatable).
+    #[arg(long = "scenario", value_name = "NAME")]
+    scenarios: Vec<String>,
+    /// Boot this bzImage instead of the pinned kernels.
+    #[arg(long, value_name = "PATH")]
+    kernel_image: Option<PathBuf>,
+    /// With --kernel-image: also compare with the snapshots of this pin.
+    #[arg(long, value_name = "ID", requires = "kernel_image")]
+    snapshot_as: Option<String>,
+    /// Accelerator: kvm, tcg or auto (KVM only if a probe guest boots).
+    #[arg(long, default_value = "auto")]
+    accel: AccelChoice,
+    /// Parallel VMs (default: number of cores).
+    #[arg(long, short)]
+    jobs: Option<usize>,
+    /// vCPUs per guest.
+    #[arg(long, default_value_t = 2)]
+    cpus: u32,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 512)]
+    memory: u32,
+    /// List the trials and exit.
+    #[arg(long)]
+    list: bool,
+    #[command(flatten)]
+    fetch: FetchArgs,
+}
+
+#[derive(Subcommand)]
+enum KernelsCmd {
+    /// Show the catalog and what is cached.
+    List,
+    /// Download and verify pinned kernels (all by default).
+    Fetch {
+        ids: Vec<String>,
+        #[command(flatten)]
+        fetch: FetchArgs,
+    },
+    /// Re-pin ID to the newest build its suite serves (rewrites kernels/ID.toml).
+    Update {
+        id: String,
+        #[command(flatten)]
+        fetch: FetchArgs,
+    },
+}
+
+fn layout() -> Layout {
+    Layout::from_root(kloop::agent::workspace_root())
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run() -> Result<ExitCode> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::VmTest(a) => vm_test(a),
+        Cmd::Bless(a) => {
+            // insta rewrites the .snap files instead of failing; invariant
+            // violations still fail: only a clean stream can be blessed.
+            std::env::set_var("INSTA_UPDATE", "always");
+            vm_test(a)
+        }
+        Cmd::Kernels { cmd } => kernels(cmd),
+    }
+}
+
+fn vm_test(a: VmTestArgs) -> Result<ExitCode> {
+    let layout = layout();
+    let sel = Selection {
+        kernels: a.kernels.clone(),
+        scenarios: a.scenarios.clone(),
+        kernel_image: a.kernel_image.clone(),
+        snapshot_as: a.snapshot_as.clone(),
+    };
+    let trials = suite::plan(&layout, &sel)?;
+    if a.list {
+        for t in &trials {
+            println!("{}", t.id());
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if trials.is_empty() {
+        bail!("no trials selected");
+    }
+    kloop::signals::install();
+    let opts = EnvOptions {
+        accel: a.accel,
+        fetch: a.fetch.options(),
+        cpus: a.cpus,
+        memory_mib: a.memory,
+    };
+    let started = std::time::Instant::now();
+    let env = suite::prepare_env(&layout, &opts, Some(&trials[0].kernel))
+        .context("preparing the test environment")?;
+    println!("kloop: accelerator: {}", env.accel.reason);
+    println!(
+        "kloop: running {} trial(s), artefacts in {}",
+        trials.len(),
+        env.run_dir.display()
+    );
+    let jobs = a.jobs.unwrap_or_else(suite::default_jobs);
+    let results = suite::run_all(&env, &trials, jobs, &|r| {
+        println!("{}", report::trial_line(r));
+        if let Some(d) = report::failure_details(r) {
+            println!("{d}");
+        }
+    });
+    report::write_files(&env.run_dir, &results)
+        .with_context(|| format!("writing reports into {}", env.run_dir.display()))?;
+    let summary = Summary::of(&results);
+    println!();
+    println!(
+        "kloop: {} in {:.1} s ({}); reports: {}",
+        summary.line(),
+        started.elapsed().as_secs_f64(),
+        env.accel.accel,
+        env.run_dir.display()
+    );
+    Ok(if summary.all_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn kernels(cmd: KernelsCmd) -> Result<ExitCode> {
+    let layout = layout();
+    match cmd {
+        KernelsCmd::List => {
+            let catalog = Catalog::load(&layout.kernels())?;
+            let cache = KernelCache::default_location()?;
+            println!(
+                "{:<8} {:<7} {:<40} {:<28} {:<16} cached",
+                "id", "series", "package", "version", "image sha256"
+            );
+            for p in catalog.pins() {
+                println!(
+                    "{:<8} {:<7} {:<40} {:<28} {:<16} {}",
+                    p.id,
+                    p.series,
+                    p.package,
+                    p.version,
+                    &p.image_sha256[..16.min(p.image_sha256.len())],
+                    if cache.is_cached(p) { "yes" } else { "no" }
+                );
+            }
+            println!("cache: {}", cache.root().display());
+        }
+        KernelsCmd::Fetch { ids, fetch } => {
+            let catalog = Catalog::load(&layout.kernels())?;
+            let cache = KernelCache::default_location()?;
+            let pins: Vec<_> = if ids.is_empty() {
+                catalog.pins().to_vec()
+            } else {
+                ids.iter()
+                    .map(|id| catalog.get(id).cloned())
+                    .collect::<Result<_, _>>()?
+            };
+            for p in pins {
+                let t = std::time::Instant::now();
+                let path = cache.ensure_image(&p, &fetch.options())?;
+                println!(
+                    "{} {} {}: {} ({:.1} s)",
+                    p.id,
+                    p.package,
+                    p.version,
+                    path.display(),
+                    t.elapsed().as_secs_f64()
+                );
+            }
+        }
+        KernelsCmd::Update { id, fetch } => {
+            let pin = kloop::kernel::update_pin(&layout.kernels(), &id, &fetch.options())?;
+            println!(
+                "{}: pinned {} {} (deb sha256 {}, image sha256 {})",
+                pin.id, pin.package, pin.version, pin.deb_sha256, pin.image_sha256
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

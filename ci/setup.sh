@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the system packages kloop needs on a Debian (or Debian-based) host:
+# QEMU to boot kernels, clang to compile the BPF fixtures, dpkg-deb and
+# apt-get (present on every Debian) to fetch and unpack kernel packages.
+# Idempotent: packages already installed are left alone.
+set -euo pipefail
+
+need=()
+command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
+command -v clang >/dev/null 2>&1 || need+=(clang)
+command -v dpkg-deb >/dev/null 2>&1 || need+=(dpkg)
+[ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
+
+if [ ${#need[@]} -eq 0 ]; then
+  echo "kloop setup: all system packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || { echo "kloop setup: need root (or sudo) to install: ${need[*]}" >&2; exit 1; }
+  SUDO="sudo"
+fi
+echo "kloop setup: installing ${need[*]}"
+$SUDO apt-get update -q
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${need[@]}"

@@ -1,0 +1,333 @@
+//! The plan interpreter: hello, facts, steps, done.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use aya::programs::{Program, ProgramError};
+use aya::{Ebpf, EbpfLoader};
+use kloop_protocol::{
+    records_frames, ListenerInfo, ListenerSpec, Message, Plan, ProgFacts, Step, PLAN_PATH,
+    PROTOCOL_VERSION,
+};
+
+use crate::sys::{self, OsContext};
+use crate::{bpf, fixtures, kallsyms, perf, port, CURRENT_STEP};
+
+const SYSCTLS: &[&str] = &[
+    "kernel/perf_event_paranoid",
+    "kernel/kptr_restrict",
+    "net/core/bpf_jit_enable",
+    "net/core/bpf_jit_harden",
+    "net/core/bpf_jit_kallsyms",
+    "kernel/unprivileged_bpf_disabled",
+];
+
+fn send(msg: &Message) -> Result<()> {
+    port::send(msg).os_ctx("writing to the data port")
+}
+
+fn log(text: impl Into<String>) -> Result<()> {
+    send(&Message::Log { text: text.into() })
+}
+
+pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
+    let (online_cpus, cpu_note) = match sys::online_cpus() {
+        Ok(cpus) => (cpus, None),
+        Err(e) => (
+            Vec::new(),
+            Some(format!(
+                "reading /sys/devices/system/cpu/online: {}",
+                sys::Errno(&e)
+            )),
+        ),
+    };
+    send(&Message::Hello {
+        protocol_version: PROTOCOL_VERSION,
+        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        uname: sys::uname(),
+        online_cpus,
+        monotonic_ns: sys::monotonic_ns(),
+    })?;
+    send(&kernel_facts())?;
+    log(format!(
+        "data port {}: {port_note}",
+        kloop_protocol::DATA_PORT
+    ))?;
+    for note in notes.into_iter().chain(cpu_note) {
+        log(note)?;
+    }
+    crate::start_heartbeat();
+
+    let plan = read_plan()?;
+    warm_up_aya()?;
+
+    let mut state = State::default();
+    for (index, step) in plan.steps.iter().enumerate() {
+        let index = index as u32;
+        CURRENT_STEP.store(index as i64, Ordering::Relaxed);
+        send(&Message::StepStart {
+            index,
+            what: serde_json::to_string(step).expect("steps serialise"),
+        })?;
+        let started = Instant::now();
+        state.step(step)?;
+        send(&Message::StepDone {
+            index,
+            elapsed_ns: started.elapsed().as_nanos() as u64,
+        })?;
+        CURRENT_STEP.store(-1, Ordering::Relaxed);
+    }
+    send(&Message::Done {
+        records_bytes: state.records_bytes,
+    })
+}
+
+fn kernel_facts() -> Message {
+    let sysctls = SYSCTLS
+        .iter()
+        .filter_map(|name| {
+            let path = format!("/proc/sys/{name}");
+            sys::read_trimmed(&path).ok().map(|v| (path, v))
+        })
+        .collect();
+    Message::KernelFacts {
+        sysctls,
+        cmdline: sys::read_trimmed("/proc/cmdline").unwrap_or_default(),
+    }
+}
+
+fn read_plan() -> Result<Plan> {
+    let text = std::fs::read(PLAN_PATH).os_ctx(format!("reading the plan {PLAN_PATH}"))?;
+    serde_json::from_slice(&text).with_context(|| format!("parsing the plan {PLAN_PATH}"))
+}
+
+fn fixture(name: &str) -> Result<&'static [u8]> {
+    fixtures::FIXTURES
+        .iter()
+        .find(|(stem, _)| *stem == name)
+        .map(|(_, bytes)| *bytes)
+        .ok_or_else(|| {
+            let known: Vec<&str> = fixtures::FIXTURES.iter().map(|(s, _)| *s).collect();
+            anyhow!("no embedded fixture {name:?} (the agent has {known:?})")
+        })
+}
+
+fn parse_fixture(name: &str) -> Result<Ebpf> {
+    // No kernel BTF: the fixtures need no CO-RE, and parsing vmlinux BTF is slow under TCG.
+    EbpfLoader::new()
+        .btf(None)
+        .load(fixture(name)?)
+        .with_context(|| format!("aya could not load the object of fixture {name:?}"))
+}
+
+/// Loads a program of any type that needs no attach target at load time.
+fn load_program(program: &mut Program) -> Result<(), ProgramError> {
+    match program {
+        Program::SocketFilter(p) => p.load(),
+        Program::SchedClassifier(p) => p.load(),
+        Program::Xdp(p) => p.load(),
+        Program::TracePoint(p) => p.load(),
+        Program::KProbe(p) => p.load(),
+        Program::RawTracePoint(p) => p.load(),
+        Program::CgroupSkb(p) => p.load(),
+        Program::PerfEvent(p) => p.load(),
+        Program::SockOps(p) => p.load(),
+        Program::SkMsg(p) => p.load(),
+        _ => Err(ProgramError::UnexpectedProgramType),
+    }
+}
+
+/// aya probes kernel features by loading throw-away programs the first time
+/// it needs them. Those loads would be recorded as KSYMBOL/BPF_EVENT records,
+/// so force them now, before any listener exists: `aya::features()` runs the
+/// whole detection (a `LazyLock` in aya 0.14), and loading every program of
+/// every embedded fixture once exercises whatever else the real loads will
+/// touch. Then wait until the kernel has freed all of it.
+fn warm_up_aya() -> Result<()> {
+    let started = Instant::now();
+    let before: HashSet<u32> = bpf::prog_ids()?.into_iter().collect();
+    let features = aya::features();
+    let mut loaded = 0;
+    for (stem, _) in fixtures::FIXTURES {
+        let mut ebpf = match parse_fixture(stem) {
+            Ok(ebpf) => ebpf,
+            Err(e) => {
+                log(format!("aya warm-up: {}", sys::describe_chain(&e)))?;
+                continue;
+            }
+        };
+        for (name, program) in ebpf.programs_mut() {
+            match load_program(program) {
+                Ok(()) => loaded += 1,
+                Err(e) => log(format!(
+                    "aya warm-up: loading {stem}/{name} failed: {}",
+                    sys::describe_chain(&e.into())
+                ))?,
+            }
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let leftover = loop {
+        let left: Vec<u32> = bpf::prog_ids()?
+            .into_iter()
+            .filter(|id| !before.contains(id))
+            .collect();
+        if left.is_empty() || Instant::now() > deadline {
+            break left;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    log(format!(
+        "aya warm-up before any listener: {} program(s) present at start, features probed, \
+         {loaded} fixture program(s) loaded and dropped, {} ms; features: {features:?}",
+        before.len(),
+        started.elapsed().as_millis()
+    ))?;
+    if !leftover.is_empty() {
+        log(format!(
+            "aya warm-up: programs {leftover:?} still visible 5 s after the warm-up; \
+             their unload may show up in the records"
+        ))?;
+    }
+    Ok(())
+}
+
+struct Loaded {
+    /// Owns the program fd (and the object's BTF fd); dropping it unloads.
+    _ebpf: Ebpf,
+    id: u32,
+}
+
+#[derive(Default)]
+struct State {
+    rings: Vec<perf::Ring>,
+    loaded: HashMap<String, Loaded>,
+    /// Programs unloaded by the plan and not yet confirmed gone.
+    unloaded: Vec<(String, u32)>,
+    records_bytes: u64,
+}
+
+impl State {
+    fn step(&mut self, step: &Step) -> Result<()> {
+        match step {
+            Step::SnapshotKallsyms => {
+                let entries = kallsyms::read_filtered(kallsyms::is_side_band_symbol)?;
+                send(&Message::InitialKallsyms { entries })
+            }
+            Step::OpenListeners { listener } => self.open_listeners(listener),
+            Step::Load {
+                fixture,
+                program,
+                label,
+            } => self.load(fixture, program, label),
+            Step::Unload { label } => {
+                let prog = self
+                    .loaded
+                    .remove(label)
+                    .ok_or_else(|| anyhow!("unload of {label:?}, which is not loaded"))?;
+                self.unloaded.push((label.clone(), prog.id));
+                drop(prog);
+                Ok(())
+            }
+            Step::WaitUnloaded { timeout_ms } => self.wait_unloaded(*timeout_ms),
+            Step::Drain => self.drain(),
+        }
+    }
+
+    fn open_listeners(&mut self, spec: &ListenerSpec) -> Result<()> {
+        let cpus = sys::online_cpus().os_ctx("reading /sys/devices/system/cpu/online")?;
+        for cpu in cpus {
+            let index = self.rings.len() as u32;
+            let ring = perf::Ring::open(index, cpu, spec)?;
+            send(&Message::Listener(ListenerInfo {
+                index,
+                cpu: ring.cpu,
+                sample_type: spec.sample_type,
+                sample_id_all: true,
+                ksymbol: spec.ksymbol,
+                bpf_event: spec.bpf_event,
+                ring_bytes: ring.ring_bytes(),
+            }))?;
+            self.rings.push(ring);
+        }
+        Ok(())
+    }
+
+    fn load(&mut self, fixture: &str, program: &str, label: &str) -> Result<()> {
+        if self.loaded.contains_key(label) {
+            bail!("label {label:?} is already loaded");
+        }
+        let mut ebpf = parse_fixture(fixture)?;
+        let names: Vec<String> = ebpf.programs().map(|(n, _)| n.to_owned()).collect();
+        let prog = ebpf.program_mut(program).ok_or_else(|| {
+            anyhow!("fixture {fixture:?} has no program {program:?} (it has {names:?})")
+        })?;
+        load_program(prog)
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("loading {fixture}/{program} (label {label:?})"))?;
+        let info = bpf::prog_info(prog.fd()?.as_fd())
+            .with_context(|| format!("bpf_prog_info of {fixture}/{program}"))?;
+        let kallsyms = kallsyms::read_filtered(|e| info.jited_ksyms.contains(&e.addr))?;
+        send(&Message::Prog(ProgFacts {
+            label: label.to_owned(),
+            id: info.info.id,
+            tag: info.info.tag,
+            name: info.name(),
+            prog_type: info.info.prog_type,
+            jited_ksyms: info.jited_ksyms.clone(),
+            jited_func_lens: info.jited_func_lens.clone(),
+            kallsyms,
+        }))?;
+        self.loaded.insert(
+            label.to_owned(),
+            Loaded {
+                _ebpf: ebpf,
+                id: info.info.id,
+            },
+        );
+        Ok(())
+    }
+
+    fn wait_unloaded(&mut self, timeout_ms: u64) -> Result<()> {
+        if !self.loaded.is_empty() {
+            let mut held: Vec<&String> = self.loaded.keys().collect();
+            held.sort();
+            log(format!(
+                "wait-unloaded waits for the programs unloaded so far; still held: {held:?}"
+            ))?;
+        }
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        loop {
+            let ids: HashSet<u32> = bpf::prog_ids()?.into_iter().collect();
+            let left: Vec<&(String, u32)> = self
+                .unloaded
+                .iter()
+                .filter(|(_, id)| ids.contains(id))
+                .collect();
+            if left.is_empty() {
+                self.unloaded.clear();
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!("after {timeout_ms} ms these unloaded programs are still visible by id (label, id): {left:?}");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn drain(&mut self) -> Result<()> {
+        for ring in &mut self.rings {
+            let (bytes, head) = ring.unread()?;
+            for frame in records_frames(ring.index, ring.sent, &bytes) {
+                port::send_frame(&frame).os_ctx("writing records to the data port")?;
+            }
+            ring.sent += bytes.len() as u64;
+            self.records_bytes += bytes.len() as u64;
+            ring.commit(head);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,68 @@
+//! `/proc/kallsyms` reading.
+
+use anyhow::Result;
+use kloop_protocol::KallsymsEntry;
+
+use crate::sys::OsContext;
+
+/// Parses one line: `addr type name` or `addr type name\t[module]`.
+pub fn parse_line(line: &str) -> Option<KallsymsEntry> {
+    let mut parts = line.split_whitespace();
+    let addr = u64::from_str_radix(parts.next()?, 16).ok()?;
+    let mut kind_chars = parts.next()?.chars();
+    let kind = kind_chars.next()?;
+    if kind_chars.next().is_some() {
+        return None;
+    }
+    let name = parts.next()?.to_owned();
+    let module = match parts.next() {
+        Some(m) => Some(m.strip_prefix('[')?.strip_suffix(']')?.to_owned()),
+        None => None,
+    };
+    Some(KallsymsEntry {
+        addr,
+        kind,
+        name,
+        module,
+    })
+}
+
+/// Streams every parsable line of /proc/kallsyms through `keep`.
+pub fn read_filtered(mut keep: impl FnMut(&KallsymsEntry) -> bool) -> Result<Vec<KallsymsEntry>> {
+    let text = std::fs::read_to_string("/proc/kallsyms").os_ctx("reading /proc/kallsyms")?;
+    Ok(text
+        .lines()
+        .filter_map(parse_line)
+        .filter(|e| keep(e))
+        .collect())
+}
+
+/// Symbols that may show up as KSYMBOL records: BPF programs, trampolines
+/// and dispatchers (`[bpf]`), and out-of-line code such as kprobe insn pages
+/// and ftrace trampolines (`[__builtin__kprobes]`, `[__builtin__ftrace]`).
+pub fn is_side_band_symbol(e: &KallsymsEntry) -> bool {
+    match e.module.as_deref() {
+        Some("bpf") => true,
+        Some(m) => m.starts_with("__builtin__"),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines() {
+        let e = parse_line("ffffffffc0201234 t bpf_prog_6deef7357e7b4530_kloop\t[bpf]").unwrap();
+        assert_eq!(e.addr, 0xffffffffc0201234);
+        assert_eq!(e.kind, 't');
+        assert_eq!(e.name, "bpf_prog_6deef7357e7b4530_kloop");
+        assert_eq!(e.module.as_deref(), Some("bpf"));
+        assert!(is_side_band_symbol(&e));
+        let k = parse_line("ffffffff81000000 T _stext").unwrap();
+        assert_eq!(k.module, None);
+        assert!(!is_side_band_symbol(&k));
+        assert!(parse_line("garbage").is_none());
+    }
+}

@@ -1,0 +1,207 @@
+//! Perf side-band listeners: `perf_event_open` + ring buffers, drained raw.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::{bail, Result};
+use kloop_protocol::ListenerSpec;
+
+use crate::sys::OsContext;
+
+const PERF_TYPE_SOFTWARE: u32 = 1;
+const PERF_COUNT_SW_DUMMY: u64 = 9;
+const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+
+// Bit positions in perf_event_attr's flag word (include/uapi/linux/perf_event.h).
+const ATTR_SAMPLE_ID_ALL: u64 = 1 << 18;
+const ATTR_KSYMBOL: u64 = 1 << 29;
+const ATTR_BPF_EVENT: u64 = 1 << 30;
+
+/// `struct perf_event_attr` up to `PERF_ATTR_SIZE_VER5`, which every kernel
+/// with KSYMBOL/BPF_EVENT (5.1+) accepts.
+#[repr(C)]
+#[derive(Default)]
+struct PerfEventAttr {
+    type_: u32,
+    size: u32,
+    config: u64,
+    sample_period: u64,
+    sample_type: u64,
+    read_format: u64,
+    flags: u64,
+    wakeup_events: u32,
+    bp_type: u32,
+    config1: u64,
+    config2: u64,
+    branch_sample_type: u64,
+    sample_regs_user: u64,
+    sample_stack_user: u32,
+    clockid: i32,
+    sample_regs_intr: u64,
+    aux_watermark: u32,
+    sample_max_stack: u16,
+    reserved_2: u16,
+}
+
+const PERF_ATTR_SIZE_VER5: u32 = 112;
+const _: () = assert!(std::mem::size_of::<PerfEventAttr>() == PERF_ATTR_SIZE_VER5 as usize);
+
+// Offsets in `struct perf_event_mmap_page`.
+const DATA_HEAD: usize = 1024;
+const DATA_TAIL: usize = 1032;
+const DATA_OFFSET: usize = 1040;
+const DATA_SIZE: usize = 1048;
+
+pub struct Ring {
+    pub index: u32,
+    pub cpu: i32,
+    _fd: OwnedFd,
+    base: *mut u8,
+    map_len: usize,
+    data_offset: usize,
+    data_size: usize,
+    /// Bytes of this listener already sent (the next chunk's stream offset).
+    pub sent: u64,
+}
+
+// The mapping is only touched by the thread that owns the Ring.
+unsafe impl Send for Ring {}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
+impl Ring {
+    pub fn open(index: u32, cpu: u32, spec: &ListenerSpec) -> Result<Ring> {
+        if spec.ring_pages == 0 || !spec.ring_pages.is_power_of_two() {
+            bail!("ring_pages must be a power of two, got {}", spec.ring_pages);
+        }
+        let mut flags = ATTR_SAMPLE_ID_ALL; // disabled = 0: enabled from the start
+        if spec.ksymbol {
+            flags |= ATTR_KSYMBOL;
+        }
+        if spec.bpf_event {
+            flags |= ATTR_BPF_EVENT;
+        }
+        let attr = PerfEventAttr {
+            type_: PERF_TYPE_SOFTWARE,
+            size: PERF_ATTR_SIZE_VER5,
+            config: PERF_COUNT_SW_DUMMY,
+            sample_type: spec.sample_type,
+            flags,
+            ..Default::default()
+        };
+        // SAFETY: attr is a valid perf_event_attr of the announced size.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_perf_event_open,
+                &attr as *const PerfEventAttr,
+                -1 as libc::pid_t,
+                cpu as libc::c_int,
+                -1 as libc::c_int,
+                PERF_FLAG_FD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error()).os_ctx(format!(
+                "perf_event_open(dummy, sample_type={:#x}, ksymbol={}, bpf_event={}, cpu={cpu})",
+                spec.sample_type, spec.ksymbol, spec.bpf_event
+            ));
+        }
+        // SAFETY: fresh fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let psz = page_size();
+        let map_len = (1 + spec.ring_pages as usize) * psz;
+        // SAFETY: mapping a perf fd; checked below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error()).os_ctx(format!(
+                "mmap of {} ring pages for listener on cpu {cpu}",
+                spec.ring_pages
+            ));
+        }
+        let base = base as *mut u8;
+        let mut ring = Ring {
+            index,
+            cpu: cpu as i32,
+            _fd: fd,
+            base,
+            map_len,
+            data_offset: psz,
+            data_size: spec.ring_pages as usize * psz,
+            sent: 0,
+        };
+        // data_offset/data_size exist since 4.1; fall back to the classic layout.
+        let (off, size) = (ring.read_u64(DATA_OFFSET), ring.read_u64(DATA_SIZE));
+        if off != 0 && size != 0 {
+            ring.data_offset = off as usize;
+            ring.data_size = size as usize;
+        }
+        Ok(ring)
+    }
+
+    pub fn ring_bytes(&self) -> u64 {
+        self.data_size as u64
+    }
+
+    fn atomic(&self, offset: usize) -> &AtomicU64 {
+        // SAFETY: offset is inside the first (control) page, 8-aligned.
+        unsafe { &*(self.base.add(offset) as *const AtomicU64) }
+    }
+
+    fn read_u64(&self, offset: usize) -> u64 {
+        self.atomic(offset).load(Ordering::Relaxed)
+    }
+
+    /// Copies the unread bytes `[data_tail, data_head)`; returns them and the
+    /// head to commit with [`Ring::commit`] once they are sent.
+    pub fn unread(&self) -> Result<(Vec<u8>, u64)> {
+        // Acquire pairs with the kernel's smp_wmb before it publishes data_head.
+        let head = self.atomic(DATA_HEAD).load(Ordering::Acquire);
+        let tail = self.atomic(DATA_TAIL).load(Ordering::Relaxed);
+        let len = head.wrapping_sub(tail);
+        if len > self.data_size as u64 {
+            bail!(
+                "ring of listener {} (cpu {}): head {head} is {len} bytes past tail {tail}, more than the {}-byte ring",
+                self.index,
+                self.cpu,
+                self.data_size
+            );
+        }
+        let len = len as usize;
+        let mut out = Vec::with_capacity(len);
+        let start = (tail % self.data_size as u64) as usize;
+        let first = len.min(self.data_size - start);
+        // SAFETY: both ranges lie inside the data area of the mapping.
+        unsafe {
+            let data = self.base.add(self.data_offset);
+            out.extend_from_slice(std::slice::from_raw_parts(data.add(start), first));
+            out.extend_from_slice(std::slice::from_raw_parts(data, len - first));
+        }
+        Ok((out, head))
+    }
+
+    /// Releases everything up to `head` back to the kernel.
+    pub fn commit(&self, head: u64) {
+        // Release: our reads of the data happen before the kernel may reuse it.
+        self.atomic(DATA_TAIL).store(head, Ordering::Release);
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping once.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.map_len) };
+    }
+}

@@ -1,0 +1,164 @@
+//! The data port: the second UART, raw mode, one mutex for every frame.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{FromRawFd, RawFd};
+use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
+use std::time::{Duration, Instant};
+
+use kloop_protocol::Message;
+
+pub struct Port {
+    file: Mutex<File>,
+    fd: RawFd,
+}
+
+static PORT: OnceLock<Port> = OnceLock::new();
+
+/// Opens `path`, puts it in raw mode and installs it as the global port.
+/// Returns a description of the line settings for the log.
+pub fn open(path: &str) -> io::Result<String> {
+    let cpath = CString::new(path).unwrap();
+    // SAFETY: valid path.
+    let mut fd = unsafe {
+        libc::open(
+            cpath.as_ptr(),
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        )
+    };
+    let mut note = String::new();
+    if fd < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
+        // No devtmpfs: make the node ourselves (ttyS<n> is char 4:(64+n)).
+        if let Some(n) = path
+            .strip_prefix("/dev/ttyS")
+            .and_then(|n| n.parse::<u32>().ok())
+        {
+            let _ = std::fs::create_dir_all("/dev");
+            // SAFETY: valid path.
+            unsafe {
+                libc::mknod(
+                    cpath.as_ptr(),
+                    libc::S_IFCHR | 0o600,
+                    libc::makedev(4, 64 + n),
+                )
+            };
+            note.push_str("created the device node by hand; ");
+            fd = unsafe {
+                libc::open(
+                    cpath.as_ptr(),
+                    libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+                )
+            };
+        }
+    }
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    note.push_str(&set_raw(fd)?);
+    // SAFETY: we own fd from here on.
+    let file = unsafe { File::from_raw_fd(fd) };
+    let _ = PORT.set(Port {
+        file: Mutex::new(file),
+        fd,
+    });
+    Ok(note)
+}
+
+fn set_raw(fd: RawFd) -> io::Result<String> {
+    // SAFETY: termios is POD; the fd is valid.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    if unsafe { libc::tcgetattr(fd, &mut t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    unsafe { libc::cfmakeraw(&mut t) };
+    t.c_cflag |= libc::CLOCAL | libc::CREAD;
+    t.c_cflag &= !libc::CRTSCTS;
+    t.c_iflag &= !(libc::IXON | libc::IXOFF | libc::IXANY);
+    t.c_cc[libc::VMIN] = 1;
+    t.c_cc[libc::VTIME] = 0;
+    for (speed, name) in [(libc::B4000000, "4000000"), (libc::B115200, "115200")] {
+        // Set CBAUD by hand (CIBAUD 0 = input follows output): the libc
+        // crate binds cfsetospeed & co. to versioned glibc symbols that a
+        // static link cannot resolve.
+        let mut want = t;
+        want.c_cflag = (want.c_cflag & !(libc::CBAUD | libc::CIBAUD)) | speed;
+        if unsafe { libc::tcsetattr(fd, libc::TCSANOW, &want) } != 0 {
+            continue;
+        }
+        // tcsetattr succeeds even when the driver clamps the rate: read back.
+        let mut got: libc::termios = unsafe { std::mem::zeroed() };
+        if unsafe { libc::tcgetattr(fd, &mut got) } == 0 && got.c_cflag & libc::CBAUD == speed {
+            return Ok(format!("raw mode, {name} baud"));
+        }
+    }
+    // Raw mode matters more than the rate (the emulated UART ignores it).
+    if unsafe { libc::tcsetattr(fd, libc::TCSANOW, &t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok("raw mode, driver kept its own baud rate".to_owned())
+}
+
+fn port() -> io::Result<&'static Port> {
+    PORT.get()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "data port not open"))
+}
+
+fn lock(p: &Port) -> MutexGuard<'_, File> {
+    p.file.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Writes one complete frame under the port mutex.
+pub fn send_frame(frame: &[u8]) -> io::Result<()> {
+    let p = port()?;
+    let mut f = lock(p);
+    f.write_all(frame)
+}
+
+pub fn send(msg: &Message) -> io::Result<()> {
+    send_frame(&msg.to_frame())
+}
+
+/// Waits until every byte written has left the UART.
+pub fn drain() -> io::Result<()> {
+    let p = port()?;
+    let _guard = lock(p);
+    // SAFETY: valid fd.
+    if unsafe { libc::tcdrain(p.fd) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Best effort for the panic path: the panicking thread may hold the lock
+/// (mid-frame), so give up after a while rather than deadlock.
+pub fn send_last_words(msg: &Message) {
+    let Some(p) = PORT.get() else { return };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let frame = msg.to_frame();
+    loop {
+        match p.file.try_lock() {
+            Ok(mut f) => {
+                let _ = f.write_all(&frame);
+                break;
+            }
+            Err(TryLockError::Poisoned(e)) => {
+                let _ = e.into_inner().write_all(&frame);
+                break;
+            }
+            Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(TryLockError::WouldBlock) => {
+                // Held by ourselves (panic inside a write): the host resyncs
+                // on the next frame magic.
+                let mut f = unsafe { File::from_raw_fd(p.fd) };
+                let _ = f.write_all(&frame);
+                std::mem::forget(f);
+                break;
+            }
+        }
+    }
+    // SAFETY: valid fd.
+    unsafe { libc::tcdrain(p.fd) };
+}

@@ -1,0 +1,256 @@
+//! Small system helpers: errno names, mounts, sysctls, power-off.
+
+use std::ffi::CString;
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::Path;
+
+/// Symbolic name of an errno value (the common ones; the rest print as a number).
+pub fn errno_name(errno: i32) -> Option<&'static str> {
+    Some(match errno {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::ESRCH => "ESRCH",
+        libc::EINTR => "EINTR",
+        libc::EIO => "EIO",
+        libc::ENXIO => "ENXIO",
+        libc::E2BIG => "E2BIG",
+        libc::ENOEXEC => "ENOEXEC",
+        libc::EBADF => "EBADF",
+        libc::EAGAIN => "EAGAIN",
+        libc::ENOMEM => "ENOMEM",
+        libc::EACCES => "EACCES",
+        libc::EFAULT => "EFAULT",
+        libc::EBUSY => "EBUSY",
+        libc::EEXIST => "EEXIST",
+        libc::ENODEV => "ENODEV",
+        libc::ENOTDIR => "ENOTDIR",
+        libc::EINVAL => "EINVAL",
+        libc::EMFILE => "EMFILE",
+        libc::ENOTTY => "ENOTTY",
+        libc::ENOSPC => "ENOSPC",
+        libc::EROFS => "EROFS",
+        libc::ERANGE => "ERANGE",
+        libc::ENOSYS => "ENOSYS",
+        libc::ELOOP => "ELOOP",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        libc::EOVERFLOW => "EOVERFLOW",
+        libc::ETIMEDOUT => "ETIMEDOUT",
+        // Kernel-internal, but BPF leaks it to user space.
+        524 => "ENOTSUPP",
+        _ => return None,
+    })
+}
+
+/// Formats an `io::Error` as `ENAME (description)` when it carries an errno.
+pub struct Errno<'a>(pub &'a io::Error);
+
+impl fmt::Display for Errno<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.raw_os_error() {
+            Some(code) => {
+                let desc = io::Error::from_raw_os_error(code).to_string();
+                let desc = desc.split(" (os error").next().unwrap_or(&desc).to_owned();
+                match errno_name(code) {
+                    Some(name) => write!(f, "{name} ({desc})"),
+                    None => write!(f, "errno {code} ({desc})"),
+                }
+            }
+            None => write!(f, "{}", self.0),
+        }
+    }
+}
+
+/// `io::Result` → `anyhow::Result` with context and a symbolic errno.
+pub trait OsContext<T> {
+    fn os_ctx<C: fmt::Display>(self, what: C) -> anyhow::Result<T>;
+}
+
+impl<T> OsContext<T> for io::Result<T> {
+    fn os_ctx<C: fmt::Display>(self, what: C) -> anyhow::Result<T> {
+        self.map_err(|e| anyhow::anyhow!("{what}: {}", Errno(&e)))
+    }
+}
+
+/// Walks an error chain and names the errno of the first `io::Error` in it.
+pub fn describe_chain(err: &anyhow::Error) -> String {
+    let mut text = format!("{err:#}");
+    for cause in err.chain() {
+        if let Some(io) = cause.downcast_ref::<io::Error>() {
+            if io.raw_os_error().is_some() {
+                text.push_str(&format!(" [{}]", Errno(io)));
+                break;
+            }
+        }
+    }
+    text
+}
+
+pub fn last_os_error() -> io::Error {
+    io::Error::last_os_error()
+}
+
+/// Mounts `fstype` on `target` (created if missing). `Ok(false)` if it was
+/// already mounted (EBUSY).
+pub fn mount(fstype: &str, target: &str) -> io::Result<bool> {
+    fs::create_dir_all(target)?;
+    let src = CString::new(fstype).unwrap();
+    let tgt = CString::new(target).unwrap();
+    let flags = libc::MS_NOSUID | libc::MS_NOEXEC | libc::MS_RELATIME;
+    // SAFETY: valid NUL-terminated strings, null data.
+    let rc = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            tgt.as_ptr(),
+            src.as_ptr(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let err = last_os_error();
+    if err.raw_os_error() == Some(libc::EBUSY) {
+        return Ok(false);
+    }
+    Err(err)
+}
+
+/// Makes sure fds 0, 1 and 2 exist (the kernel leaves them closed when the
+/// initramfs has no /dev/console node), so diagnostics reach the console.
+pub fn ensure_console() {
+    // SAFETY: plain fcntl probe.
+    if unsafe { libc::fcntl(2, libc::F_GETFD) } != -1 {
+        return;
+    }
+    let path = CString::new("/dev/console").unwrap();
+    // SAFETY: valid path; fds are only dup'ed.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_RDWR | libc::O_NOCTTY);
+        if fd < 0 {
+            return;
+        }
+        for target in 0..3 {
+            if fd != target {
+                libc::dup2(fd, target);
+            }
+        }
+        if fd > 2 {
+            libc::close(fd);
+        }
+    }
+}
+
+pub fn raise_memlock() -> io::Result<()> {
+    let lim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: valid pointer to a rlimit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) } != 0 {
+        return Err(last_os_error());
+    }
+    Ok(())
+}
+
+pub fn read_trimmed(path: impl AsRef<Path>) -> io::Result<String> {
+    Ok(fs::read_to_string(path)?.trim().to_owned())
+}
+
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+pub fn uname() -> kloop_protocol::Uname {
+    // SAFETY: utsname is plain old data; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    unsafe { libc::uname(&mut u) };
+    fn s(field: &[libc::c_char]) -> String {
+        let bytes: Vec<u8> = field
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+    kloop_protocol::Uname {
+        sysname: s(&u.sysname),
+        release: s(&u.release),
+        version: s(&u.version),
+        machine: s(&u.machine),
+    }
+}
+
+/// Parses a kernel CPU list such as `0-3,5,7-8`.
+pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (a.parse().ok()?, b.parse().ok()?);
+                if b < a {
+                    return None;
+                }
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(part.parse().ok()?),
+        }
+    }
+    Some(cpus)
+}
+
+pub fn online_cpus() -> io::Result<Vec<u32>> {
+    let text = fs::read_to_string("/sys/devices/system/cpu/online")?;
+    parse_cpu_list(&text).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unparsable CPU list {text:?}"),
+        )
+    })
+}
+
+pub fn is_pid1() -> bool {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() == 1 }
+}
+
+/// Syncs and powers the VM off. Outside PID 1 (a developer running the binary
+/// by hand) it exits instead, so it can never power off the host.
+pub fn power_off(code: i32) -> ! {
+    // SAFETY: sync and reboot have no memory preconditions.
+    unsafe { libc::sync() };
+    if is_pid1() {
+        unsafe { libc::reboot(libc::RB_POWER_OFF) };
+        // Only reached if reboot failed; PID 1 must never exit.
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+    }
+    std::process::exit(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0\n"), Some(vec![0]));
+        assert_eq!(parse_cpu_list("0-3,6,8-9"), Some(vec![0, 1, 2, 3, 6, 8, 9]));
+        assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    #[test]
+    fn errno_formatting() {
+        let e = io::Error::from_raw_os_error(libc::EPERM);
+        assert_eq!(Errno(&e).to_string(), "EPERM (Operation not permitted)");
+    }
+}

@@ -1,0 +1,212 @@
+//! Choosing the accelerator: KVM only when it demonstrably works.
+//!
+//! `/dev/kvm` existing and answering `KVM_GET_API_VERSION` is not enough: under
+//! broken nested virtualisation a guest can crawl through decompression for
+//! minutes. So `auto` boots a real kernel under KVM with a short deadline and
+//! keeps KVM only if that guest gets through early boot in time. The verdict
+//! is cached per host kernel and QEMU version.
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::vm::{Accel, Deadlines, Vm, VmConfig};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccelChoice {
+    Auto,
+    Kvm,
+    Tcg,
+}
+
+impl std::str::FromStr for AccelChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(AccelChoice::Auto),
+            "kvm" => Ok(AccelChoice::Kvm),
+            "tcg" => Ok(AccelChoice::Tcg),
+            other => Err(format!("unknown accelerator `{other}`: use kvm, tcg or auto")),
+        }
+    }
+}
+
+/// The accelerator kloop will use, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccelDecision {
+    pub accel: String,
+    /// One line for the user.
+    pub reason: String,
+    /// How long the functional probe took, if one ran (not from cache).
+    pub probe_ms: Option<u64>,
+    pub from_cache: bool,
+}
+
+impl AccelDecision {
+    pub fn accel(&self) -> Accel {
+        if self.accel == "kvm" {
+            Accel::Kvm
+        } else {
+            Accel::Tcg
+        }
+    }
+
+    fn new(accel: Accel, reason: impl Into<String>) -> Self {
+        AccelDecision {
+            accel: accel.as_str().into(),
+            reason: reason.into(),
+            probe_ms: None,
+            from_cache: false,
+        }
+    }
+}
+
+/// How long the probe guest may take to get through early boot. A working
+/// KVM needs well under a second; the broken nested case needs minutes.
+pub const PROBE_DEADLINE: Duration = Duration::from_secs(6);
+
+const KVM_API_VERSION: i32 = 12;
+vmm_sys_util::ioctl_io_nr!(KVM_GET_API_VERSION, 0xAE, 0x00);
+
+/// Whether `/dev/kvm` can be opened and speaks the stable API.
+pub fn kvm_device_usable() -> Result<(), String> {
+    let dev = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .map_err(|e| format!("cannot open /dev/kvm: {e}"))?;
+    // SAFETY: KVM_GET_API_VERSION takes no argument and only returns an int.
+    let v = unsafe { vmm_sys_util::ioctl::ioctl(&dev, KVM_GET_API_VERSION()) };
+    if v != KVM_API_VERSION {
+        return Err(format!(
+            "/dev/kvm answers KVM_GET_API_VERSION with {v}, expected {KVM_API_VERSION}"
+        ));
+    }
+    Ok(())
+}
+
+fn host_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn probe_cache_file(cache_dir: &Path, qemu_version: &str) -> PathBuf {
+    let key = format!("{}|{}", host_release(), qemu_version);
+    let mut h = sha2::Sha256::default();
+    sha2::Digest::update(&mut h, key.as_bytes());
+    let digest = hex::encode(sha2::Digest::finalize(h));
+    cache_dir.join("kvm-probe").join(format!("{}.json", &digest[..16]))
+}
+
+/// Decides the accelerator. `probe_kernel` is any bootable bzImage.
+pub fn choose(
+    choice: AccelChoice,
+    qemu: &Path,
+    probe_kernel: &Path,
+    cache_dir: &Path,
+    scratch: &Path,
+) -> Result<AccelDecision, String> {
+    match choice {
+        AccelChoice::Tcg => return Ok(AccelDecision::new(Accel::Tcg, "TCG (requested with --accel tcg)")),
+        AccelChoice::Kvm => {
+            kvm_device_usable().map_err(|e| {
+                format!("--accel kvm was requested but {e}; use --accel auto or tcg")
+            })?;
+            return Ok(AccelDecision::new(Accel::Kvm, "KVM (requested with --accel kvm, not probed)"));
+        }
+        AccelChoice::Auto => {}
+    }
+    if let Err(e) = kvm_device_usable() {
+        return Ok(AccelDecision::new(Accel::Tcg, format!("TCG: {e}")));
+    }
+    let qemu_version = crate::vm::qemu_version(qemu).unwrap_or_default();
+    let cache_file = probe_cache_file(cache_dir, &qemu_version);
+    if let Ok(text) = std::fs::read_to_string(&cache_file) {
+        if let Ok(mut d) = serde_json::from_str::<AccelDecision>(&text) {
+            d.from_cache = true;
+            d.probe_ms = None;
+            return Ok(d);
+        }
+    }
+    let started = Instant::now();
+    let works = probe_boot(qemu, probe_kernel, scratch);
+    let took = started.elapsed();
+    let mut decision = match works {
+        Ok(()) => AccelDecision::new(
+            Accel::Kvm,
+            format!("KVM (a probe guest got through early boot in {:.1} s)", took.as_secs_f64()),
+        ),
+        Err(why) => AccelDecision::new(
+            Accel::Tcg,
+            format!(
+                "TCG: /dev/kvm answers but KVM does not work here ({why}); falling back to TCG, verdict cached in {}",
+                cache_file.display()
+            ),
+        ),
+    };
+    decision.probe_ms = Some(took.as_millis() as u64);
+    if let Some(parent) = cache_file.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    if let Ok(text) = serde_json::to_string_pretty(&decision) {
+        let tmp = cache_file.with_extension("tmp");
+        if std::fs::write(&tmp, text).is_ok() {
+            let _ = std::fs::rename(&tmp, &cache_file);
+        }
+    }
+    Ok(decision)
+}
+
+/// Boots `kernel` under KVM without an initramfs. Early boot ends in the
+/// "unable to mount root" panic, which with `panic=-1` and `-no-reboot` makes
+/// QEMU exit: that exit (or the panic line) within the deadline means KVM
+/// executes guest code at a useful speed.
+fn probe_boot(qemu: &Path, kernel: &Path, scratch: &Path) -> Result<(), String> {
+    let config = VmConfig {
+        qemu: qemu.to_path_buf(),
+        kernel: kernel.to_path_buf(),
+        initramfs: None,
+        accel: Accel::Kvm,
+        cpus: 1,
+        memory_mib: 256,
+        cmdline: vec!["earlyprintk=serial,ttyS0".into()],
+        artefacts: scratch.to_path_buf(),
+        deadlines: Deadlines {
+            boot: PROBE_DEADLINE,
+            silence: PROBE_DEADLINE,
+            total: PROBE_DEADLINE,
+        },
+        data_channel: false,
+    };
+    let mut vm = Vm::spawn(config).map_err(|e| e.to_string())?;
+    let console = vm.console_path();
+    let end = Instant::now() + PROBE_DEADLINE;
+    loop {
+        let text = std::fs::read(&console).unwrap_or_default();
+        let text = String::from_utf8_lossy(&text);
+        if text.contains("Unable to mount root") || text.contains("Run /init") {
+            vm.kill();
+            return Ok(());
+        }
+        if let Some(status) = vm.try_wait() {
+            return if text.contains("Kernel panic") {
+                Ok(())
+            } else {
+                Err(format!("QEMU exited ({status}) before early boot finished"))
+            };
+        }
+        if Instant::now() >= end {
+            let decompressing = text.contains("Decompressing");
+            vm.kill();
+            return Err(format!(
+                "probe guest still {} after {} s",
+                if decompressing { "decompressing" } else { "silent" },
+                PROBE_DEADLINE.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,130 @@
+//! Building the guest agent: a static `kloop-guest` binary for `/init`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+/// The target the agent is built for; glibc with `crt-static` because the
+/// musl target cannot be installed everywhere kloop runs.
+pub const AGENT_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentBuildError {
+    #[error("KLOOP_AGENT={0} does not exist")]
+    MissingOverride(PathBuf),
+    #[error("could not run cargo to build the guest agent: {0}")]
+    Cargo(std::io::Error),
+    #[error("building the guest agent failed (`{command}`):\n{stderr_tail}")]
+    Failed {
+        command: String,
+        stderr_tail: String,
+    },
+    #[error("the guest agent at {0} is not statically linked; it cannot run as /init")]
+    NotStatic(PathBuf),
+}
+
+/// The workspace root this harness was built from.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("harness/ lives in the workspace root")
+        .to_path_buf()
+}
+
+static BUILD_LOCK: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// Builds the agent once per process (cargo makes it a no-op when nothing
+/// changed) and returns its path. `KLOOP_AGENT` points at a prebuilt one.
+pub fn ensure_built(workspace: &Path) -> Result<PathBuf, AgentBuildError> {
+    if let Some(p) = std::env::var_os("KLOOP_AGENT") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(AgentBuildError::MissingOverride(p))
+        };
+    }
+    let mut built = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = built.as_ref() {
+        return Ok(p.clone());
+    }
+    let target_dir = workspace.join("target/kloop/guest");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let args = [
+        "build",
+        "--release",
+        "--quiet",
+        "--package",
+        "kloop-guest",
+        "--target",
+        AGENT_TARGET,
+        "--target-dir",
+    ];
+    let mut cmd = Command::new(&cargo);
+    cmd.current_dir(workspace)
+        .args(args)
+        .arg(&target_dir)
+        .env(
+            "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
+            "-C target-feature=+crt-static",
+        )
+        // An outer cargo (cargo test, cargo run) may have set these for
+        // itself; the nested build has its own target dir and flags.
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS");
+    let out = cmd.output().map_err(AgentBuildError::Cargo)?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = stderr.lines().collect();
+        let tail = lines[lines.len().saturating_sub(25)..].join("\n");
+        return Err(AgentBuildError::Failed {
+            command: format!(
+                "{} {} {}",
+                cargo.to_string_lossy(),
+                args.join(" "),
+                target_dir.display()
+            ),
+            stderr_tail: tail,
+        });
+    }
+    let bin = target_dir.join(AGENT_TARGET).join("release/kloop-guest");
+    if !is_static_elf(&bin) {
+        return Err(AgentBuildError::NotStatic(bin));
+    }
+    *built = Some(bin.clone());
+    Ok(bin)
+}
+
+/// True if the ELF file has no PT_INTERP program header (no dynamic loader).
+fn is_static_elf(path: &Path) -> bool {
+    let Ok(bytes) = std::fs::read(path) else {
+        return false;
+    };
+    if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 {
+        return false;
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([bytes[o], bytes[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(bytes[32..40].try_into().unwrap()) as usize;
+    let phentsize = u16_at(54);
+    let phnum = u16_at(56);
+    (0..phnum).all(|i| {
+        let off = phoff + i * phentsize;
+        match bytes.get(off..off + 4) {
+            Some(t) => u32::from_le_bytes(t.try_into().unwrap()) != 3, // PT_INTERP
+            None => false,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dynamic_host_binaries_are_not_static() {
+        // /bin/sh on any Debian host is dynamically linked.
+        assert!(!is_static_elf(Path::new("/bin/sh")));
+        assert!(!is_static_elf(Path::new("/etc/hostname")));
+    }
+}

@@ -1,0 +1,1469 @@
+//! Invariants over one run (ABI.md, "Invariants kloop checks in every run",
+//! 1–5), each a named rule whose message quotes the offending records.
+//!
+//! # Rules
+//!
+//! | rule | what it checks |
+//! |------|----------------|
+//! | `listeners` | listener bookkeeping: unique indexes, no stream without a listener, every CPU-wide set covers every online CPU, some set exists when programs were loaded |
+//! | `parse` | every stream parses exactly ([`crate::records::parse_stream`]); records before the first error are still checked |
+//! | `record-type` | only types the kernel may send such a listener: KSYMBOL (if `ksymbol`), BPF_EVENT (if `bpf_event`), LOST; defined ksym/bpf-event types; no undefined flag bits; `misc` 0 |
+//! | `sample-id` | trailer contents: `cpu` is the listener's CPU, `res` is 0, `id` == `identifier`, one id per listener |
+//! | `facts` | the `bpf_prog_info` facts are usable: as many lens as ksyms, non-zero distinct addresses, unique ids |
+//! | `load-symbols` | per loaded program: a KSYMBOL register for each JITed function with addr/len of `jited_ksyms`/`jited_func_lens`, type BPF, a `bpf_prog_<tag>` name equal to kallsyms; no symbol registered twice while live |
+//! | `load-matches-info` | exactly one PROG_LOAD per program, id == `bpf_prog_info.id`, tag == `bpf_prog_info.tag` |
+//! | `unload-symbols` | each function of a loaded program unregistered; every unregister has the addr/len/name/type of its register; no double unregister |
+//! | `unload-matches-load` | every PROG_LOAD has one later PROG_UNLOAD with the same id and tag; no PROG_UNLOAD of a program never loaded (unless it predates the run); no double load |
+//! | `unregister-without-register` | no unregister of a symbol neither registered in the run nor in `initial_kallsyms` |
+//! | `lost` | LOST records total zero (the total is in [`Analysis::lost`]) |
+//! | `time-order` | sample times non-decreasing within each listener's stream |
+//! | `causal-order` | per program: registers before PROG_LOAD, unregisters after PROG_LOAD and before PROG_UNLOAD |
+//!
+//! # Listener sets and merging
+//!
+//! CPU-bound listeners are grouped into *sets*: listeners opened with the
+//! same attributes (sample_type, sample_id_all, ksymbol, bpf_event, ring
+//! size), at most one per CPU; each set is one CPU-wide recorder. Every set
+//! is checked on its own (rules `load-*`, `unload-*`,
+//! `unregister-without-register`, `causal-order`); [`Analysis::merged`] is
+//! the set holding the lowest listener index (the first spec opened).
+//! Task-bound listeners (cpu -1) only see their own task's records, so they
+//! get the per-record rules (`parse`, `record-type`, `sample-id`, `lost`,
+//! `time-order`) but no program rules.
+//!
+//! Order between two records is taken from the stream when both come from
+//! one listener, from sample times otherwise (equal times are not a
+//! violation); without `PERF_SAMPLE_TIME`, cross-CPU order is unknown and not
+//! checked.
+//!
+//! # Record types a ksymbol/bpf_event listener may receive
+//!
+//! From `kernel/events/core.c`: KSYMBOL goes to events with `attr.ksymbol`
+//! (`perf_event_ksymbol_match`), BPF_EVENT to events with `attr.bpf_event`
+//! (`perf_event_bpf_match`), and `perf_output_begin` writes LOST into any
+//! ring that dropped records. Every other side-band type needs its own attr
+//! bit (mmap, comm, task, namespaces, cgroup, context_switch, text_poke);
+//! SAMPLE/THROTTLE/UNTHROTTLE need a counting event that overflows, which
+//! `PERF_COUNT_SW_DUMMY` never does; AUX/ITRACE_START/LOST_SAMPLES/
+//! AUX_OUTPUT_HW_ID need an AUX area; READ needs `inherit_stat`. So any
+//! other type is a `record-type` violation.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use kloop_protocol::{KallsymsEntry, ListenerInfo, ProgFacts};
+
+use crate::evidence::RunEvidence;
+use crate::records::{
+    self, merge_by_time, parse_prefix, Record, RecordBody, BPF_EVENT_PROG_LOAD,
+    BPF_EVENT_PROG_UNLOAD, KSYMBOL_FLAGS_UNREGISTER, KSYM_TYPE_BPF, KSYM_TYPE_OOL,
+};
+
+/// Rule names.
+pub mod rule {
+    pub const LISTENERS: &str = "listeners";
+    pub const PARSE: &str = "parse";
+    pub const RECORD_TYPE: &str = "record-type";
+    pub const SAMPLE_ID: &str = "sample-id";
+    pub const FACTS: &str = "facts";
+    pub const LOAD_SYMBOLS: &str = "load-symbols";
+    pub const LOAD_MATCHES_INFO: &str = "load-matches-info";
+    pub const UNLOAD_SYMBOLS: &str = "unload-symbols";
+    pub const UNLOAD_MATCHES_LOAD: &str = "unload-matches-load";
+    pub const UNREGISTER_WITHOUT_REGISTER: &str = "unregister-without-register";
+    pub const LOST: &str = "lost";
+    pub const TIME_ORDER: &str = "time-order";
+    pub const CAUSAL_ORDER: &str = "causal-order";
+
+    pub const ALL: &[&str] = &[
+        LISTENERS,
+        PARSE,
+        RECORD_TYPE,
+        SAMPLE_ID,
+        FACTS,
+        LOAD_SYMBOLS,
+        LOAD_MATCHES_INFO,
+        UNLOAD_SYMBOLS,
+        UNLOAD_MATCHES_LOAD,
+        UNREGISTER_WITHOUT_REGISTER,
+        LOST,
+        TIME_ORDER,
+        CAUSAL_ORDER,
+    ];
+}
+
+/// At most this many violations of one kind per listener are spelled out.
+const MAX_PER_KIND: usize = 5;
+
+/// One broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub rule: &'static str,
+    pub message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{}] {}", self.rule, self.message)
+    }
+}
+
+/// The result of checking one run.
+#[derive(Debug, Clone, Default)]
+pub struct Analysis {
+    /// Parsed records of every listener (up to its first parse error).
+    pub records_per_listener: BTreeMap<u32, Vec<Record>>,
+    /// CPU-wide listener sets (listener indexes), lowest index first.
+    pub sets: Vec<Vec<u32>>,
+    /// `sets[0]` merged by time (empty if there is no CPU-wide set).
+    pub merged: Vec<Record>,
+    /// Sum of `lost` over every LOST record of every listener.
+    pub lost: u64,
+    pub violations: Vec<Violation>,
+}
+
+impl Analysis {
+    /// Violations of one rule.
+    pub fn of_rule<'a>(&'a self, rule: &'a str) -> impl Iterator<Item = &'a Violation> + 'a {
+        self.violations.iter().filter(move |v| v.rule == rule)
+    }
+}
+
+fn push_capped(out: &mut Vec<Violation>, rule: &'static str, what: &str, msgs: Vec<String>) {
+    let n = msgs.len();
+    for m in msgs.into_iter().take(MAX_PER_KIND) {
+        out.push(Violation { rule, message: m });
+    }
+    if n > MAX_PER_KIND {
+        out.push(Violation {
+            rule,
+            message: format!("... and {} more {what}", n - MAX_PER_KIND),
+        });
+    }
+}
+
+/// `bpf_prog_<hex tag>`.
+pub fn tag_prefix(tag: &[u8; 8]) -> String {
+    format!("bpf_prog_{}", hex::encode(tag))
+}
+
+/// Whether `name` starts with `bpf_prog_` and 16 lowercase hex digits.
+pub fn has_some_tag_prefix(name: &str) -> bool {
+    name.strip_prefix("bpf_prog_")
+        .and_then(|rest| rest.get(..16))
+        .is_some_and(|h| {
+            h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
+}
+
+/// Whether a symbol name fits a program's facts: a single-function program's
+/// symbol is named `bpf_prog_<bpf_prog_info.tag>…`; with subprograms every
+/// function (the main one included) is named after its own tag
+/// (`func[i]->tag`, computed over that function's instructions in
+/// `jit_subprogs`), which `ProgFacts` does not carry, so only the
+/// `bpf_prog_<16 hex digits>` shape is checked.
+pub(crate) fn facts_name_ok(facts: &ProgFacts, name: &str) -> bool {
+    if facts.jited_ksyms.len() == 1 {
+        name.starts_with(&tag_prefix(&facts.tag))
+    } else {
+        has_some_tag_prefix(name)
+    }
+}
+
+/// Order of two records of one merged stream: from the stream when they
+/// share a listener, from sample times otherwise (ties count as in order);
+/// `None` when it cannot be known.
+pub(crate) fn before(recs: &[Record], i: usize, j: usize) -> Option<bool> {
+    let a = recs.get(i)?;
+    let b = recs.get(j)?;
+    if a.listener == b.listener {
+        return Some(a.offset < b.offset);
+    }
+    match (a.time(), b.time()) {
+        (Some(x), Some(y)) => Some(x <= y),
+        _ => None,
+    }
+}
+
+/// Lifetime of one symbol at one address: register … unregister.
+#[derive(Debug, Clone)]
+pub struct SymLife {
+    pub addr: u64,
+    /// Index of the register record; `None` for symbols that predate the run.
+    pub reg: Option<usize>,
+    pub unreg: Option<usize>,
+}
+
+/// Lifetime of one program id: PROG_LOAD … PROG_UNLOAD.
+#[derive(Debug, Clone)]
+pub struct ProgLife {
+    pub id: u32,
+    /// `None` for programs that predate the run.
+    pub load: Option<usize>,
+    pub unload: Option<usize>,
+}
+
+/// Pairing of register/unregister and load/unload over one merged stream.
+pub(crate) struct Model<'a> {
+    pub recs: &'a [Record],
+    pub syms: Vec<SymLife>,
+    pub sym_by_addr: BTreeMap<u64, Vec<usize>>,
+    pub progs: Vec<ProgLife>,
+    pub prog_by_id: BTreeMap<u32, Vec<usize>>,
+    /// Pairing violations found while walking the stream.
+    pub findings: Vec<Violation>,
+}
+
+impl<'a> Model<'a> {
+    pub fn build(recs: &'a [Record], initial: &[KallsymsEntry]) -> Model<'a> {
+        let mut m = Model {
+            recs,
+            syms: Vec::new(),
+            sym_by_addr: BTreeMap::new(),
+            progs: Vec::new(),
+            prog_by_id: BTreeMap::new(),
+            findings: Vec::new(),
+        };
+        let mut live_sym: BTreeMap<u64, usize> = BTreeMap::new();
+        let mut live_prog: BTreeMap<u32, usize> = BTreeMap::new();
+        let mut findings = Vec::new();
+        for (i, r) in recs.iter().enumerate() {
+            match &r.body {
+                RecordBody::Ksymbol {
+                    addr,
+                    len,
+                    ksym_type,
+                    flags,
+                    name,
+                } => {
+                    if flags & KSYMBOL_FLAGS_UNREGISTER == 0 {
+                        if let Some(prev) = live_sym
+                            .get(addr)
+                            .and_then(|l| m.syms.get(*l))
+                            .and_then(|l| l.reg)
+                            .and_then(|p| recs.get(p))
+                        {
+                            findings.push(m_find(
+                                rule::LOAD_SYMBOLS,
+                                format!("symbol registered again while still registered: {prev} then {r}"),
+                            ));
+                        }
+                        let l = m.syms.len();
+                        m.syms.push(SymLife {
+                            addr: *addr,
+                            reg: Some(i),
+                            unreg: None,
+                        });
+                        m.sym_by_addr.entry(*addr).or_default().push(l);
+                        live_sym.insert(*addr, l);
+                    } else if let Some(l) = live_sym.remove(addr) {
+                        let reg = m.syms.get(l).and_then(|s| s.reg).and_then(|p| recs.get(p));
+                        if let Some(s) = m.syms.get_mut(l) {
+                            s.unreg = Some(i);
+                        }
+                        if let Some(
+                            reg @ Record {
+                                body:
+                                    RecordBody::Ksymbol {
+                                        len: rlen,
+                                        ksym_type: rtype,
+                                        name: rname,
+                                        ..
+                                    },
+                                ..
+                            },
+                        ) = reg
+                        {
+                            let mut diffs = Vec::new();
+                            if rlen != len {
+                                diffs.push(format!("len {len} vs {rlen}"));
+                            }
+                            if rname != name {
+                                diffs.push(format!("name {name:?} vs {rname:?}"));
+                            }
+                            if rtype != ksym_type {
+                                diffs.push(format!(
+                                    "type {} vs {}",
+                                    records::ksym_type_name(*ksym_type),
+                                    records::ksym_type_name(*rtype)
+                                ));
+                            }
+                            if !diffs.is_empty() {
+                                findings.push(m_find(
+                                    rule::UNLOAD_SYMBOLS,
+                                    format!(
+                                        "unregister differs from its register ({}): {reg} / {r}",
+                                        diffs.join(", ")
+                                    ),
+                                ));
+                            }
+                        }
+                    } else if let Some(last) = m
+                        .sym_by_addr
+                        .get(addr)
+                        .and_then(|v| v.last())
+                        .and_then(|l| m.syms.get(*l))
+                    {
+                        let prev = last
+                            .unreg
+                            .and_then(|u| recs.get(u))
+                            .map(|p| p.to_string())
+                            .unwrap_or_else(|| "?".into());
+                        findings.push(m_find(
+                            rule::UNLOAD_SYMBOLS,
+                            format!("symbol unregistered again without a register in between: {prev} then {r}"),
+                        ));
+                    } else if initial.iter().any(|e| e.addr == *addr && e.name == *name) {
+                        let l = m.syms.len();
+                        m.syms.push(SymLife {
+                            addr: *addr,
+                            reg: None,
+                            unreg: Some(i),
+                        });
+                        m.sym_by_addr.entry(*addr).or_default().push(l);
+                    } else {
+                        let hint = initial
+                            .iter()
+                            .filter(|e| e.addr == *addr)
+                            .map(|e| e.name.as_str())
+                            .collect::<Vec<_>>();
+                        let hint = if hint.is_empty() {
+                            String::new()
+                        } else {
+                            format!(
+                                " (the initial kallsyms has {} at that address)",
+                                hint.join(", ")
+                            )
+                        };
+                        findings.push(m_find(
+                            rule::UNREGISTER_WITHOUT_REGISTER,
+                            format!("{r} unregisters a symbol neither registered in this run nor in the initial kallsyms{hint}"),
+                        ));
+                    }
+                }
+                RecordBody::BpfEvent {
+                    event_type,
+                    id,
+                    tag,
+                    ..
+                } => match *event_type {
+                    BPF_EVENT_PROG_LOAD => {
+                        if let Some(prev) = live_prog
+                            .get(id)
+                            .and_then(|l| m.progs.get(*l))
+                            .and_then(|p| p.load)
+                            .and_then(|p| recs.get(p))
+                        {
+                            findings.push(m_find(
+                                rule::UNLOAD_MATCHES_LOAD,
+                                format!(
+                                    "program id loaded again while still loaded: {prev} then {r}"
+                                ),
+                            ));
+                        }
+                        let l = m.progs.len();
+                        m.progs.push(ProgLife {
+                            id: *id,
+                            load: Some(i),
+                            unload: None,
+                        });
+                        m.prog_by_id.entry(*id).or_default().push(l);
+                        live_prog.insert(*id, l);
+                    }
+                    BPF_EVENT_PROG_UNLOAD => {
+                        if let Some(l) = live_prog.remove(id) {
+                            if let Some(p) = m.progs.get_mut(l) {
+                                p.unload = Some(i);
+                            }
+                            let load = m
+                                .progs
+                                .get(l)
+                                .and_then(|p| p.load)
+                                .and_then(|p| recs.get(p));
+                            if let Some(load) = load {
+                                if load.bpf_event(BPF_EVENT_PROG_LOAD).map(|(_, t)| t) != Some(*tag)
+                                {
+                                    findings.push(m_find(
+                                        rule::UNLOAD_MATCHES_LOAD,
+                                        format!("PROG_UNLOAD tag differs from its PROG_LOAD: {load} / {r}"),
+                                    ));
+                                }
+                            }
+                        } else if m.prog_by_id.contains_key(id) {
+                            findings.push(m_find(
+                                rule::UNLOAD_MATCHES_LOAD,
+                                format!("program unloaded again without a load in between: {r}"),
+                            ));
+                        } else if predates_run(&m, recs, i, tag, initial) {
+                            let l = m.progs.len();
+                            m.progs.push(ProgLife {
+                                id: *id,
+                                load: None,
+                                unload: Some(i),
+                            });
+                            m.prog_by_id.entry(*id).or_default().push(l);
+                        } else {
+                            findings.push(m_find(
+                                rule::UNLOAD_MATCHES_LOAD,
+                                format!(
+                                    "{r}: PROG_UNLOAD of a program never loaded in this run and not in the initial kallsyms"
+                                ),
+                            ));
+                        }
+                    }
+                    _ => {} // `record-type` reports undefined event types.
+                },
+                _ => {}
+            }
+        }
+        for p in &m.progs {
+            if let (Some(load), None) = (p.load, p.unload) {
+                if let Some(load) = recs.get(load) {
+                    findings.push(m_find(
+                        rule::UNLOAD_MATCHES_LOAD,
+                        format!("program loaded but never unloaded in the stream: {load}"),
+                    ));
+                }
+            }
+        }
+        m.findings = findings;
+        m
+    }
+
+    /// The lifetime of the symbol at `addr` that belongs to a program whose
+    /// PROG_LOAD is record `load` and PROG_UNLOAD is `unload`: the one live
+    /// at the load, else one registered after the load but before the unload
+    /// (a causal-order violation). Without a load record: the first whose
+    /// name satisfies `name_ok`, else the first.
+    pub fn select_sym(
+        &self,
+        addr: u64,
+        load: Option<usize>,
+        unload: Option<usize>,
+        name_ok: impl Fn(&str) -> bool,
+    ) -> Option<usize> {
+        let cands: Vec<usize> = self
+            .sym_by_addr
+            .get(&addr)
+            .map(|v| {
+                v.iter()
+                    .copied()
+                    .filter(|l| self.syms.get(*l).is_some_and(|s| s.reg.is_some()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let reg_of = |l: usize| self.syms.get(l).and_then(|s| s.reg).unwrap_or(usize::MAX);
+        match load {
+            Some(p) => {
+                if let Some(&l) = cands.iter().rev().find(|l| reg_of(**l) < p) {
+                    let unreg = self.syms.get(l).and_then(|s| s.unreg);
+                    if unreg.is_none_or(|u| u > p) {
+                        return Some(l);
+                    }
+                }
+                cands
+                    .iter()
+                    .copied()
+                    .find(|l| reg_of(*l) > p && unload.is_none_or(|q| reg_of(*l) < q))
+            }
+            None => cands
+                .iter()
+                .copied()
+                .find(|l| {
+                    self.recs.get(reg_of(*l)).is_some_and(
+                        |r| matches!(&r.body, RecordBody::Ksymbol { name, .. } if name_ok(name)),
+                    )
+                })
+                .or_else(|| cands.first().copied()),
+        }
+    }
+
+    /// The PROG_LOAD lifetimes of a program id.
+    pub fn loads_of(&self, id: u32) -> Vec<usize> {
+        self.prog_by_id
+            .get(&id)
+            .map(|v| {
+                v.iter()
+                    .copied()
+                    .filter(|l| self.progs.get(*l).is_some_and(|p| p.load.is_some()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+fn m_find(rule: &'static str, message: String) -> Violation {
+    Violation { rule, message }
+}
+
+/// A PROG_UNLOAD without a PROG_LOAD is fine for a program that existed
+/// before recording started: its tag names a symbol in the initial kallsyms
+/// (single-function programs), or the record before it in its listener is
+/// the unregister of a symbol from the initial kallsyms (the kernel emits
+/// the unregisters right before PROG_UNLOAD; subprogram names carry
+/// per-function tags).
+fn predates_run(
+    m: &Model<'_>,
+    recs: &[Record],
+    i: usize,
+    tag: &[u8; 8],
+    initial: &[KallsymsEntry],
+) -> bool {
+    let prefix = tag_prefix(tag);
+    if initial.iter().any(|e| e.name.starts_with(&prefix)) {
+        return true;
+    }
+    let Some(r) = recs.get(i) else { return false };
+    let prev = recs
+        .get(..i)
+        .unwrap_or(&[])
+        .iter()
+        .rposition(|p| p.listener == r.listener);
+    let Some(prev) = prev else { return false };
+    m.syms
+        .iter()
+        .any(|s| s.reg.is_none() && s.unreg == Some(prev))
+}
+
+fn fmt_idx(recs: &[Record], i: Option<usize>) -> String {
+    i.and_then(|i| recs.get(i))
+        .map(|r| r.to_string())
+        .unwrap_or_else(|| "(none)".into())
+}
+
+/// Checks one CPU-wide set's merged stream.
+fn check_set(
+    ev: &RunEvidence,
+    merged: &[Record],
+    has_ksym: bool,
+    has_bpf: bool,
+    label: &str,
+) -> Vec<Violation> {
+    let m = Model::build(merged, &ev.initial_kallsyms);
+    let mut out: Vec<Violation> = Vec::new();
+    for f in &m.findings {
+        let keep = if f.rule == rule::UNLOAD_MATCHES_LOAD {
+            has_bpf
+        } else {
+            has_ksym
+        };
+        if keep {
+            out.push(f.clone());
+        }
+    }
+    let bad = |out: &mut Vec<Violation>, rule: &'static str, message: String| {
+        out.push(Violation { rule, message })
+    };
+
+    for facts in &ev.progs {
+        let who = format!(
+            "program {:?} (id {}, {})",
+            facts.label, facts.id, facts.name
+        );
+        let mut load: Option<usize> = None;
+        let mut unload: Option<usize> = None;
+        if has_bpf {
+            let loads = m.loads_of(facts.id);
+            if loads.is_empty() {
+                let any_tag = merged
+                    .iter()
+                    .filter(|r| {
+                        r.bpf_event(BPF_EVENT_PROG_LOAD)
+                            .is_some_and(|(_, t)| t == facts.tag)
+                    })
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>();
+                let hint = if any_tag.is_empty() {
+                    String::new()
+                } else {
+                    format!("; PROG_LOAD with its tag: {}", any_tag.join(" / "))
+                };
+                bad(
+                    &mut out,
+                    rule::LOAD_MATCHES_INFO,
+                    format!(
+                        "{who}: no PROG_LOAD with bpf_prog_info.id {}{hint}",
+                        facts.id
+                    ),
+                );
+            }
+            if loads.len() > 1 {
+                let all = loads
+                    .iter()
+                    .map(|l| fmt_idx(merged, m.progs.get(*l).and_then(|p| p.load)))
+                    .collect::<Vec<_>>();
+                bad(
+                    &mut out,
+                    rule::LOAD_MATCHES_INFO,
+                    format!(
+                        "{who}: {} PROG_LOAD records for one program: {}",
+                        loads.len(),
+                        all.join(" / ")
+                    ),
+                );
+            }
+            if let Some(life) = loads.first().and_then(|l| m.progs.get(*l)) {
+                load = life.load;
+                unload = life.unload;
+                if let Some(r) = load.and_then(|p| merged.get(p)) {
+                    if let Some((_, tag)) = r.bpf_event(BPF_EVENT_PROG_LOAD) {
+                        if tag != facts.tag {
+                            bad(
+                                &mut out,
+                                rule::LOAD_MATCHES_INFO,
+                                format!(
+                                    "{who}: PROG_LOAD tag {} != bpf_prog_info.tag {}: {r}",
+                                    hex::encode(tag),
+                                    hex::encode(facts.tag)
+                                ),
+                            );
+                        }
+                    }
+                }
+                if let (Some(p), Some(q)) = (load, unload) {
+                    if before(merged, p, q) == Some(false) {
+                        bad(
+                            &mut out,
+                            rule::CAUSAL_ORDER,
+                            format!(
+                                "{who}: PROG_UNLOAD before PROG_LOAD: {} / {}",
+                                fmt_idx(merged, Some(q)),
+                                fmt_idx(merged, Some(p))
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        if !has_ksym || facts.jited_ksyms.len() != facts.jited_func_lens.len() {
+            continue; // `facts` reports the inconsistency.
+        }
+        let single = facts.jited_ksyms.len() == 1;
+        let own_prefix = tag_prefix(&facts.tag);
+        let name_ok = |name: &str| facts_name_ok(facts, name);
+        for (fi, (&addr, &flen)) in facts
+            .jited_ksyms
+            .iter()
+            .zip(&facts.jited_func_lens)
+            .enumerate()
+        {
+            let Some(life) = m
+                .select_sym(addr, load, unload, name_ok)
+                .and_then(|l| m.syms.get(l))
+            else {
+                let elsewhere = merged
+                    .iter()
+                    .filter(|r| matches!(r.body, RecordBody::Ksymbol { addr: a, .. } if a == addr))
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>();
+                let hint = if elsewhere.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; KSYMBOL records at that address: {}",
+                        elsewhere.join(" / ")
+                    )
+                };
+                bad(
+                    &mut out,
+                    rule::LOAD_SYMBOLS,
+                    format!("{who} f{fi}: no KSYMBOL register at jited_ksyms[{fi}] = {addr:#x} (len {flen}){hint}"),
+                );
+                continue;
+            };
+            let Some(reg) = life.reg.and_then(|p| merged.get(p)) else {
+                continue;
+            };
+            if let RecordBody::Ksymbol {
+                len,
+                ksym_type,
+                name,
+                ..
+            } = &reg.body
+            {
+                let mut diffs = Vec::new();
+                if *len != flen {
+                    diffs.push(format!("len {len} != jited_func_lens[{fi}] {flen}"));
+                }
+                if *ksym_type != KSYM_TYPE_BPF {
+                    diffs.push(format!(
+                        "type {} is not BPF",
+                        records::ksym_type_name(*ksym_type)
+                    ));
+                }
+                if !name_ok(name) {
+                    if single {
+                        diffs.push(format!("name does not start with {own_prefix}"));
+                    } else {
+                        diffs.push("name does not start with bpf_prog_<16 hex digits>".to_string());
+                    }
+                }
+                let ks: Vec<&KallsymsEntry> =
+                    facts.kallsyms.iter().filter(|e| e.addr == addr).collect();
+                if !ks.is_empty() && !ks.iter().any(|e| e.name == *name) {
+                    let names = ks
+                        .iter()
+                        .map(|e| format!("{:?}", e.name))
+                        .collect::<Vec<_>>();
+                    diffs.push(format!("kallsyms has {} at that address", names.join(", ")));
+                }
+                if !diffs.is_empty() {
+                    bad(
+                        &mut out,
+                        rule::LOAD_SYMBOLS,
+                        format!("{who} f{fi}: {}: {reg}", diffs.join("; ")),
+                    );
+                }
+            }
+            if let (Some(r), Some(p)) = (life.reg, load) {
+                if before(merged, r, p) == Some(false) {
+                    bad(
+                        &mut out,
+                        rule::CAUSAL_ORDER,
+                        format!(
+                            "{who} f{fi}: registered after its PROG_LOAD: {} / {}",
+                            fmt_idx(merged, Some(r)),
+                            fmt_idx(merged, Some(p))
+                        ),
+                    );
+                }
+            }
+            match life.unreg {
+                None => bad(
+                    &mut out,
+                    rule::UNLOAD_SYMBOLS,
+                    format!("{who} f{fi}: never unregistered: {reg}"),
+                ),
+                Some(u) => {
+                    if let Some(p) = load {
+                        if before(merged, p, u) == Some(false) {
+                            bad(
+                                &mut out,
+                                rule::CAUSAL_ORDER,
+                                format!(
+                                    "{who} f{fi}: unregistered before its PROG_LOAD: {} / {}",
+                                    fmt_idx(merged, Some(u)),
+                                    fmt_idx(merged, Some(p))
+                                ),
+                            );
+                        }
+                    }
+                    if let Some(q) = unload {
+                        if before(merged, u, q) == Some(false) {
+                            bad(
+                                &mut out,
+                                rule::CAUSAL_ORDER,
+                                format!(
+                                    "{who} f{fi}: PROG_UNLOAD before the unregister: {} / {}",
+                                    fmt_idx(merged, Some(q)),
+                                    fmt_idx(merged, Some(u))
+                                ),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if !label.is_empty() {
+        for v in &mut out {
+            v.message = format!("{label}: {}", v.message);
+        }
+    }
+    out
+}
+
+/// Per-record rules of one listener: record-type, sample-id, time-order.
+fn check_listener(l: &ListenerInfo, recs: &[Record], out: &mut Vec<Violation>) {
+    let mut types = Vec::new();
+    let mut sids = Vec::new();
+    let mut times = Vec::new();
+    let mut first_id: Option<(u64, &Record)> = None;
+    let mut prev: Option<&Record> = None;
+    for r in recs {
+        if r.header.misc != 0 {
+            types.push(format!(
+                "{r}: header.misc is not 0 (the kernel writes 0 for side-band records)"
+            ));
+        }
+        match &r.body {
+            RecordBody::Unknown { type_ } => types.push(format!(
+                "{r}: record type {} is not one a ksymbol/bpf_event dummy listener receives",
+                records::record_type_name(*type_).unwrap_or("(undefined)")
+            )),
+            RecordBody::Ksymbol {
+                ksym_type, flags, ..
+            } => {
+                if !l.ksymbol {
+                    types.push(format!("{r}: KSYMBOL on a listener opened without ksymbol"));
+                }
+                if *ksym_type != KSYM_TYPE_BPF && *ksym_type != KSYM_TYPE_OOL {
+                    types.push(format!("{r}: ksym_type {ksym_type} (the kernel refuses UNKNOWN and undefined types)"));
+                }
+                if flags & !KSYMBOL_FLAGS_UNREGISTER != 0 {
+                    types.push(format!(
+                        "{r}: undefined KSYMBOL flag bits {:#x}",
+                        flags & !KSYMBOL_FLAGS_UNREGISTER
+                    ));
+                }
+            }
+            RecordBody::BpfEvent {
+                event_type, flags, ..
+            } => {
+                if !l.bpf_event {
+                    types.push(format!(
+                        "{r}: BPF_EVENT on a listener opened without bpf_event"
+                    ));
+                }
+                if *event_type != BPF_EVENT_PROG_LOAD && *event_type != BPF_EVENT_PROG_UNLOAD {
+                    types.push(format!("{r}: BPF_EVENT type {event_type} (the kernel emits only PROG_LOAD and PROG_UNLOAD)"));
+                }
+                if *flags != 0 {
+                    types.push(format!("{r}: undefined BPF_EVENT flags {flags:#x}"));
+                }
+            }
+            RecordBody::Lost { .. } => {}
+        }
+        if !matches!(r.body, RecordBody::Unknown { .. }) {
+            let s = &r.sample;
+            if let (Some(cpu), true) = (s.cpu, l.cpu >= 0) {
+                if i64::from(cpu) != i64::from(l.cpu) {
+                    sids.push(format!(
+                        "{r}: sample cpu {cpu} on the listener bound to CPU {}",
+                        l.cpu
+                    ));
+                }
+            }
+            if let Some(res) = s.cpu_res.filter(|v| *v != 0) {
+                sids.push(format!(
+                    "{r}: the res half of {{cpu, res}} is {res:#x}, not 0"
+                ));
+            }
+            if let (Some(a), Some(b)) = (s.id, s.identifier) {
+                if a != b {
+                    sids.push(format!("{r}: sample id {a} != identifier {b}"));
+                }
+            }
+            if let Some(id) = s.id.or(s.identifier) {
+                match first_id {
+                    None => first_id = Some((id, r)),
+                    Some((first, fr)) if first != id => {
+                        sids.push(format!("{r}: sample id {id} differs from the listener's first record's {first} ({fr})"))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if let (Some(p), Some(t)) = (prev.and_then(|p| p.time().map(|t| (p, t))), r.time()) {
+            if t < p.1 {
+                times.push(format!(
+                    "time goes backwards within listener {}: {} then {r}",
+                    l.index, p.0
+                ));
+            }
+        }
+        if r.time().is_some() {
+            prev = Some(r);
+        }
+    }
+    push_capped(
+        out,
+        rule::RECORD_TYPE,
+        "unexpected records on this listener",
+        types,
+    );
+    push_capped(
+        out,
+        rule::SAMPLE_ID,
+        "sample_id problems on this listener",
+        sids,
+    );
+    push_capped(
+        out,
+        rule::TIME_ORDER,
+        "backward steps on this listener",
+        times,
+    );
+}
+
+fn check_facts(progs: &[ProgFacts], out: &mut Vec<Violation>) {
+    let mut ids: BTreeMap<u32, &str> = BTreeMap::new();
+    for f in progs {
+        let who = format!("program {:?} (id {}, {})", f.label, f.id, f.name);
+        if let Some(other) = ids.insert(f.id, &f.label) {
+            out.push(m_find(
+                rule::FACTS,
+                format!("{who}: id also reported for {other:?}"),
+            ));
+        }
+        if f.jited_ksyms.len() != f.jited_func_lens.len() {
+            out.push(m_find(
+                rule::FACTS,
+                format!(
+                    "{who}: {} jited_ksyms but {} jited_func_lens",
+                    f.jited_ksyms.len(),
+                    f.jited_func_lens.len()
+                ),
+            ));
+        }
+        if f.jited_ksyms.is_empty() {
+            out.push(m_find(
+                rule::FACTS,
+                format!("{who}: no jited_ksyms (not JITed?)"),
+            ));
+        }
+        if f.jited_ksyms.contains(&0) {
+            out.push(m_find(
+                rule::FACTS,
+                format!("{who}: jited_ksyms contains 0 (addresses hidden from the agent: bpf_dump_raw_ok() / kptr_restrict)"),
+            ));
+        }
+        let distinct: BTreeSet<u64> = f.jited_ksyms.iter().copied().collect();
+        if distinct.len() != f.jited_ksyms.len() {
+            out.push(m_find(
+                rule::FACTS,
+                format!(
+                    "{who}: duplicate addresses in jited_ksyms {:x?}",
+                    f.jited_ksyms
+                ),
+            ));
+        }
+    }
+}
+
+/// Groups CPU-bound listeners into CPU-wide sets; see the module docs.
+fn listener_sets(listeners: &BTreeMap<u32, &ListenerInfo>) -> Vec<Vec<u32>> {
+    type Key = (u64, bool, bool, bool, u64);
+    let mut sets: Vec<(Key, Vec<u32>, BTreeSet<i32>)> = Vec::new();
+    for l in listeners.values().filter(|l| l.cpu >= 0) {
+        let key = (
+            l.sample_type,
+            l.sample_id_all,
+            l.ksymbol,
+            l.bpf_event,
+            l.ring_bytes,
+        );
+        match sets
+            .iter_mut()
+            .find(|(k, _, cpus)| *k == key && !cpus.contains(&l.cpu))
+        {
+            Some((_, idx, cpus)) => {
+                idx.push(l.index);
+                cpus.insert(l.cpu);
+            }
+            None => sets.push((key, vec![l.index], BTreeSet::from([l.cpu]))),
+        }
+    }
+    sets.into_iter().map(|(_, idx, _)| idx).collect()
+}
+
+/// Parses every stream and checks every rule.
+pub fn analyse(ev: &RunEvidence) -> Analysis {
+    let mut a = Analysis::default();
+    let mut v: Vec<Violation> = Vec::new();
+
+    let mut listeners: BTreeMap<u32, &ListenerInfo> = BTreeMap::new();
+    for l in &ev.listeners {
+        match listeners.entry(l.index) {
+            std::collections::btree_map::Entry::Occupied(_) => v.push(m_find(
+                rule::LISTENERS,
+                format!(
+                    "listener index {} reported twice; the first is used",
+                    l.index
+                ),
+            )),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(l);
+            }
+        }
+    }
+    for (idx, bytes) in &ev.streams {
+        if !listeners.contains_key(idx) {
+            v.push(m_find(
+                rule::LISTENERS,
+                format!(
+                    "{} stream bytes for listener {idx}, which was never reported",
+                    bytes.len()
+                ),
+            ));
+        }
+    }
+
+    // Per listener: parse, record-type, sample-id, time-order, lost.
+    let mut lost_parts = Vec::new();
+    for (idx, l) in &listeners {
+        let bytes = ev.streams.get(idx).map(Vec::as_slice).unwrap_or(&[]);
+        let (recs, err) = parse_prefix(l, bytes);
+        if let Some(e) = err {
+            v.push(m_find(
+                rule::PARSE,
+                format!(
+                    "{e} ({} records before it are kept and checked)",
+                    recs.len()
+                ),
+            ));
+        }
+        check_listener(l, &recs, &mut v);
+        let lost: u64 = recs
+            .iter()
+            .map(|r| match r.body {
+                RecordBody::Lost { lost, .. } => lost,
+                _ => 0,
+            })
+            .fold(0u64, u64::saturating_add);
+        let n = recs
+            .iter()
+            .filter(|r| matches!(r.body, RecordBody::Lost { .. }))
+            .count();
+        if n > 0 {
+            let first = recs
+                .iter()
+                .find(|r| matches!(r.body, RecordBody::Lost { .. }))
+                .map(|r| r.to_string())
+                .unwrap_or_default();
+            lost_parts.push(format!(
+                "listener {idx}: {n} LOST record(s), {lost} lost (first: {first})"
+            ));
+        }
+        a.lost = a.lost.saturating_add(lost);
+        a.records_per_listener.insert(*idx, recs);
+    }
+    if a.lost > 0 || !lost_parts.is_empty() {
+        v.push(m_find(
+            rule::LOST,
+            format!(
+                "{} records lost in total; {}",
+                a.lost,
+                lost_parts.join("; ")
+            ),
+        ));
+    }
+
+    check_facts(&ev.progs, &mut v);
+
+    a.sets = listener_sets(&listeners);
+    let online: BTreeSet<i64> = ev.online_cpus.iter().map(|c| i64::from(*c)).collect();
+    if a.sets.is_empty() && !ev.progs.is_empty() {
+        v.push(m_find(
+            rule::LISTENERS,
+            "programs were loaded but no CPU-wide listener recorded them".to_string(),
+        ));
+    }
+    let multi = a.sets.len() > 1;
+    for (k, set) in a.sets.iter().enumerate() {
+        let label = if multi {
+            format!("set#{k} (listeners {set:?})")
+        } else {
+            String::new()
+        };
+        let cpus: BTreeSet<i64> = set
+            .iter()
+            .filter_map(|i| listeners.get(i))
+            .map(|l| i64::from(l.cpu))
+            .collect();
+        let missing: Vec<i64> = online.difference(&cpus).copied().collect();
+        if !online.is_empty() && !missing.is_empty() {
+            v.push(m_find(
+                rule::LISTENERS,
+                format!("listener set {set:?} has no listener on online CPU(s) {missing:?}: records emitted there are not seen"),
+            ));
+        }
+        let Some(first) = set.first().and_then(|i| listeners.get(i)) else {
+            continue;
+        };
+        let streams: Vec<Vec<Record>> = set
+            .iter()
+            .map(|i| a.records_per_listener.get(i).cloned().unwrap_or_default())
+            .collect();
+        let merged = merge_by_time(streams);
+        v.extend(check_set(
+            ev,
+            &merged,
+            first.ksymbol,
+            first.bpf_event,
+            &label,
+        ));
+        if k == 0 {
+            a.merged = merged;
+        }
+    }
+    a.violations = v;
+    a
+}
+
+#[cfg(test)]
+pub(crate) mod testrun {
+    //! A synthetic run, built from the uapi layout (not recorded from a
+    //! kernel): two programs (one with two JITed functions, one with one)
+    //! loaded on CPU 0 and unloaded by a worker on CPU 1, an OOL symbol,
+    //! and the unload of a program that predates the recording.
+    use super::*;
+    use crate::records::testutil::{self, Tr};
+    use crate::records::{KSYM_TYPE_OOL, PERF_SAMPLE_CPU, PERF_SAMPLE_TID, PERF_SAMPLE_TIME};
+
+    pub const T_MAIN: [u8; 8] = [0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88];
+    pub const T_MAIN_F0: &str = "0102030405060708";
+    pub const T_MAIN_F1: &str = "a1a2a3a4a5a6a7a8";
+    pub const T_BASIC: [u8; 8] = [0xba, 0x51, 0xc0, 0, 0, 0, 0, 1];
+    pub const T_OLD: [u8; 8] = [0x99; 8];
+    pub const A_F0: u64 = 0xffff_ffff_c000_0800;
+    pub const A_F1: u64 = 0xffff_ffff_c000_0900;
+    pub const A_BASIC: u64 = 0xffff_ffff_c000_2000;
+    pub const A_OOL: u64 = 0xffff_ffff_c000_5000;
+    pub const A_OLD: u64 = 0xffff_ffff_c000_7000;
+
+    #[derive(Clone, Debug)]
+    pub enum Ev {
+        Reg(u64, u32, u16, String),
+        Unreg(u64, u32, u16, String),
+        Load(u32, [u8; 8]),
+        Unload(u32, [u8; 8]),
+        Lost(u64),
+    }
+
+    /// (listener, time, event)
+    pub type Script = Vec<(u32, u64, Ev)>;
+
+    pub fn name_main_f0() -> String {
+        format!("bpf_prog_{T_MAIN_F0}_kloop_subprogs")
+    }
+    pub fn name_main_f1() -> String {
+        format!("bpf_prog_{T_MAIN_F1}_helper")
+    }
+    pub fn name_basic() -> String {
+        format!("bpf_prog_{}_kloop_basic", hex::encode(T_BASIC))
+    }
+    pub fn name_old() -> String {
+        format!("bpf_prog_{}_old", hex::encode(T_OLD))
+    }
+
+    pub fn good_script() -> Script {
+        use Ev::*;
+        vec![
+            (0, 100, Reg(A_F0, 0x90, KSYM_TYPE_BPF, name_main_f0())),
+            (0, 101, Reg(A_F1, 0x38, KSYM_TYPE_BPF, name_main_f1())),
+            (0, 102, Load(42, T_MAIN)),
+            (
+                0,
+                105,
+                Reg(A_OOL, 4096, KSYM_TYPE_OOL, "kprobe_insn_page".into()),
+            ),
+            (0, 110, Reg(A_BASIC, 0x48, KSYM_TYPE_BPF, name_basic())),
+            (0, 111, Load(43, T_BASIC)),
+            (1, 200, Unreg(A_F0, 0x90, KSYM_TYPE_BPF, name_main_f0())),
+            (1, 201, Unreg(A_F1, 0x38, KSYM_TYPE_BPF, name_main_f1())),
+            (1, 202, Unload(42, T_MAIN)),
+            (
+                1,
+                205,
+                Unreg(A_OOL, 4096, KSYM_TYPE_OOL, "kprobe_insn_page".into()),
+            ),
+            (1, 210, Unreg(A_BASIC, 0x48, KSYM_TYPE_BPF, name_basic())),
+            (1, 211, Unload(43, T_BASIC)),
+            (1, 220, Unreg(A_OLD, 0x40, KSYM_TYPE_BPF, name_old())),
+            (1, 221, Unload(5, T_OLD)),
+        ]
+    }
+
+    fn entry(addr: u64, name: String) -> KallsymsEntry {
+        KallsymsEntry {
+            addr,
+            kind: 't',
+            name,
+            module: Some("bpf".into()),
+        }
+    }
+
+    pub fn evidence(script: &Script) -> RunEvidence {
+        let st = PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU;
+        let listeners = vec![testutil::listener(0, 0, st), testutil::listener(1, 1, st)];
+        let mut streams: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
+        for (li, time, ev) in script {
+            let l = &listeners[*li as usize];
+            let t = Tr {
+                pid: 1,
+                tid: if *li == 0 { 1 } else { 33 },
+                time: *time,
+                id: 0,
+                stream_id: 0,
+                cpu: l.cpu as u32,
+            };
+            let bytes = match ev {
+                Ev::Reg(a, len, ty, n) => testutil::ksymbol(l, *a, *len, *ty, false, n, t),
+                Ev::Unreg(a, len, ty, n) => testutil::ksymbol(l, *a, *len, *ty, true, n, t),
+                Ev::Load(id, tag) => testutil::bpf_event(l, BPF_EVENT_PROG_LOAD, *id, *tag, t),
+                Ev::Unload(id, tag) => testutil::bpf_event(l, BPF_EVENT_PROG_UNLOAD, *id, *tag, t),
+                Ev::Lost(n) => testutil::lost(l, 0, *n, t),
+            };
+            streams.entry(*li).or_default().extend(bytes);
+        }
+        RunEvidence {
+            online_cpus: vec![0, 1],
+            listeners,
+            streams,
+            progs: vec![
+                ProgFacts {
+                    label: "main".into(),
+                    id: 42,
+                    tag: T_MAIN,
+                    name: "kloop_subprogs".into(),
+                    prog_type: 1,
+                    jited_ksyms: vec![A_F0, A_F1],
+                    jited_func_lens: vec![0x90, 0x38],
+                    kallsyms: vec![entry(A_F0, name_main_f0()), entry(A_F1, name_main_f1())],
+                },
+                ProgFacts {
+                    label: "basic".into(),
+                    id: 43,
+                    tag: T_BASIC,
+                    name: "kloop_basic".into(),
+                    prog_type: 6,
+                    jited_ksyms: vec![A_BASIC],
+                    jited_func_lens: vec![0x48],
+                    kallsyms: vec![entry(A_BASIC, name_basic())],
+                },
+            ],
+            initial_kallsyms: vec![entry(A_OLD, name_old())],
+            ..RunEvidence::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testrun::*;
+    use super::*;
+
+    fn rules(a: &Analysis) -> BTreeSet<&'static str> {
+        a.violations.iter().map(|v| v.rule).collect()
+    }
+
+    fn dump(a: &Analysis) -> String {
+        a.violations.iter().map(|v| format!("{v}\n")).collect()
+    }
+
+    /// Runs the mutated script and asserts exactly `rule` fired.
+    fn only(script: &Script, rule: &str) -> Analysis {
+        let a = analyse(&evidence(script));
+        assert_eq!(rules(&a), BTreeSet::from([rule]), "{}", dump(&a));
+        a
+    }
+
+    fn find(script: &Script, pred: impl Fn(&Ev) -> bool) -> usize {
+        script.iter().position(|(_, _, e)| pred(e)).unwrap()
+    }
+
+    #[test]
+    fn good_run_has_no_violations() {
+        let a = analyse(&evidence(&good_script()));
+        assert!(a.violations.is_empty(), "{}", dump(&a));
+        assert_eq!(a.sets, vec![vec![0, 1]]);
+        assert_eq!(a.merged.len(), 14);
+        assert_eq!(a.lost, 0);
+        let times: Vec<u64> = a.merged.iter().map(|r| r.time().unwrap()).collect();
+        let mut sorted = times.clone();
+        sorted.sort();
+        assert_eq!(times, sorted);
+    }
+
+    #[test]
+    fn missing_unregister() {
+        let mut s = good_script();
+        let i = find(&s, |e| matches!(e, Ev::Unreg(a, ..) if *a == A_F1));
+        s.remove(i);
+        let a = only(&s, rule::UNLOAD_SYMBOLS);
+        assert!(
+            a.violations[0].message.contains("f1: never unregistered"),
+            "{}",
+            dump(&a)
+        );
+        assert!(a.violations[0].message.contains(&format!("addr={A_F1:#x}")));
+    }
+
+    #[test]
+    fn wrong_tag() {
+        let mut s = good_script();
+        for (_, _, e) in &mut s {
+            match e {
+                Ev::Load(42, t) | Ev::Unload(42, t) => t[0] ^= 0xff,
+                _ => {}
+            }
+        }
+        let a = only(&s, rule::LOAD_MATCHES_INFO);
+        assert!(
+            a.violations[0]
+                .message
+                .contains("!= bpf_prog_info.tag 1122334455667788"),
+            "{}",
+            dump(&a)
+        );
+    }
+
+    #[test]
+    fn wrong_tag_on_unload_only() {
+        let mut s = good_script();
+        let i = find(&s, |e| matches!(e, Ev::Unload(42, _)));
+        if let Ev::Unload(_, t) = &mut s[i].2 {
+            t[7] ^= 1;
+        }
+        only(&s, rule::UNLOAD_MATCHES_LOAD);
+    }
+
+    #[test]
+    fn wrong_len() {
+        let mut s = good_script();
+        for (_, _, e) in &mut s {
+            match e {
+                Ev::Reg(a, len, ..) | Ev::Unreg(a, len, ..) if *a == A_BASIC => *len = 0x50,
+                _ => {}
+            }
+        }
+        let a = only(&s, rule::LOAD_SYMBOLS);
+        assert!(
+            a.violations[0]
+                .message
+                .contains("len 80 != jited_func_lens[0] 72"),
+            "{}",
+            dump(&a)
+        );
+    }
+
+    #[test]
+    fn unregister_len_differs_from_register() {
+        let mut s = good_script();
+        let i = find(&s, |e| matches!(e, Ev::Unreg(a, ..) if *a == A_OOL));
+        if let Ev::Unreg(_, len, ..) = &mut s[i].2 {
+            *len = 8192;
+        }
+        only(&s, rule::UNLOAD_SYMBOLS);
+    }
+
+    #[test]
+    fn unregister_of_unknown_symbol() {
+        let mut s = good_script();
+        s.push((
+            1,
+            230,
+            Ev::Unreg(
+                0xffff_ffff_c00d_0000,
+                64,
+                KSYM_TYPE_BPF,
+                "bpf_prog_0000000000000000_x".into(),
+            ),
+        ));
+        only(&s, rule::UNREGISTER_WITHOUT_REGISTER);
+    }
+
+    #[test]
+    fn time_going_backwards() {
+        let mut s = good_script();
+        let i = find(&s, |e| matches!(e, Ev::Unreg(a, ..) if *a == A_F1));
+        s[i].1 = 150; // after PROG_LOAD (102) on CPU 0, before CPU 1's previous record (200)
+        let a = only(&s, rule::TIME_ORDER);
+        assert!(a.violations[0].message.contains("t=200"));
+        assert!(a.violations[0].message.contains("t=150"));
+    }
+
+    #[test]
+    fn lost_records() {
+        let mut s = good_script();
+        s.insert(3, (0, 103, Ev::Lost(3)));
+        let a = only(&s, rule::LOST);
+        assert_eq!(a.lost, 3);
+        assert!(a.violations[0]
+            .message
+            .starts_with("3 records lost in total"));
+    }
+
+    #[test]
+    fn register_after_load_is_causal_order() {
+        let mut s = good_script();
+        // f1's register lands on CPU 1 after PROG_LOAD on CPU 0.
+        let i = find(&s, |e| matches!(e, Ev::Reg(a, ..) if *a == A_F1));
+        let (_, _, e) = s.remove(i);
+        s.insert(5, (1, 103, e));
+        only(&s, rule::CAUSAL_ORDER);
+    }
+
+    #[test]
+    fn never_unloaded_program() {
+        let mut s = good_script();
+        let i = find(&s, |e| matches!(e, Ev::Unload(43, _)));
+        s.remove(i);
+        let a = only(&s, rule::UNLOAD_MATCHES_LOAD);
+        assert!(a.violations[0].message.contains("never unloaded"));
+    }
+
+    #[test]
+    fn name_must_match_kallsyms_and_tag() {
+        let mut s = good_script();
+        for (_, _, e) in &mut s {
+            match e {
+                Ev::Reg(a, _, _, n) | Ev::Unreg(a, _, _, n) if *a == A_BASIC => {
+                    *n = "bpf_prog_0000000000000000_x".into()
+                }
+                _ => {}
+            }
+        }
+        let a = only(&s, rule::LOAD_SYMBOLS);
+        let m = &a.violations[0].message;
+        assert!(
+            m.contains("name does not start with bpf_prog_ba51c00000000001"),
+            "{m}"
+        );
+        assert!(m.contains("kallsyms has"), "{m}");
+    }
+
+    #[test]
+    fn parse_error_is_reported_with_bytes() {
+        let mut ev = evidence(&good_script());
+        let s = ev.streams.get_mut(&1).unwrap();
+        s[6] = 0x41; // header.size of the first record: 0x..41, not a multiple of 8
+        let a = analyse(&ev);
+        let p: Vec<_> = a.of_rule(rule::PARSE).collect();
+        assert_eq!(p.len(), 1);
+        assert!(p[0].message.contains("listener 1, stream offset 0"));
+        assert!(p[0].message.contains("bytes at offset: [11000000"));
+    }
+
+    #[test]
+    fn unknown_type_is_record_type() {
+        let mut ev = evidence(&good_script());
+        ev.streams
+            .get_mut(&0)
+            .unwrap()
+            .extend(crate::records::testutil::raw(5, vec![0; 40]));
+        let a = analyse(&ev);
+        assert_eq!(
+            rules(&a),
+            BTreeSet::from([rule::RECORD_TYPE]),
+            "{}",
+            dump(&a)
+        );
+        assert!(a.violations[0].message.contains("THROTTLE"));
+    }
+
+    #[test]
+    fn wrong_cpu_in_trailer_is_sample_id() {
+        let mut ev = evidence(&good_script());
+        ev.listeners[1].cpu = 3;
+        ev.online_cpus = vec![0, 3];
+        let a = analyse(&ev);
+        assert_eq!(rules(&a), BTreeSet::from([rule::SAMPLE_ID]), "{}", dump(&a));
+    }
+
+    #[test]
+    fn uncovered_cpu_is_listeners() {
+        let mut ev = evidence(&good_script());
+        ev.online_cpus = vec![0, 1, 2];
+        let a = analyse(&ev);
+        assert_eq!(rules(&a), BTreeSet::from([rule::LISTENERS]), "{}", dump(&a));
+    }
+
+    #[test]
+    fn every_rule_name_is_listed() {
+        let all: BTreeSet<&str> = rule::ALL.iter().copied().collect();
+        assert_eq!(all.len(), rule::ALL.len());
+    }
+}

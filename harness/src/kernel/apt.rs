@@ -1,0 +1,448 @@
+//! A private apt state: its own sources list, lists, cache and status file,
+//! so fetching kernels never reads or changes the host's package state.
+//! Every command is an argv (no shell) with `LC_ALL=C` so messages parse.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use super::KernelError;
+
+/// How much the Release signature matters for this use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Trust {
+    /// Creating or moving a pin: the index must verify against the keyring.
+    RequireSigned,
+    /// Fetching a pinned `.deb`: try the keyring first; if the archive key is
+    /// unknown or expired for this keyring, use the index unverified, because
+    /// the `.deb` is checked against the pin's sha256 afterwards.
+    PinnedHash,
+}
+
+/// A package paragraph from `apt-cache show`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PackageRecord {
+    pub package: String,
+    pub version: String,
+    /// KiB, as in the `Installed-Size` field.
+    pub installed_size: u64,
+    pub sha256: Option<String>,
+}
+
+pub(crate) struct AptState {
+    root: tempfile::TempDir,
+    pub mirror: String,
+    pub suite: String,
+    pub keyring: PathBuf,
+}
+
+impl AptState {
+    /// Creates the state in a fresh temp dir under `parent` (inside the
+    /// cache, so downloads can be renamed into it atomically).
+    pub fn new(
+        parent: &Path,
+        mirror: &str,
+        suite: &str,
+        keyring: &Path,
+    ) -> Result<AptState, KernelError> {
+        let werr = |path: &Path, source| KernelError::CacheWrite {
+            path: path.to_path_buf(),
+            source,
+        };
+        std::fs::create_dir_all(parent).map_err(|e| werr(parent, e))?;
+        let root = tempfile::Builder::new()
+            .prefix("apt-")
+            .tempdir_in(parent)
+            .map_err(|e| werr(parent, e))?;
+        for d in [
+            "state/lists/partial",
+            "cache/archives/partial",
+            "etc/sources.list.d",
+            "etc/preferences.d",
+            "etc/trusted.gpg.d",
+            "download",
+        ] {
+            let p = root.path().join(d);
+            std::fs::create_dir_all(&p).map_err(|e| werr(&p, e))?;
+        }
+        let status = root.path().join("state/status");
+        std::fs::write(&status, b"").map_err(|e| werr(&status, e))?;
+        Ok(AptState {
+            root,
+            mirror: mirror.trim_end_matches('/').to_string(),
+            suite: suite.to_string(),
+            keyring: keyring.to_path_buf(),
+        })
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.root.path().join(rel)
+    }
+
+    /// Where `apt-get download` puts the file.
+    pub fn download_dir(&self) -> PathBuf {
+        self.path("download")
+    }
+
+    /// The archive root serving `suite`. Debian publishes `<suite>-security`
+    /// in a sibling archive named `<archive>-security`.
+    pub fn suite_uri(&self) -> String {
+        if self.suite.ends_with("-security") && !self.mirror.ends_with("-security") {
+            format!("{}-security", self.mirror)
+        } else {
+            self.mirror.clone()
+        }
+    }
+
+    fn write_sources(&self, verified: bool) -> Result<(), KernelError> {
+        let trust = if verified {
+            format!("signed-by={}", self.keyring.display())
+        } else {
+            "trusted=yes".to_string()
+        };
+        let line = format!(
+            "deb [arch=amd64 target=Packages {trust}] {} {} main\n",
+            self.suite_uri(),
+            self.suite
+        );
+        let path = self.path("etc/sources.list");
+        std::fs::write(&path, line).map_err(|source| KernelError::CacheWrite { path, source })
+    }
+
+    fn options(&self) -> Vec<String> {
+        let p = |rel: &str| self.path(rel).display().to_string();
+        let mut opts = vec![
+            ("Dir::State", p("state")),
+            ("Dir::State::Lists", p("state/lists")),
+            ("Dir::State::status", p("state/status")),
+            ("Dir::Cache", p("cache")),
+            ("Dir::Cache::archives", p("cache/archives")),
+            ("Dir::Etc::SourceList", p("etc/sources.list")),
+            ("Dir::Etc::SourceParts", p("etc/sources.list.d")),
+            ("Dir::Etc::Preferences", p("etc/preferences")),
+            ("Dir::Etc::PreferencesParts", p("etc/preferences.d")),
+            ("Dir::Etc::Trusted", p("etc/trusted.gpg")),
+            ("Dir::Etc::TrustedParts", p("etc/trusted.gpg.d")),
+            ("APT::Architecture", "amd64".to_string()),
+            ("APT::Architectures", "amd64".to_string()),
+            ("Acquire::Languages", "none".to_string()),
+            ("APT::Get::List-Cleanup", "false".to_string()),
+        ];
+        // As root, apt would drop to `_apt` for downloads, which cannot enter a
+        // private cache under a 0700 home; it then falls back to root with a
+        // warning. Say so up front.
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            opts.push(("APT::Sandbox::User", "root".to_string()));
+        }
+        opts.into_iter()
+            .flat_map(|(k, v)| ["-o".to_string(), format!("{k}={v}")])
+            .collect()
+    }
+
+    fn run(
+        &self,
+        tool: &'static str,
+        args: &[&str],
+        cwd: Option<&Path>,
+    ) -> Result<Output, KernelError> {
+        let mut cmd = Command::new(tool);
+        cmd.args(self.options())
+            .args(args)
+            .env("LC_ALL", "C")
+            .env("LANGUAGE", "")
+            .env_remove("APT_CONFIG")
+            .stdin(Stdio::null());
+        if let Some(cwd) = cwd {
+            cmd.current_dir(cwd);
+        }
+        cmd.output().map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                KernelError::ToolMissing {
+                    tool,
+                    package: "apt",
+                }
+            } else {
+                KernelError::ToolFailed {
+                    command: format!("{tool} {}", args.join(" ")),
+                    status: "could not start".into(),
+                    stderr: e.to_string(),
+                    hint: "check that apt works on this host",
+                }
+            }
+        })
+    }
+
+    /// `apt-get update` for the one suite. With [`Trust::PinnedHash`] an
+    /// index whose signing key the keyring lacks is retried unverified.
+    /// Returns whether the Release signature verified.
+    pub fn update(&self, trust: Trust) -> Result<bool, KernelError> {
+        match self.update_once(true) {
+            Ok(()) => Ok(true),
+            // Only a key the keyring lacks (or that expired) is bypassed; a bad
+            // signature is never.
+            Err(KernelError::UnverifiedIndex { detail, .. })
+                if trust == Trust::PinnedHash
+                    && ["NO_PUBKEY", "EXPKEYSIG", "KEYEXPIRED"]
+                        .iter()
+                        .any(|m| detail.contains(m))
+                    && !detail.contains("BADSIG") =>
+            {
+                self.update_once(false)?;
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn update_once(&self, verified: bool) -> Result<(), KernelError> {
+        self.write_sources(verified)?;
+        let out = self.run("apt-get", &["-q", "update"], None)?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let detail = first_problem_lines(&stdout, &stderr);
+        if [
+            "NO_PUBKEY",
+            "EXPKEYSIG",
+            "KEYEXPIRED",
+            "BADSIG",
+            "is not signed",
+            "couldn't be verified",
+        ]
+        .iter()
+        .any(|m| stderr.contains(m) || stdout.contains(m))
+        {
+            return Err(KernelError::UnverifiedIndex {
+                suite: self.suite.clone(),
+                mirror: self.suite_uri(),
+                keyring: self.keyring.clone(),
+                detail,
+            });
+        }
+        if stderr.contains("does not have a Release file") {
+            return Err(KernelError::SuiteGone {
+                suite: self.suite.clone(),
+                mirror: self.suite_uri(),
+                detail,
+            });
+        }
+        // apt-get update exits 0 when it merely could not reach the mirror
+        // ("W: Failed to fetch … ignored"); the Packages list tells the truth.
+        if !out.status.success() || !self.has_packages_list() {
+            return Err(KernelError::IndexUnavailable {
+                suite: self.suite.clone(),
+                mirror: self.suite_uri(),
+                detail: if detail.is_empty() {
+                    format!("apt-get update exited with {}", out.status)
+                } else {
+                    detail
+                },
+            });
+        }
+        Ok(())
+    }
+
+    fn has_packages_list(&self) -> bool {
+        std::fs::read_dir(self.path("state/lists"))
+            .map(|d| {
+                d.filter_map(Result::ok).any(|e| {
+                    e.file_name()
+                        .to_str()
+                        .is_some_and(|n| n.contains("_binary-amd64_Packages"))
+                })
+            })
+            .unwrap_or(false)
+    }
+
+    /// Names of real packages starting with `prefix`.
+    pub fn pkgnames(&self, prefix: &str) -> Result<Vec<String>, KernelError> {
+        let out = self.run("apt-cache", &["pkgnames", prefix], None)?;
+        // `apt-cache pkgnames` exits non-zero when nothing matches.
+        let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// `apt-cache show` paragraphs for these packages.
+    pub fn show(&self, names: &[String]) -> Result<Vec<PackageRecord>, KernelError> {
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut args = vec!["show"];
+        args.extend(names.iter().map(String::as_str));
+        let out = self.run("apt-cache", &args, None)?;
+        if !out.status.success() {
+            return Err(KernelError::ToolFailed {
+                command: format!("apt-cache show {}", names.join(" ")),
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                hint: "run the command again; if it persists, report it with this output",
+            });
+        }
+        Ok(parse_records(&String::from_utf8_lossy(&out.stdout)))
+    }
+
+    /// `apt-get download package=version` into [`AptState::download_dir`];
+    /// returns the downloaded file. A version the mirror no longer has is
+    /// reported as `Ok(None)`.
+    pub fn download(&self, package: &str, version: &str) -> Result<Option<PathBuf>, KernelError> {
+        let dir = self.download_dir();
+        let spec = format!("{package}={version}");
+        let out = self.run("apt-get", &["-q", "download", &spec], Some(&dir))?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            let gone = [
+                "was not found",
+                "Unable to locate package",
+                "Couldn't find any package",
+                "Can't find a source to download",
+                "has no installation candidate",
+            ];
+            if gone.iter().any(|m| stderr.contains(m)) {
+                return Ok(None);
+            }
+            return Err(KernelError::ToolFailed {
+                command: format!("apt-get download {spec}"),
+                status: out.status.to_string(),
+                stderr: first_problem_lines("", &stderr),
+                hint: "check network access to the mirror or set KLOOP_MIRROR",
+            });
+        }
+        let debs: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map_err(|source| KernelError::CacheRead {
+                path: dir.clone(),
+                source,
+            })?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "deb"))
+            .collect();
+        match debs.as_slice() {
+            [one] => Ok(Some(one.clone())),
+            _ => Err(KernelError::ToolFailed {
+                command: format!("apt-get download {spec}"),
+                status: format!("produced {} .deb files in {}", debs.len(), dir.display()),
+                stderr: stderr.trim().to_string(),
+                hint: "expected exactly one; run the command again",
+            }),
+        }
+    }
+}
+
+/// The `E:`/`W:`/`Err:` lines apt printed, joined, for messages.
+fn first_problem_lines(stdout: &str, stderr: &str) -> String {
+    let mut lines: Vec<&str> = Vec::new();
+    let mut in_err = false;
+    for line in stdout.lines().chain(stderr.lines()) {
+        let t = line.trim();
+        if t.starts_with("E:") || t.starts_with("W:") || t.starts_with("Err:") {
+            in_err = t.starts_with("Err:");
+            lines.push(t);
+        } else if in_err && line.starts_with(' ') {
+            lines.push(t);
+        } else {
+            in_err = false;
+        }
+    }
+    lines.dedup();
+    lines.truncate(8);
+    lines.join(" | ")
+}
+
+pub(crate) fn parse_records(text: &str) -> Vec<PackageRecord> {
+    let mut out = Vec::new();
+    for para in text.split("\n\n") {
+        let field = |name: &str| {
+            para.lines().find_map(|l| {
+                l.strip_prefix(name)
+                    .and_then(|r| r.strip_prefix(':'))
+                    .map(|v| v.trim().to_string())
+            })
+        };
+        let (Some(package), Some(version)) = (field("Package"), field("Version")) else {
+            continue;
+        };
+        out.push(PackageRecord {
+            package,
+            version,
+            installed_size: field("Installed-Size")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0),
+            sha256: field("SHA256"),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_apt_cache_show() {
+        let text =
+            "Package: linux-binary-7.3-cloud-amd64\nSource: linux-signed-amd64 (7.3~rc7+1~exp1)\n\
+                    Version: 7.3~rc7-1~exp1\nInstalled-Size: 13876\nDescription: Linux\n \
+                    continued: not a field\nSHA256: abc\n\nPackage: linux-image-7.3-cloud-amd64\n\
+                    Version: 7.3~rc7-1~exp1\nInstalled-Size: 13\n\n";
+        assert_eq!(
+            parse_records(text),
+            [
+                PackageRecord {
+                    package: "linux-binary-7.3-cloud-amd64".into(),
+                    version: "7.3~rc7-1~exp1".into(),
+                    installed_size: 13876,
+                    sha256: Some("abc".into()),
+                },
+                PackageRecord {
+                    package: "linux-image-7.3-cloud-amd64".into(),
+                    version: "7.3~rc7-1~exp1".into(),
+                    installed_size: 13,
+                    sha256: None,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn collects_apt_problem_lines() {
+        let stdout = "Get:1 http://mirror.example/debian sid InRelease [193 kB]\n\
+                      Err:1 http://mirror.example/debian sid InRelease\n  \
+                      The following signatures couldn't be verified: NO_PUBKEY 6ED0E7B82643E131\n\
+                      Reading package lists...\n";
+        let stderr =
+            "E: The repository 'http://mirror.example/debian sid InRelease' is not signed.\n";
+        assert_eq!(
+            first_problem_lines(stdout, stderr),
+            "Err:1 http://mirror.example/debian sid InRelease | The following signatures \
+             couldn't be verified: NO_PUBKEY 6ED0E7B82643E131 | E: The repository \
+             'http://mirror.example/debian sid InRelease' is not signed."
+        );
+    }
+
+    #[test]
+    fn security_suites_use_the_sibling_archive() {
+        let dir = tempfile::tempdir().unwrap();
+        let keyring = Path::new("/k.gpg");
+        let a = AptState::new(
+            dir.path(),
+            "http://mirror.example/debian/",
+            "bullseye-security",
+            keyring,
+        )
+        .unwrap();
+        assert_eq!(a.suite_uri(), "http://mirror.example/debian-security");
+        let b = AptState::new(
+            dir.path(),
+            "http://mirror.example/debian",
+            "bookworm",
+            keyring,
+        )
+        .unwrap();
+        assert_eq!(b.suite_uri(), "http://mirror.example/debian");
+    }
+}

@@ -1,0 +1,521 @@
+//! The content-addressed kernel cache.
+//!
+//! Layout under the root:
+//! - `images/<image_sha256>`   verified bzImages
+//! - `debs/<deb_sha256>.deb`   verified packages (later work extracts modules)
+//! - `rejected/`               downloads that did not match their pin
+//! - `tmp/`                    private apt states and partial files
+//!
+//! Every file is written to a temp name in its final directory and renamed
+//! only after its sha256 matched, and every hit is re-hashed before it is
+//! returned, so a truncated or altered file is never handed out.
+
+use std::path::{Path, PathBuf};
+
+use super::apt::{AptState, Trust};
+use super::extract::{install_verified, sha256_file, walk_deb, InstallError};
+use super::mirror::{env_mirror, host_mirror};
+use super::{KernelError, KernelPin, CACHE_DIR_ENV, DEFAULT_KEYRING, KEYRING_ENV};
+
+/// How to fetch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FetchOptions {
+    /// Never touch the network: only verified cache content is used.
+    pub offline: bool,
+    /// Debian mirror URL; default `KLOOP_MIRROR`, then the host's apt sources.
+    pub mirror: Option<String>,
+    /// Keyring to verify Release files; default `KLOOP_KEYRING`, then the
+    /// host's `debian-archive-keyring.gpg`.
+    pub keyring: Option<PathBuf>,
+}
+
+impl FetchOptions {
+    /// The mirror these options resolve to (option, env, host apt sources).
+    pub fn resolve_mirror(&self) -> Result<String, KernelError> {
+        match self
+            .mirror
+            .as_deref()
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+        {
+            Some(m) => Ok(m.trim_end_matches('/').to_string()),
+            None => env_mirror().map_or_else(host_mirror, Ok),
+        }
+    }
+
+    /// The keyring these options resolve to (option, env, host default).
+    pub fn resolve_keyring(&self) -> PathBuf {
+        self.keyring
+            .clone()
+            .or_else(|| {
+                std::env::var_os(KEYRING_ENV)
+                    .filter(|k| !k.is_empty())
+                    .map(PathBuf::from)
+            })
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_KEYRING))
+    }
+}
+
+/// A kernel cache rooted at one directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelCache {
+    root: PathBuf,
+}
+
+/// What a cache lookup found.
+enum Lookup {
+    Hit(PathBuf),
+    Miss,
+    /// A file was there with the wrong hash; it has been removed.
+    Corrupt {
+        path: PathBuf,
+        actual: String,
+    },
+}
+
+impl KernelCache {
+    /// `$KLOOP_CACHE_DIR`, else `$XDG_CACHE_HOME/kloop`, else `$HOME/.cache/kloop`.
+    pub fn default_location() -> Result<KernelCache, KernelError> {
+        cache_root_from(|name| std::env::var_os(name)).map(KernelCache::at)
+    }
+
+    /// A cache rooted at `root` (created on first write).
+    pub fn at(root: impl Into<PathBuf>) -> KernelCache {
+        KernelCache { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where the verified image of `pin` lives (whether or not it is there).
+    pub fn image_path(&self, pin: &KernelPin) -> PathBuf {
+        self.root.join("images").join(&pin.image_sha256)
+    }
+
+    /// Where the verified `.deb` of `pin` lives (whether or not it is there).
+    pub fn deb_path(&self, pin: &KernelPin) -> PathBuf {
+        self.root
+            .join("debs")
+            .join(format!("{}.deb", pin.deb_sha256))
+    }
+
+    pub(crate) fn tmp_dir(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+
+    /// True if the image is cached and its sha256 matches the pin.
+    pub fn is_cached(&self, pin: &KernelPin) -> bool {
+        let path = self.image_path(pin);
+        sha256_file(&path).is_ok_and(|h| h == pin.image_sha256)
+    }
+
+    /// The path of `pin`'s bzImage, verified against `image_sha256` right
+    /// before returning. A hit costs one hash and no apt call; a miss
+    /// extracts from the cached `.deb` or downloads it first.
+    pub fn ensure_image(
+        &self,
+        pin: &KernelPin,
+        opts: &FetchOptions,
+    ) -> Result<PathBuf, KernelError> {
+        pin.validate(Path::new(&format!("kernels/{}.toml", pin.id)))?;
+        let dest = self.image_path(pin);
+        match lookup(&dest, &pin.image_sha256)? {
+            Lookup::Hit(path) => return Ok(path),
+            Lookup::Corrupt { path, actual } if opts.offline && !self.deb_path(pin).exists() => {
+                return Err(KernelError::CorruptOffline {
+                    id: pin.id.clone(),
+                    path,
+                    expected: pin.image_sha256.clone(),
+                    actual,
+                })
+            }
+            Lookup::Corrupt { .. } | Lookup::Miss => {}
+        }
+        let deb = self.ensure_deb(pin, opts)?;
+        self.extract_image(pin, &deb)?;
+        match lookup(&dest, &pin.image_sha256)? {
+            Lookup::Hit(path) => Ok(path),
+            Lookup::Miss => Err(KernelError::CacheRead {
+                path: dest,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "the image vanished right after it was written",
+                ),
+            }),
+            Lookup::Corrupt { path, actual } => Err(KernelError::ImageHashMismatch {
+                id: pin.id.clone(),
+                deb,
+                member: path.display().to_string(),
+                expected: pin.image_sha256.clone(),
+                actual,
+            }),
+        }
+    }
+
+    /// The path of `pin`'s `.deb`, verified against `deb_sha256`;
+    /// downloaded with `apt-get download` on a miss (unless offline).
+    pub fn ensure_deb(&self, pin: &KernelPin, opts: &FetchOptions) -> Result<PathBuf, KernelError> {
+        let dest = self.deb_path(pin);
+        match lookup(&dest, &pin.deb_sha256)? {
+            Lookup::Hit(path) => return Ok(path),
+            Lookup::Corrupt { path, actual } if opts.offline => {
+                return Err(KernelError::CorruptOffline {
+                    id: pin.id.clone(),
+                    path,
+                    expected: pin.deb_sha256.clone(),
+                    actual,
+                })
+            }
+            Lookup::Miss if opts.offline => {
+                return Err(KernelError::NotCached {
+                    id: pin.id.clone(),
+                    path: self.image_path(pin),
+                })
+            }
+            Lookup::Corrupt { .. } | Lookup::Miss => {}
+        }
+        let mirror = opts.resolve_mirror()?;
+        let apt = AptState::new(
+            &self.tmp_dir(),
+            &mirror,
+            &pin.suite,
+            &opts.resolve_keyring(),
+        )?;
+        apt.update(Trust::PinnedHash)?;
+        let downloaded =
+            apt.download(&pin.package, &pin.version)?
+                .ok_or_else(|| KernelError::Vanished {
+                    id: pin.id.clone(),
+                    package: pin.package.clone(),
+                    version: pin.version.clone(),
+                    suite: pin.suite.clone(),
+                    mirror: apt.suite_uri(),
+                })?;
+        self.adopt_deb(&downloaded, Some(pin))
+    }
+
+    /// Moves a downloaded `.deb` into `debs/<sha256>.deb` (same filesystem,
+    /// so a rename). With a pin, a hash mismatch moves it to `rejected/`
+    /// instead and fails naming both hashes.
+    pub(crate) fn adopt_deb(
+        &self,
+        file: &Path,
+        pin: Option<&KernelPin>,
+    ) -> Result<PathBuf, KernelError> {
+        let actual = sha256_file(file).map_err(|source| KernelError::CacheRead {
+            path: file.to_path_buf(),
+            source,
+        })?;
+        if let Some(pin) = pin {
+            if actual != pin.deb_sha256 {
+                let rejected_dir = self.root.join("rejected");
+                let kept = rejected_dir.join(file.file_name().unwrap_or_default());
+                let kept = std::fs::create_dir_all(&rejected_dir)
+                    .and_then(|()| std::fs::rename(file, &kept))
+                    .map(|()| kept)
+                    .unwrap_or_else(|_| file.to_path_buf());
+                return Err(KernelError::DebHashMismatch {
+                    id: pin.id.clone(),
+                    file: kept,
+                    expected: pin.deb_sha256.clone(),
+                    actual,
+                });
+            }
+        }
+        let dir = self.root.join("debs");
+        mkdir(&dir)?;
+        let dest = dir.join(format!("{actual}.deb"));
+        std::fs::rename(file, &dest).map_err(|source| KernelError::CacheWrite {
+            path: dest.clone(),
+            source,
+        })?;
+        Ok(dest)
+    }
+
+    /// Extracts `pin.image_path` from `deb` into `images/<image_sha256>`,
+    /// refusing escaping entries and a hash mismatch.
+    fn extract_image(&self, pin: &KernelPin, deb: &Path) -> Result<PathBuf, KernelError> {
+        let dir = self.root.join("images");
+        mkdir(&dir)?;
+        let member = Path::new(&pin.image_path);
+        let member = super::extract::normalise_entry_path(member)
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| member.to_path_buf());
+        let mut installed = None;
+        let mut images_seen = Vec::new();
+        walk_deb(deb, |path, entry| {
+            if super::extract::image_release_from_path(path).is_some() {
+                images_seen.push(path.display().to_string());
+            }
+            if path != member || installed.is_some() {
+                return Ok(());
+            }
+            if entry.header().entry_type() != tar::EntryType::Regular {
+                return Ok(());
+            }
+            let result = install_verified(entry, &dir, None, Some(&pin.image_sha256));
+            installed = Some(result.map_err(|e| match e {
+                InstallError::Mismatch { actual } => KernelError::ImageHashMismatch {
+                    id: pin.id.clone(),
+                    deb: deb.to_path_buf(),
+                    member: pin.image_path.clone(),
+                    expected: pin.image_sha256.clone(),
+                    actual,
+                },
+                InstallError::Write(path, source) => KernelError::CacheWrite { path, source },
+                InstallError::Read(e) => KernelError::BadImage {
+                    path: deb.to_path_buf(),
+                    reason: format!("reading {} failed: {e}", pin.image_path),
+                },
+            }));
+            Ok(())
+        })?;
+        match installed {
+            Some(result) => result.map(|(path, _)| path),
+            None => Err(KernelError::MemberMissing {
+                archive: deb.to_path_buf(),
+                member: pin.image_path.clone(),
+                found: if images_seen.is_empty() {
+                    "none".into()
+                } else {
+                    images_seen.join(", ")
+                },
+            }),
+        }
+    }
+}
+
+fn cache_root_from(
+    var: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Result<PathBuf, KernelError> {
+    let var = |name| var(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    var(CACHE_DIR_ENV)
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("kloop")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache/kloop")))
+        .ok_or(KernelError::NoCacheDir)
+}
+
+fn mkdir(dir: &Path) -> Result<(), KernelError> {
+    std::fs::create_dir_all(dir).map_err(|source| KernelError::CacheWrite {
+        path: dir.to_path_buf(),
+        source,
+    })
+}
+
+/// Hashes `path`; removes it if the hash is wrong.
+fn lookup(path: &Path, expected: &str) -> Result<Lookup, KernelError> {
+    match sha256_file(path) {
+        Ok(actual) if actual == expected => Ok(Lookup::Hit(path.to_path_buf())),
+        Ok(actual) => {
+            std::fs::remove_file(path).map_err(|source| KernelError::CacheWrite {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            Ok(Lookup::Corrupt {
+                path: path.to_path_buf(),
+                actual,
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Lookup::Miss),
+        Err(source) => Err(KernelError::CacheRead {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sha2::{Digest, Sha256};
+
+    /// A mirror that cannot be reached: any apt call fails, so a passing
+    /// test proves no network was needed.
+    const DEAD_MIRROR: &str = "http://kloop-test.invalid/debian";
+
+    fn sha(bytes: &[u8]) -> String {
+        hex::encode(Sha256::digest(bytes))
+    }
+
+    fn pin_for(image: &[u8], deb: &[u8]) -> KernelPin {
+        KernelPin {
+            id: "6.1".into(),
+            series: "6.1".into(),
+            suite: "bookworm".into(),
+            package: "linux-image-6.1.0-1-cloud-amd64".into(),
+            version: "6.1.1-1".into(),
+            deb_sha256: sha(deb),
+            image_path: "boot/vmlinuz-6.1.0-1-cloud-amd64".into(),
+            image_sha256: sha(image),
+            release: "6.1.0-1-cloud-amd64".into(),
+            config: None,
+        }
+    }
+
+    fn dead_mirror(offline: bool) -> FetchOptions {
+        FetchOptions {
+            offline,
+            mirror: Some(DEAD_MIRROR.into()),
+            keyring: None,
+        }
+    }
+
+    fn seed_image(cache: &KernelCache, pin: &KernelPin, bytes: &[u8]) -> PathBuf {
+        let path = cache.image_path(pin);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    #[test]
+    fn verified_hit_needs_no_network() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = KernelCache::at(dir.path());
+        let image = b"a bzImage, as far as the cache cares".to_vec();
+        let pin = pin_for(&image, b"deb");
+        let seeded = seed_image(&cache, &pin, &image);
+        assert!(cache.is_cached(&pin));
+        for offline in [true, false] {
+            let got = cache.ensure_image(&pin, &dead_mirror(offline)).unwrap();
+            assert_eq!(got, seeded);
+            assert_eq!(std::fs::read(&got).unwrap(), image);
+        }
+        assert_eq!(got_layout(&cache), ["images"]);
+    }
+
+    fn got_layout(cache: &KernelCache) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(cache.root())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn corrupt_image_is_named_removed_and_refused_offline() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = KernelCache::at(dir.path());
+        let pin = pin_for(b"the real image", b"deb");
+        let path = seed_image(&cache, &pin, b"the real imagf");
+        assert!(!cache.is_cached(&pin));
+        let err = cache.ensure_image(&pin, &dead_mirror(true)).unwrap_err();
+        let KernelError::CorruptOffline {
+            path: named,
+            expected,
+            actual,
+            ..
+        } = &err
+        else {
+            panic!("expected CorruptOffline, got {err:?}");
+        };
+        assert_eq!(named, &path);
+        assert_eq!(expected, &pin.image_sha256);
+        assert_eq!(actual, &sha(b"the real imagf"));
+        assert!(err.to_string().contains(&path.display().to_string()));
+        assert!(!path.exists(), "the corrupt file must be removed");
+    }
+
+    #[test]
+    fn corrupt_image_online_is_removed_and_refetched() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = KernelCache::at(dir.path());
+        let pin = pin_for(b"the real image", b"deb");
+        let path = seed_image(&cache, &pin, b"truncated");
+        // The re-fetch goes to the mirror, which is unreachable here.
+        let err = cache.ensure_image(&pin, &dead_mirror(false)).unwrap_err();
+        assert!(
+            matches!(err, KernelError::IndexUnavailable { .. }),
+            "expected the re-fetch to hit the (dead) mirror, got {err:?}"
+        );
+        assert!(!path.exists());
+        // The private apt state is gone too.
+        assert_eq!(std::fs::read_dir(cache.tmp_dir()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn offline_miss_is_refused_with_a_message() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = KernelCache::at(dir.path());
+        let pin = pin_for(b"img", b"deb");
+        let err = cache.ensure_image(&pin, &dead_mirror(true)).unwrap_err();
+        assert!(matches!(err, KernelError::NotCached { .. }), "{err:?}");
+        assert!(err.to_string().contains("offline"), "{err}");
+    }
+
+    #[test]
+    fn unwritable_cache_names_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        // A file where the cache root's `tmp` directory should be.
+        std::fs::write(dir.path().join("tmp"), b"").unwrap();
+        let cache = KernelCache::at(dir.path());
+        let pin = pin_for(b"img", b"deb");
+        let err = cache.ensure_image(&pin, &dead_mirror(false)).unwrap_err();
+        let KernelError::CacheWrite { path, .. } = &err else {
+            panic!("expected CacheWrite, got {err:?}");
+        };
+        assert!(path.starts_with(dir.path()), "{path:?}");
+        assert!(err.to_string().contains("KLOOP_CACHE_DIR"), "{err}");
+    }
+
+    #[test]
+    fn mismatched_download_is_rejected_naming_both_hashes() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = KernelCache::at(dir.path());
+        let pin = pin_for(b"img", b"the pinned deb");
+        let dl = dir
+            .path()
+            .join("linux-image-6.1.0-1-cloud-amd64_6.1.1-1_amd64.deb");
+        std::fs::write(&dl, b"other bytes").unwrap();
+        let err = cache.adopt_deb(&dl, Some(&pin)).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains(&pin.deb_sha256), "{msg}");
+        assert!(msg.contains(&sha(b"other bytes")), "{msg}");
+        assert!(msg.contains("`6.1`"), "{msg}");
+        assert!(
+            msg.contains("rejected/linux-image-6.1.0-1-cloud-amd64_6.1.1-1_amd64.deb"),
+            "{msg}"
+        );
+        assert!(!cache.deb_path(&pin).exists());
+    }
+
+    #[test]
+    fn cache_root_precedence() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| std::ffi::OsString::from(v))
+            }
+        };
+        assert_eq!(
+            cache_root_from(env(&[
+                ("KLOOP_CACHE_DIR", "/k"),
+                ("XDG_CACHE_HOME", "/x"),
+                ("HOME", "/h")
+            ]))
+            .unwrap(),
+            Path::new("/k")
+        );
+        assert_eq!(
+            cache_root_from(env(&[
+                ("KLOOP_CACHE_DIR", ""),
+                ("XDG_CACHE_HOME", "/x"),
+                ("HOME", "/h")
+            ]))
+            .unwrap(),
+            Path::new("/x/kloop")
+        );
+        assert_eq!(
+            cache_root_from(env(&[("HOME", "/h")])).unwrap(),
+            Path::new("/h/.cache/kloop")
+        );
+        assert!(matches!(
+            cache_root_from(env(&[])),
+            Err(KernelError::NoCacheDir)
+        ));
+    }
+}

@@ -1,0 +1,213 @@
+//! Errors of the kernel module: each names the cause and the next step.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while loading pins or fetching kernels.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KernelError {
+    #[error(
+        "cannot read the kernel catalog at {path}: {source}; run from the workspace root \
+         or pass the path of the `kernels/` directory"
+    )]
+    CatalogRead {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+
+    #[error("no kernel pins found in {dir}; create one with `cargo xtask kernels update <id>`")]
+    EmptyCatalog { dir: PathBuf },
+
+    #[error(
+        "{file} looks like a kernel pin but does not parse: {message}; fix the file or \
+         re-create it with `cargo xtask kernels update <id>`"
+    )]
+    PinParse { file: PathBuf, message: String },
+
+    #[error(
+        "{file} is not a valid kernel pin: {message}; fix the file or re-create it with \
+         `cargo xtask kernels update <id>`"
+    )]
+    PinInvalid { file: PathBuf, message: String },
+
+    #[error("no kernel pin with id `{id}`; valid ids: {valid}")]
+    UnknownPin { id: String, valid: String },
+
+    #[error(
+        "cannot write the pin file {path}: {source}; make the `kernels/` directory writable \
+         and run the command again"
+    )]
+    PinWrite {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+
+    #[error(
+        "cannot find the Debian mirror in the host's apt sources: {detail}; set \
+         KLOOP_MIRROR to the mirror's URL (the URI of a `deb` line serving `main`)"
+    )]
+    NoMirror { detail: String },
+
+    #[error(
+        "cannot choose a cache directory: none of KLOOP_CACHE_DIR, XDG_CACHE_HOME or HOME \
+         is set; set KLOOP_CACHE_DIR to a writable directory"
+    )]
+    NoCacheDir,
+
+    #[error(
+        "cannot write to the kernel cache at {path}: {source}; make that directory writable \
+         and free disk space there, or set KLOOP_CACHE_DIR to another directory"
+    )]
+    CacheWrite {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+
+    #[error(
+        "cannot read {path} from the kernel cache: {source}; delete it (it will be \
+         fetched again) or set KLOOP_CACHE_DIR to another directory"
+    )]
+    CacheRead {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+
+    #[error(
+        "the cached file {path} for kernel `{id}` was corrupt (sha256 {actual}, pin expects \
+         {expected}) and has been removed; offline mode forbids fetching it again: run once \
+         with network access"
+    )]
+    CorruptOffline {
+        id: String,
+        path: PathBuf,
+        expected: String,
+        actual: String,
+    },
+
+    #[error(
+        "kernel `{id}` is not in the cache (looked for {path}) and offline mode forbids \
+         downloading it; run once with network access to fill the cache"
+    )]
+    NotCached { id: String, path: PathBuf },
+
+    #[error("`{tool}` is not installed; install the Debian package `{package}` (apt-get install {package})")]
+    ToolMissing {
+        tool: &'static str,
+        package: &'static str,
+    },
+
+    #[error("`{command}` failed ({status}): {stderr}; {hint}")]
+    ToolFailed {
+        command: String,
+        status: String,
+        stderr: String,
+        hint: &'static str,
+    },
+
+    #[error(
+        "could not fetch the package index of suite `{suite}` from {mirror}: {detail}; \
+         check network access to the mirror or set KLOOP_MIRROR (kernels already in the \
+         cache keep working without network)"
+    )]
+    IndexUnavailable {
+        suite: String,
+        mirror: String,
+        detail: String,
+    },
+
+    #[error(
+        "the mirror {mirror} does not serve suite `{suite}` any more: {detail}; re-pin with \
+         `cargo xtask kernels update <id>` after changing the suite, or set KLOOP_MIRROR to \
+         an archive mirror that still has it"
+    )]
+    SuiteGone {
+        suite: String,
+        mirror: String,
+        detail: String,
+    },
+
+    #[error(
+        "the Release file of suite `{suite}` from {mirror} does not verify against the \
+         keyring {keyring}: {detail}; creating or updating a pin needs a verified index: \
+         install a newer `debian-archive-keyring` package or set KLOOP_KEYRING to a keyring \
+         holding the archive key"
+    )]
+    UnverifiedIndex {
+        suite: String,
+        mirror: String,
+        keyring: PathBuf,
+        detail: String,
+    },
+
+    #[error(
+        "the mirror {mirror} no longer serves {package}={version} (suite `{suite}`) for \
+         kernel `{id}`, and the cache does not have it; run `cargo xtask kernels update {id}` \
+         to re-pin it to a version the mirror serves"
+    )]
+    Vanished {
+        id: String,
+        package: String,
+        version: String,
+        suite: String,
+        mirror: String,
+    },
+
+    #[error(
+        "the package {file} downloaded for kernel `{id}` has sha256 {actual}, but the pin \
+         expects {expected}; refusing it (kept at {file} for inspection). The mirror serves \
+         different bytes for the pinned version: check the mirror, or re-pin deliberately \
+         with `cargo xtask kernels update {id}`"
+    )]
+    DebHashMismatch {
+        id: String,
+        file: PathBuf,
+        expected: String,
+        actual: String,
+    },
+
+    #[error(
+        "the image {member} extracted from {deb} for kernel `{id}` has sha256 {actual}, but \
+         the pin expects {expected}; refusing it. Check `image_path` / `image_sha256` in \
+         kernels/{id}.toml or re-pin with `cargo xtask kernels update {id}`"
+    )]
+    ImageHashMismatch {
+        id: String,
+        deb: PathBuf,
+        member: String,
+        expected: String,
+        actual: String,
+    },
+
+    #[error(
+        "{archive} contains the entry `{entry}` whose path escapes the extraction root; \
+         refusing to extract from it. The package is malformed or hostile: delete it and \
+         check the mirror"
+    )]
+    PathEscape { archive: PathBuf, entry: String },
+
+    #[error(
+        "{archive} has no regular file `{member}` (kernel images seen: {found}); fix \
+         `image_path` in the pin or re-pin with `cargo xtask kernels update <id>`"
+    )]
+    MemberMissing {
+        archive: PathBuf,
+        member: String,
+        found: String,
+    },
+
+    #[error(
+        "no package of {family} in suite `{suite}` on {mirror} carries a kernel image \
+         (candidates: {candidates}); check `series` and `suite` for pin `{id}`"
+    )]
+    NoCandidate {
+        id: String,
+        /// e.g. "series 6.1, flavour cloud-amd64"
+        family: String,
+        suite: String,
+        mirror: String,
+        candidates: String,
+    },
+
+    #[error("{path} is not a usable kernel image: {reason}; check the pin's `image_path`")]
+    BadImage { path: PathBuf, reason: String },
+}

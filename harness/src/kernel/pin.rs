@@ -1,0 +1,418 @@
+//! `KernelPin` and the catalog of pins in `kernels/*.toml`.
+
+use std::cmp::Ordering;
+use std::io::Write;
+use std::path::{Component, Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::KernelError;
+
+/// One pinned Debian kernel build: which package, which exact bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelPin {
+    /// Catalog id, also the file stem of `kernels/<id>.toml` (e.g. `6.1`).
+    pub id: String,
+    /// Upstream series, `major.minor` (e.g. `6.12`); orders the catalog.
+    pub series: String,
+    /// Debian suite the package comes from (`bookworm`, `sid`, `bullseye-security`, …).
+    pub suite: String,
+    /// Debian binary package whose data holds the image.
+    pub package: String,
+    /// Exact Debian version of `package`.
+    pub version: String,
+    /// sha256 of the `.deb` file.
+    pub deb_sha256: String,
+    /// Path of the bzImage inside the package's data tarball (no leading `./`).
+    pub image_path: String,
+    /// sha256 of the extracted bzImage.
+    pub image_sha256: String,
+    /// What `uname -r` reports when this kernel runs.
+    pub release: String,
+    /// Config fragment for source builds, relative to the catalog directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<PathBuf>,
+}
+
+impl KernelPin {
+    /// Numeric sort key of [`KernelPin::series`] (`6.12` → `[6, 12]`).
+    pub fn series_key(&self) -> Vec<u64> {
+        series_key(&self.series).unwrap_or_default()
+    }
+
+    /// Checks the fields a fetch relies on; `file` is only used in messages.
+    pub fn validate(&self, file: &Path) -> Result<(), KernelError> {
+        let invalid = |message: String| KernelError::PinInvalid {
+            file: file.to_path_buf(),
+            message,
+        };
+        for (name, value) in [
+            ("id", &self.id),
+            ("suite", &self.suite),
+            ("package", &self.package),
+            ("version", &self.version),
+            ("release", &self.release),
+        ] {
+            if value.trim().is_empty() || value.chars().any(char::is_whitespace) {
+                return Err(invalid(format!(
+                    "`{name}` must be a non-empty word, got {value:?}"
+                )));
+            }
+        }
+        if series_key(&self.series).is_none() {
+            return Err(invalid(format!(
+                "`series` must look like `6.1`, got {:?}",
+                self.series
+            )));
+        }
+        for (name, value) in [
+            ("deb_sha256", &self.deb_sha256),
+            ("image_sha256", &self.image_sha256),
+        ] {
+            if !is_sha256_hex(value) {
+                return Err(invalid(format!(
+                    "`{name}` must be 64 lowercase hex digits, got {value:?}"
+                )));
+            }
+        }
+        if !is_contained_relative(Path::new(&self.image_path)) {
+            return Err(invalid(format!(
+                "`image_path` must be a relative path inside the package, got {:?}",
+                self.image_path
+            )));
+        }
+        if let Some(stem) = file.file_stem().and_then(|s| s.to_str()) {
+            if file.extension().is_some_and(|e| e == "toml") && stem != self.id {
+                return Err(invalid(format!(
+                    "`id` is {:?} but the file is named {stem}.toml; they must match",
+                    self.id
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The pin as TOML, with the header comment saying how it was made.
+    pub fn to_toml(&self) -> String {
+        let body = toml::to_string(self).expect("a KernelPin always serialises");
+        format!(
+            "# Kernel pin `{id}`. Pinned by `cargo xtask kernels update {id}`; re-run it to \
+             move the pin,\n# do not edit the hashes by hand.\n{body}",
+            id = self.id
+        )
+    }
+
+    /// Writes `<dir>/<id>.toml` atomically (temp file + rename).
+    pub fn write_to(&self, dir: &Path) -> Result<PathBuf, KernelError> {
+        let path = dir.join(format!("{}.toml", self.id));
+        self.validate(&path)?;
+        let werr = |source| KernelError::PinWrite {
+            path: path.clone(),
+            source,
+        };
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".pin-")
+            .suffix(".tmp")
+            .tempfile_in(dir)
+            .map_err(werr)?;
+        tmp.write_all(self.to_toml().as_bytes()).map_err(werr)?;
+        tmp.as_file().sync_all().map_err(werr)?;
+        tmp.persist(&path).map_err(|e| werr(e.error))?;
+        Ok(path)
+    }
+}
+
+/// The pins of a catalog directory, sorted by series (5.10 < 6.1 < 6.12 < 7.2).
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    dir: PathBuf,
+    pins: Vec<KernelPin>,
+}
+
+impl Catalog {
+    /// Reads every `*.toml` in `dir` that is a pin. Files that are TOML but not
+    /// pins (e.g. `known-issues.toml`) are skipped; a file that looks like a
+    /// pin (has `package`, `deb_sha256`, `image_sha256` or `image_path`) but
+    /// fails to parse or validate is an error naming it.
+    pub fn load(dir: &Path) -> Result<Catalog, KernelError> {
+        let read_err = |path: &Path, source| KernelError::CatalogRead {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(|e| read_err(dir, e))? {
+            let path = entry.map_err(|e| read_err(dir, e))?.path();
+            if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
+                files.push(path);
+            }
+        }
+        files.sort();
+
+        let mut pins = Vec::new();
+        for file in files {
+            let text = std::fs::read_to_string(&file).map_err(|e| read_err(&file, e))?;
+            if let Some(pin) = parse_pin_file(&file, &text)? {
+                pins.push(pin);
+            }
+        }
+        if pins.is_empty() {
+            return Err(KernelError::EmptyCatalog {
+                dir: dir.to_path_buf(),
+            });
+        }
+        pins.sort_by(compare_pins);
+        Ok(Catalog {
+            dir: dir.to_path_buf(),
+            pins,
+        })
+    }
+
+    /// The directory the catalog was read from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// All pins, oldest series first.
+    pub fn pins(&self) -> &[KernelPin] {
+        &self.pins
+    }
+
+    /// The pin with this id; the error lists the valid ids.
+    pub fn get(&self, id: &str) -> Result<&KernelPin, KernelError> {
+        self.pins
+            .iter()
+            .find(|p| p.id == id)
+            .ok_or_else(|| KernelError::UnknownPin {
+                id: id.to_string(),
+                valid: self.ids().join(", "),
+            })
+    }
+
+    /// The ids, in catalog order.
+    pub fn ids(&self) -> Vec<&str> {
+        self.pins.iter().map(|p| p.id.as_str()).collect()
+    }
+}
+
+const PIN_MARKERS: [&str; 4] = ["package", "deb_sha256", "image_sha256", "image_path"];
+
+/// `Ok(None)` for TOML files that are not pins.
+pub(crate) fn parse_pin_file(file: &Path, text: &str) -> Result<Option<KernelPin>, KernelError> {
+    let table: toml::Table = toml::from_str(text).map_err(|e| KernelError::PinParse {
+        file: file.to_path_buf(),
+        message: e.message().to_string(),
+    })?;
+    if !PIN_MARKERS.iter().any(|k| table.contains_key(*k)) {
+        return Ok(None);
+    }
+    let pin: KernelPin = toml::from_str(text).map_err(|e| KernelError::PinParse {
+        file: file.to_path_buf(),
+        message: e.message().to_string(),
+    })?;
+    pin.validate(file)?;
+    Ok(Some(pin))
+}
+
+fn compare_pins(a: &KernelPin, b: &KernelPin) -> Ordering {
+    a.series_key()
+        .cmp(&b.series_key())
+        .then_with(|| a.id.cmp(&b.id))
+}
+
+pub(crate) fn series_key(series: &str) -> Option<Vec<u64>> {
+    let key: Option<Vec<u64>> = series
+        .split('.')
+        .map(|p| {
+            (!p.is_empty() && p.bytes().all(|c| c.is_ascii_digit()))
+                .then(|| p.parse().ok())
+                .flatten()
+        })
+        .collect();
+    key.filter(|k| k.len() >= 2)
+}
+
+pub(crate) fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// True for a non-empty relative path with no `..`, root or prefix components.
+pub(crate) fn is_contained_relative(path: &Path) -> bool {
+    let mut normal = 0;
+    for c in path.components() {
+        match c {
+            Component::Normal(_) => normal += 1,
+            Component::CurDir => {}
+            Component::ParentDir | Component::RootDir | Component::Prefix(_) => return false,
+        }
+    }
+    normal > 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pin_toml(id: &str, series: &str) -> String {
+        format!(
+            r#"# comment
+id = "{id}"
+series = "{series}"
+suite = "bookworm"
+package = "linux-image-{series}.0-1-cloud-amd64"
+version = "{series}.1-1"
+deb_sha256 = "{h}"
+image_path = "boot/vmlinuz-{series}.0-1-cloud-amd64"
+image_sha256 = "{h}"
+release = "{series}.0-1-cloud-amd64"
+"#,
+            h = "ab".repeat(32)
+        )
+    }
+
+    fn write(dir: &Path, name: &str, text: &str) {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+
+    #[test]
+    fn loads_sorted_by_series_and_skips_non_pins() {
+        let dir = tempfile::tempdir().unwrap();
+        for (id, series) in [
+            ("7.2", "7.2"),
+            ("6.12", "6.12"),
+            ("5.10", "5.10"),
+            ("6.1", "6.1"),
+        ] {
+            write(dir.path(), &format!("{id}.toml"), &pin_toml(id, series));
+        }
+        write(
+            dir.path(),
+            "known-issues.toml",
+            "[[issue]]\nkernel = \"6.1\"\nnote = \"x\"\n",
+        );
+        write(dir.path(), "README.md", "not toml at all = = =");
+        let catalog = Catalog::load(dir.path()).unwrap();
+        assert_eq!(catalog.ids(), ["5.10", "6.1", "6.12", "7.2"]);
+        assert_eq!(catalog.get("6.12").unwrap().series, "6.12");
+        assert_eq!(catalog.pins()[0].release, "5.10.0-1-cloud-amd64");
+    }
+
+    #[test]
+    fn unknown_id_lists_valid_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "6.1.toml", &pin_toml("6.1", "6.1"));
+        write(dir.path(), "5.10.toml", &pin_toml("5.10", "5.10"));
+        let catalog = Catalog::load(dir.path()).unwrap();
+        let err = catalog.get("4.19").unwrap_err();
+        assert!(matches!(err, KernelError::UnknownPin { .. }));
+        assert_eq!(
+            err.to_string(),
+            "no kernel pin with id `4.19`; valid ids: 5.10, 6.1"
+        );
+    }
+
+    #[test]
+    fn broken_pin_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "6.1.toml", &pin_toml("6.1", "6.1"));
+        // Looks like a pin (has `package`) but misses `deb_sha256`.
+        write(
+            dir.path(),
+            "6.12.toml",
+            "id = \"6.12\"\nseries = \"6.12\"\npackage = \"linux-image-x\"\n",
+        );
+        let err = Catalog::load(dir.path()).unwrap_err();
+        let KernelError::PinParse { file, message } = &err else {
+            panic!("expected PinParse, got {err:?}");
+        };
+        assert!(file.ends_with("6.12.toml"), "{file:?}");
+        assert!(message.contains("missing field"), "{message}");
+        assert!(err.to_string().contains("6.12.toml"));
+    }
+
+    #[test]
+    fn unknown_field_and_bad_hash_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            dir.path(),
+            "6.1.toml",
+            &format!("{}imgae_path = \"typo\"\n", pin_toml("6.1", "6.1")),
+        );
+        let err = Catalog::load(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("imgae_path"), "{err}");
+
+        write(
+            dir.path(),
+            "6.1.toml",
+            &pin_toml("6.1", "6.1").replace(&"ab".repeat(32), &"AB".repeat(32)),
+        );
+        let err = Catalog::load(dir.path()).unwrap_err();
+        assert!(
+            matches!(&err, KernelError::PinInvalid { message, .. } if message.contains("deb_sha256")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn id_must_match_file_name_and_image_path_must_stay_inside() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "6.2.toml", &pin_toml("6.1", "6.1"));
+        let err = Catalog::load(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("6.2.toml"), "{err}");
+
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            dir.path(),
+            "6.1.toml",
+            &pin_toml("6.1", "6.1").replace("boot/vmlinuz", "../boot/vmlinuz"),
+        );
+        let err = Catalog::load(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("image_path"), "{err}");
+    }
+
+    #[test]
+    fn empty_catalog_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            Catalog::load(dir.path()),
+            Err(KernelError::EmptyCatalog { .. })
+        ));
+        assert!(matches!(
+            Catalog::load(&dir.path().join("missing")),
+            Err(KernelError::CatalogRead { .. })
+        ));
+    }
+
+    #[test]
+    fn written_pin_round_trips_with_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let pin: KernelPin = toml::from_str(&pin_toml("6.1", "6.1")).unwrap();
+        let path = pin.write_to(dir.path()).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("# Kernel pin `6.1`. Pinned by `cargo xtask kernels update 6.1`"));
+        let catalog = Catalog::load(dir.path()).unwrap();
+        assert_eq!(catalog.pins(), [pin]);
+        // Only the pin itself is left: no temp file.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    /// The committed catalog loads and covers the four series we test.
+    #[test]
+    fn committed_catalog_has_the_four_series() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels");
+        let catalog = Catalog::load(&dir).unwrap();
+        let series: Vec<&str> = catalog.pins().iter().map(|p| p.series.as_str()).collect();
+        for want in ["5.10", "6.1", "6.12"] {
+            assert!(series.contains(&want), "missing series {want}: {series:?}");
+        }
+        assert!(
+            series.iter().any(|s| s.starts_with("7.")),
+            "no 7.x series: {series:?}"
+        );
+        for pin in catalog.pins() {
+            assert!(pin.package.ends_with("-cloud-amd64"), "{}", pin.package);
+            assert!(pin.release.ends_with("-cloud-amd64"), "{}", pin.release);
+            assert!(pin.release.starts_with(&pin.series), "{pin:?}");
+        }
+    }
+}

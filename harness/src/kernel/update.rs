@@ -1,0 +1,484 @@
+//! Creating and moving pins: find the newest package of a pin's family in
+//! its suite, download it, hash it, extract the image, write the TOML.
+
+use std::cmp::Ordering;
+use std::path::{Path, PathBuf};
+
+use super::apt::{AptState, PackageRecord, Trust};
+use super::extract::{
+    bzimage_release, image_release_from_path, install_verified, walk_deb, InstallError,
+};
+use super::pin::{parse_pin_file, series_key};
+use super::{compare_debian_versions, FetchOptions, KernelCache, KernelError, KernelPin};
+
+/// What a pin tracks: a series and flavour in one suite.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PinSpec {
+    pub id: String,
+    /// `major.minor`, e.g. `6.12`.
+    pub series: String,
+    pub suite: String,
+    /// Kernel flavour, the tail of the release, e.g. `cloud-amd64`.
+    pub flavour: String,
+    pub config: Option<PathBuf>,
+}
+
+impl PinSpec {
+    /// The spec an existing pin tracks (flavour taken from its release).
+    pub fn of(pin: &KernelPin) -> PinSpec {
+        PinSpec {
+            id: pin.id.clone(),
+            series: pin.series.clone(),
+            suite: pin.suite.clone(),
+            flavour: flavour_of(&pin.release).unwrap_or_default().to_string(),
+            config: pin.config.clone(),
+        }
+    }
+}
+
+/// Moves pin `id` in `catalog_dir` to the newest package of its family in
+/// its suite, and rewrites `kernels/<id>.toml`. The new `.deb` and image end
+/// up verified in the default cache ([`KernelCache::default_location`]).
+pub fn update_pin(
+    catalog_dir: &Path,
+    id: &str,
+    opts: &FetchOptions,
+) -> Result<KernelPin, KernelError> {
+    let file = catalog_dir.join(format!("{id}.toml"));
+    let text = match std::fs::read_to_string(&file) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // Name the valid ids, as `Catalog::get` does.
+            let valid = super::Catalog::load(catalog_dir)
+                .map(|c| c.ids().join(", "))
+                .unwrap_or_else(|_| "none".into());
+            return Err(KernelError::UnknownPin {
+                id: id.to_string(),
+                valid,
+            });
+        }
+        Err(source) => return Err(KernelError::CatalogRead { path: file, source }),
+    };
+    let pin = parse_pin_file(&file, &text)?.ok_or_else(|| KernelError::PinInvalid {
+        file: file.clone(),
+        message: "the file is not a kernel pin".into(),
+    })?;
+    create_pin(catalog_dir, &PinSpec::of(&pin), opts)
+}
+
+/// Creates (or overwrites) `kernels/<spec.id>.toml` pinning the newest
+/// package of `spec`'s family; the same path [`update_pin`] takes.
+pub fn create_pin(
+    catalog_dir: &Path,
+    spec: &PinSpec,
+    opts: &FetchOptions,
+) -> Result<KernelPin, KernelError> {
+    KernelCache::default_location()?.repin(catalog_dir, spec, opts)
+}
+
+impl KernelCache {
+    /// [`create_pin`] with an explicit cache.
+    pub fn repin(
+        &self,
+        catalog_dir: &Path,
+        spec: &PinSpec,
+        opts: &FetchOptions,
+    ) -> Result<KernelPin, KernelError> {
+        let file = catalog_dir.join(format!("{}.toml", spec.id));
+        if series_key(&spec.series).is_none() || spec.flavour.is_empty() {
+            return Err(KernelError::PinInvalid {
+                file,
+                message: format!(
+                    "series {:?} must look like `6.1` and flavour {:?} must be non-empty",
+                    spec.series, spec.flavour
+                ),
+            });
+        }
+        if opts.offline {
+            return Err(KernelError::NotCached {
+                id: spec.id.clone(),
+                path: self.root().to_path_buf(),
+            });
+        }
+        let mirror = opts.resolve_mirror()?;
+        let apt = AptState::new(
+            &self.tmp_dir(),
+            &mirror,
+            &spec.suite,
+            &opts.resolve_keyring(),
+        )?;
+        apt.update(Trust::RequireSigned)?;
+
+        let mut names = Vec::new();
+        for prefix in ["linux-image-", "linux-binary-"] {
+            for name in apt.pkgnames(&format!("{prefix}{}", spec.series))? {
+                if family_release(&name, &spec.series, &spec.flavour).is_some() {
+                    names.push(name);
+                }
+            }
+        }
+        let records = apt.show(&names)?;
+        let Some(choice) = choose(&records) else {
+            return Err(KernelError::NoCandidate {
+                id: spec.id.clone(),
+                family: format!("series {}, flavour {}", spec.series, spec.flavour),
+                suite: spec.suite.clone(),
+                mirror: apt.suite_uri(),
+                candidates: if records.is_empty() {
+                    "none".into()
+                } else {
+                    records
+                        .iter()
+                        .map(|r| format!("{}={} ({} KiB)", r.package, r.version, r.installed_size))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                },
+            });
+        };
+        let release = family_release(&choice.package, &spec.series, &spec.flavour)
+            .expect("candidates are family members")
+            .to_string();
+
+        let downloaded = apt
+            .download(&choice.package, &choice.version)?
+            .ok_or_else(|| KernelError::Vanished {
+                id: spec.id.clone(),
+                package: choice.package.clone(),
+                version: choice.version.clone(),
+                suite: spec.suite.clone(),
+                mirror: apt.suite_uri(),
+            })?;
+        let deb = self.adopt_deb(&downloaded, None)?;
+        let deb_sha256 = deb
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .expect("adopt_deb names files <sha256>.deb")
+            .to_string();
+        // apt already checked the file against the signed index; say so if
+        // the index disagrees with what we hashed.
+        if let Some(indexed) = &choice.sha256 {
+            if indexed != &deb_sha256 {
+                return Err(KernelError::DebHashMismatch {
+                    id: spec.id.clone(),
+                    file: deb,
+                    expected: indexed.clone(),
+                    actual: deb_sha256,
+                });
+            }
+        }
+
+        let (image_path, image, image_sha256) = self.extract_any_image(&deb, &release)?;
+        let reported = bzimage_release(&image)?;
+        if reported != release {
+            return Err(KernelError::BadImage {
+                path: image,
+                reason: format!(
+                    "its header reports release {reported}, but package {} names {release}",
+                    choice.package
+                ),
+            });
+        }
+
+        let pin = KernelPin {
+            id: spec.id.clone(),
+            series: spec.series.clone(),
+            suite: spec.suite.clone(),
+            package: choice.package.clone(),
+            version: choice.version.clone(),
+            deb_sha256,
+            image_path,
+            image_sha256,
+            release,
+            config: spec.config.clone(),
+        };
+        pin.write_to(catalog_dir)?;
+        Ok(pin)
+    }
+
+    /// Extracts the one kernel image for `release` from `deb` into the
+    /// image cache; returns (member path, cached path, sha256).
+    fn extract_any_image(
+        &self,
+        deb: &Path,
+        release: &str,
+    ) -> Result<(String, PathBuf, String), KernelError> {
+        let dir = self.root().join("images");
+        std::fs::create_dir_all(&dir).map_err(|source| KernelError::CacheWrite {
+            path: dir.clone(),
+            source,
+        })?;
+        let mut found: Option<Result<(String, PathBuf, String), KernelError>> = None;
+        let mut seen = Vec::new();
+        walk_deb(deb, |path, entry| {
+            if image_release_from_path(path).as_deref() != Some(release)
+                || entry.header().entry_type() != tar::EntryType::Regular
+            {
+                return Ok(());
+            }
+            seen.push(path.display().to_string());
+            if found.is_some() {
+                return Ok(());
+            }
+            let member = path.display().to_string();
+            found = Some(match install_verified(entry, &dir, None, None) {
+                Ok((cached, sha)) => Ok((member, cached, sha)),
+                Err(InstallError::Write(path, source)) => {
+                    Err(KernelError::CacheWrite { path, source })
+                }
+                Err(InstallError::Read(e)) => Err(KernelError::BadImage {
+                    path: deb.to_path_buf(),
+                    reason: format!("reading {member} failed: {e}"),
+                }),
+                Err(InstallError::Mismatch { .. }) => unreachable!("no hash expected"),
+            });
+            Ok(())
+        })?;
+        if seen.len() > 1 {
+            return Err(KernelError::BadImage {
+                path: deb.to_path_buf(),
+                reason: format!("it holds more than one kernel image: {}", seen.join(", ")),
+            });
+        }
+        found.unwrap_or_else(|| {
+            Err(KernelError::MemberMissing {
+                archive: deb.to_path_buf(),
+                member: format!("boot/vmlinuz-{release} or usr/lib/modules/{release}/vmlinuz"),
+                found: "none".into(),
+            })
+        })
+    }
+}
+
+/// The newest candidate that can hold an image: highest version; at equal
+/// versions `linux-binary-*` (7.x: the image) before `linux-image-*` (7.x: a
+/// meta package). Packages under 2 MiB installed are meta packages.
+fn choose(records: &[PackageRecord]) -> Option<&PackageRecord> {
+    const MIN_IMAGE_KIB: u64 = 2048;
+    records
+        .iter()
+        .filter(|r| r.installed_size >= MIN_IMAGE_KIB)
+        .max_by(|a, b| {
+            compare_debian_versions(&a.version, &b.version).then_with(|| {
+                match (
+                    a.package.starts_with("linux-binary-"),
+                    b.package.starts_with("linux-binary-"),
+                ) {
+                    (true, false) => Ordering::Greater,
+                    (false, true) => Ordering::Less,
+                    _ => b.package.cmp(&a.package),
+                }
+            })
+        })
+}
+
+/// The flavour of a release: its trailing `-`-separated words that start
+/// with a letter (`6.1.0-50-cloud-amd64` → `cloud-amd64`).
+pub(crate) fn flavour_of(release: &str) -> Option<&str> {
+    let mut start = None;
+    let mut pos = release.len();
+    for word in release.rsplit('-') {
+        if !word.starts_with(|c: char| c.is_ascii_alphabetic()) {
+            break;
+        }
+        pos -= word.len();
+        start = Some(pos);
+        pos = pos.saturating_sub(1);
+    }
+    start.filter(|&s| s > 0).map(|s| &release[s..])
+}
+
+/// If `package` is `linux-image-<release>` or `linux-binary-<release>` with
+/// a release of this series and exactly this flavour, the release.
+pub(crate) fn family_release<'a>(package: &'a str, series: &str, flavour: &str) -> Option<&'a str> {
+    let release = package
+        .strip_prefix("linux-image-")
+        .or_else(|| package.strip_prefix("linux-binary-"))?;
+    let abi = release.strip_prefix(series)?;
+    if !(abi.is_empty() || abi.starts_with(['.', '-', '+'])) {
+        return None;
+    }
+    if flavour_of(release)? != flavour {
+        return None;
+    }
+    Some(release)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flavour_is_the_trailing_words() {
+        assert_eq!(flavour_of("6.1.0-50-cloud-amd64"), Some("cloud-amd64"));
+        assert_eq!(flavour_of("7.2.13+deb14-cloud-amd64"), Some("cloud-amd64"));
+        assert_eq!(flavour_of("7.3-cloud-amd64"), Some("cloud-amd64"));
+        assert_eq!(flavour_of("6.1.0-50-amd64"), Some("amd64"));
+        assert_eq!(flavour_of("6.1.0-0.deb11.52-rt-amd64"), Some("rt-amd64"));
+        assert_eq!(flavour_of("6.1.0"), None);
+    }
+
+    #[test]
+    fn family_matches_only_image_packages_of_series_and_flavour() {
+        let yes = [
+            (
+                "linux-image-6.1.0-50-cloud-amd64",
+                "6.1",
+                "6.1.0-50-cloud-amd64",
+            ),
+            (
+                "linux-image-5.10.0-46-cloud-amd64",
+                "5.10",
+                "5.10.0-46-cloud-amd64",
+            ),
+            (
+                "linux-image-6.12.107+deb13-cloud-amd64",
+                "6.12",
+                "6.12.107+deb13-cloud-amd64",
+            ),
+            (
+                "linux-binary-7.2.13+deb14-cloud-amd64",
+                "7.2",
+                "7.2.13+deb14-cloud-amd64",
+            ),
+            ("linux-binary-7.3-cloud-amd64", "7.3", "7.3-cloud-amd64"),
+        ];
+        for (pkg, series, release) in yes {
+            assert_eq!(
+                family_release(pkg, series, "cloud-amd64"),
+                Some(release),
+                "{pkg}"
+            );
+        }
+        let no = [
+            ("linux-image-6.12.107+deb13-cloud-amd64", "6.1"),
+            ("linux-image-6.1.0-50-cloud-amd64-dbg", "6.1"),
+            ("linux-image-6.1.0-50-cloud-amd64-unsigned", "6.1"),
+            ("linux-binary-unsigned-7.3-cloud-amd64", "7.3"),
+            ("linux-image-6.1.0-50-amd64", "6.1"),
+            ("linux-image-6.1.0-50-rt-amd64", "6.1"),
+            ("linux-image-cloud-amd64", "6.1"),
+            ("linux-headers-6.1.0-50-cloud-amd64", "6.1"),
+        ];
+        for (pkg, series) in no {
+            assert_eq!(family_release(pkg, series, "cloud-amd64"), None, "{pkg}");
+        }
+    }
+
+    fn rec(package: &str, version: &str, kib: u64) -> PackageRecord {
+        PackageRecord {
+            package: package.into(),
+            version: version.into(),
+            installed_size: kib,
+            sha256: None,
+        }
+    }
+
+    #[test]
+    fn chooses_newest_real_image() {
+        let records = [
+            rec("linux-image-6.1.0-47-cloud-amd64", "6.1.170-3", 105_000),
+            rec("linux-image-6.1.0-50-cloud-amd64", "6.1.176-1", 105_110),
+            rec("linux-image-6.1-cloud-amd64", "6.1.180-1~deb11u1", 13),
+        ];
+        assert_eq!(
+            choose(&records).unwrap().package,
+            "linux-image-6.1.0-50-cloud-amd64"
+        );
+
+        let records = [
+            rec("linux-image-7.2.13+deb14-cloud-amd64", "7.2.13-1", 15),
+            rec("linux-binary-7.2.13+deb14-cloud-amd64", "7.2.13-1", 14_000),
+        ];
+        assert_eq!(
+            choose(&records).unwrap().package,
+            "linux-binary-7.2.13+deb14-cloud-amd64"
+        );
+        assert_eq!(choose(&records[..1]), None);
+    }
+}
+
+/// Network tests against the real mirror (from the host's apt sources or
+/// `KLOOP_MIRROR`). Run with `cargo test -p kloop --lib kernel -- --ignored`.
+#[cfg(test)]
+mod network_tests {
+    use super::*;
+    use crate::kernel::Catalog;
+    use std::time::Instant;
+
+    fn catalog_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels")
+    }
+
+    /// Bootstrap tool: creates the pins of the initial catalog that do not
+    /// exist yet, through the same path `cargo xtask kernels update` takes.
+    #[test]
+    #[ignore = "network; writes kernels/*.toml"]
+    fn seed_missing_pins() {
+        let specs = [
+            ("5.10", "bullseye"),
+            ("6.1", "bookworm"),
+            ("6.12", "trixie"),
+            ("7.2", "sid"),
+            ("7.3", "experimental"),
+        ];
+        for (series, suite) in specs {
+            let dir = catalog_dir();
+            if dir.join(format!("{series}.toml")).exists() {
+                continue;
+            }
+            let spec = PinSpec {
+                id: series.into(),
+                series: series.into(),
+                suite: suite.into(),
+                flavour: "cloud-amd64".into(),
+                config: None,
+            };
+            let started = Instant::now();
+            let pin = create_pin(&dir, &spec, &FetchOptions::default()).unwrap();
+            eprintln!(
+                "pinned {} {}={} in {:?}",
+                pin.id,
+                pin.package,
+                pin.version,
+                started.elapsed()
+            );
+        }
+    }
+
+    /// Cold fetch of every committed pin into an empty cache, then a second,
+    /// offline pass that must be served from the cache alone.
+    #[test]
+    #[ignore = "network; downloads every pinned kernel"]
+    fn cold_fetch_of_the_catalog_then_offline_reuse() {
+        let catalog = Catalog::load(&catalog_dir()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let cache = KernelCache::at(dir.path());
+        let started = Instant::now();
+        for pin in catalog.pins() {
+            let t = Instant::now();
+            let image = cache.ensure_image(pin, &FetchOptions::default()).unwrap();
+            assert_eq!(bzimage_release(&image).unwrap(), pin.release);
+            eprintln!("fetched {} in {:?}", pin.id, t.elapsed());
+        }
+        eprintln!(
+            "cold fetch of {} pins: {:?}",
+            catalog.pins().len(),
+            started.elapsed()
+        );
+
+        let offline = FetchOptions {
+            offline: true,
+            mirror: Some("http://kloop-test.invalid/debian".into()),
+            keyring: None,
+        };
+        std::fs::remove_dir_all(cache.root().join("images")).unwrap();
+        let t = Instant::now();
+        for pin in catalog.pins() {
+            // Images come back from the cached .debs, without apt.
+            let image = cache.ensure_image(pin, &offline).unwrap();
+            assert!(cache.is_cached(pin));
+            assert_eq!(cache.ensure_image(pin, &offline).unwrap(), image);
+        }
+        eprintln!("offline re-extraction + hits: {:?}", t.elapsed());
+    }
+}

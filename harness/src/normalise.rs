@@ -1,0 +1,374 @@
+//! Normalisation of a checked run into a deterministic text for golden
+//! snapshots (one snapshot per scenario × kernel pin).
+//!
+//! Run it after [`crate::check::analyse`]: addresses, ids and tags are only
+//! replaced by symbols once they have been checked against the facts.
+//!
+//! - program ids become ordinals `prog#N` in order of PROG_LOAD in the merged
+//!   stream (then programs only seen unloading, then facts never seen);
+//! - a program's JITed functions become `prog#N.f<i>` in `jited_ksyms` order;
+//!   other addresses `addr#N` in order of first appearance;
+//! - tags become `tag(prog#N)` when they equal the facts, else stay hex;
+//! - `bpf_prog_<16 hex>` in names becomes `bpf_prog_<tag>`;
+//! - times, pids, tids, cpus and listener indexes of records are dropped;
+//!   lengths, names, types, flags and the record sequence are kept (they
+//!   legitimately differ between kernels, which is what the snapshots show).
+//!
+//! The kernel version is not written: the snapshot file is per kernel.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::check::{facts_name_ok, Analysis, Model};
+use crate::evidence::RunEvidence;
+use crate::records::{
+    self, Record, RecordBody, BPF_EVENT_PROG_LOAD, BPF_EVENT_PROG_UNLOAD, KSYMBOL_FLAGS_UNREGISTER,
+};
+
+/// `enum bpf_prog_type` names (uapi `linux/bpf.h`), lowercase.
+fn prog_type_name(t: u32) -> Option<&'static str> {
+    const NAMES: [&str; 33] = [
+        "unspec",
+        "socket_filter",
+        "kprobe",
+        "sched_cls",
+        "sched_act",
+        "tracepoint",
+        "xdp",
+        "perf_event",
+        "cgroup_skb",
+        "cgroup_sock",
+        "lwt_in",
+        "lwt_out",
+        "lwt_xmit",
+        "sock_ops",
+        "sk_skb",
+        "cgroup_device",
+        "sk_msg",
+        "raw_tracepoint",
+        "cgroup_sock_addr",
+        "lwt_seg6local",
+        "lirc_mode2",
+        "sk_reuseport",
+        "flow_dissector",
+        "cgroup_sysctl",
+        "raw_tracepoint_writable",
+        "cgroup_sockopt",
+        "tracing",
+        "struct_ops",
+        "ext",
+        "lsm",
+        "sk_lookup",
+        "syscall",
+        "netfilter",
+    ];
+    usize::try_from(t).ok().and_then(|i| NAMES.get(i)).copied()
+}
+
+/// Replaces every `bpf_prog_<16 lowercase hex digits>` with `bpf_prog_<tag>`.
+pub fn mask_tags(name: &str) -> String {
+    const PREFIX: &str = "bpf_prog_";
+    let mut out = String::with_capacity(name.len());
+    let mut rest = name;
+    while let Some(pos) = rest.find(PREFIX) {
+        let (head, tail) = rest.split_at(pos);
+        out.push_str(head);
+        let after = &tail[PREFIX.len()..];
+        let is_tag = after.get(..16).is_some_and(|h| {
+            h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        });
+        out.push_str(PREFIX);
+        if is_tag {
+            out.push_str("<tag>");
+            rest = &after[16..];
+        } else {
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The deterministic text form of `analysis.merged`; see the module docs.
+pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
+    let recs: &[Record] = &analysis.merged;
+    let model = Model::build(recs, &ev.initial_kallsyms);
+
+    // Program ordinals.
+    let mut ordinal: BTreeMap<u32, usize> = BTreeMap::new();
+    let mut next = 1usize;
+    let mut assign = |id: u32, ordinal: &mut BTreeMap<u32, usize>| {
+        ordinal.entry(id).or_insert_with(|| {
+            let n = next;
+            next += 1;
+            n
+        });
+    };
+    for r in recs {
+        if let Some((id, _)) = r.bpf_event(BPF_EVENT_PROG_LOAD) {
+            assign(id, &mut ordinal);
+        }
+    }
+    for r in recs {
+        if let RecordBody::BpfEvent { id, .. } = r.body {
+            assign(id, &mut ordinal);
+        }
+    }
+    for f in &ev.progs {
+        assign(f.id, &mut ordinal);
+    }
+    let facts_by_id: BTreeMap<u32, &kloop_protocol::ProgFacts> =
+        ev.progs.iter().rev().map(|f| (f.id, f)).collect();
+
+    // Symbol labels of the facts programs' functions, by record index.
+    let mut sym_label: BTreeMap<usize, String> = BTreeMap::new();
+    for f in &ev.progs {
+        let Some(k) = ordinal.get(&f.id) else {
+            continue;
+        };
+        let life = model
+            .loads_of(f.id)
+            .first()
+            .and_then(|l| model.progs.get(*l))
+            .cloned();
+        let (load, unload) = life.map(|p| (p.load, p.unload)).unwrap_or((None, None));
+        for (fi, addr) in f.jited_ksyms.iter().enumerate() {
+            let sel = model.select_sym(*addr, load, unload, |n| facts_name_ok(f, n));
+            if let Some(s) = sel.and_then(|l| model.syms.get(l)) {
+                for i in [s.reg, s.unreg].into_iter().flatten() {
+                    sym_label.insert(i, format!("prog#{k}.f{fi}"));
+                }
+            }
+        }
+    }
+    let mut addr_label: BTreeMap<u64, String> = BTreeMap::new();
+
+    let mut out = String::new();
+    out.push_str("# kloop normalised record stream\n");
+
+    out.push_str("listeners:\n");
+    let mut ls: Vec<&kloop_protocol::ListenerInfo> = ev.listeners.iter().collect();
+    ls.sort_by_key(|l| l.index);
+    for l in ls {
+        let _ = write!(
+            out,
+            "  L{} cpu={} sample_type={}",
+            l.index,
+            l.cpu,
+            records::sample_type_names(l.sample_type)
+        );
+        for (on, what) in [
+            (l.sample_id_all, "sample_id_all"),
+            (l.ksymbol, "ksymbol"),
+            (l.bpf_event, "bpf_event"),
+        ] {
+            if on {
+                let _ = write!(out, " {what}");
+            }
+        }
+        let _ = writeln!(out, " ring_bytes={}", l.ring_bytes);
+    }
+    let merged_from = analysis
+        .sets
+        .first()
+        .map(|s| {
+            s.iter()
+                .map(|i| format!("L{i}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_else(|| "(none)".into());
+    let _ = writeln!(out, "merged: {merged_from}");
+
+    out.push_str("programs:\n");
+    let mut by_ord: Vec<(usize, &kloop_protocol::ProgFacts)> = ev
+        .progs
+        .iter()
+        .filter_map(|f| ordinal.get(&f.id).map(|k| (*k, f)))
+        .collect();
+    by_ord.sort_by_key(|(k, _)| *k);
+    by_ord.dedup_by_key(|(k, _)| *k);
+    for (k, f) in by_ord {
+        let pt = match prog_type_name(f.prog_type) {
+            Some(n) => n.to_string(),
+            None => f.prog_type.to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "  prog#{k} label={} name={} prog_type={pt} functions={}",
+            f.label,
+            f.name,
+            f.jited_ksyms.len()
+        );
+    }
+
+    // Counts per kind, in a fixed order.
+    let kinds = [
+        "KSYMBOL.register",
+        "KSYMBOL.unregister",
+        "BPF_EVENT.PROG_LOAD",
+        "BPF_EVENT.PROG_UNLOAD",
+        "BPF_EVENT.other",
+        "LOST",
+        "other",
+    ];
+    let mut counts = [0usize; 7];
+    for r in recs {
+        let k = match &r.body {
+            RecordBody::Ksymbol { flags, .. } if flags & KSYMBOL_FLAGS_UNREGISTER == 0 => 0,
+            RecordBody::Ksymbol { .. } => 1,
+            RecordBody::BpfEvent { event_type, .. } if *event_type == BPF_EVENT_PROG_LOAD => 2,
+            RecordBody::BpfEvent { event_type, .. } if *event_type == BPF_EVENT_PROG_UNLOAD => 3,
+            RecordBody::BpfEvent { .. } => 4,
+            RecordBody::Lost { .. } => 5,
+            RecordBody::Unknown { .. } => 6,
+        };
+        if let Some(c) = counts.get_mut(k) {
+            *c += 1;
+        }
+    }
+    out.push_str("counts:");
+    for (name, n) in kinds.iter().zip(counts) {
+        let _ = write!(out, " {name}={n}");
+    }
+    out.push('\n');
+    let _ = writeln!(out, "lost_total: {}", analysis.lost);
+
+    out.push_str("records:\n");
+    for (i, r) in recs.iter().enumerate() {
+        out.push_str("  ");
+        match &r.body {
+            RecordBody::Ksymbol {
+                addr,
+                len,
+                ksym_type,
+                flags,
+                name,
+            } => {
+                let what = if flags & KSYMBOL_FLAGS_UNREGISTER != 0 {
+                    "unregister"
+                } else {
+                    "register"
+                };
+                let label = match sym_label.get(&i) {
+                    Some(l) => l.clone(),
+                    None => {
+                        let n = addr_label.len() + 1;
+                        addr_label
+                            .entry(*addr)
+                            .or_insert_with(|| format!("addr#{n}"))
+                            .clone()
+                    }
+                };
+                let _ = write!(
+                    out,
+                    "KSYMBOL {what} {} {label} len={len} name={}",
+                    records::ksym_type_name(*ksym_type),
+                    mask_tags(name)
+                );
+                let other = flags & !KSYMBOL_FLAGS_UNREGISTER;
+                if other != 0 {
+                    let _ = write!(out, " flags={flags:#x}");
+                }
+            }
+            RecordBody::BpfEvent {
+                event_type,
+                flags,
+                id,
+                tag,
+            } => {
+                let prog = ordinal
+                    .get(id)
+                    .map(|k| format!("prog#{k}"))
+                    .unwrap_or_else(|| "prog#?".into());
+                let tag_s = match facts_by_id.get(id) {
+                    Some(f) if f.tag == *tag => format!("tag({prog})"),
+                    _ => format!("tag({})", hex::encode(tag)),
+                };
+                let _ = write!(
+                    out,
+                    "BPF_EVENT {} {prog} {tag_s}",
+                    records::bpf_event_type_name(*event_type)
+                );
+                if *flags != 0 {
+                    let _ = write!(out, " flags={flags:#x}");
+                }
+            }
+            RecordBody::Lost { lost, .. } => {
+                let _ = write!(out, "LOST lost={lost}");
+            }
+            RecordBody::Unknown { type_ } => {
+                let _ = write!(
+                    out,
+                    "type={type_}({}) size={}",
+                    records::record_type_name(*type_).unwrap_or("undefined"),
+                    r.header.size
+                );
+            }
+        }
+        if r.header.misc != 0 {
+            let _ = write!(out, " misc={:#x}", r.header.misc);
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::analyse;
+    use crate::check::testrun::*;
+
+    #[test]
+    fn masks_tags() {
+        assert_eq!(mask_tags("bpf_prog_0123456789abcdef_x"), "bpf_prog_<tag>_x");
+        assert_eq!(mask_tags("bpf_prog_0123"), "bpf_prog_0123");
+        assert_eq!(mask_tags("bpf_trampoline_6442"), "bpf_trampoline_6442");
+        assert_eq!(
+            mask_tags("bpf_prog_ABCDEF0123456789"),
+            "bpf_prog_ABCDEF0123456789"
+        );
+        assert_eq!(
+            mask_tags("bpf_prog_bpf_prog_0123456789abcdef"),
+            "bpf_prog_bpf_prog_<tag>"
+        );
+    }
+
+    #[test]
+    fn normalised_good_run() {
+        let ev = evidence(&good_script());
+        let a = analyse(&ev);
+        assert!(a.violations.is_empty());
+        let text = normalise(&ev, &a);
+        let expected = "\
+# kloop normalised record stream
+listeners:
+  L0 cpu=0 sample_type=TID|TIME|CPU sample_id_all ksymbol bpf_event ring_bytes=65536
+  L1 cpu=1 sample_type=TID|TIME|CPU sample_id_all ksymbol bpf_event ring_bytes=65536
+merged: L0 L1
+programs:
+  prog#1 label=main name=kloop_subprogs prog_type=socket_filter functions=2
+  prog#2 label=basic name=kloop_basic prog_type=xdp functions=1
+counts: KSYMBOL.register=4 KSYMBOL.unregister=5 BPF_EVENT.PROG_LOAD=2 BPF_EVENT.PROG_UNLOAD=3 BPF_EVENT.other=0 LOST=0 other=0
+lost_total: 0
+records:
+  KSYMBOL register BPF prog#1.f0 len=144 name=bpf_prog_<tag>_kloop_subprogs
+  KSYMBOL register BPF prog#1.f1 len=56 name=bpf_prog_<tag>_helper
+  BPF_EVENT PROG_LOAD prog#1 tag(prog#1)
+  KSYMBOL register OOL addr#1 len=4096 name=kprobe_insn_page
+  KSYMBOL register BPF prog#2.f0 len=72 name=bpf_prog_<tag>_kloop_basic
+  BPF_EVENT PROG_LOAD prog#2 tag(prog#2)
+  KSYMBOL unregister BPF prog#1.f0 len=144 name=bpf_prog_<tag>_kloop_subprogs
+  KSYMBOL unregister BPF prog#1.f1 len=56 name=bpf_prog_<tag>_helper
+  BPF_EVENT PROG_UNLOAD prog#1 tag(prog#1)
+  KSYMBOL unregister OOL addr#1 len=4096 name=kprobe_insn_page
+  KSYMBOL unregister BPF prog#2.f0 len=72 name=bpf_prog_<tag>_kloop_basic
+  BPF_EVENT PROG_UNLOAD prog#2 tag(prog#2)
+  KSYMBOL unregister BPF addr#2 len=64 name=bpf_prog_<tag>_old
+  BPF_EVENT PROG_UNLOAD prog#3 tag(9999999999999999)
+";
+        assert_eq!(text, expected, "\n{text}");
+    }
+}

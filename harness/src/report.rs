@@ -1,0 +1,206 @@
+//! Reporting results: a line per trial, a summary, JSON lines and JUnit XML.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::trial::{TrialResult, Verdict};
+
+/// `6.12/subprogs ... ok (3.4 s, tcg)`
+pub fn trial_line(r: &TrialResult) -> String {
+    format!(
+        "{} ... {} ({:.1} s, {})",
+        r.id,
+        r.verdict.label(),
+        r.wall_secs,
+        r.accel
+    )
+}
+
+/// Details printed under a failed trial's line.
+pub fn failure_details(r: &TrialResult) -> Option<String> {
+    let msg = r.verdict.message()?;
+    let mut out = String::new();
+    for line in msg.lines() {
+        let _ = writeln!(out, "    {line}");
+    }
+    let _ = write!(out, "    artefacts: {}", r.artefacts.display());
+    Some(out)
+}
+
+/// Counts per class.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Summary {
+    pub ok: usize,
+    pub failed: usize,
+    pub infrastructure: usize,
+    pub timeout: usize,
+    pub panic: usize,
+    pub interrupted: usize,
+}
+
+impl Summary {
+    pub fn of(results: &[TrialResult]) -> Self {
+        let mut s = Summary::default();
+        for r in results {
+            match r.verdict {
+                Verdict::Ok => s.ok += 1,
+                Verdict::Failed(_) => s.failed += 1,
+                Verdict::Infrastructure(_) => s.infrastructure += 1,
+                Verdict::Timeout(_) => s.timeout += 1,
+                Verdict::Panic(_) => s.panic += 1,
+                Verdict::Interrupted(_) => s.interrupted += 1,
+            }
+        }
+        s
+    }
+
+    pub fn all_ok(&self) -> bool {
+        self.failed + self.infrastructure + self.timeout + self.panic + self.interrupted == 0
+    }
+
+    /// `8 passed, 0 failed` plus the classes that are not zero.
+    pub fn line(&self) -> String {
+        let not_ok = self.failed + self.infrastructure + self.timeout + self.panic + self.interrupted;
+        let mut s = format!("{} passed, {} failed", self.ok, not_ok);
+        let mut parts = Vec::new();
+        for (n, what) in [
+            (self.failed, "test failure"),
+            (self.infrastructure, "infrastructure"),
+            (self.timeout, "timeout"),
+            (self.panic, "panic"),
+            (self.interrupted, "interrupted"),
+        ] {
+            if n > 0 {
+                parts.push(format!("{n} {what}"));
+            }
+        }
+        if !parts.is_empty() {
+            let _ = write!(s, " ({})", parts.join(", "));
+        }
+        s
+    }
+}
+
+/// Writes `results.jsonl` and `junit.xml` into `dir`.
+pub fn write_files(dir: &Path, results: &[TrialResult]) -> std::io::Result<()> {
+    let mut jsonl = String::new();
+    for r in results {
+        jsonl.push_str(&serde_json::to_string(r).map_err(std::io::Error::other)?);
+        jsonl.push('\n');
+    }
+    std::fs::write(dir.join("results.jsonl"), jsonl)?;
+    std::fs::write(dir.join("junit.xml"), junit(results))
+}
+
+fn xml_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            c if (c as u32) < 0x20 && c != '\n' && c != '\t' => {
+                let _ = write!(out, "&#{};", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// JUnit XML: one testsuite per kernel, one testcase per scenario.
+pub fn junit(results: &[TrialResult]) -> String {
+    let mut kernels: Vec<&str> = results.iter().map(|r| r.kernel.as_str()).collect();
+    kernels.dedup();
+    let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"kloop\">\n");
+    for k in kernels {
+        let rs: Vec<&TrialResult> = results.iter().filter(|r| r.kernel == k).collect();
+        let failures = rs.iter().filter(|r| matches!(r.verdict, Verdict::Failed(_))).count();
+        let errors = rs
+            .iter()
+            .filter(|r| !matches!(r.verdict, Verdict::Ok | Verdict::Failed(_)))
+            .count();
+        let time: f64 = rs.iter().map(|r| r.wall_secs).sum();
+        let _ = writeln!(
+            x,
+            "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{failures}\" errors=\"{errors}\" time=\"{time:.3}\">",
+            xml_escape(k),
+            rs.len()
+        );
+        for r in rs {
+            let _ = write!(
+                x,
+                "    <testcase classname=\"kloop.{}\" name=\"{}\" time=\"{:.3}\">",
+                xml_escape(k),
+                xml_escape(&r.scenario),
+                r.wall_secs
+            );
+            let props = format!(
+                "<properties><property name=\"accel\" value=\"{}\"/><property name=\"guest_release\" value=\"{}\"/><property name=\"qemu\" value=\"{}\"/><property name=\"host_release\" value=\"{}\"/><property name=\"artefacts\" value=\"{}\"/></properties>",
+                xml_escape(&r.accel),
+                xml_escape(r.guest_release.as_deref().unwrap_or("")),
+                xml_escape(&r.qemu_version),
+                xml_escape(&r.host_release),
+                xml_escape(&r.artefacts.display().to_string())
+            );
+            x.push_str(&props);
+            match &r.verdict {
+                Verdict::Ok => {}
+                Verdict::Failed(m) => {
+                    let _ = write!(x, "<failure message=\"test failure\">{}</failure>", xml_escape(m));
+                }
+                other => {
+                    let _ = write!(
+                        x,
+                        "<error type=\"{}\" message=\"{}\">{}</error>",
+                        other.label().to_lowercase(),
+                        other.label().to_lowercase(),
+                        xml_escape(other.message().unwrap_or(""))
+                    );
+                }
+            }
+            x.push_str("</testcase>\n");
+        }
+        x.push_str("  </testsuite>\n");
+    }
+    x.push_str("</testsuites>\n");
+    x
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(kernel: &str, verdict: Verdict) -> TrialResult {
+        TrialResult {
+            id: format!("{kernel}/basic"),
+            kernel: kernel.into(),
+            scenario: "basic".into(),
+            verdict,
+            wall_secs: 3.44,
+            accel: "tcg".into(),
+            boot_to_hello_secs: Some(1.2),
+            guest_release: Some("6.12.0-cloud-amd64".into()),
+            qemu_version: "QEMU 7.2".into(),
+            host_release: "6.1".into(),
+            artefacts: "/tmp/a".into(),
+        }
+    }
+
+    #[test]
+    fn line_and_summary() {
+        let rs = vec![
+            result("6.12", Verdict::Ok),
+            result("6.1", Verdict::Panic("Kernel panic <x>".into())),
+        ];
+        assert_eq!(trial_line(&rs[0]), "6.12/basic ... ok (3.4 s, tcg)");
+        let s = Summary::of(&rs);
+        assert!(!s.all_ok());
+        assert_eq!(s.line(), "1 passed, 1 failed (1 panic)");
+        let x = junit(&rs);
+        assert!(x.contains("<error type=\"panic\" message=\"panic\">Kernel panic &lt;x&gt;</error>"));
+        assert!(x.contains("tests=\"1\" failures=\"0\" errors=\"1\""));
+    }
+}

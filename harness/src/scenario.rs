@@ -1,0 +1,216 @@
+//! Scenarios: `scenarios/<name>/scenario.toml` turned into a guest [`Plan`].
+//!
+//! A scenario is data: its steps are the protocol's [`Step`]s written in TOML,
+//! except that a listener names its `sample` fields (`["tid", "time", "cpu"]`)
+//! where the wire carries `perf_event_attr.sample_type` bits. The translation
+//! lives here so the guest never needs to know perf's ABI.
+
+use std::path::{Path, PathBuf};
+
+use kloop_protocol::{Plan, Step};
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+    #[error("unknown scenario `{name}`; known scenarios: {}", known.join(", "))]
+    Unknown { name: String, known: Vec<String> },
+}
+
+/// `perf_event_attr.sample_type` bits a listener may ask for in its trailer.
+pub const SAMPLE_FIELDS: &[(&str, u64)] = &[
+    ("tid", 1 << 1),
+    ("time", 1 << 2),
+    ("id", 1 << 6),
+    ("cpu", 1 << 7),
+    ("stream_id", 1 << 9),
+    ("identifier", 1 << 16),
+];
+
+/// Symbolic form of a sample_type (for reports and snapshots).
+pub fn sample_type_names(bits: u64) -> String {
+    let mut names: Vec<&str> = SAMPLE_FIELDS
+        .iter()
+        .filter(|(_, b)| bits & b != 0)
+        .map(|(n, _)| *n)
+        .collect();
+    let known: u64 = SAMPLE_FIELDS.iter().map(|(_, b)| b).sum();
+    let unknown = bits & !known;
+    let extra;
+    if unknown != 0 {
+        extra = format!("{unknown:#x}");
+        names.push(&extra);
+    }
+    names.join("|")
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScenarioFile {
+    description: String,
+    steps: Vec<toml::Value>,
+}
+
+/// One scenario, ready to run.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub name: String,
+    pub dir: PathBuf,
+    pub description: String,
+    pub plan: Plan,
+}
+
+impl Scenario {
+    pub fn load(dir: &Path) -> Result<Scenario, ScenarioError> {
+        let path = dir.join("scenario.toml");
+        let text = std::fs::read_to_string(&path).map_err(|source| ScenarioError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Self::parse(&name, dir, &text).map_err(|message| ScenarioError::Invalid { path, message })
+    }
+
+    fn parse(name: &str, dir: &Path, text: &str) -> Result<Scenario, String> {
+        let file: ScenarioFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        let steps = file
+            .steps
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| step_from_toml(v).map_err(|e| format!("step {}: {e}", i + 1)))
+            .collect::<Result<Vec<Step>, String>>()?;
+        if steps.is_empty() {
+            return Err("a scenario needs at least one step".into());
+        }
+        Ok(Scenario {
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+            description: file.description,
+            plan: Plan {
+                scenario: name.to_string(),
+                steps,
+            },
+        })
+    }
+
+    pub fn snapshot_dir(&self) -> PathBuf {
+        self.dir.join("snapshots")
+    }
+}
+
+fn step_from_toml(mut v: toml::Value) -> Result<Step, String> {
+    if let Some(listener) = v.get_mut("listener").and_then(|l| l.as_table_mut()) {
+        if let Some(sample) = listener.remove("sample") {
+            let names = sample
+                .as_array()
+                .ok_or("listener.sample must be a list of field names")?;
+            let mut bits = 0u64;
+            for n in names {
+                let n = n.as_str().ok_or("listener.sample entries are strings")?;
+                let (_, b) = SAMPLE_FIELDS.iter().find(|(f, _)| *f == n).ok_or_else(|| {
+                    format!(
+                        "unknown sample field `{n}`; known: {}",
+                        SAMPLE_FIELDS.iter().map(|(f, _)| *f).collect::<Vec<_>>().join(", ")
+                    )
+                })?;
+                bits |= b;
+            }
+            listener.insert("sample_type".into(), toml::Value::Integer(bits as i64));
+        }
+    }
+    v.try_into::<Step>().map_err(|e| e.to_string())
+}
+
+/// Every scenario under `root`, sorted by name.
+pub fn load_all(root: &Path) -> Result<Vec<Scenario>, ScenarioError> {
+    let entries = std::fs::read_dir(root).map_err(|source| ScenarioError::Read {
+        path: root.to_path_buf(),
+        source,
+    })?;
+    let mut dirs: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.join("scenario.toml").is_file())
+        .collect();
+    dirs.sort();
+    dirs.iter().map(|d| Scenario::load(d)).collect()
+}
+
+/// Picks scenarios by name, erroring with the known names for a typo.
+pub fn select(all: &[Scenario], names: &[String]) -> Result<Vec<Scenario>, ScenarioError> {
+    if names.is_empty() {
+        return Ok(all.to_vec());
+    }
+    names
+        .iter()
+        .map(|n| {
+            all.iter()
+                .find(|s| &s.name == n)
+                .cloned()
+                .ok_or_else(|| ScenarioError::Unknown {
+                    name: n.clone(),
+                    known: all.iter().map(|s| s.name.clone()).collect(),
+                })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sample_names_become_bits() {
+        let text = r#"
+description = "t"
+[[steps]]
+op = "open-listeners"
+listener = { sample = ["tid", "time", "cpu"], ksymbol = true, bpf_event = false, ring_pages = 8 }
+[[steps]]
+op = "load"
+fixture = "basic"
+program = "kloop_basic"
+label = "main"
+"#;
+        let s = Scenario::parse("t", Path::new("/x"), text).unwrap();
+        match &s.plan.steps[0] {
+            Step::OpenListeners { listener } => {
+                assert_eq!(listener.sample_type, (1 << 1) | (1 << 2) | (1 << 7));
+                assert!(listener.ksymbol && !listener.bpf_event);
+                assert_eq!(listener.ring_pages, 8);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(sample_type_names((1 << 1) | (1 << 2) | (1 << 7)), "tid|time|cpu");
+    }
+
+    #[test]
+    fn unknown_field_and_op_are_errors() {
+        let bad_field = "description = \"t\"\n[[steps]]\nop = \"open-listeners\"\nlistener = { sample = [\"tim\"], ksymbol = true, bpf_event = true, ring_pages = 8 }\n";
+        let e = Scenario::parse("t", Path::new("/x"), bad_field).unwrap_err();
+        assert!(e.contains("unknown sample field `tim`"), "{e}");
+        let bad_op = "description = \"t\"\n[[steps]]\nop = \"launch-missiles\"\n";
+        let e = Scenario::parse("t", Path::new("/x"), bad_op).unwrap_err();
+        assert!(e.contains("step 1"), "{e}");
+    }
+
+    #[test]
+    fn committed_scenarios_load() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
+        let all = load_all(&root).unwrap();
+        let names: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
+        assert!(names.contains(&"basic") && names.contains(&"subprogs"), "{names:?}");
+        let err = select(&all, &["nope".into()]).unwrap_err().to_string();
+        assert!(err.contains("basic") && err.contains("subprogs"), "{err}");
+    }
+}

@@ -1,0 +1,133 @@
+//! Golden snapshots of the normalised stream, one per scenario × kernel pin,
+//! kept by `insta` under `scenarios/<name>/snapshots/<pin>.snap`.
+//!
+//! `insta` decides, from `INSTA_UPDATE` and `CI`, whether a mismatch writes a
+//! `.snap.new` for `cargo insta review` (the default on a workstation), writes
+//! the snapshot directly (`cargo xtask bless`), or only fails (CI).
+
+use std::cell::Cell;
+use std::panic::{self, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+
+thread_local! {
+    static COMPARING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// insta reports a mismatch by panicking; the verdict already carries the
+/// diff, so the panic message (and backtrace) of a comparison is not printed.
+/// Panics anywhere else still reach the previous hook.
+fn quiet_comparison_panics() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            if !COMPARING.with(Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotOutcome {
+    Matched,
+    /// The stream differs from the golden snapshot (or there is none yet).
+    Drift {
+        snapshot: PathBuf,
+        /// The `.snap.new` insta wrote for review, if it wrote one.
+        pending: Option<PathBuf>,
+        /// A short excerpt of the difference.
+        diff: String,
+    },
+}
+
+/// Path of the snapshot file for `name` in `dir`.
+pub fn snapshot_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.snap"))
+}
+
+/// The body of an insta snapshot file (after its front matter).
+pub fn read_snapshot_body(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let rest = text.strip_prefix("---\n")?;
+    let end = rest.find("\n---\n")?;
+    Some(rest[end + 5..].trim_end_matches('\n').to_string())
+}
+
+/// Compares `text` with the snapshot `name` in `dir` through insta.
+pub fn compare(dir: &Path, name: &str, description: &str, text: &str) -> SnapshotOutcome {
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path(dir);
+    settings.set_prepend_module_to_snapshot(false);
+    settings.set_omit_expression(true);
+    settings.set_description(description);
+    let pending = dir.join(format!("{name}.snap.new"));
+    let _ = std::fs::remove_file(&pending);
+    quiet_comparison_panics();
+    COMPARING.with(|c| c.set(true));
+    let result = panic::catch_unwind(AssertUnwindSafe(|| {
+        settings.bind(|| insta::assert_snapshot!(name.to_string(), text));
+    }));
+    COMPARING.with(|c| c.set(false));
+    match result {
+        Ok(()) => SnapshotOutcome::Matched,
+        Err(_) => {
+            let snapshot = snapshot_path(dir, name);
+            let old = read_snapshot_body(&snapshot);
+            SnapshotOutcome::Drift {
+                diff: short_diff(old.as_deref(), text),
+                pending: pending.is_file().then_some(pending),
+                snapshot,
+            }
+        }
+    }
+}
+
+/// The first few differing lines, `-` golden and `+` now.
+pub fn short_diff(old: Option<&str>, new: &str) -> String {
+    let Some(old) = old else {
+        return "no golden snapshot yet".to_string();
+    };
+    let old: Vec<&str> = old.lines().collect();
+    let new: Vec<&str> = new.trim_end_matches('\n').lines().collect();
+    let mut out = Vec::new();
+    let n = old.len().max(new.len());
+    for i in 0..n {
+        let (a, b) = (old.get(i), new.get(i));
+        if a != b {
+            if let Some(a) = a {
+                out.push(format!("  line {}: - {a}", i + 1));
+            }
+            if let Some(b) = b {
+                out.push(format!("  line {}: + {b}", i + 1));
+            }
+        }
+        if out.len() >= 12 {
+            out.push("  ...".into());
+            break;
+        }
+    }
+    out.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_diff_names_lines() {
+        let d = short_diff(Some("a\nb\nc"), "a\nB\nc\n");
+        assert_eq!(d, "  line 2: - b\n  line 2: + B");
+        assert_eq!(short_diff(None, "x"), "no golden snapshot yet");
+        assert_eq!(short_diff(Some("x"), "x\n"), "");
+    }
+
+    #[test]
+    fn body_is_read_after_front_matter() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.snap");
+        std::fs::write(&p, "---\nsource: a.rs\ndescription: d\n---\nline 1\nline 2\n").unwrap();
+        assert_eq!(read_snapshot_body(&p).unwrap(), "line 1\nline 2");
+    }
+}

@@ -1,0 +1,245 @@
+//! A run of many trials: which ones, and the environment they share.
+//!
+//! Planning is cheap (catalog + scenario files) so `--list` and libtest-mimic
+//! can enumerate trials without touching QEMU; preparing the environment
+//! builds the agent, finds QEMU and decides the accelerator once per run.
+
+use std::path::{Path, PathBuf};
+
+use crate::accel::{self, AccelChoice};
+use crate::kernel::{Catalog, FetchOptions, KernelCache};
+use crate::scenario::{self, Scenario};
+use crate::trial::{KernelUnderTest, TrialEnv};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SuiteError {
+    #[error(transparent)]
+    Kernel(#[from] crate::kernel::KernelError),
+    #[error(transparent)]
+    Scenario(#[from] scenario::ScenarioError),
+    #[error(transparent)]
+    Vm(#[from] crate::vm::VmError),
+    #[error(transparent)]
+    Agent(#[from] crate::agent::AgentBuildError),
+    #[error("choosing the accelerator: {0}")]
+    Accel(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--snapshot-as {0} names no kernel pin; known pins: {1}")]
+    UnknownSnapshotPin(String, String),
+}
+
+/// Which trials to run.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// Pin ids; empty = all.
+    pub kernels: Vec<String>,
+    /// Scenario names; empty = all.
+    pub scenarios: Vec<String>,
+    /// Run a user-built bzImage instead of the pins.
+    pub kernel_image: Option<PathBuf>,
+    pub snapshot_as: Option<String>,
+}
+
+/// One planned trial.
+#[derive(Debug, Clone)]
+pub struct PlannedTrial {
+    pub kernel: KernelUnderTest,
+    pub scenario: Scenario,
+}
+
+impl PlannedTrial {
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.kernel.id(), self.scenario.name)
+    }
+}
+
+/// Where the repository's data lives.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub root: PathBuf,
+}
+
+impl Layout {
+    pub fn from_root(root: impl Into<PathBuf>) -> Self {
+        Layout { root: root.into() }
+    }
+    pub fn kernels(&self) -> PathBuf {
+        self.root.join("kernels")
+    }
+    pub fn scenarios(&self) -> PathBuf {
+        self.root.join("scenarios")
+    }
+    pub fn runs(&self) -> PathBuf {
+        self.root.join("target/kloop/runs")
+    }
+}
+
+/// The trials a selection names, in catalog × scenario order.
+pub fn plan(layout: &Layout, sel: &Selection) -> Result<Vec<PlannedTrial>, SuiteError> {
+    let all_scenarios = scenario::load_all(&layout.scenarios())?;
+    let scenarios = scenario::select(&all_scenarios, &sel.scenarios)?;
+    let kernels: Vec<KernelUnderTest> = if let Some(path) = &sel.kernel_image {
+        if let Some(pin) = &sel.snapshot_as {
+            let catalog = Catalog::load(&layout.kernels())?;
+            if catalog.get(pin).is_err() {
+                let known: Vec<&str> = catalog.pins().iter().map(|p| p.id.as_str()).collect();
+                return Err(SuiteError::UnknownSnapshotPin(pin.clone(), known.join(", ")));
+            }
+        }
+        vec![KernelUnderTest::Image {
+            path: path.clone(),
+            snapshot_as: sel.snapshot_as.clone(),
+        }]
+    } else {
+        let catalog = Catalog::load(&layout.kernels())?;
+        if sel.kernels.is_empty() {
+            catalog.pins().iter().cloned().map(KernelUnderTest::Pin).collect()
+        } else {
+            sel.kernels
+                .iter()
+                .map(|id| catalog.get(id).cloned().map(KernelUnderTest::Pin))
+                .collect::<Result<_, _>>()?
+        }
+    };
+    let mut out = Vec::new();
+    for k in &kernels {
+        for s in &scenarios {
+            out.push(PlannedTrial {
+                kernel: k.clone(),
+                scenario: s.clone(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// How the shared environment is prepared.
+#[derive(Debug, Clone)]
+pub struct EnvOptions {
+    pub accel: AccelChoice,
+    pub fetch: FetchOptions,
+    pub cpus: u32,
+    pub memory_mib: u32,
+}
+
+impl Default for EnvOptions {
+    fn default() -> Self {
+        EnvOptions {
+            accel: AccelChoice::Auto,
+            fetch: FetchOptions::default(),
+            cpus: 2,
+            memory_mib: 512,
+        }
+    }
+}
+
+/// Builds the agent, finds QEMU, and decides the accelerator (probing KVM
+/// with the first trial's kernel when `auto`).
+pub fn prepare_env(
+    layout: &Layout,
+    opts: &EnvOptions,
+    probe_kernel: Option<&KernelUnderTest>,
+) -> Result<TrialEnv, SuiteError> {
+    let qemu = crate::vm::find_qemu()?;
+    let qemu_version = crate::vm::qemu_version(&qemu).unwrap_or_else(|| "unknown".into());
+    let agent = crate::agent::ensure_built(&layout.root)?;
+    let cache = KernelCache::default_location()?;
+    let run_dir = crate::trial::new_run_dir(&layout.runs()).map_err(|source| SuiteError::Io {
+        what: format!("creating a run directory under {}", layout.runs().display()),
+        source,
+    })?;
+    let accel = match (opts.accel, probe_kernel) {
+        (AccelChoice::Auto, Some(k)) => {
+            let image = match k {
+                KernelUnderTest::Pin(pin) => cache.ensure_image(pin, &opts.fetch)?,
+                KernelUnderTest::Image { path, .. } => path.clone(),
+            };
+            accel::choose(
+                AccelChoice::Auto,
+                &qemu,
+                &image,
+                cache.root(),
+                &run_dir.join("kvm-probe"),
+            )
+        }
+        (AccelChoice::Auto, None) => accel::choose(
+            AccelChoice::Tcg,
+            &qemu,
+            Path::new("/nonexistent"),
+            cache.root(),
+            &run_dir,
+        ),
+        (choice, _) => accel::choose(choice, &qemu, Path::new("/nonexistent"), cache.root(), &run_dir),
+    }
+    .map_err(SuiteError::Accel)?;
+    Ok(TrialEnv {
+        qemu,
+        qemu_version,
+        accel,
+        agent,
+        cache,
+        fetch: opts.fetch.clone(),
+        run_dir,
+        cpus: opts.cpus,
+        memory_mib: opts.memory_mib,
+        deadlines: None,
+    })
+}
+
+/// Runs `trials` on `jobs` parallel VMs, calling `on_result` as each ends.
+/// Trials not started when an interrupt arrives are reported interrupted.
+pub fn run_all(
+    env: &TrialEnv,
+    trials: &[PlannedTrial],
+    jobs: usize,
+    on_result: &(dyn Fn(&crate::trial::TrialResult) + Sync),
+) -> Vec<crate::trial::TrialResult> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<(usize, crate::trial::TrialResult)>> = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..jobs.max(1).min(trials.len().max(1)) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                let Some(t) = trials.get(i) else { break };
+                let r = if crate::signals::interrupted() {
+                    interrupted_result(env, t)
+                } else {
+                    crate::trial::run_trial(env, &t.kernel, &t.scenario)
+                };
+                on_result(&r);
+                results.lock().unwrap_or_else(|e| e.into_inner()).push((i, r));
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    results.sort_by_key(|(i, _)| *i);
+    results.into_iter().map(|(_, r)| r).collect()
+}
+
+fn interrupted_result(env: &TrialEnv, t: &PlannedTrial) -> crate::trial::TrialResult {
+    crate::trial::TrialResult {
+        id: t.id(),
+        kernel: t.kernel.id(),
+        scenario: t.scenario.name.clone(),
+        verdict: crate::trial::Verdict::Interrupted("not started: interrupted".into()),
+        wall_secs: 0.0,
+        accel: env.accel.accel.clone(),
+        boot_to_hello_secs: None,
+        guest_release: None,
+        qemu_version: env.qemu_version.clone(),
+        host_release: String::new(),
+        artefacts: env.run_dir.clone(),
+    }
+}
+
+/// Default parallelism: one VM per core, at least one.
+pub fn default_jobs() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}

@@ -1,0 +1,396 @@
+//! One trial: a kernel × a scenario, from image to verdict.
+//!
+//! pin → image → initramfs → VM → agent → evidence → check → normalise →
+//! snapshot. Every failure is classified ([`Verdict`]) and every artefact
+//! stays in the trial's directory, whose path the verdict names.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kloop_protocol::Message;
+use serde::Serialize;
+
+use crate::accel::AccelDecision;
+use crate::evidence::RunEvidence;
+use crate::initramfs::Initramfs;
+use crate::kernel::{KernelCache, KernelPin};
+use crate::scenario::Scenario;
+use crate::snapshot::{self, SnapshotOutcome};
+use crate::vm::{self, Deadlines, SessionEnd, Vm, VmConfig};
+
+/// The kernel a trial boots.
+#[derive(Debug, Clone)]
+pub enum KernelUnderTest {
+    /// A pinned Debian build from the catalog.
+    Pin(KernelPin),
+    /// A bzImage the user built; `snapshot_as` names the pin whose golden
+    /// snapshots it is compared with (none: invariants only).
+    Image {
+        path: PathBuf,
+        snapshot_as: Option<String>,
+    },
+}
+
+impl KernelUnderTest {
+    /// The name used in trial ids: the pin id, or `image`.
+    pub fn id(&self) -> String {
+        match self {
+            KernelUnderTest::Pin(p) => p.id.clone(),
+            KernelUnderTest::Image { .. } => "image".to_string(),
+        }
+    }
+
+    fn snapshot_name(&self) -> Option<String> {
+        match self {
+            KernelUnderTest::Pin(p) => Some(p.id.clone()),
+            KernelUnderTest::Image { snapshot_as, .. } => snapshot_as.clone(),
+        }
+    }
+}
+
+/// How a trial ended. Only `Ok` is a pass.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "class", content = "message", rename_all = "kebab-case")]
+pub enum Verdict {
+    Ok,
+    /// The kernel's records broke a rule, the snapshot drifted, or the agent
+    /// reported an error: a finding about the kernel (or a kloop bug).
+    Failed(String),
+    /// Something around the test broke: fetch, QEMU, the channel.
+    Infrastructure(String),
+    Timeout(String),
+    Panic(String),
+    Interrupted(String),
+}
+
+impl Verdict {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Verdict::Ok => "ok",
+            Verdict::Failed(_) => "FAILED",
+            Verdict::Infrastructure(_) => "INFRA",
+            Verdict::Timeout(_) => "TIMEOUT",
+            Verdict::Panic(_) => "PANIC",
+            Verdict::Interrupted(_) => "INTERRUPTED",
+        }
+    }
+
+    pub fn message(&self) -> Option<&str> {
+        match self {
+            Verdict::Ok => None,
+            Verdict::Failed(m)
+            | Verdict::Infrastructure(m)
+            | Verdict::Timeout(m)
+            | Verdict::Panic(m)
+            | Verdict::Interrupted(m) => Some(m),
+        }
+    }
+}
+
+/// The result of one trial, with its environment.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrialResult {
+    pub id: String,
+    pub kernel: String,
+    pub scenario: String,
+    pub verdict: Verdict,
+    pub wall_secs: f64,
+    pub accel: String,
+    pub boot_to_hello_secs: Option<f64>,
+    pub guest_release: Option<String>,
+    pub qemu_version: String,
+    pub host_release: String,
+    pub artefacts: PathBuf,
+}
+
+/// What every trial of one run shares.
+pub struct TrialEnv {
+    pub qemu: PathBuf,
+    pub qemu_version: String,
+    pub accel: AccelDecision,
+    pub agent: PathBuf,
+    pub cache: KernelCache,
+    pub fetch: crate::kernel::FetchOptions,
+    /// `target/kloop/runs/<run>`.
+    pub run_dir: PathBuf,
+    pub cpus: u32,
+    pub memory_mib: u32,
+    pub deadlines: Option<Deadlines>,
+}
+
+fn host_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Runs one trial to its verdict. Never panics on guest input; never leaves
+/// QEMU running.
+pub fn run_trial(env: &TrialEnv, kernel: &KernelUnderTest, scenario: &Scenario) -> TrialResult {
+    let id = format!("{}/{}", kernel.id(), scenario.name);
+    let artefacts = env.run_dir.join(kernel.id()).join(&scenario.name);
+    let started = Instant::now();
+    let mut result = TrialResult {
+        id: id.clone(),
+        kernel: kernel.id(),
+        scenario: scenario.name.clone(),
+        verdict: Verdict::Ok,
+        wall_secs: 0.0,
+        accel: env.accel.accel.clone(),
+        boot_to_hello_secs: None,
+        guest_release: None,
+        qemu_version: env.qemu_version.clone(),
+        host_release: host_release(),
+        artefacts: artefacts.clone(),
+    };
+    result.verdict = run_inner(env, kernel, scenario, &artefacts, &mut result);
+    result.wall_secs = started.elapsed().as_secs_f64();
+    if let Ok(json) = serde_json::to_string_pretty(&result) {
+        let _ = std::fs::write(artefacts.join("result.json"), json);
+    }
+    result
+}
+
+fn run_inner(
+    env: &TrialEnv,
+    kernel: &KernelUnderTest,
+    scenario: &Scenario,
+    artefacts: &Path,
+    result: &mut TrialResult,
+) -> Verdict {
+    if let Err(e) = std::fs::create_dir_all(artefacts) {
+        return Verdict::Infrastructure(format!(
+            "cannot create artefact directory {}: {e}",
+            artefacts.display()
+        ));
+    }
+    let image = match kernel {
+        KernelUnderTest::Pin(pin) => match env.cache.ensure_image(pin, &env.fetch) {
+            Ok(p) => p,
+            Err(e) => return Verdict::Infrastructure(e.to_string()),
+        },
+        KernelUnderTest::Image { path, .. } => {
+            if !path.is_file() {
+                return Verdict::Infrastructure(format!(
+                    "kernel image {} does not exist (expected a bzImage, e.g. arch/x86/boot/bzImage)",
+                    path.display()
+                ));
+            }
+            path.clone()
+        }
+    };
+    let initramfs = artefacts.join("initramfs.cpio");
+    if let Err(e) = build_initramfs(&env.agent, scenario, &initramfs) {
+        return Verdict::Infrastructure(format!(
+            "writing initramfs {}: {e}",
+            initramfs.display()
+        ));
+    }
+    let accel = env.accel.accel();
+    let config = VmConfig {
+        qemu: env.qemu.clone(),
+        kernel: image,
+        initramfs: Some(initramfs),
+        accel,
+        cpus: env.cpus,
+        memory_mib: env.memory_mib,
+        cmdline: vec![],
+        artefacts: artefacts.to_path_buf(),
+        deadlines: env.deadlines.unwrap_or_else(|| Deadlines::for_accel(accel)),
+        data_channel: true,
+    };
+    let console = artefacts.join("console.log");
+    let mut vm = match Vm::spawn(config) {
+        Ok(vm) => vm,
+        Err(e) => return Verdict::Infrastructure(e.to_string()),
+    };
+    let session = vm.run_session(&crate::signals::interrupted);
+    drop(vm);
+    result.boot_to_hello_secs = session.hello_at.map(|d| d.as_secs_f64());
+    save_messages(artefacts, &session.messages);
+    let tail = || {
+        format!(
+            "last 30 console lines ({}):\n{}",
+            console.display(),
+            vm::console_tail(&console, 30)
+        )
+    };
+    let end = session.end.clone().unwrap_or(SessionEnd::Infrastructure(
+        "session ended without a reason".into(),
+    ));
+    // A panic explains any other ending, so look for it first.
+    if let Some(panic) = vm::console_panic(&console) {
+        if end != SessionEnd::Done {
+            return Verdict::Panic(format!(
+                "guest kernel panicked:\n{panic}\nconsole: {}",
+                console.display()
+            ));
+        }
+    }
+    match end {
+        SessionEnd::Done => {}
+        SessionEnd::AgentError(m) => {
+            let last_logs: Vec<String> = session
+                .messages
+                .iter()
+                .filter_map(|m| match m {
+                    Message::Log { text } => Some(text.clone()),
+                    _ => None,
+                })
+                .collect();
+            return Verdict::Failed(format!(
+                "guest agent reported: {m}\nagent log: {}\n{}",
+                last_logs.join(" | "),
+                tail()
+            ));
+        }
+        SessionEnd::BootTimeout(d) => {
+            return Verdict::Timeout(format!(
+                "boot timeout: the guest agent did not say hello within {} s\n{}",
+                d.as_secs(),
+                tail()
+            ))
+        }
+        SessionEnd::Silent(d) => {
+            return Verdict::Timeout(format!(
+                "the guest agent went silent (no heartbeat for {} s); VM killed\n{}",
+                d.as_secs(),
+                tail()
+            ))
+        }
+        SessionEnd::TotalTimeout(d) => {
+            return Verdict::Timeout(format!(
+                "the trial exceeded its {} s deadline; VM killed\n{}",
+                d.as_secs(),
+                tail()
+            ))
+        }
+        SessionEnd::QemuExited(status) => {
+            return Verdict::Infrastructure(format!(
+                "QEMU exited ({status}) before the guest agent finished{}\n{}",
+                if session.hello_at.is_none() { " (no hello: the guest crashed or never started the agent)" } else { "" },
+                tail()
+            ))
+        }
+        SessionEnd::Protocol(m) => {
+            return Verdict::Infrastructure(format!(
+                "data channel protocol error: {m} (raw bytes in {})",
+                artefacts.join("data.bin").display()
+            ))
+        }
+        SessionEnd::Infrastructure(m) => return Verdict::Infrastructure(format!("{m}\n{}", tail())),
+        SessionEnd::Interrupted => {
+            return Verdict::Interrupted("interrupted by signal; VM killed".into())
+        }
+    }
+    let evidence = evidence_from(&session);
+    result.guest_release = Some(evidence.uname.release.clone());
+    for (idx, bytes) in &evidence.streams {
+        let _ = std::fs::write(artefacts.join(format!("records-{idx}.bin")), bytes);
+    }
+    let analysis = crate::check::analyse(&evidence);
+    let normalised = crate::normalise::normalise(&evidence, &analysis);
+    let normalised_path = artefacts.join("normalised.txt");
+    let _ = std::fs::write(&normalised_path, &normalised);
+    if !analysis.violations.is_empty() {
+        let mut msg = format!(
+            "{} invariant violation(s) (normalised stream: {}):",
+            analysis.violations.len(),
+            normalised_path.display()
+        );
+        for v in &analysis.violations {
+            msg.push_str(&format!("\n  [{}] {}", v.rule, v.message));
+        }
+        return Verdict::Failed(msg);
+    }
+    let Some(snap_name) = kernel.snapshot_name() else {
+        return Verdict::Ok;
+    };
+    match snapshot::compare(
+        &scenario.snapshot_dir(),
+        &snap_name,
+        &format!("{} on kernel pin {snap_name}", scenario.name),
+        &normalised,
+    ) {
+        SnapshotOutcome::Matched => Verdict::Ok,
+        SnapshotOutcome::Drift {
+            snapshot,
+            pending,
+            diff,
+        } => Verdict::Failed(format!(
+            "snapshot drift against {}:\n{diff}\n{}",
+            snapshot.display(),
+            match pending {
+                Some(p) => format!(
+                    "new stream written to {}; review with `cargo insta review` or accept with `cargo xtask bless`",
+                    p.display()
+                ),
+                None => format!(
+                    "new stream in {}; accept with `cargo xtask bless` if the change is intended",
+                    normalised_path.display()
+                ),
+            }
+        )),
+    }
+}
+
+fn build_initramfs(agent: &Path, scenario: &Scenario, out: &Path) -> std::io::Result<()> {
+    let agent_bytes = std::fs::read(agent)?;
+    let plan = serde_json::to_vec_pretty(&scenario.plan).map_err(std::io::Error::other)?;
+    let mut i = Initramfs::skeleton();
+    i.add_file("init", 0o755, agent_bytes);
+    i.add_file(kloop_protocol::PLAN_PATH, 0o644, plan);
+    i.write_file(out).map(drop)
+}
+
+fn save_messages(dir: &Path, messages: &[Message]) {
+    if let Ok(mut f) = std::fs::File::create(dir.join("messages.jsonl")) {
+        for m in messages {
+            if let Ok(line) = serde_json::to_string(m) {
+                let _ = writeln!(f, "{line}");
+            }
+        }
+    }
+}
+
+/// Collects the guest's messages into the evidence the checks read.
+pub fn evidence_from(session: &vm::GuestSession) -> RunEvidence {
+    let mut ev = RunEvidence {
+        streams: session.streams.clone(),
+        ..Default::default()
+    };
+    for m in &session.messages {
+        match m {
+            Message::Hello {
+                uname, online_cpus, ..
+            } => {
+                ev.uname = uname.clone();
+                ev.online_cpus = online_cpus.clone();
+            }
+            Message::KernelFacts { sysctls, cmdline } => {
+                ev.sysctls = sysctls.clone();
+                ev.cmdline = cmdline.clone();
+            }
+            Message::Listener(l) => {
+                ev.streams.entry(l.index).or_default();
+                ev.listeners.push(l.clone());
+            }
+            Message::Prog(p) => ev.progs.push(p.clone()),
+            Message::InitialKallsyms { entries } => ev.initial_kallsyms.extend(entries.iter().cloned()),
+            _ => {}
+        }
+    }
+    ev
+}
+
+/// A unique, sortable run directory name.
+pub fn new_run_dir(root: &Path) -> std::io::Result<PathBuf> {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
+    let name = format!("{}-{}", stamp.as_secs(), std::process::id());
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
