@@ -28,7 +28,9 @@ impl std::str::FromStr for AccelChoice {
             "auto" => Ok(AccelChoice::Auto),
             "kvm" => Ok(AccelChoice::Kvm),
             "tcg" => Ok(AccelChoice::Tcg),
-            other => Err(format!("unknown accelerator `{other}`: use kvm, tcg or auto")),
+            other => Err(format!(
+                "unknown accelerator `{other}`: use kvm, tcg or auto"
+            )),
         }
     }
 }
@@ -98,7 +100,9 @@ fn probe_cache_file(cache_dir: &Path, qemu_version: &str) -> PathBuf {
     let mut h = sha2::Sha256::default();
     sha2::Digest::update(&mut h, key.as_bytes());
     let digest = hex::encode(sha2::Digest::finalize(h));
-    cache_dir.join("kvm-probe").join(format!("{}.json", &digest[..16]))
+    cache_dir
+        .join("kvm-probe")
+        .join(format!("{}.json", &digest[..16]))
 }
 
 /// Decides the accelerator. `probe_kernel` is any bootable bzImage.
@@ -110,12 +114,20 @@ pub fn choose(
     scratch: &Path,
 ) -> Result<AccelDecision, String> {
     match choice {
-        AccelChoice::Tcg => return Ok(AccelDecision::new(Accel::Tcg, "TCG (requested with --accel tcg)")),
+        AccelChoice::Tcg => {
+            return Ok(AccelDecision::new(
+                Accel::Tcg,
+                "TCG (requested with --accel tcg)",
+            ))
+        }
         AccelChoice::Kvm => {
             kvm_device_usable().map_err(|e| {
                 format!("--accel kvm was requested but {e}; use --accel auto or tcg")
             })?;
-            return Ok(AccelDecision::new(Accel::Kvm, "KVM (requested with --accel kvm, not probed)"));
+            return Ok(AccelDecision::new(
+                Accel::Kvm,
+                "KVM (requested with --accel kvm, not probed)",
+            ));
         }
         AccelChoice::Auto => {}
     }
@@ -203,7 +215,11 @@ fn probe_boot(qemu: &Path, kernel: &Path, scratch: &Path) -> Result<(), String> 
             vm.kill();
             return Err(format!(
                 "probe guest still {} after {} s",
-                if decompressing { "decompressing" } else { "silent" },
+                if decompressing {
+                    "decompressing"
+                } else {
+                    "silent"
+                },
                 PROBE_DEADLINE.as_secs()
             ));
         }

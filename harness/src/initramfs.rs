@@ -11,9 +11,19 @@ use cpio::newc::{Builder, ModeFileType};
 /// One entry of the archive.
 #[derive(Debug, Clone)]
 pub enum Entry {
-    Dir { path: String },
-    File { path: String, mode: u32, data: Vec<u8> },
-    CharDev { path: String, major: u32, minor: u32 },
+    Dir {
+        path: String,
+    },
+    File {
+        path: String,
+        mode: u32,
+        data: Vec<u8>,
+    },
+    CharDev {
+        path: String,
+        major: u32,
+        minor: u32,
+    },
 }
 
 /// An initramfs under construction.
@@ -122,7 +132,12 @@ mod tests {
                 break;
             }
             let e = r.entry();
-            seen.push((e.name().to_string(), e.mode(), e.rdev_major(), e.file_size()));
+            seen.push((
+                e.name().to_string(),
+                e.mode(),
+                e.rdev_major(),
+                e.file_size(),
+            ));
             cur = r.finish().unwrap();
         }
         assert!(seen.contains(&("init".into(), 0o100755, 0, 8)));

@@ -60,7 +60,8 @@ impl Summary {
 
     /// `8 passed, 0 failed` plus the classes that are not zero.
     pub fn line(&self) -> String {
-        let not_ok = self.failed + self.infrastructure + self.timeout + self.panic + self.interrupted;
+        let not_ok =
+            self.failed + self.infrastructure + self.timeout + self.panic + self.interrupted;
         let mut s = format!("{} passed, {} failed", self.ok, not_ok);
         let mut parts = Vec::new();
         for (n, what) in [
@@ -114,10 +115,14 @@ fn xml_escape(s: &str) -> String {
 pub fn junit(results: &[TrialResult]) -> String {
     let mut kernels: Vec<&str> = results.iter().map(|r| r.kernel.as_str()).collect();
     kernels.dedup();
-    let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"kloop\">\n");
+    let mut x =
+        String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"kloop\">\n");
     for k in kernels {
         let rs: Vec<&TrialResult> = results.iter().filter(|r| r.kernel == k).collect();
-        let failures = rs.iter().filter(|r| matches!(r.verdict, Verdict::Failed(_))).count();
+        let failures = rs
+            .iter()
+            .filter(|r| matches!(r.verdict, Verdict::Failed(_)))
+            .count();
         let errors = rs
             .iter()
             .filter(|r| !matches!(r.verdict, Verdict::Ok | Verdict::Failed(_)))
@@ -149,7 +154,11 @@ pub fn junit(results: &[TrialResult]) -> String {
             match &r.verdict {
                 Verdict::Ok => {}
                 Verdict::Failed(m) => {
-                    let _ = write!(x, "<failure message=\"test failure\">{}</failure>", xml_escape(m));
+                    let _ = write!(
+                        x,
+                        "<failure message=\"test failure\">{}</failure>",
+                        xml_escape(m)
+                    );
                 }
                 other => {
                     let _ = write!(
@@ -200,7 +209,9 @@ mod tests {
         assert!(!s.all_ok());
         assert_eq!(s.line(), "1 passed, 1 failed (1 panic)");
         let x = junit(&rs);
-        assert!(x.contains("<error type=\"panic\" message=\"panic\">Kernel panic &lt;x&gt;</error>"));
+        assert!(
+            x.contains("<error type=\"panic\" message=\"panic\">Kernel panic &lt;x&gt;</error>")
+        );
         assert!(x.contains("tests=\"1\" failures=\"0\" errors=\"1\""));
     }
 }

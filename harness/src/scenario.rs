@@ -120,7 +120,11 @@ fn step_from_toml(mut v: toml::Value) -> Result<Step, String> {
                 let (_, b) = SAMPLE_FIELDS.iter().find(|(f, _)| *f == n).ok_or_else(|| {
                     format!(
                         "unknown sample field `{n}`; known: {}",
-                        SAMPLE_FIELDS.iter().map(|(f, _)| *f).collect::<Vec<_>>().join(", ")
+                        SAMPLE_FIELDS
+                            .iter()
+                            .map(|(f, _)| *f)
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     )
                 })?;
                 bits |= b;
@@ -191,7 +195,10 @@ label = "main"
             }
             other => panic!("unexpected {other:?}"),
         }
-        assert_eq!(sample_type_names((1 << 1) | (1 << 2) | (1 << 7)), "tid|time|cpu");
+        assert_eq!(
+            sample_type_names((1 << 1) | (1 << 2) | (1 << 7)),
+            "tid|time|cpu"
+        );
     }
 
     #[test]
@@ -209,7 +216,10 @@ label = "main"
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
         let all = load_all(&root).unwrap();
         let names: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
-        assert!(names.contains(&"basic") && names.contains(&"subprogs"), "{names:?}");
+        assert!(
+            names.contains(&"basic") && names.contains(&"subprogs"),
+            "{names:?}"
+        );
         let err = select(&all, &["nope".into()]).unwrap_err().to_string();
         assert!(err.contains("basic") && err.contains("subprogs"), "{err}");
     }

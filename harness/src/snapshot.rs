@@ -127,7 +127,11 @@ mod tests {
     fn body_is_read_after_front_matter() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("x.snap");
-        std::fs::write(&p, "---\nsource: a.rs\ndescription: d\n---\nline 1\nline 2\n").unwrap();
+        std::fs::write(
+            &p,
+            "---\nsource: a.rs\ndescription: d\n---\nline 1\nline 2\n",
+        )
+        .unwrap();
         assert_eq!(read_snapshot_body(&p).unwrap(), "line 1\nline 2");
     }
 }

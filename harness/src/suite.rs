@@ -88,7 +88,10 @@ pub fn plan(layout: &Layout, sel: &Selection) -> Result<Vec<PlannedTrial>, Suite
             let catalog = Catalog::load(&layout.kernels())?;
             if catalog.get(pin).is_err() {
                 let known: Vec<&str> = catalog.pins().iter().map(|p| p.id.as_str()).collect();
-                return Err(SuiteError::UnknownSnapshotPin(pin.clone(), known.join(", ")));
+                return Err(SuiteError::UnknownSnapshotPin(
+                    pin.clone(),
+                    known.join(", "),
+                ));
             }
         }
         vec![KernelUnderTest::Image {
@@ -98,7 +101,12 @@ pub fn plan(layout: &Layout, sel: &Selection) -> Result<Vec<PlannedTrial>, Suite
     } else {
         let catalog = Catalog::load(&layout.kernels())?;
         if sel.kernels.is_empty() {
-            catalog.pins().iter().cloned().map(KernelUnderTest::Pin).collect()
+            catalog
+                .pins()
+                .iter()
+                .cloned()
+                .map(KernelUnderTest::Pin)
+                .collect()
         } else {
             sel.kernels
                 .iter()
@@ -174,7 +182,13 @@ pub fn prepare_env(
             cache.root(),
             &run_dir,
         ),
-        (choice, _) => accel::choose(choice, &qemu, Path::new("/nonexistent"), cache.root(), &run_dir),
+        (choice, _) => accel::choose(
+            choice,
+            &qemu,
+            Path::new("/nonexistent"),
+            cache.root(),
+            &run_dir,
+        ),
     }
     .map_err(SuiteError::Accel)?;
     Ok(TrialEnv {
@@ -214,7 +228,10 @@ pub fn run_all(
                     crate::trial::run_trial(env, &t.kernel, &t.scenario)
                 };
                 on_result(&r);
-                results.lock().unwrap_or_else(|e| e.into_inner()).push((i, r));
+                results
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((i, r));
             });
         }
     });
@@ -241,5 +258,7 @@ fn interrupted_result(env: &TrialEnv, t: &PlannedTrial) -> crate::trial::TrialRe
 
 /// Default parallelism: one VM per core, at least one.
 pub fn default_jobs() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }

@@ -182,10 +182,7 @@ fn run_inner(
     };
     let initramfs = artefacts.join("initramfs.cpio");
     if let Err(e) = build_initramfs(&env.agent, scenario, &initramfs) {
-        return Verdict::Infrastructure(format!(
-            "writing initramfs {}: {e}",
-            initramfs.display()
-        ));
+        return Verdict::Infrastructure(format!("writing initramfs {}: {e}", initramfs.display()));
     }
     let accel = env.accel.accel();
     let config = VmConfig {
@@ -269,7 +266,11 @@ fn run_inner(
         SessionEnd::QemuExited(status) => {
             return Verdict::Infrastructure(format!(
                 "QEMU exited ({status}) before the guest agent finished{}\n{}",
-                if session.hello_at.is_none() { " (no hello: the guest crashed or never started the agent)" } else { "" },
+                if session.hello_at.is_none() {
+                    " (no hello: the guest crashed or never started the agent)"
+                } else {
+                    ""
+                },
                 tail()
             ))
         }
@@ -279,7 +280,9 @@ fn run_inner(
                 artefacts.join("data.bin").display()
             ))
         }
-        SessionEnd::Infrastructure(m) => return Verdict::Infrastructure(format!("{m}\n{}", tail())),
+        SessionEnd::Infrastructure(m) => {
+            return Verdict::Infrastructure(format!("{m}\n{}", tail()))
+        }
         SessionEnd::Interrupted => {
             return Verdict::Interrupted("interrupted by signal; VM killed".into())
         }
@@ -377,7 +380,9 @@ pub fn evidence_from(session: &vm::GuestSession) -> RunEvidence {
                 ev.listeners.push(l.clone());
             }
             Message::Prog(p) => ev.progs.push(p.clone()),
-            Message::InitialKallsyms { entries } => ev.initial_kallsyms.extend(entries.iter().cloned()),
+            Message::InitialKallsyms { entries } => {
+                ev.initial_kallsyms.extend(entries.iter().cloned())
+            }
             _ => {}
         }
     }

@@ -167,7 +167,10 @@ impl VmConfig {
             }
             Accel::Tcg => {
                 push("-accel");
-                push("tcg,thread=multi");
+                // Multi-threaded TCG races with the kernel's cross-modifying code
+                // (jump-label patching panicked 6.12 at boot, 1 run in 10); one
+                // thread round-robins the vCPUs and is deterministic.
+                push("tcg,thread=single");
                 push("-cpu");
                 push("max");
             }
@@ -294,7 +297,9 @@ impl Vm {
 
     /// `Some(status)` once QEMU has exited.
     pub fn try_wait(&mut self) -> Option<ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// Waits up to `limit` for QEMU to exit by itself.
@@ -350,9 +355,7 @@ impl Vm {
         };
         let mut qmp = qapi::Qmp::from_stream(&stream);
         qmp.handshake().map_err(qmp_io)?;
-        let info = qmp
-            .execute(&qapi::qmp::query_kvm {})
-            .map_err(qmp_io)?;
+        let info = qmp.execute(&qapi::qmp::query_kvm {}).map_err(qmp_io)?;
         Ok(info.enabled && info.present)
     }
 
@@ -625,10 +628,12 @@ impl GuestSession {
                         }
                     }
                     Message::Done { .. } => Some(SessionEnd::Done),
-                    Message::AgentError { step, message } => Some(SessionEnd::AgentError(match step {
-                        Some(s) => format!("step {s}: {message}"),
-                        None => message.clone(),
-                    })),
+                    Message::AgentError { step, message } => {
+                        Some(SessionEnd::AgentError(match step {
+                            Some(s) => format!("step {s}: {message}"),
+                            None => message.clone(),
+                        }))
+                    }
                     _ => None,
                 };
                 if !matches!(msg, Message::Heartbeat { .. }) {
@@ -648,7 +653,11 @@ pub fn console_tail(path: &Path, n: usize) -> String {
     let lines: Vec<String> = BufReader::new(f)
         .split(b'\n')
         .map_while(Result::ok)
-        .map(|l| String::from_utf8_lossy(&l).trim_end_matches('\r').to_string())
+        .map(|l| {
+            String::from_utf8_lossy(&l)
+                .trim_end_matches('\r')
+                .to_string()
+        })
         .collect();
     let start = lines.len().saturating_sub(n);
     lines[start..].join("\n")
@@ -659,11 +668,15 @@ pub fn console_panic(path: &Path) -> Option<String> {
     let text = std::fs::read(path).ok()?;
     let text = String::from_utf8_lossy(&text);
     let lines: Vec<&str> = text.lines().collect();
-    let at = lines.iter().position(|l| l.contains("Kernel panic - not syncing"))?;
+    let at = lines
+        .iter()
+        .position(|l| l.contains("Kernel panic - not syncing"))?;
     // Oops details come before the panic line; keep some context.
     let start = lines[..at]
         .iter()
-        .rposition(|l| l.contains("BUG:") || l.contains("Oops") || l.contains("------------[ cut here"))
+        .rposition(|l| {
+            l.contains("BUG:") || l.contains("Oops") || l.contains("------------[ cut here")
+        })
         .unwrap_or(at.saturating_sub(5));
     let end = (at + 3).min(lines.len());
     Some(lines[start..end].join("\n"))

@@ -11,7 +11,10 @@ use kloop::report::{self, Summary};
 use kloop::suite::{self, EnvOptions, Layout, Selection};
 
 #[derive(Parser)]
-#[command(name = "cargo xtask", about = "kloop: kernel-in-the-loop tests of the KSYMBOL / BPF_EVENT stream")]
+#[command(
+    name = "cargo xtask",
+    about = "kloop: kernel-in-the-loop tests of the KSYMBOL / BPF_EVENT stream"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

@@ -59,10 +59,23 @@ pub struct RawFrame {
 /// A violation of the framing, with the stream offset where it was found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FrameError {
-    BadMagic { offset: u64, found: [u8; 4] },
-    UnknownKind { offset: u64, kind: u8 },
-    TooLong { offset: u64, len: u32 },
-    Checksum { offset: u64, expected: u32, found: u32 },
+    BadMagic {
+        offset: u64,
+        found: [u8; 4],
+    },
+    UnknownKind {
+        offset: u64,
+        kind: u8,
+    },
+    TooLong {
+        offset: u64,
+        len: u32,
+    },
+    Checksum {
+        offset: u64,
+        expected: u32,
+        found: u32,
+    },
 }
 
 impl fmt::Display for FrameError {
@@ -236,7 +249,10 @@ mod tests {
         let second_at = stream.len() as u64;
         stream.extend(encode_frame(FrameKind::Message, b"world"));
         let out = decode_all(&stream);
-        assert!(matches!(out[0], Err(FrameError::Checksum { offset: 0, .. })));
+        assert!(matches!(
+            out[0],
+            Err(FrameError::Checksum { offset: 0, .. })
+        ));
         let last = out.last().unwrap().as_ref().unwrap();
         assert_eq!(last.payload, b"world");
         assert_eq!(last.offset, second_at);
@@ -261,7 +277,10 @@ mod tests {
         let mut stream = b"\r\nnoise".to_vec();
         stream.extend(encode_frame(FrameKind::Records, b"abc"));
         let out = decode_all(&stream);
-        assert!(matches!(out[0], Err(FrameError::BadMagic { offset: 0, .. })));
+        assert!(matches!(
+            out[0],
+            Err(FrameError::BadMagic { offset: 0, .. })
+        ));
         assert_eq!(out.last().unwrap().as_ref().unwrap().payload, b"abc");
     }
 

@@ -107,7 +107,9 @@ pub enum Message {
         monotonic_ns: u64,
     },
     /// Sent every [`HEARTBEAT_INTERVAL_MS`] while the agent is alive.
-    Heartbeat { seq: u64 },
+    Heartbeat {
+        seq: u64,
+    },
     /// Kernel knobs that change what the records look like.
     KernelFacts {
         /// `(path, value)` of sysctls read from /proc/sys (trimmed).
@@ -116,20 +118,35 @@ pub enum Message {
         cmdline: String,
     },
     /// A step of the plan starts.
-    StepStart { index: u32, what: String },
+    StepStart {
+        index: u32,
+        what: String,
+    },
     /// A step of the plan finished.
-    StepDone { index: u32, elapsed_ns: u64 },
+    StepDone {
+        index: u32,
+        elapsed_ns: u64,
+    },
     Listener(ListenerInfo),
     Prog(ProgFacts),
     /// Symbols present at the start of recording (for reconciling
     /// unregisters of symbols the run never saw registered).
-    InitialKallsyms { entries: Vec<KallsymsEntry> },
+    InitialKallsyms {
+        entries: Vec<KallsymsEntry>,
+    },
     /// Free-form diagnostics, shown to the user on failure.
-    Log { text: String },
+    Log {
+        text: String,
+    },
     /// The agent could not carry out a step; it powers off after this.
-    AgentError { step: Option<u32>, message: String },
+    AgentError {
+        step: Option<u32>,
+        message: String,
+    },
     /// Every step ran and every ring was drained.
-    Done { records_bytes: u64 },
+    Done {
+        records_bytes: u64,
+    },
 }
 
 /// Binary header in front of raw ring bytes in a `Records` frame.

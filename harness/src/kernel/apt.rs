@@ -93,6 +93,11 @@ impl AptState {
         }
     }
 
+    /// "suite `<suite>` on <uri>", for messages.
+    pub fn source(&self) -> String {
+        format!("suite `{}` on {}", self.suite, self.suite_uri())
+    }
+
     fn write_sources(&self, verified: bool) -> Result<(), KernelError> {
         let trust = if verified {
             format!("signed-by={}", self.keyring.display())
@@ -200,16 +205,19 @@ impl AptState {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let stdout = String::from_utf8_lossy(&out.stdout);
         let detail = first_problem_lines(&stdout, &stderr);
-        if [
-            "NO_PUBKEY",
-            "EXPKEYSIG",
-            "KEYEXPIRED",
-            "BADSIG",
-            "is not signed",
-            "couldn't be verified",
-        ]
-        .iter()
-        .any(|m| stderr.contains(m) || stdout.contains(m))
+        // With `trusted=yes` apt still warns about the unknown key; that
+        // warning is the very thing this attempt accepts.
+        if verified
+            && [
+                "NO_PUBKEY",
+                "EXPKEYSIG",
+                "KEYEXPIRED",
+                "BADSIG",
+                "is not signed",
+                "couldn't be verified",
+            ]
+            .iter()
+            .any(|m| stderr.contains(m) || stdout.contains(m))
         {
             return Err(KernelError::UnverifiedIndex {
                 suite: self.suite.clone(),

@@ -130,7 +130,8 @@ impl KernelCache {
                     actual,
                 })
             }
-            Lookup::Corrupt { .. } | Lookup::Miss => {}
+            Lookup::Corrupt { path, actual } => report_repair(&path, &actual),
+            Lookup::Miss => {}
         }
         let deb = self.ensure_deb(pin, opts)?;
         self.extract_image(pin, &deb)?;
@@ -145,8 +146,7 @@ impl KernelCache {
             }),
             Lookup::Corrupt { path, actual } => Err(KernelError::ImageHashMismatch {
                 id: pin.id.clone(),
-                deb,
-                member: path.display().to_string(),
+                member: format!("{} (from {})", path.display(), deb.display()),
                 expected: pin.image_sha256.clone(),
                 actual,
             }),
@@ -173,7 +173,8 @@ impl KernelCache {
                     path: self.image_path(pin),
                 })
             }
-            Lookup::Corrupt { .. } | Lookup::Miss => {}
+            Lookup::Corrupt { path, actual } => report_repair(&path, &actual),
+            Lookup::Miss => {}
         }
         let mirror = opts.resolve_mirror()?;
         let apt = AptState::new(
@@ -189,8 +190,7 @@ impl KernelCache {
                     id: pin.id.clone(),
                     package: pin.package.clone(),
                     version: pin.version.clone(),
-                    suite: pin.suite.clone(),
-                    mirror: apt.suite_uri(),
+                    origin: apt.source(),
                 })?;
         self.adopt_deb(&downloaded, Some(pin))
     }
@@ -259,8 +259,7 @@ impl KernelCache {
             installed = Some(result.map_err(|e| match e {
                 InstallError::Mismatch { actual } => KernelError::ImageHashMismatch {
                     id: pin.id.clone(),
-                    deb: deb.to_path_buf(),
-                    member: pin.image_path.clone(),
+                    member: format!("{} in {}", pin.image_path, deb.display()),
                     expected: pin.image_sha256.clone(),
                     actual,
                 },
@@ -285,6 +284,15 @@ impl KernelCache {
             }),
         }
     }
+}
+
+/// A corrupt cache entry is repaired, not fatal, but the user should know
+/// their cache (or disk) lost data.
+fn report_repair(path: &Path, actual: &str) {
+    eprintln!(
+        "kloop: cached file {} was corrupt (sha256 {actual}); removed it, fetching again",
+        path.display()
+    );
 }
 
 fn cache_root_from(

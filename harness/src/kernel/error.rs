@@ -140,16 +140,16 @@ pub enum KernelError {
     },
 
     #[error(
-        "the mirror {mirror} no longer serves {package}={version} (suite `{suite}`) for \
-         kernel `{id}`, and the cache does not have it; run `cargo xtask kernels update {id}` \
-         to re-pin it to a version the mirror serves"
+        "the mirror no longer serves {package}={version} ({origin}) for kernel `{id}`, and \
+         the cache does not have it; run `cargo xtask kernels update {id}` to re-pin it to a \
+         version the mirror serves"
     )]
     Vanished {
         id: String,
         package: String,
         version: String,
-        suite: String,
-        mirror: String,
+        /// e.g. "suite `sid` on http://…/debian"
+        origin: String,
     },
 
     #[error(
@@ -166,13 +166,13 @@ pub enum KernelError {
     },
 
     #[error(
-        "the image {member} extracted from {deb} for kernel `{id}` has sha256 {actual}, but \
-         the pin expects {expected}; refusing it. Check `image_path` / `image_sha256` in \
-         kernels/{id}.toml or re-pin with `cargo xtask kernels update {id}`"
+        "the image {member} for kernel `{id}` has sha256 {actual}, but the pin expects \
+         {expected}; refusing it. Check `image_path` / `image_sha256` in kernels/{id}.toml or \
+         re-pin with `cargo xtask kernels update {id}`"
     )]
     ImageHashMismatch {
         id: String,
-        deb: PathBuf,
+        /// e.g. "boot/vmlinuz-… in /…/debs/<sha>.deb"
         member: String,
         expected: String,
         actual: String,
@@ -196,15 +196,15 @@ pub enum KernelError {
     },
 
     #[error(
-        "no package of {family} in suite `{suite}` on {mirror} carries a kernel image \
-         (candidates: {candidates}); check `series` and `suite` for pin `{id}`"
+        "no package of {family} in {origin} carries a kernel image (candidates: \
+         {candidates}); check `series` and `suite` for pin `{id}`"
     )]
     NoCandidate {
         id: String,
         /// e.g. "series 6.1, flavour cloud-amd64"
         family: String,
-        suite: String,
-        mirror: String,
+        /// e.g. "suite `sid` on http://…/debian"
+        origin: String,
         candidates: String,
     },
 

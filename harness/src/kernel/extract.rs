@@ -404,7 +404,7 @@ mod tests {
         let mut image = vec![0u8; 0x4000];
         image[0x202..0x206].copy_from_slice(b"HdrS");
         image[0x20E..0x210].copy_from_slice(&0x3000u16.to_le_bytes());
-        let s = b"6.1.0-50-cloud-amd64 (debian-kernel@lists.debian.org) #1 SMP\0";
+        let s = b"6.1.0-50-cloud-amd64 (builder@build.example) #1 SMP\0";
         image[0x3200..0x3200 + s.len()].copy_from_slice(s);
         let path = dir.path().join("bz");
         std::fs::write(&path, &image).unwrap();

@@ -122,8 +122,7 @@ impl KernelCache {
             return Err(KernelError::NoCandidate {
                 id: spec.id.clone(),
                 family: format!("series {}, flavour {}", spec.series, spec.flavour),
-                suite: spec.suite.clone(),
-                mirror: apt.suite_uri(),
+                origin: apt.source(),
                 candidates: if records.is_empty() {
                     "none".into()
                 } else {
@@ -145,8 +144,7 @@ impl KernelCache {
                 id: spec.id.clone(),
                 package: choice.package.clone(),
                 version: choice.version.clone(),
-                suite: spec.suite.clone(),
-                mirror: apt.suite_uri(),
+                origin: apt.source(),
             })?;
         let deb = self.adopt_deb(&downloaded, None)?;
         let deb_sha256 = deb
@@ -480,5 +478,59 @@ mod network_tests {
             assert_eq!(cache.ensure_image(pin, &offline).unwrap(), image);
         }
         eprintln!("offline re-extraction + hits: {:?}", t.elapsed());
+    }
+
+    /// A version the mirror does not serve, with an empty cache: `Vanished`,
+    /// telling the user to re-pin.
+    #[test]
+    #[ignore = "network"]
+    fn unserved_version_is_reported_as_vanished() {
+        let catalog = Catalog::load(&catalog_dir()).unwrap();
+        let mut pin = catalog.get("6.1").unwrap().clone();
+        pin.version = "6.1.0-0kloop1".into();
+        let dir = tempfile::tempdir().unwrap();
+        let err = KernelCache::at(dir.path())
+            .ensure_image(&pin, &FetchOptions::default())
+            .unwrap_err();
+        assert!(matches!(err, KernelError::Vanished { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("cargo xtask kernels update 6.1"),
+            "{err}"
+        );
+    }
+
+    /// With a keyring that lacks the archive key, a pinned fetch still works
+    /// (the pin's hashes are the anchor) but re-pinning is refused.
+    #[test]
+    #[ignore = "network"]
+    fn unverifiable_index_serves_pins_but_refuses_repinning() {
+        let old_keyring = Path::new("/usr/share/keyrings/debian-archive-bullseye-stable.gpg");
+        if !old_keyring.exists() {
+            panic!(
+                "this test needs {} (package debian-archive-keyring)",
+                old_keyring.display()
+            );
+        }
+        let opts = FetchOptions {
+            keyring: Some(old_keyring.to_path_buf()),
+            ..FetchOptions::default()
+        };
+        let catalog = Catalog::load(&catalog_dir()).unwrap();
+        let pin = catalog.get("7.3").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let cache = KernelCache::at(dir.path());
+        let image = cache.ensure_image(pin, &opts).unwrap();
+        assert_eq!(bzimage_release(&image).unwrap(), pin.release);
+
+        let out = tempfile::tempdir().unwrap();
+        let err = cache
+            .repin(out.path(), &PinSpec::of(pin), &opts)
+            .unwrap_err();
+        assert!(
+            matches!(err, KernelError::UnverifiedIndex { .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("NO_PUBKEY"), "{err}");
+        assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0);
     }
 }
