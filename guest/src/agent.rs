@@ -279,6 +279,7 @@ impl State {
             prog_type: info.info.prog_type,
             jited_ksyms: info.jited_ksyms.clone(),
             jited_func_lens: info.jited_func_lens.clone(),
+            func_tags: info.func_tags.clone(),
             kallsyms,
         }))?;
         self.loaded.insert(

@@ -104,6 +104,7 @@ pub struct ProgInfo {
     pub info: BpfProgInfo,
     pub jited_ksyms: Vec<u64>,
     pub jited_func_lens: Vec<u32>,
+    pub func_tags: Vec<[u8; 8]>,
 }
 
 impl ProgInfo {
@@ -119,12 +120,15 @@ pub fn prog_info(fd: BorrowedFd<'_>) -> Result<ProgInfo> {
     info_by_fd(fd, &mut info).os_ctx("BPF_OBJ_GET_INFO_BY_FD (counts)")?;
     let mut jited_ksyms = vec![0u64; info.nr_jited_ksyms as usize];
     let mut jited_func_lens = vec![0u32; info.nr_jited_func_lens as usize];
-    if !jited_ksyms.is_empty() || !jited_func_lens.is_empty() {
+    let mut func_tags = vec![[0u8; 8]; info.nr_prog_tags as usize];
+    if !jited_ksyms.is_empty() || !jited_func_lens.is_empty() || !func_tags.is_empty() {
         let mut second = BpfProgInfo {
             nr_jited_ksyms: jited_ksyms.len() as u32,
             jited_ksyms: jited_ksyms.as_mut_ptr() as u64,
             nr_jited_func_lens: jited_func_lens.len() as u32,
             jited_func_lens: jited_func_lens.as_mut_ptr() as u64,
+            nr_prog_tags: func_tags.len() as u32,
+            prog_tags: func_tags.as_mut_ptr() as u64,
             ..Default::default()
         };
         info_by_fd(fd, &mut second).os_ctx("BPF_OBJ_GET_INFO_BY_FD (jited_ksyms)")?;
@@ -138,6 +142,7 @@ pub fn prog_info(fd: BorrowedFd<'_>) -> Result<ProgInfo> {
         // The kernel writes back how many it had; it never writes more than asked.
         jited_ksyms.truncate(second.nr_jited_ksyms as usize);
         jited_func_lens.truncate(second.nr_jited_func_lens as usize);
+        func_tags.truncate(second.nr_prog_tags as usize);
         if second.jited_ksyms == 0 {
             // Kernel refused raw addresses (bpf_dump_raw_ok: kptr_restrict).
             jited_ksyms.iter_mut().for_each(|a| *a = 0);
@@ -147,6 +152,7 @@ pub fn prog_info(fd: BorrowedFd<'_>) -> Result<ProgInfo> {
         info,
         jited_ksyms,
         jited_func_lens,
+        func_tags,
     })
 }
 

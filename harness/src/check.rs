@@ -157,17 +157,28 @@ pub fn has_some_tag_prefix(name: &str) -> bool {
         })
 }
 
-/// Whether a symbol name fits a program's facts: a single-function program's
-/// symbol is named `bpf_prog_<bpf_prog_info.tag>…`; with subprograms every
-/// function (the main one included) is named after its own tag
-/// (`func[i]->tag`, computed over that function's instructions in
-/// `jit_subprogs`), which `ProgFacts` does not carry, so only the
-/// `bpf_prog_<16 hex digits>` shape is checked.
+/// Whether a symbol name fits one of a program's functions. Functions are
+/// named `bpf_prog_<tag>…`: a subprogram after its own tag
+/// (`bpf_prog_info.prog_tags[i]`, `func[i]->tag`), the main function after
+/// either `prog_tags[0]` (5.10) or the whole program's `bpf_prog_info.tag`
+/// (6.1 on) — both seen on real kernels. Without `prog_tags` (older agents) a
+/// multi-function program is held only to the `bpf_prog_<16 hex digits>` shape.
 pub(crate) fn facts_name_ok(facts: &ProgFacts, name: &str) -> bool {
-    if facts.jited_ksyms.len() == 1 {
-        name.starts_with(&tag_prefix(&facts.tag))
-    } else {
-        has_some_tag_prefix(name)
+    if facts.func_tags.is_empty() && facts.jited_ksyms.len() > 1 {
+        return has_some_tag_prefix(name);
+    }
+    std::iter::once(&facts.tag)
+        .chain(&facts.func_tags)
+        .any(|t| name.starts_with(&tag_prefix(t)))
+}
+
+/// The name prefixes function `fi` may carry, when the facts say.
+fn func_prefixes(facts: &ProgFacts, fi: usize) -> Vec<String> {
+    match (fi, facts.func_tags.get(fi)) {
+        (0, Some(t)) => vec![tag_prefix(&facts.tag), tag_prefix(t)],
+        (_, Some(t)) => vec![tag_prefix(t)],
+        (0, None) if facts.jited_ksyms.len() == 1 => vec![tag_prefix(&facts.tag)],
+        _ => vec![],
     }
 }
 
@@ -639,8 +650,6 @@ fn check_set(
         if !has_ksym || facts.jited_ksyms.len() != facts.jited_func_lens.len() {
             continue; // `facts` reports the inconsistency.
         }
-        let single = facts.jited_ksyms.len() == 1;
-        let own_prefix = tag_prefix(&facts.tag);
         let name_ok = |name: &str| facts_name_ok(facts, name);
         for (fi, (&addr, &flen)) in facts
             .jited_ksyms
@@ -692,12 +701,13 @@ fn check_set(
                         records::ksym_type_name(*ksym_type)
                     ));
                 }
-                if !name_ok(name) {
-                    if single {
-                        diffs.push(format!("name does not start with {own_prefix}"));
-                    } else {
+                let prefixes = func_prefixes(facts, fi);
+                if prefixes.is_empty() {
+                    if !has_some_tag_prefix(name) {
                         diffs.push("name does not start with bpf_prog_<16 hex digits>".to_string());
                     }
+                } else if !prefixes.iter().any(|p| name.starts_with(p.as_str())) {
+                    diffs.push(format!("name does not start with {}", prefixes.join(" or ")));
                 }
                 let ks: Vec<&KallsymsEntry> =
                     facts.kallsyms.iter().filter(|e| e.addr == addr).collect();
@@ -1125,6 +1135,11 @@ pub(crate) mod testrun {
     /// (listener, time, event)
     pub type Script = Vec<(u32, u64, Ev)>;
 
+    /// The 8 tag bytes a 16-digit hex string spells.
+    pub fn hex_tag(s: &str) -> [u8; 8] {
+        hex::decode(s).unwrap().try_into().unwrap()
+    }
+
     pub fn name_main_f0() -> String {
         format!("bpf_prog_{T_MAIN_F0}_kloop_subprogs")
     }
@@ -1211,6 +1226,7 @@ pub(crate) mod testrun {
                     prog_type: 1,
                     jited_ksyms: vec![A_F0, A_F1],
                     jited_func_lens: vec![0x90, 0x38],
+                    func_tags: vec![hex_tag(T_MAIN_F0), hex_tag(T_MAIN_F1)],
                     kallsyms: vec![entry(A_F0, name_main_f0()), entry(A_F1, name_main_f1())],
                 },
                 ProgFacts {
@@ -1221,6 +1237,7 @@ pub(crate) mod testrun {
                     prog_type: 6,
                     jited_ksyms: vec![A_BASIC],
                     jited_func_lens: vec![0x48],
+                    func_tags: vec![T_BASIC],
                     kallsyms: vec![entry(A_BASIC, name_basic())],
                 },
             ],
@@ -1413,6 +1430,27 @@ mod tests {
             "{m}"
         );
         assert!(m.contains("kallsyms has"), "{m}");
+    }
+
+    #[test]
+    fn subprogram_named_after_another_functions_tag() {
+        // Swap the two functions' names: each still has a valid tag shape,
+        // but not its own `prog_tags` entry.
+        let mut s = good_script();
+        for (_, _, e) in &mut s {
+            match e {
+                Ev::Reg(a, _, _, n) | Ev::Unreg(a, _, _, n) if *a == A_F1 => {
+                    *n = format!("bpf_prog_{T_MAIN_F0}_helper")
+                }
+                _ => {}
+            }
+        }
+        let a = analyse(&evidence(&s));
+        let m: Vec<_> = a.of_rule(rule::LOAD_SYMBOLS).map(|v| v.message.clone()).collect();
+        assert!(
+            m.iter().any(|m| m.contains(&format!("name does not start with bpf_prog_{T_MAIN_F1}"))),
+            "{m:?}"
+        );
     }
 
     #[test]

@@ -90,6 +90,17 @@ pub fn mask_tags(name: &str) -> String {
     out
 }
 
+/// `mask_tags`, except that a tag in `known` becomes its symbolic name
+/// (`bpf_prog_<tag(prog#1)>_x`).
+fn name_tags(name: &str, known: &BTreeMap<String, String>) -> String {
+    if let Some(rest) = name.strip_prefix("bpf_prog_") {
+        if let Some(sym) = rest.get(..16).and_then(|h| known.get(h)) {
+            return format!("bpf_prog_<{sym}>{}", mask_tags(&rest[16..]));
+        }
+    }
+    mask_tags(name)
+}
+
 /// The deterministic text form of `analysis.merged`; see the module docs.
 pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
     let recs: &[Record] = &analysis.merged;
@@ -120,6 +131,24 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
     }
     let facts_by_id: BTreeMap<u32, &kloop_protocol::ProgFacts> =
         ev.progs.iter().rev().map(|f| (f.id, f)).collect();
+
+    // Tags that appear in symbol names, by hex: the program's own tag and its
+    // functions' `prog_tags`. Kernels differ in which one names the main
+    // function, and the snapshot should show which.
+    let mut tag_names: BTreeMap<String, String> = BTreeMap::new();
+    for f in &ev.progs {
+        let Some(k) = ordinal.get(&f.id) else {
+            continue;
+        };
+        for (fi, t) in f.func_tags.iter().enumerate() {
+            tag_names.insert(hex::encode(t), format!("ftag(prog#{k}.f{fi})"));
+        }
+    }
+    for f in &ev.progs {
+        if let Some(k) = ordinal.get(&f.id) {
+            tag_names.insert(hex::encode(f.tag), format!("tag(prog#{k})"));
+        }
+    }
 
     // Symbol labels of the facts programs' functions, by record index.
     let mut sym_label: BTreeMap<usize, String> = BTreeMap::new();
@@ -265,7 +294,7 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
                     out,
                     "KSYMBOL {what} {} {label} len={len} name={}",
                     records::ksym_type_name(*ksym_type),
-                    mask_tags(name)
+                    name_tags(name, &tag_names)
                 );
                 let other = flags & !KSYMBOL_FLAGS_UNREGISTER;
                 if other != 0 {
@@ -354,17 +383,17 @@ programs:
 counts: KSYMBOL.register=4 KSYMBOL.unregister=5 BPF_EVENT.PROG_LOAD=2 BPF_EVENT.PROG_UNLOAD=3 BPF_EVENT.other=0 LOST=0 other=0
 lost_total: 0
 records:
-  KSYMBOL register BPF prog#1.f0 len=144 name=bpf_prog_<tag>_kloop_subprogs
-  KSYMBOL register BPF prog#1.f1 len=56 name=bpf_prog_<tag>_helper
+  KSYMBOL register BPF prog#1.f0 len=144 name=bpf_prog_<ftag(prog#1.f0)>_kloop_subprogs
+  KSYMBOL register BPF prog#1.f1 len=56 name=bpf_prog_<ftag(prog#1.f1)>_helper
   BPF_EVENT PROG_LOAD prog#1 tag(prog#1)
   KSYMBOL register OOL addr#1 len=4096 name=kprobe_insn_page
-  KSYMBOL register BPF prog#2.f0 len=72 name=bpf_prog_<tag>_kloop_basic
+  KSYMBOL register BPF prog#2.f0 len=72 name=bpf_prog_<tag(prog#2)>_kloop_basic
   BPF_EVENT PROG_LOAD prog#2 tag(prog#2)
-  KSYMBOL unregister BPF prog#1.f0 len=144 name=bpf_prog_<tag>_kloop_subprogs
-  KSYMBOL unregister BPF prog#1.f1 len=56 name=bpf_prog_<tag>_helper
+  KSYMBOL unregister BPF prog#1.f0 len=144 name=bpf_prog_<ftag(prog#1.f0)>_kloop_subprogs
+  KSYMBOL unregister BPF prog#1.f1 len=56 name=bpf_prog_<ftag(prog#1.f1)>_helper
   BPF_EVENT PROG_UNLOAD prog#1 tag(prog#1)
   KSYMBOL unregister OOL addr#1 len=4096 name=kprobe_insn_page
-  KSYMBOL unregister BPF prog#2.f0 len=72 name=bpf_prog_<tag>_kloop_basic
+  KSYMBOL unregister BPF prog#2.f0 len=72 name=bpf_prog_<tag(prog#2)>_kloop_basic
   BPF_EVENT PROG_UNLOAD prog#2 tag(prog#2)
   KSYMBOL unregister BPF addr#2 len=64 name=bpf_prog_<tag>_old
   BPF_EVENT PROG_UNLOAD prog#3 tag(9999999999999999)

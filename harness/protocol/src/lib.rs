@@ -73,6 +73,10 @@ pub struct ProgFacts {
     pub jited_ksyms: Vec<u64>,
     /// `jited_func_lens`, same order as `jited_ksyms`.
     pub jited_func_lens: Vec<u32>,
+    /// `prog_tags`: each function's own tag, same order as `jited_ksyms`
+    /// (subprogram symbols are named after these, not after `tag`).
+    #[serde(default)]
+    pub func_tags: Vec<[u8; 8]>,
     /// `/proc/kallsyms` lines whose address is one of `jited_ksyms`.
     pub kallsyms: Vec<KallsymsEntry>,
 }
