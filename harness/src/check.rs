@@ -707,7 +707,10 @@ fn check_set(
                         diffs.push("name does not start with bpf_prog_<16 hex digits>".to_string());
                     }
                 } else if !prefixes.iter().any(|p| name.starts_with(p.as_str())) {
-                    diffs.push(format!("name does not start with {}", prefixes.join(" or ")));
+                    diffs.push(format!(
+                        "name does not start with {}",
+                        prefixes.join(" or ")
+                    ));
                 }
                 let ks: Vec<&KallsymsEntry> =
                     facts.kallsyms.iter().filter(|e| e.addr == addr).collect();
@@ -1446,9 +1449,13 @@ mod tests {
             }
         }
         let a = analyse(&evidence(&s));
-        let m: Vec<_> = a.of_rule(rule::LOAD_SYMBOLS).map(|v| v.message.clone()).collect();
+        let m: Vec<_> = a
+            .of_rule(rule::LOAD_SYMBOLS)
+            .map(|v| v.message.clone())
+            .collect();
         assert!(
-            m.iter().any(|m| m.contains(&format!("name does not start with bpf_prog_{T_MAIN_F1}"))),
+            m.iter()
+                .any(|m| m.contains(&format!("name does not start with bpf_prog_{T_MAIN_F1}"))),
             "{m:?}"
         );
     }

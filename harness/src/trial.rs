@@ -359,34 +359,7 @@ fn save_messages(dir: &Path, messages: &[Message]) {
 
 /// Collects the guest's messages into the evidence the checks read.
 pub fn evidence_from(session: &vm::GuestSession) -> RunEvidence {
-    let mut ev = RunEvidence {
-        streams: session.streams.clone(),
-        ..Default::default()
-    };
-    for m in &session.messages {
-        match m {
-            Message::Hello {
-                uname, online_cpus, ..
-            } => {
-                ev.uname = uname.clone();
-                ev.online_cpus = online_cpus.clone();
-            }
-            Message::KernelFacts { sysctls, cmdline } => {
-                ev.sysctls = sysctls.clone();
-                ev.cmdline = cmdline.clone();
-            }
-            Message::Listener(l) => {
-                ev.streams.entry(l.index).or_default();
-                ev.listeners.push(l.clone());
-            }
-            Message::Prog(p) => ev.progs.push(p.clone()),
-            Message::InitialKallsyms { entries } => {
-                ev.initial_kallsyms.extend(entries.iter().cloned())
-            }
-            _ => {}
-        }
-    }
-    ev
+    RunEvidence::from_messages(&session.messages, session.streams.clone())
 }
 
 /// A unique, sortable run directory name.
