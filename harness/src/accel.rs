@@ -105,11 +105,12 @@ fn probe_cache_file(cache_dir: &Path, qemu_version: &str) -> PathBuf {
         .join(format!("{}.json", &digest[..16]))
 }
 
-/// Decides the accelerator. `probe_kernel` is any bootable bzImage.
+/// Decides the accelerator. `probe_kernel` yields any bootable bzImage; it
+/// is called only when a probe has to run (no cached verdict).
 pub fn choose(
     choice: AccelChoice,
     qemu: &Path,
-    probe_kernel: &Path,
+    probe_kernel: &mut dyn FnMut() -> Option<PathBuf>,
     cache_dir: &Path,
     scratch: &Path,
 ) -> Result<AccelDecision, String> {
@@ -143,8 +144,14 @@ pub fn choose(
             return Ok(d);
         }
     }
+    let Some(kernel) = probe_kernel() else {
+        return Ok(AccelDecision::new(
+            Accel::Tcg,
+            "TCG: /dev/kvm answers, but no kernel image was available to probe whether KVM works",
+        ));
+    };
     let started = Instant::now();
-    let works = probe_boot(qemu, probe_kernel, scratch);
+    let works = probe_boot(qemu, &kernel, scratch);
     let took = started.elapsed();
     let mut decision = match works {
         Ok(()) => AccelDecision::new(

@@ -4,7 +4,7 @@
 //! can enumerate trials without touching QEMU; preparing the environment
 //! builds the agent, finds QEMU and decides the accelerator once per run.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::accel::{self, AccelChoice};
 use crate::kernel::{Catalog, FetchOptions, KernelCache};
@@ -147,11 +147,11 @@ impl Default for EnvOptions {
 }
 
 /// Builds the agent, finds QEMU, and decides the accelerator (probing KVM
-/// with the first trial's kernel when `auto`).
+/// with the first of `probe_kernels` that can be had, when `auto`).
 pub fn prepare_env(
     layout: &Layout,
     opts: &EnvOptions,
-    probe_kernel: Option<&KernelUnderTest>,
+    probe_kernels: &[KernelUnderTest],
 ) -> Result<TrialEnv, SuiteError> {
     let qemu = crate::vm::find_qemu()?;
     let qemu_version = crate::vm::qemu_version(&qemu).unwrap_or_else(|| "unknown".into());
@@ -161,35 +161,21 @@ pub fn prepare_env(
         what: format!("creating a run directory under {}", layout.runs().display()),
         source,
     })?;
-    let accel = match (opts.accel, probe_kernel) {
-        (AccelChoice::Auto, Some(k)) => {
-            let image = match k {
-                KernelUnderTest::Pin(pin) => cache.ensure_image(pin, &opts.fetch)?,
-                KernelUnderTest::Image { path, .. } => path.clone(),
-            };
-            accel::choose(
-                AccelChoice::Auto,
-                &qemu,
-                &image,
-                cache.root(),
-                &run_dir.join("kvm-probe"),
-            )
-        }
-        (AccelChoice::Auto, None) => accel::choose(
-            AccelChoice::Tcg,
-            &qemu,
-            Path::new("/nonexistent"),
-            cache.root(),
-            &run_dir,
-        ),
-        (choice, _) => accel::choose(
-            choice,
-            &qemu,
-            Path::new("/nonexistent"),
-            cache.root(),
-            &run_dir,
-        ),
-    }
+    // The first kernel that can be had probes KVM; a kernel that cannot be
+    // fetched fails its own trials later, with its own message.
+    let mut probe = || {
+        probe_kernels.iter().find_map(|k| match k {
+            KernelUnderTest::Pin(pin) => cache.ensure_image(pin, &opts.fetch).ok(),
+            KernelUnderTest::Image { path, .. } => path.is_file().then(|| path.clone()),
+        })
+    };
+    let accel = accel::choose(
+        opts.accel,
+        &qemu,
+        &mut probe,
+        cache.root(),
+        &run_dir.join("kvm-probe"),
+    )
     .map_err(SuiteError::Accel)?;
     Ok(TrialEnv {
         qemu,

@@ -8,13 +8,14 @@
 use std::sync::OnceLock;
 
 use kloop::accel::AccelChoice;
-use kloop::suite::{self, EnvOptions, Layout, PlannedTrial, Selection};
-use kloop::trial::{TrialEnv, Verdict};
+use kloop::suite::{self, EnvOptions, Layout, Selection};
+use kloop::trial::{KernelUnderTest, TrialEnv, Verdict};
 use libtest_mimic::{Arguments, Failed, Trial};
 
 static ENV: OnceLock<Result<TrialEnv, String>> = OnceLock::new();
+static KERNELS: OnceLock<Vec<KernelUnderTest>> = OnceLock::new();
 
-fn env(layout: &Layout, first: &PlannedTrial) -> Result<&'static TrialEnv, String> {
+fn env(layout: &Layout) -> Result<&'static TrialEnv, String> {
     ENV.get_or_init(|| {
         let accel = std::env::var("KLOOP_ACCEL")
             .unwrap_or_else(|_| "auto".into())
@@ -23,7 +24,7 @@ fn env(layout: &Layout, first: &PlannedTrial) -> Result<&'static TrialEnv, Strin
             accel,
             ..EnvOptions::default()
         };
-        let env = suite::prepare_env(layout, &opts, Some(&first.kernel))
+        let env = suite::prepare_env(layout, &opts, KERNELS.get().map_or(&[][..], |k| &k[..]))
             .map_err(|e| format!("preparing the VM environment: {e}"))?;
         eprintln!("kloop: accelerator: {}", env.accel.reason);
         eprintln!("kloop: artefacts in {}", env.run_dir.display());
@@ -44,14 +45,13 @@ fn main() {
         }
     };
     kloop::signals::install();
-    let first = planned[0].clone();
+    let _ = KERNELS.set(planned.iter().map(|t| t.kernel.clone()).collect());
     let trials = planned
         .into_iter()
         .map(|t| {
             let layout = layout.clone();
-            let first = first.clone();
             Trial::test(t.id(), move || {
-                let env = env(&layout, &first)?;
+                let env = env(&layout)?;
                 let r = kloop::trial::run_trial(env, &t.kernel, &t.scenario);
                 eprintln!("{}", kloop::report::trial_line(&r));
                 match r.verdict {

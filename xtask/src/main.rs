@@ -158,8 +158,9 @@ fn vm_test(a: VmTestArgs) -> Result<ExitCode> {
         memory_mib: a.memory,
     };
     let started = std::time::Instant::now();
-    let env = suite::prepare_env(&layout, &opts, Some(&trials[0].kernel))
-        .context("preparing the test environment")?;
+    let kernels: Vec<_> = trials.iter().map(|t| t.kernel.clone()).collect();
+    let env =
+        suite::prepare_env(&layout, &opts, &kernels).context("preparing the test environment")?;
     println!("kloop: accelerator: {}", env.accel.reason);
     println!(
         "kloop: running {} trial(s), artefacts in {}",
