@@ -264,15 +264,21 @@ fn run_inner(
             ))
         }
         SessionEnd::QemuExited(status) => {
+            let stderr = std::fs::read_to_string(artefacts.join("qemu.stderr")).unwrap_or_default();
+            let qemu_said = if stderr.trim().is_empty() {
+                String::new()
+            } else {
+                format!("\nQEMU said: {}", stderr.trim())
+            };
             return Verdict::Infrastructure(format!(
-                "QEMU exited ({status}) before the guest agent finished{}\n{}",
+                "QEMU exited ({status}) before the guest agent finished{}{qemu_said}\n{}",
                 if session.hello_at.is_none() {
                     " (no hello: the guest crashed or never started the agent)"
                 } else {
                     ""
                 },
                 tail()
-            ))
+            ));
         }
         SessionEnd::Protocol(m) => {
             return Verdict::Infrastructure(format!(

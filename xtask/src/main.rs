@@ -123,6 +123,9 @@ fn run() -> Result<ExitCode> {
     match cli.cmd {
         Cmd::VmTest(a) => vm_test(a),
         Cmd::Bless(a) => {
+            if a.kernel_image.is_some() {
+                bail!("bless rewrites the golden snapshots of pinned kernels from their own runs; it does not take --kernel-image (a user-built kernel is compared, never blessed)");
+            }
             // insta rewrites the .snap files instead of failing; invariant
             // violations still fail: only a clean stream can be blessed.
             std::env::set_var("INSTA_UPDATE", "always");
@@ -151,6 +154,12 @@ fn vm_test(a: VmTestArgs) -> Result<ExitCode> {
         bail!("no trials selected");
     }
     kloop::signals::install();
+    if std::env::var_os("INSTA_OUTPUT").is_none() {
+        // Each failing trial prints its own short diff; insta's full diff
+        // would interleave between parallel trials (`cargo insta review`
+        // shows it on demand).
+        std::env::set_var("INSTA_OUTPUT", "none");
+    }
     let opts = EnvOptions {
         accel: a.accel,
         fetch: a.fetch.options(),
