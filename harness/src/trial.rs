@@ -129,7 +129,7 @@ fn host_release() -> String {
 /// QEMU running.
 pub fn run_trial(env: &TrialEnv, kernel: &KernelUnderTest, scenario: &Scenario) -> TrialResult {
     let id = format!("{}/{}", kernel.id(), scenario.name);
-    let artefacts = env.run_dir.join(kernel.id()).join(&scenario.name);
+    let artefacts = claim_dir(&env.run_dir.join(kernel.id()).join(&scenario.name));
     let started = Instant::now();
     let mut result = TrialResult {
         id: id.clone(),
@@ -366,6 +366,33 @@ fn save_messages(dir: &Path, messages: &[Message]) {
 /// Collects the guest's messages into the evidence the checks read.
 pub fn evidence_from(session: &vm::GuestSession) -> RunEvidence {
     RunEvidence::from_messages(&session.messages, session.streams.clone())
+}
+
+/// `base`, or `base-2`, `base-3`, … when a trial of the same name already
+/// ran in this run (repeats, benches): created atomically, so parallel
+/// trials never share a directory.
+fn claim_dir(base: &Path) -> PathBuf {
+    if let Some(parent) = base.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    let name = base
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    for n in 1.. {
+        let candidate = if n == 1 {
+            base.to_path_buf()
+        } else {
+            base.with_file_name(format!("{name}-{n}"))
+        };
+        match std::fs::create_dir(&candidate) {
+            Ok(()) => return candidate,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            // Reported by run_inner when it cannot create the directory.
+            Err(_) => return candidate,
+        }
+    }
+    unreachable!("an unbounded range always yields")
 }
 
 /// A unique, sortable run directory name.

@@ -26,6 +26,8 @@ enum Cmd {
     VmTest(VmTestArgs),
     /// Re-run trials and rewrite their golden snapshots from the real streams.
     Bless(VmTestArgs),
+    /// Time kloop itself: boot→hello and trial wall time per pin.
+    Bench(BenchArgs),
     /// The kernel catalog.
     Kernels {
         #[command(subcommand)]
@@ -86,6 +88,24 @@ struct VmTestArgs {
     fetch: FetchArgs,
 }
 
+#[derive(Args, Clone)]
+struct BenchArgs {
+    /// Boots per pin.
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Only these kernel pins (repeatable).
+    #[arg(long = "kernel", value_name = "ID")]
+    kernels: Vec<String>,
+    /// The scenario to boot.
+    #[arg(long, default_value = "basic")]
+    scenario: String,
+    /// Parallel VMs (default 1, so timings are not disturbed).
+    #[arg(long, short, default_value_t = 1)]
+    jobs: usize,
+    #[arg(long, default_value = "auto")]
+    accel: AccelChoice,
+}
+
 #[derive(Subcommand)]
 enum KernelsCmd {
     /// Show the catalog and what is cached.
@@ -132,7 +152,61 @@ fn run() -> Result<ExitCode> {
             vm_test(a)
         }
         Cmd::Kernels { cmd } => kernels(cmd),
+        Cmd::Bench(a) => bench(a),
     }
+}
+
+fn bench(a: BenchArgs) -> Result<ExitCode> {
+    let layout = layout();
+    let sel = Selection {
+        kernels: a.kernels.clone(),
+        scenarios: vec![a.scenario.clone()],
+        ..Selection::default()
+    };
+    let planned = suite::plan(&layout, &sel)?;
+    kloop::signals::install();
+    let opts = EnvOptions {
+        accel: a.accel,
+        ..EnvOptions::default()
+    };
+    let kernels: Vec<_> = planned.iter().map(|t| t.kernel.clone()).collect();
+    let env = suite::prepare_env(&layout, &opts, &kernels)?;
+    println!("kloop bench: accelerator: {}", env.accel.reason);
+    let mut rows = Vec::new();
+    for t in &planned {
+        let repeated = vec![t.clone(); a.runs];
+        let results = suite::run_all(&env, &repeated, a.jobs, &|_| {});
+        let failed = results
+            .iter()
+            .filter(|r| r.verdict != kloop::trial::Verdict::Ok)
+            .count();
+        let hello: Vec<f64> = results
+            .iter()
+            .filter_map(|r| r.boot_to_hello_secs)
+            .collect();
+        let wall: Vec<f64> = results.iter().map(|r| r.wall_secs).collect();
+        rows.push((
+            t.id(),
+            report::Spread::of(&hello),
+            report::Spread::of(&wall),
+            failed,
+        ));
+    }
+    println!(
+        "{:<16} {:>5} {:>26} {:>26} {:>6}",
+        "trial", "runs", "boot→hello s (med min-max)", "trial wall s (med min-max)", "failed"
+    );
+    for (id, hello, wall, failed) in &rows {
+        let show =
+            |s: &Option<report::Spread>| s.map(|s| s.to_string()).unwrap_or_else(|| "-".into());
+        println!(
+            "{id:<16} {:>5} {:>26} {:>26} {failed:>6}",
+            a.runs,
+            show(hello),
+            show(wall)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn vm_test(a: VmTestArgs) -> Result<ExitCode> {
