@@ -172,7 +172,13 @@ impl VmConfig {
                 // thread round-robins the vCPUs and is deterministic.
                 push("tcg,thread=single");
                 push("-cpu");
-                push("max");
+                // QEMU 7.2's TCG computes EFLAGS after CMPXCHG16B from stale
+                // lazy-flag state: a kernel pointer lands in RFLAGS (TF, NT,
+                // AC set at random) and 6.12's SLUB fast path
+                // (`cmpxchg16b %gs:`) panicked about one boot in three. Without
+                // the feature, kernels take their software path: 0 panics in 51
+                // boots of 6.12.
+                push("max,-cx16");
             }
         }
         push("-m");
