@@ -167,9 +167,9 @@ impl VmConfig {
             }
             Accel::Tcg => {
                 push("-accel");
-                // Multi-threaded TCG races with the kernel's cross-modifying code
-                // (jump-label patching panicked 6.12 at boot, 1 run in 10); one
-                // thread round-robins the vCPUs and is deterministic.
+                // One thread round-robins the vCPUs: scheduling is
+                // reproducible, and it is what -icount measurement runs need.
+                // With 2 host cores kloop runs VMs in parallel instead.
                 push("tcg,thread=single");
                 push("-cpu");
                 // QEMU 7.2's TCG computes EFLAGS after CMPXCHG16B from stale
