@@ -275,11 +275,7 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
                 flags,
                 name,
             } => {
-                let what = if flags & KSYMBOL_FLAGS_UNREGISTER != 0 {
-                    "unregister"
-                } else {
-                    "register"
-                };
+                let what = records::ksymbol_action(*flags);
                 let label = match sym_label.get(&i) {
                     Some(l) => l.clone(),
                     None => {

@@ -301,6 +301,15 @@ impl Record {
     }
 }
 
+/// `register` or `unregister`, from a KSYMBOL record's flags.
+pub fn ksymbol_action(flags: u16) -> &'static str {
+    if flags & KSYMBOL_FLAGS_UNREGISTER != 0 {
+        "unregister"
+    } else {
+        "register"
+    }
+}
+
 /// Compact one-line rendering used in violation messages:
 /// `L<listener>@<offset> <TYPE> <fields> [t=<time>] [cpu=<cpu>]`.
 impl fmt::Display for Record {
@@ -314,11 +323,7 @@ impl fmt::Display for Record {
                 flags,
                 name,
             } => {
-                let what = if flags & KSYMBOL_FLAGS_UNREGISTER != 0 {
-                    "unregister"
-                } else {
-                    "register"
-                };
+                let what = ksymbol_action(*flags);
                 write!(
                     f,
                     "KSYMBOL {what} {} addr={addr:#x} len={len} name={name:?}",

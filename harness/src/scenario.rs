@@ -8,6 +8,8 @@
 use std::path::{Path, PathBuf};
 
 use kloop_protocol::{Plan, Step};
+
+use crate::records;
 use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]
@@ -24,32 +26,16 @@ pub enum ScenarioError {
     Unknown { name: String, known: Vec<String> },
 }
 
-/// `perf_event_attr.sample_type` bits a listener may ask for in its trailer.
+/// `perf_event_attr.sample_type` bits a listener may ask for in its trailer,
+/// by the names scenario files use.
 pub const SAMPLE_FIELDS: &[(&str, u64)] = &[
-    ("tid", 1 << 1),
-    ("time", 1 << 2),
-    ("id", 1 << 6),
-    ("cpu", 1 << 7),
-    ("stream_id", 1 << 9),
-    ("identifier", 1 << 16),
+    ("tid", records::PERF_SAMPLE_TID),
+    ("time", records::PERF_SAMPLE_TIME),
+    ("id", records::PERF_SAMPLE_ID),
+    ("cpu", records::PERF_SAMPLE_CPU),
+    ("stream_id", records::PERF_SAMPLE_STREAM_ID),
+    ("identifier", records::PERF_SAMPLE_IDENTIFIER),
 ];
-
-/// Symbolic form of a sample_type (for reports and snapshots).
-pub fn sample_type_names(bits: u64) -> String {
-    let mut names: Vec<&str> = SAMPLE_FIELDS
-        .iter()
-        .filter(|(_, b)| bits & b != 0)
-        .map(|(n, _)| *n)
-        .collect();
-    let known: u64 = SAMPLE_FIELDS.iter().map(|(_, b)| b).sum();
-    let unknown = bits & !known;
-    let extra;
-    if unknown != 0 {
-        extra = format!("{unknown:#x}");
-        names.push(&extra);
-    }
-    names.join("|")
-}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -173,6 +159,13 @@ pub fn select(all: &[Scenario], names: &[String]) -> Result<Vec<Scenario>, Scena
 mod tests {
     use super::*;
 
+    fn listener_bits(s: &Scenario) -> u64 {
+        match &s.plan.steps[0] {
+            Step::OpenListeners { listener } => listener.sample_type,
+            _ => 0,
+        }
+    }
+
     #[test]
     fn sample_names_become_bits() {
         let text = r#"
@@ -196,8 +189,8 @@ label = "main"
             other => panic!("unexpected {other:?}"),
         }
         assert_eq!(
-            sample_type_names((1 << 1) | (1 << 2) | (1 << 7)),
-            "tid|time|cpu"
+            records::sample_type_names(listener_bits(&s)),
+            "TID|TIME|CPU"
         );
     }
 
