@@ -9,7 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use aya::programs::{Program, ProgramError};
 use aya::{Ebpf, EbpfLoader};
 use kloop_protocol::{
-    records_frames, ListenerInfo, ListenerSpec, Message, Plan, ProgFacts, Step, PLAN_PATH,
+    records_frames, Fault, ListenerInfo, ListenerSpec, Message, Plan, ProgFacts, Step, PLAN_PATH,
     PROTOCOL_VERSION,
 };
 
@@ -195,6 +195,41 @@ fn warm_up_aya() -> Result<()> {
     Ok(())
 }
 
+/// Bytes the `garbage-frame` fault writes: no frame magic anywhere in them,
+/// so the host must report a framing error at their first byte.
+const GARBAGE: &[u8] = b"\x00kloop-guest fault injection: these bytes are not a frame\r\n";
+
+/// Breaks something on purpose (fault-injection tests only).
+fn inject(fault: Fault) -> Result<()> {
+    match fault {
+        Fault::KernelPanic => {
+            // sysrq may be restricted by the kernel's default mask; 1 allows all.
+            std::fs::write("/proc/sys/kernel/sysrq", "1")
+                .os_ctx("enabling sysrq (/proc/sys/kernel/sysrq)")?;
+            log("fault: triggering a kernel crash through /proc/sysrq-trigger")?;
+            port::drain().os_ctx("draining the data port")?;
+            std::fs::write("/proc/sysrq-trigger", "c")
+                .os_ctx("writing c to /proc/sysrq-trigger")?;
+            bail!("the kernel survived `echo c > /proc/sysrq-trigger`")
+        }
+        Fault::Hang => {
+            log("fault: hanging: no heartbeat or other frame from now on")?;
+            port::silence_forever()
+        }
+        Fault::Abort => {
+            log("fault: calling abort() in PID 1")?;
+            port::drain().os_ctx("draining the data port")?;
+            // SAFETY: abort has no preconditions; it does not return.
+            unsafe { libc::abort() }
+        }
+        Fault::AgentPanic => panic!("fault injection: deliberate agent panic"),
+        Fault::GarbageFrame => {
+            port::send_frame(GARBAGE).os_ctx("writing garbage to the data port")?;
+            log("fault: wrote non-frame bytes to the data port")
+        }
+    }
+}
+
 struct Loaded {
     /// Owns the program fd (and the object's BTF fd); dropping it unloads.
     _ebpf: Ebpf,
@@ -234,6 +269,8 @@ impl State {
             }
             Step::WaitUnloaded { timeout_ms } => self.wait_unloaded(*timeout_ms),
             Step::Drain => self.drain(),
+            Step::Fault { fault } => inject(*fault),
+            Step::Measure { .. } => crate::measure::run(step),
         }
     }
 

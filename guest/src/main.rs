@@ -8,6 +8,7 @@
 mod agent;
 mod bpf;
 mod kallsyms;
+mod measure;
 mod perf;
 mod port;
 mod sys;

@@ -119,6 +119,16 @@ pub fn send(msg: &Message) -> io::Result<()> {
     send_frame(&msg.to_frame())
 }
 
+/// Stops every frame for good, heartbeats included: takes the port lock and
+/// never gives it back (the fault-injection `hang`). The heartbeat thread
+/// then blocks on the lock, so the host sees a silent but living guest.
+pub fn silence_forever() -> ! {
+    let _guard = PORT.get().map(lock);
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
 /// Waits until every byte written has left the UART.
 pub fn drain() -> io::Result<()> {
     let p = port()?;

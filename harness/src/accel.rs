@@ -199,6 +199,7 @@ fn probe_boot(qemu: &Path, kernel: &Path, scratch: &Path) -> Result<(), String> 
             total: PROBE_DEADLINE,
         },
         data_channel: false,
+        icount: false,
     };
     let mut vm = Vm::spawn(config).map_err(|e| e.to_string())?;
     let console = vm.console_path();

@@ -48,7 +48,18 @@ pub fn ensure_built(workspace: &Path) -> Result<PathBuf, AgentBuildError> {
     if let Some(p) = built.as_ref() {
         return Ok(p.clone());
     }
-    let target_dir = workspace.join("target/kloop/guest");
+    let bin = build(workspace, &workspace.join("target/kloop/guest"), &[])?;
+    *built = Some(bin.clone());
+    Ok(bin)
+}
+
+/// Builds the agent into `target_dir` with extra environment variables for
+/// the build (e.g. `KLOOP_CLANG`) and returns the binary's path.
+pub fn build(
+    workspace: &Path,
+    target_dir: &Path,
+    extra_env: &[(&str, &std::ffi::OsStr)],
+) -> Result<PathBuf, AgentBuildError> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let args = [
         "build",
@@ -63,7 +74,8 @@ pub fn ensure_built(workspace: &Path) -> Result<PathBuf, AgentBuildError> {
     let mut cmd = Command::new(&cargo);
     cmd.current_dir(workspace)
         .args(args)
-        .arg(&target_dir)
+        .arg(target_dir)
+        .envs(extra_env.iter().copied())
         .env(
             "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
             "-C target-feature=+crt-static",
@@ -92,7 +104,6 @@ pub fn ensure_built(workspace: &Path) -> Result<PathBuf, AgentBuildError> {
     if !is_static_elf(&bin) {
         return Err(AgentBuildError::NotStatic(bin));
     }
-    *built = Some(bin.clone());
     Ok(bin)
 }
 

@@ -20,6 +20,21 @@ pub struct RunEvidence {
     pub progs: Vec<ProgFacts>,
     /// `/proc/kallsyms` before recording started (may be empty).
     pub initial_kallsyms: Vec<KallsymsEntry>,
+    /// What each `measure` step timed, in plan order.
+    pub timings: Vec<Timings>,
+}
+
+/// One `measure` step's durations (guest `CLOCK_MONOTONIC` ns per timed
+/// iteration, warm-up excluded).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Timings {
+    pub fixture: String,
+    pub program: String,
+    /// JITed functions of the program (`nr_jited_ksyms`).
+    pub functions: u32,
+    pub listeners_per_cpu: u32,
+    pub load_ns: Vec<u64>,
+    pub unload_ns: Vec<u64>,
 }
 
 impl RunEvidence {
@@ -51,6 +66,21 @@ impl RunEvidence {
                 Message::InitialKallsyms { entries } => {
                     ev.initial_kallsyms.extend(entries.iter().cloned())
                 }
+                Message::Timings {
+                    fixture,
+                    program,
+                    functions,
+                    listeners_per_cpu,
+                    load_ns,
+                    unload_ns,
+                } => ev.timings.push(Timings {
+                    fixture: fixture.clone(),
+                    program: program.clone(),
+                    functions: *functions,
+                    listeners_per_cpu: *listeners_per_cpu,
+                    load_ns: load_ns.clone(),
+                    unload_ns: unload_ns.clone(),
+                }),
                 _ => {}
             }
         }

@@ -9,6 +9,7 @@ pub mod evidence;
 pub mod initramfs;
 pub mod kernel;
 pub mod normalise;
+pub mod overhead;
 pub mod records;
 pub mod report;
 pub mod scenario;

@@ -41,7 +41,25 @@ pub const SAMPLE_FIELDS: &[(&str, u64)] = &[
 #[serde(deny_unknown_fields)]
 struct ScenarioFile {
     description: String,
+    #[serde(default)]
+    vm: VmOptions,
     steps: Vec<toml::Value>,
+}
+
+/// `[vm]` in scenario.toml: how the scenario's guest is run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmOptions {
+    /// Under TCG, run with `-icount shift=0,sleep=off` so the guest clock
+    /// counts instructions (timing scenarios); ignored under KVM.
+    #[serde(default)]
+    pub icount: bool,
+    /// vCPUs for this scenario's guest instead of the run's `--cpus`.
+    #[serde(default)]
+    pub cpus: Option<u32>,
+    /// Extra kernel command line words.
+    #[serde(default)]
+    pub cmdline: Vec<String>,
 }
 
 /// One scenario, ready to run.
@@ -50,6 +68,7 @@ pub struct Scenario {
     pub name: String,
     pub dir: PathBuf,
     pub description: String,
+    pub vm: VmOptions,
     pub plan: Plan,
 }
 
@@ -82,6 +101,7 @@ impl Scenario {
             name: name.to_string(),
             dir: dir.to_path_buf(),
             description: file.description,
+            vm: file.vm,
             plan: Plan {
                 scenario: name.to_string(),
                 steps,

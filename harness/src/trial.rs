@@ -190,12 +190,13 @@ fn run_inner(
         kernel: image,
         initramfs: Some(initramfs),
         accel,
-        cpus: env.cpus,
+        cpus: scenario.vm.cpus.unwrap_or(env.cpus),
         memory_mib: env.memory_mib,
-        cmdline: vec![],
+        cmdline: scenario.vm.cmdline.clone(),
         artefacts: artefacts.to_path_buf(),
         deadlines: env.deadlines.unwrap_or_else(|| Deadlines::for_accel(accel)),
         data_channel: true,
+        icount: scenario.vm.icount,
     };
     let console = artefacts.join("console.log");
     let mut vm = match Vm::spawn(config) {
@@ -216,9 +217,30 @@ fn run_inner(
     let end = session.end.clone().unwrap_or(SessionEnd::Infrastructure(
         "session ended without a reason".into(),
     ));
+    // Whatever else happened, a trial the user stopped is interrupted (QEMU
+    // may have died of the same signal, e.g. a SIGTERM to the whole cgroup).
+    if end != SessionEnd::Done && crate::signals::interrupted() {
+        let what = match &end {
+            SessionEnd::Interrupted => "VM killed".to_string(),
+            SessionEnd::QemuExited(s) => format!("QEMU {}", vm::describe_exit(s)),
+            _ => "VM stopped".to_string(),
+        };
+        return Verdict::Interrupted(format!(
+            "interrupted by SIGINT/SIGTERM during {}; {what}; partial artefacts in {}",
+            if session.hello_at.is_none() {
+                "boot"
+            } else {
+                "the trial"
+            },
+            artefacts.display()
+        ));
+    }
     // A panic explains any other ending, so look for it first.
     if let Some(panic) = vm::console_panic(&console) {
         if end != SessionEnd::Done {
+            if let Some(line) = panic.lines().find(|l| l.contains("Attempted to kill init")) {
+                return agent_crashed(line.trim(), &session.messages, &console);
+            }
             return Verdict::Panic(format!(
                 "guest kernel panicked:\n{panic}\nconsole: {}",
                 console.display()
@@ -228,38 +250,32 @@ fn run_inner(
     match end {
         SessionEnd::Done => {}
         SessionEnd::AgentError(m) => {
-            let last_logs: Vec<String> = session
-                .messages
-                .iter()
-                .filter_map(|m| match m {
-                    Message::Log { text } => Some(text.clone()),
-                    _ => None,
-                })
-                .collect();
             return Verdict::Failed(format!(
-                "guest agent reported: {m}\nagent log: {}\n{}",
-                last_logs.join(" | "),
+                "the guest agent failed: {m}\n{}\n{}",
+                last_report(&session.messages),
                 tail()
             ));
         }
         SessionEnd::BootTimeout(d) => {
             return Verdict::Timeout(format!(
                 "boot timeout: the guest agent did not say hello within {} s\n{}",
-                d.as_secs(),
+                d.as_secs_f64(),
                 tail()
             ))
         }
         SessionEnd::Silent(d) => {
             return Verdict::Timeout(format!(
-                "the guest agent went silent (no heartbeat for {} s); VM killed\n{}",
-                d.as_secs(),
+                "the guest agent went silent (no frame, not even a heartbeat, for {} s); VM killed\n{}\n{}",
+                d.as_secs_f64(),
+                last_report(&session.messages),
                 tail()
             ))
         }
         SessionEnd::TotalTimeout(d) => {
             return Verdict::Timeout(format!(
-                "the trial exceeded its {} s deadline; VM killed\n{}",
-                d.as_secs(),
+                "the trial exceeded its {} s deadline; VM killed\n{}\n{}",
+                d.as_secs_f64(),
+                last_report(&session.messages),
                 tail()
             ))
         }
@@ -270,20 +286,35 @@ fn run_inner(
             } else {
                 format!("\nQEMU said: {}", stderr.trim())
             };
+            let why = if std::os::unix::process::ExitStatusExt::signal(&status).is_some() {
+                "\nkloop did not send that signal: something outside it did (the OOM killer, \
+                 see `dmesg`; a CI job timeout; a user). Not a finding about the kernel: rerun the trial."
+            } else {
+                ""
+            };
+            let trailing = match session.trailing {
+                Some((offset, len)) => format!(
+                    "\nthe data channel ended inside a frame: {len} byte(s) from stream offset {offset} never completed"
+                ),
+                None => String::new(),
+            };
             return Verdict::Infrastructure(format!(
-                "QEMU exited ({status}) before the guest agent finished{}{qemu_said}\n{}",
+                "QEMU {} before the guest agent finished{}{why}{qemu_said}{trailing}\n{}\n{}",
+                vm::describe_exit(&status),
                 if session.hello_at.is_none() {
                     " (no hello: the guest crashed or never started the agent)"
                 } else {
                     ""
                 },
+                last_report(&session.messages),
                 tail()
             ));
         }
         SessionEnd::Protocol(m) => {
             return Verdict::Infrastructure(format!(
-                "data channel protocol error: {m} (raw bytes in {})",
-                artefacts.join("data.bin").display()
+                "data channel protocol error: {m}\nraw channel bytes: {} (stream offsets count from its first byte)\n{}",
+                artefacts.join("data.bin").display(),
+                last_report(&session.messages),
             ))
         }
         SessionEnd::Infrastructure(m) => {
@@ -313,8 +344,22 @@ fn run_inner(
         }
         return Verdict::Failed(msg);
     }
+    // Timing scenarios: figures against the pin's budget (overhead.rs).
+    let overhead = crate::overhead::check_trial(
+        scenario,
+        &evidence,
+        &kernel.id(),
+        kernel.snapshot_name().as_deref(),
+        accel,
+        artefacts,
+    );
+    let overhead_verdict = || {
+        overhead
+            .clone()
+            .map_or_else(Verdict::Failed, |()| Verdict::Ok)
+    };
     let Some(snap_name) = kernel.snapshot_name() else {
-        return Verdict::Ok;
+        return overhead_verdict();
     };
     match snapshot::compare(
         &scenario.snapshot_dir(),
@@ -322,13 +367,13 @@ fn run_inner(
         &format!("{} on kernel pin {snap_name}", scenario.name),
         &normalised,
     ) {
-        SnapshotOutcome::Matched => Verdict::Ok,
+        SnapshotOutcome::Matched => overhead_verdict(),
         SnapshotOutcome::Drift {
             snapshot,
             pending,
             diff,
         } => Verdict::Failed(format!(
-            "snapshot drift against {}:\n{diff}\n{}",
+            "snapshot drift against {}:\n{diff}\n{}{}",
             snapshot.display(),
             match pending {
                 Some(p) => format!(
@@ -339,9 +384,103 @@ fn run_inner(
                     "new stream in {}; accept with `cargo xtask bless` if the change is intended",
                     normalised_path.display()
                 ),
-            }
+            },
+            overhead.err().map(|e| format!("\n{e}")).unwrap_or_default()
         )),
     }
+}
+
+/// PID 1 died: the kernel panics "Attempted to kill init". That is the
+/// agent crashing (abort, a fatal signal, an exit), not a kernel finding.
+fn agent_crashed(line: &str, messages: &[Message], console: &Path) -> Verdict {
+    let how = init_exit_code(line)
+        .map(|code| {
+            if code & 0x7f != 0 {
+                format!("killed by {}", vm::signal_name((code & 0x7f) as i32))
+            } else {
+                format!("exited with status {}", (code >> 8) & 0xff)
+            }
+        })
+        .unwrap_or_else(|| "died".into());
+    let text = std::fs::read(console).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let own: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("kloop-guest:"))
+        .map(str::trim)
+        .collect();
+    let own = if own.is_empty() {
+        "(none)".to_string()
+    } else {
+        own[own.len().saturating_sub(5)..].join("\n  ")
+    };
+    Verdict::Failed(format!(
+        "the guest agent crashed: PID 1 {how} and the kernel stopped with `{line}`\n\
+         a kloop agent bug, not a finding about the kernel; its last report and console output say where it was:\n\
+         {}\nagent output on the console:\n  {own}\nconsole: {}",
+        last_report(messages),
+        console.display()
+    ))
+}
+
+/// `exitcode=0x00000006` in the "Attempted to kill init" panic line.
+fn init_exit_code(line: &str) -> Option<u32> {
+    let hex = line.split("exitcode=0x").nth(1)?;
+    let hex: String = hex.chars().take_while(char::is_ascii_hexdigit).collect();
+    u32::from_str_radix(&hex, 16).ok()
+}
+
+/// The agent's last step and last log line, for messages about a failure.
+fn last_report(messages: &[Message]) -> String {
+    let mut step = None;
+    let mut done = false;
+    let mut logs: Vec<&str> = Vec::new();
+    for m in messages {
+        match m {
+            Message::StepStart { index, what } => {
+                step = Some((*index, what.as_str()));
+                done = false;
+            }
+            Message::StepDone { index, .. } if step.is_some_and(|(i, _)| i == *index) => {
+                done = true
+            }
+            Message::Log { text } => logs.push(text),
+            _ => {}
+        }
+    }
+    let step = match step {
+        Some((i, what)) => format!(
+            "step {i} {what} {}",
+            if done {
+                "finished"
+            } else {
+                "started, not finished"
+            }
+        ),
+        None => "no step started (the agent was still setting up)".to_string(),
+    };
+    let short = |l: &str| {
+        const MAX: usize = 300;
+        if l.len() > MAX {
+            let mut end = MAX;
+            while !l.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!("{}…", &l[..end])
+        } else {
+            l.to_string()
+        }
+    };
+    let logs = if logs.is_empty() {
+        "(none)".to_string()
+    } else {
+        logs[logs.len().saturating_sub(3)..]
+            .iter()
+            .map(|l| short(l))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    format!("agent's last report: {step}\nagent's last logs: {logs}")
 }
 
 fn build_initramfs(agent: &Path, scenario: &Scenario, out: &Path) -> std::io::Result<()> {

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use kloop_protocol::frame::HEADER_LEN;
 use kloop_protocol::{FrameDecoder, FrameKind, Message, RecordsHeader};
 
 /// Debian package that provides the QEMU binary.
@@ -88,6 +89,10 @@ pub struct VmConfig {
     pub deadlines: Deadlines,
     /// Whether the guest uses the data channel (the KVM probe does not).
     pub data_channel: bool,
+    /// Under TCG, `-icount shift=0,sleep=off`: the guest clock counts
+    /// instructions (1 ns each) and idle time is skipped, so timings measured
+    /// in the guest repeat from run to run. Ignored under KVM.
+    pub icount: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -179,6 +184,10 @@ impl VmConfig {
                 // the feature, kernels take their software path: 0 panics in 51
                 // boots of 6.12.
                 push("max,-cx16");
+                if self.icount {
+                    push("-icount");
+                    push("shift=0,sleep=off");
+                }
             }
         }
         push("-m");
@@ -273,6 +282,10 @@ impl Vm {
                     .map(Stdio::from)
                     .unwrap_or_else(|_| Stdio::null()),
             );
+        // QEMU gets its own process group: a Ctrl-C at the terminal reaches
+        // the harness only, which then ends each trial as interrupted and
+        // kills its VM itself (instead of racing QEMU's own SIGINT exit).
+        cmd.process_group(0);
         // SAFETY: prctl is async-signal-safe; nothing else runs in pre_exec.
         unsafe {
             cmd.pre_exec(|| {
@@ -375,7 +388,11 @@ impl Vm {
     }
 
     /// Waits for QEMU to connect to the data socket.
-    fn accept_data(&mut self, deadline: Instant) -> Result<UnixStream, SessionEnd> {
+    fn accept_data(
+        &mut self,
+        deadline: Instant,
+        interrupted: &dyn Fn() -> bool,
+    ) -> Result<UnixStream, SessionEnd> {
         let listener = self
             .data_listener
             .take()
@@ -389,6 +406,9 @@ impl Vm {
                         "accepting QEMU's data connection: {e}"
                     )))
                 }
+            }
+            if interrupted() {
+                return Err(SessionEnd::Interrupted);
             }
             if let Some(status) = self.try_wait() {
                 return Err(SessionEnd::QemuExited(status));
@@ -410,7 +430,7 @@ impl Vm {
         let mut session = GuestSession::default();
         let deadlines = self.config.deadlines;
         let total_end = self.started + deadlines.total;
-        let end = match self.accept_data(self.started + deadlines.boot) {
+        let end = match self.accept_data(self.started + deadlines.boot, interrupted) {
             Ok(stream) => self.pump(stream, &mut session, interrupted, total_end),
             Err(end) => end,
         };
@@ -424,6 +444,11 @@ impl Vm {
                         end
                     }
                 }
+            }
+            // The user wants out now: no polite QMP quit (up to 5 s).
+            SessionEnd::Interrupted => {
+                self.kill();
+                SessionEnd::Interrupted
             }
             other => {
                 self.shutdown();
@@ -450,7 +475,7 @@ impl Vm {
         let mut raw = File::create(self.config.artefacts.join("data.bin")).ok();
         let mut decoder = FrameDecoder::new();
         let mut buf = vec![0u8; 64 * 1024];
-        let mut last_frame = Instant::now();
+        let pump_started = Instant::now();
         loop {
             if interrupted() {
                 return SessionEnd::Interrupted;
@@ -458,6 +483,7 @@ impl Vm {
             match stream.read(&mut buf) {
                 Ok(0) => {
                     // QEMU closed the socket: it exited (or is exiting).
+                    session.note_trailing(&decoder);
                     let status = self.wait_exit(Duration::from_secs(2));
                     return match status {
                         Some(s) => SessionEnd::QemuExited(s),
@@ -467,29 +493,11 @@ impl Vm {
                     };
                 }
                 Ok(n) => {
-                    session.bytes += n as u64;
                     if let Some(f) = raw.as_mut() {
                         let _ = f.write_all(&buf[..n]);
                     }
-                    decoder.push(&buf[..n]);
-                    loop {
-                        match decoder.next_frame() {
-                            Ok(Some(frame)) => {
-                                last_frame = Instant::now();
-                                if let Some(end) = session.accept(frame, self.started) {
-                                    return end;
-                                }
-                            }
-                            Ok(None) => break,
-                            Err(e) => return SessionEnd::Protocol(e.to_string()),
-                        }
-                    }
-                    if decoder.pending() > 2 * kloop_protocol::MAX_PAYLOAD {
-                        return SessionEnd::Protocol(format!(
-                            "{} undecodable bytes buffered at stream offset {}",
-                            decoder.pending(),
-                            decoder.consumed()
-                        ));
+                    if let Some(end) = session.feed(&mut decoder, &buf[..n], self.started) {
+                        return end;
                     }
                 }
                 Err(e)
@@ -500,42 +508,32 @@ impl Vm {
             if let Some(status) = self.try_wait() {
                 // Drain what QEMU wrote before it went away.
                 let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
-                continue_drain(&mut stream, &mut decoder, session, self.started);
-                if let Some(end) = session.terminal.take() {
-                    return end;
+                while let Ok(n) = stream.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    if let Some(f) = raw.as_mut() {
+                        let _ = f.write_all(&buf[..n]);
+                    }
+                    if let Some(end) = session.feed(&mut decoder, &buf[..n], self.started) {
+                        return end;
+                    }
                 }
+                session.note_trailing(&decoder);
                 return SessionEnd::QemuExited(status);
             }
             let now = Instant::now();
             if session.hello_at.is_none() && now >= self.started + deadlines.boot {
                 return SessionEnd::BootTimeout(deadlines.boot);
             }
+            let last_frame = session
+                .last_frame_at
+                .map_or(pump_started, |d| self.started + d);
             if session.hello_at.is_some() && now.duration_since(last_frame) >= deadlines.silence {
                 return SessionEnd::Silent(deadlines.silence);
             }
             if now >= total_end {
                 return SessionEnd::TotalTimeout(deadlines.total);
-            }
-        }
-    }
-}
-
-fn continue_drain(
-    stream: &mut UnixStream,
-    decoder: &mut FrameDecoder,
-    session: &mut GuestSession,
-    started: Instant,
-) {
-    let mut buf = vec![0u8; 64 * 1024];
-    while let Ok(n) = stream.read(&mut buf) {
-        if n == 0 {
-            break;
-        }
-        decoder.push(&buf[..n]);
-        while let Ok(Some(frame)) = decoder.next_frame() {
-            if let Some(end) = session.accept(frame, started) {
-                session.terminal = Some(end);
-                return;
             }
         }
     }
@@ -582,10 +580,52 @@ pub struct GuestSession {
     pub bytes: u64,
     pub end: Option<SessionEnd>,
     pub exit_status: Option<ExitStatus>,
-    terminal: Option<SessionEnd>,
+    /// Time from QEMU start to the last complete frame (heartbeats included).
+    pub last_frame_at: Option<Duration>,
+    /// An incomplete frame left when the channel closed: (stream offset, bytes).
+    pub trailing: Option<(u64, usize)>,
 }
 
 impl GuestSession {
+    /// Takes bytes as they arrive from the data channel and decodes every
+    /// complete frame; returns how the session ends if these bytes end it.
+    /// A framing error ends it with [`SessionEnd::Protocol`] naming the
+    /// stream offset. The decoder never holds more than one frame.
+    pub fn feed(
+        &mut self,
+        decoder: &mut FrameDecoder,
+        bytes: &[u8],
+        started: Instant,
+    ) -> Option<SessionEnd> {
+        self.bytes += bytes.len() as u64;
+        decoder.push(bytes);
+        loop {
+            match decoder.next_frame() {
+                Ok(Some(frame)) => {
+                    self.last_frame_at = Some(started.elapsed());
+                    if let Some(end) = self.accept(frame, started) {
+                        return Some(end);
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    return Some(SessionEnd::Protocol(format!(
+                        "{e} (the channel carries only frames: bytes outside them mean the agent wrote around its framing or the channel corrupted them)"
+                    )))
+                }
+            }
+        }
+        debug_assert!(decoder.pending() < HEADER_LEN + kloop_protocol::MAX_PAYLOAD);
+        None
+    }
+
+    /// Records an incomplete frame left in `decoder` when the channel ends.
+    fn note_trailing(&mut self, decoder: &FrameDecoder) {
+        if decoder.pending() > 0 {
+            self.trailing = Some((decoder.consumed(), decoder.pending()));
+        }
+    }
+
     /// Takes one frame; returns how the session ends if this frame ends it.
     fn accept(&mut self, frame: kloop_protocol::RawFrame, started: Instant) -> Option<SessionEnd> {
         match frame.kind {
@@ -651,6 +691,45 @@ impl GuestSession {
     }
 }
 
+/// How a process ended, in words after its name: `exited with code 1`,
+/// `was killed by signal 9 (SIGKILL)`.
+pub fn describe_exit(status: &ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(code) = status.code() {
+        return format!("exited with code {code}");
+    }
+    if let Some(sig) = status.signal() {
+        return format!("was killed by signal {sig} ({})", signal_name(sig));
+    }
+    format!("ended ({status})")
+}
+
+/// `SIGKILL` for 9; `signal N` for numbers without a common name.
+pub fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
+        _ => return format!("signal {sig}"),
+    };
+    name.to_string()
+}
+
 /// The last `n` lines of a console log (lossy UTF-8).
 pub fn console_tail(path: &Path, n: usize) -> String {
     let Ok(f) = File::open(path) else {
@@ -659,21 +738,43 @@ pub fn console_tail(path: &Path, n: usize) -> String {
     let lines: Vec<String> = BufReader::new(f)
         .split(b'\n')
         .map_while(Result::ok)
-        .map(|l| {
-            String::from_utf8_lossy(&l)
-                .trim_end_matches('\r')
-                .to_string()
-        })
+        .map(|l| printable(&String::from_utf8_lossy(&l)))
         .collect();
     let start = lines.len().saturating_sub(n);
     lines[start..].join("\n")
+}
+
+/// A console line without terminal escape sequences (the firmware clears
+/// the screen) or other control characters.
+fn printable(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\x1b' => {
+                // CSI: parameters and intermediates up to a final byte;
+                // otherwise a two-character escape such as `ESC c`.
+                if chars.next() == Some('[') {
+                    for c in chars.by_ref() {
+                        if ('\x40'..='\x7e').contains(&c) {
+                            break;
+                        }
+                    }
+                }
+            }
+            '\t' => out.push(c),
+            c if c.is_control() => {}
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// The panic lines of a console log, if the kernel panicked.
 pub fn console_panic(path: &Path) -> Option<String> {
     let text = std::fs::read(path).ok()?;
     let text = String::from_utf8_lossy(&text);
-    let lines: Vec<&str> = text.lines().collect();
+    let lines: Vec<String> = text.lines().map(printable).collect();
     let at = lines
         .iter()
         .position(|l| l.contains("Kernel panic - not syncing"))?;
@@ -685,12 +786,22 @@ pub fn console_panic(path: &Path) -> Option<String> {
         })
         .unwrap_or(at.saturating_sub(5));
     let end = (at + 3).min(lines.len());
-    Some(lines[start..end].join("\n"))
+    let mut out = lines[start..end].to_vec();
+    // The firmware's last words often share the kernel's first line: put the
+    // panic's timestamp at the start of its own line.
+    let panic = &mut out[at - start];
+    let p = panic.find("Kernel panic - not syncing").unwrap_or(0);
+    if let Some(i) = panic[..p].rfind('[').filter(|&i| i > 0) {
+        let rest = panic.split_off(i);
+        out.insert(at - start + 1, rest);
+    }
+    Some(out.join("\n"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kloop_protocol::encode_frame;
 
     #[test]
     fn argv_has_no_shell_and_escapes_commas() {
@@ -705,6 +816,7 @@ mod tests {
             artefacts: "/runs/a,b".into(),
             deadlines: Deadlines::for_accel(Accel::Tcg),
             data_channel: true,
+            icount: false,
         };
         let argv: Vec<String> = cfg
             .argv(Path::new("/s/qmp.sock"), Path::new("/s/data.sock"))
@@ -719,6 +831,180 @@ mod tests {
         assert_eq!(argv.iter().filter(|a| *a == "-serial").count(), 2);
     }
 
+    fn hello() -> Message {
+        Message::Hello {
+            protocol_version: kloop_protocol::PROTOCOL_VERSION,
+            agent_version: "t".into(),
+            uname: Default::default(),
+            online_cpus: vec![0],
+            monotonic_ns: 1,
+        }
+    }
+
+    /// Feeds `stream` in `chunk`-byte reads; returns the session, how it
+    /// ended (if it did) and the decoder.
+    fn feed_all(stream: &[u8], chunk: usize) -> (GuestSession, Option<SessionEnd>, FrameDecoder) {
+        let mut s = GuestSession::default();
+        let mut d = FrameDecoder::new();
+        let started = Instant::now();
+        for c in stream.chunks(chunk) {
+            if let Some(end) = s.feed(&mut d, c, started) {
+                return (s, Some(end), d);
+            }
+            assert!(d.pending() < HEADER_LEN + kloop_protocol::MAX_PAYLOAD);
+        }
+        (s, None, d)
+    }
+
+    fn protocol_error(end: Option<SessionEnd>) -> String {
+        match end {
+            Some(SessionEnd::Protocol(m)) => m,
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn session_collects_frames_in_any_read_size() {
+        let mut stream = hello().to_frame();
+        for f in kloop_protocol::records_frames(0, 0, &[1u8; 100_000]) {
+            stream.extend(f);
+        }
+        stream.extend(
+            Message::Done {
+                records_bytes: 100_000,
+            }
+            .to_frame(),
+        );
+        for chunk in [1, 13, 64 * 1024] {
+            let (s, end, _) = feed_all(&stream, chunk);
+            assert_eq!(end, Some(SessionEnd::Done), "chunk {chunk}");
+            assert_eq!(s.streams[&0].len(), 100_000);
+            assert!(s.hello_at.is_some() && s.last_frame_at.is_some());
+            assert_eq!(s.bytes as usize, stream.len());
+        }
+    }
+
+    #[test]
+    fn records_with_a_wrong_stream_offset_are_a_protocol_error() {
+        let mut stream = hello().to_frame();
+        stream.extend(kloop_protocol::records_frames(2, 0, &[1u8; 40]).concat());
+        let at = stream.len();
+        // A chunk claiming to start at 48 while 40 bytes arrived: a gap.
+        stream.extend(kloop_protocol::records_frames(2, 48, &[1u8; 8]).concat());
+        let m = protocol_error(feed_all(&stream, 4096).1);
+        assert!(
+            m.contains(&format!("stream offset {at}"))
+                && m.contains("listener 2")
+                && m.contains("ring offset 48")
+                && m.contains("40 bytes"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn short_records_and_bad_messages_name_their_offset() {
+        let h = hello().to_frame();
+        let mut stream = h.clone();
+        stream.extend(encode_frame(FrameKind::Records, &[0u8; 5]));
+        let m = protocol_error(feed_all(&stream, 4096).1);
+        assert!(
+            m.contains(&format!("stream offset {}", h.len())) && m.contains("shorter"),
+            "{m}"
+        );
+        for payload in [
+            &b"{not json"[..],
+            br#"{"msg":"launch-missiles"}"#,
+            b"\xff\xfe",
+        ] {
+            let mut stream = h.clone();
+            stream.extend(encode_frame(FrameKind::Message, payload));
+            let m = protocol_error(feed_all(&stream, 4096).1);
+            assert!(
+                m.contains(&format!(
+                    "message frame at stream offset {} does not decode",
+                    h.len()
+                )),
+                "{m}"
+            );
+        }
+    }
+
+    #[test]
+    fn framing_errors_end_the_session_with_the_offset() {
+        let h = hello().to_frame();
+        // Garbage, a wrong checksum, an absurd length, an unknown kind.
+        let mut bad_crc = Message::Log { text: "x".into() }.to_frame();
+        bad_crc[HEADER_LEN] ^= 0x20;
+        let mut too_long = Message::Log { text: "x".into() }.to_frame();
+        too_long[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        let mut unknown = Message::Log { text: "x".into() }.to_frame();
+        unknown[4] = 0x7f;
+        for (bad, says) in [
+            (b"\x00garbage\r\n".to_vec(), "no frame magic"),
+            (bad_crc, "checksum mismatch"),
+            (too_long, "announces 4294967295 payload bytes"),
+            (unknown, "unknown frame kind 127"),
+        ] {
+            let mut stream = h.clone();
+            stream.extend(&bad);
+            stream.extend(Message::Done { records_bytes: 0 }.to_frame());
+            for chunk in [1, 4096] {
+                let m = protocol_error(feed_all(&stream, chunk).1);
+                assert!(
+                    m.contains(says) && m.contains(&format!("stream offset {}", h.len())),
+                    "chunk {chunk}: {m}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_frame_cut_short_is_noted_with_its_offset() {
+        let h = hello().to_frame();
+        let mut stream = h.clone();
+        stream.extend(&Message::Log { text: "cut".into() }.to_frame()[..20]);
+        let (mut s, end, d) = feed_all(&stream, 4096);
+        assert_eq!(end, None);
+        s.note_trailing(&d);
+        assert_eq!(s.trailing, Some((h.len() as u64, 20)));
+    }
+
+    #[test]
+    fn noise_never_panics_the_session() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for round in 0..200 {
+            let mut stream = hello().to_frame();
+            let len = 1 + (round * 97) % 5000;
+            stream.extend((0..len).map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            }));
+            // Either a protocol error or a wait for more bytes; never a panic.
+            let (_, end, d) = feed_all(&stream, 1 + round % 300);
+            assert!(
+                matches!(end, None | Some(SessionEnd::Protocol(_))),
+                "{end:?}"
+            );
+            assert!(d.pending() < HEADER_LEN + kloop_protocol::MAX_PAYLOAD);
+        }
+    }
+
+    #[test]
+    fn exit_statuses_in_words() {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            describe_exit(&ExitStatus::from_raw(9)),
+            "was killed by signal 9 (SIGKILL)"
+        );
+        assert_eq!(
+            describe_exit(&ExitStatus::from_raw(1 << 8)),
+            "exited with code 1"
+        );
+        assert_eq!(signal_name(64), "signal 64");
+    }
+
     #[test]
     fn console_panic_finds_the_panic_lines() {
         let dir = tempfile::tempdir().unwrap();
@@ -730,6 +1016,17 @@ mod tests {
         .unwrap();
         let panic = console_panic(&p).unwrap();
         assert!(panic.contains("Kernel panic - not syncing: sysrq triggered crash"));
+        // As QEMU writes it: SeaBIOS's screen codes, then the kernel, unbroken.
+        std::fs::write(
+            &p,
+            "\x1bc\x1b[?7l\x1b[2J\x1b[0mSeaBIOS\r\nProbing EDD... ok\x1bc\x1b[?7l\x1b[2J[    3.7] Kernel panic - not syncing: Attempted to kill init! exitcode=0x0000000b\n",
+        )
+        .unwrap();
+        assert_eq!(
+            console_panic(&p).unwrap(),
+            "SeaBIOS\nProbing EDD... ok\n[    3.7] Kernel panic - not syncing: Attempted to kill init! exitcode=0x0000000b"
+        );
+        assert_eq!(console_tail(&p, 2), "SeaBIOS\nProbing EDD... ok[    3.7] Kernel panic - not syncing: Attempted to kill init! exitcode=0x0000000b");
         std::fs::write(&p, "booting\nall fine\n").unwrap();
         assert!(console_panic(&p).is_none());
         assert_eq!(console_tail(&p, 1), "all fine");

@@ -25,7 +25,7 @@ enum Cmd {
     /// Boot kernels under QEMU, run scenarios, check records, compare snapshots.
     VmTest(VmTestArgs),
     /// Re-run trials and rewrite their golden snapshots from the real streams.
-    Bless(VmTestArgs),
+    Bless(BlessArgs),
     /// Time kloop itself: boot→hello and trial wall time per pin.
     Bench(BenchArgs),
     /// The kernel catalog.
@@ -89,6 +89,16 @@ struct VmTestArgs {
 }
 
 #[derive(Args, Clone)]
+struct BlessArgs {
+    #[command(flatten)]
+    run: VmTestArgs,
+    /// Also rewrite the overhead budgets (scenarios/<name>/budgets/<pin>.toml)
+    /// from the measured figures; plain bless never touches them.
+    #[arg(long)]
+    overhead: bool,
+}
+
+#[derive(Args, Clone)]
 struct BenchArgs {
     /// Boots per pin.
     #[arg(long, default_value_t = 5)]
@@ -142,7 +152,10 @@ fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::VmTest(a) => vm_test(a),
-        Cmd::Bless(a) => {
+        Cmd::Bless(BlessArgs { run: a, overhead }) => {
+            if overhead {
+                std::env::set_var(kloop::overhead::BLESS_ENV, "1");
+            }
             if a.kernel_image.is_some() {
                 bail!("bless rewrites the golden snapshots of pinned kernels from their own runs; it does not take --kernel-image (a user-built kernel is compared, never blessed)");
             }
@@ -259,6 +272,25 @@ fn vm_test(a: VmTestArgs) -> Result<ExitCode> {
     });
     report::write_files(&env.run_dir, &results)
         .with_context(|| format!("writing reports into {}", env.run_dir.display()))?;
+    let artefacts: Vec<PathBuf> = results.iter().map(|r| r.artefacts.clone()).collect();
+    let run_name = env
+        .run_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let report_dir = layout.root.join("target/kloop/report");
+    match kloop::overhead::write_run_report(&report_dir, &run_name, &artefacts) {
+        Ok(Some((md, svg))) => println!(
+            "kloop: overhead table {} and plot {}",
+            md.display(),
+            svg.display()
+        ),
+        Ok(None) => {}
+        Err(e) => eprintln!(
+            "kloop: writing the overhead report into {}: {e}",
+            report_dir.display()
+        ),
+    }
     let summary = Summary::of(&results);
     println!();
     println!(

@@ -67,6 +67,12 @@ pub enum FrameError {
         offset: u64,
         kind: u8,
     },
+    /// The three pad bytes after the kind are not zero (the CRC does not
+    /// cover them, so this is the only check that catches their corruption).
+    BadPadding {
+        offset: u64,
+        pad: [u8; 3],
+    },
     TooLong {
         offset: u64,
         len: u32,
@@ -88,6 +94,10 @@ impl fmt::Display for FrameError {
             FrameError::UnknownKind { offset, kind } => {
                 write!(f, "unknown frame kind {kind} at stream offset {offset}")
             }
+            FrameError::BadPadding { offset, pad } => write!(
+                f,
+                "frame at stream offset {offset} has non-zero pad bytes {pad:02x?}"
+            ),
             FrameError::TooLong { offset, len } => write!(
                 f,
                 "frame at stream offset {offset} announces {len} payload bytes (limit {MAX_PAYLOAD})"
@@ -175,6 +185,11 @@ impl FrameDecoder {
                 kind: kind_byte,
             });
         };
+        let pad = [self.buf[5], self.buf[6], self.buf[7]];
+        if pad != [0; 3] {
+            self.resync();
+            return Err(FrameError::BadPadding { offset, pad });
+        }
         if len as usize > MAX_PAYLOAD {
             self.resync();
             return Err(FrameError::TooLong { offset, len });
@@ -282,6 +297,159 @@ mod tests {
             Err(FrameError::BadMagic { offset: 0, .. })
         ));
         assert_eq!(out.last().unwrap().as_ref().unwrap().payload, b"abc");
+    }
+
+    #[test]
+    fn truncated_frames_wait_for_more_bytes() {
+        let frame = encode_frame(FrameKind::Records, &[5u8; 100]);
+        for cut in [1, MAGIC.len(), HEADER_LEN - 1, HEADER_LEN, frame.len() - 1] {
+            let mut d = FrameDecoder::new();
+            d.push(&frame[..cut]);
+            assert_eq!(d.next_frame(), Ok(None), "cut at {cut}");
+            assert_eq!((d.pending(), d.consumed()), (cut, 0));
+            d.push(&frame[cut..]);
+            let f = d.next_frame().unwrap().expect("complete now");
+            assert_eq!(f.payload, vec![5u8; 100]);
+            assert_eq!(d.pending(), 0);
+        }
+    }
+
+    #[test]
+    fn wrong_checksum_field_names_the_offset() {
+        let first = encode_frame(FrameKind::Message, b"{}");
+        let mut stream = first.clone();
+        let mut bad = encode_frame(FrameKind::Message, b"{}");
+        bad[12] ^= 1;
+        stream.extend(&bad);
+        let out = decode_all(&stream);
+        assert!(out[0].is_ok());
+        match &out[1] {
+            Err(e @ FrameError::Checksum { offset, .. }) => {
+                assert_eq!(*offset, first.len() as u64);
+                assert!(e
+                    .to_string()
+                    .contains(&format!("stream offset {}", first.len())));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn largest_payload_passes_one_more_byte_is_refused() {
+        let max = vec![0xa5u8; MAX_PAYLOAD];
+        let out = decode_all(&encode_frame(FrameKind::Records, &max));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].as_ref().unwrap().payload.len(), MAX_PAYLOAD);
+        let mut header = encode_frame(FrameKind::Records, b"");
+        header[8..12].copy_from_slice(&(MAX_PAYLOAD as u32 + 1).to_le_bytes());
+        let mut d = FrameDecoder::new();
+        d.push(&header);
+        // Refused from the header alone: no payload is ever awaited.
+        assert!(matches!(
+            d.next_frame(),
+            Err(FrameError::TooLong { offset: 0, .. })
+        ));
+    }
+
+    /// xorshift: deterministic noise without a dependency.
+    fn noise(len: usize, mut x: u64) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// Feeds `stream` in `chunk`-byte reads the way the host does (decode
+    /// everything after each read) and returns the most the decoder held.
+    fn peak_pending(stream: &[u8], chunk: usize) -> (usize, usize, usize) {
+        let mut d = FrameDecoder::new();
+        let (mut peak, mut frames, mut errors) = (0, 0, 0);
+        for c in stream.chunks(chunk) {
+            d.push(c);
+            loop {
+                match d.next_frame() {
+                    Ok(Some(_)) => frames += 1,
+                    Ok(None) => break,
+                    Err(_) => errors += 1,
+                }
+            }
+            peak = peak.max(d.pending());
+            assert_eq!(d.consumed() + d.pending() as u64, {
+                let end = c.as_ptr() as usize + c.len() - stream.as_ptr() as usize;
+                end as u64
+            });
+        }
+        (peak, frames, errors)
+    }
+
+    #[test]
+    fn memory_stays_bounded_by_one_frame() {
+        // Largest frames back to back, read in 64 KiB pieces.
+        let mut stream = Vec::new();
+        for i in 0..3u8 {
+            stream.extend(encode_frame(FrameKind::Records, &vec![i; MAX_PAYLOAD]));
+        }
+        let (peak, frames, errors) = peak_pending(&stream, 64 * 1024);
+        assert_eq!((frames, errors), (3, 0));
+        assert!(peak < HEADER_LEN + MAX_PAYLOAD, "peak {peak}");
+        // Megabytes of noise never accumulate: each read resyncs past it.
+        let junk = noise(8 << 20, 0x9e37_79b9_7f4a_7c15);
+        let (peak, _, errors) = peak_pending(&junk, 64 * 1024);
+        assert!(errors > 0);
+        assert!(peak < HEADER_LEN + MAX_PAYLOAD, "peak {peak}");
+        // A header promising the largest payload, then noise: held while it
+        // could still be a frame, never more.
+        let mut stream = encode_frame(FrameKind::Records, b"");
+        stream[8..12].copy_from_slice(&(MAX_PAYLOAD as u32).to_le_bytes());
+        stream.extend(noise(3 << 20, 7));
+        let (peak, _, errors) = peak_pending(&stream, 64 * 1024);
+        assert!(errors > 0, "the checksum must fail");
+        assert!(peak < HEADER_LEN + MAX_PAYLOAD + 64 * 1024, "peak {peak}");
+    }
+
+    #[test]
+    fn noise_between_frames_never_panics_and_frames_survive() {
+        let mut stream = Vec::new();
+        let mut expect = Vec::new();
+        for i in 0..50u64 {
+            stream.extend(noise((i as usize * 37) % 300, i + 1));
+            let payload = noise(i as usize * 11, i + 1000);
+            expect.push(payload.clone());
+            stream.extend(encode_frame(FrameKind::Records, &payload));
+        }
+        for chunk in [1, 7, 4096] {
+            let mut d = FrameDecoder::new();
+            let mut got = Vec::new();
+            for c in stream.chunks(chunk) {
+                d.push(c);
+                loop {
+                    match d.next_frame() {
+                        Ok(Some(f)) => got.push(f.payload),
+                        Ok(None) => break,
+                        Err(_) => {}
+                    }
+                }
+            }
+            assert_eq!(got, expect, "chunk {chunk}");
+        }
+    }
+
+    #[test]
+    fn nonzero_padding_is_an_error() {
+        let mut stream = encode_frame(FrameKind::Message, b"x");
+        stream[6] = 8;
+        let out = decode_all(&stream);
+        assert!(matches!(
+            out[0],
+            Err(FrameError::BadPadding {
+                offset: 0,
+                pad: [0, 8, 0]
+            })
+        ));
     }
 
     #[test]

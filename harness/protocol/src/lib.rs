@@ -25,7 +25,7 @@ pub mod frame;
 pub mod plan;
 
 pub use frame::{encode_frame, FrameDecoder, FrameError, FrameKind, RawFrame, MAX_PAYLOAD};
-pub use plan::{ListenerSpec, Plan, Step};
+pub use plan::{Fault, ListenerSpec, Plan, Step};
 
 /// Bumped whenever a frame layout or a message changes incompatibly.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -137,6 +137,18 @@ pub enum Message {
     /// unregisters of symbols the run never saw registered).
     InitialKallsyms {
         entries: Vec<KallsymsEntry>,
+    },
+    /// Durations measured by a `Measure` step, guest `CLOCK_MONOTONIC` ns per
+    /// iteration after the warm-up (under `-icount` the clock counts
+    /// instructions).
+    Timings {
+        fixture: String,
+        program: String,
+        /// JITed functions of the program (1 + subprograms).
+        functions: u32,
+        listeners_per_cpu: u32,
+        load_ns: Vec<u64>,
+        unload_ns: Vec<u64>,
     },
     /// Free-form diagnostics, shown to the user on failure.
     Log {

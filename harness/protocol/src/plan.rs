@@ -36,6 +36,36 @@ pub enum Step {
     WaitUnloaded { timeout_ms: u64 },
     /// Read every ring to its head and send the bytes.
     Drain,
+    /// Time the kernel path that emits KSYMBOL / BPF_EVENT: load and unload
+    /// `program` of `fixture` `warmup + iterations` times with
+    /// `listeners_per_cpu` extra listeners open on every CPU (opened for this
+    /// step and closed after it), and report every iteration's duration.
+    Measure {
+        fixture: String,
+        program: String,
+        listeners_per_cpu: u32,
+        iterations: u32,
+        warmup: u32,
+    },
+    /// Deliberately break something, to prove the host catches it. Only the
+    /// fault-injection tests use this.
+    Fault { fault: Fault },
+}
+
+/// A fault the agent can inject on request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fault {
+    /// Crash the guest kernel (`echo c > /proc/sysrq-trigger`).
+    KernelPanic,
+    /// Stop heartbeats and every other frame, and block forever.
+    Hang,
+    /// `abort()` the agent (PID 1 dies: the kernel panics "Attempted to kill init").
+    Abort,
+    /// Panic inside the agent (its panic hook reports and powers off).
+    AgentPanic,
+    /// Write bytes that are not a valid frame, then carry on.
+    GarbageFrame,
 }
 
 /// Everything the agent needs to run one trial.

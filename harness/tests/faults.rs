@@ -1,0 +1,1108 @@
+//! Fault injection: every failure a user will meet is caught, classified and
+//! cleaned up. Real kernels under real QEMU (pin 6.1, the fastest to boot).
+//!
+//! Each VM test injects one fault, then asserts the trial's `Verdict`
+//! variant, what its message says, that no QEMU child of this process is left
+//! (zombies included), that the VM's socket directory is gone and that the
+//! artefacts exist. Every test prints a `fault-table:` line with the time to
+//! its verdict. The `xtask/` tests drive the built `xtask` binary (two runs at
+//! once; SIGINT/SIGTERM during boot and during a trial).
+//!
+//! Trials run one at a time (`--test-threads 1` unless given): the cleanup
+//! checks look at this process's children, and the machine has few cores.
+
+use std::collections::BTreeSet;
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use kloop::accel::AccelChoice;
+use kloop::scenario::Scenario;
+use kloop::suite::{self, EnvOptions, Layout, Selection};
+use kloop::trial::{KernelUnderTest, TrialEnv, TrialResult, Verdict};
+use kloop::vm::Deadlines;
+use kloop_protocol::{Fault, FrameDecoder, FrameKind, Message, Plan, Step};
+use libtest_mimic::{Arguments, Failed, Trial};
+
+const PIN: &str = "6.1";
+/// The bytes the agent's `garbage-frame` fault writes (guest/src/agent.rs).
+const GARBAGE: &[u8] = b"\x00kloop-guest fault injection: these bytes are not a frame\r\n";
+const POLL: Duration = Duration::from_millis(10);
+
+type TestResult = Result<(), Failed>;
+
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        {
+            let ok: bool = $cond;
+            if !ok {
+                return Err(Failed::from(format!($($fmt)+)));
+            }
+        }
+    };
+}
+
+// ---------------------------------------------------------------- setup
+
+struct Ctx {
+    env: TrialEnv,
+    kernel: KernelUnderTest,
+    basic: Scenario,
+}
+
+static CTX: OnceLock<Result<Ctx, String>> = OnceLock::new();
+
+fn ctx() -> Result<&'static Ctx, Failed> {
+    CTX.get_or_init(|| {
+        let layout = Layout::from_root(kloop::agent::workspace_root());
+        let sel = Selection {
+            kernels: vec![PIN.into()],
+            scenarios: vec!["basic".into()],
+            ..Selection::default()
+        };
+        let planned = suite::plan(&layout, &sel).map_err(|e| e.to_string())?;
+        let t = planned
+            .into_iter()
+            .next()
+            .ok_or(format!("no trial {PIN}/basic"))?;
+        let accel = std::env::var("KLOOP_ACCEL")
+            .unwrap_or_else(|_| "auto".into())
+            .parse::<AccelChoice>()?;
+        let opts = EnvOptions {
+            accel,
+            ..EnvOptions::default()
+        };
+        let env = suite::prepare_env(&layout, &opts, std::slice::from_ref(&t.kernel))
+            .map_err(|e| format!("preparing the VM environment: {e}"))?;
+        eprintln!("faults: accelerator: {}", env.accel.reason);
+        eprintln!("faults: artefacts in {}", env.run_dir.display());
+        Ok(Ctx {
+            env,
+            kernel: t.kernel,
+            basic: t.scenario,
+        })
+    })
+    .as_ref()
+    .map_err(|e| Failed::from(e.clone()))
+}
+
+impl Ctx {
+    fn env_with(&self, deadlines: Option<Deadlines>) -> TrialEnv {
+        let e = &self.env;
+        TrialEnv {
+            qemu: e.qemu.clone(),
+            qemu_version: e.qemu_version.clone(),
+            accel: e.accel.clone(),
+            agent: e.agent.clone(),
+            cache: e.cache.clone(),
+            fetch: e.fetch.clone(),
+            run_dir: e.run_dir.clone(),
+            cpus: e.cpus,
+            memory_mib: e.memory_mib,
+            deadlines,
+        }
+    }
+
+    fn default_deadlines(&self) -> Deadlines {
+        Deadlines::for_accel(self.env.accel.accel())
+    }
+
+    /// The `basic` scenario with `fault` injected after the load: listeners
+    /// are open and a program is loaded when it strikes.
+    fn fault_scenario(&self, name: &str, fault: Fault) -> Scenario {
+        let mut steps = self.basic.plan.steps.clone();
+        let at = steps
+            .iter()
+            .position(|s| matches!(s, Step::Load { .. }))
+            .map_or(steps.len(), |i| i + 1);
+        steps.insert(at, Step::Fault { fault });
+        Scenario {
+            name: name.into(),
+            // Never compared with a snapshot: fault trials end before that.
+            dir: self.env.run_dir.join("no-snapshots"),
+            description: format!("fault injection: {fault:?}"),
+            plan: Plan {
+                scenario: name.into(),
+                steps,
+            },
+            ..self.basic.clone()
+        }
+    }
+}
+
+// ---------------------------------------------------------------- /proc
+
+#[derive(Debug, Clone)]
+struct Proc {
+    pid: i32,
+    ppid: i32,
+    state: char,
+    cmdline: Vec<String>,
+}
+
+fn read_proc(pid: i32) -> Option<Proc> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) S ppid ...": comm may hold spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut f = rest.split(' ');
+    let state = f.next()?.chars().next()?;
+    let ppid = f.next()?.parse().ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let cmdline = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    Some(Proc {
+        pid,
+        ppid,
+        state,
+        cmdline,
+    })
+}
+
+/// QEMU guests (not `qemu --version` probes) whose parent is `parent`.
+fn qemu_guests(parent: i32) -> Vec<Proc> {
+    qemu_children(parent)
+        .into_iter()
+        .filter(|p| p.cmdline.iter().any(|a| a == "-kernel"))
+        .collect()
+}
+
+/// QEMU processes whose parent is `parent`, zombies included.
+fn qemu_children(parent: i32) -> Vec<Proc> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(read_proc)
+        .filter(|p| p.ppid == parent)
+        // A zombie has no cmdline left: it was QEMU if its comm says so.
+        .filter(|p| {
+            p.cmdline.first().is_some_and(|a| a.contains("qemu-system"))
+                || (p.state == 'Z'
+                    && std::fs::read_to_string(format!("/proc/{}/comm", p.pid))
+                        .is_ok_and(|c| c.starts_with("qemu-system")))
+        })
+        .collect()
+}
+
+fn alive(pid: i32) -> bool {
+    read_proc(pid).is_some()
+}
+
+/// The private socket directory (`kloop-vm-*`) in a QEMU command line.
+fn socket_dir(cmdline: &[String]) -> Option<PathBuf> {
+    let at = cmdline.iter().position(|a| a == "-qmp")?;
+    let spec = cmdline.get(at + 1)?.strip_prefix("unix:")?;
+    let sock = spec.split(",server").next()?;
+    Path::new(sock).parent().map(Path::to_path_buf)
+}
+
+/// Whether the raw channel bytes hold the agent's complete hello frame.
+fn said_hello(data: &[u8]) -> bool {
+    let mut d = FrameDecoder::new();
+    d.push(data);
+    while let Ok(Some(f)) = d.next_frame() {
+        if f.kind == FrameKind::Message
+            && matches!(
+                serde_json::from_slice(&f.payload),
+                Ok(Message::Hello { .. })
+            )
+        {
+            return true;
+        }
+    }
+    false
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn me() -> i32 {
+    std::process::id() as i32
+}
+
+// ---------------------------------------------------------------- watcher
+
+/// What a background thread saw of one trial's QEMU and data channel.
+#[derive(Debug, Default)]
+struct Seen {
+    qemu: Vec<Proc>,
+    socket_dirs: BTreeSet<PathBuf>,
+    hello_at: Option<Instant>,
+    /// When `data.bin` last grew.
+    last_data_at: Option<Instant>,
+    killed: Option<(i32, Instant)>,
+}
+
+struct Watcher {
+    stop: Arc<AtomicBool>,
+    seen: Arc<Mutex<Seen>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watcher {
+    /// Watches the QEMU children of `parent` and `<artefacts>/data.bin`;
+    /// with `kill_at_hello`, SIGKILLs QEMU once the agent's hello arrived.
+    fn start(parent: i32, artefacts: PathBuf, kill_at_hello: bool) -> Watcher {
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let (stop2, seen2) = (stop.clone(), seen.clone());
+        let thread = std::thread::spawn(move || {
+            let data = artefacts.join("data.bin");
+            let mut size = 0;
+            while !stop2.load(Ordering::SeqCst) {
+                let kids = qemu_guests(parent);
+                let bytes = std::fs::read(&data).unwrap_or_default();
+                let now = Instant::now();
+                let mut s = seen2.lock().unwrap();
+                for k in &kids {
+                    if !s.qemu.iter().any(|q| q.pid == k.pid) && !k.cmdline.is_empty() {
+                        if let Some(d) = socket_dir(&k.cmdline) {
+                            s.socket_dirs.insert(d);
+                        }
+                        s.qemu.push(k.clone());
+                    }
+                }
+                if bytes.len() != size {
+                    size = bytes.len();
+                    s.last_data_at = Some(now);
+                }
+                if s.hello_at.is_none() && said_hello(&bytes) {
+                    s.hello_at = Some(now);
+                }
+                if kill_at_hello && s.hello_at.is_some() && s.killed.is_none() {
+                    if let Some(q) = kids.iter().find(|k| k.state != 'Z') {
+                        // SAFETY: plain kill(2) of our own child.
+                        unsafe { libc::kill(q.pid, libc::SIGKILL) };
+                        s.killed = Some((q.pid, Instant::now()));
+                    }
+                }
+                drop(s);
+                std::thread::sleep(POLL);
+            }
+        });
+        Watcher {
+            stop,
+            seen,
+            thread: Some(thread),
+        }
+    }
+
+    fn finish(mut self) -> Seen {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        std::mem::take(&mut *self.seen.lock().unwrap())
+    }
+}
+
+// ---------------------------------------------------------------- VM trials
+
+struct Outcome {
+    result: TrialResult,
+    seen: Seen,
+    /// When `run_trial` returned.
+    verdict_at: Instant,
+}
+
+impl Outcome {
+    fn message(&self) -> &str {
+        self.result.verdict.message().unwrap_or("")
+    }
+
+    fn secs_since(&self, t: Instant) -> f64 {
+        self.verdict_at.duration_since(t).as_secs_f64()
+    }
+}
+
+/// Runs `scenario` as one trial while watching it, then checks the cleanup
+/// every trial owes: its QEMU (seen running) is gone and reaped, its socket
+/// directory removed, its artefacts written.
+fn run_watched(
+    env: &TrialEnv,
+    kernel: &KernelUnderTest,
+    scenario: &Scenario,
+    kill_at_hello: bool,
+) -> Result<Outcome, Failed> {
+    let artefacts = env.run_dir.join(kernel.id()).join(&scenario.name);
+    ensure!(
+        !artefacts.exists(),
+        "{} exists already: scenario names must be unique in a run",
+        artefacts.display()
+    );
+    let watcher = Watcher::start(me(), artefacts.clone(), kill_at_hello);
+    let result = kloop::trial::run_trial(env, kernel, scenario);
+    let verdict_at = Instant::now();
+    let seen = watcher.finish();
+    eprintln!("{}", kloop::report::trial_line(&result));
+    if let Some(d) = kloop::report::failure_details(&result) {
+        eprintln!("{d}");
+    }
+    ensure!(
+        result.artefacts == artefacts,
+        "artefacts in {}, expected {}",
+        result.artefacts.display(),
+        artefacts.display()
+    );
+    ensure!(
+        seen.qemu.len() == 1,
+        "expected to watch exactly one QEMU child during the trial, saw {:?}",
+        seen.qemu
+    );
+    let left = qemu_children(me());
+    ensure!(
+        left.is_empty(),
+        "QEMU left behind after the verdict: {left:?}"
+    );
+    for q in &seen.qemu {
+        ensure!(!alive(q.pid), "QEMU pid {} still in /proc", q.pid);
+    }
+    ensure!(
+        !seen.socket_dirs.is_empty(),
+        "no socket directory seen in the QEMU command line {:?}",
+        seen.qemu
+    );
+    for d in &seen.socket_dirs {
+        ensure!(
+            !d.exists(),
+            "socket directory {} was not removed",
+            d.display()
+        );
+    }
+    for f in [
+        "console.log",
+        "qemu.stderr",
+        "initramfs.cpio",
+        "data.bin",
+        "messages.jsonl",
+        "result.json",
+    ] {
+        ensure!(
+            artefacts.join(f).is_file(),
+            "artefact {f} missing in {}",
+            artefacts.display()
+        );
+    }
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(artefacts.join("result.json")).unwrap())
+            .map_err(|e| format!("result.json: {e}"))?;
+    ensure!(
+        json["verdict"]["class"] == verdict_class(&result.verdict),
+        "result.json says {}, the trial said {:?}",
+        json["verdict"],
+        result.verdict
+    );
+    Ok(Outcome {
+        result,
+        seen,
+        verdict_at,
+    })
+}
+
+fn verdict_class(v: &Verdict) -> &'static str {
+    match v {
+        Verdict::Ok => "ok",
+        Verdict::Failed(_) => "failed",
+        Verdict::Infrastructure(_) => "infrastructure",
+        Verdict::Timeout(_) => "timeout",
+        Verdict::Panic(_) => "panic",
+        Verdict::Interrupted(_) => "interrupted",
+    }
+}
+
+fn table(fault: &str, injected: &str, verdict: &Verdict, cleanup: &str, time: String) {
+    eprintln!(
+        "fault-table: {fault} | {injected} | {} | {cleanup} | {time}",
+        verdict.label()
+    );
+}
+
+const VM_CLEANUP: &str = "QEMU reaped, socket dir removed, artefacts kept";
+
+fn expect_contains(msg: &str, needles: &[&str]) -> TestResult {
+    for n in needles {
+        ensure!(msg.contains(n), "message lacks {n:?}:\n{msg}");
+    }
+    Ok(())
+}
+
+fn qemu_killed_from_outside() -> TestResult {
+    let c = ctx()?;
+    // The plan ends in a hang so the trial cannot finish before the kill.
+    let s = c.fault_scenario("fault-qemu-killed", Fault::Hang);
+    let o = run_watched(&c.env_with(None), &c.kernel, &s, true)?;
+    let Some((_, killed_at)) = o.seen.killed else {
+        return Err(format!(
+            "the agent's hello never arrived, QEMU was not killed:\n{:?}",
+            o.result.verdict
+        )
+        .into());
+    };
+    ensure!(
+        matches!(o.result.verdict, Verdict::Infrastructure(_)),
+        "expected INFRA, got {:?}",
+        o.result.verdict
+    );
+    expect_contains(
+        o.message(),
+        &[
+            "QEMU was killed by signal 9 (SIGKILL) before the guest agent finished\n",
+            "kloop did not send that signal",
+            "agent's last report",
+            "console.log",
+        ],
+    )?;
+    let to_verdict = o.secs_since(killed_at);
+    ensure!(to_verdict < 5.0, "verdict {to_verdict:.2} s after the kill");
+    // The same environment runs the next trial as if nothing happened.
+    let next = run_watched(&c.env_with(None), &c.kernel, &c.basic, false)?;
+    ensure!(
+        next.result.verdict == Verdict::Ok,
+        "the next trial did not pass: {:?}",
+        next.result.verdict
+    );
+    table(
+        "QEMU killed from outside",
+        "SIGKILL to the QEMU child once its hello frame is complete in data.bin",
+        &o.result.verdict,
+        &format!("{VM_CLEANUP}; next trial {}", next.result.verdict.label()),
+        format!("{to_verdict:.2} s after the kill"),
+    );
+    Ok(())
+}
+
+fn kernel_panic() -> TestResult {
+    let c = ctx()?;
+    let s = c.fault_scenario("fault-kernel-panic", Fault::KernelPanic);
+    let o = run_watched(&c.env_with(None), &c.kernel, &s, false)?;
+    ensure!(
+        matches!(o.result.verdict, Verdict::Panic(_)),
+        "expected PANIC, got {:?}",
+        o.result.verdict
+    );
+    expect_contains(
+        o.message(),
+        &[
+            "guest kernel panicked",
+            "Kernel panic - not syncing: sysrq triggered crash",
+            "console.log",
+        ],
+    )?;
+    let last = o.seen.last_data_at.ok_or("no data seen")?;
+    let t = o.secs_since(last);
+    ensure!(t < 10.0, "verdict {t:.2} s after the last channel byte");
+    table(
+        "guest kernel panic",
+        "step fault kernel-panic: echo c > /proc/sysrq-trigger",
+        &o.result.verdict,
+        VM_CLEANUP,
+        format!(
+            "{t:.2} s after the agent's last frame (trial {:.1} s)",
+            o.result.wall_secs
+        ),
+    );
+    Ok(())
+}
+
+fn hang() -> TestResult {
+    let c = ctx()?;
+    let silence = Duration::from_secs(4);
+    let deadlines = Deadlines {
+        silence,
+        ..c.default_deadlines()
+    };
+    let s = c.fault_scenario("fault-hang", Fault::Hang);
+    let o = run_watched(&c.env_with(Some(deadlines)), &c.kernel, &s, false)?;
+    ensure!(
+        matches!(o.result.verdict, Verdict::Timeout(_)),
+        "expected TIMEOUT, got {:?}",
+        o.result.verdict
+    );
+    expect_contains(
+        o.message(),
+        &[
+            "went silent",
+            "for 4 s",
+            "VM killed",
+            r#""fault":"hang""#,
+            "started, not finished",
+            "fault: hanging",
+            "last 30 console lines",
+        ],
+    )?;
+    // The verdict comes one silence deadline after the last byte, not sooner
+    // and not much later.
+    let last = o.seen.last_data_at.ok_or("no data seen")?;
+    let quiet = o.secs_since(last);
+    ensure!(
+        quiet >= silence.as_secs_f64() - 0.1 && quiet < silence.as_secs_f64() + 3.0,
+        "verdict {quiet:.2} s after the last channel byte, silence deadline {silence:?}"
+    );
+    table(
+        "guest hang",
+        "step fault hang: agent holds the port lock (no heartbeat) and sleeps",
+        &o.result.verdict,
+        VM_CLEANUP,
+        format!(
+            "{quiet:.2} s after the last frame (silence deadline {} s)",
+            silence.as_secs()
+        ),
+    );
+    Ok(())
+}
+
+fn agent_abort() -> TestResult {
+    let c = ctx()?;
+    let s = c.fault_scenario("fault-agent-abort", Fault::Abort);
+    let o = run_watched(&c.env_with(None), &c.kernel, &s, false)?;
+    ensure!(
+        matches!(o.result.verdict, Verdict::Failed(_)),
+        "expected FAILED (agent crash, not a kernel panic), got {:?}",
+        o.result.verdict
+    );
+    expect_contains(
+        o.message(),
+        &[
+            "the guest agent crashed",
+            "Attempted to kill init",
+            "not a finding about the kernel",
+            r#""fault":"abort""#,
+            "fault: calling abort() in PID 1",
+        ],
+    )?;
+    let last = o.seen.last_data_at.ok_or("no data seen")?;
+    let t = o.secs_since(last);
+    ensure!(t < 10.0, "verdict {t:.2} s after the last channel byte");
+    table(
+        "agent abort (PID 1 dies)",
+        "step fault abort: libc::abort()",
+        &o.result.verdict,
+        VM_CLEANUP,
+        format!("{t:.2} s after the agent's last frame"),
+    );
+    Ok(())
+}
+
+fn agent_panic() -> TestResult {
+    let c = ctx()?;
+    let s = c.fault_scenario("fault-agent-panic", Fault::AgentPanic);
+    let o = run_watched(&c.env_with(None), &c.kernel, &s, false)?;
+    ensure!(
+        matches!(o.result.verdict, Verdict::Failed(_)),
+        "expected FAILED, got {:?}",
+        o.result.verdict
+    );
+    expect_contains(
+        o.message(),
+        &[
+            "the guest agent failed",
+            "agent panicked",
+            "fault injection: deliberate agent panic",
+            r#""fault":"agent-panic""#,
+        ],
+    )?;
+    let last = o.seen.last_data_at.ok_or("no data seen")?;
+    let t = o.secs_since(last);
+    ensure!(t < 12.0, "verdict {t:.2} s after the last channel byte");
+    table(
+        "agent panic",
+        "step fault agent-panic: panic!() (hook reports, powers off)",
+        &o.result.verdict,
+        VM_CLEANUP,
+        format!("{t:.2} s after the agent's last frame"),
+    );
+    Ok(())
+}
+
+fn garbage_frame() -> TestResult {
+    let c = ctx()?;
+    let s = c.fault_scenario("fault-garbage-frame", Fault::GarbageFrame);
+    let o = run_watched(&c.env_with(None), &c.kernel, &s, false)?;
+    let data = std::fs::read(o.result.artefacts.join("data.bin")).unwrap_or_default();
+    // The host stops reading at the error: data.bin may end inside the
+    // garbage, but holds at least the 4 bytes the magic check needs.
+    let offset = contains(&data, &GARBAGE[..4]).ok_or("the garbage bytes are not in data.bin")?;
+    ensure!(
+        data[offset..].iter().zip(GARBAGE).all(|(a, b)| a == b),
+        "data.bin at {offset} is not the agent's garbage"
+    );
+    ensure!(
+        matches!(o.result.verdict, Verdict::Infrastructure(_)),
+        "expected INFRA (protocol error), got {:?}",
+        o.result.verdict
+    );
+    expect_contains(
+        o.message(),
+        &[
+            "data channel protocol error",
+            &format!("no frame magic at stream offset {offset}"),
+            "data.bin",
+        ],
+    )?;
+    let last = o.seen.last_data_at.ok_or("no data seen")?;
+    let t = o.secs_since(last);
+    ensure!(t < 10.0, "verdict {t:.2} s after the garbage arrived");
+    table(
+        "garbage on the data channel",
+        "step fault garbage-frame: non-frame bytes under the port lock",
+        &o.result.verdict,
+        VM_CLEANUP,
+        format!("{t:.2} s after the garbage arrived; names offset {offset}"),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------- tools missing
+
+fn target_dir() -> PathBuf {
+    // target/debug/deps/faults-<hash> → target/debug
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+static XTASK: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+
+/// `target/debug/xtask`, built once by this test process.
+fn xtask() -> Result<PathBuf, Failed> {
+    XTASK
+        .get_or_init(|| {
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let out = Command::new(cargo)
+                .current_dir(kloop::agent::workspace_root())
+                .args(["build", "--quiet", "--package", "xtask"])
+                .output()
+                .map_err(|e| format!("running cargo: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "cargo build --package xtask failed:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            let bin = target_dir().join("xtask");
+            bin.is_file()
+                .then_some(bin.clone())
+                .ok_or(format!("{} missing after the build", bin.display()))
+        })
+        .clone()
+        .map_err(Failed::from)
+}
+
+fn qemu_missing() -> TestResult {
+    let xtask = xtask()?;
+    // (what, environment variable set, what the error must say)
+    let cases = [
+        (
+            "KLOOP_QEMU=/nonexistent",
+            ("KLOOP_QEMU", "/nonexistent"),
+            "KLOOP_QEMU=/nonexistent does not exist",
+        ),
+        (
+            "empty PATH",
+            ("PATH", ""),
+            "qemu-system-x86_64 is not on PATH",
+        ),
+    ];
+    for (what, (var, value), says) in cases {
+        let t = Instant::now();
+        let out = Command::new(&xtask)
+            .args(["vm-test", "--kernel", PIN, "--scenario", "basic"])
+            .env_remove("KLOOP_QEMU")
+            .env(var, value)
+            .output()
+            .map_err(|e| format!("running xtask: {e}"))?;
+        let secs = t.elapsed().as_secs_f64();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            out.status.code() == Some(2),
+            "{what}: expected exit 2 (setup error), got {}\n{stderr}",
+            out.status
+        );
+        expect_contains(
+            &stderr,
+            &[says, "apt-get install qemu-system-x86", "KLOOP_QEMU"],
+        )
+        .map_err(|e| Failed::from(format!("{what}: {}", e.message().unwrap_or(""))))?;
+        table(
+            &format!("QEMU missing ({what})"),
+            "xtask vm-test with that environment",
+            &Verdict::Infrastructure(String::new()),
+            "exit 2 before any VM or run work",
+            format!("{secs:.2} s"),
+        );
+        eprintln!("    {}", stderr.trim());
+    }
+    Ok(())
+}
+
+fn clang_missing() -> TestResult {
+    let root = kloop::agent::workspace_root();
+    let scratch = tempfile::Builder::new()
+        .prefix("kloop-faults-guest-")
+        .tempdir_in(root.join("target"))
+        .map_err(|e| format!("scratch dir: {e}"))?;
+    let target = scratch.path().join("guest");
+    // Start from a copy of the real agent build, so only the build script
+    // (which KLOOP_CLANG reruns) runs: fast, and target/kloop/guest untouched.
+    let real = root.join("target/kloop/guest");
+    let real_bin = real
+        .join(kloop::agent::AGENT_TARGET)
+        .join("release/kloop-guest");
+    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let before = mtime(&real_bin);
+    if real.is_dir() {
+        let st = Command::new("cp")
+            .arg("-a")
+            .arg(&real)
+            .arg(&target)
+            .status()
+            .map_err(|e| format!("cp: {e}"))?;
+        ensure!(st.success(), "copying {} failed", real.display());
+    }
+    let t = Instant::now();
+    let r = kloop::agent::build(
+        &root,
+        &target,
+        &[("KLOOP_CLANG", OsStr::new("/nonexistent/clang"))],
+    );
+    let secs = t.elapsed().as_secs_f64();
+    let err = match r {
+        Ok(p) => return Err(format!("the agent built without clang: {}", p.display()).into()),
+        Err(e) => e.to_string(),
+    };
+    expect_contains(
+        &err,
+        &[
+            "building the guest agent failed",
+            "`/nonexistent/clang` was not found",
+            "install the Debian package `clang`",
+            "KLOOP_CLANG",
+        ],
+    )?;
+    ensure!(
+        mtime(&real_bin) == before,
+        "{} changed during the scratch build",
+        real_bin.display()
+    );
+    let scratch_path = scratch.path().to_path_buf();
+    scratch
+        .close()
+        .map_err(|e| format!("removing the scratch dir: {e}"))?;
+    ensure!(!scratch_path.exists(), "{} left", scratch_path.display());
+    table(
+        "clang missing",
+        "kloop::agent::build with KLOOP_CLANG=/nonexistent/clang (scratch target dir)",
+        &Verdict::Infrastructure(String::new()),
+        "scratch target removed; target/kloop/guest untouched",
+        format!("{secs:.2} s"),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------- xtask runs
+
+/// A running `xtask vm-test`, its stdout collected by a thread.
+struct XtaskRun {
+    child: Child,
+    stdout: Arc<Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl XtaskRun {
+    fn spawn(xtask: &Path) -> Result<XtaskRun, Failed> {
+        let mut cmd = Command::new(xtask);
+        cmd.args(["vm-test", "--kernel", PIN, "--scenario", "basic"])
+            .current_dir(kloop::agent::workspace_root())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            // Its own process group, like a foreground job: a group signal
+            // stands in for Ctrl-C at a terminal.
+            .process_group(0);
+        let mut child = cmd.spawn().map_err(|e| format!("spawning xtask: {e}"))?;
+        let out = child.stdout.take().unwrap();
+        let stdout = Arc::new(Mutex::new(String::new()));
+        let s2 = stdout.clone();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let mut s = s2.lock().unwrap();
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        Ok(XtaskRun {
+            child,
+            stdout,
+            reader: Some(reader),
+        })
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn stdout(&self) -> String {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    /// The run directory it announced.
+    fn run_dir(&self) -> Option<PathBuf> {
+        self.stdout().lines().find_map(|l| {
+            l.split_once("artefacts in ")
+                .map(|(_, d)| PathBuf::from(d.trim()))
+        })
+    }
+
+    /// Waits for it to exit; returns exit code and full stdout.
+    fn wait(mut self, limit: Duration) -> Result<(Option<i32>, String), Failed> {
+        let end = Instant::now() + limit;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().map_err(|e| e.to_string())? {
+                break s;
+            }
+            if Instant::now() >= end {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return Err(
+                    format!("xtask still running after {limit:?}:\n{}", self.stdout()).into(),
+                );
+            }
+            std::thread::sleep(POLL);
+        };
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        Ok((status.code(), self.stdout()))
+    }
+}
+
+impl Drop for XtaskRun {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Polls `until` every 10 ms for at most `limit`.
+fn wait_for<T>(limit: Duration, mut until: impl FnMut() -> Option<T>) -> Option<T> {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(v) = until() {
+            return Some(v);
+        }
+        if Instant::now() >= end {
+            return None;
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+fn results_jsonl(run_dir: &Path) -> Result<Vec<serde_json::Value>, Failed> {
+    let text = std::fs::read_to_string(run_dir.join("results.jsonl"))
+        .map_err(|e| format!("{}/results.jsonl: {e}", run_dir.display()))?;
+    text.lines()
+        .map(|l| serde_json::from_str(l).map_err(|e| Failed::from(e.to_string())))
+        .collect()
+}
+
+fn two_runs_at_once() -> TestResult {
+    let xtask = xtask()?;
+    ctx()?; // agent built and kernel cached, so both runs start alike
+    let t = Instant::now();
+    let runs = [XtaskRun::spawn(&xtask)?, XtaskRun::spawn(&xtask)?];
+    // Watch both runs' QEMUs to compare their paths.
+    let mut seen: Vec<Proc> = Vec::new();
+    let both_done = wait_for(Duration::from_secs(300), || {
+        for r in &runs {
+            for q in qemu_guests(r.pid()) {
+                if !seen.iter().any(|s| s.pid == q.pid) {
+                    seen.push(q);
+                }
+            }
+        }
+        runs.iter()
+            .all(|r| read_proc(r.pid()).is_none_or(|p| p.state == 'Z'))
+            .then_some(())
+    });
+    ensure!(both_done.is_some(), "the two runs did not finish in 300 s");
+    let mut dirs = Vec::new();
+    for r in runs {
+        let pid = r.pid();
+        let (code, out) = r.wait(Duration::from_secs(10))?;
+        ensure!(code == Some(0), "run {pid} exited {code:?}:\n{out}");
+        ensure!(
+            out.contains(&format!("{PIN}/basic ... ok")),
+            "run {pid}:\n{out}"
+        );
+        let dir = out
+            .lines()
+            .find_map(|l| {
+                l.split_once("artefacts in ")
+                    .map(|(_, d)| PathBuf::from(d.trim()))
+            })
+            .ok_or("no run directory announced")?;
+        let rs = results_jsonl(&dir)?;
+        ensure!(
+            rs.len() == 1 && rs[0]["verdict"]["class"] == "ok",
+            "{}: {rs:?}",
+            dir.display()
+        );
+        dirs.push(dir);
+    }
+    let secs = t.elapsed().as_secs_f64();
+    ensure!(dirs[0] != dirs[1], "both runs used {}", dirs[0].display());
+    ensure!(seen.len() == 2, "expected two QEMUs, saw {seen:?}");
+    let sockets: BTreeSet<_> = seen.iter().filter_map(|q| socket_dir(&q.cmdline)).collect();
+    ensure!(sockets.len() == 2, "socket directories collide: {seen:?}");
+    for d in &sockets {
+        ensure!(!d.exists(), "socket directory {} left behind", d.display());
+    }
+    table(
+        "two vm-test runs at once",
+        "target/debug/xtask vm-test --kernel 6.1 --scenario basic, twice in parallel",
+        &Verdict::Ok,
+        "both exit 0; distinct run dirs and socket dirs; socket dirs removed",
+        format!("{secs:.1} s for both"),
+    );
+    Ok(())
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Phase {
+    Boot,
+    Trial,
+}
+
+fn interrupt(sig: libc::c_int, phase: Phase) -> TestResult {
+    let xtask = xtask()?;
+    ctx()?;
+    let run = XtaskRun::spawn(&xtask)?;
+    let pid = run.pid();
+    let qemu = wait_for(Duration::from_secs(120), || {
+        qemu_guests(pid).into_iter().next()
+    })
+    .ok_or_else(|| format!("no QEMU started within 120 s:\n{}", run.stdout()))?;
+    let run_dir = wait_for(Duration::from_secs(5), || run.run_dir())
+        .ok_or("xtask did not announce its run directory")?;
+    let data = run_dir.join(PIN).join("basic").join("data.bin");
+    let has_hello = || std::fs::read(&data).is_ok_and(|b| said_hello(&b));
+    if let Phase::Trial = phase {
+        wait_for(Duration::from_secs(60), || has_hello().then_some(()))
+            .ok_or("the agent never said hello")?;
+    }
+    let sockets = socket_dir(&qemu.cmdline).ok_or("no socket dir in QEMU's command line")?;
+    let hello_before = has_hello();
+    let sent = Instant::now();
+    // SIGINT to the process group, as a terminal's Ctrl-C; SIGTERM to the
+    // process, as kill(1) or a CI runner.
+    let target = if sig == libc::SIGINT { -pid } else { pid };
+    // SAFETY: plain kill(2) of our own child (group).
+    unsafe { libc::kill(target, sig) };
+    match phase {
+        Phase::Boot => ensure!(
+            !hello_before,
+            "the agent said hello before the signal: this run did not test the boot phase"
+        ),
+        Phase::Trial => ensure!(hello_before, "signal sent before the hello"),
+    }
+    let gone = wait_for(Duration::from_secs(2), || {
+        (!alive(qemu.pid) && !sockets.exists()).then(Instant::now)
+    });
+    let Some(gone_at) = gone else {
+        return Err(format!(
+            "2 s after the signal: QEMU pid {} alive: {}, socket dir {} exists: {}",
+            qemu.pid,
+            alive(qemu.pid),
+            sockets.display(),
+            sockets.exists()
+        )
+        .into());
+    };
+    let (code, out) = run.wait(Duration::from_secs(30))?;
+    let exited = sent.elapsed().as_secs_f64();
+    ensure!(
+        code.is_some_and(|c| c != 0),
+        "xtask exited {code:?} after the signal:\n{out}"
+    );
+    ensure!(
+        out.contains(&format!("{PIN}/basic ... INTERRUPTED")),
+        "no INTERRUPTED trial line:\n{out}"
+    );
+    let rs = results_jsonl(&run_dir)?;
+    ensure!(
+        rs.len() == 1 && rs[0]["verdict"]["class"] == "interrupted",
+        "results.jsonl: {rs:?}"
+    );
+    let msg = rs[0]["verdict"]["message"].as_str().unwrap_or("");
+    let during = match phase {
+        Phase::Boot => "during boot",
+        Phase::Trial => "during the trial",
+    };
+    expect_contains(msg, &[during, "VM killed"])?;
+    let left = qemu_children(pid);
+    ensure!(left.is_empty(), "QEMU left: {left:?}");
+    let name = if sig == libc::SIGINT {
+        "SIGINT"
+    } else {
+        "SIGTERM"
+    };
+    table(
+        &format!("{name} {during}"),
+        &format!(
+            "{name} to xtask vm-test's {}",
+            if sig == libc::SIGINT {
+                "process group (Ctrl-C)"
+            } else {
+                "pid"
+            }
+        ),
+        &Verdict::Interrupted(String::new()),
+        &format!("QEMU gone and socket dir removed {:.2} s after the signal; results.jsonl interrupted; exit {}", gone_at.duration_since(sent).as_secs_f64(), code.unwrap_or(-1)),
+        format!("xtask exited {exited:.2} s after the signal"),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------- main
+
+fn main() {
+    let mut args = Arguments::from_args();
+    args.test_threads.get_or_insert(1);
+    kloop::signals::install();
+    let vm = |name: &str, f: fn() -> TestResult| Trial::test(name, f).with_kind("vm");
+    let trials = vec![
+        vm("vm/qemu-killed-from-outside", qemu_killed_from_outside),
+        vm("vm/kernel-panic", kernel_panic),
+        vm("vm/hang", hang),
+        vm("vm/agent-abort", agent_abort),
+        vm("vm/agent-panic", agent_panic),
+        vm("vm/garbage-frame", garbage_frame),
+        Trial::test("setup/qemu-missing", qemu_missing),
+        Trial::test("setup/clang-missing", clang_missing),
+        vm("xtask/two-runs-at-once", two_runs_at_once),
+        vm("xtask/sigint-during-boot", || {
+            interrupt(libc::SIGINT, Phase::Boot)
+        }),
+        vm("xtask/sigint-during-trial", || {
+            interrupt(libc::SIGINT, Phase::Trial)
+        }),
+        vm("xtask/sigterm-during-boot", || {
+            interrupt(libc::SIGTERM, Phase::Boot)
+        }),
+        vm("xtask/sigterm-during-trial", || {
+            interrupt(libc::SIGTERM, Phase::Trial)
+        }),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}

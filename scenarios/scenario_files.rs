@@ -1,0 +1,64 @@
+//! Checks over the scenario folders themselves (no VM): every scenario file
+//! parses, and a scenario that keeps golden snapshots has one for every
+//! pinned kernel and none for kernels the catalog no longer has.
+//!
+//! This file lives in `scenarios/` on purpose: it makes the folder a target
+//! root, which is where `cargo insta review` looks for pending `.snap.new`
+//! files.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use kloop::kernel::Catalog;
+use kloop::scenario;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
+}
+
+#[test]
+fn snapshots_cover_exactly_the_catalog() {
+    let catalog = Catalog::load(&root().join("kernels")).unwrap();
+    let pins: BTreeSet<String> = catalog.pins().iter().map(|p| p.id.clone()).collect();
+    let scenarios = scenario::load_all(&root().join("scenarios")).unwrap();
+    assert!(!scenarios.is_empty());
+    for s in &scenarios {
+        let snaps: BTreeSet<String> = std::fs::read_dir(s.snapshot_dir())
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter_map(|e| {
+                        let name = e.file_name().to_string_lossy().into_owned();
+                        name.strip_suffix(".snap").map(str::to_string)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if snaps.is_empty() {
+            continue;
+        }
+        let missing: Vec<_> = pins.difference(&snaps).collect();
+        let stale: Vec<_> = snaps.difference(&pins).collect();
+        assert!(
+            missing.is_empty(),
+            "scenario {}: no golden snapshot for pins {missing:?}; run `cargo xtask bless --scenario {}`",
+            s.name,
+            s.name
+        );
+        assert!(
+            stale.is_empty(),
+            "scenario {}: snapshots for pins not in the catalog: {stale:?}; delete them",
+            s.name
+        );
+        for pin in &snaps {
+            let body = kloop::snapshot::read_snapshot_body(&kloop::snapshot::snapshot_path(
+                &s.snapshot_dir(),
+                pin,
+            ));
+            assert!(
+                body.is_some_and(|b| b.starts_with("# kloop normalised record stream")),
+                "scenario {} pin {pin}: not a kloop snapshot",
+                s.name
+            );
+        }
+    }
+}
