@@ -134,6 +134,15 @@ enum KernelsCmd {
     },
 }
 
+/// The accelerator decision, and how long the KVM probe took if one ran.
+fn accel_line(d: &kloop::accel::AccelDecision) -> String {
+    match d.probe_ms {
+        Some(ms) => format!("{} [KVM probe took {:.1} s]", d.reason, ms as f64 / 1000.0),
+        None if d.from_cache => format!("{} [cached verdict]", d.reason),
+        None => d.reason.clone(),
+    }
+}
+
 fn layout() -> Layout {
     Layout::from_root(kloop::agent::workspace_root())
 }
@@ -184,7 +193,7 @@ fn bench(a: BenchArgs) -> Result<ExitCode> {
     };
     let kernels: Vec<_> = planned.iter().map(|t| t.kernel.clone()).collect();
     let env = suite::prepare_env(&layout, &opts, &kernels)?;
-    println!("kloop bench: accelerator: {}", env.accel.reason);
+    println!("kloop bench: accelerator: {}", accel_line(&env.accel));
     let mut rows = Vec::new();
     for t in &planned {
         let repeated = vec![t.clone(); a.runs];
@@ -257,7 +266,7 @@ fn vm_test(a: VmTestArgs) -> Result<ExitCode> {
     let kernels: Vec<_> = trials.iter().map(|t| t.kernel.clone()).collect();
     let env =
         suite::prepare_env(&layout, &opts, &kernels).context("preparing the test environment")?;
-    println!("kloop: accelerator: {}", env.accel.reason);
+    println!("kloop: accelerator: {}", accel_line(&env.accel));
     println!(
         "kloop: running {} trial(s), artefacts in {}",
         trials.len(),
