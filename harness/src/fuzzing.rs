@@ -397,11 +397,12 @@ fn check_records_result(
 // ---------------------------------------------------------------------------
 // frames
 
-/// xorshift64*: deterministic chunk sizes from a seed byte.
-struct XorShift(u64);
+/// xorshift64*: deterministic pseudo-random numbers from a seed (chunk sizes
+/// here, byte mutations in the parser's tests).
+pub(crate) struct XorShift(pub(crate) u64);
 
 impl XorShift {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;

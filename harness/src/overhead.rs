@@ -386,6 +386,20 @@ pub struct Row {
     pub ok: bool,
 }
 
+/// `now / golden` for a table, `-` when there is none.
+fn ratio_text(r: &Row) -> String {
+    r.ratio().map_or("-".into(), |x| format!("{x:.4}"))
+}
+
+/// A figure's band: `exact`, or `±x%` with `decimals` digits.
+fn band_text(r: &Row, decimals: usize) -> String {
+    if r.tolerance == 0.0 {
+        "exact".to_string()
+    } else {
+        format!("±{:.*}%", decimals, r.tolerance * 100.0)
+    }
+}
+
 impl Row {
     /// now / golden.
     pub fn ratio(&self) -> Option<f64> {
@@ -480,12 +494,8 @@ pub fn table(rows: &[Row]) -> String {
             r.figure,
             show(r.golden),
             show(r.now),
-            r.ratio().map_or("-".into(), |x| format!("{x:.4}")),
-            if r.tolerance == 0.0 {
-                "exact".to_string()
-            } else {
-                format!("±{:.1}%", r.tolerance * 100.0)
-            },
+            ratio_text(r),
+            band_text(r, 1),
         );
     }
     out
@@ -803,12 +813,8 @@ pub fn markdown(run: &str, trials: &[TrialOverhead]) -> String {
                     r.figure,
                     show(r.golden),
                     show(r.now),
-                    r.ratio().map_or("-".into(), |x| format!("{x:.4}")),
-                    if r.tolerance == 0.0 {
-                        "exact".to_string()
-                    } else {
-                        format!("±{:.2}%", r.tolerance * 100.0)
-                    },
+                    ratio_text(r),
+                    band_text(r, 2),
                     if r.ok { "ok" } else { "**OUT**" }
                 );
             }

@@ -1071,18 +1071,7 @@ mod tests {
         assert_eq!(sample_type_names(0), "0");
     }
 
-    /// xorshift64*, fixed seed: deterministic pseudo-random mutations.
-    struct XorShift(u64);
-    impl XorShift {
-        fn next(&mut self) -> u64 {
-            let mut x = self.0;
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            self.0 = x;
-            x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-    }
+    use crate::fuzzing::XorShift;
 
     #[test]
     fn never_panics_on_prefixes_and_mutations() {
