@@ -228,6 +228,7 @@ mod tests {
             wall_secs: 3.44,
             accel: "tcg".into(),
             boot_to_hello_secs: Some(1.2),
+            qemu_peak_rss_kib: Some(300_000),
             guest_release: Some("6.12.0-cloud-amd64".into()),
             qemu_version: "QEMU 7.2".into(),
             host_release: "6.1".into(),

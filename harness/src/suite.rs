@@ -235,6 +235,7 @@ fn interrupted_result(env: &TrialEnv, t: &PlannedTrial) -> crate::trial::TrialRe
         wall_secs: 0.0,
         accel: env.accel.accel.clone(),
         boot_to_hello_secs: None,
+        qemu_peak_rss_kib: None,
         guest_release: None,
         qemu_version: env.qemu_version.clone(),
         host_release: String::new(),

@@ -98,6 +98,8 @@ pub struct TrialResult {
     pub wall_secs: f64,
     pub accel: String,
     pub boot_to_hello_secs: Option<f64>,
+    /// QEMU's peak resident memory in KiB, when it could be read.
+    pub qemu_peak_rss_kib: Option<u64>,
     pub guest_release: Option<String>,
     pub qemu_version: String,
     pub host_release: String,
@@ -139,6 +141,7 @@ pub fn run_trial(env: &TrialEnv, kernel: &KernelUnderTest, scenario: &Scenario) 
         wall_secs: 0.0,
         accel: env.accel.accel.clone(),
         boot_to_hello_secs: None,
+        qemu_peak_rss_kib: None,
         guest_release: None,
         qemu_version: env.qemu_version.clone(),
         host_release: host_release(),
@@ -206,6 +209,7 @@ fn run_inner(
     let session = vm.run_session(&crate::signals::interrupted);
     drop(vm);
     result.boot_to_hello_secs = session.hello_at.map(|d| d.as_secs_f64());
+    result.qemu_peak_rss_kib = session.qemu_peak_rss_kib;
     save_messages(artefacts, &session.messages);
     let tail = || {
         format!(

@@ -321,6 +321,13 @@ impl Vm {
             .and_then(|c| c.try_wait().ok().flatten())
     }
 
+    /// QEMU's peak resident set so far (`VmHWM` in /proc), while it runs.
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let pid = self.child.as_ref()?.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        parse_vm_hwm(&status)
+    }
+
     /// Waits up to `limit` for QEMU to exit by itself.
     pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
         let end = Instant::now() + limit;
@@ -434,6 +441,7 @@ impl Vm {
             Ok(stream) => self.pump(stream, &mut session, interrupted, total_end),
             Err(end) => end,
         };
+        session.qemu_peak_rss_kib = self.peak_rss_kib();
         let end = match end {
             SessionEnd::Done | SessionEnd::AgentError(_) => {
                 // The agent powers off after its last frame.
@@ -584,6 +592,9 @@ pub struct GuestSession {
     pub last_frame_at: Option<Duration>,
     /// An incomplete frame left when the channel closed: (stream offset, bytes).
     pub trailing: Option<(u64, usize)>,
+    /// QEMU's peak resident memory (`VmHWM`), read when the session ended
+    /// while QEMU was still there to ask.
+    pub qemu_peak_rss_kib: Option<u64>,
 }
 
 impl GuestSession {
@@ -730,6 +741,15 @@ pub fn signal_name(sig: i32) -> String {
     name.to_string()
 }
 
+/// `VmHWM` in kB from the text of `/proc/<pid>/status`.
+fn parse_vm_hwm(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
 /// The last `n` lines of a console log (lossy UTF-8).
 pub fn console_tail(path: &Path, n: usize) -> String {
     let Ok(f) = File::open(path) else {
@@ -802,6 +822,16 @@ pub fn console_panic(path: &Path) -> Option<String> {
 mod tests {
     use super::*;
     use kloop_protocol::encode_frame;
+
+    #[test]
+    fn vm_hwm_is_read_from_proc_status() {
+        let status = "Name:\tqemu\nVmPeak:\t 900 kB\nVmHWM:\t  345612 kB\nVmRSS:\t 1 kB\n";
+        assert_eq!(parse_vm_hwm(status), Some(345612));
+        assert_eq!(parse_vm_hwm("Name:\tx\n"), None);
+        // Our own process has one, so the real file parses too.
+        let own = std::fs::read_to_string("/proc/self/status").unwrap();
+        assert!(parse_vm_hwm(&own).unwrap() > 0);
+    }
 
     #[test]
     fn argv_has_no_shell_and_escapes_commas() {

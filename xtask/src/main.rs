@@ -207,25 +207,36 @@ fn bench(a: BenchArgs) -> Result<ExitCode> {
             .filter_map(|r| r.boot_to_hello_secs)
             .collect();
         let wall: Vec<f64> = results.iter().map(|r| r.wall_secs).collect();
+        let rss_mib: Vec<f64> = results
+            .iter()
+            .filter_map(|r| r.qemu_peak_rss_kib)
+            .map(|k| k as f64 / 1024.0)
+            .collect();
         rows.push((
             t.id(),
             report::Spread::of(&hello),
             report::Spread::of(&wall),
+            report::Spread::of(&rss_mib),
             failed,
         ));
     }
     println!(
-        "{:<16} {:>5} {:>26} {:>26} {:>6}",
-        "trial", "runs", "boot→hello s (med min-max)", "trial wall s (med min-max)", "failed"
+        "{:<16} {:>5} {:>26} {:>26} {:>30} {:>6}",
+        "trial",
+        "runs",
+        "boot→hello s (med min-max)",
+        "trial wall s (med min-max)",
+        "QEMU peak RSS MiB (med min-max)",
+        "failed"
     );
-    for (id, hello, wall, failed) in &rows {
-        let show =
-            |s: &Option<report::Spread>| s.map(|s| s.to_string()).unwrap_or_else(|| "-".into());
+    let show = |s: &Option<report::Spread>| s.map(|s| s.to_string()).unwrap_or_else(|| "-".into());
+    for (id, hello, wall, rss, failed) in &rows {
         println!(
-            "{id:<16} {:>5} {:>26} {:>26} {failed:>6}",
+            "{id:<16} {:>5} {:>26} {:>26} {:>30} {failed:>6}",
             a.runs,
             show(hello),
-            show(wall)
+            show(wall),
+            show(rss)
         );
     }
     Ok(ExitCode::SUCCESS)
