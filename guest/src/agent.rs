@@ -271,6 +271,7 @@ impl State {
             Step::Drain => self.drain(),
             Step::Fault { fault } => inject(*fault),
             Step::Measure { .. } => crate::measure::run(step),
+            Step::Storm { .. } => crate::storm::run(step, || self.drain()),
         }
     }
 

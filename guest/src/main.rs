@@ -11,6 +11,7 @@ mod kallsyms;
 mod measure;
 mod perf;
 mod port;
+mod storm;
 mod sys;
 
 mod fixtures {

@@ -47,6 +47,17 @@ pub enum Step {
         iterations: u32,
         warmup: u32,
     },
+    /// Load and unload `program` of `fixture` `cycles` times while the plan's
+    /// listeners (opened by an earlier `open-listeners`) record, draining
+    /// every ring to the host every `drain_every` cycles (and once at the
+    /// end) so that none overflows. Reports nothing else: the programs get
+    /// no `ProgFacts`, only their records travel.
+    Storm {
+        fixture: String,
+        program: String,
+        cycles: u32,
+        drain_every: u32,
+    },
     /// Deliberately break something, to prove the host catches it. Only the
     /// fault-injection tests use this.
     Fault { fault: Fault },
