@@ -1161,6 +1161,88 @@ fn cache_disk_full() -> TestResult {
     Ok(())
 }
 
+// ---------------------------------------------------------------- accel
+
+/// Issue 5, item 9: `--accel auto` with no cached verdict decides within the
+/// probe's deadline, says why in one line, and caches the verdict so the next
+/// decision costs nothing. On this kind of host (`/dev/kvm` answers, nested
+/// KVM crawls) the decision is TCG; where KVM works it is KVM.
+fn kvm_probe_decides_and_caches() -> TestResult {
+    let layout = Layout::from_root(kloop::agent::workspace_root());
+    let catalog = kloop::kernel::Catalog::load(&layout.kernels()).map_err(|e| e.to_string())?;
+    let pin = catalog.get("6.1").map_err(|e| e.to_string())?.clone();
+    let home = kloop::kernel::KernelCache::default_location().map_err(|e| e.to_string())?;
+    let image = home
+        .ensure_image(&pin, &kloop::kernel::FetchOptions::default())
+        .map_err(|e| e.to_string())?;
+    let qemu = kloop::vm::find_qemu().map_err(|e| e.to_string())?;
+    let cache = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let scratch = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let device = kloop::accel::kvm_device_usable();
+    let started = Instant::now();
+    let first = kloop::accel::choose(
+        AccelChoice::Auto,
+        &qemu,
+        &mut || Some(image.clone()),
+        cache.path(),
+        scratch.path(),
+    )?;
+    let took = started.elapsed();
+    ensure!(
+        took < kloop::accel::PROBE_DEADLINE + Duration::from_secs(3),
+        "deciding took {took:?}, more than the probe deadline allows"
+    );
+    ensure!(!first.from_cache, "an empty cache cannot hold a verdict");
+    match &device {
+        Err(why) => ensure!(
+            first.accel == "tcg" && first.reason.contains(why.as_str()),
+            "without a usable /dev/kvm the decision must be TCG naming why: {first:?}"
+        ),
+        Ok(()) => {
+            ensure!(
+                first.probe_ms.is_some(),
+                "/dev/kvm answers, so a probe must run: {first:?}"
+            );
+            if first.accel == "tcg" {
+                ensure!(
+                    first.reason.contains("does not work here"),
+                    "a TCG fallback must say KVM does not work: {first:?}"
+                );
+            }
+        }
+    }
+    let started = Instant::now();
+    let mut never = || -> Option<PathBuf> { None };
+    let second = kloop::accel::choose(
+        AccelChoice::Auto,
+        &qemu,
+        &mut never,
+        cache.path(),
+        scratch.path(),
+    )?;
+    let cached_took = started.elapsed();
+    if device.is_ok() {
+        ensure!(
+            second.from_cache && second.accel == first.accel,
+            "the second decision must come from the cache: {second:?}"
+        );
+    }
+    let left = qemu_children(me());
+    ensure!(
+        left.is_empty(),
+        "the probe left QEMU behind: {} process(es)",
+        left.len()
+    );
+    println!(
+        "fault-table: /dev/kvm present but unusable | --accel auto, empty verdict cache | {} ({}) | probe VM gone, verdict cached | {:.2} s (then {:.3} s from cache)",
+        first.accel.to_uppercase(),
+        first.reason,
+        took.as_secs_f64(),
+        cached_took.as_secs_f64()
+    );
+    Ok(())
+}
+
 // ---------------------------------------------------------------- main
 
 fn main() {
@@ -1179,6 +1261,7 @@ fn main() {
         Trial::test("setup/clang-missing", clang_missing),
         // Mounting a tmpfs needs root (CI runs as root); elsewhere it is
         // reported as ignored, not passed.
+        vm("accel/kvm-probe", kvm_probe_decides_and_caches),
         Trial::test("cache/disk-full", cache_disk_full)
             .with_ignored_flag(unsafe { libc::geteuid() } != 0),
         vm("xtask/two-runs-at-once", two_runs_at_once),
