@@ -179,7 +179,7 @@ fn discard(rings: &[perf::Ring]) -> Result<Vec<u64>> {
     Ok(sizes)
 }
 
-fn parse(name: &str) -> Result<Ebpf> {
+pub(crate) fn parse(name: &str) -> Result<Ebpf> {
     let bytes = fixtures::FIXTURES
         .iter()
         .find(|(stem, _)| *stem == name)
@@ -192,7 +192,7 @@ fn parse(name: &str) -> Result<Ebpf> {
 }
 
 /// `load()` of the program types the fixtures use.
-fn load(program: &mut Program) -> Result<()> {
+pub(crate) fn load(program: &mut Program) -> Result<()> {
     let r = match program {
         Program::SocketFilter(p) => p.load(),
         Program::SchedClassifier(p) => p.load(),
@@ -205,7 +205,7 @@ fn load(program: &mut Program) -> Result<()> {
 }
 
 /// `unload()`: drops the program fd, the last reference to the program.
-fn unload(program: &mut Program) -> Result<()> {
+pub(crate) fn unload(program: &mut Program) -> Result<()> {
     let r = match program {
         Program::SocketFilter(p) => p.unload(),
         Program::SchedClassifier(p) => p.unload(),

@@ -14,11 +14,9 @@
 //! and once more at the end.
 
 use anyhow::{anyhow, bail, Context, Result};
-use aya::programs::{Program, ProgramError};
-use aya::EbpfLoader;
 use kloop_protocol::Step;
 
-use crate::fixtures;
+use crate::measure::{load, parse, unload};
 
 /// Runs one `Step::Storm`; `drain` empties every listener ring to the host.
 pub fn run(step: &Step, mut drain: impl FnMut() -> Result<()>) -> Result<()> {
@@ -34,16 +32,7 @@ pub fn run(step: &Step, mut drain: impl FnMut() -> Result<()>) -> Result<()> {
     if *drain_every == 0 {
         bail!("storm: drain_every must be at least 1");
     }
-    let bytes = fixtures::FIXTURES
-        .iter()
-        .find(|(stem, _)| *stem == fixture)
-        .map(|(_, bytes)| *bytes)
-        .ok_or_else(|| anyhow!("no embedded fixture {fixture:?}"))?;
-    // No kernel BTF, as everywhere in the agent: the fixtures need no CO-RE.
-    let mut ebpf = EbpfLoader::new()
-        .btf(None)
-        .load(bytes)
-        .with_context(|| format!("aya could not load the object of fixture {fixture:?}"))?;
+    let mut ebpf = parse(fixture)?;
     let names: Vec<String> = ebpf.programs().map(|(n, _)| n.to_owned()).collect();
     let prog = ebpf.program_mut(program).ok_or_else(|| {
         anyhow!("fixture {fixture:?} has no program {program:?} (it has {names:?})")
@@ -57,30 +46,4 @@ pub fn run(step: &Step, mut drain: impl FnMut() -> Result<()>) -> Result<()> {
         }
     }
     drain().context("storm: final drain")
-}
-
-/// `load()` of the program types the fixtures use.
-fn load(program: &mut Program) -> Result<()> {
-    let r = match program {
-        Program::SocketFilter(p) => p.load(),
-        Program::SchedClassifier(p) => p.load(),
-        Program::Xdp(p) => p.load(),
-        Program::TracePoint(p) => p.load(),
-        Program::KProbe(p) => p.load(),
-        _ => Err(ProgramError::UnexpectedProgramType),
-    };
-    r.map_err(Into::into)
-}
-
-/// `unload()`: drops the program fd, the last reference to the program.
-fn unload(program: &mut Program) -> Result<()> {
-    let r = match program {
-        Program::SocketFilter(p) => p.unload(),
-        Program::SchedClassifier(p) => p.unload(),
-        Program::Xdp(p) => p.unload(),
-        Program::TracePoint(p) => p.unload(),
-        Program::KProbe(p) => p.unload(),
-        _ => Err(ProgramError::UnexpectedProgramType),
-    };
-    r.map_err(Into::into)
 }
