@@ -115,7 +115,7 @@ fn fixture(name: &str) -> Result<&'static [u8]> {
         })
 }
 
-fn parse_fixture(name: &str) -> Result<Ebpf> {
+pub(crate) fn parse_fixture(name: &str) -> Result<Ebpf> {
     // No kernel BTF: the fixtures need no CO-RE, and parsing vmlinux BTF is slow under TCG.
     EbpfLoader::new()
         .btf(None)
@@ -123,8 +123,19 @@ fn parse_fixture(name: &str) -> Result<Ebpf> {
         .with_context(|| format!("aya could not load the object of fixture {name:?}"))
 }
 
+/// The program `program` of a parsed fixture, or an error naming those it has.
+pub(crate) fn fixture_program<'a>(
+    ebpf: &'a mut Ebpf,
+    fixture: &str,
+    program: &str,
+) -> Result<&'a mut Program> {
+    let names: Vec<String> = ebpf.programs().map(|(n, _)| n.to_owned()).collect();
+    ebpf.program_mut(program)
+        .ok_or_else(|| anyhow!("fixture {fixture:?} has no program {program:?} (it has {names:?})"))
+}
+
 /// Loads a program of any type that needs no attach target at load time.
-fn load_program(program: &mut Program) -> Result<(), ProgramError> {
+pub(crate) fn load_program(program: &mut Program) -> Result<(), ProgramError> {
     match program {
         Program::SocketFilter(p) => p.load(),
         Program::SchedClassifier(p) => p.load(),
@@ -299,10 +310,7 @@ impl State {
             bail!("label {label:?} is already loaded");
         }
         let mut ebpf = parse_fixture(fixture)?;
-        let names: Vec<String> = ebpf.programs().map(|(n, _)| n.to_owned()).collect();
-        let prog = ebpf.program_mut(program).ok_or_else(|| {
-            anyhow!("fixture {fixture:?} has no program {program:?} (it has {names:?})")
-        })?;
+        let prog = fixture_program(&mut ebpf, fixture, program)?;
         load_program(prog)
             .map_err(anyhow::Error::from)
             .with_context(|| format!("loading {fixture}/{program} (label {label:?})"))?;

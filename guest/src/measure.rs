@@ -30,11 +30,11 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use aya::programs::{Program, ProgramError};
-use aya::{Ebpf, EbpfLoader};
 use kloop_protocol::{ListenerSpec, Message, Step};
 
+use crate::agent::{fixture_program, load_program, parse_fixture};
 use crate::sys::{self, OsContext};
-use crate::{bpf, fixtures, perf, port};
+use crate::{bpf, perf, port};
 
 /// `PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU`, the sample type of
 /// the recording listeners in every scenario (`sample = ["tid", "time", "cpu"]`).
@@ -94,11 +94,8 @@ fn measure(
     warmup: u32,
     cpus: &[u32],
 ) -> Result<Message> {
-    let mut ebpf = parse(fixture)?;
-    let names: Vec<String> = ebpf.programs().map(|(n, _)| n.to_owned()).collect();
-    let prog = ebpf.program_mut(program).ok_or_else(|| {
-        anyhow!("fixture {fixture:?} has no program {program:?} (it has {names:?})")
-    })?;
+    let mut ebpf = parse_fixture(fixture)?;
+    let prog = fixture_program(&mut ebpf, fixture, program)?;
     let what = format!("{fixture}/{program}");
 
     // One untimed load before any listener: how many functions the JIT made.
@@ -179,29 +176,9 @@ fn discard(rings: &[perf::Ring]) -> Result<Vec<u64>> {
     Ok(sizes)
 }
 
-pub(crate) fn parse(name: &str) -> Result<Ebpf> {
-    let bytes = fixtures::FIXTURES
-        .iter()
-        .find(|(stem, _)| *stem == name)
-        .map(|(_, bytes)| *bytes)
-        .ok_or_else(|| anyhow!("no embedded fixture {name:?}"))?;
-    EbpfLoader::new()
-        .btf(None)
-        .load(bytes)
-        .with_context(|| format!("aya could not load the object of fixture {name:?}"))
-}
-
 /// `load()` of the program types the fixtures use.
 pub(crate) fn load(program: &mut Program) -> Result<()> {
-    let r = match program {
-        Program::SocketFilter(p) => p.load(),
-        Program::SchedClassifier(p) => p.load(),
-        Program::Xdp(p) => p.load(),
-        Program::TracePoint(p) => p.load(),
-        Program::KProbe(p) => p.load(),
-        _ => Err(ProgramError::UnexpectedProgramType),
-    };
-    r.map_err(Into::into)
+    load_program(program).map_err(Into::into)
 }
 
 /// `unload()`: drops the program fd, the last reference to the program.

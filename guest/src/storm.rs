@@ -13,10 +13,11 @@
 //! through the agent's own `drain` (the same code path as the `drain` step),
 //! and once more at the end.
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use kloop_protocol::Step;
 
-use crate::measure::{load, parse, unload};
+use crate::agent::{fixture_program, parse_fixture};
+use crate::measure::{load, unload};
 
 /// Runs one `Step::Storm`; `drain` empties every listener ring to the host.
 pub fn run(step: &Step, mut drain: impl FnMut() -> Result<()>) -> Result<()> {
@@ -32,11 +33,8 @@ pub fn run(step: &Step, mut drain: impl FnMut() -> Result<()>) -> Result<()> {
     if *drain_every == 0 {
         bail!("storm: drain_every must be at least 1");
     }
-    let mut ebpf = parse(fixture)?;
-    let names: Vec<String> = ebpf.programs().map(|(n, _)| n.to_owned()).collect();
-    let prog = ebpf.program_mut(program).ok_or_else(|| {
-        anyhow!("fixture {fixture:?} has no program {program:?} (it has {names:?})")
-    })?;
+    let mut ebpf = parse_fixture(fixture)?;
+    let prog = fixture_program(&mut ebpf, fixture, program)?;
     let what = format!("{fixture}/{program}");
     for i in 0..*cycles {
         load(prog).with_context(|| format!("storm: loading {what}, cycle {i}"))?;
