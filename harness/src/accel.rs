@@ -89,7 +89,8 @@ pub fn kvm_device_usable() -> Result<(), String> {
     Ok(())
 }
 
-fn host_release() -> String {
+/// The host kernel's release (`uname -r`), `unknown` if unreadable.
+pub(crate) fn host_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())

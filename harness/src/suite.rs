@@ -227,20 +227,13 @@ pub fn run_all(
 }
 
 fn interrupted_result(env: &TrialEnv, t: &PlannedTrial) -> crate::trial::TrialResult {
-    crate::trial::TrialResult {
-        id: t.id(),
-        kernel: t.kernel.id(),
-        scenario: t.scenario.name.clone(),
-        verdict: crate::trial::Verdict::Interrupted("not started: interrupted".into()),
-        wall_secs: 0.0,
-        accel: env.accel.accel.clone(),
-        boot_to_hello_secs: None,
-        qemu_peak_rss_kib: None,
-        guest_release: None,
-        qemu_version: env.qemu_version.clone(),
-        host_release: String::new(),
-        artefacts: env.run_dir.clone(),
-    }
+    crate::trial::TrialResult::new(
+        env,
+        &t.kernel,
+        &t.scenario,
+        crate::trial::Verdict::Interrupted("not started: interrupted".into()),
+        env.run_dir.clone(),
+    )
 }
 
 /// Default parallelism: one VM per core, at least one.

@@ -121,32 +121,39 @@ pub struct TrialEnv {
     pub deadlines: Option<Deadlines>,
 }
 
-fn host_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
+impl TrialResult {
+    /// A result for `kernel` × `scenario` before anything ran: the
+    /// environment filled in, `verdict` as given, timings empty.
+    pub fn new(
+        env: &TrialEnv,
+        kernel: &KernelUnderTest,
+        scenario: &Scenario,
+        verdict: Verdict,
+        artefacts: PathBuf,
+    ) -> TrialResult {
+        TrialResult {
+            id: format!("{}/{}", kernel.id(), scenario.name),
+            kernel: kernel.id(),
+            scenario: scenario.name.clone(),
+            verdict,
+            wall_secs: 0.0,
+            accel: env.accel.accel.clone(),
+            boot_to_hello_secs: None,
+            qemu_peak_rss_kib: None,
+            guest_release: None,
+            qemu_version: env.qemu_version.clone(),
+            host_release: crate::accel::host_release(),
+            artefacts,
+        }
+    }
 }
 
 /// Runs one trial to its verdict. Never panics on guest input; never leaves
 /// QEMU running.
 pub fn run_trial(env: &TrialEnv, kernel: &KernelUnderTest, scenario: &Scenario) -> TrialResult {
-    let id = format!("{}/{}", kernel.id(), scenario.name);
     let artefacts = claim_dir(&env.run_dir.join(kernel.id()).join(&scenario.name));
     let started = Instant::now();
-    let mut result = TrialResult {
-        id: id.clone(),
-        kernel: kernel.id(),
-        scenario: scenario.name.clone(),
-        verdict: Verdict::Ok,
-        wall_secs: 0.0,
-        accel: env.accel.accel.clone(),
-        boot_to_hello_secs: None,
-        qemu_peak_rss_kib: None,
-        guest_release: None,
-        qemu_version: env.qemu_version.clone(),
-        host_release: host_release(),
-        artefacts: artefacts.clone(),
-    };
+    let mut result = TrialResult::new(env, kernel, scenario, Verdict::Ok, artefacts.clone());
     result.verdict = run_inner(env, kernel, scenario, &artefacts, &mut result);
     result.wall_secs = started.elapsed().as_secs_f64();
     if let Ok(json) = serde_json::to_string_pretty(&result) {
