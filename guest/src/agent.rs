@@ -25,11 +25,11 @@ const SYSCTLS: &[&str] = &[
     "kernel/unprivileged_bpf_disabled",
 ];
 
-fn send(msg: &Message) -> Result<()> {
+pub(crate) fn send(msg: &Message) -> Result<()> {
     port::send(msg).os_ctx("writing to the data port")
 }
 
-fn log(text: impl Into<String>) -> Result<()> {
+pub(crate) fn log(text: impl Into<String>) -> Result<()> {
     send(&Message::Log { text: text.into() })
 }
 
@@ -62,6 +62,13 @@ pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
     crate::start_heartbeat();
 
     let plan = read_plan()?;
+    if let Some((requirement, reason)) = crate::probe::first_unmet(&plan.requires)? {
+        send(&Message::Unsupported {
+            requirement,
+            reason,
+        })?;
+        return send(&Message::Done { records_bytes: 0 });
+    }
     warm_up_aya()?;
 
     let mut state = State::default();
@@ -241,16 +248,19 @@ fn inject(fault: Fault) -> Result<()> {
     }
 }
 
-struct Loaded {
+#[allow(dead_code)] // ebpf and program are for the attach steps, landing next
+pub(crate) struct Loaded {
     /// Owns the program fd (and the object's BTF fd); dropping it unloads.
-    _ebpf: Ebpf,
-    id: u32,
+    pub(crate) ebpf: Ebpf,
+    /// The program's name in `ebpf`.
+    pub(crate) program: String,
+    pub(crate) id: u32,
 }
 
 #[derive(Default)]
-struct State {
+pub(crate) struct State {
     rings: Vec<perf::Ring>,
-    loaded: HashMap<String, Loaded>,
+    pub(crate) loaded: HashMap<String, Loaded>,
     /// Programs unloaded by the plan and not yet confirmed gone.
     unloaded: Vec<(String, u32)>,
     records_bytes: u64,
@@ -268,6 +278,7 @@ impl State {
                 fixture,
                 program,
                 label,
+                btf_target: None,
             } => self.load(fixture, program, label),
             Step::Unload { label } => {
                 let prog = self
@@ -283,6 +294,24 @@ impl State {
             Step::Fault { fault } => inject(*fault),
             Step::Measure { .. } => crate::measure::run(step),
             Step::Storm { .. } => crate::storm::run(step, || self.drain()),
+            Step::Load {
+                btf_target: Some(_),
+                ..
+            }
+            | Step::LoadObject { .. }
+            | Step::Attach { .. }
+            | Step::Detach { .. }
+            | Step::Trigger { .. }
+            | Step::ReadCounter { .. }
+            | Step::WaitKallsyms { .. }
+            | Step::Write { .. }
+            | Step::Mkdir { .. }
+            | Step::Rmdir { .. }
+            | Step::ReadFile { .. } => crate::hooks::run(self, step),
+            Step::Veth { .. } | Step::Modprobe { .. } => crate::net::run(step),
+            Step::Inventory => crate::inventory::run(),
+            Step::Concurrent { .. } => crate::concurrent::run(step),
+            Step::PerfRecordStart { .. } | Step::PerfRecordStop => crate::perf_tool::run(step),
         }
     }
 
@@ -331,7 +360,8 @@ impl State {
         self.loaded.insert(
             label.to_owned(),
             Loaded {
-                _ebpf: ebpf,
+                ebpf,
+                program: program.to_owned(),
                 id: info.info.id,
             },
         );

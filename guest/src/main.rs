@@ -7,10 +7,16 @@
 
 mod agent;
 mod bpf;
+mod concurrent;
+mod hooks;
+mod inventory;
 mod kallsyms;
 mod measure;
+mod net;
 mod perf;
+mod perf_tool;
 mod port;
+mod probe;
 mod storm;
 mod sys;
 

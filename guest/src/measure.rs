@@ -52,6 +52,7 @@ const LISTENER: ListenerSpec = ListenerSpec {
     ksymbol: true,
     bpf_event: true,
     ring_pages: 16,
+    scope: kloop_protocol::ListenerScope::CpuWide,
 };
 
 /// Untimed pause after each iteration: long enough (5 ticks at HZ=250) for

@@ -26,6 +26,7 @@ pub fn run(step: &Step, mut drain: impl FnMut() -> Result<()>) -> Result<()> {
         program,
         cycles,
         drain_every,
+        ..
     } = step
     else {
         bail!("storm::run called with a step that is not storm: {step:?}");

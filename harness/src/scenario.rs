@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use kloop_protocol::{Plan, Step};
+use kloop_protocol::{Plan, Requirement, Step};
 
 use crate::records;
 use serde::Deserialize;
@@ -43,6 +43,14 @@ struct ScenarioFile {
     description: String,
     #[serde(default)]
     vm: VmOptions,
+    /// Kernel features the scenario needs; a kernel without one is reported
+    /// skipped with the probe's reason.
+    #[serde(default)]
+    requires: Vec<Requirement>,
+    /// Kernel modules (by name) the host copies from the pin's package into
+    /// the initramfs, for `modprobe` steps.
+    #[serde(default)]
+    modules: Vec<String>,
     steps: Vec<toml::Value>,
 }
 
@@ -69,6 +77,7 @@ pub struct Scenario {
     pub dir: PathBuf,
     pub description: String,
     pub vm: VmOptions,
+    pub modules: Vec<String>,
     pub plan: Plan,
 }
 
@@ -102,8 +111,10 @@ impl Scenario {
             dir: dir.to_path_buf(),
             description: file.description,
             vm: file.vm,
+            modules: file.modules,
             plan: Plan {
                 scenario: name.to_string(),
+                requires: file.requires,
                 steps,
             },
         })

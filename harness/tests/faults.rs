@@ -128,6 +128,7 @@ impl Ctx {
             description: format!("fault injection: {fault:?}"),
             plan: Plan {
                 scenario: name.into(),
+                requires: Vec::new(),
                 steps,
             },
             ..self.basic.clone()

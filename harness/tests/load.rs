@@ -72,6 +72,7 @@ fn storm_carries_100k_records() {
                 ksymbol: true,
                 bpf_event: true,
                 ring_pages: 64,
+                scope: Default::default(),
             },
         },
         Step::Storm {
@@ -79,6 +80,7 @@ fn storm_carries_100k_records() {
             program: "kloop_funcs32".into(),
             cycles: CYCLES,
             drain_every: DRAIN_EVERY,
+            lookup: false,
         },
         Step::WaitUnloaded { timeout_ms: 5000 },
         Step::Drain,
@@ -89,6 +91,7 @@ fn storm_carries_100k_records() {
         description: "load: storm of funcs32 load/unload cycles".into(),
         plan: Plan {
             scenario: name.into(),
+            requires: Vec::new(),
             steps,
         },
         ..t.scenario.clone()

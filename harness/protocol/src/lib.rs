@@ -25,10 +25,12 @@ pub mod frame;
 pub mod plan;
 
 pub use frame::{encode_frame, FrameDecoder, FrameError, FrameKind, RawFrame, MAX_PAYLOAD};
-pub use plan::{Fault, ListenerSpec, Plan, Step};
+pub use plan::{
+    AttachTarget, Fault, ListenerScope, ListenerSpec, Plan, Requirement, Step, XdpMode,
+};
 
 /// Bumped whenever a frame layout or a message changes incompatibly.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Where the agent finds its plan inside the initramfs.
 pub const PLAN_PATH: &str = "/kloop/plan.json";
@@ -162,6 +164,74 @@ pub enum Message {
     /// Every step ran and every ring was drained.
     Done {
         records_bytes: u64,
+    },
+    /// A `requires` probe failed: the run stops here (no steps ran) and the
+    /// trial is reported skipped with `reason`.
+    Unsupported {
+        requirement: Requirement,
+        reason: String,
+    },
+    /// Every program loaded when an `inventory` step ran, as `perf record`
+    /// synthesises them at start.
+    Inventory {
+        progs: Vec<ProgFacts>,
+    },
+    /// A `write` step with `may_fail` whose write the kernel refused
+    /// (`error` is `None` when it succeeded).
+    FileWrite {
+        path: String,
+        error: Option<String>,
+    },
+    FileSnapshot {
+        label: String,
+        path: String,
+        text: String,
+    },
+    /// An attach step's result: which link and how (e.g. the kprobe offset
+    /// the kernel accepted).
+    Attached {
+        label: String,
+        link: String,
+        detail: String,
+    },
+    Counter {
+        label: String,
+        map: String,
+        key: u32,
+        value: u64,
+    },
+    /// One `concurrent` loader thread: the CPU it was pinned to (and ran
+    /// on, checked with `getcpu` around every load) and the ids it loaded,
+    /// in order; each was unloaded right after.
+    Loads {
+        cpu: u32,
+        fixture: String,
+        program: String,
+        functions: u32,
+        ids: Vec<u32>,
+    },
+    /// A storm's end: how many programs it loaded and unloaded, their ids,
+    /// and the JITed function count of each.
+    StormDone {
+        fixture: String,
+        program: String,
+        functions: u32,
+        ids: Vec<u32>,
+    },
+    /// The side-band lookups of a `storm` with `lookup`: PROG_LOAD ids seen
+    /// in the rings while the storm ran and what `BPF_PROG_GET_FD_BY_ID`
+    /// said for each.
+    Lookups {
+        seen: u32,
+        found: u32,
+        enoent: u32,
+        other_errors: Vec<String>,
+    },
+    /// `perf script` output for the `perf record` run of the plan.
+    PerfScript {
+        command: String,
+        text: String,
+        stderr: String,
     },
 }
 

@@ -12,6 +12,69 @@ pub struct ListenerSpec {
     pub bpf_event: bool,
     /// Data pages per ring (power of two).
     pub ring_pages: u32,
+    /// Where the listener looks: one per online CPU (the default), or one
+    /// bound to the agent's own task on any CPU (`pid = 0, cpu = -1`).
+    #[serde(default)]
+    pub scope: ListenerScope,
+}
+
+/// What a listener is bound to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ListenerScope {
+    /// One listener per online CPU, `pid = -1`.
+    #[default]
+    CpuWide,
+    /// One listener for the agent's own task (the loader), `cpu = -1`.
+    Task,
+}
+
+/// How an attach step hooks a loaded program into the kernel. The program's
+/// type must fit the target (aya checks and the agent reports the mismatch).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum AttachTarget {
+    /// kprobe on `function` + `offset`. With `offset = "first-insn-after-entry"`
+    /// semantics (`after_entry = true`) the agent tries offsets 1.. until the
+    /// kernel accepts one: that probe sits past the ftrace call site, so it
+    /// needs an out-of-line instruction slot.
+    Kprobe {
+        function: String,
+        #[serde(default)]
+        offset: u64,
+        #[serde(default)]
+        after_entry: bool,
+    },
+    Kretprobe {
+        function: String,
+    },
+    Tracepoint {
+        category: String,
+        name: String,
+    },
+    /// fentry/fexit/LSM programs attach where they were loaded for (the
+    /// load step's `btf_target`).
+    Btf,
+    /// XDP on `interface` (created by an earlier `veth` step or existing).
+    Xdp {
+        interface: String,
+        #[serde(default)]
+        mode: XdpMode,
+    },
+    /// A software `cpu-clock` sampling event on `cpu` with this period (ns);
+    /// the program runs as its overflow handler.
+    PerfEventCpuClock {
+        cpu: u32,
+        sample_period: u64,
+    },
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum XdpMode {
+    #[default]
+    Native,
+    Generic,
 }
 
 /// One step. The agent runs them in order and reports each.
@@ -21,19 +84,114 @@ pub enum Step {
     /// Read `/proc/kallsyms` before recording starts.
     SnapshotKallsyms,
     /// Open one listener of this spec on every online CPU.
-    OpenListeners { listener: ListenerSpec },
+    OpenListeners {
+        listener: ListenerSpec,
+    },
     /// Load `program` from the embedded fixture object `fixture` and report
     /// its `bpf_prog_info` and kallsyms lines under `label`.
     Load {
         fixture: String,
         program: String,
         label: String,
+        /// For fentry/fexit/LSM programs: the kernel function (or LSM hook)
+        /// they are verified against, resolved in the kernel's BTF.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        btf_target: Option<String>,
+    },
+    /// Load every program of fixture `fixture` and attach each where its ELF
+    /// section name says (`kprobe/<fn>`, `kretprobe/<fn>`,
+    /// `tracepoint/<category>/<name>`), as `perf bpf record --object` did.
+    /// Programs get facts labelled `<label>/<program>`; `unload` of `label`
+    /// detaches and unloads them all.
+    LoadObject {
+        fixture: String,
+        label: String,
+    },
+    /// Attach the loaded program `label`; the link is held under `link` and
+    /// outlives an `unload` of the program until `detach`.
+    Attach {
+        label: String,
+        link: String,
+        target: AttachTarget,
+    },
+    /// Drop the link `link` (closes its perf event / bpf_link / netlink hook).
+    Detach {
+        link: String,
+    },
+    /// Enumerate every loaded program as `perf record` does at start
+    /// (`BPF_PROG_GET_NEXT_ID` + `BPF_OBJ_GET_INFO_BY_FD`) and report them
+    /// as an `Inventory`.
+    Inventory,
+    /// Wait until no `/proc/kallsyms` symbol starting with `prefix` is
+    /// (`present = false`) or some is (`present = true`), at most `timeout_ms`.
+    WaitKallsyms {
+        prefix: String,
+        present: bool,
+        timeout_ms: u64,
+    },
+    /// Write `text` to `path` (sysctls, tracefs). With `may_fail`, a refusal
+    /// is reported as a `FileWrite` message instead of failing the step.
+    Write {
+        path: String,
+        text: String,
+        #[serde(default)]
+        may_fail: bool,
+    },
+    Mkdir {
+        path: String,
+    },
+    Rmdir {
+        path: String,
+    },
+    /// Read `path` and report it as a `FileSnapshot` under `label`.
+    ReadFile {
+        path: String,
+        label: String,
+    },
+    /// Make the kernel run code paths that attached programs hook:
+    /// `count` calls of `nanosleep(0)`, `getpid` etc., or `sleep_ms` of idle
+    /// time (cpu-clock samples need time to pass).
+    Trigger {
+        #[serde(default)]
+        nanosleeps: u32,
+        #[serde(default)]
+        sleep_ms: u64,
+    },
+    /// Read the `u64` at index `key` of array map `map` of the loaded
+    /// program `label`'s object and report it as a `Counter`.
+    ReadCounter {
+        label: String,
+        map: String,
+        key: u32,
+    },
+    /// Create a veth pair `name` / `peer` and bring both up (needs the veth
+    /// module, inserted from the initramfs by `modprobe`).
+    Veth {
+        name: String,
+        peer: String,
+    },
+    /// Insert kernel module `name` (shipped in the initramfs by the host
+    /// because the scenario's `modules` list names it).
+    Modprobe {
+        name: String,
+    },
+    /// On every online CPU, one thread pinned to it loads and unloads
+    /// `program` of `fixture` `cycles` times, all at once; each reports the
+    /// ids it loaded as a `Loads` message.
+    Concurrent {
+        fixture: String,
+        program: String,
+        cycles: u32,
     },
     /// Drop every reference the agent holds on the program `label`.
-    Unload { label: String },
+    Unload {
+        label: String,
+    },
     /// Wait until no program the agent loaded is visible by id any more
     /// (unloads can be deferred to a worker), at most `timeout_ms`.
-    WaitUnloaded { timeout_ms: u64 },
+    WaitUnloaded {
+        timeout_ms: u64,
+    },
     /// Read every ring to its head and send the bytes.
     Drain,
     /// Time the kernel path that emits KSYMBOL / BPF_EVENT: load and unload
@@ -52,15 +210,35 @@ pub enum Step {
     /// every ring to the host every `drain_every` cycles (and once at the
     /// end) so that none overflows. Reports nothing else: the programs get
     /// no `ProgFacts`, only their records travel.
+    ///
+    /// `drain_every = 0` never drains during the storm (overflow scenario).
+    /// With `lookup`, a side-band thread reads the rings while the storm
+    /// runs and opens each PROG_LOAD id with `BPF_PROG_GET_FD_BY_ID` right
+    /// away, as perf's side-band thread does, and reports a `Lookups`.
+    /// Either way the storm ends with a `StormDone`.
     Storm {
         fixture: String,
         program: String,
         cycles: u32,
         drain_every: u32,
+        #[serde(default)]
+        lookup: bool,
     },
+    /// Start the real `perf` (shipped in the initramfs) as
+    /// `perf record <args>` in the background, writing `/tmp/perf.data`;
+    /// waits until it has opened its events.
+    PerfRecordStart {
+        args: Vec<String>,
+    },
+    /// Stop `perf record` (SIGINT), wait for it, run
+    /// `perf script --show-bpf-events` on its data and report the text as a
+    /// `PerfScript`.
+    PerfRecordStop,
     /// Deliberately break something, to prove the host catches it. Only the
     /// fault-injection tests use this.
-    Fault { fault: Fault },
+    Fault {
+        fault: Fault,
+    },
 }
 
 /// A fault the agent can inject on request.
@@ -83,5 +261,33 @@ pub enum Fault {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
     pub scenario: String,
+    /// Feature probes the kernel must pass, run by the agent before any
+    /// step; the first that fails ends the run with `Unsupported`.
+    #[serde(default)]
+    pub requires: Vec<Requirement>,
     pub steps: Vec<Step>,
+}
+
+/// A kernel feature a scenario needs, probed in the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Requirement {
+    /// `/sys/kernel/btf/vmlinux` exists.
+    Btf,
+    /// `net.core.bpf_jit_enable` is not 0.
+    Jit,
+    /// `net.core.bpf_jit_enable` can be set to 0 (not `BPF_JIT_ALWAYS_ON`).
+    JitOptional,
+    /// fentry/fexit programs load (BTF + trampolines).
+    Fentry,
+    /// `bpf` is in `/sys/kernel/security/lsm`.
+    LsmBpf,
+    /// kprobes can be registered and `/sys/kernel/debug/kprobes/list` exists.
+    Kprobes,
+    /// A function tracer instance can be created in tracefs.
+    FtraceInstances,
+    /// The veth module loads and a veth pair can be made.
+    Veth,
+    /// `perf` runs in the guest (the host shipped it).
+    PerfTool,
 }

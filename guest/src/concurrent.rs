@@ -1,0 +1,11 @@
+//! Loaders on every CPU at once.
+
+use anyhow::{bail, Result};
+use kloop_protocol::Step;
+
+pub fn run(step: &Step) -> Result<()> {
+    bail!(
+        "this agent does not implement concurrent yet: {}",
+        serde_json::to_string(step).unwrap_or_default()
+    )
+}
