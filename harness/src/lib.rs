@@ -4,6 +4,7 @@
 //! check → normalise → compare → report. See ARCHITECTURE.md.
 pub mod accel;
 pub mod agent;
+pub mod bench;
 pub mod check;
 pub mod evidence;
 pub mod fuzzing;

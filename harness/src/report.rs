@@ -229,6 +229,7 @@ mod tests {
             accel: "tcg".into(),
             boot_to_hello_secs: Some(1.2),
             qemu_peak_rss_kib: Some(300_000),
+            phases: None,
             guest_release: Some("6.12.0-cloud-amd64".into()),
             qemu_version: "QEMU 7.2".into(),
             host_release: "6.1".into(),

@@ -133,6 +133,8 @@ pub struct EnvOptions {
     pub fetch: FetchOptions,
     pub cpus: u32,
     pub memory_mib: u32,
+    /// Appended to every guest's kernel command line.
+    pub extra_cmdline: Vec<String>,
 }
 
 impl Default for EnvOptions {
@@ -142,6 +144,7 @@ impl Default for EnvOptions {
             fetch: FetchOptions::default(),
             cpus: 2,
             memory_mib: 512,
+            extra_cmdline: Vec::new(),
         }
     }
 }
@@ -188,6 +191,7 @@ pub fn prepare_env(
         cpus: opts.cpus,
         memory_mib: opts.memory_mib,
         deadlines: None,
+        extra_cmdline: opts.extra_cmdline.clone(),
     })
 }
 

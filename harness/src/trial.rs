@@ -100,10 +100,43 @@ pub struct TrialResult {
     pub boot_to_hello_secs: Option<f64>,
     /// QEMU's peak resident memory in KiB, when it could be read.
     pub qemu_peak_rss_kib: Option<u64>,
+    /// Where the trial's wall time went, for runs that reached the agent.
+    pub phases: Option<Phases>,
     pub guest_release: Option<String>,
     pub qemu_version: String,
     pub host_release: String,
     pub artefacts: PathBuf,
+}
+
+/// Where one trial's wall time went (seconds). `to_hello` is measured on
+/// the host from QEMU's spawn; `guest_uptime_at_hello` is the guest's
+/// `CLOCK_MONOTONIC` in the hello, i.e. the kernel's own boot up to the
+/// agent's first frame, so `to_hello - guest_uptime_at_hello` is QEMU
+/// start-up, firmware and the kernel's decompression (before the guest
+/// clock starts).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Phases {
+    /// Host: before QEMU's spawn (initramfs, argv).
+    pub prepare: f64,
+    pub to_hello: f64,
+    pub guest_uptime_at_hello: Option<f64>,
+    /// Hello to done: the agent's plan, channel included.
+    pub agent: Option<f64>,
+    /// Done to QEMU's exit (power-off).
+    pub shutdown: Option<f64>,
+    /// Host: parsing, checks, snapshot, budgets after QEMU exited.
+    pub host_checks: f64,
+}
+
+impl Phases {
+    fn qemu_total(&self) -> f64 {
+        self.to_hello + self.agent.unwrap_or(0.0) + self.shutdown.unwrap_or(0.0)
+    }
+
+    /// `to_hello - guest_uptime_at_hello`: QEMU, firmware, decompression.
+    pub fn before_kernel_clock(&self) -> Option<f64> {
+        self.guest_uptime_at_hello.map(|u| self.to_hello - u)
+    }
 }
 
 /// What every trial of one run shares.
@@ -119,6 +152,8 @@ pub struct TrialEnv {
     pub cpus: u32,
     pub memory_mib: u32,
     pub deadlines: Option<Deadlines>,
+    /// Appended to every guest's kernel command line (`--append`).
+    pub extra_cmdline: Vec<String>,
 }
 
 impl TrialResult {
@@ -140,6 +175,7 @@ impl TrialResult {
             accel: env.accel.accel.clone(),
             boot_to_hello_secs: None,
             qemu_peak_rss_kib: None,
+            phases: None,
             guest_release: None,
             qemu_version: env.qemu_version.clone(),
             host_release: crate::accel::host_release(),
@@ -156,6 +192,9 @@ pub fn run_trial(env: &TrialEnv, kernel: &KernelUnderTest, scenario: &Scenario) 
     let mut result = TrialResult::new(env, kernel, scenario, Verdict::Ok, artefacts.clone());
     result.verdict = run_inner(env, kernel, scenario, &artefacts, &mut result);
     result.wall_secs = started.elapsed().as_secs_f64();
+    if let Some(p) = result.phases.as_mut() {
+        p.host_checks = (result.wall_secs - p.prepare - p.qemu_total()).max(0.0);
+    }
     if let Ok(json) = serde_json::to_string_pretty(&result) {
         let _ = std::fs::write(artefacts.join("result.json"), json);
     }
@@ -169,6 +208,7 @@ fn run_inner(
     artefacts: &Path,
     result: &mut TrialResult,
 ) -> Verdict {
+    let trial_started = Instant::now();
     if let Err(e) = std::fs::create_dir_all(artefacts) {
         return Verdict::Infrastructure(format!(
             "cannot create artefact directory {}: {e}",
@@ -202,7 +242,13 @@ fn run_inner(
         accel,
         cpus: scenario.vm.cpus.unwrap_or(env.cpus),
         memory_mib: env.memory_mib,
-        cmdline: scenario.vm.cmdline.clone(),
+        cmdline: scenario
+            .vm
+            .cmdline
+            .iter()
+            .chain(&env.extra_cmdline)
+            .cloned()
+            .collect(),
         artefacts: artefacts.to_path_buf(),
         deadlines: env.deadlines.unwrap_or_else(|| Deadlines::for_accel(accel)),
         data_channel: true,
@@ -213,9 +259,26 @@ fn run_inner(
         Ok(vm) => vm,
         Err(e) => return Verdict::Infrastructure(e.to_string()),
     };
+    let prepare = trial_started.elapsed().as_secs_f64();
     let session = vm.run_session(&crate::signals::interrupted);
     drop(vm);
     result.boot_to_hello_secs = session.hello_at.map(|d| d.as_secs_f64());
+    if let Some(hello) = session.hello_at {
+        let uptime = session.messages.iter().find_map(|m| match m {
+            Message::Hello { monotonic_ns, .. } => Some(*monotonic_ns as f64 / 1e9),
+            _ => None,
+        });
+        result.phases = Some(Phases {
+            prepare,
+            to_hello: hello.as_secs_f64(),
+            guest_uptime_at_hello: uptime,
+            agent: session.done_at.map(|d| (d - hello).as_secs_f64()),
+            shutdown: session
+                .done_at
+                .map(|d| session.wall.saturating_sub(d).as_secs_f64()),
+            host_checks: 0.0,
+        });
+    }
     result.qemu_peak_rss_kib = session.qemu_peak_rss_kib;
     save_messages(artefacts, &session.messages);
     let tail = || {

@@ -584,6 +584,8 @@ pub struct GuestSession {
     pub streams: BTreeMap<u32, Vec<u8>>,
     /// Time from QEMU start to the hello frame.
     pub hello_at: Option<Duration>,
+    /// Time from QEMU start to the done frame.
+    pub done_at: Option<Duration>,
     pub wall: Duration,
     pub bytes: u64,
     pub end: Option<SessionEnd>,
@@ -684,7 +686,10 @@ impl GuestSession {
                             None
                         }
                     }
-                    Message::Done { .. } => Some(SessionEnd::Done),
+                    Message::Done { .. } => {
+                        self.done_at = Some(started.elapsed());
+                        Some(SessionEnd::Done)
+                    }
                     Message::AgentError { step, message } => {
                         Some(SessionEnd::AgentError(match step {
                             Some(s) => format!("step {s}: {message}"),

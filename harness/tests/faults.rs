@@ -105,6 +105,7 @@ impl Ctx {
             cpus: e.cpus,
             memory_mib: e.memory_mib,
             deadlines,
+            extra_cmdline: e.extra_cmdline.clone(),
         }
     }
 
