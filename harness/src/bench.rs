@@ -141,6 +141,8 @@ pub struct PhaseSpreads {
     pub shutdown: Option<Spread>,
     pub host_checks: Option<Spread>,
     pub prepare: Option<Spread>,
+    pub qemu_cpu_to_hello: Option<Spread>,
+    pub qemu_cpu_agent: Option<Spread>,
 }
 
 impl PhaseSpreads {
@@ -157,6 +159,8 @@ impl PhaseSpreads {
             shutdown: col(&|p| p.shutdown),
             host_checks: col(&|p| Some(p.host_checks)),
             prepare: col(&|p| Some(p.prepare)),
+            qemu_cpu_to_hello: col(&|p| p.qemu_cpu_to_hello),
+            qemu_cpu_agent: col(&|p| p.qemu_cpu_agent),
         }
     }
 }

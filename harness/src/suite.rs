@@ -135,6 +135,7 @@ pub struct EnvOptions {
     pub memory_mib: u32,
     /// Appended to every guest's kernel command line.
     pub extra_cmdline: Vec<String>,
+    pub boot: crate::trial::BootEntry,
 }
 
 impl Default for EnvOptions {
@@ -145,6 +146,7 @@ impl Default for EnvOptions {
             cpus: 2,
             memory_mib: 512,
             extra_cmdline: Vec::new(),
+            boot: Default::default(),
         }
     }
 }
@@ -192,6 +194,7 @@ pub fn prepare_env(
         memory_mib: opts.memory_mib,
         deadlines: None,
         extra_cmdline: opts.extra_cmdline.clone(),
+        boot: opts.boot,
     })
 }
 

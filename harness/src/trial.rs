@@ -126,6 +126,10 @@ pub struct Phases {
     pub shutdown: Option<f64>,
     /// Host: parsing, checks, snapshot, budgets after QEMU exited.
     pub host_checks: f64,
+    /// CPU seconds QEMU used up to the hello, and from hello to done: the
+    /// emulation work itself, barely disturbed by a busy host.
+    pub qemu_cpu_to_hello: Option<f64>,
+    pub qemu_cpu_agent: Option<f64>,
 }
 
 impl Phases {
@@ -154,6 +158,52 @@ pub struct TrialEnv {
     pub deadlines: Option<Deadlines>,
     /// Appended to every guest's kernel command line (`--append`).
     pub extra_cmdline: Vec<String>,
+    pub boot: BootEntry,
+}
+
+/// How QEMU enters the kernel.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BootEntry {
+    /// The bzImage's own ELF through its PVH entry, decompressed once on
+    /// the host ([`crate::kernel::pvh`]); the bzImage when that fails.
+    #[default]
+    Pvh,
+    /// The bzImage as is: firmware, real-mode setup, the decompressor.
+    BzImage,
+}
+
+impl std::str::FromStr for BootEntry {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "pvh" => Ok(BootEntry::Pvh),
+            "bzimage" => Ok(BootEntry::BzImage),
+            other => Err(format!("unknown boot entry `{other}`: use pvh or bzimage")),
+        }
+    }
+}
+
+/// The file QEMU's `-kernel` gets for `image`. A PVH failure is not the
+/// trial's: the bzImage boots instead, and `boot.txt` says why.
+fn boot_file(env: &TrialEnv, image: &Path, artefacts: &Path) -> PathBuf {
+    let note = match env.boot {
+        BootEntry::BzImage => "bzimage (as asked)".to_string(),
+        BootEntry::Pvh => match crate::kernel::pvh::ensure_pvh(env.cache.root(), image) {
+            Ok(elf) => {
+                let _ = std::fs::write(
+                    artefacts.join("boot.txt"),
+                    format!("pvh: {} from {}\n", elf.display(), image.display()),
+                );
+                return elf;
+            }
+            Err(e) => format!("bzimage, because PVH is not possible: {e}"),
+        },
+    };
+    let _ = std::fs::write(
+        artefacts.join("boot.txt"),
+        format!("{note}: {}\n", image.display()),
+    );
+    image.to_path_buf()
 }
 
 impl TrialResult {
@@ -230,6 +280,7 @@ fn run_inner(
             path.clone()
         }
     };
+    let image = boot_file(env, &image, artefacts);
     let initramfs = artefacts.join("initramfs.cpio");
     if let Err(e) = build_initramfs(&env.agent, scenario, &initramfs) {
         return Verdict::Infrastructure(format!("writing initramfs {}: {e}", initramfs.display()));
@@ -277,6 +328,11 @@ fn run_inner(
                 .done_at
                 .map(|d| session.wall.saturating_sub(d).as_secs_f64()),
             host_checks: 0.0,
+            qemu_cpu_to_hello: session.qemu_cpu_at_hello,
+            qemu_cpu_agent: session
+                .qemu_cpu_at_done
+                .zip(session.qemu_cpu_at_hello)
+                .map(|(d, h)| d - h),
         });
     }
     result.qemu_peak_rss_kib = session.qemu_peak_rss_kib;

@@ -106,6 +106,7 @@ impl Ctx {
             memory_mib: e.memory_mib,
             deadlines,
             extra_cmdline: e.extra_cmdline.clone(),
+            boot: e.boot,
         }
     }
 

@@ -85,6 +85,10 @@ struct VmTestArgs {
     /// e.g. `--append initcall_debug`.
     #[arg(long, value_name = "ARG")]
     append: Vec<String>,
+    /// How QEMU enters the kernel: `pvh` (the bzImage's own ELF, decompressed
+    /// once on the host, entered at its PVH note: faster) or `bzimage`.
+    #[arg(long, default_value = "pvh")]
+    boot: kloop::trial::BootEntry,
     /// List the trials and exit.
     #[arg(long)]
     list: bool,
@@ -122,6 +126,9 @@ struct BenchArgs {
     /// e.g. to compare boot options.
     #[arg(long, value_name = "ARG")]
     append: Vec<String>,
+    /// How QEMU enters the kernel: pvh or bzimage (see vm-test --help).
+    #[arg(long, default_value = "pvh")]
+    boot: kloop::trial::BootEntry,
     /// Load/unload cycles of the channel storm on the first pin (66 records
     /// each); 0 skips it.
     #[arg(long, default_value_t = 200)]
@@ -206,6 +213,7 @@ fn bench(a: BenchArgs) -> Result<ExitCode> {
     let opts = EnvOptions {
         accel: a.accel,
         extra_cmdline: a.append.clone(),
+        boot: a.boot,
         ..EnvOptions::default()
     };
     let kernels: Vec<_> = planned.iter().map(|t| t.kernel.clone()).collect();
@@ -262,6 +270,18 @@ fn bench(a: BenchArgs) -> Result<ExitCode> {
             show(hello),
             show(wall),
             show(rss)
+        );
+    }
+    println!();
+    println!(
+        "QEMU CPU seconds (user+sys; steady on a busy host, unlike wall time), median (min-max):"
+    );
+    println!("{:<16} {:>22} {:>22}", "trial", "start→hello", "hello→done");
+    for (id, p) in &phase_rows {
+        println!(
+            "{id:<16} {:>22} {:>22}",
+            show(&p.qemu_cpu_to_hello),
+            show(&p.qemu_cpu_agent)
         );
     }
     println!();
@@ -360,6 +380,9 @@ fn matrix_bench(a: &BenchArgs) -> Result<()> {
         for w in &a.append {
             cmd.arg("--append").arg(w);
         }
+        if a.boot == kloop::trial::BootEntry::BzImage {
+            cmd.arg("--boot").arg("bzimage");
+        }
         if let Some(c) = cache {
             cmd.env(kloop::kernel::CACHE_DIR_ENV, c);
         }
@@ -411,6 +434,7 @@ fn vm_test(a: VmTestArgs) -> Result<ExitCode> {
         cpus: a.cpus,
         memory_mib: a.memory,
         extra_cmdline: a.append.clone(),
+        boot: a.boot,
     };
     let started = std::time::Instant::now();
     let kernels: Vec<_> = trials.iter().map(|t| t.kernel.clone()).collect();

@@ -25,6 +25,7 @@ mod error;
 mod extract;
 mod mirror;
 mod pin;
+pub mod pvh;
 mod update;
 mod version;
 
