@@ -69,7 +69,7 @@ pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
         })?;
         return send(&Message::Done { records_bytes: 0 });
     }
-    warm_up_aya()?;
+    warm_up_aya(&plan_fixtures(&plan))?;
 
     let mut state = State::default();
     for (index, step) in plan.steps.iter().enumerate() {
@@ -158,18 +158,38 @@ pub(crate) fn load_program(program: &mut Program) -> Result<(), ProgramError> {
     }
 }
 
+/// The fixtures the plan's steps load, in first-use order.
+fn plan_fixtures(plan: &Plan) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for step in &plan.steps {
+        let fixture = match step {
+            Step::Load { fixture, .. }
+            | Step::LoadObject { fixture, .. }
+            | Step::Measure { fixture, .. }
+            | Step::Storm { fixture, .. }
+            | Step::Concurrent { fixture, .. } => fixture.as_str(),
+            _ => continue,
+        };
+        if !out.contains(&fixture) {
+            out.push(fixture);
+        }
+    }
+    out
+}
+
 /// aya probes kernel features by loading throw-away programs the first time
 /// it needs them. Those loads would be recorded as KSYMBOL/BPF_EVENT records,
 /// so force them now, before any listener exists: `aya::features()` runs the
 /// whole detection (a `LazyLock` in aya 0.14), and loading every program of
-/// every embedded fixture once exercises whatever else the real loads will
-/// touch. Then wait until the kernel has freed all of it.
-fn warm_up_aya() -> Result<()> {
+/// every fixture the plan uses once exercises whatever else the real loads
+/// will touch (only those: parsing and loading all of them cost about half a
+/// second per boot under TCG). Then wait until the kernel has freed it all.
+fn warm_up_aya(fixtures: &[&str]) -> Result<()> {
     let started = Instant::now();
     let before: HashSet<u32> = bpf::prog_ids()?.into_iter().collect();
     let features = aya::features();
     let mut loaded = 0;
-    for (stem, _) in fixtures::FIXTURES {
+    for stem in fixtures {
         let mut ebpf = match parse_fixture(stem) {
             Ok(ebpf) => ebpf,
             Err(e) => {
