@@ -49,7 +49,8 @@ impl KernelUnderTest {
     }
 }
 
-/// How a trial ended. Only `Ok` is a pass.
+/// How a trial ended. Only `Ok` is a pass; `Skipped` and `Known` are not
+/// passes either, but they do not fail a run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "class", content = "message", rename_all = "kebab-case")]
 pub enum Verdict {
@@ -57,6 +58,16 @@ pub enum Verdict {
     /// The kernel's records broke a rule, the snapshot drifted, or the agent
     /// reported an error: a finding about the kernel (or a kloop bug).
     Failed(String),
+    /// The kernel lacks a feature the scenario `requires` (the guest's probe
+    /// said which and why): `<requirement>: <reason>`, one line. Nothing ran.
+    Skipped(String),
+    /// Every violation is a known kernel bug of this pin in the ledger
+    /// (`kernels/known-issues.toml`). First line `known kernel bug: <ids>`,
+    /// then the entries and the violations they cover.
+    Known(String),
+    /// A ledger entry expects its bug in this trial and it did not show: the
+    /// ledger is out of date. First line `FIXED? <id> no longer shows on <pin>`.
+    Fixed(String),
     /// Something around the test broke: fetch, QEMU, the channel.
     Infrastructure(String),
     Timeout(String),
@@ -69,6 +80,9 @@ impl Verdict {
         match self {
             Verdict::Ok => "ok",
             Verdict::Failed(_) => "FAILED",
+            Verdict::Skipped(_) => "SKIPPED",
+            Verdict::Known(_) => "KNOWN",
+            Verdict::Fixed(_) => "FIXED?",
             Verdict::Infrastructure(_) => "INFRA",
             Verdict::Timeout(_) => "TIMEOUT",
             Verdict::Panic(_) => "PANIC",
@@ -80,13 +94,41 @@ impl Verdict {
         match self {
             Verdict::Ok => None,
             Verdict::Failed(m)
+            | Verdict::Skipped(m)
+            | Verdict::Known(m)
+            | Verdict::Fixed(m)
             | Verdict::Infrastructure(m)
             | Verdict::Timeout(m)
             | Verdict::Panic(m)
             | Verdict::Interrupted(m) => Some(m),
         }
     }
+
+    /// The label with what a reader needs on the trial line itself:
+    /// `SKIPPED (jit-optional: …)`, `KNOWN (issue-a, issue-b)`,
+    /// `FIXED? issue-a no longer shows on 6.1`.
+    pub fn headline(&self) -> String {
+        let first = self.message().and_then(|m| m.lines().next()).unwrap_or("");
+        match self {
+            Verdict::Skipped(_) => format!("SKIPPED ({first})"),
+            Verdict::Known(_) => format!(
+                "KNOWN ({})",
+                first.strip_prefix(KNOWN_PREFIX).unwrap_or(first)
+            ),
+            Verdict::Fixed(_) => first.to_string(),
+            other => other.label().to_string(),
+        }
+    }
+
+    /// Does this verdict fail a run (exit status, libtest)? Skipped and
+    /// known-bug trials do not; they are not passes either.
+    pub fn fails_run(&self) -> bool {
+        !matches!(self, Verdict::Ok | Verdict::Skipped(_) | Verdict::Known(_))
+    }
 }
+
+/// First-line prefix of a [`Verdict::Known`] message.
+pub const KNOWN_PREFIX: &str = "known kernel bug: ";
 
 /// The result of one trial, with its environment.
 #[derive(Debug, Clone, Serialize)]
@@ -119,6 +161,8 @@ pub struct TrialEnv {
     pub cpus: u32,
     pub memory_mib: u32,
     pub deadlines: Option<Deadlines>,
+    /// The known-issues ledger trials on pins are judged by.
+    pub known_issues: crate::known_issues::Ledger,
 }
 
 impl TrialResult {
@@ -337,6 +381,16 @@ fn run_inner(
     }
     let evidence = evidence_from(&session);
     result.guest_release = Some(evidence.uname.release.clone());
+    if let Some((requirement, reason)) = &evidence.unsupported {
+        let name = requirement_name(*requirement);
+        if !scenario.plan.requires.contains(requirement) {
+            return Verdict::Failed(format!(
+                "the guest agent reported requirement `{name}` unmet ({reason}), but scenario {} does not require it: an agent bug",
+                scenario.name
+            ));
+        }
+        return Verdict::Skipped(format!("{name}: {}", one_line(reason)));
+    }
     for (idx, bytes) in &evidence.streams {
         let _ = std::fs::write(artefacts.join(format!("records-{idx}.bin")), bytes);
     }
@@ -344,17 +398,68 @@ fn run_inner(
     let normalised = crate::normalise::normalise(&evidence, &analysis);
     let normalised_path = artefacts.join("normalised.txt");
     let _ = std::fs::write(&normalised_path, &normalised);
-    if !analysis.violations.is_empty() {
+    // The ledger judges pinned kernels only: a user-built image is what one
+    // boots to see whether a fix works, so every violation counts there.
+    let ledger_pin = match kernel {
+        KernelUnderTest::Pin(p) => Some(p.id.as_str()),
+        KernelUnderTest::Image { .. } => None,
+    };
+    let empty = crate::known_issues::Ledger::default();
+    let ledger = if ledger_pin.is_some() {
+        &env.known_issues
+    } else {
+        &empty
+    };
+    let judgement = ledger.judge(
+        ledger_pin.unwrap_or(""),
+        &scenario.name,
+        &analysis.violations,
+    );
+    let known_note = known_note(&judgement);
+    let fixed_note = ledger_pin
+        .map(|pin| fixed_note(&judgement, pin, ledger))
+        .unwrap_or_default();
+    if !judgement.uncovered.is_empty() {
         let mut msg = format!(
             "{} invariant violation(s) (normalised stream: {}):",
-            analysis.violations.len(),
+            judgement.uncovered.len(),
             normalised_path.display()
         );
-        for v in &analysis.violations {
+        for v in &judgement.uncovered {
             msg.push_str(&format!("\n  [{}] {}", v.rule, v.message));
+        }
+        if !known_note.is_empty() {
+            msg.push_str(&format!(
+                "\nalso known kernel bugs of this pin:\n{known_note}"
+            ));
+        }
+        if !fixed_note.is_empty() {
+            msg.push_str(&format!("\n{fixed_note}"));
         }
         return Verdict::Failed(msg);
     }
+    // What the ledger makes of a trial whose other checks pass.
+    let ledger_verdict = if !fixed_note.is_empty() {
+        Some(Verdict::Fixed(if known_note.is_empty() {
+            fixed_note.clone()
+        } else {
+            format!("{fixed_note}\nstill showing:\n{known_note}")
+        }))
+    } else if !judgement.known.is_empty() {
+        let ids: Vec<&str> = judgement.known.iter().map(|(i, _)| i.id.as_str()).collect();
+        Some(Verdict::Known(format!(
+            "{KNOWN_PREFIX}{}\n{known_note}\nnormalised stream (from the records that parsed): {}",
+            ids.join(", "),
+            normalised_path.display()
+        )))
+    } else {
+        None
+    };
+    let ledger_suffix = ledger_verdict
+        .as_ref()
+        .and_then(|v| v.message())
+        .map(|m| format!("\n{m}"))
+        .unwrap_or_default();
     // Timing scenarios: figures against the pin's budget (overhead.rs).
     let overhead = crate::overhead::check_trial(
         scenario,
@@ -364,10 +469,9 @@ fn run_inner(
         accel,
         artefacts,
     );
-    let overhead_verdict = || {
-        overhead
-            .clone()
-            .map_or_else(Verdict::Failed, |()| Verdict::Ok)
+    let overhead_verdict = || match overhead.clone() {
+        Err(e) => Verdict::Failed(format!("{e}{ledger_suffix}")),
+        Ok(()) => ledger_verdict.clone().unwrap_or(Verdict::Ok),
     };
     let Some(snap_name) = kernel.snapshot_name() else {
         return overhead_verdict();
@@ -397,7 +501,79 @@ fn run_inner(
                 ),
             },
             overhead.err().map(|e| format!("\n{e}")).unwrap_or_default()
-        )),
+        ) + &ledger_suffix),
+    }
+}
+
+/// The ledger entries that explain violations, with the violations.
+fn known_note(j: &crate::known_issues::Judgement) -> String {
+    let mut out = String::new();
+    for (issue, hits) in &j.known {
+        out.push_str(&format!(
+            "  {} (rule {}): {}\n",
+            issue.id,
+            issue.rule,
+            one_line(&issue.summary)
+        ));
+        for v in hits {
+            out.push_str(&format!("    [{}] {}\n", v.rule, v.message));
+        }
+    }
+    out.trim_end().to_string()
+}
+
+/// `FIXED? <id> no longer shows on <pin>` for every entry that expected its
+/// bug here and did not see it.
+fn fixed_note(
+    j: &crate::known_issues::Judgement,
+    pin: &str,
+    ledger: &crate::known_issues::Ledger,
+) -> String {
+    let file = ledger.path.as_ref().map_or_else(
+        || "kernels/known-issues.toml".into(),
+        |p| p.display().to_string(),
+    );
+    if j.fixed.is_empty() {
+        return String::new();
+    }
+    let ids: Vec<&str> = j.fixed.iter().map(|i| i.id.as_str()).collect();
+    let mut out = format!("FIXED? {} no longer shows on {pin}", ids.join(", "));
+    for i in &j.fixed {
+        out.push_str(&format!(
+            "\n  {}: no `{}` violation in this trial although the ledger expects one here",
+            i.id, i.rule
+        ));
+    }
+    out.push_str(&format!(
+        "\n  if the kernel was fixed, drop {pin} from the entry (or the entry) in {file}; if not, the scenario no longer provokes the bug: fix the scenario"
+    ));
+    out
+}
+
+/// A probe's reason or a summary on one line, at most 400 bytes.
+fn one_line(text: &str) -> String {
+    let joined = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
+    const MAX: usize = 400;
+    if joined.len() <= MAX {
+        return joined;
+    }
+    let mut end = MAX;
+    while !joined.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &joined[..end])
+}
+
+/// `jit-optional` for [`Requirement::JitOptional`]: the name scenario files use.
+pub fn requirement_name(r: kloop_protocol::Requirement) -> String {
+    match serde_json::to_value(r) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => format!("{r:?}"),
     }
 }
 

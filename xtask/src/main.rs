@@ -278,6 +278,12 @@ fn vm_test(a: VmTestArgs) -> Result<ExitCode> {
     let env =
         suite::prepare_env(&layout, &opts, &kernels).context("preparing the test environment")?;
     println!("kloop: accelerator: {}", accel_line(&env.accel));
+    let ledger_warnings = env
+        .known_issues
+        .warnings(kloop::known_issues::Date::today());
+    for w in &ledger_warnings {
+        println!("kloop: {w}");
+    }
     println!(
         "kloop: running {} trial(s), artefacts in {}",
         trials.len(),
@@ -313,6 +319,14 @@ fn vm_test(a: VmTestArgs) -> Result<ExitCode> {
     }
     let summary = Summary::of(&results);
     println!();
+    // Skipped and known-bug trials do not fail the run: list them at the end
+    // so they are seen anyway.
+    for line in report::not_passed_lines(&results) {
+        println!("kloop: {line}");
+    }
+    for w in &ledger_warnings {
+        println!("kloop: {w}");
+    }
     println!(
         "kloop: {} in {:.1} s ({}); reports: {}",
         summary.line(),
