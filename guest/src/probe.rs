@@ -103,13 +103,23 @@ fn jit_optional() -> Result<Probe> {
             Errno(&e)
         )));
     }
+    let now = sys::read_trimmed(JIT_ENABLE);
     if let Err(e) = std::fs::write(JIT_ENABLE, &original) {
         bail!(
             "jit-optional probe: restoring {JIT_ENABLE} to {original} after writing 0: {}",
             Errno(&e)
         );
     }
-    Ok(Ok(()))
+    Ok(match now {
+        Ok(v) if v == "0" => Ok(()),
+        Ok(v) => Err(format!(
+            "wrote 0 to {JIT_ENABLE} (was {original}) but it reads back {v}: the JIT cannot be turned off"
+        )),
+        Err(e) => Err(format!(
+            "reading {JIT_ENABLE} back after writing 0: {}",
+            Errno(&e)
+        )),
+    })
 }
 
 const SECURITYFS: &str = "/sys/kernel/security";
