@@ -191,12 +191,15 @@ const _: () = assert!(std::mem::size_of::<ProgLoadAttr>() == 120);
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 
 fn kprobes() -> Result<Probe> {
-    if let Err(e) = std::fs::read_to_string(KPROBES_LIST) {
-        return Ok(Err(format!(
-            "{KPROBES_LIST}: {}: no kprobes (CONFIG_KPROBES) or no debugfs",
-            Errno(&e)
-        )));
-    }
+    let before = match std::fs::read_to_string(KPROBES_LIST) {
+        Ok(l) => l,
+        Err(e) => {
+            return Ok(Err(format!(
+                "{KPROBES_LIST}: {}: no kprobes (CONFIG_KPROBES) or no debugfs",
+                Errno(&e)
+            )))
+        }
+    };
     match sys::read_trimmed(KPROBES_ENABLED) {
         Ok(v) if v == "1" => {}
         Ok(v) => {
@@ -248,17 +251,20 @@ fn kprobes() -> Result<Probe> {
     }
     // SAFETY: a fresh fd we own.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // The list names a probe by the first kallsyms name at its address
+    // (`__do_sys_getppid` for the syscall wrapper), so count lines instead.
     let listed = std::fs::read_to_string(KPROBES_LIST).unwrap_or_default();
     drop(fd);
-    if !listed.contains(KPROBE_FUNCTION) {
+    if listed.lines().count() != before.lines().count() + 1 {
         return Ok(Err(format!(
-            "a kprobe perf event on {KPROBE_FUNCTION} opened but {KPROBES_LIST} does not list it"
+            "a kprobe perf event on {KPROBE_FUNCTION} opened but {KPROBES_LIST} did not gain a line: {:?}",
+            listed.lines().take(3).collect::<Vec<_>>()
         )));
     }
     // Closing the event unregisters the kprobe synchronously.
     let after = std::fs::read_to_string(KPROBES_LIST).unwrap_or_default();
-    if after.contains(KPROBE_FUNCTION) {
-        bail!("kprobes probe: {KPROBE_FUNCTION} is still in {KPROBES_LIST} after closing its perf event:\n{after}");
+    if after != before {
+        bail!("kprobes probe: {KPROBES_LIST} differs after closing the probe's perf event on {KPROBE_FUNCTION}:\nbefore:\n{before}\nafter:\n{after}");
     }
     Ok(Ok(()))
 }
