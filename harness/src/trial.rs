@@ -381,15 +381,8 @@ fn run_inner(
     }
     let evidence = evidence_from(&session);
     result.guest_release = Some(evidence.uname.release.clone());
-    if let Some((requirement, reason)) = &evidence.unsupported {
-        let name = requirement_name(*requirement);
-        if !scenario.plan.requires.contains(requirement) {
-            return Verdict::Failed(format!(
-                "the guest agent reported requirement `{name}` unmet ({reason}), but scenario {} does not require it: an agent bug",
-                scenario.name
-            ));
-        }
-        return Verdict::Skipped(format!("{name}: {}", one_line(reason)));
+    if let Some(v) = unsupported_verdict(scenario, &evidence) {
+        return v;
     }
     for (idx, bytes) in &evidence.streams {
         let _ = std::fs::write(artefacts.join(format!("records-{idx}.bin")), bytes);
@@ -404,56 +397,15 @@ fn run_inner(
         KernelUnderTest::Pin(p) => Some(p.id.as_str()),
         KernelUnderTest::Image { .. } => None,
     };
-    let empty = crate::known_issues::Ledger::default();
-    let ledger = if ledger_pin.is_some() {
-        &env.known_issues
-    } else {
-        &empty
-    };
-    let judgement = ledger.judge(
-        ledger_pin.unwrap_or(""),
+    let ledger_verdict = match ledger_outcome(
+        &env.known_issues,
+        ledger_pin,
         &scenario.name,
         &analysis.violations,
-    );
-    let known_note = known_note(&judgement);
-    let fixed_note = ledger_pin
-        .map(|pin| fixed_note(&judgement, pin, ledger))
-        .unwrap_or_default();
-    if !judgement.uncovered.is_empty() {
-        let mut msg = format!(
-            "{} invariant violation(s) (normalised stream: {}):",
-            judgement.uncovered.len(),
-            normalised_path.display()
-        );
-        for v in &judgement.uncovered {
-            msg.push_str(&format!("\n  [{}] {}", v.rule, v.message));
-        }
-        if !known_note.is_empty() {
-            msg.push_str(&format!(
-                "\nalso known kernel bugs of this pin:\n{known_note}"
-            ));
-        }
-        if !fixed_note.is_empty() {
-            msg.push_str(&format!("\n{fixed_note}"));
-        }
-        return Verdict::Failed(msg);
-    }
-    // What the ledger makes of a trial whose other checks pass.
-    let ledger_verdict = if !fixed_note.is_empty() {
-        Some(Verdict::Fixed(if known_note.is_empty() {
-            fixed_note.clone()
-        } else {
-            format!("{fixed_note}\nstill showing:\n{known_note}")
-        }))
-    } else if !judgement.known.is_empty() {
-        let ids: Vec<&str> = judgement.known.iter().map(|(i, _)| i.id.as_str()).collect();
-        Some(Verdict::Known(format!(
-            "{KNOWN_PREFIX}{}\n{known_note}\nnormalised stream (from the records that parsed): {}",
-            ids.join(", "),
-            normalised_path.display()
-        )))
-    } else {
-        None
+        &normalised_path,
+    ) {
+        Ok(v) => v,
+        Err(failed) => return failed,
     };
     let ledger_suffix = ledger_verdict
         .as_ref()
@@ -503,6 +455,76 @@ fn run_inner(
             overhead.err().map(|e| format!("\n{e}")).unwrap_or_default()
         ) + &ledger_suffix),
     }
+}
+
+/// `Skipped` when the agent reported an unmet requirement the scenario
+/// asked for; `Failed` when it reported one the scenario did not ask for.
+fn unsupported_verdict(scenario: &Scenario, evidence: &RunEvidence) -> Option<Verdict> {
+    let (requirement, reason) = evidence.unsupported.as_ref()?;
+    let name = requirement_name(*requirement);
+    if !scenario.plan.requires.contains(requirement) {
+        return Some(Verdict::Failed(format!(
+            "the guest agent reported requirement `{name}` unmet ({reason}), but scenario {} does not require it: an agent bug",
+            scenario.name
+        )));
+    }
+    Some(Verdict::Skipped(format!("{name}: {}", one_line(reason))))
+}
+
+/// What the ledger makes of a trial's violations. `Err`: violations no
+/// entry covers, the trial is FAILED (the message also names the known
+/// bugs and the FIXED? entries). `Ok(Some)`: KNOWN or FIXED?, the verdict
+/// unless a later check (overhead, snapshot) fails. `Ok(None)`: clean.
+/// `pin` is `None` for a user-built image, which the ledger never excuses.
+fn ledger_outcome(
+    ledger: &crate::known_issues::Ledger,
+    pin: Option<&str>,
+    scenario: &str,
+    violations: &[crate::check::Violation],
+    normalised_path: &Path,
+) -> Result<Option<Verdict>, Verdict> {
+    let empty = crate::known_issues::Ledger::default();
+    let ledger = if pin.is_some() { ledger } else { &empty };
+    let judgement = ledger.judge(pin.unwrap_or(""), scenario, violations);
+    let known_note = known_note(&judgement);
+    let fixed_note = pin
+        .map(|pin| fixed_note(&judgement, pin, ledger))
+        .unwrap_or_default();
+    if !judgement.uncovered.is_empty() {
+        let mut msg = format!(
+            "{} invariant violation(s) (normalised stream: {}):",
+            judgement.uncovered.len(),
+            normalised_path.display()
+        );
+        for v in &judgement.uncovered {
+            msg.push_str(&format!("\n  [{}] {}", v.rule, v.message));
+        }
+        if !known_note.is_empty() {
+            msg.push_str(&format!(
+                "\nalso known kernel bugs of this pin:\n{known_note}"
+            ));
+        }
+        if !fixed_note.is_empty() {
+            msg.push_str(&format!("\n{fixed_note}"));
+        }
+        return Err(Verdict::Failed(msg));
+    }
+    if !fixed_note.is_empty() {
+        return Ok(Some(Verdict::Fixed(if known_note.is_empty() {
+            fixed_note
+        } else {
+            format!("{fixed_note}\nstill showing:\n{known_note}")
+        })));
+    }
+    if judgement.known.is_empty() {
+        return Ok(None);
+    }
+    let ids: Vec<&str> = judgement.known.iter().map(|(i, _)| i.id.as_str()).collect();
+    Ok(Some(Verdict::Known(format!(
+        "{KNOWN_PREFIX}{}\n{known_note}\nnormalised stream (from the records that parsed): {}",
+        ids.join(", "),
+        normalised_path.display()
+    ))))
 }
 
 /// The ledger entries that explain violations, with the violations.
@@ -730,4 +752,158 @@ pub fn new_run_dir(root: &Path) -> std::io::Result<PathBuf> {
     let dir = root.join(name);
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::{rule, Violation};
+    use crate::known_issues::{Ledger, Vocabulary};
+    use kloop_protocol::Requirement;
+
+    fn ledger() -> Ledger {
+        let text = r#"
+[[issue]]
+id = "interp-reg"
+rule = "load-symbols"
+scenarios = ["interpreter"]
+pins = ["6.1"]
+summary = "registers a symbol\nfor interpreted programs"
+evidence = "KSYMBOL len=0"
+review_by = "2027-05-21"
+"#;
+        let vocab = Vocabulary {
+            pins: vec!["6.1".into(), "6.12".into()],
+            rules: crate::known_issues::rule_names()
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            scenarios: vec![],
+        };
+        Ledger::parse(text, Path::new("kernels/known-issues.toml"), &vocab).unwrap()
+    }
+
+    fn v(rule: &'static str) -> Violation {
+        Violation {
+            rule,
+            message: format!("{rule} broken: L0@0 KSYMBOL"),
+        }
+    }
+
+    fn outcome(pin: Option<&str>, vs: &[Violation]) -> Result<Option<Verdict>, Verdict> {
+        ledger_outcome(&ledger(), pin, "interpreter", vs, Path::new("n.txt"))
+    }
+
+    #[test]
+    fn only_covered_violations_are_known() {
+        let vs = [v(rule::LOAD_SYMBOLS), v(rule::LOAD_SYMBOLS)];
+        let Ok(Some(k @ Verdict::Known(_))) = outcome(Some("6.1"), &vs) else {
+            panic!("{:?}", outcome(Some("6.1"), &vs));
+        };
+        assert_eq!(k.headline(), "KNOWN (interp-reg)");
+        let m = k.message().unwrap();
+        assert!(m.starts_with("known kernel bug: interp-reg\n"), "{m}");
+        assert!(
+            m.contains("registers a symbol; for interpreted programs"),
+            "{m}"
+        );
+        assert_eq!(m.matches("[load-symbols]").count(), 2, "{m}");
+        assert!(!k.fails_run());
+    }
+
+    #[test]
+    fn an_uncovered_violation_fails_and_names_the_known_ones() {
+        let vs = [v(rule::LOAD_SYMBOLS), v(rule::LOST)];
+        let Err(Verdict::Failed(m)) = outcome(Some("6.1"), &vs) else {
+            panic!()
+        };
+        assert!(m.starts_with("1 invariant violation(s)"), "{m}");
+        assert!(m.contains("[lost]"), "{m}");
+        assert!(
+            m.contains("also known kernel bugs of this pin:\n  interp-reg"),
+            "{m}"
+        );
+        // Another pin: the entry does not apply, both violations fail.
+        let Err(Verdict::Failed(m)) = outcome(Some("6.12"), &vs) else {
+            panic!()
+        };
+        assert!(m.starts_with("2 invariant violation(s)"), "{m}");
+    }
+
+    #[test]
+    fn a_clean_trial_the_ledger_expects_to_fail_is_fixed() {
+        let Ok(Some(f @ Verdict::Fixed(_))) = outcome(Some("6.1"), &[]) else {
+            panic!()
+        };
+        assert_eq!(f.headline(), "FIXED? interp-reg no longer shows on 6.1");
+        assert!(f.message().unwrap().contains("kernels/known-issues.toml"));
+        assert!(f.fails_run());
+        // Uncovered violations win over FIXED?, which is still mentioned.
+        let Err(Verdict::Failed(m)) = outcome(Some("6.1"), &[v(rule::LOST)]) else {
+            panic!()
+        };
+        assert!(
+            m.contains("FIXED? interp-reg no longer shows on 6.1"),
+            "{m}"
+        );
+        assert_eq!(outcome(Some("6.12"), &[]), Ok(None));
+    }
+
+    #[test]
+    fn a_user_built_image_is_never_excused() {
+        let vs = [v(rule::LOAD_SYMBOLS)];
+        assert!(matches!(outcome(None, &vs), Err(Verdict::Failed(_))));
+        assert_eq!(outcome(None, &[]), Ok(None));
+    }
+
+    fn scenario(requires: Vec<Requirement>) -> Scenario {
+        Scenario {
+            name: "interpreter".into(),
+            dir: PathBuf::from("scenarios/interpreter"),
+            description: String::new(),
+            vm: Default::default(),
+            modules: vec![],
+            plan: kloop_protocol::Plan {
+                scenario: "interpreter".into(),
+                requires,
+                steps: vec![],
+            },
+        }
+    }
+
+    #[test]
+    fn unsupported_requirements() {
+        let ev = RunEvidence {
+            unsupported: Some((
+                Requirement::JitOptional,
+                "writing 0: EINVAL\n(CONFIG_BPF_JIT_ALWAYS_ON=y)".into(),
+            )),
+            ..Default::default()
+        };
+        let s = unsupported_verdict(
+            &scenario(vec![Requirement::Btf, Requirement::JitOptional]),
+            &ev,
+        )
+        .unwrap();
+        assert_eq!(
+            s,
+            Verdict::Skipped(
+                "jit-optional: writing 0: EINVAL; (CONFIG_BPF_JIT_ALWAYS_ON=y)".into()
+            )
+        );
+        assert_eq!(
+            s.headline(),
+            "SKIPPED (jit-optional: writing 0: EINVAL; (CONFIG_BPF_JIT_ALWAYS_ON=y))"
+        );
+        assert!(!s.fails_run());
+        // The guest claiming a requirement the plan never asked for is a bug.
+        let f = unsupported_verdict(&scenario(vec![Requirement::Btf]), &ev).unwrap();
+        assert!(matches!(&f, Verdict::Failed(m) if m.contains("does not require it")));
+        assert!(unsupported_verdict(&scenario(vec![]), &RunEvidence::default()).is_none());
+        assert_eq!(
+            requirement_name(Requirement::FtraceInstances),
+            "ftrace-instances"
+        );
+        assert_eq!(one_line(&"x".repeat(500)).chars().count(), 401);
+    }
 }
