@@ -10,9 +10,9 @@
 //! | `record-type` | only types the kernel may send such a listener: KSYMBOL (if `ksymbol`), BPF_EVENT (if `bpf_event`), LOST; defined ksym/bpf-event types; no undefined flag bits; `misc` 0 |
 //! | `sample-id` | trailer contents: `cpu` is the listener's CPU, `res` is 0, `id` == `identifier`, one id per listener |
 //! | `facts` | the `bpf_prog_info` facts are usable: as many lens as ksyms, non-zero distinct addresses, unique ids |
-//! | `load-symbols` | per loaded program: a KSYMBOL register for each JITed function with addr/len of `jited_ksyms`/`jited_func_lens`, type BPF, a `bpf_prog_<tag>` name equal to kallsyms; no symbol registered twice while live |
+//! | `load-symbols` | per loaded program: a KSYMBOL register for each JITed function with addr/len of `jited_ksyms`/`jited_func_lens`, type BPF, a `bpf_prog_<tag>` name equal to kallsyms; no symbol registered twice while live; none at all for an interpreted program (`jited_func_lens` all 0) |
 //! | `load-matches-info` | exactly one PROG_LOAD per program, id == `bpf_prog_info.id`, tag == `bpf_prog_info.tag` |
-//! | `unload-symbols` | each function of a loaded program unregistered; every unregister has the addr/len/name/type of its register; no double unregister |
+//! | `unload-symbols` | each function of a loaded program unregistered; every unregister has the addr/len/name/type of its register; no double unregister; none for an interpreted program |
 //! | `unload-matches-load` | every PROG_LOAD has one later PROG_UNLOAD with the same id and tag; no PROG_UNLOAD of a program never loaded (unless it predates the run); no double load |
 //! | `unregister-without-register` | no unregister of a symbol neither registered in the run nor in `initial_kallsyms` |
 //! | `lost` | LOST records total zero (the total is in [`Analysis::lost`]) |
@@ -650,6 +650,9 @@ fn check_set(
         if !has_ksym || facts.jited_ksyms.len() != facts.jited_func_lens.len() {
             continue; // `facts` reports the inconsistency.
         }
+        if is_interpreted(facts) {
+            continue; // `interpreted_symbols` below.
+        }
         let name_ok = |name: &str| facts_name_ok(facts, name);
         for (fi, (&addr, &flen)) in facts
             .jited_ksyms
@@ -779,10 +782,56 @@ fn check_set(
             }
         }
     }
+    if has_ksym {
+        out.extend(interpreted_symbols(&ev.progs, merged));
+    }
     if !label.is_empty() {
         for v in &mut out {
             v.message = format!("{label}: {}", v.message);
         }
+    }
+    out
+}
+
+/// A program the kernel did not JIT-compile: every `jited_func_lens` entry
+/// is 0 (`bpf_prog_info` reports `prog->bpf_func`, the shared interpreter
+/// `__bpf_prog_run<N>`, with `jited_len` 0; JITed code is never empty).
+pub fn is_interpreted(facts: &ProgFacts) -> bool {
+    !facts.jited_func_lens.is_empty() && facts.jited_func_lens.iter().all(|&l| l == 0)
+}
+
+/// Interpreted programs have no code of their own, so no symbol to announce
+/// (`bpf_prog_kallsyms_add` in kernel/bpf/core.c skips them: they are not in
+/// kallsyms either); their BPF_EVENTs are checked like any other. Every
+/// KSYMBOL at an interpreted program's address is a violation: a register
+/// of `load-symbols`, an unregister of `unload-symbols`.
+fn interpreted_symbols(progs: &[ProgFacts], merged: &[Record]) -> Vec<Violation> {
+    let interpreted: Vec<&ProgFacts> = progs.iter().filter(|f| is_interpreted(f)).collect();
+    let mut out = Vec::new();
+    for r in merged {
+        let RecordBody::Ksymbol { addr, flags, .. } = &r.body else {
+            continue;
+        };
+        let whose: Vec<String> = interpreted
+            .iter()
+            .filter(|f| f.jited_ksyms.contains(addr))
+            .map(|f| format!("{:?} (id {})", f.label, f.id))
+            .collect();
+        if whose.is_empty() {
+            continue;
+        }
+        let (rule, what) = if flags & KSYMBOL_FLAGS_UNREGISTER != 0 {
+            (rule::UNLOAD_SYMBOLS, "unregister")
+        } else {
+            (rule::LOAD_SYMBOLS, "register")
+        };
+        out.push(Violation {
+            rule,
+            message: format!(
+                "KSYMBOL {what} at {addr:#x}, where interpreted program(s) {} run (jited_func_lens all 0: not JIT-compiled, no symbol of their own): {r}",
+                whose.join(", ")
+            ),
+        });
     }
     out
 }
@@ -1510,5 +1559,141 @@ mod tests {
     fn every_rule_name_is_listed() {
         let all: BTreeSet<&str> = rule::ALL.iter().copied().collect();
         assert_eq!(all.len(), rule::ALL.len());
+    }
+}
+
+/// Runs under the interpreter (`scenarios/interpreter`), synthetic: no
+/// pinned kernel can turn its JIT off (`CONFIG_BPF_JIT_ALWAYS_ON`).
+#[cfg(test)]
+mod interpreter_tests {
+    use super::testrun::*;
+    use super::*;
+
+    /// `__bpf_prog_run32`: what `bpf_prog_info.jited_ksyms[0]` holds for a
+    /// program the interpreter runs.
+    const A_INTERP: u64 = 0xffff_ffff_8120_3a40;
+    const T_I1: [u8; 8] = [0x1e; 8];
+    const T_I2: [u8; 8] = [0x2e; 8];
+
+    fn interpreted(label: &str, id: u32, tag: [u8; 8]) -> ProgFacts {
+        ProgFacts {
+            label: label.into(),
+            id,
+            tag,
+            name: "kloop_basic".into(),
+            prog_type: 6,
+            jited_ksyms: vec![A_INTERP],
+            jited_func_lens: vec![0],
+            func_tags: vec![tag],
+            kallsyms: vec![KallsymsEntry {
+                addr: A_INTERP,
+                kind: 't',
+                name: "__bpf_prog_run32".into(),
+                module: None,
+            }],
+        }
+    }
+
+    /// The synthetic run's JITed program "basic", plus interpreted programs.
+    fn run(script: &Script, interp: Vec<ProgFacts>) -> Analysis {
+        let mut ev = evidence(script);
+        ev.progs.retain(|p| p.label == "basic");
+        ev.progs.extend(interp);
+        analyse(&ev)
+    }
+
+    fn jited_basic() -> Script {
+        use Ev::*;
+        vec![
+            (0, 300, Reg(A_BASIC, 0x48, KSYM_TYPE_BPF, name_basic())),
+            (0, 301, Load(43, T_BASIC)),
+            (1, 310, Unreg(A_BASIC, 0x48, KSYM_TYPE_BPF, name_basic())),
+            (1, 311, Unload(43, T_BASIC)),
+        ]
+    }
+
+    fn rules(a: &Analysis) -> BTreeSet<&'static str> {
+        a.violations.iter().map(|v| v.rule).collect()
+    }
+
+    #[test]
+    fn interpreted_programs_with_only_bpf_events_pass() {
+        use Ev::*;
+        let mut script = vec![
+            (0, 100, Load(50, T_I1)),
+            (0, 110, Load(51, T_I2)),
+            (1, 200, Unload(50, T_I1)),
+            (1, 210, Unload(51, T_I2)),
+        ];
+        script.extend(jited_basic());
+        let a = run(
+            &script,
+            vec![interpreted("i1", 50, T_I1), interpreted("i2", 51, T_I2)],
+        );
+        assert!(a.violations.is_empty(), "{:#?}", a.violations);
+    }
+
+    #[test]
+    fn a_symbol_for_an_interpreted_program_is_a_violation() {
+        // What perf_event_bpf_emit_ksymbols sends for a program that is not
+        // JITed: prog->bpf_func, jited_len 0 and the empty aux->ksym.name.
+        use Ev::*;
+        let mut script = vec![
+            (0, 100, Reg(A_INTERP, 0, KSYM_TYPE_BPF, String::new())),
+            (0, 101, Load(50, T_I1)),
+            (1, 200, Unreg(A_INTERP, 0, KSYM_TYPE_BPF, String::new())),
+            (1, 201, Unload(50, T_I1)),
+        ];
+        script.extend(jited_basic());
+        let a = run(&script, vec![interpreted("i1", 50, T_I1)]);
+        assert_eq!(
+            rules(&a),
+            BTreeSet::from([rule::LOAD_SYMBOLS, rule::UNLOAD_SYMBOLS]),
+            "{:#?}",
+            a.violations
+        );
+        assert_eq!(a.violations.len(), 2, "{:#?}", a.violations);
+        for v in &a.violations {
+            assert!(
+                v.message.contains("interpreted program(s) \"i1\" (id 50)"),
+                "{v}"
+            );
+            assert!(v.message.contains("not JIT-compiled"), "{v}");
+        }
+    }
+
+    #[test]
+    fn bpf_events_of_interpreted_programs_are_still_checked() {
+        use Ev::*;
+        let mut script = vec![
+            (0, 100, Load(50, [0xee; 8])),
+            (1, 200, Unload(50, [0xee; 8])),
+        ];
+        script.extend(jited_basic());
+        let a = run(&script, vec![interpreted("i1", 50, T_I1)]);
+        assert_eq!(
+            rules(&a),
+            BTreeSet::from([rule::LOAD_MATCHES_INFO]),
+            "{:#?}",
+            a.violations
+        );
+        let mut script = vec![(0, 100, Load(50, T_I1))];
+        script.extend(jited_basic());
+        let a = run(&script, vec![interpreted("i1", 50, T_I1)]);
+        assert_eq!(
+            rules(&a),
+            BTreeSet::from([rule::UNLOAD_MATCHES_LOAD]),
+            "{:#?}",
+            a.violations
+        );
+    }
+
+    #[test]
+    fn a_jited_program_without_its_symbol_still_fails() {
+        use Ev::*;
+        let script = vec![(0, 301, Load(43, T_BASIC)), (1, 311, Unload(43, T_BASIC))];
+        let a = run(&script, vec![]);
+        assert_eq!(rules(&a), BTreeSet::from([rule::LOAD_SYMBOLS]));
+        assert!(!is_interpreted(&evidence(&script).progs[1]));
     }
 }

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use kloop_protocol::{KallsymsEntry, ListenerInfo, Message, ProgFacts, Uname};
+use kloop_protocol::{KallsymsEntry, ListenerInfo, Message, ProgFacts, Requirement, Uname};
 
 /// Everything the guest agent reported in one run, as received.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -22,6 +22,9 @@ pub struct RunEvidence {
     pub initial_kallsyms: Vec<KallsymsEntry>,
     /// What each `measure` step timed, in plan order.
     pub timings: Vec<Timings>,
+    /// The first `requires` probe the kernel failed, with the agent's
+    /// reason: the run stopped before any step.
+    pub unsupported: Option<(Requirement, String)>,
 }
 
 /// One `measure` step's durations (guest `CLOCK_MONOTONIC` ns per timed
@@ -81,6 +84,15 @@ impl RunEvidence {
                     load_ns: load_ns.clone(),
                     unload_ns: unload_ns.clone(),
                 }),
+                Message::Unsupported {
+                    requirement,
+                    reason,
+                } => {
+                    // The agent stops at the first; should it send more, the
+                    // first is the one that ended the run.
+                    ev.unsupported
+                        .get_or_insert_with(|| (*requirement, reason.clone()));
+                }
                 _ => {}
             }
         }

@@ -10,6 +10,7 @@ pub mod evidence;
 pub mod fuzzing;
 pub mod initramfs;
 pub mod kernel;
+pub mod known_issues;
 pub mod normalise;
 pub mod overhead;
 pub mod records;

@@ -49,7 +49,8 @@ impl KernelUnderTest {
     }
 }
 
-/// How a trial ended. Only `Ok` is a pass.
+/// How a trial ended. Only `Ok` is a pass; `Skipped` and `Known` are not
+/// passes either, but they do not fail a run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "class", content = "message", rename_all = "kebab-case")]
 pub enum Verdict {
@@ -57,6 +58,16 @@ pub enum Verdict {
     /// The kernel's records broke a rule, the snapshot drifted, or the agent
     /// reported an error: a finding about the kernel (or a kloop bug).
     Failed(String),
+    /// The kernel lacks a feature the scenario `requires` (the guest's probe
+    /// said which and why): `<requirement>: <reason>`, one line. Nothing ran.
+    Skipped(String),
+    /// Every violation is a known kernel bug of this pin in the ledger
+    /// (`kernels/known-issues.toml`). First line `known kernel bug: <ids>`,
+    /// then the entries and the violations they cover.
+    Known(String),
+    /// A ledger entry expects its bug in this trial and it did not show: the
+    /// ledger is out of date. First line `FIXED? <id> no longer shows on <pin>`.
+    Fixed(String),
     /// Something around the test broke: fetch, QEMU, the channel.
     Infrastructure(String),
     Timeout(String),
@@ -69,6 +80,9 @@ impl Verdict {
         match self {
             Verdict::Ok => "ok",
             Verdict::Failed(_) => "FAILED",
+            Verdict::Skipped(_) => "SKIPPED",
+            Verdict::Known(_) => "KNOWN",
+            Verdict::Fixed(_) => "FIXED?",
             Verdict::Infrastructure(_) => "INFRA",
             Verdict::Timeout(_) => "TIMEOUT",
             Verdict::Panic(_) => "PANIC",
@@ -80,13 +94,41 @@ impl Verdict {
         match self {
             Verdict::Ok => None,
             Verdict::Failed(m)
+            | Verdict::Skipped(m)
+            | Verdict::Known(m)
+            | Verdict::Fixed(m)
             | Verdict::Infrastructure(m)
             | Verdict::Timeout(m)
             | Verdict::Panic(m)
             | Verdict::Interrupted(m) => Some(m),
         }
     }
+
+    /// The label with what a reader needs on the trial line itself:
+    /// `SKIPPED (jit-optional: …)`, `KNOWN (issue-a, issue-b)`,
+    /// `FIXED? issue-a no longer shows on 6.1`.
+    pub fn headline(&self) -> String {
+        let first = self.message().and_then(|m| m.lines().next()).unwrap_or("");
+        match self {
+            Verdict::Skipped(_) => format!("SKIPPED ({first})"),
+            Verdict::Known(_) => format!(
+                "KNOWN ({})",
+                first.strip_prefix(KNOWN_PREFIX).unwrap_or(first)
+            ),
+            Verdict::Fixed(_) => first.to_string(),
+            other => other.label().to_string(),
+        }
+    }
+
+    /// Does this verdict fail a run (exit status, libtest)? Skipped and
+    /// known-bug trials do not; they are not passes either.
+    pub fn fails_run(&self) -> bool {
+        !matches!(self, Verdict::Ok | Verdict::Skipped(_) | Verdict::Known(_))
+    }
 }
+
+/// First-line prefix of a [`Verdict::Known`] message.
+pub const KNOWN_PREFIX: &str = "known kernel bug: ";
 
 /// The result of one trial, with its environment.
 #[derive(Debug, Clone, Serialize)]
@@ -159,6 +201,8 @@ pub struct TrialEnv {
     /// Appended to every guest's kernel command line (`--append`).
     pub extra_cmdline: Vec<String>,
     pub boot: BootEntry,
+    /// The known-issues ledger trials on pins are judged by.
+    pub known_issues: crate::known_issues::Ledger,
 }
 
 /// How QEMU enters the kernel.
@@ -456,6 +500,9 @@ fn run_inner(
     }
     let evidence = evidence_from(&session);
     result.guest_release = Some(evidence.uname.release.clone());
+    if let Some(v) = unsupported_verdict(scenario, &evidence) {
+        return v;
+    }
     for (idx, bytes) in &evidence.streams {
         let _ = std::fs::write(artefacts.join(format!("records-{idx}.bin")), bytes);
     }
@@ -463,17 +510,27 @@ fn run_inner(
     let normalised = crate::normalise::normalise(&evidence, &analysis);
     let normalised_path = artefacts.join("normalised.txt");
     let _ = std::fs::write(&normalised_path, &normalised);
-    if !analysis.violations.is_empty() {
-        let mut msg = format!(
-            "{} invariant violation(s) (normalised stream: {}):",
-            analysis.violations.len(),
-            normalised_path.display()
-        );
-        for v in &analysis.violations {
-            msg.push_str(&format!("\n  [{}] {}", v.rule, v.message));
-        }
-        return Verdict::Failed(msg);
-    }
+    // The ledger judges pinned kernels only: a user-built image is what one
+    // boots to see whether a fix works, so every violation counts there.
+    let ledger_pin = match kernel {
+        KernelUnderTest::Pin(p) => Some(p.id.as_str()),
+        KernelUnderTest::Image { .. } => None,
+    };
+    let ledger_verdict = match ledger_outcome(
+        &env.known_issues,
+        ledger_pin,
+        &scenario.name,
+        &analysis.violations,
+        &normalised_path,
+    ) {
+        Ok(v) => v,
+        Err(failed) => return failed,
+    };
+    let ledger_suffix = ledger_verdict
+        .as_ref()
+        .and_then(|v| v.message())
+        .map(|m| format!("\n{m}"))
+        .unwrap_or_default();
     // Timing scenarios: figures against the pin's budget (overhead.rs).
     let overhead = crate::overhead::check_trial(
         scenario,
@@ -483,10 +540,9 @@ fn run_inner(
         accel,
         artefacts,
     );
-    let overhead_verdict = || {
-        overhead
-            .clone()
-            .map_or_else(Verdict::Failed, |()| Verdict::Ok)
+    let overhead_verdict = || match overhead.clone() {
+        Err(e) => Verdict::Failed(format!("{e}{ledger_suffix}")),
+        Ok(()) => ledger_verdict.clone().unwrap_or(Verdict::Ok),
     };
     let Some(snap_name) = kernel.snapshot_name() else {
         return overhead_verdict();
@@ -516,7 +572,149 @@ fn run_inner(
                 ),
             },
             overhead.err().map(|e| format!("\n{e}")).unwrap_or_default()
-        )),
+        ) + &ledger_suffix),
+    }
+}
+
+/// `Skipped` when the agent reported an unmet requirement the scenario
+/// asked for; `Failed` when it reported one the scenario did not ask for.
+fn unsupported_verdict(scenario: &Scenario, evidence: &RunEvidence) -> Option<Verdict> {
+    let (requirement, reason) = evidence.unsupported.as_ref()?;
+    let name = requirement_name(*requirement);
+    if !scenario.plan.requires.contains(requirement) {
+        return Some(Verdict::Failed(format!(
+            "the guest agent reported requirement `{name}` unmet ({reason}), but scenario {} does not require it: an agent bug",
+            scenario.name
+        )));
+    }
+    Some(Verdict::Skipped(format!("{name}: {}", one_line(reason))))
+}
+
+/// What the ledger makes of a trial's violations. `Err`: violations no
+/// entry covers, the trial is FAILED (the message also names the known
+/// bugs and the FIXED? entries). `Ok(Some)`: KNOWN or FIXED?, the verdict
+/// unless a later check (overhead, snapshot) fails. `Ok(None)`: clean.
+/// `pin` is `None` for a user-built image, which the ledger never excuses.
+fn ledger_outcome(
+    ledger: &crate::known_issues::Ledger,
+    pin: Option<&str>,
+    scenario: &str,
+    violations: &[crate::check::Violation],
+    normalised_path: &Path,
+) -> Result<Option<Verdict>, Verdict> {
+    let empty = crate::known_issues::Ledger::default();
+    let ledger = if pin.is_some() { ledger } else { &empty };
+    let judgement = ledger.judge(pin.unwrap_or(""), scenario, violations);
+    let known_note = known_note(&judgement);
+    let fixed_note = pin
+        .map(|pin| fixed_note(&judgement, pin, ledger))
+        .unwrap_or_default();
+    if !judgement.uncovered.is_empty() {
+        let mut msg = format!(
+            "{} invariant violation(s) (normalised stream: {}):",
+            judgement.uncovered.len(),
+            normalised_path.display()
+        );
+        for v in &judgement.uncovered {
+            msg.push_str(&format!("\n  [{}] {}", v.rule, v.message));
+        }
+        if !known_note.is_empty() {
+            msg.push_str(&format!(
+                "\nalso known kernel bugs of this pin:\n{known_note}"
+            ));
+        }
+        if !fixed_note.is_empty() {
+            msg.push_str(&format!("\n{fixed_note}"));
+        }
+        return Err(Verdict::Failed(msg));
+    }
+    if !fixed_note.is_empty() {
+        return Ok(Some(Verdict::Fixed(if known_note.is_empty() {
+            fixed_note
+        } else {
+            format!("{fixed_note}\nstill showing:\n{known_note}")
+        })));
+    }
+    if judgement.known.is_empty() {
+        return Ok(None);
+    }
+    let ids: Vec<&str> = judgement.known.iter().map(|(i, _)| i.id.as_str()).collect();
+    Ok(Some(Verdict::Known(format!(
+        "{KNOWN_PREFIX}{}\n{known_note}\nnormalised stream (from the records that parsed): {}",
+        ids.join(", "),
+        normalised_path.display()
+    ))))
+}
+
+/// The ledger entries that explain violations, with the violations.
+fn known_note(j: &crate::known_issues::Judgement) -> String {
+    let mut out = String::new();
+    for (issue, hits) in &j.known {
+        out.push_str(&format!(
+            "  {} (rule {}): {}\n",
+            issue.id,
+            issue.rule,
+            one_line(&issue.summary)
+        ));
+        for v in hits {
+            out.push_str(&format!("    [{}] {}\n", v.rule, v.message));
+        }
+    }
+    out.trim_end().to_string()
+}
+
+/// `FIXED? <id> no longer shows on <pin>` for every entry that expected its
+/// bug here and did not see it.
+fn fixed_note(
+    j: &crate::known_issues::Judgement,
+    pin: &str,
+    ledger: &crate::known_issues::Ledger,
+) -> String {
+    let file = ledger.path.as_ref().map_or_else(
+        || "kernels/known-issues.toml".into(),
+        |p| p.display().to_string(),
+    );
+    if j.fixed.is_empty() {
+        return String::new();
+    }
+    let ids: Vec<&str> = j.fixed.iter().map(|i| i.id.as_str()).collect();
+    let mut out = format!("FIXED? {} no longer shows on {pin}", ids.join(", "));
+    for i in &j.fixed {
+        out.push_str(&format!(
+            "\n  {}: no `{}` violation in this trial although the ledger expects one here",
+            i.id, i.rule
+        ));
+    }
+    out.push_str(&format!(
+        "\n  if the kernel was fixed, drop {pin} from the entry (or the entry) in {file}; if not, the scenario no longer provokes the bug: fix the scenario"
+    ));
+    out
+}
+
+/// A probe's reason or a summary on one line, at most 400 bytes.
+fn one_line(text: &str) -> String {
+    let joined = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
+    const MAX: usize = 400;
+    if joined.len() <= MAX {
+        return joined;
+    }
+    let mut end = MAX;
+    while !joined.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &joined[..end])
+}
+
+/// `jit-optional` for [`Requirement::JitOptional`]: the name scenario files use.
+pub fn requirement_name(r: kloop_protocol::Requirement) -> String {
+    match serde_json::to_value(r) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => format!("{r:?}"),
     }
 }
 
@@ -673,4 +871,158 @@ pub fn new_run_dir(root: &Path) -> std::io::Result<PathBuf> {
     let dir = root.join(name);
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::{rule, Violation};
+    use crate::known_issues::{Ledger, Vocabulary};
+    use kloop_protocol::Requirement;
+
+    fn ledger() -> Ledger {
+        let text = r#"
+[[issue]]
+id = "interp-reg"
+rule = "load-symbols"
+scenarios = ["interpreter"]
+pins = ["6.1"]
+summary = "registers a symbol\nfor interpreted programs"
+evidence = "KSYMBOL len=0"
+review_by = "2027-05-21"
+"#;
+        let vocab = Vocabulary {
+            pins: vec!["6.1".into(), "6.12".into()],
+            rules: crate::known_issues::rule_names()
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            scenarios: vec![],
+        };
+        Ledger::parse(text, Path::new("kernels/known-issues.toml"), &vocab).unwrap()
+    }
+
+    fn v(rule: &'static str) -> Violation {
+        Violation {
+            rule,
+            message: format!("{rule} broken: L0@0 KSYMBOL"),
+        }
+    }
+
+    fn outcome(pin: Option<&str>, vs: &[Violation]) -> Result<Option<Verdict>, Verdict> {
+        ledger_outcome(&ledger(), pin, "interpreter", vs, Path::new("n.txt"))
+    }
+
+    #[test]
+    fn only_covered_violations_are_known() {
+        let vs = [v(rule::LOAD_SYMBOLS), v(rule::LOAD_SYMBOLS)];
+        let Ok(Some(k @ Verdict::Known(_))) = outcome(Some("6.1"), &vs) else {
+            panic!("{:?}", outcome(Some("6.1"), &vs));
+        };
+        assert_eq!(k.headline(), "KNOWN (interp-reg)");
+        let m = k.message().unwrap();
+        assert!(m.starts_with("known kernel bug: interp-reg\n"), "{m}");
+        assert!(
+            m.contains("registers a symbol; for interpreted programs"),
+            "{m}"
+        );
+        assert_eq!(m.matches("[load-symbols]").count(), 2, "{m}");
+        assert!(!k.fails_run());
+    }
+
+    #[test]
+    fn an_uncovered_violation_fails_and_names_the_known_ones() {
+        let vs = [v(rule::LOAD_SYMBOLS), v(rule::LOST)];
+        let Err(Verdict::Failed(m)) = outcome(Some("6.1"), &vs) else {
+            panic!()
+        };
+        assert!(m.starts_with("1 invariant violation(s)"), "{m}");
+        assert!(m.contains("[lost]"), "{m}");
+        assert!(
+            m.contains("also known kernel bugs of this pin:\n  interp-reg"),
+            "{m}"
+        );
+        // Another pin: the entry does not apply, both violations fail.
+        let Err(Verdict::Failed(m)) = outcome(Some("6.12"), &vs) else {
+            panic!()
+        };
+        assert!(m.starts_with("2 invariant violation(s)"), "{m}");
+    }
+
+    #[test]
+    fn a_clean_trial_the_ledger_expects_to_fail_is_fixed() {
+        let Ok(Some(f @ Verdict::Fixed(_))) = outcome(Some("6.1"), &[]) else {
+            panic!()
+        };
+        assert_eq!(f.headline(), "FIXED? interp-reg no longer shows on 6.1");
+        assert!(f.message().unwrap().contains("kernels/known-issues.toml"));
+        assert!(f.fails_run());
+        // Uncovered violations win over FIXED?, which is still mentioned.
+        let Err(Verdict::Failed(m)) = outcome(Some("6.1"), &[v(rule::LOST)]) else {
+            panic!()
+        };
+        assert!(
+            m.contains("FIXED? interp-reg no longer shows on 6.1"),
+            "{m}"
+        );
+        assert_eq!(outcome(Some("6.12"), &[]), Ok(None));
+    }
+
+    #[test]
+    fn a_user_built_image_is_never_excused() {
+        let vs = [v(rule::LOAD_SYMBOLS)];
+        assert!(matches!(outcome(None, &vs), Err(Verdict::Failed(_))));
+        assert_eq!(outcome(None, &[]), Ok(None));
+    }
+
+    fn scenario(requires: Vec<Requirement>) -> Scenario {
+        Scenario {
+            name: "interpreter".into(),
+            dir: PathBuf::from("scenarios/interpreter"),
+            description: String::new(),
+            vm: Default::default(),
+            modules: vec![],
+            plan: kloop_protocol::Plan {
+                scenario: "interpreter".into(),
+                requires,
+                steps: vec![],
+            },
+        }
+    }
+
+    #[test]
+    fn unsupported_requirements() {
+        let ev = RunEvidence {
+            unsupported: Some((
+                Requirement::JitOptional,
+                "writing 0: EINVAL\n(CONFIG_BPF_JIT_ALWAYS_ON=y)".into(),
+            )),
+            ..Default::default()
+        };
+        let s = unsupported_verdict(
+            &scenario(vec![Requirement::Btf, Requirement::JitOptional]),
+            &ev,
+        )
+        .unwrap();
+        assert_eq!(
+            s,
+            Verdict::Skipped(
+                "jit-optional: writing 0: EINVAL; (CONFIG_BPF_JIT_ALWAYS_ON=y)".into()
+            )
+        );
+        assert_eq!(
+            s.headline(),
+            "SKIPPED (jit-optional: writing 0: EINVAL; (CONFIG_BPF_JIT_ALWAYS_ON=y))"
+        );
+        assert!(!s.fails_run());
+        // The guest claiming a requirement the plan never asked for is a bug.
+        let f = unsupported_verdict(&scenario(vec![Requirement::Btf]), &ev).unwrap();
+        assert!(matches!(&f, Verdict::Failed(m) if m.contains("does not require it")));
+        assert!(unsupported_verdict(&scenario(vec![]), &RunEvidence::default()).is_none());
+        assert_eq!(
+            requirement_name(Requirement::FtraceInstances),
+            "ftrace-instances"
+        );
+        assert_eq!(one_line(&"x".repeat(500)).chars().count(), 401);
+    }
 }

@@ -107,6 +107,7 @@ impl Ctx {
             deadlines,
             extra_cmdline: e.extra_cmdline.clone(),
             boot: e.boot,
+            known_issues: e.known_issues.clone(),
         }
     }
 
@@ -416,6 +417,9 @@ fn verdict_class(v: &Verdict) -> &'static str {
     match v {
         Verdict::Ok => "ok",
         Verdict::Failed(_) => "failed",
+        Verdict::Skipped(_) => "skipped",
+        Verdict::Known(_) => "known",
+        Verdict::Fixed(_) => "fixed?",
         Verdict::Infrastructure(_) => "infrastructure",
         Verdict::Timeout(_) => "timeout",
         Verdict::Panic(_) => "panic",

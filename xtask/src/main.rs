@@ -231,10 +231,7 @@ fn bench(a: BenchArgs) -> Result<ExitCode> {
     for t in &planned {
         let repeated = vec![t.clone(); a.runs];
         let results = suite::run_all(&env, &repeated, a.jobs, &|_| {});
-        let failed = results
-            .iter()
-            .filter(|r| r.verdict != kloop::trial::Verdict::Ok)
-            .count();
+        let failed = results.iter().filter(|r| r.verdict.fails_run()).count();
         let hello: Vec<f64> = results
             .iter()
             .filter_map(|r| r.boot_to_hello_secs)
@@ -441,6 +438,12 @@ fn vm_test(a: VmTestArgs) -> Result<ExitCode> {
     let env =
         suite::prepare_env(&layout, &opts, &kernels).context("preparing the test environment")?;
     println!("kloop: accelerator: {}", accel_line(&env.accel));
+    let ledger_warnings = env
+        .known_issues
+        .warnings(kloop::known_issues::Date::today());
+    for w in &ledger_warnings {
+        println!("kloop: {w}");
+    }
     println!(
         "kloop: running {} trial(s), artefacts in {}",
         trials.len(),
@@ -476,6 +479,14 @@ fn vm_test(a: VmTestArgs) -> Result<ExitCode> {
     }
     let summary = Summary::of(&results);
     println!();
+    // Skipped and known-bug trials do not fail the run: list them at the end
+    // so they are seen anyway.
+    for line in report::not_passed_lines(&results) {
+        println!("kloop: {line}");
+    }
+    for w in &ledger_warnings {
+        println!("kloop: {w}");
+    }
     println!(
         "kloop: {} in {:.1} s ({}); reports: {}",
         summary.line(),
