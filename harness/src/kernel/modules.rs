@@ -286,9 +286,55 @@ struct Resolved {
     builtin: Vec<String>,
 }
 
+/// Reads a found module's `.modinfo`: its dependencies, after checking it
+/// is the module it claims to be and was built for `release`.
+fn analyse(
+    name: &str,
+    found: &Found,
+    archive: &Path,
+    release: &str,
+) -> Result<Vec<String>, KernelError> {
+    let elf = match found.compression {
+        None => std::borrow::Cow::Borrowed(&found.bytes[..]),
+        Some(c) => std::borrow::Cow::Owned(
+            decompress(&found.bytes, c)
+                .map_err(|reason| bad_module(name, found, archive, reason))?,
+        ),
+    };
+    let ModInfo {
+        name: own_name,
+        depends,
+        vermagic,
+    } = modinfo(&elf).map_err(|reason| bad_module(name, found, archive, reason))?;
+    if let Some(own) = own_name.filter(|own| own != name) {
+        return Err(bad_module(
+            name,
+            found,
+            archive,
+            format!(".modinfo names it `{own}`"),
+        ));
+    }
+    let magic_release = vermagic
+        .as_deref()
+        .and_then(|v| v.split_whitespace().next());
+    if magic_release != Some(release) {
+        return Err(bad_module(
+            name,
+            found,
+            archive,
+            format!(
+                "built for {:?} (vermagic), not for release {release}",
+                vermagic.unwrap_or_default()
+            ),
+        ));
+    }
+    Ok(depends)
+}
+
 /// Resolves `names` and their dependencies in the package `walk` reads.
-/// Each walk reads the whole package once; walks repeat while new
-/// dependencies turn up (one walk for a module without dependencies).
+/// A module's dependencies are wanted as soon as it is read, so those later
+/// in the archive come in the same walk; another walk runs only for
+/// dependencies that sat earlier (usually none: one walk in all).
 /// Returns the modules in dependency order (as read, not yet decompressed)
 /// and the asked-for names the kernel has built in.
 fn resolve(
@@ -303,18 +349,6 @@ fn resolve(
     let mut first = true;
     let mut depends: HashMap<String, Vec<String>> = HashMap::new();
     loop {
-        let missing: BTreeSet<String> = wanted
-            .iter()
-            .filter(|n| !scan.found.contains_key(*n))
-            .cloned()
-            .collect();
-        if missing.is_empty() && !first {
-            break;
-        }
-        if !first && missing.iter().all(|n| !scan.index.contains_key(n)) {
-            // Nothing a further walk could find: report below.
-            break;
-        }
         walk(&mut |path, reader, regular| {
             if !regular {
                 return Ok(());
@@ -349,70 +383,32 @@ fn resolve(
                     .entry(name.clone())
                     .or_insert((member.clone(), compression));
             }
-            if missing.contains(&name) && !scan.found.contains_key(&name) {
+            if wanted.contains(&name) && !scan.found.contains_key(&name) {
                 let mut bytes = Vec::new();
                 reader
                     .read_to_end(&mut bytes)
                     .map_err(|e| bad_read(archive, path, e))?;
-                scan.found.insert(
-                    name,
-                    Found {
-                        member,
-                        compression,
-                        bytes,
-                    },
-                );
+                let found = Found {
+                    member,
+                    compression,
+                    bytes,
+                };
+                let deps = analyse(&name, &found, archive, release)?;
+                wanted.extend(deps.iter().cloned());
+                depends.insert(name.clone(), deps);
+                scan.found.insert(name, found);
             }
             Ok(())
         })?;
         first = false;
-        // Read the dependencies of what was found this walk.
-        let mut new = Vec::new();
-        for name in &missing {
-            let Some(found) = scan.found.get(name) else {
-                continue;
-            };
-            if depends.contains_key(name) {
-                continue;
-            }
-            let elf = match found.compression {
-                None => std::borrow::Cow::Borrowed(&found.bytes[..]),
-                Some(c) => std::borrow::Cow::Owned(
-                    decompress(&found.bytes, c)
-                        .map_err(|reason| bad_module(name, found, archive, reason))?,
-                ),
-            };
-            let ModInfo {
-                name: own_name,
-                depends: deps,
-                vermagic,
-            } = modinfo(&elf).map_err(|reason| bad_module(name, found, archive, reason))?;
-            if let Some(own) = own_name.filter(|own| own != name) {
-                return Err(bad_module(
-                    name,
-                    found,
-                    archive,
-                    format!(".modinfo names it `{own}`"),
-                ));
-            }
-            let magic_release = vermagic
-                .as_deref()
-                .and_then(|v| v.split_whitespace().next());
-            if magic_release != Some(release) {
-                return Err(bad_module(
-                    name,
-                    found,
-                    archive,
-                    format!(
-                        "built for {:?} (vermagic), not for release {release}",
-                        vermagic.unwrap_or_default()
-                    ),
-                ));
-            }
-            new.extend(deps.iter().cloned());
-            depends.insert(name.clone(), deps);
+        let missing: Vec<&String> = wanted
+            .iter()
+            .filter(|n| !scan.found.contains_key(*n))
+            .collect();
+        // Done, or nothing a further walk could find (reported below).
+        if missing.iter().all(|n| !scan.index.contains_key(*n)) {
+            break;
         }
-        wanted.extend(new);
     }
 
     // Asked-for names: in the package, built in, or an error.
@@ -768,7 +764,7 @@ mod tests {
             Path::new("x.deb"),
             &names,
         );
-        assert!(walks <= 4, "{walks} walks");
+        assert!(walks <= 2, "{walks} walks");
         r
     }
 
@@ -879,6 +875,40 @@ mod tests {
             "CONFIG_MODULE_COMPRESS_XZ=y\n# CONFIG_MODULE_DECOMPRESS is not set\n",
             Compression::Xz
         ));
+    }
+
+    #[test]
+    fn cached_set_is_used_only_while_every_file_hashes_right() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = KernelCache::at(dir.path());
+        let mods = dir.path().join("modules");
+        std::fs::create_dir_all(mods.join("sets")).unwrap();
+        let data = module("veth", "");
+        let (path, sha256) = install_verified(&data[..], &mods, None, None).unwrap();
+        let set = ModuleSet {
+            format: MANIFEST_FORMAT,
+            release: REL.into(),
+            modules: vec![ShippedModule {
+                name: "veth".into(),
+                member: "lib/modules/x/veth.ko".into(),
+                depends: vec![],
+                sha256,
+                size: data.len() as u64,
+                kernel_decompresses: None,
+            }],
+            builtin: vec![],
+            paths: vec![],
+        };
+        let manifest = mods.join("sets/k.json");
+        std::fs::write(&manifest, serde_json::to_vec(&set).unwrap()).unwrap();
+        let got = cache.cached_set(&manifest, &mods).unwrap();
+        assert_eq!(got.paths, std::slice::from_ref(&path));
+        let mut initramfs = Initramfs::default();
+        got.add_to(&mut initramfs).unwrap();
+        assert_eq!(initramfs.entries().len(), 3, "dir, module, order file");
+
+        std::fs::write(&path, b"truncated").unwrap();
+        assert!(cache.cached_set(&manifest, &mods).is_none());
     }
 
     #[test]

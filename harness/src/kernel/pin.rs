@@ -383,6 +383,35 @@ release = "{series}.0-1-cloud-amd64"
     }
 
     #[test]
+    fn modules_package_needs_its_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let with = |extra: &str| format!("{}{extra}", pin_toml("7.2", "7.2"));
+        write(
+            dir.path(),
+            "7.2.toml",
+            &with(&format!(
+                "modules_package = \"linux-modules-x\"\nmodules_deb_sha256 = \"{}\"\n",
+                "cd".repeat(32)
+            )),
+        );
+        let catalog = Catalog::load(dir.path()).unwrap();
+        let pin = catalog.get("7.2").unwrap();
+        assert_eq!(pin.modules_package.as_deref(), Some("linux-modules-x"));
+        let round = parse_pin_file(Path::new("7.2.toml"), &pin.to_toml())
+            .unwrap()
+            .unwrap();
+        assert_eq!(&round, pin);
+
+        write(
+            dir.path(),
+            "7.2.toml",
+            &with("modules_package = \"linux-modules-x\"\n"),
+        );
+        let err = Catalog::load(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("go together"), "{err}");
+    }
+
+    #[test]
     fn id_must_match_file_name_and_image_path_must_stay_inside() {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "6.2.toml", &pin_toml("6.1", "6.1"));
