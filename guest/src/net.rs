@@ -398,6 +398,25 @@ impl Netlink {
                 );
             }
         }
+        // An answer that never comes becomes an error naming the request,
+        // not a silent agent the host has to time out.
+        let timeout = libc::timeval {
+            tv_sec: 5,
+            tv_usec: 0,
+        };
+        // SAFETY: a timeval option of the right size.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&timeout as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error()).os_ctx("setsockopt(SO_RCVTIMEO) on netlink");
+        }
         Ok(Netlink { fd })
     }
 
@@ -433,6 +452,12 @@ impl Netlink {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
+                }
+                if e.kind() == io::ErrorKind::WouldBlock {
+                    return Err(NlError {
+                        raw: libc::ETIMEDOUT,
+                        message: Some("no answer from the kernel within 5 s".into()),
+                    });
                 }
                 return Err(os(e));
             }
