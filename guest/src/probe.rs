@@ -53,8 +53,7 @@ fn probe(r: Requirement) -> Result<Probe> {
         Requirement::LsmBpf => lsm_bpf(),
         Requirement::Kprobes => kprobes(),
         Requirement::FtraceInstances => ftrace_instances(),
-        // The `net` module's probe is wired in by the lead once it lands.
-        Requirement::Veth => Ok(Err("not probed by this agent yet".to_string())),
+        Requirement::Veth => Ok(crate::net::veth_probe()),
         Requirement::PerfTool => Ok(perf_tool()),
     }
 }

@@ -14,13 +14,14 @@ use serde::Serialize;
 use crate::accel::AccelDecision;
 use crate::evidence::RunEvidence;
 use crate::initramfs::Initramfs;
-use crate::kernel::{KernelCache, KernelPin};
+use crate::kernel::{KernelCache, KernelPin, ModuleSet};
 use crate::scenario::Scenario;
 use crate::snapshot::{self, SnapshotOutcome};
 use crate::vm::{self, Deadlines, SessionEnd, Vm, VmConfig};
 
 /// The kernel a trial boots.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // a handful per run, never stored in bulk
 pub enum KernelUnderTest {
     /// A pinned Debian build from the catalog.
     Pin(KernelPin),
@@ -324,9 +325,27 @@ fn run_inner(
             path.clone()
         }
     };
+    let modules = match (kernel, scenario.modules.is_empty()) {
+        (_, true) => None,
+        (KernelUnderTest::Pin(pin), false) => {
+            match env.cache.ensure_modules(pin, &scenario.modules, &env.fetch) {
+                Ok(set) => Some(set),
+                Err(e) => return Verdict::Infrastructure(e.to_string()),
+            }
+        }
+        (KernelUnderTest::Image { path, .. }, false) => {
+            return Verdict::Infrastructure(format!(
+                "scenario {} needs kernel modules {:?}, but {} comes with no package to take \
+                 them from; run it on a pinned kernel",
+                scenario.name,
+                scenario.modules,
+                path.display()
+            ))
+        }
+    };
     let image = boot_file(env, &image, artefacts);
     let initramfs = artefacts.join("initramfs.cpio");
-    if let Err(e) = build_initramfs(&env.agent, scenario, &initramfs) {
+    if let Err(e) = build_initramfs(&env.agent, scenario, modules.as_ref(), &initramfs) {
         return Verdict::Infrastructure(format!("writing initramfs {}: {e}", initramfs.display()));
     }
     let accel = env.accel.accel();
@@ -811,12 +830,20 @@ fn last_report(messages: &[Message]) -> String {
     format!("agent's last report: {step}\nagent's last logs: {logs}")
 }
 
-fn build_initramfs(agent: &Path, scenario: &Scenario, out: &Path) -> std::io::Result<()> {
+fn build_initramfs(
+    agent: &Path,
+    scenario: &Scenario,
+    modules: Option<&ModuleSet>,
+    out: &Path,
+) -> std::io::Result<()> {
     let agent_bytes = std::fs::read(agent)?;
     let plan = serde_json::to_vec_pretty(&scenario.plan).map_err(std::io::Error::other)?;
     let mut i = Initramfs::skeleton();
     i.add_file("init", 0o755, agent_bytes);
     i.add_file(kloop_protocol::PLAN_PATH, 0o644, plan);
+    if let Some(modules) = modules {
+        modules.add_to(&mut i)?;
+    }
     i.write_file(out).map(drop)
 }
 
