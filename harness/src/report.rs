@@ -5,15 +5,20 @@ use std::path::Path;
 
 use crate::trial::{TrialResult, Verdict};
 
-/// `6.12/subprogs ... ok (3.4 s, tcg)`
+/// `6.12/subprogs ... ok (3.4 s, tcg)`, then the trial's notes if any
+/// (`; lookups: 200 ids looked up at once, 3 found, 197 ENOENT (98.5%)`).
 pub fn trial_line(r: &TrialResult) -> String {
-    format!(
+    let mut line = format!(
         "{} ... {} ({:.1} s, {})",
         r.id,
         r.verdict.label(),
         r.wall_secs,
         r.accel
-    )
+    );
+    for n in &r.notes {
+        let _ = write!(line, "; {n}");
+    }
+    line
 }
 
 /// Details printed under a failed trial's line.
@@ -233,6 +238,7 @@ mod tests {
             qemu_version: "QEMU 7.2".into(),
             host_release: "6.1".into(),
             artefacts: "/tmp/a".into(),
+            notes: Vec::new(),
         }
     }
 
