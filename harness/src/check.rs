@@ -2233,7 +2233,7 @@ mod tests {
 }
 
 #[cfg(test)]
-mod stream_tests {
+pub(crate) mod stream_tests {
     //! The recorder-side rules (batches, load-cpu, provoked loss,
     //! inventory, listeners-agree, lookups) over synthetic streams built
     //! from the uapi layout (not recorded from a kernel).
@@ -2252,7 +2252,7 @@ mod stream_tests {
 
     /// A storm-like program `id` on listener `li` at time `t`: register,
     /// PROG_LOAD, unregister, PROG_UNLOAD.
-    fn cycle(li: u32, t: u64, id: u32, addr: u64) -> Vec<(u32, u64, Ev)> {
+    pub fn cycle(li: u32, t: u64, id: u32, addr: u64) -> Vec<(u32, u64, Ev)> {
         let tag = hex_tag(TAG_S);
         vec![
             (li, t, Ev::Reg(addr, 0x40, KSYM_TYPE_BPF, name(TAG_S))),
@@ -2264,7 +2264,7 @@ mod stream_tests {
 
     /// Evidence with `listeners` (index, cpu) of one spec and the script's
     /// records, tid 1 everywhere.
-    fn ev_of(listeners: &[(u32, i32)], script: &[(u32, u64, Ev)]) -> RunEvidence {
+    pub fn ev_of(listeners: &[(u32, i32)], script: &[(u32, u64, Ev)]) -> RunEvidence {
         let ls: Vec<ListenerInfo> = listeners
             .iter()
             .map(|(i, c)| testutil::listener(*i, *c, ST))
@@ -2297,7 +2297,7 @@ mod stream_tests {
         }
     }
 
-    fn batch(ids: Vec<u32>, cpu: Option<u32>) -> Batch {
+    pub fn batch(ids: Vec<u32>, cpu: Option<u32>) -> Batch {
         Batch {
             fixture: "basic".into(),
             program: "kloop_basic".into(),
@@ -2308,7 +2308,7 @@ mod stream_tests {
         }
     }
 
-    fn storm_script() -> Vec<(u32, u64, Ev)> {
+    pub fn storm_script() -> Vec<(u32, u64, Ev)> {
         let mut s = cycle(0, 100, 50, 0xffff_ffff_c000_1000);
         s.extend(cycle(1, 200, 51, 0xffff_ffff_c000_1000));
         s.extend(cycle(0, 300, 52, 0xffff_ffff_c000_2000));

@@ -543,4 +543,40 @@ records:
 ";
         assert_eq!(text, expected, "\n{text}");
     }
+
+    #[test]
+    fn batches_are_summarised_and_provoked_loss_is_accounted_not_listed() {
+        use crate::check::stream_tests::{batch, cycle, ev_of, storm_script};
+        let mut ev = ev_of(&[(0, 0), (1, 1)], &storm_script());
+        ev.batches = vec![batch(vec![50, 51, 52], None)];
+        let a = analyse(&ev);
+        assert!(a.violations.is_empty());
+        let text = normalise(&ev, &a);
+        assert!(
+            text.contains("  storm basic/kloop_basic: 3 program(s) x 1 function(s)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("records accounted to them in the merged stream: 12"),
+            "{text}"
+        );
+        assert!(text.ends_with("records:\n"), "{text}");
+
+        let mut s = cycle(1, 200, 51, 0xffff_ffff_c000_1000);
+        s.push((0, 150, Ev::Lost(8)));
+        let mut ev = ev_of(&[(0, 0), (1, 1)], &s);
+        ev.batches = vec![batch(vec![50, 51, 52], None)];
+        ev.provoked_loss = true;
+        let a = analyse(&ev);
+        assert!(a.violations.is_empty());
+        let text = normalise(&ev, &a);
+        assert!(
+            text.contains("loss provoked: set#0: caused 12 records; received + lost = 12\n"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("records: (omitted: loss provoked)\n"),
+            "{text}"
+        );
+    }
 }
