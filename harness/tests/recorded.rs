@@ -111,7 +111,7 @@ fn every_truncation_of_a_real_stream_is_an_error_not_a_panic() {
 /// saying so, on exactly the three listeners that got grown records.
 #[test]
 fn recorded_6_1_many_listeners_header_size_grows_per_listener() {
-    let ev = recorded(&root().join("src/testdata/real/6.1-many-listeners"));
+    let ev = recorded(&root().join("src/testdata/known-issues/6.1-many-listeners"));
     assert_eq!(ev.listeners.len(), 9);
     let a = kloop::check::analyse(&ev);
     let rules: std::collections::BTreeSet<&str> = a.violations.iter().map(|v| v.rule).collect();
