@@ -101,6 +101,49 @@ fn name_tags(name: &str, known: &BTreeMap<String, String>) -> String {
     mask_tags(name)
 }
 
+/// Per function of an inventoried program: the KSYMBOL `perf record`
+/// synthesises for it at start (`bpf_prog_<prog_tags[i]>_<name>`, the name
+/// being the function's BTF name, which is also what the kernel's own
+/// kallsyms name carries after its tag) next to the kallsyms names at that
+/// address. The kernel names the main function after `prog_tags[0]` on some
+/// versions and after the whole program's tag on others, so a recorder that
+/// matches unregisters by name, not by address, sees them differ there.
+fn synthesised_names(
+    p: &kloop_protocol::ProgFacts,
+    tags: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (fi, addr) in p.jited_ksyms.iter().enumerate() {
+        let mut names: Vec<&str> = p
+            .kallsyms
+            .iter()
+            .filter(|e| e.addr == *addr)
+            .map(|e| e.name.as_str())
+            .collect();
+        names.sort_unstable();
+        let suffix = names
+            .iter()
+            .find(|n| crate::check::has_some_tag_prefix(n))
+            .and_then(|n| n.get("bpf_prog_".len() + 16..));
+        let perf = match (p.func_tags.get(fi), suffix) {
+            (Some(t), Some(sfx)) => format!("bpf_prog_{}{sfx}", hex::encode(t)),
+            _ => "(unknown: no prog_tags or no kallsyms line)".to_string(),
+        };
+        let same = names.contains(&perf.as_str());
+        out.push(format!(
+            "    f{fi} perf synthesises {}; kallsyms has {}{}",
+            name_tags(&perf, tags),
+            names
+                .iter()
+                .map(|n| name_tags(n, tags))
+                .collect::<Vec<_>>()
+                .join(" and "),
+            if same { "" } else { " (differs)" }
+        ));
+    }
+    out
+}
+
 /// The deterministic text form of `analysis.merged`; see the module docs.
 pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
     let recs: &[Record] = &analysis.merged;
@@ -266,7 +309,7 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
     }
     if !ev.inventory.is_empty() {
         out.push_str("inventory:\n");
-        let mut inv: Vec<String> = ev
+        let mut inv: Vec<(String, Vec<String>)> = ev
             .inventory
             .iter()
             .map(|p| {
@@ -274,17 +317,21 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
                     Some(k) => format!("prog#{k}"),
                     None => "(not the agent's)".to_string(),
                 };
-                format!(
+                let head = format!(
                     "  {who} name={} functions={} kallsyms_lines={}",
                     p.name,
                     p.jited_ksyms.len(),
                     p.kallsyms.len()
-                )
+                );
+                (head, synthesised_names(p, &tag_names))
             })
             .collect();
         inv.sort();
-        for line in inv {
-            let _ = writeln!(out, "{line}");
+        for (head, funcs) in inv {
+            let _ = writeln!(out, "{head}");
+            for f in funcs {
+                let _ = writeln!(out, "{f}");
+            }
         }
     }
     if !ev.batches.is_empty() {
