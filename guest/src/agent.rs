@@ -9,7 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use aya::programs::{Program, ProgramError};
 use aya::{Ebpf, EbpfLoader};
 use kloop_protocol::{
-    records_frames, Fault, ListenerInfo, ListenerSpec, Message, Plan, ProgFacts, Step, PLAN_PATH,
+    Fault, ListenerInfo, ListenerScope, ListenerSpec, Message, Plan, ProgFacts, Step, PLAN_PATH,
     PROTOCOL_VERSION,
 };
 
@@ -313,7 +313,10 @@ impl State {
             Step::Drain => self.drain(),
             Step::Fault { fault } => inject(*fault),
             Step::Measure { .. } => crate::measure::run(step),
-            Step::Storm { .. } => crate::storm::run(step, || self.drain()),
+            Step::Storm { .. } => {
+                self.records_bytes += crate::storm::run(step, &mut self.rings)?;
+                Ok(())
+            }
             Step::Load {
                 btf_target: Some(_),
                 ..
@@ -336,10 +339,19 @@ impl State {
     }
 
     fn open_listeners(&mut self, spec: &ListenerSpec) -> Result<()> {
-        let cpus = sys::online_cpus().os_ctx("reading /sys/devices/system/cpu/online")?;
+        let cpus = match spec.scope {
+            ListenerScope::CpuWide => {
+                sys::online_cpus().os_ctx("reading /sys/devices/system/cpu/online")?
+            }
+            // One ring for the whole task: the loop below runs once.
+            ListenerScope::Task => vec![0],
+        };
         for cpu in cpus {
             let index = self.rings.len() as u32;
-            let ring = perf::Ring::open(index, cpu, spec)?;
+            let ring = match spec.scope {
+                ListenerScope::CpuWide => perf::Ring::open(index, cpu, spec)?,
+                ListenerScope::Task => perf::Ring::open_task(index, spec)?,
+            };
             send(&Message::Listener(ListenerInfo {
                 index,
                 cpu: ring.cpu,
@@ -416,15 +428,7 @@ impl State {
     }
 
     fn drain(&mut self) -> Result<()> {
-        for ring in &mut self.rings {
-            let (bytes, head) = ring.unread()?;
-            for frame in records_frames(ring.index, ring.sent, &bytes) {
-                port::send_frame(&frame).os_ctx("writing records to the data port")?;
-            }
-            ring.sent += bytes.len() as u64;
-            self.records_bytes += bytes.len() as u64;
-            ring.commit(head);
-        }
+        self.records_bytes += perf::drain_all(&mut self.rings)?;
         Ok(())
     }
 }

@@ -6,15 +6,21 @@ use std::path::Path;
 use crate::trial::{TrialResult, Verdict};
 
 /// `6.12/subprogs ... ok (3.4 s, tcg)`,
-/// `6.1/interpreter ... SKIPPED (jit-optional: …) (2.1 s, tcg)`.
+/// `6.1/interpreter ... SKIPPED (jit-optional: …) (2.1 s, tcg)`, then the
+/// trial's notes if any
+/// (`; lookups: 200 ids looked up at once, 3 found, 197 ENOENT (98.5%)`).
 pub fn trial_line(r: &TrialResult) -> String {
-    format!(
+    let mut line = format!(
         "{} ... {} ({:.1} s, {})",
         r.id,
         r.verdict.headline(),
         r.wall_secs,
         r.accel
-    )
+    );
+    for n in &r.notes {
+        let _ = write!(line, "; {n}");
+    }
+    line
 }
 
 /// Details printed under a trial's line: everything but ok and skipped
@@ -308,6 +314,7 @@ mod tests {
             qemu_version: "QEMU 7.2".into(),
             host_release: "6.1".into(),
             artefacts: "/tmp/a".into(),
+            notes: Vec::new(),
         }
     }
 

@@ -149,6 +149,10 @@ pub struct TrialResult {
     pub qemu_version: String,
     pub host_release: String,
     pub artefacts: PathBuf,
+    /// One-line facts from the analysis the report line shows (side-band
+    /// lookup rates, provoked-loss accounting).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// Where one trial's wall time went (seconds). `to_hello` is measured on
@@ -275,6 +279,7 @@ impl TrialResult {
             qemu_version: env.qemu_version.clone(),
             host_release: crate::accel::host_release(),
             artefacts,
+            notes: Vec::new(),
         }
     }
 }
@@ -526,6 +531,7 @@ fn run_inner(
         let _ = std::fs::write(artefacts.join(format!("records-{idx}.bin")), bytes);
     }
     let analysis = crate::check::analyse(&evidence);
+    result.notes = analysis.notes.clone();
     let normalised = crate::normalise::normalise(&evidence, &analysis);
     let normalised_path = artefacts.join("normalised.txt");
     let _ = std::fs::write(&normalised_path, &normalised);
