@@ -22,6 +22,16 @@ pub struct RunEvidence {
     pub initial_kallsyms: Vec<KallsymsEntry>,
     /// What each `measure` step timed, in plan order.
     pub timings: Vec<Timings>,
+    /// perf's own output for the plan's `perf record` run (perf_script.rs).
+    pub perf_scripts: Vec<PerfScript>,
+}
+
+/// A `PerfScript` message: the command the agent ran, its text and stderr.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PerfScript {
+    pub command: String,
+    pub text: String,
+    pub stderr: String,
 }
 
 /// One `measure` step's durations (guest `CLOCK_MONOTONIC` ns per timed
@@ -80,6 +90,15 @@ impl RunEvidence {
                     listeners_per_cpu: *listeners_per_cpu,
                     load_ns: load_ns.clone(),
                     unload_ns: unload_ns.clone(),
+                }),
+                Message::PerfScript {
+                    command,
+                    text,
+                    stderr,
+                } => ev.perf_scripts.push(PerfScript {
+                    command: command.clone(),
+                    text: text.clone(),
+                    stderr: stderr.clone(),
                 }),
                 _ => {}
             }

@@ -57,6 +57,19 @@ impl Initramfs {
         self
     }
 
+    /// Adds directory `path` unless the archive already has it.
+    pub fn add_dir(&mut self, path: &str) -> &mut Self {
+        let path = path.trim_start_matches('/');
+        let exists = self
+            .entries
+            .iter()
+            .any(|e| matches!(e, Entry::Dir { path: p } if p == path));
+        if !exists {
+            self.entries.push(Entry::Dir { path: path.into() });
+        }
+        self
+    }
+
     pub fn entries(&self) -> &[Entry] {
         &self.entries
     }

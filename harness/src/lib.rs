@@ -11,6 +11,8 @@ pub mod initramfs;
 pub mod kernel;
 pub mod normalise;
 pub mod overhead;
+pub mod payload;
+pub mod perf_script;
 pub mod records;
 pub mod report;
 pub mod scenario;
