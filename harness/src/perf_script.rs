@@ -62,6 +62,9 @@ use crate::records::{
 /// The rule this module checks.
 pub const RULE: &str = "second-reader";
 
+/// Every rule this module reports (for the known-issues ledger's list).
+pub const RULES: &[&str] = &[RULE];
+
 /// At most this many violations of one kind are spelled out.
 const MAX_PER_KIND: usize = 8;
 
@@ -1291,6 +1294,140 @@ mod tests {
             .map(|l| format!("{l}\n"))
             .collect();
         assert!(parse(&text).unwrap_err().what.contains("--header"));
+    }
+
+    /// A whole perf-tool trial on the 7.3 pin (7.3~rc7-1~exp1, one vCPU,
+    /// perf 6.1.192 from the host): the agent's messages (heartbeats left
+    /// out) and kloop's listener's ring bytes, as the harness received them.
+    fn real_7_3() -> (RunEvidence, Vec<Step>) {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/testdata/perf-tool-7.3");
+        let messages: Vec<kloop_protocol::Message> =
+            std::fs::read_to_string(format!("{dir}/messages.jsonl"))
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+        let ring = std::fs::read(format!("{dir}/records-0.bin")).unwrap();
+        let ev = RunEvidence::from_messages(&messages, BTreeMap::from([(0, ring)]));
+        let scenario = crate::scenario::Scenario::load(std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../scenarios/perf-tool"
+        )))
+        .unwrap();
+        (ev, scenario.plan.steps)
+    }
+
+    fn second_reader(ev: &RunEvidence, steps: &[Step]) -> Vec<String> {
+        let a = crate::check::analyse(ev);
+        check(ev, &a, steps)
+            .into_iter()
+            .map(|v| {
+                assert_eq!(v.rule, RULE);
+                v.message
+            })
+            .collect()
+    }
+
+    #[test]
+    fn real_7_3_run_differs_only_in_perfs_synthesised_main_function_name() {
+        let (ev, steps) = real_7_3();
+        assert!(crate::check::analyse(&ev).violations.is_empty());
+        let v = second_reader(&ev, &steps);
+        // perf names the main function of a program alive at its start
+        // after prog_tags[0]; the kernel (7.3) after the program's tag.
+        assert_eq!(v.len(), 1, "{v:#?}");
+        assert!(
+            v[0].contains("name bpf_prog_0fa433de4695ac69_kloop_subprogs")
+                && v[0].contains("name=\"bpf_prog_de24666b53bfdd9f_kloop_subprogs\"")
+                && v[0].contains("\"kept\""),
+            "{}",
+            v[0]
+        );
+    }
+
+    /// The same run with perf's text changed by `edit`.
+    fn with_perf_text(edit: impl Fn(&str) -> String) -> (RunEvidence, Vec<Step>) {
+        let (mut ev, steps) = real_7_3();
+        let text = edit(&ev.perf_scripts[0].text);
+        assert_ne!(text, ev.perf_scripts[0].text, "the edit changed nothing");
+        ev.perf_scripts[0].text = text;
+        (ev, steps)
+    }
+
+    /// Drops the dump block (raw bytes and summary) of the record at `offset`.
+    fn drop_block(text: &str, offset: &str) -> String {
+        let start = text.find(&format!("\n{offset}@")).unwrap();
+        let summary = text[start..].find(&format!(" {offset} [")).unwrap() + start;
+        let end = text[summary..].find('\n').unwrap() + summary;
+        format!("{}{}", &text[..start], &text[end..])
+    }
+
+    #[test]
+    fn a_record_perf_missed_is_named() {
+        // The PROG_LOAD of "late", recorded while perf ran.
+        let (ev, steps) = real_7_3();
+        let off = {
+            let d = parse(&ev.perf_scripts[0].text).unwrap();
+            let late = ev.progs.iter().find(|f| f.label == "late").unwrap();
+            let e = d
+                .events
+                .iter()
+                .find(|e| {
+                    matches!(&e.summary, Some(Summary { printed: Printed::BpfEvent(Side::BpfEvent { id, event_type: 1, .. }), .. }) if *id == late.id)
+                })
+                .unwrap();
+            format!("{:#x}", e.offset)
+        };
+        let (ev, _) = with_perf_text(|t| drop_block(t, &off));
+        let v = second_reader(&ev, &steps);
+        assert!(
+            v.iter()
+                .any(|m| m.starts_with("perf did not record BPF_EVENT PROG_LOAD")
+                    && m.contains("\"late\"")),
+            "{v:#?}"
+        );
+    }
+
+    #[test]
+    fn a_load_perf_should_not_have_seen_is_named() {
+        // Pretend "late" was loaded after perf stopped: perf's record of its
+        // load is then unexplained.
+        let (ev, mut steps) = real_7_3();
+        let stop = steps
+            .iter()
+            .position(|s| matches!(s, Step::PerfRecordStop))
+            .unwrap();
+        let late = steps
+            .iter()
+            .position(|s| matches!(s, Step::Load { label, .. } if label == "late"))
+            .unwrap();
+        let step = steps.remove(late);
+        steps.insert(stop, step);
+        let v = second_reader(&ev, &steps);
+        assert!(
+            v.iter()
+                .any(|m| m
+                    .contains("which no load or unload the plan ran while perf recorded explains")),
+            "{v:#?}"
+        );
+    }
+
+    #[test]
+    fn a_twin_out_of_time_is_named() {
+        // Move the time of kloop's copy of the record after inside's first
+        // KSYMBOL (ring index 7) to well before it: perf's copy of that
+        // first KSYMBOL no longer lies between its twin's neighbours.
+        let (mut ev, steps) = real_7_3();
+        let ring = ev.streams.get_mut(&0).unwrap();
+        let (off, size) = (560usize, 88usize);
+        let time_at = off + size - 16;
+        ring[time_at..time_at + 8].copy_from_slice(&17069000000u64.to_le_bytes());
+        let v = second_reader(&ev, &steps);
+        assert!(
+            v.iter()
+                .any(|m| m.contains("is not between the neighbours of its twin")),
+            "{v:#?}"
+        );
     }
 
     #[test]
