@@ -1431,6 +1431,22 @@ mod tests {
     }
 
     #[test]
+    fn every_prefix_of_a_real_dump_parses_or_errs_without_panicking() {
+        // Guest text is untrusted input: a dump cut anywhere must be either
+        // read or refused, never crash the harness.
+        for end in (0..REAL_6_1.len())
+            .filter(|e| REAL_6_1.is_char_boundary(*e))
+            .step_by(3)
+        {
+            let text = &REAL_6_1[..end];
+            if let Ok(d) = parse(text) {
+                let mut bad = Vec::new();
+                perf_records(&d, &mut bad);
+            }
+        }
+    }
+
+    #[test]
     fn hex_lines() {
         assert_eq!(
             hex_line(".  0020:  1c 16 23 a7 7a 08 00 00 01 00 00 00 00 00 00 00  ..#.z..........."),
