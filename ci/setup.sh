@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the system packages kloop needs on a Debian (or Debian-based) host:
 # QEMU to boot kernels, clang to compile the BPF fixtures, dpkg-deb and
-# apt-get (present on every Debian) to fetch and unpack kernel packages.
+# apt-get (present on every Debian) to fetch and unpack kernel packages,
+# and perf (linux-perf), which the perf-tool scenario ships into the guest
+# with its libraries as a second reader of the records.
 # Idempotent: packages already installed are left alone.
 set -euo pipefail
 
@@ -10,6 +12,7 @@ command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
 command -v clang >/dev/null 2>&1 || need+=(clang)
 command -v dpkg-deb >/dev/null 2>&1 || need+=(dpkg)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
+[ -x /usr/bin/perf ] || need+=(linux-perf)
 
 if [ ${#need[@]} -eq 0 ]; then
   echo "kloop setup: all system packages present"

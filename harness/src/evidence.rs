@@ -40,6 +40,8 @@ pub struct RunEvidence {
     /// record loss: a `storm` with `drain_every = 0`. Only then may LOST
     /// records appear, and only in exactly accounted numbers.
     pub provoked_loss: bool,
+    /// perf's own output for the plan's `perf record` run (perf_script.rs).
+    pub perf_scripts: Vec<PerfScript>,
 }
 
 /// Programs one `storm` step or one `concurrent` loader thread loaded and
@@ -75,6 +77,14 @@ pub struct Lookups {
     pub found: u32,
     pub enoent: u32,
     pub other_errors: Vec<String>,
+}
+
+/// A `PerfScript` message: the command the agent ran, its text and stderr.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PerfScript {
+    pub command: String,
+    pub text: String,
+    pub stderr: String,
 }
 
 /// One `measure` step's durations (guest `CLOCK_MONOTONIC` ns per timed
@@ -198,6 +208,15 @@ impl RunEvidence {
                         ev.provoked_loss = true;
                     }
                 }
+                Message::PerfScript {
+                    command,
+                    text,
+                    stderr,
+                } => ev.perf_scripts.push(PerfScript {
+                    command: command.clone(),
+                    text: text.clone(),
+                    stderr: stderr.clone(),
+                }),
                 _ => {}
             }
         }

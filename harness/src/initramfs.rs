@@ -48,21 +48,26 @@ impl Initramfs {
         i
     }
 
-    /// A directory; the kernel's unpacker creates no parents, so add it
-    /// before the files in it.
-    pub fn add_dir(&mut self, path: &str) -> &mut Self {
-        self.entries.push(Entry::Dir {
-            path: path.trim_start_matches('/').into(),
-        });
-        self
-    }
-
     pub fn add_file(&mut self, path: &str, mode: u32, data: Vec<u8>) -> &mut Self {
         self.entries.push(Entry::File {
             path: path.trim_start_matches('/').into(),
             mode,
             data,
         });
+        self
+    }
+
+    /// Adds directory `path` unless the archive already has it; the kernel's
+    /// unpacker creates no parents, so add it before the files in it.
+    pub fn add_dir(&mut self, path: &str) -> &mut Self {
+        let path = path.trim_start_matches('/');
+        let exists = self
+            .entries
+            .iter()
+            .any(|e| matches!(e, Entry::Dir { path: p } if p == path));
+        if !exists {
+            self.entries.push(Entry::Dir { path: path.into() });
+        }
         self
     }
 

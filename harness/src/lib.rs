@@ -13,6 +13,8 @@ pub mod kernel;
 pub mod known_issues;
 pub mod normalise;
 pub mod overhead;
+pub mod payload;
+pub mod perf_script;
 pub mod records;
 pub mod report;
 pub mod scenario;

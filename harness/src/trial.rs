@@ -15,6 +15,7 @@ use crate::accel::AccelDecision;
 use crate::evidence::RunEvidence;
 use crate::initramfs::Initramfs;
 use crate::kernel::{KernelCache, KernelPin, ModuleSet};
+use crate::payload::Payload;
 use crate::scenario::Scenario;
 use crate::snapshot::{self, SnapshotOutcome};
 use crate::vm::{self, Deadlines, SessionEnd, Vm, VmConfig};
@@ -350,7 +351,11 @@ fn run_inner(
     };
     let image = boot_file(env, &image, artefacts);
     let initramfs = artefacts.join("initramfs.cpio");
-    if let Err(e) = build_initramfs(&env.agent, scenario, modules.as_ref(), &initramfs) {
+    let payload = match scenario_payload(scenario) {
+        Ok(p) => p,
+        Err(e) => return Verdict::Infrastructure(e.to_string()),
+    };
+    if let Err(e) = build_initramfs(&env.agent, scenario, modules.as_ref(), &payload, &initramfs) {
         return Verdict::Infrastructure(format!("writing initramfs {}: {e}", initramfs.display()));
     }
     let accel = env.accel.accel();
@@ -530,9 +535,21 @@ fn run_inner(
     for (idx, bytes) in &evidence.streams {
         let _ = std::fs::write(artefacts.join(format!("records-{idx}.bin")), bytes);
     }
-    let analysis = crate::check::analyse(&evidence);
+    let mut analysis = crate::check::analyse(&evidence);
     result.notes = analysis.notes.clone();
-    let normalised = crate::normalise::normalise(&evidence, &analysis);
+    analysis.violations.extend(crate::perf_script::check(
+        &evidence,
+        &analysis,
+        &scenario.plan.steps,
+    ));
+    for (i, p) in evidence.perf_scripts.iter().enumerate() {
+        let _ = std::fs::write(
+            artefacts.join(format!("perf-{i}.txt")),
+            format!("$ {}\n{}\n--- stderr ---\n{}", p.command, p.text, p.stderr),
+        );
+    }
+    let normalised = crate::normalise::normalise(&evidence, &analysis)
+        + &crate::perf_script::normalise(&evidence, &analysis);
     let normalised_path = artefacts.join("normalised.txt");
     let _ = std::fs::write(&normalised_path, &normalised);
     // The ledger judges pinned kernels only: a user-built image is what one
@@ -836,10 +853,29 @@ fn last_report(messages: &[Message]) -> String {
     format!("agent's last report: {step}\nagent's last logs: {logs}")
 }
 
+/// Host programs the scenario needs in the guest: perf and its libraries
+/// when it requires `perf-tool` or runs perf.
+fn scenario_payload(scenario: &Scenario) -> Result<Payload, crate::payload::PayloadError> {
+    let plan = &scenario.plan;
+    if plan
+        .requires
+        .contains(&kloop_protocol::Requirement::PerfTool)
+        || plan
+            .steps
+            .iter()
+            .any(|s| matches!(s, kloop_protocol::Step::PerfRecordStart { .. }))
+    {
+        crate::payload::perf_payload()
+    } else {
+        Ok(Payload::default())
+    }
+}
+
 fn build_initramfs(
     agent: &Path,
     scenario: &Scenario,
     modules: Option<&ModuleSet>,
+    payload: &Payload,
     out: &Path,
 ) -> std::io::Result<()> {
     let agent_bytes = std::fs::read(agent)?;
@@ -849,6 +885,18 @@ fn build_initramfs(
     i.add_file(kloop_protocol::PLAN_PATH, 0o644, plan);
     if let Some(modules) = modules {
         modules.add_to(&mut i)?;
+    }
+    for d in payload.dirs() {
+        i.add_dir(&d);
+    }
+    for f in &payload.files {
+        let bytes = std::fs::read(&f.host_path).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("payload file {}: {e}", f.host_path.display()),
+            )
+        })?;
+        i.add_file(&f.guest_path, f.mode, bytes);
     }
     i.write_file(out).map(drop)
 }

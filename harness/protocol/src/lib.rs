@@ -234,7 +234,8 @@ pub enum Message {
         enoent: u32,
         other_errors: Vec<String>,
     },
-    /// `perf script` output for the `perf record` run of the plan.
+    /// perf's dump (`perf report -D --header`) of the plan's `perf record`
+    /// run.
     PerfScript {
         command: String,
         text: String,

@@ -231,8 +231,9 @@ pub enum Step {
         args: Vec<String>,
     },
     /// Stop `perf record` (SIGINT), wait for it, run
-    /// `perf script --show-bpf-events` on its data and report the text as a
-    /// `PerfScript`.
+    /// `perf report -D --header` on its data (the only perf output with every
+    /// field: `perf script --show-bpf-events` prints no BPF_EVENT tag) and
+    /// report the text as a `PerfScript`.
     PerfRecordStop,
     /// Deliberately break something, to prove the host catches it. Only the
     /// fault-injection tests use this.

@@ -1,0 +1,398 @@
+//! Host programs shipped into the guest's initramfs, with every shared
+//! library they need.
+//!
+//! The guest has no root file system: a dynamically linked host binary runs
+//! there only if its ELF interpreter and each library the loader resolves on
+//! the host sit at the same paths in the initramfs. The loader in the guest
+//! has no `/etc/ld.so.cache`, so it searches its built-in directories
+//! (`/lib/x86_64-linux-gnu`, `/usr/lib/x86_64-linux-gnu` on Debian), which is
+//! where `ldd` finds them on the host.
+//!
+//! Today one payload exists: `perf` for scenarios that `require` the
+//! `perf-tool` feature (the real perf as a second, independent reader of the
+//! side-band records).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use thiserror::Error;
+
+/// Where the guest finds perf (the `perf-tool` probe runs it from there).
+pub const GUEST_PERF: &str = "/usr/bin/perf";
+
+/// The host's perf, unless `KLOOP_PERF` names another binary.
+pub const HOST_PERF: &str = "/usr/bin/perf";
+
+#[derive(Debug, Error)]
+pub enum PayloadError {
+    #[error(
+        "the scenario needs perf in the guest, but {path} does not exist on this host; \
+         install it with `apt-get install linux-perf` (or run ci/setup.sh), \
+         or point KLOOP_PERF at a perf binary"
+    )]
+    PerfMissing { path: PathBuf },
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{wrapper} is a wrapper script and no versioned perf binary (/usr/bin/perf_<version>) \
+         sits next to it; install linux-perf for a kernel series, or point KLOOP_PERF at the binary"
+    )]
+    NoRealPerf { wrapper: PathBuf },
+    #[error("{path} is not an x86_64 ELF executable: {what}")]
+    NotElf { path: PathBuf, what: String },
+    #[error("running ldd on {path}: {what}")]
+    Ldd { path: PathBuf, what: String },
+}
+
+/// One file to ship: where it goes in the guest and where its bytes are on
+/// the host (symlinks resolved).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayloadFile {
+    pub guest_path: String,
+    pub host_path: PathBuf,
+    pub mode: u32,
+}
+
+/// A set of files for the initramfs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Payload {
+    pub files: Vec<PayloadFile>,
+}
+
+impl Payload {
+    /// Every directory the files need, parents first (the kernel's initramfs
+    /// unpacker does not create missing parents).
+    pub fn dirs(&self) -> Vec<String> {
+        let mut dirs = BTreeSet::new();
+        for f in &self.files {
+            let mut p = Path::new(&f.guest_path).parent();
+            while let Some(d) = p {
+                let s = d.to_string_lossy().trim_start_matches('/').to_string();
+                if s.is_empty() {
+                    break;
+                }
+                dirs.insert(s);
+                p = d.parent();
+            }
+        }
+        let mut dirs: Vec<String> = dirs.into_iter().collect();
+        dirs.sort_by_key(|d| (d.matches('/').count(), d.clone()));
+        dirs
+    }
+
+    /// Total bytes of the shipped files.
+    pub fn bytes(&self) -> Result<u64, PayloadError> {
+        let mut total = 0;
+        for f in &self.files {
+            total += std::fs::metadata(&f.host_path)
+                .map_err(|source| PayloadError::Read {
+                    path: f.host_path.clone(),
+                    source,
+                })?
+                .len();
+        }
+        Ok(total)
+    }
+}
+
+/// The perf binary to ship: `KLOOP_PERF`, else `/usr/bin/perf`, resolved
+/// through Debian's wrapper script if it is one.
+pub fn host_perf() -> Result<PathBuf, PayloadError> {
+    let path = std::env::var_os("KLOOP_PERF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(HOST_PERF));
+    if !path.exists() {
+        return Err(PayloadError::PerfMissing { path });
+    }
+    let head = read_head(&path, 4)?;
+    if head.starts_with(b"#!") {
+        return real_perf_behind_wrapper(&path);
+    }
+    Ok(path)
+}
+
+/// Older Debian releases install `/usr/bin/perf` as a shell script that
+/// execs `perf_<major.minor>` for the running kernel. The guest runs other
+/// kernels, so take the newest versioned binary present.
+fn real_perf_behind_wrapper(wrapper: &Path) -> Result<PathBuf, PayloadError> {
+    let dir = wrapper.parent().unwrap_or(Path::new("/usr/bin"));
+    let entries = std::fs::read_dir(dir).map_err(|source| PayloadError::Read {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut best: Option<(Vec<u32>, PathBuf)> = None;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(ver) = name.strip_prefix("perf_") else {
+            continue;
+        };
+        let Ok(nums) = ver
+            .split('.')
+            .map(str::parse::<u32>)
+            .collect::<Result<Vec<u32>, _>>()
+        else {
+            continue;
+        };
+        let path = e.path();
+        if read_head(&path, 4).is_ok_and(|h| h.starts_with(b"\x7fELF"))
+            && best.as_ref().is_none_or(|(b, _)| nums > *b)
+        {
+            best = Some((nums, path));
+        }
+    }
+    best.map(|(_, p)| p)
+        .ok_or_else(|| PayloadError::NoRealPerf {
+            wrapper: wrapper.to_path_buf(),
+        })
+}
+
+fn read_head(path: &Path, n: usize) -> Result<Vec<u8>, PayloadError> {
+    use std::io::Read;
+    let mut buf = vec![0u8; n];
+    let mut f = std::fs::File::open(path).map_err(|source| PayloadError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let got = f.read(&mut buf).map_err(|source| PayloadError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    buf.truncate(got);
+    Ok(buf)
+}
+
+/// The perf payload: the binary at [`GUEST_PERF`], its ELF interpreter and
+/// every library `ldd` resolves, each at the path the guest's loader will
+/// look for it.
+pub fn perf_payload() -> Result<Payload, PayloadError> {
+    let perf = host_perf()?;
+    binary_payload(&perf, GUEST_PERF)
+}
+
+/// `binary` shipped as `guest_path`, with its interpreter and libraries.
+pub fn binary_payload(binary: &Path, guest_path: &str) -> Result<Payload, PayloadError> {
+    let bytes = std::fs::read(binary).map_err(|source| PayloadError::Read {
+        path: binary.to_path_buf(),
+        source,
+    })?;
+    let interp = elf_interpreter(&bytes).map_err(|what| PayloadError::NotElf {
+        path: binary.to_path_buf(),
+        what,
+    })?;
+    let mut files = vec![PayloadFile {
+        guest_path: guest_path.to_string(),
+        host_path: binary.to_path_buf(),
+        mode: 0o755,
+    }];
+    let mut seen: BTreeSet<String> = BTreeSet::from([guest_path.to_string()]);
+    let mut add = |guest: String, mode: u32, files: &mut Vec<PayloadFile>| {
+        if seen.insert(guest.clone()) {
+            files.push(PayloadFile {
+                host_path: PathBuf::from(&guest),
+                guest_path: guest,
+                mode,
+            });
+        }
+    };
+    if let Some(interp) = interp {
+        add(interp, 0o755, &mut files);
+    }
+    for lib in ldd(binary)? {
+        add(lib, 0o644, &mut files);
+    }
+    for f in &mut files {
+        // Ship the bytes behind symlinks (`/lib64/ld-linux-x86-64.so.2` ->
+        // `/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2`) under the linked name.
+        f.host_path = std::fs::canonicalize(&f.host_path).map_err(|source| PayloadError::Read {
+            path: f.host_path.clone(),
+            source,
+        })?;
+    }
+    Ok(Payload { files })
+}
+
+/// The `PT_INTERP` path of a 64-bit little-endian ELF file (`None` for a
+/// static binary).
+pub fn elf_interpreter(elf: &[u8]) -> Result<Option<String>, String> {
+    const PT_INTERP: u32 = 3;
+    if elf.get(..4) != Some(b"\x7fELF") {
+        return Err("no ELF magic".into());
+    }
+    if elf.get(4) != Some(&2) || elf.get(5) != Some(&1) {
+        return Err("not a 64-bit little-endian ELF file".into());
+    }
+    let u16_at = |o: usize| -> Result<u16, String> {
+        elf.get(o..o + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .ok_or_else(|| format!("truncated at {o:#x}"))
+    };
+    let u32_at = |o: usize| -> Result<u32, String> {
+        elf.get(o..o + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap_or([0; 4])))
+            .ok_or_else(|| format!("truncated at {o:#x}"))
+    };
+    let u64_at = |o: usize| -> Result<u64, String> {
+        elf.get(o..o + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+            .ok_or_else(|| format!("truncated at {o:#x}"))
+    };
+    let machine = u16_at(18)?;
+    if machine != 62 {
+        return Err(format!("e_machine is {machine}, not x86_64 (62)"));
+    }
+    let phoff = usize::try_from(u64_at(32)?).map_err(|_| "e_phoff out of range".to_string())?;
+    let phentsize = usize::from(u16_at(54)?);
+    let phnum = usize::from(u16_at(56)?);
+    for i in 0..phnum {
+        let ph = phoff + i * phentsize;
+        if u32_at(ph)? != PT_INTERP {
+            continue;
+        }
+        let off = usize::try_from(u64_at(ph + 8)?).map_err(|_| "p_offset out of range")?;
+        let size = usize::try_from(u64_at(ph + 32)?).map_err(|_| "p_filesz out of range")?;
+        let raw = elf
+            .get(off..off.saturating_add(size))
+            .ok_or_else(|| format!("PT_INTERP at {off:#x}+{size} runs past the file"))?;
+        let path = raw.split(|b| *b == 0).next().unwrap_or_default();
+        let path = std::str::from_utf8(path).map_err(|_| "PT_INTERP is not UTF-8")?;
+        if !path.starts_with('/') {
+            return Err(format!("PT_INTERP {path:?} is not an absolute path"));
+        }
+        return Ok(Some(path.to_string()));
+    }
+    Ok(None)
+}
+
+/// Absolute library paths `ldd` resolves for `binary` (interpreter
+/// included, the vDSO excluded). A library it cannot find is an error: the
+/// binary would not start in the guest either.
+fn ldd(binary: &Path) -> Result<Vec<String>, PayloadError> {
+    let out = Command::new("ldd")
+        .arg(binary)
+        .env("LC_ALL", "C")
+        .output()
+        .map_err(|e| PayloadError::Ldd {
+            path: binary.to_path_buf(),
+            what: format!("cannot run ldd: {e} (it comes with libc-bin)"),
+        })?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(PayloadError::Ldd {
+            path: binary.to_path_buf(),
+            what: format!(
+                "ldd {}: {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim(),
+                stdout.trim()
+            ),
+        });
+    }
+    parse_ldd(&stdout).map_err(|what| PayloadError::Ldd {
+        path: binary.to_path_buf(),
+        what,
+    })
+}
+
+/// Parses `ldd` output: `libm.so.6 => /lib/x86_64-linux-gnu/libm.so.6 (0x…)`,
+/// `/lib64/ld-linux-x86-64.so.2 (0x…)`, `linux-vdso.so.1 (0x…)`.
+pub fn parse_ldd(text: &str) -> Result<Vec<String>, String> {
+    let mut libs = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if let Some((name, rest)) = line.split_once("=>") {
+            let path = rest.trim().split(" (").next().unwrap_or("").trim();
+            if path == "not found" {
+                return Err(format!(
+                    "library {} not found on the host (`{line}`)",
+                    name.trim()
+                ));
+            }
+            if path.starts_with('/') {
+                libs.push(path.to_string());
+            } else if !path.is_empty() {
+                return Err(format!("unexpected ldd line `{line}`"));
+            }
+            // `name =>  (0x…)`: a library without a file (vDSO on old glibc).
+        } else {
+            let path = line.split(" (").next().unwrap_or("").trim();
+            if path.starts_with('/') {
+                libs.push(path.to_string());
+            } else if !path.starts_with("linux-vdso") && !path.starts_with("linux-gate") {
+                return Err(format!("unexpected ldd line `{line}`"));
+            }
+        }
+    }
+    Ok(libs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ldd_output_gives_library_paths_and_interpreter() {
+        // From `ldd /usr/bin/perf` on Debian 12 (perf 6.1.192), abridged.
+        let text = "\tlinux-vdso.so.1 (0x00007ff756686000)\n\
+            \tlibm.so.6 => /lib/x86_64-linux-gnu/libm.so.6 (0x00007ff756595000)\n\
+            \tlibelf.so.1 => /lib/x86_64-linux-gnu/libelf.so.1 (0x00007ff756566000)\n\
+            \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007ff75501e000)\n\
+            \t/lib64/ld-linux-x86-64.so.2 (0x00007ff756688000)\n";
+        assert_eq!(
+            parse_ldd(text).unwrap(),
+            vec![
+                "/lib/x86_64-linux-gnu/libm.so.6",
+                "/lib/x86_64-linux-gnu/libelf.so.1",
+                "/lib/x86_64-linux-gnu/libc.so.6",
+                "/lib64/ld-linux-x86-64.so.2",
+            ]
+        );
+    }
+
+    #[test]
+    fn missing_library_is_an_error() {
+        let e = parse_ldd("\tlibfoo.so.1 => not found\n").unwrap_err();
+        assert!(e.contains("libfoo.so.1"), "{e}");
+    }
+
+    #[test]
+    fn interpreter_of_a_host_binary_and_none_for_non_elf() {
+        // `ldd` itself is a script on Debian; `/bin/sh` is a dynamic ELF.
+        let sh = std::fs::read(std::fs::canonicalize("/bin/sh").unwrap()).unwrap();
+        let interp = elf_interpreter(&sh).unwrap().expect("/bin/sh is dynamic");
+        assert!(
+            interp.starts_with('/') && interp.contains("ld-linux"),
+            "{interp}"
+        );
+        assert!(elf_interpreter(b"#!/bin/sh\n").is_err());
+    }
+
+    #[test]
+    fn dirs_come_parents_first() {
+        let p = Payload {
+            files: vec![
+                PayloadFile {
+                    guest_path: "/usr/bin/perf".into(),
+                    host_path: "/x".into(),
+                    mode: 0o755,
+                },
+                PayloadFile {
+                    guest_path: "/lib/x86_64-linux-gnu/libc.so.6".into(),
+                    host_path: "/y".into(),
+                    mode: 0o644,
+                },
+                PayloadFile {
+                    guest_path: "/lib64/ld-linux-x86-64.so.2".into(),
+                    host_path: "/z".into(),
+                    mode: 0o755,
+                },
+            ],
+        };
+        assert_eq!(
+            p.dirs(),
+            vec!["lib", "lib64", "usr", "lib/x86_64-linux-gnu", "usr/bin"]
+        );
+    }
+}
