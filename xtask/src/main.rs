@@ -545,6 +545,19 @@ fn kernels(cmd: KernelsCmd) -> Result<ExitCode> {
                     path.display(),
                     t.elapsed().as_secs_f64()
                 );
+                // Scenarios with `modules` need the modules package too (its
+                // own .deb from 7.x on); fetch it now so later runs work offline.
+                if let Some(package) = &p.modules_package {
+                    let t = std::time::Instant::now();
+                    let path = cache.ensure_modules_deb(&p, &fetch.options())?;
+                    println!(
+                        "{} {package} {}: {} ({:.1} s)",
+                        p.id,
+                        p.version,
+                        path.display(),
+                        t.elapsed().as_secs_f64()
+                    );
+                }
             }
         }
         KernelsCmd::Update { id, fetch } => {
