@@ -6,6 +6,7 @@ pub mod accel;
 pub mod agent;
 pub mod check;
 pub mod evidence;
+pub mod expect;
 pub mod fuzzing;
 pub mod initramfs;
 pub mod kernel;

@@ -340,7 +340,15 @@ fn run_inner(
     for (idx, bytes) in &evidence.streams {
         let _ = std::fs::write(artefacts.join(format!("records-{idx}.bin")), bytes);
     }
-    let analysis = crate::check::analyse(&evidence);
+    let mut analysis = crate::check::analyse(&evidence);
+    // What this scenario declares on top of the rules every run obeys.
+    analysis.violations.extend(crate::expect::check(
+        &scenario.expect,
+        &scenario.plan,
+        &evidence,
+        &analysis,
+        kernel.snapshot_name().as_deref(),
+    ));
     let normalised = crate::normalise::normalise(&evidence, &analysis);
     let normalised_path = artefacts.join("normalised.txt");
     let _ = std::fs::write(&normalised_path, &normalised);
@@ -515,7 +523,9 @@ fn save_messages(dir: &Path, messages: &[Message]) {
 
 /// Collects the guest's messages into the evidence the checks read.
 pub fn evidence_from(session: &vm::GuestSession) -> RunEvidence {
-    RunEvidence::from_messages(&session.messages, session.streams.clone())
+    let mut ev = RunEvidence::from_messages(&session.messages, session.streams.clone());
+    ev.step_marks = session.step_marks.clone();
+    ev
 }
 
 /// `base`, or `base-2`, `base-3`, … when a trial of the same name already
