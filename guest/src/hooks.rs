@@ -403,7 +403,11 @@ fn wait_kallsyms(prefix: &str, present: bool, timeout_ms: u64) -> Result<()> {
     let started = Instant::now();
     let deadline = started + Duration::from_millis(timeout_ms);
     loop {
-        let found = crate::kallsyms::read_filtered(|e| e.name.starts_with(prefix))?;
+        // Only code the kernel generates (`[bpf]`, `[__builtin__*]`): kernel
+        // functions share the prefixes (bpf_trampoline_link_prog...).
+        let found = crate::kallsyms::read_filtered(|e| {
+            crate::kallsyms::is_side_band_symbol(e) && e.name.starts_with(prefix)
+        })?;
         if found.is_empty() != present {
             return agent::log(format!(
                 "kallsyms: {} symbol starting with {prefix:?} after {} ms",
