@@ -335,8 +335,14 @@ fn kprobe_after_entry(
             }
             Err(e) => match errno_of(&e) {
                 Some(code @ (libc::EILSEQ | libc::EINVAL)) => {
-                    let why = io::Error::from_raw_os_error(code);
-                    refused.push(format!("{offset:#x} ({})", sys::Errno(&why)));
+                    // sys::errno_name does not know EILSEQ, the answer for an
+                    // offset inside an instruction.
+                    let name = if code == libc::EILSEQ {
+                        "EILSEQ"
+                    } else {
+                        "EINVAL"
+                    };
+                    refused.push(format!("{offset:#x} ({name})"));
                 }
                 _ => {
                     return Err(anyhow::Error::from(e)).with_context(|| {
