@@ -276,6 +276,8 @@ pub(crate) struct Loaded {
     /// The other programs of a `load-object` (label, id): `ebpf` holds
     /// them, and their links, too.
     pub(crate) others: Vec<(String, u32)>,
+    /// Links of a `load-object`'s programs: dropped (detached) with it.
+    pub(crate) _links: Vec<Box<dyn std::any::Any>>,
 }
 
 #[derive(Default)]
@@ -390,6 +392,7 @@ impl State {
                 program: program.to_owned(),
                 id,
                 others: Vec::new(),
+                _links: Vec::new(),
             },
         );
         Ok(())

@@ -7,7 +7,9 @@
 
 use std::any::Any;
 use std::collections::HashMap;
+use std::ffi::CString;
 use std::io;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -19,6 +21,7 @@ use aya::Btf;
 use kloop_protocol::{AttachTarget, Message, Step, XdpMode};
 
 use crate::agent::{self, load_program, report_prog, send, Loaded, State};
+use crate::perf::{PerfEventAttr, PERF_ATTR_SIZE_VER5, PERF_FLAG_FD_CLOEXEC};
 use crate::sys::{self, OsContext};
 
 /// A link an `attach` step took out of aya; dropping it detaches.
@@ -185,21 +188,18 @@ fn attach_program(prog: &mut Program, target: &AttachTarget) -> Result<(Box<dyn 
             if *after_entry {
                 return kprobe_after_entry(p, function, *offset);
             }
-            let id = p.attach(function, *offset)?;
-            let link = p.take_link(id)?;
+            let event = KprobeEvent::open(p, function, *offset, false)?;
             let place = format!("{function}+{offset:#x}");
-            (
-                Box::new(link),
-                format!("kprobe {place}{}", kprobe_flags(&place)),
-            )
+            let detail = format!("kprobe {place}{}", kprobe_flags(function, *offset));
+            (Box::new(event), detail)
         }
         AttachTarget::Kretprobe { function } => {
             let p: &mut KProbe = match prog {
                 Program::KProbe(p) if matches!(p.kind(), ProbeKind::Return) => p,
                 other => return Err(wrong_type(other, target)),
             };
-            let id = p.attach(function, 0)?;
-            (Box::new(p.take_link(id)?), format!("kretprobe {function}"))
+            let event = KprobeEvent::open(p, function, 0, true)?;
+            (Box::new(event), format!("kretprobe {function}"))
         }
         AttachTarget::Tracepoint { category, name } => {
             let p: &mut TracePoint = match prog {
@@ -276,25 +276,29 @@ fn errno_of(err: &(dyn std::error::Error + 'static)) -> Option<i32> {
 }
 
 /// The flags column of our probe's line in the kprobes list
-/// (`[FTRACE]`, `[OPTIMIZED]`, `[DISABLED]`...), empty if none.
-fn kprobe_flags(place: &str) -> String {
+/// (`[FTRACE]`, `[OPTIMIZED]`, `[DISABLED]`...), empty if none. A probe at
+/// offset 0 may be listed at +0x4: the kernel moves it past an ENDBR.
+fn kprobe_flags(function: &str, offset: u64) -> String {
     let Ok(list) = std::fs::read_to_string(KPROBE_LIST) else {
         return String::new();
     };
-    list.lines()
-        .find(|l| kprobe_line_place(l).as_deref() == Some(place))
-        .map(|l| {
-            let flags: Vec<&str> = l
-                .split_whitespace()
-                .filter(|w| w.starts_with('['))
-                .collect();
-            if flags.is_empty() {
-                String::new()
-            } else {
-                format!(" {}", flags.join(" "))
-            }
-        })
-        .unwrap_or_default()
+    let at = |o: u64| {
+        list.lines()
+            .find(|l| kprobe_line_place(l).as_deref() == Some(&format!("{function}+{o:#x}")))
+    };
+    let line = at(offset).or_else(|| if offset == 0 { at(4) } else { None });
+    line.map(|l| {
+        let flags: Vec<&str> = l
+            .split_whitespace()
+            .filter(|w| w.starts_with('['))
+            .collect();
+        if flags.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", flags.join(" "))
+        }
+    })
+    .unwrap_or_default()
 }
 
 /// `function+0xoff` of a kprobes list line (`addr  k  function+0xoff  [FLAGS]`).
@@ -317,35 +321,30 @@ fn kprobe_after_entry(
 ) -> Result<(Box<dyn Any>, String)> {
     let mut refused = Vec::new();
     for offset in start.max(1)..=MAX_AFTER_ENTRY {
-        match p.attach(function, offset) {
-            Ok(id) => {
-                let link = p.take_link(id)?;
-                let place = format!("{function}+{offset:#x}");
-                let flags = kprobe_flags(&place);
+        match KprobeEvent::open(p, function, offset, false) {
+            Ok(event) => {
+                let flags = kprobe_flags(function, offset);
                 if flags.contains("FTRACE") {
                     refused.push(format!("{offset:#x} (on ftrace)"));
-                    drop(link);
+                    drop(event);
                     continue;
                 }
                 agent::log(format!(
                     "kprobe past the entry of {function}: offsets refused before {offset:#x}: {}",
                     refused.join(", ")
                 ))?;
-                return Ok((Box::new(link), format!("kprobe {place}{flags}")));
+                return Ok((
+                    Box::new(event),
+                    format!("kprobe {function}+{offset:#x}{flags}"),
+                ));
             }
-            Err(e) => match errno_of(&e) {
-                Some(code @ (libc::EILSEQ | libc::EINVAL)) => {
-                    // sys::errno_name does not know EILSEQ, the answer for an
-                    // offset inside an instruction.
-                    let name = if code == libc::EILSEQ {
-                        "EILSEQ"
-                    } else {
-                        "EINVAL"
-                    };
-                    refused.push(format!("{offset:#x} ({name})"));
-                }
+            Err(e) => match errno_of(e.root_cause()) {
+                // sys::errno_name does not know EILSEQ, the answer for an
+                // offset inside an instruction.
+                Some(libc::EILSEQ) => refused.push(format!("{offset:#x} (EILSEQ)")),
+                Some(libc::EINVAL) => refused.push(format!("{offset:#x} (EINVAL)")),
                 _ => {
-                    return Err(anyhow::Error::from(e)).with_context(|| {
+                    return Err(e).with_context(|| {
                         format!("kprobe at {function}+{offset:#x} (refused before: {refused:?})")
                     })
                 }
@@ -353,6 +352,91 @@ fn kprobe_after_entry(
         }
     }
     bail!("no offset in 1..={MAX_AFTER_ENTRY} past the entry of {function} took a kprobe off ftrace: {refused:?}")
+}
+
+/// A kprobe (or kretprobe) perf event of the kprobe PMU with a BPF program
+/// attached; closing it unregisters the probe.
+///
+/// aya 0.14 would do the same, but only when it can parse the kernel's
+/// version: it reads Debian's from `uname -v`, cannot parse `7.3~rc7`, and
+/// then falls back to `kprobe_events` in tracefs, whose events it fails to
+/// remove again (seen on the 7.3 pin: [DISABLED] probes left in the kprobes
+/// list). The kprobe PMU (4.17+) is what every pinned kernel has.
+struct KprobeEvent {
+    _fd: OwnedFd,
+}
+
+impl KprobeEvent {
+    fn open(p: &KProbe, function: &str, offset: u64, ret: bool) -> Result<KprobeEvent> {
+        const PMU: &str = "/sys/bus/event_source/devices/kprobe";
+        // _IOW('$', 8, __u32) and _IO('$', 0) in uapi/linux/perf_event.h.
+        const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
+        const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
+        let type_: u32 = sys::read_trimmed(format!("{PMU}/type"))
+            .os_ctx(format!("reading {PMU}/type"))?
+            .parse()
+            .with_context(|| format!("parsing {PMU}/type"))?;
+        let mut config = 0u64;
+        if ret {
+            // `config:<bit>`: which config bit makes it a return probe.
+            let format = sys::read_trimmed(format!("{PMU}/format/retprobe"))
+                .os_ctx(format!("reading {PMU}/format/retprobe"))?;
+            let bit: u32 = format
+                .strip_prefix("config:")
+                .and_then(|b| b.parse().ok())
+                .filter(|b| *b < 64)
+                .ok_or_else(|| anyhow!("unexpected {PMU}/format/retprobe {format:?}"))?;
+            config |= 1 << bit;
+        }
+        let func = CString::new(function).context("function name with a NUL")?;
+        let attr = PerfEventAttr {
+            type_,
+            size: PERF_ATTR_SIZE_VER5,
+            config,
+            sample_period: 1,
+            wakeup_events: 1,
+            // kprobe_func and probe_offset.
+            config1: func.as_ptr() as u64,
+            config2: offset,
+            ..Default::default()
+        };
+        // SAFETY: attr is a valid perf_event_attr of the announced size;
+        // `func` outlives the call.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_perf_event_open,
+                &attr as *const PerfEventAttr,
+                -1 as libc::pid_t,
+                0 as libc::c_int,
+                -1 as libc::c_int,
+                PERF_FLAG_FD_CLOEXEC,
+            )
+        };
+        let what = format!(
+            "perf_event_open(kprobe PMU, {}{function}+{offset:#x})",
+            if ret { "return probe " } else { "" }
+        );
+        if fd < 0 {
+            return Err(anyhow::Error::new(io::Error::last_os_error()).context(what));
+        }
+        // SAFETY: perf_event_open returned a new fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        let prog_fd = p.fd()?.as_fd().as_raw_fd();
+        for (req, arg, name) in [
+            (
+                PERF_EVENT_IOC_SET_BPF,
+                prog_fd as libc::c_ulong,
+                "PERF_EVENT_IOC_SET_BPF",
+            ),
+            (PERF_EVENT_IOC_ENABLE, 0, "PERF_EVENT_IOC_ENABLE"),
+        ] {
+            // SAFETY: ioctls on our own perf fd with integer arguments.
+            if unsafe { libc::ioctl(fd.as_raw_fd(), req, arg) } < 0 {
+                return Err(io::Error::last_os_error()).os_ctx(format!("{name} on {what}"));
+            }
+        }
+        Ok(KprobeEvent { _fd: fd })
+    }
 }
 
 /// Runs the code paths the fixtures hook: `nanosleeps` raw `nanosleep(0)`
@@ -489,8 +573,8 @@ fn section_target(section: &str) -> Result<AttachTarget> {
 }
 
 /// Loads every program of `fixture` and attaches each where its section
-/// says. The links stay inside the object (aya's own link maps), so the
-/// `unload` of `label` detaches and unloads them all together.
+/// says. The links are held with the object, so the `unload` of `label`
+/// detaches and unloads them all together.
 fn load_object(state: &mut State, fixture: &str, label: &str) -> Result<()> {
     if state.loaded.contains_key(label) {
         bail!("label {label:?} is already loaded");
@@ -504,6 +588,7 @@ fn load_object(state: &mut State, fixture: &str, label: &str) -> Result<()> {
         bail!("fixture {fixture:?} has no programs");
     }
     let mut ids = Vec::new();
+    let mut held = Vec::new();
     for name in &names {
         let section = sections
             .get(name)
@@ -517,9 +602,9 @@ fn load_object(state: &mut State, fixture: &str, label: &str) -> Result<()> {
         let id = report_prog(&prog_label, prog)
             .with_context(|| format!("bpf_prog_info of {fixture}/{name}"))?;
         ids.push((prog_label.clone(), id));
-        // Attach through aya's own link map: the link belongs to the object.
-        let detail = attach_in_place(prog, &target)
+        let (link, detail) = attach_in_place(prog, &target)
             .with_context(|| format!("attaching {prog_label:?} as its section {section:?} says"))?;
+        held.push(link);
         send(&Message::Attached {
             label: prog_label,
             link: format!("{label}:{section}"),
@@ -538,13 +623,15 @@ fn load_object(state: &mut State, fixture: &str, label: &str) -> Result<()> {
             program: first,
             id: first_id,
             others: ids,
+            _links: held,
         },
     );
     Ok(())
 }
 
-/// Attaches without taking the link out of aya (it stays in the program).
-fn attach_in_place(prog: &mut Program, target: &AttachTarget) -> Result<String> {
+/// Attaches a program of a `load-object`; returns the link (dropping it
+/// detaches) and where it went.
+fn attach_in_place(prog: &mut Program, target: &AttachTarget) -> Result<(Box<dyn Any>, String)> {
     Ok(match (prog, target) {
         (
             Program::KProbe(p),
@@ -552,18 +639,21 @@ fn attach_in_place(prog: &mut Program, target: &AttachTarget) -> Result<String> 
                 function, offset, ..
             },
         ) if matches!(p.kind(), ProbeKind::Entry) => {
-            p.attach(function, *offset)?;
-            format!("kprobe {function}+{offset:#x}")
+            let event = KprobeEvent::open(p, function, *offset, false)?;
+            (Box::new(event), format!("kprobe {function}+{offset:#x}"))
         }
         (Program::KProbe(p), AttachTarget::Kretprobe { function })
             if matches!(p.kind(), ProbeKind::Return) =>
         {
-            p.attach(function, 0)?;
-            format!("kretprobe {function}")
+            let event = KprobeEvent::open(p, function, 0, true)?;
+            (Box::new(event), format!("kretprobe {function}"))
         }
         (Program::TracePoint(p), AttachTarget::Tracepoint { category, name }) => {
-            p.attach(category, name)?;
-            format!("tracepoint {category}/{name}")
+            let id = p.attach(category, name)?;
+            (
+                Box::new(p.take_link(id)?),
+                format!("tracepoint {category}/{name}"),
+            )
         }
         (prog, target) => return Err(wrong_type(prog, target)),
     })
