@@ -178,6 +178,15 @@ fn warm_up_aya() -> Result<()> {
             }
         };
         for (name, program) in ebpf.programs_mut() {
+            // fentry/fexit/LSM programs load only against a target in the
+            // kernel's BTF (the `load` step's `btf_target`); aya probes
+            // nothing more for them.
+            if matches!(
+                program,
+                Program::FEntry(_) | Program::FExit(_) | Program::Lsm(_)
+            ) {
+                continue;
+            }
             match load_program(program) {
                 Ok(()) => loaded += 1,
                 Err(e) => log(format!(
