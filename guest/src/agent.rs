@@ -9,7 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use aya::programs::{Program, ProgramError};
 use aya::{Ebpf, EbpfLoader};
 use kloop_protocol::{
-    records_frames, Fault, ListenerInfo, ListenerSpec, Message, Plan, ProgFacts, Step, PLAN_PATH,
+    Fault, ListenerInfo, ListenerScope, ListenerSpec, Message, Plan, ProgFacts, Step, PLAN_PATH,
     PROTOCOL_VERSION,
 };
 
@@ -69,7 +69,7 @@ pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
         })?;
         return send(&Message::Done { records_bytes: 0 });
     }
-    warm_up_aya()?;
+    warm_up_aya(&plan_fixtures(&plan))?;
 
     let mut state = State::default();
     for (index, step) in plan.steps.iter().enumerate() {
@@ -158,18 +158,38 @@ pub(crate) fn load_program(program: &mut Program) -> Result<(), ProgramError> {
     }
 }
 
+/// The fixtures the plan's steps load, in first-use order.
+fn plan_fixtures(plan: &Plan) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for step in &plan.steps {
+        let fixture = match step {
+            Step::Load { fixture, .. }
+            | Step::LoadObject { fixture, .. }
+            | Step::Measure { fixture, .. }
+            | Step::Storm { fixture, .. }
+            | Step::Concurrent { fixture, .. } => fixture.as_str(),
+            _ => continue,
+        };
+        if !out.contains(&fixture) {
+            out.push(fixture);
+        }
+    }
+    out
+}
+
 /// aya probes kernel features by loading throw-away programs the first time
 /// it needs them. Those loads would be recorded as KSYMBOL/BPF_EVENT records,
 /// so force them now, before any listener exists: `aya::features()` runs the
 /// whole detection (a `LazyLock` in aya 0.14), and loading every program of
-/// every embedded fixture once exercises whatever else the real loads will
-/// touch. Then wait until the kernel has freed all of it.
-fn warm_up_aya() -> Result<()> {
+/// every fixture the plan uses once exercises whatever else the real loads
+/// will touch (only those: parsing and loading all of them cost about half a
+/// second per boot under TCG). Then wait until the kernel has freed it all.
+fn warm_up_aya(fixtures: &[&str]) -> Result<()> {
     let started = Instant::now();
     let before: HashSet<u32> = bpf::prog_ids()?.into_iter().collect();
     let features = aya::features();
     let mut loaded = 0;
-    for (stem, _) in fixtures::FIXTURES {
+    for stem in fixtures {
         let mut ebpf = match parse_fixture(stem) {
             Ok(ebpf) => ebpf,
             Err(e) => {
@@ -329,7 +349,10 @@ impl State {
             Step::Drain => self.drain(),
             Step::Fault { fault } => inject(*fault),
             Step::Measure { .. } => crate::measure::run(step),
-            Step::Storm { .. } => crate::storm::run(step, || self.drain()),
+            Step::Storm { .. } => {
+                self.records_bytes += crate::storm::run(step, &mut self.rings)?;
+                Ok(())
+            }
             Step::Load {
                 btf_target: Some(_),
                 ..
@@ -352,10 +375,19 @@ impl State {
     }
 
     fn open_listeners(&mut self, spec: &ListenerSpec) -> Result<()> {
-        let cpus = sys::online_cpus().os_ctx("reading /sys/devices/system/cpu/online")?;
+        let cpus = match spec.scope {
+            ListenerScope::CpuWide => {
+                sys::online_cpus().os_ctx("reading /sys/devices/system/cpu/online")?
+            }
+            // One ring for the whole task: the loop below runs once.
+            ListenerScope::Task => vec![0],
+        };
         for cpu in cpus {
             let index = self.rings.len() as u32;
-            let ring = perf::Ring::open(index, cpu, spec)?;
+            let ring = match spec.scope {
+                ListenerScope::CpuWide => perf::Ring::open(index, cpu, spec)?,
+                ListenerScope::Task => perf::Ring::open_task(index, spec)?,
+            };
             send(&Message::Listener(ListenerInfo {
                 index,
                 cpu: ring.cpu,
@@ -435,15 +467,7 @@ impl State {
     }
 
     fn drain(&mut self) -> Result<()> {
-        for ring in &mut self.rings {
-            let (bytes, head) = ring.unread()?;
-            for frame in records_frames(ring.index, ring.sent, &bytes) {
-                port::send_frame(&frame).os_ctx("writing records to the data port")?;
-            }
-            ring.sent += bytes.len() as u64;
-            self.records_bytes += bytes.len() as u64;
-            ring.commit(head);
-        }
+        self.records_bytes += perf::drain_all(&mut self.rings)?;
         Ok(())
     }
 }

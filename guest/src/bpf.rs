@@ -1,13 +1,14 @@
 //! The few raw `bpf(2)` commands the agent issues itself.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use anyhow::{bail, Result};
 
 use crate::sys::OsContext;
 
 const BPF_PROG_GET_NEXT_ID: libc::c_long = 11;
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 
 /// `struct bpf_prog_info` as of Linux 6.1 (include/uapi/linux/bpf.h). Older
@@ -176,4 +177,19 @@ pub fn prog_ids() -> Result<Vec<u32>> {
             Err(e) => return Err(e).os_ctx(format!("BPF_PROG_GET_NEXT_ID after {start}")),
         }
     }
+}
+
+/// `BPF_PROG_GET_FD_BY_ID`: a new reference to program `id`, as a
+/// recorder takes one to read a program's info. `ENOENT` once the program
+/// is gone (its id is freed before its memory).
+pub fn prog_fd_by_id(id: u32) -> io::Result<OwnedFd> {
+    let mut attr = GetNextIdAttr {
+        start_id: id, // the union's `prog_id` shares the first word
+        next_id: 0,
+        open_flags: 0,
+        pad: 0,
+    };
+    let fd = sys_bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
+    // SAFETY: the kernel just returned this fd to us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }

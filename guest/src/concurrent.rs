@@ -1,11 +1,138 @@
-//! Loaders on every CPU at once.
+//! The `concurrent` step: one loader thread pinned to each online CPU, all
+//! loading and unloading at once.
+//!
+//! Side-band records go to the listeners of the CPU where the kernel emits
+//! them, so a CPU-wide recorder has to merge its rings. Here every CPU
+//! emits at the same time: each thread is pinned with `sched_setaffinity`
+//! and checks with `sched_getcpu` before and after every load that it
+//! really ran there, so the host can demand that a load's records are in
+//! that CPU's ring. The threads start together behind a barrier; each
+//! parses its own copy of the object, and reports the ids it loaded (each
+//! unloaded right after its load) as one `Loads` message.
 
-use anyhow::{bail, Result};
-use kloop_protocol::Step;
+use std::os::fd::AsFd;
+use std::sync::Barrier;
+
+use anyhow::{anyhow, bail, Context, Result};
+use kloop_protocol::{Message, Step};
+
+use crate::agent::{fixture_program, parse_fixture, send};
+use crate::bpf;
+use crate::measure::{load, unload};
+use crate::sys::{self, OsContext};
 
 pub fn run(step: &Step) -> Result<()> {
-    bail!(
-        "this agent does not implement concurrent yet: {}",
-        serde_json::to_string(step).unwrap_or_default()
-    )
+    let Step::Concurrent {
+        fixture,
+        program,
+        cycles,
+    } = step
+    else {
+        bail!("concurrent::run called with a step that is not concurrent: {step:?}");
+    };
+    let cpus = sys::online_cpus().os_ctx("reading /sys/devices/system/cpu/online")?;
+    let barrier = Barrier::new(cpus.len());
+    let results: Vec<Result<Message>> = std::thread::scope(|s| {
+        let handles: Vec<_> = cpus
+            .iter()
+            .map(|&cpu| {
+                let barrier = &barrier;
+                std::thread::Builder::new()
+                    .name(format!("loader-cpu{cpu}"))
+                    .spawn_scoped(s, move || loader(cpu, fixture, program, *cycles, barrier))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .zip(&cpus)
+            .map(|(h, cpu)| match h {
+                Ok(h) => h
+                    .join()
+                    .unwrap_or_else(|_| Err(anyhow!("loader thread for CPU {cpu} panicked"))),
+                Err(e) => Err(anyhow!("spawning the loader thread for CPU {cpu}: {e}")),
+            })
+            .collect()
+    });
+    for r in results {
+        send(&r?)?;
+    }
+    Ok(())
+}
+
+/// One pinned loader. A thread that fails before the barrier would leave
+/// the others waiting forever, so errors before it are carried past it.
+fn loader(
+    cpu: u32,
+    fixture: &str,
+    program: &str,
+    cycles: u32,
+    barrier: &Barrier,
+) -> Result<Message> {
+    let prepared = pin_to(cpu).and_then(|_| parse_fixture(fixture));
+    barrier.wait();
+    let mut ebpf = prepared?;
+    let prog = fixture_program(&mut ebpf, fixture, program)?;
+    let what = format!("{fixture}/{program} on CPU {cpu}");
+    let mut ids = Vec::with_capacity(cycles as usize);
+    let mut functions = None;
+    for i in 0..cycles {
+        let before = current_cpu()?;
+        load(prog).with_context(|| format!("loading {what}, cycle {i}"))?;
+        let after = current_cpu()?;
+        if before != cpu || after != cpu {
+            bail!(
+                "loader pinned to CPU {cpu} ran on CPU {before} before and CPU {after} after \
+                 its load in cycle {i}: the affinity did not hold"
+            );
+        }
+        let info = bpf::prog_info(prog.fd()?.as_fd())
+            .with_context(|| format!("bpf_prog_info of {what}, cycle {i}"))?;
+        ids.push(info.info.id);
+        let n = info.info.nr_jited_ksyms;
+        if *functions.get_or_insert(n) != n {
+            bail!("{what}: {n} JITed functions in cycle {i}, {functions:?} before");
+        }
+        unload(prog).with_context(|| format!("unloading {what}, cycle {i}"))?;
+    }
+    Ok(Message::Loads {
+        cpu,
+        fixture: fixture.to_owned(),
+        program: program.to_owned(),
+        functions: functions.unwrap_or(0),
+        ids,
+    })
+}
+
+fn current_cpu() -> Result<u32> {
+    // SAFETY: sched_getcpu has no preconditions.
+    let cpu = unsafe { libc::sched_getcpu() };
+    u32::try_from(cpu)
+        .map_err(|_| sys::last_os_error())
+        .os_ctx("sched_getcpu")
+}
+
+pub(crate) type CpuSet = libc::cpu_set_t;
+
+/// Pins the calling thread to `cpu`; returns the previous mask.
+pub(crate) fn pin_to(cpu: u32) -> Result<CpuSet> {
+    // SAFETY: cpu_set_t is plain data; the libc macros index inside it.
+    unsafe {
+        let mut saved: CpuSet = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<CpuSet>(), &mut saved) != 0 {
+            return Err(sys::last_os_error()).os_ctx("sched_getaffinity");
+        }
+        let mut one: CpuSet = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut one);
+        set_affinity(&one).with_context(|| format!("pinning to CPU {cpu}"))?;
+        Ok(saved)
+    }
+}
+
+/// `sched_setaffinity` of the calling thread.
+pub(crate) fn set_affinity(mask: &CpuSet) -> Result<()> {
+    // SAFETY: a valid, initialised mask of the size passed.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<CpuSet>(), mask) } != 0 {
+        return Err(sys::last_os_error()).os_ctx("sched_setaffinity");
+    }
+    Ok(())
 }

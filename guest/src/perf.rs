@@ -5,8 +5,9 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{bail, Result};
-use kloop_protocol::ListenerSpec;
+use kloop_protocol::{records_frames, ListenerSpec};
 
+use crate::port;
 use crate::sys::OsContext;
 
 const PERF_TYPE_SOFTWARE: u32 = 1;
@@ -74,7 +75,19 @@ fn page_size() -> usize {
 }
 
 impl Ring {
+    /// A CPU-wide listener on `cpu` (`pid = -1`).
     pub fn open(index: u32, cpu: u32, spec: &ListenerSpec) -> Result<Ring> {
+        Ring::open_on(index, -1, cpu as i32, spec)
+    }
+
+    /// A listener bound to the calling thread on any CPU (`pid = 0`,
+    /// `cpu = -1`): it sees the side-band records the kernel emits while
+    /// this thread runs (its own loads and the unloads its closes cause).
+    pub fn open_task(index: u32, spec: &ListenerSpec) -> Result<Ring> {
+        Ring::open_on(index, 0, -1, spec)
+    }
+
+    fn open_on(index: u32, pid: libc::pid_t, cpu: i32, spec: &ListenerSpec) -> Result<Ring> {
         if spec.ring_pages == 0 || !spec.ring_pages.is_power_of_two() {
             bail!("ring_pages must be a power of two, got {}", spec.ring_pages);
         }
@@ -98,7 +111,7 @@ impl Ring {
             libc::syscall(
                 libc::SYS_perf_event_open,
                 &attr as *const PerfEventAttr,
-                -1 as libc::pid_t,
+                pid,
                 cpu as libc::c_int,
                 -1 as libc::c_int,
                 PERF_FLAG_FD_CLOEXEC,
@@ -106,7 +119,7 @@ impl Ring {
         };
         if fd < 0 {
             return Err(io::Error::last_os_error()).os_ctx(format!(
-                "perf_event_open(dummy, sample_type={:#x}, ksymbol={}, bpf_event={}, cpu={cpu})",
+                "perf_event_open(dummy, sample_type={:#x}, ksymbol={}, bpf_event={}, pid={pid}, cpu={cpu})",
                 spec.sample_type, spec.ksymbol, spec.bpf_event
             ));
         }
@@ -127,14 +140,14 @@ impl Ring {
         };
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error()).os_ctx(format!(
-                "mmap of {} ring pages for listener on cpu {cpu}",
+                "mmap of {} ring pages for listener (pid {pid}, cpu {cpu})",
                 spec.ring_pages
             ));
         }
         let base = base as *mut u8;
         let mut ring = Ring {
             index,
-            cpu: cpu as i32,
+            cpu,
             _fd: fd,
             base,
             map_len,
@@ -197,6 +210,27 @@ impl Ring {
         // Release: our reads of the data happen before the kernel may reuse it.
         self.atomic(DATA_TAIL).store(head, Ordering::Release);
     }
+}
+
+/// Sends one ring's unread bytes to the host and releases them to the
+/// kernel; returns the bytes sent.
+pub fn drain_ring(ring: &mut Ring) -> Result<Vec<u8>> {
+    let (bytes, head) = ring.unread()?;
+    for frame in records_frames(ring.index, ring.sent, &bytes) {
+        port::send_frame(&frame).os_ctx("writing records to the data port")?;
+    }
+    ring.sent += bytes.len() as u64;
+    ring.commit(head);
+    Ok(bytes)
+}
+
+/// [`drain_ring`] for every ring; returns the number of bytes sent.
+pub fn drain_all(rings: &mut [Ring]) -> Result<u64> {
+    let mut total = 0;
+    for ring in rings {
+        total += drain_ring(ring)?.len() as u64;
+    }
+    Ok(total)
 }
 
 impl Drop for Ring {

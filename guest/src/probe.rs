@@ -1,12 +1,590 @@
 //! Feature probes for a plan's `requires`.
+//!
+//! They run before any listener opens, so nothing they load is recorded;
+//! still, each undoes what it did (sysctl restored, program and link closed,
+//! kprobe and tracefs instance removed) and the fentry probe waits until the
+//! kernel has dropped every symbol it created, so that no unregister of a
+//! probe's symbol can reach a listener opened later.
+//!
+//! An unmet requirement is not an error: its reason (one line naming the
+//! file, the errno and the config option it implies) ends the run as
+//! `Unsupported`. An error is a probe that could not be carried out at all.
+
+use std::collections::HashSet;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use kloop_protocol::Requirement;
 
+use crate::sys::{self, Errno};
+
+/// The outcome of one probe: `Err(reason)` when the kernel lacks the feature.
+type Probe = std::result::Result<(), String>;
+
 /// The first requirement the running kernel does not meet, with the reason.
 pub fn first_unmet(requires: &[Requirement]) -> Result<Option<(Requirement, String)>> {
-    if requires.is_empty() {
-        return Ok(None);
+    for &r in requires {
+        let started = Instant::now();
+        let outcome = probe(r)?;
+        crate::agent::log(format!(
+            "probe {r:?}: {} ({} ms)",
+            match &outcome {
+                Ok(()) => "met".to_string(),
+                Err(reason) => format!("unmet: {reason}"),
+            },
+            started.elapsed().as_millis()
+        ))?;
+        if let Err(reason) = outcome {
+            return Ok(Some((r, reason)));
+        }
     }
-    bail!("this agent cannot probe requirements yet: {requires:?}")
+    Ok(None)
+}
+
+fn probe(r: Requirement) -> Result<Probe> {
+    match r {
+        Requirement::Btf => Ok(btf()),
+        Requirement::Jit => Ok(jit()),
+        Requirement::JitOptional => jit_optional(),
+        Requirement::Fentry => fentry(),
+        Requirement::LsmBpf => lsm_bpf(),
+        Requirement::Kprobes => kprobes(),
+        Requirement::FtraceInstances => ftrace_instances(),
+        Requirement::Veth => Ok(crate::net::veth_probe()),
+        Requirement::PerfTool => Ok(perf_tool()),
+    }
+}
+
+const BTF_VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+const JIT_ENABLE: &str = "/proc/sys/net/core/bpf_jit_enable";
+
+fn btf() -> Probe {
+    match std::fs::metadata(BTF_VMLINUX) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!(
+            "{BTF_VMLINUX}: {}: the kernel has no BTF (CONFIG_DEBUG_INFO_BTF)",
+            Errno(&e)
+        )),
+    }
+}
+
+fn jit() -> Probe {
+    match sys::read_trimmed(JIT_ENABLE) {
+        Ok(v) if v == "0" => Err(format!(
+            "{JIT_ENABLE} is 0: programs run in the interpreter"
+        )),
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!(
+            "{JIT_ENABLE}: {}: the kernel has no BPF JIT (CONFIG_BPF_JIT)",
+            Errno(&e)
+        )),
+    }
+}
+
+fn jit_optional() -> Result<Probe> {
+    let original = match sys::read_trimmed(JIT_ENABLE) {
+        Ok(v) => v,
+        Err(e) => {
+            return Ok(Err(format!(
+                "{JIT_ENABLE}: {}: the kernel has no BPF JIT (CONFIG_BPF_JIT)",
+                Errno(&e)
+            )))
+        }
+    };
+    if let Err(e) = std::fs::write(JIT_ENABLE, "0") {
+        // net/core/sysctl_net_core.c: with CONFIG_BPF_JIT_ALWAYS_ON the
+        // sysctl's minimum is 1, so 0 is out of range (EINVAL).
+        return Ok(Err(format!(
+            "writing 0 to {JIT_ENABLE} (was {original}): {}: the JIT cannot be turned off (CONFIG_BPF_JIT_ALWAYS_ON=y)",
+            Errno(&e)
+        )));
+    }
+    let now = sys::read_trimmed(JIT_ENABLE);
+    if let Err(e) = std::fs::write(JIT_ENABLE, &original) {
+        bail!(
+            "jit-optional probe: restoring {JIT_ENABLE} to {original} after writing 0: {}",
+            Errno(&e)
+        );
+    }
+    Ok(match now {
+        Ok(v) if v == "0" => Ok(()),
+        Ok(v) => Err(format!(
+            "wrote 0 to {JIT_ENABLE} (was {original}) but it reads back {v}: the JIT cannot be turned off"
+        )),
+        Err(e) => Err(format!(
+            "reading {JIT_ENABLE} back after writing 0: {}",
+            Errno(&e)
+        )),
+    })
+}
+
+const SECURITYFS: &str = "/sys/kernel/security";
+const LSM_LIST: &str = "/sys/kernel/security/lsm";
+
+fn lsm_bpf() -> Result<Probe> {
+    let mut mounted_here = false;
+    if !std::path::Path::new(LSM_LIST).exists() {
+        match sys::mount("securityfs", SECURITYFS) {
+            Ok(fresh) => mounted_here = fresh,
+            Err(e) => {
+                return Ok(Err(format!(
+                    "mounting securityfs on {SECURITYFS}: {}: the kernel has no securityfs (CONFIG_SECURITYFS)",
+                    Errno(&e)
+                )))
+            }
+        }
+    }
+    let list = sys::read_trimmed(LSM_LIST);
+    if mounted_here {
+        // The agent mounted it only to look: leave the mount table as it was.
+        let target = CString::new(SECURITYFS).expect("no NUL");
+        // SAFETY: valid NUL-terminated path.
+        unsafe { libc::umount2(target.as_ptr(), 0) };
+    }
+    Ok(match list {
+        Ok(l) if l.split(',').any(|m| m.trim() == "bpf") => Ok(()),
+        Ok(l) => Err(format!(
+            "{LSM_LIST} is {l:?}, without bpf: BPF LSM needs CONFIG_BPF_LSM=y and bpf in the lsm= boot parameter"
+        )),
+        Err(e) => Err(format!(
+            "{LSM_LIST}: {}: no LSM list (CONFIG_SECURITY)",
+            Errno(&e)
+        )),
+    })
+}
+
+const KPROBES_LIST: &str = "/sys/kernel/debug/kprobes/list";
+const KPROBES_ENABLED: &str = "/sys/kernel/debug/kprobes/enabled";
+const KPROBE_PMU_TYPE: &str = "/sys/bus/event_source/devices/kprobe/type";
+/// A function every x86-64 kernel since 4.17 has, with an ftrace call site
+/// (so the kprobe needs no out-of-line instruction slot), and that the agent
+/// never calls while the probe is registered.
+const KPROBE_FUNCTION: &str = "__x64_sys_getppid";
+
+/// `struct perf_event_attr` up to `PERF_ATTR_SIZE_VER5` (112 bytes), only
+/// the fields a kprobe event needs named.
+#[repr(C)]
+#[derive(Default)]
+struct KprobeAttr {
+    type_: u32,
+    size: u32,
+    config: u64,
+    sample_period: u64,
+    sample_type: u64,
+    read_format: u64,
+    flags: u64,
+    wakeup_events: u32,
+    bp_type: u32,
+    /// `kprobe_func`: pointer to the function name.
+    config1: u64,
+    /// `probe_offset`.
+    config2: u64,
+    rest: [u64; 5],
+}
+
+const _: () = assert!(std::mem::size_of::<KprobeAttr>() == 112);
+const _: () = assert!(std::mem::size_of::<ProgLoadAttr>() == 120);
+const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+
+fn kprobes() -> Result<Probe> {
+    let before = match std::fs::read_to_string(KPROBES_LIST) {
+        Ok(l) => l,
+        Err(e) => {
+            return Ok(Err(format!(
+                "{KPROBES_LIST}: {}: no kprobes (CONFIG_KPROBES) or no debugfs",
+                Errno(&e)
+            )))
+        }
+    };
+    match sys::read_trimmed(KPROBES_ENABLED) {
+        Ok(v) if v == "1" => {}
+        Ok(v) => {
+            return Ok(Err(format!(
+                "{KPROBES_ENABLED} is {v}: kprobes are disarmed"
+            )))
+        }
+        Err(e) => return Ok(Err(format!("{KPROBES_ENABLED}: {}", Errno(&e)))),
+    }
+    let pmu: u32 = match sys::read_trimmed(KPROBE_PMU_TYPE) {
+        Ok(t) => match t.parse() {
+            Ok(t) => t,
+            Err(_) => bail!("kprobes probe: {KPROBE_PMU_TYPE} holds {t:?}, not a number"),
+        },
+        Err(e) => {
+            return Ok(Err(format!(
+                "{KPROBE_PMU_TYPE}: {}: no kprobe PMU (CONFIG_KPROBE_EVENTS)",
+                Errno(&e)
+            )))
+        }
+    };
+    let func = CString::new(KPROBE_FUNCTION).expect("no NUL");
+    let attr = KprobeAttr {
+        type_: pmu,
+        size: 112,
+        config1: func.as_ptr() as u64,
+        // disabled: registered but never armed, so it never fires.
+        flags: 1,
+        ..Default::default()
+    };
+    // SAFETY: attr is a valid perf_event_attr of the announced size; func
+    // outlives the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &attr as *const KprobeAttr,
+            -1 as libc::pid_t,
+            0 as libc::c_int,
+            -1 as libc::c_int,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        return Ok(Err(format!(
+            "perf_event_open(kprobe PMU {pmu}, {KPROBE_FUNCTION}): {}: a kprobe cannot be registered",
+            Errno(&e)
+        )));
+    }
+    // SAFETY: a fresh fd we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // The list names a probe by the first kallsyms name at its address
+    // (`__do_sys_getppid` for the syscall wrapper), so count lines instead.
+    let listed = std::fs::read_to_string(KPROBES_LIST).unwrap_or_default();
+    drop(fd);
+    if listed.lines().count() != before.lines().count() + 1 {
+        return Ok(Err(format!(
+            "a kprobe perf event on {KPROBE_FUNCTION} opened but {KPROBES_LIST} did not gain a line: {:?}",
+            listed.lines().take(3).collect::<Vec<_>>()
+        )));
+    }
+    // Closing the event unregisters the kprobe synchronously.
+    let after = std::fs::read_to_string(KPROBES_LIST).unwrap_or_default();
+    if after != before {
+        bail!("kprobes probe: {KPROBES_LIST} differs after closing the probe's perf event on {KPROBE_FUNCTION}:\nbefore:\n{before}\nafter:\n{after}");
+    }
+    Ok(Ok(()))
+}
+
+const TRACEFS_INSTANCES: &str = "/sys/kernel/tracing/instances";
+
+fn ftrace_instances() -> Result<Probe> {
+    let dir = format!("{TRACEFS_INSTANCES}/kloop-probe");
+    if let Err(e) = std::fs::create_dir(&dir) {
+        return Ok(Err(format!(
+            "mkdir {dir}: {}: no tracefs instances (CONFIG_TRACING, tracefs mounted on /sys/kernel/tracing)",
+            Errno(&e)
+        )));
+    }
+    let tracers = std::fs::read_to_string(format!("{dir}/available_tracers"));
+    if let Err(e) = std::fs::remove_dir(&dir) {
+        bail!("ftrace-instances probe: rmdir {dir}: {}", Errno(&e));
+    }
+    Ok(match tracers {
+        Ok(t) if t.split_whitespace().any(|t| t == "function") => Ok(()),
+        Ok(t) => Err(format!(
+            "{dir}/available_tracers is {:?}, without function: no function tracer (CONFIG_FUNCTION_TRACER)",
+            t.trim()
+        )),
+        Err(e) => Err(format!("{dir}/available_tracers: {}", Errno(&e))),
+    })
+}
+
+const PERF_BINARY: &str = "/usr/bin/perf";
+
+fn perf_tool() -> Probe {
+    if let Err(e) = std::fs::metadata(PERF_BINARY) {
+        return Err(format!(
+            "{PERF_BINARY}: {}: the host did not ship perf into the initramfs",
+            Errno(&e)
+        ));
+    }
+    match std::process::Command::new(PERF_BINARY)
+        .arg("--version")
+        .output()
+    {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => Err(format!(
+            "{PERF_BINARY} --version {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .next()
+                .unwrap_or("")
+        )),
+        Err(e) => Err(format!(
+            "running {PERF_BINARY} --version: {} (missing libraries in the initramfs?)",
+            Errno(&e)
+        )),
+    }
+}
+
+/// The kernel function the fentry probe's program is verified against:
+/// `net/bpf/test_run.c` keeps it for exactly this kind of test.
+const FENTRY_TARGET: &str = "bpf_fentry_test1";
+
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
+const BPF_PROG_TYPE_TRACING: u32 = 26;
+const BPF_TRACE_FENTRY: u32 = 24;
+
+/// `union bpf_attr` for `BPF_PROG_LOAD`, up to `attach_prog_fd` (5.5+).
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+    prog_btf_fd: u32,
+    func_info_rec_size: u32,
+    func_info: u64,
+    func_info_cnt: u32,
+    line_info_rec_size: u32,
+    line_info: u64,
+    line_info_cnt: u32,
+    attach_btf_id: u32,
+    attach_prog_fd: u32,
+    pad: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct RawTpAttr {
+    name: u64,
+    prog_fd: u32,
+    pad: u32,
+}
+
+fn bpf(cmd: libc::c_long, attr: *const u8, size: usize) -> io::Result<OwnedFd> {
+    // SAFETY: attr points to a bpf_attr prefix of `size` bytes.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr, size as libc::c_uint) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `[bpf]` symbols in /proc/kallsyms (programs and trampolines).
+fn bpf_symbols() -> Result<HashSet<(u64, String)>> {
+    Ok(
+        crate::kallsyms::read_filtered(|e| e.module.as_deref() == Some("bpf"))?
+            .into_iter()
+            .map(|e| (e.addr, e.name))
+            .collect(),
+    )
+}
+
+fn fentry() -> Result<Probe> {
+    let raw = match std::fs::read(BTF_VMLINUX) {
+        Ok(b) => b,
+        Err(e) => {
+            return Ok(Err(format!(
+                "{BTF_VMLINUX}: {}: fentry needs kernel BTF (CONFIG_DEBUG_INFO_BTF)",
+                Errno(&e)
+            )))
+        }
+    };
+    let btf_id = match btf_func_id(&raw, FENTRY_TARGET) {
+        Ok(Some(id)) => id,
+        Ok(None) => {
+            return Ok(Err(format!(
+                "{BTF_VMLINUX} has no FUNC {FENTRY_TARGET} (net/bpf/test_run.c, CONFIG_NET)"
+            )))
+        }
+        Err(e) => bail!("fentry probe: parsing {BTF_VMLINUX}: {e}"),
+    };
+    let before = bpf_symbols()?;
+    let outcome = fentry_load_attach(btf_id);
+    // Detaching frees the trampoline image after RCU-tasks grace periods
+    // (kernel/bpf/trampoline.c), and the program goes when its last
+    // reference does: wait until every symbol the probe made is gone.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = bpf_symbols()?;
+        let left: Vec<&(u64, String)> = now.difference(&before).collect();
+        if left.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "fentry probe: the kernel still lists {left:?} 30 s after the probe closed its program and link"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(outcome)
+}
+
+/// Loads `r0 = 0; exit` as fentry on BTF FUNC `btf_id`, attaches it and
+/// closes both (the link first).
+fn fentry_load_attach(btf_id: u32) -> Probe {
+    let insns: [u64; 2] = [
+        0x0000_0000_0000_00b7, // BPF_ALU64 | BPF_MOV | BPF_K: r0 = 0
+        0x0000_0000_0000_0095, // BPF_JMP | BPF_EXIT
+    ];
+    let license = b"GPL\0";
+    let mut log = vec![0u8; 64 * 1024];
+    let mut attr = ProgLoadAttr {
+        prog_type: BPF_PROG_TYPE_TRACING,
+        insn_cnt: insns.len() as u32,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        expected_attach_type: BPF_TRACE_FENTRY,
+        attach_btf_id: btf_id,
+        ..Default::default()
+    };
+    attr.prog_name[..11].copy_from_slice(b"kloop_probe");
+    let prog = match bpf(
+        BPF_PROG_LOAD,
+        &attr as *const ProgLoadAttr as *const u8,
+        std::mem::size_of::<ProgLoadAttr>(),
+    ) {
+        Ok(fd) => fd,
+        Err(e) => {
+            // Again with the verifier log, for the reason.
+            attr.log_level = 1;
+            attr.log_size = log.len() as u32;
+            attr.log_buf = log.as_mut_ptr() as u64;
+            let _ = bpf(
+                BPF_PROG_LOAD,
+                &attr as *const ProgLoadAttr as *const u8,
+                std::mem::size_of::<ProgLoadAttr>(),
+            );
+            let text = String::from_utf8_lossy(&log);
+            let last = text
+                .trim_end_matches('\0')
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .to_string();
+            return Err(format!(
+                "BPF_PROG_LOAD of a fentry program for {FENTRY_TARGET} (BTF id {btf_id}): {}; verifier: {last:?}",
+                Errno(&e)
+            ));
+        }
+    };
+    let tp = RawTpAttr {
+        name: 0,
+        prog_fd: prog.as_raw_fd() as u32,
+        pad: 0,
+    };
+    let link = bpf(
+        BPF_RAW_TRACEPOINT_OPEN,
+        &tp as *const RawTpAttr as *const u8,
+        std::mem::size_of::<RawTpAttr>(),
+    );
+    let outcome = match &link {
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!(
+            "attaching a fentry program to {FENTRY_TARGET} (BPF_RAW_TRACEPOINT_OPEN): {}: no BPF trampolines",
+            Errno(e)
+        )),
+    };
+    drop(link);
+    drop(prog);
+    outcome
+}
+
+/// The BTF type id of the FUNC named `name` in raw BTF, without building a
+/// full type graph (the agent runs under TCG, where parsing vmlinux BTF
+/// properly takes seconds).
+fn btf_func_id(raw: &[u8], name: &str) -> std::result::Result<Option<u32>, String> {
+    let u32_at = |off: usize| -> std::result::Result<u32, String> {
+        raw.get(off..off + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .ok_or_else(|| format!("truncated at byte {off}"))
+    };
+    if raw.get(..2) != Some(&[0x9f, 0xeb][..]) {
+        return Err("not little-endian BTF (magic 0xeb9f)".into());
+    }
+    let hdr_len = u32_at(4)? as usize;
+    let (type_off, type_len) = (u32_at(8)? as usize, u32_at(12)? as usize);
+    let (str_off, str_len) = (u32_at(16)? as usize, u32_at(20)? as usize);
+    let strings = raw
+        .get(hdr_len + str_off..hdr_len + str_off + str_len)
+        .ok_or("string section out of bounds")?;
+    // Strings are deduplicated: the name has one offset, if any.
+    let needle = [&[0u8][..], name.as_bytes(), &[0u8][..]].concat();
+    let Some(pos) = strings.windows(needle.len()).position(|w| w == needle) else {
+        return Ok(None);
+    };
+    let name_off = (pos + 1) as u32;
+    let types = hdr_len + type_off;
+    let end = types + type_len;
+    let (mut off, mut id) = (types, 1u32);
+    while off < end {
+        let (name_at, info) = (u32_at(off)?, u32_at(off + 4)?);
+        let kind = (info >> 24) & 0x1f;
+        let vlen = (info & 0xffff) as usize;
+        if kind == 12 && name_at == name_off {
+            return Ok(Some(id));
+        }
+        let extra = match kind {
+            1 | 14 | 17 => 4,             // INT, VAR, DECL_TAG
+            3 => 12,                      // ARRAY
+            4 | 5 | 15 | 19 => 12 * vlen, // STRUCT, UNION, DATASEC, ENUM64
+            6 | 13 => 8 * vlen,           // ENUM, FUNC_PROTO
+            2 | 7..=12 | 16 | 18 => 0,    // PTR, FWD, TYPEDEF, qualifiers, FUNC, FLOAT, TYPE_TAG
+            k => return Err(format!("unknown BTF kind {k} at type {id}")),
+        };
+        off += 12 + extra;
+        id += 1;
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Raw BTF with: 1 INT "int", 2 FUNC_PROTO (1 param), 3 FUNC "f".
+    fn tiny_btf() -> Vec<u8> {
+        let strings = b"\0int\0f\0".to_vec();
+        let mut types = Vec::new();
+        let mut push = |words: &[u32]| {
+            for w in words {
+                types.extend_from_slice(&w.to_le_bytes());
+            }
+        };
+        push(&[1, 1 << 24, 4, 0x20]); // INT "int", size 4, 32 bits
+        push(&[0, (13 << 24) | 1, 1, 0, 1]); // FUNC_PROTO returning int, one int param
+        push(&[5, 12 << 24, 2]); // FUNC "f" of proto 2
+        let mut raw = Vec::new();
+        raw.extend_from_slice(&[0x9f, 0xeb, 1, 0]);
+        for w in [
+            24u32,
+            0,
+            types.len() as u32,
+            types.len() as u32,
+            strings.len() as u32,
+        ] {
+            raw.extend_from_slice(&w.to_le_bytes());
+        }
+        raw.extend(types);
+        raw.extend(strings);
+        raw
+    }
+
+    #[test]
+    fn finds_a_func_by_name() {
+        let raw = tiny_btf();
+        assert_eq!(btf_func_id(&raw, "f"), Ok(Some(3)));
+        assert_eq!(btf_func_id(&raw, "int"), Ok(None), "an INT is not a FUNC");
+        assert_eq!(btf_func_id(&raw, "g"), Ok(None));
+        assert!(btf_func_id(&raw[..10], "f").is_err());
+        assert!(btf_func_id(b"nope", "f").is_err());
+    }
 }

@@ -35,6 +35,16 @@ impl std::str::FromStr for AccelChoice {
     }
 }
 
+impl std::fmt::Display for AccelChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AccelChoice::Auto => "auto",
+            AccelChoice::Kvm => "kvm",
+            AccelChoice::Tcg => "tcg",
+        })
+    }
+}
+
 /// The accelerator kloop will use, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AccelDecision {

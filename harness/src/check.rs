@@ -10,14 +10,19 @@
 //! | `record-type` | only types the kernel may send such a listener: KSYMBOL (if `ksymbol`), BPF_EVENT (if `bpf_event`), LOST; defined ksym/bpf-event types; no undefined flag bits; `misc` 0 |
 //! | `sample-id` | trailer contents: `cpu` is the listener's CPU, `res` is 0, `id` == `identifier`, one id per listener |
 //! | `facts` | the `bpf_prog_info` facts are usable: as many lens as ksyms, non-zero distinct addresses, unique ids |
-//! | `load-symbols` | per loaded program: a KSYMBOL register for each JITed function with addr/len of `jited_ksyms`/`jited_func_lens`, type BPF, a `bpf_prog_<tag>` name equal to kallsyms; no symbol registered twice while live |
+//! | `load-symbols` | per loaded program: a KSYMBOL register for each JITed function with addr/len of `jited_ksyms`/`jited_func_lens`, type BPF, a `bpf_prog_<tag>` name equal to kallsyms; no symbol registered twice while live; none at all for an interpreted program (`jited_func_lens` all 0) |
 //! | `load-matches-info` | exactly one PROG_LOAD per program, id == `bpf_prog_info.id`, tag == `bpf_prog_info.tag` |
-//! | `unload-symbols` | each function of a loaded program unregistered; every unregister has the addr/len/name/type of its register; no double unregister |
+//! | `unload-symbols` | each function of a loaded program unregistered; every unregister has the addr/len/name/type of its register; no double unregister; none for an interpreted program |
 //! | `unload-matches-load` | every PROG_LOAD has one later PROG_UNLOAD with the same id and tag; no PROG_UNLOAD of a program never loaded (unless it predates the run); no double load |
 //! | `unregister-without-register` | no unregister of a symbol neither registered in the run nor in `initial_kallsyms` |
-//! | `lost` | LOST records total zero (the total is in [`Analysis::lost`]) |
+//! | `lost` | LOST records total zero (the total is in [`Analysis::lost`]); in a run that provokes loss (a `storm` with `drain_every = 0`) instead, per listener set: records received + records lost = records the run caused (per program 2 per function + 2), exactly ([`Analysis::loss`]) |
 //! | `time-order` | sample times non-decreasing within each listener's stream |
 //! | `causal-order` | per program: registers before PROG_LOAD, unregisters after PROG_LOAD and before PROG_UNLOAD |
+//! | `listeners-agree` | every listener set, and every task-bound listener, carries exactly the KSYMBOL / BPF_EVENT records the others saw, restricted to what it asked for (a task-bound listener: to the records its task caused) |
+//! | `programs-accounted` | per program of a `storm` / `concurrent` batch (ids only, no facts): one PROG_LOAD with one KSYMBOL register per function right before it in its ring, each unregistered after it, then one PROG_UNLOAD with its tag; no PROG_LOAD of a program no step reported |
+//! | `load-cpu` | a `concurrent` loader's records (registers and PROG_LOAD) are in the ring of the CPU it was pinned to, with that `cpu` in their trailer |
+//! | `inventory` | programs loaded before recording (`preexisting`) are in the inventory; each inventoried program unloaded in the stream unregisters exactly its inventoried functions (addr, len, kallsyms name) before a PROG_UNLOAD with its tag |
+//! | `lookups` | a side-band reader looked up at least every PROG_LOAD of its storm, and got nothing but success or ENOENT |
 //!
 //! # Listener sets and merging
 //!
@@ -30,6 +35,18 @@
 //! Task-bound listeners (cpu -1) only see their own task's records, so they
 //! get the per-record rules (`parse`, `record-type`, `sample-id`, `lost`,
 //! `time-order`) but no program rules.
+//!
+//! Symbols and programs that predate the recording are explained by the
+//! initial kallsyms snapshot and by the `inventory` (what `perf record`
+//! synthesises at start); programs the agent loaded before the first
+//! listener opened get no load rules, only the `inventory` rule.
+//!
+//! A set whose stream does not parse to the end is reported by `parse`; the
+//! set rules are not run on what is left of it (a cut stream would only
+//! repeat that finding as missing records), and `listeners-agree` leaves it
+//! out. A set that lost records in a run that provokes loss gets the exact
+//! accounting of `lost` instead of the pairing rules, which cannot hold for
+//! records that never arrived.
 //!
 //! Order between two records is taken from the stream when both come from
 //! one listener, from sample times otherwise (equal times are not a
@@ -74,6 +91,11 @@ pub mod rule {
     pub const LOST: &str = "lost";
     pub const TIME_ORDER: &str = "time-order";
     pub const CAUSAL_ORDER: &str = "causal-order";
+    pub const LISTENERS_AGREE: &str = "listeners-agree";
+    pub const PROGRAMS_ACCOUNTED: &str = "programs-accounted";
+    pub const LOAD_CPU: &str = "load-cpu";
+    pub const INVENTORY: &str = "inventory";
+    pub const LOOKUPS: &str = "lookups";
 
     pub const ALL: &[&str] = &[
         LISTENERS,
@@ -89,6 +111,11 @@ pub mod rule {
         LOST,
         TIME_ORDER,
         CAUSAL_ORDER,
+        LISTENERS_AGREE,
+        PROGRAMS_ACCOUNTED,
+        LOAD_CPU,
+        INVENTORY,
+        LOOKUPS,
     ];
 }
 
@@ -119,7 +146,28 @@ pub struct Analysis {
     pub merged: Vec<Record>,
     /// Sum of `lost` over every LOST record of every listener.
     pub lost: u64,
+    /// Indexes into `merged` of the records accounted to `storm` /
+    /// `concurrent` batch programs (the normaliser summarises those).
+    pub accounted: BTreeSet<usize>,
+    /// The provoked-loss accounting of every listener set (empty unless the
+    /// run provoked loss).
+    pub loss: Vec<LossAccount>,
+    /// One-line facts for the trial report (lookup rates, loss accounting).
+    pub notes: Vec<String>,
     pub violations: Vec<Violation>,
+}
+
+/// Records of one listener set in a run that provokes loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LossAccount {
+    /// Index into [`Analysis::sets`].
+    pub set: usize,
+    /// Records the run's programs caused that this set asked for.
+    pub caused: u64,
+    /// KSYMBOL and BPF_EVENT records received.
+    pub received: u64,
+    /// Sum of the LOST records' counts.
+    pub lost: u64,
 }
 
 impl Analysis {
@@ -544,15 +592,35 @@ fn fmt_idx(recs: &[Record], i: Option<usize>) -> String {
 }
 
 /// Checks one CPU-wide set's merged stream.
+/// Symbols a recorder knows from before its stream starts: the initial
+/// kallsyms snapshot and every inventoried program's kallsyms lines.
+pub(crate) fn known_at_start(ev: &RunEvidence) -> Vec<KallsymsEntry> {
+    let mut all = ev.initial_kallsyms.clone();
+    for p in &ev.inventory {
+        all.extend(p.kallsyms.iter().cloned());
+    }
+    all
+}
+
+/// Checks one CPU-wide set's merged stream; returns its violations and
+/// the indexes of the records accounted to batch programs.
 fn check_set(
     ev: &RunEvidence,
     merged: &[Record],
     has_ksym: bool,
     has_bpf: bool,
     label: &str,
-) -> Vec<Violation> {
-    let m = Model::build(merged, &ev.initial_kallsyms);
+    lossy: bool,
+) -> (Vec<Violation>, BTreeSet<usize>) {
+    let initial = known_at_start(ev);
+    let m = Model::build(merged, &initial);
     let mut out: Vec<Violation> = Vec::new();
+    let mut accounted = BTreeSet::new();
+    if lossy {
+        foreign_programs(ev, merged, &mut out);
+        prefix_label(&mut out, label);
+        return (out, accounted);
+    }
     for f in &m.findings {
         let keep = if f.rule == rule::UNLOAD_MATCHES_LOAD {
             has_bpf
@@ -568,6 +636,9 @@ fn check_set(
     };
 
     for facts in &ev.progs {
+        if ev.preexisting.contains(&facts.id) {
+            continue; // loaded before recording: the `inventory` rule's.
+        }
         let who = format!(
             "program {:?} (id {}, {})",
             facts.label, facts.id, facts.name
@@ -649,6 +720,9 @@ fn check_set(
         }
         if !has_ksym || facts.jited_ksyms.len() != facts.jited_func_lens.len() {
             continue; // `facts` reports the inconsistency.
+        }
+        if is_interpreted(facts) {
+            continue; // `interpreted_symbols` below.
         }
         let name_ok = |name: &str| facts_name_ok(facts, name);
         for (fi, (&addr, &flen)) in facts
@@ -779,10 +853,369 @@ fn check_set(
             }
         }
     }
+    if has_ksym {
+        out.extend(interpreted_symbols(&ev.progs, merged));
+    }
+    if has_ksym && has_bpf {
+        accounted = check_batches(ev, &m, &mut out);
+        foreign_programs(ev, merged, &mut out);
+    }
+    check_inventory(ev, &m, has_ksym, has_bpf, &mut out);
+    prefix_label(&mut out, label);
+    (out, accounted)
+}
+
+fn prefix_label(out: &mut [Violation], label: &str) {
     if !label.is_empty() {
-        for v in &mut out {
+        for v in out {
             v.message = format!("{label}: {}", v.message);
         }
+    }
+}
+
+/// In a run with batches, every PROG_LOAD / PROG_UNLOAD must belong to a
+/// program some step reported (a batch, the facts, the inventory) or to a
+/// program that predates the run: otherwise the counts prove nothing.
+fn foreign_programs(ev: &RunEvidence, merged: &[Record], out: &mut Vec<Violation>) {
+    if ev.batches.is_empty() {
+        return;
+    }
+    let known: BTreeSet<u32> = ev
+        .batches
+        .iter()
+        .flat_map(|b| b.ids.iter().copied())
+        .chain(ev.progs.iter().map(|p| p.id))
+        .chain(ev.inventory.iter().map(|p| p.id))
+        .collect();
+    let initial = known_at_start(ev);
+    let msgs: Vec<String> = merged
+        .iter()
+        .filter_map(|r| match r.body {
+            RecordBody::BpfEvent {
+                event_type,
+                id,
+                tag,
+                ..
+            } if !known.contains(&id) => {
+                let old = event_type == BPF_EVENT_PROG_UNLOAD
+                    && initial
+                        .iter()
+                        .any(|e| e.name.starts_with(&tag_prefix(&tag)));
+                (!old).then(|| format!("{r}: a program no step of the run reported"))
+            }
+            _ => None,
+        })
+        .collect();
+    push_capped(
+        out,
+        rule::PROGRAMS_ACCOUNTED,
+        "records of unreported programs",
+        msgs,
+    );
+}
+
+/// `programs-accounted` and `load-cpu` for every batch program; returns the
+/// indexes of the records accounted to them.
+fn check_batches(ev: &RunEvidence, m: &Model<'_>, out: &mut Vec<Violation>) -> BTreeSet<usize> {
+    let recs = m.recs;
+    let mut accounted = BTreeSet::new();
+    if ev.batches.is_empty() {
+        return accounted;
+    }
+    let life_by_reg: BTreeMap<usize, usize> = m
+        .syms
+        .iter()
+        .enumerate()
+        .filter_map(|(l, s)| s.reg.map(|r| (r, l)))
+        .collect();
+    let cpu_of: BTreeMap<u32, i32> = ev.listeners.iter().map(|l| (l.index, l.cpu)).collect();
+    let mut acc = Vec::new();
+    let mut cpus = Vec::new();
+    for b in &ev.batches {
+        let f = b.functions as usize;
+        if f == 0 && !b.ids.is_empty() {
+            acc.push(format!(
+                "{}: reports {} programs with 0 JITed functions",
+                b.what(),
+                b.ids.len()
+            ));
+            continue;
+        }
+        for &id in &b.ids {
+            let who = format!("{} program id {id}", b.what());
+            let loads = m.loads_of(id);
+            let Some(life) = loads.first().and_then(|l| m.progs.get(*l)) else {
+                acc.push(format!("{who}: no PROG_LOAD in the stream"));
+                continue;
+            };
+            if loads.len() > 1 {
+                acc.push(format!("{who}: {} PROG_LOAD records", loads.len()));
+            }
+            let Some(load) = life.load else { continue };
+            let Some(load_rec) = recs.get(load) else {
+                continue;
+            };
+            let tag = load_rec
+                .bpf_event(BPF_EVENT_PROG_LOAD)
+                .map(|(_, t)| t)
+                .unwrap_or_default();
+            accounted.insert(load);
+            // The kernel emits a program's registers right before its
+            // PROG_LOAD, in one call on one CPU (perf_event_bpf_event):
+            // the f records before it in its ring.
+            let regs: Vec<usize> = (0..load)
+                .rev()
+                .filter(|i| {
+                    recs.get(*i)
+                        .is_some_and(|r| r.listener == load_rec.listener)
+                })
+                .take(f)
+                .collect();
+            let mut problems = Vec::new();
+            if regs.len() < f {
+                problems.push(format!(
+                    "only {} record(s) before its PROG_LOAD in its ring, {f} register(s) expected",
+                    regs.len()
+                ));
+            }
+            let mut unregs = Vec::new();
+            for &i in regs.iter().rev() {
+                let Some(r) = recs.get(i) else { continue };
+                let ok_reg = match &r.body {
+                    RecordBody::Ksymbol {
+                        ksym_type,
+                        flags,
+                        name,
+                        ..
+                    } => {
+                        flags & KSYMBOL_FLAGS_UNREGISTER == 0
+                            && *ksym_type == KSYM_TYPE_BPF
+                            && if f == 1 {
+                                name.starts_with(&tag_prefix(&tag))
+                            } else {
+                                has_some_tag_prefix(name)
+                            }
+                    }
+                    _ => false,
+                };
+                if !ok_reg {
+                    problems.push(format!(
+                        "{r} is not a BPF register named after the program where one of its {f} register(s) belongs"
+                    ));
+                    continue;
+                }
+                accounted.insert(i);
+                match life_by_reg
+                    .get(&i)
+                    .and_then(|l| m.syms.get(*l))
+                    .and_then(|s| s.unreg)
+                {
+                    None => problems.push(format!("{r} is never unregistered")),
+                    Some(u) => {
+                        accounted.insert(u);
+                        unregs.push((i, u));
+                    }
+                }
+            }
+            match life.unload {
+                None => problems.push(format!("no PROG_UNLOAD after {load_rec}")),
+                Some(q) => {
+                    accounted.insert(q);
+                    for (i, u) in &unregs {
+                        if before(recs, load, *u) == Some(false)
+                            || before(recs, *u, q) == Some(false)
+                        {
+                            problems.push(format!(
+                                "unregister {} of {} is not between PROG_LOAD {load_rec} and PROG_UNLOAD {}",
+                                fmt_idx(recs, Some(*u)),
+                                fmt_idx(recs, Some(*i)),
+                                fmt_idx(recs, Some(q))
+                            ));
+                        }
+                    }
+                }
+            }
+            if !problems.is_empty() {
+                acc.push(format!("{who}: {}", problems.join("; ")));
+            }
+            if let Some(cpu) = b.cpu {
+                for i in std::iter::once(load).chain(regs.iter().copied()) {
+                    let Some(r) = recs.get(i) else { continue };
+                    let lcpu = cpu_of.get(&r.listener).copied().unwrap_or(-1);
+                    let scpu = r.sample.cpu;
+                    if i64::from(lcpu) != i64::from(cpu) || scpu.is_some_and(|c| c != cpu) {
+                        cpus.push(format!(
+                            "{who}: loaded on CPU {cpu} but {r} is in the ring of CPU {lcpu}{}",
+                            scpu.map(|c| format!(" with sample cpu {c}"))
+                                .unwrap_or_default()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    push_capped(
+        out,
+        rule::PROGRAMS_ACCOUNTED,
+        "batch programs not accounted",
+        acc,
+    );
+    push_capped(out, rule::LOAD_CPU, "records on the wrong CPU", cpus);
+    accounted
+}
+
+/// `inventory`: programs that predate the recording and their unloads.
+fn check_inventory(
+    ev: &RunEvidence,
+    m: &Model<'_>,
+    has_ksym: bool,
+    has_bpf: bool,
+    out: &mut Vec<Violation>,
+) {
+    let recs = m.recs;
+    let mut msgs = Vec::new();
+    for f in ev.progs.iter().filter(|f| ev.preexisting.contains(&f.id)) {
+        if !ev.inventory.iter().any(|p| p.id == f.id) {
+            msgs.push(format!(
+                "program {:?} (id {}, {}) was loaded before recording but no inventory lists it",
+                f.label, f.id, f.name
+            ));
+        }
+    }
+    for p in &ev.inventory {
+        let ours = ev.progs.iter().any(|f| f.id == p.id);
+        let who = format!("inventoried program id {} ({})", p.id, p.name);
+        let unload = m
+            .prog_by_id
+            .get(&p.id)
+            .into_iter()
+            .flatten()
+            .filter_map(|l| m.progs.get(*l))
+            .find(|l| l.load.is_none())
+            .and_then(|l| l.unload);
+        if has_bpf {
+            match unload.and_then(|q| recs.get(q)) {
+                None if ours => msgs.push(format!(
+                    "{who}: the agent unloaded it but the stream has no PROG_UNLOAD for it"
+                )),
+                None => continue,
+                Some(r) => {
+                    if r.bpf_event(BPF_EVENT_PROG_UNLOAD).map(|(_, t)| t) != Some(p.tag) {
+                        msgs.push(format!(
+                            "{who}: PROG_UNLOAD tag differs from the inventoried tag {}: {r}",
+                            hex::encode(p.tag)
+                        ));
+                    }
+                }
+            }
+        }
+        if !has_ksym {
+            continue;
+        }
+        for (fi, (&addr, &flen)) in p.jited_ksyms.iter().zip(&p.jited_func_lens).enumerate() {
+            let unreg = m
+                .sym_by_addr
+                .get(&addr)
+                .into_iter()
+                .flatten()
+                .filter_map(|l| m.syms.get(*l))
+                .find(|s| s.reg.is_none())
+                .and_then(|s| s.unreg);
+            let Some(u) = unreg else {
+                if ours || unload.is_some() {
+                    msgs.push(format!(
+                        "{who} f{fi}: no unregister of its inventoried symbol at {addr:#x} (len {flen})"
+                    ));
+                }
+                continue;
+            };
+            let Some(r) = recs.get(u) else { continue };
+            if let RecordBody::Ksymbol {
+                len,
+                ksym_type,
+                name,
+                ..
+            } = &r.body
+            {
+                let mut diffs = Vec::new();
+                if *len != flen {
+                    diffs.push(format!(
+                        "len {len} != inventoried jited_func_lens[{fi}] {flen}"
+                    ));
+                }
+                if *ksym_type != KSYM_TYPE_BPF {
+                    diffs.push(format!(
+                        "type {} is not BPF",
+                        records::ksym_type_name(*ksym_type)
+                    ));
+                }
+                let ks: Vec<&str> = p
+                    .kallsyms
+                    .iter()
+                    .filter(|e| e.addr == addr)
+                    .map(|e| e.name.as_str())
+                    .collect();
+                if ks.is_empty() {
+                    diffs.push("the inventory has no kallsyms line at that address".into());
+                } else if !ks.contains(&name.as_str()) {
+                    diffs.push(format!("the inventory's kallsyms names it {ks:?}"));
+                }
+                if !facts_name_ok(p, name) {
+                    diffs.push("name does not carry one of its inventoried tags".into());
+                }
+                if let Some(q) = unload {
+                    if before(recs, u, q) == Some(false) {
+                        diffs.push(format!("after its PROG_UNLOAD {}", fmt_idx(recs, Some(q))));
+                    }
+                }
+                if !diffs.is_empty() {
+                    msgs.push(format!("{who} f{fi}: {}: {r}", diffs.join("; ")));
+                }
+            }
+        }
+    }
+    push_capped(out, rule::INVENTORY, "inventory mismatches", msgs);
+}
+
+/// A program the kernel did not JIT-compile: every `jited_func_lens` entry
+/// is 0 (`bpf_prog_info` reports `prog->bpf_func`, the shared interpreter
+/// `__bpf_prog_run<N>`, with `jited_len` 0; JITed code is never empty).
+pub fn is_interpreted(facts: &ProgFacts) -> bool {
+    !facts.jited_func_lens.is_empty() && facts.jited_func_lens.iter().all(|&l| l == 0)
+}
+
+/// Interpreted programs have no code of their own, so no symbol to announce
+/// (`bpf_prog_kallsyms_add` in kernel/bpf/core.c skips them: they are not in
+/// kallsyms either); their BPF_EVENTs are checked like any other. Every
+/// KSYMBOL at an interpreted program's address is a violation: a register
+/// of `load-symbols`, an unregister of `unload-symbols`.
+fn interpreted_symbols(progs: &[ProgFacts], merged: &[Record]) -> Vec<Violation> {
+    let interpreted: Vec<&ProgFacts> = progs.iter().filter(|f| is_interpreted(f)).collect();
+    let mut out = Vec::new();
+    for r in merged {
+        let RecordBody::Ksymbol { addr, flags, .. } = &r.body else {
+            continue;
+        };
+        let whose: Vec<String> = interpreted
+            .iter()
+            .filter(|f| f.jited_ksyms.contains(addr))
+            .map(|f| format!("{:?} (id {})", f.label, f.id))
+            .collect();
+        if whose.is_empty() {
+            continue;
+        }
+        let (rule, what) = if flags & KSYMBOL_FLAGS_UNREGISTER != 0 {
+            (rule::UNLOAD_SYMBOLS, "unregister")
+        } else {
+            (rule::LOAD_SYMBOLS, "register")
+        };
+        out.push(Violation {
+            rule,
+            message: format!(
+                "KSYMBOL {what} at {addr:#x}, where interpreted program(s) {} run (jited_func_lens all 0: not JIT-compiled, no symbol of their own): {r}",
+                whose.join(", ")
+            ),
+        });
     }
     out
 }
@@ -971,6 +1404,282 @@ fn listener_sets(listeners: &BTreeMap<u32, &ListenerInfo>) -> Vec<Vec<u32>> {
     sets.into_iter().map(|(_, idx, _)| idx).collect()
 }
 
+/// The provoked-loss accounting of one set: what the run's programs caused
+/// that this set asked for, against what arrived and what LOST counted.
+fn loss_account(
+    ev: &RunEvidence,
+    set: usize,
+    merged: &[Record],
+    ksym: bool,
+    bpf: bool,
+    lost: u64,
+) -> LossAccount {
+    // Per program: a register and an unregister per function, a PROG_LOAD
+    // and a PROG_UNLOAD; a program loaded before recording only unloads.
+    let per = |functions: u64, whole: bool| -> u64 {
+        let k = if ksym { functions } else { 0 };
+        let b = u64::from(bpf);
+        if whole {
+            2 * k + 2 * b
+        } else {
+            k + b
+        }
+    };
+    let mut caused = 0u64;
+    for b in &ev.batches {
+        caused += b.ids.len() as u64 * per(u64::from(b.functions), true);
+    }
+    for f in &ev.progs {
+        let n = f.jited_ksyms.len() as u64;
+        caused += per(n, !ev.preexisting.contains(&f.id));
+    }
+    let received = merged
+        .iter()
+        .filter(|r| {
+            matches!(
+                r.body,
+                RecordBody::Ksymbol { .. } | RecordBody::BpfEvent { .. }
+            )
+        })
+        .count() as u64;
+    LossAccount {
+        set,
+        caused,
+        received,
+        lost,
+    }
+}
+
+/// What two listeners must agree on: everything of a KSYMBOL / BPF_EVENT
+/// record but where and when it was written.
+fn agreement_key(r: &Record) -> Option<(bool, String)> {
+    match &r.body {
+        RecordBody::Ksymbol {
+            addr,
+            len,
+            ksym_type,
+            flags,
+            name,
+        } => Some((
+            true,
+            format!(
+                "KSYMBOL {} {} addr={addr:#x} len={len} name={name:?}",
+                records::ksymbol_action(*flags),
+                records::ksym_type_name(*ksym_type)
+            ),
+        )),
+        RecordBody::BpfEvent {
+            event_type,
+            flags,
+            id,
+            tag,
+        } => Some((
+            false,
+            format!(
+                "BPF_EVENT {} id={id} tag={} flags={flags:#x}",
+                records::bpf_event_type_name(*event_type),
+                hex::encode(tag)
+            ),
+        )),
+        _ => None,
+    }
+}
+
+/// Multiset of agreement keys, each with the first record that had it.
+type KeyBag<'a> = BTreeMap<String, (usize, &'a Record)>;
+
+fn bag<'a>(recs: impl Iterator<Item = &'a Record>, ksym: bool, bpf: bool) -> KeyBag<'a> {
+    let mut out: KeyBag<'a> = BTreeMap::new();
+    for r in recs {
+        if let Some((is_k, key)) = agreement_key(r) {
+            if (is_k && ksym) || (!is_k && bpf) {
+                out.entry(key).or_insert((0, r)).0 += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The records in `a` more often than in `b`, quoted.
+fn surplus(a: &KeyBag<'_>, b: &KeyBag<'_>) -> Vec<String> {
+    a.iter()
+        .filter_map(|(k, (n, r))| {
+            let m = b.get(k).map_or(0, |(m, _)| *m);
+            (*n > m).then(|| {
+                if *n - m > 1 {
+                    format!("{r} (x{})", n - m)
+                } else {
+                    r.to_string()
+                }
+            })
+        })
+        .collect()
+}
+
+/// `listeners-agree`: see the module docs.
+fn check_agreement(
+    a: &Analysis,
+    listeners: &BTreeMap<u32, &ListenerInfo>,
+    cut: &BTreeSet<u32>,
+    out: &mut Vec<Violation>,
+) {
+    let recs_of = |i: &u32| a.records_per_listener.get(i).into_iter().flatten();
+    struct Member<'a> {
+        name: String,
+        ksym: bool,
+        bpf: bool,
+        recs: Vec<&'a Record>,
+    }
+    let mut sets: Vec<Member<'_>> = Vec::new();
+    for (k, set) in a.sets.iter().enumerate() {
+        if set.iter().any(|i| cut.contains(i)) {
+            continue;
+        }
+        let Some(first) = set.first().and_then(|i| listeners.get(i)) else {
+            continue;
+        };
+        sets.push(Member {
+            name: format!("set#{k} (listeners {set:?})"),
+            ksym: first.ksymbol,
+            bpf: first.bpf_event,
+            recs: set.iter().flat_map(recs_of).collect(),
+        });
+    }
+    let mut msgs = Vec::new();
+    // Every pair of sets over the record kinds both asked for.
+    for (x, sx) in sets.iter().enumerate() {
+        for sy in sets.iter().skip(x + 1) {
+            let (k, b) = (sx.ksym && sy.ksym, sx.bpf && sy.bpf);
+            if !k && !b {
+                continue;
+            }
+            let bx = bag(sx.recs.iter().copied(), k, b);
+            let by = bag(sy.recs.iter().copied(), k, b);
+            let (only_x, only_y) = (surplus(&bx, &by), surplus(&by, &bx));
+            if !only_x.is_empty() || !only_y.is_empty() {
+                msgs.push(format!(
+                    "{} and {} disagree: only in the first: [{}]; only in the second: [{}]",
+                    sx.name,
+                    sy.name,
+                    only_x
+                        .iter()
+                        .take(MAX_PER_KIND)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(" / "),
+                    only_y
+                        .iter()
+                        .take(MAX_PER_KIND)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(" / ")
+                ));
+            }
+        }
+    }
+    // A task-bound listener against the first set that covers its kinds,
+    // restricted to the task its records name.
+    for l in listeners
+        .values()
+        .filter(|l| l.cpu < 0 && !cut.contains(&l.index))
+    {
+        let Some(reference) = sets
+            .iter()
+            .find(|s| (s.ksym || !l.ksymbol) && (s.bpf || !l.bpf_event))
+        else {
+            continue;
+        };
+        let mine: Vec<&Record> = recs_of(&l.index).collect();
+        let tids: BTreeSet<(Option<u32>, Option<u32>)> =
+            mine.iter().map(|r| (r.sample.pid, r.sample.tid)).collect();
+        if tids.len() > 1 {
+            msgs.push(format!(
+                "task-bound listener {} has records of {} tasks (pid, tid): {tids:?}",
+                l.index,
+                tids.len()
+            ));
+            continue;
+        }
+        let task = tids.into_iter().next().and_then(|(_, t)| t);
+        let theirs = reference
+            .recs
+            .iter()
+            .copied()
+            .filter(|r| match (task, r.sample.tid) {
+                (Some(t), Some(rt)) => t == rt,
+                _ => true,
+            });
+        let bx = bag(mine.iter().copied(), l.ksymbol, l.bpf_event);
+        let by = bag(theirs, l.ksymbol, l.bpf_event);
+        let (only_x, only_y) = (surplus(&bx, &by), surplus(&by, &bx));
+        if !only_x.is_empty() || !only_y.is_empty() {
+            msgs.push(format!(
+                "task-bound listener {} and {}{} disagree: only in the task listener: [{}]; only in the set: [{}]",
+                l.index,
+                reference.name,
+                task.map(|t| format!(" (records of tid {t})")).unwrap_or_default(),
+                only_x.iter().take(MAX_PER_KIND).cloned().collect::<Vec<_>>().join(" / "),
+                only_y.iter().take(MAX_PER_KIND).cloned().collect::<Vec<_>>().join(" / ")
+            ));
+        }
+    }
+    push_capped(out, rule::LISTENERS_AGREE, "disagreements", msgs);
+}
+
+/// `lookups`; returns the report notes.
+fn check_lookups(ev: &RunEvidence, a: &Analysis, out: &mut Vec<Violation>) -> Vec<String> {
+    let loads_in_streams = a
+        .records_per_listener
+        .values()
+        .flatten()
+        .filter(|r| r.bpf_event(BPF_EVENT_PROG_LOAD).is_some())
+        .count() as u64;
+    let mut notes = Vec::new();
+    let mut msgs = Vec::new();
+    for b in &ev.batches {
+        let Some(l) = &b.lookups else { continue };
+        let n = b.ids.len() as u64;
+        let seen = u64::from(l.seen);
+        if seen < n {
+            msgs.push(format!(
+                "{}: the side-band thread saw {seen} PROG_LOAD records but the storm loaded {n} programs",
+                b.what()
+            ));
+        }
+        if seen > loads_in_streams {
+            msgs.push(format!(
+                "{}: the side-band thread saw {seen} PROG_LOAD records, more than the {loads_in_streams} the host received",
+                b.what()
+            ));
+        }
+        if !l.other_errors.is_empty() {
+            msgs.push(format!(
+                "{}: lookups failed other than with ENOENT: {}",
+                b.what(),
+                l.other_errors.join("; ")
+            ));
+        } else if u64::from(l.found) + u64::from(l.enoent) != seen {
+            msgs.push(format!(
+                "{}: {} found + {} ENOENT != {seen} looked up",
+                b.what(),
+                l.found,
+                l.enoent
+            ));
+        }
+        let pct = if l.seen == 0 {
+            0.0
+        } else {
+            100.0 * f64::from(l.enoent) / f64::from(l.seen)
+        };
+        notes.push(format!(
+            "lookups: {} ids looked up at once, {} found, {} ENOENT ({pct:.1}%)",
+            l.seen, l.found, l.enoent
+        ));
+    }
+    push_capped(out, rule::LOOKUPS, "lookup problems", msgs);
+    notes
+}
+
 /// Parses every stream and checks every rule.
 pub fn analyse(ev: &RunEvidence) -> Analysis {
     let mut a = Analysis::default();
@@ -1005,14 +1714,18 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
 
     // Per listener: parse, record-type, sample-id, time-order, lost.
     let mut lost_parts = Vec::new();
+    let mut lost_by: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut cut: BTreeSet<u32> = BTreeSet::new();
     for (idx, l) in &listeners {
         let bytes = ev.streams.get(idx).map(Vec::as_slice).unwrap_or(&[]);
         let (recs, err) = parse_prefix(l, bytes);
         if let Some(e) = err {
+            cut.insert(*idx);
             v.push(m_find(
                 rule::PARSE,
                 format!(
-                    "{e} ({} records before it are kept and checked)",
+                    "{e} ({} records before it are kept for the per-record rules; the set rules \
+                     and listeners-agree leave this listener's set out)",
                     recs.len()
                 ),
             ));
@@ -1039,10 +1752,11 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
                 "listener {idx}: {n} LOST record(s), {lost} lost (first: {first})"
             ));
         }
+        lost_by.insert(*idx, lost);
         a.lost = a.lost.saturating_add(lost);
         a.records_per_listener.insert(*idx, recs);
     }
-    if a.lost > 0 || !lost_parts.is_empty() {
+    if !ev.provoked_loss && (a.lost > 0 || !lost_parts.is_empty()) {
         v.push(m_find(
             rule::LOST,
             format!(
@@ -1090,17 +1804,71 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             .map(|i| a.records_per_listener.get(i).cloned().unwrap_or_default())
             .collect();
         let merged = merge_by_time(streams);
-        v.extend(check_set(
-            ev,
-            &merged,
-            first.ksymbol,
-            first.bpf_event,
-            &label,
-        ));
+        let set_lost: u64 = set.iter().filter_map(|i| lost_by.get(i)).sum();
+        if ev.provoked_loss {
+            let account = loss_account(ev, k, &merged, first.ksymbol, first.bpf_event, set_lost);
+            if account.received + account.lost != account.caused {
+                v.push(m_find(
+                    rule::LOST,
+                    format!(
+                        "{}the run provoked loss, but {} records received + {} lost = {} != {} \
+                         records its programs caused{}",
+                        if multi {
+                            format!("{label}: ")
+                        } else {
+                            String::new()
+                        },
+                        account.received,
+                        account.lost,
+                        account.received + account.lost,
+                        account.caused,
+                        if lost_parts.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({})", lost_parts.join("; "))
+                        }
+                    ),
+                ));
+            }
+            a.notes.push(format!(
+                "loss{}: caused {} = received {} + lost {}{}",
+                if multi {
+                    format!(" set#{k}")
+                } else {
+                    String::new()
+                },
+                account.caused,
+                account.received,
+                account.lost,
+                if account.received + account.lost == account.caused {
+                    ""
+                } else {
+                    " (MISMATCH)"
+                }
+            ));
+            a.loss.push(account);
+        }
+        if !set.iter().any(|i| cut.contains(i)) {
+            let (found, accounted) = check_set(
+                ev,
+                &merged,
+                first.ksymbol,
+                first.bpf_event,
+                &label,
+                ev.provoked_loss && set_lost > 0,
+            );
+            v.extend(found);
+            if k == 0 {
+                a.accounted = accounted;
+            }
+        }
         if k == 0 {
             a.merged = merged;
         }
     }
+    check_agreement(&a, &listeners, &cut, &mut v);
+    let notes = check_lookups(ev, &a, &mut v);
+    a.notes.extend(notes);
     a.violations = v;
     a
 }
@@ -1510,5 +2278,465 @@ mod tests {
     fn every_rule_name_is_listed() {
         let all: BTreeSet<&str> = rule::ALL.iter().copied().collect();
         assert_eq!(all.len(), rule::ALL.len());
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod stream_tests {
+    //! The recorder-side rules (batches, load-cpu, provoked loss,
+    //! inventory, listeners-agree, lookups) over synthetic streams built
+    //! from the uapi layout (not recorded from a kernel).
+    use super::testrun::{hex_tag, Ev};
+    use super::*;
+    use crate::evidence::{Batch, Lookups};
+    use crate::records::testutil::{self, Tr};
+    use crate::records::{PERF_SAMPLE_CPU, PERF_SAMPLE_TID, PERF_SAMPLE_TIME};
+
+    const ST: u64 = PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU;
+    const TAG_S: &str = "5151515151515151";
+
+    fn name(tag: &str) -> String {
+        format!("bpf_prog_{tag}_kloop_basic")
+    }
+
+    /// A storm-like program `id` on listener `li` at time `t`: register,
+    /// PROG_LOAD, unregister, PROG_UNLOAD.
+    pub fn cycle(li: u32, t: u64, id: u32, addr: u64) -> Vec<(u32, u64, Ev)> {
+        let tag = hex_tag(TAG_S);
+        vec![
+            (li, t, Ev::Reg(addr, 0x40, KSYM_TYPE_BPF, name(TAG_S))),
+            (li, t + 1, Ev::Load(id, tag)),
+            (li, t + 2, Ev::Unreg(addr, 0x40, KSYM_TYPE_BPF, name(TAG_S))),
+            (li, t + 3, Ev::Unload(id, tag)),
+        ]
+    }
+
+    /// Evidence with `listeners` (index, cpu) of one spec and the script's
+    /// records, tid 1 everywhere.
+    pub fn ev_of(listeners: &[(u32, i32)], script: &[(u32, u64, Ev)]) -> RunEvidence {
+        let ls: Vec<ListenerInfo> = listeners
+            .iter()
+            .map(|(i, c)| testutil::listener(*i, *c, ST))
+            .collect();
+        let mut streams: BTreeMap<u32, Vec<u8>> =
+            ls.iter().map(|l| (l.index, Vec::new())).collect();
+        for (li, time, e) in script {
+            let l = ls.iter().find(|l| l.index == *li).unwrap();
+            let t = Tr {
+                pid: 1,
+                tid: 1,
+                time: *time,
+                cpu: l.cpu.max(0) as u32,
+                ..Tr::default()
+            };
+            let bytes = match e {
+                Ev::Reg(a, len, ty, n) => testutil::ksymbol(l, *a, *len, *ty, false, n, t),
+                Ev::Unreg(a, len, ty, n) => testutil::ksymbol(l, *a, *len, *ty, true, n, t),
+                Ev::Load(id, tag) => testutil::bpf_event(l, BPF_EVENT_PROG_LOAD, *id, *tag, t),
+                Ev::Unload(id, tag) => testutil::bpf_event(l, BPF_EVENT_PROG_UNLOAD, *id, *tag, t),
+                Ev::Lost(n) => testutil::lost(l, 0, *n, t),
+            };
+            streams.get_mut(li).unwrap().extend(bytes);
+        }
+        RunEvidence {
+            online_cpus: vec![0, 1],
+            listeners: ls,
+            streams,
+            ..RunEvidence::default()
+        }
+    }
+
+    pub fn batch(ids: Vec<u32>, cpu: Option<u32>) -> Batch {
+        Batch {
+            fixture: "basic".into(),
+            program: "kloop_basic".into(),
+            functions: 1,
+            ids,
+            cpu,
+            lookups: None,
+        }
+    }
+
+    pub fn storm_script() -> Vec<(u32, u64, Ev)> {
+        let mut s = cycle(0, 100, 50, 0xffff_ffff_c000_1000);
+        s.extend(cycle(1, 200, 51, 0xffff_ffff_c000_1000));
+        s.extend(cycle(0, 300, 52, 0xffff_ffff_c000_2000));
+        s
+    }
+
+    fn rules(a: &Analysis) -> BTreeSet<&'static str> {
+        a.violations.iter().map(|v| v.rule).collect()
+    }
+
+    fn dump(a: &Analysis) -> String {
+        a.violations.iter().map(|v| format!("{v}\n")).collect()
+    }
+
+    #[test]
+    fn storm_programs_are_accounted() {
+        let mut ev = ev_of(&[(0, 0), (1, 1)], &storm_script());
+        ev.batches = vec![batch(vec![50, 51, 52], None)];
+        let a = analyse(&ev);
+        assert!(a.violations.is_empty(), "{}", dump(&a));
+        assert_eq!(a.accounted.len(), 12);
+    }
+
+    #[test]
+    fn storm_program_without_records_is_a_violation() {
+        let mut s = storm_script();
+        s.retain(|(_, t, _)| *t < 200 || *t >= 300); // id 51 vanished
+        let mut ev = ev_of(&[(0, 0), (1, 1)], &s);
+        ev.batches = vec![batch(vec![50, 51, 52], None)];
+        let a = analyse(&ev);
+        assert_eq!(
+            rules(&a),
+            BTreeSet::from([rule::PROGRAMS_ACCOUNTED]),
+            "{}",
+            dump(&a)
+        );
+        assert!(a.violations[0]
+            .message
+            .contains("program id 51: no PROG_LOAD"));
+    }
+
+    #[test]
+    fn storm_program_missing_its_unload_is_a_violation() {
+        let mut s = storm_script();
+        s.retain(|(_, t, _)| *t != 303);
+        let mut ev = ev_of(&[(0, 0), (1, 1)], &s);
+        ev.batches = vec![batch(vec![50, 51, 52], None)];
+        let a = analyse(&ev);
+        assert!(rules(&a).contains(rule::PROGRAMS_ACCOUNTED), "{}", dump(&a));
+        assert!(
+            a.of_rule(rule::PROGRAMS_ACCOUNTED)
+                .any(|v| v.message.contains("id 52: no PROG_UNLOAD")),
+            "{}",
+            dump(&a)
+        );
+    }
+
+    #[test]
+    fn unreported_program_in_a_batch_run_is_a_violation() {
+        let mut ev = ev_of(&[(0, 0), (1, 1)], &storm_script());
+        ev.batches = vec![batch(vec![50, 52], None)];
+        let a = analyse(&ev);
+        assert_eq!(
+            rules(&a),
+            BTreeSet::from([rule::PROGRAMS_ACCOUNTED]),
+            "{}",
+            dump(&a)
+        );
+        assert!(a.violations[0]
+            .message
+            .contains("no step of the run reported"));
+    }
+
+    #[test]
+    fn concurrent_load_on_another_cpu_is_load_cpu() {
+        let mut ev = ev_of(&[(0, 0), (1, 1)], &storm_script());
+        // 51's records are in CPU 1's ring, but the loader says CPU 0.
+        ev.batches = vec![batch(vec![50, 51, 52], Some(0))];
+        let a = analyse(&ev);
+        assert_eq!(rules(&a), BTreeSet::from([rule::LOAD_CPU]), "{}", dump(&a));
+        assert!(a.violations[0].message.contains("in the ring of CPU 1"));
+        ev.batches = vec![batch(vec![50, 52], Some(0)), batch(vec![51], Some(1))];
+        let a = analyse(&ev);
+        assert!(a.violations.is_empty(), "{}", dump(&a));
+    }
+
+    #[test]
+    fn provoked_loss_must_add_up_exactly() {
+        // Three programs cause 12 records; listener 0 kept 4 and lost 8.
+        let mut s = cycle(1, 200, 51, 0xffff_ffff_c000_1000);
+        s.push((0, 150, Ev::Lost(8)));
+        let mut ev = ev_of(&[(0, 0), (1, 1)], &s);
+        ev.batches = vec![batch(vec![50, 51, 52], None)];
+        ev.provoked_loss = true;
+        let a = analyse(&ev);
+        assert!(a.violations.is_empty(), "{}", dump(&a));
+        assert_eq!(a.loss[0].caused, 12);
+        assert_eq!(a.loss[0].received + a.loss[0].lost, 12);
+        // One lost record unaccounted for.
+        let mut s2 = s.clone();
+        s2.retain(|(_, _, e)| !matches!(e, Ev::Lost(_)));
+        s2.push((0, 150, Ev::Lost(7)));
+        let mut ev2 = ev_of(&[(0, 0), (1, 1)], &s2);
+        ev2.batches = ev.batches.clone();
+        ev2.provoked_loss = true;
+        let a = analyse(&ev2);
+        assert_eq!(rules(&a), BTreeSet::from([rule::LOST]), "{}", dump(&a));
+        assert!(a.violations[0]
+            .message
+            .contains("4 records received + 7 lost = 11 != 12"));
+        // Without the declaration, any loss is a violation.
+        ev.provoked_loss = false;
+        assert!(rules(&analyse(&ev)).contains(rule::LOST));
+    }
+
+    #[test]
+    fn inventoried_program_unload_must_match_the_inventory() {
+        let tag = hex_tag(TAG_S);
+        let addr = 0xffff_ffff_c000_3000;
+        let s = vec![
+            (1, 10, Ev::Unreg(addr, 0x40, KSYM_TYPE_BPF, name(TAG_S))),
+            (1, 11, Ev::Unload(77, tag)),
+        ];
+        let facts = ProgFacts {
+            label: "early".into(),
+            id: 77,
+            tag,
+            name: "kloop_basic".into(),
+            prog_type: 1,
+            jited_ksyms: vec![addr],
+            jited_func_lens: vec![0x40],
+            func_tags: vec![tag],
+            kallsyms: vec![KallsymsEntry {
+                addr,
+                kind: 't',
+                name: name(TAG_S),
+                module: Some("bpf".into()),
+            }],
+        };
+        let mut ev = ev_of(&[(0, 0), (1, 1)], &s);
+        ev.progs = vec![facts.clone()];
+        ev.preexisting = BTreeSet::from([77]);
+        // No inventory: nothing explains the unregister.
+        let a = analyse(&ev);
+        assert!(rules(&a).contains(rule::INVENTORY), "{}", dump(&a));
+        assert!(
+            rules(&a).contains(rule::UNREGISTER_WITHOUT_REGISTER),
+            "{}",
+            dump(&a)
+        );
+        ev.inventory = vec![facts.clone()];
+        let a = analyse(&ev);
+        assert!(a.violations.is_empty(), "{}", dump(&a));
+        // The inventory says a different length.
+        let mut other = facts;
+        other.jited_func_lens = vec![0x48];
+        ev.inventory = vec![other];
+        let a = analyse(&ev);
+        assert_eq!(rules(&a), BTreeSet::from([rule::INVENTORY]), "{}", dump(&a));
+        assert!(a.violations[0]
+            .message
+            .contains("len 64 != inventoried jited_func_lens[0] 72"));
+    }
+
+    #[test]
+    fn listeners_must_agree() {
+        let mut s = storm_script();
+        // A second set (listeners 2 and 3, another ring size) with the same records.
+        let copy: Vec<_> = s.iter().map(|(l, t, e)| (l + 2, *t, e.clone())).collect();
+        s.extend(copy);
+        let mut ev = ev_of(&[(0, 0), (1, 1), (2, 0), (3, 1)], &s);
+        for l in &mut ev.listeners {
+            if l.index >= 2 {
+                l.ring_bytes *= 2;
+            }
+        }
+        ev.batches = vec![batch(vec![50, 51, 52], None)];
+        assert!(analyse(&ev).violations.is_empty());
+        // Set#1 misses one unregister.
+        s.retain(|(l, t, _)| !(*l == 3 && *t == 202));
+        let mut ev2 = ev_of(&[(0, 0), (1, 1), (2, 0), (3, 1)], &s);
+        ev2.listeners = ev.listeners.clone();
+        ev2.batches = ev.batches.clone();
+        let a = analyse(&ev2);
+        assert!(rules(&a).contains(rule::LISTENERS_AGREE), "{}", dump(&a));
+        let m = &a.of_rule(rule::LISTENERS_AGREE).next().unwrap().message;
+        assert!(m.contains("only in the first: [L"), "{m}");
+        assert!(m.contains("only in the second: []"), "{m}");
+        assert!(m.contains("KSYMBOL unregister"), "{m}");
+    }
+
+    #[test]
+    fn task_listener_must_see_its_task_records() {
+        let mut s = storm_script();
+        let copy: Vec<_> = s.iter().map(|(_, t, e)| (2, *t, e.clone())).collect();
+        s.extend(copy);
+        let ev = ev_of(&[(0, 0), (1, 1), (2, -1)], &s);
+        assert!(analyse(&ev)
+            .violations
+            .iter()
+            .all(|v| v.rule != rule::LISTENERS_AGREE));
+        s.retain(|(l, t, _)| !(*l == 2 && *t == 301));
+        let ev = ev_of(&[(0, 0), (1, 1), (2, -1)], &s);
+        let a = analyse(&ev);
+        assert_eq!(
+            rules(&a),
+            BTreeSet::from([rule::LISTENERS_AGREE]),
+            "{}",
+            dump(&a)
+        );
+        assert!(
+            a.violations[0].message.contains("PROG_LOAD id=52"),
+            "{}",
+            dump(&a)
+        );
+    }
+
+    #[test]
+    fn lookups_must_cover_the_storm() {
+        let mut ev = ev_of(&[(0, 0), (1, 1)], &storm_script());
+        let mut b = batch(vec![50, 51, 52], None);
+        b.lookups = Some(Lookups {
+            seen: 3,
+            found: 1,
+            enoent: 2,
+            other_errors: vec![],
+        });
+        ev.batches = vec![b.clone()];
+        let a = analyse(&ev);
+        assert!(a.violations.is_empty(), "{}", dump(&a));
+        assert_eq!(
+            a.notes,
+            vec!["lookups: 3 ids looked up at once, 1 found, 2 ENOENT (66.7%)".to_string()]
+        );
+        b.lookups = Some(Lookups {
+            seen: 2,
+            found: 0,
+            enoent: 1,
+            other_errors: vec!["id 9: EPERM".into()],
+        });
+        ev.batches = vec![b];
+        let a = analyse(&ev);
+        assert_eq!(rules(&a), BTreeSet::from([rule::LOOKUPS]), "{}", dump(&a));
+        assert_eq!(a.violations.len(), 2, "{}", dump(&a));
+    }
+}
+
+/// Runs under the interpreter (`scenarios/interpreter`), synthetic: no
+/// pinned kernel can turn its JIT off (`CONFIG_BPF_JIT_ALWAYS_ON`).
+#[cfg(test)]
+mod interpreter_tests {
+    use super::testrun::*;
+    use super::*;
+
+    /// `__bpf_prog_run32`: what `bpf_prog_info.jited_ksyms[0]` holds for a
+    /// program the interpreter runs.
+    const A_INTERP: u64 = 0xffff_ffff_8120_3a40;
+    const T_I1: [u8; 8] = [0x1e; 8];
+    const T_I2: [u8; 8] = [0x2e; 8];
+
+    fn interpreted(label: &str, id: u32, tag: [u8; 8]) -> ProgFacts {
+        ProgFacts {
+            label: label.into(),
+            id,
+            tag,
+            name: "kloop_basic".into(),
+            prog_type: 6,
+            jited_ksyms: vec![A_INTERP],
+            jited_func_lens: vec![0],
+            func_tags: vec![tag],
+            kallsyms: vec![KallsymsEntry {
+                addr: A_INTERP,
+                kind: 't',
+                name: "__bpf_prog_run32".into(),
+                module: None,
+            }],
+        }
+    }
+
+    /// The synthetic run's JITed program "basic", plus interpreted programs.
+    fn run(script: &Script, interp: Vec<ProgFacts>) -> Analysis {
+        let mut ev = evidence(script);
+        ev.progs.retain(|p| p.label == "basic");
+        ev.progs.extend(interp);
+        analyse(&ev)
+    }
+
+    fn jited_basic() -> Script {
+        use Ev::*;
+        vec![
+            (0, 300, Reg(A_BASIC, 0x48, KSYM_TYPE_BPF, name_basic())),
+            (0, 301, Load(43, T_BASIC)),
+            (1, 310, Unreg(A_BASIC, 0x48, KSYM_TYPE_BPF, name_basic())),
+            (1, 311, Unload(43, T_BASIC)),
+        ]
+    }
+
+    fn rules(a: &Analysis) -> BTreeSet<&'static str> {
+        a.violations.iter().map(|v| v.rule).collect()
+    }
+
+    #[test]
+    fn interpreted_programs_with_only_bpf_events_pass() {
+        use Ev::*;
+        let mut script = vec![
+            (0, 100, Load(50, T_I1)),
+            (0, 110, Load(51, T_I2)),
+            (1, 200, Unload(50, T_I1)),
+            (1, 210, Unload(51, T_I2)),
+        ];
+        script.extend(jited_basic());
+        let a = run(
+            &script,
+            vec![interpreted("i1", 50, T_I1), interpreted("i2", 51, T_I2)],
+        );
+        assert!(a.violations.is_empty(), "{:#?}", a.violations);
+    }
+
+    #[test]
+    fn a_symbol_for_an_interpreted_program_is_a_violation() {
+        // What perf_event_bpf_emit_ksymbols sends for a program that is not
+        // JITed: prog->bpf_func, jited_len 0 and the empty aux->ksym.name.
+        use Ev::*;
+        let mut script = vec![
+            (0, 100, Reg(A_INTERP, 0, KSYM_TYPE_BPF, String::new())),
+            (0, 101, Load(50, T_I1)),
+            (1, 200, Unreg(A_INTERP, 0, KSYM_TYPE_BPF, String::new())),
+            (1, 201, Unload(50, T_I1)),
+        ];
+        script.extend(jited_basic());
+        let a = run(&script, vec![interpreted("i1", 50, T_I1)]);
+        assert_eq!(
+            rules(&a),
+            BTreeSet::from([rule::LOAD_SYMBOLS, rule::UNLOAD_SYMBOLS]),
+            "{:#?}",
+            a.violations
+        );
+        assert_eq!(a.violations.len(), 2, "{:#?}", a.violations);
+        for v in &a.violations {
+            assert!(
+                v.message.contains("interpreted program(s) \"i1\" (id 50)"),
+                "{v}"
+            );
+            assert!(v.message.contains("not JIT-compiled"), "{v}");
+        }
+    }
+
+    #[test]
+    fn bpf_events_of_interpreted_programs_are_still_checked() {
+        use Ev::*;
+        let mut script = vec![
+            (0, 100, Load(50, [0xee; 8])),
+            (1, 200, Unload(50, [0xee; 8])),
+        ];
+        script.extend(jited_basic());
+        let a = run(&script, vec![interpreted("i1", 50, T_I1)]);
+        assert_eq!(
+            rules(&a),
+            BTreeSet::from([rule::LOAD_MATCHES_INFO]),
+            "{:#?}",
+            a.violations
+        );
+        let mut script = vec![(0, 100, Load(50, T_I1))];
+        script.extend(jited_basic());
+        let a = run(&script, vec![interpreted("i1", 50, T_I1)]);
+        assert_eq!(
+            rules(&a),
+            BTreeSet::from([rule::UNLOAD_MATCHES_LOAD]),
+            "{:#?}",
+            a.violations
+        );
+    }
+
+    #[test]
+    fn a_jited_program_without_its_symbol_still_fails() {
+        use Ev::*;
+        let script = vec![(0, 301, Load(43, T_BASIC)), (1, 311, Unload(43, T_BASIC))];
+        let a = run(&script, vec![]);
+        assert_eq!(rules(&a), BTreeSet::from([rule::LOAD_SYMBOLS]));
+        assert!(!is_interpreted(&evidence(&script).progs[1]));
     }
 }

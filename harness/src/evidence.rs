@@ -1,8 +1,8 @@
 //! What one trial brought back from the guest, before any interpretation.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use kloop_protocol::{KallsymsEntry, ListenerInfo, Message, ProgFacts, Uname};
+use kloop_protocol::{KallsymsEntry, ListenerInfo, Message, ProgFacts, Requirement, Step, Uname};
 
 /// Everything the guest agent reported in one run, as received.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -34,6 +34,24 @@ pub struct RunEvidence {
     /// index, listener index → length), from the order of frames on the
     /// channel: the records before a mark were drained before that step.
     pub step_marks: Vec<(u32, BTreeMap<u32, u64>)>,
+    /// The first `requires` probe the kernel failed, with the agent's
+    /// reason: the run stopped before any step.
+    pub unsupported: Option<(Requirement, String)>,
+    /// Ids of `progs` whose facts arrived before the first CPU-wide
+    /// listener was reported: loaded before recording started, so the
+    /// stream can only show their unload.
+    pub preexisting: BTreeSet<u32>,
+    /// Every program an `inventory` step found (all such steps, in order).
+    pub inventory: Vec<ProgFacts>,
+    /// Programs loaded and unloaded without facts: one entry per `storm`
+    /// step (`StormDone`) and per `concurrent` loader thread (`Loads`).
+    pub batches: Vec<Batch>,
+    /// What each `storm` with `lookup` found, in plan order.
+    pub lookups: Vec<Lookups>,
+    /// Whether the plan, as the agent echoed it step by step, provoked
+    /// record loss: a `storm` with `drain_every = 0`. Only then may LOST
+    /// records appear, and only in exactly accounted numbers.
+    pub provoked_loss: bool,
 }
 
 /// A file the guest read for a `read-file` step.
@@ -61,6 +79,41 @@ pub struct CounterValue {
     pub value: u64,
 }
 
+/// Programs one `storm` step or one `concurrent` loader thread loaded and
+/// unloaded (each unloaded before the next load).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    pub fixture: String,
+    pub program: String,
+    /// JITed functions of every program of the batch.
+    pub functions: u32,
+    /// Program ids, in load order.
+    pub ids: Vec<u32>,
+    /// For a `concurrent` thread: the CPU it was pinned to (and ran on).
+    pub cpu: Option<u32>,
+    /// For a `storm` with `lookup`: its side-band thread's lookups.
+    pub lookups: Option<Lookups>,
+}
+
+impl Batch {
+    /// `storm` or `concurrent cpu N`.
+    pub fn what(&self) -> String {
+        match self.cpu {
+            Some(c) => format!("concurrent {}/{} on CPU {c}", self.fixture, self.program),
+            None => format!("storm {}/{}", self.fixture, self.program),
+        }
+    }
+}
+
+/// A side-band reader's lookups (`Message::Lookups`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Lookups {
+    pub seen: u32,
+    pub found: u32,
+    pub enoent: u32,
+    pub other_errors: Vec<String>,
+}
+
 /// One `measure` step's durations (guest `CLOCK_MONOTONIC` ns per timed
 /// iteration, warm-up excluded).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -82,6 +135,7 @@ impl RunEvidence {
             streams,
             ..Default::default()
         };
+        let mut pending_lookups: Option<Lookups> = None;
         for m in messages {
             match m {
                 Message::Hello {
@@ -95,6 +149,9 @@ impl RunEvidence {
                     ev.cmdline = cmdline.clone();
                 }
                 Message::Listener(l) => {
+                    if l.cpu >= 0 && ev.listeners.iter().all(|o| o.cpu < 0) {
+                        ev.preexisting = ev.progs.iter().map(|p| p.id).collect();
+                    }
                     // A listener whose ring stayed empty still has a stream.
                     ev.streams.entry(l.index).or_default();
                     ev.listeners.push(l.clone());
@@ -146,6 +203,66 @@ impl RunEvidence {
                     key: *key,
                     value: *value,
                 }),
+                Message::Unsupported {
+                    requirement,
+                    reason,
+                } => {
+                    // The agent stops at the first; should it send more, the
+                    // first is the one that ended the run.
+                    ev.unsupported
+                        .get_or_insert_with(|| (*requirement, reason.clone()));
+                }
+                Message::Inventory { progs } => ev.inventory.extend(progs.iter().cloned()),
+                Message::StormDone {
+                    fixture,
+                    program,
+                    functions,
+                    ids,
+                } => ev.batches.push(Batch {
+                    fixture: fixture.clone(),
+                    program: program.clone(),
+                    functions: *functions,
+                    ids: ids.clone(),
+                    cpu: None,
+                    // A storm with lookups sends them right before its StormDone.
+                    lookups: pending_lookups.take(),
+                }),
+                Message::Loads {
+                    cpu,
+                    fixture,
+                    program,
+                    functions,
+                    ids,
+                } => ev.batches.push(Batch {
+                    fixture: fixture.clone(),
+                    program: program.clone(),
+                    functions: *functions,
+                    ids: ids.clone(),
+                    cpu: Some(*cpu),
+                    lookups: None,
+                }),
+                Message::Lookups {
+                    seen,
+                    found,
+                    enoent,
+                    other_errors,
+                } => {
+                    let l = Lookups {
+                        seen: *seen,
+                        found: *found,
+                        enoent: *enoent,
+                        other_errors: other_errors.clone(),
+                    };
+                    ev.lookups.push(l.clone());
+                    pending_lookups = Some(l);
+                }
+                Message::StepStart { what, .. } => {
+                    if let Ok(Step::Storm { drain_every: 0, .. }) =
+                        serde_json::from_str::<Step>(what)
+                    {
+                        ev.provoked_loss = true;
+                    }
+                }
                 _ => {}
             }
         }

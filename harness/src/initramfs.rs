@@ -48,6 +48,15 @@ impl Initramfs {
         i
     }
 
+    /// A directory; the kernel's unpacker creates no parents, so add it
+    /// before the files in it.
+    pub fn add_dir(&mut self, path: &str) -> &mut Self {
+        self.entries.push(Entry::Dir {
+            path: path.trim_start_matches('/').into(),
+        });
+        self
+    }
+
     pub fn add_file(&mut self, path: &str, mode: u32, data: Vec<u8>) -> &mut Self {
         self.entries.push(Entry::File {
             path: path.trim_start_matches('/').into(),

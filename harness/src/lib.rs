@@ -4,12 +4,14 @@
 //! check → normalise → compare → report. See ARCHITECTURE.md.
 pub mod accel;
 pub mod agent;
+pub mod bench;
 pub mod check;
 pub mod evidence;
 pub mod expect;
 pub mod fuzzing;
 pub mod initramfs;
 pub mod kernel;
+pub mod known_issues;
 pub mod normalise;
 pub mod overhead;
 pub mod records;

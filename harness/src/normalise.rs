@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::check::{facts_name_ok, Analysis, Model};
+use crate::check::{facts_name_ok, known_at_start, Analysis, Model};
 use crate::evidence::RunEvidence;
 use crate::records::{
     self, Record, RecordBody, BPF_EVENT_PROG_LOAD, BPF_EVENT_PROG_UNLOAD, KSYMBOL_FLAGS_UNREGISTER,
@@ -105,10 +105,61 @@ fn name_tags(name: &str, known: &BTreeMap<String, String>) -> String {
     mask_tags(name)
 }
 
+/// Per function of an inventoried program: the KSYMBOL `perf record`
+/// synthesises for it at start (`bpf_prog_<prog_tags[i]>_<name>`, the name
+/// being the function's BTF name, which is also what the kernel's own
+/// kallsyms name carries after its tag) next to the kallsyms names at that
+/// address. The kernel names the main function after `prog_tags[0]` on some
+/// versions and after the whole program's tag on others, so a recorder that
+/// matches unregisters by name, not by address, sees them differ there.
+fn synthesised_names(
+    p: &kloop_protocol::ProgFacts,
+    tags: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (fi, addr) in p.jited_ksyms.iter().enumerate() {
+        let mut names: Vec<&str> = p
+            .kallsyms
+            .iter()
+            .filter(|e| e.addr == *addr)
+            .map(|e| e.name.as_str())
+            .collect();
+        names.sort_unstable();
+        let suffix = names
+            .iter()
+            .find(|n| crate::check::has_some_tag_prefix(n))
+            .and_then(|n| n.get("bpf_prog_".len() + 16..));
+        let perf = match (p.func_tags.get(fi), suffix) {
+            (Some(t), Some(sfx)) => format!("bpf_prog_{}{sfx}", hex::encode(t)),
+            _ => "(unknown: no prog_tags or no kallsyms line)".to_string(),
+        };
+        let same = names.contains(&perf.as_str());
+        out.push(format!(
+            "    f{fi} perf synthesises {}; kallsyms has {}{}",
+            name_tags(&perf, tags),
+            names
+                .iter()
+                .map(|n| name_tags(n, tags))
+                .collect::<Vec<_>>()
+                .join(" and "),
+            if same { "" } else { " (differs)" }
+        ));
+    }
+    out
+}
+
 /// The deterministic text form of `analysis.merged`; see the module docs.
 pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
     let recs: &[Record] = &analysis.merged;
-    let model = Model::build(recs, &ev.initial_kallsyms);
+    let model = Model::build(recs, &known_at_start(ev));
+    // Programs of storm / concurrent batches are summarised, not listed:
+    // their number is stable, their interleaving and addresses are not.
+    let batch_ids: std::collections::BTreeSet<u32> = ev
+        .batches
+        .iter()
+        .flat_map(|b| b.ids.iter().copied())
+        .collect();
+    let lossy = analysis.loss.iter().any(|l| l.set == 0 && l.lost > 0);
 
     // Program ordinals.
     let mut ordinal: BTreeMap<u32, usize> = BTreeMap::new();
@@ -122,12 +173,16 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
     };
     for r in recs {
         if let Some((id, _)) = r.bpf_event(BPF_EVENT_PROG_LOAD) {
-            assign(id, &mut ordinal);
+            if !batch_ids.contains(&id) {
+                assign(id, &mut ordinal);
+            }
         }
     }
     for r in recs {
         if let RecordBody::BpfEvent { id, .. } = r.body {
-            assign(id, &mut ordinal);
+            if !batch_ids.contains(&id) {
+                assign(id, &mut ordinal);
+            }
         }
     }
     for f in &ev.progs {
@@ -166,6 +221,22 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
             .and_then(|l| model.progs.get(*l))
             .cloned();
         let (load, unload) = life.map(|p| (p.load, p.unload)).unwrap_or((None, None));
+        if ev.preexisting.contains(&f.id) {
+            // Only its unregisters are in the stream.
+            for (fi, addr) in f.jited_ksyms.iter().enumerate() {
+                let old = model
+                    .sym_by_addr
+                    .get(addr)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|l| model.syms.get(*l))
+                    .find(|s| s.reg.is_none());
+                if let Some(u) = old.and_then(|s| s.unreg) {
+                    sym_label.insert(u, format!("prog#{k}.f{fi}"));
+                }
+            }
+            continue;
+        }
         for (fi, addr) in f.jited_ksyms.iter().enumerate() {
             let sel = model.select_sym(*addr, load, unload, |n| facts_name_ok(f, n));
             if let Some(s) = sel.and_then(|l| model.syms.get(l)) {
@@ -231,11 +302,124 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
         };
         let _ = writeln!(
             out,
-            "  prog#{k} label={} name={} prog_type={pt} functions={}",
+            "  prog#{k} label={} name={} prog_type={pt} functions={}{}",
             f.label,
             f.name,
-            f.jited_ksyms.len()
+            f.jited_ksyms.len(),
+            if ev.preexisting.contains(&f.id) {
+                " loaded-before-recording"
+            } else {
+                ""
+            }
         );
+    }
+    if !ev.inventory.is_empty() {
+        out.push_str("inventory:\n");
+        let mut inv: Vec<(String, Vec<String>)> = ev
+            .inventory
+            .iter()
+            .map(|p| {
+                let who = match ordinal.get(&p.id) {
+                    Some(k) => format!("prog#{k}"),
+                    None => "(not the agent's)".to_string(),
+                };
+                let head = format!(
+                    "  {who} name={} functions={} kallsyms_lines={}",
+                    p.name,
+                    p.jited_ksyms.len(),
+                    p.kallsyms.len()
+                );
+                (head, synthesised_names(p, &tag_names))
+            })
+            .collect();
+        inv.sort();
+        for (head, funcs) in inv {
+            let _ = writeln!(out, "{head}");
+            for f in funcs {
+                let _ = writeln!(out, "{f}");
+            }
+        }
+    }
+    if !ev.batches.is_empty() {
+        out.push_str("batches:\n");
+        for b in &ev.batches {
+            let _ = writeln!(
+                out,
+                "  {}: {} program(s) x {} function(s)",
+                b.what(),
+                b.ids.len(),
+                b.functions
+            );
+            if b.lookups.is_some() {
+                // found / ENOENT vary from run to run; the report line has them.
+                out.push_str("    side-band lookups: every PROG_LOAD looked up at once\n");
+            }
+        }
+        if !lossy {
+            let _ = writeln!(
+                out,
+                "  records accounted to them in the merged stream: {} (listed below: the rest)",
+                analysis.accounted.len()
+            );
+        }
+    }
+    for l in &analysis.loss {
+        let _ = writeln!(
+            out,
+            "loss provoked: set#{}: caused {} records; received + lost = {}",
+            l.set,
+            l.caused,
+            l.received + l.lost
+        );
+    }
+    if analysis.sets.len() > 1 || ev.listeners.iter().any(|l| l.cpu < 0) {
+        out.push_str("listener sets (records per kind):\n");
+        let mut members: Vec<(String, Vec<u32>)> = analysis
+            .sets
+            .iter()
+            .enumerate()
+            .map(|(k, set)| (format!("set#{k}"), set.clone()))
+            .collect();
+        let mut tasks: Vec<&kloop_protocol::ListenerInfo> =
+            ev.listeners.iter().filter(|l| l.cpu < 0).collect();
+        tasks.sort_by_key(|l| l.index);
+        members.extend(
+            tasks
+                .iter()
+                .map(|l| (format!("task L{}", l.index), vec![l.index])),
+        );
+        for (name, set) in members {
+            let mut c = [0usize; 4];
+            for r in set
+                .iter()
+                .filter_map(|i| analysis.records_per_listener.get(i))
+                .flatten()
+            {
+                match &r.body {
+                    RecordBody::Ksymbol { flags, .. } if flags & KSYMBOL_FLAGS_UNREGISTER == 0 => {
+                        c[0] += 1
+                    }
+                    RecordBody::Ksymbol { .. } => c[1] += 1,
+                    RecordBody::BpfEvent { event_type, .. }
+                        if *event_type == BPF_EVENT_PROG_LOAD =>
+                    {
+                        c[2] += 1
+                    }
+                    RecordBody::BpfEvent { .. } => c[3] += 1,
+                    _ => {}
+                }
+            }
+            let ls = set
+                .iter()
+                .map(|i| format!("L{i}"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let _ = writeln!(
+                out,
+                "  {name} ({ls}): KSYMBOL.register={} KSYMBOL.unregister={} BPF_EVENT.PROG_LOAD={} BPF_EVENT.other={}",
+                c[0], c[1], c[2], c[3]
+            );
+        }
     }
 
     // Counts per kind, in a fixed order.
@@ -263,6 +447,13 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
             *c += 1;
         }
     }
+    if lossy {
+        // Which records survive an overflow, and how many LOST records
+        // report them, depends on timing; the accounting above is exact.
+        out.push_str("counts: (omitted: loss provoked)\nlost_total: (see loss provoked)\n");
+        out.push_str("records: (omitted: loss provoked)\n");
+        return out;
+    }
     out.push_str("counts:");
     for (name, n) in kinds.iter().zip(counts) {
         let _ = write!(out, " {name}={n}");
@@ -272,6 +463,9 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
 
     out.push_str("records:\n");
     for (i, r) in recs.iter().enumerate() {
+        if analysis.accounted.contains(&i) {
+            continue;
+        }
         out.push_str("  ");
         match &r.body {
             RecordBody::Ksymbol {
@@ -451,6 +645,42 @@ records:
                 "KSYMBOL unregister BPF addr#3 len=4096 name=bpf_trampoline_6442504781",
             ],
             "\n{text}"
+        );
+    }
+
+    #[test]
+    fn batches_are_summarised_and_provoked_loss_is_accounted_not_listed() {
+        use crate::check::stream_tests::{batch, cycle, ev_of, storm_script};
+        let mut ev = ev_of(&[(0, 0), (1, 1)], &storm_script());
+        ev.batches = vec![batch(vec![50, 51, 52], None)];
+        let a = analyse(&ev);
+        assert!(a.violations.is_empty());
+        let text = normalise(&ev, &a);
+        assert!(
+            text.contains("  storm basic/kloop_basic: 3 program(s) x 1 function(s)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("records accounted to them in the merged stream: 12"),
+            "{text}"
+        );
+        assert!(text.ends_with("records:\n"), "{text}");
+
+        let mut s = cycle(1, 200, 51, 0xffff_ffff_c000_1000);
+        s.push((0, 150, Ev::Lost(8)));
+        let mut ev = ev_of(&[(0, 0), (1, 1)], &s);
+        ev.batches = vec![batch(vec![50, 51, 52], None)];
+        ev.provoked_loss = true;
+        let a = analyse(&ev);
+        assert!(a.violations.is_empty());
+        let text = normalise(&ev, &a);
+        assert!(
+            text.contains("loss provoked: set#0: caused 12 records; received + lost = 12\n"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("records: (omitted: loss provoked)\n"),
+            "{text}"
         );
     }
 }

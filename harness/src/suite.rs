@@ -29,6 +29,8 @@ pub enum SuiteError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Ledger(#[from] crate::known_issues::LedgerError),
     #[error("--snapshot-as {0} names no kernel pin; known pins: {1}")]
     UnknownSnapshotPin(String, String),
 }
@@ -126,6 +128,20 @@ pub fn plan(layout: &Layout, sel: &Selection) -> Result<Vec<PlannedTrial>, Suite
     Ok(out)
 }
 
+/// The known-issues ledger (`kernels/known-issues.toml`), validated against
+/// the catalog's pins, the scenarios and every rule name.
+pub fn load_ledger(layout: &Layout) -> Result<crate::known_issues::Ledger, SuiteError> {
+    use crate::known_issues::{rule_names, Ledger, Vocabulary};
+    let catalog = Catalog::load(&layout.kernels())?;
+    let scenarios = scenario::load_all(&layout.scenarios())?;
+    let vocab = Vocabulary {
+        pins: catalog.pins().iter().map(|p| p.id.clone()).collect(),
+        rules: rule_names().into_iter().map(String::from).collect(),
+        scenarios: scenarios.iter().map(|s| s.name.clone()).collect(),
+    };
+    Ok(Ledger::load(&layout.kernels(), &vocab)?)
+}
+
 /// How the shared environment is prepared.
 #[derive(Debug, Clone)]
 pub struct EnvOptions {
@@ -133,6 +149,9 @@ pub struct EnvOptions {
     pub fetch: FetchOptions,
     pub cpus: u32,
     pub memory_mib: u32,
+    /// Appended to every guest's kernel command line.
+    pub extra_cmdline: Vec<String>,
+    pub boot: crate::trial::BootEntry,
 }
 
 impl Default for EnvOptions {
@@ -142,6 +161,8 @@ impl Default for EnvOptions {
             fetch: FetchOptions::default(),
             cpus: 2,
             memory_mib: 512,
+            extra_cmdline: Vec::new(),
+            boot: Default::default(),
         }
     }
 }
@@ -153,6 +174,8 @@ pub fn prepare_env(
     opts: &EnvOptions,
     probe_kernels: &[KernelUnderTest],
 ) -> Result<TrialEnv, SuiteError> {
+    // A broken ledger is a setup error, found before anything is built.
+    let known_issues = load_ledger(layout)?;
     let qemu = crate::vm::find_qemu()?;
     let qemu_version = crate::vm::qemu_version(&qemu).unwrap_or_else(|| "unknown".into());
     let agent = crate::agent::ensure_built(&layout.root)?;
@@ -188,6 +211,9 @@ pub fn prepare_env(
         cpus: opts.cpus,
         memory_mib: opts.memory_mib,
         deadlines: None,
+        extra_cmdline: opts.extra_cmdline.clone(),
+        boot: opts.boot,
+        known_issues,
     })
 }
 

@@ -14,13 +14,14 @@ use serde::Serialize;
 use crate::accel::AccelDecision;
 use crate::evidence::RunEvidence;
 use crate::initramfs::Initramfs;
-use crate::kernel::{KernelCache, KernelPin};
+use crate::kernel::{KernelCache, KernelPin, ModuleSet};
 use crate::scenario::Scenario;
 use crate::snapshot::{self, SnapshotOutcome};
 use crate::vm::{self, Deadlines, SessionEnd, Vm, VmConfig};
 
 /// The kernel a trial boots.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // a handful per run, never stored in bulk
 pub enum KernelUnderTest {
     /// A pinned Debian build from the catalog.
     Pin(KernelPin),
@@ -49,7 +50,8 @@ impl KernelUnderTest {
     }
 }
 
-/// How a trial ended. Only `Ok` is a pass.
+/// How a trial ended. Only `Ok` is a pass; `Skipped` and `Known` are not
+/// passes either, but they do not fail a run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "class", content = "message", rename_all = "kebab-case")]
 pub enum Verdict {
@@ -57,6 +59,16 @@ pub enum Verdict {
     /// The kernel's records broke a rule, the snapshot drifted, or the agent
     /// reported an error: a finding about the kernel (or a kloop bug).
     Failed(String),
+    /// The kernel lacks a feature the scenario `requires` (the guest's probe
+    /// said which and why): `<requirement>: <reason>`, one line. Nothing ran.
+    Skipped(String),
+    /// Every violation is a known kernel bug of this pin in the ledger
+    /// (`kernels/known-issues.toml`). First line `known kernel bug: <ids>`,
+    /// then the entries and the violations they cover.
+    Known(String),
+    /// A ledger entry expects its bug in this trial and it did not show: the
+    /// ledger is out of date. First line `FIXED? <id> no longer shows on <pin>`.
+    Fixed(String),
     /// Something around the test broke: fetch, QEMU, the channel.
     Infrastructure(String),
     Timeout(String),
@@ -69,6 +81,9 @@ impl Verdict {
         match self {
             Verdict::Ok => "ok",
             Verdict::Failed(_) => "FAILED",
+            Verdict::Skipped(_) => "SKIPPED",
+            Verdict::Known(_) => "KNOWN",
+            Verdict::Fixed(_) => "FIXED?",
             Verdict::Infrastructure(_) => "INFRA",
             Verdict::Timeout(_) => "TIMEOUT",
             Verdict::Panic(_) => "PANIC",
@@ -80,13 +95,41 @@ impl Verdict {
         match self {
             Verdict::Ok => None,
             Verdict::Failed(m)
+            | Verdict::Skipped(m)
+            | Verdict::Known(m)
+            | Verdict::Fixed(m)
             | Verdict::Infrastructure(m)
             | Verdict::Timeout(m)
             | Verdict::Panic(m)
             | Verdict::Interrupted(m) => Some(m),
         }
     }
+
+    /// The label with what a reader needs on the trial line itself:
+    /// `SKIPPED (jit-optional: …)`, `KNOWN (issue-a, issue-b)`,
+    /// `FIXED? issue-a no longer shows on 6.1`.
+    pub fn headline(&self) -> String {
+        let first = self.message().and_then(|m| m.lines().next()).unwrap_or("");
+        match self {
+            Verdict::Skipped(_) => format!("SKIPPED ({first})"),
+            Verdict::Known(_) => format!(
+                "KNOWN ({})",
+                first.strip_prefix(KNOWN_PREFIX).unwrap_or(first)
+            ),
+            Verdict::Fixed(_) => first.to_string(),
+            other => other.label().to_string(),
+        }
+    }
+
+    /// Does this verdict fail a run (exit status, libtest)? Skipped and
+    /// known-bug trials do not; they are not passes either.
+    pub fn fails_run(&self) -> bool {
+        !matches!(self, Verdict::Ok | Verdict::Skipped(_) | Verdict::Known(_))
+    }
 }
+
+/// First-line prefix of a [`Verdict::Known`] message.
+pub const KNOWN_PREFIX: &str = "known kernel bug: ";
 
 /// The result of one trial, with its environment.
 #[derive(Debug, Clone, Serialize)]
@@ -100,10 +143,51 @@ pub struct TrialResult {
     pub boot_to_hello_secs: Option<f64>,
     /// QEMU's peak resident memory in KiB, when it could be read.
     pub qemu_peak_rss_kib: Option<u64>,
+    /// Where the trial's wall time went, for runs that reached the agent.
+    pub phases: Option<Phases>,
     pub guest_release: Option<String>,
     pub qemu_version: String,
     pub host_release: String,
     pub artefacts: PathBuf,
+    /// One-line facts from the analysis the report line shows (side-band
+    /// lookup rates, provoked-loss accounting).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+/// Where one trial's wall time went (seconds). `to_hello` is measured on
+/// the host from QEMU's spawn; `guest_uptime_at_hello` is the guest's
+/// `CLOCK_MONOTONIC` in the hello, i.e. the kernel's own boot up to the
+/// agent's first frame, so `to_hello - guest_uptime_at_hello` is QEMU
+/// start-up, firmware and the kernel's decompression (before the guest
+/// clock starts).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Phases {
+    /// Host: before QEMU's spawn (initramfs, argv).
+    pub prepare: f64,
+    pub to_hello: f64,
+    pub guest_uptime_at_hello: Option<f64>,
+    /// Hello to done: the agent's plan, channel included.
+    pub agent: Option<f64>,
+    /// Done to QEMU's exit (power-off).
+    pub shutdown: Option<f64>,
+    /// Host: parsing, checks, snapshot, budgets after QEMU exited.
+    pub host_checks: f64,
+    /// CPU seconds QEMU used up to the hello, and from hello to done: the
+    /// emulation work itself, barely disturbed by a busy host.
+    pub qemu_cpu_to_hello: Option<f64>,
+    pub qemu_cpu_agent: Option<f64>,
+}
+
+impl Phases {
+    fn qemu_total(&self) -> f64 {
+        self.to_hello + self.agent.unwrap_or(0.0) + self.shutdown.unwrap_or(0.0)
+    }
+
+    /// `to_hello - guest_uptime_at_hello`: QEMU, firmware, decompression.
+    pub fn before_kernel_clock(&self) -> Option<f64> {
+        self.guest_uptime_at_hello.map(|u| self.to_hello - u)
+    }
 }
 
 /// What every trial of one run shares.
@@ -119,6 +203,56 @@ pub struct TrialEnv {
     pub cpus: u32,
     pub memory_mib: u32,
     pub deadlines: Option<Deadlines>,
+    /// Appended to every guest's kernel command line (`--append`).
+    pub extra_cmdline: Vec<String>,
+    pub boot: BootEntry,
+    /// The known-issues ledger trials on pins are judged by.
+    pub known_issues: crate::known_issues::Ledger,
+}
+
+/// How QEMU enters the kernel.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BootEntry {
+    /// The bzImage's own ELF through its PVH entry, decompressed once on
+    /// the host ([`crate::kernel::pvh`]); the bzImage when that fails.
+    #[default]
+    Pvh,
+    /// The bzImage as is: firmware, real-mode setup, the decompressor.
+    BzImage,
+}
+
+impl std::str::FromStr for BootEntry {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "pvh" => Ok(BootEntry::Pvh),
+            "bzimage" => Ok(BootEntry::BzImage),
+            other => Err(format!("unknown boot entry `{other}`: use pvh or bzimage")),
+        }
+    }
+}
+
+/// The file QEMU's `-kernel` gets for `image`. A PVH failure is not the
+/// trial's: the bzImage boots instead, and `boot.txt` says why.
+fn boot_file(env: &TrialEnv, image: &Path, artefacts: &Path) -> PathBuf {
+    let note = match env.boot {
+        BootEntry::BzImage => "bzimage (as asked)".to_string(),
+        BootEntry::Pvh => match crate::kernel::pvh::ensure_pvh(env.cache.root(), image) {
+            Ok(elf) => {
+                let _ = std::fs::write(
+                    artefacts.join("boot.txt"),
+                    format!("pvh: {} from {}\n", elf.display(), image.display()),
+                );
+                return elf;
+            }
+            Err(e) => format!("bzimage, because PVH is not possible: {e}"),
+        },
+    };
+    let _ = std::fs::write(
+        artefacts.join("boot.txt"),
+        format!("{note}: {}\n", image.display()),
+    );
+    image.to_path_buf()
 }
 
 impl TrialResult {
@@ -140,10 +274,12 @@ impl TrialResult {
             accel: env.accel.accel.clone(),
             boot_to_hello_secs: None,
             qemu_peak_rss_kib: None,
+            phases: None,
             guest_release: None,
             qemu_version: env.qemu_version.clone(),
             host_release: crate::accel::host_release(),
             artefacts,
+            notes: Vec::new(),
         }
     }
 }
@@ -156,6 +292,9 @@ pub fn run_trial(env: &TrialEnv, kernel: &KernelUnderTest, scenario: &Scenario) 
     let mut result = TrialResult::new(env, kernel, scenario, Verdict::Ok, artefacts.clone());
     result.verdict = run_inner(env, kernel, scenario, &artefacts, &mut result);
     result.wall_secs = started.elapsed().as_secs_f64();
+    if let Some(p) = result.phases.as_mut() {
+        p.host_checks = (result.wall_secs - p.prepare - p.qemu_total()).max(0.0);
+    }
     if let Ok(json) = serde_json::to_string_pretty(&result) {
         let _ = std::fs::write(artefacts.join("result.json"), json);
     }
@@ -169,6 +308,7 @@ fn run_inner(
     artefacts: &Path,
     result: &mut TrialResult,
 ) -> Verdict {
+    let trial_started = Instant::now();
     if let Err(e) = std::fs::create_dir_all(artefacts) {
         return Verdict::Infrastructure(format!(
             "cannot create artefact directory {}: {e}",
@@ -190,8 +330,27 @@ fn run_inner(
             path.clone()
         }
     };
+    let modules = match (kernel, scenario.modules.is_empty()) {
+        (_, true) => None,
+        (KernelUnderTest::Pin(pin), false) => {
+            match env.cache.ensure_modules(pin, &scenario.modules, &env.fetch) {
+                Ok(set) => Some(set),
+                Err(e) => return Verdict::Infrastructure(e.to_string()),
+            }
+        }
+        (KernelUnderTest::Image { path, .. }, false) => {
+            return Verdict::Infrastructure(format!(
+                "scenario {} needs kernel modules {:?}, but {} comes with no package to take \
+                 them from; run it on a pinned kernel",
+                scenario.name,
+                scenario.modules,
+                path.display()
+            ))
+        }
+    };
+    let image = boot_file(env, &image, artefacts);
     let initramfs = artefacts.join("initramfs.cpio");
-    if let Err(e) = build_initramfs(&env.agent, scenario, &initramfs) {
+    if let Err(e) = build_initramfs(&env.agent, scenario, modules.as_ref(), &initramfs) {
         return Verdict::Infrastructure(format!("writing initramfs {}: {e}", initramfs.display()));
     }
     let accel = env.accel.accel();
@@ -202,7 +361,13 @@ fn run_inner(
         accel,
         cpus: scenario.vm.cpus.unwrap_or(env.cpus),
         memory_mib: env.memory_mib,
-        cmdline: scenario.vm.cmdline.clone(),
+        cmdline: scenario
+            .vm
+            .cmdline
+            .iter()
+            .chain(&env.extra_cmdline)
+            .cloned()
+            .collect(),
         artefacts: artefacts.to_path_buf(),
         deadlines: env.deadlines.unwrap_or_else(|| Deadlines::for_accel(accel)),
         data_channel: true,
@@ -213,9 +378,31 @@ fn run_inner(
         Ok(vm) => vm,
         Err(e) => return Verdict::Infrastructure(e.to_string()),
     };
+    let prepare = trial_started.elapsed().as_secs_f64();
     let session = vm.run_session(&crate::signals::interrupted);
     drop(vm);
     result.boot_to_hello_secs = session.hello_at.map(|d| d.as_secs_f64());
+    if let Some(hello) = session.hello_at {
+        let uptime = session.messages.iter().find_map(|m| match m {
+            Message::Hello { monotonic_ns, .. } => Some(*monotonic_ns as f64 / 1e9),
+            _ => None,
+        });
+        result.phases = Some(Phases {
+            prepare,
+            to_hello: hello.as_secs_f64(),
+            guest_uptime_at_hello: uptime,
+            agent: session.done_at.map(|d| (d - hello).as_secs_f64()),
+            shutdown: session
+                .done_at
+                .map(|d| session.wall.saturating_sub(d).as_secs_f64()),
+            host_checks: 0.0,
+            qemu_cpu_to_hello: session.qemu_cpu_at_hello,
+            qemu_cpu_agent: session
+                .qemu_cpu_at_done
+                .zip(session.qemu_cpu_at_hello)
+                .map(|(d, h)| d - h),
+        });
+    }
     result.qemu_peak_rss_kib = session.qemu_peak_rss_kib;
     save_messages(artefacts, &session.messages);
     let tail = || {
@@ -337,10 +524,14 @@ fn run_inner(
     }
     let evidence = evidence_from(&session);
     result.guest_release = Some(evidence.uname.release.clone());
+    if let Some(v) = unsupported_verdict(scenario, &evidence) {
+        return v;
+    }
     for (idx, bytes) in &evidence.streams {
         let _ = std::fs::write(artefacts.join(format!("records-{idx}.bin")), bytes);
     }
     let mut analysis = crate::check::analyse(&evidence);
+    result.notes = analysis.notes.clone();
     // What this scenario declares on top of the rules every run obeys.
     analysis.violations.extend(crate::expect::check(
         &scenario.expect,
@@ -352,17 +543,27 @@ fn run_inner(
     let normalised = crate::normalise::normalise(&evidence, &analysis);
     let normalised_path = artefacts.join("normalised.txt");
     let _ = std::fs::write(&normalised_path, &normalised);
-    if !analysis.violations.is_empty() {
-        let mut msg = format!(
-            "{} invariant violation(s) (normalised stream: {}):",
-            analysis.violations.len(),
-            normalised_path.display()
-        );
-        for v in &analysis.violations {
-            msg.push_str(&format!("\n  [{}] {}", v.rule, v.message));
-        }
-        return Verdict::Failed(msg);
-    }
+    // The ledger judges pinned kernels only: a user-built image is what one
+    // boots to see whether a fix works, so every violation counts there.
+    let ledger_pin = match kernel {
+        KernelUnderTest::Pin(p) => Some(p.id.as_str()),
+        KernelUnderTest::Image { .. } => None,
+    };
+    let ledger_verdict = match ledger_outcome(
+        &env.known_issues,
+        ledger_pin,
+        &scenario.name,
+        &analysis.violations,
+        &normalised_path,
+    ) {
+        Ok(v) => v,
+        Err(failed) => return failed,
+    };
+    let ledger_suffix = ledger_verdict
+        .as_ref()
+        .and_then(|v| v.message())
+        .map(|m| format!("\n{m}"))
+        .unwrap_or_default();
     // Timing scenarios: figures against the pin's budget (overhead.rs).
     let overhead = crate::overhead::check_trial(
         scenario,
@@ -372,10 +573,9 @@ fn run_inner(
         accel,
         artefacts,
     );
-    let overhead_verdict = || {
-        overhead
-            .clone()
-            .map_or_else(Verdict::Failed, |()| Verdict::Ok)
+    let overhead_verdict = || match overhead.clone() {
+        Err(e) => Verdict::Failed(format!("{e}{ledger_suffix}")),
+        Ok(()) => ledger_verdict.clone().unwrap_or(Verdict::Ok),
     };
     let Some(snap_name) = kernel.snapshot_name() else {
         return overhead_verdict();
@@ -405,7 +605,149 @@ fn run_inner(
                 ),
             },
             overhead.err().map(|e| format!("\n{e}")).unwrap_or_default()
-        )),
+        ) + &ledger_suffix),
+    }
+}
+
+/// `Skipped` when the agent reported an unmet requirement the scenario
+/// asked for; `Failed` when it reported one the scenario did not ask for.
+fn unsupported_verdict(scenario: &Scenario, evidence: &RunEvidence) -> Option<Verdict> {
+    let (requirement, reason) = evidence.unsupported.as_ref()?;
+    let name = requirement_name(*requirement);
+    if !scenario.plan.requires.contains(requirement) {
+        return Some(Verdict::Failed(format!(
+            "the guest agent reported requirement `{name}` unmet ({reason}), but scenario {} does not require it: an agent bug",
+            scenario.name
+        )));
+    }
+    Some(Verdict::Skipped(format!("{name}: {}", one_line(reason))))
+}
+
+/// What the ledger makes of a trial's violations. `Err`: violations no
+/// entry covers, the trial is FAILED (the message also names the known
+/// bugs and the FIXED? entries). `Ok(Some)`: KNOWN or FIXED?, the verdict
+/// unless a later check (overhead, snapshot) fails. `Ok(None)`: clean.
+/// `pin` is `None` for a user-built image, which the ledger never excuses.
+fn ledger_outcome(
+    ledger: &crate::known_issues::Ledger,
+    pin: Option<&str>,
+    scenario: &str,
+    violations: &[crate::check::Violation],
+    normalised_path: &Path,
+) -> Result<Option<Verdict>, Verdict> {
+    let empty = crate::known_issues::Ledger::default();
+    let ledger = if pin.is_some() { ledger } else { &empty };
+    let judgement = ledger.judge(pin.unwrap_or(""), scenario, violations);
+    let known_note = known_note(&judgement);
+    let fixed_note = pin
+        .map(|pin| fixed_note(&judgement, pin, ledger))
+        .unwrap_or_default();
+    if !judgement.uncovered.is_empty() {
+        let mut msg = format!(
+            "{} invariant violation(s) (normalised stream: {}):",
+            judgement.uncovered.len(),
+            normalised_path.display()
+        );
+        for v in &judgement.uncovered {
+            msg.push_str(&format!("\n  [{}] {}", v.rule, v.message));
+        }
+        if !known_note.is_empty() {
+            msg.push_str(&format!(
+                "\nalso known kernel bugs of this pin:\n{known_note}"
+            ));
+        }
+        if !fixed_note.is_empty() {
+            msg.push_str(&format!("\n{fixed_note}"));
+        }
+        return Err(Verdict::Failed(msg));
+    }
+    if !fixed_note.is_empty() {
+        return Ok(Some(Verdict::Fixed(if known_note.is_empty() {
+            fixed_note
+        } else {
+            format!("{fixed_note}\nstill showing:\n{known_note}")
+        })));
+    }
+    if judgement.known.is_empty() {
+        return Ok(None);
+    }
+    let ids: Vec<&str> = judgement.known.iter().map(|(i, _)| i.id.as_str()).collect();
+    Ok(Some(Verdict::Known(format!(
+        "{KNOWN_PREFIX}{}\n{known_note}\nnormalised stream (from the records that parsed): {}",
+        ids.join(", "),
+        normalised_path.display()
+    ))))
+}
+
+/// The ledger entries that explain violations, with the violations.
+fn known_note(j: &crate::known_issues::Judgement) -> String {
+    let mut out = String::new();
+    for (issue, hits) in &j.known {
+        out.push_str(&format!(
+            "  {} (rule {}): {}\n",
+            issue.id,
+            issue.rule,
+            one_line(&issue.summary)
+        ));
+        for v in hits {
+            out.push_str(&format!("    [{}] {}\n", v.rule, v.message));
+        }
+    }
+    out.trim_end().to_string()
+}
+
+/// `FIXED? <id> no longer shows on <pin>` for every entry that expected its
+/// bug here and did not see it.
+fn fixed_note(
+    j: &crate::known_issues::Judgement,
+    pin: &str,
+    ledger: &crate::known_issues::Ledger,
+) -> String {
+    let file = ledger.path.as_ref().map_or_else(
+        || "kernels/known-issues.toml".into(),
+        |p| p.display().to_string(),
+    );
+    if j.fixed.is_empty() {
+        return String::new();
+    }
+    let ids: Vec<&str> = j.fixed.iter().map(|i| i.id.as_str()).collect();
+    let mut out = format!("FIXED? {} no longer shows on {pin}", ids.join(", "));
+    for i in &j.fixed {
+        out.push_str(&format!(
+            "\n  {}: no `{}` violation in this trial although the ledger expects one here",
+            i.id, i.rule
+        ));
+    }
+    out.push_str(&format!(
+        "\n  if the kernel was fixed, drop {pin} from the entry (or the entry) in {file}; if not, the scenario no longer provokes the bug: fix the scenario"
+    ));
+    out
+}
+
+/// A probe's reason or a summary on one line, at most 400 bytes.
+fn one_line(text: &str) -> String {
+    let joined = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
+    const MAX: usize = 400;
+    if joined.len() <= MAX {
+        return joined;
+    }
+    let mut end = MAX;
+    while !joined.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &joined[..end])
+}
+
+/// `jit-optional` for [`Requirement::JitOptional`]: the name scenario files use.
+pub fn requirement_name(r: kloop_protocol::Requirement) -> String {
+    match serde_json::to_value(r) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => format!("{r:?}"),
     }
 }
 
@@ -502,12 +844,20 @@ fn last_report(messages: &[Message]) -> String {
     format!("agent's last report: {step}\nagent's last logs: {logs}")
 }
 
-fn build_initramfs(agent: &Path, scenario: &Scenario, out: &Path) -> std::io::Result<()> {
+fn build_initramfs(
+    agent: &Path,
+    scenario: &Scenario,
+    modules: Option<&ModuleSet>,
+    out: &Path,
+) -> std::io::Result<()> {
     let agent_bytes = std::fs::read(agent)?;
     let plan = serde_json::to_vec_pretty(&scenario.plan).map_err(std::io::Error::other)?;
     let mut i = Initramfs::skeleton();
     i.add_file("init", 0o755, agent_bytes);
     i.add_file(kloop_protocol::PLAN_PATH, 0o644, plan);
+    if let Some(modules) = modules {
+        modules.add_to(&mut i)?;
+    }
     i.write_file(out).map(drop)
 }
 
@@ -564,4 +914,159 @@ pub fn new_run_dir(root: &Path) -> std::io::Result<PathBuf> {
     let dir = root.join(name);
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::{rule, Violation};
+    use crate::known_issues::{Ledger, Vocabulary};
+    use kloop_protocol::Requirement;
+
+    fn ledger() -> Ledger {
+        let text = r#"
+[[issue]]
+id = "interp-reg"
+rule = "load-symbols"
+scenarios = ["interpreter"]
+pins = ["6.1"]
+summary = "registers a symbol\nfor interpreted programs"
+evidence = "KSYMBOL len=0"
+review_by = "2027-05-21"
+"#;
+        let vocab = Vocabulary {
+            pins: vec!["6.1".into(), "6.12".into()],
+            rules: crate::known_issues::rule_names()
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            scenarios: vec![],
+        };
+        Ledger::parse(text, Path::new("kernels/known-issues.toml"), &vocab).unwrap()
+    }
+
+    fn v(rule: &'static str) -> Violation {
+        Violation {
+            rule,
+            message: format!("{rule} broken: L0@0 KSYMBOL"),
+        }
+    }
+
+    fn outcome(pin: Option<&str>, vs: &[Violation]) -> Result<Option<Verdict>, Verdict> {
+        ledger_outcome(&ledger(), pin, "interpreter", vs, Path::new("n.txt"))
+    }
+
+    #[test]
+    fn only_covered_violations_are_known() {
+        let vs = [v(rule::LOAD_SYMBOLS), v(rule::LOAD_SYMBOLS)];
+        let Ok(Some(k @ Verdict::Known(_))) = outcome(Some("6.1"), &vs) else {
+            panic!("{:?}", outcome(Some("6.1"), &vs));
+        };
+        assert_eq!(k.headline(), "KNOWN (interp-reg)");
+        let m = k.message().unwrap();
+        assert!(m.starts_with("known kernel bug: interp-reg\n"), "{m}");
+        assert!(
+            m.contains("registers a symbol; for interpreted programs"),
+            "{m}"
+        );
+        assert_eq!(m.matches("[load-symbols]").count(), 2, "{m}");
+        assert!(!k.fails_run());
+    }
+
+    #[test]
+    fn an_uncovered_violation_fails_and_names_the_known_ones() {
+        let vs = [v(rule::LOAD_SYMBOLS), v(rule::LOST)];
+        let Err(Verdict::Failed(m)) = outcome(Some("6.1"), &vs) else {
+            panic!()
+        };
+        assert!(m.starts_with("1 invariant violation(s)"), "{m}");
+        assert!(m.contains("[lost]"), "{m}");
+        assert!(
+            m.contains("also known kernel bugs of this pin:\n  interp-reg"),
+            "{m}"
+        );
+        // Another pin: the entry does not apply, both violations fail.
+        let Err(Verdict::Failed(m)) = outcome(Some("6.12"), &vs) else {
+            panic!()
+        };
+        assert!(m.starts_with("2 invariant violation(s)"), "{m}");
+    }
+
+    #[test]
+    fn a_clean_trial_the_ledger_expects_to_fail_is_fixed() {
+        let Ok(Some(f @ Verdict::Fixed(_))) = outcome(Some("6.1"), &[]) else {
+            panic!()
+        };
+        assert_eq!(f.headline(), "FIXED? interp-reg no longer shows on 6.1");
+        assert!(f.message().unwrap().contains("kernels/known-issues.toml"));
+        assert!(f.fails_run());
+        // Uncovered violations win over FIXED?, which is still mentioned.
+        let Err(Verdict::Failed(m)) = outcome(Some("6.1"), &[v(rule::LOST)]) else {
+            panic!()
+        };
+        assert!(
+            m.contains("FIXED? interp-reg no longer shows on 6.1"),
+            "{m}"
+        );
+        assert_eq!(outcome(Some("6.12"), &[]), Ok(None));
+    }
+
+    #[test]
+    fn a_user_built_image_is_never_excused() {
+        let vs = [v(rule::LOAD_SYMBOLS)];
+        assert!(matches!(outcome(None, &vs), Err(Verdict::Failed(_))));
+        assert_eq!(outcome(None, &[]), Ok(None));
+    }
+
+    fn scenario(requires: Vec<Requirement>) -> Scenario {
+        Scenario {
+            name: "interpreter".into(),
+            dir: PathBuf::from("scenarios/interpreter"),
+            description: String::new(),
+            vm: Default::default(),
+            modules: vec![],
+            expect: vec![],
+            plan: kloop_protocol::Plan {
+                scenario: "interpreter".into(),
+                requires,
+                steps: vec![],
+            },
+        }
+    }
+
+    #[test]
+    fn unsupported_requirements() {
+        let ev = RunEvidence {
+            unsupported: Some((
+                Requirement::JitOptional,
+                "writing 0: EINVAL\n(CONFIG_BPF_JIT_ALWAYS_ON=y)".into(),
+            )),
+            ..Default::default()
+        };
+        let s = unsupported_verdict(
+            &scenario(vec![Requirement::Btf, Requirement::JitOptional]),
+            &ev,
+        )
+        .unwrap();
+        assert_eq!(
+            s,
+            Verdict::Skipped(
+                "jit-optional: writing 0: EINVAL; (CONFIG_BPF_JIT_ALWAYS_ON=y)".into()
+            )
+        );
+        assert_eq!(
+            s.headline(),
+            "SKIPPED (jit-optional: writing 0: EINVAL; (CONFIG_BPF_JIT_ALWAYS_ON=y))"
+        );
+        assert!(!s.fails_run());
+        // The guest claiming a requirement the plan never asked for is a bug.
+        let f = unsupported_verdict(&scenario(vec![Requirement::Btf]), &ev).unwrap();
+        assert!(matches!(&f, Verdict::Failed(m) if m.contains("does not require it")));
+        assert!(unsupported_verdict(&scenario(vec![]), &RunEvidence::default()).is_none());
+        assert_eq!(
+            requirement_name(Requirement::FtraceInstances),
+            "ftrace-instances"
+        );
+        assert_eq!(one_line(&"x".repeat(500)).chars().count(), 401);
+    }
 }

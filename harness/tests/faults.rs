@@ -105,6 +105,9 @@ impl Ctx {
             cpus: e.cpus,
             memory_mib: e.memory_mib,
             deadlines,
+            extra_cmdline: e.extra_cmdline.clone(),
+            boot: e.boot,
+            known_issues: e.known_issues.clone(),
         }
     }
 
@@ -414,6 +417,9 @@ fn verdict_class(v: &Verdict) -> &'static str {
     match v {
         Verdict::Ok => "ok",
         Verdict::Failed(_) => "failed",
+        Verdict::Skipped(_) => "skipped",
+        Verdict::Known(_) => "known",
+        Verdict::Fixed(_) => "fixed?",
         Verdict::Infrastructure(_) => "infrastructure",
         Verdict::Timeout(_) => "timeout",
         Verdict::Panic(_) => "panic",

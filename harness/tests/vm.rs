@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use kloop::accel::AccelChoice;
 use kloop::suite::{self, EnvOptions, Layout, Selection};
 use kloop::trial::{KernelUnderTest, TrialEnv, Verdict};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 static ENV: OnceLock<Result<TrialEnv, String>> = OnceLock::new();
 static KERNELS: OnceLock<Vec<KernelUnderTest>> = OnceLock::new();
@@ -27,6 +27,12 @@ fn env(layout: &Layout) -> Result<&'static TrialEnv, String> {
         let env = suite::prepare_env(layout, &opts, KERNELS.get().map_or(&[][..], |k| &k[..]))
             .map_err(|e| format!("preparing the VM environment: {e}"))?;
         eprintln!("kloop: accelerator: {}", env.accel.reason);
+        for w in env
+            .known_issues
+            .warnings(kloop::known_issues::Date::today())
+        {
+            eprintln!("kloop: {w}");
+        }
         eprintln!("kloop: artefacts in {}", env.run_dir.display());
         Ok(env)
     })
@@ -50,15 +56,22 @@ fn main() {
         .into_iter()
         .map(|t| {
             let layout = layout.clone();
-            Trial::test(t.id(), move || {
+            Trial::ignorable_test(t.id(), move || {
                 let env = env(&layout)?;
                 let r = kloop::trial::run_trial(env, &t.kernel, &t.scenario);
                 eprintln!("{}", kloop::report::trial_line(&r));
-                match r.verdict {
-                    Verdict::Ok => Ok(()),
+                match &r.verdict {
+                    Verdict::Ok => Ok(Completion::Completed),
+                    // Not passes and not failures: libtest's "ignored", with
+                    // the reason shown next to the trial's name.
+                    Verdict::Skipped(_) => Ok(Completion::ignored_with(r.verdict.headline())),
+                    Verdict::Known(_) => Ok(Completion::ignored_with(format!(
+                        "known kernel bug: {}",
+                        r.verdict.headline()
+                    ))),
                     v => Err(Failed::from(format!(
                         "{}: {}\nartefacts: {}",
-                        v.label(),
+                        v.headline(),
                         v.message().unwrap_or(""),
                         r.artefacts.display()
                     ))),

@@ -35,6 +35,13 @@ pub const PROTOCOL_VERSION: u32 = 2;
 /// Where the agent finds its plan inside the initramfs.
 pub const PLAN_PATH: &str = "/kloop/plan.json";
 
+/// Where the host puts the kernel modules a scenario asks for, with the file
+/// `order` beside them: one line per module, dependencies first,
+/// `name<TAB>file<TAB>how<TAB>depends` (`how`: `plain`, or the compression
+/// the kernel itself undoes (`xz`, `zstd`, `gzip`), or `builtin` with file
+/// `-`; `depends`: comma-separated names, maybe empty).
+pub const MODULES_DIR: &str = "/kloop/modules";
+
 /// The guest device the agent writes frames to (second 8250 UART).
 pub const DATA_PORT: &str = "/dev/ttyS1";
 

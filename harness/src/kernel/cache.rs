@@ -156,21 +156,45 @@ impl KernelCache {
     /// The path of `pin`'s `.deb`, verified against `deb_sha256`;
     /// downloaded with `apt-get download` on a miss (unless offline).
     pub fn ensure_deb(&self, pin: &KernelPin, opts: &FetchOptions) -> Result<PathBuf, KernelError> {
-        let dest = self.deb_path(pin);
-        match lookup(&dest, &pin.deb_sha256)? {
+        self.ensure_package(pin, &pin.package, &pin.deb_sha256, opts)
+    }
+
+    /// The verified `.deb` that holds `pin`'s modules: the image package up
+    /// to 6.x, `modules_package` from 7.x on.
+    pub fn ensure_modules_deb(
+        &self,
+        pin: &KernelPin,
+        opts: &FetchOptions,
+    ) -> Result<PathBuf, KernelError> {
+        match (&pin.modules_package, &pin.modules_deb_sha256) {
+            (Some(package), Some(sha)) => self.ensure_package(pin, package, sha, opts),
+            _ => self.ensure_deb(pin, opts),
+        }
+    }
+
+    /// `package` at `pin.version`, cached as `debs/<sha256>.deb`.
+    fn ensure_package(
+        &self,
+        pin: &KernelPin,
+        package: &str,
+        sha256: &str,
+        opts: &FetchOptions,
+    ) -> Result<PathBuf, KernelError> {
+        let dest = self.root.join("debs").join(format!("{sha256}.deb"));
+        match lookup(&dest, sha256)? {
             Lookup::Hit(path) => return Ok(path),
             Lookup::Corrupt { path, actual } if opts.offline => {
                 return Err(KernelError::CorruptOffline {
                     id: pin.id.clone(),
                     path,
-                    expected: pin.deb_sha256.clone(),
+                    expected: sha256.to_string(),
                     actual,
                 })
             }
             Lookup::Miss if opts.offline => {
                 return Err(KernelError::NotCached {
                     id: pin.id.clone(),
-                    path: self.image_path(pin),
+                    path: dest,
                 })
             }
             Lookup::Corrupt { path, actual } => report_repair(&path, &actual),
@@ -185,14 +209,14 @@ impl KernelCache {
         )?;
         apt.update(Trust::PinnedHash)?;
         let downloaded =
-            apt.download(&pin.package, &pin.version)?
+            apt.download(package, &pin.version)?
                 .ok_or_else(|| KernelError::Vanished {
                     id: pin.id.clone(),
-                    package: pin.package.clone(),
+                    package: package.to_string(),
                     version: pin.version.clone(),
                     origin: apt.source(),
                 })?;
-        self.adopt_deb(&downloaded, Some(pin))
+        self.adopt_deb_expecting(&downloaded, Some((pin, sha256)))
     }
 
     /// Moves a downloaded `.deb` into `debs/<sha256>.deb` (same filesystem,
@@ -203,12 +227,20 @@ impl KernelCache {
         file: &Path,
         pin: Option<&KernelPin>,
     ) -> Result<PathBuf, KernelError> {
+        self.adopt_deb_expecting(file, pin.map(|p| (p, p.deb_sha256.as_str())))
+    }
+
+    fn adopt_deb_expecting(
+        &self,
+        file: &Path,
+        expect: Option<(&KernelPin, &str)>,
+    ) -> Result<PathBuf, KernelError> {
         let actual = sha256_file(file).map_err(|source| KernelError::CacheRead {
             path: file.to_path_buf(),
             source,
         })?;
-        if let Some(pin) = pin {
-            if actual != pin.deb_sha256 {
+        if let Some((pin, expected)) = expect {
+            if actual != expected {
                 let rejected_dir = self.root.join("rejected");
                 let kept = rejected_dir.join(file.file_name().unwrap_or_default());
                 let kept = std::fs::create_dir_all(&rejected_dir)
@@ -218,7 +250,7 @@ impl KernelCache {
                 return Err(KernelError::DebHashMismatch {
                     id: pin.id.clone(),
                     file: kept,
-                    expected: pin.deb_sha256.clone(),
+                    expected: expected.to_string(),
                     actual,
                 });
             }
@@ -359,6 +391,8 @@ mod tests {
             image_sha256: sha(image),
             release: "6.1.0-1-cloud-amd64".into(),
             config: None,
+            modules_package: None,
+            modules_deb_sha256: None,
         }
     }
 

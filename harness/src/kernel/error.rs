@@ -210,4 +210,36 @@ pub enum KernelError {
 
     #[error("{path} is not a usable kernel image: {reason}; check the pin's `image_path`")]
     BadImage { path: PathBuf, reason: String },
+
+    #[error(
+        "kernel `{id}` has no module `{module}`: {archive} holds no `{module}.ko*` for its \
+         release and {detail}; check the scenario's `modules` list (names as `modprobe` takes \
+         them)"
+    )]
+    ModuleMissing {
+        id: String,
+        module: String,
+        archive: PathBuf,
+        /// What modules.builtin said (or that the package has none), similar names.
+        detail: String,
+    },
+
+    #[error(
+        "module `{module}` of kernel `{id}` depends on `{dependency}`, which {archive} does \
+         not hold: the package is incomplete"
+    )]
+    ModuleDependencyMissing {
+        id: String,
+        module: String,
+        dependency: String,
+        archive: PathBuf,
+    },
+
+    #[error("module `{module}` ({member} in {archive}) is unusable: {reason}")]
+    BadModule {
+        module: String,
+        member: String,
+        archive: PathBuf,
+        reason: String,
+    },
 }

@@ -24,7 +24,9 @@ mod cache;
 mod error;
 mod extract;
 mod mirror;
+mod modules;
 mod pin;
+pub mod pvh;
 mod update;
 mod version;
 
@@ -32,6 +34,7 @@ pub use cache::{FetchOptions, KernelCache};
 pub use error::KernelError;
 pub use extract::bzimage_release;
 pub use mirror::{host_mirror, mirror_from_apt_sources, AptSourceFile};
+pub use modules::{Compression, ModuleSet, ShippedModule};
 pub use pin::{Catalog, KernelPin};
 pub use update::{create_pin, update_pin, PinSpec};
 pub use version::compare_debian_versions;

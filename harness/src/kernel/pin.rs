@@ -33,6 +33,14 @@ pub struct KernelPin {
     /// Config fragment for source builds, relative to the catalog directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<PathBuf>,
+    /// From 7.x Debian ships the modules of `release` in a package of their
+    /// own (`linux-modules-<release>`, same version as `package`); absent
+    /// when `package` carries them itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modules_package: Option<String>,
+    /// sha256 of the `modules_package` `.deb`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modules_deb_sha256: Option<String>,
 }
 
 impl KernelPin {
@@ -74,6 +82,27 @@ impl KernelPin {
                 return Err(invalid(format!(
                     "`{name}` must be 64 lowercase hex digits, got {value:?}"
                 )));
+            }
+        }
+        match (&self.modules_package, &self.modules_deb_sha256) {
+            (None, None) => {}
+            (Some(package), Some(sha)) => {
+                if package.trim().is_empty() || package.chars().any(char::is_whitespace) {
+                    return Err(invalid(format!(
+                        "`modules_package` must be a non-empty word, got {package:?}"
+                    )));
+                }
+                if !is_sha256_hex(sha) {
+                    return Err(invalid(format!(
+                        "`modules_deb_sha256` must be 64 lowercase hex digits, got {sha:?}"
+                    )));
+                }
+            }
+            _ => {
+                return Err(invalid(
+                    "`modules_package` and `modules_deb_sha256` go together: give both or neither"
+                        .into(),
+                ))
             }
         }
         if !is_contained_relative(Path::new(&self.image_path)) {
@@ -351,6 +380,35 @@ release = "{series}.0-1-cloud-amd64"
             matches!(&err, KernelError::PinInvalid { message, .. } if message.contains("deb_sha256")),
             "{err}"
         );
+    }
+
+    #[test]
+    fn modules_package_needs_its_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let with = |extra: &str| format!("{}{extra}", pin_toml("7.2", "7.2"));
+        write(
+            dir.path(),
+            "7.2.toml",
+            &with(&format!(
+                "modules_package = \"linux-modules-x\"\nmodules_deb_sha256 = \"{}\"\n",
+                "cd".repeat(32)
+            )),
+        );
+        let catalog = Catalog::load(dir.path()).unwrap();
+        let pin = catalog.get("7.2").unwrap();
+        assert_eq!(pin.modules_package.as_deref(), Some("linux-modules-x"));
+        let round = parse_pin_file(Path::new("7.2.toml"), &pin.to_toml())
+            .unwrap()
+            .unwrap();
+        assert_eq!(&round, pin);
+
+        write(
+            dir.path(),
+            "7.2.toml",
+            &with("modules_package = \"linux-modules-x\"\n"),
+        );
+        let err = Catalog::load(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("go together"), "{err}");
     }
 
     #[test]

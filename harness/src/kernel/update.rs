@@ -177,6 +177,13 @@ impl KernelCache {
             });
         }
 
+        let (modules_package, modules_deb_sha256) = if choice.package.starts_with("linux-binary-") {
+            let (package, sha) = self.pin_modules_package(&apt, spec, &release, &choice.version)?;
+            (Some(package), Some(sha))
+        } else {
+            (None, None)
+        };
+
         let pin = KernelPin {
             id: spec.id.clone(),
             series: spec.series.clone(),
@@ -188,9 +195,54 @@ impl KernelCache {
             image_sha256,
             release,
             config: spec.config.clone(),
+            modules_package,
+            modules_deb_sha256,
         };
         pin.write_to(catalog_dir)?;
         Ok(pin)
+    }
+
+    /// Downloads `linux-modules-<release>` at `version` (7.x keeps the
+    /// modules out of the image package) into the cache and returns its
+    /// name and sha256, checked against the signed index.
+    fn pin_modules_package(
+        &self,
+        apt: &AptState,
+        spec: &PinSpec,
+        release: &str,
+        version: &str,
+    ) -> Result<(String, String), KernelError> {
+        let package = format!("linux-modules-{release}");
+        let indexed = apt
+            .show(std::slice::from_ref(&package))?
+            .into_iter()
+            .find(|r| r.package == package && r.version == version)
+            .and_then(|r| r.sha256);
+        let downloaded = apt
+            .download(&package, version)?
+            .ok_or_else(|| KernelError::Vanished {
+                id: spec.id.clone(),
+                package: package.clone(),
+                version: version.to_string(),
+                origin: apt.source(),
+            })?;
+        let deb = self.adopt_deb(&downloaded, None)?;
+        let sha = deb
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .expect("adopt_deb names files <sha256>.deb")
+            .to_string();
+        if let Some(indexed) = indexed {
+            if indexed != sha {
+                return Err(KernelError::DebHashMismatch {
+                    id: spec.id.clone(),
+                    file: deb,
+                    expected: indexed,
+                    actual: sha,
+                });
+            }
+        }
+        Ok((package, sha))
     }
 
     /// Extracts the one kernel image for `release` from `deb` into the

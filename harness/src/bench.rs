@@ -1,0 +1,166 @@
+//! Measuring kloop itself: where a trial's time goes, and how fast the data
+//! channel carries records. `cargo xtask bench` prints these; the load test
+//! (`harness/tests/load.rs`) asserts on the same storm at a larger size.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use kloop_protocol::{ListenerSpec, Message, Plan, Step};
+
+use crate::evidence::RunEvidence;
+use crate::records;
+use crate::report::Spread;
+use crate::scenario::Scenario;
+use crate::trial::TrialResult;
+
+/// `PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU`, the recording
+/// listeners' trailer in every scenario.
+const TID_TIME_CPU: u64 =
+    records::PERF_SAMPLE_TID | records::PERF_SAMPLE_TIME | records::PERF_SAMPLE_CPU;
+
+/// A scenario (built here, not read from `scenarios/`) that pushes
+/// `cycles` load/unload cycles of the 32-function fixture through one
+/// listener per CPU, draining every `drain_every` cycles: 66 records per
+/// cycle. `base` supplies the VM options.
+pub fn storm_scenario(base: &Scenario, name: &str, cycles: u32, drain_every: u32) -> Scenario {
+    let steps = vec![
+        Step::SnapshotKallsyms,
+        Step::OpenListeners {
+            listener: ListenerSpec {
+                sample_type: TID_TIME_CPU,
+                ksymbol: true,
+                bpf_event: true,
+                ring_pages: 64,
+                scope: Default::default(),
+            },
+        },
+        Step::Storm {
+            fixture: "funcs32".into(),
+            program: "kloop_funcs32".into(),
+            cycles,
+            drain_every,
+            lookup: false,
+        },
+        Step::WaitUnloaded { timeout_ms: 5000 },
+        Step::Drain,
+    ];
+    Scenario {
+        name: name.into(),
+        dir: base.dir.join("no-snapshots"),
+        description: format!("channel storm: {cycles} cycles of funcs32"),
+        plan: Plan {
+            scenario: name.into(),
+            requires: Vec::new(),
+            steps,
+        },
+        ..base.clone()
+    }
+}
+
+/// What a storm trial carried, read back from its artefacts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Throughput {
+    pub records: usize,
+    pub bytes: usize,
+    pub lost: u64,
+    /// Guest time of the storm step and the final drain (every write to the
+    /// port included).
+    pub secs: f64,
+}
+
+impl Throughput {
+    pub fn records_per_sec(&self) -> f64 {
+        self.records as f64 / self.secs
+    }
+    pub fn mb_per_sec(&self) -> f64 {
+        self.bytes as f64 / self.secs / 1e6
+    }
+
+    /// Reads `messages.jsonl` and `records-*.bin` of a finished storm trial.
+    pub fn of_trial(dir: &Path) -> Result<Throughput, String> {
+        let text = std::fs::read_to_string(dir.join("messages.jsonl"))
+            .map_err(|e| format!("reading {}/messages.jsonl: {e}", dir.display()))?;
+        let messages: Vec<Message> = text
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{}/messages.jsonl: {e}", dir.display()))?;
+        let ev = RunEvidence::from_messages(&messages, BTreeMap::new());
+        let (mut records, mut bytes, mut lost) = (0, 0, 0u64);
+        for l in &ev.listeners {
+            let path = dir.join(format!("records-{}.bin", l.index));
+            let raw = std::fs::read(&path).unwrap_or_default();
+            let recs =
+                records::parse_stream(l, &raw).map_err(|e| format!("{}: {e:?}", path.display()))?;
+            lost += recs
+                .iter()
+                .map(|r| match r.body {
+                    records::RecordBody::Lost { lost, .. } => lost,
+                    _ => 0,
+                })
+                .sum::<u64>();
+            records += recs.len();
+            bytes += raw.len();
+        }
+        // Steps are numbered in plan order; the storm and the last drain
+        // are the ones that write records to the port.
+        let mut storm_index = None;
+        let mut last_index = 0;
+        for m in &messages {
+            if let Message::StepStart { index, what } = m {
+                if what.contains("\"op\":\"storm\"") {
+                    storm_index = Some(*index);
+                }
+                last_index = last_index.max(*index);
+            }
+        }
+        let storm_index = storm_index.ok_or("no storm step in the messages")?;
+        let step_ns = |i: u32| {
+            messages.iter().find_map(|m| match m {
+                Message::StepDone { index, elapsed_ns } if *index == i => Some(*elapsed_ns),
+                _ => None,
+            })
+        };
+        let ns = step_ns(storm_index).ok_or("the storm step never finished")?
+            + step_ns(last_index).unwrap_or(0);
+        Ok(Throughput {
+            records,
+            bytes,
+            lost,
+            secs: ns as f64 / 1e9,
+        })
+    }
+}
+
+/// Median and range of each phase over a set of results of one trial.
+#[derive(Debug, Clone, Default)]
+pub struct PhaseSpreads {
+    pub before_kernel_clock: Option<Spread>,
+    pub kernel_to_hello: Option<Spread>,
+    pub agent: Option<Spread>,
+    pub shutdown: Option<Spread>,
+    pub host_checks: Option<Spread>,
+    pub prepare: Option<Spread>,
+    pub qemu_cpu_to_hello: Option<Spread>,
+    pub qemu_cpu_agent: Option<Spread>,
+}
+
+impl PhaseSpreads {
+    pub fn of(results: &[TrialResult]) -> PhaseSpreads {
+        let phases: Vec<_> = results.iter().filter_map(|r| r.phases).collect();
+        let col = |f: &dyn Fn(&crate::trial::Phases) -> Option<f64>| {
+            let v: Vec<f64> = phases.iter().filter_map(f).collect();
+            Spread::of(&v)
+        };
+        PhaseSpreads {
+            before_kernel_clock: col(&|p| p.before_kernel_clock()),
+            kernel_to_hello: col(&|p| p.guest_uptime_at_hello),
+            agent: col(&|p| p.agent),
+            shutdown: col(&|p| p.shutdown),
+            host_checks: col(&|p| Some(p.host_checks)),
+            prepare: col(&|p| Some(p.prepare)),
+            qemu_cpu_to_hello: col(&|p| p.qemu_cpu_to_hello),
+            qemu_cpu_agent: col(&|p| p.qemu_cpu_agent),
+        }
+    }
+}

@@ -1,0 +1,551 @@
+//! The known-issues ledger: `kernels/known-issues.toml`.
+//!
+//! A kernel that breaks a rule is a finding; once it is understood (the
+//! kernel, not kloop, is wrong, and why) it goes into the ledger so that the
+//! other trials of that pin stay useful. Each entry names one rule, the pins
+//! (and optionally the scenarios) where the kernel breaks it, and a date by
+//! which someone must look at it again:
+//!
+//! ```toml
+//! [[issue]]
+//! id = "short-kebab-id"
+//! rule = "parse"                 # a rule name (check::rule::ALL and friends)
+//! scenarios = ["many-listeners"] # where it shows (empty = any scenario)
+//! pins = ["5.10", "6.1"]
+//! summary = "what the kernel does wrong and why (file/function)"
+//! evidence = """records quoted from a real run"""
+//! upstream_fix = "commit subject / id, or empty"
+//! review_by = "2027-05-21"
+//! ```
+//!
+//! How a trial on a pin is judged ([`Ledger::judge`]):
+//!
+//! - a violation is *covered* when an entry for that pin (and scenario, if
+//!   the entry lists any) names its rule;
+//! - any violation not covered: `FAILED`, as without a ledger;
+//! - only covered violations: `KNOWN (<ids>)`, a known kernel bug: never ok,
+//!   but it does not fail the exit status;
+//! - an entry that lists the trial's scenario whose rule the trial did *not*
+//!   break: `FIXED? <id> no longer shows on <pin>`, a failure, like a strict
+//!   xfail: the ledger must be updated (the bug was fixed, or the scenario no
+//!   longer provokes it). An entry without scenarios only excuses; it cannot
+//!   be confirmed fixed, because not every scenario provokes every bug.
+//!
+//! A user-built kernel (`--kernel-image`) is never judged by the ledger: it
+//! is what one builds to see whether a fix works, so every violation counts.
+//!
+//! Snapshots of a KNOWN trial are still compared (and `bless` writes them):
+//! the normalised stream is built from the records that parsed, which is
+//! what this kernel deterministically sends today; a ledger entry excuses one
+//! rule, not a drift anywhere else. When the kernel is fixed the trial turns
+//! `FIXED?` and its snapshot drifts, and both are updated together.
+//!
+//! Validation refuses unknown pins, unknown rules, unknown scenarios,
+//! duplicate ids, malformed dates and empty summaries or evidence; an entry
+//! past its `review_by` date is not an error but a warning line in every run.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::check::Violation;
+
+/// The ledger's file name inside the kernels directory.
+pub const FILE_NAME: &str = "known-issues.toml";
+
+/// Rule names other modules define, next to [`crate::check::rule::ALL`].
+/// A module that adds violations with rules of its own appends its list here
+/// so that ledger entries may name them.
+pub const RULE_SOURCES: &[&[&str]] = &[crate::check::rule::ALL];
+
+/// Every rule name a ledger entry may use.
+pub fn rule_names() -> Vec<&'static str> {
+    RULE_SOURCES
+        .iter()
+        .flat_map(|s| s.iter().copied())
+        .collect()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("reading the known-issues ledger {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{path}: invalid known-issues ledger:\n  {}", problems.join("\n  "))]
+    Invalid {
+        path: PathBuf,
+        problems: Vec<String>,
+    },
+}
+
+/// One ledger entry.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Issue {
+    pub id: String,
+    pub rule: String,
+    #[serde(default)]
+    pub scenarios: Vec<String>,
+    pub pins: Vec<String>,
+    pub summary: String,
+    pub evidence: String,
+    #[serde(default)]
+    pub upstream_fix: String,
+    pub review_by: String,
+}
+
+impl Issue {
+    /// Does this entry speak about `pin` × `scenario`?
+    pub fn applies(&self, pin: &str, scenario: &str) -> bool {
+        self.pins.iter().any(|p| p == pin)
+            && (self.scenarios.is_empty() || self.scenarios.iter().any(|s| s == scenario))
+    }
+
+    /// Must `pin` × `scenario` reproduce it (the entry names the scenario)?
+    pub fn expected(&self, pin: &str, scenario: &str) -> bool {
+        self.pins.iter().any(|p| p == pin) && self.scenarios.iter().any(|s| s == scenario)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LedgerFile {
+    #[serde(default)]
+    issue: Vec<Issue>,
+}
+
+/// What the ledger may refer to.
+#[derive(Debug, Clone, Default)]
+pub struct Vocabulary {
+    pub pins: Vec<String>,
+    pub rules: Vec<String>,
+    /// Known scenario names; empty: scenario names are not checked.
+    pub scenarios: Vec<String>,
+}
+
+/// The parsed ledger.
+#[derive(Debug, Clone, Default)]
+pub struct Ledger {
+    pub issues: Vec<Issue>,
+    /// Where it was read from (none: empty, no file).
+    pub path: Option<PathBuf>,
+}
+
+/// A civil date, `YYYY-MM-DD`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Date {
+    pub year: i32,
+    pub month: u32,
+    pub day: u32,
+}
+
+impl Date {
+    pub fn parse(s: &str) -> Option<Date> {
+        let mut it = s.split('-');
+        let (y, m, d) = (it.next()?, it.next()?, it.next()?);
+        if it.next().is_some() || y.len() != 4 || m.len() != 2 || d.len() != 2 {
+            return None;
+        }
+        let date = Date {
+            year: y.parse().ok()?,
+            month: m.parse().ok()?,
+            day: d.parse().ok()?,
+        };
+        let leap = (date.year % 4 == 0 && date.year % 100 != 0) || date.year % 400 == 0;
+        let days = match date.month {
+            1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+            4 | 6 | 9 | 11 => 30,
+            2 if leap => 29,
+            2 => 28,
+            _ => return None,
+        };
+        (1..=days).contains(&date.day).then_some(date)
+    }
+
+    /// Today in UTC.
+    pub fn today() -> Date {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Date::from_days((secs / 86_400) as i64)
+    }
+
+    /// The date `days` days after 1970-01-01 (Howard Hinnant's
+    /// civil-from-days).
+    pub fn from_days(days: i64) -> Date {
+        let z = days + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z.rem_euclid(146_097);
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+        let year = (yoe + era * 400 + i64::from(month <= 2)) as i32;
+        Date { year, month, day }
+    }
+}
+
+impl std::fmt::Display for Date {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:04}-{:02}-{:02}", self.year, self.month, self.day)
+    }
+}
+
+/// How the ledger sees one trial's violations.
+#[derive(Debug, Default)]
+pub struct Judgement<'a> {
+    /// Violations no entry covers: the trial fails as usual.
+    pub uncovered: Vec<&'a Violation>,
+    /// Entries that explain some of the violations, with those violations.
+    pub known: Vec<(&'a Issue, Vec<&'a Violation>)>,
+    /// Entries naming this scenario whose rule was not broken.
+    pub fixed: Vec<&'a Issue>,
+}
+
+impl Ledger {
+    /// Reads `<kernels>/known-issues.toml`; no file is an empty ledger.
+    pub fn load(kernels: &Path, vocab: &Vocabulary) -> Result<Ledger, LedgerError> {
+        let path = kernels.join(FILE_NAME);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Ledger::default()),
+            Err(source) => return Err(LedgerError::Read { path, source }),
+        };
+        let mut ledger = Ledger::parse(&text, &path, vocab)?;
+        ledger.path = Some(path);
+        Ok(ledger)
+    }
+
+    /// Parses and validates ledger text (`origin` names it in errors).
+    pub fn parse(text: &str, origin: &Path, vocab: &Vocabulary) -> Result<Ledger, LedgerError> {
+        let file: LedgerFile = toml::from_str(text).map_err(|e| LedgerError::Parse {
+            path: origin.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let problems = validate(&file.issue, vocab);
+        if !problems.is_empty() {
+            return Err(LedgerError::Invalid {
+                path: origin.to_path_buf(),
+                problems,
+            });
+        }
+        Ok(Ledger {
+            issues: file.issue,
+            path: Some(origin.to_path_buf()),
+        })
+    }
+
+    /// One warning line per entry past its `review_by` date.
+    pub fn warnings(&self, today: Date) -> Vec<String> {
+        let file = self
+            .path
+            .as_ref()
+            .map_or_else(|| FILE_NAME.to_string(), |p| p.display().to_string());
+        self.issues
+            .iter()
+            .filter_map(|i| {
+                let due = Date::parse(&i.review_by)?;
+                (due < today).then(|| {
+                    format!(
+                        "warning: known issue `{}` ({}, pins {}) was due for review on {due}: \
+                         check whether it still reproduces and update or remove it in {file}",
+                        i.id,
+                        i.rule,
+                        i.pins.join(", ")
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Sorts `violations` of a trial on `pin` × `scenario` into covered,
+    /// uncovered and no-longer-reproduced entries.
+    pub fn judge<'a>(
+        &'a self,
+        pin: &str,
+        scenario: &str,
+        violations: &'a [Violation],
+    ) -> Judgement<'a> {
+        let applicable: Vec<&Issue> = self
+            .issues
+            .iter()
+            .filter(|i| i.applies(pin, scenario))
+            .collect();
+        let mut j = Judgement::default();
+        for v in violations {
+            if !applicable.iter().any(|i| i.rule == v.rule) {
+                j.uncovered.push(v);
+            }
+        }
+        for i in applicable {
+            let hits: Vec<&Violation> = violations.iter().filter(|v| v.rule == i.rule).collect();
+            if !hits.is_empty() {
+                j.known.push((i, hits));
+            } else if i.expected(pin, scenario) {
+                j.fixed.push(i);
+            }
+        }
+        j
+    }
+}
+
+fn is_kebab(s: &str) -> bool {
+    !s.is_empty()
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+fn validate(issues: &[Issue], vocab: &Vocabulary) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut ids = BTreeSet::new();
+    for (n, i) in issues.iter().enumerate() {
+        let who = if i.id.is_empty() {
+            format!("issue #{}", n + 1)
+        } else {
+            format!("issue `{}`", i.id)
+        };
+        if !is_kebab(&i.id) {
+            problems.push(format!(
+                "{who}: id must be lowercase kebab-case (a-z, 0-9, -)"
+            ));
+        }
+        if !ids.insert(i.id.as_str()) {
+            problems.push(format!("{who}: id used twice"));
+        }
+        if !vocab.rules.contains(&i.rule) {
+            problems.push(format!(
+                "{who}: unknown rule `{}`; rules: {}",
+                i.rule,
+                vocab.rules.join(", ")
+            ));
+        }
+        if i.pins.is_empty() {
+            problems.push(format!("{who}: pins is empty (name the affected pins)"));
+        }
+        for p in &i.pins {
+            if !vocab.pins.iter().any(|k| k == p) {
+                problems.push(format!(
+                    "{who}: unknown pin `{p}`; pins: {}",
+                    vocab.pins.join(", ")
+                ));
+            }
+        }
+        if !vocab.scenarios.is_empty() {
+            for s in &i.scenarios {
+                if !vocab.scenarios.iter().any(|k| k == s) {
+                    problems.push(format!(
+                        "{who}: unknown scenario `{s}`; scenarios: {}",
+                        vocab.scenarios.join(", ")
+                    ));
+                }
+            }
+        }
+        if Date::parse(&i.review_by).is_none() {
+            problems.push(format!(
+                "{who}: review_by {:?} is not a date YYYY-MM-DD",
+                i.review_by
+            ));
+        }
+        if i.summary.trim().is_empty() {
+            problems.push(format!("{who}: summary is empty"));
+        }
+        if i.evidence.trim().is_empty() {
+            problems.push(format!(
+                "{who}: evidence is empty (quote the records of a real run)"
+            ));
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::rule;
+
+    fn vocab() -> Vocabulary {
+        Vocabulary {
+            pins: ["5.10", "6.1", "6.12", "7.2", "7.3"]
+                .map(String::from)
+                .to_vec(),
+            rules: rule_names().into_iter().map(String::from).collect(),
+            scenarios: ["basic", "many-listeners", "subprogs"]
+                .map(String::from)
+                .to_vec(),
+        }
+    }
+
+    const ENTRY: &str = r#"
+[[issue]]
+id = "sideband-size-grows"
+rule = "parse"
+scenarios = ["many-listeners"]
+pins = ["5.10", "6.1"]
+summary = "header.size grows"
+evidence = """KSYMBOL size 0x58"""
+upstream_fix = ""
+review_by = "2027-05-21"
+
+[[issue]]
+id = "lost-anywhere"
+rule = "lost"
+pins = ["6.12"]
+summary = "loses records"
+evidence = "LOST 3"
+review_by = "2020-01-01"
+"#;
+
+    fn ledger() -> Ledger {
+        Ledger::parse(ENTRY, Path::new("known-issues.toml"), &vocab()).unwrap()
+    }
+
+    fn v(rule: &'static str) -> Violation {
+        Violation {
+            rule,
+            message: format!("a {rule} violation"),
+        }
+    }
+
+    fn invalid(text: &str) -> String {
+        match Ledger::parse(text, Path::new("k.toml"), &vocab()) {
+            Err(e @ LedgerError::Invalid { .. }) => e.to_string(),
+            other => panic!("expected invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn parses_and_the_empty_file_is_an_empty_ledger() {
+        assert_eq!(ledger().issues.len(), 2);
+        let empty = Ledger::parse("# nothing yet\n", Path::new("k.toml"), &vocab()).unwrap();
+        assert!(empty.issues.is_empty());
+        let dir = tempfile::tempdir().unwrap();
+        assert!(Ledger::load(dir.path(), &vocab())
+            .unwrap()
+            .issues
+            .is_empty());
+    }
+
+    #[test]
+    fn the_committed_ledger_is_valid() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let catalog = crate::kernel::Catalog::load(&root.join("kernels")).unwrap();
+        let scenarios = crate::scenario::load_all(&root.join("scenarios")).unwrap();
+        let vocab = Vocabulary {
+            pins: catalog.pins().iter().map(|p| p.id.clone()).collect(),
+            rules: rule_names().into_iter().map(String::from).collect(),
+            scenarios: scenarios.iter().map(|s| s.name.clone()).collect(),
+        };
+        let l = Ledger::load(&root.join("kernels"), &vocab).unwrap();
+        assert!(l.path.is_some(), "kernels/{FILE_NAME} exists");
+    }
+
+    #[test]
+    fn validation_names_every_problem() {
+        let bad = ENTRY
+            .replace("\"5.10\", \"6.1\"", "\"5.10\", \"4.19\"")
+            .replace("rule = \"lost\"", "rule = \"lots\"")
+            .replace("2027-05-21", "2027-02-30")
+            .replace("many-listeners\"]", "many-listener\"]");
+        let msg = invalid(&bad);
+        assert!(msg.contains("unknown pin `4.19`"), "{msg}");
+        assert!(msg.contains("unknown rule `lots`"), "{msg}");
+        assert!(msg.contains("\"2027-02-30\" is not a date"), "{msg}");
+        assert!(msg.contains("unknown scenario `many-listener`"), "{msg}");
+        let dup = ENTRY.replace("lost-anywhere", "sideband-size-grows");
+        assert!(invalid(&dup).contains("id used twice"));
+        assert!(invalid(&ENTRY.replace("lost-anywhere", "Lost_Anywhere")).contains("kebab-case"));
+        assert!(invalid(&ENTRY.replace("\"LOST 3\"", "\"  \"")).contains("evidence is empty"));
+        let typo = ENTRY.replace("upstream_fix", "upstream_fixed");
+        assert!(matches!(
+            Ledger::parse(&typo, Path::new("k.toml"), &vocab()),
+            Err(LedgerError::Parse { .. })
+        ));
+    }
+
+    #[test]
+    fn rule_list_is_extensible() {
+        let names = rule_names();
+        for r in rule::ALL {
+            assert!(names.contains(r));
+        }
+        let mut vocab = vocab();
+        let text = ENTRY.replace("rule = \"lost\"", "rule = \"perf-script\"");
+        assert!(Ledger::parse(&text, Path::new("k.toml"), &vocab).is_err());
+        vocab.rules.push("perf-script".into());
+        assert!(Ledger::parse(&text, Path::new("k.toml"), &vocab).is_ok());
+    }
+
+    #[test]
+    fn expired_entries_warn_by_name() {
+        let l = ledger();
+        let w = l.warnings(Date::parse("2026-11-21").unwrap());
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("`lost-anywhere`") && w[0].contains("2020-01-01"));
+        assert_eq!(l.warnings(Date::parse("2019-12-31").unwrap()).len(), 0);
+        assert_eq!(l.warnings(Date::parse("2027-05-22").unwrap()).len(), 2);
+    }
+
+    #[test]
+    fn matching_covers_only_listed_pin_scenario_and_rule() {
+        let l = ledger();
+        let vs = [v(rule::PARSE), v(rule::PARSE)];
+        let j = l.judge("6.1", "many-listeners", &vs);
+        assert!(j.uncovered.is_empty() && j.fixed.is_empty());
+        assert_eq!(j.known.len(), 1);
+        assert_eq!(j.known[0].0.id, "sideband-size-grows");
+        assert_eq!(j.known[0].1.len(), 2);
+        // Another pin, another scenario, another rule: not covered.
+        assert_eq!(l.judge("6.12", "many-listeners", &vs).uncovered.len(), 2);
+        assert_eq!(l.judge("6.1", "basic", &vs).uncovered.len(), 2);
+        let mixed = [v(rule::PARSE), v(rule::LOAD_SYMBOLS)];
+        let j = l.judge("6.1", "many-listeners", &mixed);
+        assert_eq!(j.uncovered.len(), 1);
+        assert_eq!(j.uncovered[0].rule, rule::LOAD_SYMBOLS);
+        assert_eq!(j.known.len(), 1);
+        // An entry without scenarios covers its rule in any scenario.
+        let lost = [v(rule::LOST)];
+        let j = l.judge("6.12", "basic", &lost);
+        assert!(j.uncovered.is_empty());
+        assert_eq!(j.known[0].0.id, "lost-anywhere");
+    }
+
+    #[test]
+    fn a_clean_trial_where_an_entry_expects_its_bug_is_fixed() {
+        let l = ledger();
+        let j = l.judge("5.10", "many-listeners", &[]);
+        assert_eq!(j.fixed.len(), 1);
+        assert_eq!(j.fixed[0].id, "sideband-size-grows");
+        // Other rules failing do not count as the bug showing.
+        let lost = [v(rule::LOST)];
+        let j = l.judge("5.10", "many-listeners", &lost);
+        assert_eq!(j.fixed.len(), 1);
+        assert_eq!(j.uncovered.len(), 1);
+        // Not listed there: nothing to confirm.
+        assert!(l.judge("6.12", "many-listeners", &[]).fixed.is_empty());
+        assert!(l.judge("5.10", "basic", &[]).fixed.is_empty());
+        // An entry without scenarios can never be confirmed fixed.
+        assert!(l.judge("6.12", "basic", &[]).fixed.is_empty());
+    }
+
+    #[test]
+    fn dates() {
+        assert_eq!(Date::from_days(0).to_string(), "1970-01-01");
+        assert_eq!(Date::from_days(20_413).to_string(), "2025-11-21");
+        assert_eq!(Date::from_days(-1).to_string(), "1969-12-31");
+        assert_eq!(Date::parse("2024-02-29").unwrap().day, 29);
+        assert!(Date::parse("2023-02-29").is_none());
+        assert!(Date::parse("2023-2-28").is_none());
+        assert!(Date::parse("2023-13-01").is_none());
+        assert!(Date::parse("2026-11-21").unwrap() < Date::parse("2027-01-01").unwrap());
+    }
+}
