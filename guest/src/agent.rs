@@ -111,7 +111,7 @@ fn read_plan() -> Result<Plan> {
     serde_json::from_slice(&text).with_context(|| format!("parsing the plan {PLAN_PATH}"))
 }
 
-fn fixture(name: &str) -> Result<&'static [u8]> {
+pub(crate) fn fixture(name: &str) -> Result<&'static [u8]> {
     fixtures::FIXTURES
         .iter()
         .find(|(stem, _)| *stem == name)
@@ -198,6 +198,15 @@ fn warm_up_aya(fixtures: &[&str]) -> Result<()> {
             }
         };
         for (name, program) in ebpf.programs_mut() {
+            // fentry/fexit/LSM programs load only against a target in the
+            // kernel's BTF (the `load` step's `btf_target`); aya probes
+            // nothing more for them.
+            if matches!(
+                program,
+                Program::FEntry(_) | Program::FExit(_) | Program::Lsm(_)
+            ) {
+                continue;
+            }
             match load_program(program) {
                 Ok(()) => loaded += 1,
                 Err(e) => log(format!(
@@ -268,19 +277,45 @@ fn inject(fault: Fault) -> Result<()> {
     }
 }
 
-#[allow(dead_code)] // ebpf and program are for the attach steps, landing next
+/// Reads a loaded program's `bpf_prog_info` and kallsyms lines and sends
+/// them as `ProgFacts` under `label`; returns its id.
+pub(crate) fn report_prog(label: &str, prog: &Program) -> Result<u32> {
+    let info = bpf::prog_info(prog.fd()?.as_fd())?;
+    let kallsyms = kallsyms::read_filtered(|e| info.jited_ksyms.contains(&e.addr))?;
+    send(&Message::Prog(ProgFacts {
+        label: label.to_owned(),
+        id: info.info.id,
+        tag: info.info.tag,
+        name: info.name(),
+        prog_type: info.info.prog_type,
+        jited_ksyms: info.jited_ksyms.clone(),
+        jited_func_lens: info.jited_func_lens.clone(),
+        func_tags: info.func_tags.clone(),
+        kallsyms,
+    }))?;
+    Ok(info.info.id)
+}
+
 pub(crate) struct Loaded {
     /// Owns the program fd (and the object's BTF fd); dropping it unloads.
     pub(crate) ebpf: Ebpf,
     /// The program's name in `ebpf`.
     pub(crate) program: String,
     pub(crate) id: u32,
+    /// The other programs of a `load-object` (label, id): `ebpf` holds
+    /// them, and their links, too.
+    pub(crate) others: Vec<(String, u32)>,
+    /// Links of a `load-object`'s programs: dropped (detached) with it.
+    pub(crate) _links: Vec<Box<dyn std::any::Any>>,
 }
 
 #[derive(Default)]
 pub(crate) struct State {
     rings: Vec<perf::Ring>,
     pub(crate) loaded: HashMap<String, Loaded>,
+    /// Links taken out of aya by `attach` steps, by link name: they keep
+    /// the program attached (and alive) until `detach`.
+    pub(crate) links: HashMap<String, crate::hooks::HeldLink>,
     /// Programs unloaded by the plan and not yet confirmed gone.
     unloaded: Vec<(String, u32)>,
     records_bytes: u64,
@@ -306,6 +341,7 @@ impl State {
                     .remove(label)
                     .ok_or_else(|| anyhow!("unload of {label:?}, which is not loaded"))?;
                 self.unloaded.push((label.clone(), prog.id));
+                self.unloaded.extend(prog.others.iter().cloned());
                 drop(prog);
                 Ok(())
             }
@@ -367,34 +403,37 @@ impl State {
     }
 
     fn load(&mut self, fixture: &str, program: &str, label: &str) -> Result<()> {
+        self.load_with(fixture, program, label, load_program)
+    }
+
+    /// Loads `program` of `fixture` with `load` (which knows what the
+    /// program type needs at load time), reports its facts under `label` and
+    /// keeps it.
+    pub(crate) fn load_with(
+        &mut self,
+        fixture: &str,
+        program: &str,
+        label: &str,
+        load: impl FnOnce(&mut Program) -> Result<(), ProgramError>,
+    ) -> Result<()> {
         if self.loaded.contains_key(label) {
             bail!("label {label:?} is already loaded");
         }
         let mut ebpf = parse_fixture(fixture)?;
         let prog = fixture_program(&mut ebpf, fixture, program)?;
-        load_program(prog)
+        load(prog)
             .map_err(anyhow::Error::from)
             .with_context(|| format!("loading {fixture}/{program} (label {label:?})"))?;
-        let info = bpf::prog_info(prog.fd()?.as_fd())
+        let id = report_prog(label, prog)
             .with_context(|| format!("bpf_prog_info of {fixture}/{program}"))?;
-        let kallsyms = kallsyms::read_filtered(|e| info.jited_ksyms.contains(&e.addr))?;
-        send(&Message::Prog(ProgFacts {
-            label: label.to_owned(),
-            id: info.info.id,
-            tag: info.info.tag,
-            name: info.name(),
-            prog_type: info.info.prog_type,
-            jited_ksyms: info.jited_ksyms.clone(),
-            jited_func_lens: info.jited_func_lens.clone(),
-            func_tags: info.func_tags.clone(),
-            kallsyms,
-        }))?;
         self.loaded.insert(
             label.to_owned(),
             Loaded {
                 ebpf,
                 program: program.to_owned(),
-                id: info.info.id,
+                id,
+                others: Vec::new(),
+                _links: Vec::new(),
             },
         );
         Ok(())

@@ -1,11 +1,697 @@
 //! Attach, detach and the kernel-poking steps (tracefs, sysctls, triggers).
+//!
+//! Programs are loaded and attached with aya. An `attach` takes the link out
+//! of aya (`take_link`) and keeps it in [`State::links`], so the link — and
+//! with it the kernel's reference on the program — outlives an `unload` of
+//! the program until the plan's `detach`.
 
-use anyhow::{bail, Result};
-use kloop_protocol::Step;
+use std::any::Any;
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
-pub fn run(_state: &mut crate::agent::State, step: &Step) -> Result<()> {
-    bail!(
-        "this agent does not implement the step yet: {}",
-        serde_json::to_string(step).unwrap_or_default()
+use anyhow::{anyhow, bail, Context, Result};
+use aya::maps::Array;
+use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
+use aya::programs::{KProbe, PerfEvent, ProbeKind, Program, ProgramError, TracePoint, Xdp};
+use aya::Btf;
+use kloop_protocol::{AttachTarget, Message, Step, XdpMode};
+
+use crate::agent::{self, load_program, report_prog, send, Loaded, State};
+use crate::perf::{PerfEventAttr, PERF_ATTR_SIZE_VER5, PERF_FLAG_FD_CLOEXEC};
+use crate::sys::{self, OsContext};
+
+/// A link an `attach` step took out of aya; dropping it detaches.
+pub(crate) struct HeldLink {
+    /// The program label it attaches.
+    label: String,
+    _link: Box<dyn Any>,
+}
+
+const KPROBE_LIST: &str = "/sys/kernel/debug/kprobes/list";
+
+/// Offsets past a function's entry the `after_entry` search tries: the
+/// ftrace call site (5 bytes, 9 with an ENDBR in front) and the first few
+/// instructions after it fit well within this.
+const MAX_AFTER_ENTRY: u64 = 64;
+
+pub fn run(state: &mut State, step: &Step) -> Result<()> {
+    match step {
+        Step::Load {
+            fixture,
+            program,
+            label,
+            btf_target: Some(target),
+        } => state.load_with(fixture, program, label, |prog| load_btf(prog, target)),
+        Step::LoadObject { fixture, label } => load_object(state, fixture, label),
+        Step::Attach {
+            label,
+            link,
+            target,
+        } => attach(state, label, link, target),
+        Step::Detach { link } => {
+            let held = state
+                .links
+                .remove(link)
+                .ok_or_else(|| anyhow!("detach of link {link:?}, which is not held"))?;
+            agent::log(format!(
+                "detaching link {link:?} of program {:?}",
+                held.label
+            ))?;
+            drop(held);
+            Ok(())
+        }
+        Step::Trigger {
+            nanosleeps,
+            sleep_ms,
+        } => {
+            trigger(*nanosleeps, *sleep_ms);
+            Ok(())
+        }
+        Step::ReadCounter { label, map, key } => read_counter(state, label, map, *key),
+        Step::WaitKallsyms {
+            prefix,
+            present,
+            timeout_ms,
+        } => wait_kallsyms(prefix, *present, *timeout_ms),
+        Step::Write {
+            path,
+            text,
+            may_fail,
+        } => {
+            let result = std::fs::write(path, text);
+            if *may_fail {
+                return send(&Message::FileWrite {
+                    path: path.clone(),
+                    error: result.err().map(|e| sys::Errno(&e).to_string()),
+                });
+            }
+            result.os_ctx(format!("writing {text:?} to {path}"))
+        }
+        Step::Mkdir { path } => std::fs::create_dir(path).os_ctx(format!("mkdir {path}")),
+        Step::Rmdir { path } => std::fs::remove_dir(path).os_ctx(format!("rmdir {path}")),
+        Step::ReadFile { path, label } => {
+            let text = std::fs::read_to_string(path).os_ctx(format!("reading {path}"))?;
+            send(&Message::FileSnapshot {
+                label: label.clone(),
+                path: path.clone(),
+                text,
+            })
+        }
+        other => bail!(
+            "the hooks module does not handle this step: {}",
+            serde_json::to_string(other).unwrap_or_default()
+        ),
+    }
+}
+
+/// The kernel's BTF, parsed once: under TCG parsing vmlinux BTF takes
+/// seconds, and every fentry/fexit/LSM load needs it.
+fn kernel_btf() -> Result<&'static Btf> {
+    static BTF: OnceLock<Btf> = OnceLock::new();
+    if let Some(btf) = BTF.get() {
+        return Ok(btf);
+    }
+    let btf = Btf::from_sys_fs().context("parsing the kernel's BTF (/sys/kernel/btf/vmlinux)")?;
+    Ok(BTF.get_or_init(|| btf))
+}
+
+/// Loads an fentry/fexit/LSM program against `target` in the kernel's BTF.
+fn load_btf(prog: &mut Program, target: &str) -> Result<(), ProgramError> {
+    let btf =
+        kernel_btf().map_err(|e| ProgramError::IOError(io::Error::other(format!("{e:#}"))))?;
+    match prog {
+        Program::FEntry(p) => p.load(target, btf),
+        Program::FExit(p) => p.load(target, btf),
+        Program::Lsm(p) => p.load(target, btf),
+        _ => Err(ProgramError::UnexpectedProgramType),
+    }
+}
+
+fn loaded<'a>(state: &'a mut State, label: &str) -> Result<&'a mut Loaded> {
+    let known: Vec<String> = state.loaded.keys().cloned().collect();
+    state
+        .loaded
+        .get_mut(label)
+        .ok_or_else(|| anyhow!("no loaded program {label:?} (loaded: {known:?})"))
+}
+
+fn attach(state: &mut State, label: &str, link: &str, target: &AttachTarget) -> Result<()> {
+    if state.links.contains_key(link) {
+        bail!("link {link:?} is already held");
+    }
+    let entry = loaded(state, label)?;
+    let name = entry.program.clone();
+    let prog = entry
+        .ebpf
+        .program_mut(&name)
+        .ok_or_else(|| anyhow!("program {name:?} of label {label:?} vanished from its object"))?;
+    let (held, detail) = attach_program(prog, target)
+        .with_context(|| format!("attaching {label:?} to {target:?}"))?;
+    state.links.insert(
+        link.to_owned(),
+        HeldLink {
+            label: label.to_owned(),
+            _link: held,
+        },
+    );
+    send(&Message::Attached {
+        label: label.to_owned(),
+        link: link.to_owned(),
+        detail,
+    })
+}
+
+fn wrong_type(prog: &Program, target: &AttachTarget) -> anyhow::Error {
+    anyhow!(
+        "a {:?} program cannot attach to {target:?}",
+        prog.prog_type()
     )
+}
+
+/// Attaches and takes the link out of aya; returns it with a description
+/// of where it went.
+fn attach_program(prog: &mut Program, target: &AttachTarget) -> Result<(Box<dyn Any>, String)> {
+    Ok(match target {
+        AttachTarget::Kprobe {
+            function,
+            offset,
+            after_entry,
+        } => {
+            let p: &mut KProbe = match prog {
+                Program::KProbe(p) if matches!(p.kind(), ProbeKind::Entry) => p,
+                other => return Err(wrong_type(other, target)),
+            };
+            if *after_entry {
+                return kprobe_after_entry(p, function, *offset);
+            }
+            let event = KprobeEvent::open(p, function, *offset, false)?;
+            let place = format!("{function}+{offset:#x}");
+            let detail = format!("kprobe {place}{}", kprobe_flags(function, *offset));
+            (Box::new(event), detail)
+        }
+        AttachTarget::Kretprobe { function } => {
+            let p: &mut KProbe = match prog {
+                Program::KProbe(p) if matches!(p.kind(), ProbeKind::Return) => p,
+                other => return Err(wrong_type(other, target)),
+            };
+            let event = KprobeEvent::open(p, function, 0, true)?;
+            (Box::new(event), format!("kretprobe {function}"))
+        }
+        AttachTarget::Tracepoint { category, name } => {
+            let p: &mut TracePoint = match prog {
+                Program::TracePoint(p) => p,
+                other => return Err(wrong_type(other, target)),
+            };
+            let id = p.attach(category, name)?;
+            (
+                Box::new(p.take_link(id)?),
+                format!("tracepoint {category}/{name}"),
+            )
+        }
+        AttachTarget::Btf => match prog {
+            Program::FEntry(p) => {
+                let id = p.attach()?;
+                (Box::new(p.take_link(id)?), "fentry".to_owned())
+            }
+            Program::FExit(p) => {
+                let id = p.attach()?;
+                (Box::new(p.take_link(id)?), "fexit".to_owned())
+            }
+            Program::Lsm(p) => {
+                let id = p.attach()?;
+                (Box::new(p.take_link(id)?), "lsm".to_owned())
+            }
+            other => return Err(wrong_type(other, target)),
+        },
+        AttachTarget::Xdp { interface, mode } => {
+            let p: &mut Xdp = match prog {
+                Program::Xdp(p) => p,
+                other => return Err(wrong_type(other, target)),
+            };
+            let aya_mode = match mode {
+                XdpMode::Native => aya::programs::XdpMode::Driver,
+                XdpMode::Generic => aya::programs::XdpMode::Skb,
+            };
+            let id = p.attach(interface, aya_mode)?;
+            (
+                Box::new(p.take_link(id)?),
+                format!("xdp {interface} {mode:?}"),
+            )
+        }
+        AttachTarget::PerfEventCpuClock { cpu, sample_period } => {
+            let p: &mut PerfEvent = match prog {
+                Program::PerfEvent(p) => p,
+                other => return Err(wrong_type(other, target)),
+            };
+            let id = p.attach(
+                PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                PerfEventScope::AllProcessesOneCpu { cpu: *cpu },
+                SamplePolicy::Period(*sample_period),
+                false,
+            )?;
+            (
+                Box::new(p.take_link(id)?),
+                format!("perf-event cpu-clock cpu {cpu} period {sample_period}"),
+            )
+        }
+    })
+}
+
+/// The errno somewhere in an error's source chain.
+fn errno_of(err: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            if let Some(code) = io.raw_os_error() {
+                return Some(code);
+            }
+        }
+        cur = e.source();
+    }
+    None
+}
+
+/// The flags column of our probe's line in the kprobes list
+/// (`[FTRACE]`, `[OPTIMIZED]`, `[DISABLED]`...), empty if none. A probe at
+/// offset 0 may be listed at +0x4: the kernel moves it past an ENDBR.
+fn kprobe_flags(function: &str, offset: u64) -> String {
+    let Ok(list) = std::fs::read_to_string(KPROBE_LIST) else {
+        return String::new();
+    };
+    let at = |o: u64| {
+        list.lines()
+            .find(|l| kprobe_line_place(l).as_deref() == Some(&format!("{function}+{o:#x}")))
+    };
+    let line = at(offset).or_else(|| if offset == 0 { at(4) } else { None });
+    line.map(|l| {
+        let flags: Vec<&str> = l
+            .split_whitespace()
+            .filter(|w| w.starts_with('['))
+            .collect();
+        if flags.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", flags.join(" "))
+        }
+    })
+    .unwrap_or_default()
+}
+
+/// `function+0xoff` of a kprobes list line (`addr  k  function+0xoff  [FLAGS]`).
+fn kprobe_line_place(line: &str) -> Option<String> {
+    let sym = line.split_whitespace().nth(2)?;
+    let (func, off) = sym.split_once('+')?;
+    let off = u64::from_str_radix(off.strip_prefix("0x")?, 16).ok()?;
+    Some(format!("{func}+{off:#x}"))
+}
+
+/// A kprobe past the function's entry: offsets from `start` (at least 1)
+/// up until the kernel accepts one that is not served by ftrace. Offsets
+/// inside an instruction are refused (EILSEQ); the ftrace call site is
+/// accepted but becomes a kprobe-on-ftrace, which needs no instruction slot,
+/// so that one is detached again and the search goes on.
+fn kprobe_after_entry(
+    p: &mut KProbe,
+    function: &str,
+    start: u64,
+) -> Result<(Box<dyn Any>, String)> {
+    let mut refused = Vec::new();
+    for offset in start.max(1)..=MAX_AFTER_ENTRY {
+        match KprobeEvent::open(p, function, offset, false) {
+            Ok(event) => {
+                let flags = kprobe_flags(function, offset);
+                if flags.contains("FTRACE") {
+                    refused.push(format!("{offset:#x} (on ftrace)"));
+                    drop(event);
+                    continue;
+                }
+                agent::log(format!(
+                    "kprobe past the entry of {function}: offsets refused before {offset:#x}: {}",
+                    refused.join(", ")
+                ))?;
+                return Ok((
+                    Box::new(event),
+                    format!("kprobe {function}+{offset:#x}{flags}"),
+                ));
+            }
+            Err(e) => match errno_of(e.root_cause()) {
+                // sys::errno_name does not know EILSEQ, the answer for an
+                // offset inside an instruction.
+                Some(libc::EILSEQ) => refused.push(format!("{offset:#x} (EILSEQ)")),
+                Some(libc::EINVAL) => refused.push(format!("{offset:#x} (EINVAL)")),
+                _ => {
+                    return Err(e).with_context(|| {
+                        format!("kprobe at {function}+{offset:#x} (refused before: {refused:?})")
+                    })
+                }
+            },
+        }
+    }
+    bail!("no offset in 1..={MAX_AFTER_ENTRY} past the entry of {function} took a kprobe off ftrace: {refused:?}")
+}
+
+/// A kprobe (or kretprobe) perf event of the kprobe PMU with a BPF program
+/// attached; closing it unregisters the probe.
+///
+/// aya 0.14 would do the same, but only when it can parse the kernel's
+/// version: it reads Debian's from `uname -v`, cannot parse `7.3~rc7`, and
+/// then falls back to `kprobe_events` in tracefs, whose events it fails to
+/// remove again (seen on the 7.3 pin: [DISABLED] probes left in the kprobes
+/// list). The kprobe PMU (4.17+) is what every pinned kernel has.
+struct KprobeEvent {
+    _fd: OwnedFd,
+}
+
+impl KprobeEvent {
+    fn open(p: &KProbe, function: &str, offset: u64, ret: bool) -> Result<KprobeEvent> {
+        const PMU: &str = "/sys/bus/event_source/devices/kprobe";
+        // _IOW('$', 8, __u32) and _IO('$', 0) in uapi/linux/perf_event.h.
+        const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
+        const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
+        let type_: u32 = sys::read_trimmed(format!("{PMU}/type"))
+            .os_ctx(format!("reading {PMU}/type"))?
+            .parse()
+            .with_context(|| format!("parsing {PMU}/type"))?;
+        let mut config = 0u64;
+        if ret {
+            // `config:<bit>`: which config bit makes it a return probe.
+            let format = sys::read_trimmed(format!("{PMU}/format/retprobe"))
+                .os_ctx(format!("reading {PMU}/format/retprobe"))?;
+            let bit: u32 = format
+                .strip_prefix("config:")
+                .and_then(|b| b.parse().ok())
+                .filter(|b| *b < 64)
+                .ok_or_else(|| anyhow!("unexpected {PMU}/format/retprobe {format:?}"))?;
+            config |= 1 << bit;
+        }
+        let func = CString::new(function).context("function name with a NUL")?;
+        let attr = PerfEventAttr {
+            type_,
+            size: PERF_ATTR_SIZE_VER5,
+            config,
+            sample_period: 1,
+            wakeup_events: 1,
+            // kprobe_func and probe_offset.
+            config1: func.as_ptr() as u64,
+            config2: offset,
+            ..Default::default()
+        };
+        // SAFETY: attr is a valid perf_event_attr of the announced size;
+        // `func` outlives the call.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_perf_event_open,
+                &attr as *const PerfEventAttr,
+                -1 as libc::pid_t,
+                0 as libc::c_int,
+                -1 as libc::c_int,
+                PERF_FLAG_FD_CLOEXEC,
+            )
+        };
+        let what = format!(
+            "perf_event_open(kprobe PMU, {}{function}+{offset:#x})",
+            if ret { "return probe " } else { "" }
+        );
+        if fd < 0 {
+            return Err(anyhow::Error::new(io::Error::last_os_error()).context(what));
+        }
+        // SAFETY: perf_event_open returned a new fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        let prog_fd = p.fd()?.as_fd().as_raw_fd();
+        for (req, arg, name) in [
+            (
+                PERF_EVENT_IOC_SET_BPF,
+                prog_fd as libc::c_ulong,
+                "PERF_EVENT_IOC_SET_BPF",
+            ),
+            (PERF_EVENT_IOC_ENABLE, 0, "PERF_EVENT_IOC_ENABLE"),
+        ] {
+            // SAFETY: ioctls on our own perf fd with integer arguments.
+            if unsafe { libc::ioctl(fd.as_raw_fd(), req, arg) } < 0 {
+                return Err(io::Error::last_os_error()).os_ctx(format!("{name} on {what}"));
+            }
+        }
+        Ok(KprobeEvent { _fd: fd })
+    }
+}
+
+/// Runs the code paths the fixtures hook: `nanosleeps` raw `nanosleep(0)`
+/// syscalls (always `hrtimer_nanosleep` and the `sys_enter_nanosleep`
+/// tracepoint, whatever libc does), then `sleep_ms` of idle time.
+fn trigger(nanosleeps: u32, sleep_ms: u64) {
+    let zero = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    for _ in 0..nanosleeps {
+        // SAFETY: valid timespec; a null remainder pointer is allowed.
+        unsafe {
+            libc::syscall(
+                libc::SYS_nanosleep,
+                &zero as *const libc::timespec,
+                std::ptr::null_mut::<libc::timespec>(),
+            )
+        };
+    }
+    if sleep_ms > 0 {
+        std::thread::sleep(Duration::from_millis(sleep_ms));
+    }
+}
+
+fn read_counter(state: &mut State, label: &str, map: &str, key: u32) -> Result<()> {
+    // Programs of a `load-object` are labelled `<label>/<program>`; their
+    // maps live in the object held under `<label>`.
+    let object = if state.loaded.contains_key(label) {
+        label
+    } else {
+        label.split_once('/').map_or(label, |(o, _)| o)
+    };
+    let entry = loaded(state, object)?;
+    let names: Vec<String> = entry.ebpf.maps().map(|(n, _)| n.to_owned()).collect();
+    let m = entry
+        .ebpf
+        .map(map)
+        .ok_or_else(|| anyhow!("{label:?} has no map {map:?} (it has {names:?})"))?;
+    let array: Array<_, u64> =
+        Array::try_from(m).with_context(|| format!("map {map:?} as an array of u64"))?;
+    let value = array
+        .get(&key, 0)
+        .with_context(|| format!("reading {map:?}[{key}]"))?;
+    send(&Message::Counter {
+        label: label.to_owned(),
+        map: map.to_owned(),
+        key,
+        value,
+    })
+}
+
+fn wait_kallsyms(prefix: &str, present: bool, timeout_ms: u64) -> Result<()> {
+    let started = Instant::now();
+    let deadline = started + Duration::from_millis(timeout_ms);
+    loop {
+        // Only code the kernel generates (`[bpf]`, `[__builtin__*]`): kernel
+        // functions share the prefixes (bpf_trampoline_link_prog...).
+        let found = crate::kallsyms::read_filtered(|e| {
+            crate::kallsyms::is_side_band_symbol(e) && e.name.starts_with(prefix)
+        })?;
+        if found.is_empty() != present {
+            return agent::log(format!(
+                "kallsyms: {} symbol starting with {prefix:?} after {} ms",
+                if present { "some" } else { "no" },
+                started.elapsed().as_millis()
+            ));
+        }
+        if Instant::now() >= deadline {
+            let names: Vec<String> = found
+                .iter()
+                .map(|e| format!("{:#x} {}", e.addr, e.name))
+                .collect();
+            bail!(
+                "after {timeout_ms} ms /proc/kallsyms still has {} symbol starting with {prefix:?}{}",
+                if present { "no" } else { "a" },
+                if names.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {names:?}")
+                }
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The ELF section of every function symbol of a fixture: aya does not
+/// keep the part of a section name after the program type.
+fn program_sections(bytes: &[u8]) -> Result<HashMap<String, String>> {
+    use object::{Object, ObjectSection, ObjectSymbol, SymbolKind, SymbolSection};
+    let file = object::File::parse(bytes).context("parsing the fixture's ELF")?;
+    let mut out = HashMap::new();
+    for sym in file.symbols() {
+        if sym.kind() != SymbolKind::Text {
+            continue;
+        }
+        let SymbolSection::Section(index) = sym.section() else {
+            continue;
+        };
+        let (Ok(name), Ok(section)) = (sym.name(), file.section_by_index(index)) else {
+            continue;
+        };
+        if let Ok(section) = section.name() {
+            out.insert(name.to_owned(), section.to_owned());
+        }
+    }
+    Ok(out)
+}
+
+/// Where a section name says a program attaches.
+fn section_target(section: &str) -> Result<AttachTarget> {
+    let mut parts = section.splitn(3, '/');
+    Ok(match (parts.next(), parts.next(), parts.next()) {
+        (Some("kprobe"), Some(function), None) if !function.is_empty() => AttachTarget::Kprobe {
+            function: function.to_owned(),
+            offset: 0,
+            after_entry: false,
+        },
+        (Some("kretprobe"), Some(function), None) if !function.is_empty() => {
+            AttachTarget::Kretprobe {
+                function: function.to_owned(),
+            }
+        }
+        (Some("tracepoint" | "tp"), Some(category), Some(name)) => AttachTarget::Tracepoint {
+            category: category.to_owned(),
+            name: name.to_owned(),
+        },
+        _ => bail!(
+            "section {section:?} names no probe point (kprobe/<fn>, kretprobe/<fn>, \
+             tracepoint/<category>/<name>)"
+        ),
+    })
+}
+
+/// Loads every program of `fixture` and attaches each where its section
+/// says. The links are held with the object, so the `unload` of `label`
+/// detaches and unloads them all together.
+fn load_object(state: &mut State, fixture: &str, label: &str) -> Result<()> {
+    if state.loaded.contains_key(label) {
+        bail!("label {label:?} is already loaded");
+    }
+    let sections = program_sections(agent::fixture(fixture)?)?;
+    let mut ebpf = agent::parse_fixture(fixture)?;
+    let mut names: Vec<String> = ebpf.programs().map(|(n, _)| n.to_owned()).collect();
+    // Section order is the object's order; sort for a stable plan.
+    names.sort();
+    if names.is_empty() {
+        bail!("fixture {fixture:?} has no programs");
+    }
+    let mut ids = Vec::new();
+    let mut held = Vec::new();
+    for name in &names {
+        let section = sections
+            .get(name)
+            .ok_or_else(|| anyhow!("no ELF section found for program {name:?} of {fixture:?}"))?;
+        let target = section_target(section)?;
+        let prog_label = format!("{label}/{name}");
+        let prog = agent::fixture_program(&mut ebpf, fixture, name)?;
+        load_program(prog)
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("loading {fixture}/{name} (section {section:?})"))?;
+        let id = report_prog(&prog_label, prog)
+            .with_context(|| format!("bpf_prog_info of {fixture}/{name}"))?;
+        ids.push((prog_label.clone(), id));
+        let (link, detail) = attach_in_place(prog, &target)
+            .with_context(|| format!("attaching {prog_label:?} as its section {section:?} says"))?;
+        held.push(link);
+        send(&Message::Attached {
+            label: prog_label,
+            link: format!("{label}:{section}"),
+            detail,
+        })?;
+    }
+    let (first_label, first_id) = ids.remove(0);
+    let first = first_label
+        .rsplit_once('/')
+        .map(|(_, p)| p.to_owned())
+        .unwrap_or_default();
+    state.loaded.insert(
+        label.to_owned(),
+        Loaded {
+            ebpf,
+            program: first,
+            id: first_id,
+            others: ids,
+            _links: held,
+        },
+    );
+    Ok(())
+}
+
+/// Attaches a program of a `load-object`; returns the link (dropping it
+/// detaches) and where it went.
+fn attach_in_place(prog: &mut Program, target: &AttachTarget) -> Result<(Box<dyn Any>, String)> {
+    Ok(match (prog, target) {
+        (
+            Program::KProbe(p),
+            AttachTarget::Kprobe {
+                function, offset, ..
+            },
+        ) if matches!(p.kind(), ProbeKind::Entry) => {
+            let event = KprobeEvent::open(p, function, *offset, false)?;
+            (Box::new(event), format!("kprobe {function}+{offset:#x}"))
+        }
+        (Program::KProbe(p), AttachTarget::Kretprobe { function })
+            if matches!(p.kind(), ProbeKind::Return) =>
+        {
+            let event = KprobeEvent::open(p, function, 0, true)?;
+            (Box::new(event), format!("kretprobe {function}"))
+        }
+        (Program::TracePoint(p), AttachTarget::Tracepoint { category, name }) => {
+            let id = p.attach(category, name)?;
+            (
+                Box::new(p.take_link(id)?),
+                format!("tracepoint {category}/{name}"),
+            )
+        }
+        (prog, target) => return Err(wrong_type(prog, target)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sections_name_targets() {
+        assert!(matches!(
+            section_target("kprobe/hrtimer_nanosleep").unwrap(),
+            AttachTarget::Kprobe { function, offset: 0, after_entry: false } if function == "hrtimer_nanosleep"
+        ));
+        assert!(matches!(
+            section_target("kretprobe/f").unwrap(),
+            AttachTarget::Kretprobe { function } if function == "f"
+        ));
+        assert!(matches!(
+            section_target("tracepoint/syscalls/sys_enter_nanosleep").unwrap(),
+            AttachTarget::Tracepoint { category, name } if category == "syscalls" && name == "sys_enter_nanosleep"
+        ));
+        assert!(section_target("kprobe").is_err());
+        assert!(section_target("socket").is_err());
+    }
+
+    #[test]
+    fn kprobe_list_lines() {
+        assert_eq!(
+            kprobe_line_place("ffffffff8110d3a9  k  hrtimer_nanosleep+0x9    [OPTIMIZED]")
+                .as_deref(),
+            Some("hrtimer_nanosleep+0x9")
+        );
+        assert_eq!(
+            kprobe_line_place("ffffffff8110d3a0  r  hrtimer_nanosleep+0x0    [FTRACE]").as_deref(),
+            Some("hrtimer_nanosleep+0x0")
+        );
+        assert_eq!(kprobe_line_place("garbage"), None);
+    }
 }

@@ -22,6 +22,18 @@ pub struct RunEvidence {
     pub initial_kallsyms: Vec<KallsymsEntry>,
     /// What each `measure` step timed, in plan order.
     pub timings: Vec<Timings>,
+    /// `read-file` results, in plan order.
+    pub files: Vec<FileSnapshot>,
+    /// `write` steps with `may_fail`: (path, the kernel's refusal if any).
+    pub file_writes: Vec<(String, Option<String>)>,
+    /// `attach` (and `load-object`) results, in plan order.
+    pub attached: Vec<Attachment>,
+    /// `read-counter` results, in plan order.
+    pub counters: Vec<CounterValue>,
+    /// Bytes received per listener stream when each step started (step
+    /// index, listener index → length), from the order of frames on the
+    /// channel: the records before a mark were drained before that step.
+    pub step_marks: Vec<(u32, BTreeMap<u32, u64>)>,
     /// The first `requires` probe the kernel failed, with the agent's
     /// reason: the run stopped before any step.
     pub unsupported: Option<(Requirement, String)>,
@@ -42,6 +54,31 @@ pub struct RunEvidence {
     pub provoked_loss: bool,
     /// perf's own output for the plan's `perf record` run (perf_script.rs).
     pub perf_scripts: Vec<PerfScript>,
+}
+
+/// A file the guest read for a `read-file` step.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FileSnapshot {
+    pub label: String,
+    pub path: String,
+    pub text: String,
+}
+
+/// Where an `attach` step hooked a program.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Attachment {
+    pub label: String,
+    pub link: String,
+    pub detail: String,
+}
+
+/// One `read-counter` result.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CounterValue {
+    pub label: String,
+    pub map: String,
+    pub key: u32,
+    pub value: u64,
 }
 
 /// Programs one `storm` step or one `concurrent` loader thread loaded and
@@ -147,6 +184,34 @@ impl RunEvidence {
                     listeners_per_cpu: *listeners_per_cpu,
                     load_ns: load_ns.clone(),
                     unload_ns: unload_ns.clone(),
+                }),
+                Message::FileSnapshot { label, path, text } => ev.files.push(FileSnapshot {
+                    label: label.clone(),
+                    path: path.clone(),
+                    text: text.clone(),
+                }),
+                Message::FileWrite { path, error } => {
+                    ev.file_writes.push((path.clone(), error.clone()))
+                }
+                Message::Attached {
+                    label,
+                    link,
+                    detail,
+                } => ev.attached.push(Attachment {
+                    label: label.clone(),
+                    link: link.clone(),
+                    detail: detail.clone(),
+                }),
+                Message::Counter {
+                    label,
+                    map,
+                    key,
+                    value,
+                } => ev.counters.push(CounterValue {
+                    label: label.clone(),
+                    map: map.clone(),
+                    key: *key,
+                    value: *value,
                 }),
                 Message::Unsupported {
                     requirement,

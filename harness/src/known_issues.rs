@@ -57,7 +57,11 @@ pub const FILE_NAME: &str = "known-issues.toml";
 /// Rule names other modules define, next to [`crate::check::rule::ALL`].
 /// A module that adds violations with rules of its own appends its list here
 /// so that ledger entries may name them.
-pub const RULE_SOURCES: &[&[&str]] = &[crate::check::rule::ALL, crate::perf_script::RULES];
+pub const RULE_SOURCES: &[&[&str]] = &[
+    crate::check::rule::ALL,
+    crate::perf_script::RULES,
+    crate::expect::rule::ALL,
+];
 
 /// Every rule name a ledger entry may use.
 pub fn rule_names() -> Vec<&'static str> {

@@ -7,6 +7,7 @@ pub mod agent;
 pub mod bench;
 pub mod check;
 pub mod evidence;
+pub mod expect;
 pub mod fuzzing;
 pub mod initramfs;
 pub mod kernel;

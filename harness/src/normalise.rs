@@ -7,7 +7,11 @@
 //! - program ids become ordinals `prog#N` in order of PROG_LOAD in the merged
 //!   stream (then programs only seen unloading, then facts never seen);
 //! - a program's JITed functions become `prog#N.f<i>` in `jited_ksyms` order;
-//!   other addresses `addr#N` in order of first appearance;
+//!   other addresses `addr#N`, one per symbol lifetime (register …
+//!   unregister) in order of appearance: an address the kernel hands out
+//!   again after an unregister gets a new number, because whether a freed
+//!   trampoline or insn page address is reused is allocator timing, not ABI
+//!   (the rules still pair register and unregister by address);
 //! - tags become `tag(prog#N)` when they equal the facts, else stay hex;
 //! - `bpf_prog_<16 hex>` in names becomes `bpf_prog_<tag>`;
 //! - times, pids, tids, cpus and listener indexes of records are dropped;
@@ -242,7 +246,9 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
             }
         }
     }
+    // Live lifetimes of non-program symbols by address, and how many so far.
     let mut addr_label: BTreeMap<u64, String> = BTreeMap::new();
+    let mut addr_lives = 0usize;
 
     let mut out = String::new();
     out.push_str("# kloop normalised record stream\n");
@@ -473,11 +479,19 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
                 let label = match sym_label.get(&i) {
                     Some(l) => l.clone(),
                     None => {
-                        let n = addr_label.len() + 1;
-                        addr_label
-                            .entry(*addr)
-                            .or_insert_with(|| format!("addr#{n}"))
-                            .clone()
+                        let live = if flags & KSYMBOL_FLAGS_UNREGISTER == 0 {
+                            None
+                        } else {
+                            addr_label.remove(addr)
+                        };
+                        live.unwrap_or_else(|| {
+                            addr_lives += 1;
+                            let l = format!("addr#{addr_lives}");
+                            if flags & KSYMBOL_FLAGS_UNREGISTER == 0 {
+                                addr_label.insert(*addr, l.clone());
+                            }
+                            l
+                        })
                     }
                 };
                 let _ = write!(
@@ -589,6 +603,49 @@ records:
   BPF_EVENT PROG_UNLOAD prog#3 tag(9999999999999999)
 ";
         assert_eq!(text, expected, "\n{text}");
+    }
+
+    /// A trampoline image freed and another allocated at the same address
+    /// (allocator timing) normalise as two lifetimes, so the snapshot does
+    /// not depend on whether the address came back.
+    #[test]
+    fn reused_addresses_are_new_lifetimes() {
+        let image = |l: u32, t: u64, reg: bool| {
+            let n = "bpf_trampoline_6442504781".to_string();
+            let ev = if reg {
+                Ev::Reg(A_OOL, 4096, crate::records::KSYM_TYPE_BPF, n)
+            } else {
+                Ev::Unreg(A_OOL, 4096, crate::records::KSYM_TYPE_BPF, n)
+            };
+            (l, t, ev)
+        };
+        let mut script = good_script();
+        script.retain(|(_, _, e)| !matches!(e, Ev::Reg(a, ..) | Ev::Unreg(a, ..) if *a == A_OOL));
+        script.extend([
+            image(0, 300, true),
+            image(1, 301, false),
+            image(0, 302, true),
+            image(1, 303, false),
+        ]);
+        let ev = evidence(&script);
+        let a = analyse(&ev);
+        assert!(a.violations.is_empty(), "{:?}", a.violations);
+        let text = normalise(&ev, &a);
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("bpf_trampoline_"))
+            .map(str::trim)
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "KSYMBOL register BPF addr#2 len=4096 name=bpf_trampoline_6442504781",
+                "KSYMBOL unregister BPF addr#2 len=4096 name=bpf_trampoline_6442504781",
+                "KSYMBOL register BPF addr#3 len=4096 name=bpf_trampoline_6442504781",
+                "KSYMBOL unregister BPF addr#3 len=4096 name=bpf_trampoline_6442504781",
+            ],
+            "\n{text}"
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use kloop_protocol::{Plan, Requirement, Step};
 
+use crate::expect::Expectation;
 use crate::records;
 use serde::Deserialize;
 
@@ -52,6 +53,10 @@ struct ScenarioFile {
     #[serde(default)]
     modules: Vec<String>,
     steps: Vec<toml::Value>,
+    /// What the records and facts of this scenario must show beyond the
+    /// rules of every run (`expect.rs`).
+    #[serde(default)]
+    expect: Vec<Expectation>,
 }
 
 /// `[vm]` in scenario.toml: how the scenario's guest is run.
@@ -79,6 +84,8 @@ pub struct Scenario {
     pub vm: VmOptions,
     pub modules: Vec<String>,
     pub plan: Plan,
+    /// Scenario-specific expectations, checked after the rules.
+    pub expect: Vec<Expectation>,
 }
 
 impl Scenario {
@@ -106,12 +113,17 @@ impl Scenario {
         if steps.is_empty() {
             return Err("a scenario needs at least one step".into());
         }
+        for (i, e) in file.expect.iter().enumerate() {
+            e.validate(&steps)
+                .map_err(|m| format!("expect {}: {m}", i + 1))?;
+        }
         Ok(Scenario {
             name: name.to_string(),
             dir: dir.to_path_buf(),
             description: file.description,
             vm: file.vm,
             modules: file.modules,
+            expect: file.expect,
             plan: Plan {
                 scenario: name.to_string(),
                 requires: file.requires,

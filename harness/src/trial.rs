@@ -537,6 +537,14 @@ fn run_inner(
     }
     let mut analysis = crate::check::analyse(&evidence);
     result.notes = analysis.notes.clone();
+    // What this scenario declares on top of the rules every run obeys.
+    analysis.violations.extend(crate::expect::check(
+        &scenario.expect,
+        &scenario.plan,
+        &evidence,
+        &analysis,
+        kernel.snapshot_name().as_deref(),
+    ));
     analysis.violations.extend(crate::perf_script::check(
         &evidence,
         &analysis,
@@ -913,7 +921,9 @@ fn save_messages(dir: &Path, messages: &[Message]) {
 
 /// Collects the guest's messages into the evidence the checks read.
 pub fn evidence_from(session: &vm::GuestSession) -> RunEvidence {
-    RunEvidence::from_messages(&session.messages, session.streams.clone())
+    let mut ev = RunEvidence::from_messages(&session.messages, session.streams.clone());
+    ev.step_marks = session.step_marks.clone();
+    ev
 }
 
 /// `base`, or `base-2`, `base-3`, … when a trial of the same name already
@@ -1063,6 +1073,7 @@ review_by = "2027-05-21"
             description: String::new(),
             vm: Default::default(),
             modules: vec![],
+            expect: vec![],
             plan: kloop_protocol::Plan {
                 scenario: "interpreter".into(),
                 requires,

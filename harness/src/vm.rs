@@ -634,6 +634,9 @@ pub struct GuestSession {
     /// QEMU's peak resident memory (`VmHWM`), read when the session ended
     /// while QEMU was still there to ask.
     pub qemu_peak_rss_kib: Option<u64>,
+    /// Bytes received per listener stream when each step started (step
+    /// index, listener → length): which records were drained before a step.
+    pub step_marks: Vec<(u32, BTreeMap<u32, u64>)>,
 }
 
 impl GuestSession {
@@ -735,6 +738,14 @@ impl GuestSession {
                     }
                     _ => None,
                 };
+                if let Message::StepStart { index, .. } = &msg {
+                    let lens = self
+                        .streams
+                        .iter()
+                        .map(|(l, s)| (*l, s.len() as u64))
+                        .collect();
+                    self.step_marks.push((*index, lens));
+                }
                 if !matches!(msg, Message::Heartbeat { .. }) {
                     self.messages.push(msg);
                 }
