@@ -23,7 +23,7 @@
 //! - a violation is *covered* when an entry for that pin (and scenario, if
 //!   the entry lists any) names its rule;
 //! - any violation not covered: `FAILED`, as without a ledger;
-//! - only covered violations: `KNOWN (<ids>)`, a known kernel bug: never ok,
+//! - only covered violations: `KNOWN (<ids>)`, a known bug: never ok,
 //!   but it does not fail the exit status;
 //! - an entry that lists the trial's scenario whose rule the trial did *not*
 //!   break: `FIXED? <id> no longer shows on <pin>`, a failure, like a strict
@@ -97,11 +97,22 @@ pub struct Issue {
     #[serde(default)]
     pub scenarios: Vec<String>,
     pub pins: Vec<String>,
+    /// Whose bug it is: `kernel` (the default) or the userspace tool a
+    /// scenario runs next to kloop (`perf`). Reports name it.
+    #[serde(default = "default_component")]
+    pub component: String,
     pub summary: String,
     pub evidence: String,
     #[serde(default)]
     pub upstream_fix: String,
     pub review_by: String,
+}
+
+/// Components a ledger entry may blame.
+pub const COMPONENTS: &[&str] = &["kernel", "perf"];
+
+fn default_component() -> String {
+    "kernel".into()
 }
 
 impl Issue {
@@ -360,6 +371,13 @@ fn validate(issues: &[Issue], vocab: &Vocabulary) -> Vec<String> {
                 i.review_by
             ));
         }
+        if !COMPONENTS.contains(&i.component.as_str()) {
+            problems.push(format!(
+                "{who}: unknown component `{}`; components: {}",
+                i.component,
+                COMPONENTS.join(", ")
+            ));
+        }
         if i.summary.trim().is_empty() {
             problems.push(format!("{who}: summary is empty"));
         }
@@ -469,6 +487,18 @@ review_by = "2020-01-01"
         assert!(invalid(&dup).contains("id used twice"));
         assert!(invalid(&ENTRY.replace("lost-anywhere", "Lost_Anywhere")).contains("kebab-case"));
         assert!(invalid(&ENTRY.replace("\"LOST 3\"", "\"  \"")).contains("evidence is empty"));
+        let gcc = ENTRY.replace(
+            "pins = [\"6.12\"]",
+            "pins = [\"6.12\"]\ncomponent = \"gcc\"",
+        );
+        assert!(invalid(&gcc).contains("unknown component `gcc`"));
+        let perf = ENTRY.replace(
+            "pins = [\"6.12\"]",
+            "pins = [\"6.12\"]\ncomponent = \"perf\"",
+        );
+        let l = Ledger::parse(&perf, Path::new("k.toml"), &vocab()).unwrap();
+        assert_eq!(l.issues[0].component, "kernel");
+        assert_eq!(l.issues[1].component, "perf");
         let typo = ENTRY.replace("upstream_fix", "upstream_fixed");
         assert!(matches!(
             Ledger::parse(&typo, Path::new("k.toml"), &vocab()),

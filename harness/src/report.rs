@@ -86,7 +86,7 @@ impl Summary {
     }
 
     /// `8 passed, 0 failed` plus the classes that are not zero; skipped and
-    /// known kernel bugs are counted apart from both.
+    /// known bugs are counted apart from both.
     pub fn line(&self) -> String {
         let mut s = format!("{} passed, {} failed", self.ok, self.not_ok());
         let mut parts = Vec::new();
@@ -109,7 +109,7 @@ impl Summary {
             let _ = write!(s, " ({})", parts.join(", "));
         }
         if self.known > 0 {
-            let _ = write!(s, ", {} known kernel bug", self.known);
+            let _ = write!(s, ", {} known bug", self.known);
         }
         if self.skipped > 0 {
             let _ = write!(s, ", {} skipped", self.skipped);
@@ -127,11 +127,7 @@ pub fn not_passed_lines(results: &[TrialResult]) -> Vec<String> {
             Verdict::Skipped(_) | Verdict::Fixed(_) => {
                 Some(format!("{}: {}", r.id, r.verdict.headline()))
             }
-            Verdict::Known(_) => Some(format!(
-                "{}: {} (known kernel bug)",
-                r.id,
-                r.verdict.headline()
-            )),
+            Verdict::Known(_) => Some(format!("{}: {} (known bug)", r.id, r.verdict.headline())),
             _ => None,
         })
         .collect()
@@ -254,12 +250,12 @@ pub fn junit(results: &[TrialResult]) -> String {
                         xml_escape(m)
                     );
                 }
-                // JUnit has no "expected failure": a known kernel bug is
+                // JUnit has no "expected failure": a known bug is
                 // skipped with the reason, so CI shows it without failing.
                 Verdict::Skipped(_) | Verdict::Known(_) => {
                     let headline = r.verdict.headline();
                     let message = match &r.verdict {
-                        Verdict::Known(_) => format!("known kernel bug: {headline}"),
+                        Verdict::Known(_) => format!("known bug: {headline}"),
                         _ => headline,
                     };
                     let _ = write!(
@@ -358,7 +354,7 @@ mod tests {
             ),
             result(
                 "6.12",
-                Verdict::Known("known kernel bug: size-grows\n  size-grows (rule parse): …".into()),
+                Verdict::Known("known bug: size-grows\n  size-grows (rule parse): …".into()),
             ),
             result(
                 "7.3",
@@ -383,21 +379,18 @@ mod tests {
         assert!(!s.all_ok(), "FIXED? fails the run");
         assert_eq!(
             s.line(),
-            "0 passed, 1 failed (1 FIXED? (known issue no longer shows: update the ledger)), 1 known kernel bug, 1 skipped"
+            "0 passed, 1 failed (1 FIXED? (known issue no longer shows: update the ledger)), 1 known bug, 1 skipped"
         );
         let ok = Summary::of(&rs[..2]);
         assert!(ok.all_ok(), "skipped and known do not fail the run");
-        assert_eq!(
-            ok.line(),
-            "0 passed, 0 failed, 1 known kernel bug, 1 skipped"
-        );
+        assert_eq!(ok.line(), "0 passed, 0 failed, 1 known bug, 1 skipped");
         let lines = not_passed_lines(&rs);
         assert_eq!(lines.len(), 3);
-        assert!(lines[1].ends_with("(known kernel bug)"));
+        assert!(lines[1].ends_with("(known bug)"));
         let x = junit(&rs);
         assert!(x.contains("<skipped message=\"SKIPPED (jit-optional: writing 0 to /proc/sys/net/core/bpf_jit_enable: EINVAL)\">"), "{x}");
         assert!(
-            x.contains("<skipped message=\"known kernel bug: KNOWN (size-grows)\">"),
+            x.contains("<skipped message=\"known bug: KNOWN (size-grows)\">"),
             "{x}"
         );
         assert!(

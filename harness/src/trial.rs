@@ -63,8 +63,8 @@ pub enum Verdict {
     /// The kernel lacks a feature the scenario `requires` (the guest's probe
     /// said which and why): `<requirement>: <reason>`, one line. Nothing ran.
     Skipped(String),
-    /// Every violation is a known kernel bug of this pin in the ledger
-    /// (`kernels/known-issues.toml`). First line `known kernel bug: <ids>`,
+    /// Every violation is a known bug of this pin in the ledger
+    /// (`kernels/known-issues.toml`). First line `known bug: <ids>`,
     /// then the entries and the violations they cover.
     Known(String),
     /// A ledger entry expects its bug in this trial and it did not show: the
@@ -130,7 +130,7 @@ impl Verdict {
 }
 
 /// First-line prefix of a [`Verdict::Known`] message.
-pub const KNOWN_PREFIX: &str = "known kernel bug: ";
+pub const KNOWN_PREFIX: &str = "known bug: ";
 
 /// The result of one trial, with its environment.
 #[derive(Debug, Clone, Serialize)]
@@ -669,9 +669,7 @@ fn ledger_outcome(
             msg.push_str(&format!("\n  [{}] {}", v.rule, v.message));
         }
         if !known_note.is_empty() {
-            msg.push_str(&format!(
-                "\nalso known kernel bugs of this pin:\n{known_note}"
-            ));
+            msg.push_str(&format!("\nalso known bugs of this pin:\n{known_note}"));
         }
         if !fixed_note.is_empty() {
             msg.push_str(&format!("\n{fixed_note}"));
@@ -701,8 +699,9 @@ fn known_note(j: &crate::known_issues::Judgement) -> String {
     let mut out = String::new();
     for (issue, hits) in &j.known {
         out.push_str(&format!(
-            "  {} (rule {}): {}\n",
+            "  {} ({} bug, rule {}): {}\n",
             issue.id,
+            issue.component,
             issue.rule,
             one_line(&issue.summary)
         ));
@@ -1012,7 +1011,7 @@ review_by = "2027-05-21"
         };
         assert_eq!(k.headline(), "KNOWN (interp-reg)");
         let m = k.message().unwrap();
-        assert!(m.starts_with("known kernel bug: interp-reg\n"), "{m}");
+        assert!(m.starts_with("known bug: interp-reg\n"), "{m}");
         assert!(
             m.contains("registers a symbol; for interpreted programs"),
             "{m}"
@@ -1030,7 +1029,7 @@ review_by = "2027-05-21"
         assert!(m.starts_with("1 invariant violation(s)"), "{m}");
         assert!(m.contains("[lost]"), "{m}");
         assert!(
-            m.contains("also known kernel bugs of this pin:\n  interp-reg"),
+            m.contains("also known bugs of this pin:\n  interp-reg"),
             "{m}"
         );
         // Another pin: the entry does not apply, both violations fail.

@@ -66,7 +66,7 @@ fn main() {
                     // the reason shown next to the trial's name.
                     Verdict::Skipped(_) => Ok(Completion::ignored_with(r.verdict.headline())),
                     Verdict::Known(_) => Ok(Completion::ignored_with(format!(
-                        "known kernel bug: {}",
+                        "known bug: {}",
                         r.verdict.headline()
                     ))),
                     v => Err(Failed::from(format!(
