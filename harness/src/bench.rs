@@ -21,8 +21,15 @@ const TID_TIME_CPU: u64 =
 /// A scenario (built here, not read from `scenarios/`) that pushes
 /// `cycles` load/unload cycles of the 32-function fixture through one
 /// listener per CPU, draining every `drain_every` cycles: 66 records per
-/// cycle. `base` supplies the VM options.
-pub fn storm_scenario(base: &Scenario, name: &str, cycles: u32, drain_every: u32) -> Scenario {
+/// cycle. `base` supplies the VM options; `dir` is where its (never
+/// compared) snapshots would live, so keep it out of the source tree.
+pub fn storm_scenario(
+    base: &Scenario,
+    name: &str,
+    dir: &Path,
+    cycles: u32,
+    drain_every: u32,
+) -> Scenario {
     let steps = vec![
         Step::SnapshotKallsyms,
         Step::OpenListeners {
@@ -46,7 +53,7 @@ pub fn storm_scenario(base: &Scenario, name: &str, cycles: u32, drain_every: u32
     ];
     Scenario {
         name: name.into(),
-        dir: base.dir.join("no-snapshots"),
+        dir: dir.to_path_buf(),
         description: format!("channel storm: {cycles} cycles of funcs32"),
         plan: Plan {
             scenario: name.into(),
@@ -57,7 +64,34 @@ pub fn storm_scenario(base: &Scenario, name: &str, cycles: u32, drain_every: u32
     }
 }
 
-/// What a storm trial carried, read back from its artefacts.
+/// A finished trial read back from its artefacts, as a user would:
+/// `messages.jsonl` and every listener's `records-<n>.bin`.
+pub struct TrialArtefacts {
+    pub messages: Vec<Message>,
+    pub evidence: RunEvidence,
+}
+
+impl TrialArtefacts {
+    pub fn read(dir: &Path) -> Result<TrialArtefacts, String> {
+        let text = std::fs::read_to_string(dir.join("messages.jsonl"))
+            .map_err(|e| format!("reading {}/messages.jsonl: {e}", dir.display()))?;
+        let messages: Vec<Message> = text
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{}/messages.jsonl: {e}", dir.display()))?;
+        let listeners = RunEvidence::from_messages(&messages, BTreeMap::new()).listeners;
+        let mut streams = BTreeMap::new();
+        for l in &listeners {
+            let path = dir.join(format!("records-{}.bin", l.index));
+            streams.insert(l.index, std::fs::read(&path).unwrap_or_default());
+        }
+        let evidence = RunEvidence::from_messages(&messages, streams);
+        Ok(TrialArtefacts { messages, evidence })
+    }
+}
+
+/// What a storm trial carried.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Throughput {
     pub records: usize,
@@ -76,22 +110,18 @@ impl Throughput {
         self.bytes as f64 / self.secs / 1e6
     }
 
-    /// Reads `messages.jsonl` and `records-*.bin` of a finished storm trial.
-    pub fn of_trial(dir: &Path) -> Result<Throughput, String> {
-        let text = std::fs::read_to_string(dir.join("messages.jsonl"))
-            .map_err(|e| format!("reading {}/messages.jsonl: {e}", dir.display()))?;
-        let messages: Vec<Message> = text
-            .lines()
-            .map(serde_json::from_str)
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("{}/messages.jsonl: {e}", dir.display()))?;
-        let ev = RunEvidence::from_messages(&messages, BTreeMap::new());
+    /// Counts the records of a finished storm trial (every stream must
+    /// parse) and times its storm and last steps.
+    pub fn of(trial: &TrialArtefacts) -> Result<Throughput, String> {
         let (mut records, mut bytes, mut lost) = (0, 0, 0u64);
-        for l in &ev.listeners {
-            let path = dir.join(format!("records-{}.bin", l.index));
-            let raw = std::fs::read(&path).unwrap_or_default();
-            let recs =
-                records::parse_stream(l, &raw).map_err(|e| format!("{}: {e:?}", path.display()))?;
+        for l in &trial.evidence.listeners {
+            let raw = trial
+                .evidence
+                .streams
+                .get(&l.index)
+                .map_or(&[][..], Vec::as_slice);
+            let recs = records::parse_stream(l, raw)
+                .map_err(|e| format!("records of listener {}: {e:?}", l.index))?;
             lost += recs
                 .iter()
                 .map(|r| match r.body {
@@ -102,11 +132,12 @@ impl Throughput {
             records += recs.len();
             bytes += raw.len();
         }
+        let messages = &trial.messages;
         // Steps are numbered in plan order; the storm and the last drain
         // are the ones that write records to the port.
         let mut storm_index = None;
         let mut last_index = 0;
-        for m in &messages {
+        for m in messages {
             if let Message::StepStart { index, what } = m {
                 if what.contains("\"op\":\"storm\"") {
                     storm_index = Some(*index);

@@ -307,8 +307,13 @@ fn bench(a: BenchArgs) -> Result<ExitCode> {
 
     if a.channel_cycles > 0 {
         if let Some(t) = planned.first() {
-            let storm =
-                kloop::bench::storm_scenario(&t.scenario, "bench-channel", a.channel_cycles, 4);
+            let storm = kloop::bench::storm_scenario(
+                &t.scenario,
+                "bench-channel",
+                &env.run_dir.join("no-snapshots"),
+                a.channel_cycles,
+                4,
+            );
             // The pin's image without its snapshots: the storm has none,
             // its verdict is the invariants alone.
             let kernel = match &t.kernel {
@@ -326,7 +331,9 @@ fn bench(a: BenchArgs) -> Result<ExitCode> {
             println!();
             match r.first() {
                 Some(r) if r.verdict == kloop::trial::Verdict::Ok => {
-                    match kloop::bench::Throughput::of_trial(&r.artefacts) {
+                    match kloop::bench::TrialArtefacts::read(&r.artefacts)
+                        .and_then(|t| kloop::bench::Throughput::of(&t))
+                    {
                         Ok(tp) => println!(
                             "channel ({}): {} records, {} bytes, {} lost in {:.2} s of guest time \
                              (storm of funcs32 + final drain): {:.0} records/s, {:.2} MB/s",
