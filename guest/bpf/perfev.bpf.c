@@ -5,11 +5,7 @@
 // and counts its runs in slot 1.
 // Self-contained on purpose: no libbpf or kernel headers.
 
-#define SEC(name) __attribute__((section(name), used))
-#define __uint(name, val) int (*name)[val]
-#define __type(name, val) typeof(val) *name
-
-#define BPF_MAP_TYPE_ARRAY 2
+#include "kloop_bpf.h"
 
 // `struct bpf_perf_event_data` (uapi/linux/bpf_perf_event.h) on x86_64:
 // `struct pt_regs` is 21 unsigned longs, then sample_period and addr.
@@ -25,9 +21,6 @@ struct {
 	__type(key, unsigned int);
 	__type(value, unsigned long long);
 } samples SEC(".maps");
-
-// Helper 1 in uapi/linux/bpf.h.
-static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
 
 SEC("perf_event")
 int kloop_perf_event(struct bpf_perf_event_data *ctx)

@@ -3,31 +3,10 @@
 // each program attaches, the convention `perf record -e prog.o` (perf's
 // bpf-loader) relied on: kprobe/<fn>, kretprobe/<fn>,
 // tracepoint/<category>/<name>. The `load-object` step attaches them all.
-// Self-contained on purpose: no libbpf or kernel headers.
 
-#define SEC(name) __attribute__((section(name), used))
-#define __uint(name, val) int (*name)[val]
-#define __type(name, val) typeof(val) *name
+#include "kloop_bpf.h"
 
-#define BPF_MAP_TYPE_ARRAY 2
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 3);
-	__type(key, unsigned int);
-	__type(value, unsigned long long);
-} counts SEC(".maps");
-
-// Helper 1 in uapi/linux/bpf.h.
-static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
-
-static __attribute__((always_inline)) void bump(unsigned int slot)
-{
-	unsigned long long *v = bpf_map_lookup_elem(&counts, &slot);
-
-	if (v)
-		__sync_fetch_and_add(v, 1);
-}
+KLOOP_COUNTERS(3)
 
 SEC("kprobe/hrtimer_nanosleep")
 int kloop_sec_entry(void *ctx)
