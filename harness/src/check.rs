@@ -72,7 +72,7 @@ use kloop_protocol::{KallsymsEntry, ListenerInfo, ProgFacts};
 
 use crate::evidence::RunEvidence;
 use crate::records::{
-    self, merge_by_time, parse_prefix, Record, RecordBody, BPF_EVENT_PROG_LOAD,
+    self, merge_by_time, parse_prefix, Record, RecordBody, RecordContent, BPF_EVENT_PROG_LOAD,
     BPF_EVENT_PROG_UNLOAD, KSYMBOL_FLAGS_UNREGISTER, KSYM_TYPE_BPF, KSYM_TYPE_OOL,
 };
 
@@ -1450,48 +1450,15 @@ fn loss_account(
     }
 }
 
-/// What two listeners must agree on: everything of a KSYMBOL / BPF_EVENT
-/// record but where and when it was written.
-fn agreement_key(r: &Record) -> Option<(bool, String)> {
-    match &r.body {
-        RecordBody::Ksymbol {
-            addr,
-            len,
-            ksym_type,
-            flags,
-            name,
-        } => Some((
-            true,
-            format!(
-                "KSYMBOL {} {} addr={addr:#x} len={len} name={name:?}",
-                records::ksymbol_action(*flags),
-                records::ksym_type_name(*ksym_type)
-            ),
-        )),
-        RecordBody::BpfEvent {
-            event_type,
-            flags,
-            id,
-            tag,
-        } => Some((
-            false,
-            format!(
-                "BPF_EVENT {} id={id} tag={} flags={flags:#x}",
-                records::bpf_event_type_name(*event_type),
-                hex::encode(tag)
-            ),
-        )),
-        _ => None,
-    }
-}
-
-/// Multiset of agreement keys, each with the first record that had it.
-type KeyBag<'a> = BTreeMap<String, (usize, &'a Record)>;
+/// Multiset of what records say (`RecordContent`: everything but where and
+/// when they were written), each with the first record that said it.
+type KeyBag<'a> = BTreeMap<RecordContent, (usize, &'a Record)>;
 
 fn bag<'a>(recs: impl Iterator<Item = &'a Record>, ksym: bool, bpf: bool) -> KeyBag<'a> {
     let mut out: KeyBag<'a> = BTreeMap::new();
     for r in recs {
-        if let Some((is_k, key)) = agreement_key(r) {
+        if let Some(key) = RecordContent::of_record(r) {
+            let is_k = matches!(key, RecordContent::Ksymbol { .. });
             if (is_k && ksym) || (!is_k && bpf) {
                 out.entry(key).or_insert((0, r)).0 += 1;
             }

@@ -54,9 +54,9 @@ use crate::check::{Analysis, Violation};
 use crate::evidence::RunEvidence;
 use crate::normalise::mask_tags;
 use crate::records::{
-    self, Record, RecordBody, BPF_EVENT_PROG_LOAD, BPF_EVENT_PROG_UNLOAD, KSYMBOL_FLAGS_UNREGISTER,
-    KSYM_TYPE_BPF, PERF_RECORD_BPF_EVENT, PERF_RECORD_KSYMBOL, PERF_RECORD_LOST, PERF_SAMPLE_CPU,
-    PERF_SAMPLE_TIME,
+    self, Record, RecordContent, BPF_EVENT_PROG_LOAD, BPF_EVENT_PROG_UNLOAD,
+    KSYMBOL_FLAGS_UNREGISTER, KSYM_TYPE_BPF, PERF_RECORD_BPF_EVENT, PERF_RECORD_KSYMBOL,
+    PERF_RECORD_LOST, PERF_SAMPLE_CPU, PERF_SAMPLE_TIME,
 };
 
 /// The rule this module checks.
@@ -76,106 +76,11 @@ pub struct PerfTextError {
     pub what: String,
 }
 
-/// One record's content, as either reader saw it (no trailer).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Side {
-    Ksymbol {
-        addr: u64,
-        len: u32,
-        ksym_type: u16,
-        flags: u16,
-        name: String,
-    },
-    /// `tag` is `None` where only perf's summary line (which omits it) is
-    /// the source.
-    BpfEvent {
-        event_type: u16,
-        flags: u16,
-        id: u32,
-        tag: Option<[u8; 8]>,
-    },
-}
-
-impl Side {
-    fn of_record(r: &Record) -> Option<Side> {
-        match &r.body {
-            RecordBody::Ksymbol {
-                addr,
-                len,
-                ksym_type,
-                flags,
-                name,
-            } => Some(Side::Ksymbol {
-                addr: *addr,
-                len: *len,
-                ksym_type: *ksym_type,
-                flags: *flags,
-                name: name.clone(),
-            }),
-            RecordBody::BpfEvent {
-                event_type,
-                flags,
-                id,
-                tag,
-            } => Some(Side::BpfEvent {
-                event_type: *event_type,
-                flags: *flags,
-                id: *id,
-                tag: Some(*tag),
-            }),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Side {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Side::Ksymbol {
-                addr,
-                len,
-                ksym_type,
-                flags,
-                name,
-            } => write!(
-                f,
-                "KSYMBOL {} {} addr={addr:#x} len={len} name={name:?}{}",
-                records::ksymbol_action(*flags),
-                records::ksym_type_name(*ksym_type),
-                if flags & !KSYMBOL_FLAGS_UNREGISTER != 0 {
-                    format!(" flags={flags:#x}")
-                } else {
-                    String::new()
-                }
-            ),
-            Side::BpfEvent {
-                event_type,
-                flags,
-                id,
-                tag,
-            } => {
-                write!(
-                    f,
-                    "BPF_EVENT {} id={id}",
-                    records::bpf_event_type_name(*event_type)
-                )?;
-                if let Some(t) = tag {
-                    write!(f, " tag={}", hex::encode(t))?;
-                }
-                if *flags != 0 {
-                    write!(f, " flags={flags:#x}")?;
-                }
-                Ok(())
-            }
-        }
-    }
-}
-
 /// What perf printed after `PERF_RECORD_<NAME>` on a summary line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Printed {
-    Ksymbol(Side),
-    BpfEvent(Side),
+    Ksymbol(RecordContent),
+    BpfEvent(RecordContent),
     /// Any other record type: its name and the rest of the line.
     Other {
         name: String,
@@ -281,7 +186,7 @@ fn parse_printed(name: &str, rest: &str, line: usize) -> Result<Printed, PerfTex
                 return Err(bad());
             }
             let name_at = rest.find(" name ").ok_or_else(bad)? + " name ".len();
-            Ok(Printed::Ksymbol(Side::Ksymbol {
+            Ok(Printed::Ksymbol(RecordContent::Ksymbol {
                 addr: u64::from_str_radix(toks[1], 16).map_err(|_| bad())?,
                 len: toks[3].parse().map_err(|_| bad())?,
                 ksym_type: toks[5].parse().map_err(|_| bad())?,
@@ -298,7 +203,7 @@ fn parse_printed(name: &str, rest: &str, line: usize) -> Result<Printed, PerfTex
             if toks.len() != 6 || toks[0] != "type" || toks[2] != "flags" || toks[4] != "id" {
                 return Err(bad());
             }
-            Ok(Printed::BpfEvent(Side::BpfEvent {
+            Ok(Printed::BpfEvent(RecordContent::BpfEvent {
                 event_type: toks[1].trim_end_matches(',').parse().map_err(|_| bad())?,
                 flags: toks[3].trim_end_matches(',').parse().map_err(|_| bad())?,
                 id: toks[5].parse().map_err(|_| bad())?,
@@ -492,7 +397,7 @@ pub fn parse(text: &str) -> Result<PerfDump, PerfTextError> {
 struct PerfRecord {
     offset: u64,
     /// What perf printed (with the tag from the raw bytes when parsed).
-    side: Side,
+    side: RecordContent,
     cpu: Option<u32>,
     time: Option<u64>,
     line: String,
@@ -507,7 +412,7 @@ impl PerfRecord {
 impl fmt::Display for PerfRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "perf@{:#x} `{}`", self.offset, self.line.trim())?;
-        if let Side::BpfEvent { tag: Some(t), .. } = &self.side {
+        if let RecordContent::BpfEvent { tag: Some(t), .. } = &self.side {
             write!(f, " (tag {} from the raw bytes)", hex::encode(t))?;
         }
         Ok(())
@@ -598,10 +503,10 @@ fn kernel_name(f: &ProgFacts, fi: usize) -> Option<String> {
         .map(|e| e.name.clone())
 }
 
-fn expected_records(f: &ProgFacts, unregister: bool) -> Vec<Side> {
+fn expected_records(f: &ProgFacts, unregister: bool) -> Vec<RecordContent> {
     let mut out = Vec::new();
     for (fi, (addr, len)) in f.jited_ksyms.iter().zip(&f.jited_func_lens).enumerate() {
-        out.push(Side::Ksymbol {
+        out.push(RecordContent::Ksymbol {
             addr: *addr,
             len: *len,
             ksym_type: KSYM_TYPE_BPF,
@@ -613,7 +518,7 @@ fn expected_records(f: &ProgFacts, unregister: bool) -> Vec<Side> {
             name: kernel_name(f, fi).unwrap_or_else(|| "(not in /proc/kallsyms)".into()),
         });
     }
-    out.push(Side::BpfEvent {
+    out.push(RecordContent::BpfEvent {
         event_type: if unregister {
             BPF_EVENT_PROG_UNLOAD
         } else {
@@ -715,9 +620,9 @@ fn perf_records(dump: &PerfDump, bad: &mut Vec<String>) -> Vec<PerfRecord> {
         };
         let mut side = printed.clone();
         if let Some(r) = &parsed {
-            let ours = Side::of_record(r);
+            let ours = RecordContent::of_record(r);
             let mut comparable = ours.clone();
-            if let Some(Side::BpfEvent { tag, .. }) = comparable.as_mut() {
+            if let Some(RecordContent::BpfEvent { tag, .. }) = comparable.as_mut() {
                 *tag = None;
             }
             if comparable.as_ref() != Some(printed) {
@@ -821,7 +726,7 @@ pub fn check(ev: &RunEvidence, analysis: &Analysis, steps: &[Step]) -> Vec<Viola
         .filter(|l| l.load == Phase::Before && l.unload != Some(Phase::Before))
         .collect();
     alive.sort_by_key(|l| l.facts.id);
-    let mut expected: Vec<(Side, String)> = Vec::new();
+    let mut expected: Vec<(RecordContent, String)> = Vec::new();
     for l in &alive {
         for s in expected_records(l.facts, false) {
             expected.push((s, l.facts.label.clone()));
@@ -830,8 +735,10 @@ pub fn check(ev: &RunEvidence, analysis: &Analysis, steps: &[Step]) -> Vec<Viola
     // Records of programs the agent did not load (by id, or by an address
     // none of its programs has) are checked against /proc/kallsyms instead.
     let ours = |r: &PerfRecord| match &r.side {
-        Side::BpfEvent { id, .. } => ev.progs.iter().any(|f| f.id == *id),
-        Side::Ksymbol { addr, .. } => ev.progs.iter().any(|f| f.jited_ksyms.contains(addr)),
+        RecordContent::BpfEvent { id, .. } => ev.progs.iter().any(|f| f.id == *id),
+        RecordContent::Ksymbol { addr, .. } => {
+            ev.progs.iter().any(|f| f.jited_ksyms.contains(addr))
+        }
     };
     let mut synth_bad = Vec::new();
     let (mine, foreign): (Vec<&PerfRecord>, Vec<&PerfRecord>) =
@@ -853,12 +760,12 @@ pub fn check(ev: &RunEvidence, analysis: &Analysis, steps: &[Step]) -> Vec<Viola
     }
     for r in &foreign {
         let known = match &r.side {
-            Side::Ksymbol { addr, name, .. } => ev
+            RecordContent::Ksymbol { addr, name, .. } => ev
                 .initial_kallsyms
                 .iter()
                 .any(|e| e.addr == *addr && e.name == *name),
             // Its symbols are checked on their own; its id has no other witness.
-            Side::BpfEvent { .. } => true,
+            RecordContent::BpfEvent { .. } => true,
         };
         if !known {
             synth_bad.push(format!(
@@ -870,7 +777,7 @@ pub fn check(ev: &RunEvidence, analysis: &Analysis, steps: &[Step]) -> Vec<Viola
 
     // 3. Recording.
     let recorded: Vec<&PerfRecord> = recs.iter().filter(|r| !r.synthesised()).collect();
-    let mut want: Vec<(Side, String)> = Vec::new();
+    let mut want: Vec<(RecordContent, String)> = Vec::new();
     for l in &lives {
         if l.load == Phase::During {
             for s in expected_records(l.facts, false) {
@@ -913,16 +820,16 @@ pub fn check(ev: &RunEvidence, analysis: &Analysis, steps: &[Step]) -> Vec<Viola
 }
 
 /// Equal content; a tag missing on either side is not compared.
-fn same(a: &Side, b: &Side) -> bool {
+fn same(a: &RecordContent, b: &RecordContent) -> bool {
     match (a, b) {
         (
-            Side::BpfEvent {
+            RecordContent::BpfEvent {
                 event_type: t1,
                 flags: f1,
                 id: i1,
                 tag: g1,
             },
-            Side::BpfEvent {
+            RecordContent::BpfEvent {
                 event_type: t2,
                 flags: f2,
                 id: i2,
@@ -994,7 +901,8 @@ fn twins(ev: &RunEvidence, analysis: &Analysis, recorded: &[&PerfRecord]) -> Twi
             continue;
         };
         let found = krecs.iter().enumerate().position(|(j, k)| {
-            !used.contains(&(*idx, j)) && Side::of_record(k).is_some_and(|s| same(&s, &r.side))
+            !used.contains(&(*idx, j))
+                && RecordContent::of_record(k).is_some_and(|s| same(&s, &r.side))
         });
         let Some(j) = found else {
             if *truncated {
@@ -1065,10 +973,10 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
     );
     // Tags are named after the program the record belongs to (its address
     // or id), so two loads of one fixture, which share tags, stay apart.
-    let owner_of = |side: &Side| -> Option<&ProgFacts> {
+    let owner_of = |side: &RecordContent| -> Option<&ProgFacts> {
         ev.progs.iter().find(|f| match side {
-            Side::Ksymbol { addr, .. } => f.jited_ksyms.contains(addr),
-            Side::BpfEvent { id, .. } => f.id == *id,
+            RecordContent::Ksymbol { addr, .. } => f.jited_ksyms.contains(addr),
+            RecordContent::BpfEvent { id, .. } => f.id == *id,
         })
     };
     let tag_name = |t: &[u8; 8], owner: Option<&ProgFacts>| -> String {
@@ -1098,15 +1006,15 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
         }
         mask_tags(n)
     };
-    let label_of = |side: &Side| -> String {
+    let label_of = |side: &RecordContent| -> String {
         match (side, owner_of(side)) {
-            (Side::Ksymbol { addr, .. }, Some(f)) => {
+            (RecordContent::Ksymbol { addr, .. }, Some(f)) => {
                 let fi = f.jited_ksyms.iter().position(|a| a == addr).unwrap_or(0);
                 format!("{}.f{fi}", f.label)
             }
-            (Side::BpfEvent { .. }, Some(f)) => f.label.clone(),
-            (Side::Ksymbol { .. }, None) => "addr#?".into(),
-            (Side::BpfEvent { .. }, None) => "prog#?".into(),
+            (RecordContent::BpfEvent { .. }, Some(f)) => f.label.clone(),
+            (RecordContent::Ksymbol { .. }, None) => "addr#?".into(),
+            (RecordContent::BpfEvent { .. }, None) => "prog#?".into(),
         }
     };
     let mut ignored = Vec::new();
@@ -1117,7 +1025,7 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
             out.push_str("    ");
             let owner = owner_of(&r.side);
             match &r.side {
-                Side::Ksymbol {
+                RecordContent::Ksymbol {
                     len,
                     ksym_type,
                     flags,
@@ -1133,7 +1041,7 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
                         name_of(name, owner)
                     );
                 }
-                Side::BpfEvent {
+                RecordContent::BpfEvent {
                     event_type,
                     flags,
                     tag,
@@ -1213,7 +1121,7 @@ mod tests {
         assert_eq!(s.stamps, vec![0, 0]);
         assert_eq!(
             s.printed,
-            Printed::Ksymbol(Side::Ksymbol {
+            Printed::Ksymbol(RecordContent::Ksymbol {
                 addr: 0xffffffffc0183658,
                 len: 36,
                 ksym_type: 1,
@@ -1237,7 +1145,7 @@ mod tests {
             .find(|r| {
                 matches!(
                     r.side,
-                    Side::BpfEvent {
+                    RecordContent::BpfEvent {
                         id: 10,
                         event_type: 1,
                         ..
@@ -1247,7 +1155,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             load.side,
-            Side::BpfEvent {
+            RecordContent::BpfEvent {
                 event_type: 1,
                 flags: 0,
                 id: 10,
@@ -1373,7 +1281,7 @@ mod tests {
                 .events
                 .iter()
                 .find(|e| {
-                    matches!(&e.summary, Some(Summary { printed: Printed::BpfEvent(Side::BpfEvent { id, event_type: 1, .. }), .. }) if *id == late.id)
+                    matches!(&e.summary, Some(Summary { printed: Printed::BpfEvent(RecordContent::BpfEvent { id, event_type: 1, .. }), .. }) if *id == late.id)
                 })
                 .unwrap();
             format!("{:#x}", e.offset)

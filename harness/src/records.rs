@@ -312,6 +312,99 @@ pub fn ksymbol_action(flags: u16) -> &'static str {
 
 /// Compact one-line rendering used in violation messages:
 /// `L<listener>@<offset> <TYPE> <fields> [t=<time>] [cpu=<cpu>]`.
+/// What a KSYMBOL / BPF_EVENT record says, without where and when it was
+/// written (no trailer, no stream offset): what two readers or two
+/// listeners of the same event must agree on.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RecordContent {
+    Ksymbol {
+        addr: u64,
+        len: u32,
+        ksym_type: u16,
+        flags: u16,
+        name: String,
+    },
+    /// `tag` is `None` only where a reader printed the event without it
+    /// (perf's summary line); a parsed record always has it.
+    BpfEvent {
+        event_type: u16,
+        flags: u16,
+        id: u32,
+        tag: Option<[u8; 8]>,
+    },
+}
+
+impl RecordContent {
+    pub fn of_record(r: &Record) -> Option<RecordContent> {
+        match &r.body {
+            RecordBody::Ksymbol {
+                addr,
+                len,
+                ksym_type,
+                flags,
+                name,
+            } => Some(RecordContent::Ksymbol {
+                addr: *addr,
+                len: *len,
+                ksym_type: *ksym_type,
+                flags: *flags,
+                name: name.clone(),
+            }),
+            RecordBody::BpfEvent {
+                event_type,
+                flags,
+                id,
+                tag,
+            } => Some(RecordContent::BpfEvent {
+                event_type: *event_type,
+                flags: *flags,
+                id: *id,
+                tag: Some(*tag),
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for RecordContent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecordContent::Ksymbol {
+                addr,
+                len,
+                ksym_type,
+                flags,
+                name,
+            } => write!(
+                f,
+                "KSYMBOL {} {} addr={addr:#x} len={len} name={name:?}{}",
+                ksymbol_action(*flags),
+                ksym_type_name(*ksym_type),
+                if flags & !KSYMBOL_FLAGS_UNREGISTER != 0 {
+                    format!(" flags={flags:#x}")
+                } else {
+                    String::new()
+                }
+            ),
+            RecordContent::BpfEvent {
+                event_type,
+                flags,
+                id,
+                tag,
+            } => {
+                write!(f, "BPF_EVENT {} id={id}", bpf_event_type_name(*event_type))?;
+                if let Some(t) = tag {
+                    write!(f, " tag={}", hex::encode(t))?;
+                }
+                if *flags != 0 {
+                    write!(f, " flags={flags:#x}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 impl fmt::Display for Record {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "L{}@{} ", self.listener, self.offset)?;
