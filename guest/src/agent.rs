@@ -9,7 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use aya::programs::{Program, ProgramError};
 use aya::{Ebpf, EbpfLoader};
 use kloop_protocol::{
-    Fault, ListenerInfo, ListenerScope, ListenerSpec, Message, Plan, ProgFacts, Step, PLAN_PATH,
+    Fault, ListenerInfo, ListenerScope, ListenerSpec, Message, Plan, Step, PLAN_PATH,
     PROTOCOL_VERSION,
 };
 
@@ -282,17 +282,7 @@ fn inject(fault: Fault) -> Result<()> {
 pub(crate) fn report_prog(label: &str, prog: &Program) -> Result<u32> {
     let info = bpf::prog_info(prog.fd()?.as_fd())?;
     let kallsyms = kallsyms::read_filtered(|e| info.jited_ksyms.contains(&e.addr))?;
-    send(&Message::Prog(ProgFacts {
-        label: label.to_owned(),
-        id: info.info.id,
-        tag: info.info.tag,
-        name: info.name(),
-        prog_type: info.info.prog_type,
-        jited_ksyms: info.jited_ksyms.clone(),
-        jited_func_lens: info.jited_func_lens.clone(),
-        func_tags: info.func_tags.clone(),
-        kallsyms,
-    }))?;
+    send(&Message::Prog(info.facts(label.to_owned(), &kallsyms)))?;
     Ok(info.info.id)
 }
 

@@ -4,6 +4,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use anyhow::{bail, Result};
+use kloop_protocol::{KallsymsEntry, ProgFacts};
 
 use crate::sys::OsContext;
 
@@ -113,6 +114,26 @@ impl ProgInfo {
         let end = self.info.name.iter().position(|&b| b == 0).unwrap_or(16);
         String::from_utf8_lossy(&self.info.name[..end]).into_owned()
     }
+
+    /// The facts sent to the host, with the `/proc/kallsyms` lines at the
+    /// program's JITed addresses (picked from `kallsyms`).
+    pub fn facts(&self, label: String, kallsyms: &[KallsymsEntry]) -> ProgFacts {
+        ProgFacts {
+            label,
+            id: self.info.id,
+            tag: self.info.tag,
+            name: self.name(),
+            prog_type: self.info.prog_type,
+            jited_ksyms: self.jited_ksyms.clone(),
+            jited_func_lens: self.jited_func_lens.clone(),
+            func_tags: self.func_tags.clone(),
+            kallsyms: kallsyms
+                .iter()
+                .filter(|e| self.jited_ksyms.contains(&e.addr))
+                .cloned()
+                .collect(),
+        }
+    }
 }
 
 /// `BPF_OBJ_GET_INFO_BY_FD` in two passes: counts first, then the arrays.
@@ -189,7 +210,13 @@ pub fn prog_fd_by_id(id: u32) -> io::Result<OwnedFd> {
         open_flags: 0,
         pad: 0,
     };
-    let fd = sys_bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
+    sys_bpf_fd(BPF_PROG_GET_FD_BY_ID, &mut attr)
+}
+
+/// A `bpf()` command that returns a new fd (`attr` is a properly laid out,
+/// fully initialised `bpf_attr` prefix, as for [`sys_bpf`]).
+pub(crate) fn sys_bpf_fd<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
+    let fd = sys_bpf(cmd, attr)?;
     // SAFETY: the kernel just returned this fd to us.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }

@@ -9,7 +9,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -21,7 +21,7 @@ use aya::Btf;
 use kloop_protocol::{AttachTarget, Message, Step, XdpMode};
 
 use crate::agent::{self, load_program, report_prog, send, Loaded, State};
-use crate::perf::{PerfEventAttr, PERF_ATTR_SIZE_VER5, PERF_FLAG_FD_CLOEXEC};
+use crate::perf::{perf_event_open, PerfEventAttr, PERF_ATTR_SIZE_VER5};
 use crate::sys::{self, OsContext};
 
 /// A link an `attach` step took out of aya; dropping it detaches.
@@ -400,27 +400,13 @@ impl KprobeEvent {
             config2: offset,
             ..Default::default()
         };
-        // SAFETY: attr is a valid perf_event_attr of the announced size;
-        // `func` outlives the call.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_perf_event_open,
-                &attr as *const PerfEventAttr,
-                -1 as libc::pid_t,
-                0 as libc::c_int,
-                -1 as libc::c_int,
-                PERF_FLAG_FD_CLOEXEC,
-            )
-        };
         let what = format!(
             "perf_event_open(kprobe PMU, {}{function}+{offset:#x})",
             if ret { "return probe " } else { "" }
         );
-        if fd < 0 {
-            return Err(anyhow::Error::new(io::Error::last_os_error()).context(what));
-        }
-        // SAFETY: perf_event_open returned a new fd we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        // `func` outlives the call.
+        let fd = perf_event_open(&attr, -1, 0)
+            .map_err(|e| anyhow::Error::new(e).context(what.clone()))?;
         let prog_fd = p.fd()?.as_fd().as_raw_fd();
         for (req, arg, name) in [
             (

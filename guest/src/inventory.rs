@@ -44,21 +44,7 @@ pub fn run() -> Result<()> {
             kallsyms::read_filtered(|e| infos.iter().any(|i| i.jited_ksyms.contains(&e.addr)))?;
         infos
             .iter()
-            .map(|info| ProgFacts {
-                label: format!("inventory#{}", info.info.id),
-                id: info.info.id,
-                tag: info.info.tag,
-                name: info.name(),
-                prog_type: info.info.prog_type,
-                jited_ksyms: info.jited_ksyms.clone(),
-                jited_func_lens: info.jited_func_lens.clone(),
-                func_tags: info.func_tags.clone(),
-                kallsyms: text
-                    .iter()
-                    .filter(|e| info.jited_ksyms.contains(&e.addr))
-                    .cloned()
-                    .collect(),
-            })
+            .map(|info| info.facts(format!("inventory#{}", info.info.id), &text))
             .collect()
     };
     if !gone.is_empty() {

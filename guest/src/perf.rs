@@ -12,7 +12,7 @@ use crate::sys::OsContext;
 
 const PERF_TYPE_SOFTWARE: u32 = 1;
 const PERF_COUNT_SW_DUMMY: u64 = 9;
-pub(crate) const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 
 // Bit positions in perf_event_attr's flag word (include/uapi/linux/perf_event.h).
 const ATTR_SAMPLE_ID_ALL: u64 = 1 << 18;
@@ -47,6 +47,33 @@ pub(crate) struct PerfEventAttr {
 
 pub(crate) const PERF_ATTR_SIZE_VER5: u32 = 112;
 const _: () = assert!(std::mem::size_of::<PerfEventAttr>() == PERF_ATTR_SIZE_VER5 as usize);
+
+/// `perf_event_open(attr, pid, cpu, group_fd = -1, FD_CLOEXEC)`. Pointers
+/// in `attr` (a kprobe's function name in `config1`) must stay valid for
+/// the call.
+pub(crate) fn perf_event_open(
+    attr: &PerfEventAttr,
+    pid: libc::pid_t,
+    cpu: libc::c_int,
+) -> io::Result<OwnedFd> {
+    // SAFETY: attr is a valid perf_event_attr of the size it announces
+    // (every caller sets PERF_ATTR_SIZE_VER5, the struct's size).
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            attr as *const PerfEventAttr,
+            pid,
+            cpu,
+            -1 as libc::c_int,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
 
 // Offsets in `struct perf_event_mmap_page`.
 const DATA_HEAD: usize = 1024;
@@ -106,25 +133,10 @@ impl Ring {
             flags,
             ..Default::default()
         };
-        // SAFETY: attr is a valid perf_event_attr of the announced size.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_perf_event_open,
-                &attr as *const PerfEventAttr,
-                pid,
-                cpu as libc::c_int,
-                -1 as libc::c_int,
-                PERF_FLAG_FD_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error()).os_ctx(format!(
-                "perf_event_open(dummy, sample_type={:#x}, ksymbol={}, bpf_event={}, pid={pid}, cpu={cpu})",
-                spec.sample_type, spec.ksymbol, spec.bpf_event
-            ));
-        }
-        // SAFETY: fresh fd we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let fd = perf_event_open(&attr, pid, cpu as libc::c_int).os_ctx(format!(
+            "perf_event_open(dummy, sample_type={:#x}, ksymbol={}, bpf_event={}, pid={pid}, cpu={cpu})",
+            spec.sample_type, spec.ksymbol, spec.bpf_event
+        ))?;
         let psz = page_size();
         let map_len = (1 + spec.ring_pages as usize) * psz;
         // SAFETY: mapping a perf fd; checked below.

@@ -12,13 +12,14 @@
 
 use std::collections::HashSet;
 use std::ffi::CString;
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use kloop_protocol::Requirement;
 
+use crate::bpf::sys_bpf_fd;
+use crate::perf::{perf_event_open, PerfEventAttr, PERF_ATTR_SIZE_VER5};
 use crate::sys::{self, Errno};
 
 /// The outcome of one probe: `Err(reason)` when the kernel lacks the feature.
@@ -164,30 +165,7 @@ const KPROBE_PMU_TYPE: &str = "/sys/bus/event_source/devices/kprobe/type";
 /// never calls while the probe is registered.
 const KPROBE_FUNCTION: &str = "__x64_sys_getppid";
 
-/// `struct perf_event_attr` up to `PERF_ATTR_SIZE_VER5` (112 bytes), only
-/// the fields a kprobe event needs named.
-#[repr(C)]
-#[derive(Default)]
-struct KprobeAttr {
-    type_: u32,
-    size: u32,
-    config: u64,
-    sample_period: u64,
-    sample_type: u64,
-    read_format: u64,
-    flags: u64,
-    wakeup_events: u32,
-    bp_type: u32,
-    /// `kprobe_func`: pointer to the function name.
-    config1: u64,
-    /// `probe_offset`.
-    config2: u64,
-    rest: [u64; 5],
-}
-
-const _: () = assert!(std::mem::size_of::<KprobeAttr>() == 112);
 const _: () = assert!(std::mem::size_of::<ProgLoadAttr>() == 120);
-const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 
 fn kprobes() -> Result<Probe> {
     let before = match std::fs::read_to_string(KPROBES_LIST) {
@@ -221,35 +199,24 @@ fn kprobes() -> Result<Probe> {
         }
     };
     let func = CString::new(KPROBE_FUNCTION).expect("no NUL");
-    let attr = KprobeAttr {
+    let attr = PerfEventAttr {
         type_: pmu,
-        size: 112,
+        size: PERF_ATTR_SIZE_VER5,
+        // kprobe_func: the function name, which outlives the call.
         config1: func.as_ptr() as u64,
         // disabled: registered but never armed, so it never fires.
         flags: 1,
         ..Default::default()
     };
-    // SAFETY: attr is a valid perf_event_attr of the announced size; func
-    // outlives the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_perf_event_open,
-            &attr as *const KprobeAttr,
-            -1 as libc::pid_t,
-            0 as libc::c_int,
-            -1 as libc::c_int,
-            PERF_FLAG_FD_CLOEXEC,
-        )
+    let fd = match perf_event_open(&attr, -1, 0) {
+        Ok(fd) => fd,
+        Err(e) => {
+            return Ok(Err(format!(
+                "perf_event_open(kprobe PMU {pmu}, {KPROBE_FUNCTION}): {}: a kprobe cannot be registered",
+                Errno(&e)
+            )))
+        }
     };
-    if fd < 0 {
-        let e = io::Error::last_os_error();
-        return Ok(Err(format!(
-            "perf_event_open(kprobe PMU {pmu}, {KPROBE_FUNCTION}): {}: a kprobe cannot be registered",
-            Errno(&e)
-        )));
-    }
-    // SAFETY: a fresh fd we own.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     // The list names a probe by the first kallsyms name at its address
     // (`__do_sys_getppid` for the syscall wrapper), so count lines instead.
     let listed = std::fs::read_to_string(KPROBES_LIST).unwrap_or_default();
@@ -366,16 +333,6 @@ struct RawTpAttr {
     pad: u32,
 }
 
-fn bpf(cmd: libc::c_long, attr: *const u8, size: usize) -> io::Result<OwnedFd> {
-    // SAFETY: attr points to a bpf_attr prefix of `size` bytes.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr, size as libc::c_uint) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh fd we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
 /// `[bpf]` symbols in /proc/kallsyms (programs and trampolines).
 fn bpf_symbols() -> Result<HashSet<(u64, String)>> {
     Ok(
@@ -446,22 +403,14 @@ fn fentry_load_attach(btf_id: u32) -> Probe {
         ..Default::default()
     };
     attr.prog_name[..11].copy_from_slice(b"kloop_probe");
-    let prog = match bpf(
-        BPF_PROG_LOAD,
-        &attr as *const ProgLoadAttr as *const u8,
-        std::mem::size_of::<ProgLoadAttr>(),
-    ) {
+    let prog = match sys_bpf_fd(BPF_PROG_LOAD, &mut attr) {
         Ok(fd) => fd,
         Err(e) => {
             // Again with the verifier log, for the reason.
             attr.log_level = 1;
             attr.log_size = log.len() as u32;
             attr.log_buf = log.as_mut_ptr() as u64;
-            let _ = bpf(
-                BPF_PROG_LOAD,
-                &attr as *const ProgLoadAttr as *const u8,
-                std::mem::size_of::<ProgLoadAttr>(),
-            );
+            let _ = sys_bpf_fd(BPF_PROG_LOAD, &mut attr);
             let text = String::from_utf8_lossy(&log);
             let last = text
                 .trim_end_matches('\0')
@@ -476,16 +425,12 @@ fn fentry_load_attach(btf_id: u32) -> Probe {
             ));
         }
     };
-    let tp = RawTpAttr {
+    let mut tp = RawTpAttr {
         name: 0,
         prog_fd: prog.as_raw_fd() as u32,
         pad: 0,
     };
-    let link = bpf(
-        BPF_RAW_TRACEPOINT_OPEN,
-        &tp as *const RawTpAttr as *const u8,
-        std::mem::size_of::<RawTpAttr>(),
-    );
+    let link = sys_bpf_fd(BPF_RAW_TRACEPOINT_OPEN, &mut tp);
     let outcome = match &link {
         Ok(_) => Ok(()),
         Err(e) => Err(format!(
