@@ -235,19 +235,26 @@ impl std::str::FromStr for BootEntry {
 
 /// The file QEMU's `-kernel` gets for `image`. A PVH failure is not the
 /// trial's: the bzImage boots instead, and `boot.txt` says why.
-fn boot_file(env: &TrialEnv, image: &Path, artefacts: &Path) -> PathBuf {
+fn boot_file(
+    env: &TrialEnv,
+    image: &Path,
+    image_sha256: Option<&str>,
+    artefacts: &Path,
+) -> PathBuf {
     let note = match env.boot {
         BootEntry::BzImage => "bzimage (as asked)".to_string(),
-        BootEntry::Pvh => match crate::kernel::pvh::ensure_pvh(env.cache.root(), image) {
-            Ok(elf) => {
-                let _ = std::fs::write(
-                    artefacts.join("boot.txt"),
-                    format!("pvh: {} from {}\n", elf.display(), image.display()),
-                );
-                return elf;
+        BootEntry::Pvh => {
+            match crate::kernel::pvh::ensure_pvh(env.cache.root(), image, image_sha256) {
+                Ok(elf) => {
+                    let _ = std::fs::write(
+                        artefacts.join("boot.txt"),
+                        format!("pvh: {} from {}\n", elf.display(), image.display()),
+                    );
+                    return elf;
+                }
+                Err(e) => format!("bzimage, because PVH is not possible: {e}"),
             }
-            Err(e) => format!("bzimage, because PVH is not possible: {e}"),
-        },
+        }
     };
     let _ = std::fs::write(
         artefacts.join("boot.txt"),
@@ -349,7 +356,11 @@ fn run_inner(
             ))
         }
     };
-    let image = boot_file(env, &image, artefacts);
+    let verified_sha = match kernel {
+        KernelUnderTest::Pin(pin) => Some(pin.image_sha256.as_str()),
+        KernelUnderTest::Image { .. } => None,
+    };
+    let image = boot_file(env, &image, verified_sha, artefacts);
     let initramfs = artefacts.join("initramfs.cpio");
     let payload = match scenario_payload(scenario) {
         Ok(p) => p,

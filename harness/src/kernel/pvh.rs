@@ -47,15 +47,26 @@ pub enum PvhError {
 
 /// The PVH-bootable ELF of `image`, from `<cache_root>/vmlinux/` or made
 /// there now. Keyed by the image's sha256, so a changed image never meets
-/// a stale ELF.
-pub fn ensure_pvh(cache_root: &Path, image: &Path) -> Result<PathBuf, PvhError> {
+/// a stale ELF. `image_sha256` is the image's hash when the caller has just
+/// verified it (a pin's cached image), which spares hashing it again.
+pub fn ensure_pvh(
+    cache_root: &Path,
+    image: &Path,
+    image_sha256: Option<&str>,
+) -> Result<PathBuf, PvhError> {
     let bad = |reason: String| PvhError::Image {
         path: image.to_path_buf(),
         reason,
     };
+    let dir = cache_root.join("vmlinux");
+    if let Some(sha) = image_sha256 {
+        let dest = dir.join(sha);
+        if dest.is_file() {
+            return Ok(dest);
+        }
+    }
     let bytes = std::fs::read(image).map_err(|e| bad(format!("cannot read: {e}")))?;
     let sha = hex::encode(Sha256::digest(&bytes));
-    let dir = cache_root.join("vmlinux");
     let dest = dir.join(&sha);
     if dest.is_file() {
         return Ok(dest);
@@ -303,9 +314,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bz");
         std::fs::write(&path, &image).unwrap();
-        let first = ensure_pvh(dir.path(), &path).unwrap();
+        let first = ensure_pvh(dir.path(), &path, None).unwrap();
         assert_eq!(std::fs::read(&first).unwrap(), elf);
-        assert_eq!(ensure_pvh(dir.path(), &path).unwrap(), first);
+        assert_eq!(ensure_pvh(dir.path(), &path, None).unwrap(), first);
+        // A caller that verified the image passes its hash: the cached ELF
+        // is found without reading the image (gone here) again.
+        let sha = first.file_name().unwrap().to_str().unwrap().to_string();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(ensure_pvh(dir.path(), &path, Some(&sha)).unwrap(), first);
+        assert!(ensure_pvh(dir.path(), &path, None).is_err());
     }
 
     #[test]
