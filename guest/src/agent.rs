@@ -274,6 +274,26 @@ fn inject(fault: Fault) -> Result<()> {
             port::send_frame(GARBAGE).os_ctx("writing garbage to the data port")?;
             log("fault: wrote non-frame bytes to the data port")
         }
+        Fault::PanicMidFrame => {
+            log("fault: panicking in the middle of a frame")?;
+            port::drain().os_ctx("draining the data port")?;
+            let frame = Message::Log {
+                text: "x".repeat(4000),
+            }
+            .to_frame();
+            port::panic_mid_frame(&frame, 100)
+        }
+        Fault::Flood => {
+            log("fault: flooding the data channel with records")?;
+            let chunk = vec![0u8; 64 * 1024];
+            let mut offset = 0u64;
+            loop {
+                for f in kloop_protocol::records_frames(u32::MAX, offset, &chunk) {
+                    port::send_frame(&f).os_ctx("flooding the data port")?;
+                }
+                offset += chunk.len() as u64;
+            }
+        }
     }
 }
 

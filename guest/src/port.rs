@@ -129,6 +129,23 @@ pub fn silence_forever() -> ! {
     }
 }
 
+/// The fault-injection `panic-mid-frame`: writes the first `cut` bytes of
+/// `frame` and panics while holding the port lock, as a thread that
+/// panicked inside a write would. The panic hook then finds the lock held
+/// by the panicking thread and writes its report over the cut frame.
+pub fn panic_mid_frame(frame: &[u8], cut: usize) -> ! {
+    let guard = PORT.get().map(lock);
+    if let Some(mut f) = guard {
+        let _ = f.write_all(&frame[..cut.min(frame.len())]);
+        let _ = f.flush();
+        panic!(
+            "fault injection: panic in the middle of a frame ({cut} of {} bytes written)",
+            frame.len()
+        );
+    }
+    panic!("fault injection: panic in the middle of a frame (no data port)");
+}
+
 /// Waits until every byte written has left the UART.
 pub fn drain() -> io::Result<()> {
     let p = port()?;

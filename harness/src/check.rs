@@ -19,7 +19,7 @@
 //! | `time-order` | sample times non-decreasing within each listener's stream |
 //! | `causal-order` | per program: registers before PROG_LOAD, unregisters after PROG_LOAD and before PROG_UNLOAD |
 //! | `listeners-agree` | every listener set, and every task-bound listener, carries exactly the KSYMBOL / BPF_EVENT records the others saw, restricted to what it asked for (a task-bound listener: to the records its task caused) |
-//! | `programs-accounted` | per program of a `storm` / `concurrent` batch (ids only, no facts): one PROG_LOAD with one KSYMBOL register per function right before it in its ring, each unregistered after it, then one PROG_UNLOAD with its tag; no PROG_LOAD of a program no step reported |
+//! | `programs-accounted` | per program of a `storm` / `concurrent` batch (ids only, no facts): one PROG_LOAD with one KSYMBOL register per function right before it (in its ring for a pinned loader; in the set's time-merged stream for an unpinned one, which may migrate between records), each unregistered after it, then one PROG_UNLOAD with its tag; no PROG_LOAD of a program no step reported |
 //! | `load-cpu` | a `concurrent` loader's records (registers and PROG_LOAD) are in the ring of the CPU it was pinned to, with that `cpu` in their trailer |
 //! | `inventory` | programs loaded before recording (`preexisting`) are in the inventory; each inventoried program unloaded in the stream unregisters exactly its inventoried functions (addr, len, kallsyms name) before a PROG_UNLOAD with its tag |
 //! | `lookups` | a side-band reader looked up at least every PROG_LOAD of its storm, and got nothing but success or ENOENT |
@@ -929,6 +929,8 @@ fn check_batches(ev: &RunEvidence, m: &Model<'_>, out: &mut Vec<Violation>) -> B
         .filter_map(|(l, s)| s.reg.map(|r| (r, l)))
         .collect();
     let cpu_of: BTreeMap<u32, i32> = ev.listeners.iter().map(|l| (l.index, l.cpu)).collect();
+    // Whether the set's stream is merged by sample time (every record has one).
+    let set_timed = !recs.is_empty() && recs.iter().all(|r| r.time().is_some());
     let mut acc = Vec::new();
     let mut cpus = Vec::new();
     for b in &ev.batches {
@@ -960,21 +962,43 @@ fn check_batches(ev: &RunEvidence, m: &Model<'_>, out: &mut Vec<Violation>) -> B
                 .map(|(_, t)| t)
                 .unwrap_or_default();
             accounted.insert(load);
-            // The kernel emits a program's registers right before its
-            // PROG_LOAD, in one call on one CPU (perf_event_bpf_event):
-            // the f records before it in its ring.
+            // Where this program's registers are. perf_event_bpf_event()
+            // (kernel/events/core.c) emits them, one per function, right
+            // before the PROG_LOAD, from the loading task; but each record
+            // is a perf_iterate_sb() of its own, preemption is disabled
+            // only while one record is written, and each goes to the
+            // side-band listeners of the CPU the task runs on at that
+            // moment. A task that is not pinned may migrate between two of
+            // them, so the records of one load can be split across rings.
+            // - Pinned loader (`concurrent`, b.cpu): it cannot migrate; its
+            //   registers are the f records right before its PROG_LOAD in
+            //   that CPU's ring (and `load-cpu` checks the ring).
+            // - Unpinned loader (`storm`): one task loading one program at a
+            //   time, so its registers are the f records right before its
+            //   PROG_LOAD in the set's stream merged by sample time (as
+            //   perf orders side-band records of several CPUs). Without
+            //   PERF_SAMPLE_TIME cross-ring order is unknown and only its
+            //   ring can be searched.
+            let by_time = b.cpu.is_none() && set_timed;
             let regs: Vec<usize> = (0..load)
                 .rev()
                 .filter(|i| {
-                    recs.get(*i)
-                        .is_some_and(|r| r.listener == load_rec.listener)
+                    by_time
+                        || recs
+                            .get(*i)
+                            .is_some_and(|r| r.listener == load_rec.listener)
                 })
                 .take(f)
                 .collect();
             let mut problems = Vec::new();
             if regs.len() < f {
+                let place = if by_time {
+                    "in the merged stream"
+                } else {
+                    "in its ring"
+                };
                 problems.push(format!(
-                    "only {} record(s) before its PROG_LOAD in its ring, {f} register(s) expected",
+                    "only {} record(s) before its PROG_LOAD {place}, {f} register(s) expected",
                     regs.len()
                 ));
             }
@@ -2346,6 +2370,66 @@ pub(crate) mod stream_tests {
         let a = analyse(&ev);
         assert!(a.violations.is_empty(), "{}", dump(&a));
         assert_eq!(a.accounted.len(), 12);
+    }
+
+    /// A storm cycle whose loader migrated from CPU `from` to CPU `to`
+    /// between the KSYMBOL register and the PROG_LOAD: the kernel emits
+    /// each record with its own perf_iterate_sb() on the current CPU.
+    fn migrated_cycle(from: u32, to: u32, t: u64, id: u32, addr: u64) -> Vec<(u32, u64, Ev)> {
+        let mut c = cycle(to, t, id, addr);
+        c[0].0 = from;
+        c
+    }
+
+    #[test]
+    fn unpinned_loader_migrating_between_register_and_load_is_accounted() {
+        // The 7.3/short-lived flake: the register in CPU 1's ring, the
+        // PROG_LOAD (and the rest) in CPU 0's.
+        let mut s = cycle(0, 100, 50, 0xffff_ffff_c000_1000);
+        s.extend(migrated_cycle(1, 0, 200, 51, 0xffff_ffff_c000_2000));
+        s.extend(migrated_cycle(0, 1, 300, 52, 0xffff_ffff_c000_3000));
+        let mut ev = ev_of(&[(0, 0), (1, 1)], &s);
+        ev.batches = vec![batch(vec![50, 51, 52], None)];
+        let a = analyse(&ev);
+        assert!(a.violations.is_empty(), "{}", dump(&a));
+        assert_eq!(a.accounted.len(), 12);
+    }
+
+    #[test]
+    fn unpinned_loader_missing_register_still_fails() {
+        // Migration must not excuse a register that is nowhere.
+        let mut s = cycle(0, 100, 50, 0xffff_ffff_c000_1000);
+        let mut m = migrated_cycle(1, 0, 200, 51, 0xffff_ffff_c000_2000);
+        m.remove(0);
+        m.remove(1); // and its unregister, so only the program records remain
+        s.extend(m);
+        let mut ev = ev_of(&[(0, 0), (1, 1)], &s);
+        ev.batches = vec![batch(vec![50, 51], None)];
+        let a = analyse(&ev);
+        assert!(
+            a.of_rule(rule::PROGRAMS_ACCOUNTED)
+                .any(|v| v.message.contains("program id 51")
+                    && v.message.contains("is not a BPF register")),
+            "{}",
+            dump(&a)
+        );
+    }
+
+    #[test]
+    fn pinned_loader_split_across_rings_fails() {
+        // A loader pinned to CPU 0 cannot migrate: a register in CPU 1's
+        // ring is a kernel bug (load-cpu) and the program is unaccounted.
+        let s = migrated_cycle(1, 0, 100, 50, 0xffff_ffff_c000_1000);
+        let mut ev = ev_of(&[(0, 0), (1, 1)], &s);
+        ev.batches = vec![batch(vec![50], Some(0))];
+        let a = analyse(&ev);
+        assert!(
+            a.of_rule(rule::PROGRAMS_ACCOUNTED).any(|v| v
+                .message
+                .contains("only 0 record(s) before its PROG_LOAD in its ring")),
+            "{}",
+            dump(&a)
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod overhead;
 pub mod payload;
 pub mod perf_script;
 pub mod records;
+pub mod repeat;
 pub mod report;
 pub mod scenario;
 pub mod signals;

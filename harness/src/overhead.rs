@@ -1428,6 +1428,7 @@ mod tests {
             deadlines: Deadlines::for_accel(Accel::Tcg),
             data_channel: false,
             icount: true,
+            channel_limit: crate::vm::DEFAULT_CHANNEL_LIMIT,
         };
         let argv = |c: &VmConfig| -> Vec<String> {
             c.argv(Path::new("/q.sock"), Path::new("/d.sock"))

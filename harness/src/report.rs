@@ -50,6 +50,7 @@ pub struct Summary {
     pub timeout: usize,
     pub panic: usize,
     pub interrupted: usize,
+    pub flaky: usize,
 }
 
 impl Summary {
@@ -66,6 +67,7 @@ impl Summary {
                 Verdict::Timeout(_) => s.timeout += 1,
                 Verdict::Panic(_) => s.panic += 1,
                 Verdict::Interrupted(_) => s.interrupted += 1,
+                Verdict::Flaky(_) => s.flaky += 1,
             }
         }
         s
@@ -78,6 +80,7 @@ impl Summary {
             + self.timeout
             + self.panic
             + self.interrupted
+            + self.flaky
     }
 
     /// Nothing failed: skipped and known-bug trials do not fail a run.
@@ -100,6 +103,7 @@ impl Summary {
             (self.timeout, "timeout"),
             (self.panic, "panic"),
             (self.interrupted, "interrupted"),
+            (self.flaky, "flaky"),
         ] {
             if n > 0 {
                 parts.push(format!("{n} {what}"));
@@ -124,7 +128,7 @@ pub fn not_passed_lines(results: &[TrialResult]) -> Vec<String> {
     results
         .iter()
         .filter_map(|r| match &r.verdict {
-            Verdict::Skipped(_) | Verdict::Fixed(_) => {
+            Verdict::Skipped(_) | Verdict::Fixed(_) | Verdict::Flaky(_) => {
                 Some(format!("{}: {}", r.id, r.verdict.headline()))
             }
             Verdict::Known(_) => Some(format!("{}: {} (known bug)", r.id, r.verdict.headline())),
@@ -170,15 +174,25 @@ impl std::fmt::Display for Spread {
     }
 }
 
+fn jsonl(results: &[TrialResult]) -> std::io::Result<String> {
+    let mut out = String::new();
+    for r in results {
+        out.push_str(&serde_json::to_string(r).map_err(std::io::Error::other)?);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
 /// Writes `results.jsonl` and `junit.xml` into `dir`.
 pub fn write_files(dir: &Path, results: &[TrialResult]) -> std::io::Result<()> {
-    let mut jsonl = String::new();
-    for r in results {
-        jsonl.push_str(&serde_json::to_string(r).map_err(std::io::Error::other)?);
-        jsonl.push('\n');
-    }
-    std::fs::write(dir.join("results.jsonl"), jsonl)?;
+    std::fs::write(dir.join("results.jsonl"), jsonl(results)?)?;
     std::fs::write(dir.join("junit.xml"), junit(results))
+}
+
+/// Writes `runs.jsonl`: every run of a `--repeat` run, one line each
+/// (`results.jsonl` then holds one combined line per trial).
+pub fn write_runs(dir: &Path, runs: &[TrialResult]) -> std::io::Result<()> {
+    std::fs::write(dir.join("runs.jsonl"), jsonl(runs)?)
 }
 
 fn xml_escape(s: &str) -> String {
@@ -209,7 +223,12 @@ pub fn junit(results: &[TrialResult]) -> String {
         let rs: Vec<&TrialResult> = results.iter().filter(|r| r.kernel == k).collect();
         let failures = rs
             .iter()
-            .filter(|r| matches!(r.verdict, Verdict::Failed(_) | Verdict::Fixed(_)))
+            .filter(|r| {
+                matches!(
+                    r.verdict,
+                    Verdict::Failed(_) | Verdict::Fixed(_) | Verdict::Flaky(_)
+                )
+            })
             .count();
         let skipped = rs
             .iter()
@@ -265,7 +284,7 @@ pub fn junit(results: &[TrialResult]) -> String {
                         xml_escape(r.verdict.message().unwrap_or(""))
                     );
                 }
-                Verdict::Fixed(m) => {
+                Verdict::Fixed(m) | Verdict::Flaky(m) => {
                     let _ = write!(
                         x,
                         "<failure message=\"{}\">{}</failure>",

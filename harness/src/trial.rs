@@ -75,6 +75,10 @@ pub enum Verdict {
     Timeout(String),
     Panic(String),
     Interrupted(String),
+    /// `--repeat N`: the runs of one trial disagreed (verdict or normalised
+    /// stream). First line `FLAKY: <k> outcomes in <n> runs`, then each
+    /// outcome with its runs and artefacts. Fails the run.
+    Flaky(String),
 }
 
 impl Verdict {
@@ -89,6 +93,7 @@ impl Verdict {
             Verdict::Timeout(_) => "TIMEOUT",
             Verdict::Panic(_) => "PANIC",
             Verdict::Interrupted(_) => "INTERRUPTED",
+            Verdict::Flaky(_) => "FLAKY",
         }
     }
 
@@ -102,7 +107,8 @@ impl Verdict {
             | Verdict::Infrastructure(m)
             | Verdict::Timeout(m)
             | Verdict::Panic(m)
-            | Verdict::Interrupted(m) => Some(m),
+            | Verdict::Interrupted(m)
+            | Verdict::Flaky(m) => Some(m),
         }
     }
 
@@ -117,7 +123,7 @@ impl Verdict {
                 "KNOWN ({})",
                 first.strip_prefix(KNOWN_PREFIX).unwrap_or(first)
             ),
-            Verdict::Fixed(_) => first.to_string(),
+            Verdict::Fixed(_) | Verdict::Flaky(_) => first.to_string(),
             other => other.label().to_string(),
         }
     }
@@ -388,6 +394,7 @@ fn run_inner(
         deadlines: env.deadlines.unwrap_or_else(|| Deadlines::for_accel(accel)),
         data_channel: true,
         icount: scenario.vm.icount,
+        channel_limit: vm::channel_limit(),
     };
     let console = artefacts.join("console.log");
     let mut vm = match Vm::spawn(config) {

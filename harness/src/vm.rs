@@ -93,7 +93,70 @@ pub struct VmConfig {
     /// instructions (1 ns each) and idle time is skipped, so timings measured
     /// in the guest repeat from run to run. Ignored under KVM.
     pub icount: bool,
+    /// Most bytes the host takes from the data channel in one session
+    /// ([`channel_limit`]); past it the session ends as infrastructure.
+    pub channel_limit: u64,
 }
+
+/// Default for [`VmConfig::channel_limit`]: 256 MiB. The largest stream
+/// kloop's own plans send (the 100,000-record load test) is about 15 MiB.
+pub const DEFAULT_CHANNEL_LIMIT: u64 = 256 << 20;
+
+/// Environment variable that sets [`VmConfig::channel_limit`] (bytes, or
+/// with a `K`, `M` or `G` suffix).
+pub const CHANNEL_LIMIT_ENV: &str = "KLOOP_CHANNEL_LIMIT";
+
+/// The per-session channel limit: [`CHANNEL_LIMIT_ENV`] if set and valid,
+/// else [`DEFAULT_CHANNEL_LIMIT`].
+pub fn channel_limit() -> u64 {
+    std::env::var(CHANNEL_LIMIT_ENV)
+        .ok()
+        .and_then(|v| parse_size(&v))
+        .unwrap_or(DEFAULT_CHANNEL_LIMIT)
+}
+
+/// `256 MiB`, `1.5 GiB`, `700 KiB`, `12 bytes`.
+fn human_bytes(n: u64) -> String {
+    const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    for (size, unit) in UNITS {
+        if n >= size {
+            let v = n as f64 / size as f64;
+            return if n.is_multiple_of(size) {
+                format!("{} {unit}", n / size)
+            } else {
+                format!("{v:.1} {unit}")
+            };
+        }
+    }
+    format!("{n} bytes")
+}
+
+fn parse_size(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let (digits, shift) = match v.chars().last()? {
+        'k' | 'K' => (&v[..v.len() - 1], 10),
+        'm' | 'M' => (&v[..v.len() - 1], 20),
+        'g' | 'G' => (&v[..v.len() - 1], 30),
+        _ => (v, 0),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
+/// After a framing error the host keeps reading this long for the agent's
+/// last words (an `AgentError` from its panic hook, which waits up to 2 s
+/// for the port lock before it writes over a frame it cut) before it ends
+/// the session as a protocol error.
+pub const PROTOCOL_ERROR_GRACE: Duration = Duration::from_secs(3);
+
+/// After the data channel closes, how long QEMU gets to exit.
+pub const EXIT_AFTER_CLOSE: Duration = Duration::from_secs(2);
+
+/// After the agent's last frame (`Done`, `AgentError`), how long it gets
+/// to power the VM off before QEMU is shut down.
+pub const POWER_OFF_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a QMP `quit` gets before QEMU is killed.
+pub const QUIT_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
@@ -390,7 +453,7 @@ impl Vm {
     pub fn shutdown(&mut self) -> Option<ExitStatus> {
         if self.try_wait().is_none() {
             let _ = self.qmp_quit();
-            if let Some(s) = self.wait_exit(Duration::from_secs(2)) {
+            if let Some(s) = self.wait_exit(QUIT_WAIT) {
                 return Some(s);
             }
         }
@@ -478,7 +541,10 @@ impl Vm {
     /// Returns when the agent said `Done` (or `AgentError`) and QEMU exited,
     /// or when something went wrong; QEMU is dead on every return path.
     pub fn run_session(&mut self, interrupted: &dyn Fn() -> bool) -> GuestSession {
-        let mut session = GuestSession::default();
+        let mut session = GuestSession {
+            channel_limit: self.config.channel_limit,
+            ..GuestSession::default()
+        };
         let deadlines = self.config.deadlines;
         let total_end = self.started + deadlines.total;
         let end = match self.accept_data(self.started + deadlines.boot, interrupted) {
@@ -489,7 +555,7 @@ impl Vm {
         let end = match end {
             SessionEnd::Done | SessionEnd::AgentError(_) => {
                 // The agent powers off after its last frame.
-                match self.wait_exit(Duration::from_secs(10)) {
+                match self.wait_exit(POWER_OFF_WAIT) {
                     Some(_) => end,
                     None => {
                         self.shutdown();
@@ -535,8 +601,11 @@ impl Vm {
             match stream.read(&mut buf) {
                 Ok(0) => {
                     // QEMU closed the socket: it exited (or is exiting).
-                    session.note_trailing(&decoder);
-                    let status = self.wait_exit(Duration::from_secs(2));
+                    let salvaged = session.salvage(&mut decoder, self.started);
+                    let status = self.wait_exit(EXIT_AFTER_CLOSE);
+                    if let Some(end) = salvaged {
+                        return end;
+                    }
                     return match status {
                         Some(s) => SessionEnd::QemuExited(s),
                         None => SessionEnd::Infrastructure(
@@ -545,6 +614,8 @@ impl Vm {
                     };
                 }
                 Ok(n) => {
+                    // data.bin is capped like memory: feed() ends the
+                    // session once the channel limit is passed.
                     if let Some(f) = raw.as_mut() {
                         let _ = f.write_all(&buf[..n]);
                     }
@@ -579,8 +650,13 @@ impl Vm {
                         return end;
                     }
                 }
-                session.note_trailing(&decoder);
+                if let Some(end) = session.salvage(&mut decoder, self.started) {
+                    return end;
+                }
                 return SessionEnd::QemuExited(status);
+            }
+            if let Some(end) = session.protocol_error_expired(Instant::now()) {
+                return end;
             }
             let now = Instant::now();
             if session.hello_at.is_none() && now >= self.started + deadlines.boot {
@@ -655,6 +731,14 @@ pub struct GuestSession {
     /// Bytes received per listener stream when each step started (step
     /// index, listener → length): which records were drained before a step.
     pub step_marks: Vec<(u32, BTreeMap<u32, u64>)>,
+    /// Most channel bytes this session takes; 0 means
+    /// [`DEFAULT_CHANNEL_LIMIT`]. What the host keeps (streams, messages,
+    /// data.bin) is never more than what it took.
+    pub channel_limit: u64,
+    /// The first framing error and when it was seen: the session waits
+    /// [`PROTOCOL_ERROR_GRACE`] for the agent's last words before it ends
+    /// with it.
+    pub protocol_error: Option<(String, Instant)>,
 }
 
 impl GuestSession {
@@ -669,20 +753,41 @@ impl GuestSession {
         started: Instant,
     ) -> Option<SessionEnd> {
         self.bytes += bytes.len() as u64;
+        let limit = self.limit();
+        if self.bytes > limit {
+            return Some(SessionEnd::Infrastructure(format!(
+                "the guest sent more than {} on the data channel, the limit of one VM session ({CHANNEL_LIMIT_ENV}, default {}): a runaway agent or plan; kloop stopped reading so the host's memory and disk stay bounded. If the plan really needs more, raise {CHANNEL_LIMIT_ENV} (e.g. {CHANNEL_LIMIT_ENV}=1G)",
+                human_bytes(limit),
+                human_bytes(DEFAULT_CHANNEL_LIMIT)
+            )));
+        }
         decoder.push(bytes);
         loop {
             match decoder.next_frame() {
                 Ok(Some(frame)) => {
                     self.last_frame_at = Some(started.elapsed());
-                    if let Some(end) = self.accept(frame, started) {
+                    let end = if let Some((cut, _)) = &self.protocol_error {
+                        let cut = format!("the channel error was: {cut}");
+                        self.last_words(&frame, &cut)
+                    } else {
+                        self.accept(frame, started)
+                    };
+                    if let Some(end) = end {
                         return Some(end);
                     }
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    return Some(SessionEnd::Protocol(format!(
-                        "{e} (the channel carries only frames: bytes outside them mean the agent wrote around its framing or the channel corrupted them)"
-                    )))
+                    // The decoder has skipped to the next magic. Keep
+                    // reading for a while: an agent that panics in the
+                    // middle of a frame still sends its panic message
+                    // after the cut frame, and that is the verdict.
+                    if self.protocol_error.is_none() {
+                        self.protocol_error = Some((
+                            format!("{e} (the channel carries only frames: bytes outside them mean the agent wrote around its framing or the channel corrupted them)"),
+                            Instant::now(),
+                        ));
+                    }
                 }
             }
         }
@@ -690,11 +795,71 @@ impl GuestSession {
         None
     }
 
-    /// Records an incomplete frame left in `decoder` when the channel ends.
-    fn note_trailing(&mut self, decoder: &FrameDecoder) {
-        if decoder.pending() > 0 {
-            self.trailing = Some((decoder.consumed(), decoder.pending()));
+    fn limit(&self) -> u64 {
+        if self.channel_limit == 0 {
+            DEFAULT_CHANNEL_LIMIT
+        } else {
+            self.channel_limit
         }
+    }
+
+    /// After a framing error only the agent's own error report counts:
+    /// everything else that still arrives is dropped unjudged. `cut` says
+    /// what broke the channel before it.
+    fn last_words(&mut self, frame: &kloop_protocol::RawFrame, cut: &str) -> Option<SessionEnd> {
+        if frame.kind != FrameKind::Message {
+            return None;
+        }
+        let msg = serde_json::from_slice::<Message>(&frame.payload).ok()?;
+        let Message::AgentError { step, message } = &msg else {
+            return None;
+        };
+        let what = match step {
+            Some(s) => format!("step {s}: {message}"),
+            None => message.clone(),
+        };
+        self.messages.push(msg);
+        Some(SessionEnd::AgentError(format!(
+            "{what}\n(its report came after a frame it cut short: {cut})"
+        )))
+    }
+
+    /// The pending framing error once its grace period is over.
+    pub fn protocol_error_expired(&self, now: Instant) -> Option<SessionEnd> {
+        let (e, at) = self.protocol_error.as_ref()?;
+        (now.duration_since(*at) >= PROTOCOL_ERROR_GRACE).then(|| SessionEnd::Protocol(e.clone()))
+    }
+
+    /// When the channel has ended: looks for the agent's last words inside
+    /// an incomplete frame it left (a panic hook that wrote over a frame the
+    /// panicking thread had started), then ends with a pending framing
+    /// error if there is one. `None`: nothing to report beyond how QEMU
+    /// exited (an incomplete frame is noted in `trailing`).
+    pub fn salvage(&mut self, decoder: &mut FrameDecoder, started: Instant) -> Option<SessionEnd> {
+        if decoder.pending() > 0 {
+            let (cut_at, cut_len) = (decoder.consumed(), decoder.pending());
+            self.trailing = Some((cut_at, cut_len));
+            let cut = format!(
+                "the frame at stream offset {cut_at} never completed ({cut_len} byte(s) pending when the channel closed)"
+            );
+            decoder.abandon_head();
+            loop {
+                match decoder.next_frame() {
+                    Ok(Some(frame)) => {
+                        self.last_frame_at = Some(started.elapsed());
+                        if let Some(end) = self.last_words(&frame, &cut) {
+                            return Some(end);
+                        }
+                    }
+                    Ok(None) => break,
+                    // The decoder skipped to the next magic: go on.
+                    Err(_) => {}
+                }
+            }
+        }
+        self.protocol_error
+            .as_ref()
+            .map(|(e, _)| SessionEnd::Protocol(e.clone()))
     }
 
     /// Takes one frame; returns how the session ends if this frame ends it.
@@ -950,6 +1115,7 @@ mod tests {
             deadlines: Deadlines::for_accel(Accel::Tcg),
             data_channel: true,
             icount: false,
+            channel_limit: DEFAULT_CHANNEL_LIMIT,
         };
         let argv: Vec<String> = cfg
             .argv(Path::new("/s/qmp.sock"), Path::new("/s/data.sock"))
@@ -986,7 +1152,9 @@ mod tests {
             }
             assert!(d.pending() < HEADER_LEN + kloop_protocol::MAX_PAYLOAD);
         }
-        (s, None, d)
+        // A framing error ends the session once its grace period is over.
+        let end = s.protocol_error_expired(Instant::now() + PROTOCOL_ERROR_GRACE);
+        (s, end, d)
     }
 
     fn protocol_error(end: Option<SessionEnd>) -> String {
@@ -1096,10 +1264,114 @@ mod tests {
         let h = hello().to_frame();
         let mut stream = h.clone();
         stream.extend(&Message::Log { text: "cut".into() }.to_frame()[..20]);
-        let (mut s, end, d) = feed_all(&stream, 4096);
+        let (mut s, end, mut d) = feed_all(&stream, 4096);
         assert_eq!(end, None);
-        s.note_trailing(&d);
+        assert_eq!(s.salvage(&mut d, Instant::now()), None);
         assert_eq!(s.trailing, Some((h.len() as u64, 20)));
+    }
+
+    fn agent_panic_frame() -> Vec<u8> {
+        Message::AgentError {
+            step: Some(3),
+            message: "agent panicked: panicked at guest/src/agent.rs:1:1: boom".into(),
+        }
+        .to_frame()
+    }
+
+    #[test]
+    fn a_panic_written_over_a_cut_frame_is_the_agents_failure() {
+        // The panicking thread had sent a header announcing 4096 bytes and
+        // 100 of them; its panic hook then wrote its report over the rest.
+        let h = hello().to_frame();
+        let mut stream = h.clone();
+        let full = encode_frame(FrameKind::Records, &[7u8; 4096]);
+        stream.extend(&full[..HEADER_LEN + 100]);
+        stream.extend(agent_panic_frame());
+        for chunk in [1, 4096] {
+            let (mut s, end, mut d) = feed_all(&stream, chunk);
+            assert_eq!(end, None, "the cut frame still waits for its bytes");
+            match s.salvage(&mut d, Instant::now()) {
+                Some(SessionEnd::AgentError(m)) => {
+                    assert!(m.starts_with("step 3: agent panicked: "), "{m}");
+                    assert!(
+                        m.contains(&format!("stream offset {} never completed", h.len())),
+                        "{m}"
+                    );
+                }
+                other => panic!("chunk {chunk}: expected the agent's error, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_panic_after_garbage_is_the_agents_failure_and_other_frames_are_not() {
+        let h = hello().to_frame();
+        let mut stream = h.clone();
+        stream.extend(b"\x00half a frame".as_slice());
+        stream.extend(Message::Log { text: "x".into() }.to_frame());
+        stream.extend(agent_panic_frame());
+        let mut s = GuestSession::default();
+        let mut d = FrameDecoder::new();
+        match s.feed(&mut d, &stream, Instant::now()) {
+            Some(SessionEnd::AgentError(m)) => {
+                assert!(
+                    m.contains("agent panicked") && m.contains("no frame magic"),
+                    "{m}"
+                )
+            }
+            other => panic!("expected the agent's error, got {other:?}"),
+        }
+        // The Log after the error was not taken as evidence.
+        assert!(!s.messages.iter().any(|m| matches!(m, Message::Log { .. })));
+        // Without last words the error stands, after the grace period only.
+        let mut stream = h.clone();
+        stream.extend(b"\x00half a frame".as_slice());
+        stream.extend(Message::Done { records_bytes: 0 }.to_frame());
+        let mut s = GuestSession::default();
+        let mut d = FrameDecoder::new();
+        assert_eq!(s.feed(&mut d, &stream, Instant::now()), None);
+        assert_eq!(s.protocol_error_expired(Instant::now()), None);
+        assert!(matches!(
+            s.salvage(&mut d, Instant::now()),
+            Some(SessionEnd::Protocol(m)) if m.contains("no frame magic")
+        ));
+    }
+
+    #[test]
+    fn a_session_stops_taking_bytes_at_its_channel_limit() {
+        let mut s = GuestSession {
+            channel_limit: 10_000,
+            ..GuestSession::default()
+        };
+        let mut d = FrameDecoder::new();
+        let started = Instant::now();
+        assert_eq!(s.feed(&mut d, &hello().to_frame(), started), None);
+        let mut end = None;
+        for f in kloop_protocol::records_frames(0, 0, &[1u8; 50_000]) {
+            end = s.feed(&mut d, &f, started);
+            if end.is_some() {
+                break;
+            }
+        }
+        match end {
+            Some(SessionEnd::Infrastructure(m)) => {
+                assert!(
+                    m.contains("more than 9.8 KiB") && m.contains(CHANNEL_LIMIT_ENV),
+                    "{m}"
+                )
+            }
+            other => panic!("expected the limit, got {other:?}"),
+        }
+        assert!(s.streams.values().map(Vec::len).sum::<usize>() <= 10_000);
+    }
+
+    #[test]
+    fn channel_limit_sizes() {
+        assert_eq!(parse_size("1G"), Some(1 << 30));
+        assert_eq!(parse_size("300m"), Some(300 << 20));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("lots"), None);
+        assert_eq!(human_bytes(256 << 20), "256 MiB");
     }
 
     #[test]

@@ -92,6 +92,11 @@ struct VmTestArgs {
     /// List the trials and exit.
     #[arg(long)]
     list: bool,
+    /// Run every trial N times (round after round) and report per trial
+    /// whether the verdict and the normalised stream were the same every
+    /// time; a trial whose runs disagree is FLAKY and fails the run.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
     #[command(flatten)]
     fetch: FetchArgs,
 }
@@ -190,6 +195,9 @@ fn run() -> Result<ExitCode> {
             }
             if a.kernel_image.is_some() {
                 bail!("bless rewrites the golden snapshots of pinned kernels from their own runs; it does not take --kernel-image (a user-built kernel is compared, never blessed)");
+            }
+            if a.repeat > 1 {
+                bail!("bless writes each snapshot from one run; check that a trial is stable with `cargo xtask vm-test --repeat N` first, then bless it once");
             }
             // insta rewrites the .snap files instead of failing; invariant
             // violations still fail: only a clean stream can be blessed.
@@ -451,21 +459,53 @@ fn vm_test(a: VmTestArgs) -> Result<ExitCode> {
     for w in &ledger_warnings {
         println!("kloop: {w}");
     }
-    println!(
-        "kloop: running {} trial(s), artefacts in {}",
-        trials.len(),
-        env.run_dir.display()
-    );
+    let repeat = a.repeat as usize;
+    if repeat > 1 {
+        println!(
+            "kloop: running {} trial(s) {repeat} times each ({} runs), artefacts in {}",
+            trials.len(),
+            trials.len() * repeat,
+            env.run_dir.display()
+        );
+    } else {
+        println!(
+            "kloop: running {} trial(s), artefacts in {}",
+            trials.len(),
+            env.run_dir.display()
+        );
+    }
+    // Round after round, so each trial's runs meet different neighbours
+    // and host load.
+    let runs: Vec<_> = (0..repeat).flat_map(|_| trials.iter().cloned()).collect();
     let jobs = a.jobs.unwrap_or_else(suite::default_jobs);
-    let results = suite::run_all(&env, &trials, jobs, &|r| {
+    let all_runs = suite::run_all(&env, &runs, jobs, &|r| {
         println!("{}", report::trial_line(r));
         if let Some(d) = report::failure_details(r) {
             println!("{d}");
         }
     });
+    let artefacts: Vec<PathBuf> = all_runs.iter().map(|r| r.artefacts.clone()).collect();
+    let results = if repeat > 1 {
+        report::write_runs(&env.run_dir, &all_runs)
+            .with_context(|| format!("writing runs.jsonl into {}", env.run_dir.display()))?;
+        let grouped = kloop::repeat::group(all_runs);
+        kloop::repeat::write_report(&env.run_dir, &grouped)
+            .with_context(|| format!("writing repeat.json into {}", env.run_dir.display()))?;
+        println!();
+        println!("{}", kloop::repeat::table(&grouped));
+        let combined: Vec<_> = grouped.iter().filter_map(|t| t.combined()).collect();
+        for r in combined.iter().filter(|r| r.verdict.label() == "FLAKY") {
+            println!("{}", report::trial_line(r));
+            if let Some(d) = report::failure_details(r) {
+                println!("{d}");
+            }
+        }
+        combined
+    } else {
+        all_runs
+    };
     report::write_files(&env.run_dir, &results)
         .with_context(|| format!("writing reports into {}", env.run_dir.display()))?;
-    let artefacts: Vec<PathBuf> = results.iter().map(|r| r.artefacts.clone()).collect();
     let run_name = env
         .run_dir
         .file_name()

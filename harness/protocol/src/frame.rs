@@ -161,6 +161,15 @@ impl FrameDecoder {
         self.skip(next);
     }
 
+    /// Gives up on the frame at the head of the buffer (one that can never
+    /// complete because the stream has ended) and skips to the next magic
+    /// after its first byte, so frames written over it can still be read.
+    pub fn abandon_head(&mut self) {
+        if !self.buf.is_empty() {
+            self.resync();
+        }
+    }
+
     /// Returns the next complete frame, `Ok(None)` if more bytes are needed.
     pub fn next_frame(&mut self) -> Result<Option<RawFrame>, FrameError> {
         if self.buf.len() < MAGIC.len() {

@@ -256,6 +256,13 @@ pub enum Fault {
     AgentPanic,
     /// Write bytes that are not a valid frame, then carry on.
     GarbageFrame,
+    /// Start a frame under the port lock, write part of it, and panic
+    /// while still holding the lock: the panic hook's report lands in the
+    /// middle of the cut frame.
+    PanicMidFrame,
+    /// Send well-formed `Records` frames without end: a runaway agent the
+    /// host must stop at its channel limit.
+    Flood,
 }
 
 /// Everything the agent needs to run one trial.

@@ -1,0 +1,411 @@
+//! `vm-test --repeat N`: every trial run N times, and each trial judged on
+//! whether its runs agreed.
+//!
+//! A run's *outcome* is its verdict (the headline: class, skip reason,
+//! known-bug ids; for a failure also the rules it names) and a digest of its
+//! normalised stream (`normalised.txt`, what the snapshots hold). A trial
+//! whose N runs all have one outcome keeps that verdict; one with two or
+//! more outcomes is [`Verdict::Flaky`], which fails the run and lists every
+//! outcome with the runs that gave it, their artefacts (all kept, each run
+//! in its own directory) and the first line where the streams differ.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::trial::{TrialResult, Verdict};
+
+/// What one run of a trial came to, for comparing runs.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Outcome {
+    /// The verdict's headline; for FAILED also the `[rule]` names its
+    /// message cites (the message itself quotes addresses and times that
+    /// differ between runs of the same finding).
+    pub verdict: String,
+    /// sha256 of `normalised.txt`, when the run got that far.
+    pub stream_sha256: Option<String>,
+}
+
+impl Outcome {
+    /// The outcome of a finished run, reading its `normalised.txt`.
+    pub fn of(r: &TrialResult) -> Outcome {
+        let stream = std::fs::read(r.artefacts.join("normalised.txt")).ok();
+        Outcome {
+            verdict: verdict_key(&r.verdict),
+            stream_sha256: stream.map(|s| hex::encode(Sha256::digest(&s))),
+        }
+    }
+}
+
+fn verdict_key(v: &Verdict) -> String {
+    let mut key = v.headline();
+    if let Verdict::Failed(m) = v {
+        let rules = cited_rules(m);
+        if !rules.is_empty() {
+            let rules: Vec<&str> = rules.iter().map(String::as_str).collect();
+            let _ = write!(key, " [{}]", rules.join(", "));
+        }
+    }
+    key
+}
+
+/// The `[rule]` names a failure message cites (`[programs-accounted] …`).
+fn cited_rules(message: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = message;
+    while let Some(open) = rest.find('[') {
+        rest = &rest[open + 1..];
+        let Some(close) = rest.find(']') else { break };
+        let name = &rest[..close];
+        if !name.is_empty()
+            && name.len() <= 40
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        {
+            out.insert(name.to_string());
+        }
+        rest = &rest[close + 1..];
+    }
+    out
+}
+
+/// The runs of one trial, grouped by outcome.
+#[derive(Debug, Clone)]
+pub struct RepeatedTrial {
+    pub id: String,
+    /// Every run, in the order they were started.
+    pub runs: Vec<TrialResult>,
+    /// Each distinct outcome with the (0-based) runs that gave it, most
+    /// frequent first.
+    pub outcomes: Vec<(Outcome, Vec<usize>)>,
+}
+
+impl RepeatedTrial {
+    pub fn is_stable(&self) -> bool {
+        self.outcomes.len() <= 1
+    }
+
+    /// The trial's result over all its runs: the first run's, with a note
+    /// when every run agreed; a [`Verdict::Flaky`] otherwise.
+    pub fn combined(&self) -> Option<TrialResult> {
+        let first = self.runs.first()?;
+        let mut r = first.clone();
+        let n = self.runs.len();
+        if self.is_stable() {
+            r.notes.push(format!(
+                "repeat: {n}/{n} runs gave the same verdict and stream"
+            ));
+            return Some(r);
+        }
+        r.verdict = Verdict::Flaky(self.flaky_message());
+        Some(r)
+    }
+
+    fn flaky_message(&self) -> String {
+        let n = self.runs.len();
+        let mut m = format!("FLAKY: {} outcomes in {n} runs", self.outcomes.len());
+        let reference = self
+            .outcomes
+            .first()
+            .and_then(|(_, runs)| runs.first())
+            .and_then(|i| self.runs.get(*i));
+        for (outcome, runs) in &self.outcomes {
+            let _ = write!(
+                m,
+                "\n  runs {}: {}, stream {}",
+                run_list(runs),
+                outcome.verdict,
+                outcome
+                    .stream_sha256
+                    .as_deref()
+                    .map_or("(none)".to_string(), |s| s[..12.min(s.len())].to_string())
+            );
+            let Some(first) = runs.first().and_then(|i| self.runs.get(*i)) else {
+                continue;
+            };
+            if let Some(line) = first.verdict.message().and_then(|m| m.lines().nth(1)) {
+                let _ = write!(m, "\n    {}", line.trim());
+            }
+            if let Some(reference) = reference {
+                if reference.artefacts != first.artefacts {
+                    if let Some(d) = stream_difference(&reference.artefacts, &first.artefacts) {
+                        let _ = write!(m, "\n    {d}");
+                    }
+                }
+            }
+            for i in runs {
+                if let Some(r) = self.runs.get(*i) {
+                    let _ = write!(m, "\n    run {}: {}", i + 1, r.artefacts.display());
+                }
+            }
+        }
+        m
+    }
+}
+
+/// `1-5, 7, 9-20` (1-based) for 0-based run indexes.
+fn run_list(runs: &[usize]) -> String {
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while let Some(&start) = runs.get(i) {
+        let mut end = start;
+        while runs.get(i + 1) == Some(&(end + 1)) {
+            end += 1;
+            i += 1;
+        }
+        parts.push(if end == start {
+            format!("{}", start + 1)
+        } else {
+            format!("{}-{}", start + 1, end + 1)
+        });
+        i += 1;
+    }
+    parts.join(", ")
+}
+
+/// Where two runs' normalised streams first differ, as one line.
+fn stream_difference(a: &Path, b: &Path) -> Option<String> {
+    let a = std::fs::read_to_string(a.join("normalised.txt")).ok()?;
+    let b = std::fs::read_to_string(b.join("normalised.txt")).ok()?;
+    first_difference(&a, &b).map(|(line, x, y)| {
+        format!("stream differs from the first outcome's at line {line}: {x:?} vs {y:?}")
+    })
+}
+
+/// The first differing line (1-based) of two texts, with both lines
+/// (`<end>` where one text is shorter).
+pub fn first_difference(a: &str, b: &str) -> Option<(usize, String, String)> {
+    let mut la = a.lines();
+    let mut lb = b.lines();
+    let mut n = 0;
+    loop {
+        n += 1;
+        match (la.next(), lb.next()) {
+            (None, None) => return None,
+            (x, y) if x == y => continue,
+            (x, y) => {
+                return Some((
+                    n,
+                    x.unwrap_or("<end>").to_string(),
+                    y.unwrap_or("<end>").to_string(),
+                ))
+            }
+        }
+    }
+}
+
+/// Groups the results of repeated runs by trial id (first-seen order) and
+/// each trial's runs by outcome.
+pub fn group(results: Vec<TrialResult>) -> Vec<RepeatedTrial> {
+    let mut trials: Vec<RepeatedTrial> = Vec::new();
+    for r in results {
+        match trials.iter_mut().find(|t| t.id == r.id) {
+            Some(t) => t.runs.push(r),
+            None => trials.push(RepeatedTrial {
+                id: r.id.clone(),
+                runs: vec![r],
+                outcomes: Vec::new(),
+            }),
+        }
+    }
+    for t in &mut trials {
+        let mut outcomes: Vec<(Outcome, Vec<usize>)> = Vec::new();
+        for (i, r) in t.runs.iter().enumerate() {
+            let o = Outcome::of(r);
+            match outcomes.iter_mut().find(|(x, _)| *x == o) {
+                Some((_, runs)) => runs.push(i),
+                None => outcomes.push((o, vec![i])),
+            }
+        }
+        outcomes.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.1.cmp(&b.1)));
+        t.outcomes = outcomes;
+    }
+    trials
+}
+
+/// The per-trial table printed at the end of a repeated run.
+pub fn table(trials: &[RepeatedTrial]) -> String {
+    let width = trials.iter().map(|t| t.id.len()).max().unwrap_or(5).max(5);
+    let mut out = format!("{:<width$}  runs  outcomes  verdict\n", "trial");
+    for t in trials {
+        let verdict = match t.combined() {
+            Some(r) => r.verdict.headline(),
+            None => "-".into(),
+        };
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:>4}  {:>8}  {verdict}",
+            t.id,
+            t.runs.len(),
+            t.outcomes.len()
+        );
+    }
+    let flaky = trials.iter().filter(|t| !t.is_stable()).count();
+    let runs: usize = trials.iter().map(|t| t.runs.len()).sum();
+    let _ = write!(
+        out,
+        "{} trial(s), {runs} run(s), {flaky} flaky",
+        trials.len()
+    );
+    out
+}
+
+#[derive(Serialize)]
+struct RepeatRecord<'a> {
+    id: &'a str,
+    stable: bool,
+    outcomes: Vec<OutcomeRecord<'a>>,
+}
+
+#[derive(Serialize)]
+struct OutcomeRecord<'a> {
+    outcome: &'a Outcome,
+    runs: Vec<String>,
+}
+
+/// Writes `repeat.json` (every trial, its outcomes and their runs'
+/// artefact directories) into the run directory.
+pub fn write_report(dir: &Path, trials: &[RepeatedTrial]) -> std::io::Result<()> {
+    let records: Vec<RepeatRecord<'_>> = trials
+        .iter()
+        .map(|t| RepeatRecord {
+            id: &t.id,
+            stable: t.is_stable(),
+            outcomes: t
+                .outcomes
+                .iter()
+                .map(|(o, runs)| OutcomeRecord {
+                    outcome: o,
+                    runs: runs
+                        .iter()
+                        .filter_map(|i| t.runs.get(*i))
+                        .map(|r| r.artefacts.display().to_string())
+                        .collect(),
+                })
+                .collect(),
+        })
+        .collect();
+    let json = serde_json::to_string_pretty(&records).map_err(std::io::Error::other)?;
+    std::fs::write(dir.join("repeat.json"), json)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(dir: &Path, name: &str, verdict: Verdict, stream: Option<&str>) -> TrialResult {
+        let artefacts = dir.join(name);
+        std::fs::create_dir_all(&artefacts).unwrap();
+        if let Some(s) = stream {
+            std::fs::write(artefacts.join("normalised.txt"), s).unwrap();
+        }
+        TrialResult {
+            id: "7.3/short-lived".into(),
+            kernel: "7.3".into(),
+            scenario: "short-lived".into(),
+            verdict,
+            wall_secs: 4.0,
+            accel: "tcg".into(),
+            boot_to_hello_secs: None,
+            qemu_peak_rss_kib: None,
+            phases: None,
+            guest_release: None,
+            qemu_version: "QEMU 7.2".into(),
+            host_release: "6.1".into(),
+            artefacts,
+            notes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn identical_runs_keep_their_verdict() {
+        let d = tempfile::tempdir().unwrap();
+        let rs = (0..3)
+            .map(|i| run(d.path(), &format!("r{i}"), Verdict::Ok, Some("a\nb\n")))
+            .collect();
+        let g = group(rs);
+        assert_eq!(g.len(), 1);
+        assert!(g[0].is_stable());
+        let c = g[0].combined().unwrap();
+        assert_eq!(c.verdict, Verdict::Ok);
+        assert!(c.notes[0].contains("3/3"));
+    }
+
+    #[test]
+    fn a_different_verdict_is_flaky_and_names_the_runs() {
+        let d = tempfile::tempdir().unwrap();
+        let mut rs: Vec<TrialResult> = (0..4)
+            .map(|i| run(d.path(), &format!("r{i}"), Verdict::Ok, Some("a\nb\n")))
+            .collect();
+        rs.insert(
+            2,
+            run(
+                d.path(),
+                "bad",
+                Verdict::Failed(
+                    "1 violation\n[programs-accounted] id 137: only 0 record(s)".into(),
+                ),
+                Some("a\nc\n"),
+            ),
+        );
+        let g = group(rs);
+        assert!(!g[0].is_stable());
+        let c = g[0].combined().unwrap();
+        assert!(c.verdict.fails_run());
+        assert_eq!(c.verdict.label(), "FLAKY");
+        let m = c.verdict.message().unwrap();
+        assert!(m.starts_with("FLAKY: 2 outcomes in 5 runs"), "{m}");
+        assert!(m.contains("runs 1-2, 4-5: ok"), "{m}");
+        assert!(m.contains("runs 3: FAILED [programs-accounted]"), "{m}");
+        assert!(m.contains("line 2: \"b\" vs \"c\""), "{m}");
+        assert!(
+            m.contains(&d.path().join("bad").display().to_string()),
+            "{m}"
+        );
+        assert!(table(&g).ends_with("1 trial(s), 5 run(s), 1 flaky"));
+    }
+
+    #[test]
+    fn the_same_verdict_with_another_stream_is_flaky() {
+        let d = tempfile::tempdir().unwrap();
+        let rs = vec![
+            run(d.path(), "a", Verdict::Ok, Some("x\n")),
+            run(d.path(), "b", Verdict::Ok, Some("y\n")),
+        ];
+        assert!(!group(rs)[0].is_stable());
+    }
+
+    #[test]
+    fn failures_compare_by_rules_not_by_addresses() {
+        let d = tempfile::tempdir().unwrap();
+        let rs = vec![
+            run(
+                d.path(),
+                "a",
+                Verdict::Failed("x\n[lost] 3 at 0xffff1".into()),
+                None,
+            ),
+            run(
+                d.path(),
+                "b",
+                Verdict::Failed("x\n[lost] 3 at 0xffff2".into()),
+                None,
+            ),
+        ];
+        assert!(group(rs)[0].is_stable());
+    }
+
+    #[test]
+    fn run_lists_and_differences() {
+        assert_eq!(run_list(&[0, 1, 2, 4, 6, 7]), "1-3, 5, 7-8");
+        assert_eq!(first_difference("a\nb", "a\nb"), None);
+        assert_eq!(
+            first_difference("a\nb", "a"),
+            Some((2, "b".into(), "<end>".into()))
+        );
+    }
+}
