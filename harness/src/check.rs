@@ -574,15 +574,25 @@ fn predates_run(
         return true;
     }
     let Some(r) = recs.get(i) else { return false };
-    let prev = recs
+    // The unregisters and the PROG_UNLOAD are separate perf_iterate_sb()
+    // calls of the unloading task (perf_event_bpf_event): a task that
+    // migrated between them left the unregister in another CPU's ring, so
+    // the record before this one is looked for in its own ring and in the
+    // set's stream merged by time.
+    let prev_in_ring = recs
         .get(..i)
         .unwrap_or(&[])
         .iter()
         .rposition(|p| p.listener == r.listener);
-    let Some(prev) = prev else { return false };
-    m.syms
-        .iter()
-        .any(|s| s.reg.is_none() && s.unreg == Some(prev))
+    let prev_merged = i.checked_sub(1).filter(|_| r.time().is_some());
+    [prev_in_ring, prev_merged]
+        .into_iter()
+        .flatten()
+        .any(|prev| {
+            m.syms
+                .iter()
+                .any(|s| s.reg.is_none() && s.unreg == Some(prev))
+        })
 }
 
 fn fmt_idx(recs: &[Record], i: Option<usize>) -> String {
@@ -2522,6 +2532,44 @@ pub(crate) mod stream_tests {
         // Without the declaration, any loss is a violation.
         ev.provoked_loss = false;
         assert!(rules(&analyse(&ev)).contains(rule::LOST));
+    }
+
+    #[test]
+    fn preexisting_unload_split_across_rings_is_explained() {
+        // A program from before the recording whose symbol is named after
+        // a function tag, not the program tag: only the unregister right
+        // before its PROG_UNLOAD explains the unload. The unloading task
+        // migrated between the two records (each is its own
+        // perf_iterate_sb() on the current CPU).
+        let ftag = "6262626262626262";
+        let addr = 0xffff_ffff_c000_4000;
+        let s = vec![
+            (1, 10, Ev::Unreg(addr, 0x40, KSYM_TYPE_BPF, name(ftag))),
+            (0, 11, Ev::Unload(78, hex_tag(TAG_S))),
+        ];
+        let mut ev = ev_of(&[(0, 0), (1, 1)], &s);
+        ev.initial_kallsyms = vec![KallsymsEntry {
+            addr,
+            kind: 't',
+            name: name(ftag),
+            module: Some("bpf".into()),
+        }];
+        let a = analyse(&ev);
+        assert!(a.violations.is_empty(), "{}", dump(&a));
+        // Without that unregister nothing explains the PROG_UNLOAD.
+        let mut ev = ev_of(&[(0, 0), (1, 1)], &s[1..]);
+        ev.initial_kallsyms = vec![KallsymsEntry {
+            addr,
+            kind: 't',
+            name: name(ftag),
+            module: Some("bpf".into()),
+        }];
+        let a = analyse(&ev);
+        assert!(
+            rules(&a).contains(rule::UNLOAD_MATCHES_LOAD),
+            "{}",
+            dump(&a)
+        );
     }
 
     #[test]
