@@ -2547,24 +2547,20 @@ pub(crate) mod stream_tests {
             (1, 10, Ev::Unreg(addr, 0x40, KSYM_TYPE_BPF, name(ftag))),
             (0, 11, Ev::Unload(78, hex_tag(TAG_S))),
         ];
-        let mut ev = ev_of(&[(0, 0), (1, 1)], &s);
-        ev.initial_kallsyms = vec![KallsymsEntry {
-            addr,
-            kind: 't',
-            name: name(ftag),
-            module: Some("bpf".into()),
-        }];
-        let a = analyse(&ev);
+        let analysed = |script: &[(u32, u64, Ev)]| {
+            let mut ev = ev_of(&[(0, 0), (1, 1)], script);
+            ev.initial_kallsyms = vec![KallsymsEntry {
+                addr,
+                kind: 't',
+                name: name(ftag),
+                module: Some("bpf".into()),
+            }];
+            analyse(&ev)
+        };
+        let a = analysed(&s);
         assert!(a.violations.is_empty(), "{}", dump(&a));
         // Without that unregister nothing explains the PROG_UNLOAD.
-        let mut ev = ev_of(&[(0, 0), (1, 1)], &s[1..]);
-        ev.initial_kallsyms = vec![KallsymsEntry {
-            addr,
-            kind: 't',
-            name: name(ftag),
-            module: Some("bpf".into()),
-        }];
-        let a = analyse(&ev);
+        let a = analysed(&s[1..]);
         assert!(
             rules(&a).contains(rule::UNLOAD_MATCHES_LOAD),
             "{}",

@@ -517,34 +517,42 @@ fn qemu_killed_from_outside() -> TestResult {
     Ok(())
 }
 
-fn kernel_panic() -> TestResult {
+/// A fault whose verdict comes from an event (QEMU exits, the channel
+/// closes), not from a deadline: the verdict class, the words its message
+/// must carry, and what the event path waits for on purpose.
+struct EventFault {
+    scenario: &'static str,
+    fault: Fault,
+    class: &'static str,
+    is_class: fn(&Verdict) -> bool,
+    says: &'static [&'static str],
+    path_waits: Duration,
+    row: &'static str,
+    how: &'static str,
+}
+
+fn event_fault(f: &EventFault) -> TestResult {
     let c = ctx()?;
-    let s = c.fault_scenario("fault-kernel-panic", Fault::KernelPanic);
+    let s = c.fault_scenario(f.scenario, f.fault);
     let o = run_watched(&c.env_with(None), &c.kernel, &s, false)?;
     ensure!(
-        matches!(o.result.verdict, Verdict::Panic(_)),
-        "expected PANIC, got {:?}",
+        (f.is_class)(&o.result.verdict),
+        "expected {}, got {:?}",
+        f.class,
         o.result.verdict
     );
-    expect_contains(
-        o.message(),
-        &[
-            "guest kernel panicked",
-            "Kernel panic - not syncing: sysrq triggered crash",
-            "console.log",
-        ],
-    )?;
+    expect_contains(o.message(), f.says)?;
     let last = o.seen.last_data_at.ok_or("no data seen")?;
     let t = o.secs_since(last);
     ensure_before_deadline(
         t,
         c.default_deadlines().silence,
-        kloop::vm::EXIT_AFTER_CLOSE,
+        f.path_waits,
         "the last channel byte",
     )?;
     table(
-        "guest kernel panic",
-        "step fault kernel-panic: echo c > /proc/sysrq-trigger",
+        f.row,
+        f.how,
         &o.result.verdict,
         VM_CLEANUP,
         format!(
@@ -553,6 +561,79 @@ fn kernel_panic() -> TestResult {
         ),
     );
     Ok(())
+}
+
+fn kernel_panic() -> TestResult {
+    event_fault(&EventFault {
+        scenario: "fault-kernel-panic",
+        fault: Fault::KernelPanic,
+        class: "PANIC",
+        is_class: |v| matches!(v, Verdict::Panic(_)),
+        says: &[
+            "guest kernel panicked",
+            "Kernel panic - not syncing: sysrq triggered crash",
+            "console.log",
+        ],
+        path_waits: kloop::vm::EXIT_AFTER_CLOSE,
+        row: "guest kernel panic",
+        how: "step fault kernel-panic: echo c > /proc/sysrq-trigger",
+    })
+}
+
+fn agent_abort() -> TestResult {
+    event_fault(&EventFault {
+        scenario: "fault-agent-abort",
+        fault: Fault::Abort,
+        class: "FAILED (agent crash, not a kernel panic)",
+        is_class: |v| matches!(v, Verdict::Failed(_)),
+        says: &[
+            "the guest agent crashed",
+            "Attempted to kill init",
+            "not a finding about the kernel",
+            r#""fault":"abort""#,
+            "fault: calling abort() in PID 1",
+        ],
+        path_waits: kloop::vm::EXIT_AFTER_CLOSE,
+        row: "agent abort (PID 1 dies)",
+        how: "step fault abort: libc::abort()",
+    })
+}
+
+fn agent_panic() -> TestResult {
+    event_fault(&EventFault {
+        scenario: "fault-agent-panic",
+        fault: Fault::AgentPanic,
+        class: "FAILED",
+        is_class: |v| matches!(v, Verdict::Failed(_)),
+        says: &[
+            "the guest agent failed",
+            "agent panicked",
+            "fault injection: deliberate agent panic",
+            r#""fault":"agent-panic""#,
+        ],
+        path_waits: kloop::vm::POWER_OFF_WAIT,
+        row: "agent panic",
+        how: "step fault agent-panic: panic!() (hook reports, powers off)",
+    })
+}
+
+fn panic_mid_frame() -> TestResult {
+    event_fault(&EventFault {
+        scenario: "fault-panic-mid-frame",
+        fault: Fault::PanicMidFrame,
+        class: "FAILED (the agent's panic), not a channel protocol error",
+        is_class: |v| matches!(v, Verdict::Failed(_)),
+        says: &[
+            "the guest agent failed",
+            "agent panicked",
+            "fault injection: panic in the middle of a frame (100 of",
+            "its report came after a frame it cut short",
+            "never completed",
+        ],
+        path_waits: kloop::vm::EXIT_AFTER_CLOSE,
+        row: "agent panic in the middle of a frame",
+        how: "step fault panic-mid-frame: 100 bytes of a 4 KiB frame, then panic!() holding the port lock",
+    })
 }
 
 fn hang() -> TestResult {
@@ -608,116 +689,6 @@ fn hang() -> TestResult {
             "{quiet:.2} s after the last frame (silence deadline {} s)",
             silence.as_secs()
         ),
-    );
-    Ok(())
-}
-
-fn agent_abort() -> TestResult {
-    let c = ctx()?;
-    let s = c.fault_scenario("fault-agent-abort", Fault::Abort);
-    let o = run_watched(&c.env_with(None), &c.kernel, &s, false)?;
-    ensure!(
-        matches!(o.result.verdict, Verdict::Failed(_)),
-        "expected FAILED (agent crash, not a kernel panic), got {:?}",
-        o.result.verdict
-    );
-    expect_contains(
-        o.message(),
-        &[
-            "the guest agent crashed",
-            "Attempted to kill init",
-            "not a finding about the kernel",
-            r#""fault":"abort""#,
-            "fault: calling abort() in PID 1",
-        ],
-    )?;
-    let last = o.seen.last_data_at.ok_or("no data seen")?;
-    let t = o.secs_since(last);
-    ensure_before_deadline(
-        t,
-        c.default_deadlines().silence,
-        kloop::vm::EXIT_AFTER_CLOSE,
-        "the last channel byte",
-    )?;
-    table(
-        "agent abort (PID 1 dies)",
-        "step fault abort: libc::abort()",
-        &o.result.verdict,
-        VM_CLEANUP,
-        format!("{t:.2} s after the agent's last frame"),
-    );
-    Ok(())
-}
-
-fn agent_panic() -> TestResult {
-    let c = ctx()?;
-    let s = c.fault_scenario("fault-agent-panic", Fault::AgentPanic);
-    let o = run_watched(&c.env_with(None), &c.kernel, &s, false)?;
-    ensure!(
-        matches!(o.result.verdict, Verdict::Failed(_)),
-        "expected FAILED, got {:?}",
-        o.result.verdict
-    );
-    expect_contains(
-        o.message(),
-        &[
-            "the guest agent failed",
-            "agent panicked",
-            "fault injection: deliberate agent panic",
-            r#""fault":"agent-panic""#,
-        ],
-    )?;
-    let last = o.seen.last_data_at.ok_or("no data seen")?;
-    let t = o.secs_since(last);
-    ensure_before_deadline(
-        t,
-        c.default_deadlines().silence,
-        kloop::vm::POWER_OFF_WAIT,
-        "the last channel byte",
-    )?;
-    table(
-        "agent panic",
-        "step fault agent-panic: panic!() (hook reports, powers off)",
-        &o.result.verdict,
-        VM_CLEANUP,
-        format!("{t:.2} s after the agent's last frame"),
-    );
-    Ok(())
-}
-
-fn panic_mid_frame() -> TestResult {
-    let c = ctx()?;
-    let s = c.fault_scenario("fault-panic-mid-frame", Fault::PanicMidFrame);
-    let o = run_watched(&c.env_with(None), &c.kernel, &s, false)?;
-    ensure!(
-        matches!(o.result.verdict, Verdict::Failed(_)),
-        "expected FAILED (the agent's panic), not a channel protocol error: got {:?}",
-        o.result.verdict
-    );
-    expect_contains(
-        o.message(),
-        &[
-            "the guest agent failed",
-            "agent panicked",
-            "fault injection: panic in the middle of a frame (100 of",
-            "its report came after a frame it cut short",
-            "never completed",
-        ],
-    )?;
-    let last = o.seen.last_data_at.ok_or("no data seen")?;
-    let t = o.secs_since(last);
-    ensure_before_deadline(
-        t,
-        c.default_deadlines().silence,
-        kloop::vm::EXIT_AFTER_CLOSE,
-        "the last channel byte",
-    )?;
-    table(
-        "agent panic in the middle of a frame",
-        "step fault panic-mid-frame: 100 bytes of a 4 KiB frame, then panic!() holding the port lock",
-        &o.result.verdict,
-        VM_CLEANUP,
-        format!("{t:.2} s after the agent's last bytes"),
     );
     Ok(())
 }
