@@ -19,7 +19,7 @@
 //! | `time-order` | sample times non-decreasing within each listener's stream |
 //! | `causal-order` | per program: registers before PROG_LOAD, unregisters after PROG_LOAD and before PROG_UNLOAD |
 //! | `listeners-agree` | every listener set, and every task-bound listener, carries exactly the KSYMBOL / BPF_EVENT records the others saw, restricted to what it asked for (a task-bound listener: to the records its task caused) |
-//! | `programs-accounted` | per program of a `storm` / `concurrent` batch (ids only, no facts): one PROG_LOAD with one KSYMBOL register per function right before it (in its ring for a pinned loader; in the set's time-merged stream for an unpinned one, which may migrate between records), each unregistered after it, then one PROG_UNLOAD with its tag; no PROG_LOAD of a program no step reported |
+//! | `programs-accounted` | per program of a `storm` / `concurrent` batch (ids only, no facts): one PROG_LOAD with one KSYMBOL register per function right before it from the same task (in its ring for a pinned loader; in the set's time-merged stream for an unpinned one, which may migrate between records; other tasks' records, such as an unload by the task that dropped a program's last reference, may come in between), each unregistered after it, then one PROG_UNLOAD with its tag; no PROG_LOAD of a program no step reported |
 //! | `load-cpu` | a `concurrent` loader's records (registers and PROG_LOAD) are in the ring of the CPU it was pinned to, with that `cpu` in their trailer |
 //! | `inventory` | programs loaded before recording (`preexisting`) are in the inventory; each inventoried program unloaded in the stream unregisters exactly its inventoried functions (addr, len, kallsyms name) before a PROG_UNLOAD with its tag |
 //! | `lookups` | a side-band reader looked up at least every PROG_LOAD of its storm, and got nothing but success or ENOENT |
@@ -989,23 +989,34 @@ fn check_batches(ev: &RunEvidence, m: &Model<'_>, out: &mut Vec<Violation>) -> B
             //   perf orders side-band records of several CPUs). Without
             //   PERF_SAMPLE_TIME cross-ring order is unknown and only its
             //   ring can be searched.
+            // - Other tasks' records can come in between on any CPU: an
+            //   unload is emitted by whichever task drops the last
+            //   reference (the side-band thread of `short-lived`, whose
+            //   BPF_PROG_GET_FD_BY_ID outlived the storm's close, unloads
+            //   an earlier program between this one's register and its
+            //   PROG_LOAD). So with PERF_SAMPLE_TID only the loading task's
+            //   records (the PROG_LOAD's tid) are candidates.
             let by_time = b.cpu.is_none() && set_timed;
+            let loader_tid = load_rec.sample.tid;
             let regs: Vec<usize> = (0..load)
                 .rev()
                 .filter(|i| {
-                    by_time
-                        || recs
-                            .get(*i)
-                            .is_some_and(|r| r.listener == load_rec.listener)
+                    recs.get(*i).is_some_and(|r| {
+                        (by_time || r.listener == load_rec.listener)
+                            && (loader_tid.is_none() || r.sample.tid == loader_tid)
+                    })
                 })
                 .take(f)
                 .collect();
             let mut problems = Vec::new();
             if regs.len() < f {
-                let place = if by_time {
-                    "in the merged stream"
-                } else {
-                    "in its ring"
+                let place = match (by_time, loader_tid) {
+                    (true, Some(t)) => {
+                        format!("from its loading task (tid {t}) in the merged stream")
+                    }
+                    (true, None) => "in the merged stream".to_string(),
+                    (false, Some(t)) => format!("from its loading task (tid {t}) in its ring"),
+                    (false, None) => "in its ring".to_string(),
                 };
                 problems.push(format!(
                     "only {} record(s) before its PROG_LOAD {place}, {f} register(s) expected",
@@ -2315,17 +2326,26 @@ pub(crate) mod stream_tests {
     /// Evidence with `listeners` (index, cpu) of one spec and the script's
     /// records, tid 1 everywhere.
     pub fn ev_of(listeners: &[(u32, i32)], script: &[(u32, u64, Ev)]) -> RunEvidence {
+        let with_tids: Vec<(u32, u64, u32, Ev)> = script
+            .iter()
+            .map(|(li, t, e)| (*li, *t, 1, e.clone()))
+            .collect();
+        ev_of_tasks(listeners, &with_tids)
+    }
+
+    /// As [`ev_of`], each record written by the task `tid`.
+    pub fn ev_of_tasks(listeners: &[(u32, i32)], script: &[(u32, u64, u32, Ev)]) -> RunEvidence {
         let ls: Vec<ListenerInfo> = listeners
             .iter()
             .map(|(i, c)| testutil::listener(*i, *c, ST))
             .collect();
         let mut streams: BTreeMap<u32, Vec<u8>> =
             ls.iter().map(|l| (l.index, Vec::new())).collect();
-        for (li, time, e) in script {
+        for (li, time, tid, e) in script {
             let l = ls.iter().find(|l| l.index == *li).unwrap();
             let t = Tr {
-                pid: 1,
-                tid: 1,
+                pid: *tid,
+                tid: *tid,
                 time: *time,
                 cpu: l.cpu.max(0) as u32,
                 ..Tr::default()
@@ -2426,6 +2446,47 @@ pub(crate) mod stream_tests {
     }
 
     #[test]
+    fn another_tasks_unload_between_register_and_load_is_accounted() {
+        // The 6.12 and 7.2 short-lived flakes: the side-band thread (tid
+        // 104) held the last reference to program 50 and unloaded it between
+        // program 51's register and PROG_LOAD (storm loader, tid 1).
+        let tag = hex_tag(TAG_S);
+        let (a50, a51) = (0xffff_ffff_c000_1000, 0xffff_ffff_c000_2000);
+        let s = vec![
+            (0, 100, 1, Ev::Reg(a50, 0x40, KSYM_TYPE_BPF, name(TAG_S))),
+            (0, 101, 1, Ev::Load(50, tag)),
+            (1, 200, 1, Ev::Reg(a51, 0x40, KSYM_TYPE_BPF, name(TAG_S))),
+            (
+                0,
+                201,
+                104,
+                Ev::Unreg(a50, 0x40, KSYM_TYPE_BPF, name(TAG_S)),
+            ),
+            (0, 202, 104, Ev::Unload(50, tag)),
+            (1, 203, 1, Ev::Load(51, tag)),
+            (1, 204, 1, Ev::Unreg(a51, 0x40, KSYM_TYPE_BPF, name(TAG_S))),
+            (1, 205, 1, Ev::Unload(51, tag)),
+        ];
+        let mut ev = ev_of_tasks(&[(0, 0), (1, 1)], &s);
+        ev.batches = vec![batch(vec![50, 51], None)];
+        let a = analyse(&ev);
+        assert!(a.violations.is_empty(), "{}", dump(&a));
+        // The same interleaving with the loader's register gone fails.
+        let mut ev = ev_of_tasks(
+            &[(0, 0), (1, 1)],
+            &[&s[..2], &s[3..5], &s[5..6], &s[7..]].concat(),
+        );
+        ev.batches = vec![batch(vec![50, 51], None)];
+        let a = analyse(&ev);
+        assert!(
+            a.of_rule(rule::PROGRAMS_ACCOUNTED)
+                .any(|v| v.message.contains("program id 51")),
+            "{}",
+            dump(&a)
+        );
+    }
+
+    #[test]
     fn pinned_loader_split_across_rings_fails() {
         // A loader pinned to CPU 0 cannot migrate: a register in CPU 1's
         // ring is a kernel bug (load-cpu) and the program is unaccounted.
@@ -2436,7 +2497,7 @@ pub(crate) mod stream_tests {
         assert!(
             a.of_rule(rule::PROGRAMS_ACCOUNTED).any(|v| v
                 .message
-                .contains("only 0 record(s) before its PROG_LOAD in its ring")),
+                .contains("only 0 record(s) before its PROG_LOAD from its loading task (tid 1) in its ring")),
             "{}",
             dump(&a)
         );

@@ -113,7 +113,7 @@ impl RepeatedTrial {
             .first()
             .and_then(|(_, runs)| runs.first())
             .and_then(|i| self.runs.get(*i));
-        for (outcome, runs) in &self.outcomes {
+        for (k, (outcome, runs)) in self.outcomes.iter().enumerate() {
             let _ = write!(
                 m,
                 "\n  runs {}: {}, stream {}",
@@ -137,10 +137,16 @@ impl RepeatedTrial {
                     }
                 }
             }
-            for i in runs {
+            // Every run of the rarer outcomes; the most frequent one only
+            // needs an example.
+            let shown = if k == 0 { &runs[..1] } else { &runs[..] };
+            for i in shown {
                 if let Some(r) = self.runs.get(*i) {
                     let _ = write!(m, "\n    run {}: {}", i + 1, r.artefacts.display());
                 }
+            }
+            if shown.len() < runs.len() {
+                let _ = write!(m, "\n    (and {} more alike)", runs.len() - shown.len());
             }
         }
         m

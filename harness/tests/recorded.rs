@@ -176,3 +176,60 @@ fn recorded_7_3_many_listeners_agree() {
         a.violations
     );
 }
+
+/// Two `short-lived` runs that failed `programs-accounted` before the rule
+/// knew that another task's records can come between a program's KSYMBOL
+/// register and its PROG_LOAD: the side-band thread held the last reference
+/// to an earlier program (its BPF_PROG_GET_FD_BY_ID outlived the storm's
+/// close), so *it* unloaded that program, on the other CPU, in between
+/// (7.2: program 172 and the unload of 169 by tid 104; 6.12: program 100
+/// and the unload of 97 by tid 130). The streams are complete and must
+/// check clean and equal the golden snapshot; with the loader's register
+/// taken out, the rule must still fail.
+#[test]
+fn recorded_short_lived_unload_by_another_task_is_accounted() {
+    for (pin, program) in [("7.2", 172u32), ("6.12", 100)] {
+        let ev = recorded(&root().join(format!(
+            "src/testdata/real/{pin}-short-lived-sideband-unload"
+        )));
+        let a = kloop::check::analyse(&ev);
+        assert!(a.violations.is_empty(), "{pin}: {:#?}", a.violations);
+        let text = kloop::normalise::normalise(&ev, &a);
+        let golden = kloop::snapshot::read_snapshot_body(
+            &root().join(format!("../scenarios/short-lived/snapshots/{pin}.snap")),
+        )
+        .unwrap();
+        assert_eq!(text.trim_end(), golden, "{pin}");
+
+        // Remove the register right before the program's PROG_LOAD in the
+        // loader's ring: the program is no longer accounted.
+        let mut cut = ev.clone();
+        let (listener, start, end) = ev
+            .listeners
+            .iter()
+            .find_map(|l| {
+                let recs = parse_stream(l, &ev.streams[&l.index]).unwrap();
+                let load = recs.iter().position(|r| {
+                    matches!(r.body, RecordBody::BpfEvent { event_type: 1, id, .. } if id == program)
+                })?;
+                let reg = recs[..load]
+                    .iter()
+                    .rev()
+                    .find(|r| matches!(r.body, RecordBody::Ksymbol { .. }))?;
+                Some((
+                    l.index,
+                    reg.offset as usize,
+                    reg.offset as usize + reg.header.size as usize,
+                ))
+            })
+            .unwrap();
+        cut.streams.get_mut(&listener).unwrap().drain(start..end);
+        let a = kloop::check::analyse(&cut);
+        assert!(
+            a.violations.iter().any(|v| v.rule == "programs-accounted"
+                && v.message.contains(&format!("program id {program}"))),
+            "{pin}: {:#?}",
+            a.violations
+        );
+    }
+}
