@@ -1,0 +1,248 @@
+//! Rules across listener sets: provoked-loss accounting (`lost`),
+//! `listeners-agree`, and the side-band `lookups`.
+
+use super::*;
+
+
+/// The provoked-loss accounting of one set: what the run's programs caused
+/// that this set asked for, against what arrived and what LOST counted.
+pub(super) fn loss_account(
+    ev: &RunEvidence,
+    set: usize,
+    merged: &[Record],
+    ksym: bool,
+    bpf: bool,
+    lost: u64,
+) -> LossAccount {
+    // Per program: a register and an unregister per function, a PROG_LOAD
+    // and a PROG_UNLOAD; a program loaded before recording only unloads.
+    let per = |functions: u64, whole: bool| -> u64 {
+        let k = if ksym { functions } else { 0 };
+        let b = u64::from(bpf);
+        if whole {
+            2 * k + 2 * b
+        } else {
+            k + b
+        }
+    };
+    let mut caused = 0u64;
+    for b in &ev.batches {
+        caused += b.ids.len() as u64 * per(u64::from(b.functions), true);
+    }
+    for f in &ev.progs {
+        let n = f.jited_ksyms.len() as u64;
+        caused += per(n, !ev.preexisting.contains(&f.id));
+    }
+    let received = merged
+        .iter()
+        .filter(|r| {
+            matches!(
+                r.body,
+                RecordBody::Ksymbol { .. } | RecordBody::BpfEvent { .. }
+            )
+        })
+        .count() as u64;
+    LossAccount {
+        set,
+        caused,
+        received,
+        lost,
+    }
+}
+
+/// Multiset of what records say (`RecordContent`: everything but where and
+/// when they were written), each with the first record that said it.
+pub(super) type KeyBag<'a> = BTreeMap<RecordContent, (usize, &'a Record)>;
+
+pub(super) fn bag<'a>(recs: impl Iterator<Item = &'a Record>, ksym: bool, bpf: bool) -> KeyBag<'a> {
+    let mut out: KeyBag<'a> = BTreeMap::new();
+    for r in recs {
+        if let Some(key) = RecordContent::of_record(r) {
+            let is_k = matches!(key, RecordContent::Ksymbol { .. });
+            if (is_k && ksym) || (!is_k && bpf) {
+                out.entry(key).or_insert((0, r)).0 += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The records in `a` more often than in `b`, quoted.
+pub(super) fn surplus(a: &KeyBag<'_>, b: &KeyBag<'_>) -> Vec<String> {
+    a.iter()
+        .filter_map(|(k, (n, r))| {
+            let m = b.get(k).map_or(0, |(m, _)| *m);
+            (*n > m).then(|| {
+                if *n - m > 1 {
+                    format!("{r} (x{})", n - m)
+                } else {
+                    r.to_string()
+                }
+            })
+        })
+        .collect()
+}
+
+/// `listeners-agree`: see the module docs.
+pub(super) fn check_agreement(
+    a: &Analysis,
+    listeners: &BTreeMap<u32, &ListenerInfo>,
+    cut: &BTreeSet<u32>,
+    out: &mut Vec<Violation>,
+) {
+    let recs_of = |i: &u32| a.records_per_listener.get(i).into_iter().flatten();
+    struct Member<'a> {
+        name: String,
+        ksym: bool,
+        bpf: bool,
+        recs: Vec<&'a Record>,
+    }
+    let mut sets: Vec<Member<'_>> = Vec::new();
+    for (k, set) in a.sets.iter().enumerate() {
+        if set.iter().any(|i| cut.contains(i)) {
+            continue;
+        }
+        let Some(first) = set.first().and_then(|i| listeners.get(i)) else {
+            continue;
+        };
+        sets.push(Member {
+            name: format!("set#{k} (listeners {set:?})"),
+            ksym: first.ksymbol,
+            bpf: first.bpf_event,
+            recs: set.iter().flat_map(recs_of).collect(),
+        });
+    }
+    let mut msgs = Vec::new();
+    // Every pair of sets over the record kinds both asked for.
+    for (x, sx) in sets.iter().enumerate() {
+        for sy in sets.iter().skip(x + 1) {
+            let (k, b) = (sx.ksym && sy.ksym, sx.bpf && sy.bpf);
+            if !k && !b {
+                continue;
+            }
+            let bx = bag(sx.recs.iter().copied(), k, b);
+            let by = bag(sy.recs.iter().copied(), k, b);
+            let (only_x, only_y) = (surplus(&bx, &by), surplus(&by, &bx));
+            if !only_x.is_empty() || !only_y.is_empty() {
+                msgs.push(format!(
+                    "{} and {} disagree: only in the first: [{}]; only in the second: [{}]",
+                    sx.name,
+                    sy.name,
+                    only_x
+                        .iter()
+                        .take(MAX_PER_KIND)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(" / "),
+                    only_y
+                        .iter()
+                        .take(MAX_PER_KIND)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(" / ")
+                ));
+            }
+        }
+    }
+    // A task-bound listener against the first set that covers its kinds,
+    // restricted to the task its records name.
+    for l in listeners
+        .values()
+        .filter(|l| l.cpu < 0 && !cut.contains(&l.index))
+    {
+        let Some(reference) = sets
+            .iter()
+            .find(|s| (s.ksym || !l.ksymbol) && (s.bpf || !l.bpf_event))
+        else {
+            continue;
+        };
+        let mine: Vec<&Record> = recs_of(&l.index).collect();
+        let tids: BTreeSet<(Option<u32>, Option<u32>)> =
+            mine.iter().map(|r| (r.sample.pid, r.sample.tid)).collect();
+        if tids.len() > 1 {
+            msgs.push(format!(
+                "task-bound listener {} has records of {} tasks (pid, tid): {tids:?}",
+                l.index,
+                tids.len()
+            ));
+            continue;
+        }
+        let task = tids.into_iter().next().and_then(|(_, t)| t);
+        let theirs = reference
+            .recs
+            .iter()
+            .copied()
+            .filter(|r| match (task, r.sample.tid) {
+                (Some(t), Some(rt)) => t == rt,
+                _ => true,
+            });
+        let bx = bag(mine.iter().copied(), l.ksymbol, l.bpf_event);
+        let by = bag(theirs, l.ksymbol, l.bpf_event);
+        let (only_x, only_y) = (surplus(&bx, &by), surplus(&by, &bx));
+        if !only_x.is_empty() || !only_y.is_empty() {
+            msgs.push(format!(
+                "task-bound listener {} and {}{} disagree: only in the task listener: [{}]; only in the set: [{}]",
+                l.index,
+                reference.name,
+                task.map(|t| format!(" (records of tid {t})")).unwrap_or_default(),
+                only_x.iter().take(MAX_PER_KIND).cloned().collect::<Vec<_>>().join(" / "),
+                only_y.iter().take(MAX_PER_KIND).cloned().collect::<Vec<_>>().join(" / ")
+            ));
+        }
+    }
+    push_capped(out, rule::LISTENERS_AGREE, "disagreements", msgs);
+}
+
+/// `lookups`; returns the report notes.
+pub(super) fn check_lookups(ev: &RunEvidence, a: &Analysis, out: &mut Vec<Violation>) -> Vec<String> {
+    let loads_in_streams = a
+        .records_per_listener
+        .values()
+        .flatten()
+        .filter(|r| r.bpf_event(BPF_EVENT_PROG_LOAD).is_some())
+        .count() as u64;
+    let mut notes = Vec::new();
+    let mut msgs = Vec::new();
+    for b in &ev.batches {
+        let Some(l) = &b.lookups else { continue };
+        let n = b.ids.len() as u64;
+        let seen = u64::from(l.seen);
+        if seen < n {
+            msgs.push(format!(
+                "{}: the side-band thread saw {seen} PROG_LOAD records but the storm loaded {n} programs",
+                b.what()
+            ));
+        }
+        if seen > loads_in_streams {
+            msgs.push(format!(
+                "{}: the side-band thread saw {seen} PROG_LOAD records, more than the {loads_in_streams} the host received",
+                b.what()
+            ));
+        }
+        if !l.other_errors.is_empty() {
+            msgs.push(format!(
+                "{}: lookups failed other than with ENOENT: {}",
+                b.what(),
+                l.other_errors.join("; ")
+            ));
+        } else if u64::from(l.found) + u64::from(l.enoent) != seen {
+            msgs.push(format!(
+                "{}: {} found + {} ENOENT != {seen} looked up",
+                b.what(),
+                l.found,
+                l.enoent
+            ));
+        }
+        let pct = if l.seen == 0 {
+            0.0
+        } else {
+            100.0 * f64::from(l.enoent) / f64::from(l.seen)
+        };
+        notes.push(format!(
+            "lookups: {} ids looked up at once, {} found, {} ENOENT ({pct:.1}%)",
+            l.seen, l.found, l.enoent
+        ));
+    }
+    push_capped(out, rule::LOOKUPS, "lookup problems", msgs);
+    notes
+}

@@ -1,0 +1,190 @@
+//! `programs-accounted` and `load-cpu` for the programs of `storm` and
+//! `concurrent` batches, which the agent reports by id only.
+
+use super::*;
+
+
+/// `programs-accounted` and `load-cpu` for every batch program; returns the
+/// indexes of the records accounted to them.
+pub(super) fn check_batches(ev: &RunEvidence, m: &Model<'_>, out: &mut Vec<Violation>) -> BTreeSet<usize> {
+    let recs = m.recs;
+    let mut accounted = BTreeSet::new();
+    if ev.batches.is_empty() {
+        return accounted;
+    }
+    let life_by_reg: BTreeMap<usize, usize> = m
+        .syms
+        .iter()
+        .enumerate()
+        .filter_map(|(l, s)| s.reg.map(|r| (r, l)))
+        .collect();
+    let cpu_of: BTreeMap<u32, i32> = ev.listeners.iter().map(|l| (l.index, l.cpu)).collect();
+    // Whether the set's stream is merged by sample time (every record has one).
+    let set_timed = !recs.is_empty() && recs.iter().all(|r| r.time().is_some());
+    let mut acc = Vec::new();
+    let mut cpus = Vec::new();
+    for b in &ev.batches {
+        let f = b.functions as usize;
+        if f == 0 && !b.ids.is_empty() {
+            acc.push(format!(
+                "{}: reports {} programs with 0 JITed functions",
+                b.what(),
+                b.ids.len()
+            ));
+            continue;
+        }
+        for &id in &b.ids {
+            let who = format!("{} program id {id}", b.what());
+            let loads = m.loads_of(id);
+            let Some(life) = loads.first().and_then(|l| m.progs.get(*l)) else {
+                acc.push(format!("{who}: no PROG_LOAD in the stream"));
+                continue;
+            };
+            if loads.len() > 1 {
+                acc.push(format!("{who}: {} PROG_LOAD records", loads.len()));
+            }
+            let Some(load) = life.load else { continue };
+            let Some(load_rec) = recs.get(load) else {
+                continue;
+            };
+            let tag = load_rec
+                .bpf_event(BPF_EVENT_PROG_LOAD)
+                .map(|(_, t)| t)
+                .unwrap_or_default();
+            accounted.insert(load);
+            // Where this program's registers are. perf_event_bpf_event()
+            // (kernel/events/core.c) emits them, one per function, right
+            // before the PROG_LOAD, from the loading task; but each record
+            // is a perf_iterate_sb() of its own, preemption is disabled
+            // only while one record is written, and each goes to the
+            // side-band listeners of the CPU the task runs on at that
+            // moment. A task that is not pinned may migrate between two of
+            // them, so the records of one load can be split across rings.
+            // - Pinned loader (`concurrent`, b.cpu): it cannot migrate; its
+            //   registers are the f records right before its PROG_LOAD in
+            //   that CPU's ring (and `load-cpu` checks the ring).
+            // - Unpinned loader (`storm`): one task loading one program at a
+            //   time, so its registers are the f records right before its
+            //   PROG_LOAD in the set's stream merged by sample time (as
+            //   perf orders side-band records of several CPUs). Without
+            //   PERF_SAMPLE_TIME cross-ring order is unknown and only its
+            //   ring can be searched.
+            // - Other tasks' records can come in between on any CPU: an
+            //   unload is emitted by whichever task drops the last
+            //   reference (the side-band thread of `short-lived`, whose
+            //   BPF_PROG_GET_FD_BY_ID outlived the storm's close, unloads
+            //   an earlier program between this one's register and its
+            //   PROG_LOAD). So with PERF_SAMPLE_TID only the loading task's
+            //   records (the PROG_LOAD's tid) are candidates.
+            let by_time = b.cpu.is_none() && set_timed;
+            let loader_tid = load_rec.sample.tid;
+            let regs: Vec<usize> = (0..load)
+                .rev()
+                .filter(|i| {
+                    recs.get(*i).is_some_and(|r| {
+                        (by_time || r.listener == load_rec.listener)
+                            && (loader_tid.is_none() || r.sample.tid == loader_tid)
+                    })
+                })
+                .take(f)
+                .collect();
+            let mut problems = Vec::new();
+            if regs.len() < f {
+                let place = match (by_time, loader_tid) {
+                    (true, Some(t)) => {
+                        format!("from its loading task (tid {t}) in the merged stream")
+                    }
+                    (true, None) => "in the merged stream".to_string(),
+                    (false, Some(t)) => format!("from its loading task (tid {t}) in its ring"),
+                    (false, None) => "in its ring".to_string(),
+                };
+                problems.push(format!(
+                    "only {} record(s) before its PROG_LOAD {place}, {f} register(s) expected",
+                    regs.len()
+                ));
+            }
+            let mut unregs = Vec::new();
+            for &i in regs.iter().rev() {
+                let Some(r) = recs.get(i) else { continue };
+                let ok_reg = match &r.body {
+                    RecordBody::Ksymbol {
+                        ksym_type,
+                        flags,
+                        name,
+                        ..
+                    } => {
+                        flags & KSYMBOL_FLAGS_UNREGISTER == 0
+                            && *ksym_type == KSYM_TYPE_BPF
+                            && if f == 1 {
+                                name.starts_with(&tag_prefix(&tag))
+                            } else {
+                                has_some_tag_prefix(name)
+                            }
+                    }
+                    _ => false,
+                };
+                if !ok_reg {
+                    problems.push(format!(
+                        "{r} is not a BPF register named after the program where one of its {f} register(s) belongs"
+                    ));
+                    continue;
+                }
+                accounted.insert(i);
+                match life_by_reg
+                    .get(&i)
+                    .and_then(|l| m.syms.get(*l))
+                    .and_then(|s| s.unreg)
+                {
+                    None => problems.push(format!("{r} is never unregistered")),
+                    Some(u) => {
+                        accounted.insert(u);
+                        unregs.push((i, u));
+                    }
+                }
+            }
+            match life.unload {
+                None => problems.push(format!("no PROG_UNLOAD after {load_rec}")),
+                Some(q) => {
+                    accounted.insert(q);
+                    for (i, u) in &unregs {
+                        if before(recs, load, *u) == Some(false)
+                            || before(recs, *u, q) == Some(false)
+                        {
+                            problems.push(format!(
+                                "unregister {} of {} is not between PROG_LOAD {load_rec} and PROG_UNLOAD {}",
+                                fmt_idx(recs, Some(*u)),
+                                fmt_idx(recs, Some(*i)),
+                                fmt_idx(recs, Some(q))
+                            ));
+                        }
+                    }
+                }
+            }
+            if !problems.is_empty() {
+                acc.push(format!("{who}: {}", problems.join("; ")));
+            }
+            if let Some(cpu) = b.cpu {
+                for i in std::iter::once(load).chain(regs.iter().copied()) {
+                    let Some(r) = recs.get(i) else { continue };
+                    let lcpu = cpu_of.get(&r.listener).copied().unwrap_or(-1);
+                    let scpu = r.sample.cpu;
+                    if i64::from(lcpu) != i64::from(cpu) || scpu.is_some_and(|c| c != cpu) {
+                        cpus.push(format!(
+                            "{who}: loaded on CPU {cpu} but {r} is in the ring of CPU {lcpu}{}",
+                            scpu.map(|c| format!(" with sample cpu {c}"))
+                                .unwrap_or_default()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    push_capped(
+        out,
+        rule::PROGRAMS_ACCOUNTED,
+        "batch programs not accounted",
+        acc,
+    );
+    push_capped(out, rule::LOAD_CPU, "records on the wrong CPU", cpus);
+    accounted
+}

@@ -1,0 +1,117 @@
+//! `inventory`: programs loaded before the recording and their unloads.
+
+use super::*;
+
+
+/// `inventory`: programs that predate the recording and their unloads.
+pub(super) fn check_inventory(
+    ev: &RunEvidence,
+    m: &Model<'_>,
+    has_ksym: bool,
+    has_bpf: bool,
+    out: &mut Vec<Violation>,
+) {
+    let recs = m.recs;
+    let mut msgs = Vec::new();
+    for f in ev.progs.iter().filter(|f| ev.preexisting.contains(&f.id)) {
+        if !ev.inventory.iter().any(|p| p.id == f.id) {
+            msgs.push(format!(
+                "program {:?} (id {}, {}) was loaded before recording but no inventory lists it",
+                f.label, f.id, f.name
+            ));
+        }
+    }
+    for p in &ev.inventory {
+        let ours = ev.progs.iter().any(|f| f.id == p.id);
+        let who = format!("inventoried program id {} ({})", p.id, p.name);
+        let unload = m
+            .prog_by_id
+            .get(&p.id)
+            .into_iter()
+            .flatten()
+            .filter_map(|l| m.progs.get(*l))
+            .find(|l| l.load.is_none())
+            .and_then(|l| l.unload);
+        if has_bpf {
+            match unload.and_then(|q| recs.get(q)) {
+                None if ours => msgs.push(format!(
+                    "{who}: the agent unloaded it but the stream has no PROG_UNLOAD for it"
+                )),
+                None => continue,
+                Some(r) => {
+                    if r.bpf_event(BPF_EVENT_PROG_UNLOAD).map(|(_, t)| t) != Some(p.tag) {
+                        msgs.push(format!(
+                            "{who}: PROG_UNLOAD tag differs from the inventoried tag {}: {r}",
+                            hex::encode(p.tag)
+                        ));
+                    }
+                }
+            }
+        }
+        if !has_ksym {
+            continue;
+        }
+        for (fi, (&addr, &flen)) in p.jited_ksyms.iter().zip(&p.jited_func_lens).enumerate() {
+            let unreg = m
+                .sym_by_addr
+                .get(&addr)
+                .into_iter()
+                .flatten()
+                .filter_map(|l| m.syms.get(*l))
+                .find(|s| s.reg.is_none())
+                .and_then(|s| s.unreg);
+            let Some(u) = unreg else {
+                if ours || unload.is_some() {
+                    msgs.push(format!(
+                        "{who} f{fi}: no unregister of its inventoried symbol at {addr:#x} (len {flen})"
+                    ));
+                }
+                continue;
+            };
+            let Some(r) = recs.get(u) else { continue };
+            if let RecordBody::Ksymbol {
+                len,
+                ksym_type,
+                name,
+                ..
+            } = &r.body
+            {
+                let mut diffs = Vec::new();
+                if *len != flen {
+                    diffs.push(format!(
+                        "len {len} != inventoried jited_func_lens[{fi}] {flen}"
+                    ));
+                }
+                if *ksym_type != KSYM_TYPE_BPF {
+                    diffs.push(format!(
+                        "type {} is not BPF",
+                        records::ksym_type_name(*ksym_type)
+                    ));
+                }
+                let ks: Vec<&str> = p
+                    .kallsyms
+                    .iter()
+                    .filter(|e| e.addr == addr)
+                    .map(|e| e.name.as_str())
+                    .collect();
+                if ks.is_empty() {
+                    diffs.push("the inventory has no kallsyms line at that address".into());
+                } else if !ks.contains(&name.as_str()) {
+                    diffs.push(format!("the inventory's kallsyms names it {ks:?}"));
+                }
+                if !facts_name_ok(p, name) {
+                    diffs.push("name does not carry one of its inventoried tags".into());
+                }
+                if let Some(q) = unload {
+                    if before(recs, u, q) == Some(false) {
+                        diffs.push(format!("after its PROG_UNLOAD {}", fmt_idx(recs, Some(q))));
+                    }
+                }
+                if !diffs.is_empty() {
+                    msgs.push(format!("{who} f{fi}: {}: {r}", diffs.join("; ")));
+                }
+            }
+        }
+    }
+    push_capped(out, rule::INVENTORY, "inventory mismatches", msgs);
+}

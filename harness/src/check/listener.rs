@@ -1,0 +1,118 @@
+//! Per-record rules of one listener's stream: `record-type`, `sample-id`,
+//! `time-order`.
+
+use super::*;
+
+
+/// Per-record rules of one listener: record-type, sample-id, time-order.
+pub(super) fn check_listener(l: &ListenerInfo, recs: &[Record], out: &mut Vec<Violation>) {
+    let mut types = Vec::new();
+    let mut sids = Vec::new();
+    let mut times = Vec::new();
+    let mut first_id: Option<(u64, &Record)> = None;
+    let mut prev: Option<&Record> = None;
+    for r in recs {
+        if r.header.misc != 0 {
+            types.push(format!(
+                "{r}: header.misc is not 0 (the kernel writes 0 for side-band records)"
+            ));
+        }
+        match &r.body {
+            RecordBody::Unknown { type_ } => types.push(format!(
+                "{r}: record type {} is not one a ksymbol/bpf_event dummy listener receives",
+                records::record_type_name(*type_).unwrap_or("(undefined)")
+            )),
+            RecordBody::Ksymbol {
+                ksym_type, flags, ..
+            } => {
+                if !l.ksymbol {
+                    types.push(format!("{r}: KSYMBOL on a listener opened without ksymbol"));
+                }
+                if *ksym_type != KSYM_TYPE_BPF && *ksym_type != KSYM_TYPE_OOL {
+                    types.push(format!("{r}: ksym_type {ksym_type} (the kernel refuses UNKNOWN and undefined types)"));
+                }
+                if flags & !KSYMBOL_FLAGS_UNREGISTER != 0 {
+                    types.push(format!(
+                        "{r}: undefined KSYMBOL flag bits {:#x}",
+                        flags & !KSYMBOL_FLAGS_UNREGISTER
+                    ));
+                }
+            }
+            RecordBody::BpfEvent {
+                event_type, flags, ..
+            } => {
+                if !l.bpf_event {
+                    types.push(format!(
+                        "{r}: BPF_EVENT on a listener opened without bpf_event"
+                    ));
+                }
+                if *event_type != BPF_EVENT_PROG_LOAD && *event_type != BPF_EVENT_PROG_UNLOAD {
+                    types.push(format!("{r}: BPF_EVENT type {event_type} (the kernel emits only PROG_LOAD and PROG_UNLOAD)"));
+                }
+                if *flags != 0 {
+                    types.push(format!("{r}: undefined BPF_EVENT flags {flags:#x}"));
+                }
+            }
+            RecordBody::Lost { .. } => {}
+        }
+        if !matches!(r.body, RecordBody::Unknown { .. }) {
+            let s = &r.sample;
+            if let (Some(cpu), true) = (s.cpu, l.cpu >= 0) {
+                if i64::from(cpu) != i64::from(l.cpu) {
+                    sids.push(format!(
+                        "{r}: sample cpu {cpu} on the listener bound to CPU {}",
+                        l.cpu
+                    ));
+                }
+            }
+            if let Some(res) = s.cpu_res.filter(|v| *v != 0) {
+                sids.push(format!(
+                    "{r}: the res half of {{cpu, res}} is {res:#x}, not 0"
+                ));
+            }
+            if let (Some(a), Some(b)) = (s.id, s.identifier) {
+                if a != b {
+                    sids.push(format!("{r}: sample id {a} != identifier {b}"));
+                }
+            }
+            if let Some(id) = s.id.or(s.identifier) {
+                match first_id {
+                    None => first_id = Some((id, r)),
+                    Some((first, fr)) if first != id => {
+                        sids.push(format!("{r}: sample id {id} differs from the listener's first record's {first} ({fr})"))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if let (Some(p), Some(t)) = (prev.and_then(|p| p.time().map(|t| (p, t))), r.time()) {
+            if t < p.1 {
+                times.push(format!(
+                    "time goes backwards within listener {}: {} then {r}",
+                    l.index, p.0
+                ));
+            }
+        }
+        if r.time().is_some() {
+            prev = Some(r);
+        }
+    }
+    push_capped(
+        out,
+        rule::RECORD_TYPE,
+        "unexpected records on this listener",
+        types,
+    );
+    push_capped(
+        out,
+        rule::SAMPLE_ID,
+        "sample_id problems on this listener",
+        sids,
+    );
+    push_capped(
+        out,
+        rule::TIME_ORDER,
+        "backward steps on this listener",
+        times,
+    );
+}

@@ -1,0 +1,477 @@
+//! Invariants over one run (ABI.md, "Invariants kloop checks in every run",
+//! 1–5), each a named rule whose message quotes the offending records.
+//!
+//! # Rules
+//!
+//! | rule | what it checks |
+//! |------|----------------|
+//! | `listeners` | listener bookkeeping: unique indexes, no stream without a listener, every CPU-wide set covers every online CPU, some set exists when programs were loaded |
+//! | `parse` | every stream parses exactly ([`crate::records::parse_stream`]); records before the first error are still checked |
+//! | `record-type` | only types the kernel may send such a listener: KSYMBOL (if `ksymbol`), BPF_EVENT (if `bpf_event`), LOST; defined ksym/bpf-event types; no undefined flag bits; `misc` 0 |
+//! | `sample-id` | trailer contents: `cpu` is the listener's CPU, `res` is 0, `id` == `identifier`, one id per listener |
+//! | `facts` | the `bpf_prog_info` facts are usable: as many lens as ksyms, non-zero distinct addresses, unique ids |
+//! | `load-symbols` | per loaded program: a KSYMBOL register for each JITed function with addr/len of `jited_ksyms`/`jited_func_lens`, type BPF, a `bpf_prog_<tag>` name equal to kallsyms; no symbol registered twice while live; none at all for an interpreted program (`jited_func_lens` all 0) |
+//! | `load-matches-info` | exactly one PROG_LOAD per program, id == `bpf_prog_info.id`, tag == `bpf_prog_info.tag` |
+//! | `unload-symbols` | each function of a loaded program unregistered; every unregister has the addr/len/name/type of its register; no double unregister; none for an interpreted program |
+//! | `unload-matches-load` | every PROG_LOAD has one later PROG_UNLOAD with the same id and tag; no PROG_UNLOAD of a program never loaded (unless it predates the run); no double load |
+//! | `unregister-without-register` | no unregister of a symbol neither registered in the run nor in `initial_kallsyms` |
+//! | `lost` | LOST records total zero (the total is in [`Analysis::lost`]); in a run that provokes loss (a `storm` with `drain_every = 0`) instead, per listener set: records received + records lost = records the run caused (per program 2 per function + 2), exactly ([`Analysis::loss`]) |
+//! | `time-order` | sample times non-decreasing within each listener's stream |
+//! | `causal-order` | per program: registers before PROG_LOAD, unregisters after PROG_LOAD and before PROG_UNLOAD |
+//! | `listeners-agree` | every listener set, and every task-bound listener, carries exactly the KSYMBOL / BPF_EVENT records the others saw, restricted to what it asked for (a task-bound listener: to the records its task caused) |
+//! | `programs-accounted` | per program of a `storm` / `concurrent` batch (ids only, no facts): one PROG_LOAD with one KSYMBOL register per function right before it from the same task (in its ring for a pinned loader; in the set's time-merged stream for an unpinned one, which may migrate between records; other tasks' records, such as an unload by the task that dropped a program's last reference, may come in between), each unregistered after it, then one PROG_UNLOAD with its tag; no PROG_LOAD of a program no step reported |
+//! | `load-cpu` | a `concurrent` loader's records (registers and PROG_LOAD) are in the ring of the CPU it was pinned to, with that `cpu` in their trailer |
+//! | `inventory` | programs loaded before recording (`preexisting`) are in the inventory; each inventoried program unloaded in the stream unregisters exactly its inventoried functions (addr, len, kallsyms name) before a PROG_UNLOAD with its tag |
+//! | `lookups` | a side-band reader looked up at least every PROG_LOAD of its storm, and got nothing but success or ENOENT |
+//!
+//! # Listener sets and merging
+//!
+//! CPU-bound listeners are grouped into *sets*: listeners opened with the
+//! same attributes (sample_type, sample_id_all, ksymbol, bpf_event, ring
+//! size), at most one per CPU; each set is one CPU-wide recorder. Every set
+//! is checked on its own (rules `load-*`, `unload-*`,
+//! `unregister-without-register`, `causal-order`); [`Analysis::merged`] is
+//! the set holding the lowest listener index (the first spec opened).
+//! Task-bound listeners (cpu -1) only see their own task's records, so they
+//! get the per-record rules (`parse`, `record-type`, `sample-id`, `lost`,
+//! `time-order`) but no program rules.
+//!
+//! Symbols and programs that predate the recording are explained by the
+//! initial kallsyms snapshot and by the `inventory` (what `perf record`
+//! synthesises at start); programs the agent loaded before the first
+//! listener opened get no load rules, only the `inventory` rule.
+//!
+//! A set whose stream does not parse to the end is reported by `parse`; the
+//! set rules are not run on what is left of it (a cut stream would only
+//! repeat that finding as missing records), and `listeners-agree` leaves it
+//! out. A set that lost records in a run that provokes loss gets the exact
+//! accounting of `lost` instead of the pairing rules, which cannot hold for
+//! records that never arrived.
+//!
+//! Order between two records is taken from the stream when both come from
+//! one listener, from sample times otherwise (equal times are not a
+//! violation); without `PERF_SAMPLE_TIME`, cross-CPU order is unknown and not
+//! checked.
+//!
+//! # Record types a ksymbol/bpf_event listener may receive
+//!
+//! From `kernel/events/core.c`: KSYMBOL goes to events with `attr.ksymbol`
+//! (`perf_event_ksymbol_match`), BPF_EVENT to events with `attr.bpf_event`
+//! (`perf_event_bpf_match`), and `perf_output_begin` writes LOST into any
+//! ring that dropped records. Every other side-band type needs its own attr
+//! bit (mmap, comm, task, namespaces, cgroup, context_switch, text_poke);
+//! SAMPLE/THROTTLE/UNTHROTTLE need a counting event that overflows, which
+//! `PERF_COUNT_SW_DUMMY` never does; AUX/ITRACE_START/LOST_SAMPLES/
+//! AUX_OUTPUT_HW_ID need an AUX area; READ needs `inherit_stat`. So any
+//! other type is a `record-type` violation.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use kloop_protocol::{KallsymsEntry, ListenerInfo, ProgFacts};
+
+use crate::evidence::RunEvidence;
+use crate::records::{
+    self, merge_by_time, parse_prefix, Record, RecordBody, RecordContent, BPF_EVENT_PROG_LOAD,
+    BPF_EVENT_PROG_UNLOAD, KSYMBOL_FLAGS_UNREGISTER, KSYM_TYPE_BPF, KSYM_TYPE_OOL,
+};
+
+mod agreement;
+mod batches;
+mod inventory;
+mod listener;
+mod model;
+mod programs;
+
+use agreement::*;
+use batches::*;
+use inventory::*;
+use listener::*;
+pub use model::*;
+pub use programs::*;
+
+/// Rule names.
+pub mod rule {
+    pub const LISTENERS: &str = "listeners";
+    pub const PARSE: &str = "parse";
+    pub const RECORD_TYPE: &str = "record-type";
+    pub const SAMPLE_ID: &str = "sample-id";
+    pub const FACTS: &str = "facts";
+    pub const LOAD_SYMBOLS: &str = "load-symbols";
+    pub const LOAD_MATCHES_INFO: &str = "load-matches-info";
+    pub const UNLOAD_SYMBOLS: &str = "unload-symbols";
+    pub const UNLOAD_MATCHES_LOAD: &str = "unload-matches-load";
+    pub const UNREGISTER_WITHOUT_REGISTER: &str = "unregister-without-register";
+    pub const LOST: &str = "lost";
+    pub const TIME_ORDER: &str = "time-order";
+    pub const CAUSAL_ORDER: &str = "causal-order";
+    pub const LISTENERS_AGREE: &str = "listeners-agree";
+    pub const PROGRAMS_ACCOUNTED: &str = "programs-accounted";
+    pub const LOAD_CPU: &str = "load-cpu";
+    pub const INVENTORY: &str = "inventory";
+    pub const LOOKUPS: &str = "lookups";
+
+    pub const ALL: &[&str] = &[
+        LISTENERS,
+        PARSE,
+        RECORD_TYPE,
+        SAMPLE_ID,
+        FACTS,
+        LOAD_SYMBOLS,
+        LOAD_MATCHES_INFO,
+        UNLOAD_SYMBOLS,
+        UNLOAD_MATCHES_LOAD,
+        UNREGISTER_WITHOUT_REGISTER,
+        LOST,
+        TIME_ORDER,
+        CAUSAL_ORDER,
+        LISTENERS_AGREE,
+        PROGRAMS_ACCOUNTED,
+        LOAD_CPU,
+        INVENTORY,
+        LOOKUPS,
+    ];
+}
+
+/// At most this many violations of one kind per listener are spelled out.
+const MAX_PER_KIND: usize = 5;
+
+/// One broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub rule: &'static str,
+    pub message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{}] {}", self.rule, self.message)
+    }
+}
+
+/// The result of checking one run.
+#[derive(Debug, Clone, Default)]
+pub struct Analysis {
+    /// Parsed records of every listener (up to its first parse error).
+    pub records_per_listener: BTreeMap<u32, Vec<Record>>,
+    /// CPU-wide listener sets (listener indexes), lowest index first.
+    pub sets: Vec<Vec<u32>>,
+    /// `sets[0]` merged by time (empty if there is no CPU-wide set).
+    pub merged: Vec<Record>,
+    /// Sum of `lost` over every LOST record of every listener.
+    pub lost: u64,
+    /// Indexes into `merged` of the records accounted to `storm` /
+    /// `concurrent` batch programs (the normaliser summarises those).
+    pub accounted: BTreeSet<usize>,
+    /// The provoked-loss accounting of every listener set (empty unless the
+    /// run provoked loss).
+    pub loss: Vec<LossAccount>,
+    /// One-line facts for the trial report (lookup rates, loss accounting).
+    pub notes: Vec<String>,
+    pub violations: Vec<Violation>,
+}
+
+/// Records of one listener set in a run that provokes loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LossAccount {
+    /// Index into [`Analysis::sets`].
+    pub set: usize,
+    /// Records the run's programs caused that this set asked for.
+    pub caused: u64,
+    /// KSYMBOL and BPF_EVENT records received.
+    pub received: u64,
+    /// Sum of the LOST records' counts.
+    pub lost: u64,
+}
+
+impl Analysis {
+    /// Violations of one rule.
+    pub fn of_rule<'a>(&'a self, rule: &'a str) -> impl Iterator<Item = &'a Violation> + 'a {
+        self.violations.iter().filter(move |v| v.rule == rule)
+    }
+}
+
+fn push_capped(out: &mut Vec<Violation>, rule: &'static str, what: &str, msgs: Vec<String>) {
+    let n = msgs.len();
+    for m in msgs.into_iter().take(MAX_PER_KIND) {
+        out.push(Violation { rule, message: m });
+    }
+    if n > MAX_PER_KIND {
+        out.push(Violation {
+            rule,
+            message: format!("... and {} more {what}", n - MAX_PER_KIND),
+        });
+    }
+}
+
+/// `bpf_prog_<hex tag>`.
+pub fn tag_prefix(tag: &[u8; 8]) -> String {
+    format!("bpf_prog_{}", hex::encode(tag))
+}
+
+/// Whether `name` starts with `bpf_prog_` and 16 lowercase hex digits.
+pub fn has_some_tag_prefix(name: &str) -> bool {
+    name.strip_prefix("bpf_prog_")
+        .and_then(|rest| rest.get(..16))
+        .is_some_and(|h| {
+            h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
+}
+
+/// Whether a symbol name fits one of a program's functions. Functions are
+/// named `bpf_prog_<tag>…`: a subprogram after its own tag
+/// (`bpf_prog_info.prog_tags[i]`, `func[i]->tag`), the main function after
+/// either `prog_tags[0]` (5.10) or the whole program's `bpf_prog_info.tag`
+/// (6.1 on) — both seen on real kernels. Without `prog_tags` (older agents) a
+/// multi-function program is held only to the `bpf_prog_<16 hex digits>` shape.
+pub(crate) fn facts_name_ok(facts: &ProgFacts, name: &str) -> bool {
+    if facts.func_tags.is_empty() && facts.jited_ksyms.len() > 1 {
+        return has_some_tag_prefix(name);
+    }
+    std::iter::once(&facts.tag)
+        .chain(&facts.func_tags)
+        .any(|t| name.starts_with(&tag_prefix(t)))
+}
+
+/// The name prefixes function `fi` may carry, when the facts say.
+fn func_prefixes(facts: &ProgFacts, fi: usize) -> Vec<String> {
+    match (fi, facts.func_tags.get(fi)) {
+        (0, Some(t)) => vec![tag_prefix(&facts.tag), tag_prefix(t)],
+        (_, Some(t)) => vec![tag_prefix(t)],
+        (0, None) if facts.jited_ksyms.len() == 1 => vec![tag_prefix(&facts.tag)],
+        _ => vec![],
+    }
+}
+
+
+/// Groups CPU-bound listeners into CPU-wide sets; see the module docs.
+fn listener_sets(listeners: &BTreeMap<u32, &ListenerInfo>) -> Vec<Vec<u32>> {
+    type Key = (u64, bool, bool, bool, u64);
+    let mut sets: Vec<(Key, Vec<u32>, BTreeSet<i32>)> = Vec::new();
+    for l in listeners.values().filter(|l| l.cpu >= 0) {
+        let key = (
+            l.sample_type,
+            l.sample_id_all,
+            l.ksymbol,
+            l.bpf_event,
+            l.ring_bytes,
+        );
+        match sets
+            .iter_mut()
+            .find(|(k, _, cpus)| *k == key && !cpus.contains(&l.cpu))
+        {
+            Some((_, idx, cpus)) => {
+                idx.push(l.index);
+                cpus.insert(l.cpu);
+            }
+            None => sets.push((key, vec![l.index], BTreeSet::from([l.cpu]))),
+        }
+    }
+    sets.into_iter().map(|(_, idx, _)| idx).collect()
+}
+
+
+/// Parses every stream and checks every rule.
+pub fn analyse(ev: &RunEvidence) -> Analysis {
+    let mut a = Analysis::default();
+    let mut v: Vec<Violation> = Vec::new();
+
+    let mut listeners: BTreeMap<u32, &ListenerInfo> = BTreeMap::new();
+    for l in &ev.listeners {
+        match listeners.entry(l.index) {
+            std::collections::btree_map::Entry::Occupied(_) => v.push(m_find(
+                rule::LISTENERS,
+                format!(
+                    "listener index {} reported twice; the first is used",
+                    l.index
+                ),
+            )),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(l);
+            }
+        }
+    }
+    for (idx, bytes) in &ev.streams {
+        if !listeners.contains_key(idx) {
+            v.push(m_find(
+                rule::LISTENERS,
+                format!(
+                    "{} stream bytes for listener {idx}, which was never reported",
+                    bytes.len()
+                ),
+            ));
+        }
+    }
+
+    // Per listener: parse, record-type, sample-id, time-order, lost.
+    let mut lost_parts = Vec::new();
+    let mut lost_by: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut cut: BTreeSet<u32> = BTreeSet::new();
+    for (idx, l) in &listeners {
+        let bytes = ev.streams.get(idx).map(Vec::as_slice).unwrap_or(&[]);
+        let (recs, err) = parse_prefix(l, bytes);
+        if let Some(e) = err {
+            cut.insert(*idx);
+            v.push(m_find(
+                rule::PARSE,
+                format!(
+                    "{e} ({} records before it are kept for the per-record rules; the set rules \
+                     and listeners-agree leave this listener's set out)",
+                    recs.len()
+                ),
+            ));
+        }
+        check_listener(l, &recs, &mut v);
+        let lost: u64 = recs
+            .iter()
+            .map(|r| match r.body {
+                RecordBody::Lost { lost, .. } => lost,
+                _ => 0,
+            })
+            .fold(0u64, u64::saturating_add);
+        let n = recs
+            .iter()
+            .filter(|r| matches!(r.body, RecordBody::Lost { .. }))
+            .count();
+        if n > 0 {
+            let first = recs
+                .iter()
+                .find(|r| matches!(r.body, RecordBody::Lost { .. }))
+                .map(|r| r.to_string())
+                .unwrap_or_default();
+            lost_parts.push(format!(
+                "listener {idx}: {n} LOST record(s), {lost} lost (first: {first})"
+            ));
+        }
+        lost_by.insert(*idx, lost);
+        a.lost = a.lost.saturating_add(lost);
+        a.records_per_listener.insert(*idx, recs);
+    }
+    if !ev.provoked_loss && (a.lost > 0 || !lost_parts.is_empty()) {
+        v.push(m_find(
+            rule::LOST,
+            format!(
+                "{} records lost in total; {}",
+                a.lost,
+                lost_parts.join("; ")
+            ),
+        ));
+    }
+
+    check_facts(&ev.progs, &mut v);
+
+    a.sets = listener_sets(&listeners);
+    let online: BTreeSet<i64> = ev.online_cpus.iter().map(|c| i64::from(*c)).collect();
+    if a.sets.is_empty() && !ev.progs.is_empty() {
+        v.push(m_find(
+            rule::LISTENERS,
+            "programs were loaded but no CPU-wide listener recorded them".to_string(),
+        ));
+    }
+    let multi = a.sets.len() > 1;
+    for (k, set) in a.sets.iter().enumerate() {
+        let label = if multi {
+            format!("set#{k} (listeners {set:?})")
+        } else {
+            String::new()
+        };
+        let cpus: BTreeSet<i64> = set
+            .iter()
+            .filter_map(|i| listeners.get(i))
+            .map(|l| i64::from(l.cpu))
+            .collect();
+        let missing: Vec<i64> = online.difference(&cpus).copied().collect();
+        if !online.is_empty() && !missing.is_empty() {
+            v.push(m_find(
+                rule::LISTENERS,
+                format!("listener set {set:?} has no listener on online CPU(s) {missing:?}: records emitted there are not seen"),
+            ));
+        }
+        let Some(first) = set.first().and_then(|i| listeners.get(i)) else {
+            continue;
+        };
+        let streams: Vec<Vec<Record>> = set
+            .iter()
+            .map(|i| a.records_per_listener.get(i).cloned().unwrap_or_default())
+            .collect();
+        let merged = merge_by_time(streams);
+        let set_lost: u64 = set.iter().filter_map(|i| lost_by.get(i)).sum();
+        if ev.provoked_loss {
+            let account = loss_account(ev, k, &merged, first.ksymbol, first.bpf_event, set_lost);
+            if account.received + account.lost != account.caused {
+                v.push(m_find(
+                    rule::LOST,
+                    format!(
+                        "{}the run provoked loss, but {} records received + {} lost = {} != {} \
+                         records its programs caused{}",
+                        if multi {
+                            format!("{label}: ")
+                        } else {
+                            String::new()
+                        },
+                        account.received,
+                        account.lost,
+                        account.received + account.lost,
+                        account.caused,
+                        if lost_parts.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({})", lost_parts.join("; "))
+                        }
+                    ),
+                ));
+            }
+            a.notes.push(format!(
+                "loss{}: caused {} = received {} + lost {}{}",
+                if multi {
+                    format!(" set#{k}")
+                } else {
+                    String::new()
+                },
+                account.caused,
+                account.received,
+                account.lost,
+                if account.received + account.lost == account.caused {
+                    ""
+                } else {
+                    " (MISMATCH)"
+                }
+            ));
+            a.loss.push(account);
+        }
+        if !set.iter().any(|i| cut.contains(i)) {
+            let (found, accounted) = check_set(
+                ev,
+                &merged,
+                first.ksymbol,
+                first.bpf_event,
+                &label,
+                ev.provoked_loss && set_lost > 0,
+            );
+            v.extend(found);
+            if k == 0 {
+                a.accounted = accounted;
+            }
+        }
+        if k == 0 {
+            a.merged = merged;
+        }
+    }
+    check_agreement(&a, &listeners, &cut, &mut v);
+    let notes = check_lookups(ev, &a, &mut v);
+    a.notes.extend(notes);
+    a.violations = v;
+    a
+}
+
+#[cfg(test)]
+pub(crate) mod testrun;
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+pub(crate) mod stream_tests;
+/// Runs under the interpreter (`scenarios/interpreter`), synthetic: no
+/// pinned kernel can turn its JIT off (`CONFIG_BPF_JIT_ALWAYS_ON`).
+#[cfg(test)]
+mod interpreter_tests;

@@ -1,0 +1,376 @@
+//! Pairing of one merged stream: each symbol's register … unregister and each
+//! program's PROG_LOAD … PROG_UNLOAD, and the order of two records.
+
+use super::*;
+
+
+/// Order of two records of one merged stream: from the stream when they
+/// share a listener, from sample times otherwise (ties count as in order);
+/// `None` when it cannot be known.
+pub(crate) fn before(recs: &[Record], i: usize, j: usize) -> Option<bool> {
+    let a = recs.get(i)?;
+    let b = recs.get(j)?;
+    if a.listener == b.listener {
+        return Some(a.offset < b.offset);
+    }
+    match (a.time(), b.time()) {
+        (Some(x), Some(y)) => Some(x <= y),
+        _ => None,
+    }
+}
+
+/// Lifetime of one symbol at one address: register … unregister.
+#[derive(Debug, Clone)]
+pub struct SymLife {
+    pub addr: u64,
+    /// Index of the register record; `None` for symbols that predate the run.
+    pub reg: Option<usize>,
+    pub unreg: Option<usize>,
+}
+
+/// Lifetime of one program id: PROG_LOAD … PROG_UNLOAD.
+#[derive(Debug, Clone)]
+pub struct ProgLife {
+    pub id: u32,
+    /// `None` for programs that predate the run.
+    pub load: Option<usize>,
+    pub unload: Option<usize>,
+}
+
+/// Pairing of register/unregister and load/unload over one merged stream.
+pub(crate) struct Model<'a> {
+    pub recs: &'a [Record],
+    pub syms: Vec<SymLife>,
+    pub sym_by_addr: BTreeMap<u64, Vec<usize>>,
+    pub progs: Vec<ProgLife>,
+    pub prog_by_id: BTreeMap<u32, Vec<usize>>,
+    /// Pairing violations found while walking the stream.
+    pub findings: Vec<Violation>,
+}
+
+impl<'a> Model<'a> {
+    pub fn build(recs: &'a [Record], initial: &[KallsymsEntry]) -> Model<'a> {
+        let mut m = Model {
+            recs,
+            syms: Vec::new(),
+            sym_by_addr: BTreeMap::new(),
+            progs: Vec::new(),
+            prog_by_id: BTreeMap::new(),
+            findings: Vec::new(),
+        };
+        let mut live_sym: BTreeMap<u64, usize> = BTreeMap::new();
+        let mut live_prog: BTreeMap<u32, usize> = BTreeMap::new();
+        let mut findings = Vec::new();
+        for (i, r) in recs.iter().enumerate() {
+            match &r.body {
+                RecordBody::Ksymbol {
+                    addr,
+                    len,
+                    ksym_type,
+                    flags,
+                    name,
+                } => {
+                    if flags & KSYMBOL_FLAGS_UNREGISTER == 0 {
+                        if let Some(prev) = live_sym
+                            .get(addr)
+                            .and_then(|l| m.syms.get(*l))
+                            .and_then(|l| l.reg)
+                            .and_then(|p| recs.get(p))
+                        {
+                            findings.push(m_find(
+                                rule::LOAD_SYMBOLS,
+                                format!("symbol registered again while still registered: {prev} then {r}"),
+                            ));
+                        }
+                        let l = m.syms.len();
+                        m.syms.push(SymLife {
+                            addr: *addr,
+                            reg: Some(i),
+                            unreg: None,
+                        });
+                        m.sym_by_addr.entry(*addr).or_default().push(l);
+                        live_sym.insert(*addr, l);
+                    } else if let Some(l) = live_sym.remove(addr) {
+                        let reg = m.syms.get(l).and_then(|s| s.reg).and_then(|p| recs.get(p));
+                        if let Some(s) = m.syms.get_mut(l) {
+                            s.unreg = Some(i);
+                        }
+                        if let Some(
+                            reg @ Record {
+                                body:
+                                    RecordBody::Ksymbol {
+                                        len: rlen,
+                                        ksym_type: rtype,
+                                        name: rname,
+                                        ..
+                                    },
+                                ..
+                            },
+                        ) = reg
+                        {
+                            let mut diffs = Vec::new();
+                            if rlen != len {
+                                diffs.push(format!("len {len} vs {rlen}"));
+                            }
+                            if rname != name {
+                                diffs.push(format!("name {name:?} vs {rname:?}"));
+                            }
+                            if rtype != ksym_type {
+                                diffs.push(format!(
+                                    "type {} vs {}",
+                                    records::ksym_type_name(*ksym_type),
+                                    records::ksym_type_name(*rtype)
+                                ));
+                            }
+                            if !diffs.is_empty() {
+                                findings.push(m_find(
+                                    rule::UNLOAD_SYMBOLS,
+                                    format!(
+                                        "unregister differs from its register ({}): {reg} / {r}",
+                                        diffs.join(", ")
+                                    ),
+                                ));
+                            }
+                        }
+                    } else if let Some(last) = m
+                        .sym_by_addr
+                        .get(addr)
+                        .and_then(|v| v.last())
+                        .and_then(|l| m.syms.get(*l))
+                    {
+                        let prev = last
+                            .unreg
+                            .and_then(|u| recs.get(u))
+                            .map(|p| p.to_string())
+                            .unwrap_or_else(|| "?".into());
+                        findings.push(m_find(
+                            rule::UNLOAD_SYMBOLS,
+                            format!("symbol unregistered again without a register in between: {prev} then {r}"),
+                        ));
+                    } else if initial.iter().any(|e| e.addr == *addr && e.name == *name) {
+                        let l = m.syms.len();
+                        m.syms.push(SymLife {
+                            addr: *addr,
+                            reg: None,
+                            unreg: Some(i),
+                        });
+                        m.sym_by_addr.entry(*addr).or_default().push(l);
+                    } else {
+                        let hint = initial
+                            .iter()
+                            .filter(|e| e.addr == *addr)
+                            .map(|e| e.name.as_str())
+                            .collect::<Vec<_>>();
+                        let hint = if hint.is_empty() {
+                            String::new()
+                        } else {
+                            format!(
+                                " (the initial kallsyms has {} at that address)",
+                                hint.join(", ")
+                            )
+                        };
+                        findings.push(m_find(
+                            rule::UNREGISTER_WITHOUT_REGISTER,
+                            format!("{r} unregisters a symbol neither registered in this run nor in the initial kallsyms{hint}"),
+                        ));
+                    }
+                }
+                RecordBody::BpfEvent {
+                    event_type,
+                    id,
+                    tag,
+                    ..
+                } => match *event_type {
+                    BPF_EVENT_PROG_LOAD => {
+                        if let Some(prev) = live_prog
+                            .get(id)
+                            .and_then(|l| m.progs.get(*l))
+                            .and_then(|p| p.load)
+                            .and_then(|p| recs.get(p))
+                        {
+                            findings.push(m_find(
+                                rule::UNLOAD_MATCHES_LOAD,
+                                format!(
+                                    "program id loaded again while still loaded: {prev} then {r}"
+                                ),
+                            ));
+                        }
+                        let l = m.progs.len();
+                        m.progs.push(ProgLife {
+                            id: *id,
+                            load: Some(i),
+                            unload: None,
+                        });
+                        m.prog_by_id.entry(*id).or_default().push(l);
+                        live_prog.insert(*id, l);
+                    }
+                    BPF_EVENT_PROG_UNLOAD => {
+                        if let Some(l) = live_prog.remove(id) {
+                            if let Some(p) = m.progs.get_mut(l) {
+                                p.unload = Some(i);
+                            }
+                            let load = m
+                                .progs
+                                .get(l)
+                                .and_then(|p| p.load)
+                                .and_then(|p| recs.get(p));
+                            if let Some(load) = load {
+                                if load.bpf_event(BPF_EVENT_PROG_LOAD).map(|(_, t)| t) != Some(*tag)
+                                {
+                                    findings.push(m_find(
+                                        rule::UNLOAD_MATCHES_LOAD,
+                                        format!("PROG_UNLOAD tag differs from its PROG_LOAD: {load} / {r}"),
+                                    ));
+                                }
+                            }
+                        } else if m.prog_by_id.contains_key(id) {
+                            findings.push(m_find(
+                                rule::UNLOAD_MATCHES_LOAD,
+                                format!("program unloaded again without a load in between: {r}"),
+                            ));
+                        } else if predates_run(&m, recs, i, tag, initial) {
+                            let l = m.progs.len();
+                            m.progs.push(ProgLife {
+                                id: *id,
+                                load: None,
+                                unload: Some(i),
+                            });
+                            m.prog_by_id.entry(*id).or_default().push(l);
+                        } else {
+                            findings.push(m_find(
+                                rule::UNLOAD_MATCHES_LOAD,
+                                format!(
+                                    "{r}: PROG_UNLOAD of a program never loaded in this run and not in the initial kallsyms"
+                                ),
+                            ));
+                        }
+                    }
+                    _ => {} // `record-type` reports undefined event types.
+                },
+                _ => {}
+            }
+        }
+        for p in &m.progs {
+            if let (Some(load), None) = (p.load, p.unload) {
+                if let Some(load) = recs.get(load) {
+                    findings.push(m_find(
+                        rule::UNLOAD_MATCHES_LOAD,
+                        format!("program loaded but never unloaded in the stream: {load}"),
+                    ));
+                }
+            }
+        }
+        m.findings = findings;
+        m
+    }
+
+    /// The lifetime of the symbol at `addr` that belongs to a program whose
+    /// PROG_LOAD is record `load` and PROG_UNLOAD is `unload`: the one live
+    /// at the load, else one registered after the load but before the unload
+    /// (a causal-order violation). Without a load record: the first whose
+    /// name satisfies `name_ok`, else the first.
+    pub fn select_sym(
+        &self,
+        addr: u64,
+        load: Option<usize>,
+        unload: Option<usize>,
+        name_ok: impl Fn(&str) -> bool,
+    ) -> Option<usize> {
+        let cands: Vec<usize> = self
+            .sym_by_addr
+            .get(&addr)
+            .map(|v| {
+                v.iter()
+                    .copied()
+                    .filter(|l| self.syms.get(*l).is_some_and(|s| s.reg.is_some()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let reg_of = |l: usize| self.syms.get(l).and_then(|s| s.reg).unwrap_or(usize::MAX);
+        match load {
+            Some(p) => {
+                if let Some(&l) = cands.iter().rev().find(|l| reg_of(**l) < p) {
+                    let unreg = self.syms.get(l).and_then(|s| s.unreg);
+                    if unreg.is_none_or(|u| u > p) {
+                        return Some(l);
+                    }
+                }
+                cands
+                    .iter()
+                    .copied()
+                    .find(|l| reg_of(*l) > p && unload.is_none_or(|q| reg_of(*l) < q))
+            }
+            None => cands
+                .iter()
+                .copied()
+                .find(|l| {
+                    self.recs.get(reg_of(*l)).is_some_and(
+                        |r| matches!(&r.body, RecordBody::Ksymbol { name, .. } if name_ok(name)),
+                    )
+                })
+                .or_else(|| cands.first().copied()),
+        }
+    }
+
+    /// The PROG_LOAD lifetimes of a program id.
+    pub fn loads_of(&self, id: u32) -> Vec<usize> {
+        self.prog_by_id
+            .get(&id)
+            .map(|v| {
+                v.iter()
+                    .copied()
+                    .filter(|l| self.progs.get(*l).is_some_and(|p| p.load.is_some()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+pub(super) fn m_find(rule: &'static str, message: String) -> Violation {
+    Violation { rule, message }
+}
+
+/// A PROG_UNLOAD without a PROG_LOAD is fine for a program that existed
+/// before recording started: its tag names a symbol in the initial kallsyms
+/// (single-function programs), or the record before it in its listener is
+/// the unregister of a symbol from the initial kallsyms (the kernel emits
+/// the unregisters right before PROG_UNLOAD; subprogram names carry
+/// per-function tags).
+pub(super) fn predates_run(
+    m: &Model<'_>,
+    recs: &[Record],
+    i: usize,
+    tag: &[u8; 8],
+    initial: &[KallsymsEntry],
+) -> bool {
+    let prefix = tag_prefix(tag);
+    if initial.iter().any(|e| e.name.starts_with(&prefix)) {
+        return true;
+    }
+    let Some(r) = recs.get(i) else { return false };
+    // The unregisters and the PROG_UNLOAD are separate perf_iterate_sb()
+    // calls of the unloading task (perf_event_bpf_event): a task that
+    // migrated between them left the unregister in another CPU's ring, so
+    // the record before this one is looked for in its own ring and in the
+    // set's stream merged by time.
+    let prev_in_ring = recs
+        .get(..i)
+        .unwrap_or(&[])
+        .iter()
+        .rposition(|p| p.listener == r.listener);
+    let prev_merged = i.checked_sub(1).filter(|_| r.time().is_some());
+    [prev_in_ring, prev_merged]
+        .into_iter()
+        .flatten()
+        .any(|prev| {
+            m.syms
+                .iter()
+                .any(|s| s.reg.is_none() && s.unreg == Some(prev))
+        })
+}
+
+pub(super) fn fmt_idx(recs: &[Record], i: Option<usize>) -> String {
+    i.and_then(|i| recs.get(i))
+        .map(|r| r.to_string())
+        .unwrap_or_else(|| "(none)".into())
+}

@@ -1,0 +1,419 @@
+//! The per-program rules of one CPU-wide set: `load-symbols`,
+//! `load-matches-info`, `unload-symbols`, `unload-matches-load`, `causal-order`
+//! against the `bpf_prog_info` facts, interpreted programs, unreported
+//! programs (`programs-accounted`) and `facts`.
+
+use super::*;
+
+/// Checks one CPU-wide set's merged stream.
+/// Symbols a recorder knows from before its stream starts: the initial
+/// kallsyms snapshot and every inventoried program's kallsyms lines.
+pub(crate) fn known_at_start(ev: &RunEvidence) -> Vec<KallsymsEntry> {
+    let mut all = ev.initial_kallsyms.clone();
+    for p in &ev.inventory {
+        all.extend(p.kallsyms.iter().cloned());
+    }
+    all
+}
+
+/// Checks one CPU-wide set's merged stream; returns its violations and
+/// the indexes of the records accounted to batch programs.
+pub(super) fn check_set(
+    ev: &RunEvidence,
+    merged: &[Record],
+    has_ksym: bool,
+    has_bpf: bool,
+    label: &str,
+    lossy: bool,
+) -> (Vec<Violation>, BTreeSet<usize>) {
+    let initial = known_at_start(ev);
+    let m = Model::build(merged, &initial);
+    let mut out: Vec<Violation> = Vec::new();
+    let mut accounted = BTreeSet::new();
+    if lossy {
+        foreign_programs(ev, merged, &mut out);
+        prefix_label(&mut out, label);
+        return (out, accounted);
+    }
+    for f in &m.findings {
+        let keep = if f.rule == rule::UNLOAD_MATCHES_LOAD {
+            has_bpf
+        } else {
+            has_ksym
+        };
+        if keep {
+            out.push(f.clone());
+        }
+    }
+    let bad = |out: &mut Vec<Violation>, rule: &'static str, message: String| {
+        out.push(Violation { rule, message })
+    };
+
+    for facts in &ev.progs {
+        if ev.preexisting.contains(&facts.id) {
+            continue; // loaded before recording: the `inventory` rule's.
+        }
+        let who = format!(
+            "program {:?} (id {}, {})",
+            facts.label, facts.id, facts.name
+        );
+        let mut load: Option<usize> = None;
+        let mut unload: Option<usize> = None;
+        if has_bpf {
+            let loads = m.loads_of(facts.id);
+            if loads.is_empty() {
+                let any_tag = merged
+                    .iter()
+                    .filter(|r| {
+                        r.bpf_event(BPF_EVENT_PROG_LOAD)
+                            .is_some_and(|(_, t)| t == facts.tag)
+                    })
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>();
+                let hint = if any_tag.is_empty() {
+                    String::new()
+                } else {
+                    format!("; PROG_LOAD with its tag: {}", any_tag.join(" / "))
+                };
+                bad(
+                    &mut out,
+                    rule::LOAD_MATCHES_INFO,
+                    format!(
+                        "{who}: no PROG_LOAD with bpf_prog_info.id {}{hint}",
+                        facts.id
+                    ),
+                );
+            }
+            if loads.len() > 1 {
+                let all = loads
+                    .iter()
+                    .map(|l| fmt_idx(merged, m.progs.get(*l).and_then(|p| p.load)))
+                    .collect::<Vec<_>>();
+                bad(
+                    &mut out,
+                    rule::LOAD_MATCHES_INFO,
+                    format!(
+                        "{who}: {} PROG_LOAD records for one program: {}",
+                        loads.len(),
+                        all.join(" / ")
+                    ),
+                );
+            }
+            if let Some(life) = loads.first().and_then(|l| m.progs.get(*l)) {
+                load = life.load;
+                unload = life.unload;
+                if let Some(r) = load.and_then(|p| merged.get(p)) {
+                    if let Some((_, tag)) = r.bpf_event(BPF_EVENT_PROG_LOAD) {
+                        if tag != facts.tag {
+                            bad(
+                                &mut out,
+                                rule::LOAD_MATCHES_INFO,
+                                format!(
+                                    "{who}: PROG_LOAD tag {} != bpf_prog_info.tag {}: {r}",
+                                    hex::encode(tag),
+                                    hex::encode(facts.tag)
+                                ),
+                            );
+                        }
+                    }
+                }
+                if let (Some(p), Some(q)) = (load, unload) {
+                    if before(merged, p, q) == Some(false) {
+                        bad(
+                            &mut out,
+                            rule::CAUSAL_ORDER,
+                            format!(
+                                "{who}: PROG_UNLOAD before PROG_LOAD: {} / {}",
+                                fmt_idx(merged, Some(q)),
+                                fmt_idx(merged, Some(p))
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        if !has_ksym || facts.jited_ksyms.len() != facts.jited_func_lens.len() {
+            continue; // `facts` reports the inconsistency.
+        }
+        if is_interpreted(facts) {
+            continue; // `interpreted_symbols` below.
+        }
+        let name_ok = |name: &str| facts_name_ok(facts, name);
+        for (fi, (&addr, &flen)) in facts
+            .jited_ksyms
+            .iter()
+            .zip(&facts.jited_func_lens)
+            .enumerate()
+        {
+            let Some(life) = m
+                .select_sym(addr, load, unload, name_ok)
+                .and_then(|l| m.syms.get(l))
+            else {
+                let elsewhere = merged
+                    .iter()
+                    .filter(|r| matches!(r.body, RecordBody::Ksymbol { addr: a, .. } if a == addr))
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>();
+                let hint = if elsewhere.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; KSYMBOL records at that address: {}",
+                        elsewhere.join(" / ")
+                    )
+                };
+                bad(
+                    &mut out,
+                    rule::LOAD_SYMBOLS,
+                    format!("{who} f{fi}: no KSYMBOL register at jited_ksyms[{fi}] = {addr:#x} (len {flen}){hint}"),
+                );
+                continue;
+            };
+            let Some(reg) = life.reg.and_then(|p| merged.get(p)) else {
+                continue;
+            };
+            if let RecordBody::Ksymbol {
+                len,
+                ksym_type,
+                name,
+                ..
+            } = &reg.body
+            {
+                let mut diffs = Vec::new();
+                if *len != flen {
+                    diffs.push(format!("len {len} != jited_func_lens[{fi}] {flen}"));
+                }
+                if *ksym_type != KSYM_TYPE_BPF {
+                    diffs.push(format!(
+                        "type {} is not BPF",
+                        records::ksym_type_name(*ksym_type)
+                    ));
+                }
+                let prefixes = func_prefixes(facts, fi);
+                if prefixes.is_empty() {
+                    if !has_some_tag_prefix(name) {
+                        diffs.push("name does not start with bpf_prog_<16 hex digits>".to_string());
+                    }
+                } else if !prefixes.iter().any(|p| name.starts_with(p.as_str())) {
+                    diffs.push(format!(
+                        "name does not start with {}",
+                        prefixes.join(" or ")
+                    ));
+                }
+                let ks: Vec<&KallsymsEntry> =
+                    facts.kallsyms.iter().filter(|e| e.addr == addr).collect();
+                if !ks.is_empty() && !ks.iter().any(|e| e.name == *name) {
+                    let names = ks
+                        .iter()
+                        .map(|e| format!("{:?}", e.name))
+                        .collect::<Vec<_>>();
+                    diffs.push(format!("kallsyms has {} at that address", names.join(", ")));
+                }
+                if !diffs.is_empty() {
+                    bad(
+                        &mut out,
+                        rule::LOAD_SYMBOLS,
+                        format!("{who} f{fi}: {}: {reg}", diffs.join("; ")),
+                    );
+                }
+            }
+            if let (Some(r), Some(p)) = (life.reg, load) {
+                if before(merged, r, p) == Some(false) {
+                    bad(
+                        &mut out,
+                        rule::CAUSAL_ORDER,
+                        format!(
+                            "{who} f{fi}: registered after its PROG_LOAD: {} / {}",
+                            fmt_idx(merged, Some(r)),
+                            fmt_idx(merged, Some(p))
+                        ),
+                    );
+                }
+            }
+            match life.unreg {
+                None => bad(
+                    &mut out,
+                    rule::UNLOAD_SYMBOLS,
+                    format!("{who} f{fi}: never unregistered: {reg}"),
+                ),
+                Some(u) => {
+                    if let Some(p) = load {
+                        if before(merged, p, u) == Some(false) {
+                            bad(
+                                &mut out,
+                                rule::CAUSAL_ORDER,
+                                format!(
+                                    "{who} f{fi}: unregistered before its PROG_LOAD: {} / {}",
+                                    fmt_idx(merged, Some(u)),
+                                    fmt_idx(merged, Some(p))
+                                ),
+                            );
+                        }
+                    }
+                    if let Some(q) = unload {
+                        if before(merged, u, q) == Some(false) {
+                            bad(
+                                &mut out,
+                                rule::CAUSAL_ORDER,
+                                format!(
+                                    "{who} f{fi}: PROG_UNLOAD before the unregister: {} / {}",
+                                    fmt_idx(merged, Some(q)),
+                                    fmt_idx(merged, Some(u))
+                                ),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if has_ksym {
+        out.extend(interpreted_symbols(&ev.progs, merged));
+    }
+    if has_ksym && has_bpf {
+        accounted = check_batches(ev, &m, &mut out);
+        foreign_programs(ev, merged, &mut out);
+    }
+    check_inventory(ev, &m, has_ksym, has_bpf, &mut out);
+    prefix_label(&mut out, label);
+    (out, accounted)
+}
+
+pub(super) fn prefix_label(out: &mut [Violation], label: &str) {
+    if !label.is_empty() {
+        for v in out {
+            v.message = format!("{label}: {}", v.message);
+        }
+    }
+}
+
+/// In a run with batches, every PROG_LOAD / PROG_UNLOAD must belong to a
+/// program some step reported (a batch, the facts, the inventory) or to a
+/// program that predates the run: otherwise the counts prove nothing.
+pub(super) fn foreign_programs(ev: &RunEvidence, merged: &[Record], out: &mut Vec<Violation>) {
+    if ev.batches.is_empty() {
+        return;
+    }
+    let known: BTreeSet<u32> = ev
+        .batches
+        .iter()
+        .flat_map(|b| b.ids.iter().copied())
+        .chain(ev.progs.iter().map(|p| p.id))
+        .chain(ev.inventory.iter().map(|p| p.id))
+        .collect();
+    let initial = known_at_start(ev);
+    let msgs: Vec<String> = merged
+        .iter()
+        .filter_map(|r| match r.body {
+            RecordBody::BpfEvent {
+                event_type,
+                id,
+                tag,
+                ..
+            } if !known.contains(&id) => {
+                let old = event_type == BPF_EVENT_PROG_UNLOAD
+                    && initial
+                        .iter()
+                        .any(|e| e.name.starts_with(&tag_prefix(&tag)));
+                (!old).then(|| format!("{r}: a program no step of the run reported"))
+            }
+            _ => None,
+        })
+        .collect();
+    push_capped(
+        out,
+        rule::PROGRAMS_ACCOUNTED,
+        "records of unreported programs",
+        msgs,
+    );
+}
+
+
+/// A program the kernel did not JIT-compile: every `jited_func_lens` entry
+/// is 0 (`bpf_prog_info` reports `prog->bpf_func`, the shared interpreter
+/// `__bpf_prog_run<N>`, with `jited_len` 0; JITed code is never empty).
+pub fn is_interpreted(facts: &ProgFacts) -> bool {
+    !facts.jited_func_lens.is_empty() && facts.jited_func_lens.iter().all(|&l| l == 0)
+}
+
+/// Interpreted programs have no code of their own, so no symbol to announce
+/// (`bpf_prog_kallsyms_add` in kernel/bpf/core.c skips them: they are not in
+/// kallsyms either); their BPF_EVENTs are checked like any other. Every
+/// KSYMBOL at an interpreted program's address is a violation: a register
+/// of `load-symbols`, an unregister of `unload-symbols`.
+pub(super) fn interpreted_symbols(progs: &[ProgFacts], merged: &[Record]) -> Vec<Violation> {
+    let interpreted: Vec<&ProgFacts> = progs.iter().filter(|f| is_interpreted(f)).collect();
+    let mut out = Vec::new();
+    for r in merged {
+        let RecordBody::Ksymbol { addr, flags, .. } = &r.body else {
+            continue;
+        };
+        let whose: Vec<String> = interpreted
+            .iter()
+            .filter(|f| f.jited_ksyms.contains(addr))
+            .map(|f| format!("{:?} (id {})", f.label, f.id))
+            .collect();
+        if whose.is_empty() {
+            continue;
+        }
+        let (rule, what) = if flags & KSYMBOL_FLAGS_UNREGISTER != 0 {
+            (rule::UNLOAD_SYMBOLS, "unregister")
+        } else {
+            (rule::LOAD_SYMBOLS, "register")
+        };
+        out.push(Violation {
+            rule,
+            message: format!(
+                "KSYMBOL {what} at {addr:#x}, where interpreted program(s) {} run (jited_func_lens all 0: not JIT-compiled, no symbol of their own): {r}",
+                whose.join(", ")
+            ),
+        });
+    }
+    out
+}
+
+
+pub(super) fn check_facts(progs: &[ProgFacts], out: &mut Vec<Violation>) {
+    let mut ids: BTreeMap<u32, &str> = BTreeMap::new();
+    for f in progs {
+        let who = format!("program {:?} (id {}, {})", f.label, f.id, f.name);
+        if let Some(other) = ids.insert(f.id, &f.label) {
+            out.push(m_find(
+                rule::FACTS,
+                format!("{who}: id also reported for {other:?}"),
+            ));
+        }
+        if f.jited_ksyms.len() != f.jited_func_lens.len() {
+            out.push(m_find(
+                rule::FACTS,
+                format!(
+                    "{who}: {} jited_ksyms but {} jited_func_lens",
+                    f.jited_ksyms.len(),
+                    f.jited_func_lens.len()
+                ),
+            ));
+        }
+        if f.jited_ksyms.is_empty() {
+            out.push(m_find(
+                rule::FACTS,
+                format!("{who}: no jited_ksyms (not JITed?)"),
+            ));
+        }
+        if f.jited_ksyms.contains(&0) {
+            out.push(m_find(
+                rule::FACTS,
+                format!("{who}: jited_ksyms contains 0 (addresses hidden from the agent: bpf_dump_raw_ok() / kptr_restrict)"),
+            ));
+        }
+        let distinct: BTreeSet<u64> = f.jited_ksyms.iter().copied().collect();
+        if distinct.len() != f.jited_ksyms.len() {
+            out.push(m_find(
+                rule::FACTS,
+                format!(
+                    "{who}: duplicate addresses in jited_ksyms {:x?}",
+                    f.jited_ksyms
+                ),
+            ));
+        }
+    }
+}

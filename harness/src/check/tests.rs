@@ -1,0 +1,259 @@
+use super::testrun::*;
+use super::*;
+
+fn rules(a: &Analysis) -> BTreeSet<&'static str> {
+    a.violations.iter().map(|v| v.rule).collect()
+}
+
+fn dump(a: &Analysis) -> String {
+    a.violations.iter().map(|v| format!("{v}\n")).collect()
+}
+
+/// Runs the mutated script and asserts exactly `rule` fired.
+fn only(script: &Script, rule: &str) -> Analysis {
+    let a = analyse(&evidence(script));
+    assert_eq!(rules(&a), BTreeSet::from([rule]), "{}", dump(&a));
+    a
+}
+
+fn find(script: &Script, pred: impl Fn(&Ev) -> bool) -> usize {
+    script.iter().position(|(_, _, e)| pred(e)).unwrap()
+}
+
+#[test]
+fn good_run_has_no_violations() {
+    let a = analyse(&evidence(&good_script()));
+    assert!(a.violations.is_empty(), "{}", dump(&a));
+    assert_eq!(a.sets, vec![vec![0, 1]]);
+    assert_eq!(a.merged.len(), 14);
+    assert_eq!(a.lost, 0);
+    let times: Vec<u64> = a.merged.iter().map(|r| r.time().unwrap()).collect();
+    let mut sorted = times.clone();
+    sorted.sort();
+    assert_eq!(times, sorted);
+}
+
+#[test]
+fn missing_unregister() {
+    let mut s = good_script();
+    let i = find(&s, |e| matches!(e, Ev::Unreg(a, ..) if *a == A_F1));
+    s.remove(i);
+    let a = only(&s, rule::UNLOAD_SYMBOLS);
+    assert!(
+        a.violations[0].message.contains("f1: never unregistered"),
+        "{}",
+        dump(&a)
+    );
+    assert!(a.violations[0].message.contains(&format!("addr={A_F1:#x}")));
+}
+
+#[test]
+fn wrong_tag() {
+    let mut s = good_script();
+    for (_, _, e) in &mut s {
+        match e {
+            Ev::Load(42, t) | Ev::Unload(42, t) => t[0] ^= 0xff,
+            _ => {}
+        }
+    }
+    let a = only(&s, rule::LOAD_MATCHES_INFO);
+    assert!(
+        a.violations[0]
+            .message
+            .contains("!= bpf_prog_info.tag 1122334455667788"),
+        "{}",
+        dump(&a)
+    );
+}
+
+#[test]
+fn wrong_tag_on_unload_only() {
+    let mut s = good_script();
+    let i = find(&s, |e| matches!(e, Ev::Unload(42, _)));
+    if let Ev::Unload(_, t) = &mut s[i].2 {
+        t[7] ^= 1;
+    }
+    only(&s, rule::UNLOAD_MATCHES_LOAD);
+}
+
+#[test]
+fn wrong_len() {
+    let mut s = good_script();
+    for (_, _, e) in &mut s {
+        match e {
+            Ev::Reg(a, len, ..) | Ev::Unreg(a, len, ..) if *a == A_BASIC => *len = 0x50,
+            _ => {}
+        }
+    }
+    let a = only(&s, rule::LOAD_SYMBOLS);
+    assert!(
+        a.violations[0]
+            .message
+            .contains("len 80 != jited_func_lens[0] 72"),
+        "{}",
+        dump(&a)
+    );
+}
+
+#[test]
+fn unregister_len_differs_from_register() {
+    let mut s = good_script();
+    let i = find(&s, |e| matches!(e, Ev::Unreg(a, ..) if *a == A_OOL));
+    if let Ev::Unreg(_, len, ..) = &mut s[i].2 {
+        *len = 8192;
+    }
+    only(&s, rule::UNLOAD_SYMBOLS);
+}
+
+#[test]
+fn unregister_of_unknown_symbol() {
+    let mut s = good_script();
+    s.push((
+        1,
+        230,
+        Ev::Unreg(
+            0xffff_ffff_c00d_0000,
+            64,
+            KSYM_TYPE_BPF,
+            "bpf_prog_0000000000000000_x".into(),
+        ),
+    ));
+    only(&s, rule::UNREGISTER_WITHOUT_REGISTER);
+}
+
+#[test]
+fn time_going_backwards() {
+    let mut s = good_script();
+    let i = find(&s, |e| matches!(e, Ev::Unreg(a, ..) if *a == A_F1));
+    s[i].1 = 150; // after PROG_LOAD (102) on CPU 0, before CPU 1's previous record (200)
+    let a = only(&s, rule::TIME_ORDER);
+    assert!(a.violations[0].message.contains("t=200"));
+    assert!(a.violations[0].message.contains("t=150"));
+}
+
+#[test]
+fn lost_records() {
+    let mut s = good_script();
+    s.insert(3, (0, 103, Ev::Lost(3)));
+    let a = only(&s, rule::LOST);
+    assert_eq!(a.lost, 3);
+    assert!(a.violations[0]
+        .message
+        .starts_with("3 records lost in total"));
+}
+
+#[test]
+fn register_after_load_is_causal_order() {
+    let mut s = good_script();
+    // f1's register lands on CPU 1 after PROG_LOAD on CPU 0.
+    let i = find(&s, |e| matches!(e, Ev::Reg(a, ..) if *a == A_F1));
+    let (_, _, e) = s.remove(i);
+    s.insert(5, (1, 103, e));
+    only(&s, rule::CAUSAL_ORDER);
+}
+
+#[test]
+fn never_unloaded_program() {
+    let mut s = good_script();
+    let i = find(&s, |e| matches!(e, Ev::Unload(43, _)));
+    s.remove(i);
+    let a = only(&s, rule::UNLOAD_MATCHES_LOAD);
+    assert!(a.violations[0].message.contains("never unloaded"));
+}
+
+#[test]
+fn name_must_match_kallsyms_and_tag() {
+    let mut s = good_script();
+    for (_, _, e) in &mut s {
+        match e {
+            Ev::Reg(a, _, _, n) | Ev::Unreg(a, _, _, n) if *a == A_BASIC => {
+                *n = "bpf_prog_0000000000000000_x".into()
+            }
+            _ => {}
+        }
+    }
+    let a = only(&s, rule::LOAD_SYMBOLS);
+    let m = &a.violations[0].message;
+    assert!(
+        m.contains("name does not start with bpf_prog_ba51c00000000001"),
+        "{m}"
+    );
+    assert!(m.contains("kallsyms has"), "{m}");
+}
+
+#[test]
+fn subprogram_named_after_another_functions_tag() {
+    // Swap the two functions' names: each still has a valid tag shape,
+    // but not its own `prog_tags` entry.
+    let mut s = good_script();
+    for (_, _, e) in &mut s {
+        match e {
+            Ev::Reg(a, _, _, n) | Ev::Unreg(a, _, _, n) if *a == A_F1 => {
+                *n = format!("bpf_prog_{T_MAIN_F0}_helper")
+            }
+            _ => {}
+        }
+    }
+    let a = analyse(&evidence(&s));
+    let m: Vec<_> = a
+        .of_rule(rule::LOAD_SYMBOLS)
+        .map(|v| v.message.clone())
+        .collect();
+    assert!(
+        m.iter()
+            .any(|m| m.contains(&format!("name does not start with bpf_prog_{T_MAIN_F1}"))),
+        "{m:?}"
+    );
+}
+
+#[test]
+fn parse_error_is_reported_with_bytes() {
+    let mut ev = evidence(&good_script());
+    let s = ev.streams.get_mut(&1).unwrap();
+    s[6] = 0x41; // header.size of the first record: 0x..41, not a multiple of 8
+    let a = analyse(&ev);
+    let p: Vec<_> = a.of_rule(rule::PARSE).collect();
+    assert_eq!(p.len(), 1);
+    assert!(p[0].message.contains("listener 1, stream offset 0"));
+    assert!(p[0].message.contains("bytes at offset: [11000000"));
+}
+
+#[test]
+fn unknown_type_is_record_type() {
+    let mut ev = evidence(&good_script());
+    ev.streams
+        .get_mut(&0)
+        .unwrap()
+        .extend(crate::records::testutil::raw(5, vec![0; 40]));
+    let a = analyse(&ev);
+    assert_eq!(
+        rules(&a),
+        BTreeSet::from([rule::RECORD_TYPE]),
+        "{}",
+        dump(&a)
+    );
+    assert!(a.violations[0].message.contains("THROTTLE"));
+}
+
+#[test]
+fn wrong_cpu_in_trailer_is_sample_id() {
+    let mut ev = evidence(&good_script());
+    ev.listeners[1].cpu = 3;
+    ev.online_cpus = vec![0, 3];
+    let a = analyse(&ev);
+    assert_eq!(rules(&a), BTreeSet::from([rule::SAMPLE_ID]), "{}", dump(&a));
+}
+
+#[test]
+fn uncovered_cpu_is_listeners() {
+    let mut ev = evidence(&good_script());
+    ev.online_cpus = vec![0, 1, 2];
+    let a = analyse(&ev);
+    assert_eq!(rules(&a), BTreeSet::from([rule::LISTENERS]), "{}", dump(&a));
+}
+
+#[test]
+fn every_rule_name_is_listed() {
+    let all: BTreeSet<&str> = rule::ALL.iter().copied().collect();
+    assert_eq!(all.len(), rule::ALL.len());
+}
