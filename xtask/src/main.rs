@@ -512,7 +512,7 @@ fn vm_test(a: VmTestArgs) -> Result<ExitCode> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let report_dir = layout.root.join("target/kloop/report");
-    match kloop::overhead::write_run_report(&report_dir, &run_name, &artefacts) {
+    match kloop::report::overhead::write_run_report(&report_dir, &run_name, &artefacts) {
         Ok(Some((md, svg))) => println!(
             "kloop: overhead table {} and plot {}",
             md.display(),

@@ -3,7 +3,6 @@
 
 use super::*;
 
-
 /// The provoked-loss accounting of one set: what the run's programs caused
 /// that this set asked for, against what arrived and what LOST counted.
 pub(super) fn loss_account(
@@ -194,7 +193,11 @@ pub(super) fn check_agreement(
 }
 
 /// `lookups`; returns the report notes.
-pub(super) fn check_lookups(ev: &RunEvidence, a: &Analysis, out: &mut Vec<Violation>) -> Vec<String> {
+pub(super) fn check_lookups(
+    ev: &RunEvidence,
+    a: &Analysis,
+    out: &mut Vec<Violation>,
+) -> Vec<String> {
     let loads_in_streams = a
         .records_per_listener
         .values()

@@ -3,10 +3,13 @@
 
 use super::*;
 
-
 /// `programs-accounted` and `load-cpu` for every batch program; returns the
 /// indexes of the records accounted to them.
-pub(super) fn check_batches(ev: &RunEvidence, m: &Model<'_>, out: &mut Vec<Violation>) -> BTreeSet<usize> {
+pub(super) fn check_batches(
+    ev: &RunEvidence,
+    m: &Model<'_>,
+    out: &mut Vec<Violation>,
+) -> BTreeSet<usize> {
     let recs = m.recs;
     let mut accounted = BTreeSet::new();
     if ev.batches.is_empty() {

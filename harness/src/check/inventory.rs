@@ -2,7 +2,6 @@
 
 use super::*;
 
-
 /// `inventory`: programs that predate the recording and their unloads.
 pub(super) fn check_inventory(
     ev: &RunEvidence,

@@ -3,7 +3,6 @@
 
 use super::*;
 
-
 /// Per-record rules of one listener: record-type, sample-id, time-order.
 pub(super) fn check_listener(l: &ListenerInfo, recs: &[Record], out: &mut Vec<Violation>) {
     let mut types = Vec::new();

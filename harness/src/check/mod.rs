@@ -244,7 +244,6 @@ fn func_prefixes(facts: &ProgFacts, fi: usize) -> Vec<String> {
     }
 }
 
-
 /// Groups CPU-bound listeners into CPU-wide sets; see the module docs.
 fn listener_sets(listeners: &BTreeMap<u32, &ListenerInfo>) -> Vec<Vec<u32>> {
     type Key = (u64, bool, bool, bool, u64);
@@ -270,7 +269,6 @@ fn listener_sets(listeners: &BTreeMap<u32, &ListenerInfo>) -> Vec<Vec<u32>> {
     }
     sets.into_iter().map(|(_, idx, _)| idx).collect()
 }
-
 
 /// Parses every stream and checks every rule.
 pub fn analyse(ev: &RunEvidence) -> Analysis {
@@ -465,13 +463,13 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
     a
 }
 
-#[cfg(test)]
-pub(crate) mod testrun;
-#[cfg(test)]
-mod tests;
-#[cfg(test)]
-pub(crate) mod stream_tests;
 /// Runs under the interpreter (`scenarios/interpreter`), synthetic: no
 /// pinned kernel can turn its JIT off (`CONFIG_BPF_JIT_ALWAYS_ON`).
 #[cfg(test)]
 mod interpreter_tests;
+#[cfg(test)]
+pub(crate) mod stream_tests;
+#[cfg(test)]
+pub(crate) mod testrun;
+#[cfg(test)]
+mod tests;

@@ -3,7 +3,6 @@
 
 use super::*;
 
-
 /// Order of two records of one merged stream: from the stream when they
 /// share a listener, from sample times otherwise (ties count as in order);
 /// `None` when it cannot be known.

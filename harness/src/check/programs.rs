@@ -328,7 +328,6 @@ pub(super) fn foreign_programs(ev: &RunEvidence, merged: &[Record], out: &mut Ve
     );
 }
 
-
 /// A program the kernel did not JIT-compile: every `jited_func_lens` entry
 /// is 0 (`bpf_prog_info` reports `prog->bpf_func`, the shared interpreter
 /// `__bpf_prog_run<N>`, with `jited_len` 0; JITed code is never empty).
@@ -371,7 +370,6 @@ pub(super) fn interpreted_symbols(progs: &[ProgFacts], merged: &[Record]) -> Vec
     }
     out
 }
-
 
 pub(super) fn check_facts(progs: &[ProgFacts], out: &mut Vec<Violation>) {
     let mut ids: BTreeMap<u32, &str> = BTreeMap::new();

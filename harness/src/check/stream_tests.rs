@@ -42,8 +42,7 @@ pub fn ev_of_tasks(listeners: &[(u32, i32)], script: &[(u32, u64, u32, Ev)]) -> 
         .iter()
         .map(|(i, c)| testutil::listener(*i, *c, ST))
         .collect();
-    let mut streams: BTreeMap<u32, Vec<u8>> =
-        ls.iter().map(|l| (l.index, Vec::new())).collect();
+    let mut streams: BTreeMap<u32, Vec<u8>> = ls.iter().map(|l| (l.index, Vec::new())).collect();
     for (li, time, tid, e) in script {
         let l = ls.iter().find(|l| l.index == *li).unwrap();
         let t = Tr {
@@ -198,9 +197,10 @@ fn pinned_loader_split_across_rings_fails() {
     ev.batches = vec![batch(vec![50], Some(0))];
     let a = analyse(&ev);
     assert!(
-        a.of_rule(rule::PROGRAMS_ACCOUNTED).any(|v| v
-            .message
-            .contains("only 0 record(s) before its PROG_LOAD from its loading task (tid 1) in its ring")),
+        a.of_rule(rule::PROGRAMS_ACCOUNTED)
+            .any(|v| v.message.contains(
+                "only 0 record(s) before its PROG_LOAD from its loading task (tid 1) in its ring"
+            )),
         "{}",
         dump(&a)
     );
