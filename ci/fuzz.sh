@@ -12,7 +12,7 @@
 # from fuzz/seeds/<target>/ and fuzz/regressions/<target>/; a crash, hang or
 # OOM input lands in fuzz/artifacts/<target>/. To keep a finding: fix it, copy
 # the input into fuzz/regressions/<target>/ and run
-# `cargo test -p kloop --test fuzz_corpus`. Exits non-zero on any finding.
+# `cargo test -p kloop-fuzz-support --test fuzz_corpus`. Exits non-zero on any finding.
 set -uo pipefail
 
 runs="${1:-1000000}"

@@ -1,7 +1,7 @@
-//! `cargo fuzz run analyse`: see `kloop::fuzzing::fuzz_check_analyse`.
+//! `cargo fuzz run analyse`: see `kloop_fuzz_support::fuzz_check_analyse`.
 #![no_main]
 
-use kloop::fuzzing::{fuzz_check_analyse, CountingAlloc};
+use kloop_fuzz_support::{fuzz_check_analyse, CountingAlloc};
 use libfuzzer_sys::fuzz_target;
 
 #[global_allocator]

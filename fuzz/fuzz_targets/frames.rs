@@ -1,7 +1,7 @@
-//! `cargo fuzz run frames`: see `kloop::fuzzing::fuzz_check_frames`.
+//! `cargo fuzz run frames`: see `kloop_fuzz_support::fuzz_check_frames`.
 #![no_main]
 
-use kloop::fuzzing::{fuzz_check_frames, CountingAlloc};
+use kloop_fuzz_support::{fuzz_check_frames, CountingAlloc};
 use libfuzzer_sys::fuzz_target;
 
 #[global_allocator]

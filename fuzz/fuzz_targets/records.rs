@@ -1,7 +1,7 @@
-//! `cargo fuzz run records`: see `kloop::fuzzing::fuzz_check_records`.
+//! `cargo fuzz run records`: see `kloop_fuzz_support::fuzz_check_records`.
 #![no_main]
 
-use kloop::fuzzing::{fuzz_check_records, CountingAlloc};
+use kloop_fuzz_support::{fuzz_check_records, CountingAlloc};
 use libfuzzer_sys::fuzz_target;
 
 #[global_allocator]

@@ -8,15 +8,16 @@ use std::path::Path;
 use kloop_protocol::{ListenerSpec, Message, Plan, Step};
 
 use crate::evidence::RunEvidence;
-use crate::records;
+
 use crate::report::Spread;
 use crate::scenario::Scenario;
 use crate::trial::TrialResult;
 
 /// `PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU`, the recording
 /// listeners' trailer in every scenario.
-const TID_TIME_CPU: u64 =
-    records::PERF_SAMPLE_TID | records::PERF_SAMPLE_TIME | records::PERF_SAMPLE_CPU;
+const TID_TIME_CPU: u64 = kloop_records::PERF_SAMPLE_TID
+    | kloop_records::PERF_SAMPLE_TIME
+    | kloop_records::PERF_SAMPLE_CPU;
 
 /// A scenario (built here, not read from `scenarios/`) that pushes
 /// `cycles` load/unload cycles of the 32-function fixture through one
@@ -120,12 +121,12 @@ impl Throughput {
                 .streams
                 .get(&l.index)
                 .map_or(&[][..], Vec::as_slice);
-            let recs = records::parse_stream(l, raw)
+            let recs = kloop_records::parse_stream(l, raw)
                 .map_err(|e| format!("records of listener {}: {e:?}", l.index))?;
             lost += recs
                 .iter()
                 .map(|r| match r.body {
-                    records::RecordBody::Lost { lost, .. } => lost,
+                    kloop_records::RecordBody::Lost { lost, .. } => lost,
                     _ => 0,
                 })
                 .sum::<u64>();

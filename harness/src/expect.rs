@@ -23,7 +23,7 @@ use serde::Deserialize;
 
 use crate::check::{Analysis, Model, Violation};
 use crate::evidence::RunEvidence;
-use crate::records::{self, Record, RecordBody, BPF_EVENT_PROG_UNLOAD};
+use kloop_records::{Record, RecordBody, BPF_EVENT_PROG_UNLOAD};
 
 /// Rule names of expectation violations.
 pub mod rule {
@@ -107,8 +107,8 @@ pub enum KsymKind {
 impl KsymKind {
     fn raw(self) -> u16 {
         match self {
-            KsymKind::Bpf => records::KSYM_TYPE_BPF,
-            KsymKind::Ool => records::KSYM_TYPE_OOL,
+            KsymKind::Bpf => kloop_records::KSYM_TYPE_BPF,
+            KsymKind::Ool => kloop_records::KSYM_TYPE_OOL,
         }
     }
 }
@@ -329,7 +329,7 @@ fn check_symbol(
     let what = format!(
         "KSYMBOL {}register(s) named {prefix}*",
         ksym_type
-            .map(|k| format!("{} ", records::ksym_type_name(k.raw())))
+            .map(|k| format!("{} ", kloop_records::ksym_type_name(k.raw())))
             .unwrap_or_default()
     );
     let regs: Vec<usize> = recs

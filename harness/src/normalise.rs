@@ -25,7 +25,7 @@ use std::fmt::Write as _;
 
 use crate::check::{facts_name_ok, known_at_start, Analysis, Model};
 use crate::evidence::RunEvidence;
-use crate::records::{
+use kloop_records::{
     self, Record, RecordBody, BPF_EVENT_PROG_LOAD, BPF_EVENT_PROG_UNLOAD, KSYMBOL_FLAGS_UNREGISTER,
 };
 
@@ -262,7 +262,7 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
             "  L{} cpu={} sample_type={}",
             l.index,
             l.cpu,
-            records::sample_type_names(l.sample_type)
+            kloop_records::sample_type_names(l.sample_type)
         );
         for (on, what) in [
             (l.sample_id_all, "sample_id_all"),
@@ -475,7 +475,7 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
                 flags,
                 name,
             } => {
-                let what = records::ksymbol_action(*flags);
+                let what = kloop_records::ksymbol_action(*flags);
                 let label = match sym_label.get(&i) {
                     Some(l) => l.clone(),
                     None => {
@@ -497,7 +497,7 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
                 let _ = write!(
                     out,
                     "KSYMBOL {what} {} {label} len={len} name={}",
-                    records::ksym_type_name(*ksym_type),
+                    kloop_records::ksym_type_name(*ksym_type),
                     name_tags(name, &tag_names)
                 );
                 let other = flags & !KSYMBOL_FLAGS_UNREGISTER;
@@ -522,7 +522,7 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
                 let _ = write!(
                     out,
                     "BPF_EVENT {} {prog} {tag_s}",
-                    records::bpf_event_type_name(*event_type)
+                    kloop_records::bpf_event_type_name(*event_type)
                 );
                 if *flags != 0 {
                     let _ = write!(out, " flags={flags:#x}");
@@ -535,7 +535,7 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
                 let _ = write!(
                     out,
                     "type={type_}({}) size={}",
-                    records::record_type_name(*type_).unwrap_or("undefined"),
+                    kloop_records::record_type_name(*type_).unwrap_or("undefined"),
                     r.header.size
                 );
             }
@@ -613,9 +613,9 @@ records:
         let image = |l: u32, t: u64, reg: bool| {
             let n = "bpf_trampoline_6442504781".to_string();
             let ev = if reg {
-                Ev::Reg(A_OOL, 4096, crate::records::KSYM_TYPE_BPF, n)
+                Ev::Reg(A_OOL, 4096, kloop_records::KSYM_TYPE_BPF, n)
             } else {
-                Ev::Unreg(A_OOL, 4096, crate::records::KSYM_TYPE_BPF, n)
+                Ev::Unreg(A_OOL, 4096, kloop_records::KSYM_TYPE_BPF, n)
             };
             (l, t, ev)
         };

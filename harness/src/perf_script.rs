@@ -12,7 +12,7 @@
 //! three others, under the rule [`RULE`] (`second-reader`):
 //!
 //! 1. **perf's parse against kloop's.** Every KSYMBOL / BPF_EVENT / LOST raw
-//!    dump is parsed by kloop's record parser ([`crate::records`]) with
+//!    dump is parsed by kloop's record parser ([`kloop_records`]) with
 //!    perf's `sample_type`; the fields must equal the ones perf printed
 //!    (addr, len, type, flags, name; type, flags, id; cpu and time).
 //! 2. **Synthesis against the facts.** At start perf walks
@@ -53,7 +53,7 @@ use thiserror::Error;
 use crate::check::{Analysis, Violation};
 use crate::evidence::RunEvidence;
 use crate::normalise::mask_tags;
-use crate::records::{
+use kloop_records::{
     self, Record, RecordContent, BPF_EVENT_PROG_LOAD, BPF_EVENT_PROG_UNLOAD,
     KSYMBOL_FLAGS_UNREGISTER, KSYM_TYPE_BPF, PERF_RECORD_BPF_EVENT, PERF_RECORD_KSYMBOL,
     PERF_RECORD_LOST, PERF_SAMPLE_CPU, PERF_SAMPLE_TIME,
@@ -140,7 +140,7 @@ fn hex_u64(s: &str) -> Option<u64> {
 fn sample_type_bits(names: &str) -> Option<u64> {
     let mut bits = 0u64;
     for name in names.split('|').map(str::trim) {
-        let bit = (0..64).find(|b| records::sample_type_names(1u64 << b) == name)?;
+        let bit = (0..64).find(|b| kloop_records::sample_type_names(1u64 << b) == name)?;
         bits |= 1u64 << bit;
     }
     Some(bits)
@@ -567,7 +567,7 @@ fn perf_records(dump: &PerfDump, bad: &mut Vec<String>) -> Vec<PerfRecord> {
         ) {
             continue;
         }
-        let parsed = match records::parse_stream(&listener, &e.raw) {
+        let parsed = match kloop_records::parse_stream(&listener, &e.raw) {
             Ok(mut v) if v.len() == 1 => v.pop(),
             Ok(v) => {
                 bad.push(format!(
@@ -705,7 +705,7 @@ pub fn check(ev: &RunEvidence, analysis: &Analysis, steps: &[Step]) -> Vec<Viola
             rule: RULE,
             message: format!(
                 "perf's events have sample_types {:?}: one side-band record cannot be assigned to one of them",
-                distinct.iter().map(|s| records::sample_type_names(*s)).collect::<Vec<_>>()
+                distinct.iter().map(|s| kloop_records::sample_type_names(*s)).collect::<Vec<_>>()
             ),
         });
         return v;
@@ -962,7 +962,7 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
         "  sample_type={}{}",
         dump.sample_types
             .iter()
-            .map(|s| records::sample_type_names(*s))
+            .map(|s| kloop_records::sample_type_names(*s))
             .collect::<Vec<_>>()
             .join(","),
         if dump.sample_id_all {
@@ -1035,8 +1035,8 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
                     let _ = write!(
                         out,
                         "KSYMBOL {} {} {} len={len} name={}",
-                        records::ksymbol_action(*flags),
-                        records::ksym_type_name(*ksym_type),
+                        kloop_records::ksymbol_action(*flags),
+                        kloop_records::ksym_type_name(*ksym_type),
                         label_of(&r.side),
                         name_of(name, owner)
                     );
@@ -1053,7 +1053,7 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
                     let _ = write!(
                         out,
                         "BPF_EVENT {} {} {tag}",
-                        records::bpf_event_type_name(*event_type),
+                        kloop_records::bpf_event_type_name(*event_type),
                         label_of(&r.side)
                     );
                     if *flags != 0 {
@@ -1093,7 +1093,7 @@ mod tests {
         assert_eq!(d.perf_version.as_deref(), Some("6.1.192"));
         assert_eq!(d.os_release.as_deref(), Some("6.1.0-50-cloud-amd64"));
         assert_eq!(
-            records::sample_type_names(d.sample_types[0]),
+            kloop_records::sample_type_names(d.sample_types[0]),
             "IP|TID|TIME|CPU|PERIOD"
         );
         assert!(d.sample_id_all);

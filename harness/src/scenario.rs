@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use kloop_protocol::{Plan, Requirement, Step};
 
 use crate::expect::Expectation;
-use crate::records;
+
 use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]
@@ -30,12 +30,12 @@ pub enum ScenarioError {
 /// `perf_event_attr.sample_type` bits a listener may ask for in its trailer,
 /// by the names scenario files use.
 pub const SAMPLE_FIELDS: &[(&str, u64)] = &[
-    ("tid", records::PERF_SAMPLE_TID),
-    ("time", records::PERF_SAMPLE_TIME),
-    ("id", records::PERF_SAMPLE_ID),
-    ("cpu", records::PERF_SAMPLE_CPU),
-    ("stream_id", records::PERF_SAMPLE_STREAM_ID),
-    ("identifier", records::PERF_SAMPLE_IDENTIFIER),
+    ("tid", kloop_records::PERF_SAMPLE_TID),
+    ("time", kloop_records::PERF_SAMPLE_TIME),
+    ("id", kloop_records::PERF_SAMPLE_ID),
+    ("cpu", kloop_records::PERF_SAMPLE_CPU),
+    ("stream_id", kloop_records::PERF_SAMPLE_STREAM_ID),
+    ("identifier", kloop_records::PERF_SAMPLE_IDENTIFIER),
 ];
 
 #[derive(Debug, Deserialize)]
@@ -232,7 +232,7 @@ label = "main"
             other => panic!("unexpected {other:?}"),
         }
         assert_eq!(
-            records::sample_type_names(listener_bits(&s)),
+            kloop_records::sample_type_names(listener_bits(&s)),
             "TID|TIME|CPU"
         );
     }

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use kloop::evidence::RunEvidence;
-use kloop::records::{parse_stream, RecordBody};
 use kloop_protocol::Message;
+use kloop_records::{parse_stream, RecordBody};
 
 fn recorded(dir: &Path) -> RunEvidence {
     let messages: Vec<Message> = std::fs::read_to_string(dir.join("messages.jsonl"))

@@ -19,7 +19,7 @@ pub(super) fn check_listener(l: &ListenerInfo, recs: &[Record], out: &mut Vec<Vi
         match &r.body {
             RecordBody::Unknown { type_ } => types.push(format!(
                 "{r}: record type {} is not one a ksymbol/bpf_event dummy listener receives",
-                records::record_type_name(*type_).unwrap_or("(undefined)")
+                kloop_records::record_type_name(*type_).unwrap_or("(undefined)")
             )),
             RecordBody::Ksymbol {
                 ksym_type, flags, ..

@@ -6,7 +6,7 @@
 //! | rule | what it checks |
 //! |------|----------------|
 //! | `listeners` | listener bookkeeping: unique indexes, no stream without a listener, every CPU-wide set covers every online CPU, some set exists when programs were loaded |
-//! | `parse` | every stream parses exactly ([`crate::records::parse_stream`]); records before the first error are still checked |
+//! | `parse` | every stream parses exactly ([`kloop_records::parse_stream`]); records before the first error are still checked |
 //! | `record-type` | only types the kernel may send such a listener: KSYMBOL (if `ksymbol`), BPF_EVENT (if `bpf_event`), LOST; defined ksym/bpf-event types; no undefined flag bits; `misc` 0 |
 //! | `sample-id` | trailer contents: `cpu` is the listener's CPU, `res` is 0, `id` == `identifier`, one id per listener |
 //! | `facts` | the `bpf_prog_info` facts are usable: as many lens as ksyms, non-zero distinct addresses, unique ids |
@@ -71,7 +71,7 @@ use std::fmt;
 use kloop_protocol::{KallsymsEntry, ListenerInfo, ProgFacts};
 
 use crate::evidence::RunEvidence;
-use crate::records::{
+use kloop_records::{
     self, merge_by_time, parse_prefix, Record, RecordBody, RecordContent, BPF_EVENT_PROG_LOAD,
     BPF_EVENT_PROG_UNLOAD, KSYMBOL_FLAGS_UNREGISTER, KSYM_TYPE_BPF, KSYM_TYPE_OOL,
 };

@@ -117,8 +117,8 @@ impl<'a> Model<'a> {
                             if rtype != ksym_type {
                                 diffs.push(format!(
                                     "type {} vs {}",
-                                    records::ksym_type_name(*ksym_type),
-                                    records::ksym_type_name(*rtype)
+                                    kloop_records::ksym_type_name(*ksym_type),
+                                    kloop_records::ksym_type_name(*rtype)
                                 ));
                             }
                             if !diffs.is_empty() {

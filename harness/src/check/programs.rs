@@ -186,7 +186,7 @@ pub(super) fn check_set(
                 if *ksym_type != KSYM_TYPE_BPF {
                     diffs.push(format!(
                         "type {} is not BPF",
-                        records::ksym_type_name(*ksym_type)
+                        kloop_records::ksym_type_name(*ksym_type)
                     ));
                 }
                 let prefixes = func_prefixes(facts, fi);

@@ -4,8 +4,8 @@
 use super::testrun::{hex_tag, Ev};
 use super::*;
 use crate::evidence::{Batch, Lookups};
-use crate::records::testutil::{self, Tr};
-use crate::records::{PERF_SAMPLE_CPU, PERF_SAMPLE_TID, PERF_SAMPLE_TIME};
+use kloop_records::testutil::{self, Tr};
+use kloop_records::{PERF_SAMPLE_CPU, PERF_SAMPLE_TID, PERF_SAMPLE_TIME};
 
 const ST: u64 = PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU;
 const TAG_S: &str = "5151515151515151";

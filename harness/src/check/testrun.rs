@@ -3,8 +3,8 @@
 //! loaded on CPU 0 and unloaded by a worker on CPU 1, an OOL symbol,
 //! and the unload of a program that predates the recording.
 use super::*;
-use crate::records::testutil::{self, Tr};
-use crate::records::{KSYM_TYPE_OOL, PERF_SAMPLE_CPU, PERF_SAMPLE_TID, PERF_SAMPLE_TIME};
+use kloop_records::testutil::{self, Tr};
+use kloop_records::{KSYM_TYPE_OOL, PERF_SAMPLE_CPU, PERF_SAMPLE_TID, PERF_SAMPLE_TIME};
 
 pub const T_MAIN: [u8; 8] = [0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88];
 pub const T_MAIN_F0: &str = "0102030405060708";

@@ -224,7 +224,7 @@ fn unknown_type_is_record_type() {
     ev.streams
         .get_mut(&0)
         .unwrap()
-        .extend(crate::records::testutil::raw(5, vec![0; 40]));
+        .extend(kloop_records::testutil::raw(5, vec![0; 40]));
     let a = analyse(&ev);
     assert_eq!(
         rules(&a),

@@ -1,26 +1,26 @@
 //! Corpus replay for the `cargo fuzz` targets in `fuzz/`: every committed seed
 //! (`fuzz/seeds/<target>/`) and every input a fuzzer found
 //! (`fuzz/regressions/<target>/`) goes through the same check function the
-//! fuzz target calls (`kloop::fuzzing`), on stable Rust, without cargo-fuzz.
+//! fuzz target calls (`kloop_fuzz_support`), on stable Rust, without cargo-fuzz.
 //!
-//! Regenerate the seeds from `src/testdata/real/` with
-//! `cargo test -p kloop --test fuzz_corpus -- --ignored write_seeds`.
+//! Regenerate the seeds from `harness/src/testdata/real/` with
+//! `cargo test -p kloop-fuzz-support --test fuzz_corpus -- --ignored write_seeds`.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
-use kloop::fuzzing::{self, CountingAlloc, TARGETS};
+use kloop_fuzz_support::{self as fuzzing, CountingAlloc, TARGETS};
 
 // Same allocator as the fuzz targets, so the allocation bounds are checked here too.
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
 
 fn fuzz_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz")
 }
 
 fn real_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src/testdata/real")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../harness/src/testdata/real")
 }
 
 fn files(dir: &Path) -> Vec<PathBuf> {
@@ -105,7 +105,7 @@ fn generated_seeds_pass() {
     }
     for s in seeds.iter().filter(|s| s.target == "records") {
         let l = fuzzing::records_listener(s.bytes[0]);
-        kloop::records::parse_stream(&l, &s.bytes[1..])
+        kloop_records::parse_stream(&l, &s.bytes[1..])
             .unwrap_or_else(|e| panic!("seed {} does not parse: {e}", s.name));
     }
 }
@@ -118,7 +118,7 @@ fn counting_allocator_is_installed() {
     assert!(peak.is_some_and(|p| p >= 100_000), "{peak:?}");
 }
 
-/// Rewrites `fuzz/seeds/<target>/` from `src/testdata/real/`.
+/// Rewrites `fuzz/seeds/<target>/` from `harness/src/testdata/real/`.
 #[test]
 #[ignore = "writes fuzz/seeds; run explicitly"]
 fn write_seeds() {

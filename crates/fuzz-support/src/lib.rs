@@ -1,4 +1,5 @@
-//! Fuzz entry points.
+//! Fuzz entry points (test support: a dev-only crate, never linked into the
+//! kloop library).
 //!
 //! One function per `cargo fuzz` target in `fuzz/fuzz_targets/`; the targets
 //! call nothing else, and `tests/fuzz_corpus.rs` replays the committed seeds
@@ -20,7 +21,7 @@
 //! justifies.
 //!
 //! [`seeds`] builds the seed corpora from the recorded real-kernel runs in
-//! `src/testdata/real/`; `cargo test -p kloop --test fuzz_corpus -- --ignored
+//! `src/testdata/real/`; `cargo test -p kloop-fuzz-support --test fuzz_corpus -- --ignored
 //! write_seeds` rewrites `fuzz/seeds/`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -35,10 +36,11 @@ use kloop_protocol::{
     Message, ProgFacts, RawFrame, RecordsHeader, MAX_PAYLOAD,
 };
 
-use crate::check;
-use crate::evidence::RunEvidence;
-use crate::normalise;
-use crate::records::{
+use kloop::check;
+use kloop::evidence::RunEvidence;
+use kloop::normalise;
+use kloop_records::testutil::XorShift;
+use kloop_records::{
     self, parse_prefix, parse_stream, Record, RecordBody, SampleId, HEADER_LEN,
     PERF_RECORD_BPF_EVENT, PERF_RECORD_KSYMBOL, PERF_RECORD_LOST, PERF_SAMPLE_CPU, PERF_SAMPLE_ID,
     PERF_SAMPLE_IDENTIFIER, PERF_SAMPLE_STREAM_ID, PERF_SAMPLE_TID, PERF_SAMPLE_TIME,
@@ -344,7 +346,7 @@ fn check_records_result(
     l: &ListenerInfo,
     bytes: &[u8],
     recs: &[Record],
-    err: Option<&records::ParseError>,
+    err: Option<&kloop_records::ParseError>,
 ) {
     let want = shape(&selected_fields(l));
     let mut pos = 0usize;
@@ -396,21 +398,6 @@ fn check_records_result(
 
 // ---------------------------------------------------------------------------
 // frames
-
-/// xorshift64*: deterministic pseudo-random numbers from a seed (chunk sizes
-/// here, byte mutations in the parser's tests).
-pub(crate) struct XorShift(pub(crate) u64);
-
-impl XorShift {
-    pub(crate) fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
 
 /// Chunk sizes for the `frames` target: `mode % 5` picks 1 byte at a time,
 /// 1–7, 1–64, 1–4096 bytes (sizes drawn from `seed`), or everything at once.

@@ -783,10 +783,12 @@ pub fn merge_by_time(streams: Vec<Vec<Record>>) -> Vec<Record> {
     out
 }
 
-#[cfg(test)]
-pub(crate) mod testutil {
+#[cfg(any(test, feature = "build"))]
+pub mod testutil {
     //! Synthetic streams, built from the uapi layout in
-    //! `include/uapi/linux/perf_event.h` (not recorded from a kernel).
+    //! `include/uapi/linux/perf_event.h` (not recorded from a kernel), for
+    //! tests of the parser and of whatever judges its records (feature
+    //! `build`).
     use super::*;
 
     pub fn listener(index: u32, cpu: i32, sample_type: u64) -> ListenerInfo {
@@ -905,6 +907,23 @@ pub(crate) mod testutil {
     /// Sets header.size of the record at `off`.
     pub fn set_size(bytes: &mut [u8], off: usize, size: u16) {
         bytes[off + 6..off + 8].copy_from_slice(&size.to_le_bytes());
+    }
+
+    /// xorshift64*: a small deterministic generator for mutation tests and
+    /// fuzz-input chunking (not for anything that needs real randomness).
+    pub struct XorShift(pub u64);
+
+    impl XorShift {
+        /// The next pseudo-random value.
+        #[allow(clippy::should_implement_trait)]
+        pub fn next(&mut self) -> u64 {
+            let mut x = self.0;
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            self.0 = x;
+            x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
     }
 }
 
@@ -1164,7 +1183,7 @@ mod tests {
         assert_eq!(sample_type_names(0), "0");
     }
 
-    use crate::fuzzing::XorShift;
+    use crate::testutil::XorShift;
 
     #[test]
     fn never_panics_on_prefixes_and_mutations() {
