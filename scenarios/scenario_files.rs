@@ -10,8 +10,8 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use kloop::kernel::Catalog;
 use kloop::scenario;
+use kloop_kernels::Catalog;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()

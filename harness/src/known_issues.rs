@@ -460,7 +460,7 @@ review_by = "2020-01-01"
     #[test]
     fn the_committed_ledger_is_valid() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-        let catalog = crate::kernel::Catalog::load(&root.join("kernels")).unwrap();
+        let catalog = kloop_kernels::Catalog::load(&root.join("kernels")).unwrap();
         let scenarios = crate::scenario::load_all(&root.join("scenarios")).unwrap();
         let vocab = Vocabulary {
             pins: catalog.pins().iter().map(|p| p.id.clone()).collect(),

@@ -9,7 +9,6 @@ pub mod check;
 pub mod evidence;
 pub mod expect;
 pub mod initramfs;
-pub mod kernel;
 pub mod known_issues;
 pub mod normalise;
 pub mod overhead;

@@ -7,14 +7,14 @@
 use std::path::PathBuf;
 
 use crate::accel::{self, AccelChoice};
-use crate::kernel::{Catalog, FetchOptions, KernelCache};
 use crate::scenario::{self, Scenario};
 use crate::trial::{KernelUnderTest, TrialEnv};
+use kloop_kernels::{Catalog, FetchOptions, KernelCache};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SuiteError {
     #[error(transparent)]
-    Kernel(#[from] crate::kernel::KernelError),
+    Kernel(#[from] kloop_kernels::KernelError),
     #[error(transparent)]
     Scenario(#[from] scenario::ScenarioError),
     #[error(transparent)]

@@ -14,11 +14,11 @@ use serde::Serialize;
 use crate::accel::AccelDecision;
 use crate::evidence::RunEvidence;
 use crate::initramfs::Initramfs;
-use crate::kernel::{KernelCache, KernelPin, ModuleSet};
 use crate::payload::Payload;
 use crate::scenario::Scenario;
 use crate::snapshot::{self, SnapshotOutcome};
 use crate::vm::{self, Deadlines, SessionEnd, Vm, VmConfig};
+use kloop_kernels::{KernelCache, KernelPin, ModuleSet};
 
 /// The kernel a trial boots.
 #[derive(Debug, Clone)]
@@ -204,7 +204,7 @@ pub struct TrialEnv {
     pub accel: AccelDecision,
     pub agent: PathBuf,
     pub cache: KernelCache,
-    pub fetch: crate::kernel::FetchOptions,
+    pub fetch: kloop_kernels::FetchOptions,
     /// `target/kloop/runs/<run>`.
     pub run_dir: PathBuf,
     pub cpus: u32,
@@ -221,7 +221,7 @@ pub struct TrialEnv {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum BootEntry {
     /// The bzImage's own ELF through its PVH entry, decompressed once on
-    /// the host ([`crate::kernel::pvh`]); the bzImage when that fails.
+    /// the host ([`kloop_kernels::pvh`]); the bzImage when that fails.
     #[default]
     Pvh,
     /// The bzImage as is: firmware, real-mode setup, the decompressor.
@@ -250,7 +250,7 @@ fn boot_file(
     let note = match env.boot {
         BootEntry::BzImage => "bzimage (as asked)".to_string(),
         BootEntry::Pvh => {
-            match crate::kernel::pvh::ensure_pvh(env.cache.root(), image, image_sha256) {
+            match kloop_kernels::pvh::ensure_pvh(env.cache.root(), image, image_sha256) {
                 Ok(elf) => {
                     let _ = std::fs::write(
                         artefacts.join("boot.txt"),
@@ -909,7 +909,10 @@ fn build_initramfs(
     i.add_file("init", 0o755, agent_bytes);
     i.add_file(kloop_protocol::PLAN_PATH, 0o644, plan);
     if let Some(modules) = modules {
-        modules.add_to(&mut i)?;
+        i.add_dir(kloop_protocol::MODULES_DIR);
+        for (path, data) in modules.initramfs_files()? {
+            i.add_file(&path, 0o644, data);
+        }
     }
     for d in payload.dirs() {
         i.add_dir(&d);

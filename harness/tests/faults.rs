@@ -1210,11 +1210,11 @@ impl Drop for TmpfsMount {
 /// and no partial file may be left looking like a cached image.
 fn cache_disk_full() -> TestResult {
     let layout = Layout::from_root(kloop::agent::workspace_root());
-    let catalog = kloop::kernel::Catalog::load(&layout.kernels()).map_err(|e| e.to_string())?;
+    let catalog = kloop_kernels::Catalog::load(&layout.kernels()).map_err(|e| e.to_string())?;
     let pin = catalog.get("6.1").map_err(|e| e.to_string())?.clone();
-    let home = kloop::kernel::KernelCache::default_location().map_err(|e| e.to_string())?;
+    let home = kloop_kernels::KernelCache::default_location().map_err(|e| e.to_string())?;
     let deb = home
-        .ensure_deb(&pin, &kloop::kernel::FetchOptions::default())
+        .ensure_deb(&pin, &kloop_kernels::FetchOptions::default())
         .map_err(|e| e.to_string())?;
     let deb_len = std::fs::metadata(&deb).map_err(|e| e.to_string())?.len();
     let mount = TmpfsMount(
@@ -1235,11 +1235,11 @@ fn cache_disk_full() -> TestResult {
         "mounting a tmpfs at {} failed",
         mount.0.display()
     );
-    let cache = kloop::kernel::KernelCache::at(&mount.0);
+    let cache = kloop_kernels::KernelCache::at(&mount.0);
     let cached_deb = cache.deb_path(&pin);
     std::fs::create_dir_all(cached_deb.parent().unwrap()).map_err(|e| e.to_string())?;
     std::fs::copy(&deb, &cached_deb).map_err(|e| format!("seeding the deb: {e}"))?;
-    let offline = kloop::kernel::FetchOptions {
+    let offline = kloop_kernels::FetchOptions {
         offline: true,
         ..Default::default()
     };
@@ -1287,11 +1287,11 @@ fn cache_disk_full() -> TestResult {
 /// KVM crawls) the decision is TCG; where KVM works it is KVM.
 fn kvm_probe_decides_and_caches() -> TestResult {
     let layout = Layout::from_root(kloop::agent::workspace_root());
-    let catalog = kloop::kernel::Catalog::load(&layout.kernels()).map_err(|e| e.to_string())?;
+    let catalog = kloop_kernels::Catalog::load(&layout.kernels()).map_err(|e| e.to_string())?;
     let pin = catalog.get("6.1").map_err(|e| e.to_string())?.clone();
-    let home = kloop::kernel::KernelCache::default_location().map_err(|e| e.to_string())?;
+    let home = kloop_kernels::KernelCache::default_location().map_err(|e| e.to_string())?;
     let image = home
-        .ensure_image(&pin, &kloop::kernel::FetchOptions::default())
+        .ensure_image(&pin, &kloop_kernels::FetchOptions::default())
         .map_err(|e| e.to_string())?;
     let qemu = kloop::vm::find_qemu().map_err(|e| e.to_string())?;
     let cache = tempfile::tempdir().map_err(|e| e.to_string())?;

@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use kloop::kernel::{Catalog, Compression, FetchOptions, KernelCache};
+use kloop_kernels::{Catalog, Compression, FetchOptions, KernelCache};
 
 #[test]
 fn veth_and_vxlan_resolve_in_every_cached_pin() {

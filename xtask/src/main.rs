@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use kloop::accel::AccelChoice;
-use kloop::kernel::{Catalog, FetchOptions, KernelCache};
 use kloop::report::{self, Summary};
 use kloop::suite::{self, EnvOptions, Layout, Selection};
+use kloop_kernels::{Catalog, FetchOptions, KernelCache};
 
 #[derive(Parser)]
 #[command(
@@ -396,7 +396,7 @@ fn matrix_bench(a: &BenchArgs) -> Result<()> {
             cmd.arg("--boot").arg("bzimage");
         }
         if let Some(c) = cache {
-            cmd.env(kloop::kernel::CACHE_DIR_ENV, c);
+            cmd.env(kloop_kernels::CACHE_DIR_ENV, c);
         }
         cmd.stdout(std::process::Stdio::null());
         println!("kloop bench: matrix, {label} …");
@@ -608,7 +608,7 @@ fn kernels(cmd: KernelsCmd) -> Result<ExitCode> {
             }
         }
         KernelsCmd::Update { id, fetch } => {
-            let pin = kloop::kernel::update_pin(&layout.kernels(), &id, &fetch.options())?;
+            let pin = kloop_kernels::update_pin(&layout.kernels(), &id, &fetch.options())?;
             println!(
                 "{}: pinned {} {} (deb sha256 {}, image sha256 {})",
                 pin.id, pin.package, pin.version, pin.deb_sha256, pin.image_sha256

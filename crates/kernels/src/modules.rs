@@ -28,7 +28,6 @@ use sha2::{Digest, Sha256};
 
 use super::extract::{install_verified, sha256_file, walk_deb, InstallError};
 use super::{FetchOptions, KernelCache, KernelError, KernelPin};
-use crate::initramfs::Initramfs;
 
 /// Bumped when the manifest's meaning changes, so old sets are not reused.
 const MANIFEST_FORMAT: u32 = 1;
@@ -137,21 +136,22 @@ impl ModuleSet {
         out
     }
 
-    /// Adds every module file and the order file to `initramfs`.
-    pub fn add_to(&self, initramfs: &mut Initramfs) -> std::io::Result<()> {
-        initramfs.add_dir(kloop_protocol::MODULES_DIR);
+    /// What the modules add to the guest's initramfs: every module file and
+    /// the order file the agent's `modprobe` step reads, as (guest path,
+    /// bytes), all under [`kloop_protocol::MODULES_DIR`].
+    pub fn initramfs_files(&self) -> std::io::Result<Vec<(String, Vec<u8>)>> {
+        let mut files = Vec::with_capacity(self.modules.len() + 1);
         for (m, path) in self.modules.iter().zip(&self.paths) {
             let data = std::fs::read(path).map_err(|e| {
                 std::io::Error::new(e.kind(), format!("reading module {}: {e}", path.display()))
             })?;
-            initramfs.add_file(&m.guest_path(), 0o644, data);
+            files.push((m.guest_path(), data));
         }
-        initramfs.add_file(
-            &format!("{}/order", kloop_protocol::MODULES_DIR),
-            0o644,
+        files.push((
+            format!("{}/order", kloop_protocol::MODULES_DIR),
             self.order_file().into_bytes(),
-        );
-        Ok(())
+        ));
+        Ok(files)
     }
 
     /// Bytes the modules add to the initramfs (files only).
@@ -662,7 +662,7 @@ fn mkdir(dir: &Path) -> Result<(), KernelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::extract::walk_tar;
+    use crate::extract::walk_tar;
 
     /// A minimal ELF64 relocatable object whose only named section is
     /// `.modinfo` with `fields`, laid out as the kernel's modpost writes it.
@@ -903,9 +903,9 @@ mod tests {
         std::fs::write(&manifest, serde_json::to_vec(&set).unwrap()).unwrap();
         let got = cache.cached_set(&manifest, &mods).unwrap();
         assert_eq!(got.paths, std::slice::from_ref(&path));
-        let mut initramfs = Initramfs::default();
-        got.add_to(&mut initramfs).unwrap();
-        assert_eq!(initramfs.entries().len(), 3, "dir, module, order file");
+        let files = got.initramfs_files().unwrap();
+        assert_eq!(files.len(), 2, "module, order file");
+        assert_eq!(files[0].1, data);
 
         std::fs::write(&path, b"truncated").unwrap();
         assert!(cache.cached_set(&manifest, &mods).is_none());

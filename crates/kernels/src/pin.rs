@@ -457,7 +457,7 @@ release = "{series}.0-1-cloud-amd64"
     /// The committed catalog loads and covers the four series we test.
     #[test]
     fn committed_catalog_has_the_four_series() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels");
         let catalog = Catalog::load(&dir).unwrap();
         let series: Vec<&str> = catalog.pins().iter().map(|p| p.series.as_str()).collect();
         for want in ["5.10", "6.1", "6.12"] {

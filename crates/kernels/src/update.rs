@@ -452,11 +452,11 @@ mod tests {
 #[cfg(test)]
 mod network_tests {
     use super::*;
-    use crate::kernel::Catalog;
+    use crate::Catalog;
     use std::time::Instant;
 
     fn catalog_dir() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels")
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels")
     }
 
     /// Bootstrap tool: creates the pins of the initial catalog that do not
