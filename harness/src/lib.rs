@@ -2,7 +2,6 @@
 //!
 //! Data flows one way: pin → image → VM → agent → raw records → parse →
 //! check → normalise → compare → report. See ARCHITECTURE.md.
-pub mod accel;
 pub mod agent;
 pub mod bench;
 pub mod check;
@@ -21,4 +20,3 @@ pub mod signals;
 pub mod snapshot;
 pub mod suite;
 pub mod trial;
-pub mod vm;

@@ -6,10 +6,10 @@
 
 use std::path::PathBuf;
 
-use crate::accel::{self, AccelChoice};
 use crate::scenario::{self, Scenario};
 use crate::trial::{KernelUnderTest, TrialEnv};
 use kloop_kernels::{Catalog, FetchOptions, KernelCache};
+use kloop_qemu::accel::{self, AccelChoice};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SuiteError {
@@ -18,7 +18,7 @@ pub enum SuiteError {
     #[error(transparent)]
     Scenario(#[from] scenario::ScenarioError),
     #[error(transparent)]
-    Vm(#[from] crate::vm::VmError),
+    Vm(#[from] kloop_qemu::VmError),
     #[error(transparent)]
     Agent(#[from] crate::agent::AgentBuildError),
     #[error("choosing the accelerator: {0}")]
@@ -176,8 +176,8 @@ pub fn prepare_env(
 ) -> Result<TrialEnv, SuiteError> {
     // A broken ledger is a setup error, found before anything is built.
     let known_issues = load_ledger(layout)?;
-    let qemu = crate::vm::find_qemu()?;
-    let qemu_version = crate::vm::qemu_version(&qemu).unwrap_or_else(|| "unknown".into());
+    let qemu = kloop_qemu::find_qemu()?;
+    let qemu_version = kloop_qemu::qemu_version(&qemu).unwrap_or_else(|| "unknown".into());
     let agent = crate::agent::ensure_built(&layout.root)?;
     let cache = KernelCache::default_location()?;
     let run_dir = crate::trial::new_run_dir(&layout.runs()).map_err(|source| SuiteError::Io {

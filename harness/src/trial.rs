@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 use kloop_protocol::Message;
 use serde::Serialize;
 
-use crate::accel::AccelDecision;
 use crate::evidence::RunEvidence;
 use crate::initramfs::Initramfs;
 use crate::payload::Payload;
 use crate::scenario::Scenario;
 use crate::snapshot::{self, SnapshotOutcome};
-use crate::vm::{self, Deadlines, SessionEnd, Vm, VmConfig};
 use kloop_kernels::{KernelCache, KernelPin, ModuleSet};
+use kloop_qemu::accel::AccelDecision;
+use kloop_qemu::{Deadlines, SessionEnd, Vm, VmConfig};
 
 /// The kernel a trial boots.
 #[derive(Debug, Clone)]
@@ -291,7 +291,7 @@ impl TrialResult {
             phases: None,
             guest_release: None,
             qemu_version: env.qemu_version.clone(),
-            host_release: crate::accel::host_release(),
+            host_release: kloop_qemu::accel::host_release(),
             artefacts,
             notes: Vec::new(),
         }
@@ -394,7 +394,7 @@ fn run_inner(
         deadlines: env.deadlines.unwrap_or_else(|| Deadlines::for_accel(accel)),
         data_channel: true,
         icount: scenario.vm.icount,
-        channel_limit: vm::channel_limit(),
+        channel_limit: kloop_qemu::channel_limit(),
     };
     let console = artefacts.join("console.log");
     let mut vm = match Vm::spawn(config) {
@@ -432,7 +432,7 @@ fn run_inner(
         format!(
             "last 30 console lines ({}):\n{}",
             console.display(),
-            vm::console_tail(&console, 30)
+            kloop_qemu::console_tail(&console, 30)
         )
     };
     let end = session.end.clone().unwrap_or(SessionEnd::Infrastructure(
@@ -443,7 +443,7 @@ fn run_inner(
     if end != SessionEnd::Done && crate::signals::interrupted() {
         let what = match &end {
             SessionEnd::Interrupted => "VM killed".to_string(),
-            SessionEnd::QemuExited(s) => format!("QEMU {}", vm::describe_exit(s)),
+            SessionEnd::QemuExited(s) => format!("QEMU {}", kloop_qemu::describe_exit(s)),
             _ => "VM stopped".to_string(),
         };
         return Verdict::Interrupted(format!(
@@ -457,7 +457,7 @@ fn run_inner(
         ));
     }
     // A panic explains any other ending, so look for it first.
-    if let Some(panic) = vm::console_panic(&console) {
+    if let Some(panic) = kloop_qemu::console_panic(&console) {
         if end != SessionEnd::Done {
             if let Some(line) = panic.lines().find(|l| l.contains("Attempted to kill init")) {
                 return agent_crashed(line.trim(), &session.messages, &console);
@@ -521,7 +521,7 @@ fn run_inner(
             };
             return Verdict::Infrastructure(format!(
                 "QEMU {} before the guest agent finished{}{why}{qemu_said}{trailing}\n{}\n{}",
-                vm::describe_exit(&status),
+                kloop_qemu::describe_exit(&status),
                 if session.hello_at.is_none() {
                     " (no hello: the guest crashed or never started the agent)"
                 } else {
@@ -791,7 +791,10 @@ fn agent_crashed(line: &str, messages: &[Message], console: &Path) -> Verdict {
     let how = init_exit_code(line)
         .map(|code| {
             if code & 0x7f != 0 {
-                format!("killed by {}", vm::signal_name((code & 0x7f) as i32))
+                format!(
+                    "killed by {}",
+                    kloop_qemu::signal_name((code & 0x7f) as i32)
+                )
             } else {
                 format!("exited with status {}", (code >> 8) & 0xff)
             }
@@ -940,7 +943,7 @@ fn save_messages(dir: &Path, messages: &[Message]) {
 }
 
 /// Collects the guest's messages into the evidence the checks read.
-pub fn evidence_from(session: &vm::GuestSession) -> RunEvidence {
+pub fn evidence_from(session: &kloop_qemu::GuestSession) -> RunEvidence {
     let mut ev = RunEvidence::from_messages(&session.messages, session.streams.clone());
     ev.step_marks = session.step_marks.clone();
     ev

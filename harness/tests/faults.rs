@@ -21,12 +21,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use kloop::accel::AccelChoice;
 use kloop::scenario::Scenario;
 use kloop::suite::{self, EnvOptions, Layout, Selection};
 use kloop::trial::{KernelUnderTest, TrialEnv, TrialResult, Verdict};
-use kloop::vm::Deadlines;
 use kloop_protocol::{Fault, FrameDecoder, FrameKind, Message, Plan, Step};
+use kloop_qemu::accel::AccelChoice;
+use kloop_qemu::Deadlines;
 use libtest_mimic::{Arguments, Failed, Trial};
 
 const PIN: &str = "6.1";
@@ -497,7 +497,7 @@ fn qemu_killed_from_outside() -> TestResult {
     ensure_before_deadline(
         to_verdict,
         c.default_deadlines().silence,
-        kloop::vm::EXIT_AFTER_CLOSE,
+        kloop_qemu::EXIT_AFTER_CLOSE,
         "the kill",
     )?;
     // The same environment runs the next trial as if nothing happened.
@@ -574,7 +574,7 @@ fn kernel_panic() -> TestResult {
             "Kernel panic - not syncing: sysrq triggered crash",
             "console.log",
         ],
-        path_waits: kloop::vm::EXIT_AFTER_CLOSE,
+        path_waits: kloop_qemu::EXIT_AFTER_CLOSE,
         row: "guest kernel panic",
         how: "step fault kernel-panic: echo c > /proc/sysrq-trigger",
     })
@@ -593,7 +593,7 @@ fn agent_abort() -> TestResult {
             r#""fault":"abort""#,
             "fault: calling abort() in PID 1",
         ],
-        path_waits: kloop::vm::EXIT_AFTER_CLOSE,
+        path_waits: kloop_qemu::EXIT_AFTER_CLOSE,
         row: "agent abort (PID 1 dies)",
         how: "step fault abort: libc::abort()",
     })
@@ -611,7 +611,7 @@ fn agent_panic() -> TestResult {
             "fault injection: deliberate agent panic",
             r#""fault":"agent-panic""#,
         ],
-        path_waits: kloop::vm::POWER_OFF_WAIT,
+        path_waits: kloop_qemu::POWER_OFF_WAIT,
         row: "agent panic",
         how: "step fault agent-panic: panic!() (hook reports, powers off)",
     })
@@ -630,7 +630,7 @@ fn panic_mid_frame() -> TestResult {
             "its report came after a frame it cut short",
             "never completed",
         ],
-        path_waits: kloop::vm::EXIT_AFTER_CLOSE,
+        path_waits: kloop_qemu::EXIT_AFTER_CLOSE,
         row: "agent panic in the middle of a frame",
         how: "step fault panic-mid-frame: 100 bytes of a 4 KiB frame, then panic!() holding the port lock",
     })
@@ -677,7 +677,7 @@ fn hang() -> TestResult {
     ensure_before_deadline(
         quiet,
         silence * 2,
-        kloop::vm::QUIT_WAIT,
+        kloop_qemu::QUIT_WAIT,
         "the last channel byte (twice the silence deadline)",
     )?;
     table(
@@ -699,9 +699,9 @@ fn channel_flood() -> TestResult {
     // A small limit so the test is quick; the mechanism is the same at the
     // default. The fault suite runs one test at a time (test_threads = 1).
     let limit: u64 = 8 << 20;
-    std::env::set_var(kloop::vm::CHANNEL_LIMIT_ENV, limit.to_string());
+    std::env::set_var(kloop_qemu::CHANNEL_LIMIT_ENV, limit.to_string());
     let o = run_watched(&c.env_with(None), &c.kernel, &s, false);
-    std::env::remove_var(kloop::vm::CHANNEL_LIMIT_ENV);
+    std::env::remove_var(kloop_qemu::CHANNEL_LIMIT_ENV);
     let o = o?;
     ensure!(
         matches!(o.result.verdict, Verdict::Infrastructure(_)),
@@ -710,7 +710,7 @@ fn channel_flood() -> TestResult {
     );
     expect_contains(
         o.message(),
-        &["more than 8 MiB", kloop::vm::CHANNEL_LIMIT_ENV, "runaway"],
+        &["more than 8 MiB", kloop_qemu::CHANNEL_LIMIT_ENV, "runaway"],
     )?;
     let kept = std::fs::metadata(o.result.artefacts.join("data.bin"))
         .map(|m| m.len())
@@ -760,7 +760,7 @@ fn garbage_frame() -> TestResult {
     ensure_before_deadline(
         t,
         c.default_deadlines().silence,
-        kloop::vm::PROTOCOL_ERROR_GRACE,
+        kloop_qemu::PROTOCOL_ERROR_GRACE,
         "the garbage arrived",
     )?;
     table(
@@ -1293,12 +1293,12 @@ fn kvm_probe_decides_and_caches() -> TestResult {
     let image = home
         .ensure_image(&pin, &kloop_kernels::FetchOptions::default())
         .map_err(|e| e.to_string())?;
-    let qemu = kloop::vm::find_qemu().map_err(|e| e.to_string())?;
+    let qemu = kloop_qemu::find_qemu().map_err(|e| e.to_string())?;
     let cache = tempfile::tempdir().map_err(|e| e.to_string())?;
     let scratch = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let device = kloop::accel::kvm_device_usable();
+    let device = kloop_qemu::accel::kvm_device_usable();
     let started = Instant::now();
-    let first = kloop::accel::choose(
+    let first = kloop_qemu::accel::choose(
         AccelChoice::Auto,
         &qemu,
         &mut || Some(image.clone()),
@@ -1307,9 +1307,9 @@ fn kvm_probe_decides_and_caches() -> TestResult {
     )?;
     let took = started.elapsed();
     ensure!(
-        took < kloop::accel::PROBE_DEADLINE * 2,
+        took < kloop_qemu::accel::PROBE_DEADLINE * 2,
         "deciding took {took:?}: the probe's {:?} deadline did not end it (a second probe period passed)",
-        kloop::accel::PROBE_DEADLINE
+        kloop_qemu::accel::PROBE_DEADLINE
     );
     ensure!(!first.from_cache, "an empty cache cannot hold a verdict");
     match &device {
@@ -1332,7 +1332,7 @@ fn kvm_probe_decides_and_caches() -> TestResult {
     }
     let started = Instant::now();
     let mut never = || -> Option<PathBuf> { None };
-    let second = kloop::accel::choose(
+    let second = kloop_qemu::accel::choose(
         AccelChoice::Auto,
         &qemu,
         &mut never,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use kloop::bench::{Throughput, TrialArtefacts};
 use kloop::suite::{self, EnvOptions, Layout, Selection};
 use kloop::trial::{KernelUnderTest, Verdict};
-use kloop::vm::Deadlines;
+use kloop_qemu::Deadlines;
 
 const PIN: &str = "6.1";
 const CYCLES: u32 = 1600;

@@ -7,9 +7,9 @@
 
 use std::sync::OnceLock;
 
-use kloop::accel::AccelChoice;
 use kloop::suite::{self, EnvOptions, Layout, Selection};
 use kloop::trial::{KernelUnderTest, TrialEnv, Verdict};
+use kloop_qemu::accel::AccelChoice;
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 static ENV: OnceLock<Result<TrialEnv, String>> = OnceLock::new();

@@ -5,10 +5,10 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use kloop::accel::AccelChoice;
 use kloop::report::{self, Summary};
 use kloop::suite::{self, EnvOptions, Layout, Selection};
 use kloop_kernels::{Catalog, FetchOptions, KernelCache};
+use kloop_qemu::accel::AccelChoice;
 
 #[derive(Parser)]
 #[command(
@@ -163,7 +163,7 @@ enum KernelsCmd {
 }
 
 /// The accelerator decision, and how long the KVM probe took if one ran.
-fn accel_line(d: &kloop::accel::AccelDecision) -> String {
+fn accel_line(d: &kloop_qemu::accel::AccelDecision) -> String {
     match d.probe_ms {
         Some(ms) => format!("{} [KVM probe took {:.1} s]", d.reason, ms as f64 / 1000.0),
         None if d.from_cache => format!("{} [cached verdict]", d.reason),

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::evidence::{RunEvidence, Timings};
 use crate::scenario::Scenario;
-use crate::vm::Accel;
+use kloop_qemu::Accel;
 
 /// Set (to anything) by `cargo xtask bless --overhead`: trials write their
 /// budgets from the run instead of comparing with them.

@@ -326,7 +326,7 @@ fn scenarios_without_measure_steps_pass_untouched() {
 
 #[test]
 fn icount_reaches_qemu_argv_under_tcg_only() {
-    use crate::vm::{Deadlines, VmConfig};
+    use kloop_qemu::{Deadlines, VmConfig};
     let mut cfg = VmConfig {
         qemu: "/q".into(),
         kernel: "/k".into(),
@@ -339,7 +339,7 @@ fn icount_reaches_qemu_argv_under_tcg_only() {
         deadlines: Deadlines::for_accel(Accel::Tcg),
         data_channel: false,
         icount: true,
-        channel_limit: crate::vm::DEFAULT_CHANNEL_LIMIT,
+        channel_limit: kloop_qemu::DEFAULT_CHANNEL_LIMIT,
     };
     let argv = |c: &VmConfig| -> Vec<String> {
         c.argv(Path::new("/q.sock"), Path::new("/d.sock"))

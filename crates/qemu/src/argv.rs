@@ -1,0 +1,141 @@
+//! QEMU's command line for one guest (never a shell string) and the firmware
+//! it boots with.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use crate::*;
+
+impl VmConfig {
+    /// The QEMU argv (without the binary) for this guest, given the paths of
+    /// the QMP and data sockets.
+    pub fn argv(&self, qmp_sock: &Path, data_sock: &Path) -> Vec<OsString> {
+        let mut a: Vec<OsString> = Vec::new();
+        let mut push = |s: &str| a.push(s.into());
+        push("-nodefaults");
+        push("-no-user-config");
+        push("-nographic");
+        push("-no-reboot");
+        push("-machine");
+        push("pc");
+        match self.accel {
+            Accel::Kvm => {
+                push("-accel");
+                push("kvm");
+                push("-cpu");
+                push("host");
+            }
+            Accel::Tcg => {
+                push("-accel");
+                // One thread round-robins the vCPUs: scheduling is
+                // reproducible, and it is what -icount measurement runs need.
+                // With 2 host cores kloop runs VMs in parallel instead.
+                push("tcg,thread=single");
+                push("-cpu");
+                // QEMU 7.2's TCG computes EFLAGS after CMPXCHG16B from stale
+                // lazy-flag state: a kernel pointer lands in RFLAGS (TF, NT,
+                // AC set at random) and 6.12's SLUB fast path
+                // (`cmpxchg16b %gs:`) panicked about one boot in three. Without
+                // the feature, kernels take their software path: 0 panics in 51
+                // boots of 6.12.
+                push("max,-cx16");
+                if self.icount {
+                    push("-icount");
+                    push("shift=0,sleep=off");
+                }
+            }
+        }
+        if let Some(bios) = firmware() {
+            push("-bios");
+            a.push(bios.into_os_string());
+        }
+        let mut push = |s: &str| a.push(s.into());
+        push("-m");
+        push(&self.memory_mib.to_string());
+        push("-smp");
+        push(&self.cpus.to_string());
+        let mut cmdline = vec![
+            "console=ttyS0".to_string(),
+            // A panic reboots at once and -no-reboot turns that into a QEMU
+            // exit, so a panicking guest never sits until a deadline.
+            "panic=-1".to_string(),
+            "oops=panic".to_string(),
+            "loglevel=4".to_string(),
+            // The crypto manager's self-tests of every registered algorithm
+            // (crypto_algapi_init → crypto_start_tests) are the largest
+            // single initcall under TCG: ~0.25 s of QEMU CPU per boot on 6.1.
+            // kloop tests no crypto.
+            "cryptomgr.notests".to_string(),
+            // A preset loops-per-jiffy skips the delay-loop calibration on
+            // every CPU. Under TCG the second CPU's calibration fails its
+            // consistency check and retries ("Probably due to long
+            // platform interrupts. Consider using lpj="): boot→hello on 6.1
+            // went 1.97 → 1.58 s with it (5 boots each). udelay() runs on
+            // the TSC, so the value (2.5 GHz at HZ=250) only feeds the
+            // BogoMIPS line and the loop fallback.
+            "lpj=10000000".to_string(),
+            // check_timer() panics "IO-APIC + timer doesn't work!" when the
+            // PIT's interrupt does not arrive within its busy-wait window,
+            // which a loaded host running TCG can make it miss (seen twice
+            // in a day of runs with five builds competing for 2 cores).
+            "no_timer_check".to_string(),
+        ];
+        cmdline.extend(self.cmdline.iter().cloned());
+        a.push("-kernel".into());
+        a.push(self.kernel.clone().into_os_string());
+        if let Some(initrd) = &self.initramfs {
+            a.push("-initrd".into());
+            a.push(initrd.clone().into_os_string());
+        }
+        a.push("-append".into());
+        a.push(cmdline.join(" ").into());
+        let console = self.artefacts.join("console.log");
+        a.push("-chardev".into());
+        a.push(chardev_arg("file,id=console,path=", &console));
+        a.push("-serial".into());
+        a.push("chardev:console".into());
+        if self.data_channel {
+            a.push("-chardev".into());
+            a.push(chardev_arg("socket,id=data,server=off,path=", data_sock));
+            a.push("-serial".into());
+            a.push("chardev:data".into());
+        }
+        a.push("-qmp".into());
+        let mut qmp = chardev_arg("unix:", qmp_sock);
+        qmp.push(",server=on,wait=off");
+        a.push(qmp);
+        // For experiments with QEMU options (firmware, devices): appended
+        // last, so they override.
+        if let Some(extra) = std::env::var_os("KLOOP_QEMU_ARGS") {
+            a.extend(
+                extra
+                    .to_string_lossy()
+                    .split_whitespace()
+                    .map(OsString::from),
+            );
+        }
+        a
+    }
+}
+
+/// QEMU option values are comma-separated: a comma in a path must be doubled.
+pub(crate) fn chardev_arg(prefix: &str, path: &Path) -> OsString {
+    let mut s = OsString::from(prefix);
+    s.push(path.to_string_lossy().replace(',', ",,"));
+    s
+}
+
+/// Where Debian's qemu-system-data puts qboot.
+pub(crate) const QBOOT: &str = "/usr/share/qemu/qboot.rom";
+
+/// The `-bios` image: `KLOOP_FIRMWARE` (`seabios` for QEMU's default, or a
+/// path), else qboot when installed. qboot skips SeaBIOS's device probing
+/// and option-ROM scan: 0.53 → 0.28 s from QEMU's start to the kernel's
+/// clock on 6.1 under TCG (`cargo xtask bench`, 3 boots each).
+pub(crate) fn firmware() -> Option<PathBuf> {
+    match std::env::var_os("KLOOP_FIRMWARE") {
+        Some(f) if f == "seabios" => None,
+        Some(f) if !f.is_empty() => Some(PathBuf::from(f)),
+        _ => Some(PathBuf::from(QBOOT)).filter(|p| p.is_file()),
+    }
+}
