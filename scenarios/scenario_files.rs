@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use kloop::scenario;
+use kloop::run::scenario;
 use kloop_kernels::Catalog;
 
 fn root() -> &'static Path {
@@ -53,10 +53,9 @@ fn snapshots_cover_exactly_the_catalog() {
             s.name
         );
         for pin in &snaps {
-            let body = kloop::snapshot::read_snapshot_body(&kloop::snapshot::snapshot_path(
-                &s.snapshot_dir(),
-                pin,
-            ));
+            let body = kloop::judge::snapshot::read_snapshot_body(
+                &kloop::judge::snapshot::snapshot_path(&s.snapshot_dir(), pin),
+            );
             assert!(
                 body.is_some_and(|b| b.starts_with("# kloop normalised record stream")),
                 "scenario {} pin {pin}: not a kloop snapshot",

@@ -1,22 +1,19 @@
 //! kloop: kernel-in-the-loop tests of the KSYMBOL / BPF_EVENT record stream.
 //!
 //! Data flows one way: pin → image → VM → agent → raw records → parse →
-//! check → normalise → compare → report. See ARCHITECTURE.md.
-pub mod agent;
-pub mod bench;
-pub mod check;
-pub mod evidence;
-pub mod expect;
-pub mod initramfs;
-pub mod known_issues;
-pub mod normalise;
-pub mod overhead;
-pub mod payload;
-pub mod perf_script;
-pub mod repeat;
+//! judge → report. The crates below this one do one job each: the record
+//! parser (`kloop-records`), kernels (`kloop-kernels`), running QEMU
+//! (`kloop-qemu`), the wire protocol (`kloop-protocol`). This library holds
+//! the three rooms that use them, each importing only from the rooms below
+//! it (see ARCHITECTURE.md):
+//! - [`judge`]: what the guest sent ([`judge::evidence`]) judged against the
+//!   rules, the scenario's expectations, the known-issues ledger, the
+//!   snapshots and the overhead budgets;
+//! - [`run`]: scenarios, trials from image to verdict, suites of trials,
+//!   repeats, signals, the guest agent's build and what goes into its
+//!   initramfs;
+//! - [`report`]: trial lines, summaries, JSON lines, JUnit, the overhead
+//!   report.
+pub mod judge;
 pub mod report;
-pub mod scenario;
-pub mod signals;
-pub mod snapshot;
-pub mod suite;
-pub mod trial;
+pub mod run;

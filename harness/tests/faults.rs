@@ -21,9 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use kloop::scenario::Scenario;
-use kloop::suite::{self, EnvOptions, Layout, Selection};
-use kloop::trial::{KernelUnderTest, TrialEnv, TrialResult, Verdict};
+use kloop::run::scenario::Scenario;
+use kloop::run::suite::{self, EnvOptions, Layout, Selection};
+use kloop::run::trial::{KernelUnderTest, TrialEnv, TrialResult, Verdict};
 use kloop_protocol::{Fault, FrameDecoder, FrameKind, Message, Plan, Step};
 use kloop_qemu::accel::AccelChoice;
 use kloop_qemu::Deadlines;
@@ -59,7 +59,7 @@ static CTX: OnceLock<Result<Ctx, String>> = OnceLock::new();
 
 fn ctx() -> Result<&'static Ctx, Failed> {
     CTX.get_or_init(|| {
-        let layout = Layout::from_root(kloop::agent::workspace_root());
+        let layout = Layout::from_root(kloop::run::agent::workspace_root());
         let sel = Selection {
             kernels: vec![PIN.into()],
             scenarios: vec!["basic".into()],
@@ -345,7 +345,7 @@ fn run_watched(
         artefacts.display()
     );
     let watcher = Watcher::start(me(), artefacts.clone(), kill_at_hello);
-    let result = kloop::trial::run_trial(env, kernel, scenario);
+    let result = kloop::run::trial::run_trial(env, kernel, scenario);
     let verdict_at = Instant::now();
     let seen = watcher.finish();
     eprintln!("{}", kloop::report::trial_line(&result));
@@ -789,7 +789,7 @@ fn xtask() -> Result<PathBuf, Failed> {
         .get_or_init(|| {
             let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
             let out = Command::new(cargo)
-                .current_dir(kloop::agent::workspace_root())
+                .current_dir(kloop::run::agent::workspace_root())
                 .args(["build", "--quiet", "--package", "xtask"])
                 .output()
                 .map_err(|e| format!("running cargo: {e}"))?;
@@ -856,7 +856,7 @@ fn qemu_missing() -> TestResult {
 }
 
 fn clang_missing() -> TestResult {
-    let root = kloop::agent::workspace_root();
+    let root = kloop::run::agent::workspace_root();
     let scratch = tempfile::Builder::new()
         .prefix("kloop-faults-guest-")
         .tempdir_in(root.join("target"))
@@ -866,7 +866,7 @@ fn clang_missing() -> TestResult {
     // (which KLOOP_CLANG reruns) runs: fast, and target/kloop/guest untouched.
     let real = root.join("target/kloop/guest");
     let real_bin = real
-        .join(kloop::agent::AGENT_TARGET)
+        .join(kloop::run::agent::AGENT_TARGET)
         .join("release/kloop-guest");
     let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     let before = mtime(&real_bin);
@@ -880,7 +880,7 @@ fn clang_missing() -> TestResult {
         ensure!(st.success(), "copying {} failed", real.display());
     }
     let t = Instant::now();
-    let r = kloop::agent::build(
+    let r = kloop::run::agent::build(
         &root,
         &target,
         &[("KLOOP_CLANG", OsStr::new("/nonexistent/clang"))],
@@ -911,7 +911,7 @@ fn clang_missing() -> TestResult {
     ensure!(!scratch_path.exists(), "{} left", scratch_path.display());
     table(
         "clang missing",
-        "kloop::agent::build with KLOOP_CLANG=/nonexistent/clang (scratch target dir)",
+        "kloop::run::agent::build with KLOOP_CLANG=/nonexistent/clang (scratch target dir)",
         &Verdict::Infrastructure(String::new()),
         "scratch target removed; target/kloop/guest untouched",
         format!("{secs:.2} s"),
@@ -932,7 +932,7 @@ impl XtaskRun {
     fn spawn(xtask: &Path) -> Result<XtaskRun, Failed> {
         let mut cmd = Command::new(xtask);
         cmd.args(["vm-test", "--kernel", PIN, "--scenario", "basic"])
-            .current_dir(kloop::agent::workspace_root())
+            .current_dir(kloop::run::agent::workspace_root())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -1209,7 +1209,7 @@ impl Drop for TmpfsMount {
 /// write fails with ENOSPC: the error must name the cache path and the cause,
 /// and no partial file may be left looking like a cached image.
 fn cache_disk_full() -> TestResult {
-    let layout = Layout::from_root(kloop::agent::workspace_root());
+    let layout = Layout::from_root(kloop::run::agent::workspace_root());
     let catalog = kloop_kernels::Catalog::load(&layout.kernels()).map_err(|e| e.to_string())?;
     let pin = catalog.get("6.1").map_err(|e| e.to_string())?.clone();
     let home = kloop_kernels::KernelCache::default_location().map_err(|e| e.to_string())?;
@@ -1286,7 +1286,7 @@ fn cache_disk_full() -> TestResult {
 /// decision costs nothing. On this kind of host (`/dev/kvm` answers, nested
 /// KVM crawls) the decision is TCG; where KVM works it is KVM.
 fn kvm_probe_decides_and_caches() -> TestResult {
-    let layout = Layout::from_root(kloop::agent::workspace_root());
+    let layout = Layout::from_root(kloop::run::agent::workspace_root());
     let catalog = kloop_kernels::Catalog::load(&layout.kernels()).map_err(|e| e.to_string())?;
     let pin = catalog.get("6.1").map_err(|e| e.to_string())?.clone();
     let home = kloop_kernels::KernelCache::default_location().map_err(|e| e.to_string())?;
@@ -1367,7 +1367,7 @@ fn kvm_probe_decides_and_caches() -> TestResult {
 fn main() {
     let mut args = Arguments::from_args();
     args.test_threads.get_or_insert(1);
-    kloop::signals::install();
+    kloop::run::signals::install();
     let vm = |name: &str, f: fn() -> TestResult| Trial::test(name, f).with_kind("vm");
     let trials = vec![
         vm("vm/qemu-killed-from-outside", qemu_killed_from_outside),

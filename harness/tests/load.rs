@@ -10,9 +10,9 @@
 
 use std::time::{Duration, Instant};
 
-use kloop::bench::{Throughput, TrialArtefacts};
-use kloop::suite::{self, EnvOptions, Layout, Selection};
-use kloop::trial::{KernelUnderTest, Verdict};
+use kloop::run::bench::{Throughput, TrialArtefacts};
+use kloop::run::suite::{self, EnvOptions, Layout, Selection};
+use kloop::run::trial::{KernelUnderTest, Verdict};
 use kloop_qemu::Deadlines;
 
 const PIN: &str = "6.1";
@@ -21,7 +21,7 @@ const DRAIN_EVERY: u32 = 4;
 
 #[test]
 fn storm_carries_100k_records() {
-    let layout = Layout::from_root(kloop::agent::workspace_root());
+    let layout = Layout::from_root(kloop::run::agent::workspace_root());
     let sel = Selection {
         kernels: vec![PIN.into()],
         scenarios: vec!["basic".into()],
@@ -56,7 +56,7 @@ fn storm_carries_100k_records() {
         ..d
     });
 
-    let scenario = kloop::bench::storm_scenario(
+    let scenario = kloop::run::bench::storm_scenario(
         &t.scenario,
         "load-storm",
         &env.run_dir.join("no-snapshots"),
@@ -65,7 +65,7 @@ fn storm_carries_100k_records() {
     );
 
     let started = Instant::now();
-    let result = kloop::trial::run_trial(&env, &kernel, &scenario);
+    let result = kloop::run::trial::run_trial(&env, &kernel, &scenario);
     let trial_secs = started.elapsed().as_secs_f64();
     eprintln!(
         "load: trial {} in {trial_secs:.1} s ({}), artefacts {}",
@@ -88,10 +88,10 @@ fn storm_carries_100k_records() {
     // Host analysis alone, timed (run_trial already did it once).
     let full = &trial.evidence;
     let t0 = Instant::now();
-    let analysis = kloop::check::analyse(full);
+    let analysis = kloop::judge::check::analyse(full);
     let analyse_secs = t0.elapsed().as_secs_f64();
     let t0 = Instant::now();
-    let normalised = kloop::normalise::normalise(full, &analysis);
+    let normalised = kloop::judge::normalise::normalise(full, &analysis);
     let normalise_secs = t0.elapsed().as_secs_f64();
     eprintln!(
         "load: host analyse {analyse_secs:.2} s, normalise {normalise_secs:.2} s ({} lines), {} violation(s)",

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use kloop::evidence::RunEvidence;
+use kloop::judge::evidence::RunEvidence;
 use kloop_protocol::Message;
 use kloop_records::{parse_stream, RecordBody};
 
@@ -45,10 +45,10 @@ fn check_pin(pin: &str) {
             .count();
     }
     assert_eq!(ksyms, 6, "3 functions registered and unregistered");
-    let analysis = kloop::check::analyse(&ev);
+    let analysis = kloop::judge::check::analyse(&ev);
     assert!(analysis.violations.is_empty(), "{:#?}", analysis.violations);
-    let text = kloop::normalise::normalise(&ev, &analysis);
-    let golden = kloop::snapshot::read_snapshot_body(
+    let text = kloop::judge::normalise::normalise(&ev, &analysis);
+    let golden = kloop::judge::snapshot::read_snapshot_body(
         &root().join(format!("../scenarios/subprogs/snapshots/{pin}.snap")),
     )
     .unwrap();
@@ -74,7 +74,7 @@ fn recorded_7_3_subprogs() {
 fn recorded_stream_with_a_flipped_tag_fails_load_matches_info() {
     let mut ev = recorded(&root().join("src/testdata/real/6.1-subprogs"));
     ev.progs[0].tag[0] ^= 0xff;
-    let a = kloop::check::analyse(&ev);
+    let a = kloop::judge::check::analyse(&ev);
     assert!(
         a.violations.iter().any(|v| v.rule == "load-matches-info"),
         "{:#?}",
@@ -113,7 +113,7 @@ fn every_truncation_of_a_real_stream_is_an_error_not_a_panic() {
 fn recorded_6_1_many_listeners_header_size_grows_per_listener() {
     let ev = recorded(&root().join("src/testdata/known-issues/6.1-many-listeners"));
     assert_eq!(ev.listeners.len(), 9);
-    let a = kloop::check::analyse(&ev);
+    let a = kloop::judge::check::analyse(&ev);
     let rules: std::collections::BTreeSet<&str> = a.violations.iter().map(|v| v.rule).collect();
     assert_eq!(rules, ["parse"].into(), "{:#?}", a.violations);
     let sizes: Vec<(u32, &str)> = a
@@ -149,11 +149,11 @@ fn recorded_7_3_many_listeners_agree() {
     for l in &ev.listeners {
         parse_stream(l, &ev.streams[&l.index]).expect("real bytes parse exactly");
     }
-    let a = kloop::check::analyse(&ev);
+    let a = kloop::judge::check::analyse(&ev);
     assert!(a.violations.is_empty(), "{:#?}", a.violations);
     assert_eq!(a.sets.len(), 4);
-    let text = kloop::normalise::normalise(&ev, &a);
-    let golden = kloop::snapshot::read_snapshot_body(
+    let text = kloop::judge::normalise::normalise(&ev, &a);
+    let golden = kloop::judge::snapshot::read_snapshot_body(
         &root().join("../scenarios/many-listeners/snapshots/7.3.snap"),
     )
     .unwrap();
@@ -167,7 +167,7 @@ fn recorded_7_3_many_listeners_agree() {
     let start = victim.offset as usize;
     let end = start + victim.header.size as usize;
     cut.streams.get_mut(&5).unwrap().drain(start..end);
-    let a = kloop::check::analyse(&cut);
+    let a = kloop::judge::check::analyse(&cut);
     assert!(
         a.violations
             .iter()
@@ -192,10 +192,10 @@ fn recorded_short_lived_unload_by_another_task_is_accounted() {
         let ev = recorded(&root().join(format!(
             "src/testdata/real/{pin}-short-lived-sideband-unload"
         )));
-        let a = kloop::check::analyse(&ev);
+        let a = kloop::judge::check::analyse(&ev);
         assert!(a.violations.is_empty(), "{pin}: {:#?}", a.violations);
-        let text = kloop::normalise::normalise(&ev, &a);
-        let golden = kloop::snapshot::read_snapshot_body(
+        let text = kloop::judge::normalise::normalise(&ev, &a);
+        let golden = kloop::judge::snapshot::read_snapshot_body(
             &root().join(format!("../scenarios/short-lived/snapshots/{pin}.snap")),
         )
         .unwrap();
@@ -224,7 +224,7 @@ fn recorded_short_lived_unload_by_another_task_is_accounted() {
             })
             .unwrap();
         cut.streams.get_mut(&listener).unwrap().drain(start..end);
-        let a = kloop::check::analyse(&cut);
+        let a = kloop::judge::check::analyse(&cut);
         assert!(
             a.violations.iter().any(|v| v.rule == "programs-accounted"
                 && v.message.contains(&format!("program id {program}"))),

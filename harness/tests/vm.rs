@@ -7,8 +7,8 @@
 
 use std::sync::OnceLock;
 
-use kloop::suite::{self, EnvOptions, Layout, Selection};
-use kloop::trial::{KernelUnderTest, TrialEnv, Verdict};
+use kloop::run::suite::{self, EnvOptions, Layout, Selection};
+use kloop::run::trial::{KernelUnderTest, TrialEnv, Verdict};
 use kloop_qemu::accel::AccelChoice;
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
@@ -29,7 +29,7 @@ fn env(layout: &Layout) -> Result<&'static TrialEnv, String> {
         eprintln!("kloop: accelerator: {}", env.accel.reason);
         for w in env
             .known_issues
-            .warnings(kloop::known_issues::Date::today())
+            .warnings(kloop::judge::known_issues::Date::today())
         {
             eprintln!("kloop: {w}");
         }
@@ -42,7 +42,7 @@ fn env(layout: &Layout) -> Result<&'static TrialEnv, String> {
 
 fn main() {
     let args = Arguments::from_args();
-    let layout = Layout::from_root(kloop::agent::workspace_root());
+    let layout = Layout::from_root(kloop::run::agent::workspace_root());
     let planned = match suite::plan(&layout, &Selection::default()) {
         Ok(p) => p,
         Err(e) => {
@@ -50,7 +50,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    kloop::signals::install();
+    kloop::run::signals::install();
     let _ = KERNELS.set(planned.iter().map(|t| t.kernel.clone()).collect());
     let trials = planned
         .into_iter()
@@ -58,7 +58,7 @@ fn main() {
             let layout = layout.clone();
             Trial::ignorable_test(t.id(), move || {
                 let env = env(&layout)?;
-                let r = kloop::trial::run_trial(env, &t.kernel, &t.scenario);
+                let r = kloop::run::trial::run_trial(env, &t.kernel, &t.scenario);
                 eprintln!("{}", kloop::report::trial_line(&r));
                 match &r.verdict {
                     Verdict::Ok => Ok(Completion::Completed),

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use kloop::report::{self, Summary};
-use kloop::suite::{self, EnvOptions, Layout, Selection};
+use kloop::run::suite::{self, EnvOptions, Layout, Selection};
 use kloop_kernels::{Catalog, FetchOptions, KernelCache};
 use kloop_qemu::accel::AccelChoice;
 
@@ -88,7 +88,7 @@ struct VmTestArgs {
     /// How QEMU enters the kernel: `pvh` (the bzImage's own ELF, decompressed
     /// once on the host, entered at its PVH note: faster) or `bzimage`.
     #[arg(long, default_value = "pvh")]
-    boot: kloop::trial::BootEntry,
+    boot: kloop::run::trial::BootEntry,
     /// List the trials and exit.
     #[arg(long)]
     list: bool,
@@ -133,7 +133,7 @@ struct BenchArgs {
     append: Vec<String>,
     /// How QEMU enters the kernel: pvh or bzimage (see vm-test --help).
     #[arg(long, default_value = "pvh")]
-    boot: kloop::trial::BootEntry,
+    boot: kloop::run::trial::BootEntry,
     /// Load/unload cycles of the channel storm on the first pin (66 records
     /// each); 0 skips it.
     #[arg(long, default_value_t = 200)]
@@ -172,7 +172,7 @@ fn accel_line(d: &kloop_qemu::accel::AccelDecision) -> String {
 }
 
 fn layout() -> Layout {
-    Layout::from_root(kloop::agent::workspace_root())
+    Layout::from_root(kloop::run::agent::workspace_root())
 }
 
 fn main() -> ExitCode {
@@ -191,7 +191,7 @@ fn run() -> Result<ExitCode> {
         Cmd::VmTest(a) => vm_test(a),
         Cmd::Bless(BlessArgs { run: a, overhead }) => {
             if overhead {
-                std::env::set_var(kloop::overhead::BLESS_ENV, "1");
+                std::env::set_var(kloop::judge::overhead::BLESS_ENV, "1");
             }
             if a.kernel_image.is_some() {
                 bail!("bless rewrites the golden snapshots of pinned kernels from their own runs; it does not take --kernel-image (a user-built kernel is compared, never blessed)");
@@ -217,7 +217,7 @@ fn bench(a: BenchArgs) -> Result<ExitCode> {
         ..Selection::default()
     };
     let planned = suite::plan(&layout, &sel)?;
-    kloop::signals::install();
+    kloop::run::signals::install();
     let opts = EnvOptions {
         accel: a.accel,
         extra_cmdline: a.append.clone(),
@@ -257,7 +257,7 @@ fn bench(a: BenchArgs) -> Result<ExitCode> {
             report::Spread::of(&rss_mib),
             failed,
         ));
-        phase_rows.push((t.id(), kloop::bench::PhaseSpreads::of(&results)));
+        phase_rows.push((t.id(), kloop::run::bench::PhaseSpreads::of(&results)));
     }
     println!(
         "{:<16} {:>5} {:>26} {:>26} {:>30} {:>6}",
@@ -315,7 +315,7 @@ fn bench(a: BenchArgs) -> Result<ExitCode> {
 
     if a.channel_cycles > 0 {
         if let Some(t) = planned.first() {
-            let storm = kloop::bench::storm_scenario(
+            let storm = kloop::run::bench::storm_scenario(
                 &t.scenario,
                 "bench-channel",
                 &env.run_dir.join("no-snapshots"),
@@ -325,10 +325,12 @@ fn bench(a: BenchArgs) -> Result<ExitCode> {
             // The pin's image without its snapshots: the storm has none,
             // its verdict is the invariants alone.
             let kernel = match &t.kernel {
-                kloop::trial::KernelUnderTest::Pin(pin) => kloop::trial::KernelUnderTest::Image {
-                    path: env.cache.ensure_image(pin, &env.fetch)?,
-                    snapshot_as: None,
-                },
+                kloop::run::trial::KernelUnderTest::Pin(pin) => {
+                    kloop::run::trial::KernelUnderTest::Image {
+                        path: env.cache.ensure_image(pin, &env.fetch)?,
+                        snapshot_as: None,
+                    }
+                }
                 other => other.clone(),
             };
             let trial = suite::PlannedTrial {
@@ -338,9 +340,9 @@ fn bench(a: BenchArgs) -> Result<ExitCode> {
             let r = suite::run_all(&env, &[trial], 1, &|_| {});
             println!();
             match r.first() {
-                Some(r) if r.verdict == kloop::trial::Verdict::Ok => {
-                    match kloop::bench::TrialArtefacts::read(&r.artefacts)
-                        .and_then(|t| kloop::bench::Throughput::of(&t))
+                Some(r) if r.verdict == kloop::run::trial::Verdict::Ok => {
+                    match kloop::run::bench::TrialArtefacts::read(&r.artefacts)
+                        .and_then(|t| kloop::run::bench::Throughput::of(&t))
                     {
                         Ok(tp) => println!(
                             "channel ({}): {} records, {} bytes, {} lost in {:.2} s of guest time \
@@ -392,7 +394,7 @@ fn matrix_bench(a: &BenchArgs) -> Result<()> {
         for w in &a.append {
             cmd.arg("--append").arg(w);
         }
-        if a.boot == kloop::trial::BootEntry::BzImage {
+        if a.boot == kloop::run::trial::BootEntry::BzImage {
             cmd.arg("--boot").arg("bzimage");
         }
         if let Some(c) = cache {
@@ -433,7 +435,7 @@ fn vm_test(a: VmTestArgs) -> Result<ExitCode> {
     if trials.is_empty() {
         bail!("no trials selected");
     }
-    kloop::signals::install();
+    kloop::run::signals::install();
     if std::env::var_os("INSTA_OUTPUT").is_none() {
         // Each failing trial prints its own short diff; insta's full diff
         // would interleave between parallel trials (`cargo insta review`
@@ -455,7 +457,7 @@ fn vm_test(a: VmTestArgs) -> Result<ExitCode> {
     println!("kloop: accelerator: {}", accel_line(&env.accel));
     let ledger_warnings = env
         .known_issues
-        .warnings(kloop::known_issues::Date::today());
+        .warnings(kloop::judge::known_issues::Date::today());
     for w in &ledger_warnings {
         println!("kloop: {w}");
     }
@@ -488,11 +490,11 @@ fn vm_test(a: VmTestArgs) -> Result<ExitCode> {
     let results = if repeat > 1 {
         report::write_runs(&env.run_dir, &all_runs)
             .with_context(|| format!("writing runs.jsonl into {}", env.run_dir.display()))?;
-        let grouped = kloop::repeat::group(all_runs);
-        kloop::repeat::write_report(&env.run_dir, &grouped)
+        let grouped = kloop::run::repeat::group(all_runs);
+        kloop::run::repeat::write_report(&env.run_dir, &grouped)
             .with_context(|| format!("writing repeat.json into {}", env.run_dir.display()))?;
         println!();
-        println!("{}", kloop::repeat::table(&grouped));
+        println!("{}", kloop::run::repeat::table(&grouped));
         let combined: Vec<_> = grouped.iter().filter_map(|t| t.combined()).collect();
         for r in combined.iter().filter(|r| r.verdict.label() == "FLAKY") {
             println!("{}", report::trial_line(r));

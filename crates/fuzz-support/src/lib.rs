@@ -36,9 +36,9 @@ use kloop_protocol::{
     Message, ProgFacts, RawFrame, RecordsHeader, MAX_PAYLOAD,
 };
 
-use kloop::check;
-use kloop::evidence::RunEvidence;
-use kloop::normalise;
+use kloop::judge::check;
+use kloop::judge::evidence::RunEvidence;
+use kloop::judge::normalise;
 use kloop_records::testutil::XorShift;
 use kloop_records::{
     self, parse_prefix, parse_stream, Record, RecordBody, SampleId, HEADER_LEN,

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use crate::trial::{TrialResult, Verdict};
+use crate::run::trial::{TrialResult, Verdict};
 
 fn xml_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::trial::{TrialResult, Verdict};
+use crate::run::trial::{TrialResult, Verdict};
 
 pub mod junit;
 pub mod overhead;

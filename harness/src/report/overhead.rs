@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::overhead::*;
+use crate::judge::overhead::*;
 
 fn fmt_ns(v: f64) -> String {
     format!("{v:.0}")

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use kloop_protocol::{Plan, Requirement, Step};
 
-use crate::expect::Expectation;
+use crate::judge::expect::Expectation;
 
 use serde::Deserialize;
 

@@ -7,11 +7,11 @@ use std::path::Path;
 
 use kloop_protocol::{ListenerSpec, Message, Plan, Step};
 
-use crate::evidence::RunEvidence;
+use crate::judge::evidence::RunEvidence;
 
 use crate::report::Spread;
-use crate::scenario::Scenario;
-use crate::trial::TrialResult;
+use crate::run::scenario::Scenario;
+use crate::run::trial::TrialResult;
 
 /// `PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU`, the recording
 /// listeners' trailer in every scenario.
@@ -180,7 +180,7 @@ pub struct PhaseSpreads {
 impl PhaseSpreads {
     pub fn of(results: &[TrialResult]) -> PhaseSpreads {
         let phases: Vec<_> = results.iter().filter_map(|r| r.phases).collect();
-        let col = |f: &dyn Fn(&crate::trial::Phases) -> Option<f64>| {
+        let col = |f: &dyn Fn(&crate::run::trial::Phases) -> Option<f64>| {
             let v: Vec<f64> = phases.iter().filter_map(f).collect();
             Spread::of(&v)
         };

@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use kloop_protocol::Message;
 use serde::Serialize;
 
-use crate::evidence::RunEvidence;
-use crate::initramfs::Initramfs;
-use crate::payload::Payload;
-use crate::scenario::Scenario;
-use crate::snapshot::{self, SnapshotOutcome};
+use crate::judge::evidence::RunEvidence;
+use crate::judge::snapshot::{self, SnapshotOutcome};
+use crate::run::initramfs::Initramfs;
+use crate::run::payload::Payload;
+use crate::run::scenario::Scenario;
 use kloop_kernels::{KernelCache, KernelPin, ModuleSet};
 use kloop_qemu::accel::AccelDecision;
 use kloop_qemu::{Deadlines, SessionEnd, Vm, VmConfig};
@@ -214,7 +214,7 @@ pub struct TrialEnv {
     pub extra_cmdline: Vec<String>,
     pub boot: BootEntry,
     /// The known-issues ledger trials on pins are judged by.
-    pub known_issues: crate::known_issues::Ledger,
+    pub known_issues: crate::judge::known_issues::Ledger,
 }
 
 /// How QEMU enters the kernel.
@@ -402,7 +402,7 @@ fn run_inner(
         Err(e) => return Verdict::Infrastructure(e.to_string()),
     };
     let prepare = trial_started.elapsed().as_secs_f64();
-    let session = vm.run_session(&crate::signals::interrupted);
+    let session = vm.run_session(&crate::run::signals::interrupted);
     drop(vm);
     result.boot_to_hello_secs = session.hello_at.map(|d| d.as_secs_f64());
     if let Some(hello) = session.hello_at {
@@ -440,7 +440,7 @@ fn run_inner(
     ));
     // Whatever else happened, a trial the user stopped is interrupted (QEMU
     // may have died of the same signal, e.g. a SIGTERM to the whole cgroup).
-    if end != SessionEnd::Done && crate::signals::interrupted() {
+    if end != SessionEnd::Done && crate::run::signals::interrupted() {
         let what = match &end {
             SessionEnd::Interrupted => "VM killed".to_string(),
             SessionEnd::QemuExited(s) => format!("QEMU {}", kloop_qemu::describe_exit(s)),
@@ -553,17 +553,17 @@ fn run_inner(
     for (idx, bytes) in &evidence.streams {
         let _ = std::fs::write(artefacts.join(format!("records-{idx}.bin")), bytes);
     }
-    let mut analysis = crate::check::analyse(&evidence);
+    let mut analysis = crate::judge::check::analyse(&evidence);
     result.notes = analysis.notes.clone();
     // What this scenario declares on top of the rules every run obeys.
-    analysis.violations.extend(crate::expect::check(
+    analysis.violations.extend(crate::judge::expect::check(
         &scenario.expect,
         &scenario.plan,
         &evidence,
         &analysis,
         kernel.snapshot_name().as_deref(),
     ));
-    analysis.violations.extend(crate::perf_script::check(
+    analysis.violations.extend(crate::judge::perf_script::check(
         &evidence,
         &analysis,
         &scenario.plan.steps,
@@ -574,8 +574,8 @@ fn run_inner(
             format!("$ {}\n{}\n--- stderr ---\n{}", p.command, p.text, p.stderr),
         );
     }
-    let normalised = crate::normalise::normalise(&evidence, &analysis)
-        + &crate::perf_script::normalise(&evidence, &analysis);
+    let normalised = crate::judge::normalise::normalise(&evidence, &analysis)
+        + &crate::judge::perf_script::normalise(&evidence, &analysis);
     let normalised_path = artefacts.join("normalised.txt");
     let _ = std::fs::write(&normalised_path, &normalised);
     // The ledger judges pinned kernels only: a user-built image is what one
@@ -600,7 +600,7 @@ fn run_inner(
         .map(|m| format!("\n{m}"))
         .unwrap_or_default();
     // Timing scenarios: figures against the pin's budget (overhead.rs).
-    let overhead = crate::overhead::check_trial(
+    let overhead = crate::judge::overhead::check_trial(
         scenario,
         &evidence,
         &kernel.id(),
@@ -664,13 +664,13 @@ fn unsupported_verdict(scenario: &Scenario, evidence: &RunEvidence) -> Option<Ve
 /// unless a later check (overhead, snapshot) fails. `Ok(None)`: clean.
 /// `pin` is `None` for a user-built image, which the ledger never excuses.
 fn ledger_outcome(
-    ledger: &crate::known_issues::Ledger,
+    ledger: &crate::judge::known_issues::Ledger,
     pin: Option<&str>,
     scenario: &str,
-    violations: &[crate::check::Violation],
+    violations: &[crate::judge::check::Violation],
     normalised_path: &Path,
 ) -> Result<Option<Verdict>, Verdict> {
-    let empty = crate::known_issues::Ledger::default();
+    let empty = crate::judge::known_issues::Ledger::default();
     let ledger = if pin.is_some() { ledger } else { &empty };
     let judgement = ledger.judge(pin.unwrap_or(""), scenario, violations);
     let known_note = known_note(&judgement);
@@ -713,7 +713,7 @@ fn ledger_outcome(
 }
 
 /// The ledger entries that explain violations, with the violations.
-fn known_note(j: &crate::known_issues::Judgement) -> String {
+fn known_note(j: &crate::judge::known_issues::Judgement) -> String {
     let mut out = String::new();
     for (issue, hits) in &j.known {
         out.push_str(&format!(
@@ -733,9 +733,9 @@ fn known_note(j: &crate::known_issues::Judgement) -> String {
 /// `FIXED? <id> no longer shows on <pin>` for every entry that expected its
 /// bug here and did not see it.
 fn fixed_note(
-    j: &crate::known_issues::Judgement,
+    j: &crate::judge::known_issues::Judgement,
     pin: &str,
-    ledger: &crate::known_issues::Ledger,
+    ledger: &crate::judge::known_issues::Ledger,
 ) -> String {
     let file = ledger.path.as_ref().map_or_else(
         || "kernels/known-issues.toml".into(),
@@ -883,7 +883,7 @@ fn last_report(messages: &[Message]) -> String {
 
 /// Host programs the scenario needs in the guest: perf and its libraries
 /// when it requires `perf-tool` or runs perf.
-fn scenario_payload(scenario: &Scenario) -> Result<Payload, crate::payload::PayloadError> {
+fn scenario_payload(scenario: &Scenario) -> Result<Payload, crate::run::payload::PayloadError> {
     let plan = &scenario.plan;
     if plan
         .requires
@@ -893,7 +893,7 @@ fn scenario_payload(scenario: &Scenario) -> Result<Payload, crate::payload::Payl
             .iter()
             .any(|s| matches!(s, kloop_protocol::Step::PerfRecordStart { .. }))
     {
-        crate::payload::perf_payload()
+        crate::run::payload::perf_payload()
     } else {
         Ok(Payload::default())
     }
@@ -990,8 +990,8 @@ pub fn new_run_dir(root: &Path) -> std::io::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::{rule, Violation};
-    use crate::known_issues::{Ledger, Vocabulary};
+    use crate::judge::check::{rule, Violation};
+    use crate::judge::known_issues::{Ledger, Vocabulary};
     use kloop_protocol::Requirement;
 
     fn ledger() -> Ledger {
@@ -1007,7 +1007,7 @@ review_by = "2027-05-21"
 "#;
         let vocab = Vocabulary {
             pins: vec!["6.1".into(), "6.12".into()],
-            rules: crate::known_issues::rule_names()
+            rules: crate::judge::known_issues::rule_names()
                 .into_iter()
                 .map(String::from)
                 .collect(),

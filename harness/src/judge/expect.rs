@@ -21,8 +21,8 @@ use std::collections::BTreeMap;
 use kloop_protocol::{Plan, Step};
 use serde::Deserialize;
 
-use crate::check::{Analysis, Model, Violation};
-use crate::evidence::RunEvidence;
+use crate::judge::check::{Analysis, Model, Violation};
+use crate::judge::evidence::RunEvidence;
 use kloop_records::{Record, RecordBody, BPF_EVENT_PROG_UNLOAD};
 
 /// Rule names of expectation violations.
@@ -506,9 +506,9 @@ pub type StreamMark = BTreeMap<u32, u64>;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::analyse;
-    use crate::check::testrun::{evidence, good_script, Ev};
-    use crate::evidence::{CounterValue, FileSnapshot};
+    use crate::judge::check::analyse;
+    use crate::judge::check::testrun::{evidence, good_script, Ev};
+    use crate::judge::evidence::{CounterValue, FileSnapshot};
 
     fn plan(steps: Vec<Step>) -> Plan {
         Plan {

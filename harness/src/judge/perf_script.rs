@@ -50,9 +50,9 @@ use std::fmt::{self, Write as _};
 use kloop_protocol::{ListenerInfo, ProgFacts, Step};
 use thiserror::Error;
 
-use crate::check::{Analysis, Violation};
-use crate::evidence::RunEvidence;
-use crate::normalise::mask_tags;
+use crate::judge::check::{Analysis, Violation};
+use crate::judge::evidence::RunEvidence;
+use crate::judge::normalise::mask_tags;
 use kloop_records::{
     self, Record, RecordContent, BPF_EVENT_PROG_LOAD, BPF_EVENT_PROG_UNLOAD,
     KSYMBOL_FLAGS_UNREGISTER, KSYM_TYPE_BPF, PERF_RECORD_BPF_EVENT, PERF_RECORD_KSYMBOL,
@@ -1085,7 +1085,7 @@ mod tests {
     /// `subprogs` ("kept") alive at start, `subprogs` ("inside") and
     /// `basic` ("late") loaded while perf recorded, "early" and "inside"
     /// unloaded while it recorded.
-    const REAL_6_1: &str = include_str!("testdata/perf-report-D-6.1.192-on-6.1.txt");
+    const REAL_6_1: &str = include_str!("../testdata/perf-report-D-6.1.192-on-6.1.txt");
 
     #[test]
     fn reads_a_real_dump() {
@@ -1217,7 +1217,7 @@ mod tests {
                 .collect();
         let ring = std::fs::read(format!("{dir}/records-0.bin")).unwrap();
         let ev = RunEvidence::from_messages(&messages, BTreeMap::from([(0, ring)]));
-        let scenario = crate::scenario::Scenario::load(std::path::Path::new(concat!(
+        let scenario = crate::run::scenario::Scenario::load(std::path::Path::new(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../scenarios/perf-tool"
         )))
@@ -1226,7 +1226,7 @@ mod tests {
     }
 
     fn second_reader(ev: &RunEvidence, steps: &[Step]) -> Vec<String> {
-        let a = crate::check::analyse(ev);
+        let a = crate::judge::check::analyse(ev);
         check(ev, &a, steps)
             .into_iter()
             .map(|v| {
@@ -1239,7 +1239,7 @@ mod tests {
     #[test]
     fn real_7_3_run_differs_only_in_perfs_synthesised_main_function_name() {
         let (ev, steps) = real_7_3();
-        assert!(crate::check::analyse(&ev).violations.is_empty());
+        assert!(crate::judge::check::analyse(&ev).violations.is_empty());
         let v = second_reader(&ev, &steps);
         // perf names the main function of a program alive at its start
         // after prog_tags[0]; the kernel (7.3) after the program's tag.

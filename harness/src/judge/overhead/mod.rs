@@ -28,8 +28,8 @@ use std::path::{Path, PathBuf};
 use kloop_protocol::Step;
 use serde::{Deserialize, Serialize};
 
-use crate::evidence::{RunEvidence, Timings};
-use crate::scenario::Scenario;
+use crate::judge::evidence::{RunEvidence, Timings};
+use crate::run::scenario::Scenario;
 use kloop_qemu::Accel;
 
 /// Set (to anything) by `cargo xtask bless --overhead`: trials write their

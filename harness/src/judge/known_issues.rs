@@ -49,18 +49,18 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::check::Violation;
+use crate::judge::check::Violation;
 
 /// The ledger's file name inside the kernels directory.
 pub const FILE_NAME: &str = "known-issues.toml";
 
-/// Rule names other modules define, next to [`crate::check::rule::ALL`].
+/// Rule names other modules define, next to [`crate::judge::check::rule::ALL`].
 /// A module that adds violations with rules of its own appends its list here
 /// so that ledger entries may name them.
 pub const RULE_SOURCES: &[&[&str]] = &[
-    crate::check::rule::ALL,
-    crate::perf_script::RULES,
-    crate::expect::rule::ALL,
+    crate::judge::check::rule::ALL,
+    crate::judge::perf_script::RULES,
+    crate::judge::expect::rule::ALL,
 ];
 
 /// Every rule name a ledger entry may use.
@@ -393,7 +393,7 @@ fn validate(issues: &[Issue], vocab: &Vocabulary) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::rule;
+    use crate::judge::check::rule;
 
     fn vocab() -> Vocabulary {
         Vocabulary {
@@ -461,7 +461,7 @@ review_by = "2020-01-01"
     fn the_committed_ledger_is_valid() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
         let catalog = kloop_kernels::Catalog::load(&root.join("kernels")).unwrap();
-        let scenarios = crate::scenario::load_all(&root.join("scenarios")).unwrap();
+        let scenarios = crate::run::scenario::load_all(&root.join("scenarios")).unwrap();
         let vocab = Vocabulary {
             pins: catalog.pins().iter().map(|p| p.id.clone()).collect(),
             rules: rule_names().into_iter().map(String::from).collect(),

@@ -6,8 +6,8 @@
 
 use std::path::PathBuf;
 
-use crate::scenario::{self, Scenario};
-use crate::trial::{KernelUnderTest, TrialEnv};
+use crate::run::scenario::{self, Scenario};
+use crate::run::trial::{KernelUnderTest, TrialEnv};
 use kloop_kernels::{Catalog, FetchOptions, KernelCache};
 use kloop_qemu::accel::{self, AccelChoice};
 
@@ -20,7 +20,7 @@ pub enum SuiteError {
     #[error(transparent)]
     Vm(#[from] kloop_qemu::VmError),
     #[error(transparent)]
-    Agent(#[from] crate::agent::AgentBuildError),
+    Agent(#[from] crate::run::agent::AgentBuildError),
     #[error("choosing the accelerator: {0}")]
     Accel(String),
     #[error("{what}: {source}")]
@@ -30,7 +30,7 @@ pub enum SuiteError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Ledger(#[from] crate::known_issues::LedgerError),
+    Ledger(#[from] crate::judge::known_issues::LedgerError),
     #[error("--snapshot-as {0} names no kernel pin; known pins: {1}")]
     UnknownSnapshotPin(String, String),
 }
@@ -130,8 +130,8 @@ pub fn plan(layout: &Layout, sel: &Selection) -> Result<Vec<PlannedTrial>, Suite
 
 /// The known-issues ledger (`kernels/known-issues.toml`), validated against
 /// the catalog's pins, the scenarios and every rule name.
-pub fn load_ledger(layout: &Layout) -> Result<crate::known_issues::Ledger, SuiteError> {
-    use crate::known_issues::{rule_names, Ledger, Vocabulary};
+pub fn load_ledger(layout: &Layout) -> Result<crate::judge::known_issues::Ledger, SuiteError> {
+    use crate::judge::known_issues::{rule_names, Ledger, Vocabulary};
     let catalog = Catalog::load(&layout.kernels())?;
     let scenarios = scenario::load_all(&layout.scenarios())?;
     let vocab = Vocabulary {
@@ -151,7 +151,7 @@ pub struct EnvOptions {
     pub memory_mib: u32,
     /// Appended to every guest's kernel command line.
     pub extra_cmdline: Vec<String>,
-    pub boot: crate::trial::BootEntry,
+    pub boot: crate::run::trial::BootEntry,
 }
 
 impl Default for EnvOptions {
@@ -178,12 +178,13 @@ pub fn prepare_env(
     let known_issues = load_ledger(layout)?;
     let qemu = kloop_qemu::find_qemu()?;
     let qemu_version = kloop_qemu::qemu_version(&qemu).unwrap_or_else(|| "unknown".into());
-    let agent = crate::agent::ensure_built(&layout.root)?;
+    let agent = crate::run::agent::ensure_built(&layout.root)?;
     let cache = KernelCache::default_location()?;
-    let run_dir = crate::trial::new_run_dir(&layout.runs()).map_err(|source| SuiteError::Io {
-        what: format!("creating a run directory under {}", layout.runs().display()),
-        source,
-    })?;
+    let run_dir =
+        crate::run::trial::new_run_dir(&layout.runs()).map_err(|source| SuiteError::Io {
+            what: format!("creating a run directory under {}", layout.runs().display()),
+            source,
+        })?;
     // The first kernel that can be had probes KVM; a kernel that cannot be
     // fetched fails its own trials later, with its own message.
     let mut probe = || {
@@ -223,21 +224,21 @@ pub fn run_all(
     env: &TrialEnv,
     trials: &[PlannedTrial],
     jobs: usize,
-    on_result: &(dyn Fn(&crate::trial::TrialResult) + Sync),
-) -> Vec<crate::trial::TrialResult> {
+    on_result: &(dyn Fn(&crate::run::trial::TrialResult) + Sync),
+) -> Vec<crate::run::trial::TrialResult> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<(usize, crate::trial::TrialResult)>> = Mutex::new(Vec::new());
+    let results: Mutex<Vec<(usize, crate::run::trial::TrialResult)>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..jobs.max(1).min(trials.len().max(1)) {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
                 let Some(t) = trials.get(i) else { break };
-                let r = if crate::signals::interrupted() {
+                let r = if crate::run::signals::interrupted() {
                     interrupted_result(env, t)
                 } else {
-                    crate::trial::run_trial(env, &t.kernel, &t.scenario)
+                    crate::run::trial::run_trial(env, &t.kernel, &t.scenario)
                 };
                 on_result(&r);
                 results
@@ -252,12 +253,12 @@ pub fn run_all(
     results.into_iter().map(|(_, r)| r).collect()
 }
 
-fn interrupted_result(env: &TrialEnv, t: &PlannedTrial) -> crate::trial::TrialResult {
-    crate::trial::TrialResult::new(
+fn interrupted_result(env: &TrialEnv, t: &PlannedTrial) -> crate::run::trial::TrialResult {
+    crate::run::trial::TrialResult::new(
         env,
         &t.kernel,
         &t.scenario,
-        crate::trial::Verdict::Interrupted("not started: interrupted".into()),
+        crate::run::trial::Verdict::Interrupted("not started: interrupted".into()),
         env.run_dir.clone(),
     )
 }

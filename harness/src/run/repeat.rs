@@ -16,7 +16,7 @@ use std::path::Path;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::trial::{TrialResult, Verdict};
+use crate::run::trial::{TrialResult, Verdict};
 
 /// What one run of a trial came to, for comparing runs.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
