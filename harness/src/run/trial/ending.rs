@@ -1,0 +1,229 @@
+//! How a guest session ended, as a verdict: interrupted, panicked, timed
+//! out, QEMU gone, a protocol error, the agent's own failure. Only a
+//! session that ended with the agent's `Done` goes on to be judged.
+
+use std::path::Path;
+
+use kloop_protocol::Message;
+use kloop_qemu::{GuestSession, SessionEnd};
+
+use super::Verdict;
+
+/// The verdict of a session that did not end with `Done` (or that the user
+/// interrupted); `None` when the evidence is to be judged.
+pub(super) fn session_verdict(session: &GuestSession, artefacts: &Path) -> Option<Verdict> {
+    let console = artefacts.join("console.log");
+    let tail = || {
+        format!(
+            "last 30 console lines ({}):\n{}",
+            console.display(),
+            kloop_qemu::console_tail(&console, 30)
+        )
+    };
+    let end = session.end.clone().unwrap_or(SessionEnd::Infrastructure(
+        "session ended without a reason".into(),
+    ));
+    // Whatever else happened, a trial the user stopped is interrupted (QEMU
+    // may have died of the same signal, e.g. a SIGTERM to the whole cgroup).
+    if end != SessionEnd::Done && crate::run::signals::interrupted() {
+        let what = match &end {
+            SessionEnd::Interrupted => "VM killed".to_string(),
+            SessionEnd::QemuExited(s) => format!("QEMU {}", kloop_qemu::describe_exit(s)),
+            _ => "VM stopped".to_string(),
+        };
+        return Some(Verdict::Interrupted(format!(
+            "interrupted by SIGINT/SIGTERM during {}; {what}; partial artefacts in {}",
+            if session.hello_at.is_none() {
+                "boot"
+            } else {
+                "the trial"
+            },
+            artefacts.display()
+        )));
+    }
+    // A panic explains any other ending, so look for it first.
+    if let Some(panic) = kloop_qemu::console_panic(&console) {
+        if end != SessionEnd::Done {
+            if let Some(line) = panic.lines().find(|l| l.contains("Attempted to kill init")) {
+                return Some(agent_crashed(line.trim(), &session.messages, &console));
+            }
+            return Some(Verdict::Panic(format!(
+                "guest kernel panicked:\n{panic}\nconsole: {}",
+                console.display()
+            )));
+        }
+    }
+    match end {
+        SessionEnd::Done => None,
+        SessionEnd::AgentError(m) => {
+            Some(Verdict::Failed(format!(
+                "the guest agent failed: {m}\n{}\n{}",
+                last_report(&session.messages),
+                tail()
+            )))
+        }
+        SessionEnd::BootTimeout(d) => {
+            Some(Verdict::Timeout(format!(
+                "boot timeout: the guest agent did not say hello within {} s\n{}",
+                d.as_secs_f64(),
+                tail()
+            )))
+        }
+        SessionEnd::Silent(d) => {
+            Some(Verdict::Timeout(format!(
+                "the guest agent went silent (no frame, not even a heartbeat, for {} s); VM killed\n{}\n{}",
+                d.as_secs_f64(),
+                last_report(&session.messages),
+                tail()
+            )))
+        }
+        SessionEnd::TotalTimeout(d) => {
+            Some(Verdict::Timeout(format!(
+                "the trial exceeded its {} s deadline; VM killed\n{}\n{}",
+                d.as_secs_f64(),
+                last_report(&session.messages),
+                tail()
+            )))
+        }
+        SessionEnd::QemuExited(status) => {
+            let stderr = std::fs::read_to_string(artefacts.join("qemu.stderr")).unwrap_or_default();
+            let qemu_said = if stderr.trim().is_empty() {
+                String::new()
+            } else {
+                format!("\nQEMU said: {}", stderr.trim())
+            };
+            let why = if std::os::unix::process::ExitStatusExt::signal(&status).is_some() {
+                "\nkloop did not send that signal: something outside it did (the OOM killer, \
+                 see `dmesg`; a CI job timeout; a user). Not a finding about the kernel: rerun the trial."
+            } else {
+                ""
+            };
+            let trailing = match session.trailing {
+                Some((offset, len)) => format!(
+                    "\nthe data channel ended inside a frame: {len} byte(s) from stream offset {offset} never completed"
+                ),
+                None => String::new(),
+            };
+            Some(Verdict::Infrastructure(format!(
+                "QEMU {} before the guest agent finished{}{why}{qemu_said}{trailing}\n{}\n{}",
+                kloop_qemu::describe_exit(&status),
+                if session.hello_at.is_none() {
+                    " (no hello: the guest crashed or never started the agent)"
+                } else {
+                    ""
+                },
+                last_report(&session.messages),
+                tail()
+            )))
+        }
+        SessionEnd::Protocol(m) => {
+            Some(Verdict::Infrastructure(format!(
+                "data channel protocol error: {m}\nraw channel bytes: {} (stream offsets count from its first byte)\n{}",
+                artefacts.join("data.bin").display(),
+                last_report(&session.messages),
+            )))
+        }
+        SessionEnd::Infrastructure(m) => {
+            Some(Verdict::Infrastructure(format!("{m}\n{}", tail())))
+        }
+        SessionEnd::Interrupted => {
+            Some(Verdict::Interrupted("interrupted by signal; VM killed".into()))
+        }
+    }
+}
+
+/// PID 1 died: the kernel panics "Attempted to kill init". That is the
+/// agent crashing (abort, a fatal signal, an exit), not a kernel finding.
+pub(super) fn agent_crashed(line: &str, messages: &[Message], console: &Path) -> Verdict {
+    let how = init_exit_code(line)
+        .map(|code| {
+            if code & 0x7f != 0 {
+                format!(
+                    "killed by {}",
+                    kloop_qemu::signal_name((code & 0x7f) as i32)
+                )
+            } else {
+                format!("exited with status {}", (code >> 8) & 0xff)
+            }
+        })
+        .unwrap_or_else(|| "died".into());
+    let text = std::fs::read(console).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let own: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("kloop-guest:"))
+        .map(str::trim)
+        .collect();
+    let own = if own.is_empty() {
+        "(none)".to_string()
+    } else {
+        own[own.len().saturating_sub(5)..].join("\n  ")
+    };
+    Verdict::Failed(format!(
+        "the guest agent crashed: PID 1 {how} and the kernel stopped with `{line}`\n\
+         a kloop agent bug, not a finding about the kernel; its last report and console output say where it was:\n\
+         {}\nagent output on the console:\n  {own}\nconsole: {}",
+        last_report(messages),
+        console.display()
+    ))
+}
+
+/// `exitcode=0x00000006` in the "Attempted to kill init" panic line.
+pub(super) fn init_exit_code(line: &str) -> Option<u32> {
+    let hex = line.split("exitcode=0x").nth(1)?;
+    let hex: String = hex.chars().take_while(char::is_ascii_hexdigit).collect();
+    u32::from_str_radix(&hex, 16).ok()
+}
+
+/// The agent's last step and last log line, for messages about a failure.
+pub(super) fn last_report(messages: &[Message]) -> String {
+    let mut step = None;
+    let mut done = false;
+    let mut logs: Vec<&str> = Vec::new();
+    for m in messages {
+        match m {
+            Message::StepStart { index, what } => {
+                step = Some((*index, what.as_str()));
+                done = false;
+            }
+            Message::StepDone { index, .. } if step.is_some_and(|(i, _)| i == *index) => {
+                done = true
+            }
+            Message::Log { text } => logs.push(text),
+            _ => {}
+        }
+    }
+    let step = match step {
+        Some((i, what)) => format!(
+            "step {i} {what} {}",
+            if done {
+                "finished"
+            } else {
+                "started, not finished"
+            }
+        ),
+        None => "no step started (the agent was still setting up)".to_string(),
+    };
+    let short = |l: &str| {
+        const MAX: usize = 300;
+        if l.len() > MAX {
+            let mut end = MAX;
+            while !l.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!("{}…", &l[..end])
+        } else {
+            l.to_string()
+        }
+    };
+    let logs = if logs.is_empty() {
+        "(none)".to_string()
+    } else {
+        logs[logs.len().saturating_sub(3)..]
+            .iter()
+            .map(|l| short(l))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    format!("agent's last report: {step}\nagent's last logs: {logs}")
+}

@@ -1,0 +1,262 @@
+//! Judging the evidence of a session that ended with `Done`: the rules,
+//! the scenario's expectations, the second reader, the normalised stream,
+//! the known-issues ledger, the overhead budget and the snapshot.
+
+use std::path::Path;
+
+use kloop_qemu::GuestSession;
+
+use super::{evidence_from, KernelUnderTest, TrialEnv, TrialResult, Verdict, KNOWN_PREFIX};
+use crate::judge::evidence::RunEvidence;
+use crate::judge::snapshot::{self, SnapshotOutcome};
+use crate::run::scenario::Scenario;
+
+/// The verdict of a completed session's evidence.
+pub(super) fn judge(
+    env: &TrialEnv,
+    kernel: &KernelUnderTest,
+    scenario: &Scenario,
+    artefacts: &Path,
+    session: &GuestSession,
+    result: &mut TrialResult,
+) -> Verdict {
+    let accel = env.accel.accel();
+    let evidence = evidence_from(session);
+    result.guest_release = Some(evidence.uname.release.clone());
+    if let Some(v) = unsupported_verdict(scenario, &evidence) {
+        return v;
+    }
+    for (idx, bytes) in &evidence.streams {
+        let _ = std::fs::write(artefacts.join(format!("records-{idx}.bin")), bytes);
+    }
+    let mut analysis = crate::judge::check::analyse(&evidence);
+    result.notes = analysis.notes.clone();
+    // What this scenario declares on top of the rules every run obeys.
+    analysis.violations.extend(crate::judge::expect::check(
+        &scenario.expect,
+        &scenario.plan,
+        &evidence,
+        &analysis,
+        kernel.snapshot_name().as_deref(),
+    ));
+    analysis.violations.extend(crate::judge::perf_script::check(
+        &evidence,
+        &analysis,
+        &scenario.plan.steps,
+    ));
+    for (i, p) in evidence.perf_scripts.iter().enumerate() {
+        let _ = std::fs::write(
+            artefacts.join(format!("perf-{i}.txt")),
+            format!("$ {}\n{}\n--- stderr ---\n{}", p.command, p.text, p.stderr),
+        );
+    }
+    let normalised = crate::judge::normalise::normalise(&evidence, &analysis)
+        + &crate::judge::perf_script::normalise(&evidence, &analysis);
+    let normalised_path = artefacts.join("normalised.txt");
+    let _ = std::fs::write(&normalised_path, &normalised);
+    // The ledger judges pinned kernels only: a user-built image is what one
+    // boots to see whether a fix works, so every violation counts there.
+    let ledger_pin = match kernel {
+        KernelUnderTest::Pin(p) => Some(p.id.as_str()),
+        KernelUnderTest::Image { .. } => None,
+    };
+    let ledger_verdict = match ledger_outcome(
+        &env.known_issues,
+        ledger_pin,
+        &scenario.name,
+        &analysis.violations,
+        &normalised_path,
+    ) {
+        Ok(v) => v,
+        Err(failed) => return failed,
+    };
+    let ledger_suffix = ledger_verdict
+        .as_ref()
+        .and_then(|v| v.message())
+        .map(|m| format!("\n{m}"))
+        .unwrap_or_default();
+    // Timing scenarios: figures against the pin's budget (overhead.rs).
+    let overhead = crate::judge::overhead::check_trial(
+        scenario,
+        &evidence,
+        &kernel.id(),
+        kernel.snapshot_name().as_deref(),
+        accel,
+        artefacts,
+    );
+    let overhead_verdict = || match overhead.clone() {
+        Err(e) => Verdict::Failed(format!("{e}{ledger_suffix}")),
+        Ok(()) => ledger_verdict.clone().unwrap_or(Verdict::Ok),
+    };
+    let Some(snap_name) = kernel.snapshot_name() else {
+        return overhead_verdict();
+    };
+    match snapshot::compare(
+        &scenario.snapshot_dir(),
+        &snap_name,
+        &format!("{} on kernel pin {snap_name}", scenario.name),
+        &normalised,
+    ) {
+        SnapshotOutcome::Matched => overhead_verdict(),
+        SnapshotOutcome::Drift {
+            snapshot,
+            pending,
+            diff,
+        } => Verdict::Failed(format!(
+            "snapshot drift against {}:\n{diff}\n{}{}",
+            snapshot.display(),
+            match pending {
+                Some(p) => format!(
+                    "new stream written to {}; review with `cargo insta review` or accept with `cargo xtask bless`",
+                    p.display()
+                ),
+                None => format!(
+                    "new stream in {}; accept with `cargo xtask bless` if the change is intended",
+                    normalised_path.display()
+                ),
+            },
+            overhead.err().map(|e| format!("\n{e}")).unwrap_or_default()
+        ) + &ledger_suffix),
+    }
+}
+
+/// `Skipped` when the agent reported an unmet requirement the scenario
+/// asked for; `Failed` when it reported one the scenario did not ask for.
+pub(super) fn unsupported_verdict(scenario: &Scenario, evidence: &RunEvidence) -> Option<Verdict> {
+    let (requirement, reason) = evidence.unsupported.as_ref()?;
+    let name = requirement_name(*requirement);
+    if !scenario.plan.requires.contains(requirement) {
+        return Some(Verdict::Failed(format!(
+            "the guest agent reported requirement `{name}` unmet ({reason}), but scenario {} does not require it: an agent bug",
+            scenario.name
+        )));
+    }
+    Some(Verdict::Skipped(format!("{name}: {}", one_line(reason))))
+}
+
+/// What the ledger makes of a trial's violations. `Err`: violations no
+/// entry covers, the trial is FAILED (the message also names the known
+/// bugs and the FIXED? entries). `Ok(Some)`: KNOWN or FIXED?, the verdict
+/// unless a later check (overhead, snapshot) fails. `Ok(None)`: clean.
+/// `pin` is `None` for a user-built image, which the ledger never excuses.
+pub(super) fn ledger_outcome(
+    ledger: &crate::judge::known_issues::Ledger,
+    pin: Option<&str>,
+    scenario: &str,
+    violations: &[crate::judge::check::Violation],
+    normalised_path: &Path,
+) -> Result<Option<Verdict>, Verdict> {
+    let empty = crate::judge::known_issues::Ledger::default();
+    let ledger = if pin.is_some() { ledger } else { &empty };
+    let judgement = ledger.judge(pin.unwrap_or(""), scenario, violations);
+    let known_note = known_note(&judgement);
+    let fixed_note = pin
+        .map(|pin| fixed_note(&judgement, pin, ledger))
+        .unwrap_or_default();
+    if !judgement.uncovered.is_empty() {
+        let mut msg = format!(
+            "{} invariant violation(s) (normalised stream: {}):",
+            judgement.uncovered.len(),
+            normalised_path.display()
+        );
+        for v in &judgement.uncovered {
+            msg.push_str(&format!("\n  [{}] {}", v.rule, v.message));
+        }
+        if !known_note.is_empty() {
+            msg.push_str(&format!("\nalso known bugs of this pin:\n{known_note}"));
+        }
+        if !fixed_note.is_empty() {
+            msg.push_str(&format!("\n{fixed_note}"));
+        }
+        return Err(Verdict::Failed(msg));
+    }
+    if !fixed_note.is_empty() {
+        return Ok(Some(Verdict::Fixed(if known_note.is_empty() {
+            fixed_note
+        } else {
+            format!("{fixed_note}\nstill showing:\n{known_note}")
+        })));
+    }
+    if judgement.known.is_empty() {
+        return Ok(None);
+    }
+    let ids: Vec<&str> = judgement.known.iter().map(|(i, _)| i.id.as_str()).collect();
+    Ok(Some(Verdict::Known(format!(
+        "{KNOWN_PREFIX}{}\n{known_note}\nnormalised stream (from the records that parsed): {}",
+        ids.join(", "),
+        normalised_path.display()
+    ))))
+}
+
+/// The ledger entries that explain violations, with the violations.
+pub(super) fn known_note(j: &crate::judge::known_issues::Judgement) -> String {
+    let mut out = String::new();
+    for (issue, hits) in &j.known {
+        out.push_str(&format!(
+            "  {} ({} bug, rule {}): {}\n",
+            issue.id,
+            issue.component,
+            issue.rule,
+            one_line(&issue.summary)
+        ));
+        for v in hits {
+            out.push_str(&format!("    [{}] {}\n", v.rule, v.message));
+        }
+    }
+    out.trim_end().to_string()
+}
+
+/// `FIXED? <id> no longer shows on <pin>` for every entry that expected its
+/// bug here and did not see it.
+pub(super) fn fixed_note(
+    j: &crate::judge::known_issues::Judgement,
+    pin: &str,
+    ledger: &crate::judge::known_issues::Ledger,
+) -> String {
+    let file = ledger.path.as_ref().map_or_else(
+        || "kernels/known-issues.toml".into(),
+        |p| p.display().to_string(),
+    );
+    if j.fixed.is_empty() {
+        return String::new();
+    }
+    let ids: Vec<&str> = j.fixed.iter().map(|i| i.id.as_str()).collect();
+    let mut out = format!("FIXED? {} no longer shows on {pin}", ids.join(", "));
+    for i in &j.fixed {
+        out.push_str(&format!(
+            "\n  {}: no `{}` violation in this trial although the ledger expects one here",
+            i.id, i.rule
+        ));
+    }
+    out.push_str(&format!(
+        "\n  if the kernel was fixed, drop {pin} from the entry (or the entry) in {file}; if not, the scenario no longer provokes the bug: fix the scenario"
+    ));
+    out
+}
+
+/// A probe's reason or a summary on one line, at most 400 bytes.
+pub(super) fn one_line(text: &str) -> String {
+    let joined = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
+    const MAX: usize = 400;
+    if joined.len() <= MAX {
+        return joined;
+    }
+    let mut end = MAX;
+    while !joined.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &joined[..end])
+}
+
+/// `jit-optional` for [`Requirement::JitOptional`]: the name scenario files use.
+pub fn requirement_name(r: kloop_protocol::Requirement) -> String {
+    match serde_json::to_value(r) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => format!("{r:?}"),
+    }
+}

@@ -1,0 +1,227 @@
+//! One trial: a kernel × a scenario, from image to verdict.
+//!
+//! pin → image → initramfs → VM → agent → evidence → check → normalise →
+//! snapshot. Every failure is classified ([`Verdict`]) and every artefact
+//! stays in the trial's directory, whose path the verdict names.
+
+mod ending;
+mod guest_image;
+mod judging;
+mod verdict;
+
+pub use judging::requirement_name;
+pub use verdict::*;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kloop_protocol::Message;
+use kloop_qemu::{Deadlines, GuestSession, Vm};
+
+use crate::judge::evidence::RunEvidence;
+use crate::run::scenario::Scenario;
+use kloop_kernels::{KernelCache, KernelPin};
+use kloop_qemu::accel::AccelDecision;
+
+/// The kernel a trial boots.
+#[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // a handful per run, never stored in bulk
+pub enum KernelUnderTest {
+    /// A pinned Debian build from the catalog.
+    Pin(KernelPin),
+    /// A bzImage the user built; `snapshot_as` names the pin whose golden
+    /// snapshots it is compared with (none: invariants only).
+    Image {
+        path: PathBuf,
+        snapshot_as: Option<String>,
+    },
+}
+
+impl KernelUnderTest {
+    /// The name used in trial ids: the pin id, or `image`.
+    pub fn id(&self) -> String {
+        match self {
+            KernelUnderTest::Pin(p) => p.id.clone(),
+            KernelUnderTest::Image { .. } => "image".to_string(),
+        }
+    }
+
+    fn snapshot_name(&self) -> Option<String> {
+        match self {
+            KernelUnderTest::Pin(p) => Some(p.id.clone()),
+            KernelUnderTest::Image { snapshot_as, .. } => snapshot_as.clone(),
+        }
+    }
+}
+
+/// What every trial of one run shares.
+pub struct TrialEnv {
+    pub qemu: PathBuf,
+    pub qemu_version: String,
+    pub accel: AccelDecision,
+    pub agent: PathBuf,
+    pub cache: KernelCache,
+    pub fetch: kloop_kernels::FetchOptions,
+    /// `target/kloop/runs/<run>`.
+    pub run_dir: PathBuf,
+    pub cpus: u32,
+    pub memory_mib: u32,
+    pub deadlines: Option<Deadlines>,
+    /// Appended to every guest's kernel command line (`--append`).
+    pub extra_cmdline: Vec<String>,
+    pub boot: BootEntry,
+    /// The known-issues ledger trials on pins are judged by.
+    pub known_issues: crate::judge::known_issues::Ledger,
+}
+
+/// How QEMU enters the kernel.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BootEntry {
+    /// The bzImage's own ELF through its PVH entry, decompressed once on
+    /// the host ([`kloop_kernels::pvh`]); the bzImage when that fails.
+    #[default]
+    Pvh,
+    /// The bzImage as is: firmware, real-mode setup, the decompressor.
+    BzImage,
+}
+
+impl std::str::FromStr for BootEntry {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "pvh" => Ok(BootEntry::Pvh),
+            "bzimage" => Ok(BootEntry::BzImage),
+            other => Err(format!("unknown boot entry `{other}`: use pvh or bzimage")),
+        }
+    }
+}
+
+/// Runs one trial to its verdict. Never panics on guest input; never leaves
+/// QEMU running.
+pub fn run_trial(env: &TrialEnv, kernel: &KernelUnderTest, scenario: &Scenario) -> TrialResult {
+    let artefacts = claim_dir(&env.run_dir.join(kernel.id()).join(&scenario.name));
+    let started = Instant::now();
+    let mut result = TrialResult::new(env, kernel, scenario, Verdict::Ok, artefacts.clone());
+    result.verdict = run_inner(env, kernel, scenario, &artefacts, &mut result);
+    result.wall_secs = started.elapsed().as_secs_f64();
+    if let Some(p) = result.phases.as_mut() {
+        p.host_checks = (result.wall_secs - p.prepare - p.qemu_total()).max(0.0);
+    }
+    if let Ok(json) = serde_json::to_string_pretty(&result) {
+        let _ = std::fs::write(artefacts.join("result.json"), json);
+    }
+    result
+}
+
+fn run_inner(
+    env: &TrialEnv,
+    kernel: &KernelUnderTest,
+    scenario: &Scenario,
+    artefacts: &Path,
+    result: &mut TrialResult,
+) -> Verdict {
+    let trial_started = Instant::now();
+    let config = match guest_image::prepare_guest(env, kernel, scenario, artefacts) {
+        Ok(config) => config,
+        Err(verdict) => return verdict,
+    };
+    let mut vm = match Vm::spawn(config) {
+        Ok(vm) => vm,
+        Err(e) => return Verdict::Infrastructure(e.to_string()),
+    };
+    let prepare = trial_started.elapsed().as_secs_f64();
+    let session = vm.run_session(&crate::run::signals::interrupted);
+    drop(vm);
+    note_timings(&session, prepare, result);
+    save_messages(artefacts, &session.messages);
+    if let Some(verdict) = ending::session_verdict(&session, artefacts) {
+        return verdict;
+    }
+    judging::judge(env, kernel, scenario, artefacts, &session, result)
+}
+
+/// Where the trial's time went and QEMU's peak memory, into `result`.
+fn note_timings(session: &GuestSession, prepare: f64, result: &mut TrialResult) {
+    result.boot_to_hello_secs = session.hello_at.map(|d| d.as_secs_f64());
+    if let Some(hello) = session.hello_at {
+        let uptime = session.messages.iter().find_map(|m| match m {
+            Message::Hello { monotonic_ns, .. } => Some(*monotonic_ns as f64 / 1e9),
+            _ => None,
+        });
+        result.phases = Some(Phases {
+            prepare,
+            to_hello: hello.as_secs_f64(),
+            guest_uptime_at_hello: uptime,
+            agent: session.done_at.map(|d| (d - hello).as_secs_f64()),
+            shutdown: session
+                .done_at
+                .map(|d| session.wall.saturating_sub(d).as_secs_f64()),
+            host_checks: 0.0,
+            qemu_cpu_to_hello: session.qemu_cpu_at_hello,
+            qemu_cpu_agent: session
+                .qemu_cpu_at_done
+                .zip(session.qemu_cpu_at_hello)
+                .map(|(d, h)| d - h),
+        });
+    }
+    result.qemu_peak_rss_kib = session.qemu_peak_rss_kib;
+}
+
+fn save_messages(dir: &Path, messages: &[Message]) {
+    if let Ok(mut f) = std::fs::File::create(dir.join("messages.jsonl")) {
+        for m in messages {
+            if let Ok(line) = serde_json::to_string(m) {
+                let _ = writeln!(f, "{line}");
+            }
+        }
+    }
+}
+
+/// Collects the guest's messages into the evidence the checks read.
+pub fn evidence_from(session: &kloop_qemu::GuestSession) -> RunEvidence {
+    let mut ev = RunEvidence::from_messages(&session.messages, session.streams.clone());
+    ev.step_marks = session.step_marks.clone();
+    ev
+}
+
+/// `base`, or `base-2`, `base-3`, … when a trial of the same name already
+/// ran in this run (repeats, benches): created atomically, so parallel
+/// trials never share a directory.
+fn claim_dir(base: &Path) -> PathBuf {
+    if let Some(parent) = base.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    let name = base
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    for n in 1.. {
+        let candidate = if n == 1 {
+            base.to_path_buf()
+        } else {
+            base.with_file_name(format!("{name}-{n}"))
+        };
+        match std::fs::create_dir(&candidate) {
+            Ok(()) => return candidate,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            // Reported by run_inner when it cannot create the directory.
+            Err(_) => return candidate,
+        }
+    }
+    unreachable!("an unbounded range always yields")
+}
+
+/// A unique, sortable run directory name.
+pub fn new_run_dir(root: &Path) -> std::io::Result<PathBuf> {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
+    let name = format!("{}-{}", stamp.as_secs(), std::process::id());
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,150 @@
+use super::judging::*;
+use super::*;
+use crate::judge::check::{rule, Violation};
+use crate::judge::known_issues::{Ledger, Vocabulary};
+use kloop_protocol::Requirement;
+
+fn ledger() -> Ledger {
+    let text = r#"
+[[issue]]
+id = "interp-reg"
+rule = "load-symbols"
+scenarios = ["interpreter"]
+pins = ["6.1"]
+summary = "registers a symbol\nfor interpreted programs"
+evidence = "KSYMBOL len=0"
+review_by = "2027-05-21"
+"#;
+    let vocab = Vocabulary {
+        pins: vec!["6.1".into(), "6.12".into()],
+        rules: crate::judge::known_issues::rule_names()
+            .into_iter()
+            .map(String::from)
+            .collect(),
+        scenarios: vec![],
+    };
+    Ledger::parse(text, Path::new("kernels/known-issues.toml"), &vocab).unwrap()
+}
+
+fn v(rule: &'static str) -> Violation {
+    Violation {
+        rule,
+        message: format!("{rule} broken: L0@0 KSYMBOL"),
+    }
+}
+
+fn outcome(pin: Option<&str>, vs: &[Violation]) -> Result<Option<Verdict>, Verdict> {
+    ledger_outcome(&ledger(), pin, "interpreter", vs, Path::new("n.txt"))
+}
+
+#[test]
+fn only_covered_violations_are_known() {
+    let vs = [v(rule::LOAD_SYMBOLS), v(rule::LOAD_SYMBOLS)];
+    let Ok(Some(k @ Verdict::Known(_))) = outcome(Some("6.1"), &vs) else {
+        panic!("{:?}", outcome(Some("6.1"), &vs));
+    };
+    assert_eq!(k.headline(), "KNOWN (interp-reg)");
+    let m = k.message().unwrap();
+    assert!(m.starts_with("known bug: interp-reg\n"), "{m}");
+    assert!(
+        m.contains("registers a symbol; for interpreted programs"),
+        "{m}"
+    );
+    assert_eq!(m.matches("[load-symbols]").count(), 2, "{m}");
+    assert!(!k.fails_run());
+}
+
+#[test]
+fn an_uncovered_violation_fails_and_names_the_known_ones() {
+    let vs = [v(rule::LOAD_SYMBOLS), v(rule::LOST)];
+    let Err(Verdict::Failed(m)) = outcome(Some("6.1"), &vs) else {
+        panic!()
+    };
+    assert!(m.starts_with("1 invariant violation(s)"), "{m}");
+    assert!(m.contains("[lost]"), "{m}");
+    assert!(
+        m.contains("also known bugs of this pin:\n  interp-reg"),
+        "{m}"
+    );
+    // Another pin: the entry does not apply, both violations fail.
+    let Err(Verdict::Failed(m)) = outcome(Some("6.12"), &vs) else {
+        panic!()
+    };
+    assert!(m.starts_with("2 invariant violation(s)"), "{m}");
+}
+
+#[test]
+fn a_clean_trial_the_ledger_expects_to_fail_is_fixed() {
+    let Ok(Some(f @ Verdict::Fixed(_))) = outcome(Some("6.1"), &[]) else {
+        panic!()
+    };
+    assert_eq!(f.headline(), "FIXED? interp-reg no longer shows on 6.1");
+    assert!(f.message().unwrap().contains("kernels/known-issues.toml"));
+    assert!(f.fails_run());
+    // Uncovered violations win over FIXED?, which is still mentioned.
+    let Err(Verdict::Failed(m)) = outcome(Some("6.1"), &[v(rule::LOST)]) else {
+        panic!()
+    };
+    assert!(
+        m.contains("FIXED? interp-reg no longer shows on 6.1"),
+        "{m}"
+    );
+    assert_eq!(outcome(Some("6.12"), &[]), Ok(None));
+}
+
+#[test]
+fn a_user_built_image_is_never_excused() {
+    let vs = [v(rule::LOAD_SYMBOLS)];
+    assert!(matches!(outcome(None, &vs), Err(Verdict::Failed(_))));
+    assert_eq!(outcome(None, &[]), Ok(None));
+}
+
+fn scenario(requires: Vec<Requirement>) -> Scenario {
+    Scenario {
+        name: "interpreter".into(),
+        dir: PathBuf::from("scenarios/interpreter"),
+        description: String::new(),
+        vm: Default::default(),
+        modules: vec![],
+        expect: vec![],
+        plan: kloop_protocol::Plan {
+            scenario: "interpreter".into(),
+            requires,
+            steps: vec![],
+        },
+    }
+}
+
+#[test]
+fn unsupported_requirements() {
+    let ev = RunEvidence {
+        unsupported: Some((
+            Requirement::JitOptional,
+            "writing 0: EINVAL\n(CONFIG_BPF_JIT_ALWAYS_ON=y)".into(),
+        )),
+        ..Default::default()
+    };
+    let s = unsupported_verdict(
+        &scenario(vec![Requirement::Btf, Requirement::JitOptional]),
+        &ev,
+    )
+    .unwrap();
+    assert_eq!(
+        s,
+        Verdict::Skipped("jit-optional: writing 0: EINVAL; (CONFIG_BPF_JIT_ALWAYS_ON=y)".into())
+    );
+    assert_eq!(
+        s.headline(),
+        "SKIPPED (jit-optional: writing 0: EINVAL; (CONFIG_BPF_JIT_ALWAYS_ON=y))"
+    );
+    assert!(!s.fails_run());
+    // The guest claiming a requirement the plan never asked for is a bug.
+    let f = unsupported_verdict(&scenario(vec![Requirement::Btf]), &ev).unwrap();
+    assert!(matches!(&f, Verdict::Failed(m) if m.contains("does not require it")));
+    assert!(unsupported_verdict(&scenario(vec![]), &RunEvidence::default()).is_none());
+    assert_eq!(
+        requirement_name(Requirement::FtraceInstances),
+        "ftrace-instances"
+    );
+    assert_eq!(one_line(&"x".repeat(500)).chars().count(), 401);
+}

@@ -1,0 +1,183 @@
+//! What a trial comes to: its [`Verdict`] and the [`TrialResult`] around it.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use super::{KernelUnderTest, TrialEnv};
+use crate::run::scenario::Scenario;
+
+/// How a trial ended. Only `Ok` is a pass; `Skipped` and `Known` are not
+/// passes either, but they do not fail a run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "class", content = "message", rename_all = "kebab-case")]
+pub enum Verdict {
+    Ok,
+    /// The kernel's records broke a rule, the snapshot drifted, or the agent
+    /// reported an error: a finding about the kernel (or a kloop bug).
+    Failed(String),
+    /// The kernel lacks a feature the scenario `requires` (the guest's probe
+    /// said which and why): `<requirement>: <reason>`, one line. Nothing ran.
+    Skipped(String),
+    /// Every violation is a known bug of this pin in the ledger
+    /// (`kernels/known-issues.toml`). First line `known bug: <ids>`,
+    /// then the entries and the violations they cover.
+    Known(String),
+    /// A ledger entry expects its bug in this trial and it did not show: the
+    /// ledger is out of date. First line `FIXED? <id> no longer shows on <pin>`.
+    Fixed(String),
+    /// Something around the test broke: fetch, QEMU, the channel.
+    Infrastructure(String),
+    Timeout(String),
+    Panic(String),
+    Interrupted(String),
+    /// `--repeat N`: the runs of one trial disagreed (verdict or normalised
+    /// stream). First line `FLAKY: <k> outcomes in <n> runs`, then each
+    /// outcome with its runs and artefacts. Fails the run.
+    Flaky(String),
+}
+
+impl Verdict {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Verdict::Ok => "ok",
+            Verdict::Failed(_) => "FAILED",
+            Verdict::Skipped(_) => "SKIPPED",
+            Verdict::Known(_) => "KNOWN",
+            Verdict::Fixed(_) => "FIXED?",
+            Verdict::Infrastructure(_) => "INFRA",
+            Verdict::Timeout(_) => "TIMEOUT",
+            Verdict::Panic(_) => "PANIC",
+            Verdict::Interrupted(_) => "INTERRUPTED",
+            Verdict::Flaky(_) => "FLAKY",
+        }
+    }
+
+    pub fn message(&self) -> Option<&str> {
+        match self {
+            Verdict::Ok => None,
+            Verdict::Failed(m)
+            | Verdict::Skipped(m)
+            | Verdict::Known(m)
+            | Verdict::Fixed(m)
+            | Verdict::Infrastructure(m)
+            | Verdict::Timeout(m)
+            | Verdict::Panic(m)
+            | Verdict::Interrupted(m)
+            | Verdict::Flaky(m) => Some(m),
+        }
+    }
+
+    /// The label with what a reader needs on the trial line itself:
+    /// `SKIPPED (jit-optional: …)`, `KNOWN (issue-a, issue-b)`,
+    /// `FIXED? issue-a no longer shows on 6.1`.
+    pub fn headline(&self) -> String {
+        let first = self.message().and_then(|m| m.lines().next()).unwrap_or("");
+        match self {
+            Verdict::Skipped(_) => format!("SKIPPED ({first})"),
+            Verdict::Known(_) => format!(
+                "KNOWN ({})",
+                first.strip_prefix(KNOWN_PREFIX).unwrap_or(first)
+            ),
+            Verdict::Fixed(_) | Verdict::Flaky(_) => first.to_string(),
+            other => other.label().to_string(),
+        }
+    }
+
+    /// Does this verdict fail a run (exit status, libtest)? Skipped and
+    /// known-bug trials do not; they are not passes either.
+    pub fn fails_run(&self) -> bool {
+        !matches!(self, Verdict::Ok | Verdict::Skipped(_) | Verdict::Known(_))
+    }
+}
+
+/// First-line prefix of a [`Verdict::Known`] message.
+pub const KNOWN_PREFIX: &str = "known bug: ";
+
+/// The result of one trial, with its environment.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrialResult {
+    pub id: String,
+    pub kernel: String,
+    pub scenario: String,
+    pub verdict: Verdict,
+    pub wall_secs: f64,
+    pub accel: String,
+    pub boot_to_hello_secs: Option<f64>,
+    /// QEMU's peak resident memory in KiB, when it could be read.
+    pub qemu_peak_rss_kib: Option<u64>,
+    /// Where the trial's wall time went, for runs that reached the agent.
+    pub phases: Option<Phases>,
+    pub guest_release: Option<String>,
+    pub qemu_version: String,
+    pub host_release: String,
+    pub artefacts: PathBuf,
+    /// One-line facts from the analysis the report line shows (side-band
+    /// lookup rates, provoked-loss accounting).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+/// Where one trial's wall time went (seconds). `to_hello` is measured on
+/// the host from QEMU's spawn; `guest_uptime_at_hello` is the guest's
+/// `CLOCK_MONOTONIC` in the hello, i.e. the kernel's own boot up to the
+/// agent's first frame, so `to_hello - guest_uptime_at_hello` is QEMU
+/// start-up, firmware and the kernel's decompression (before the guest
+/// clock starts).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Phases {
+    /// Host: before QEMU's spawn (initramfs, argv).
+    pub prepare: f64,
+    pub to_hello: f64,
+    pub guest_uptime_at_hello: Option<f64>,
+    /// Hello to done: the agent's plan, channel included.
+    pub agent: Option<f64>,
+    /// Done to QEMU's exit (power-off).
+    pub shutdown: Option<f64>,
+    /// Host: parsing, checks, snapshot, budgets after QEMU exited.
+    pub host_checks: f64,
+    /// CPU seconds QEMU used up to the hello, and from hello to done: the
+    /// emulation work itself, barely disturbed by a busy host.
+    pub qemu_cpu_to_hello: Option<f64>,
+    pub qemu_cpu_agent: Option<f64>,
+}
+
+impl Phases {
+    pub(super) fn qemu_total(&self) -> f64 {
+        self.to_hello + self.agent.unwrap_or(0.0) + self.shutdown.unwrap_or(0.0)
+    }
+
+    /// `to_hello - guest_uptime_at_hello`: QEMU, firmware, decompression.
+    pub fn before_kernel_clock(&self) -> Option<f64> {
+        self.guest_uptime_at_hello.map(|u| self.to_hello - u)
+    }
+}
+
+impl TrialResult {
+    /// A result for `kernel` × `scenario` before anything ran: the
+    /// environment filled in, `verdict` as given, timings empty.
+    pub fn new(
+        env: &TrialEnv,
+        kernel: &KernelUnderTest,
+        scenario: &Scenario,
+        verdict: Verdict,
+        artefacts: PathBuf,
+    ) -> TrialResult {
+        TrialResult {
+            id: format!("{}/{}", kernel.id(), scenario.name),
+            kernel: kernel.id(),
+            scenario: scenario.name.clone(),
+            verdict,
+            wall_secs: 0.0,
+            accel: env.accel.accel.clone(),
+            boot_to_hello_secs: None,
+            qemu_peak_rss_kib: None,
+            phases: None,
+            guest_release: None,
+            qemu_version: env.qemu_version.clone(),
+            host_release: kloop_qemu::accel::host_release(),
+            artefacts,
+            notes: Vec::new(),
+        }
+    }
+}
