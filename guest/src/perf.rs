@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use anyhow::{bail, Result};
 use kloop_protocol::{records_frames, ListenerSpec};
 
-use crate::port;
+use crate::channel;
 use crate::sys::OsContext;
 
 const PERF_TYPE_SOFTWARE: u32 = 1;
@@ -229,7 +229,7 @@ impl Ring {
 pub fn drain_ring(ring: &mut Ring) -> Result<Vec<u8>> {
     let (bytes, head) = ring.unread()?;
     for frame in records_frames(ring.index, ring.sent, &bytes) {
-        port::send_frame(&frame).os_ctx("writing records to the data port")?;
+        channel::send_frame(&frame).os_ctx("writing records to the data port")?;
     }
     ring.sent += bytes.len() as u64;
     ring.commit(head);

@@ -19,7 +19,9 @@ use anyhow::{bail, Result};
 use kloop_protocol::Requirement;
 
 use crate::bpf::sys_bpf_fd;
+use crate::channel::log;
 use crate::perf::{perf_event_open, PerfEventAttr, PERF_ATTR_SIZE_VER5};
+use crate::steps::net;
 use crate::sys::{self, Errno};
 
 /// The outcome of one probe: `Err(reason)` when the kernel lacks the feature.
@@ -30,7 +32,7 @@ pub fn first_unmet(requires: &[Requirement]) -> Result<Option<(Requirement, Stri
     for &r in requires {
         let started = Instant::now();
         let outcome = probe(r)?;
-        crate::agent::log(format!(
+        log(format!(
             "probe {r:?}: {} ({} ms)",
             match &outcome {
                 Ok(()) => "met".to_string(),
@@ -54,7 +56,7 @@ fn probe(r: Requirement) -> Result<Probe> {
         Requirement::LsmBpf => lsm_bpf(),
         Requirement::Kprobes => kprobes(),
         Requirement::FtraceInstances => ftrace_instances(),
-        Requirement::Veth => Ok(crate::net::veth_probe()),
+        Requirement::Veth => Ok(net::veth_probe()),
         Requirement::PerfTool => Ok(perf_tool()),
     }
 }
