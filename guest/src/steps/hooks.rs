@@ -24,7 +24,7 @@ use kloop_protocol::{AttachTarget, Message, XdpMode};
 use crate::channel::{log, send};
 use crate::context::{HeldLink, Loaded, StepContext};
 use crate::fixtures::{self, fixture_program, load_program, parse_fixture};
-use crate::perf::{perf_event_open, PerfEventAttr, PERF_ATTR_SIZE_VER5};
+use crate::perf::{event_attr, perf_event_open};
 use crate::steps::load::report_prog;
 use crate::sys::{self, OsContext};
 
@@ -286,9 +286,7 @@ struct KprobeEvent {
 impl KprobeEvent {
     fn open(p: &KProbe, function: &str, offset: u64, ret: bool) -> Result<KprobeEvent> {
         const PMU: &str = "/sys/bus/event_source/devices/kprobe";
-        // _IOW('$', 8, __u32) and _IO('$', 0) in uapi/linux/perf_event.h.
-        const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
-        const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
+        use aya_obj::generated::{PERF_EVENT_IOC_ENABLE, PERF_EVENT_IOC_SET_BPF};
         let type_: u32 = sys::read_trimmed(format!("{PMU}/type"))
             .os_ctx(format!("reading {PMU}/type"))?
             .parse()
@@ -306,17 +304,11 @@ impl KprobeEvent {
             config |= 1 << bit;
         }
         let func = CString::new(function).context("function name with a NUL")?;
-        let attr = PerfEventAttr {
-            type_,
-            size: PERF_ATTR_SIZE_VER5,
-            config,
-            sample_period: 1,
-            wakeup_events: 1,
-            // kprobe_func and probe_offset.
-            config1: func.as_ptr() as u64,
-            config2: offset,
-            ..Default::default()
-        };
+        let mut attr = event_attr(type_, config);
+        attr.__bindgen_anon_1.sample_period = 1;
+        attr.__bindgen_anon_2.wakeup_events = 1;
+        attr.__bindgen_anon_3.kprobe_func = func.as_ptr() as u64;
+        attr.__bindgen_anon_4.probe_offset = offset;
         let what = format!(
             "perf_event_open(kprobe PMU, {}{function}+{offset:#x})",
             if ret { "return probe " } else { "" }
@@ -327,11 +319,15 @@ impl KprobeEvent {
         let prog_fd = p.fd()?.as_fd().as_raw_fd();
         for (req, arg, name) in [
             (
-                PERF_EVENT_IOC_SET_BPF,
+                PERF_EVENT_IOC_SET_BPF as libc::c_ulong,
                 prog_fd as libc::c_ulong,
                 "PERF_EVENT_IOC_SET_BPF",
             ),
-            (PERF_EVENT_IOC_ENABLE, 0, "PERF_EVENT_IOC_ENABLE"),
+            (
+                PERF_EVENT_IOC_ENABLE as libc::c_ulong,
+                0,
+                "PERF_EVENT_IOC_ENABLE",
+            ),
         ] {
             // SAFETY: ioctls on our own perf fd with integer arguments.
             if unsafe { libc::ioctl(fd.as_raw_fd(), req, arg) } < 0 {
