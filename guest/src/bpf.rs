@@ -8,81 +8,50 @@ use kloop_protocol::{KallsymsEntry, ProgFacts};
 
 use crate::sys::OsContext;
 
-const BPF_PROG_GET_NEXT_ID: libc::c_long = 11;
-const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+/// `union bpf_attr` and `struct bpf_prog_info` as aya's bindings generate
+/// them from `include/uapi/linux/bpf.h`.
+pub use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_prog_info};
 
-/// `struct bpf_prog_info` as of Linux 6.1 (include/uapi/linux/bpf.h). Older
-/// kernels accept the larger size as long as the tail they do not know is zero.
-#[repr(C, align(8))]
-#[derive(Clone, Copy, Default)]
-pub struct BpfProgInfo {
-    pub prog_type: u32,
-    pub id: u32,
-    pub tag: [u8; 8],
-    pub jited_prog_len: u32,
-    pub xlated_prog_len: u32,
-    pub jited_prog_insns: u64,
-    pub xlated_prog_insns: u64,
-    pub load_time: u64,
-    pub created_by_uid: u32,
-    pub nr_map_ids: u32,
-    pub map_ids: u64,
-    pub name: [u8; 16],
-    pub ifindex: u32,
-    pub gpl_compatible: u32,
-    pub netns_dev: u64,
-    pub netns_ino: u64,
-    pub nr_jited_ksyms: u32,
-    pub nr_jited_func_lens: u32,
-    pub jited_ksyms: u64,
-    pub jited_func_lens: u64,
-    pub btf_id: u32,
-    pub func_info_rec_size: u32,
-    pub func_info: u64,
-    pub nr_func_info: u32,
-    pub nr_line_info: u32,
-    pub line_info: u64,
-    pub jited_line_info: u64,
-    pub nr_jited_line_info: u32,
-    pub line_info_rec_size: u32,
-    pub jited_line_info_rec_size: u32,
-    pub nr_prog_tags: u32,
-    pub prog_tags: u64,
-    pub run_time_ns: u64,
-    pub run_cnt: u64,
-    pub recursion_misses: u64,
-    pub verified_insns: u32,
-    pub attach_btf_obj_id: u32,
-    pub attach_btf_id: u32,
-    pub pad: u32,
+// `bpf_prog_info` as of the bindings' kernel (the same 232 bytes as 6.1's);
+// the agent hands the kernel its whole size. Older kernels accept the
+// larger size as long as the tail they do not know is zero, and the agent
+// reads only fields 5.1 already has.
+const _: () = assert!(std::mem::size_of::<bpf_prog_info>() == 232);
+
+/// How many bytes of `bpf_attr` a command passes: the end of the last field
+/// it fills, rounded up to the union's 8-byte alignment, as a prefix struct
+/// of those fields would be. Passing only the prefix keeps the call valid on
+/// kernels older than the bindings (the kernel zero-fills the rest); passing
+/// the whole union would too, but the prefix is what the agent always sent.
+pub const fn attr_size(end_of_last_field: usize) -> u32 {
+    end_of_last_field.next_multiple_of(8) as u32
 }
 
-const _: () = assert!(std::mem::size_of::<BpfProgInfo>() == 232);
+/// `BPF_OBJ_GET_INFO_BY_FD`: `info.bpf_fd`, `info.info_len`, `info.info`.
+const INFO_BY_FD_SIZE: u32 = attr_size(std::mem::offset_of!(bpf_attr, info.info) + 8);
+/// `BPF_PROG_GET_NEXT_ID` and `BPF_PROG_GET_FD_BY_ID`: the id (`start_id`
+/// or `prog_id`), `next_id`, `open_flags`.
+const GET_ID_SIZE: u32 = attr_size(std::mem::offset_of!(bpf_attr, __bindgen_anon_6.open_flags) + 4);
+const _: () = assert!(INFO_BY_FD_SIZE == 16 && GET_ID_SIZE == 16);
 
-#[repr(C, align(8))]
-struct InfoByFdAttr {
-    bpf_fd: u32,
-    info_len: u32,
-    info: u64,
+/// A zeroed `bpf_attr`: every field a command does not set must be zero.
+pub fn zeroed_attr() -> bpf_attr {
+    // SAFETY: bpf_attr is a union of plain integer structs; all zeroes is
+    // a valid value of each.
+    unsafe { std::mem::zeroed() }
 }
 
-#[repr(C, align(8))]
-struct GetNextIdAttr {
-    start_id: u32,
-    next_id: u32,
-    open_flags: u32,
-    pad: u32,
-}
-
-fn sys_bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
-    // SAFETY: attr points to a properly laid out, fully initialised bpf_attr prefix.
+/// `bpf(cmd, attr, size)`; `size` is the prefix of `attr` the command reads
+/// (see [`attr_size`]).
+fn sys_bpf(cmd: bpf_cmd, attr: &mut bpf_attr, size: u32) -> io::Result<libc::c_long> {
+    debug_assert!(size as usize <= std::mem::size_of::<bpf_attr>());
+    // SAFETY: attr is a fully initialised bpf_attr at least `size` bytes long.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_bpf,
-            cmd,
-            attr as *mut T,
-            std::mem::size_of::<T>() as libc::c_uint,
+            cmd as libc::c_long,
+            attr as *mut bpf_attr,
+            size as libc::c_uint,
         )
     };
     if rc < 0 {
@@ -92,18 +61,22 @@ fn sys_bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
     }
 }
 
-fn info_by_fd(fd: BorrowedFd<'_>, info: &mut BpfProgInfo) -> io::Result<()> {
-    let mut attr = InfoByFdAttr {
-        bpf_fd: fd.as_raw_fd() as u32,
-        info_len: std::mem::size_of::<BpfProgInfo>() as u32,
-        info: info as *mut BpfProgInfo as u64,
-    };
-    sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr).map(|_| ())
+fn info_by_fd(fd: BorrowedFd<'_>, info: &mut bpf_prog_info) -> io::Result<()> {
+    let mut attr = zeroed_attr();
+    attr.info.bpf_fd = fd.as_raw_fd() as u32;
+    attr.info.info_len = std::mem::size_of::<bpf_prog_info>() as u32;
+    attr.info.info = info as *mut bpf_prog_info as u64;
+    sys_bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut attr, INFO_BY_FD_SIZE).map(|_| ())
+}
+
+fn zeroed_prog_info() -> bpf_prog_info {
+    // SAFETY: bpf_prog_info is plain integers; all zeroes is valid.
+    unsafe { std::mem::zeroed() }
 }
 
 /// What the agent reports about a loaded program.
 pub struct ProgInfo {
-    pub info: BpfProgInfo,
+    pub info: bpf_prog_info,
     pub jited_ksyms: Vec<u64>,
     pub jited_func_lens: Vec<u32>,
     pub func_tags: Vec<[u8; 8]>,
@@ -111,8 +84,10 @@ pub struct ProgInfo {
 
 impl ProgInfo {
     pub fn name(&self) -> String {
-        let end = self.info.name.iter().position(|&b| b == 0).unwrap_or(16);
-        String::from_utf8_lossy(&self.info.name[..end]).into_owned()
+        // `c_char` is i8 on x86-64: the bytes as the kernel wrote them.
+        let bytes: Vec<u8> = self.info.name.iter().map(|&c| c as u8).collect();
+        let end = bytes.iter().position(|&b| b == 0).unwrap_or(16);
+        String::from_utf8_lossy(&bytes[..end]).into_owned()
     }
 
     /// The facts sent to the host, with the `/proc/kallsyms` lines at the
@@ -123,7 +98,7 @@ impl ProgInfo {
             id: self.info.id,
             tag: self.info.tag,
             name: self.name(),
-            prog_type: self.info.prog_type,
+            prog_type: self.info.type_,
             jited_ksyms: self.jited_ksyms.clone(),
             jited_func_lens: self.jited_func_lens.clone(),
             func_tags: self.func_tags.clone(),
@@ -138,20 +113,20 @@ impl ProgInfo {
 
 /// `BPF_OBJ_GET_INFO_BY_FD` in two passes: counts first, then the arrays.
 pub fn prog_info(fd: BorrowedFd<'_>) -> Result<ProgInfo> {
-    let mut info = BpfProgInfo::default();
+    let mut info = zeroed_prog_info();
     info_by_fd(fd, &mut info).os_ctx("BPF_OBJ_GET_INFO_BY_FD (counts)")?;
     let mut jited_ksyms = vec![0u64; info.nr_jited_ksyms as usize];
     let mut jited_func_lens = vec![0u32; info.nr_jited_func_lens as usize];
     let mut func_tags = vec![[0u8; 8]; info.nr_prog_tags as usize];
     if !jited_ksyms.is_empty() || !jited_func_lens.is_empty() || !func_tags.is_empty() {
-        let mut second = BpfProgInfo {
+        let mut second = bpf_prog_info {
             nr_jited_ksyms: jited_ksyms.len() as u32,
             jited_ksyms: jited_ksyms.as_mut_ptr() as u64,
             nr_jited_func_lens: jited_func_lens.len() as u32,
             jited_func_lens: jited_func_lens.as_mut_ptr() as u64,
             nr_prog_tags: func_tags.len() as u32,
             prog_tags: func_tags.as_mut_ptr() as u64,
-            ..Default::default()
+            ..zeroed_prog_info()
         };
         info_by_fd(fd, &mut second).os_ctx("BPF_OBJ_GET_INFO_BY_FD (jited_ksyms)")?;
         if second.id != info.id {
@@ -183,16 +158,14 @@ pub fn prog_ids() -> Result<Vec<u32>> {
     let mut ids = Vec::new();
     let mut start = 0u32;
     loop {
-        let mut attr = GetNextIdAttr {
-            start_id: start,
-            next_id: 0,
-            open_flags: 0,
-            pad: 0,
-        };
-        match sys_bpf(BPF_PROG_GET_NEXT_ID, &mut attr) {
+        let mut attr = zeroed_attr();
+        attr.__bindgen_anon_6.__bindgen_anon_1.start_id = start;
+        match sys_bpf(bpf_cmd::BPF_PROG_GET_NEXT_ID, &mut attr, GET_ID_SIZE) {
             Ok(_) => {
-                ids.push(attr.next_id);
-                start = attr.next_id;
+                // SAFETY: the kernel answered in the get-next-id member.
+                let next = unsafe { attr.__bindgen_anon_6.next_id };
+                ids.push(next);
+                start = next;
             }
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(ids),
             Err(e) => return Err(e).os_ctx(format!("BPF_PROG_GET_NEXT_ID after {start}")),
@@ -204,19 +177,14 @@ pub fn prog_ids() -> Result<Vec<u32>> {
 /// recorder takes one to read a program's info. `ENOENT` once the program
 /// is gone (its id is freed before its memory).
 pub fn prog_fd_by_id(id: u32) -> io::Result<OwnedFd> {
-    let mut attr = GetNextIdAttr {
-        start_id: id, // the union's `prog_id` shares the first word
-        next_id: 0,
-        open_flags: 0,
-        pad: 0,
-    };
-    sys_bpf_fd(BPF_PROG_GET_FD_BY_ID, &mut attr)
+    let mut attr = zeroed_attr();
+    attr.__bindgen_anon_6.__bindgen_anon_1.prog_id = id;
+    sys_bpf_fd(bpf_cmd::BPF_PROG_GET_FD_BY_ID, &mut attr, GET_ID_SIZE)
 }
 
-/// A `bpf()` command that returns a new fd (`attr` is a properly laid out,
-/// fully initialised `bpf_attr` prefix, as for [`sys_bpf`]).
-pub(crate) fn sys_bpf_fd<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
-    let fd = sys_bpf(cmd, attr)?;
+/// A `bpf()` command that returns a new fd (`size` as for [`sys_bpf`]).
+pub fn sys_bpf_fd(cmd: bpf_cmd, attr: &mut bpf_attr, size: u32) -> io::Result<OwnedFd> {
+    let fd = sys_bpf(cmd, attr, size)?;
     // SAFETY: the kernel just returned this fd to us.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }

@@ -7,65 +7,52 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use anyhow::{bail, Result};
 use kloop_protocol::{records_frames, ListenerSpec};
 
-use crate::port;
+use crate::channel;
 use crate::sys::OsContext;
 
-const PERF_TYPE_SOFTWARE: u32 = 1;
-const PERF_COUNT_SW_DUMMY: u64 = 9;
-const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+/// `struct perf_event_attr` and `struct perf_event_mmap_page` as aya's
+/// bindings generate them from `include/uapi/linux/perf_event.h`.
+pub use aya_obj::generated::{perf_event_attr, perf_event_mmap_page};
+use aya_obj::generated::{perf_sw_ids, perf_type_id, PERF_FLAG_FD_CLOEXEC};
 
-// Bit positions in perf_event_attr's flag word (include/uapi/linux/perf_event.h).
-const ATTR_SAMPLE_ID_ALL: u64 = 1 << 18;
-const ATTR_KSYMBOL: u64 = 1 << 29;
-const ATTR_BPF_EVENT: u64 = 1 << 30;
+/// `PERF_ATTR_SIZE_VER5` (the uapi header's `#define`, which bindgen does
+/// not carry): the attr size every kernel with KSYMBOL/BPF_EVENT (5.1+)
+/// accepts. The bindings' struct is larger (later versions' fields); the
+/// kernel reads only the `size` bytes an attr announces, and the fields
+/// past VER5 stay zero anyway.
+pub const PERF_ATTR_SIZE_VER5: u32 = 112;
+const _: () = assert!(std::mem::offset_of!(perf_event_attr, aux_sample_size) == 112);
 
-/// `struct perf_event_attr` up to `PERF_ATTR_SIZE_VER5`, which every kernel
-/// with KSYMBOL/BPF_EVENT (5.1+) accepts.
-#[repr(C)]
-#[derive(Default)]
-pub(crate) struct PerfEventAttr {
-    pub(crate) type_: u32,
-    pub(crate) size: u32,
-    pub(crate) config: u64,
-    pub(crate) sample_period: u64,
-    pub(crate) sample_type: u64,
-    pub(crate) read_format: u64,
-    pub(crate) flags: u64,
-    pub(crate) wakeup_events: u32,
-    pub(crate) bp_type: u32,
-    pub(crate) config1: u64,
-    pub(crate) config2: u64,
-    pub(crate) branch_sample_type: u64,
-    pub(crate) sample_regs_user: u64,
-    pub(crate) sample_stack_user: u32,
-    pub(crate) clockid: i32,
-    pub(crate) sample_regs_intr: u64,
-    pub(crate) aux_watermark: u32,
-    pub(crate) sample_max_stack: u16,
-    pub(crate) reserved_2: u16,
+/// A zeroed `perf_event_attr` of `type_` and `config` announcing
+/// [`PERF_ATTR_SIZE_VER5`]; callers set the rest.
+pub fn event_attr(type_: u32, config: u64) -> perf_event_attr {
+    // SAFETY: perf_event_attr is integers, integer unions and a bitfield;
+    // all zeroes is a valid value (and `disabled` = 0: enabled at open).
+    let mut attr: perf_event_attr = unsafe { std::mem::zeroed() };
+    attr.type_ = type_;
+    attr.size = PERF_ATTR_SIZE_VER5;
+    attr.config = config;
+    attr
 }
-
-pub(crate) const PERF_ATTR_SIZE_VER5: u32 = 112;
-const _: () = assert!(std::mem::size_of::<PerfEventAttr>() == PERF_ATTR_SIZE_VER5 as usize);
 
 /// `perf_event_open(attr, pid, cpu, group_fd = -1, FD_CLOEXEC)`. Pointers
 /// in `attr` (a kprobe's function name in `config1`) must stay valid for
 /// the call.
-pub(crate) fn perf_event_open(
-    attr: &PerfEventAttr,
+pub fn perf_event_open(
+    attr: &perf_event_attr,
     pid: libc::pid_t,
     cpu: libc::c_int,
 ) -> io::Result<OwnedFd> {
-    // SAFETY: attr is a valid perf_event_attr of the size it announces
-    // (every caller sets PERF_ATTR_SIZE_VER5, the struct's size).
+    // SAFETY: attr is a valid perf_event_attr at least as large as the size
+    // it announces (PERF_ATTR_SIZE_VER5, from event_attr).
     let fd = unsafe {
         libc::syscall(
             libc::SYS_perf_event_open,
-            attr as *const PerfEventAttr,
+            attr as *const perf_event_attr,
             pid,
             cpu,
             -1 as libc::c_int,
-            PERF_FLAG_FD_CLOEXEC,
+            PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
         )
     };
     if fd < 0 {
@@ -75,11 +62,14 @@ pub(crate) fn perf_event_open(
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-// Offsets in `struct perf_event_mmap_page`.
-const DATA_HEAD: usize = 1024;
-const DATA_TAIL: usize = 1032;
-const DATA_OFFSET: usize = 1040;
-const DATA_SIZE: usize = 1048;
+// Where the ring's control words are in its first page. Read and written
+// at these offsets with atomics rather than through the struct: the kernel
+// updates `data_head` concurrently.
+const DATA_HEAD: usize = std::mem::offset_of!(perf_event_mmap_page, data_head);
+const DATA_TAIL: usize = std::mem::offset_of!(perf_event_mmap_page, data_tail);
+const DATA_OFFSET: usize = std::mem::offset_of!(perf_event_mmap_page, data_offset);
+const DATA_SIZE: usize = std::mem::offset_of!(perf_event_mmap_page, data_size);
+const _: () = assert!(DATA_HEAD == 1024 && DATA_SIZE == 1048);
 
 pub struct Ring {
     pub index: u32,
@@ -118,21 +108,14 @@ impl Ring {
         if spec.ring_pages == 0 || !spec.ring_pages.is_power_of_two() {
             bail!("ring_pages must be a power of two, got {}", spec.ring_pages);
         }
-        let mut flags = ATTR_SAMPLE_ID_ALL; // disabled = 0: enabled from the start
-        if spec.ksymbol {
-            flags |= ATTR_KSYMBOL;
-        }
-        if spec.bpf_event {
-            flags |= ATTR_BPF_EVENT;
-        }
-        let attr = PerfEventAttr {
-            type_: PERF_TYPE_SOFTWARE,
-            size: PERF_ATTR_SIZE_VER5,
-            config: PERF_COUNT_SW_DUMMY,
-            sample_type: spec.sample_type,
-            flags,
-            ..Default::default()
-        };
+        let mut attr = event_attr(
+            perf_type_id::PERF_TYPE_SOFTWARE as u32,
+            perf_sw_ids::PERF_COUNT_SW_DUMMY as u64,
+        );
+        attr.sample_type = spec.sample_type;
+        attr.set_sample_id_all(1);
+        attr.set_ksymbol(spec.ksymbol.into());
+        attr.set_bpf_event(spec.bpf_event.into());
         let fd = perf_event_open(&attr, pid, cpu as libc::c_int).os_ctx(format!(
             "perf_event_open(dummy, sample_type={:#x}, ksymbol={}, bpf_event={}, pid={pid}, cpu={cpu})",
             spec.sample_type, spec.ksymbol, spec.bpf_event
@@ -229,7 +212,7 @@ impl Ring {
 pub fn drain_ring(ring: &mut Ring) -> Result<Vec<u8>> {
     let (bytes, head) = ring.unread()?;
     for frame in records_frames(ring.index, ring.sent, &bytes) {
-        port::send_frame(&frame).os_ctx("writing records to the data port")?;
+        channel::send_frame(&frame).os_ctx("writing records to the data port")?;
     }
     ring.sent += bytes.len() as u64;
     ring.commit(head);
@@ -249,5 +232,38 @@ impl Drop for Ring {
     fn drop(&mut self) {
         // SAFETY: unmapping our own mapping once.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.map_len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The flag word (the 64-bit bitfield after `read_format`) of an attr.
+    fn flag_word(attr: &perf_event_attr) -> u64 {
+        let offset = std::mem::offset_of!(perf_event_attr, read_format) + 8;
+        // SAFETY: reading 8 initialised bytes inside the struct.
+        unsafe {
+            std::ptr::read_unaligned(
+                (attr as *const perf_event_attr as *const u8).add(offset) as *const u64
+            )
+        }
+    }
+
+    /// The bindings' bitfield setters set the uapi bits the agent always
+    /// set: disabled (0), sample_id_all (18), ksymbol (29), bpf_event (30).
+    #[test]
+    fn attr_flag_bits() {
+        let mut attr = event_attr(1, 9);
+        assert_eq!(flag_word(&attr), 0);
+        attr.set_sample_id_all(1);
+        attr.set_ksymbol(1);
+        attr.set_bpf_event(1);
+        assert_eq!(flag_word(&attr), (1 << 18) | (1 << 29) | (1 << 30));
+        let mut disabled = event_attr(1, 9);
+        disabled.set_disabled(1);
+        assert_eq!(flag_word(&disabled), 1);
+        assert_eq!(std::mem::offset_of!(perf_event_attr, sample_type), 24);
+        assert_eq!(std::mem::offset_of!(perf_event_attr, bp_type), 52);
     }
 }

@@ -1,4 +1,5 @@
-//! Small system helpers: errno names, mounts, sysctls, power-off.
+//! Small system helpers: errno names and error context, mounts, clocks,
+//! uname, CPU lists and affinity.
 
 use std::ffi::CString;
 use std::fmt;
@@ -217,24 +218,32 @@ pub fn online_cpus() -> io::Result<Vec<u32>> {
     })
 }
 
-pub fn is_pid1() -> bool {
-    // SAFETY: getpid has no preconditions.
-    unsafe { libc::getpid() == 1 }
+/// A CPU mask for `sched_{get,set}affinity`.
+pub type CpuSet = libc::cpu_set_t;
+
+/// Pins the calling thread to `cpu`; returns the previous mask.
+pub fn pin_to(cpu: u32) -> anyhow::Result<CpuSet> {
+    use anyhow::Context;
+    // SAFETY: cpu_set_t is plain data; the libc macros index inside it.
+    unsafe {
+        let mut saved: CpuSet = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<CpuSet>(), &mut saved) != 0 {
+            return Err(last_os_error()).os_ctx("sched_getaffinity");
+        }
+        let mut one: CpuSet = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut one);
+        set_affinity(&one).with_context(|| format!("pinning to CPU {cpu}"))?;
+        Ok(saved)
+    }
 }
 
-/// Syncs and powers the VM off. Outside PID 1 (a developer running the binary
-/// by hand) it exits instead, so it can never power off the host.
-pub fn power_off(code: i32) -> ! {
-    // SAFETY: sync and reboot have no memory preconditions.
-    unsafe { libc::sync() };
-    if is_pid1() {
-        unsafe { libc::reboot(libc::RB_POWER_OFF) };
-        // Only reached if reboot failed; PID 1 must never exit.
-        loop {
-            std::thread::sleep(std::time::Duration::from_secs(3600));
-        }
+/// `sched_setaffinity` of the calling thread.
+pub fn set_affinity(mask: &CpuSet) -> anyhow::Result<()> {
+    // SAFETY: a valid, initialised mask of the size passed.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<CpuSet>(), mask) } != 0 {
+        return Err(last_os_error()).os_ctx("sched_setaffinity");
     }
-    std::process::exit(code)
+    Ok(())
 }
 
 #[cfg(test)]

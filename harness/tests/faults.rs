@@ -30,7 +30,7 @@ use kloop_qemu::Deadlines;
 use libtest_mimic::{Arguments, Failed, Trial};
 
 const PIN: &str = "6.1";
-/// The bytes the agent's `garbage-frame` fault writes (guest/src/agent.rs).
+/// The bytes the agent's `garbage-frame` fault writes (guest/src/steps/fault.rs).
 const GARBAGE: &[u8] = b"\x00kloop-guest fault injection: these bytes are not a frame\r\n";
 const POLL: Duration = Duration::from_millis(10);
 

@@ -16,10 +16,13 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use aya_obj::generated::{bpf_attach_type, bpf_prog_type};
 use kloop_protocol::Requirement;
 
-use crate::bpf::sys_bpf_fd;
-use crate::perf::{perf_event_open, PerfEventAttr, PERF_ATTR_SIZE_VER5};
+use crate::bpf::{attr_size, bpf_attr, bpf_cmd, sys_bpf_fd, zeroed_attr};
+use crate::channel::log;
+use crate::perf::{event_attr, perf_event_open};
+use crate::steps::net;
 use crate::sys::{self, Errno};
 
 /// The outcome of one probe: `Err(reason)` when the kernel lacks the feature.
@@ -30,7 +33,7 @@ pub fn first_unmet(requires: &[Requirement]) -> Result<Option<(Requirement, Stri
     for &r in requires {
         let started = Instant::now();
         let outcome = probe(r)?;
-        crate::agent::log(format!(
+        log(format!(
             "probe {r:?}: {} ({} ms)",
             match &outcome {
                 Ok(()) => "met".to_string(),
@@ -54,7 +57,7 @@ fn probe(r: Requirement) -> Result<Probe> {
         Requirement::LsmBpf => lsm_bpf(),
         Requirement::Kprobes => kprobes(),
         Requirement::FtraceInstances => ftrace_instances(),
-        Requirement::Veth => Ok(crate::net::veth_probe()),
+        Requirement::Veth => Ok(net::veth_probe()),
         Requirement::PerfTool => Ok(perf_tool()),
     }
 }
@@ -165,8 +168,6 @@ const KPROBE_PMU_TYPE: &str = "/sys/bus/event_source/devices/kprobe/type";
 /// never calls while the probe is registered.
 const KPROBE_FUNCTION: &str = "__x64_sys_getppid";
 
-const _: () = assert!(std::mem::size_of::<ProgLoadAttr>() == 120);
-
 fn kprobes() -> Result<Probe> {
     let before = match std::fs::read_to_string(KPROBES_LIST) {
         Ok(l) => l,
@@ -199,15 +200,11 @@ fn kprobes() -> Result<Probe> {
         }
     };
     let func = CString::new(KPROBE_FUNCTION).expect("no NUL");
-    let attr = PerfEventAttr {
-        type_: pmu,
-        size: PERF_ATTR_SIZE_VER5,
-        // kprobe_func: the function name, which outlives the call.
-        config1: func.as_ptr() as u64,
-        // disabled: registered but never armed, so it never fires.
-        flags: 1,
-        ..Default::default()
-    };
+    let mut attr = event_attr(pmu, 0);
+    // The function name, which outlives the call.
+    attr.__bindgen_anon_3.kprobe_func = func.as_ptr() as u64;
+    // Registered but never armed, so it never fires.
+    attr.set_disabled(1);
     let fd = match perf_event_open(&attr, -1, 0) {
         Ok(fd) => fd,
         Err(e) => {
@@ -292,46 +289,15 @@ fn perf_tool() -> Probe {
 /// `net/bpf/test_run.c` keeps it for exactly this kind of test.
 const FENTRY_TARGET: &str = "bpf_fentry_test1";
 
-const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
-const BPF_PROG_TYPE_TRACING: u32 = 26;
-const BPF_TRACE_FENTRY: u32 = 24;
-
-/// `union bpf_attr` for `BPF_PROG_LOAD`, up to `attach_prog_fd` (5.5+).
-#[repr(C)]
-#[derive(Default)]
-struct ProgLoadAttr {
-    prog_type: u32,
-    insn_cnt: u32,
-    insns: u64,
-    license: u64,
-    log_level: u32,
-    log_size: u32,
-    log_buf: u64,
-    kern_version: u32,
-    prog_flags: u32,
-    prog_name: [u8; 16],
-    prog_ifindex: u32,
-    expected_attach_type: u32,
-    prog_btf_fd: u32,
-    func_info_rec_size: u32,
-    func_info: u64,
-    func_info_cnt: u32,
-    line_info_rec_size: u32,
-    line_info: u64,
-    line_info_cnt: u32,
-    attach_btf_id: u32,
-    attach_prog_fd: u32,
-    pad: u32,
-}
-
-#[repr(C)]
-#[derive(Default)]
-struct RawTpAttr {
-    name: u64,
-    prog_fd: u32,
-    pad: u32,
-}
+/// `BPF_PROG_LOAD` up to `attach_prog_fd` (5.5+), the last field the probe
+/// needs zero in (its program attaches to a kernel function, not a program).
+const PROG_LOAD_SIZE: u32 =
+    attr_size(std::mem::offset_of!(bpf_attr, __bindgen_anon_3.__bindgen_anon_1) + 4);
+/// `BPF_RAW_TRACEPOINT_OPEN`: `name` and `prog_fd` (the `cookie` after
+/// them is 6.10+).
+const RAW_TRACEPOINT_OPEN_SIZE: u32 =
+    attr_size(std::mem::offset_of!(bpf_attr, raw_tracepoint.prog_fd) + 4);
+const _: () = assert!(PROG_LOAD_SIZE == 120 && RAW_TRACEPOINT_OPEN_SIZE == 16);
 
 /// `[bpf]` symbols in /proc/kallsyms (programs and trampolines).
 fn bpf_symbols() -> Result<HashSet<(u64, String)>> {
@@ -393,24 +359,28 @@ fn fentry_load_attach(btf_id: u32) -> Probe {
     ];
     let license = b"GPL\0";
     let mut log = vec![0u8; 64 * 1024];
-    let mut attr = ProgLoadAttr {
-        prog_type: BPF_PROG_TYPE_TRACING,
-        insn_cnt: insns.len() as u32,
-        insns: insns.as_ptr() as u64,
-        license: license.as_ptr() as u64,
-        expected_attach_type: BPF_TRACE_FENTRY,
-        attach_btf_id: btf_id,
-        ..Default::default()
-    };
-    attr.prog_name[..11].copy_from_slice(b"kloop_probe");
-    let prog = match sys_bpf_fd(BPF_PROG_LOAD, &mut attr) {
+    let mut attr = zeroed_attr();
+    // The prog-load member of the union (bindgen's name for the anonymous
+    // struct `BPF_PROG_LOAD` uses).
+    attr.__bindgen_anon_3.prog_type = bpf_prog_type::BPF_PROG_TYPE_TRACING as u32;
+    attr.__bindgen_anon_3.insn_cnt = insns.len() as u32;
+    attr.__bindgen_anon_3.insns = insns.as_ptr() as u64;
+    attr.__bindgen_anon_3.license = license.as_ptr() as u64;
+    attr.__bindgen_anon_3.expected_attach_type = bpf_attach_type::BPF_TRACE_FENTRY as u32;
+    attr.__bindgen_anon_3.attach_btf_id = btf_id;
+    let mut name = [0 as libc::c_char; 16];
+    for (to, &from) in name.iter_mut().zip(b"kloop_probe") {
+        *to = from as libc::c_char;
+    }
+    attr.__bindgen_anon_3.prog_name = name;
+    let prog = match sys_bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr, PROG_LOAD_SIZE) {
         Ok(fd) => fd,
         Err(e) => {
             // Again with the verifier log, for the reason.
-            attr.log_level = 1;
-            attr.log_size = log.len() as u32;
-            attr.log_buf = log.as_mut_ptr() as u64;
-            let _ = sys_bpf_fd(BPF_PROG_LOAD, &mut attr);
+            attr.__bindgen_anon_3.log_level = 1;
+            attr.__bindgen_anon_3.log_size = log.len() as u32;
+            attr.__bindgen_anon_3.log_buf = log.as_mut_ptr() as u64;
+            let _ = sys_bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr, PROG_LOAD_SIZE);
             let text = String::from_utf8_lossy(&log);
             let last = text
                 .trim_end_matches('\0')
@@ -425,12 +395,14 @@ fn fentry_load_attach(btf_id: u32) -> Probe {
             ));
         }
     };
-    let mut tp = RawTpAttr {
-        name: 0,
-        prog_fd: prog.as_raw_fd() as u32,
-        pad: 0,
-    };
-    let link = sys_bpf_fd(BPF_RAW_TRACEPOINT_OPEN, &mut tp);
+    let mut tp = zeroed_attr();
+    // No name: a tracing program attaches where it was loaded for.
+    tp.raw_tracepoint.prog_fd = prog.as_raw_fd() as u32;
+    let link = sys_bpf_fd(
+        bpf_cmd::BPF_RAW_TRACEPOINT_OPEN,
+        &mut tp,
+        RAW_TRACEPOINT_OPEN_SIZE,
+    );
     let outcome = match &link {
         Ok(_) => Ok(()),
         Err(e) => Err(format!(

@@ -14,22 +14,16 @@ use std::os::fd::AsFd;
 use std::sync::Barrier;
 
 use anyhow::{anyhow, bail, Context, Result};
-use kloop_protocol::{Message, Step};
+use kloop_protocol::Message;
 
-use crate::agent::{fixture_program, parse_fixture, send};
 use crate::bpf;
-use crate::measure::{load, unload};
-use crate::sys::{self, OsContext};
+use crate::channel::send;
+use crate::fixtures::{fixture_program, load_program, parse_fixture, unload_program};
+use crate::sys::{self, pin_to, OsContext};
 
-pub fn run(step: &Step) -> Result<()> {
-    let Step::Concurrent {
-        fixture,
-        program,
-        cycles,
-    } = step
-    else {
-        bail!("concurrent::run called with a step that is not concurrent: {step:?}");
-    };
+/// Runs `cycles` load/unload cycles of `fixture`/`program` on every online
+/// CPU at once and sends each loader's `Loads`.
+pub fn run(fixture: &str, program: &str, cycles: u32) -> Result<()> {
     let cpus = sys::online_cpus().os_ctx("reading /sys/devices/system/cpu/online")?;
     let barrier = Barrier::new(cpus.len());
     let results: Vec<Result<Message>> = std::thread::scope(|s| {
@@ -39,7 +33,7 @@ pub fn run(step: &Step) -> Result<()> {
                 let barrier = &barrier;
                 std::thread::Builder::new()
                     .name(format!("loader-cpu{cpu}"))
-                    .spawn_scoped(s, move || loader(cpu, fixture, program, *cycles, barrier))
+                    .spawn_scoped(s, move || loader(cpu, fixture, program, cycles, barrier))
             })
             .collect();
         handles
@@ -77,7 +71,7 @@ fn loader(
     let mut functions = None;
     for i in 0..cycles {
         let before = current_cpu()?;
-        load(prog).with_context(|| format!("loading {what}, cycle {i}"))?;
+        load_program(prog).with_context(|| format!("loading {what}, cycle {i}"))?;
         let after = current_cpu()?;
         if before != cpu || after != cpu {
             bail!(
@@ -92,7 +86,7 @@ fn loader(
         if *functions.get_or_insert(n) != n {
             bail!("{what}: {n} JITed functions in cycle {i}, {functions:?} before");
         }
-        unload(prog).with_context(|| format!("unloading {what}, cycle {i}"))?;
+        unload_program(prog).with_context(|| format!("unloading {what}, cycle {i}"))?;
     }
     Ok(Message::Loads {
         cpu,
@@ -109,30 +103,4 @@ fn current_cpu() -> Result<u32> {
     u32::try_from(cpu)
         .map_err(|_| sys::last_os_error())
         .os_ctx("sched_getcpu")
-}
-
-pub(crate) type CpuSet = libc::cpu_set_t;
-
-/// Pins the calling thread to `cpu`; returns the previous mask.
-pub(crate) fn pin_to(cpu: u32) -> Result<CpuSet> {
-    // SAFETY: cpu_set_t is plain data; the libc macros index inside it.
-    unsafe {
-        let mut saved: CpuSet = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<CpuSet>(), &mut saved) != 0 {
-            return Err(sys::last_os_error()).os_ctx("sched_getaffinity");
-        }
-        let mut one: CpuSet = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut one);
-        set_affinity(&one).with_context(|| format!("pinning to CPU {cpu}"))?;
-        Ok(saved)
-    }
-}
-
-/// `sched_setaffinity` of the calling thread.
-pub(crate) fn set_affinity(mask: &CpuSet) -> Result<()> {
-    // SAFETY: a valid, initialised mask of the size passed.
-    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<CpuSet>(), mask) } != 0 {
-        return Err(sys::last_os_error()).os_ctx("sched_setaffinity");
-    }
-    Ok(())
 }

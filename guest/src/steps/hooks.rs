@@ -1,35 +1,32 @@
-//! Attach, detach and the kernel-poking steps (tracefs, sysctls, triggers).
+//! Hooking programs into the kernel: `attach`, `detach`, `load-object`
+//! (load and attach every program of an object by its section names), and
+//! the steps around hooks: `trigger` (run the hooked code paths) and
+//! `read-counter` (read what the hooked programs counted).
 //!
 //! Programs are loaded and attached with aya. An `attach` takes the link out
-//! of aya (`take_link`) and keeps it in [`State::links`], so the link — and
-//! with it the kernel's reference on the program — outlives an `unload` of
-//! the program until the plan's `detach`.
+//! of aya (`take_link`) and keeps it in [`StepContext::links`], so the link —
+//! and with it the kernel's reference on the program — outlives an `unload`
+//! of the program until the plan's `detach`.
 
 use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use aya::maps::Array;
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::{KProbe, PerfEvent, ProbeKind, Program, ProgramError, TracePoint, Xdp};
-use aya::Btf;
-use kloop_protocol::{AttachTarget, Message, Step, XdpMode};
+use aya::programs::{KProbe, PerfEvent, ProbeKind, Program, TracePoint, Xdp};
+use kloop_protocol::{AttachTarget, Message, XdpMode};
 
-use crate::agent::{self, load_program, report_prog, send, Loaded, State};
-use crate::perf::{perf_event_open, PerfEventAttr, PERF_ATTR_SIZE_VER5};
+use crate::channel::{log, send};
+use crate::context::{HeldLink, Loaded, StepContext};
+use crate::fixtures::{self, fixture_program, load_program, parse_fixture};
+use crate::perf::{event_attr, perf_event_open};
+use crate::steps::load::report_prog;
 use crate::sys::{self, OsContext};
-
-/// A link an `attach` step took out of aya; dropping it detaches.
-pub(crate) struct HeldLink {
-    /// The program label it attaches.
-    label: String,
-    _link: Box<dyn Any>,
-}
 
 const KPROBE_LIST: &str = "/sys/kernel/debug/kprobes/list";
 
@@ -38,112 +35,18 @@ const KPROBE_LIST: &str = "/sys/kernel/debug/kprobes/list";
 /// instructions after it fit well within this.
 const MAX_AFTER_ENTRY: u64 = 64;
 
-pub fn run(state: &mut State, step: &Step) -> Result<()> {
-    match step {
-        Step::Load {
-            fixture,
-            program,
-            label,
-            btf_target: Some(target),
-        } => state.load_with(fixture, program, label, |prog| load_btf(prog, target)),
-        Step::LoadObject { fixture, label } => load_object(state, fixture, label),
-        Step::Attach {
-            label,
-            link,
-            target,
-        } => attach(state, label, link, target),
-        Step::Detach { link } => {
-            let held = state
-                .links
-                .remove(link)
-                .ok_or_else(|| anyhow!("detach of link {link:?}, which is not held"))?;
-            agent::log(format!(
-                "detaching link {link:?} of program {:?}",
-                held.label
-            ))?;
-            drop(held);
-            Ok(())
-        }
-        Step::Trigger {
-            nanosleeps,
-            sleep_ms,
-        } => {
-            trigger(*nanosleeps, *sleep_ms);
-            Ok(())
-        }
-        Step::ReadCounter { label, map, key } => read_counter(state, label, map, *key),
-        Step::WaitKallsyms {
-            prefix,
-            present,
-            timeout_ms,
-        } => wait_kallsyms(prefix, *present, *timeout_ms),
-        Step::Write {
-            path,
-            text,
-            may_fail,
-        } => {
-            let result = std::fs::write(path, text);
-            if *may_fail {
-                return send(&Message::FileWrite {
-                    path: path.clone(),
-                    error: result.err().map(|e| sys::Errno(&e).to_string()),
-                });
-            }
-            result.os_ctx(format!("writing {text:?} to {path}"))
-        }
-        Step::Mkdir { path } => std::fs::create_dir(path).os_ctx(format!("mkdir {path}")),
-        Step::Rmdir { path } => std::fs::remove_dir(path).os_ctx(format!("rmdir {path}")),
-        Step::ReadFile { path, label } => {
-            let text = std::fs::read_to_string(path).os_ctx(format!("reading {path}"))?;
-            send(&Message::FileSnapshot {
-                label: label.clone(),
-                path: path.clone(),
-                text,
-            })
-        }
-        other => bail!(
-            "the hooks module does not handle this step: {}",
-            serde_json::to_string(other).unwrap_or_default()
-        ),
-    }
-}
-
-/// The kernel's BTF, parsed once: under TCG parsing vmlinux BTF takes
-/// seconds, and every fentry/fexit/LSM load needs it.
-fn kernel_btf() -> Result<&'static Btf> {
-    static BTF: OnceLock<Btf> = OnceLock::new();
-    if let Some(btf) = BTF.get() {
-        return Ok(btf);
-    }
-    let btf = Btf::from_sys_fs().context("parsing the kernel's BTF (/sys/kernel/btf/vmlinux)")?;
-    Ok(BTF.get_or_init(|| btf))
-}
-
-/// Loads an fentry/fexit/LSM program against `target` in the kernel's BTF.
-fn load_btf(prog: &mut Program, target: &str) -> Result<(), ProgramError> {
-    let btf =
-        kernel_btf().map_err(|e| ProgramError::IOError(io::Error::other(format!("{e:#}"))))?;
-    match prog {
-        Program::FEntry(p) => p.load(target, btf),
-        Program::FExit(p) => p.load(target, btf),
-        Program::Lsm(p) => p.load(target, btf),
-        _ => Err(ProgramError::UnexpectedProgramType),
-    }
-}
-
-fn loaded<'a>(state: &'a mut State, label: &str) -> Result<&'a mut Loaded> {
-    let known: Vec<String> = state.loaded.keys().cloned().collect();
-    state
-        .loaded
-        .get_mut(label)
-        .ok_or_else(|| anyhow!("no loaded program {label:?} (loaded: {known:?})"))
-}
-
-fn attach(state: &mut State, label: &str, link: &str, target: &AttachTarget) -> Result<()> {
-    if state.links.contains_key(link) {
+/// Attaches the program loaded as `label` to `target` and holds the link
+/// as `link` until `detach`.
+pub fn attach(
+    context: &mut StepContext,
+    label: &str,
+    link: &str,
+    target: &AttachTarget,
+) -> Result<()> {
+    if context.links.contains_key(link) {
         bail!("link {link:?} is already held");
     }
-    let entry = loaded(state, label)?;
+    let entry = context.loaded_mut(label)?;
     let name = entry.program.clone();
     let prog = entry
         .ebpf
@@ -151,7 +54,7 @@ fn attach(state: &mut State, label: &str, link: &str, target: &AttachTarget) -> 
         .ok_or_else(|| anyhow!("program {name:?} of label {label:?} vanished from its object"))?;
     let (held, detail) = attach_program(prog, target)
         .with_context(|| format!("attaching {label:?} to {target:?}"))?;
-    state.links.insert(
+    context.links.insert(
         link.to_owned(),
         HeldLink {
             label: label.to_owned(),
@@ -163,6 +66,20 @@ fn attach(state: &mut State, label: &str, link: &str, target: &AttachTarget) -> 
         link: link.to_owned(),
         detail,
     })
+}
+
+/// Drops the link held as `link`, which detaches it.
+pub fn detach(context: &mut StepContext, link: &str) -> Result<()> {
+    let held = context
+        .links
+        .remove(link)
+        .ok_or_else(|| anyhow!("detach of link {link:?}, which is not held"))?;
+    log(format!(
+        "detaching link {link:?} of program {:?}",
+        held.label
+    ))?;
+    drop(held);
+    Ok(())
 }
 
 fn wrong_type(prog: &Program, target: &AttachTarget) -> anyhow::Error {
@@ -329,7 +246,7 @@ fn kprobe_after_entry(
                     drop(event);
                     continue;
                 }
-                agent::log(format!(
+                log(format!(
                     "kprobe past the entry of {function}: offsets refused before {offset:#x}: {}",
                     refused.join(", ")
                 ))?;
@@ -369,9 +286,7 @@ struct KprobeEvent {
 impl KprobeEvent {
     fn open(p: &KProbe, function: &str, offset: u64, ret: bool) -> Result<KprobeEvent> {
         const PMU: &str = "/sys/bus/event_source/devices/kprobe";
-        // _IOW('$', 8, __u32) and _IO('$', 0) in uapi/linux/perf_event.h.
-        const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
-        const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
+        use aya_obj::generated::{PERF_EVENT_IOC_ENABLE, PERF_EVENT_IOC_SET_BPF};
         let type_: u32 = sys::read_trimmed(format!("{PMU}/type"))
             .os_ctx(format!("reading {PMU}/type"))?
             .parse()
@@ -389,17 +304,11 @@ impl KprobeEvent {
             config |= 1 << bit;
         }
         let func = CString::new(function).context("function name with a NUL")?;
-        let attr = PerfEventAttr {
-            type_,
-            size: PERF_ATTR_SIZE_VER5,
-            config,
-            sample_period: 1,
-            wakeup_events: 1,
-            // kprobe_func and probe_offset.
-            config1: func.as_ptr() as u64,
-            config2: offset,
-            ..Default::default()
-        };
+        let mut attr = event_attr(type_, config);
+        attr.__bindgen_anon_1.sample_period = 1;
+        attr.__bindgen_anon_2.wakeup_events = 1;
+        attr.__bindgen_anon_3.kprobe_func = func.as_ptr() as u64;
+        attr.__bindgen_anon_4.probe_offset = offset;
         let what = format!(
             "perf_event_open(kprobe PMU, {}{function}+{offset:#x})",
             if ret { "return probe " } else { "" }
@@ -410,11 +319,15 @@ impl KprobeEvent {
         let prog_fd = p.fd()?.as_fd().as_raw_fd();
         for (req, arg, name) in [
             (
-                PERF_EVENT_IOC_SET_BPF,
+                PERF_EVENT_IOC_SET_BPF as libc::c_ulong,
                 prog_fd as libc::c_ulong,
                 "PERF_EVENT_IOC_SET_BPF",
             ),
-            (PERF_EVENT_IOC_ENABLE, 0, "PERF_EVENT_IOC_ENABLE"),
+            (
+                PERF_EVENT_IOC_ENABLE as libc::c_ulong,
+                0,
+                "PERF_EVENT_IOC_ENABLE",
+            ),
         ] {
             // SAFETY: ioctls on our own perf fd with integer arguments.
             if unsafe { libc::ioctl(fd.as_raw_fd(), req, arg) } < 0 {
@@ -428,7 +341,7 @@ impl KprobeEvent {
 /// Runs the code paths the fixtures hook: `nanosleeps` raw `nanosleep(0)`
 /// syscalls (always `hrtimer_nanosleep` and the `sys_enter_nanosleep`
 /// tracepoint, whatever libc does), then `sleep_ms` of idle time.
-fn trigger(nanosleeps: u32, sleep_ms: u64) {
+pub fn trigger(nanosleeps: u32, sleep_ms: u64) {
     let zero = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -448,15 +361,16 @@ fn trigger(nanosleeps: u32, sleep_ms: u64) {
     }
 }
 
-fn read_counter(state: &mut State, label: &str, map: &str, key: u32) -> Result<()> {
+/// Sends `map[key]` of the object loaded as `label` as a `Counter`.
+pub fn read_counter(context: &mut StepContext, label: &str, map: &str, key: u32) -> Result<()> {
     // Programs of a `load-object` are labelled `<label>/<program>`; their
     // maps live in the object held under `<label>`.
-    let object = if state.loaded.contains_key(label) {
+    let object = if context.loaded.contains_key(label) {
         label
     } else {
         label.split_once('/').map_or(label, |(o, _)| o)
     };
-    let entry = loaded(state, object)?;
+    let entry = context.loaded_mut(object)?;
     let names: Vec<String> = entry.ebpf.maps().map(|(n, _)| n.to_owned()).collect();
     let m = entry
         .ebpf
@@ -473,41 +387,6 @@ fn read_counter(state: &mut State, label: &str, map: &str, key: u32) -> Result<(
         key,
         value,
     })
-}
-
-fn wait_kallsyms(prefix: &str, present: bool, timeout_ms: u64) -> Result<()> {
-    let started = Instant::now();
-    let deadline = started + Duration::from_millis(timeout_ms);
-    loop {
-        // Only code the kernel generates (`[bpf]`, `[__builtin__*]`): kernel
-        // functions share the prefixes (bpf_trampoline_link_prog...).
-        let found = crate::kallsyms::read_filtered(|e| {
-            crate::kallsyms::is_side_band_symbol(e) && e.name.starts_with(prefix)
-        })?;
-        if found.is_empty() != present {
-            return agent::log(format!(
-                "kallsyms: {} symbol starting with {prefix:?} after {} ms",
-                if present { "some" } else { "no" },
-                started.elapsed().as_millis()
-            ));
-        }
-        if Instant::now() >= deadline {
-            let names: Vec<String> = found
-                .iter()
-                .map(|e| format!("{:#x} {}", e.addr, e.name))
-                .collect();
-            bail!(
-                "after {timeout_ms} ms /proc/kallsyms still has {} symbol starting with {prefix:?}{}",
-                if present { "no" } else { "a" },
-                if names.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {names:?}")
-                }
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// The ELF section of every function symbol of a fixture: aya does not
@@ -561,12 +440,12 @@ fn section_target(section: &str) -> Result<AttachTarget> {
 /// Loads every program of `fixture` and attaches each where its section
 /// says. The links are held with the object, so the `unload` of `label`
 /// detaches and unloads them all together.
-fn load_object(state: &mut State, fixture: &str, label: &str) -> Result<()> {
-    if state.loaded.contains_key(label) {
+pub fn load_object(context: &mut StepContext, fixture: &str, label: &str) -> Result<()> {
+    if context.loaded.contains_key(label) {
         bail!("label {label:?} is already loaded");
     }
-    let sections = program_sections(agent::fixture(fixture)?)?;
-    let mut ebpf = agent::parse_fixture(fixture)?;
+    let sections = program_sections(fixtures::object_bytes(fixture)?)?;
+    let mut ebpf = parse_fixture(fixture)?;
     let mut names: Vec<String> = ebpf.programs().map(|(n, _)| n.to_owned()).collect();
     // Section order is the object's order; sort for a stable plan.
     names.sort();
@@ -581,7 +460,7 @@ fn load_object(state: &mut State, fixture: &str, label: &str) -> Result<()> {
             .ok_or_else(|| anyhow!("no ELF section found for program {name:?} of {fixture:?}"))?;
         let target = section_target(section)?;
         let prog_label = format!("{label}/{name}");
-        let prog = agent::fixture_program(&mut ebpf, fixture, name)?;
+        let prog = fixture_program(&mut ebpf, fixture, name)?;
         load_program(prog)
             .map_err(anyhow::Error::from)
             .with_context(|| format!("loading {fixture}/{name} (section {section:?})"))?;
@@ -602,7 +481,7 @@ fn load_object(state: &mut State, fixture: &str, label: &str) -> Result<()> {
         .rsplit_once('/')
         .map(|(_, p)| p.to_owned())
         .unwrap_or_default();
-    state.loaded.insert(
+    context.loaded.insert(
         label.to_owned(),
         Loaded {
             ebpf,

@@ -17,10 +17,11 @@ use std::os::fd::AsFd;
 use anyhow::{Context, Result};
 use kloop_protocol::{Message, ProgFacts};
 
-use crate::agent::send;
+use crate::channel::{log, send};
 use crate::sys::OsContext;
 use crate::{bpf, kallsyms};
 
+/// Walks every loaded program and sends what it found as `Inventory`.
 pub fn run() -> Result<()> {
     let mut infos = Vec::new();
     let mut gone = Vec::new();
@@ -48,7 +49,7 @@ pub fn run() -> Result<()> {
             .collect()
     };
     if !gone.is_empty() {
-        crate::agent::log(format!(
+        log(format!(
             "inventory: programs {gone:?} went away between BPF_PROG_GET_NEXT_ID and BPF_PROG_GET_FD_BY_ID"
         ))?;
     }

@@ -1,4 +1,7 @@
 //! The data port: the second UART, raw mode, one mutex for every frame.
+//!
+//! Everything here writes whole frames under that mutex, so frames from the
+//! heartbeat thread, the side-band thread and the steps never interleave.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -115,7 +118,8 @@ pub fn send_frame(frame: &[u8]) -> io::Result<()> {
     f.write_all(frame)
 }
 
-pub fn send(msg: &Message) -> io::Result<()> {
+/// Writes one message as a frame.
+pub fn send_message(msg: &Message) -> io::Result<()> {
     send_frame(&msg.to_frame())
 }
 

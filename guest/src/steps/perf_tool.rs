@@ -25,9 +25,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use kloop_protocol::{Message, Step};
+use kloop_protocol::Message;
 
-use crate::agent::{log, send};
+use crate::channel::{log, send};
 use crate::sys::OsContext;
 
 const PERF: &str = "/usr/bin/perf";
@@ -57,17 +57,6 @@ struct Running {
 }
 
 static PERF_RECORD: Mutex<Option<Running>> = Mutex::new(None);
-
-pub fn run(step: &Step) -> Result<()> {
-    match step {
-        Step::PerfRecordStart { args } => start(args),
-        Step::PerfRecordStop => stop(),
-        other => bail!(
-            "perf_tool was handed a step it does not run: {}",
-            serde_json::to_string(other).unwrap_or_default()
-        ),
-    }
-}
 
 fn perf_command(args: &[&str]) -> Command {
     let mut cmd = Command::new(PERF);
@@ -107,7 +96,9 @@ fn read_lossy(path: &str) -> String {
         .unwrap_or_else(|e| format!("(cannot read {path}: {e})"))
 }
 
-fn start(args: &[String]) -> Result<()> {
+/// `perf-record-start`: starts `perf record <args>` and returns once perf
+/// has acknowledged enabling its events.
+pub fn start(args: &[String]) -> Result<()> {
     let mut slot = PERF_RECORD.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(r) = slot.as_ref() {
         bail!("perf record is already running ({})", r.command);
@@ -230,7 +221,9 @@ fn wait_until(child: &mut Child, deadline: Duration) -> Result<Option<ExitStatus
     }
 }
 
-fn stop() -> Result<()> {
+/// `perf-record-stop`: stops perf record, runs `perf report -D --header` on
+/// its file and sends the text as `PerfScript`.
+pub fn stop() -> Result<()> {
     let running = PERF_RECORD
         .lock()
         .unwrap_or_else(|e| e.into_inner())

@@ -3,7 +3,7 @@
 //! channel, to overflow small rings on purpose, or to race a side-band
 //! reader that looks every new program up by id.
 //!
-//! As in `measure.rs`, the object is parsed once and each cycle is aya's
+//! As in the `measure` step, the object is parsed once and each cycle is aya's
 //! `load()` (one `BPF_PROG_LOAD`: a PROG_LOAD and one KSYMBOL register per
 //! JITed function) and `unload()` (the close of the only program fd, which
 //! emits the PROG_UNLOAD and the KSYMBOL unregisters before it returns).
@@ -37,47 +37,46 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use aya::programs::Program;
-use kloop_protocol::{Message, Step};
+use kloop_protocol::Message;
 
-use crate::agent::{fixture_program, parse_fixture, send};
-use crate::measure::{load, unload};
+use crate::bpf;
+use crate::channel::send;
+use crate::fixtures::{fixture_program, load_program, parse_fixture, unload_program};
 use crate::perf::{self, Ring};
 use crate::sys::{self, OsContext};
-use crate::{bpf, concurrent};
 
 /// At most this many distinct lookup errors other than ENOENT are reported.
 const MAX_OTHER_ERRORS: usize = 8;
 
-/// Runs one `Step::Storm`; returns the record bytes sent to the host.
-pub fn run(step: &Step, rings: &mut [Ring]) -> Result<u64> {
-    let Step::Storm {
-        fixture,
-        program,
-        cycles,
-        drain_every,
-        lookup,
-    } = step
-    else {
-        bail!("storm::run called with a step that is not storm: {step:?}");
-    };
+/// Runs one `storm` of `cycles` load/unload cycles of `fixture`/`program`
+/// with the plan's listener `rings`; returns the record bytes sent to the
+/// host.
+pub fn run(
+    rings: &mut [Ring],
+    fixture: &str,
+    program: &str,
+    cycles: u32,
+    drain_every: u32,
+    lookup: bool,
+) -> Result<u64> {
     let mut ebpf = parse_fixture(fixture)?;
     let prog = fixture_program(&mut ebpf, fixture, program)?;
     let what = format!("{fixture}/{program}");
     let mut storm = Storm {
         prog,
         what: &what,
-        ids: Vec::with_capacity(*cycles as usize),
+        ids: Vec::with_capacity(cycles as usize),
         functions: None,
     };
     let mut sent = 0u64;
-    if *lookup {
+    if lookup {
         let done = AtomicBool::new(false);
         let (lookups, result) = std::thread::scope(|s| {
             let side = std::thread::Builder::new()
                 .name("side-band".into())
                 .spawn_scoped(s, || side_band(rings, &done))
                 .context("spawning the side-band thread")?;
-            let result = (0..*cycles).try_for_each(|i| storm.cycle(i));
+            let result = (0..cycles).try_for_each(|i| storm.cycle(i));
             done.store(true, Ordering::Release);
             let side = side
                 .join()
@@ -89,28 +88,28 @@ pub fn run(step: &Step, rings: &mut [Ring]) -> Result<u64> {
         sent += bytes;
         send(&lookups)?;
     } else {
-        for i in 0..*cycles {
+        for i in 0..cycles {
             storm.cycle(i)?;
-            if *drain_every > 0 && (i + 1) % drain_every == 0 {
+            if drain_every > 0 && (i + 1) % drain_every == 0 {
                 sent += perf::drain_all(rings)
                     .with_context(|| format!("storm: draining after cycle {i}"))?;
             }
         }
         sent += perf::drain_all(rings).context("storm: final drain")?;
-        if *drain_every == 0 {
+        if drain_every == 0 {
             let cpus = sys::online_cpus().os_ctx("reading /sys/devices/system/cpu/online")?;
             for cpu in cpus {
-                let saved = concurrent::pin_to(cpu)?;
+                let saved = sys::pin_to(cpu)?;
                 let r = storm.cycle(cycles + cpu);
-                concurrent::set_affinity(&saved)?;
+                sys::set_affinity(&saved)?;
                 r.with_context(|| format!("storm: flush cycle on CPU {cpu}"))?;
             }
             sent += perf::drain_all(rings).context("storm: drain after the flush cycles")?;
         }
     }
     send(&Message::StormDone {
-        fixture: fixture.clone(),
-        program: program.clone(),
+        fixture: fixture.to_owned(),
+        program: program.to_owned(),
         functions: storm.functions.unwrap_or(0),
         ids: storm.ids,
     })?;
@@ -128,7 +127,7 @@ impl Storm<'_> {
     /// One load, its id and function count read back, one unload.
     fn cycle(&mut self, i: u32) -> Result<()> {
         let what = self.what;
-        load(self.prog).with_context(|| format!("storm: loading {what}, cycle {i}"))?;
+        load_program(self.prog).with_context(|| format!("storm: loading {what}, cycle {i}"))?;
         let info = bpf::prog_info(self.prog.fd()?.as_fd())
             .with_context(|| format!("storm: bpf_prog_info of {what}, cycle {i}"))?;
         self.ids.push(info.info.id);
@@ -140,7 +139,7 @@ impl Storm<'_> {
             }
             Some(_) => {}
         }
-        unload(self.prog).with_context(|| format!("storm: unloading {what}, cycle {i}"))
+        unload_program(self.prog).with_context(|| format!("storm: unloading {what}, cycle {i}"))
     }
 }
 

@@ -29,12 +29,12 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use aya::programs::{Program, ProgramError};
-use kloop_protocol::{ListenerSpec, Message, Step};
+use kloop_protocol::{ListenerSpec, Message};
 
-use crate::agent::{fixture_program, load_program, parse_fixture};
+use crate::channel::send;
+use crate::fixtures::{fixture_program, load_program, parse_fixture, unload_program};
 use crate::sys::{self, OsContext};
-use crate::{bpf, perf, port};
+use crate::{bpf, perf};
 
 /// `PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU`, the sample type of
 /// the recording listeners in every scenario (`sample = ["tid", "time", "cpu"]`).
@@ -59,32 +59,28 @@ const LISTENER: ListenerSpec = ListenerSpec {
 /// the RCU grace period and the workqueue that free the previous program.
 const SETTLE: Duration = Duration::from_millis(20);
 
-/// Runs one `Step::Measure` and sends its `Timings`.
-pub fn run(step: &Step) -> Result<()> {
-    let Step::Measure {
-        fixture,
-        program,
-        listeners_per_cpu,
-        iterations,
-        warmup,
-    } = step
-    else {
-        bail!("measure::run called with a step that is not measure: {step:?}");
-    };
+/// Runs one `measure` step and sends its `Timings`.
+pub fn run(
+    fixture: &str,
+    program: &str,
+    listeners_per_cpu: u32,
+    iterations: u32,
+    warmup: u32,
+) -> Result<()> {
     let cpus = sys::online_cpus().os_ctx("reading /sys/devices/system/cpu/online")?;
     let home = *cpus.first().ok_or_else(|| anyhow!("no online CPU"))?;
     let saved = pin_to(home)?;
     let result = measure(
         fixture,
         program,
-        *listeners_per_cpu,
-        *iterations,
-        *warmup,
+        listeners_per_cpu,
+        iterations,
+        warmup,
         &cpus,
     );
     restore_affinity(&saved)?;
     let timings = result?;
-    port::send(&timings).os_ctx("writing to the data port")
+    send(&timings)
 }
 
 fn measure(
@@ -100,11 +96,11 @@ fn measure(
     let what = format!("{fixture}/{program}");
 
     // One untimed load before any listener: how many functions the JIT made.
-    load(prog).with_context(|| format!("loading {what}"))?;
+    load_program(prog).with_context(|| format!("loading {what}"))?;
     let info =
         bpf::prog_info(prog.fd()?.as_fd()).with_context(|| format!("bpf_prog_info of {what}"))?;
     let functions = info.info.nr_jited_ksyms;
-    unload(prog).with_context(|| format!("unloading {what}"))?;
+    unload_program(prog).with_context(|| format!("unloading {what}"))?;
 
     let mut rings = Vec::new();
     for &cpu in cpus {
@@ -118,9 +114,9 @@ fn measure(
     let mut bytes_first = None;
     for i in 0..warmup + iterations {
         let t0 = sys::monotonic_ns();
-        load(prog).with_context(|| format!("loading {what}, iteration {i}"))?;
+        load_program(prog).with_context(|| format!("loading {what}, iteration {i}"))?;
         let t1 = sys::monotonic_ns();
-        unload(prog).with_context(|| format!("unloading {what}, iteration {i}"))?;
+        unload_program(prog).with_context(|| format!("unloading {what}, iteration {i}"))?;
         let t2 = sys::monotonic_ns();
         if i >= warmup {
             load_ns.push(t1 - t0);
@@ -135,7 +131,7 @@ fn measure(
     drop(rings);
 
     let per_ring = bytes_first.unwrap_or_default();
-    port::send(&Message::Log {
+    send(&Message::Log {
         text: format!(
             "measure {what}: {functions} function(s), {listeners_per_cpu} listener(s) per CPU on \
              {} CPU(s), {warmup} warm-up + {iterations} timed iteration(s) on CPU {}; \
@@ -143,8 +139,7 @@ fn measure(
             cpus.len(),
             cpus[0]
         ),
-    })
-    .os_ctx("writing to the data port")?;
+    })?;
     Ok(Message::Timings {
         fixture: fixture.to_owned(),
         program: program.to_owned(),
@@ -175,24 +170,6 @@ fn discard(rings: &[perf::Ring]) -> Result<Vec<u64>> {
         ring.commit(head);
     }
     Ok(sizes)
-}
-
-/// `load()` of the program types the fixtures use.
-pub(crate) fn load(program: &mut Program) -> Result<()> {
-    load_program(program).map_err(Into::into)
-}
-
-/// `unload()`: drops the program fd, the last reference to the program.
-pub(crate) fn unload(program: &mut Program) -> Result<()> {
-    let r = match program {
-        Program::SocketFilter(p) => p.unload(),
-        Program::SchedClassifier(p) => p.unload(),
-        Program::Xdp(p) => p.unload(),
-        Program::TracePoint(p) => p.unload(),
-        Program::KProbe(p) => p.unload(),
-        _ => Err(ProgramError::UnexpectedProgramType),
-    };
-    r.map_err(Into::into)
 }
 
 type CpuSet = libc::cpu_set_t;

@@ -12,29 +12,28 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use anyhow::{anyhow, bail, Context, Result};
-use kloop_protocol::{Step, MODULES_DIR};
+use kloop_protocol::MODULES_DIR;
 
-use crate::agent::log;
+use crate::channel::log;
 use crate::sys::{Errno, OsContext};
 
-pub fn run(step: &Step) -> Result<()> {
-    match step {
-        Step::Modprobe { name } => {
-            for outcome in modprobe(name)? {
-                log(format!("modprobe {name}: {outcome}"))?;
-            }
-            Ok(())
-        }
-        Step::Veth { name, peer } => {
-            create_veth(name, peer)?;
-            log(format!(
-                "veth pair {name} (ifindex {}) / {peer} (ifindex {}) created and up",
-                ifindex(name)?,
-                ifindex(peer)?
-            ))
-        }
-        other => bail!("net cannot run step {other:?}"),
+/// The `modprobe` step: inserts `name` and what it depends on, logging
+/// what happened to each.
+pub fn modprobe(name: &str) -> Result<()> {
+    for outcome in insert_module(name)? {
+        log(format!("modprobe {name}: {outcome}"))?;
     }
+    Ok(())
+}
+
+/// The `veth` step: creates the pair `name` / `peer` and brings it up.
+pub fn veth(name: &str, peer: &str) -> Result<()> {
+    create_veth(name, peer)?;
+    log(format!(
+        "veth pair {name} (ifindex {}) / {peer} (ifindex {}) created and up",
+        ifindex(name)?,
+        ifindex(peer)?
+    ))
 }
 
 /// The `Requirement::Veth` probe: the veth module loads (or is built in or
@@ -42,7 +41,7 @@ pub fn run(step: &Step) -> Result<()> {
 /// why not, for the `Unsupported` message.
 pub fn veth_probe() -> Result<(), String> {
     let describe = |e: anyhow::Error| crate::sys::describe_chain(&e);
-    modprobe("veth").map_err(describe)?;
+    insert_module("veth").map_err(describe)?;
     let (a, b) = ("kloopprobe0", "kloopprobe1");
     create_veth(a, b).map_err(describe)?;
     delete_link(a).map_err(describe)?;
@@ -130,7 +129,7 @@ fn closure<'a>(order: &'a [OrderLine], name: &str) -> Result<Vec<&'a OrderLine>>
 
 /// Inserts `name` and its dependencies; one line per module saying what
 /// happened. Already loaded or built in is not an error.
-fn modprobe(name: &str) -> Result<Vec<String>> {
+fn insert_module(name: &str) -> Result<Vec<String>> {
     let path = format!("{MODULES_DIR}/order");
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,

@@ -1,0 +1,43 @@
+//! The data channel to the host: the data port ([`port`]) and what the rest
+//! of the agent sends through it. The bottom layer: it imports nothing of
+//! the agent but [`crate::sys`].
+
+mod port;
+
+use std::time::Duration;
+
+use anyhow::Result;
+use kloop_protocol::{Message, HEARTBEAT_INTERVAL_MS};
+
+use crate::sys::{self, OsContext};
+
+pub use port::{
+    drain, open, panic_mid_frame, send_frame, send_last_words, send_message, silence_forever,
+};
+
+/// Sends `msg`; an error names the data port.
+pub fn send(msg: &Message) -> Result<()> {
+    send_message(msg).os_ctx("writing to the data port")
+}
+
+/// Sends `text` as a `Log` message.
+pub fn log(text: impl Into<String>) -> Result<()> {
+    send(&Message::Log { text: text.into() })
+}
+
+/// Sends a heartbeat every [`HEARTBEAT_INTERVAL_MS`] until power-off.
+pub fn start_heartbeat() {
+    std::thread::Builder::new()
+        .name("heartbeat".into())
+        .spawn(|| {
+            let mut seq = 0u64;
+            loop {
+                std::thread::sleep(Duration::from_millis(HEARTBEAT_INTERVAL_MS));
+                seq += 1;
+                if let Err(e) = send_message(&Message::Heartbeat { seq }) {
+                    eprintln!("kloop-guest: heartbeat {seq}: {}", sys::Errno(&e));
+                }
+            }
+        })
+        .expect("spawn heartbeat thread");
+}

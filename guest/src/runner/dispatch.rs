@@ -1,0 +1,96 @@
+//! Which step module runs each kind of plan step.
+
+use anyhow::Result;
+use kloop_protocol::Step;
+
+use crate::context::StepContext;
+use crate::steps::{
+    concurrent, fault, files, hooks, inventory, kallsyms, listeners, load, measure, net, perf_tool,
+    storm,
+};
+
+/// Runs one step of the plan against the plan's shared `context`.
+pub(super) fn run_step(context: &mut StepContext, step: &Step) -> Result<()> {
+    match step {
+        Step::SnapshotKallsyms => kallsyms::snapshot(),
+        Step::OpenListeners { listener } => listeners::open(context, listener),
+        Step::Drain => listeners::drain(context),
+        Step::Load {
+            fixture,
+            program,
+            label,
+            btf_target: None,
+        } => load::load(context, fixture, program, label),
+        Step::Load {
+            fixture,
+            program,
+            label,
+            btf_target: Some(target),
+        } => load::load_against_btf(context, fixture, program, label, target),
+        Step::Unload { label } => load::unload(context, label),
+        Step::WaitUnloaded { timeout_ms } => load::wait_unloaded(context, *timeout_ms),
+        Step::Fault { fault } => fault::inject(*fault),
+        Step::Measure {
+            fixture,
+            program,
+            listeners_per_cpu,
+            iterations,
+            warmup,
+        } => measure::run(fixture, program, *listeners_per_cpu, *iterations, *warmup),
+        Step::Storm {
+            fixture,
+            program,
+            cycles,
+            drain_every,
+            lookup,
+        } => {
+            context.records_bytes += storm::run(
+                &mut context.rings,
+                fixture,
+                program,
+                *cycles,
+                *drain_every,
+                *lookup,
+            )?;
+            Ok(())
+        }
+        Step::LoadObject { fixture, label } => hooks::load_object(context, fixture, label),
+        Step::Attach {
+            label,
+            link,
+            target,
+        } => hooks::attach(context, label, link, target),
+        Step::Detach { link } => hooks::detach(context, link),
+        Step::Trigger {
+            nanosleeps,
+            sleep_ms,
+        } => {
+            hooks::trigger(*nanosleeps, *sleep_ms);
+            Ok(())
+        }
+        Step::ReadCounter { label, map, key } => hooks::read_counter(context, label, map, *key),
+        Step::WaitKallsyms {
+            prefix,
+            present,
+            timeout_ms,
+        } => kallsyms::wait(prefix, *present, *timeout_ms),
+        Step::Write {
+            path,
+            text,
+            may_fail,
+        } => files::write(path, text, *may_fail),
+        Step::Mkdir { path } => files::mkdir(path),
+        Step::Rmdir { path } => files::rmdir(path),
+        Step::ReadFile { path, label } => files::read_file(path, label),
+        Step::Veth { name, peer } => net::veth(name, peer),
+        Step::Modprobe { name } => net::modprobe(name),
+        Step::Inventory => inventory::run(),
+        Step::Concurrent {
+            fixture,
+            program,
+            cycles,
+        } => concurrent::run(fixture, program, *cycles),
+        Step::PerfRecordStart { args } => perf_tool::start(args),
+        Step::PerfRecordStop => perf_tool::stop(),
+    }
+}

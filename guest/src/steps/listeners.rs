@@ -1,0 +1,46 @@
+//! `open-listeners` and `drain`: the plan's perf side-band listeners and
+//! the shipping of their ring bytes to the host.
+
+use anyhow::Result;
+use kloop_protocol::{ListenerInfo, ListenerScope, ListenerSpec, Message};
+
+use crate::channel::send;
+use crate::context::StepContext;
+use crate::perf;
+use crate::sys::{self, OsContext};
+
+/// Opens the listeners `spec` describes (one per online CPU, or one for
+/// the agent's task) and announces each as a `Listener`.
+pub fn open(context: &mut StepContext, spec: &ListenerSpec) -> Result<()> {
+    let cpus = match spec.scope {
+        ListenerScope::CpuWide => {
+            sys::online_cpus().os_ctx("reading /sys/devices/system/cpu/online")?
+        }
+        // One ring for the whole task: the loop below runs once.
+        ListenerScope::Task => vec![0],
+    };
+    for cpu in cpus {
+        let index = context.rings.len() as u32;
+        let ring = match spec.scope {
+            ListenerScope::CpuWide => perf::Ring::open(index, cpu, spec)?,
+            ListenerScope::Task => perf::Ring::open_task(index, spec)?,
+        };
+        send(&Message::Listener(ListenerInfo {
+            index,
+            cpu: ring.cpu,
+            sample_type: spec.sample_type,
+            sample_id_all: true,
+            ksymbol: spec.ksymbol,
+            bpf_event: spec.bpf_event,
+            ring_bytes: ring.ring_bytes(),
+        }))?;
+        context.rings.push(ring);
+    }
+    Ok(())
+}
+
+/// Sends every ring's unread bytes to the host.
+pub fn drain(context: &mut StepContext) -> Result<()> {
+    context.records_bytes += perf::drain_all(&mut context.rings)?;
+    Ok(())
+}

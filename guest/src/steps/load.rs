@@ -1,0 +1,142 @@
+//! `load`, `unload` and `wait-unloaded`: programs the plan holds by label.
+
+use std::collections::HashSet;
+use std::io;
+use std::os::fd::AsFd;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use aya::programs::{Program, ProgramError};
+use aya::Btf;
+use kloop_protocol::Message;
+
+use crate::channel::{log, send};
+use crate::context::{Loaded, StepContext};
+use crate::fixtures::{fixture_program, load_program, parse_fixture};
+use crate::{bpf, kallsyms};
+
+/// `load` of a program that needs no attach target at load time.
+pub fn load(context: &mut StepContext, fixture: &str, program: &str, label: &str) -> Result<()> {
+    load_with(context, fixture, program, label, load_program)
+}
+
+/// `load` with a `btf_target`: an fentry/fexit/LSM program verified against
+/// that function in the kernel's BTF.
+pub fn load_against_btf(
+    context: &mut StepContext,
+    fixture: &str,
+    program: &str,
+    label: &str,
+    target: &str,
+) -> Result<()> {
+    load_with(context, fixture, program, label, |prog| {
+        load_btf(prog, target)
+    })
+}
+
+/// Loads `program` of `fixture` with `load` (which knows what the
+/// program type needs at load time), reports its facts under `label` and
+/// keeps it.
+fn load_with(
+    context: &mut StepContext,
+    fixture: &str,
+    program: &str,
+    label: &str,
+    load: impl FnOnce(&mut Program) -> Result<(), ProgramError>,
+) -> Result<()> {
+    if context.loaded.contains_key(label) {
+        bail!("label {label:?} is already loaded");
+    }
+    let mut ebpf = parse_fixture(fixture)?;
+    let prog = fixture_program(&mut ebpf, fixture, program)?;
+    load(prog)
+        .map_err(anyhow::Error::from)
+        .with_context(|| format!("loading {fixture}/{program} (label {label:?})"))?;
+    let id = report_prog(label, prog)
+        .with_context(|| format!("bpf_prog_info of {fixture}/{program}"))?;
+    context.loaded.insert(
+        label.to_owned(),
+        Loaded {
+            ebpf,
+            program: program.to_owned(),
+            id,
+            others: Vec::new(),
+            _links: Vec::new(),
+        },
+    );
+    Ok(())
+}
+
+/// Reads a loaded program's `bpf_prog_info` and kallsyms lines and sends
+/// them as `ProgFacts` under `label`; returns its id.
+pub fn report_prog(label: &str, prog: &Program) -> Result<u32> {
+    let info = bpf::prog_info(prog.fd()?.as_fd())?;
+    let kallsyms = kallsyms::read_filtered(|e| info.jited_ksyms.contains(&e.addr))?;
+    send(&Message::Prog(info.facts(label.to_owned(), &kallsyms)))?;
+    Ok(info.info.id)
+}
+
+/// The kernel's BTF, parsed once: under TCG parsing vmlinux BTF takes
+/// seconds, and every fentry/fexit/LSM load needs it.
+fn kernel_btf() -> Result<&'static Btf> {
+    static BTF: OnceLock<Btf> = OnceLock::new();
+    if let Some(btf) = BTF.get() {
+        return Ok(btf);
+    }
+    let btf = Btf::from_sys_fs().context("parsing the kernel's BTF (/sys/kernel/btf/vmlinux)")?;
+    Ok(BTF.get_or_init(|| btf))
+}
+
+/// Loads an fentry/fexit/LSM program against `target` in the kernel's BTF.
+fn load_btf(prog: &mut Program, target: &str) -> Result<(), ProgramError> {
+    let btf =
+        kernel_btf().map_err(|e| ProgramError::IOError(io::Error::other(format!("{e:#}"))))?;
+    match prog {
+        Program::FEntry(p) => p.load(target, btf),
+        Program::FExit(p) => p.load(target, btf),
+        Program::Lsm(p) => p.load(target, btf),
+        _ => Err(ProgramError::UnexpectedProgramType),
+    }
+}
+
+/// Drops the program (and, for a `load-object`, its siblings and links)
+/// held under `label`; `wait-unloaded` later waits for their ids to go.
+pub fn unload(context: &mut StepContext, label: &str) -> Result<()> {
+    let prog = context
+        .loaded
+        .remove(label)
+        .ok_or_else(|| anyhow!("unload of {label:?}, which is not loaded"))?;
+    context.unloaded.push((label.to_owned(), prog.id));
+    context.unloaded.extend(prog.others.iter().cloned());
+    drop(prog);
+    Ok(())
+}
+
+/// Waits until no program unloaded so far is visible by id any more.
+pub fn wait_unloaded(context: &mut StepContext, timeout_ms: u64) -> Result<()> {
+    if !context.loaded.is_empty() {
+        let mut held: Vec<&String> = context.loaded.keys().collect();
+        held.sort();
+        log(format!(
+            "wait-unloaded waits for the programs unloaded so far; still held: {held:?}"
+        ))?;
+    }
+    let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+    loop {
+        let ids: HashSet<u32> = bpf::prog_ids()?.into_iter().collect();
+        let left: Vec<&(String, u32)> = context
+            .unloaded
+            .iter()
+            .filter(|(_, id)| ids.contains(id))
+            .collect();
+        if left.is_empty() {
+            context.unloaded.clear();
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("after {timeout_ms} ms these unloaded programs are still visible by id (label, id): {left:?}");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
