@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use kloop::run::scenario;
+use kloop::scenario;
 use kloop_kernels::Catalog;
 
 fn root() -> &'static Path {

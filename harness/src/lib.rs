@@ -6,6 +6,8 @@
 //! (`kloop-qemu`), the wire protocol (`kloop-protocol`). This library holds
 //! the three rooms that use them, each importing only from the rooms below
 //! it (see ARCHITECTURE.md):
+//! - [`scenario`]: what a scenario runs and expects
+//!   (`scenarios/<name>/scenario.toml` → a plan), shared by the rooms above;
 //! - [`judge`]: what the guest sent ([`judge::evidence`]) judged against the
 //!   rules, the scenario's expectations, the known-issues ledger, the
 //!   snapshots and the overhead budgets;
@@ -17,3 +19,4 @@
 pub mod judge;
 pub mod report;
 pub mod run;
+pub mod scenario;

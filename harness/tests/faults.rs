@@ -21,9 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use kloop::run::scenario::Scenario;
 use kloop::run::suite::{self, EnvOptions, Layout, Selection};
 use kloop::run::trial::{KernelUnderTest, TrialEnv, TrialResult, Verdict};
+use kloop::scenario::Scenario;
 use kloop_protocol::{Fault, FrameDecoder, FrameKind, Message, Plan, Step};
 use kloop_qemu::accel::AccelChoice;
 use kloop_qemu::Deadlines;

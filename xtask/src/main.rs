@@ -233,7 +233,9 @@ fn bench(a: BenchArgs) -> Result<ExitCode> {
             a.append.join(" ")
         );
     }
-    let show = |s: &Option<report::Spread>| s.map(|s| s.to_string()).unwrap_or_else(|| "-".into());
+    let show = |s: &Option<kloop::run::bench::Spread>| {
+        s.map(|s| s.to_string()).unwrap_or_else(|| "-".into())
+    };
     let mut boot_rows = Vec::new();
     let mut phase_rows = Vec::new();
     for t in &planned {
@@ -252,9 +254,9 @@ fn bench(a: BenchArgs) -> Result<ExitCode> {
             .collect();
         boot_rows.push((
             t.id(),
-            report::Spread::of(&hello),
-            report::Spread::of(&wall),
-            report::Spread::of(&rss_mib),
+            kloop::run::bench::Spread::of(&hello),
+            kloop::run::bench::Spread::of(&wall),
+            kloop::run::bench::Spread::of(&rss_mib),
             failed,
         ));
         phase_rows.push((t.id(), kloop::run::bench::PhaseSpreads::of(&results)));

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use super::KernelError;
+use crate::error::KernelError;
 
 /// How much the Release signature matters for this use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

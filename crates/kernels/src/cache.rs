@@ -12,10 +12,12 @@
 
 use std::path::{Path, PathBuf};
 
-use super::apt::{AptState, Trust};
-use super::extract::{install_verified, sha256_file, walk_deb, InstallError};
-use super::mirror::{env_mirror, host_mirror};
-use super::{KernelError, KernelPin, CACHE_DIR_ENV, DEFAULT_KEYRING, KEYRING_ENV};
+use crate::apt::{AptState, Trust};
+use crate::error::KernelError;
+use crate::extract::{install_verified, sha256_file, walk_deb, InstallError};
+use crate::mirror::{env_mirror, host_mirror};
+use crate::pin::KernelPin;
+use crate::settings::{CACHE_DIR_ENV, DEFAULT_KEYRING, KEYRING_ENV};
 
 /// How to fetch.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 
 use sha2::{Digest, Sha256};
 
-use super::KernelError;
+use crate::error::KernelError;
 
 /// sha256 of a file, lowercase hex.
 pub(crate) fn sha256_file(path: &Path) -> std::io::Result<String> {

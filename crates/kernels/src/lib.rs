@@ -27,6 +27,7 @@ mod mirror;
 mod modules;
 mod pin;
 pub mod pvh;
+mod settings;
 mod update;
 mod version;
 
@@ -36,15 +37,6 @@ pub use extract::bzimage_release;
 pub use mirror::{host_mirror, mirror_from_apt_sources, AptSourceFile};
 pub use modules::{Compression, ModuleSet, ShippedModule};
 pub use pin::{Catalog, KernelPin};
+pub use settings::{CACHE_DIR_ENV, DEFAULT_KEYRING, KEYRING_ENV, MIRROR_ENV};
 pub use update::{create_pin, update_pin, PinSpec};
 pub use version::compare_debian_versions;
-
-/// Environment variable overriding the Debian mirror URL.
-pub const MIRROR_ENV: &str = "KLOOP_MIRROR";
-/// Environment variable overriding the cache root.
-pub const CACHE_DIR_ENV: &str = "KLOOP_CACHE_DIR";
-/// Environment variable overriding the keyring used to verify Release files.
-pub const KEYRING_ENV: &str = "KLOOP_KEYRING";
-/// The host keyring used when neither [`FetchOptions::keyring`] nor
-/// [`KEYRING_ENV`] say otherwise.
-pub const DEFAULT_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";

@@ -6,7 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{KernelError, MIRROR_ENV};
+use crate::error::KernelError;
+use crate::settings::MIRROR_ENV;
 
 /// One apt sources file: its path (for messages and to tell the format by
 /// extension: `.sources` is deb822, anything else one-line) and its text.

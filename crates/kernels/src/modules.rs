@@ -26,8 +26,10 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::extract::{install_verified, sha256_file, walk_deb, InstallError};
-use super::{FetchOptions, KernelCache, KernelError, KernelPin};
+use crate::cache::{FetchOptions, KernelCache};
+use crate::error::KernelError;
+use crate::extract::{install_verified, sha256_file, walk_deb, InstallError};
+use crate::pin::KernelPin;
 
 /// Bumped when the manifest's meaning changes, so old sets are not reused.
 const MANIFEST_FORMAT: u32 = 1;

@@ -6,7 +6,7 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::KernelError;
+use crate::error::KernelError;
 
 /// One pinned Debian kernel build: which package, which exact bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,12 +4,15 @@
 use std::cmp::Ordering;
 use std::path::{Path, PathBuf};
 
-use super::apt::{AptState, PackageRecord, Trust};
-use super::extract::{
+use crate::apt::{AptState, PackageRecord, Trust};
+use crate::cache::{FetchOptions, KernelCache};
+use crate::error::KernelError;
+use crate::extract::{
     bzimage_release, image_release_from_path, install_verified, walk_deb, InstallError,
 };
-use super::pin::{parse_pin_file, series_key};
-use super::{compare_debian_versions, FetchOptions, KernelCache, KernelError, KernelPin};
+use crate::pin::KernelPin;
+use crate::pin::{parse_pin_file, series_key};
+use crate::version::compare_debian_versions;
 
 /// What a pin tracks: a series and flavour in one suite.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,7 +52,7 @@ pub fn update_pin(
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             // Name the valid ids, as `Catalog::get` does.
-            let valid = super::Catalog::load(catalog_dir)
+            let valid = crate::pin::Catalog::load(catalog_dir)
                 .map(|c| c.ids().join(", "))
                 .unwrap_or_else(|_| "none".into());
             return Err(KernelError::UnknownPin {
@@ -452,7 +455,7 @@ mod tests {
 #[cfg(test)]
 mod network_tests {
     use super::*;
-    use crate::Catalog;
+    use crate::pin::Catalog;
     use std::time::Instant;
 
     fn catalog_dir() -> PathBuf {

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Accel, Deadlines, Vm, VmConfig};
+use crate::config::{Accel, Deadlines, VmConfig};
+use crate::process::Vm;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AccelChoice {
@@ -146,7 +147,7 @@ pub fn choose(
     if let Err(e) = kvm_device_usable() {
         return Ok(AccelDecision::new(Accel::Tcg, format!("TCG: {e}")));
     }
-    let qemu_version = crate::qemu_version(qemu).unwrap_or_default();
+    let qemu_version = crate::config::qemu_version(qemu).unwrap_or_default();
     let cache_file = probe_cache_file(cache_dir, &qemu_version);
     if let Ok(text) = std::fs::read_to_string(&cache_file) {
         if let Ok(mut d) = serde_json::from_str::<AccelDecision>(&text) {
@@ -211,7 +212,7 @@ fn probe_boot(qemu: &Path, kernel: &Path, scratch: &Path) -> Result<(), String> 
         },
         data_channel: false,
         icount: false,
-        channel_limit: crate::DEFAULT_CHANNEL_LIMIT,
+        channel_limit: crate::session::DEFAULT_CHANNEL_LIMIT,
     };
     let mut vm = Vm::spawn(config).map_err(|e| e.to_string())?;
     let console = vm.console_path();

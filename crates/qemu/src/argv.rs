@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use crate::*;
+use crate::config::*;
 
 impl VmConfig {
     /// The QEMU argv (without the binary) for this guest, given the paths of

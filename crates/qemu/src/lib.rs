@@ -4,158 +4,18 @@
 //! when the [`Vm`] is dropped, and — through `PR_SET_PDEATHSIG` — when the
 //! harness itself dies, so no QEMU outlives the process that started it.
 
-use std::io;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Duration;
-
 pub mod accel;
 mod argv;
+mod config;
 mod console;
 mod process;
 mod qmp;
 mod session;
 
+pub use config::*;
 pub use console::*;
 pub use process::*;
 pub use session::*;
-
-/// Debian package that provides the QEMU binary.
-pub const QEMU_PACKAGE: &str = "qemu-system-x86";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Accel {
-    Kvm,
-    Tcg,
-}
-
-impl Accel {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Accel::Kvm => "kvm",
-            Accel::Tcg => "tcg",
-        }
-    }
-}
-
-impl std::fmt::Display for Accel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// How long each phase of a guest's life may take.
-#[derive(Debug, Clone, Copy)]
-pub struct Deadlines {
-    /// From QEMU start to the agent's hello.
-    pub boot: Duration,
-    /// Longest silence on the data channel once the agent said hello.
-    pub silence: Duration,
-    /// The whole run, boot included.
-    pub total: Duration,
-}
-
-impl Deadlines {
-    /// Defaults scaled for the accelerator: TCG is several times slower.
-    pub fn for_accel(accel: Accel) -> Self {
-        let scale = match accel {
-            Accel::Kvm => 1,
-            Accel::Tcg => 3,
-        };
-        let scale_env = std::env::var("KLOOP_DEADLINE_SCALE")
-            .ok()
-            .and_then(|s| s.parse::<u32>().ok())
-            .unwrap_or(1)
-            .max(1);
-        let s = scale * scale_env;
-        Deadlines {
-            boot: Duration::from_secs(20 * u64::from(s)),
-            silence: Duration::from_secs(10 * u64::from(s)),
-            total: Duration::from_secs(120 * u64::from(s)),
-        }
-    }
-}
-
-/// Everything needed to boot one guest.
-#[derive(Debug, Clone)]
-pub struct VmConfig {
-    pub qemu: PathBuf,
-    pub kernel: PathBuf,
-    pub initramfs: Option<PathBuf>,
-    pub accel: Accel,
-    pub cpus: u32,
-    pub memory_mib: u32,
-    /// Extra kernel command line words.
-    pub cmdline: Vec<String>,
-    /// Where console.log and data.bin are written; kept after the run.
-    pub artefacts: PathBuf,
-    pub deadlines: Deadlines,
-    /// Whether the guest uses the data channel (the KVM probe does not).
-    pub data_channel: bool,
-    /// Under TCG, `-icount shift=0,sleep=off`: the guest clock counts
-    /// instructions (1 ns each) and idle time is skipped, so timings measured
-    /// in the guest repeat from run to run. Ignored under KVM.
-    pub icount: bool,
-    /// Most bytes the host takes from the data channel in one session
-    /// ([`channel_limit`]); past it the session ends as infrastructure.
-    pub channel_limit: u64,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum VmError {
-    #[error("QEMU not found ({0}); install it with `apt-get install {QEMU_PACKAGE}` or point KLOOP_QEMU at a qemu-system-x86_64 binary")]
-    QemuMissing(String),
-    #[error("could not start QEMU `{qemu}`: {source}")]
-    Spawn {
-        qemu: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: io::Error,
-    },
-}
-
-fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> VmError {
-    let what = what.into();
-    move |source| VmError::Io { what, source }
-}
-
-/// Finds the QEMU binary: `KLOOP_QEMU`, else `qemu-system-x86_64` on PATH.
-pub fn find_qemu() -> Result<PathBuf, VmError> {
-    if let Some(p) = std::env::var_os("KLOOP_QEMU") {
-        let p = PathBuf::from(p);
-        return if p.is_file() {
-            Ok(p)
-        } else {
-            Err(VmError::QemuMissing(format!(
-                "KLOOP_QEMU={} does not exist",
-                p.display()
-            )))
-        };
-    }
-    find_in_path("qemu-system-x86_64")
-        .ok_or_else(|| VmError::QemuMissing("qemu-system-x86_64 is not on PATH".into()))
-}
-
-pub(crate) fn find_in_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
-/// `qemu-system-x86_64 --version`, first line.
-pub fn qemu_version(qemu: &Path) -> Option<String> {
-    let out = Command::new(qemu).arg("--version").output().ok()?;
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .next()
-        .map(|s| s.trim().to_string())
-}
 
 #[cfg(test)]
 mod tests;

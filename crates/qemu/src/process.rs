@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::*;
+use crate::config::*;
 
 /// A running QEMU. Dropping it kills QEMU and reaps it.
 pub struct Vm {

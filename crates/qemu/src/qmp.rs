@@ -4,7 +4,7 @@ use std::io::{self};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use crate::*;
+use crate::process::Vm;
 
 impl Vm {
     pub(crate) fn qmp_connect(&self) -> io::Result<UnixStream> {

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use kloop_protocol::frame::HEADER_LEN;
 use kloop_protocol::{FrameDecoder, FrameKind, Message, RecordsHeader};
 
-use crate::*;
+use crate::config::*;
+use crate::process::Vm;
 
 /// Default for [`VmConfig::channel_limit`]: 256 MiB. The largest stream
 /// kloop's own plans send (the 100,000-record load test) is about 15 MiB.
@@ -63,16 +64,6 @@ pub(crate) fn parse_size(v: &str) -> Option<u64> {
 /// for the port lock before it writes over a frame it cut) before it ends
 /// the session as a protocol error.
 pub const PROTOCOL_ERROR_GRACE: Duration = Duration::from_secs(3);
-
-/// After the data channel closes, how long QEMU gets to exit.
-pub const EXIT_AFTER_CLOSE: Duration = Duration::from_secs(2);
-
-/// After the agent's last frame (`Done`, `AgentError`), how long it gets
-/// to power the VM off before QEMU is shut down.
-pub const POWER_OFF_WAIT: Duration = Duration::from_secs(10);
-
-/// How long a QMP `quit` gets before QEMU is killed.
-pub const QUIT_WAIT: Duration = Duration::from_secs(2);
 
 impl Vm {
     /// Waits for QEMU to connect to the data socket.

@@ -18,11 +18,12 @@
 
 use std::collections::BTreeMap;
 
-use kloop_protocol::{Plan, Step};
-use serde::Deserialize;
+use kloop_protocol::Plan;
 
 use crate::judge::check::{Analysis, Model, Violation};
 use crate::judge::evidence::RunEvidence;
+use crate::scenario::expectation::matching_steps;
+pub use crate::scenario::expectation::{Expectation, KsymKind};
 use kloop_records::{Record, RecordBody, BPF_EVENT_PROG_UNLOAD};
 
 /// Rule names of expectation violations.
@@ -34,170 +35,6 @@ pub mod rule {
     pub const UNLOAD_AFTER: &str = "expect-unload-after";
 
     pub const ALL: &[&str] = &[SYMBOL, FILE, COUNTER, ATTACHED, UNLOAD_AFTER];
-}
-
-fn one() -> u32 {
-    1
-}
-
-/// One `[[expect]]` table.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum Expectation {
-    Symbol {
-        prefix: String,
-        /// `bpf` or `ool`.
-        #[serde(default)]
-        ksym_type: Option<KsymKind>,
-        #[serde(default = "one")]
-        min_registers: u32,
-        #[serde(default)]
-        max_registers: Option<u32>,
-        #[serde(default)]
-        unregistered: bool,
-        #[serde(default)]
-        pins: Vec<String>,
-    },
-    File {
-        label: String,
-        #[serde(default)]
-        contains: Vec<String>,
-        #[serde(default)]
-        lacks: Vec<String>,
-        #[serde(default)]
-        pins: Vec<String>,
-    },
-    Counter {
-        label: String,
-        map: String,
-        #[serde(default)]
-        key: u32,
-        #[serde(default)]
-        min: Option<u64>,
-        #[serde(default)]
-        max: Option<u64>,
-        #[serde(default)]
-        equals: Option<u64>,
-        #[serde(default)]
-        pins: Vec<String>,
-    },
-    Attached {
-        link: String,
-        #[serde(default)]
-        contains: Vec<String>,
-        #[serde(default)]
-        pins: Vec<String>,
-    },
-    UnloadAfter {
-        label: String,
-        step: toml::Table,
-        #[serde(default)]
-        pins: Vec<String>,
-    },
-}
-
-/// A KSYMBOL type by the name scenario files use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum KsymKind {
-    Bpf,
-    Ool,
-}
-
-impl KsymKind {
-    fn raw(self) -> u16 {
-        match self {
-            KsymKind::Bpf => kloop_records::KSYM_TYPE_BPF,
-            KsymKind::Ool => kloop_records::KSYM_TYPE_OOL,
-        }
-    }
-}
-
-impl Expectation {
-    fn pins(&self) -> &[String] {
-        match self {
-            Expectation::Symbol { pins, .. }
-            | Expectation::File { pins, .. }
-            | Expectation::Counter { pins, .. }
-            | Expectation::Attached { pins, .. }
-            | Expectation::UnloadAfter { pins, .. } => pins,
-        }
-    }
-
-    /// Refuses an expectation that can never be met by this plan (checked
-    /// when the scenario loads, so a typo fails before any VM boots).
-    pub fn validate(&self, steps: &[Step]) -> Result<(), String> {
-        match self {
-            Expectation::Symbol {
-                prefix,
-                min_registers,
-                max_registers,
-                ..
-            } => {
-                if prefix.is_empty() {
-                    return Err("symbol: empty prefix matches every symbol".into());
-                }
-                if max_registers.is_some_and(|m| m < *min_registers) {
-                    return Err("symbol: max_registers < min_registers".into());
-                }
-            }
-            Expectation::File { label, .. } => {
-                if !steps
-                    .iter()
-                    .any(|s| matches!(s, Step::ReadFile { label: l, .. } if l == label))
-                {
-                    return Err(format!("file: no read-file step has label {label:?}"));
-                }
-            }
-            Expectation::Counter {
-                label, map, key, ..
-            } => {
-                if !steps.iter().any(|s| {
-                    matches!(s, Step::ReadCounter { label: l, map: m, key: k }
-                        if l == label && m == map && k == key)
-                }) {
-                    return Err(format!(
-                        "counter: no read-counter step reads {label:?} {map:?}[{key}]"
-                    ));
-                }
-            }
-            Expectation::Attached { link, .. } => {
-                if !steps
-                    .iter()
-                    .any(|s| matches!(s, Step::Attach { link: l, .. } if l == link))
-                {
-                    return Err(format!("attached: no attach step makes link {link:?}"));
-                }
-            }
-            Expectation::UnloadAfter { step, .. } => {
-                let n = matching_steps(steps, step)?.len();
-                if n != 1 {
-                    return Err(format!(
-                        "unload-after: {n} steps match {step}, it must name exactly one"
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Indexes of the plan's steps whose fields include every key of `partial`
-/// with an equal value.
-fn matching_steps(steps: &[Step], partial: &toml::Table) -> Result<Vec<usize>, String> {
-    let want = serde_json::to_value(partial).map_err(|e| format!("step table: {e}"))?;
-    let want = want.as_object().cloned().unwrap_or_default();
-    Ok(steps
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| {
-            let Ok(serde_json::Value::Object(have)) = serde_json::to_value(s) else {
-                return false;
-            };
-            want.iter().all(|(k, v)| have.get(k) == Some(v))
-        })
-        .map(|(i, _)| i)
-        .collect())
 }
 
 /// Checks every expectation that applies to `pin` (`None`: a kernel with no
@@ -509,6 +346,8 @@ mod tests {
     use crate::judge::check::analyse;
     use crate::judge::check::testrun::{evidence, good_script, Ev};
     use crate::judge::evidence::{CounterValue, FileSnapshot};
+    use kloop_protocol::Step;
+    use serde::Deserialize;
 
     fn plan(steps: Vec<Step>) -> Plan {
         Plan {

@@ -461,7 +461,7 @@ review_by = "2020-01-01"
     fn the_committed_ledger_is_valid() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
         let catalog = kloop_kernels::Catalog::load(&root.join("kernels")).unwrap();
-        let scenarios = crate::run::scenario::load_all(&root.join("scenarios")).unwrap();
+        let scenarios = crate::scenario::load_all(&root.join("scenarios")).unwrap();
         let vocab = Vocabulary {
             pins: catalog.pins().iter().map(|p| p.id.clone()).collect(),
             rules: rule_names().into_iter().map(String::from).collect(),

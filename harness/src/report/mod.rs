@@ -142,43 +142,6 @@ pub fn not_passed_lines(results: &[TrialResult]) -> Vec<String> {
         .collect()
 }
 
-/// Median and range of a handful of timings.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Spread {
-    pub median: f64,
-    pub min: f64,
-    pub max: f64,
-    pub n: usize,
-}
-
-impl Spread {
-    pub fn of(values: &[f64]) -> Option<Spread> {
-        if values.is_empty() {
-            return None;
-        }
-        let mut v = values.to_vec();
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        let median = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
-        Some(Spread {
-            median,
-            min: v[0],
-            max: v[n - 1],
-            n,
-        })
-    }
-}
-
-impl std::fmt::Display for Spread {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:.2} ({:.2}-{:.2})", self.median, self.min, self.max)
-    }
-}
-
 fn jsonl(results: &[TrialResult]) -> std::io::Result<String> {
     let mut out = String::new();
     for r in results {
@@ -221,18 +184,6 @@ mod tests {
             artefacts: "/tmp/a".into(),
             notes: Vec::new(),
         }
-    }
-
-    #[test]
-    fn spread_median_even_and_odd() {
-        let s = Spread::of(&[3.0, 1.0, 2.0]).unwrap();
-        assert_eq!((s.median, s.min, s.max, s.n), (2.0, 1.0, 3.0, 3));
-        assert_eq!(Spread::of(&[4.0, 1.0, 2.0, 3.0]).unwrap().median, 2.5);
-        assert!(Spread::of(&[]).is_none());
-        assert_eq!(
-            Spread::of(&[1.0, 2.0]).unwrap().to_string(),
-            "1.50 (1.00-2.00)"
-        );
     }
 
     #[test]

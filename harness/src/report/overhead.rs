@@ -319,3 +319,45 @@ pub fn write_run_report(
     std::fs::write(&plot, svg(&trials).map_err(std::io::Error::other)?)?;
     Ok(Some((md, plot)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::judge::overhead::tests::sample_points;
+
+    #[test]
+    fn report_has_table_and_plot() {
+        let points = sample_points();
+        let t = TrialOverhead {
+            kernel: "6.1".into(),
+            budget_pin: Some("6.1".into()),
+            guest_release: "6.1.0-x".into(),
+            clock: Clock::Icount,
+            figures: figures(&points),
+            sensitivity: sensitivity(&points, 0.01),
+            points,
+            rows: Vec::new(),
+            median_tolerance: 0.01,
+        };
+        let md = markdown("r1", std::slice::from_ref(&t));
+        assert!(
+            md.contains(
+                "| basic | 1 | 8 | 3 | 124 | 3 | 0 | 124–130 | 1.2400 | 90 | 0 | 0 | 90–90 | 9.0000 |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("basic load: 0→1 listener +3.00% (3.0× the ±1.00% band)"),
+            "{md}"
+        );
+        let svg = svg(&[t]).unwrap();
+        assert!(svg.starts_with("<svg"), "{}", &svg[..100]);
+        assert!(svg.contains("6.1 basic (1 fn)"));
+        let dir = tempfile::tempdir().unwrap();
+        assert!(
+            write_run_report(dir.path(), "r1", &[dir.path().join("none")])
+                .unwrap()
+                .is_none()
+        );
+    }
+}

@@ -9,9 +9,8 @@ use kloop_protocol::{ListenerSpec, Message, Plan, Step};
 
 use crate::judge::evidence::RunEvidence;
 
-use crate::report::Spread;
-use crate::run::scenario::Scenario;
 use crate::run::trial::TrialResult;
+use crate::scenario::Scenario;
 
 /// `PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU`, the recording
 /// listeners' trailer in every scenario.
@@ -164,6 +163,43 @@ impl Throughput {
     }
 }
 
+/// Median and range of a handful of timings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub n: usize,
+}
+
+impl Spread {
+    pub fn of(values: &[f64]) -> Option<Spread> {
+        if values.is_empty() {
+            return None;
+        }
+        let mut v = values.to_vec();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Some(Spread {
+            median,
+            min: v[0],
+            max: v[n - 1],
+            n,
+        })
+    }
+}
+
+impl std::fmt::Display for Spread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.2} ({:.2}-{:.2})", self.median, self.min, self.max)
+    }
+}
+
 /// Median and range of each phase over a set of results of one trial.
 #[derive(Debug, Clone, Default)]
 pub struct PhaseSpreads {
@@ -194,5 +230,22 @@ impl PhaseSpreads {
             qemu_cpu_to_hello: col(&|p| p.qemu_cpu_to_hello),
             qemu_cpu_agent: col(&|p| p.qemu_cpu_agent),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_median_even_and_odd() {
+        let s = Spread::of(&[3.0, 1.0, 2.0]).unwrap();
+        assert_eq!((s.median, s.min, s.max, s.n), (2.0, 1.0, 3.0, 3));
+        assert_eq!(Spread::of(&[4.0, 1.0, 2.0, 3.0]).unwrap().median, 2.5);
+        assert!(Spread::of(&[]).is_none());
+        assert_eq!(
+            Spread::of(&[1.0, 2.0]).unwrap().to_string(),
+            "1.50 (1.00-2.00)"
+        );
     }
 }

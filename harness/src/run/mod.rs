@@ -1,8 +1,7 @@
-//! Running: scenarios into plans, one trial from kernel image to verdict,
+//! Running: one trial from kernel image to verdict,
 //! suites of trials on parallel VMs, repeats, and the signals that stop
 //! them. Uses the judging room and the crates below; reports nothing itself.
 //!
-//! - [`scenario`]: `scenarios/<name>/scenario.toml` → a plan;
 //! - [`agent`]: builds the static guest agent;
 //! - [`initramfs`] and [`payload`]: what goes into the guest;
 //! - [`trial`]: one kernel × scenario → [`trial::Verdict`];
@@ -15,7 +14,6 @@ pub mod bench;
 pub mod initramfs;
 pub mod payload;
 pub mod repeat;
-pub mod scenario;
 pub mod signals;
 pub mod suite;
 pub mod trial;

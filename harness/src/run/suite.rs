@@ -6,8 +6,8 @@
 
 use std::path::PathBuf;
 
-use crate::run::scenario::{self, Scenario};
 use crate::run::trial::{KernelUnderTest, TrialEnv};
+use crate::scenario::{self, Scenario};
 use kloop_kernels::{Catalog, FetchOptions, KernelCache};
 use kloop_qemu::accel::{self, AccelChoice};
 

@@ -29,7 +29,7 @@ use kloop_protocol::Step;
 use serde::{Deserialize, Serialize};
 
 use crate::judge::evidence::{RunEvidence, Timings};
-use crate::run::scenario::Scenario;
+use crate::scenario::Scenario;
 use kloop_qemu::Accel;
 
 /// Set (to anything) by `cargo xtask bless --overhead`: trials write their
@@ -241,4 +241,4 @@ pub fn collect(artefacts: &[PathBuf]) -> Vec<TrialOverhead> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -32,7 +32,7 @@ fn stats_median_quartiles_mad() {
     assert_eq!((s.median, s.mad, s.max), (102.0, 1.0, 1_000_000));
 }
 
-fn sample_points() -> Vec<Point> {
+pub(crate) fn sample_points() -> Vec<Point> {
     [
         timings("basic", 1, 0, &[100, 100, 102], &[10, 10, 10]),
         timings("basic", 1, 1, &[103, 103, 104], &[20, 20, 21]),
@@ -355,41 +355,4 @@ fn icount_reaches_qemu_argv_under_tcg_only() {
     cfg.icount = true;
     cfg.accel = Accel::Kvm;
     assert!(!argv(&cfg).contains(&"-icount".to_string()));
-}
-
-#[test]
-fn report_has_table_and_plot() {
-    use crate::report::overhead::{markdown, svg, write_run_report};
-    let points = sample_points();
-    let t = TrialOverhead {
-        kernel: "6.1".into(),
-        budget_pin: Some("6.1".into()),
-        guest_release: "6.1.0-x".into(),
-        clock: Clock::Icount,
-        figures: figures(&points),
-        sensitivity: sensitivity(&points, 0.01),
-        points,
-        rows: Vec::new(),
-        median_tolerance: 0.01,
-    };
-    let md = markdown("r1", std::slice::from_ref(&t));
-    assert!(
-        md.contains(
-            "| basic | 1 | 8 | 3 | 124 | 3 | 0 | 124–130 | 1.2400 | 90 | 0 | 0 | 90–90 | 9.0000 |"
-        ),
-        "{md}"
-    );
-    assert!(
-        md.contains("basic load: 0→1 listener +3.00% (3.0× the ±1.00% band)"),
-        "{md}"
-    );
-    let svg = svg(&[t]).unwrap();
-    assert!(svg.starts_with("<svg"), "{}", &svg[..100]);
-    assert!(svg.contains("6.1 basic (1 fn)"));
-    let dir = tempfile::tempdir().unwrap();
-    assert!(
-        write_run_report(dir.path(), "r1", &[dir.path().join("none")])
-            .unwrap()
-            .is_none()
-    );
 }

@@ -139,7 +139,7 @@ fn real_7_3() -> (RunEvidence, Vec<Step>) {
             .collect();
     let ring = std::fs::read(format!("{dir}/records-0.bin")).unwrap();
     let ev = RunEvidence::from_messages(&messages, BTreeMap::from([(0, ring)]));
-    let scenario = crate::run::scenario::Scenario::load(std::path::Path::new(concat!(
+    let scenario = crate::scenario::Scenario::load(std::path::Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../scenarios/perf-tool"
     )))

@@ -10,7 +10,7 @@ use kloop_qemu::{Deadlines, VmConfig};
 use super::{BootEntry, KernelUnderTest, TrialEnv, Verdict};
 use crate::run::initramfs::Initramfs;
 use crate::run::payload::Payload;
-use crate::run::scenario::Scenario;
+use crate::scenario::Scenario;
 
 /// Everything a trial needs before QEMU starts; `Err` is the trial's
 /// (infrastructure) verdict when something cannot be had.

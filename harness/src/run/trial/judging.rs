@@ -9,7 +9,7 @@ use kloop_qemu::GuestSession;
 use super::{evidence_from, KernelUnderTest, TrialEnv, TrialResult, Verdict, KNOWN_PREFIX};
 use crate::judge::evidence::RunEvidence;
 use crate::judge::snapshot::{self, SnapshotOutcome};
-use crate::run::scenario::Scenario;
+use crate::scenario::Scenario;
 
 /// The verdict of a completed session's evidence.
 pub(super) fn judge(

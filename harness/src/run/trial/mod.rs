@@ -20,7 +20,7 @@ use kloop_protocol::Message;
 use kloop_qemu::{Deadlines, GuestSession, Vm};
 
 use crate::judge::evidence::RunEvidence;
-use crate::run::scenario::Scenario;
+use crate::scenario::Scenario;
 use kloop_kernels::{KernelCache, KernelPin};
 use kloop_qemu::accel::AccelDecision;
 

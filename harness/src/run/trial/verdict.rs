@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::{KernelUnderTest, TrialEnv};
-use crate::run::scenario::Scenario;
+use crate::scenario::Scenario;
 
 /// How a trial ended. Only `Ok` is a pass; `Skipped` and `Known` are not
 /// passes either, but they do not fail a run.

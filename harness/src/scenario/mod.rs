@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 
 use kloop_protocol::{Plan, Requirement, Step};
 
-use crate::judge::expect::Expectation;
+pub mod expectation;
+
+use expectation::Expectation;
 
 use serde::Deserialize;
 
