@@ -2,7 +2,8 @@
 # Installs the system packages kloop needs on a Debian (or Debian-based) host:
 # QEMU to boot kernels, clang to compile the BPF fixtures, dpkg-deb and
 # apt-get (present on every Debian) to fetch and unpack kernel packages,
-# and perf (linux-perf), which the perf-tool scenario ships into the guest
+# python3 for the import-cycle check (ci/module-cycles.py, run by
+# harness/tests/layout.rs), and perf (linux-perf), which the perf-tool scenario ships into the guest
 # with its libraries as a second reader of the records.
 # Idempotent: packages already installed are left alone.
 set -euo pipefail
@@ -13,6 +14,7 @@ command -v clang >/dev/null 2>&1 || need+=(clang)
 command -v dpkg-deb >/dev/null 2>&1 || need+=(dpkg)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
 [ -x /usr/bin/perf ] || need+=(linux-perf)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
 
 if [ ${#need[@]} -eq 0 ]; then
   echo "kloop setup: all system packages present"
