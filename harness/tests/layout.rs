@@ -22,8 +22,8 @@ fn no_module_imports_another_in_a_cycle() {
         .args(&srcs)
         .output()
         .expect("running python3 ci/module-cycles.py (install python3: ci/setup.sh does)");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned()
-        + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "import cycles:\n{text}");
     assert_eq!(
         text.matches("no cycle").count(),

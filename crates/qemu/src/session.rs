@@ -117,6 +117,7 @@ impl Vm {
             Err(end) => end,
         };
         session.qemu_peak_rss_kib = self.peak_rss_kib();
+        session.qemu_cpu_at_end = self.cpu_secs();
         let end = match end {
             SessionEnd::Done | SessionEnd::AgentError(_) => {
                 // The agent powers off after its last frame.
@@ -272,6 +273,10 @@ pub struct GuestSession {
     /// CPU seconds QEMU had used when the hello / done frame arrived.
     pub qemu_cpu_at_hello: Option<f64>,
     pub qemu_cpu_at_done: Option<f64>,
+    /// CPU seconds QEMU had used when the session ended, read before QEMU
+    /// is stopped: tells a guest that a loaded host starved (little CPU)
+    /// from one that hung (spinning: much; halted: little, with the host idle).
+    pub qemu_cpu_at_end: Option<f64>,
     pub wall: Duration,
     pub bytes: u64,
     pub end: Option<SessionEnd>,

@@ -20,6 +20,15 @@ pub(super) fn session_verdict(session: &GuestSession, artefacts: &Path) -> Optio
             kloop_qemu::console_tail(&console, 30)
         )
     };
+    // For a deadline: how much QEMU ran while the host waited.
+    let ran = |waited: f64| {
+        match session.qemu_cpu_at_end {
+        Some(cpu) => format!(
+            "; QEMU ran {cpu:.1} CPU-second(s) in the {waited:.1} s (a guest a loaded host starves runs little of it, a hung guest that spins runs most of it)"
+        ),
+        None => String::new(),
+    }
+    };
     let end = session.end.clone().unwrap_or(SessionEnd::Infrastructure(
         "session ended without a reason".into(),
     ));
@@ -64,23 +73,26 @@ pub(super) fn session_verdict(session: &GuestSession, artefacts: &Path) -> Optio
         }
         SessionEnd::BootTimeout(d) => {
             Some(Verdict::Timeout(format!(
-                "boot timeout: the guest agent did not say hello within {} s\n{}",
+                "boot timeout: the guest agent did not say hello within {} s{}\n{}",
                 d.as_secs_f64(),
+                ran(session.wall.as_secs_f64()),
                 tail()
             )))
         }
         SessionEnd::Silent(d) => {
             Some(Verdict::Timeout(format!(
-                "the guest agent went silent (no frame, not even a heartbeat, for {} s); VM killed\n{}\n{}",
+                "the guest agent went silent (no frame, not even a heartbeat, for {} s); VM killed{}\n{}\n{}",
                 d.as_secs_f64(),
+                ran(session.wall.as_secs_f64()),
                 last_report(&session.messages),
                 tail()
             )))
         }
         SessionEnd::TotalTimeout(d) => {
             Some(Verdict::Timeout(format!(
-                "the trial exceeded its {} s deadline; VM killed\n{}\n{}",
+                "the trial exceeded its {} s deadline; VM killed{}\n{}\n{}",
                 d.as_secs_f64(),
+                ran(session.wall.as_secs_f64()),
                 last_report(&session.messages),
                 tail()
             )))
