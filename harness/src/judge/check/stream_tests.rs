@@ -95,6 +95,16 @@ fn dump(a: &Analysis) -> String {
     a.violations.iter().map(|v| format!("{v}\n")).collect()
 }
 
+/// `programs-accounted` fired with a message containing `needle`.
+fn assert_unaccounted(a: &Analysis, needle: &str) {
+    assert!(
+        a.of_rule(rule::PROGRAMS_ACCOUNTED)
+            .any(|v| v.message.contains(needle)),
+        "{}",
+        dump(a)
+    );
+}
+
 #[test]
 fn storm_programs_are_accounted() {
     let mut ev = ev_of(&[(0, 0), (1, 1)], &storm_script());
@@ -180,12 +190,7 @@ fn another_tasks_unload_between_register_and_load_is_accounted() {
     );
     ev.batches = vec![batch(vec![50, 51], None)];
     let a = analyse(&ev);
-    assert!(
-        a.of_rule(rule::PROGRAMS_ACCOUNTED)
-            .any(|v| v.message.contains("program id 51")),
-        "{}",
-        dump(&a)
-    );
+    assert_unaccounted(&a, "program id 51");
 }
 
 #[test]
@@ -196,13 +201,9 @@ fn pinned_loader_split_across_rings_fails() {
     let mut ev = ev_of(&[(0, 0), (1, 1)], &s);
     ev.batches = vec![batch(vec![50], Some(0))];
     let a = analyse(&ev);
-    assert!(
-        a.of_rule(rule::PROGRAMS_ACCOUNTED)
-            .any(|v| v.message.contains(
-                "only 0 record(s) before its PROG_LOAD from its loading task (tid 1) in its ring"
-            )),
-        "{}",
-        dump(&a)
+    assert_unaccounted(
+        &a,
+        "only 0 record(s) before its PROG_LOAD from its loading task (tid 1) in its ring",
     );
 }
 
@@ -232,12 +233,7 @@ fn storm_program_missing_its_unload_is_a_violation() {
     ev.batches = vec![batch(vec![50, 51, 52], None)];
     let a = analyse(&ev);
     assert!(rules(&a).contains(rule::PROGRAMS_ACCOUNTED), "{}", dump(&a));
-    assert!(
-        a.of_rule(rule::PROGRAMS_ACCOUNTED)
-            .any(|v| v.message.contains("id 52: no PROG_UNLOAD")),
-        "{}",
-        dump(&a)
-    );
+    assert_unaccounted(&a, "id 52: no PROG_UNLOAD");
 }
 
 #[test]
