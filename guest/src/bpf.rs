@@ -119,15 +119,17 @@ pub fn prog_info(fd: BorrowedFd<'_>) -> Result<ProgInfo> {
     let mut jited_func_lens = vec![0u32; info.nr_jited_func_lens as usize];
     let mut func_tags = vec![[0u8; 8]; info.nr_prog_tags as usize];
     if !jited_ksyms.is_empty() || !jited_func_lens.is_empty() || !func_tags.is_empty() {
-        let mut second = bpf_prog_info {
-            nr_jited_ksyms: jited_ksyms.len() as u32,
-            jited_ksyms: jited_ksyms.as_mut_ptr() as u64,
-            nr_jited_func_lens: jited_func_lens.len() as u32,
-            jited_func_lens: jited_func_lens.as_mut_ptr() as u64,
-            nr_prog_tags: func_tags.len() as u32,
-            prog_tags: func_tags.as_mut_ptr() as u64,
-            ..zeroed_prog_info()
-        };
+        // Field by field into a zeroed struct: a struct literal with
+        // `..zeroed()` may leave its padding uninitialised, and a kernel
+        // whose bpf_prog_info is shorter (5.10) refuses a tail that is not
+        // all zeroes with E2BIG (bpf_check_uarg_tail_zero).
+        let mut second = zeroed_prog_info();
+        second.nr_jited_ksyms = jited_ksyms.len() as u32;
+        second.jited_ksyms = jited_ksyms.as_mut_ptr() as u64;
+        second.nr_jited_func_lens = jited_func_lens.len() as u32;
+        second.jited_func_lens = jited_func_lens.as_mut_ptr() as u64;
+        second.nr_prog_tags = func_tags.len() as u32;
+        second.prog_tags = func_tags.as_mut_ptr() as u64;
         info_by_fd(fd, &mut second).os_ctx("BPF_OBJ_GET_INFO_BY_FD (jited_ksyms)")?;
         if second.id != info.id {
             bail!(
