@@ -198,53 +198,32 @@ fn lz4_legacy(mut data: &[u8], expected: usize) -> Result<Vec<u8>, String> {
 }
 
 /// Whether an ELF64 (little-endian) has a `PT_NOTE` with a Xen note of
-/// type `XEN_ELFNOTE_PHYS32_ENTRY`.
+/// type `XEN_ELFNOTE_PHYS32_ENTRY`, read with the `object` crate.
 pub fn has_pvh_entry(elf: &[u8]) -> bool {
-    let u16_at = |at: usize| {
-        elf.get(at..at + 2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]))
-    };
-    let u32_at = |at: usize| {
-        elf.get(at..at + 4)
-            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-    };
-    let u64_at = |at: usize| {
-        elf.get(at..at + 8)
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
-    };
-    if !elf.starts_with(b"\x7fELF\x02\x01") {
-        return false;
-    }
-    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
-    else {
+    use object::elf::FileHeader64;
+    use object::read::elf::{FileHeader, ProgramHeader};
+    use object::LittleEndian;
+
+    let Ok(header) = FileHeader64::<LittleEndian>::parse(elf) else {
         return false;
     };
-    for i in 0..usize::from(phnum) {
-        let ph = phoff + i * usize::from(phentsize);
-        const PT_NOTE: u32 = 4;
-        if u32_at(ph) != Some(PT_NOTE) {
-            continue;
-        }
-        let (Some(off), Some(size)) = (u64_at(ph + 8), u64_at(ph + 32)) else {
-            continue;
+    let Ok(endian) = header.endian() else {
+        return false;
+    };
+    let Ok(headers) = header.program_headers(endian, elf) else {
+        return false;
+    };
+    headers.iter().any(|ph| {
+        let Ok(Some(mut notes)) = ph.notes(endian, elf) else {
+            return false;
         };
-        let end = off.saturating_add(size).min(elf.len());
-        let mut at = off;
-        while at + 12 <= end {
-            let (Some(namesz), Some(descsz), Some(kind)) =
-                (u32_at(at), u32_at(at + 4), u32_at(at + 8))
-            else {
-                break;
-            };
-            let name = elf.get(at + 12..at + 12 + namesz as usize).unwrap_or(&[]);
-            if kind == XEN_ELFNOTE_PHYS32_ENTRY && name.starts_with(b"Xen") {
+        while let Ok(Some(note)) = notes.next() {
+            if note.n_type(endian) == XEN_ELFNOTE_PHYS32_ENTRY && note.name().starts_with(b"Xen") {
                 return true;
             }
-            let pad = |n: u32| (n as usize).div_ceil(4) * 4;
-            at += 12 + pad(namesz) + pad(descsz);
         }
-    }
-    false
+        false
+    })
 }
 
 #[cfg(test)]
@@ -255,7 +234,8 @@ mod tests {
     /// (built from the ELF layout, not taken from a kernel).
     fn elf_with_note(name: &[u8], kind: u32) -> Vec<u8> {
         let mut e = vec![0u8; 0x40 + 0x38];
-        e[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        // Magic, ELFCLASS64, ELFDATA2LSB, EV_CURRENT.
+        e[..7].copy_from_slice(b"\x7fELF\x02\x01\x01");
         e[0x20..0x28].copy_from_slice(&0x40u64.to_le_bytes());
         e[0x36..0x38].copy_from_slice(&0x38u16.to_le_bytes());
         e[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());

@@ -107,25 +107,12 @@ pub fn build(
     Ok(bin)
 }
 
-/// True if the ELF file has no PT_INTERP program header (no dynamic loader).
+/// True if the file is an x86-64 ELF with no PT_INTERP program header (no
+/// dynamic loader).
 fn is_static_elf(path: &Path) -> bool {
-    let Ok(bytes) = std::fs::read(path) else {
-        return false;
-    };
-    if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 {
-        return false;
-    }
-    let u16_at = |o: usize| u16::from_le_bytes([bytes[o], bytes[o + 1]]) as usize;
-    let phoff = u64::from_le_bytes(bytes[32..40].try_into().unwrap()) as usize;
-    let phentsize = u16_at(54);
-    let phnum = u16_at(56);
-    (0..phnum).all(|i| {
-        let off = phoff + i * phentsize;
-        match bytes.get(off..off + 4) {
-            Some(t) => u32::from_le_bytes(t.try_into().unwrap()) != 3, // PT_INTERP
-            None => false,
-        }
-    })
+    std::fs::read(path)
+        .ok()
+        .is_some_and(|bytes| matches!(crate::run::payload::elf_interpreter(&bytes), Ok(None)))
 }
 
 #[cfg(test)]

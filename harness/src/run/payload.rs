@@ -215,48 +215,33 @@ pub fn binary_payload(binary: &Path, guest_path: &str) -> Result<Payload, Payloa
     Ok(Payload { files })
 }
 
-/// The `PT_INTERP` path of a 64-bit little-endian ELF file (`None` for a
-/// static binary).
+/// The `PT_INTERP` path of a 64-bit little-endian x86-64 ELF file (`None`
+/// for a static binary), read with the `object` crate.
 pub fn elf_interpreter(elf: &[u8]) -> Result<Option<String>, String> {
-    const PT_INTERP: u32 = 3;
-    if elf.get(..4) != Some(b"\x7fELF") {
-        return Err("no ELF magic".into());
+    use object::elf::{FileHeader64, EM_X86_64, PT_INTERP};
+    use object::read::elf::{FileHeader, ProgramHeader};
+    use object::LittleEndian;
+
+    let header = FileHeader64::<LittleEndian>::parse(elf)
+        .map_err(|e| format!("not a 64-bit little-endian ELF file: {e}"))?;
+    let endian = header
+        .endian()
+        .map_err(|e| format!("not a 64-bit little-endian ELF file: {e}"))?;
+    let machine = header.e_machine(endian);
+    if machine != EM_X86_64 {
+        return Err(format!("e_machine is {machine}, not x86_64 ({EM_X86_64})"));
     }
-    if elf.get(4) != Some(&2) || elf.get(5) != Some(&1) {
-        return Err("not a 64-bit little-endian ELF file".into());
-    }
-    let u16_at = |o: usize| -> Result<u16, String> {
-        elf.get(o..o + 2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]))
-            .ok_or_else(|| format!("truncated at {o:#x}"))
-    };
-    let u32_at = |o: usize| -> Result<u32, String> {
-        elf.get(o..o + 4)
-            .map(|b| u32::from_le_bytes(b.try_into().unwrap_or([0; 4])))
-            .ok_or_else(|| format!("truncated at {o:#x}"))
-    };
-    let u64_at = |o: usize| -> Result<u64, String> {
-        elf.get(o..o + 8)
-            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
-            .ok_or_else(|| format!("truncated at {o:#x}"))
-    };
-    let machine = u16_at(18)?;
-    if machine != 62 {
-        return Err(format!("e_machine is {machine}, not x86_64 (62)"));
-    }
-    let phoff = usize::try_from(u64_at(32)?).map_err(|_| "e_phoff out of range".to_string())?;
-    let phentsize = usize::from(u16_at(54)?);
-    let phnum = usize::from(u16_at(56)?);
-    for i in 0..phnum {
-        let ph = phoff + i * phentsize;
-        if u32_at(ph)? != PT_INTERP {
-            continue;
-        }
-        let off = usize::try_from(u64_at(ph + 8)?).map_err(|_| "p_offset out of range")?;
-        let size = usize::try_from(u64_at(ph + 32)?).map_err(|_| "p_filesz out of range")?;
-        let raw = elf
-            .get(off..off.saturating_add(size))
-            .ok_or_else(|| format!("PT_INTERP at {off:#x}+{size} runs past the file"))?;
+    let headers = header
+        .program_headers(endian, elf)
+        .map_err(|e| format!("program headers: {e}"))?;
+    if let Some(ph) = headers.iter().find(|ph| ph.p_type(endian) == PT_INTERP) {
+        let raw = ph.data(endian, elf).map_err(|()| {
+            format!(
+                "PT_INTERP at {:#x}+{} runs past the file",
+                ph.p_offset(endian),
+                ph.p_filesz(endian)
+            )
+        })?;
         let path = raw.split(|b| *b == 0).next().unwrap_or_default();
         let path = std::str::from_utf8(path).map_err(|_| "PT_INTERP is not UTF-8")?;
         if !path.starts_with('/') {
