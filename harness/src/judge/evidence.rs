@@ -99,6 +99,25 @@ pub struct Batch {
 
 impl Batch {
     /// `storm` or `concurrent cpu N`.
+    /// A batch as a `StormDone` or `Loads` message reports it.
+    fn new(
+        fixture: &str,
+        program: &str,
+        functions: u32,
+        ids: &[u32],
+        cpu: Option<u32>,
+        lookups: Option<Lookups>,
+    ) -> Batch {
+        Batch {
+            fixture: fixture.to_string(),
+            program: program.to_string(),
+            functions,
+            ids: ids.to_vec(),
+            cpu,
+            lookups,
+        }
+    }
+
     pub fn what(&self) -> String {
         match self.cpu {
             Some(c) => format!("concurrent {}/{} on CPU {c}", self.fixture, self.program),
@@ -228,29 +247,29 @@ impl RunEvidence {
                     program,
                     functions,
                     ids,
-                } => ev.batches.push(Batch {
-                    fixture: fixture.clone(),
-                    program: program.clone(),
-                    functions: *functions,
-                    ids: ids.clone(),
-                    cpu: None,
+                } => ev.batches.push(Batch::new(
+                    fixture,
+                    program,
+                    *functions,
+                    ids,
+                    None,
                     // A storm with lookups sends them right before its StormDone.
-                    lookups: pending_lookups.take(),
-                }),
+                    pending_lookups.take(),
+                )),
                 Message::Loads {
                     cpu,
                     fixture,
                     program,
                     functions,
                     ids,
-                } => ev.batches.push(Batch {
-                    fixture: fixture.clone(),
-                    program: program.clone(),
-                    functions: *functions,
-                    ids: ids.clone(),
-                    cpu: Some(*cpu),
-                    lookups: None,
-                }),
+                } => ev.batches.push(Batch::new(
+                    fixture,
+                    program,
+                    *functions,
+                    ids,
+                    Some(*cpu),
+                    None,
+                )),
                 Message::Lookups {
                     seen,
                     found,
