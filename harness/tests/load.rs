@@ -46,10 +46,10 @@ fn storm_carries_100k_records() {
         panic!("{PIN} is not a pin")
     };
     let image = env.cache.ensure_image(pin, &env.fetch).expect("6.1 image");
-    let kernel = KernelUnderTest::Image {
-        path: image,
-        snapshot_as: None,
-    };
+    let kernel = KernelUnderTest::Image(kloop::run::trial::LocalKernel::from_pin_image(
+        image,
+        env.cache.ensure_config(pin, &env.fetch).ok(),
+    ));
     let d = Deadlines::for_accel(env.accel.accel());
     env.deadlines = Some(Deadlines {
         total: d.total.max(Duration::from_secs(1200)),

@@ -10,6 +10,8 @@ use kloop::run::suite::{self, EnvOptions, Layout, Selection};
 use kloop_kernels::{Catalog, FetchOptions, KernelCache};
 use kloop_qemu::accel::AccelChoice;
 
+mod build_progress;
+
 #[derive(Parser)]
 #[command(
     name = "cargo xtask",
@@ -160,6 +162,111 @@ enum KernelsCmd {
         #[command(flatten)]
         fetch: FetchArgs,
     },
+    /// Build a kernel from a Debian source package or a local tree, with
+    /// patches and config fragments; use it as `--kernel built:<id>`.
+    Build(BuildArgs),
+    /// The kernels `kernels build` made.
+    Built,
+}
+
+#[derive(Args, Clone)]
+struct BuildArgs {
+    /// `linux-source-X.Y` (pinned in kernels/sources/) or a kernel tree.
+    #[arg(long)]
+    source: String,
+    /// Patches applied in order (`patch -p1`), on a copy: the source is never changed.
+    #[arg(long = "patch", value_name = "FILE")]
+    patches: Vec<PathBuf>,
+    /// Config fragments merged after kernels/configs/kloop.config (a later one wins).
+    #[arg(long = "config", value_name = "FRAGMENT")]
+    fragments: Vec<PathBuf>,
+    /// The base the fragments are merged onto.
+    #[arg(long, default_value = "tinyconfig")]
+    base: kloop_kernels::build::ConfigBase,
+    /// make -j (default: number of cores).
+    #[arg(long, short)]
+    jobs: Option<usize>,
+    #[command(flatten)]
+    fetch: FetchArgs,
+}
+
+impl BuildArgs {
+    fn request(&self, layout: &Layout) -> Result<kloop_kernels::build::BuildRequest> {
+        Ok(kloop_kernels::build::BuildRequest {
+            source: kloop_kernels::build::SourceSpec::parse(&self.source, &layout.kernels())?,
+            patches: self.patches.clone(),
+            kloop_fragment: layout.kernels().join("configs/kloop.config"),
+            fragments: self.fragments.clone(),
+            base: self.base,
+            jobs: self.jobs.unwrap_or_else(suite::default_jobs),
+            fetch: self.fetch.options(),
+        })
+    }
+}
+
+/// Exit status of a run whose kernel did not build (vs 1: a trial failed,
+/// 2: kloop could not run).
+const EXIT_BUILD: u8 = 3;
+
+/// Builds `req`, showing progress; `Err(code)` after printing a BUILD or
+/// setup failure.
+fn build_kernel(
+    req: &kloop_kernels::build::BuildRequest,
+    what: &str,
+) -> std::result::Result<kloop_kernels::build::BuiltKernel, ExitCode> {
+    let cache = match KernelCache::default_location() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Err(ExitCode::from(2));
+        }
+    };
+    let mut progress = build_progress::BuildProgress::new(what);
+    let result = kloop_kernels::build::build(&cache, req, &mut |e| progress.event(e));
+    progress.finish();
+    match result {
+        Ok(k) => {
+            let r = &k.record;
+            println!(
+                "kloop: built:{} {} ({}){}: {}",
+                r.id,
+                r.release,
+                r.source,
+                if r.patches.is_empty() {
+                    String::new()
+                } else {
+                    format!(" + {} patch(es)", r.patches.len())
+                },
+                if k.cached {
+                    "already built, from the cache".to_string()
+                } else {
+                    format!(
+                        "{} build in {:.0} s",
+                        if r.incremental { "incremental" } else { "cold" },
+                        r.build_secs
+                    )
+                }
+            );
+            println!(
+                "kloop:   image {}, config {}, log {}",
+                k.image().display(),
+                k.config_path().display(),
+                k.log().display()
+            );
+            for n in &r.notes {
+                println!("kloop:   note: {n}");
+            }
+            Ok(k)
+        }
+        Err(e) if e.is_build_failure() => {
+            eprintln!("BUILD FAILED ({what}): {e}");
+            Err(ExitCode::from(EXIT_BUILD))
+        }
+        Err(e) => {
+            eprintln!("error ({what}): {e}");
+            Err(ExitCode::from(2))
+        }
+    }
 }
 
 /// The accelerator decision, and how long the KVM probe took if one ran.
@@ -328,10 +435,12 @@ fn bench(a: BenchArgs) -> Result<ExitCode> {
             // its verdict is the invariants alone.
             let kernel = match &t.kernel {
                 kloop::run::trial::KernelUnderTest::Pin(pin) => {
-                    kloop::run::trial::KernelUnderTest::Image {
-                        path: env.cache.ensure_image(pin, &env.fetch)?,
-                        snapshot_as: None,
-                    }
+                    kloop::run::trial::KernelUnderTest::Image(
+                        kloop::run::trial::LocalKernel::from_pin_image(
+                            env.cache.ensure_image(pin, &env.fetch)?,
+                            env.cache.ensure_config(pin, &env.fetch).ok(),
+                        ),
+                    )
                 }
                 other => other.clone(),
             };
@@ -609,6 +718,41 @@ fn kernels(cmd: KernelsCmd) -> Result<ExitCode> {
                         t.elapsed().as_secs_f64()
                     );
                 }
+            }
+        }
+        KernelsCmd::Build(a) => {
+            let req = a.request(&layout)?;
+            let what = req.source.label();
+            return Ok(match build_kernel(&req, &what) {
+                Ok(k) => {
+                    println!(
+                        "kloop: run it with `cargo xtask vm-test --kernel built:{}`",
+                        k.record.id
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(code) => code,
+            });
+        }
+        KernelsCmd::Built => {
+            let cache = KernelCache::default_location()?;
+            let all = kloop_kernels::build::list(&cache);
+            if all.is_empty() {
+                println!("no built kernels; build one with `cargo xtask kernels build --source linux-source-6.12`");
+            }
+            for k in all {
+                let r = &k.record;
+                println!(
+                    "built:{}  {:<28} {}{}  config {}",
+                    r.id,
+                    r.release,
+                    r.source,
+                    r.patches
+                        .iter()
+                        .map(|p| format!(" +{}", p.path.display()))
+                        .collect::<String>(),
+                    &r.config_sha256[..12]
+                );
             }
         }
         KernelsCmd::Update { id, fetch } => {

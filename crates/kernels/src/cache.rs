@@ -58,6 +58,17 @@ impl FetchOptions {
     }
 }
 
+/// A package pinned by its `.deb`'s sha256, and where to fetch it from.
+#[derive(Debug, Clone, Copy)]
+pub struct PinnedDeb<'a> {
+    /// What the pin is called in messages (`6.12`, `linux-source-6.12`).
+    pub id: &'a str,
+    pub suite: &'a str,
+    pub package: &'a str,
+    pub version: &'a str,
+    pub sha256: &'a str,
+}
+
 /// A kernel cache rooted at one directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelCache {
@@ -182,20 +193,39 @@ impl KernelCache {
         sha256: &str,
         opts: &FetchOptions,
     ) -> Result<PathBuf, KernelError> {
-        let dest = self.root.join("debs").join(format!("{sha256}.deb"));
-        match lookup(&dest, sha256)? {
+        self.ensure_pinned_deb(
+            &PinnedDeb {
+                id: &pin.id,
+                suite: &pin.suite,
+                package,
+                version: &pin.version,
+                sha256,
+            },
+            opts,
+        )
+    }
+
+    /// A `.deb` pinned by sha256 (a kernel's, a source package's), from the
+    /// cache or downloaded now from its suite and verified.
+    pub fn ensure_pinned_deb(
+        &self,
+        deb: &PinnedDeb<'_>,
+        opts: &FetchOptions,
+    ) -> Result<PathBuf, KernelError> {
+        let dest = self.root.join("debs").join(format!("{}.deb", deb.sha256));
+        match lookup(&dest, deb.sha256)? {
             Lookup::Hit(path) => return Ok(path),
             Lookup::Corrupt { path, actual } if opts.offline => {
                 return Err(KernelError::CorruptOffline {
-                    id: pin.id.clone(),
+                    id: deb.id.to_string(),
                     path,
-                    expected: sha256.to_string(),
+                    expected: deb.sha256.to_string(),
                     actual,
                 })
             }
             Lookup::Miss if opts.offline => {
                 return Err(KernelError::NotCached {
-                    id: pin.id.clone(),
+                    id: deb.id.to_string(),
                     path: dest,
                 })
             }
@@ -203,22 +233,17 @@ impl KernelCache {
             Lookup::Miss => {}
         }
         let mirror = opts.resolve_mirror()?;
-        let apt = AptState::new(
-            &self.tmp_dir(),
-            &mirror,
-            &pin.suite,
-            &opts.resolve_keyring(),
-        )?;
+        let apt = AptState::new(&self.tmp_dir(), &mirror, deb.suite, &opts.resolve_keyring())?;
         apt.update(Trust::PinnedHash)?;
         let downloaded =
-            apt.download(package, &pin.version)?
+            apt.download(deb.package, deb.version)?
                 .ok_or_else(|| KernelError::Vanished {
-                    id: pin.id.clone(),
-                    package: package.to_string(),
-                    version: pin.version.clone(),
+                    id: deb.id.to_string(),
+                    package: deb.package.to_string(),
+                    version: deb.version.to_string(),
                     origin: apt.source(),
                 })?;
-        self.adopt_deb_expecting(&downloaded, Some((pin, sha256)))
+        self.adopt_deb_expecting(&downloaded, Some((deb.id, deb.sha256)))
     }
 
     /// Moves a downloaded `.deb` into `debs/<sha256>.deb` (same filesystem,
@@ -229,19 +254,19 @@ impl KernelCache {
         file: &Path,
         pin: Option<&KernelPin>,
     ) -> Result<PathBuf, KernelError> {
-        self.adopt_deb_expecting(file, pin.map(|p| (p, p.deb_sha256.as_str())))
+        self.adopt_deb_expecting(file, pin.map(|p| (p.id.as_str(), p.deb_sha256.as_str())))
     }
 
     fn adopt_deb_expecting(
         &self,
         file: &Path,
-        expect: Option<(&KernelPin, &str)>,
+        expect: Option<(&str, &str)>,
     ) -> Result<PathBuf, KernelError> {
         let actual = sha256_file(file).map_err(|source| KernelError::CacheRead {
             path: file.to_path_buf(),
             source,
         })?;
-        if let Some((pin, expected)) = expect {
+        if let Some((id, expected)) = expect {
             if actual != expected {
                 let rejected_dir = self.root.join("rejected");
                 let kept = rejected_dir.join(file.file_name().unwrap_or_default());
@@ -250,7 +275,7 @@ impl KernelCache {
                     .map(|()| kept)
                     .unwrap_or_else(|_| file.to_path_buf());
                 return Err(KernelError::DebHashMismatch {
-                    id: pin.id.clone(),
+                    id: id.to_string(),
                     file: kept,
                     expected: expected.to_string(),
                     actual,
@@ -265,6 +290,51 @@ impl KernelCache {
             source,
         })?;
         Ok(dest)
+    }
+
+    /// The pin's `.config` (`boot/config-<release>` in its package), cached
+    /// as `configs/<deb_sha256>.config` after the first extraction.
+    pub fn ensure_config(
+        &self,
+        pin: &KernelPin,
+        opts: &FetchOptions,
+    ) -> Result<crate::config::KernelConfig, KernelError> {
+        let dir = self.root.join("configs");
+        let dest = dir.join(format!("{}.config", pin.deb_sha256));
+        if !dest.is_file() {
+            let deb = self.ensure_deb(pin, opts)?;
+            let member = PathBuf::from(format!("boot/config-{}", pin.release));
+            let mut text = None;
+            walk_deb(&deb, |path, entry| {
+                if path == member {
+                    let mut s = String::new();
+                    std::io::Read::read_to_string(entry, &mut s).map_err(|source| {
+                        KernelError::CacheRead {
+                            path: deb.clone(),
+                            source,
+                        }
+                    })?;
+                    text = Some(s);
+                }
+                Ok(())
+            })?;
+            let text = text.ok_or_else(|| KernelError::MemberMissing {
+                archive: deb.clone(),
+                member: member.display().to_string(),
+                found: "no such member".into(),
+            })?;
+            mkdir(&dir)?;
+            let tmp = dir.join(format!(".partial-{}", std::process::id()));
+            std::fs::write(&tmp, &text)
+                .and_then(|()| std::fs::rename(&tmp, &dest))
+                .map_err(|source| KernelError::CacheWrite {
+                    path: dest.clone(),
+                    source,
+                })?;
+        }
+        let mut config = crate::config::KernelConfig::from_file(&dest)?;
+        config.source = format!("/boot/config-{} of package {}", pin.release, pin.package);
+        Ok(config)
     }
 
     /// Extracts `pin.image_path` from `deb` into `images/<image_sha256>`,

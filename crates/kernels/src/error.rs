@@ -54,6 +54,13 @@ pub enum KernelError {
     )]
     NoCacheDir,
 
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+
     #[error(
         "cannot write to the kernel cache at {path}: {source}; make that directory writable \
          and free disk space there, or set KLOOP_CACHE_DIR to another directory"

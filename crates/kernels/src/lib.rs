@@ -20,7 +20,9 @@
 //! an unverified index.
 
 mod apt;
+pub mod build;
 mod cache;
+pub mod config;
 mod error;
 mod extract;
 mod mirror;
@@ -31,7 +33,8 @@ mod settings;
 mod update;
 mod version;
 
-pub use cache::{FetchOptions, KernelCache};
+pub use cache::{FetchOptions, KernelCache, PinnedDeb};
+pub use config::{KernelConfig, OptionState};
 pub use error::KernelError;
 pub use extract::bzimage_release;
 pub use mirror::{host_mirror, mirror_from_apt_sources, AptSourceFile};

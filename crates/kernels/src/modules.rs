@@ -120,6 +120,18 @@ pub struct ModuleSet {
 }
 
 impl ModuleSet {
+    /// Modules the kernel has built in, nothing to ship: the order file
+    /// marks each `builtin`, so the agent's `modprobe` says so and moves on.
+    pub fn builtin_only(names: Vec<String>) -> ModuleSet {
+        ModuleSet {
+            format: 1,
+            release: String::new(),
+            modules: Vec::new(),
+            builtin: names,
+            paths: Vec::new(),
+        }
+    }
+
     /// The `order` file the guest reads (format in [`kloop_protocol::MODULES_DIR`]).
     pub fn order_file(&self) -> String {
         let mut out = String::new();

@@ -127,6 +127,16 @@ fn payload<'a>(image: &Path, bytes: &'a [u8]) -> Result<&'a [u8], PvhError> {
         .ok_or_else(|| bad("payload_offset/payload_length point past the end of the file"))
 }
 
+/// The kernel proper (`vmlinux`) inside the bzImage at `image`, decompressed
+/// in memory.
+pub fn decompressed_kernel(image: &Path) -> Result<Vec<u8>, PvhError> {
+    let bytes = std::fs::read(image).map_err(|e| PvhError::Image {
+        path: image.to_path_buf(),
+        reason: format!("cannot read: {e}"),
+    })?;
+    decompress_payload(image, &bytes)
+}
+
 fn decompress_payload(image: &Path, bytes: &[u8]) -> Result<Vec<u8>, PvhError> {
     let data = payload(image, bytes)?;
     let bad = |reason: String| PvhError::Image {
@@ -150,15 +160,19 @@ fn decompress_payload(image: &Path, bytes: &[u8]) -> Result<Vec<u8>, PvhError> {
             .read_to_end(&mut out)
             .map_err(|e| bad(format!("zstd: {e}")))?;
         out
+    } else if data.starts_with(&GZIP_MAGIC) {
+        // tinyconfig's default (KERNEL_GZIP): what self-built kernels use.
+        let mut out = Vec::with_capacity(expected);
+        flate2::read::GzDecoder::new(data)
+            .take(MAX_VMLINUX as u64)
+            .read_to_end(&mut out)
+            .map_err(|e| bad(format!("gzip: {e}")))?;
+        out
     } else {
-        let format = if data.starts_with(&GZIP_MAGIC) {
-            "gzip".to_string()
-        } else {
-            format!(
-                "an unknown format (magic {:02x?})",
-                &data[..data.len().min(4)]
-            )
-        };
+        let format = format!(
+            "an unknown format (magic {:02x?})",
+            &data[..data.len().min(4)]
+        );
         return Err(PvhError::Unsupported {
             path: image.to_path_buf(),
             format,

@@ -298,4 +298,10 @@ pub enum Requirement {
     Veth,
     /// `perf` runs in the guest (the host shipped it).
     PerfTool,
+    /// The agent can run threads: `futex(2)` exists (`CONFIG_FUTEX`).
+    /// Implied by steps that run threads (concurrent, a storm with
+    /// lookups, perf).
+    Threads,
+    /// Syscall tracepoints exist in tracefs (`CONFIG_FTRACE_SYSCALLS`).
+    SyscallTracepoints,
 }

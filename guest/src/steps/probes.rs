@@ -59,6 +59,46 @@ fn probe(r: Requirement) -> Result<Probe> {
         Requirement::FtraceInstances => ftrace_instances(),
         Requirement::Veth => Ok(net::veth_probe()),
         Requirement::PerfTool => Ok(perf_tool()),
+        Requirement::Threads => Ok(threads()),
+        Requirement::SyscallTracepoints => Ok(syscall_tracepoints()),
+    }
+}
+
+/// Rust's threads park and join on `futex(2)`; a kernel without it
+/// (`CONFIG_FUTEX` off, as tinyconfig leaves it) kills a multi-threaded
+/// agent with SIGSEGV on the first contended wait. `FUTEX_WAKE` on a
+/// private word wakes nobody and has no effect; ENOSYS says it is missing.
+fn threads() -> Probe {
+    let word: u32 = 0;
+    // SAFETY: FUTEX_WAKE reads nothing through the pointer beyond its
+    // address; the word outlives the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            &word as *const u32,
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            1,
+        )
+    };
+    if rc < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!(
+            "futex(FUTEX_WAKE): {}: the kernel has no futexes (CONFIG_FUTEX), which the agent's threads need",
+            Errno(&e)
+        ));
+    }
+    Ok(())
+}
+
+const SYSCALL_TRACEPOINT: &str = "/sys/kernel/tracing/events/syscalls/sys_enter_nanosleep/id";
+
+fn syscall_tracepoints() -> Probe {
+    match std::fs::metadata(SYSCALL_TRACEPOINT) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!(
+            "{SYSCALL_TRACEPOINT}: {}: no syscall tracepoints (CONFIG_FTRACE_SYSCALLS)",
+            Errno(&e)
+        )),
     }
 }
 

@@ -89,26 +89,59 @@ pub fn short_diff(old: Option<&str>, new: &str) -> String {
     let Some(old) = old else {
         return "no golden snapshot yet".to_string();
     };
-    let old: Vec<&str> = old.lines().collect();
-    let new: Vec<&str> = new.trim_end_matches('\n').lines().collect();
+    minimal_diff(old, new, 12)
+}
+
+/// A minimal line diff (Myers, through `similar`) of `old` → `new`: each
+/// changed line as `  line N: - old` / `  line N: + new` (N in the file
+/// it comes from), at most `max` lines, then `  ...`. Trailing newlines do
+/// not count. Empty when the texts are equal.
+pub fn minimal_diff(old: &str, new: &str, max: usize) -> String {
+    let old = old.trim_end_matches('\n');
+    let new = new.trim_end_matches('\n');
+    let diff = similar::TextDiff::from_lines(old, new);
     let mut out = Vec::new();
-    let n = old.len().max(new.len());
-    for i in 0..n {
-        let (a, b) = (old.get(i), new.get(i));
-        if a != b {
-            if let Some(a) = a {
-                out.push(format!("  line {}: - {a}", i + 1));
-            }
-            if let Some(b) = b {
-                out.push(format!("  line {}: + {b}", i + 1));
-            }
-        }
-        if out.len() >= 12 {
-            out.push("  ...".into());
+    for change in diff.iter_all_changes() {
+        let (sign, line) = match change.tag() {
+            similar::ChangeTag::Equal => continue,
+            similar::ChangeTag::Delete => ("-", change.old_index()),
+            similar::ChangeTag::Insert => ("+", change.new_index()),
+        };
+        if out.len() >= max {
+            out.push("  ...".to_string());
             break;
         }
+        out.push(format!(
+            "  line {}: {sign} {}",
+            line.map_or(0, |i| i + 1),
+            change.value().trim_end_matches('\n')
+        ));
     }
     out.join("\n")
+}
+
+/// Compares `text` with the snapshot `name` in `dir` without writing
+/// there: for kernels that are not pins, whose stream must never become a
+/// pending `.snap.new` beside the pin's golden one. A differing stream is
+/// written to `pending_dir/<name>.snap.new` instead.
+pub fn compare_read_only(
+    dir: &Path,
+    name: &str,
+    text: &str,
+    pending_dir: &Path,
+) -> SnapshotOutcome {
+    let snapshot = snapshot_path(dir, name);
+    let old = read_snapshot_body(&snapshot);
+    if old.as_deref() == Some(text.trim_end_matches('\n')) {
+        return SnapshotOutcome::Matched;
+    }
+    let pending = pending_dir.join(format!("{name}.snap.new"));
+    let written = std::fs::write(&pending, text).is_ok();
+    SnapshotOutcome::Drift {
+        diff: short_diff(old.as_deref(), text),
+        pending: written.then_some(pending),
+        snapshot,
+    }
 }
 
 #[cfg(test)]
@@ -121,6 +154,8 @@ mod tests {
         assert_eq!(d, "  line 2: - b\n  line 2: + B");
         assert_eq!(short_diff(None, "x"), "no golden snapshot yet");
         assert_eq!(short_diff(Some("x"), "x\n"), "");
+        // An inserted line shifts nothing else: the diff is minimal.
+        assert_eq!(minimal_diff("a\nb\nc", "a\nX\nb\nc", 10), "  line 2: + X");
     }
 
     #[test]

@@ -183,6 +183,7 @@ mod tests {
             host_release: "6.1".into(),
             artefacts: "/tmp/a".into(),
             notes: Vec::new(),
+            violations: Vec::new(),
         }
     }
 

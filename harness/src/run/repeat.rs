@@ -324,6 +324,7 @@ mod tests {
             host_release: "6.1".into(),
             artefacts,
             notes: Vec::new(),
+            violations: Vec::new(),
         }
     }
 

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use crate::run::trial::{KernelUnderTest, TrialEnv};
+use crate::run::trial::{KernelUnderTest, LocalKernel, TrialEnv};
 use crate::scenario::{self, Scenario};
 use kloop_kernels::{Catalog, FetchOptions, KernelCache};
 use kloop_qemu::accel::{self, AccelChoice};
@@ -31,8 +31,12 @@ pub enum SuiteError {
     },
     #[error(transparent)]
     Ledger(#[from] crate::judge::known_issues::LedgerError),
-    #[error("--snapshot-as {0} names no kernel pin; known pins: {1}")]
+    #[error("--snapshot-as {0} names no kernel pin and no snapshot set blessed with `bless --as {0}`; known pins: {1}")]
     UnknownSnapshotPin(String, String),
+    #[error(transparent)]
+    Build(#[from] kloop_kernels::build::BuildError),
+    #[error("`{spec}` is neither a kernel pin ({pins}), nor `built:<id>` (see `cargo xtask kernels built`), nor a bzImage file")]
+    UnknownKernel { spec: String, pins: String },
 }
 
 /// Which trials to run.
@@ -85,37 +89,7 @@ impl Layout {
 pub fn plan(layout: &Layout, sel: &Selection) -> Result<Vec<PlannedTrial>, SuiteError> {
     let all_scenarios = scenario::load_all(&layout.scenarios())?;
     let scenarios = scenario::select(&all_scenarios, &sel.scenarios)?;
-    let kernels: Vec<KernelUnderTest> = if let Some(path) = &sel.kernel_image {
-        if let Some(pin) = &sel.snapshot_as {
-            let catalog = Catalog::load(&layout.kernels())?;
-            if catalog.get(pin).is_err() {
-                let known: Vec<&str> = catalog.pins().iter().map(|p| p.id.as_str()).collect();
-                return Err(SuiteError::UnknownSnapshotPin(
-                    pin.clone(),
-                    known.join(", "),
-                ));
-            }
-        }
-        vec![KernelUnderTest::Image {
-            path: path.clone(),
-            snapshot_as: sel.snapshot_as.clone(),
-        }]
-    } else {
-        let catalog = Catalog::load(&layout.kernels())?;
-        if sel.kernels.is_empty() {
-            catalog
-                .pins()
-                .iter()
-                .cloned()
-                .map(KernelUnderTest::Pin)
-                .collect()
-        } else {
-            sel.kernels
-                .iter()
-                .map(|id| catalog.get(id).cloned().map(KernelUnderTest::Pin))
-                .collect::<Result<_, _>>()?
-        }
-    };
+    let kernels = resolve_kernels(layout, sel)?;
     let mut out = Vec::new();
     for k in &kernels {
         for s in &scenarios {
@@ -126,6 +100,97 @@ pub fn plan(layout: &Layout, sel: &Selection) -> Result<Vec<PlannedTrial>, Suite
         }
     }
     Ok(out)
+}
+
+/// The kernels a selection names: every pin by default; else each
+/// `--kernel` as a pin id, `built:<id>` (a source build) or the path of a
+/// bzImage; `--kernel-image` alone.
+pub fn resolve_kernels(
+    layout: &Layout,
+    sel: &Selection,
+) -> Result<Vec<KernelUnderTest>, SuiteError> {
+    let catalog = Catalog::load(&layout.kernels())?;
+    if let Some(name) = &sel.snapshot_as {
+        check_snapshot_set(layout, &catalog, name)?;
+    }
+    if let Some(path) = &sel.kernel_image {
+        return Ok(vec![KernelUnderTest::Image(image_kernel(
+            &catalog,
+            path.clone(),
+            sel.snapshot_as.clone(),
+        ))]);
+    }
+    if sel.kernels.is_empty() {
+        return Ok(catalog
+            .pins()
+            .iter()
+            .cloned()
+            .map(KernelUnderTest::Pin)
+            .collect());
+    }
+    sel.kernels
+        .iter()
+        .map(|spec| resolve_kernel(&catalog, spec, sel.snapshot_as.clone()))
+        .collect()
+}
+
+/// One kernel spec: a pin id, `built:<id>`, or a path to a bzImage.
+pub fn resolve_kernel(
+    catalog: &Catalog,
+    spec: &str,
+    snapshot_as: Option<String>,
+) -> Result<KernelUnderTest, SuiteError> {
+    if let Ok(pin) = catalog.get(spec) {
+        return Ok(KernelUnderTest::Pin(pin.clone()));
+    }
+    if let Some(id) = spec.strip_prefix("built:") {
+        let cache = KernelCache::default_location()?;
+        let built = kloop_kernels::build::lookup(&cache, id)?;
+        return Ok(KernelUnderTest::Image(
+            LocalKernel::built(&built, snapshot_as).with_series_of(&built.record.release, catalog),
+        ));
+    }
+    let path = PathBuf::from(spec);
+    if path.is_file() {
+        return Ok(KernelUnderTest::Image(image_kernel(
+            catalog,
+            path,
+            snapshot_as,
+        )));
+    }
+    Err(SuiteError::UnknownKernel {
+        spec: spec.to_string(),
+        pins: catalog.ids().join(", "),
+    })
+}
+
+/// A bzImage, judged by the ledger of the pin of its series (read from
+/// its boot header).
+fn image_kernel(catalog: &Catalog, path: PathBuf, snapshot_as: Option<String>) -> LocalKernel {
+    let release = kloop_kernels::bzimage_release(&path).ok();
+    let k = LocalKernel::image(path, snapshot_as);
+    match release {
+        Some(r) => k.with_series_of(&r, catalog),
+        None => k,
+    }
+}
+
+/// `--snapshot-as NAME` must name a pin or a snapshot set blessed with
+/// `bless --as NAME`.
+fn check_snapshot_set(layout: &Layout, catalog: &Catalog, name: &str) -> Result<(), SuiteError> {
+    if catalog.get(name).is_ok() {
+        return Ok(());
+    }
+    let blessed = scenario::load_all(&layout.scenarios())?
+        .iter()
+        .any(|s| crate::judge::snapshot::snapshot_path(&s.snapshot_dir(), name).is_file());
+    if blessed {
+        return Ok(());
+    }
+    Err(SuiteError::UnknownSnapshotPin(
+        name.to_string(),
+        catalog.ids().join(", "),
+    ))
 }
 
 /// The known-issues ledger (`kernels/known-issues.toml`), validated against
@@ -190,7 +255,7 @@ pub fn prepare_env(
     let mut probe = || {
         probe_kernels.iter().find_map(|k| match k {
             KernelUnderTest::Pin(pin) => cache.ensure_image(pin, &opts.fetch).ok(),
-            KernelUnderTest::Image { path, .. } => path.is_file().then(|| path.clone()),
+            KernelUnderTest::Image(k) => k.path.is_file().then(|| k.path.clone()),
         })
     };
     let accel = accel::choose(

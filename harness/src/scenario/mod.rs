@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use kloop_protocol::{Plan, Requirement, Step};
 
 pub mod expectation;
+pub mod needs;
 
 use expectation::Expectation;
 
@@ -128,7 +129,7 @@ impl Scenario {
             expect: file.expect,
             plan: Plan {
                 scenario: name.to_string(),
-                requires: file.requires,
+                requires: with_implied(file.requires, &steps),
                 steps,
             },
         })
@@ -164,6 +165,29 @@ fn step_from_toml(mut v: toml::Value) -> Result<Step, String> {
         }
     }
     v.try_into::<Step>().map_err(|e| e.to_string())
+}
+
+/// The scenario's own requirements and those its steps imply; the agent's
+/// own need (threads) first, since nothing else can be probed without it.
+fn with_implied(mut requires: Vec<Requirement>, steps: &[Step]) -> Vec<Requirement> {
+    for r in needs::implied_requirements(steps) {
+        if !requires.contains(&r) {
+            if r == Requirement::Threads {
+                requires.insert(0, r);
+            } else {
+                requires.push(r);
+            }
+        }
+    }
+    requires
+}
+
+/// `jit-optional` for [`Requirement::JitOptional`]: the name scenario files use.
+pub fn requirement_name(r: Requirement) -> String {
+    match serde_json::to_value(r) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => format!("{r:?}"),
+    }
 }
 
 /// Every scenario under `root`, sorted by name.

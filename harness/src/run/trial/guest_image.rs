@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use kloop_kernels::ModuleSet;
 use kloop_qemu::{Deadlines, VmConfig};
 
-use super::{BootEntry, KernelUnderTest, TrialEnv, Verdict};
+use super::{BootEntry, KernelUnderTest, LocalKernel, TrialEnv, Verdict};
 use crate::run::initramfs::Initramfs;
 use crate::run::payload::Payload;
 use crate::scenario::Scenario;
@@ -31,14 +31,14 @@ pub(super) fn prepare_guest(
             Ok(p) => p,
             Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
         },
-        KernelUnderTest::Image { path, .. } => {
-            if !path.is_file() {
+        KernelUnderTest::Image(k) => {
+            if !k.path.is_file() {
                 return Err(Verdict::Infrastructure(format!(
                     "kernel image {} does not exist (expected a bzImage, e.g. arch/x86/boot/bzImage)",
-                    path.display()
+                    k.path.display()
                 )));
             }
-            path.clone()
+            k.path.clone()
         }
     };
     let modules = match (kernel, scenario.modules.is_empty()) {
@@ -49,19 +49,11 @@ pub(super) fn prepare_guest(
                 Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
             }
         }
-        (KernelUnderTest::Image { path, .. }, false) => {
-            return Err(Verdict::Infrastructure(format!(
-                "scenario {} needs kernel modules {:?}, but {} comes with no package to take \
-                 them from; run it on a pinned kernel",
-                scenario.name,
-                scenario.modules,
-                path.display()
-            )))
-        }
+        (KernelUnderTest::Image(k), false) => Some(builtin_modules(k, scenario)?),
     };
     let verified_sha = match kernel {
         KernelUnderTest::Pin(pin) => Some(pin.image_sha256.as_str()),
-        KernelUnderTest::Image { .. } => None,
+        KernelUnderTest::Image(_) => None,
     };
     let image = boot_file(env, &image, verified_sha, artefacts);
     let initramfs = artefacts.join("initramfs.cpio");
@@ -97,6 +89,41 @@ pub(super) fn prepare_guest(
         channel_limit: kloop_qemu::channel_limit(),
     };
     Ok(config)
+}
+
+/// A local kernel has no package to take modules from: every module the
+/// scenario loads must be built in, as its `.config` tells; the guest's
+/// `modprobe` then finds it marked built in.
+fn builtin_modules(k: &LocalKernel, scenario: &Scenario) -> Result<ModuleSet, Verdict> {
+    let Some(config) = &k.config else {
+        return Err(Verdict::Skipped(format!(
+            "kernel modules {:?}: {} has no .config to tell whether they are built in (no build \
+             tree around it, no IKCONFIG) and no package to take them from; build them in and \
+             with CONFIG_IKCONFIG, or run the scenario on a pin",
+            scenario.modules,
+            k.path.display()
+        )));
+    };
+    for m in &scenario.modules {
+        let Some(option) = crate::scenario::needs::module_option(m) else {
+            return Err(Verdict::Infrastructure(format!(
+                "scenario {} loads module {m}, whose config option kloop does not know \
+                 (scenario::needs::module_option): add it there",
+                scenario.name
+            )));
+        };
+        if !config.is_builtin(option) {
+            let state = config
+                .value(option)
+                .map_or(" not set".to_string(), |v| format!("={v}"));
+            return Err(Verdict::Skipped(format!(
+                "{option}{state} in {}: module {m} must be built in (=y), since kloop takes \
+                 modules only from a pinned kernel's package",
+                config.source
+            )));
+        }
+    }
+    Ok(ModuleSet::builtin_only(scenario.modules.clone()))
 }
 
 /// The file QEMU's `-kernel` gets for `image`. A PVH failure is not the

@@ -9,6 +9,7 @@ use kloop_qemu::GuestSession;
 use super::{evidence_from, KernelUnderTest, TrialEnv, TrialResult, Verdict, KNOWN_PREFIX};
 use crate::judge::evidence::RunEvidence;
 use crate::judge::snapshot::{self, SnapshotOutcome};
+pub use crate::scenario::requirement_name;
 use crate::scenario::Scenario;
 
 /// The verdict of a completed session's evidence.
@@ -54,15 +55,37 @@ pub(super) fn judge(
         + &crate::judge::perf_script::normalise(&evidence, &analysis);
     let normalised_path = artefacts.join("normalised.txt");
     let _ = std::fs::write(&normalised_path, &normalised);
-    // The ledger judges pinned kernels only: a user-built image is what one
-    // boots to see whether a fix works, so every violation counts there.
-    let ledger_pin = match kernel {
-        KernelUnderTest::Pin(p) => Some(p.id.as_str()),
-        KernelUnderTest::Image { .. } => None,
+    result.violations = analysis
+        .violations
+        .iter()
+        .map(|v| super::RuleHit {
+            rule: v.rule.to_string(),
+            message: v.message.clone(),
+        })
+        .collect();
+    // A pin is judged by its ledger entries. A local kernel is judged by
+    // the entries of the pin of its series (same code, same known bugs),
+    // but an entry that no longer shows there is news, not a failure: it
+    // is what a developer fixing that bug boots to see.
+    let (ledger_pin, report_fixed) = match kernel {
+        KernelUnderTest::Pin(p) => (Some(p.id.as_str()), true),
+        KernelUnderTest::Image(k) => (k.ledger_pin.as_deref(), false),
     };
+    if let (KernelUnderTest::Image(_), Some(pin)) = (kernel, ledger_pin) {
+        let j = env
+            .known_issues
+            .judge(pin, &scenario.name, &analysis.violations);
+        for i in &j.fixed {
+            result.notes.push(format!(
+                "known bug {} of the {pin} series does not show on this kernel",
+                i.id
+            ));
+        }
+    }
     let ledger_verdict = match ledger_outcome(
         &env.known_issues,
         ledger_pin,
+        report_fixed,
         &scenario.name,
         &analysis.violations,
         &normalised_path,
@@ -91,12 +114,24 @@ pub(super) fn judge(
     let Some(snap_name) = kernel.snapshot_name() else {
         return overhead_verdict();
     };
-    match snapshot::compare(
-        &scenario.snapshot_dir(),
-        &snap_name,
-        &format!("{} on kernel pin {snap_name}", scenario.name),
-        &normalised,
-    ) {
+    // A local kernel's stream is compared read-only (pending stream into
+    // its artefacts), except under `bless --as`, which writes a set of its own.
+    let blessing = std::env::var("INSTA_UPDATE").is_ok_and(|v| v == "always");
+    let outcome = match kernel {
+        KernelUnderTest::Image(_) if !blessing => snapshot::compare_read_only(
+            &scenario.snapshot_dir(),
+            &snap_name,
+            &normalised,
+            artefacts,
+        ),
+        _ => snapshot::compare(
+            &scenario.snapshot_dir(),
+            &snap_name,
+            &format!("{} on kernel {snap_name}", scenario.name),
+            &normalised,
+        ),
+    };
+    match outcome {
         SnapshotOutcome::Matched => overhead_verdict(),
         SnapshotOutcome::Drift {
             snapshot,
@@ -106,6 +141,11 @@ pub(super) fn judge(
             "snapshot drift against {}:\n{diff}\n{}{}",
             snapshot.display(),
             match pending {
+                Some(p) if matches!(kernel, KernelUnderTest::Image(_)) => format!(
+                    "new stream written to {}; if the change is an intended ABI change, give it a snapshot set of its own with `cargo xtask bless --kernel {} --as <new-id>`",
+                    p.display(),
+                    kernel_spec(kernel)
+                ),
                 Some(p) => format!(
                     "new stream written to {}; review with `cargo insta review` or accept with `cargo xtask bless`",
                     p.display()
@@ -117,6 +157,17 @@ pub(super) fn judge(
             },
             overhead.err().map(|e| format!("\n{e}")).unwrap_or_default()
         ) + &ledger_suffix),
+    }
+}
+
+/// How a user names `kernel` on the command line.
+fn kernel_spec(kernel: &KernelUnderTest) -> String {
+    match kernel {
+        KernelUnderTest::Pin(p) => p.id.clone(),
+        KernelUnderTest::Image(k) => match k.name.strip_prefix("built-") {
+            Some(id) => format!("built:{id}"),
+            None => k.path.display().to_string(),
+        },
     }
 }
 
@@ -138,10 +189,12 @@ pub(super) fn unsupported_verdict(scenario: &Scenario, evidence: &RunEvidence) -
 /// entry covers, the trial is FAILED (the message also names the known
 /// bugs and the FIXED? entries). `Ok(Some)`: KNOWN or FIXED?, the verdict
 /// unless a later check (overhead, snapshot) fails. `Ok(None)`: clean.
-/// `pin` is `None` for a user-built image, which the ledger never excuses.
+/// `pin` is `None` for a kernel no ledger entry applies to; `report_fixed`
+/// is false for local kernels, where an absent known bug is not a failure.
 pub(super) fn ledger_outcome(
     ledger: &crate::judge::known_issues::Ledger,
     pin: Option<&str>,
+    report_fixed: bool,
     scenario: &str,
     violations: &[crate::judge::check::Violation],
     normalised_path: &Path,
@@ -151,6 +204,7 @@ pub(super) fn ledger_outcome(
     let judgement = ledger.judge(pin.unwrap_or(""), scenario, violations);
     let known_note = known_note(&judgement);
     let fixed_note = pin
+        .filter(|_| report_fixed)
         .map(|pin| fixed_note(&judgement, pin, ledger))
         .unwrap_or_default();
     if !judgement.uncovered.is_empty() {
@@ -251,12 +305,4 @@ pub(super) fn one_line(text: &str) -> String {
         end -= 1;
     }
     format!("{}…", &joined[..end])
-}
-
-/// `jit-optional` for [`Requirement::JitOptional`]: the name scenario files use.
-pub fn requirement_name(r: kloop_protocol::Requirement) -> String {
-    match serde_json::to_value(r) {
-        Ok(serde_json::Value::String(s)) => s,
-        _ => format!("{r:?}"),
-    }
 }

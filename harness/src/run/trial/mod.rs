@@ -14,6 +14,7 @@ pub use verdict::*;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kloop_protocol::Message;
@@ -21,7 +22,7 @@ use kloop_qemu::{Deadlines, GuestSession, Vm};
 
 use crate::judge::evidence::RunEvidence;
 use crate::scenario::Scenario;
-use kloop_kernels::{KernelCache, KernelPin};
+use kloop_kernels::{KernelCache, KernelConfig, KernelPin};
 use kloop_qemu::accel::AccelDecision;
 
 /// The kernel a trial boots.
@@ -30,27 +31,114 @@ use kloop_qemu::accel::AccelDecision;
 pub enum KernelUnderTest {
     /// A pinned Debian build from the catalog.
     Pin(KernelPin),
-    /// A bzImage the user built; `snapshot_as` names the pin whose golden
-    /// snapshots it is compared with (none: invariants only).
-    Image {
-        path: PathBuf,
+    /// A bzImage the user built, or a source build (`built:<id>`).
+    Image(LocalKernel),
+}
+
+/// A kernel image that is not a pin.
+#[derive(Debug, Clone)]
+pub struct LocalKernel {
+    /// The name in trial ids and artefact paths: `image`, `built-<id>`.
+    pub name: String,
+    pub path: PathBuf,
+    /// The snapshot set it is compared with (a pin's, or one blessed with
+    /// `bless --as`); none: invariants only.
+    pub snapshot_as: Option<String>,
+    /// Its `.config`, when one was found: the preflight reads it.
+    pub config: Option<Arc<KernelConfig>>,
+    /// The pin of the same series, whose known-bug ledger entries apply.
+    pub ledger_pin: Option<String>,
+}
+
+impl LocalKernel {
+    /// A user's bzImage: its config from the build tree around it, else
+    /// from its own IKCONFIG, else none (the guest's probes decide alone).
+    pub fn image(path: PathBuf, snapshot_as: Option<String>) -> LocalKernel {
+        let config = kloop_kernels::config::tree_config_for_image(&path)
+            .and_then(|c| KernelConfig::from_file(&c).ok())
+            .or_else(|| kloop_kernels::config::ikconfig_from_image(&path));
+        LocalKernel {
+            name: "image".into(),
+            path,
+            snapshot_as,
+            config: config.map(Arc::new),
+            ledger_pin: None,
+        }
+    }
+
+    /// A kernel `cargo xtask kernels build` made.
+    pub fn built(
+        kernel: &kloop_kernels::build::BuiltKernel,
         snapshot_as: Option<String>,
-    },
+    ) -> LocalKernel {
+        LocalKernel {
+            name: format!("built-{}", kernel.record.id),
+            path: kernel.image(),
+            snapshot_as,
+            config: kernel.config().ok().map(Arc::new),
+            ledger_pin: None,
+        }
+    }
+
+    /// A pin's image run as a plain image (no snapshots, no ledger), with
+    /// the pin's config.
+    pub fn from_pin_image(path: PathBuf, config: Option<KernelConfig>) -> LocalKernel {
+        LocalKernel {
+            name: "image".into(),
+            path,
+            snapshot_as: None,
+            config: config.map(Arc::new),
+            ledger_pin: None,
+        }
+    }
+}
+
+impl LocalKernel {
+    /// Sets [`LocalKernel::ledger_pin`] to the catalog's pin of the series
+    /// `release` belongs to (`6.12.117` → the pin with series `6.12`).
+    pub fn with_series_of(mut self, release: &str, catalog: &kloop_kernels::Catalog) -> Self {
+        let series: Vec<&str> = release.split(['.', '-', '+']).take(2).collect();
+        let series = series.join(".");
+        self.ledger_pin = catalog
+            .pins()
+            .iter()
+            .find(|p| p.series == series)
+            .map(|p| p.id.clone());
+        self
+    }
 }
 
 impl KernelUnderTest {
-    /// The name used in trial ids: the pin id, or `image`.
+    /// The name used in trial ids: the pin id, `image`, or `built-<id>`.
     pub fn id(&self) -> String {
         match self {
             KernelUnderTest::Pin(p) => p.id.clone(),
-            KernelUnderTest::Image { .. } => "image".to_string(),
+            KernelUnderTest::Image(k) => k.name.clone(),
         }
     }
 
     fn snapshot_name(&self) -> Option<String> {
         match self {
             KernelUnderTest::Pin(p) => Some(p.id.clone()),
-            KernelUnderTest::Image { snapshot_as, .. } => snapshot_as.clone(),
+            KernelUnderTest::Image(k) => k.snapshot_as.clone(),
+        }
+    }
+
+    /// The kernel's `.config` for the preflight: the pin's package's, or
+    /// the one found with the image. `Err`: why there is none.
+    pub fn config(&self, env: &TrialEnv) -> Result<Arc<KernelConfig>, String> {
+        match self {
+            KernelUnderTest::Pin(pin) => env
+                .cache
+                .ensure_config(pin, &env.fetch)
+                .map(Arc::new)
+                .map_err(|e| e.to_string()),
+            KernelUnderTest::Image(k) => k.config.clone().ok_or_else(|| {
+                format!(
+                    "no .config for {}: no build tree around it and no IKCONFIG in it",
+                    k.path.display()
+                )
+            }),
         }
     }
 }
@@ -122,6 +210,16 @@ fn run_inner(
     result: &mut TrialResult,
 ) -> Verdict {
     let trial_started = Instant::now();
+    // Preflight: a need the kernel's .config lacks skips the trial before
+    // any boot; without a config the guest's probes decide alone.
+    match kernel.config(env) {
+        Ok(config) => {
+            if let Some(reason) = crate::scenario::needs::preflight(scenario, &config) {
+                return Verdict::Skipped(reason);
+            }
+        }
+        Err(why) => result.notes.push(format!("no config preflight: {why}")),
+    }
     let config = match guest_image::prepare_guest(env, kernel, scenario, artefacts) {
         Ok(config) => config,
         Err(verdict) => return verdict,

@@ -34,7 +34,7 @@ fn v(rule: &'static str) -> Violation {
 }
 
 fn outcome(pin: Option<&str>, vs: &[Violation]) -> Result<Option<Verdict>, Verdict> {
-    ledger_outcome(&ledger(), pin, "interpreter", vs, Path::new("n.txt"))
+    ledger_outcome(&ledger(), pin, true, "interpreter", vs, Path::new("n.txt"))
 }
 
 #[test]

@@ -116,6 +116,17 @@ pub struct TrialResult {
     /// lookup rates, provoked-loss accounting).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// Every rule the records broke (known bugs included), for A/B runs
+    /// and machine-readable reports.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub violations: Vec<RuleHit>,
+}
+
+/// One broken rule and its message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RuleHit {
+    pub rule: String,
+    pub message: String,
 }
 
 /// Where one trial's wall time went (seconds). `to_hello` is measured on
@@ -178,6 +189,7 @@ impl TrialResult {
             host_release: kloop_qemu::accel::host_release(),
             artefacts,
             notes: Vec::new(),
+            violations: Vec::new(),
         }
     }
 }

@@ -1,0 +1,517 @@
+//! Source builds: a bootable kernel from a Debian `linux-source-X.Y`
+//! package or a local tree, with patches and config fragments, cached.
+//!
+//! Cache layout under `<cache>/build/`:
+//! - `src/<deb sha256>/<package>/`  pristine trees unpacked from packages
+//! - `trees/<slot>/tree/`           patched copies (one per source)
+//! - `out/<slot>/`                  kbuild output directories (`O=`), one
+//!   per source × {pristine, patched}, reused: an incremental rebuild only
+//!   recompiles what changed
+//! - `kernels/<id>/`                finished kernels: `bzImage`, `config`,
+//!   `build.log`, `kernel.toml`
+//!
+//! A kernel's id is a hash of everything that decides its bytes: the
+//! source's identity (the package's sha256, or the tree's content stamp),
+//! each patch's sha256, the config base and every fragment's sha256, and
+//! the compiler's and pahole's versions. The same request again finds
+//! `kernels/<id>/` and costs nothing; `kernel.toml` also records the
+//! resolved `.config`'s hash.
+
+mod kconfig;
+mod make;
+mod source;
+
+pub use kconfig::{Dropped, Requested};
+pub use source::{patch_files, PreparedTree, SourcePin, SourceSpec};
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::cache::{FetchOptions, KernelCache};
+use crate::config::KernelConfig;
+use crate::error::KernelError;
+
+/// Why a build did not produce a kernel.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Fetch(#[from] KernelError),
+    #[error("unknown kernel source `{name}` ({detail}); pinned source packages: {known}; or give the path of a kernel tree")]
+    UnknownSource {
+        name: String,
+        detail: String,
+        known: String,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{tool}` is not installed; install the Debian package `{package}` (apt-get install {package})")]
+    ToolMissing {
+        tool: &'static str,
+        package: &'static str,
+    },
+    #[error("patch {patch} does not apply:\n{output}")]
+    PatchFailed { patch: PathBuf, output: String },
+    #[error("the resolved config ({config}) lost {} option(s) the fragments asked for:\n  {}\nenable what they depend on in a fragment (--config FILE), or drop them", dropped.len(), dropped.join("\n  "))]
+    ConfigDropped {
+        dropped: Vec<String>,
+        config: PathBuf,
+    },
+    #[error("`make {target}` failed ({status}); the compiler said:\n  {}\nfull log: {log}", if errors.is_empty() { "(no error lines found; see the log)".to_string() } else { errors.join("\n  ") })]
+    Compile {
+        target: String,
+        status: String,
+        errors: Vec<String>,
+        log: PathBuf,
+    },
+    #[error("no built kernel `{id}` in {dir}; built kernels: {known}; build one with `cargo xtask kernels build`")]
+    NotBuilt {
+        id: String,
+        dir: PathBuf,
+        known: String,
+    },
+}
+
+impl BuildError {
+    pub(crate) fn io(what: String, source: std::io::Error) -> BuildError {
+        BuildError::Io { what, source }
+    }
+
+    /// The inputs do not build (a patch, the config, the compiler): a
+    /// `BUILD` failure, not kloop's environment.
+    pub fn is_build_failure(&self) -> bool {
+        matches!(
+            self,
+            BuildError::PatchFailed { .. }
+                | BuildError::ConfigDropped { .. }
+                | BuildError::Compile { .. }
+        )
+    }
+}
+
+/// What happens during a build, for progress.
+#[derive(Debug, Clone)]
+pub enum BuildEvent {
+    /// A step starts (fetching, unpacking, configuring, compiling).
+    Phase(String),
+    /// One line of kbuild's output.
+    Line(String),
+}
+
+/// The base config the fragments are merged onto.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConfigBase {
+    /// `make tinyconfig`: the smallest kernel, built in minutes.
+    #[default]
+    Tinyconfig,
+    /// `make defconfig`.
+    Defconfig,
+}
+
+impl ConfigBase {
+    fn target(self) -> &'static str {
+        match self {
+            ConfigBase::Tinyconfig => "tinyconfig",
+            ConfigBase::Defconfig => "defconfig",
+        }
+    }
+}
+
+impl std::str::FromStr for ConfigBase {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "tinyconfig" => Ok(ConfigBase::Tinyconfig),
+            "defconfig" => Ok(ConfigBase::Defconfig),
+            o => Err(format!(
+                "unknown config base `{o}`: use tinyconfig or defconfig"
+            )),
+        }
+    }
+}
+
+/// What to build.
+#[derive(Debug, Clone)]
+pub struct BuildRequest {
+    pub source: SourceSpec,
+    /// Applied in order with `patch -p1`.
+    pub patches: Vec<PathBuf>,
+    /// kloop's own fragment (`kernels/configs/kloop.config`), merged first.
+    pub kloop_fragment: PathBuf,
+    /// The user's fragments, merged after it (a later one wins).
+    pub fragments: Vec<PathBuf>,
+    pub base: ConfigBase,
+    pub jobs: usize,
+    pub fetch: FetchOptions,
+}
+
+/// A file and its sha256, as recorded in `kernel.toml`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HashedFile {
+    pub path: PathBuf,
+    pub sha256: String,
+}
+
+/// `kernels/<id>/kernel.toml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BuildRecord {
+    pub id: String,
+    /// `linux-source-6.12 6.12.117-1~deb12u1`, or the tree's path.
+    pub source: String,
+    pub source_identity: String,
+    pub patches: Vec<HashedFile>,
+    pub base: ConfigBase,
+    pub fragments: Vec<HashedFile>,
+    /// sha256 of the resolved `.config`'s options ([`KernelConfig::content_hash`]).
+    pub config_sha256: String,
+    pub compiler: String,
+    pub pahole: String,
+    /// `uname -r` of the built kernel.
+    pub release: String,
+    pub image_sha256: String,
+    /// Wall seconds of the compile (`make bzImage`), and whether its
+    /// output directory already held a build (incremental).
+    pub build_secs: f64,
+    pub incremental: bool,
+    /// Options kloop's fragment asked for that this tree does not know.
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+/// A finished kernel in the cache.
+#[derive(Debug, Clone)]
+pub struct BuiltKernel {
+    pub dir: PathBuf,
+    pub record: BuildRecord,
+    /// Served from the cache without building.
+    pub cached: bool,
+}
+
+impl BuiltKernel {
+    pub fn image(&self) -> PathBuf {
+        self.dir.join("bzImage")
+    }
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("config")
+    }
+    pub fn log(&self) -> PathBuf {
+        self.dir.join("build.log")
+    }
+    pub fn config(&self) -> Result<KernelConfig, KernelError> {
+        let mut c = KernelConfig::from_file(&self.config_path())?;
+        c.source = format!("the .config of built kernel {}", self.record.id);
+        Ok(c)
+    }
+}
+
+fn kernels_dir(cache: &KernelCache) -> PathBuf {
+    cache.root().join("build/kernels")
+}
+
+/// The built kernel `id` (a unique prefix of it will do).
+pub fn lookup(cache: &KernelCache, id: &str) -> Result<BuiltKernel, BuildError> {
+    let all = list(cache);
+    let matches: Vec<&BuiltKernel> = all.iter().filter(|k| k.record.id.starts_with(id)).collect();
+    match matches.as_slice() {
+        [one] if !id.is_empty() => Ok((*one).clone()),
+        _ => Err(BuildError::NotBuilt {
+            id: id.to_string(),
+            dir: kernels_dir(cache),
+            known: if all.is_empty() {
+                "none".into()
+            } else {
+                all.iter()
+                    .map(|k| k.record.id.clone())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        }),
+    }
+}
+
+/// Every finished kernel in the cache, oldest first.
+pub fn list(cache: &KernelCache) -> Vec<BuiltKernel> {
+    let mut out: Vec<(std::time::SystemTime, BuiltKernel)> = Vec::new();
+    for e in std::fs::read_dir(kernels_dir(cache))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let dir = e.path();
+        let toml_path = dir.join("kernel.toml");
+        let Ok(text) = std::fs::read_to_string(&toml_path) else {
+            continue;
+        };
+        let Ok(record) = toml::from_str::<BuildRecord>(&text) else {
+            continue;
+        };
+        if !dir.join("bzImage").is_file() {
+            continue;
+        }
+        let when = std::fs::metadata(&toml_path)
+            .and_then(|m| m.modified())
+            .unwrap_or(std::time::UNIX_EPOCH);
+        out.push((
+            when,
+            BuiltKernel {
+                dir,
+                record,
+                cached: true,
+            },
+        ));
+    }
+    out.sort_by_key(|(t, _)| *t);
+    out.into_iter().map(|(_, k)| k).collect()
+}
+
+fn tool_version(tool: &str, arg: &str) -> String {
+    std::process::Command::new(tool)
+        .arg(arg)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .map(|l| l.trim().to_string())
+        })
+        .unwrap_or_else(|| "none".into())
+}
+
+fn short_hash(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update([0]);
+    }
+    hex::encode(h.finalize())[..16].to_string()
+}
+
+/// Builds (or finds) the kernel `req` describes.
+pub fn build(
+    cache: &KernelCache,
+    req: &BuildRequest,
+    progress: &mut dyn FnMut(BuildEvent),
+) -> Result<BuiltKernel, BuildError> {
+    let (pristine, source_identity) =
+        source::pristine_tree(cache, &req.source, &req.fetch, progress)?;
+    let hashed = |paths: &[PathBuf]| -> Result<Vec<HashedFile>, BuildError> {
+        paths
+            .iter()
+            .map(|p| {
+                Ok(HashedFile {
+                    path: p.canonicalize().unwrap_or_else(|_| p.clone()),
+                    sha256: source::file_hash(p)?,
+                })
+            })
+            .collect()
+    };
+    let patches = hashed(&req.patches)?;
+    let mut fragment_paths = vec![req.kloop_fragment.clone()];
+    fragment_paths.extend(req.fragments.iter().cloned());
+    let fragments = hashed(&fragment_paths)?;
+    if which("gcc").is_none() {
+        return Err(BuildError::ToolMissing {
+            tool: "gcc",
+            package: "gcc",
+        });
+    }
+    for (tool, package) in [
+        ("flex", "flex"),
+        ("bison", "bison"),
+        ("bc", "bc"),
+        ("pahole", "dwarves"),
+    ] {
+        if which(tool).is_none() {
+            return Err(BuildError::ToolMissing { tool, package });
+        }
+    }
+    let compiler = tool_version("gcc", "--version");
+    let pahole = tool_version("pahole", "--version");
+    let mut id_parts: Vec<String> = vec![
+        "kloop-build-1".into(),
+        source_identity.clone(),
+        req.base.target().into(),
+        compiler.clone(),
+        pahole.clone(),
+    ];
+    id_parts.extend(patches.iter().map(|p| format!("patch:{}", p.sha256)));
+    id_parts.extend(fragments.iter().map(|f| format!("fragment:{}", f.sha256)));
+    let id = short_hash(&id_parts.iter().map(String::as_str).collect::<Vec<_>>())[..12].to_string();
+    let final_dir = kernels_dir(cache).join(&id);
+    if let Ok(k) = lookup(cache, &id) {
+        if k.record.id == id {
+            return Ok(k);
+        }
+    }
+
+    // Slots are keyed by where the source is, not by its content, so that
+    // an edited tree or a new patch set reuses the previous build's output.
+    let location = match &req.source {
+        SourceSpec::Package(p) => format!("deb:{}", p.deb_sha256),
+        SourceSpec::Tree(t) => format!("tree:{}", t.display()),
+    };
+    let patched = !req.patches.is_empty();
+    let slot = short_hash(&[&location, if patched { "patched" } else { "pristine" }]);
+    let build_root = cache.root().join("build");
+    let _lock = SlotLock::take(&build_root.join("locks"), &slot)?;
+    let src = if patched {
+        progress(BuildEvent::Phase(format!(
+            "applying {} patch(es)",
+            req.patches.len()
+        )));
+        source::patched_tree(
+            &pristine,
+            &build_root.join("trees").join(&slot),
+            &source_identity,
+            &req.patches,
+            progress,
+        )?
+    } else {
+        pristine.clone()
+    };
+    let out = build_root.join("out").join(&slot);
+    std::fs::create_dir_all(&out)
+        .map_err(|e| BuildError::io(format!("creating {}", out.display()), e))?;
+    let incremental = out.join("vmlinux").is_file();
+    let log = out.join("build.log");
+    let _ = std::fs::remove_file(&log);
+    let jobs = req.jobs.max(1);
+    let make = make::Make {
+        src: &src,
+        out: &out,
+        jobs,
+        log: &log,
+    };
+
+    progress(BuildEvent::Phase(format!(
+        "configuring: {} + {}",
+        req.base.target(),
+        fragment_paths
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" + ")
+    )));
+    make.run(&[req.base.target()], progress)?;
+    let config_path = out.join(".config");
+    let base = std::fs::read_to_string(&config_path)
+        .map_err(|e| BuildError::io(format!("reading {}", config_path.display()), e))?;
+    let requested = kconfig::read_fragments(&fragment_paths)?;
+    std::fs::write(&config_path, kconfig::merge(&base, &requested))
+        .map_err(|e| BuildError::io(format!("writing {}", config_path.display()), e))?;
+    make.run(&["olddefconfig"], progress)?;
+    let resolved = KernelConfig::from_file(&config_path)?;
+    let index = kconfig::KconfigIndex::scan(&src);
+    let mut notes = Vec::new();
+    let mut dropped = Vec::new();
+    for d in kconfig::check_survival(&requested, &resolved, &index) {
+        if d.unknown && d.requested.from == req.kloop_fragment {
+            notes.push(d.to_string());
+        } else {
+            dropped.push(d.to_string());
+        }
+    }
+    if !dropped.is_empty() {
+        return Err(BuildError::ConfigDropped {
+            dropped,
+            config: config_path,
+        });
+    }
+
+    progress(BuildEvent::Phase(format!(
+        "compiling ({}, {jobs} jobs{})",
+        if incremental { "incremental" } else { "cold" },
+        if make::has_ccache() { ", ccache" } else { "" }
+    )));
+    let started = Instant::now();
+    make.run(&["bzImage"], progress)?;
+    let build_secs = started.elapsed().as_secs_f64();
+    let release = std::fs::read_to_string(out.join("include/config/kernel.release"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+
+    let tmp = kernels_dir(cache).join(format!(".partial-{id}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp)
+        .map_err(|e| BuildError::io(format!("creating {}", tmp.display()), e))?;
+    let copy = |from: &Path, name: &str| {
+        std::fs::copy(from, tmp.join(name))
+            .map(drop)
+            .map_err(|e| BuildError::io(format!("copying {}", from.display()), e))
+    };
+    copy(&out.join("arch/x86/boot/bzImage"), "bzImage")?;
+    copy(&config_path, "config")?;
+    copy(&log, "build.log")?;
+    let record = BuildRecord {
+        id: id.clone(),
+        source: req.source.label(),
+        source_identity,
+        patches,
+        base: req.base,
+        fragments,
+        config_sha256: resolved.content_hash(),
+        compiler,
+        pahole,
+        release,
+        image_sha256: source::file_hash(&tmp.join("bzImage"))?,
+        build_secs,
+        incremental,
+        notes,
+    };
+    let text = toml::to_string_pretty(&record)
+        .map_err(|e| BuildError::Invalid(format!("serialising kernel.toml: {e}")))?;
+    std::fs::write(tmp.join("kernel.toml"), text)
+        .map_err(|e| BuildError::io(format!("writing {}", tmp.display()), e))?;
+    let _ = std::fs::remove_dir_all(&final_dir);
+    std::fs::rename(&tmp, &final_dir)
+        .map_err(|e| BuildError::io(format!("renaming {} into place", tmp.display()), e))?;
+    Ok(BuiltKernel {
+        dir: final_dir,
+        record,
+        cached: false,
+    })
+}
+
+fn which(tool: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(tool))
+            .find(|p| p.is_file())
+    })
+}
+
+/// An exclusive `flock` on one slot, so two builds never share a tree or
+/// an output directory; released when dropped (or when the process dies).
+struct SlotLock {
+    _file: std::fs::File,
+}
+
+impl SlotLock {
+    fn take(dir: &Path, slot: &str) -> Result<SlotLock, BuildError> {
+        use std::os::fd::AsRawFd;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| BuildError::io(format!("creating {}", dir.display()), e))?;
+        let path = dir.join(slot);
+        let f = std::fs::File::create(&path)
+            .map_err(|e| BuildError::io(format!("creating {}", path.display()), e))?;
+        // SAFETY: a valid fd owned by `f`.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(BuildError::Invalid(format!(
+                "another kloop build is using this source's build directory (lock {}); wait for it to finish",
+                path.display()
+            )));
+        }
+        Ok(SlotLock { _file: f })
+    }
+}

@@ -1,0 +1,292 @@
+//! What a scenario needs from a kernel's build configuration, and the
+//! preflight that skips a trial before boot when its kernel's `.config`
+//! says a need is absent.
+//!
+//! Each need is read from the kernel source, not from one run: the file
+//! that implements the feature is only built with the option (e.g.
+//! `kernel/futex/` with `CONFIG_FUTEX`, `kernel/trace/trace_syscalls.c`
+//! with `CONFIG_FTRACE_SYSCALLS`). The guest's probes stay the final word:
+//! the preflight only skips what certainly cannot run.
+
+use kloop_kernels::{KernelConfig, OptionState};
+use kloop_protocol::{AttachTarget, Requirement, Step};
+
+use super::Scenario;
+
+/// One option test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// `=y` or `=m`.
+    Enabled,
+    /// `=y`: a module would not be there when it is needed.
+    BuiltIn,
+    /// Not set.
+    Off,
+}
+
+/// An option a scenario needs, and what for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConfigNeed {
+    pub option: &'static str,
+    pub want: Want,
+    pub why: &'static str,
+}
+
+const fn on(option: &'static str, why: &'static str) -> ConfigNeed {
+    ConfigNeed {
+        option,
+        want: Want::Enabled,
+        why,
+    }
+}
+
+const fn builtin(option: &'static str, why: &'static str) -> ConfigNeed {
+    ConfigNeed {
+        option,
+        want: Want::BuiltIn,
+        why,
+    }
+}
+
+/// What the agent needs in every scenario: to be started from the
+/// initramfs, to talk over the second serial port, to load BPF programs
+/// and to open perf side-band events.
+pub const AGENT_NEEDS: &[ConfigNeed] = &[
+    builtin(
+        "CONFIG_BLK_DEV_INITRD",
+        "the agent starts from an initramfs",
+    ),
+    builtin(
+        "CONFIG_SERIAL_8250",
+        "the agent talks to the host over /dev/ttyS1",
+    ),
+    builtin("CONFIG_PROC_FS", "the agent reads /proc"),
+    builtin("CONFIG_SYSFS", "the agent reads /sys"),
+    builtin("CONFIG_BPF_SYSCALL", "every scenario loads BPF programs"),
+    builtin(
+        "CONFIG_PERF_EVENTS",
+        "KSYMBOL and BPF_EVENT records come from perf events",
+    ),
+];
+
+/// The options behind a requirement (all must hold).
+pub fn requirement_needs(r: Requirement) -> Vec<ConfigNeed> {
+    match r {
+        Requirement::Btf => vec![builtin(
+            "CONFIG_DEBUG_INFO_BTF",
+            "/sys/kernel/btf/vmlinux (kernel/bpf/sysfs_btf.c)",
+        )],
+        Requirement::Jit => vec![builtin("CONFIG_BPF_JIT", "a JIT")],
+        Requirement::JitOptional => vec![
+            builtin("CONFIG_BPF_JIT", "a JIT to compare the interpreter with"),
+            ConfigNeed {
+                option: "CONFIG_BPF_JIT_ALWAYS_ON",
+                want: Want::Off,
+                why: "net.core.bpf_jit_enable cannot be set to 0 with it",
+            },
+        ],
+        Requirement::Fentry => vec![
+            builtin("CONFIG_BPF_JIT", "trampolines are JIT-compiled"),
+            builtin("CONFIG_DEBUG_INFO_BTF", "fentry targets are found in BTF"),
+            // x86 bpf_arch_text_poke() patches the 5-byte nop ftrace leaves
+            // at function entry, and register_fentry() goes through
+            // register_ftrace_direct() for ftrace-managed functions.
+            builtin(
+                "CONFIG_DYNAMIC_FTRACE_WITH_DIRECT_CALLS",
+                "trampolines attach at the ftrace call site",
+            ),
+        ],
+        Requirement::LsmBpf => vec![
+            builtin("CONFIG_BPF_LSM", "LSM programs"),
+            builtin("CONFIG_SECURITYFS", "/sys/kernel/security/lsm"),
+        ],
+        Requirement::Kprobes => vec![
+            builtin("CONFIG_KPROBES", "kprobes"),
+            builtin(
+                "CONFIG_KPROBE_EVENTS",
+                "the kprobe PMU (kernel/trace/trace_event_perf.c)",
+            ),
+            builtin("CONFIG_DEBUG_FS", "/sys/kernel/debug/kprobes/list"),
+        ],
+        Requirement::FtraceInstances => vec![builtin(
+            "CONFIG_FUNCTION_TRACER",
+            "the function tracer in a tracefs instance",
+        )],
+        Requirement::Veth => vec![on("CONFIG_VETH", "veth pairs")],
+        Requirement::PerfTool => vec![],
+        Requirement::Threads => vec![builtin(
+            "CONFIG_FUTEX",
+            "the agent's threads wait on futexes (kernel/futex/)",
+        )],
+        Requirement::SyscallTracepoints => vec![builtin(
+            "CONFIG_FTRACE_SYSCALLS",
+            "syscalls/sys_enter_* tracepoints (kernel/trace/trace_syscalls.c)",
+        )],
+    }
+}
+
+/// The config option that builds module `name` (for local kernels, which
+/// must have the modules a scenario loads built in).
+pub fn module_option(name: &str) -> Option<&'static str> {
+    match name {
+        "veth" => Some("CONFIG_VETH"),
+        _ => None,
+    }
+}
+
+/// Requirements a plan's steps imply, whether or not the scenario file
+/// lists them: threads for steps that run them, syscall tracepoints for an
+/// attach to one.
+pub fn implied_requirements(steps: &[Step]) -> Vec<Requirement> {
+    let mut out = Vec::new();
+    for s in steps {
+        let r = match s {
+            Step::Concurrent { .. }
+            | Step::Storm { lookup: true, .. }
+            | Step::PerfRecordStart { .. } => Some(Requirement::Threads),
+            Step::Attach {
+                target: AttachTarget::Tracepoint { category, .. },
+                ..
+            } if category == "syscalls" => Some(Requirement::SyscallTracepoints),
+            _ => None,
+        };
+        if let Some(r) = r {
+            if !out.contains(&r) {
+                out.push(r);
+            }
+        }
+    }
+    out
+}
+
+/// Why `config` cannot run `scenario`, or `None`. The reason is one line
+/// that starts with the option: `CONFIG_FUTEX not set (…)`.
+pub fn preflight(scenario: &Scenario, config: &KernelConfig) -> Option<String> {
+    let mut needs: Vec<(String, ConfigNeed)> = AGENT_NEEDS
+        .iter()
+        .map(|n| ("the agent".to_string(), *n))
+        .collect();
+    for r in &scenario.plan.requires {
+        let name = super::requirement_name(*r);
+        needs.extend(
+            requirement_needs(*r)
+                .into_iter()
+                .map(|n| (format!("requirement {name}"), n)),
+        );
+    }
+    for (what, need) in needs {
+        let state = config.state(need.option);
+        let met = match need.want {
+            Want::Enabled => matches!(state, OptionState::BuiltIn | OptionState::Module),
+            Want::BuiltIn => state == OptionState::BuiltIn,
+            Want::Off => state == OptionState::NotSet,
+        };
+        if !met {
+            let is = match state {
+                OptionState::NotSet => "not set".to_string(),
+                OptionState::BuiltIn => "=y".to_string(),
+                OptionState::Module => "=m (a module; kloop needs it built in)".to_string(),
+                OptionState::Value(v) => format!("={v}"),
+            };
+            let verb = if need.want == Want::Off {
+                "must be off"
+            } else {
+                "needed"
+            };
+            return Some(format!(
+                "{}{}{is} in {}: {verb} for {what}: {}",
+                need.option,
+                if is.starts_with('=') { "" } else { " " },
+                config.source,
+                need.why
+            ));
+        }
+    }
+    lsm_preflight(scenario, config)
+}
+
+/// BPF LSM programs only run when `bpf` is in the active LSM list: the
+/// scenario's `lsm=` boot parameter, or else `CONFIG_LSM`.
+fn lsm_preflight(scenario: &Scenario, config: &KernelConfig) -> Option<String> {
+    if !scenario.plan.requires.contains(&Requirement::LsmBpf) {
+        return None;
+    }
+    if scenario.vm.cmdline.iter().any(|w| w.starts_with("lsm=")) {
+        return None;
+    }
+    let list = config.value("CONFIG_LSM")?;
+    if list.trim_matches('"').split(',').any(|l| l == "bpf") {
+        return None;
+    }
+    Some(format!(
+        "CONFIG_LSM={list} in {} has no bpf and the scenario passes no lsm=: BPF LSM programs would never run",
+        config.source
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scenario(requires: Vec<Requirement>) -> Scenario {
+        let mut s = Scenario::parse(
+            "t",
+            std::path::Path::new("/nonexistent"),
+            "description = \"t\"\n[[steps]]\nop = \"drain\"\n",
+        )
+        .unwrap();
+        s.plan.requires = requires;
+        s
+    }
+
+    const GOOD: &str = "CONFIG_BLK_DEV_INITRD=y\nCONFIG_SERIAL_8250=y\nCONFIG_PROC_FS=y\nCONFIG_SYSFS=y\nCONFIG_BPF_SYSCALL=y\nCONFIG_PERF_EVENTS=y\nCONFIG_FUTEX=y\nCONFIG_BPF_JIT=y\n";
+
+    #[test]
+    fn a_missing_option_is_named_with_its_source() {
+        let c = KernelConfig::parse(GOOD, "test .config");
+        assert_eq!(preflight(&scenario(vec![Requirement::Threads]), &c), None);
+        let no_futex = KernelConfig::parse(&GOOD.replace("CONFIG_FUTEX=y\n", ""), "test .config");
+        let why = preflight(&scenario(vec![Requirement::Threads]), &no_futex).unwrap();
+        assert!(
+            why.starts_with("CONFIG_FUTEX not set in test .config"),
+            "{why}"
+        );
+        let why = preflight(&scenario(vec![Requirement::SyscallTracepoints]), &c).unwrap();
+        assert!(why.starts_with("CONFIG_FTRACE_SYSCALLS"), "{why}");
+    }
+
+    #[test]
+    fn jit_always_on_rules_out_the_interpreter() {
+        let c = KernelConfig::parse(&format!("{GOOD}CONFIG_BPF_JIT_ALWAYS_ON=y\n"), "c");
+        let why = preflight(&scenario(vec![Requirement::JitOptional]), &c).unwrap();
+        assert!(
+            why.starts_with("CONFIG_BPF_JIT_ALWAYS_ON=y in c: must be off"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_module_is_not_built_in() {
+        let c = KernelConfig::parse(&GOOD.replace("SERIAL_8250=y", "SERIAL_8250=m"), "c");
+        let why = preflight(&scenario(vec![]), &c).unwrap();
+        assert!(why.contains("CONFIG_SERIAL_8250=m"), "{why}");
+        // veth may be a module: pins ship it from their package.
+        let c = KernelConfig::parse(&format!("{GOOD}CONFIG_VETH=m\n"), "c");
+        assert_eq!(preflight(&scenario(vec![Requirement::Veth]), &c), None);
+    }
+
+    #[test]
+    fn steps_imply_threads_and_syscall_tracepoints() {
+        let s = Scenario::parse(
+            "t",
+            std::path::Path::new("/nonexistent"),
+            "description = \"t\"\n[[steps]]\nop = \"concurrent\"\nfixture = \"basic\"\nprogram = \"p\"\ncycles = 1\n\n[[steps]]\nop = \"attach\"\nlabel = \"x\"\nlink = \"l\"\ntarget = { kind = \"tracepoint\", category = \"syscalls\", name = \"sys_enter_nanosleep\" }\n",
+        );
+        let s = match s {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        };
+        assert!(s.plan.requires.contains(&Requirement::Threads));
+        assert!(s.plan.requires.contains(&Requirement::SyscallTracepoints));
+    }
+}
