@@ -5,10 +5,21 @@
 # python3 for the import-cycle check (ci/module-cycles.py, run by
 # harness/tests/layout.rs), and perf (linux-perf), which the perf-tool scenario ships into the guest
 # with its libraries as a second reader of the records.
+# With --kernel-build it also installs what `cargo xtask kernels build` and
+# `cargo xtask validate` need to compile kernels from source: gcc, make,
+# flex, bison, bc, libelf-dev, libssl-dev, pahole (dwarves, for BTF), patch,
+# xz-utils and ccache (optional; cached objects make rebuilds cheap).
 # Idempotent: packages already installed are left alone.
 set -euo pipefail
 
 need=()
+if [ "${1:-}" = "--kernel-build" ]; then
+  for tool_pkg in gcc:gcc make:make flex:flex bison:bison bc:bc pahole:dwarves patch:patch xz:xz-utils ccache:ccache cpio:cpio; do
+    command -v "${tool_pkg%%:*}" >/dev/null 2>&1 || need+=("${tool_pkg#*:}")
+  done
+  [ -e /usr/include/libelf.h ] || need+=(libelf-dev)
+  [ -e /usr/include/openssl/ssl.h ] || need+=(libssl-dev)
+fi
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
 command -v clang >/dev/null 2>&1 || need+=(clang)
 command -v dpkg-deb >/dev/null 2>&1 || need+=(dpkg)

@@ -30,6 +30,10 @@ enum Cmd {
     Bless(BlessArgs),
     /// Time kloop itself: boot→hello and trial wall time per pin.
     Bench(BenchArgs),
+    /// Patch validation: build a kernel source with and without patches,
+    /// run the scenarios on both and compare (exit 0 only when nothing
+    /// changed or broke).
+    Validate(ValidateArgs),
     /// The kernel catalog.
     Kernels {
         #[command(subcommand)]
@@ -68,9 +72,16 @@ struct VmTestArgs {
     /// Boot this bzImage instead of the pinned kernels.
     #[arg(long, value_name = "PATH")]
     kernel_image: Option<PathBuf>,
-    /// With --kernel-image: also compare with the snapshots of this pin.
-    #[arg(long, value_name = "ID", requires = "kernel_image")]
+    /// For a kernel that is not a pin (--kernel-image, --kernel built:ID or
+    /// a path): also compare with the snapshots of this pin (or of a set
+    /// blessed with `bless --as`).
+    #[arg(long, value_name = "ID")]
     snapshot_as: Option<String>,
+    /// A/B: run the scenarios on this kernel too (a pin id, built:ID or a
+    /// bzImage) and report, per scenario, SAME, CHANGED, BROKEN or
+    /// BASELINE-ONLY for the --kernel (or --kernel-image) candidate.
+    #[arg(long, value_name = "KERNEL")]
+    baseline: Option<String>,
     /// Accelerator: kvm, tcg or auto (KVM only if a probe guest boots).
     #[arg(long, default_value = "auto")]
     accel: AccelChoice,
@@ -104,6 +115,33 @@ struct VmTestArgs {
 }
 
 #[derive(Args, Clone)]
+struct ValidateArgs {
+    /// `linux-source-X.Y` (pinned in kernels/sources/) or a kernel tree.
+    #[arg(long)]
+    source: String,
+    /// The patches under test, applied in order (`patch -p1`).
+    /// Without patches, validate compares the source with itself: the
+    /// noise floor of the A/B (every scenario must come out SAME).
+    #[arg(long = "patch", value_name = "FILE")]
+    patches: Vec<PathBuf>,
+    /// Config fragments for both builds, merged after kernels/configs/kloop.config.
+    #[arg(long = "config", value_name = "FRAGMENT")]
+    fragments: Vec<PathBuf>,
+    #[arg(long, default_value = "tinyconfig")]
+    base: kloop_kernels::build::ConfigBase,
+    /// Only these scenarios (repeatable; default all).
+    #[arg(long = "scenario", value_name = "NAME")]
+    scenarios: Vec<String>,
+    /// Parallel VMs and make -j (default: number of cores).
+    #[arg(long, short)]
+    jobs: Option<usize>,
+    #[arg(long, default_value = "auto")]
+    accel: AccelChoice,
+    #[command(flatten)]
+    fetch: FetchArgs,
+}
+
+#[derive(Args, Clone)]
 struct BlessArgs {
     #[command(flatten)]
     run: VmTestArgs,
@@ -111,6 +149,11 @@ struct BlessArgs {
     /// from the measured figures; plain bless never touches them.
     #[arg(long)]
     overhead: bool,
+    /// Bless a kernel that is not a pin (--kernel built:ID, --kernel-image)
+    /// as a snapshot set of its own named NAME: a deliberate ABI change
+    /// becomes a reviewed snapshot set, compared with `--snapshot-as NAME`.
+    #[arg(long = "as", value_name = "NAME")]
+    as_name: Option<String>,
 }
 
 #[derive(Args, Clone)]
@@ -167,6 +210,17 @@ enum KernelsCmd {
     Build(BuildArgs),
     /// The kernels `kernels build` made.
     Built,
+    /// Pin a Debian kernel source package (kernels/sources/PACKAGE.toml) at
+    /// the newest version SUITE serves, for `kernels build --source PACKAGE`.
+    PinSource {
+        /// `linux-source-X.Y`.
+        package: String,
+        /// The Debian suite (`bookworm-security`, `trixie`, `sid`, …).
+        #[arg(long)]
+        suite: String,
+        #[command(flatten)]
+        fetch: FetchArgs,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -295,13 +349,31 @@ fn main() -> ExitCode {
 fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::VmTest(a) => vm_test(a),
-        Cmd::Bless(BlessArgs { run: a, overhead }) => {
+        Cmd::VmTest(a) => vm_test(a, false),
+        Cmd::Bless(BlessArgs {
+            run: mut a,
+            overhead,
+            as_name,
+        }) => {
             if overhead {
                 std::env::set_var(kloop::judge::overhead::BLESS_ENV, "1");
             }
-            if a.kernel_image.is_some() {
-                bail!("bless rewrites the golden snapshots of pinned kernels from their own runs; it does not take --kernel-image (a user-built kernel is compared, never blessed)");
+            let catalog = Catalog::load(&layout().kernels())?;
+            let local =
+                a.kernel_image.is_some() || a.kernels.iter().any(|k| catalog.get(k).is_err());
+            match (&as_name, local) {
+                (None, true) => bail!("a kernel that is not a pin is blessed as a snapshot set of its own: add `--as <name>` (then compare with `vm-test --snapshot-as <name>`); it never rewrites a pin's snapshots"),
+                (Some(_), false) => bail!("--as names the snapshot set of a kernel that is not a pin (--kernel built:ID or --kernel-image); a pin is blessed under its own id"),
+                (Some(name), true) => {
+                    if catalog.get(name).is_ok() {
+                        bail!("--as {name} is a pin's id: a local kernel's stream never overwrites a pin's golden snapshots; choose a new name");
+                    }
+                    if a.baseline.is_some() {
+                        bail!("bless does not take --baseline");
+                    }
+                    a.snapshot_as = Some(name.clone());
+                }
+                (None, false) => {}
             }
             if a.repeat > 1 {
                 bail!("bless writes each snapshot from one run; check that a trial is stable with `cargo xtask vm-test --repeat N` first, then bless it once");
@@ -309,9 +381,10 @@ fn run() -> Result<ExitCode> {
             // insta rewrites the .snap files instead of failing; invariant
             // violations still fail: only a clean stream can be blessed.
             std::env::set_var("INSTA_UPDATE", "always");
-            vm_test(a)
+            vm_test(a, as_name.is_some())
         }
         Cmd::Kernels { cmd } => kernels(cmd),
+        Cmd::Validate(a) => validate(a),
         Cmd::Bench(a) => bench(a),
     }
 }
@@ -528,14 +601,20 @@ fn matrix_bench(a: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn vm_test(a: VmTestArgs) -> Result<ExitCode> {
+/// `vm-test`; `new_snapshot_set`: `bless --as`, whose `--snapshot-as`
+/// names a set that does not exist yet.
+fn vm_test(a: VmTestArgs, new_snapshot_set: bool) -> Result<ExitCode> {
     let layout = layout();
     let sel = Selection {
         kernels: a.kernels.clone(),
         scenarios: a.scenarios.clone(),
         kernel_image: a.kernel_image.clone(),
         snapshot_as: a.snapshot_as.clone(),
+        new_snapshot_set,
     };
+    if let Some(baseline) = &a.baseline {
+        return ab_test(&layout, &a, &sel, baseline);
+    }
     let trials = suite::plan(&layout, &sel)?;
     if a.list {
         for t in &trials {
@@ -755,6 +834,24 @@ fn kernels(cmd: KernelsCmd) -> Result<ExitCode> {
                 );
             }
         }
+        KernelsCmd::PinSource {
+            package,
+            suite,
+            fetch,
+        } => {
+            let cache = KernelCache::default_location()?;
+            let pin = kloop_kernels::build::pin_source(
+                &cache,
+                &layout.kernels(),
+                &package,
+                &suite,
+                &fetch.options(),
+            )?;
+            println!(
+                "{}: pinned {} from {} (deb sha256 {})",
+                pin.package, pin.version, pin.suite, pin.deb_sha256
+            );
+        }
         KernelsCmd::Update { id, fetch } => {
             let pin = kloop_kernels::update_pin(&layout.kernels(), &id, &fetch.options())?;
             println!(
@@ -764,4 +861,156 @@ fn kernels(cmd: KernelsCmd) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `vm-test --baseline`: the candidate (the one kernel --kernel or
+/// --kernel-image names) against the baseline, scenario by scenario.
+fn ab_test(layout: &Layout, a: &VmTestArgs, sel: &Selection, baseline: &str) -> Result<ExitCode> {
+    if a.repeat > 1 {
+        bail!("--baseline compares one run of each side; check stability with --repeat on each kernel first");
+    }
+    let candidates = suite::resolve_kernels(layout, sel)?;
+    let candidate = match (candidates.as_slice(), sel.kernels.is_empty() && sel.kernel_image.is_none()) {
+        ([one], false) => one.clone(),
+        _ => bail!("--baseline compares one candidate: name it with one --kernel (a pin, built:ID or a bzImage) or --kernel-image"),
+    };
+    let catalog = Catalog::load(&layout.kernels())?;
+    let baseline = suite::resolve_kernel(&catalog, baseline, None)?;
+    let opts = EnvOptions {
+        accel: a.accel,
+        fetch: a.fetch.options(),
+        cpus: a.cpus,
+        memory_mib: a.memory,
+        extra_cmdline: a.append.clone(),
+        boot: a.boot,
+    };
+    let jobs = a.jobs.unwrap_or_else(suite::default_jobs);
+    run_ab(layout, &baseline, &candidate, &a.scenarios, &opts, jobs)
+}
+
+/// Runs an A/B and prints its report; exit 0 only when no scenario
+/// changed, broke or could not be compared.
+fn run_ab(
+    layout: &Layout,
+    baseline: &kloop::run::trial::KernelUnderTest,
+    candidate: &kloop::run::trial::KernelUnderTest,
+    scenarios: &[String],
+    opts: &EnvOptions,
+    jobs: usize,
+) -> Result<ExitCode> {
+    kloop::run::signals::install();
+    if std::env::var_os("INSTA_OUTPUT").is_none() {
+        std::env::set_var("INSTA_OUTPUT", "none");
+    }
+    let started = std::time::Instant::now();
+    let ab = kloop::run::ab::run(
+        layout,
+        baseline,
+        candidate,
+        scenarios,
+        opts,
+        jobs,
+        &|env, base, cand| {
+            println!("kloop: accelerator: {}", accel_line(&env.accel));
+            println!(
+                "kloop: A/B: baseline {base}, candidate {cand}; artefacts in {}",
+                env.run_dir.display()
+            );
+        },
+        &|r| println!("{}", report::trial_line(r)),
+    )
+    .context("preparing the A/B run")?;
+    report::write_files(&ab.run_dir, &ab.results)
+        .with_context(|| format!("writing reports into {}", ab.run_dir.display()))?;
+    let json = kloop::report::ab::write_json(&ab.run_dir, &ab.outcomes)
+        .with_context(|| format!("writing ab.json into {}", ab.run_dir.display()))?;
+    println!();
+    println!(
+        "{}",
+        kloop::report::ab::render(
+            &ab.baseline,
+            &ab.candidate,
+            &ab.outcomes,
+            kloop::report::ab::Colour::for_stdout()
+        )
+    );
+    println!(
+        "kloop: A/B in {:.1} s ({}); report {}",
+        started.elapsed().as_secs_f64(),
+        ab.accel,
+        json.display()
+    );
+    Ok(if ab.accepted {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// `validate`: the source built without and with the patches (both
+/// cached), then the A/B.
+fn validate(a: ValidateArgs) -> Result<ExitCode> {
+    let layout = layout();
+    let build = BuildArgs {
+        source: a.source.clone(),
+        patches: Vec::new(),
+        fragments: a.fragments.clone(),
+        base: a.base,
+        jobs: a.jobs,
+        fetch: a.fetch.clone(),
+    };
+    let base_req = build.request(&layout)?;
+    let cand_req = kloop_kernels::build::BuildRequest {
+        patches: a.patches.clone(),
+        ..base_req.clone()
+    };
+    let what = base_req.source.label();
+    let baseline = match build_kernel(&base_req, &format!("baseline: {what}")) {
+        Ok(k) => k,
+        Err(code) => return Ok(code),
+    };
+    let candidate = match build_kernel(
+        &cand_req,
+        &format!(
+            "candidate: {what} + {}",
+            a.patches
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" + ")
+        ),
+    ) {
+        Ok(k) => k,
+        Err(code) => return Ok(code),
+    };
+    let catalog = Catalog::load(&layout.kernels())?;
+    let local = |k: &kloop_kernels::build::BuiltKernel| {
+        kloop::run::trial::KernelUnderTest::Image(
+            kloop::run::trial::LocalKernel::built(k, None)
+                .with_series_of(&k.record.release, &catalog),
+        )
+    };
+    let opts = EnvOptions {
+        accel: a.accel,
+        fetch: a.fetch.options(),
+        ..EnvOptions::default()
+    };
+    let jobs = a.jobs.unwrap_or_else(suite::default_jobs);
+    let code = run_ab(
+        &layout,
+        &local(&baseline),
+        &local(&candidate),
+        &a.scenarios,
+        &opts,
+        jobs,
+    )?;
+    println!(
+        "kloop: validate: {}",
+        if code == ExitCode::SUCCESS {
+            "the patches change nothing kloop checks"
+        } else {
+            "REJECTED: the patches change or break the records (see above)"
+        }
+    );
+    Ok(code)
 }

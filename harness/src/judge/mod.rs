@@ -9,7 +9,9 @@
 //!   snapshots;
 //! - [`snapshot`]: comparison with the golden snapshots (insta);
 //! - [`known_issues`]: the ledger of known bugs and the sorting of violations;
-//! - [`overhead`]: the emission path's cost against its budgets.
+//! - [`overhead`]: the emission path's cost against its budgets;
+//! - [`ab`]: one scenario on a baseline and a candidate kernel, compared.
+pub mod ab;
 pub mod check;
 pub mod evidence;
 pub mod expect;

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use crate::run::trial::{TrialResult, Verdict};
 
+pub mod ab;
 pub mod junit;
 pub mod overhead;
 

@@ -8,7 +8,9 @@
 //! - [`suite`]: planning and running many trials;
 //! - [`repeat`]: `--repeat N` and the FLAKY verdict;
 //! - [`signals`]: SIGINT/SIGTERM for every wait loop;
-//! - [`bench`]: what `cargo xtask bench` measures.
+//! - [`bench`]: what `cargo xtask bench` measures;
+//! - [`ab`]: A/B runs of a baseline and a candidate kernel.
+pub mod ab;
 pub mod agent;
 pub mod bench;
 pub mod initramfs;

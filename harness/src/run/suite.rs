@@ -49,6 +49,9 @@ pub struct Selection {
     /// Run a user-built bzImage instead of the pins.
     pub kernel_image: Option<PathBuf>,
     pub snapshot_as: Option<String>,
+    /// `snapshot_as` names a set being blessed now (`bless --as`): it
+    /// need not exist yet.
+    pub new_snapshot_set: bool,
 }
 
 /// One planned trial.
@@ -110,7 +113,7 @@ pub fn resolve_kernels(
     sel: &Selection,
 ) -> Result<Vec<KernelUnderTest>, SuiteError> {
     let catalog = Catalog::load(&layout.kernels())?;
-    if let Some(name) = &sel.snapshot_as {
+    if let Some(name) = sel.snapshot_as.as_ref().filter(|_| !sel.new_snapshot_set) {
         check_snapshot_set(layout, &catalog, name)?;
     }
     if let Some(path) = &sel.kernel_image {

@@ -22,7 +22,7 @@ mod make;
 mod source;
 
 pub use kconfig::{Dropped, Requested};
-pub use source::{patch_files, PreparedTree, SourcePin, SourceSpec};
+pub use source::{patch_files, pin_source, SourcePin, SourceSpec};
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

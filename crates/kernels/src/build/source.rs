@@ -75,6 +75,73 @@ fn known_sources(dir: &Path) -> Vec<String> {
     out
 }
 
+/// Pins `package` (`linux-source-X.Y`) at the newest version `suite`
+/// serves, from an index that verifies against the archive keyring, and
+/// writes `kernels/sources/<package>.toml`.
+pub fn pin_source(
+    cache: &KernelCache,
+    catalog_dir: &Path,
+    package: &str,
+    suite: &str,
+    fetch: &FetchOptions,
+) -> Result<SourcePin, BuildError> {
+    use crate::apt::{AptState, Trust};
+    if !package.starts_with("linux-source-") {
+        return Err(BuildError::Invalid(format!(
+            "{package} is not a kernel source package (linux-source-X.Y)"
+        )));
+    }
+    let mirror = fetch.resolve_mirror()?;
+    let apt = AptState::new(&cache.tmp_dir(), &mirror, suite, &fetch.resolve_keyring())?;
+    apt.update(Trust::RequireSigned)?;
+    let records = apt.show(&[package.to_string()])?;
+    let newest = records
+        .iter()
+        .filter(|r| r.package == package)
+        .max_by(|a, b| crate::version::compare_debian_versions(&a.version, &b.version))
+        .ok_or_else(|| {
+            BuildError::Invalid(format!("{} serves no package {package}", apt.source()))
+        })?;
+    let sha256 = newest.sha256.clone().ok_or_else(|| {
+        BuildError::Invalid(format!(
+            "the index of {} gives no SHA256 for {package}",
+            apt.source()
+        ))
+    })?;
+    let pin = SourcePin {
+        package: package.to_string(),
+        version: newest.version.clone(),
+        suite: suite.to_string(),
+        deb_sha256: sha256,
+        tarball: format!("usr/src/{package}.tar.xz"),
+    };
+    // Fetch it now: the download is checked against the signed index's
+    // hash, which the pin records.
+    cache.ensure_pinned_deb(
+        &PinnedDeb {
+            id: package,
+            suite,
+            package,
+            version: &pin.version,
+            sha256: &pin.deb_sha256,
+        },
+        fetch,
+    )?;
+    let dir = catalog_dir.join("sources");
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| BuildError::io(format!("creating {}", dir.display()), e))?;
+    let text = format!(
+        "# Source pin `{package}`: the Debian package `cargo xtask kernels build\n\
+         # --source {package}` unpacks. Written by `cargo xtask kernels pin-source`;\n\
+         # the sha256 (from the signed index) is the trust anchor.\n{}",
+        toml::to_string(&pin).map_err(|e| BuildError::Invalid(e.to_string()))?
+    );
+    let path = dir.join(format!("{package}.toml"));
+    std::fs::write(&path, text)
+        .map_err(|e| BuildError::io(format!("writing {}", path.display()), e))?;
+    Ok(pin)
+}
+
 /// What the user asked to build from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SourceSpec {
@@ -117,17 +184,6 @@ impl SourceSpec {
             SourceSpec::Tree(t) => t.display().to_string(),
         }
     }
-}
-
-/// A tree ready to build: where it is, and what makes it what it is.
-#[derive(Debug, Clone)]
-pub struct PreparedTree {
-    pub dir: PathBuf,
-    /// Source identity (package sha256, or the tree's content stamp) and the
-    /// patches' hashes: what the built kernel's id derives from.
-    pub identity: String,
-    /// The identity of the source without patches (names build slots).
-    pub source_identity: String,
 }
 
 /// The pristine tree of a source: unpacked from the package once, or the

@@ -1,0 +1,420 @@
+//! Differential judging: one scenario on a baseline kernel and on a
+//! candidate (the baseline with a patch), compared.
+//!
+//! What counts, in order:
+//! - `BROKEN`: a rule that holds on the baseline breaks on the candidate,
+//!   or the candidate's run did not complete (panic, timeout, agent error)
+//!   where the baseline's did. The rule's own message says what broke.
+//! - `CHANGED`: the normalised streams differ (a minimal diff, baseline
+//!   `-`, candidate `+`), an overhead figure left the band around the
+//!   baseline's, or the scenario ran on one side only.
+//! - `BASELINE-ONLY`: the same on both sides, but the baseline itself
+//!   breaks rules (known bugs, say): shown apart, not the patch's doing.
+//! - `SAME`, `SKIPPED` (on both, same reason), `INCOMPARABLE` (the
+//!   baseline did not complete, so there is nothing to compare with).
+
+use serde::Serialize;
+
+use crate::judge::overhead::{Clock, FigureKind, TrialOverhead};
+
+/// What one side's trial left, as the comparison needs it.
+#[derive(Debug, Clone, Default)]
+pub struct Side {
+    /// `ok`, `FAILED`, `KNOWN`, `SKIPPED`, `PANIC`, … and its first line.
+    pub label: String,
+    pub headline: String,
+    /// The agent's plan ran to its end and the records were judged.
+    pub judged: bool,
+    /// The skip reason, when skipped.
+    pub skipped: Option<String>,
+    /// Every (rule, message) the records broke.
+    pub rules: Vec<(String, String)>,
+    /// The normalised stream.
+    pub normalised: Option<String>,
+    pub overhead: Option<TrialOverhead>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AbClass {
+    Same,
+    Changed,
+    Broken,
+    BaselineOnly,
+    Skipped,
+    Incomparable,
+}
+
+impl AbClass {
+    pub fn label(self) -> &'static str {
+        match self {
+            AbClass::Same => "SAME",
+            AbClass::Changed => "CHANGED",
+            AbClass::Broken => "BROKEN",
+            AbClass::BaselineOnly => "BASELINE-ONLY",
+            AbClass::Skipped => "SKIPPED",
+            AbClass::Incomparable => "INCOMPARABLE",
+        }
+    }
+
+    /// Does this outcome reject the candidate (`validate`'s exit status)?
+    pub fn rejects(self) -> bool {
+        matches!(
+            self,
+            AbClass::Changed | AbClass::Broken | AbClass::Incomparable
+        )
+    }
+}
+
+/// One overhead figure on both sides.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FigureChange {
+    pub figure: String,
+    pub baseline: f64,
+    pub candidate: f64,
+    /// candidate / baseline.
+    pub ratio: f64,
+    /// Allowed relative distance.
+    pub band: f64,
+    pub within: bool,
+}
+
+/// The comparison of one scenario.
+#[derive(Debug, Clone, Serialize)]
+pub struct AbOutcome {
+    pub scenario: String,
+    pub class: AbClass,
+    /// Why: broken rules with their messages, the stream diff, figures.
+    pub details: Vec<String>,
+    /// Diff lines of the normalised streams: `-` baseline, `+` candidate.
+    pub diff: Vec<String>,
+    pub figures: Vec<FigureChange>,
+    /// What the baseline itself broke, shown apart.
+    pub baseline_issues: Vec<String>,
+}
+
+const MAX_DIFF_LINES: usize = 40;
+const MAX_RULE_LINES: usize = 8;
+
+pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
+    let mut out = AbOutcome {
+        scenario: scenario.to_string(),
+        class: AbClass::Same,
+        details: Vec::new(),
+        diff: Vec::new(),
+        figures: Vec::new(),
+        baseline_issues: base
+            .rules
+            .iter()
+            .map(|(r, m)| format!("[{r}] {m}"))
+            .collect(),
+    };
+    match (&base.skipped, &cand.skipped) {
+        (Some(b), Some(c)) => {
+            out.class = if b == c {
+                AbClass::Skipped
+            } else {
+                AbClass::Changed
+            };
+            out.details.push(format!("skipped on the baseline: {b}"));
+            if b != c {
+                out.details.push(format!("skipped on the candidate: {c}"));
+            }
+            return out;
+        }
+        (None, Some(c)) if base.judged => {
+            out.class = AbClass::Changed;
+            out.details.push(format!(
+                "ran on the baseline but is skipped on the candidate: {c}"
+            ));
+            return out;
+        }
+        (Some(b), None) => {
+            out.class = AbClass::Changed;
+            out.details.push(format!(
+                "skipped on the baseline ({b}) but runs on the candidate ({})",
+                cand.headline
+            ));
+            return out;
+        }
+        _ => {}
+    }
+    if !base.judged {
+        out.class = AbClass::Incomparable;
+        out.details.push(format!(
+            "the baseline did not complete ({}): nothing to compare the candidate ({}) with",
+            base.headline, cand.headline
+        ));
+        return out;
+    }
+    if !cand.judged {
+        out.class = AbClass::Broken;
+        out.details.push(format!(
+            "the candidate did not complete where the baseline did: {}",
+            cand.headline
+        ));
+        return out;
+    }
+    let base_rules: std::collections::BTreeSet<&str> =
+        base.rules.iter().map(|(r, _)| r.as_str()).collect();
+    let new: Vec<&(String, String)> = cand
+        .rules
+        .iter()
+        .filter(|(r, _)| !base_rules.contains(r.as_str()))
+        .collect();
+    if !new.is_empty() {
+        out.class = AbClass::Broken;
+        out.details.push(format!(
+            "{} violation(s) of rule(s) that hold on the baseline:",
+            new.len()
+        ));
+        for (r, m) in new.iter().take(MAX_RULE_LINES) {
+            out.details.push(format!("  [{r}] {m}"));
+        }
+        if new.len() > MAX_RULE_LINES {
+            out.details
+                .push(format!("  … {} more", new.len() - MAX_RULE_LINES));
+        }
+    }
+    if let (Some(b), Some(c)) = (&base.normalised, &cand.normalised) {
+        out.diff = stream_diff(b, c);
+        if !out.diff.is_empty() && out.class == AbClass::Same {
+            out.class = AbClass::Changed;
+            out.details
+                .push("the normalised streams differ (- baseline, + candidate)".into());
+        }
+    }
+    if let (Some(b), Some(c)) = (&base.overhead, &cand.overhead) {
+        out.figures = figure_changes(b, c);
+        let moved: Vec<&FigureChange> = out.figures.iter().filter(|f| !f.within).collect();
+        if !moved.is_empty() {
+            if out.class == AbClass::Same {
+                out.class = AbClass::Changed;
+            }
+            out.details.push(format!(
+                "{} overhead figure(s) left the band around the baseline's ({}):",
+                moved.len(),
+                b.clock.label()
+            ));
+            for f in moved {
+                out.details.push(format!(
+                    "  {}: {} → {} (×{:.3}, band ±{:.1}%)",
+                    f.figure,
+                    f.baseline,
+                    f.candidate,
+                    f.ratio,
+                    f.band * 100.0
+                ));
+            }
+        }
+    }
+    if out.class == AbClass::Same && !out.baseline_issues.is_empty() {
+        out.class = AbClass::BaselineOnly;
+    }
+    out
+}
+
+/// `- line` / `+ line` for every line that differs (Myers, minimal), at
+/// most [`MAX_DIFF_LINES`].
+pub fn stream_diff(base: &str, cand: &str) -> Vec<String> {
+    let base = base.trim_end_matches('\n');
+    let cand = cand.trim_end_matches('\n');
+    if base == cand {
+        return Vec::new();
+    }
+    let diff = similar::TextDiff::from_lines(base, cand);
+    let mut out = Vec::new();
+    for change in diff.iter_all_changes() {
+        let sign = match change.tag() {
+            similar::ChangeTag::Equal => continue,
+            similar::ChangeTag::Delete => '-',
+            similar::ChangeTag::Insert => '+',
+        };
+        if out.len() == MAX_DIFF_LINES {
+            out.push("… (see the two normalised.txt files)".into());
+            break;
+        }
+        out.push(format!("{sign} {}", change.value().trim_end_matches('\n')));
+    }
+    out
+}
+
+/// Every figure of both runs, candidate against baseline. The band is the
+/// clock's: under `-icount` a guest's instruction counts repeat within
+/// 0.4% from boot to boot (see `overhead::ICOUNT_TOLERANCE`), so 1% is the
+/// baseline's own run-to-run spread with room; real-time clocks get their
+/// wider bands. Counts must match exactly.
+pub fn figure_changes(base: &TrialOverhead, cand: &TrialOverhead) -> Vec<FigureChange> {
+    let (median_band, ratio_band) = match base.clock {
+        Clock::Icount => (
+            crate::judge::overhead::ICOUNT_TOLERANCE,
+            crate::judge::overhead::ICOUNT_TOLERANCE,
+        ),
+        _ => (
+            crate::judge::overhead::REAL_TIME_MEDIAN_TOLERANCE,
+            crate::judge::overhead::REAL_TIME_RATIO_TOLERANCE,
+        ),
+    };
+    let mut out = Vec::new();
+    for b in &base.figures {
+        let Some(c) = cand.figures.iter().find(|c| c.name == b.name) else {
+            continue;
+        };
+        let band = match b.kind {
+            FigureKind::Median => median_band,
+            FigureKind::Ratio => ratio_band,
+            FigureKind::Count => 0.0,
+        };
+        let ratio = if b.value == 0.0 {
+            if c.value == 0.0 {
+                1.0
+            } else {
+                f64::INFINITY
+            }
+        } else {
+            c.value / b.value
+        };
+        out.push(FigureChange {
+            figure: b.name.clone(),
+            baseline: b.value,
+            candidate: c.value,
+            ratio,
+            band,
+            within: (ratio - 1.0).abs() <= band * (1.0 + 1e-9),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn side(rules: &[(&str, &str)], stream: &str) -> Side {
+        Side {
+            label: "ok".into(),
+            headline: "ok".into(),
+            judged: true,
+            skipped: None,
+            rules: rules
+                .iter()
+                .map(|(r, m)| (r.to_string(), m.to_string()))
+                .collect(),
+            normalised: Some(stream.into()),
+            overhead: None,
+        }
+    }
+
+    #[test]
+    fn same_streams_and_rules_are_same() {
+        let o = compare("s", &side(&[], "a\nb\n"), &side(&[], "a\nb"));
+        assert_eq!(o.class, AbClass::Same);
+        assert!(!o.class.rejects());
+    }
+
+    #[test]
+    fn a_rule_new_on_the_candidate_is_broken_with_its_message() {
+        let base = side(&[("load-symbols", "known on both")], "a\n");
+        let cand = side(
+            &[
+                ("load-symbols", "known on both"),
+                ("ksymbol-len", "len 45 but jited_func_lens says 12"),
+            ],
+            "a\n",
+        );
+        let o = compare("s", &base, &cand);
+        assert_eq!(o.class, AbClass::Broken);
+        assert!(
+            o.details.iter().any(|d| d.contains("[ksymbol-len] len 45")),
+            "{o:?}"
+        );
+        assert!(
+            !o.details.iter().any(|d| d.contains("known on both")),
+            "{o:?}"
+        );
+        assert_eq!(o.baseline_issues, vec!["[load-symbols] known on both"]);
+    }
+
+    #[test]
+    fn a_different_stream_is_changed_with_a_minimal_diff() {
+        let o = compare("s", &side(&[], "a\nb\nc\n"), &side(&[], "a\nX\nb\nc\n"));
+        assert_eq!(o.class, AbClass::Changed);
+        assert_eq!(o.diff, vec!["+ X"]);
+    }
+
+    #[test]
+    fn baseline_issues_alone_are_baseline_only() {
+        let b = side(&[("parse", "bad size")], "a\n");
+        let c = side(&[("parse", "bad size")], "a\n");
+        let o = compare("s", &b, &c);
+        assert_eq!(o.class, AbClass::BaselineOnly);
+        assert!(!o.class.rejects());
+    }
+
+    #[test]
+    fn a_candidate_that_panics_is_broken_and_a_baseline_that_panics_is_incomparable() {
+        let ok = side(&[], "a\n");
+        let panic = Side {
+            label: "PANIC".into(),
+            headline: "PANIC".into(),
+            ..Side::default()
+        };
+        assert_eq!(compare("s", &ok, &panic).class, AbClass::Broken);
+        assert_eq!(compare("s", &panic, &ok).class, AbClass::Incomparable);
+    }
+
+    #[test]
+    fn skips_compare_by_reason() {
+        let skip = |r: &str| Side {
+            skipped: Some(r.into()),
+            ..Side::default()
+        };
+        assert_eq!(compare("s", &skip("A"), &skip("A")).class, AbClass::Skipped);
+        assert_eq!(compare("s", &skip("A"), &skip("B")).class, AbClass::Changed);
+        assert_eq!(
+            compare("s", &side(&[], "a"), &skip("CONFIG_FUTEX not set")).class,
+            AbClass::Changed
+        );
+    }
+
+    #[test]
+    fn an_overhead_figure_out_of_band_is_changed_and_named() {
+        use crate::judge::overhead::Figure;
+        let oh = |v: f64| TrialOverhead {
+            kernel: "k".into(),
+            budget_pin: None,
+            guest_release: "r".into(),
+            clock: Clock::Icount,
+            points: vec![],
+            figures: vec![
+                Figure {
+                    name: "basic/unload/L1".into(),
+                    kind: FigureKind::Median,
+                    value: v,
+                },
+                Figure {
+                    name: "basic/functions".into(),
+                    kind: FigureKind::Count,
+                    value: 1.0,
+                },
+            ],
+            rows: vec![],
+            median_tolerance: 0.01,
+            sensitivity: vec![],
+        };
+        let mut b = side(&[], "a");
+        let mut c = side(&[], "a");
+        b.overhead = Some(oh(4930.0));
+        c.overhead = Some(oh(4960.0));
+        assert_eq!(compare("s", &b, &c).class, AbClass::Same);
+        c.overhead = Some(oh(9860.0));
+        let o = compare("s", &b, &c);
+        assert_eq!(o.class, AbClass::Changed);
+        assert!(
+            o.details
+                .iter()
+                .any(|d| d.contains("basic/unload/L1: 4930 → 9860 (×2.000")),
+            "{o:?}"
+        );
+    }
+}

@@ -1,0 +1,155 @@
+//! A/B runs: the same scenarios on a baseline kernel and a candidate,
+//! interleaved on the same VMs, then each pair compared by
+//! [`crate::judge::ab`].
+
+use std::path::Path;
+
+use crate::judge::ab::{self, AbOutcome, Side};
+use crate::run::suite::PlannedTrial;
+use crate::run::trial::{KernelUnderTest, TrialResult, Verdict};
+use crate::scenario::Scenario;
+
+/// The trials of an A/B run: for each scenario, baseline then candidate,
+/// so both meet the same host load. Two local kernels with the same name
+/// are told apart by a `baseline-` prefix on the baseline's.
+pub fn trials(
+    baseline: &KernelUnderTest,
+    candidate: &KernelUnderTest,
+    scenarios: &[Scenario],
+) -> Vec<PlannedTrial> {
+    let mut baseline = baseline.clone();
+    if baseline.id() == candidate.id() {
+        if let KernelUnderTest::Image(k) = &mut baseline {
+            k.name = format!("baseline-{}", k.name);
+        }
+    }
+    scenarios
+        .iter()
+        .flat_map(|s| {
+            [
+                PlannedTrial {
+                    kernel: baseline.clone(),
+                    scenario: s.clone(),
+                },
+                PlannedTrial {
+                    kernel: candidate.clone(),
+                    scenario: s.clone(),
+                },
+            ]
+        })
+        .collect()
+}
+
+/// What a trial left, as the comparison reads it: verdict, broken rules,
+/// the normalised stream and the overhead figures from its artefacts.
+pub fn side_of(r: &TrialResult) -> Side {
+    let normalised = read(&r.artefacts.join("normalised.txt"));
+    let overhead = read(&r.artefacts.join(crate::judge::overhead::TRIAL_FILE))
+        .and_then(|t| serde_json::from_str(&t).ok());
+    let skipped = match &r.verdict {
+        Verdict::Skipped(m) => Some(m.lines().next().unwrap_or("").to_string()),
+        _ => None,
+    };
+    // Judged: the plan ran to its end and the records were read (a rule,
+    // the ledger, a snapshot or a budget may still have failed it).
+    let judged = normalised.is_some()
+        && matches!(
+            r.verdict,
+            Verdict::Ok | Verdict::Failed(_) | Verdict::Known(_) | Verdict::Fixed(_)
+        );
+    Side {
+        label: r.verdict.label().to_string(),
+        headline: match r.verdict.message() {
+            Some(m) => format!("{}: {}", r.verdict.label(), m.lines().next().unwrap_or("")),
+            None => r.verdict.label().to_string(),
+        },
+        judged,
+        skipped,
+        rules: r
+            .violations
+            .iter()
+            .map(|v| (v.rule.clone(), v.message.clone()))
+            .collect(),
+        normalised,
+        overhead,
+    }
+}
+
+fn read(p: &Path) -> Option<String> {
+    std::fs::read_to_string(p).ok()
+}
+
+/// Pairs the results of [`trials`]'s output (in any order) and compares
+/// each pair.
+pub fn compare(trials: &[PlannedTrial], results: &[TrialResult]) -> Vec<AbOutcome> {
+    let id = |i: usize| trials.get(i).map(|t| t.kernel.id()).unwrap_or_default();
+    let (base_id, cand_id) = (id(0), id(1));
+    let mut out = Vec::new();
+    let mut seen = Vec::new();
+    for t in trials {
+        let name = &t.scenario.name;
+        if seen.contains(name) {
+            continue;
+        }
+        seen.push(name.clone());
+        let find = |kernel: &str| {
+            results
+                .iter()
+                .find(|r| r.kernel == kernel && &r.scenario == name)
+        };
+        let (Some(b), Some(c)) = (find(&base_id), find(&cand_id)) else {
+            continue;
+        };
+        out.push(ab::compare(name, &side_of(b), &side_of(c)));
+    }
+    out
+}
+
+/// What an A/B run found.
+pub struct AbRun {
+    pub baseline: String,
+    pub candidate: String,
+    pub results: Vec<TrialResult>,
+    pub outcomes: Vec<AbOutcome>,
+    pub run_dir: std::path::PathBuf,
+    pub accel: String,
+    /// Every scenario was compared and none changed, broke or could not
+    /// be compared.
+    pub accepted: bool,
+}
+
+/// Runs `scenarios` (names; empty = all) on both kernels and compares
+/// them; `on_start` sees the environment and both names before the first
+/// trial, `on_result` each trial as it ends. Writes nothing: reports are
+/// the report room's (`report::write_files`, `report::ab`).
+#[allow(clippy::too_many_arguments)] // two kernels, what to run, how, and two callbacks
+pub fn run(
+    layout: &crate::run::suite::Layout,
+    baseline: &KernelUnderTest,
+    candidate: &KernelUnderTest,
+    scenarios: &[String],
+    opts: &crate::run::suite::EnvOptions,
+    jobs: usize,
+    on_start: &dyn Fn(&crate::run::trial::TrialEnv, &str, &str),
+    on_result: &(dyn Fn(&TrialResult) + Sync),
+) -> Result<AbRun, crate::run::suite::SuiteError> {
+    use crate::run::suite;
+    let all = crate::scenario::load_all(&layout.scenarios())?;
+    let chosen = crate::scenario::select(&all, scenarios)?;
+    let trials = trials(baseline, candidate, &chosen);
+    let env = suite::prepare_env(layout, opts, &[baseline.clone(), candidate.clone()])?;
+    let (base_name, cand_name) = (trials[0].kernel.id(), trials[1].kernel.id());
+    on_start(&env, &base_name, &cand_name);
+    let results = suite::run_all(&env, &trials, jobs, on_result);
+    let outcomes = compare(&trials, &results);
+    let accepted = outcomes.len() == chosen.len() && !outcomes.iter().any(|o| o.class.rejects());
+    Ok(AbRun {
+        baseline: base_name,
+        candidate: cand_name,
+        results,
+        outcomes,
+        run_dir: env.run_dir.clone(),
+        accel: env.accel.accel.clone(),
+        accepted,
+    })
+}

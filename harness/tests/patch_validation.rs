@@ -1,0 +1,257 @@
+//! Slow tier (issue 11): kernels built from Debian's `linux-source-6.12`
+//! by `kloop_kernels::build`, run through every scenario, and the A/B that
+//! `cargo xtask validate` runs. Every test here builds kernels (≈10 min
+//! cold on two cores, seconds once cached in `~/.cache/kloop/build`) and
+//! needs the package mirror the first time, so they are `#[ignore]`d in
+//! the default `cargo test`; run them with
+//!
+//! ```text
+//! cargo test -p kloop --test patch_validation -- --ignored --test-threads 1
+//! ```
+
+use kloop::judge::ab::AbClass;
+use kloop::run::suite::{self, EnvOptions, Layout, PlannedTrial};
+use kloop::run::trial::{KernelUnderTest, LocalKernel, TrialResult, Verdict};
+use kloop_kernels::build::{self, BuildRequest, BuiltKernel, ConfigBase, SourceSpec};
+use kloop_kernels::{Catalog, KernelCache};
+
+const SOURCE: &str = "linux-source-6.12";
+
+fn layout() -> Layout {
+    Layout::from_root(kloop::run::agent::workspace_root())
+}
+
+fn opts() -> EnvOptions {
+    EnvOptions {
+        accel: std::env::var("KLOOP_ACCEL")
+            .unwrap_or_else(|_| "auto".into())
+            .parse()
+            .expect("KLOOP_ACCEL"),
+        ..EnvOptions::default()
+    }
+}
+
+fn built(patches: &[&str], fragments: &[&str]) -> BuiltKernel {
+    let layout = layout();
+    let req = BuildRequest {
+        source: SourceSpec::parse(SOURCE, &layout.kernels()).expect("source pin"),
+        patches: patches
+            .iter()
+            .map(|p| layout.kernels().join("patches").join(p))
+            .collect(),
+        kloop_fragment: layout.kernels().join("configs/kloop.config"),
+        fragments: fragments
+            .iter()
+            .map(|f| layout.kernels().join("configs").join(f))
+            .collect(),
+        base: ConfigBase::Tinyconfig,
+        jobs: suite::default_jobs(),
+        fetch: Default::default(),
+    };
+    let cache = KernelCache::default_location().expect("cache");
+    let mut last = std::time::Instant::now();
+    build::build(&cache, &req, &mut |e| {
+        if let build::BuildEvent::Phase(p) = e {
+            eprintln!("build: {p}");
+        } else if last.elapsed().as_secs() >= 30 {
+            last = std::time::Instant::now();
+            eprintln!("build: still compiling");
+        }
+    })
+    .unwrap_or_else(|e| panic!("building {SOURCE} {patches:?} {fragments:?}: {e}"))
+}
+
+fn local(k: &BuiltKernel) -> KernelUnderTest {
+    let catalog = Catalog::load(&layout().kernels()).expect("catalog");
+    KernelUnderTest::Image(LocalKernel::built(k, None).with_series_of(&k.record.release, &catalog))
+}
+
+fn run_every_scenario(kernel: KernelUnderTest) -> Vec<TrialResult> {
+    let layout = layout();
+    let scenarios = kloop::scenario::load_all(&layout.scenarios()).expect("scenarios");
+    let trials: Vec<PlannedTrial> = scenarios
+        .into_iter()
+        .map(|scenario| PlannedTrial {
+            kernel: kernel.clone(),
+            scenario,
+        })
+        .collect();
+    let env = suite::prepare_env(&layout, &opts(), &[kernel]).expect("environment");
+    suite::run_all(&env, &trials, suite::default_jobs(), &|r| {
+        eprintln!("{}", kloop::report::trial_line(r))
+    })
+}
+
+fn verdict_of<'a>(results: &'a [TrialResult], scenario: &str) -> &'a Verdict {
+    &results
+        .iter()
+        .find(|r| r.scenario == scenario)
+        .unwrap_or_else(|| panic!("no trial of {scenario}"))
+        .verdict
+}
+
+#[test]
+#[ignore = "slow tier: builds linux-source-6.12; see the module docs"]
+fn a_kloop_config_build_runs_every_scenario() {
+    let k = built(&[], &[]);
+    let results = run_every_scenario(local(&k));
+    assert_eq!(
+        results.len(),
+        kloop::scenario::load_all(&layout().scenarios())
+            .unwrap()
+            .len()
+    );
+    for r in &results {
+        match &r.verdict {
+            Verdict::Ok | Verdict::Known(_) => {}
+            Verdict::Skipped(why) => assert!(
+                why.contains("CONFIG_"),
+                "{}: a skip on a kloop.config kernel must name the option: {why}",
+                r.id
+            ),
+            other => panic!(
+                "{}: {} on an unmodified kloop.config kernel: {other:?}",
+                r.id,
+                other.label()
+            ),
+        }
+    }
+}
+
+#[test]
+#[ignore = "slow tier: builds linux-source-6.12; see the module docs"]
+fn missing_futex_and_syscall_tracepoints_skip_by_name() {
+    let k = built(&[], &["tests/no-futex-no-syscall-tracepoints.config"]);
+    let config = k.config().expect("config");
+    assert!(!config.is_enabled("CONFIG_FUTEX"));
+    assert!(!config.is_enabled("CONFIG_FTRACE_SYSCALLS"));
+    let results = run_every_scenario(local(&k));
+    for (scenario, option) in [
+        ("concurrent-load", "CONFIG_FUTEX"),
+        ("short-lived", "CONFIG_FUTEX"),
+        ("perf-tool", "CONFIG_FUTEX"),
+        ("object-sections", "CONFIG_FTRACE_SYSCALLS"),
+    ] {
+        match verdict_of(&results, scenario) {
+            Verdict::Skipped(why) => assert!(why.starts_with(option), "{scenario}: {why}"),
+            other => panic!("{scenario}: expected SKIPPED ({option}), got {other:?}"),
+        }
+    }
+    for r in &results {
+        assert!(!r.verdict.fails_run(), "{}: {:?}", r.id, r.verdict);
+    }
+}
+
+fn ab(patches: &[&str]) -> kloop::run::ab::AbRun {
+    let base = built(&[], &[]);
+    let cand = built(patches, &[]);
+    kloop::run::ab::run(
+        &layout(),
+        &local(&base),
+        &local(&cand),
+        &[],
+        &opts(),
+        suite::default_jobs(),
+        &|_, b, c| eprintln!("A/B: {b} vs {c}"),
+        &|r| eprintln!("{}", kloop::report::trial_line(r)),
+    )
+    .expect("A/B run")
+}
+
+fn class_of(run: &kloop::run::ab::AbRun, scenario: &str) -> AbClass {
+    run.outcomes
+        .iter()
+        .find(|o| o.scenario == scenario)
+        .unwrap_or_else(|| panic!("no outcome for {scenario}"))
+        .class
+}
+
+#[test]
+#[ignore = "slow tier: builds linux-source-6.12; see the module docs"]
+fn the_unpatched_source_is_same_against_itself() {
+    let run = ab(&[]);
+    eprintln!(
+        "{}",
+        kloop::report::ab::render(
+            &run.baseline,
+            &run.candidate,
+            &run.outcomes,
+            kloop::report::ab::Colour::Never
+        )
+    );
+    assert!(run.accepted);
+    for o in &run.outcomes {
+        assert!(
+            matches!(
+                o.class,
+                AbClass::Same | AbClass::BaselineOnly | AbClass::Skipped
+            ),
+            "{}: {:?}",
+            o.scenario,
+            o
+        );
+    }
+}
+
+#[test]
+#[ignore = "slow tier: builds linux-source-6.12 twice; see the module docs"]
+fn validate_rejects_a_patch_that_breaks_the_stream() {
+    let run = ab(&["subprog-ksymbol-len.patch"]);
+    eprintln!(
+        "{}",
+        kloop::report::ab::render(
+            &run.baseline,
+            &run.candidate,
+            &run.outcomes,
+            kloop::report::ab::Colour::Never
+        )
+    );
+    assert!(!run.accepted);
+    assert_eq!(class_of(&run, "subprogs"), AbClass::Broken);
+    let subprogs = run
+        .outcomes
+        .iter()
+        .find(|o| o.scenario == "subprogs")
+        .unwrap();
+    assert!(
+        subprogs
+            .details
+            .iter()
+            .any(|d| d.contains("jited_func_lens")),
+        "the broken rule's message names the length it contradicts: {:?}",
+        subprogs.details
+    );
+}
+
+#[test]
+#[ignore = "slow tier: builds linux-source-6.12 twice; see the module docs"]
+fn validate_rejects_a_patch_that_only_slows_the_emission_path() {
+    let run = ab(&["ksymbol-kallsyms-check.patch"]);
+    eprintln!(
+        "{}",
+        kloop::report::ab::render(
+            &run.baseline,
+            &run.candidate,
+            &run.outcomes,
+            kloop::report::ab::Colour::Never
+        )
+    );
+    assert!(!run.accepted);
+    let overhead = run
+        .outcomes
+        .iter()
+        .find(|o| o.scenario == "overhead")
+        .unwrap();
+    assert_eq!(overhead.class, AbClass::Changed, "{overhead:?}");
+    assert!(
+        overhead.figures.iter().any(|f| !f.within && f.ratio > 1.0),
+        "{:?}",
+        overhead.figures
+    );
+    // Only the cost moved: no rule broke anywhere.
+    assert!(
+        run.outcomes.iter().all(|o| o.class != AbClass::Broken),
+        "{:?}",
+        run.outcomes
+    );
+}
