@@ -8,13 +8,13 @@
 # With --kernel-build it also installs what `cargo xtask kernels build` and
 # `cargo xtask validate` need to compile kernels from source: gcc, make,
 # flex, bison, bc, libelf-dev, libssl-dev, pahole (dwarves, for BTF), patch,
-# xz-utils and ccache (optional; cached objects make rebuilds cheap).
+# xz-utils, zstd and ccache (optional; cached objects make rebuilds cheap).
 # Idempotent: packages already installed are left alone.
 set -euo pipefail
 
 need=()
 if [ "${1:-}" = "--kernel-build" ]; then
-  for tool_pkg in gcc:gcc make:make flex:flex bison:bison bc:bc pahole:dwarves patch:patch xz:xz-utils ccache:ccache cpio:cpio; do
+  for tool_pkg in gcc:gcc make:make flex:flex bison:bison bc:bc pahole:dwarves patch:patch xz:xz-utils zstd:zstd ccache:ccache cpio:cpio; do
     command -v "${tool_pkg%%:*}" >/dev/null 2>&1 || need+=("${tool_pkg#*:}")
   done
   [ -e /usr/include/libelf.h ] || need+=(libelf-dev)

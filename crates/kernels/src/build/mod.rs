@@ -331,6 +331,8 @@ pub fn build(
         ("bison", "bison"),
         ("bc", "bc"),
         ("pahole", "dwarves"),
+        ("zstd", "zstd"),
+        ("patch", "patch"),
     ] {
         if which(tool).is_none() {
             return Err(BuildError::ToolMissing { tool, package });
@@ -355,32 +357,50 @@ pub fn build(
         }
     }
 
-    // Slots are keyed by where the source is, not by its content, so that
-    // an edited tree or a new patch set reuses the previous build's output.
+    // Slots are keyed by where the source is (not by its content) and by
+    // the config inputs, so an edited tree or a new patch set reuses the
+    // previous build's output directory, and each config keeps its own.
     let location = match &req.source {
         SourceSpec::Package(p) => format!("deb:{}", p.deb_sha256),
         SourceSpec::Tree(t) => format!("tree:{}", t.display()),
     };
     let patched = !req.patches.is_empty();
-    let slot = short_hash(&[&location, if patched { "patched" } else { "pristine" }]);
+    let mut slot_parts = vec![
+        location.clone(),
+        if patched { "patched" } else { "pristine" }.to_string(),
+        req.base.target().to_string(),
+    ];
+    slot_parts.extend(fragments.iter().map(|f| f.sha256.clone()));
+    let slot = short_hash(&slot_parts.iter().map(String::as_str).collect::<Vec<_>>());
     let build_root = cache.root().join("build");
     let _lock = SlotLock::take(&build_root.join("locks"), &slot)?;
-    let src = if patched {
+    // A patched copy sits at the same path relative to its output
+    // directory as the pristine tree does to its own
+    // (`../../src/<id>/<name>`): ccache, told to hash paths relative to
+    // the build directory, then serves a patched build every object the
+    // patches did not touch.
+    let (src, out) = if patched {
         progress(BuildEvent::Phase(format!(
             "applying {} patch(es)",
             req.patches.len()
         )));
-        source::patched_tree(
+        let root = build_root.join("patched").join(&slot);
+        let rel = pristine
+            .strip_prefix(&build_root)
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|_| PathBuf::from("src/tree"));
+        let tree = source::patched_tree(
             &pristine,
-            &build_root.join("trees").join(&slot),
+            &root,
+            &root.join(rel),
             &source_identity,
             &req.patches,
             progress,
-        )?
+        )?;
+        (tree, root.join("out").join(&slot))
     } else {
-        pristine.clone()
+        (pristine.clone(), build_root.join("out").join(&slot))
     };
-    let out = build_root.join("out").join(&slot);
     std::fs::create_dir_all(&out)
         .map_err(|e| BuildError::io(format!("creating {}", out.display()), e))?;
     let incremental = out.join("vmlinux").is_file();

@@ -370,11 +370,12 @@ fn walk_files(dir: &Path) -> Result<BTreeMap<PathBuf, std::fs::Metadata>, BuildE
 pub(super) fn patched_tree(
     pristine: &Path,
     slot: &Path,
+    tree: &Path,
     source_identity: &str,
     patches: &[PathBuf],
     progress: &mut dyn FnMut(super::BuildEvent),
 ) -> Result<PathBuf, BuildError> {
-    let tree = slot.join("tree");
+    let tree = tree.to_path_buf();
     let marker = slot.join("touched");
     let stamp = slot.join("source");
     let touched_before = std::fs::read_to_string(&marker).unwrap_or_default();
@@ -389,8 +390,9 @@ pub(super) fn patched_tree(
             tree.display()
         )));
         let _ = std::fs::remove_dir_all(&tree);
-        std::fs::create_dir_all(slot)
-            .map_err(|e| BuildError::io(format!("creating {}", slot.display()), e))?;
+        let parent = tree.parent().unwrap_or(slot);
+        std::fs::create_dir_all(parent)
+            .map_err(|e| BuildError::io(format!("creating {}", parent.display()), e))?;
         copy_tree(pristine, &tree)?;
         std::fs::write(&stamp, source_identity)
             .map_err(|e| BuildError::io(format!("writing {}", stamp.display()), e))?;
@@ -576,6 +578,7 @@ mod tests {
         let tree = patched_tree(
             &pristine,
             &slot,
+            &slot.join("tree"),
             "id",
             std::slice::from_ref(&p1),
             &mut quiet,
@@ -586,7 +589,8 @@ mod tests {
             "one\nTWO\nthree\n"
         );
         // The same slot with no patches is the pristine tree again.
-        let tree = patched_tree(&pristine, &slot, "id", &[], &mut quiet).unwrap();
+        let tree =
+            patched_tree(&pristine, &slot, &slot.join("tree"), "id", &[], &mut quiet).unwrap();
         assert_eq!(
             std::fs::read_to_string(tree.join("kernel/a.c")).unwrap(),
             "one\ntwo\nthree\n"
@@ -598,7 +602,15 @@ mod tests {
             "--- a/kernel/a.c\n+++ b/kernel/a.c\n@@ -1,3 +1,3 @@\n one\n-zwei\n+ZWEI\n three\n",
         )
         .unwrap();
-        let err = patched_tree(&pristine, &slot, "id", &[bad], &mut quiet).unwrap_err();
+        let err = patched_tree(
+            &pristine,
+            &slot,
+            &slot.join("tree"),
+            "id",
+            &[bad],
+            &mut quiet,
+        )
+        .unwrap_err();
         assert!(matches!(err, BuildError::PatchFailed { .. }), "{err}");
         assert!(err.to_string().contains("bad.patch"), "{err}");
         assert_eq!(
