@@ -296,7 +296,7 @@ fn build_kernel(
                 } else {
                     format!(
                         "{} build in {:.0} s",
-                        if r.incremental { "incremental" } else { "cold" },
+                        if r.incremental { "incremental" } else { "full" },
                         r.build_secs
                     )
                 }
@@ -645,6 +645,9 @@ fn vm_test(a: VmTestArgs, new_snapshot_set: bool) -> Result<ExitCode> {
     let env =
         suite::prepare_env(&layout, &opts, &kernels).context("preparing the test environment")?;
     println!("kloop: accelerator: {}", accel_line(&env.accel));
+    for note in suite::config_notes(&env, &trials) {
+        println!("kloop: {note}");
+    }
     let ledger_warnings = env
         .known_issues
         .warnings(kloop::judge::known_issues::Date::today());

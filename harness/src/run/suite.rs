@@ -196,6 +196,26 @@ fn check_snapshot_set(layout: &Layout, catalog: &Catalog, name: &str) -> Result<
     ))
 }
 
+/// One line per kernel of `trials` whose `.config` cannot be found, so the
+/// config preflight cannot run for it: said once, before the run.
+pub fn config_notes(env: &TrialEnv, trials: &[PlannedTrial]) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut out = Vec::new();
+    for t in trials {
+        let id = t.kernel.id();
+        if seen.contains(&id) {
+            continue;
+        }
+        seen.push(id.clone());
+        if let Err(why) = t.kernel.config(env) {
+            out.push(format!(
+                "{id}: {why}; no config preflight, the guest's probes decide what runs"
+            ));
+        }
+    }
+    out
+}
+
 /// The known-issues ledger (`kernels/known-issues.toml`), validated against
 /// the catalog's pins, the scenarios and every rule name.
 pub fn load_ledger(layout: &Layout) -> Result<crate::judge::known_issues::Ledger, SuiteError> {

@@ -451,7 +451,11 @@ pub fn build(
 
     progress(BuildEvent::Phase(format!(
         "compiling ({}, {jobs} jobs{})",
-        if incremental { "incremental" } else { "cold" },
+        if incremental {
+            "incremental: the output directory holds an earlier build"
+        } else {
+            "full: a fresh output directory"
+        },
         if make::has_ccache() { ", ccache" } else { "" }
     )));
     let started = Instant::now();
