@@ -217,14 +217,10 @@ fn run_inner(
     // Preflight: a need the kernel's .config lacks skips the trial before
     // any boot; without a config the guest's probes decide alone.
     let preflight = std::env::var_os(NO_PREFLIGHT_ENV).is_none();
-    match kernel.config(env).ok().filter(|_| preflight).ok_or(()) {
-        Ok(config) => {
-            if let Some(reason) = crate::scenario::needs::preflight(scenario, &config) {
-                return Verdict::Skipped(reason);
-            }
+    if let Some(config) = kernel.config(env).ok().filter(|_| preflight) {
+        if let Some(reason) = crate::scenario::needs::preflight(scenario, &config) {
+            return Verdict::Skipped(reason);
         }
-        // Said once per kernel before the run (`config_notes`).
-        Err(_) => {}
     }
     let config = match guest_image::prepare_guest(env, kernel, scenario, artefacts) {
         Ok(config) => config,
