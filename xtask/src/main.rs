@@ -1007,13 +1007,12 @@ fn validate(a: ValidateArgs) -> Result<ExitCode> {
         &opts,
         jobs,
     )?;
-    println!(
-        "kloop: validate: {}",
-        if code == ExitCode::SUCCESS {
-            "the patches change nothing kloop checks"
-        } else {
-            "REJECTED: the patches change or break the records (see above)"
-        }
-    );
+    let verdict = match (code == ExitCode::SUCCESS, a.patches.is_empty()) {
+        (true, false) => "the patches change nothing kloop checks",
+        (false, false) => "REJECTED: the patches change or break the records (see above)",
+        (true, true) => "no patches: the source against itself is the same (the A/B's noise floor holds)",
+        (false, true) => "no patches, yet the source differs from itself: runs of this kernel are not reproducible (see above)",
+    };
+    println!("kloop: validate: {verdict}");
     Ok(code)
 }

@@ -200,8 +200,8 @@ pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
                 out.details.push(format!(
                     "  {}: {} → {} (×{:.3}, band ±{:.1}%)",
                     f.figure,
-                    f.baseline,
-                    f.candidate,
+                    figure_text(f.baseline),
+                    figure_text(f.candidate),
                     f.ratio,
                     f.band * 100.0
                 ));
@@ -212,6 +212,15 @@ pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
         out.class = AbClass::BaselineOnly;
     }
     out
+}
+
+/// A median in whole instructions or ns, a ratio to four places.
+fn figure_text(v: f64) -> String {
+    if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.4}")
+    }
 }
 
 /// `- line` / `+ line` for every line that differs (Myers, minimal), at

@@ -66,12 +66,16 @@ pub fn render(baseline: &str, candidate: &str, outcomes: &[AbOutcome], colour: C
             "baseline issues (present before the candidate's change, not counted against it):"
         );
         for o in with_issues {
-            let mut rules: Vec<&str> = o
+            let mut rules: Vec<&str> = Vec::new();
+            for r in o
                 .baseline_issues
                 .iter()
                 .filter_map(|i| i.strip_prefix('[').and_then(|r| r.split(']').next()))
-                .collect();
-            rules.dedup();
+            {
+                if !rules.contains(&r) {
+                    rules.push(r);
+                }
+            }
             let _ = writeln!(
                 out,
                 "  {:<20} {} violation(s): {}",
@@ -124,7 +128,7 @@ mod tests {
                 details: vec!["[ksymbol-len] len 45".into()],
                 diff: vec!["- a".into(), "+ b".into()],
                 figures: vec![],
-                baseline_issues: vec!["[parse] x".into()],
+                baseline_issues: vec!["[parse] x".into(), "[lost] y".into(), "[parse] z".into()],
             },
         ];
         let text = render("built:a", "built:b", &o, Colour::Never);

@@ -494,6 +494,10 @@ pub fn patch_files(text: &str) -> Vec<String> {
 fn apply_patch(tree: &Path, patch: &Path) -> Result<Vec<String>, BuildError> {
     let text = std::fs::read_to_string(patch)
         .map_err(|e| BuildError::io(format!("reading patch {}", patch.display()), e))?;
+    // `patch` runs in the tree: a relative path would name another file.
+    let patch = &patch
+        .canonicalize()
+        .map_err(|e| BuildError::io(format!("resolving patch {}", patch.display()), e))?;
     let files = patch_files(&text);
     if files.is_empty() {
         return Err(BuildError::PatchFailed {
