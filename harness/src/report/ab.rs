@@ -137,7 +137,7 @@ mod tests {
         assert!(text.contains("[ksymbol-len] len 45"), "{text}");
         assert!(text.contains("        - a\n        + b"), "{text}");
         assert!(
-            text.contains("subprogs             1 violation(s): parse"),
+            text.contains("subprogs             3 violation(s): parse, lost"),
             "{text}"
         );
         assert!(text
