@@ -34,6 +34,10 @@ enum Cmd {
     /// run the scenarios on both and compare (exit 0 only when nothing
     /// changed or broke).
     Validate(ValidateArgs),
+    /// Find the first kernel build whose records changed (or were fixed):
+    /// a binary search over every build the mirror serves between --old
+    /// and --new.
+    Bisect(BisectArgs),
     /// The kernel catalog.
     Kernels {
         #[command(subcommand)]
@@ -142,6 +146,37 @@ struct ValidateArgs {
 }
 
 #[derive(Args, Clone)]
+struct BisectArgs {
+    /// The scenario each step runs.
+    #[arg(long)]
+    scenario: String,
+    /// The old end: a Debian version (`kernels available`) or a pin id.
+    #[arg(long)]
+    old: String,
+    /// The new end: a Debian version or a pin id.
+    #[arg(long)]
+    new: String,
+    /// What "changed" means: snapshot, rule:NAME, field:<record>.<field>
+    /// (with --label), overhead:<figure>.
+    #[arg(long, default_value = "snapshot")]
+    predicate: String,
+    /// The program label a field predicate reads.
+    #[arg(long)]
+    label: Option<String>,
+    /// Runs per step; a step is decided only when its runs that reached a
+    /// verdict agree (INFRA, TIMEOUT and boot failures never count).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
+    /// Parallel VMs for the runs of a step (default: number of cores).
+    #[arg(long, short)]
+    jobs: Option<usize>,
+    #[arg(long, default_value = "auto")]
+    accel: AccelChoice,
+    #[command(flatten)]
+    fetch: FetchArgs,
+}
+
+#[derive(Args, Clone)]
 struct BlessArgs {
     #[command(flatten)]
     run: VmTestArgs,
@@ -210,6 +245,25 @@ enum KernelsCmd {
     Build(BuildArgs),
     /// The kernels `kernels build` made.
     Built,
+    /// Every cloud-amd64 build the Debian suites serve, oldest first, with
+    /// which are pinned (kernels/*.toml), in the bisection lock and cached.
+    Available {
+        /// Only this series (`6.12`).
+        #[arg(long)]
+        series: Option<String>,
+        /// Ask the mirror even if the listing cached within the hour is fresh.
+        #[arg(long)]
+        refresh: bool,
+        #[command(flatten)]
+        fetch: FetchArgs,
+    },
+    /// Pin builds (Debian versions from `kernels available`) into
+    /// kernels/bisect.lock, outside the default matrix.
+    PinBuild {
+        versions: Vec<String>,
+        #[command(flatten)]
+        fetch: FetchArgs,
+    },
     /// Pin a Debian kernel source package (kernels/sources/PACKAGE.toml) at
     /// the newest version SUITE serves, for `kernels build --source PACKAGE`.
     PinSource {
@@ -385,6 +439,7 @@ fn run() -> Result<ExitCode> {
         }
         Cmd::Kernels { cmd } => kernels(cmd),
         Cmd::Validate(a) => validate(a),
+        Cmd::Bisect(a) => bisect(a),
         Cmd::Bench(a) => bench(a),
     }
 }
@@ -837,6 +892,64 @@ fn kernels(cmd: KernelsCmd) -> Result<ExitCode> {
                 );
             }
         }
+        KernelsCmd::Available {
+            series,
+            refresh,
+            fetch,
+        } => {
+            let cache = KernelCache::default_location()?;
+            let (builds, notes) = available_builds(&cache, &fetch, refresh)?;
+            let catalog = Catalog::load(&layout.kernels())?;
+            let lock = kloop_kernels::available::BisectLock::load(&layout.kernels())?;
+            println!(
+                "{:<26} {:<7} {:<20} {:<44} pinned",
+                "version", "series", "suite", "package"
+            );
+            let mut shown = 0;
+            for b in builds
+                .iter()
+                .filter(|b| series.as_ref().is_none_or(|s| &b.series == s))
+            {
+                shown += 1;
+                let pin = catalog.pins().iter().find(|p| p.version == b.version);
+                let mark = match (pin, lock.get(&b.version)) {
+                    (Some(p), _) => format!(
+                        "pin {}{}",
+                        p.id,
+                        if cache.is_cached(p) { ", cached" } else { "" }
+                    ),
+                    (None, Some(p)) => format!(
+                        "bisect.lock{}",
+                        if cache.is_cached(p) { ", cached" } else { "" }
+                    ),
+                    (None, None) => "-".into(),
+                };
+                println!(
+                    "{:<26} {:<7} {:<20} {:<44} {mark}",
+                    b.version, b.series, b.suite, b.package
+                );
+            }
+            println!("{shown} build(s)");
+            for n in notes {
+                println!("note: {n}");
+            }
+        }
+        KernelsCmd::PinBuild { versions, fetch } => {
+            let cache = KernelCache::default_location()?;
+            let (builds, _) = available_builds(&cache, &fetch, false)?;
+            let mut lock = kloop_kernels::available::BisectLock::load(&layout.kernels())?;
+            for v in versions {
+                let b = builds
+                    .iter()
+                    .find(|b| b.version == v)
+                    .with_context(|| format!("no build {v} in `cargo xtask kernels available`"))?;
+                let pin = lock.ensure(&cache, &layout.kernels(), b, &fetch.options())?;
+                println!(
+                    "{}: {} {} (deb sha256 {}, image sha256 {}) in kernels/bisect.lock",
+                    pin.id, pin.package, pin.suite, pin.deb_sha256, pin.image_sha256
+                );
+            }
+        }
         KernelsCmd::PinSource {
             package,
             suite,
@@ -1015,4 +1128,171 @@ fn validate(a: ValidateArgs) -> Result<ExitCode> {
     };
     println!("kloop: validate: {verdict}");
     Ok(code)
+}
+
+/// Every build the Debian suites serve (cached listing unless `refresh`).
+fn available_builds(
+    cache: &KernelCache,
+    fetch: &FetchArgs,
+    refresh: bool,
+) -> Result<(Vec<kloop_kernels::available::AvailableBuild>, Vec<String>)> {
+    let suites: Vec<String> = kloop_kernels::available::DEBIAN_SUITES
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    Ok(kloop_kernels::available::list_available(
+        cache,
+        &suites,
+        "cloud-amd64",
+        &fetch.options(),
+        refresh,
+    )?)
+}
+
+/// `bisect` over the builds the mirror serves.
+fn bisect(a: BisectArgs) -> Result<ExitCode> {
+    use kloop::judge::bisect::{Predicate, StepVerdict};
+    let layout = layout();
+    let predicate =
+        Predicate::parse(&a.predicate, a.label.as_deref()).map_err(anyhow::Error::msg)?;
+    let cache = KernelCache::default_location()?;
+    let catalog = Catalog::load(&layout.kernels())?;
+    let (builds, _) = available_builds(&cache, &a.fetch, false)?;
+    // A pin id names its build.
+    let version_of = |end: &str| -> String {
+        catalog
+            .get(end)
+            .map(|p| p.version.clone())
+            .unwrap_or_else(|_| end.to_string())
+    };
+    let (old, new) = (version_of(&a.old), version_of(&a.new));
+    let index_of = |v: &str| {
+        builds.iter().position(|b| b.version == v).with_context(|| {
+            format!("{v} is not a build the mirror serves; see `cargo xtask kernels available`")
+        })
+    };
+    let (i_old, i_new) = (index_of(&old)?, index_of(&new)?);
+    let range: Vec<_> = if i_old <= i_new {
+        builds[i_old..=i_new].to_vec()
+    } else {
+        // Old may be the later build (a fix searched backwards): the
+        // search runs from old to new either way.
+        builds[i_new..=i_old].iter().rev().cloned().collect()
+    };
+    let names: Vec<String> = range.iter().map(|b| b.version.clone()).collect();
+    let all = kloop::scenario::load_all(&layout.scenarios())?;
+    let scenario = kloop::scenario::select(&all, std::slice::from_ref(&a.scenario))?.remove(0);
+    kloop::run::signals::install();
+    std::env::set_var("INSTA_OUTPUT", "none");
+    let opts = EnvOptions {
+        accel: a.accel,
+        fetch: a.fetch.options(),
+        ..EnvOptions::default()
+    };
+    // The first end that can be had probes KVM.
+    let first = catalog
+        .pins()
+        .iter()
+        .find(|p| p.version == old)
+        .cloned()
+        .map(kloop::run::trial::KernelUnderTest::Pin);
+    let env = suite::prepare_env(&layout, &opts, first.as_slice())?;
+    let band = match env.accel.accel() {
+        _ if !scenario.vm.icount => kloop::judge::overhead::REAL_TIME_MEDIAN_TOLERANCE,
+        kloop_qemu::Accel::Tcg => kloop::judge::overhead::ICOUNT_TOLERANCE,
+        _ => kloop::judge::overhead::REAL_TIME_MEDIAN_TOLERANCE,
+    };
+    println!("kloop: accelerator: {}", accel_line(&env.accel));
+    println!(
+        "kloop: bisect {} over {} build(s) from {old} (old) to {new} (new), predicate {}, {} run(s) per step; artefacts in {}",
+        scenario.name,
+        names.len(),
+        a.predicate,
+        a.repeat,
+        env.run_dir.display()
+    );
+    let mut lock = kloop_kernels::available::BisectLock::load(&layout.kernels())?;
+    let fetch = a.fetch.options();
+    let mut kernel_at =
+        |i: usize| -> std::result::Result<kloop::run::trial::KernelUnderTest, String> {
+            let b = &range[i];
+            if let Some(p) = catalog.pins().iter().find(|p| p.version == b.version) {
+                return Ok(kloop::run::trial::KernelUnderTest::Pin(p.clone()));
+            }
+            lock.ensure(&cache, &layout.kernels(), b, &fetch)
+                .map(kloop::run::trial::KernelUnderTest::Pin)
+                .map_err(|e| format!("INFRA: pinning {}: {e}", b.version))
+        };
+    let started = std::time::Instant::now();
+    let mut step_no = 0;
+    let outcome = kloop::run::bisect::bisect(
+        &env,
+        &scenario,
+        &names,
+        &mut kernel_at,
+        &predicate,
+        a.repeat as usize,
+        a.jobs.unwrap_or_else(suite::default_jobs),
+        band,
+        &mut |s| {
+            step_no += 1;
+            let verdict = match &s.verdict {
+                StepVerdict::Old => "old".to_string(),
+                StepVerdict::New => "new".to_string(),
+                StepVerdict::Skip(why) => format!("skip ({why})"),
+            };
+            println!(
+                "step {step_no}: {} → {verdict} ({:.1} s; {})",
+                s.kernel,
+                s.secs,
+                s.runs
+                    .iter()
+                    .map(|r| r.1.split('\n').next().unwrap_or("").to_string())
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            );
+        },
+    );
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("bisect: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let s = &outcome.search;
+    println!();
+    println!(
+        "first new build: {} ({})",
+        names[s.first_new], range[s.first_new].package
+    );
+    println!(
+        "last old build:  {} ({})",
+        names[s.last_old], range[s.last_old].package
+    );
+    if !s.skipped_between.is_empty() {
+        println!(
+            "ambiguous: skipped build(s) between them: {}",
+            s.skipped_between
+                .iter()
+                .map(|&i| names[i].clone())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    for line in &outcome.difference {
+        println!("  {line}");
+    }
+    println!(
+        "kloop: {} step(s) ({} runs), {:.0} s, confidence {:.0}%",
+        outcome.steps.len(),
+        outcome.steps.iter().map(|s| s.runs.len()).sum::<usize>(),
+        started.elapsed().as_secs_f64(),
+        outcome.confidence * 100.0
+    );
+    let path = env.run_dir.join("bisect.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&outcome)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!("kloop: report {}", path.display());
+    Ok(ExitCode::SUCCESS)
 }

@@ -20,6 +20,7 @@
 //! an unverified index.
 
 mod apt;
+pub mod available;
 pub mod build;
 mod cache;
 pub mod config;

@@ -24,6 +24,9 @@ pub struct PinSpec {
     /// Kernel flavour, the tail of the release, e.g. `cloud-amd64`.
     pub flavour: String,
     pub config: Option<PathBuf>,
+    /// Pin exactly this Debian version instead of the newest (bisection
+    /// builds).
+    pub version: Option<String>,
 }
 
 impl PinSpec {
@@ -35,6 +38,7 @@ impl PinSpec {
             suite: pin.suite.clone(),
             flavour: flavour_of(&pin.release).unwrap_or_default().to_string(),
             config: pin.config.clone(),
+            version: None,
         }
     }
 }
@@ -87,6 +91,20 @@ impl KernelCache {
         spec: &PinSpec,
         opts: &FetchOptions,
     ) -> Result<KernelPin, KernelError> {
+        let pin = self.resolve_pin(catalog_dir, spec, opts)?;
+        pin.write_to(catalog_dir)?;
+        Ok(pin)
+    }
+
+    /// The pin `spec` describes (the newest build of its family, or
+    /// `spec.version`), its `.deb` and image verified into the cache;
+    /// writes no file.
+    pub fn resolve_pin(
+        &self,
+        catalog_dir: &Path,
+        spec: &PinSpec,
+        opts: &FetchOptions,
+    ) -> Result<KernelPin, KernelError> {
         let file = catalog_dir.join(format!("{}.toml", spec.id));
         if series_key(&spec.series).is_none() || spec.flavour.is_empty() {
             return Err(KernelError::PinInvalid {
@@ -121,7 +139,15 @@ impl KernelCache {
             }
         }
         let records = apt.show(&names)?;
-        let Some(choice) = choose(&records) else {
+        let exact = spec
+            .version
+            .as_ref()
+            .map(|v| records.iter().find(|r| &r.version == v));
+        let choice = match exact {
+            Some(found) => found,
+            None => choose(&records),
+        };
+        let Some(choice) = choice else {
             return Err(KernelError::NoCandidate {
                 id: spec.id.clone(),
                 family: format!("series {}, flavour {}", spec.series, spec.flavour),
@@ -201,7 +227,6 @@ impl KernelCache {
             modules_package,
             modules_deb_sha256,
         };
-        pin.write_to(catalog_dir)?;
         Ok(pin)
     }
 
@@ -485,6 +510,7 @@ mod network_tests {
                 suite: suite.into(),
                 flavour: "cloud-amd64".into(),
                 config: None,
+                version: None,
             };
             let started = Instant::now();
             let pin = create_pin(&dir, &spec, &FetchOptions::default()).unwrap();

@@ -10,8 +10,10 @@
 //! - [`snapshot`]: comparison with the golden snapshots (insta);
 //! - [`known_issues`]: the ledger of known bugs and the sorting of violations;
 //! - [`overhead`]: the emission path's cost against its budgets;
-//! - [`ab`]: one scenario on a baseline and a candidate kernel, compared.
+//! - [`ab`]: one scenario on a baseline and a candidate kernel, compared;
+//! - [`bisect`]: predicates, step decisions and the search of a bisection.
 pub mod ab;
+pub mod bisect;
 pub mod check;
 pub mod evidence;
 pub mod expect;

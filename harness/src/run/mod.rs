@@ -9,10 +9,12 @@
 //! - [`repeat`]: `--repeat N` and the FLAKY verdict;
 //! - [`signals`]: SIGINT/SIGTERM for every wait loop;
 //! - [`bench`]: what `cargo xtask bench` measures;
-//! - [`ab`]: A/B runs of a baseline and a candidate kernel.
+//! - [`ab`]: A/B runs of a baseline and a candidate kernel;
+//! - [`bisect`]: bisection steps over an ordered list of kernels.
 pub mod ab;
 pub mod agent;
 pub mod bench;
+pub mod bisect;
 pub mod initramfs;
 pub mod payload;
 pub mod repeat;

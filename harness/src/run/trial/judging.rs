@@ -32,6 +32,12 @@ pub(super) fn judge(
     }
     let mut analysis = crate::judge::check::analyse(&evidence);
     result.notes = analysis.notes.clone();
+    // Raw fields per program label, for `bisect --predicate field:…`.
+    if let Ok(json) =
+        serde_json::to_string_pretty(&crate::judge::bisect::fields(&evidence, &analysis))
+    {
+        let _ = std::fs::write(artefacts.join(crate::run::bisect::FIELDS_FILE), json);
+    }
     // What this scenario declares on top of the rules every run obeys.
     analysis.violations.extend(crate::judge::expect::check(
         &scenario.expect,

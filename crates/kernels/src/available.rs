@@ -1,0 +1,277 @@
+//! Every kernel build the mirror serves, and the bisection catalog.
+//!
+//! `list_available` asks each Debian suite (the mirror comes from the
+//! host's apt sources or `--mirror`, as for pins) which packages of a
+//! flavour it serves, through the same private, signature-checked apt
+//! state pins are made with, and orders them by Debian version (upstream
+//! version first, then the Debian revision). The listing is cached for an
+//! hour in `<cache>/available.json`.
+//!
+//! The bisection catalog, `kernels/bisect.lock`, holds builds pinned on
+//! demand (sha256 of the package and of the image, as for pins) without
+//! joining the default matrix: one reviewable file instead of a hundred
+//! loose pins.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::apt::{AptState, Trust};
+use crate::cache::{FetchOptions, KernelCache};
+use crate::error::KernelError;
+use crate::pin::KernelPin;
+use crate::update::{flavour_of, PinSpec};
+use crate::version::compare_debian_versions;
+
+/// The Debian suites kloop asks, oldest first.
+pub const DEBIAN_SUITES: &[&str] = &[
+    "bullseye",
+    "bullseye-security",
+    "bullseye-backports",
+    "bookworm",
+    "bookworm-security",
+    "bookworm-backports",
+    "trixie",
+    "trixie-security",
+    "trixie-backports",
+    "forky",
+    "sid",
+    "experimental",
+];
+
+/// How long a listing is reused without asking the mirror again.
+const LISTING_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// One build a suite serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AvailableBuild {
+    /// The Debian version: what `bisect --old/--new` and the bisection
+    /// catalog name a build by.
+    pub version: String,
+    pub package: String,
+    pub suite: String,
+    /// `uname -r` (`6.12.43+deb13-cloud-amd64`).
+    pub release: String,
+    /// `major.minor`.
+    pub series: String,
+    pub deb_sha256: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Listing {
+    mirror: String,
+    flavour: String,
+    suites: Vec<String>,
+    written_unix: u64,
+    builds: Vec<AvailableBuild>,
+    notes: Vec<String>,
+}
+
+/// `major.minor` of a release (`6.12.43+deb13-cloud-amd64` → `6.12`).
+pub fn series_of(release: &str) -> String {
+    release
+        .split(['.', '-', '+', '~'])
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// Every build of `flavour` the suites serve, oldest first, and one note
+/// per suite that could not be asked (gone from the mirror, say).
+/// `refresh`: ask the mirror even if the cached listing is fresh.
+pub fn list_available(
+    cache: &KernelCache,
+    suites: &[String],
+    flavour: &str,
+    fetch: &FetchOptions,
+    refresh: bool,
+) -> Result<(Vec<AvailableBuild>, Vec<String>), KernelError> {
+    let mirror = fetch.resolve_mirror()?;
+    let path = cache.root().join("available.json");
+    if !refresh {
+        if let Some(l) = read_listing(&path) {
+            let fresh = now_unix().saturating_sub(l.written_unix) < LISTING_TTL.as_secs();
+            if (fresh || fetch.offline)
+                && l.mirror == mirror
+                && l.flavour == flavour
+                && l.suites == suites
+            {
+                return Ok((l.builds, l.notes));
+            }
+        }
+    }
+    if fetch.offline {
+        return Err(KernelError::NotCached {
+            id: "the list of available builds".into(),
+            path,
+        });
+    }
+    let mut builds: Vec<AvailableBuild> = Vec::new();
+    let mut notes = Vec::new();
+    for suite in suites {
+        let apt = AptState::new(&cache.tmp_dir(), &mirror, suite, &fetch.resolve_keyring())?;
+        if let Err(e) = apt.update(Trust::RequireSigned) {
+            notes.push(format!("suite {suite}: not asked: {e}"));
+            continue;
+        }
+        let mut names = Vec::new();
+        for prefix in ["linux-image-", "linux-binary-"] {
+            for name in apt.pkgnames(prefix)? {
+                let release = name
+                    .strip_prefix("linux-image-")
+                    .or_else(|| name.strip_prefix("linux-binary-"))
+                    .unwrap_or("");
+                if flavour_of(release) == Some(flavour)
+                    && release.starts_with(|c: char| c.is_ascii_digit())
+                {
+                    names.push(name);
+                }
+            }
+        }
+        for r in apt.show(&names)? {
+            let release = r
+                .package
+                .strip_prefix("linux-image-")
+                .or_else(|| r.package.strip_prefix("linux-binary-"))
+                .unwrap_or("")
+                .to_string();
+            // Meta-packages and signed-template stubs are not kernels.
+            if r.installed_size < 2048 {
+                continue;
+            }
+            if builds.iter().any(|b| b.version == r.version) {
+                continue;
+            }
+            builds.push(AvailableBuild {
+                series: series_of(&release),
+                version: r.version,
+                package: r.package,
+                suite: suite.clone(),
+                release,
+                deb_sha256: r.sha256,
+            });
+        }
+    }
+    builds.sort_by(|a, b| compare_debian_versions(&a.version, &b.version));
+    let listing = Listing {
+        mirror,
+        flavour: flavour.to_string(),
+        suites: suites.to_vec(),
+        written_unix: now_unix(),
+        builds,
+        notes,
+    };
+    if let Ok(text) = serde_json::to_string_pretty(&listing) {
+        let tmp = path.with_extension("json.partial");
+        if std::fs::write(&tmp, text).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+    Ok((listing.builds, listing.notes))
+}
+
+fn read_listing(path: &Path) -> Option<Listing> {
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// `kernels/bisect.lock`: builds pinned for bisection, by Debian version.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct BisectLock {
+    #[serde(default, rename = "build")]
+    pub builds: Vec<KernelPin>,
+    #[serde(skip)]
+    path: PathBuf,
+}
+
+impl BisectLock {
+    pub const FILE: &'static str = "bisect.lock";
+
+    /// The lock in `catalog_dir` (empty when there is none yet).
+    pub fn load(catalog_dir: &Path) -> Result<BisectLock, KernelError> {
+        let path = catalog_dir.join(Self::FILE);
+        let mut lock: BisectLock = match std::fs::read_to_string(&path) {
+            Ok(text) => toml::from_str(&text).map_err(|e| KernelError::PinParse {
+                file: path.clone(),
+                message: e.to_string(),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BisectLock::default(),
+            Err(source) => return Err(KernelError::CatalogRead { path, source }),
+        };
+        for b in &lock.builds {
+            b.validate(&path)?;
+        }
+        lock.path = path;
+        Ok(lock)
+    }
+
+    pub fn get(&self, version: &str) -> Option<&KernelPin> {
+        self.builds.iter().find(|b| b.id == version)
+    }
+
+    /// The build `b` as a pin: from the lock, or pinned now (downloaded,
+    /// checked against the signed index, image extracted and hashed) and
+    /// added to the lock.
+    pub fn ensure(
+        &mut self,
+        cache: &KernelCache,
+        catalog_dir: &Path,
+        b: &AvailableBuild,
+        fetch: &FetchOptions,
+    ) -> Result<KernelPin, KernelError> {
+        if let Some(p) = self.get(&b.version) {
+            return Ok(p.clone());
+        }
+        let spec = PinSpec {
+            id: b.version.clone(),
+            series: b.series.clone(),
+            suite: b.suite.clone(),
+            flavour: flavour_of(&b.release).unwrap_or_default().to_string(),
+            config: None,
+            version: Some(b.version.clone()),
+        };
+        let pin = cache.resolve_pin(catalog_dir, &spec, fetch)?;
+        self.builds.push(pin.clone());
+        self.builds
+            .sort_by(|a, b| compare_debian_versions(&a.version, &b.version));
+        self.save()?;
+        Ok(pin)
+    }
+
+    fn save(&self) -> Result<(), KernelError> {
+        let body = toml::to_string(self).map_err(|e| KernelError::PinParse {
+            file: self.path.clone(),
+            message: e.to_string(),
+        })?;
+        let text = format!(
+            "# Kernel builds pinned for bisection (`cargo xtask bisect`, `cargo xtask kernels\n\
+             # pin-build`): the same hashes as kernels/<id>.toml pins, by Debian version.\n\
+             # They are not in the default vm-test matrix. Written by kloop; review the diff.\n\n{body}"
+        );
+        let tmp = self.path.with_extension("lock.partial");
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, &self.path))
+            .map_err(|source| KernelError::PinWrite {
+                path: self.path.clone(),
+                source,
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_comes_from_the_release() {
+        assert_eq!(series_of("6.12.43+deb13-cloud-amd64"), "6.12");
+        assert_eq!(series_of("6.1.0-50-cloud-amd64"), "6.1");
+        assert_eq!(series_of("7.3-cloud-amd64"), "7.3");
+        assert_eq!(series_of("7.3~rc7-cloud-amd64"), "7.3");
+    }
+}

@@ -1,0 +1,339 @@
+//! Running a bisection over an ordered list of kernels: each step boots a
+//! kernel `repeat` times with one scenario, turns each run into an
+//! observation for the predicate ([`observe`]), and the runs into a
+//! verdict ([`crate::judge::bisect::decide`]).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::judge::bisect::{
+    self, classify, decide, Observation, Predicate, RunClass, SearchResult, StepVerdict,
+};
+use crate::run::suite::{run_all, PlannedTrial};
+use crate::run::trial::{KernelUnderTest, TrialEnv, TrialResult, Verdict};
+use crate::scenario::Scenario;
+
+/// Where a trial's raw fields go (see [`bisect::fields`]).
+pub const FIELDS_FILE: &str = "fields.json";
+
+/// What one run showed for `pred`.
+pub fn observe(pred: &Predicate, r: &TrialResult) -> Observation {
+    let judged = matches!(
+        r.verdict,
+        Verdict::Ok | Verdict::Failed(_) | Verdict::Known(_) | Verdict::Fixed(_)
+    );
+    let normalised = read(&r.artefacts.join("normalised.txt"));
+    if !judged || normalised.is_none() {
+        return Observation::NoVerdict(r.verdict.headline());
+    }
+    match pred {
+        Predicate::Snapshot => Observation::Text(normalised.unwrap_or_default()),
+        Predicate::Rule(rule) => {
+            Observation::Text(if r.violations.iter().any(|v| &v.rule == rule) {
+                format!("{rule} breaks")
+            } else {
+                format!("{rule} holds")
+            })
+        }
+        Predicate::Field { key, label } => {
+            let fields: Option<
+                std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
+            > = read(&r.artefacts.join(FIELDS_FILE)).and_then(|t| serde_json::from_str(&t).ok());
+            match fields.as_ref().and_then(|f| f.get(label)) {
+                Some(f) => Observation::Text(f.get(key).cloned().unwrap_or_default()),
+                None => {
+                    Observation::NoVerdict(format!("no program labelled `{label}` in this run"))
+                }
+            }
+        }
+        Predicate::Overhead(figure) => {
+            let oh: Option<crate::judge::overhead::TrialOverhead> =
+                read(&r.artefacts.join(crate::judge::overhead::TRIAL_FILE))
+                    .and_then(|t| serde_json::from_str(&t).ok());
+            match oh.and_then(|o| o.figures.into_iter().find(|f| &f.name == figure)) {
+                Some(f) => Observation::Figure(f.value),
+                None => {
+                    Observation::NoVerdict(format!("no overhead figure `{figure}` in this run"))
+                }
+            }
+        }
+    }
+}
+
+fn read(p: &Path) -> Option<String> {
+    std::fs::read_to_string(p).ok()
+}
+
+/// One step as it happened.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepReport {
+    pub index: usize,
+    pub kernel: String,
+    pub verdict: StepVerdict,
+    /// Each run: its class, its verdict line, its artefacts.
+    pub runs: Vec<(RunClass, String, PathBuf)>,
+    pub secs: f64,
+}
+
+impl StepReport {
+    pub fn usable(&self) -> usize {
+        self.runs
+            .iter()
+            .filter(|(c, _, _)| !matches!(c, RunClass::NoVerdict(_)))
+            .count()
+    }
+}
+
+/// A finished bisection.
+#[derive(Debug, Clone, Serialize)]
+pub struct BisectOutcome {
+    pub predicate: Predicate,
+    pub kernels: Vec<String>,
+    pub search: SearchResult,
+    pub steps: Vec<StepReport>,
+    pub confidence: f64,
+    /// What differs between the last old and the first new build (stream
+    /// diff, rule messages, field values, figures).
+    pub difference: Vec<String>,
+}
+
+/// Why a bisection could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum BisectError {
+    #[error("the old end {kernel} gave no usable reference: {why}")]
+    OldEnd { kernel: String, why: String },
+    #[error("the new end {kernel} is not new under this predicate ({why}); nothing to bisect")]
+    NewEnd { kernel: String, why: String },
+    #[error("bisecting needs at least the two ends; got {0} kernel(s)")]
+    TooFew(usize),
+}
+
+/// Bisects `names.len()` kernels (index 0 the old end, the last the new
+/// end), obtaining each with `kernel_at` when a step needs it (a fetch
+/// that fails is a skip). `band`: relative band of an overhead figure.
+#[allow(clippy::too_many_arguments)] // the search's inputs and its two hooks
+pub fn bisect(
+    env: &TrialEnv,
+    scenario: &Scenario,
+    names: &[String],
+    kernel_at: &mut dyn FnMut(usize) -> Result<KernelUnderTest, String>,
+    pred: &Predicate,
+    repeat: usize,
+    jobs: usize,
+    band: f64,
+    on_step: &mut dyn FnMut(&StepReport),
+) -> Result<BisectOutcome, BisectError> {
+    let n = names.len();
+    if n < 2 {
+        return Err(BisectError::TooFew(n));
+    }
+    let mut steps: Vec<StepReport> = Vec::new();
+    let mut run_step = |i: usize,
+                        reference: Option<&Observation>|
+     -> (StepReport, Vec<Observation>, Vec<TrialResult>) {
+        let started = Instant::now();
+        let (observations, results) = match kernel_at(i) {
+            Ok(kernel) => {
+                let trials: Vec<PlannedTrial> = (0..repeat.max(1))
+                    .map(|_| PlannedTrial {
+                        kernel: kernel.clone(),
+                        scenario: scenario.clone(),
+                    })
+                    .collect();
+                let results = run_all(env, &trials, jobs, &|_| {});
+                (results.iter().map(|r| observe(pred, r)).collect(), results)
+            }
+            Err(why) => (vec![Observation::NoVerdict(why)], Vec::new()),
+        };
+        let classes: Vec<RunClass> = match reference {
+            Some(reference) => observations
+                .iter()
+                .map(|o| classify(reference, o, band))
+                .collect(),
+            None => observations
+                .iter()
+                .map(|o| match o {
+                    Observation::NoVerdict(w) => RunClass::NoVerdict(w.clone()),
+                    _ => RunClass::Old,
+                })
+                .collect(),
+        };
+        let verdict = decide(&classes);
+        let runs = classes
+            .into_iter()
+            .enumerate()
+            .map(|(k, c)| {
+                let (line, dir) = results
+                    .get(k)
+                    .map(|r| (r.verdict.headline(), r.artefacts.clone()))
+                    .unwrap_or_else(|| {
+                        (
+                            match &observations[k] {
+                                Observation::NoVerdict(w) => w.clone(),
+                                _ => String::new(),
+                            },
+                            PathBuf::new(),
+                        )
+                    });
+                (c, line, dir)
+            })
+            .collect();
+        let report = StepReport {
+            index: i,
+            kernel: names[i].clone(),
+            verdict,
+            runs,
+            secs: started.elapsed().as_secs_f64(),
+        };
+        (report, observations, results)
+    };
+
+    // The old end sets the reference: its usable runs must agree.
+    let (old_report, old_obs, old_results) = run_step(0, None);
+    on_step(&old_report);
+    let usable: Vec<&Observation> = old_obs
+        .iter()
+        .filter(|o| !matches!(o, Observation::NoVerdict(_)))
+        .collect();
+    let Some(reference) = usable.first().map(|o| (*o).clone()) else {
+        return Err(BisectError::OldEnd {
+            kernel: names[0].clone(),
+            why: old_report
+                .runs
+                .first()
+                .map(|r| r.1.clone())
+                .unwrap_or_default(),
+        });
+    };
+    if usable
+        .iter()
+        .any(|o| classify(&reference, o, band) != RunClass::Old)
+    {
+        return Err(BisectError::OldEnd {
+            kernel: names[0].clone(),
+            why: "its runs disagree with each other: the scenario is not reproducible there".into(),
+        });
+    }
+    let old_artefacts = old_results.first().map(|r| r.artefacts.clone());
+    steps.push(old_report);
+
+    let (new_report, _, _) = run_step(n - 1, Some(&reference));
+    on_step(&new_report);
+    if new_report.verdict != StepVerdict::New {
+        return Err(BisectError::NewEnd {
+            kernel: names[n - 1].clone(),
+            why: format!("{:?}", new_report.verdict),
+        });
+    }
+    steps.push(new_report);
+
+    let mut artefacts: std::collections::BTreeMap<usize, PathBuf> =
+        std::collections::BTreeMap::new();
+    if let Some(a) = old_artefacts {
+        artefacts.insert(0, a);
+    }
+    if let Some((_, _, dir)) = steps[1].runs.iter().find(|(c, _, _)| *c == RunClass::New) {
+        artefacts.insert(n - 1, dir.clone());
+    }
+    let search = bisect::search(n, |i| {
+        let (report, _, _) = run_step(i, Some(&reference));
+        on_step(&report);
+        if let Some((_, _, dir)) = report
+            .runs
+            .iter()
+            .find(|(c, _, _)| !matches!(c, RunClass::NoVerdict(_)))
+        {
+            artefacts.insert(i, dir.clone());
+        }
+        let v = report.verdict.clone();
+        steps.push(report);
+        v
+    });
+    let confidence = bisect::confidence(
+        &steps
+            .iter()
+            .map(|s| (s.verdict.clone(), s.usable(), s.runs.len()))
+            .collect::<Vec<_>>(),
+        search.skipped_between.len(),
+    );
+    let difference = match (
+        artefacts.get(&search.last_old),
+        artefacts.get(&search.first_new),
+    ) {
+        (Some(old), Some(new)) => difference(pred, old, new),
+        _ => Vec::new(),
+    };
+    Ok(BisectOutcome {
+        predicate: pred.clone(),
+        kernels: names.to_vec(),
+        search,
+        steps,
+        confidence,
+        difference,
+    })
+}
+
+/// What differs between two runs' artefacts, for the predicate.
+fn difference(pred: &Predicate, old: &Path, new: &Path) -> Vec<String> {
+    match pred {
+        Predicate::Snapshot => crate::judge::ab::stream_diff(
+            &read(&old.join("normalised.txt")).unwrap_or_default(),
+            &read(&new.join("normalised.txt")).unwrap_or_default(),
+        ),
+        Predicate::Rule(rule) => {
+            let hits = |dir: &Path| -> Vec<String> {
+                read(&dir.join("result.json"))
+                    .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                    .and_then(|v| v.get("violations").cloned())
+                    .and_then(|v| v.as_array().cloned())
+                    .unwrap_or_default()
+                    .iter()
+                    .filter(|v| v.get("rule").and_then(|r| r.as_str()) == Some(rule))
+                    .filter_map(|v| {
+                        v.get("message")
+                            .and_then(|m| m.as_str())
+                            .map(str::to_string)
+                    })
+                    .take(5)
+                    .collect()
+            };
+            let (o, n) = (hits(old), hits(new));
+            let mut out = vec![format!(
+                "last old: {rule} {}; first new: {rule} {}",
+                if o.is_empty() { "holds" } else { "breaks" },
+                if n.is_empty() { "holds" } else { "breaks" }
+            )];
+            out.extend(o.into_iter().map(|m| format!("- [{rule}] {m}")));
+            out.extend(n.into_iter().map(|m| format!("+ [{rule}] {m}")));
+            out
+        }
+        Predicate::Field { key, label } => {
+            let value = |dir: &Path| -> String {
+                read(&dir.join(FIELDS_FILE))
+                    .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                    .and_then(|v| v.get(label)?.get(key)?.as_str().map(str::to_string))
+                    .unwrap_or_default()
+            };
+            vec![
+                format!("- {label} {key} = {}", value(old)),
+                format!("+ {label} {key} = {}", value(new)),
+            ]
+        }
+        Predicate::Overhead(figure) => {
+            let value = |dir: &Path| -> String {
+                read(&dir.join(crate::judge::overhead::TRIAL_FILE))
+                    .and_then(|t| {
+                        serde_json::from_str::<crate::judge::overhead::TrialOverhead>(&t).ok()
+                    })
+                    .and_then(|o| o.figures.into_iter().find(|f| &f.name == figure))
+                    .map_or("-".into(), |f| f.value.to_string())
+            };
+            vec![
+                format!("- {figure} = {}", value(old)),
+                format!("+ {figure} = {}", value(new)),
+            ]
+        }
+    }
+}
