@@ -38,6 +38,10 @@ enum Cmd {
     /// a binary search over every build the mirror serves between --old
     /// and --new.
     Bisect(BisectArgs),
+    /// One step of `bisect --tree` (what `git bisect run` calls): build the
+    /// worktree, run, exit 0 old, 1 new, 125 skip.
+    #[command(hide = true)]
+    BisectStep(BisectStepArgs),
     /// The kernel catalog.
     Kernels {
         #[command(subcommand)]
@@ -150,12 +154,20 @@ struct BisectArgs {
     /// The scenario each step runs.
     #[arg(long)]
     scenario: String,
-    /// The old end: a Debian version (`kernels available`) or a pin id.
+    /// The old end: a Debian version (`kernels available`) or a pin id;
+    /// with --tree, a git revision.
     #[arg(long)]
     old: String,
-    /// The new end: a Debian version or a pin id.
+    /// The new end: a Debian version or a pin id; with --tree, a revision.
     #[arg(long)]
     new: String,
+    /// Bisect the commits of this git tree instead (`git bisect run` in a
+    /// worktree kloop removes afterwards; each step builds, boots, runs).
+    #[arg(long, value_name = "PATH")]
+    tree: Option<PathBuf>,
+    /// With --tree: config fragments merged after kernels/configs/kloop.config.
+    #[arg(long = "config", value_name = "FRAGMENT")]
+    fragments: Vec<PathBuf>,
     /// What "changed" means: snapshot, rule:NAME, field:<record>.<field>
     /// (with --label), overhead:<figure>.
     #[arg(long, default_value = "snapshot")]
@@ -174,6 +186,32 @@ struct BisectArgs {
     accel: AccelChoice,
     #[command(flatten)]
     fetch: FetchArgs,
+}
+
+#[derive(Args, Clone)]
+struct BisectStepArgs {
+    #[arg(long)]
+    tree: PathBuf,
+    #[arg(long)]
+    scenario: String,
+    #[arg(long)]
+    predicate: String,
+    #[arg(long)]
+    label: Option<String>,
+    #[arg(long)]
+    repeat: u32,
+    /// The old end's observation (JSON).
+    #[arg(long)]
+    reference: PathBuf,
+    #[arg(long)]
+    band: f64,
+    /// Appends one line per step.
+    #[arg(long)]
+    steps_log: PathBuf,
+    #[arg(long = "config", value_name = "FRAGMENT")]
+    fragments: Vec<PathBuf>,
+    #[arg(long, default_value = "auto")]
+    accel: AccelChoice,
 }
 
 #[derive(Args, Clone)]
@@ -439,7 +477,9 @@ fn run() -> Result<ExitCode> {
         }
         Cmd::Kernels { cmd } => kernels(cmd),
         Cmd::Validate(a) => validate(a),
+        Cmd::Bisect(a) if a.tree.is_some() => bisect_tree(a),
         Cmd::Bisect(a) => bisect(a),
+        Cmd::BisectStep(a) => bisect_step(a),
         Cmd::Bench(a) => bench(a),
     }
 }
@@ -1295,4 +1335,277 @@ fn bisect(a: BisectArgs) -> Result<ExitCode> {
         .with_context(|| format!("writing {}", path.display()))?;
     println!("kloop: report {}", path.display());
     Ok(ExitCode::SUCCESS)
+}
+
+/// Builds the tree at `dir` (kloop.config + fragments) quietly, printing
+/// phases; `Err(msg)` on any failure, with BUILD failures marked.
+fn build_tree(
+    layout: &Layout,
+    dir: &std::path::Path,
+    fragments: &[PathBuf],
+) -> std::result::Result<kloop_kernels::build::BuiltKernel, String> {
+    let req = kloop_kernels::build::BuildRequest {
+        source: kloop_kernels::build::SourceSpec::Tree(dir.to_path_buf()),
+        patches: Vec::new(),
+        kloop_fragment: layout.kernels().join("configs/kloop.config"),
+        fragments: fragments.to_vec(),
+        base: Default::default(),
+        jobs: suite::default_jobs(),
+        fetch: Default::default(),
+    };
+    let cache = KernelCache::default_location().map_err(|e| e.to_string())?;
+    let mut progress = build_progress::BuildProgress::new(&dir.display().to_string());
+    let r = kloop_kernels::build::build(&cache, &req, &mut |e| progress.event(e));
+    progress.finish();
+    r.map_err(|e| {
+        if e.is_build_failure() {
+            format!("BUILD FAILED: {e}")
+        } else {
+            e.to_string()
+        }
+    })
+}
+
+fn tree_kernel(
+    layout: &Layout,
+    k: &kloop_kernels::build::BuiltKernel,
+) -> Result<kloop::run::trial::KernelUnderTest> {
+    let catalog = Catalog::load(&layout.kernels())?;
+    Ok(kloop::run::trial::KernelUnderTest::Image(
+        kloop::run::trial::LocalKernel::built(k, None).with_series_of(&k.record.release, &catalog),
+    ))
+}
+
+/// `bisect --tree`: the ends evaluated here, then `git bisect run` with
+/// `bisect-step` in a worktree.
+fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
+    use kloop::judge::bisect::{classify, Observation, Predicate, RunClass};
+    use kloop_kernels::build::git::{git, Worktree};
+    let layout = layout();
+    let repo = a
+        .tree
+        .clone()
+        .expect("checked by the caller")
+        .canonicalize()?;
+    let predicate =
+        Predicate::parse(&a.predicate, a.label.as_deref()).map_err(anyhow::Error::msg)?;
+    let all = kloop::scenario::load_all(&layout.scenarios())?;
+    let scenario = kloop::scenario::select(&all, std::slice::from_ref(&a.scenario))?.remove(0);
+    let old = git(
+        &repo,
+        &["rev-parse", "--verify", &format!("{}^{{commit}}", a.old)],
+    )?;
+    let new = git(
+        &repo,
+        &["rev-parse", "--verify", &format!("{}^{{commit}}", a.new)],
+    )?;
+    let cache = KernelCache::default_location()?;
+    let slot: String = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        repo.hash(&mut h);
+        format!("{:016x}", h.finish())
+    };
+    let wt_dir = cache.root().join("build/bisect").join(slot).join("tree");
+    kloop::run::signals::install();
+    std::env::set_var("INSTA_OUTPUT", "none");
+    let worktree = Worktree::add(&repo, &wt_dir, &old)?;
+    let opts = EnvOptions {
+        accel: a.accel,
+        ..EnvOptions::default()
+    };
+    let env = suite::prepare_env(&layout, &opts, &[])?;
+    println!("kloop: accelerator: {}", accel_line(&env.accel));
+    println!(
+        "kloop: bisect {} over {}..{} in a worktree of {} ({}); predicate {}, {} run(s) per step",
+        scenario.name,
+        &old[..12],
+        &new[..12],
+        repo.display(),
+        worktree.dir.display(),
+        a.predicate,
+        a.repeat
+    );
+    let band = if scenario.vm.icount && env.accel.accel() == kloop_qemu::Accel::Tcg {
+        kloop::judge::overhead::ICOUNT_TOLERANCE
+    } else {
+        kloop::judge::overhead::REAL_TIME_MEDIAN_TOLERANCE
+    };
+    let jobs = a.jobs.unwrap_or_else(suite::default_jobs);
+    let started = std::time::Instant::now();
+    let observe_end = |rev: &str| -> Result<Vec<Observation>> {
+        git(&worktree.dir, &["checkout", "--quiet", "--detach", rev])?;
+        let t = std::time::Instant::now();
+        let built = build_tree(&layout, &worktree.dir, &a.fragments)
+            .map_err(|e| anyhow::anyhow!("the end {rev} must build: {e}"))?;
+        println!(
+            "kloop: {} built as built:{} in {:.0} s",
+            &rev[..12],
+            built.record.id,
+            t.elapsed().as_secs_f64()
+        );
+        let kernel = tree_kernel(&layout, &built)?;
+        let (obs, results) = kloop::run::bisect::observe_kernel(
+            &env,
+            &scenario,
+            &kernel,
+            &predicate,
+            a.repeat as usize,
+            jobs,
+        );
+        for r in &results {
+            println!("{}", report::trial_line(r));
+        }
+        Ok(obs)
+    };
+    let old_obs = observe_end(&old)?;
+    let reference = old_obs
+        .iter()
+        .find(|o| !matches!(o, Observation::NoVerdict(_)))
+        .cloned()
+        .with_context(|| format!("the old end {} reached no verdict", &old[..12]))?;
+    let new_obs = observe_end(&new)?;
+    if !new_obs
+        .iter()
+        .any(|o| classify(&reference, o, band) == RunClass::New)
+    {
+        bail!(
+            "the new end {} is not new under {}: nothing to bisect",
+            &new[..12],
+            a.predicate
+        );
+    }
+    let reference_path = env.run_dir.join("bisect-reference.json");
+    std::fs::write(&reference_path, serde_json::to_string(&reference)?)?;
+    let steps_log = env.run_dir.join("bisect-steps.log");
+    git(
+        &worktree.dir,
+        &[
+            "bisect",
+            "start",
+            "--term-old=old",
+            "--term-new=new",
+            &new,
+            &old,
+        ],
+    )?;
+    let exe = std::env::current_exe()?;
+    let mut cmd = std::process::Command::new("git");
+    cmd.arg("-C")
+        .arg(&worktree.dir)
+        .args(["bisect", "run"])
+        .arg(&exe)
+        .arg("bisect-step")
+        .arg("--tree")
+        .arg(&worktree.dir)
+        .args(["--scenario", &scenario.name, "--predicate", &a.predicate])
+        .args([
+            "--repeat",
+            &a.repeat.to_string(),
+            "--band",
+            &band.to_string(),
+        ])
+        .arg("--reference")
+        .arg(&reference_path)
+        .arg("--steps-log")
+        .arg(&steps_log)
+        .args(["--accel", &a.accel.to_string()]);
+    if let Some(l) = &a.label {
+        cmd.args(["--label", l]);
+    }
+    for f in &a.fragments {
+        cmd.arg("--config")
+            .arg(f.canonicalize().unwrap_or_else(|_| f.clone()));
+    }
+    let status = cmd.status().context("running git bisect run")?;
+    let log = git(&worktree.dir, &["bisect", "log"]).unwrap_or_default();
+    std::fs::write(env.run_dir.join("bisect.log"), &log)?;
+    let first = git(&worktree.dir, &["rev-parse", "refs/bisect/new"]).ok();
+    println!();
+    if !status.success() {
+        println!(
+            "kloop: git bisect run ended with {status}; see {}",
+            env.run_dir.display()
+        );
+    }
+    if let Some(first) = first {
+        let subject = git(&repo, &["log", "-1", "--format=%h %s", &first])?;
+        println!("first new commit: {subject}");
+    }
+    println!(
+        "kloop: {:.0} s; steps in {}, git's log in {}",
+        started.elapsed().as_secs_f64(),
+        steps_log.display(),
+        env.run_dir.join("bisect.log").display()
+    );
+    drop(worktree);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `bisect-step`: what `git bisect run` calls. Exit 0 old, 1 new, 125 skip.
+fn bisect_step(a: BisectStepArgs) -> Result<ExitCode> {
+    use kloop::judge::bisect::{classify, decide, Observation, Predicate, StepVerdict};
+    use kloop_kernels::build::git::git;
+    let layout = layout();
+    let head = git(&a.tree, &["log", "-1", "--format=%h %s"])?;
+    let log_line = |line: &str| {
+        use std::io::Write;
+        println!("kloop: step {line}");
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&a.steps_log)
+        {
+            let _ = writeln!(f, "{line}");
+        }
+    };
+    let t = std::time::Instant::now();
+    let built = match build_tree(&layout, &a.tree, &a.fragments) {
+        Ok(k) => k,
+        Err(e) => {
+            log_line(&format!(
+                "{head} → skip (build: {})",
+                e.lines().next().unwrap_or("")
+            ));
+            return Ok(ExitCode::from(125));
+        }
+    };
+    let build_secs = t.elapsed().as_secs_f64();
+    let predicate =
+        Predicate::parse(&a.predicate, a.label.as_deref()).map_err(anyhow::Error::msg)?;
+    let reference: Observation = serde_json::from_str(&std::fs::read_to_string(&a.reference)?)?;
+    let all = kloop::scenario::load_all(&layout.scenarios())?;
+    let scenario = kloop::scenario::select(&all, std::slice::from_ref(&a.scenario))?.remove(0);
+    let opts = EnvOptions {
+        accel: a.accel,
+        ..EnvOptions::default()
+    };
+    let kernel = tree_kernel(&layout, &built)?;
+    let env = suite::prepare_env(&layout, &opts, std::slice::from_ref(&kernel))?;
+    std::env::set_var("INSTA_OUTPUT", "none");
+    let t = std::time::Instant::now();
+    let (obs, _) = kloop::run::bisect::observe_kernel(
+        &env,
+        &scenario,
+        &kernel,
+        &predicate,
+        a.repeat as usize,
+        suite::default_jobs(),
+    );
+    let classes: Vec<_> = obs
+        .iter()
+        .map(|o| classify(&reference, o, a.band))
+        .collect();
+    let verdict = decide(&classes);
+    let (word, code) = match &verdict {
+        StepVerdict::Old => ("old".to_string(), 0),
+        StepVerdict::New => ("new".to_string(), 1),
+        StepVerdict::Skip(why) => (format!("skip ({why})"), 125),
+    };
+    log_line(&format!(
+        "{head} → {word} (build {build_secs:.0} s, built:{}; runs {:.1} s)",
+        built.record.id,
+        t.elapsed().as_secs_f64()
+    ));
+    Ok(ExitCode::from(code))
 }

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::judge::check::Analysis;
 use crate::judge::evidence::RunEvidence;
@@ -132,7 +132,7 @@ pub fn fields(
 }
 
 /// What one run of a step showed.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Observation {
     /// A value compared for equality (stream, rule state, field).
     Text(String),

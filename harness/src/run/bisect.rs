@@ -62,6 +62,26 @@ pub fn observe(pred: &Predicate, r: &TrialResult) -> Observation {
     }
 }
 
+/// Runs `scenario` on `kernel` `repeat` times (on `jobs` VMs) and
+/// observes each run for `pred`.
+pub fn observe_kernel(
+    env: &TrialEnv,
+    scenario: &Scenario,
+    kernel: &KernelUnderTest,
+    pred: &Predicate,
+    repeat: usize,
+    jobs: usize,
+) -> (Vec<Observation>, Vec<TrialResult>) {
+    let trials: Vec<PlannedTrial> = (0..repeat.max(1))
+        .map(|_| PlannedTrial {
+            kernel: kernel.clone(),
+            scenario: scenario.clone(),
+        })
+        .collect();
+    let results = run_all(env, &trials, jobs, &|_| {});
+    (results.iter().map(|r| observe(pred, r)).collect(), results)
+}
+
 fn read(p: &Path) -> Option<String> {
     std::fs::read_to_string(p).ok()
 }
@@ -135,16 +155,7 @@ pub fn bisect(
      -> (StepReport, Vec<Observation>, Vec<TrialResult>) {
         let started = Instant::now();
         let (observations, results) = match kernel_at(i) {
-            Ok(kernel) => {
-                let trials: Vec<PlannedTrial> = (0..repeat.max(1))
-                    .map(|_| PlannedTrial {
-                        kernel: kernel.clone(),
-                        scenario: scenario.clone(),
-                    })
-                    .collect();
-                let results = run_all(env, &trials, jobs, &|_| {});
-                (results.iter().map(|r| observe(pred, r)).collect(), results)
-            }
+            Ok(kernel) => observe_kernel(env, scenario, &kernel, pred, repeat, jobs),
             Err(why) => (vec![Observation::NoVerdict(why)], Vec::new()),
         };
         let classes: Vec<RunClass> = match reference {

@@ -17,6 +17,7 @@
 //! `kernels/<id>/` and costs nothing; `kernel.toml` also records the
 //! resolved `.config`'s hash.
 
+pub mod git;
 mod kconfig;
 mod make;
 mod source;

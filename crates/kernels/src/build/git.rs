@@ -1,0 +1,103 @@
+//! A git worktree kloop bisects in, so the user's tree (its checkout, its
+//! index, its bisect state) is never touched. Removed when dropped, also
+//! after an error or Ctrl-C.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use super::BuildError;
+
+/// `git -C dir args…`, failing with git's own words.
+pub fn git(dir: &Path, args: &[&str]) -> Result<String, BuildError> {
+    let out = run(dir, args)?;
+    if !out.status.success() {
+        return Err(BuildError::Invalid(format!(
+            "`git {}` in {} failed ({}): {}",
+            args.join(" "),
+            dir.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn run(dir: &Path, args: &[&str]) -> Result<Output, BuildError> {
+    Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .env("LC_ALL", "C")
+        .output()
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                BuildError::ToolMissing {
+                    tool: "git",
+                    package: "git",
+                }
+            } else {
+                BuildError::io("running git".into(), e)
+            }
+        })
+}
+
+/// A detached worktree of `repo` at `dir`.
+pub struct Worktree {
+    repo: PathBuf,
+    pub dir: PathBuf,
+}
+
+impl Worktree {
+    /// Adds a detached worktree of `repo` at `rev` in `dir` (a stale one
+    /// left by a killed run is removed first).
+    pub fn add(repo: &Path, dir: &Path, rev: &str) -> Result<Worktree, BuildError> {
+        git(repo, &["rev-parse", "--git-dir"]).map_err(|_| {
+            BuildError::Invalid(format!("{} is not a git repository", repo.display()))
+        })?;
+        if dir.exists() {
+            let _ = git(
+                repo,
+                &["worktree", "remove", "--force", &dir.display().to_string()],
+            );
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        let _ = git(repo, &["worktree", "prune"]);
+        if let Some(parent) = dir.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| BuildError::io(format!("creating {}", parent.display()), e))?;
+        }
+        git(
+            repo,
+            &[
+                "worktree",
+                "add",
+                "--detach",
+                &dir.display().to_string(),
+                rev,
+            ],
+        )?;
+        Ok(Worktree {
+            repo: repo.to_path_buf(),
+            dir: dir.to_path_buf(),
+        })
+    }
+}
+
+impl Drop for Worktree {
+    fn drop(&mut self) {
+        // Ends a bisection running here and removes the worktree; the
+        // user's repository keeps only its objects.
+        let _ = run(&self.dir, &["bisect", "reset"]);
+        let _ = run(
+            &self.repo,
+            &[
+                "worktree",
+                "remove",
+                "--force",
+                &self.dir.display().to_string(),
+            ],
+        );
+        let _ = run(&self.repo, &["worktree", "prune"]);
+    }
+}
