@@ -1260,7 +1260,7 @@ fn bisect(a: BisectArgs) -> Result<ExitCode> {
                 return Ok(kloop::run::trial::KernelUnderTest::Pin(p.clone()));
             }
             lock.ensure(&cache, &layout.kernels(), b, &fetch)
-                .map(kloop::run::trial::KernelUnderTest::Pin)
+                .map(|pin| kloop::run::trial::KernelUnderTest::build(pin, &catalog))
                 .map_err(|e| format!("INFRA: pinning {}: {e}", b.version))
         };
     let started = std::time::Instant::now();

@@ -277,7 +277,9 @@ pub fn prepare_env(
     // fetched fails its own trials later, with its own message.
     let mut probe = || {
         probe_kernels.iter().find_map(|k| match k {
-            KernelUnderTest::Pin(pin) => cache.ensure_image(pin, &opts.fetch).ok(),
+            KernelUnderTest::Pin(pin) | KernelUnderTest::Build { pin, .. } => {
+                cache.ensure_image(pin, &opts.fetch).ok()
+            }
             KernelUnderTest::Image(k) => k.path.is_file().then(|| k.path.clone()),
         })
     };

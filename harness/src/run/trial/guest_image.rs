@@ -27,10 +27,12 @@ pub(super) fn prepare_guest(
         )));
     }
     let image = match kernel {
-        KernelUnderTest::Pin(pin) => match env.cache.ensure_image(pin, &env.fetch) {
-            Ok(p) => p,
-            Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
-        },
+        KernelUnderTest::Pin(pin) | KernelUnderTest::Build { pin, .. } => {
+            match env.cache.ensure_image(pin, &env.fetch) {
+                Ok(p) => p,
+                Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
+            }
+        }
         KernelUnderTest::Image(k) => {
             if !k.path.is_file() {
                 return Err(Verdict::Infrastructure(format!(
@@ -43,7 +45,7 @@ pub(super) fn prepare_guest(
     };
     let modules = match (kernel, scenario.modules.is_empty()) {
         (_, true) => None,
-        (KernelUnderTest::Pin(pin), false) => {
+        (KernelUnderTest::Pin(pin) | KernelUnderTest::Build { pin, .. }, false) => {
             match env.cache.ensure_modules(pin, &scenario.modules, &env.fetch) {
                 Ok(set) => Some(set),
                 Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
@@ -52,7 +54,9 @@ pub(super) fn prepare_guest(
         (KernelUnderTest::Image(k), false) => Some(builtin_modules(k, scenario)?),
     };
     let verified_sha = match kernel {
-        KernelUnderTest::Pin(pin) => Some(pin.image_sha256.as_str()),
+        KernelUnderTest::Pin(pin) | KernelUnderTest::Build { pin, .. } => {
+            Some(pin.image_sha256.as_str())
+        }
         KernelUnderTest::Image(_) => None,
     };
     let image = boot_file(env, &image, verified_sha, artefacts);

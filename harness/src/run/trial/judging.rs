@@ -75,9 +75,12 @@ pub(super) fn judge(
     // is what a developer fixing that bug boots to see.
     let (ledger_pin, report_fixed) = match kernel {
         KernelUnderTest::Pin(p) => (Some(p.id.as_str()), true),
+        KernelUnderTest::Build { series_pin, .. } => (series_pin.as_deref(), false),
         KernelUnderTest::Image(k) => (k.ledger_pin.as_deref(), false),
     };
-    if let (KernelUnderTest::Image(_), Some(pin)) = (kernel, ledger_pin) {
+    if let (KernelUnderTest::Image(_) | KernelUnderTest::Build { .. }, Some(pin)) =
+        (kernel, ledger_pin)
+    {
         let j = env
             .known_issues
             .judge(pin, &scenario.name, &analysis.violations);
@@ -169,7 +172,7 @@ pub(super) fn judge(
 /// How a user names `kernel` on the command line.
 fn kernel_spec(kernel: &KernelUnderTest) -> String {
     match kernel {
-        KernelUnderTest::Pin(p) => p.id.clone(),
+        KernelUnderTest::Pin(p) | KernelUnderTest::Build { pin: p, .. } => p.id.clone(),
         KernelUnderTest::Image(k) => match k.name.strip_prefix("built-") {
             Some(id) => format!("built:{id}"),
             None => k.path.display().to_string(),

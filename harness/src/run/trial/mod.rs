@@ -37,6 +37,14 @@ pub enum KernelUnderTest {
     Pin(KernelPin),
     /// A bzImage the user built, or a source build (`built:<id>`).
     Image(LocalKernel),
+    /// A Debian build pinned for bisection (`kernels/bisect.lock`): a pin's
+    /// image, config and modules, but no golden snapshot of its own, and
+    /// judged by the ledger entries of `series_pin`, the catalog pin of its
+    /// series (an entry that does not show is not `FIXED?`).
+    Build {
+        pin: KernelPin,
+        series_pin: Option<String>,
+    },
 }
 
 /// A kernel image that is not a pin.
@@ -113,10 +121,29 @@ impl LocalKernel {
 }
 
 impl KernelUnderTest {
-    /// The name used in trial ids: the pin id, `image`, or `built-<id>`.
+    /// A bisection build of `catalog`'s series pin.
+    pub fn build(pin: KernelPin, catalog: &kloop_kernels::Catalog) -> KernelUnderTest {
+        let series_pin = catalog
+            .pins()
+            .iter()
+            .find(|p| p.series == pin.series)
+            .map(|p| p.id.clone());
+        KernelUnderTest::Build { pin, series_pin }
+    }
+
+    /// The Debian pin behind this kernel (a catalog pin or a bisection build).
+    pub fn pin(&self) -> Option<&KernelPin> {
+        match self {
+            KernelUnderTest::Pin(p) | KernelUnderTest::Build { pin: p, .. } => Some(p),
+            KernelUnderTest::Image(_) => None,
+        }
+    }
+
+    /// The name used in trial ids: the pin id (a Debian version for a
+    /// bisection build), `image`, or `built-<id>`.
     pub fn id(&self) -> String {
         match self {
-            KernelUnderTest::Pin(p) => p.id.clone(),
+            KernelUnderTest::Pin(p) | KernelUnderTest::Build { pin: p, .. } => p.id.clone(),
             KernelUnderTest::Image(k) => k.name.clone(),
         }
     }
@@ -124,6 +151,7 @@ impl KernelUnderTest {
     fn snapshot_name(&self) -> Option<String> {
         match self {
             KernelUnderTest::Pin(p) => Some(p.id.clone()),
+            KernelUnderTest::Build { .. } => None,
             KernelUnderTest::Image(k) => k.snapshot_as.clone(),
         }
     }
@@ -132,7 +160,7 @@ impl KernelUnderTest {
     /// the one found with the image. `Err`: why there is none.
     pub fn config(&self, env: &TrialEnv) -> Result<Arc<KernelConfig>, String> {
         match self {
-            KernelUnderTest::Pin(pin) => env
+            KernelUnderTest::Pin(pin) | KernelUnderTest::Build { pin, .. } => env
                 .cache
                 .ensure_config(pin, &env.fetch)
                 .map(Arc::new)
