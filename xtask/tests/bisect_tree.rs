@@ -88,7 +88,9 @@ fn bisect_tree_names_the_planted_commit() {
         .unwrap();
     assert!(status.success());
     git(&repo, &["init", "-q"]);
-    git(&repo, &["add", "-A"]);
+    // Debian's source package ignores everything at the top level
+    // (`/*` in its .gitignore): force the whole tree in.
+    git(&repo, &["add", "-A", "-f", "."]);
     git(
         &repo,
         &["commit", "-q", "-m", "import linux-source-6.12 6.12.117"],

@@ -1,0 +1,269 @@
+//! `kernels …`: the catalog, source builds, the builds the mirror serves.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use kloop_kernels::{Catalog, KernelCache};
+
+use crate::*;
+
+pub(crate) fn kernels(cmd: KernelsCmd) -> Result<ExitCode> {
+    let layout = layout();
+    match cmd {
+        KernelsCmd::List => {
+            let catalog = Catalog::load(&layout.kernels())?;
+            let cache = KernelCache::default_location()?;
+            println!(
+                "{:<8} {:<7} {:<40} {:<28} {:<16} cached",
+                "id", "series", "package", "version", "image sha256"
+            );
+            for p in catalog.pins() {
+                println!(
+                    "{:<8} {:<7} {:<40} {:<28} {:<16} {}",
+                    p.id,
+                    p.series,
+                    p.package,
+                    p.version,
+                    &p.image_sha256[..16.min(p.image_sha256.len())],
+                    if cache.is_cached(p) { "yes" } else { "no" }
+                );
+            }
+            println!("cache: {}", cache.root().display());
+        }
+        KernelsCmd::Fetch { ids, fetch } => {
+            let catalog = Catalog::load(&layout.kernels())?;
+            let cache = KernelCache::default_location()?;
+            let pins: Vec<_> = if ids.is_empty() {
+                catalog.pins().to_vec()
+            } else {
+                ids.iter()
+                    .map(|id| catalog.get(id).cloned())
+                    .collect::<Result<_, _>>()?
+            };
+            for p in pins {
+                let t = std::time::Instant::now();
+                let path = cache.ensure_image(&p, &fetch.options())?;
+                println!(
+                    "{} {} {}: {} ({:.1} s)",
+                    p.id,
+                    p.package,
+                    p.version,
+                    path.display(),
+                    t.elapsed().as_secs_f64()
+                );
+                // Scenarios with `modules` need the modules package too (its
+                // own .deb from 7.x on); fetch it now so later runs work offline.
+                if let Some(package) = &p.modules_package {
+                    let t = std::time::Instant::now();
+                    let path = cache.ensure_modules_deb(&p, &fetch.options())?;
+                    println!(
+                        "{} {package} {}: {} ({:.1} s)",
+                        p.id,
+                        p.version,
+                        path.display(),
+                        t.elapsed().as_secs_f64()
+                    );
+                }
+            }
+        }
+        KernelsCmd::Build(a) => {
+            let req = a.request(&layout)?;
+            let what = req.source.label();
+            return Ok(match build_kernel(&req, &what) {
+                Ok(k) => {
+                    println!(
+                        "kloop: run it with `cargo xtask vm-test --kernel built:{}`",
+                        k.record.id
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(code) => code,
+            });
+        }
+        KernelsCmd::Built => {
+            let cache = KernelCache::default_location()?;
+            let all = kloop_kernels::build::list(&cache);
+            if all.is_empty() {
+                println!("no built kernels; build one with `cargo xtask kernels build --source linux-source-6.12`");
+            }
+            for k in all {
+                let r = &k.record;
+                println!(
+                    "built:{}  {:<28} {}{}  config {}",
+                    r.id,
+                    r.release,
+                    r.source,
+                    r.patches
+                        .iter()
+                        .map(|p| format!(" +{}", p.path.display()))
+                        .collect::<String>(),
+                    &r.config_sha256[..12]
+                );
+            }
+        }
+        KernelsCmd::Available {
+            series,
+            refresh,
+            fetch,
+        } => {
+            let cache = KernelCache::default_location()?;
+            let (builds, notes) = available_builds(&cache, &fetch, refresh)?;
+            let catalog = Catalog::load(&layout.kernels())?;
+            let lock = kloop_kernels::available::BisectLock::load(&layout.kernels())?;
+            println!(
+                "{:<26} {:<7} {:<20} {:<44} pinned",
+                "version", "series", "suite", "package"
+            );
+            let mut shown = 0;
+            for b in builds
+                .iter()
+                .filter(|b| series.as_ref().is_none_or(|s| &b.series == s))
+            {
+                shown += 1;
+                let pin = catalog.pins().iter().find(|p| p.version == b.version);
+                let mark = match (pin, lock.get(&b.version)) {
+                    (Some(p), _) => format!(
+                        "pin {}{}",
+                        p.id,
+                        if cache.is_cached(p) { ", cached" } else { "" }
+                    ),
+                    (None, Some(p)) => format!(
+                        "bisect.lock{}",
+                        if cache.is_cached(p) { ", cached" } else { "" }
+                    ),
+                    (None, None) => "-".into(),
+                };
+                println!(
+                    "{:<26} {:<7} {:<20} {:<44} {mark}",
+                    b.version, b.series, b.suite, b.package
+                );
+            }
+            println!("{shown} build(s)");
+            for n in notes {
+                println!("note: {n}");
+            }
+        }
+        KernelsCmd::PinBuild { versions, fetch } => {
+            let cache = KernelCache::default_location()?;
+            let (builds, _) = available_builds(&cache, &fetch, false)?;
+            let mut lock = kloop_kernels::available::BisectLock::load(&layout.kernels())?;
+            for v in versions {
+                let b = builds
+                    .iter()
+                    .find(|b| b.version == v)
+                    .with_context(|| format!("no build {v} in `cargo xtask kernels available`"))?;
+                let pin = lock.ensure(&cache, &layout.kernels(), b, &fetch.options())?;
+                println!(
+                    "{}: {} {} (deb sha256 {}, image sha256 {}) in kernels/bisect.lock",
+                    pin.id, pin.package, pin.suite, pin.deb_sha256, pin.image_sha256
+                );
+            }
+        }
+        KernelsCmd::PinSource {
+            package,
+            suite,
+            fetch,
+        } => {
+            let cache = KernelCache::default_location()?;
+            let pin = kloop_kernels::build::pin_source(
+                &cache,
+                &layout.kernels(),
+                &package,
+                &suite,
+                &fetch.options(),
+            )?;
+            println!(
+                "{}: pinned {} from {} (deb sha256 {})",
+                pin.package, pin.version, pin.suite, pin.deb_sha256
+            );
+        }
+        KernelsCmd::Update { id, fetch } => {
+            let pin = kloop_kernels::update_pin(&layout.kernels(), &id, &fetch.options())?;
+            println!(
+                "{}: pinned {} {} (deb sha256 {}, image sha256 {})",
+                pin.id, pin.package, pin.version, pin.deb_sha256, pin.image_sha256
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Builds `req`, showing progress; `Err(code)` after printing a BUILD or
+/// setup failure.
+pub(crate) fn build_kernel(
+    req: &kloop_kernels::build::BuildRequest,
+    what: &str,
+) -> std::result::Result<kloop_kernels::build::BuiltKernel, ExitCode> {
+    let cache = match KernelCache::default_location() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Err(ExitCode::from(2));
+        }
+    };
+    let mut progress = build_progress::BuildProgress::new(what);
+    let result = kloop_kernels::build::build(&cache, req, &mut |e| progress.event(e));
+    progress.finish();
+    match result {
+        Ok(k) => {
+            let r = &k.record;
+            println!(
+                "kloop: built:{} {} ({}){}: {}",
+                r.id,
+                r.release,
+                r.source,
+                if r.patches.is_empty() {
+                    String::new()
+                } else {
+                    format!(" + {} patch(es)", r.patches.len())
+                },
+                if k.cached {
+                    "already built, from the cache".to_string()
+                } else {
+                    format!(
+                        "{} build in {:.0} s",
+                        if r.incremental { "incremental" } else { "full" },
+                        r.build_secs
+                    )
+                }
+            );
+            println!(
+                "kloop:   image {}, config {}, log {}",
+                k.image().display(),
+                k.config_path().display(),
+                k.log().display()
+            );
+            for n in &r.notes {
+                println!("kloop:   note: {n}");
+            }
+            Ok(k)
+        }
+        Err(e) if e.is_build_failure() => {
+            eprintln!("BUILD FAILED ({what}): {e}");
+            Err(ExitCode::from(EXIT_BUILD))
+        }
+        Err(e) => {
+            eprintln!("error ({what}): {e}");
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
+/// Every build the Debian suites serve (cached listing unless `refresh`).
+pub(crate) fn available_builds(
+    cache: &KernelCache,
+    fetch: &FetchArgs,
+    refresh: bool,
+) -> Result<(Vec<kloop_kernels::available::AvailableBuild>, Vec<String>)> {
+    let suites: Vec<String> = kloop_kernels::available::DEBIAN_SUITES
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    Ok(kloop_kernels::available::list_available(
+        cache,
+        &suites,
+        "cloud-amd64",
+        &fetch.options(),
+        refresh,
+    )?)
+}
