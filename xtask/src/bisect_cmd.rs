@@ -221,13 +221,9 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
         &["rev-parse", "--verify", &format!("{}^{{commit}}", a.new)],
     )?;
     let cache = KernelCache::default_location()?;
-    let slot: String = {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        repo.hash(&mut h);
-        format!("{:016x}", h.finish())
-    };
-    let wt_dir = cache.root().join("build/bisect").join(slot).join("tree");
+    // One worktree location for every bisection: its output directory
+    // (keyed by the tree's path) then serves the next bisection too.
+    let wt_dir = cache.root().join("build/bisect/worktree");
     kloop::run::signals::install();
     std::env::set_var("INSTA_OUTPUT", "none");
     let worktree = Worktree::add(&repo, &wt_dir, &old)?;
@@ -350,7 +346,10 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
         );
     }
     if let Some(first) = first {
-        let subject = git(&repo, &["log", "-1", "--format=%h %s", &first])?;
+        let subject = git(
+            &repo,
+            &["log", "-1", "--abbrev=12", "--format=%h %s", &first],
+        )?;
         println!("first new commit: {subject}");
     }
     println!(
@@ -368,7 +367,7 @@ pub(crate) fn bisect_step(a: BisectStepArgs) -> Result<ExitCode> {
     use kloop::judge::bisect::{classify, decide, Observation, Predicate, StepVerdict};
     use kloop_kernels::build::git::git;
     let layout = layout();
-    let head = git(&a.tree, &["log", "-1", "--format=%h %s"])?;
+    let head = git(&a.tree, &["log", "-1", "--abbrev=12", "--format=%h %s"])?;
     let log_line = |line: &str| {
         use std::io::Write;
         println!("kloop: step {line}");

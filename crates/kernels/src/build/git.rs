@@ -42,10 +42,12 @@ fn run(dir: &Path, args: &[&str]) -> Result<Output, BuildError> {
         })
 }
 
-/// A detached worktree of `repo` at `dir`.
+/// A detached worktree of `repo` at `dir`, held under an exclusive lock
+/// (`<dir>.lock`) so two bisections never share it.
 pub struct Worktree {
     repo: PathBuf,
     pub dir: PathBuf,
+    _lock: std::fs::File,
 }
 
 impl Worktree {
@@ -55,6 +57,7 @@ impl Worktree {
         git(repo, &["rev-parse", "--git-dir"]).map_err(|_| {
             BuildError::Invalid(format!("{} is not a git repository", repo.display()))
         })?;
+        let lock = lock_beside(dir)?;
         if dir.exists() {
             let _ = git(
                 repo,
@@ -80,8 +83,29 @@ impl Worktree {
         Ok(Worktree {
             repo: repo.to_path_buf(),
             dir: dir.to_path_buf(),
+            _lock: lock,
         })
     }
+}
+
+fn lock_beside(dir: &Path) -> Result<std::fs::File, BuildError> {
+    use std::os::fd::AsRawFd;
+    let path = dir.with_extension("lock");
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| BuildError::io(format!("creating {}", parent.display()), e))?;
+    }
+    let f = std::fs::File::create(&path)
+        .map_err(|e| BuildError::io(format!("creating {}", path.display()), e))?;
+    // SAFETY: a valid fd owned by `f`.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(BuildError::Invalid(format!(
+            "another `bisect --tree` is using {} (lock {}); wait for it to finish",
+            dir.display(),
+            path.display()
+        )));
+    }
+    Ok(f)
 }
 
 impl Drop for Worktree {
