@@ -63,6 +63,9 @@ impl Predicate {
     }
 }
 
+/// Where a trial leaves its raw fields (see [`fields`]).
+pub const FIELDS_FILE: &str = "fields.json";
+
 /// Raw fields `fields.json` records per program label.
 pub const FIELD_KEYS: &[&str] = &[
     "bpf_event.tag",

@@ -15,8 +15,7 @@ use crate::run::suite::{run_all, PlannedTrial};
 use crate::run::trial::{KernelUnderTest, TrialEnv, TrialResult, Verdict};
 use crate::scenario::Scenario;
 
-/// Where a trial's raw fields go (see [`bisect::fields`]).
-pub const FIELDS_FILE: &str = "fields.json";
+pub use crate::judge::bisect::FIELDS_FILE;
 
 /// What one run showed for `pred`.
 pub fn observe(pred: &Predicate, r: &TrialResult) -> Observation {

@@ -36,7 +36,7 @@ pub(super) fn judge(
     if let Ok(json) =
         serde_json::to_string_pretty(&crate::judge::bisect::fields(&evidence, &analysis))
     {
-        let _ = std::fs::write(artefacts.join(crate::run::bisect::FIELDS_FILE), json);
+        let _ = std::fs::write(artefacts.join(crate::judge::bisect::FIELDS_FILE), json);
     }
     // What this scenario declares on top of the rules every run obeys.
     analysis.violations.extend(crate::judge::expect::check(
