@@ -410,6 +410,7 @@ mod tests {
             rows: vec![],
             median_tolerance: 0.01,
             sensitivity: vec![],
+            note: None,
         };
         let mut b = side(&[], "a");
         let mut c = side(&[], "a");

@@ -338,6 +338,7 @@ mod tests {
             points,
             rows: Vec::new(),
             median_tolerance: 0.01,
+            note: None,
         };
         let md = markdown("r1", std::slice::from_ref(&t));
         assert!(

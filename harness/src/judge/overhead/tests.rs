@@ -286,9 +286,28 @@ fn trial_hook_fails_without_budget_then_blesses_and_compares() {
     );
     check_trial(&s, &ev, "6.1", Some("6.1"), Accel::Tcg, art.path()).unwrap();
 
-    // The same figures measured under KVM have no golden: fail with the hint.
-    let e = check_trial(&s, &ev, "6.1", Some("6.1"), Accel::Kvm, art.path()).unwrap_err();
-    assert!(e.contains("no [kvm] section"), "{e}");
+    // The same figures measured under KVM have no golden: what does not
+    // depend on the clock is judged, and the note says the rest was not.
+    let note = check_trial(&s, &ev, "6.1", Some("6.1"), Accel::Kvm, art.path())
+        .unwrap()
+        .expect("a note");
+    assert!(
+        note.contains("no [kvm] budget for pin 6.1: absolute figures not compared"),
+        "{note}"
+    );
+    let mut cheaper_with_listeners = ev.clone();
+    cheaper_with_listeners.timings[1].load_ns = vec![50, 50, 51];
+    let e = check_trial(
+        &s,
+        &cheaper_with_listeners,
+        "6.1",
+        Some("6.1"),
+        Accel::Kvm,
+        art.path(),
+    )
+    .unwrap_err();
+    assert!(e.contains("no [kvm] section, so absolute figures"), "{e}");
+    assert!(e.contains("basic/load/L1:L0"), "{e}");
 
     // One listener more: L0 load now costs what L1 did.
     let mut slower = ev.clone();
@@ -355,4 +374,45 @@ fn icount_reaches_qemu_argv_under_tcg_only() {
     cfg.icount = true;
     cfg.accel = Accel::Kvm;
     assert!(!argv(&cfg).contains(&"-icount".to_string()));
+}
+
+#[test]
+fn a_clock_without_a_budget_judges_only_what_does_not_depend_on_the_clock() {
+    // The real 6.1 budget has only [icount]: a KVM run is compared with it
+    // for function counts and the direction of the listener ratios only.
+    let root = kloop_root();
+    let budget = Budget::parse(
+        &std::fs::read_to_string(root.join("scenarios/overhead/budgets/6.1.toml")).unwrap(),
+    )
+    .unwrap();
+    assert!(budget.for_clock(Clock::Kvm).is_none());
+    let kvm_figures = vec![
+        fig("basic/functions", FigureKind::Count, 1.0),
+        fig("funcs32/functions", FigureKind::Count, 32.0),
+        fig("basic/unload/L1", FigureKind::Median, 900.0),
+        fig("basic/unload/L8", FigureKind::Median, 2500.0),
+        fig("basic/unload/L1:L0", FigureKind::Ratio, 1.4),
+    ];
+    assert_eq!(
+        clock_independent(&budget, &kvm_figures),
+        Vec::<String>::new()
+    );
+    let mut wrong = kvm_figures.clone();
+    wrong[1].value = 31.0;
+    wrong[3].value = 500.0;
+    wrong[4].value = 0.5;
+    let problems = clock_independent(&budget, &wrong);
+    assert_eq!(problems.len(), 3, "{problems:?}");
+    assert!(problems[0].contains("funcs32/functions: 31 function(s), the budget says 32"));
+    assert!(problems.iter().any(|p| p.contains("basic/unload/L1:L0")));
+    assert!(problems
+        .iter()
+        .any(|p| p.contains("eight listeners per CPU cost less than one")));
+}
+
+fn kloop_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }

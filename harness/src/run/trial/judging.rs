@@ -116,9 +116,12 @@ pub(super) fn judge(
         accel,
         artefacts,
     );
+    if let Ok(Some(note)) = &overhead {
+        result.notes.push(note.clone());
+    }
     let overhead_verdict = || match overhead.clone() {
         Err(e) => Verdict::Failed(format!("{e}{ledger_suffix}")),
-        Ok(()) => ledger_verdict.clone().unwrap_or(Verdict::Ok),
+        Ok(_) => ledger_verdict.clone().unwrap_or(Verdict::Ok),
     };
     let Some(snap_name) = kernel.snapshot_name() else {
         return overhead_verdict();
