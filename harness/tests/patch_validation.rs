@@ -9,7 +9,7 @@
 //! cargo test -p kloop --test patch_validation -- --ignored --test-threads 1
 //! ```
 
-use kloop::judge::ab::AbClass;
+use kloop::judge::ab::{AbClass, AbOutcome};
 use kloop::run::suite::{self, EnvOptions, Layout, PlannedTrial};
 use kloop::run::trial::{KernelUnderTest, LocalKernel, TrialResult, Verdict};
 use kloop_kernels::build::{self, BuildRequest, BuiltKernel, ConfigBase, SourceSpec};
@@ -158,18 +158,14 @@ fn ab(patches: &[&str]) -> kloop::run::ab::AbRun {
     .expect("A/B run")
 }
 
-fn class_of(run: &kloop::run::ab::AbRun, scenario: &str) -> AbClass {
+fn outcome<'a>(run: &'a kloop::run::ab::AbRun, scenario: &str) -> &'a AbOutcome {
     run.outcomes
         .iter()
         .find(|o| o.scenario == scenario)
         .unwrap_or_else(|| panic!("no outcome for {scenario}"))
-        .class
 }
 
-#[test]
-#[ignore = "slow tier: builds linux-source-6.12; see the module docs"]
-fn the_unpatched_source_is_same_against_itself() {
-    let run = ab(&[]);
+fn print_report(run: &kloop::run::ab::AbRun) {
     eprintln!(
         "{}",
         kloop::report::ab::render(
@@ -179,6 +175,13 @@ fn the_unpatched_source_is_same_against_itself() {
             kloop::report::ab::Colour::Never
         )
     );
+}
+
+#[test]
+#[ignore = "slow tier: builds linux-source-6.12; see the module docs"]
+fn the_unpatched_source_is_same_against_itself() {
+    let run = ab(&[]);
+    print_report(&run);
     assert!(run.accepted);
     for o in &run.outcomes {
         assert!(
@@ -197,22 +200,10 @@ fn the_unpatched_source_is_same_against_itself() {
 #[ignore = "slow tier: builds linux-source-6.12 twice; see the module docs"]
 fn validate_rejects_a_patch_that_breaks_the_stream() {
     let run = ab(&["subprog-ksymbol-len.patch"]);
-    eprintln!(
-        "{}",
-        kloop::report::ab::render(
-            &run.baseline,
-            &run.candidate,
-            &run.outcomes,
-            kloop::report::ab::Colour::Never
-        )
-    );
+    print_report(&run);
     assert!(!run.accepted);
-    assert_eq!(class_of(&run, "subprogs"), AbClass::Broken);
-    let subprogs = run
-        .outcomes
-        .iter()
-        .find(|o| o.scenario == "subprogs")
-        .unwrap();
+    let subprogs = outcome(&run, "subprogs");
+    assert_eq!(subprogs.class, AbClass::Broken);
     assert!(
         subprogs
             .details
@@ -227,21 +218,9 @@ fn validate_rejects_a_patch_that_breaks_the_stream() {
 #[ignore = "slow tier: builds linux-source-6.12 twice; see the module docs"]
 fn validate_rejects_a_patch_that_only_slows_the_emission_path() {
     let run = ab(&["ksymbol-kallsyms-check.patch"]);
-    eprintln!(
-        "{}",
-        kloop::report::ab::render(
-            &run.baseline,
-            &run.candidate,
-            &run.outcomes,
-            kloop::report::ab::Colour::Never
-        )
-    );
+    print_report(&run);
     assert!(!run.accepted);
-    let overhead = run
-        .outcomes
-        .iter()
-        .find(|o| o.scenario == "overhead")
-        .unwrap();
+    let overhead = outcome(&run, "overhead");
     assert_eq!(overhead.class, AbClass::Changed, "{overhead:?}");
     assert!(
         overhead.figures.iter().any(|f| !f.within && f.ratio > 1.0),

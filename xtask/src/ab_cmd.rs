@@ -27,14 +27,7 @@ pub(crate) fn ab_test(
     };
     let catalog = Catalog::load(&layout.kernels())?;
     let baseline = suite::resolve_kernel(&catalog, baseline, None)?;
-    let opts = EnvOptions {
-        accel: a.accel,
-        fetch: a.fetch.options(),
-        cpus: a.cpus,
-        memory_mib: a.memory,
-        extra_cmdline: a.append.clone(),
-        boot: a.boot,
-    };
+    let opts = a.env_options();
     let jobs = a.jobs.unwrap_or_else(suite::default_jobs);
     run_ab(layout, &baseline, &candidate, &a.scenarios, &opts, jobs)
 }

@@ -58,11 +58,7 @@ pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
         .cloned()
         .map(kloop::run::trial::KernelUnderTest::Pin);
     let env = suite::prepare_env(&layout, &opts, first.as_slice())?;
-    let band = match env.accel.accel() {
-        _ if !scenario.vm.icount => kloop::judge::overhead::REAL_TIME_MEDIAN_TOLERANCE,
-        kloop_qemu::Accel::Tcg => kloop::judge::overhead::ICOUNT_TOLERANCE,
-        _ => kloop::judge::overhead::REAL_TIME_MEDIAN_TOLERANCE,
-    };
+    let band = overhead_band(&env, &scenario);
     println!("kloop: accelerator: {}", accel_line(&env.accel));
     println!(
         "kloop: bisect {} over {} build(s) from {old} (old) to {new} (new), predicate {}, {} run(s) per step; artefacts in {}",
@@ -243,11 +239,7 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
         a.predicate,
         a.repeat
     );
-    let band = if scenario.vm.icount && env.accel.accel() == kloop_qemu::Accel::Tcg {
-        kloop::judge::overhead::ICOUNT_TOLERANCE
-    } else {
-        kloop::judge::overhead::REAL_TIME_MEDIAN_TOLERANCE
-    };
+    let band = overhead_band(&env, &scenario);
     let jobs = a.jobs.unwrap_or_else(suite::default_jobs);
     let started = std::time::Instant::now();
     let observe_end = |rev: &str| -> Result<Vec<Observation>> {
@@ -428,4 +420,12 @@ pub(crate) fn bisect_step(a: BisectStepArgs) -> Result<ExitCode> {
         t.elapsed().as_secs_f64()
     ));
     Ok(ExitCode::from(code))
+}
+
+/// The band an overhead figure of `scenario` may move in on this run's
+/// clock (1 % under TCG -icount, the real-time band otherwise).
+fn overhead_band(env: &kloop::run::trial::TrialEnv, scenario: &kloop::scenario::Scenario) -> f64 {
+    kloop::judge::overhead::Clock::of(env.accel.accel(), scenario.vm.icount)
+        .default_tolerances()
+        .0
 }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Result};
 use clap::{Args, Parser, Subcommand};
-use kloop::run::suite::{self, Layout};
+use kloop::run::suite::{self, EnvOptions, Layout};
 use kloop_kernels::{Catalog, FetchOptions};
 use kloop_qemu::accel::AccelChoice;
 
@@ -128,6 +128,20 @@ pub(crate) struct VmTestArgs {
     repeat: u32,
     #[command(flatten)]
     fetch: FetchArgs,
+}
+
+impl VmTestArgs {
+    /// The VM environment these arguments ask for.
+    fn env_options(&self) -> EnvOptions {
+        EnvOptions {
+            accel: self.accel,
+            fetch: self.fetch.options(),
+            cpus: self.cpus,
+            memory_mib: self.memory,
+            extra_cmdline: self.append.clone(),
+            boot: self.boot,
+        }
+    }
 }
 
 #[derive(Args, Clone)]

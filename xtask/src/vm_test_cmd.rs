@@ -252,14 +252,7 @@ pub(crate) fn vm_test(a: VmTestArgs, new_snapshot_set: bool) -> Result<ExitCode>
         // shows it on demand).
         std::env::set_var("INSTA_OUTPUT", "none");
     }
-    let opts = EnvOptions {
-        accel: a.accel,
-        fetch: a.fetch.options(),
-        cpus: a.cpus,
-        memory_mib: a.memory,
-        extra_cmdline: a.append.clone(),
-        boot: a.boot,
-    };
+    let opts = a.env_options();
     let started = std::time::Instant::now();
     let kernels: Vec<_> = trials.iter().map(|t| t.kernel.clone()).collect();
     let env =

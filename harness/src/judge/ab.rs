@@ -15,7 +15,7 @@
 
 use serde::Serialize;
 
-use crate::judge::overhead::{Clock, FigureKind, TrialOverhead};
+use crate::judge::overhead::{FigureKind, TrialOverhead};
 
 /// What one side's trial left, as the comparison needs it.
 #[derive(Debug, Clone, Default)]
@@ -254,16 +254,7 @@ pub fn stream_diff(base: &str, cand: &str) -> Vec<String> {
 /// baseline's own run-to-run spread with room; real-time clocks get their
 /// wider bands. Counts must match exactly.
 pub fn figure_changes(base: &TrialOverhead, cand: &TrialOverhead) -> Vec<FigureChange> {
-    let (median_band, ratio_band) = match base.clock {
-        Clock::Icount => (
-            crate::judge::overhead::ICOUNT_TOLERANCE,
-            crate::judge::overhead::ICOUNT_TOLERANCE,
-        ),
-        _ => (
-            crate::judge::overhead::REAL_TIME_MEDIAN_TOLERANCE,
-            crate::judge::overhead::REAL_TIME_RATIO_TOLERANCE,
-        ),
-    };
+    let (median_band, ratio_band) = base.clock.default_tolerances();
     let mut out = Vec::new();
     for b in &base.figures {
         let Some(c) = cand.figures.iter().find(|c| c.name == b.name) else {
@@ -298,6 +289,7 @@ pub fn figure_changes(base: &TrialOverhead, cand: &TrialOverhead) -> Vec<FigureC
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::judge::overhead::Clock;
 
     fn side(rules: &[(&str, &str)], stream: &str) -> Side {
         Side {

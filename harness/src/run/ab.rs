@@ -52,11 +52,7 @@ pub fn side_of(r: &TrialResult) -> Side {
     };
     // Judged: the plan ran to its end and the records were read (a rule,
     // the ledger, a snapshot or a budget may still have failed it).
-    let judged = normalised.is_some()
-        && matches!(
-            r.verdict,
-            Verdict::Ok | Verdict::Failed(_) | Verdict::Known(_) | Verdict::Fixed(_)
-        );
+    let judged = normalised.is_some() && r.verdict.records_judged();
     Side {
         label: r.verdict.label().to_string(),
         headline: match r.verdict.message() {

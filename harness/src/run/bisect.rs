@@ -12,19 +12,15 @@ use crate::judge::bisect::{
     self, classify, decide, Observation, Predicate, RunClass, SearchResult, StepVerdict,
 };
 use crate::run::suite::{run_all, PlannedTrial};
-use crate::run::trial::{KernelUnderTest, TrialEnv, TrialResult, Verdict};
+use crate::run::trial::{KernelUnderTest, TrialEnv, TrialResult};
 use crate::scenario::Scenario;
 
 pub use crate::judge::bisect::FIELDS_FILE;
 
 /// What one run showed for `pred`.
 pub fn observe(pred: &Predicate, r: &TrialResult) -> Observation {
-    let judged = matches!(
-        r.verdict,
-        Verdict::Ok | Verdict::Failed(_) | Verdict::Known(_) | Verdict::Fixed(_)
-    );
     let normalised = read(&r.artefacts.join("normalised.txt"));
-    if !judged || normalised.is_none() {
+    if !r.verdict.records_judged() || normalised.is_none() {
         return Observation::NoVerdict(r.verdict.headline());
     }
     match pred {

@@ -110,11 +110,7 @@ pub(super) fn has_ccache() -> bool {
 
 /// `ccache` when installed.
 fn ccache() -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join("ccache"))
-            .find(|p| p.is_file())
-    })
+    super::which("ccache")
 }
 
 /// The lines that say why a build failed: the compiler's `error:` lines

@@ -508,7 +508,8 @@ pub fn build(
     })
 }
 
-fn which(tool: &str) -> Option<PathBuf> {
+/// `tool` on `PATH`, if any.
+pub(crate) fn which(tool: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|p| p.join(tool))

@@ -116,7 +116,9 @@ impl Clock {
         }
     }
 
-    pub(crate) fn default_tolerances(self) -> (f64, f64) {
+    /// The (median, ratio) bands figures of this clock get when nothing
+    /// more specific is known: a budget's own, or the baseline's in an A/B.
+    pub fn default_tolerances(self) -> (f64, f64) {
         match self {
             Clock::Icount => (ICOUNT_TOLERANCE, ICOUNT_TOLERANCE),
             Clock::Kvm | Clock::Tcg => (REAL_TIME_MEDIAN_TOLERANCE, REAL_TIME_RATIO_TOLERANCE),

@@ -84,6 +84,16 @@ impl Verdict {
         }
     }
 
+    /// Did the agent's plan run to its end and its records get judged (a
+    /// rule, the ledger, a snapshot or a budget may still have failed it)?
+    /// Skips, infrastructure, timeouts and panics did not get that far.
+    pub fn records_judged(&self) -> bool {
+        matches!(
+            self,
+            Verdict::Ok | Verdict::Failed(_) | Verdict::Known(_) | Verdict::Fixed(_)
+        )
+    }
+
     /// Does this verdict fail a run (exit status, libtest)? Skipped and
     /// known-bug trials do not; they are not passes either.
     pub fn fails_run(&self) -> bool {
