@@ -22,6 +22,11 @@ pub fn object_bytes(name: &str) -> Result<&'static [u8]> {
         })
 }
 
+/// Every embedded fixture's stem, in build order.
+pub fn all_stems() -> Vec<&'static str> {
+    embedded::FIXTURES.iter().map(|(stem, _)| *stem).collect()
+}
+
 pub fn parse_fixture(name: &str) -> Result<Ebpf> {
     // No kernel BTF: the fixtures need no CO-RE, and parsing vmlinux BTF is slow under TCG.
     EbpfLoader::new()

@@ -107,6 +107,7 @@ impl Ctx {
             deadlines,
             extra_cmdline: e.extra_cmdline.clone(),
             boot: e.boot,
+            saved_vms: kloop::run::saved_vm::SavedVms::in_cache(e.cache.root()),
             known_issues: e.known_issues.clone(),
         }
     }
@@ -358,9 +359,15 @@ fn run_watched(
         result.artefacts.display(),
         artefacts.display()
     );
+    // One QEMU per trial, plus the boot that saved its shape's VM when
+    // this trial made it, plus a failed restore's before a cold boot.
+    let started_from = result.started_from.clone().unwrap_or_default();
+    let expected_qemu = 1
+        + usize::from(started_from.contains("saved by this trial"))
+        + usize::from(started_from.contains("cold boot, because restoring"));
     ensure!(
-        seen.qemu.len() == 1,
-        "expected to watch exactly one QEMU child during the trial, saw {:?}",
+        seen.qemu.len() == expected_qemu,
+        "expected to watch {expected_qemu} QEMU child(ren) during the trial ({started_from}), saw {:?}",
         seen.qemu
     );
     let left = qemu_children(me());
@@ -383,6 +390,8 @@ fn run_watched(
             d.display()
         );
     }
+    // A restored trial's initramfs is its saved VM's, not a copy.
+    let restored = started_from.starts_with("restored");
     for f in [
         "console.log",
         "qemu.stderr",
@@ -390,7 +399,11 @@ fn run_watched(
         "data.bin",
         "messages.jsonl",
         "result.json",
-    ] {
+        "boot.txt",
+    ]
+    .into_iter()
+    .filter(|f| !(restored && *f == "initramfs.cpio"))
+    {
         ensure!(
             artefacts.join(f).is_file(),
             "artefact {f} missing in {}",

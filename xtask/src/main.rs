@@ -114,10 +114,12 @@ pub(crate) struct VmTestArgs {
     /// e.g. `--append initcall_debug`.
     #[arg(long, value_name = "ARG")]
     append: Vec<String>,
-    /// How QEMU enters the kernel: `pvh` (the bzImage's own ELF, decompressed
-    /// once on the host, entered at its PVH note: faster) or `bzimage`.
-    #[arg(long, default_value = "pvh")]
-    boot: kloop::run::trial::BootEntry,
+    /// How each guest starts: `saved` restores the VM of its kernel × VM
+    /// shape, saved once where the agent awaits its plan (made by one cold
+    /// boot, kept in the kernel cache); `cold` boots every trial through
+    /// the kernel's PVH entry; `bzimage` boots the bzImage as is.
+    #[arg(long, default_value = "saved", value_parser = boot_mode_parser())]
+    boot: kloop::run::trial::BootMode,
     /// List the trials and exit.
     #[arg(long)]
     list: bool,
@@ -271,15 +273,16 @@ pub(crate) struct BenchArgs {
     /// e.g. to compare boot options.
     #[arg(long, value_name = "ARG")]
     append: Vec<String>,
-    /// How QEMU enters the kernel: pvh or bzimage (see vm-test --help).
-    #[arg(long, default_value = "pvh")]
-    boot: kloop::run::trial::BootEntry,
+    /// How each guest starts: saved, cold or bzimage (see vm-test --help).
+    #[arg(long, default_value = "saved", value_parser = boot_mode_parser())]
+    boot: kloop::run::trial::BootMode,
     /// Load/unload cycles of the channel storm on the first pin (66 records
     /// each); 0 skips it.
     #[arg(long, default_value_t = 200)]
     channel_cycles: u32,
-    /// Also time the whole matrix (`vm-test`, all pins × scenarios), cold
-    /// from an empty kernel cache and then warm.
+    /// Also time the whole matrix (`vm-test`, all pins × scenarios) with
+    /// cold boots and from saved VMs, and print restore→hello per pin and
+    /// where the trials' time went.
     #[arg(long)]
     matrix: bool,
 }
@@ -443,4 +446,13 @@ fn run() -> Result<ExitCode> {
         Cmd::BisectStep(a) => bisect_step(a),
         Cmd::Bench(a) => bench(a),
     }
+}
+
+/// `--boot`: one of [`kloop::run::trial::BootMode::NAMES`], listed in
+/// `--help` and in clap's error for anything else.
+fn boot_mode_parser() -> impl clap::builder::TypedValueParser<Value = kloop::run::trial::BootMode>
+{
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(kloop::run::trial::BootMode::NAMES)
+        .map(|s| s.parse().expect("PossibleValuesParser passes only listed names"))
 }

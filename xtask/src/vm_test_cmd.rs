@@ -179,44 +179,107 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Times `cargo xtask vm-test` over the whole matrix twice, as a user runs
-/// it: cold (a fresh, empty kernel cache: every pin fetched, verified and
-/// extracted, the KVM probe run again) and then warm (the same cache).
+/// Times `cargo xtask vm-test` over the whole matrix (all pins × scenarios,
+/// `--jobs` from the bench's own flag or one VM per core) as a user runs
+/// it, on the kernel cache as it is: with cold boots, then from saved VMs
+/// twice (the first makes whatever saved VM is missing, the second is the
+/// warm figure). The cold/saved ratio is what counts on a noisy machine: both
+/// runs meet the same host.
 pub(crate) fn matrix_bench(a: &BenchArgs) -> Result<()> {
+    use kloop::run::bench::{MatrixRun, Spread};
     let exe = std::env::current_exe().context("locating the xtask binary")?;
-    let cold_cache = tempfile::Builder::new()
-        .prefix("kloop-bench-cache-")
-        .tempdir()
-        .context("creating an empty cache directory for the cold run")?;
-    let mut rows = Vec::new();
-    for (label, cache) in [
-        ("cold (empty cache)", Some(cold_cache.path())),
-        ("warm", Some(cold_cache.path())),
+    let jobs = if a.jobs > 1 {
+        a.jobs
+    } else {
+        suite::default_jobs()
+    };
+    let mut rows: Vec<(&str, f64, Option<i32>, Option<MatrixRun>)> = Vec::new();
+    for (label, boot) in [
+        ("cold boots", "cold"),
+        ("saved VMs, first", "saved"),
+        ("saved VMs, warm", "saved"),
     ] {
         let mut cmd = std::process::Command::new(&exe);
-        cmd.arg("vm-test").arg("--accel").arg(a.accel.to_string());
+        cmd.arg("vm-test")
+            .arg("--accel")
+            .arg(a.accel.to_string())
+            .arg("--jobs")
+            .arg(jobs.to_string())
+            .arg("--boot")
+            .arg(boot);
         for w in &a.append {
             cmd.arg("--append").arg(w);
         }
-        if a.boot == kloop::run::trial::BootEntry::BzImage {
-            cmd.arg("--boot").arg("bzimage");
-        }
-        if let Some(c) = cache {
-            cmd.env(kloop_kernels::CACHE_DIR_ENV, c);
-        }
-        cmd.stdout(std::process::Stdio::null());
-        println!("kloop bench: matrix, {label} …");
+        cmd.stdout(std::process::Stdio::piped());
+        println!("kloop bench: matrix, {label} (--boot {boot} --jobs {jobs}) …");
         let started = std::time::Instant::now();
-        let status = cmd.status().context("running vm-test")?;
+        let out = cmd.output().context("running vm-test")?;
         let secs = started.elapsed().as_secs_f64();
-        rows.push((label, secs, status));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        // vm-test's last line names the run directory: `…; reports: DIR`.
+        let run = stdout
+            .lines()
+            .rev()
+            .find_map(|l| l.split_once("reports: ").map(|(_, d)| d.trim().to_string()))
+            .map(|d| MatrixRun::read(std::path::Path::new(&d)));
+        let run = match run {
+            Some(Ok(r)) => Some(r),
+            Some(Err(e)) => {
+                println!("kloop bench: {e}");
+                None
+            }
+            None => {
+                println!("kloop bench: vm-test named no run directory");
+                None
+            }
+        };
+        rows.push((label, secs, out.status.code(), run));
     }
-    println!("{:<20} {:>10} {:>10}", "whole matrix", "wall s", "exit");
-    for (label, secs, status) in rows {
+    println!();
+    println!(
+        "{:<18} {:>8} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "whole matrix", "wall s", "exit", "trials", "restored", "prepare", "to hello", "agent",
+        "power-off", "checks"
+    );
+    for (label, secs, code, run) in &rows {
+        let r = run.clone().unwrap_or_default();
         println!(
-            "{label:<20} {secs:>10.1} {:>10}",
-            status.code().map_or("signal".into(), |c| c.to_string())
+            "{label:<18} {secs:>8.1} {:>6} {:>7} {:>9} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+            code.map_or("signal".into(), |c| c.to_string()),
+            r.trials,
+            format!("{} ({} new)", r.restored, r.saved_now),
+            r.prepare,
+            r.to_hello,
+            r.agent,
+            r.shutdown,
+            r.host_checks
         );
+    }
+    println!("(phase columns: seconds summed over the trials; wall: the whole command)");
+    if let (Some(cold), Some(warm)) = (rows.first(), rows.get(2)) {
+        println!(
+            "cold / saved-warm wall-time ratio: {:.2} ({:.1} s / {:.1} s)",
+            cold.1 / warm.1,
+            cold.1,
+            warm.1
+        );
+    }
+    if let Some((_, _, _, Some(warm))) = rows.get(2) {
+        println!();
+        println!("restore→hello per pin (host: QEMU start to the agent's hello), s, median (min-max):");
+        for (pin, v) in &warm.restore_to_hello {
+            if let Some(spread) = Spread::of(v) {
+                println!("  {pin:<8} {spread} over {} trials", spread.n);
+            }
+        }
+        if let Some((_, _, _, Some(cold))) = rows.first() {
+            println!();
+            println!("agent phase per scenario, s summed over pins (cold / saved-warm):");
+            for (scenario, secs) in &warm.agent_by_scenario {
+                let c = cold.agent_by_scenario.get(scenario).copied().unwrap_or(0.0);
+                println!("  {scenario:<18} {c:>7.1} {secs:>7.1}");
+            }
+        }
     }
     Ok(())
 }

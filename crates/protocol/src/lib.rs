@@ -16,8 +16,12 @@
 //! raw perf ring bytes behind a small binary [`RecordsHeader`]. The guest never
 //! interprets perf records: the host owns the ABI knowledge.
 //!
-//! The plan the guest executes ([`Plan`]) travels the other way, as a JSON file
-//! inside the initramfs.
+//! The plan the guest executes ([`Plan`]) travels the other way: as a JSON
+//! file inside the initramfs ([`PLAN_PATH`]) on a cold boot, or, when the
+//! guest was restored from a saved VM, as one [`ToGuest::Plan`] frame the host
+//! writes to the same port once the restored guest runs. An agent whose
+//! initramfs has no plan announces [`Message::AwaitingPlan`] and waits: that
+//! moment is where the host saves the VM.
 
 use serde::{Deserialize, Serialize};
 
@@ -30,7 +34,7 @@ pub use plan::{
 };
 
 /// Bumped whenever a frame layout or a message changes incompatibly.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Where the agent finds its plan inside the initramfs.
 pub const PLAN_PATH: &str = "/kloop/plan.json";
@@ -241,6 +245,33 @@ pub enum Message {
         text: String,
         stderr: String,
     },
+    /// The initramfs carried no plan: early setup and the aya warm-up are
+    /// done, nothing else will be written until a [`ToGuest::Plan`]
+    /// arrives, so the channel is quiet at a frame boundary and the VM can
+    /// be saved here. The agent's first frame then; it says hello only
+    /// once the plan came.
+    AwaitingPlan {
+        /// Guest monotonic clock when the agent started waiting, in ns.
+        monotonic_ns: u64,
+        /// BPF programs the warm-up loaded and dropped.
+        warmed_up: u32,
+    },
+}
+
+/// Frames the host writes to the guest (kind [`FrameKind::Message`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "kebab-case")]
+pub enum ToGuest {
+    /// The plan for a guest restored from a saved VM.
+    Plan { plan: Plan },
+}
+
+impl ToGuest {
+    /// Encodes this message as a complete frame.
+    pub fn to_frame(&self) -> Vec<u8> {
+        let json = serde_json::to_vec(self).expect("host messages always serialise");
+        encode_frame(FrameKind::Message, &json)
+    }
 }
 
 /// Binary header in front of raw ring bytes in a `Records` frame.

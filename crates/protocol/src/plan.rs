@@ -124,9 +124,13 @@ pub enum Step {
     Inventory,
     /// Wait until no `/proc/kallsyms` symbol starting with `prefix` is
     /// (`present = false`) or some is (`present = true`), at most `timeout_ms`.
+    /// With `count`, until exactly that many are (e.g. 1: a replaced
+    /// trampoline image is gone and only its successor is left).
     WaitKallsyms {
         prefix: String,
         present: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        count: Option<u32>,
         timeout_ms: u64,
     },
     /// Write `text` to `path` (sysctls, tracefs). With `may_fail`, a refusal

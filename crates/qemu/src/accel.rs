@@ -213,6 +213,7 @@ fn probe_boot(qemu: &Path, kernel: &Path, scratch: &Path) -> Result<(), String> 
         data_channel: false,
         icount: false,
         channel_limit: crate::session::DEFAULT_CHANNEL_LIMIT,
+        start: Default::default(),
     };
     let mut vm = Vm::spawn(config).map_err(|e| e.to_string())?;
     let console = vm.console_path();

@@ -91,7 +91,12 @@ impl VmConfig {
         a.push(cmdline.join(" ").into());
         let console = self.artefacts.join("console.log");
         a.push("-chardev".into());
-        a.push(chardev_arg("file,id=console,path=", &console));
+        let mut console_arg = chardev_arg("file,id=console,path=", &console);
+        if matches!(self.start, GuestStart::Restore { .. }) {
+            // The trial's console.log already holds the saved boot's.
+            console_arg.push(",append=on");
+        }
+        a.push(console_arg);
         a.push("-serial".into());
         a.push("chardev:console".into());
         if self.data_channel {
@@ -104,6 +109,12 @@ impl VmConfig {
         let mut qmp = chardev_arg("unix:", qmp_sock);
         qmp.push(",server=on,wait=off");
         a.push(qmp);
+        if matches!(self.start, GuestStart::Restore { .. }) {
+            // The saved VM comes in on the descriptor Vm::spawn set up; the
+            // guest runs as soon as it is loaded (no -S).
+            a.push("-incoming".into());
+            a.push(format!("fd:{VMSTATE_FD}").into());
+        }
         // For experiments with QEMU options (firmware, devices): appended
         // last, so they override.
         if let Some(extra) = std::env::var_os("KLOOP_QEMU_ARGS") {

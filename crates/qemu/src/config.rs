@@ -85,7 +85,32 @@ pub struct VmConfig {
     /// Most bytes the host takes from the data channel in one session
     /// ([`channel_limit`]); past it the session ends as infrastructure.
     pub channel_limit: u64,
+    /// Boot, boot and save, or restore a saved VM.
+    pub start: GuestStart,
 }
+
+/// How a guest comes to life.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum GuestStart {
+    /// A cold boot: firmware (or PVH entry), kernel, initramfs, agent.
+    #[default]
+    Boot,
+    /// A cold boot of an initramfs without a plan, saved to `vmstate` (QMP
+    /// `getfd` with the file, `stop`, `migrate`) when the agent says it
+    /// awaits its plan ([`crate::Vm::save_when_awaiting`]).
+    BootAndSave { vmstate: PathBuf },
+    /// QEMU restores `vmstate` (`-incoming`, same argv as the save) and,
+    /// once the guest runs again, the host writes `to_guest` (the plan
+    /// frame) to the data channel. The console log is appended to, so the
+    /// trial's `console.log` can start with the saved boot's.
+    Restore { vmstate: PathBuf, to_guest: Vec<u8> },
+}
+
+impl GuestStart {
+}
+
+/// The descriptor number a restoring QEMU reads the saved VM from.
+pub const VMSTATE_FD: i32 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {

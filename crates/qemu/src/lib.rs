@@ -10,11 +10,13 @@ mod config;
 mod console;
 mod process;
 mod qmp;
+mod saved_vm;
 mod session;
 
 pub use config::*;
 pub use console::*;
 pub use process::*;
+pub use saved_vm::*;
 pub use session::*;
 
 #[cfg(test)]

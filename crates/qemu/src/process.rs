@@ -4,6 +4,7 @@
 
 use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -57,15 +58,38 @@ impl Vm {
                     .map(Stdio::from)
                     .unwrap_or_else(|_| Stdio::null()),
             );
+        // A restore reads the saved VM through descriptor 3 (`-incoming
+        // fd:3`): no shell, no path quoting. (A save hands QEMU its file
+        // over QMP instead: QEMU 7.2's outgoing `fd:` takes only named
+        // descriptors.)
+        let vmstate = match &config.start {
+            GuestStart::Boot | GuestStart::BootAndSave { .. } => None,
+            GuestStart::Restore { vmstate, .. } => Some(
+                File::open(vmstate)
+                    .map_err(io_err(format!("opening saved VM {}", vmstate.display())))?,
+            ),
+        };
+        let vmstate_fd = vmstate.as_ref().map(|f| f.as_raw_fd());
         // QEMU gets its own process group: a Ctrl-C at the terminal reaches
         // the harness only, which then ends each trial as interrupted and
         // kills its VM itself (instead of racing QEMU's own SIGINT exit).
         cmd.process_group(0);
-        // SAFETY: prctl is async-signal-safe; nothing else runs in pre_exec.
+        // SAFETY: prctl, fcntl and dup2 are async-signal-safe; nothing else runs
+        // in pre_exec.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(io::Error::last_os_error());
+                }
+                if let Some(fd) = vmstate_fd {
+                    // dup2 onto itself would leave close-on-exec set.
+                    if fd == VMSTATE_FD {
+                        if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                            return Err(io::Error::last_os_error());
+                        }
+                    } else if libc::dup2(fd, VMSTATE_FD) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });
@@ -75,6 +99,8 @@ impl Vm {
             qemu: config.qemu.clone(),
             source,
         })?;
+        // QEMU holds its own copy now.
+        drop(vmstate);
         Ok(Vm {
             child: Some(child),
             _sockets: sockets,

@@ -113,7 +113,10 @@ impl Vm {
         let deadlines = self.config.deadlines;
         let total_end = self.started + deadlines.total;
         let end = match self.accept_data(self.started + deadlines.boot, interrupted) {
-            Ok(stream) => self.pump(stream, &mut session, interrupted, total_end),
+            Ok(mut stream) => match self.resume_restored(&mut stream, interrupted) {
+                Ok(()) => self.pump(stream, &mut session, interrupted, total_end),
+                Err(why) => SessionEnd::RestoreFailed(why),
+            },
             Err(end) => end,
         };
         session.qemu_peak_rss_kib = self.peak_rss_kib();
@@ -259,6 +262,10 @@ pub enum SessionEnd {
     Protocol(String),
     Infrastructure(String),
     Interrupted,
+    /// A restored guest never ran with its plan (QEMU could not load the
+    /// saved VM, or the plan could not be written): nothing of the trial
+    /// happened, so the caller boots cold instead.
+    RestoreFailed(String),
 }
 
 /// What the guest sent, in order, plus timing.

@@ -38,6 +38,7 @@ fn argv_has_no_shell_and_escapes_commas() {
         data_channel: true,
         icount: false,
         channel_limit: DEFAULT_CHANNEL_LIMIT,
+        start: Default::default(),
     };
     let argv: Vec<String> = cfg
         .argv(Path::new("/s/qmp.sock"), Path::new("/s/data.sock"))

@@ -7,13 +7,34 @@ mod port;
 use std::time::Duration;
 
 use anyhow::Result;
-use kloop_protocol::{Message, HEARTBEAT_INTERVAL_MS};
+use kloop_protocol::{FrameKind, Message, Plan, ToGuest, HEARTBEAT_INTERVAL_MS};
 
 use crate::sys::{self, OsContext};
 
 pub use port::{
-    drain, open, panic_mid_frame, send_frame, send_last_words, send_message, silence_forever,
+    drain, open, panic_mid_frame, receive_frame, send_frame, send_last_words, send_message,
+    silence_forever,
 };
+
+/// How long a restored agent waits for its plan. The host sends it as soon
+/// as the restored guest runs; this bound only keeps a guest whose host went
+/// away from waiting forever.
+const PLAN_WAIT: Duration = Duration::from_secs(120);
+
+/// Waits for the host's [`ToGuest::Plan`] frame.
+pub fn receive_plan() -> Result<Plan> {
+    let frame = receive_frame(PLAN_WAIT).os_ctx("waiting for the plan on the data port")?;
+    if frame.kind != FrameKind::Message {
+        anyhow::bail!(
+            "the host sent a {:?} frame where the plan belongs",
+            frame.kind
+        );
+    }
+    match serde_json::from_slice::<ToGuest>(&frame.payload) {
+        Ok(ToGuest::Plan { plan }) => Ok(plan),
+        Err(e) => Err(anyhow::anyhow!("the host's plan frame does not decode: {e}")),
+    }
+}
 
 /// Sends `msg`; an error names the data port.
 pub fn send(msg: &Message) -> Result<()> {

@@ -10,7 +10,7 @@ use std::os::fd::{FromRawFd, RawFd};
 use std::sync::{Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
-use kloop_protocol::Message;
+use kloop_protocol::{FrameDecoder, Message, RawFrame};
 
 pub struct Port {
     file: Mutex<File>,
@@ -148,6 +148,65 @@ pub fn panic_mid_frame(frame: &[u8], cut: usize) -> ! {
         );
     }
     panic!("fault injection: panic in the middle of a frame (no data port)");
+}
+
+/// Reads what the host writes to the port until one whole frame decoded,
+/// or `timeout` (guest time) passed. Only the runner reads, between the
+/// `AwaitingPlan` it sent and the plan it waits for, so no lock is taken.
+pub fn receive_frame(timeout: Duration) -> io::Result<RawFrame> {
+    let p = port()?;
+    let deadline = Instant::now() + timeout;
+    let mut decoder = FrameDecoder::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "no frame from the host within {} s ({} bytes of a partial frame)",
+                    timeout.as_secs(),
+                    decoder.pending()
+                ),
+            ));
+        }
+        let mut pfd = libc::pollfd {
+            fd: p.fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let wait_ms = left.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd.
+        let ready = unsafe { libc::poll(&mut pfd, 1, wait_ms) };
+        if ready < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if ready == 0 {
+            continue;
+        }
+        // SAFETY: buf is valid for its length; the fd is open.
+        let n = unsafe { libc::read(p.fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if matches!(
+                e.kind(),
+                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+            ) {
+                continue;
+            }
+            return Err(e);
+        }
+        decoder.push(&buf[..n as usize]);
+        match decoder.next_frame() {
+            Ok(Some(frame)) => return Ok(frame),
+            Ok(None) => {}
+            Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
+        }
+    }
 }
 
 /// Waits until every byte written has left the UART.

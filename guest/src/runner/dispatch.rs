@@ -72,8 +72,9 @@ pub(super) fn run_step(context: &mut StepContext, step: &Step) -> Result<()> {
         Step::WaitKallsyms {
             prefix,
             present,
+            count,
             timeout_ms,
-        } => kallsyms::wait(prefix, *present, *timeout_ms),
+        } => kallsyms::wait(prefix, *present, *count, *timeout_ms),
         Step::Write {
             path,
             text,

@@ -28,35 +28,37 @@ const SYSCTLS: &[&str] = &[
 
 /// Runs the whole session on an open data port. `notes` are early-setup
 /// remarks and `port_note` the port's line settings, both sent as `Log`s.
+///
+/// With a plan in the initramfs (a cold boot) the plan's own fixtures are
+/// warmed up after the probes. Without one the agent is being booted to be
+/// saved: it warms every fixture up, says [`Message::AwaitingPlan`] and
+/// waits for the host's plan; the host saves the VM at that point and
+/// every restored copy continues here with its own plan. Either way the
+/// host then sees the same session: hello, facts, logs, steps, done.
 pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
-    let (online_cpus, cpu_note) = match sys::online_cpus() {
-        Ok(cpus) => (cpus, None),
-        Err(e) => (
-            Vec::new(),
-            Some(format!(
-                "reading /sys/devices/system/cpu/online: {}",
-                sys::Errno(&e)
-            )),
-        ),
+    let mut notes = notes;
+    notes.insert(
+        0,
+        format!("data port {}: {port_note}", kloop_protocol::DATA_PORT),
+    );
+    let (plan, warmed) = if std::path::Path::new(PLAN_PATH).exists() {
+        (read_plan()?, false)
+    } else {
+        let (warm_notes, loaded) = warm_up::warm_up_aya(&crate::fixtures::all_stems())?;
+        send(&Message::AwaitingPlan {
+            monotonic_ns: sys::monotonic_ns(),
+            warmed_up: loaded,
+        })?;
+        // Nothing may be in flight when the host saves the VM.
+        channel::drain().os_ctx("draining the data port before the save")?;
+        let plan = channel::receive_plan()?;
+        notes.push("restored from a saved VM: the plan came over the data port".into());
+        notes.extend(warm_notes);
+        (plan, true)
     };
-    send(&Message::Hello {
-        protocol_version: PROTOCOL_VERSION,
-        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
-        uname: sys::uname(),
-        online_cpus,
-        monotonic_ns: sys::monotonic_ns(),
-    })?;
-    send(&kernel_facts())?;
-    log(format!(
-        "data port {}: {port_note}",
-        kloop_protocol::DATA_PORT
-    ))?;
-    for note in notes.into_iter().chain(cpu_note) {
-        log(note)?;
-    }
+    hello(notes)?;
     channel::start_heartbeat();
 
-    let plan = read_plan()?;
     if let Some((requirement, reason)) = probes::first_unmet(&plan.requires)? {
         send(&Message::Unsupported {
             requirement,
@@ -64,7 +66,12 @@ pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
         })?;
         return send(&Message::Done { records_bytes: 0 });
     }
-    warm_up::warm_up_aya(&warm_up::plan_fixtures(&plan))?;
+    if !warmed {
+        let (warm_notes, _) = warm_up::warm_up_aya(&warm_up::plan_fixtures(&plan))?;
+        for note in warm_notes {
+            log(note)?;
+        }
+    }
 
     let mut context = StepContext::default();
     for (index, step) in plan.steps.iter().enumerate() {
@@ -85,6 +92,33 @@ pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
     send(&Message::Done {
         records_bytes: context.records_bytes,
     })
+}
+
+/// Hello, the kernel's facts and the notes, in that order: the host's
+/// first frames of every session.
+fn hello(notes: Vec<String>) -> Result<()> {
+    let (online_cpus, cpu_note) = match sys::online_cpus() {
+        Ok(cpus) => (cpus, None),
+        Err(e) => (
+            Vec::new(),
+            Some(format!(
+                "reading /sys/devices/system/cpu/online: {}",
+                sys::Errno(&e)
+            )),
+        ),
+    };
+    send(&Message::Hello {
+        protocol_version: PROTOCOL_VERSION,
+        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        uname: sys::uname(),
+        online_cpus,
+        monotonic_ns: sys::monotonic_ns(),
+    })?;
+    send(&kernel_facts())?;
+    for note in notes.into_iter().chain(cpu_note) {
+        log(note)?;
+    }
+    Ok(())
 }
 
 fn kernel_facts() -> Message {

@@ -8,7 +8,6 @@ use aya::programs::Program;
 use kloop_protocol::{Plan, Step};
 
 use crate::bpf;
-use crate::channel::log;
 use crate::fixtures::{load_program, parse_fixture};
 use crate::sys;
 
@@ -36,18 +35,24 @@ pub(super) fn plan_fixtures(plan: &Plan) -> Vec<&str> {
 /// so force them now, before any listener exists: `aya::features()` runs the
 /// whole detection (a `LazyLock` in aya 0.14), and loading every program of
 /// every fixture the plan uses once exercises whatever else the real loads
-/// will touch (only those: parsing and loading all of them cost about half a
-/// second per boot under TCG). Then wait until the kernel has freed it all.
-pub(super) fn warm_up_aya(fixtures: &[&str]) -> Result<()> {
+/// will touch (on a cold boot only those: parsing and loading all of them
+/// cost about half a second per boot under TCG; a VM saved for restoring
+/// loads them all, once). Then wait until the kernel has freed it all.
+///
+/// Returns what happened as notes for the host (sent as `Log`s by the
+/// caller: a VM being saved has not said hello yet) and how many programs
+/// it loaded.
+pub(super) fn warm_up_aya(fixtures: &[&str]) -> Result<(Vec<String>, u32)> {
+    let mut notes = Vec::new();
     let started = Instant::now();
     let before: HashSet<u32> = bpf::prog_ids()?.into_iter().collect();
     let features = aya::features();
-    let mut loaded = 0;
+    let mut loaded = 0u32;
     for stem in fixtures {
         let mut ebpf = match parse_fixture(stem) {
             Ok(ebpf) => ebpf,
             Err(e) => {
-                log(format!("aya warm-up: {}", sys::describe_chain(&e)))?;
+                notes.push(format!("aya warm-up: {}", sys::describe_chain(&e)));
                 continue;
             }
         };
@@ -63,10 +68,10 @@ pub(super) fn warm_up_aya(fixtures: &[&str]) -> Result<()> {
             }
             match load_program(program) {
                 Ok(()) => loaded += 1,
-                Err(e) => log(format!(
+                Err(e) => notes.push(format!(
                     "aya warm-up: loading {stem}/{name} failed: {}",
                     sys::describe_chain(&e.into())
-                ))?,
+                )),
             }
         }
     }
@@ -81,17 +86,17 @@ pub(super) fn warm_up_aya(fixtures: &[&str]) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(5));
     };
-    log(format!(
+    notes.push(format!(
         "aya warm-up before any listener: {} program(s) present at start, features probed, \
          {loaded} fixture program(s) loaded and dropped, {} ms; features: {features:?}",
         before.len(),
         started.elapsed().as_millis()
-    ))?;
+    ));
     if !leftover.is_empty() {
-        log(format!(
+        notes.push(format!(
             "aya warm-up: programs {leftover:?} still visible 5 s after the warm-up; \
              their unload may show up in the records"
-        ))?;
+        ));
     }
-    Ok(())
+    Ok((notes, loaded))
 }

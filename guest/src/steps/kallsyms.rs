@@ -18,17 +18,28 @@ pub fn snapshot() -> Result<()> {
 
 /// Waits until a generated symbol starting with `prefix` is `present` (or,
 /// with `present` false, until none is left).
-pub fn wait(prefix: &str, present: bool, timeout_ms: u64) -> Result<()> {
+pub fn wait(prefix: &str, present: bool, count: Option<u32>, timeout_ms: u64) -> Result<()> {
     let started = Instant::now();
     let deadline = started + Duration::from_millis(timeout_ms);
+    if count.is_some_and(|n| (n > 0) != present) {
+        bail!("wait-kallsyms: count {count:?} contradicts present = {present}");
+    }
+    let wanted = match count {
+        Some(n) => format!("exactly {n}"),
+        None if present => "some".to_string(),
+        None => "no".to_string(),
+    };
     loop {
         // Only code the kernel generates (`[bpf]`, `[__builtin__*]`): kernel
         // functions share the prefixes (bpf_trampoline_link_prog...).
         let found = read_filtered(|e| is_side_band_symbol(e) && e.name.starts_with(prefix))?;
-        if found.is_empty() != present {
+        let done = match count {
+            Some(n) => found.len() == n as usize,
+            None => found.is_empty() != present,
+        };
+        if done {
             return log(format!(
-                "kallsyms: {} symbol starting with {prefix:?} after {} ms",
-                if present { "some" } else { "no" },
+                "kallsyms: {wanted} symbol(s) starting with {prefix:?} after {} ms",
                 started.elapsed().as_millis()
             ));
         }
@@ -38,8 +49,8 @@ pub fn wait(prefix: &str, present: bool, timeout_ms: u64) -> Result<()> {
                 .map(|e| format!("{:#x} {}", e.addr, e.name))
                 .collect();
             bail!(
-                "after {timeout_ms} ms /proc/kallsyms still has {} symbol starting with {prefix:?}{}",
-                if present { "no" } else { "a" },
+                "after {timeout_ms} ms /proc/kallsyms has {} symbol(s) starting with {prefix:?}, not {wanted}{}",
+                found.len(),
                 if names.is_empty() {
                     String::new()
                 } else {

@@ -183,6 +183,7 @@ mod tests {
             qemu_version: "QEMU 7.2".into(),
             host_release: "6.1".into(),
             artefacts: "/tmp/a".into(),
+            started_from: None,
             notes: Vec::new(),
             violations: Vec::new(),
         }

@@ -233,9 +233,115 @@ impl PhaseSpreads {
     }
 }
 
+/// One `vm-test` run over the matrix, read back from its `results.jsonl`
+/// (as a user's script would): where its trials' time went.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MatrixRun {
+    pub trials: usize,
+    /// Trials restored from a saved VM (`started_from` says `restored`).
+    pub restored: usize,
+    /// Restores whose saved VM this run made (their boot and save are in
+    /// the trial's `prepare`).
+    pub saved_now: usize,
+    /// Sums over the trials, seconds.
+    pub prepare: f64,
+    pub to_hello: f64,
+    pub agent: f64,
+    pub shutdown: f64,
+    pub host_checks: f64,
+    pub trial_wall: f64,
+    /// Per pin: host-measured QEMU start → hello of the restored trials.
+    pub restore_to_hello: BTreeMap<String, Vec<f64>>,
+    /// Per scenario: the agent phase summed over pins.
+    pub agent_by_scenario: BTreeMap<String, f64>,
+}
+
+impl MatrixRun {
+    /// Reads `<run_dir>/results.jsonl`.
+    pub fn read(run_dir: &Path) -> Result<MatrixRun, String> {
+        let path = run_dir.join("results.jsonl");
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let mut run = MatrixRun::default();
+        for (n, line) in text.lines().enumerate() {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .map_err(|e| format!("{} line {}: {e}", path.display(), n + 1))?;
+            run.add(&v);
+        }
+        Ok(run)
+    }
+
+    fn add(&mut self, v: &serde_json::Value) {
+        let num = |p: &serde_json::Value, k: &str| p.get(k).and_then(|x| x.as_f64());
+        self.trials += 1;
+        self.trial_wall += num(v, "wall_secs").unwrap_or(0.0);
+        let started = v
+            .get("started_from")
+            .and_then(|s| s.as_str())
+            .unwrap_or("");
+        let restored = started.starts_with("restored");
+        if restored {
+            self.restored += 1;
+            if started.contains("saved by this trial") {
+                self.saved_now += 1;
+            }
+        }
+        let Some(p) = v.get("phases").filter(|p| p.is_object()) else {
+            return;
+        };
+        let kernel = v.get("kernel").and_then(|k| k.as_str()).unwrap_or("?");
+        let scenario = v.get("scenario").and_then(|k| k.as_str()).unwrap_or("?");
+        self.prepare += num(p, "prepare").unwrap_or(0.0);
+        let to_hello = num(p, "to_hello").unwrap_or(0.0);
+        self.to_hello += to_hello;
+        let agent = num(p, "agent").unwrap_or(0.0);
+        self.agent += agent;
+        *self
+            .agent_by_scenario
+            .entry(scenario.to_string())
+            .or_default() += agent;
+        self.shutdown += num(p, "shutdown").unwrap_or(0.0);
+        self.host_checks += num(p, "host_checks").unwrap_or(0.0);
+        if restored {
+            self.restore_to_hello
+                .entry(kernel.to_string())
+                .or_default()
+                .push(to_hello);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn matrix_run_sums_phases_and_restores() {
+        let lines = [
+            serde_json::json!({"kernel": "6.1", "scenario": "basic", "wall_secs": 2.0,
+                "started_from": "restored: saved VM 0123 (/c), saved by this trial: …",
+                "phases": {"prepare": 3.0, "to_hello": 0.2, "agent": 1.0, "shutdown": 0.1, "host_checks": 0.05}}),
+            serde_json::json!({"kernel": "6.1", "scenario": "overhead", "wall_secs": 9.0,
+                "started_from": "restored: saved VM 4567 (/c)",
+                "phases": {"prepare": 0.1, "to_hello": 0.3, "agent": 8.0, "shutdown": 0.1, "host_checks": 0.2}}),
+            serde_json::json!({"kernel": "5.10", "scenario": "basic", "wall_secs": 3.0,
+                "started_from": "pvh: /x from /y",
+                "phases": {"prepare": 0.1, "to_hello": 1.8, "agent": 1.0, "shutdown": 0.1, "host_checks": 0.05}}),
+            serde_json::json!({"kernel": "5.10", "scenario": "probes", "wall_secs": 0.0,
+                "verdict": {"class": "skipped"}, "phases": null}),
+        ];
+        let mut run = MatrixRun::default();
+        for l in &lines {
+            run.add(l);
+        }
+        assert_eq!((run.trials, run.restored, run.saved_now), (4, 2, 1));
+        assert!((run.agent - 10.0).abs() < 1e-9);
+        assert!((run.to_hello - 2.3).abs() < 1e-9);
+        assert_eq!(run.restore_to_hello["6.1"], vec![0.2, 0.3]);
+        assert!(!run.restore_to_hello.contains_key("5.10"));
+        assert!((run.agent_by_scenario["overhead"] - 8.0).abs() < 1e-9);
+        assert!((run.trial_wall - 14.0).abs() < 1e-9);
+    }
 
     #[test]
     fn spread_median_even_and_odd() {

@@ -5,6 +5,8 @@
 //! - [`agent`]: builds the static guest agent;
 //! - [`initramfs`] and [`payload`]: what goes into the guest;
 //! - [`trial`]: one kernel × scenario → [`trial::Verdict`];
+//! - [`saved_vm`]: one boot per kernel × VM shape, saved and restored for
+//!   every trial;
 //! - [`suite`]: planning and running many trials;
 //! - [`repeat`]: `--repeat N` and the FLAKY verdict;
 //! - [`signals`]: SIGINT/SIGTERM for every wait loop;
@@ -18,6 +20,7 @@ pub mod bisect;
 pub mod initramfs;
 pub mod payload;
 pub mod repeat;
+pub mod saved_vm;
 pub mod signals;
 pub mod suite;
 pub mod trial;

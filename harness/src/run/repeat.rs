@@ -323,6 +323,7 @@ mod tests {
             qemu_version: "QEMU 7.2".into(),
             host_release: "6.1".into(),
             artefacts,
+            started_from: None,
             notes: Vec::new(),
             violations: Vec::new(),
         }

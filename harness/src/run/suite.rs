@@ -239,7 +239,7 @@ pub struct EnvOptions {
     pub memory_mib: u32,
     /// Appended to every guest's kernel command line.
     pub extra_cmdline: Vec<String>,
-    pub boot: crate::run::trial::BootEntry,
+    pub boot: crate::run::trial::BootMode,
 }
 
 impl Default for EnvOptions {
@@ -291,6 +291,7 @@ pub fn prepare_env(
         &run_dir.join("kvm-probe"),
     )
     .map_err(SuiteError::Accel)?;
+    let saved_vms = crate::run::saved_vm::SavedVms::in_cache(cache.root());
     Ok(TrialEnv {
         qemu,
         qemu_version,
@@ -304,6 +305,7 @@ pub fn prepare_env(
         deadlines: None,
         extra_cmdline: opts.extra_cmdline.clone(),
         boot: opts.boot,
+        saved_vms,
         known_issues,
     })
 }

@@ -135,6 +135,11 @@ pub(super) fn session_verdict(session: &GuestSession, artefacts: &Path) -> Optio
                 last_report(&session.messages),
             )))
         }
+        // A failed restore boots cold before any verdict; this only shows
+        // if that path is bypassed.
+        SessionEnd::RestoreFailed(m) => Some(Verdict::Infrastructure(format!(
+            "restoring a saved VM failed: {m}"
+        ))),
         SessionEnd::Infrastructure(m) => {
             Some(Verdict::Infrastructure(format!("{m}\n{}", tail())))
         }

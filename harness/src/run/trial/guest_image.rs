@@ -4,13 +4,85 @@
 
 use std::path::{Path, PathBuf};
 
+
 use kloop_kernels::ModuleSet;
 use kloop_qemu::{Deadlines, VmConfig};
 
-use super::{BootEntry, KernelUnderTest, LocalKernel, TrialEnv, Verdict};
+use super::{BootMode, KernelUnderTest, LocalKernel, TrialEnv, Verdict};
 use crate::run::initramfs::Initramfs;
 use crate::run::payload::Payload;
 use crate::scenario::Scenario;
+
+/// What a guest is made of, before it is decided whether it boots cold or
+/// comes from a saved VM.
+pub(crate) struct GuestParts {
+    /// The VM without its initramfs: kernel file, shape, deadlines.
+    pub vm: VmConfig,
+    pub modules: Option<ModuleSet>,
+    pub payload: Payload,
+    /// How the kernel file was chosen, for `boot.txt`.
+    pub boot_note: String,
+}
+
+impl GuestParts {
+    /// The initramfs: the agent, the scenario's modules and payload, and,
+    /// for a cold boot, the plan (a VM that is saved gets its plan later,
+    /// over the data channel).
+    pub fn initramfs(
+        &self,
+        agent: &Path,
+        plan: Option<&kloop_protocol::Plan>,
+    ) -> std::io::Result<Initramfs> {
+        let mut i = Initramfs::skeleton();
+        i.add_file("init", 0o755, std::fs::read(agent)?);
+        if let Some(plan) = plan {
+            let plan = serde_json::to_vec_pretty(plan).map_err(std::io::Error::other)?;
+            i.add_file(kloop_protocol::PLAN_PATH, 0o644, plan);
+        }
+        if let Some(modules) = &self.modules {
+            i.add_dir(kloop_protocol::MODULES_DIR);
+            for (path, data) in modules.initramfs_files()? {
+                i.add_file(&path, 0o644, data);
+            }
+        }
+        for d in self.payload.dirs() {
+            i.add_dir(&d);
+        }
+        for f in &self.payload.files {
+            let bytes = std::fs::read(&f.host_path).map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("payload file {}: {e}", f.host_path.display()),
+                )
+            })?;
+            i.add_file(&f.guest_path, f.mode, bytes);
+        }
+        Ok(i)
+    }
+
+    /// The cold boot's configuration: the full initramfs, plan included,
+    /// written into the trial's directory.
+    pub fn cold_config(
+        &self,
+        env: &TrialEnv,
+        scenario: &Scenario,
+        artefacts: &Path,
+    ) -> Result<VmConfig, Verdict> {
+        let initramfs = artefacts.join("initramfs.cpio");
+        self.initramfs(&env.agent, Some(&scenario.plan))
+            .and_then(|i| i.write_file(&initramfs))
+            .map_err(|e| {
+                Verdict::Infrastructure(format!(
+                    "writing initramfs {}: {e}",
+                    initramfs.display()
+                ))
+            })?;
+        Ok(VmConfig {
+            initramfs: Some(initramfs),
+            ..self.vm.clone()
+        })
+    }
+}
 
 /// Everything a trial needs before QEMU starts; `Err` is the trial's
 /// (infrastructure) verdict when something cannot be had.
@@ -19,7 +91,7 @@ pub(super) fn prepare_guest(
     kernel: &KernelUnderTest,
     scenario: &Scenario,
     artefacts: &Path,
-) -> Result<VmConfig, Verdict> {
+) -> Result<GuestParts, Verdict> {
     if let Err(e) = std::fs::create_dir_all(artefacts) {
         return Err(Verdict::Infrastructure(format!(
             "cannot create artefact directory {}: {e}",
@@ -59,23 +131,16 @@ pub(super) fn prepare_guest(
         }
         KernelUnderTest::Image(_) => None,
     };
-    let image = boot_file(env, &image, verified_sha, artefacts);
-    let initramfs = artefacts.join("initramfs.cpio");
+    let (image, boot_note) = boot_file(env, &image, verified_sha);
     let payload = match scenario_payload(scenario) {
         Ok(p) => p,
         Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
     };
-    if let Err(e) = build_initramfs(&env.agent, scenario, modules.as_ref(), &payload, &initramfs) {
-        return Err(Verdict::Infrastructure(format!(
-            "writing initramfs {}: {e}",
-            initramfs.display()
-        )));
-    }
     let accel = env.accel.accel();
-    let config = VmConfig {
+    let vm = VmConfig {
         qemu: env.qemu.clone(),
         kernel: image,
-        initramfs: Some(initramfs),
+        initramfs: None,
         accel,
         cpus: scenario.vm.cpus.unwrap_or(env.cpus),
         memory_mib: env.memory_mib,
@@ -91,8 +156,14 @@ pub(super) fn prepare_guest(
         data_channel: true,
         icount: scenario.vm.icount,
         channel_limit: kloop_qemu::channel_limit(),
+        start: Default::default(),
     };
-    Ok(config)
+    Ok(GuestParts {
+        vm,
+        modules,
+        payload,
+        boot_note,
+    })
 }
 
 /// A local kernel has no package to take modules from: every module the
@@ -130,34 +201,27 @@ fn builtin_modules(k: &LocalKernel, scenario: &Scenario) -> Result<ModuleSet, Ve
     Ok(ModuleSet::builtin_only(scenario.modules.clone()))
 }
 
-/// The file QEMU's `-kernel` gets for `image`. A PVH failure is not the
-/// trial's: the bzImage boots instead, and `boot.txt` says why.
+/// The file QEMU's `-kernel` gets for `image`, and the line `boot.txt`
+/// says about it. A PVH failure is not the trial's: the bzImage boots
+/// instead, and the line says why.
 pub(super) fn boot_file(
     env: &TrialEnv,
     image: &Path,
     image_sha256: Option<&str>,
-    artefacts: &Path,
-) -> PathBuf {
+) -> (PathBuf, String) {
     let note = match env.boot {
-        BootEntry::BzImage => "bzimage (as asked)".to_string(),
-        BootEntry::Pvh => {
+        BootMode::BzImage => "bzimage (as asked)".to_string(),
+        BootMode::Saved | BootMode::Cold => {
             match kloop_kernels::pvh::ensure_pvh(env.cache.root(), image, image_sha256) {
                 Ok(elf) => {
-                    let _ = std::fs::write(
-                        artefacts.join("boot.txt"),
-                        format!("pvh: {} from {}\n", elf.display(), image.display()),
-                    );
-                    return elf;
+                    let note = format!("pvh: {} from {}", elf.display(), image.display());
+                    return (elf, note);
                 }
                 Err(e) => format!("bzimage, because PVH is not possible: {e}"),
             }
         }
     };
-    let _ = std::fs::write(
-        artefacts.join("boot.txt"),
-        format!("{note}: {}\n", image.display()),
-    );
-    image.to_path_buf()
+    (image.to_path_buf(), format!("{note}: {}", image.display()))
 }
 
 /// Host programs the scenario needs in the guest: perf and its libraries
@@ -178,37 +242,4 @@ pub(super) fn scenario_payload(
     } else {
         Ok(Payload::default())
     }
-}
-
-pub(super) fn build_initramfs(
-    agent: &Path,
-    scenario: &Scenario,
-    modules: Option<&ModuleSet>,
-    payload: &Payload,
-    out: &Path,
-) -> std::io::Result<()> {
-    let agent_bytes = std::fs::read(agent)?;
-    let plan = serde_json::to_vec_pretty(&scenario.plan).map_err(std::io::Error::other)?;
-    let mut i = Initramfs::skeleton();
-    i.add_file("init", 0o755, agent_bytes);
-    i.add_file(kloop_protocol::PLAN_PATH, 0o644, plan);
-    if let Some(modules) = modules {
-        i.add_dir(kloop_protocol::MODULES_DIR);
-        for (path, data) in modules.initramfs_files()? {
-            i.add_file(&path, 0o644, data);
-        }
-    }
-    for d in payload.dirs() {
-        i.add_dir(&d);
-    }
-    for f in &payload.files {
-        let bytes = std::fs::read(&f.host_path).map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("payload file {}: {e}", f.host_path.display()),
-            )
-        })?;
-        i.add_file(&f.guest_path, f.mode, bytes);
-    }
-    i.write_file(out).map(drop)
 }

@@ -18,9 +18,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kloop_protocol::Message;
-use kloop_qemu::{Deadlines, GuestSession, Vm};
+use kloop_qemu::{Deadlines, GuestSession, SessionEnd, Vm, VmConfig};
 
 use crate::judge::evidence::RunEvidence;
+use crate::run::saved_vm::SavedVms;
 use crate::scenario::Scenario;
 use kloop_kernels::{KernelCache, KernelConfig, KernelPin};
 use kloop_qemu::accel::AccelDecision;
@@ -190,29 +191,45 @@ pub struct TrialEnv {
     pub deadlines: Option<Deadlines>,
     /// Appended to every guest's kernel command line (`--append`).
     pub extra_cmdline: Vec<String>,
-    pub boot: BootEntry,
+    pub boot: BootMode,
+    /// The saved VMs trials restore (with [`BootMode::Saved`]).
+    pub saved_vms: SavedVms,
     /// The known-issues ledger trials on pins are judged by.
     pub known_issues: crate::judge::known_issues::Ledger,
 }
 
-/// How QEMU enters the kernel.
+/// How a trial's guest starts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum BootEntry {
-    /// The bzImage's own ELF through its PVH entry, decompressed once on
-    /// the host ([`kloop_kernels::pvh`]); the bzImage when that fails.
+pub enum BootMode {
+    /// Restore the VM of this kernel × VM shape saved where the agent
+    /// awaits its plan ([`crate::run::saved_vm`]), made by one cold PVH
+    /// boot when there is none; a cold boot when saving or restoring fails.
     #[default]
-    Pvh,
-    /// The bzImage as is: firmware, real-mode setup, the decompressor.
+    Saved,
+    /// A cold boot through the kernel's PVH entry: its own ELF, decompressed
+    /// once on the host ([`kloop_kernels::pvh`]); the bzImage when that fails.
+    Cold,
+    /// A cold boot of the bzImage as is: firmware, real-mode setup, the
+    /// decompressor.
     BzImage,
 }
 
-impl std::str::FromStr for BootEntry {
+impl BootMode {
+    /// The values `--boot` takes.
+    pub const NAMES: [&'static str; 3] = ["saved", "cold", "bzimage"];
+}
+
+impl std::str::FromStr for BootMode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            "pvh" => Ok(BootEntry::Pvh),
-            "bzimage" => Ok(BootEntry::BzImage),
-            other => Err(format!("unknown boot entry `{other}`: use pvh or bzimage")),
+            "saved" => Ok(BootMode::Saved),
+            // `pvh` was the name of the cold PVH boot before saved VMs.
+            "cold" | "pvh" => Ok(BootMode::Cold),
+            "bzimage" => Ok(BootMode::BzImage),
+            other => Err(format!(
+                "unknown boot mode `{other}`: use saved, cold or bzimage"
+            )),
         }
     }
 }
@@ -250,23 +267,115 @@ fn run_inner(
             return Verdict::Skipped(reason);
         }
     }
-    let config = match guest_image::prepare_guest(env, kernel, scenario, artefacts) {
-        Ok(config) => config,
+    let parts = match guest_image::prepare_guest(env, kernel, scenario, artefacts) {
+        Ok(parts) => parts,
         Err(verdict) => return verdict,
     };
-    let mut vm = match Vm::spawn(config) {
-        Ok(vm) => vm,
-        Err(e) => return Verdict::Infrastructure(e.to_string()),
+    let mut boot_lines = vec![parts.boot_note.clone()];
+    let mut session = None;
+    if env.boot == BootMode::Saved {
+        match restore(env, &parts, scenario, artefacts, trial_started) {
+            Ok((restored, line)) => {
+                boot_lines.push(line);
+                session = Some(restored);
+            }
+            Err(why) => boot_lines.push(format!("cold boot, because {why}")),
+        }
+    }
+    let (session, prepare) = match session {
+        Some(s) => s,
+        None => {
+            let config = match parts.cold_config(env, scenario, artefacts) {
+                Ok(config) => config,
+                Err(verdict) => return verdict,
+            };
+            match boot(config, trial_started) {
+                Ok(s) => s,
+                Err(verdict) => return verdict,
+            }
+        }
     };
-    let prepare = trial_started.elapsed().as_secs_f64();
-    let session = vm.run_session(&crate::run::signals::interrupted);
-    drop(vm);
+    result.started_from = Some(boot_lines.last().cloned().unwrap_or_default());
+    let _ = std::fs::write(artefacts.join("boot.txt"), boot_lines.join("\n") + "\n");
     note_timings(&session, prepare, result);
     save_messages(artefacts, &session.messages);
     if let Some(verdict) = ending::session_verdict(&session, artefacts) {
         return verdict;
     }
     judging::judge(env, kernel, scenario, artefacts, &session, result)
+}
+
+/// Spawns `config`'s QEMU and runs its session: the session and the host's
+/// preparation time before the spawn.
+fn boot(config: VmConfig, trial_started: Instant) -> Result<(GuestSession, f64), Verdict> {
+    let mut vm = Vm::spawn(config).map_err(|e| Verdict::Infrastructure(e.to_string()))?;
+    let prepare = trial_started.elapsed().as_secs_f64();
+    let session = vm.run_session(&crate::run::signals::interrupted);
+    drop(vm);
+    Ok((session, prepare))
+}
+
+/// The trial from its shape's saved VM (made now if there is none): the
+/// session and `boot.txt`'s line. `Err`: why it boots cold instead.
+fn restore(
+    env: &TrialEnv,
+    parts: &guest_image::GuestParts,
+    scenario: &Scenario,
+    artefacts: &Path,
+    trial_started: Instant,
+) -> Result<((GuestSession, f64), String), String> {
+    let inputs = format!(
+        "agent {} | modules {:?} | payload {:?}",
+        env.agent.display(),
+        parts.modules,
+        parts.payload
+    );
+    let initramfs = || {
+        parts
+            .initramfs(&env.agent, None)
+            .and_then(|i| i.write_to(Vec::new()))
+    };
+    let saved = env
+        .saved_vms
+        .ensure(
+            &parts.vm,
+            &env.qemu_version,
+            &inputs,
+            &initramfs,
+            &crate::run::signals::interrupted,
+        )
+        .map_err(|e| format!("no saved VM: {e}"))?;
+    let config = env
+        .saved_vms
+        .restore_config(&saved, &parts.vm, &scenario.plan, artefacts)
+        .map_err(|e| format!("saved VM {} unusable: {e}", saved.key()))?;
+    let (session, prepare) = boot(config, trial_started)
+        .map_err(|v| v.message().unwrap_or("QEMU did not start").to_string())?;
+    if let Some(SessionEnd::RestoreFailed(why)) = &session.end {
+        env.saved_vms.forget(&saved, &why.clone());
+        // The restore's own console and stderr stay for the curious.
+        for f in ["console.log", "qemu.stderr", "data.bin"] {
+            let _ = std::fs::rename(
+                artefacts.join(f),
+                artefacts.join(format!("restore-failed-{f}")),
+            );
+        }
+        return Err(format!("restoring saved VM {} failed: {why}", saved.key()));
+    }
+    let line = format!(
+        "restored: saved VM {} ({}){}",
+        saved.key(),
+        saved.dir.display(),
+        if saved.created_now {
+            format!(
+                ", saved by this trial: boot to awaiting plan {:.2} s, save {:.2} s",
+                saved.meta.boot_to_ready_secs, saved.meta.save_secs
+            )
+        } else {
+            String::new()
+        }
+    );
+    Ok(((session, prepare), line))
 }
 
 /// Where the trial's time went and QEMU's peak memory, into `result`.

@@ -122,6 +122,10 @@ pub struct TrialResult {
     pub qemu_version: String,
     pub host_release: String,
     pub artefacts: PathBuf,
+    /// How the guest started: `restored: saved VM <key> …`, or the cold
+    /// boot's kernel file and, when a saved VM was wanted, why not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_from: Option<String>,
     /// One-line facts from the analysis the report line shows (side-band
     /// lookup rates, provoked-loss accounting).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -198,6 +202,7 @@ impl TrialResult {
             qemu_version: env.qemu_version.clone(),
             host_release: kloop_qemu::accel::host_release(),
             artefacts,
+            started_from: None,
             notes: Vec::new(),
             violations: Vec::new(),
         }

@@ -1,0 +1,440 @@
+//! Saved VMs: one cold boot per kernel × VM shape, saved where the agent
+//! awaits its plan; every trial of that shape restores it and gets its plan
+//! over the data channel.
+//!
+//! Every restore starts from the same memory image, so nothing one trial
+//! leaves behind reaches the next: isolation is that of a cold boot. A saved
+//! VM is keyed on everything that shapes it — the kernel file's and the
+//! plan-less initramfs's sha256, QEMU's version and its argv (accelerator,
+//! CPUs, memory, command line, firmware, `KLOOP_QEMU_ARGS`) — and rebuilt
+//! when any of them changes. They live in the kernel cache
+//! (`saved-vms/<key>/`: `vmstate`, `initramfs.cpio`, `meta.json`, and
+//! `boot/` with the saved boot's console), the least recently used pruned
+//! past [`KEEP_ENV`] (default [`DEFAULT_KEEP`]).
+//!
+//! When saving or restoring fails, the trial boots cold and says why; a
+//! shape whose save failed is not tried again in the same run.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use kloop_protocol::{Plan, ToGuest};
+use kloop_qemu::{GuestStart, Vm, VmConfig};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// How many saved VMs the cache keeps (least recently used go first).
+pub const KEEP_ENV: &str = "KLOOP_SAVED_VMS_KEEP";
+/// About 70–110 MB each for a 512 MiB guest: a full matrix needs 25.
+pub const DEFAULT_KEEP: usize = 40;
+
+/// Bumped when what a saved VM holds changes meaning (the agent's waiting
+/// protocol, the layout of the directory).
+const FORMAT: u32 = 1;
+
+/// How long a trial waits for another kloop process that is saving the
+/// same VM before it boots cold.
+const OTHER_PROCESS_WAIT: Duration = Duration::from_secs(180);
+
+/// What `meta.json` says about a saved VM.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SavedVmMeta {
+    pub key: String,
+    /// The `-kernel` file it was booted from (a restore passes the same).
+    pub kernel: PathBuf,
+    pub kernel_bytes: u64,
+    pub qemu_version: String,
+    /// Seconds since the epoch.
+    pub created: u64,
+    /// QEMU start to the agent's `AwaitingPlan`.
+    pub boot_to_ready_secs: f64,
+    pub save_secs: f64,
+    pub guest_uptime_secs: f64,
+    pub vmstate_bytes: u64,
+}
+
+/// A saved VM on disk, complete.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SavedVm {
+    pub dir: PathBuf,
+    pub meta: SavedVmMeta,
+    /// Whether this run created it (its boot and save are then part of the
+    /// trial that asked first).
+    pub created_now: bool,
+}
+
+impl SavedVm {
+    pub fn key(&self) -> &str {
+        &self.meta.key
+    }
+    fn vmstate(&self) -> PathBuf {
+        self.dir.join("vmstate")
+    }
+    fn initramfs(&self) -> PathBuf {
+        self.dir.join("initramfs.cpio")
+    }
+    fn boot_console(&self) -> PathBuf {
+        self.dir.join("boot").join("console.log")
+    }
+}
+
+type Slot = Arc<Mutex<Option<Result<SavedVm, String>>>>;
+
+/// The saved VMs of one run: the directory, and per key what this run
+/// found (so one failure is not retried by every trial of the shape).
+pub struct SavedVms {
+    root: PathBuf,
+    slots: Mutex<HashMap<String, Slot>>,
+    /// Identity of a file (path, length, mtime) → its sha256.
+    file_digests: Mutex<HashMap<(PathBuf, u64, SystemTime), String>>,
+    /// The caller's description of an initramfs's inputs → its sha256.
+    initramfs_digests: Mutex<HashMap<String, String>>,
+}
+
+impl SavedVms {
+    /// The store under `cache_root/saved-vms`.
+    pub fn in_cache(cache_root: &Path) -> SavedVms {
+        SavedVms {
+            root: cache_root.join("saved-vms"),
+            slots: Mutex::default(),
+            file_digests: Mutex::default(),
+            initramfs_digests: Mutex::default(),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The saved VM of `shape` (a configuration without initramfs), made
+    /// now if there is none. `initramfs_inputs` names what the plan-less
+    /// initramfs is built from (equal inputs, equal bytes within one run),
+    /// `initramfs` builds it. `Err`: why the trial must boot cold.
+    pub fn ensure(
+        &self,
+        shape: &VmConfig,
+        qemu_version: &str,
+        initramfs_inputs: &str,
+        initramfs: &dyn Fn() -> io::Result<Vec<u8>>,
+        interrupted: &dyn Fn() -> bool,
+    ) -> Result<SavedVm, String> {
+        let mut bytes = None;
+        let initramfs_sha = {
+            let known = lock(&self.initramfs_digests)
+                .get(initramfs_inputs)
+                .cloned();
+            match known {
+                Some(sha) => sha,
+                None => {
+                    let b = initramfs().map_err(|e| format!("building the initramfs: {e}"))?;
+                    let sha = hex::encode(Sha256::digest(&b));
+                    lock(&self.initramfs_digests).insert(initramfs_inputs.to_string(), sha.clone());
+                    bytes = Some(b);
+                    sha
+                }
+            }
+        };
+        let kernel_sha = self
+            .file_sha256(&shape.kernel)
+            .map_err(|e| format!("hashing {}: {e}", shape.kernel.display()))?;
+        let key = key_of(shape, qemu_version, &kernel_sha, &initramfs_sha);
+        let slot = lock(&self.slots).entry(key.clone()).or_default().clone();
+        let mut slot = lock(&slot);
+        if let Some(known) = slot.as_ref() {
+            return known.clone().map(|mut vm| {
+                vm.created_now = false;
+                vm
+            });
+        }
+        let dir = self.root.join(&key);
+        let found = match read_complete(&dir) {
+            Some(vm) => Ok(vm),
+            None => {
+                let bytes = match bytes {
+                    Some(b) => Ok(b),
+                    None => initramfs().map_err(|e| format!("building the initramfs: {e}")),
+                };
+                bytes.and_then(|b| self.create(&key, shape, qemu_version, &b, interrupted))
+            }
+        };
+        if let Ok(vm) = &found {
+            touch(&vm.dir);
+        }
+        *slot = Some(found.clone());
+        found
+    }
+
+    /// A restore of `saved` running `plan`, its artefacts in `artefacts`
+    /// (whose `console.log` starts with the saved boot's).
+    pub fn restore_config(
+        &self,
+        saved: &SavedVm,
+        shape: &VmConfig,
+        plan: &Plan,
+        artefacts: &Path,
+    ) -> Result<VmConfig, String> {
+        let kernel_now = std::fs::metadata(&saved.meta.kernel).map(|m| m.len()).ok();
+        if kernel_now != Some(saved.meta.kernel_bytes) {
+            return Err(format!(
+                "the saved VM's kernel file {} changed or went away",
+                saved.meta.kernel.display()
+            ));
+        }
+        let mut console = std::fs::read(saved.boot_console()).unwrap_or_default();
+        console.extend_from_slice(
+            format!(
+                "\n[kloop] ---- restored from saved VM {} (booted {} s into the guest's life); \
+                 the trial's own output follows ----\n",
+                saved.key(),
+                saved.meta.guest_uptime_secs
+            )
+            .as_bytes(),
+        );
+        std::fs::write(artefacts.join("console.log"), console)
+            .map_err(|e| format!("writing {}/console.log: {e}", artefacts.display()))?;
+        touch(&saved.dir);
+        Ok(VmConfig {
+            kernel: saved.meta.kernel.clone(),
+            initramfs: Some(saved.initramfs()),
+            artefacts: artefacts.to_path_buf(),
+            start: GuestStart::Restore {
+                vmstate: saved.vmstate(),
+                to_guest: ToGuest::Plan { plan: plan.clone() }.to_frame(),
+            },
+            ..shape.clone()
+        })
+    }
+
+    /// A restore of `saved` failed: the rest of this run boots its shape
+    /// cold, and the next run makes it again.
+    pub fn forget(&self, saved: &SavedVm, why: &str) {
+        if let Some(slot) = lock(&self.slots).get(saved.key()) {
+            *lock(slot) = Some(Err(format!("restoring it failed earlier in this run: {why}")));
+        }
+        let _ = std::fs::remove_dir_all(&saved.dir);
+    }
+
+    fn create(
+        &self,
+        key: &str,
+        shape: &VmConfig,
+        qemu_version: &str,
+        initramfs: &[u8],
+        interrupted: &dyn Fn() -> bool,
+    ) -> Result<SavedVm, String> {
+        let dir = self.root.join(key);
+        std::fs::create_dir_all(&self.root)
+            .map_err(|e| format!("creating {}: {e}", self.root.display()))?;
+        let _lock = ProcessLock::take(&self.root.join(format!("{key}.lock")), interrupted)?;
+        // Another process may have made it while this one waited.
+        if let Some(vm) = read_complete(&dir) {
+            return Ok(vm);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        let boot_dir = dir.join("boot");
+        std::fs::create_dir_all(&boot_dir)
+            .map_err(|e| format!("creating {}: {e}", boot_dir.display()))?;
+        let initramfs_path = dir.join("initramfs.cpio");
+        std::fs::write(&initramfs_path, initramfs)
+            .map_err(|e| format!("writing {}: {e}", initramfs_path.display()))?;
+        let partial = dir.join("vmstate.partial");
+        let config = VmConfig {
+            initramfs: Some(initramfs_path),
+            artefacts: boot_dir,
+            // The trial's own deadlines (a fault test's short ones) apply
+            // to its restore, not to the boot every trial shares.
+            deadlines: kloop_qemu::Deadlines::for_accel(shape.accel),
+            start: GuestStart::BootAndSave {
+                vmstate: partial.clone(),
+            },
+            ..shape.clone()
+        };
+        let result = Vm::spawn(config)
+            .map_err(|e| e.to_string())
+            .and_then(|mut vm| vm.save_when_awaiting(interrupted));
+        let report = match result {
+            Ok(r) => r,
+            Err(why) => {
+                // Keep the boot's artefacts for the user, not the state.
+                let _ = std::fs::remove_file(&partial);
+                return Err(format!(
+                    "saving a VM failed ({why}); its boot's console: {}",
+                    dir.join("boot").join("console.log").display()
+                ));
+            }
+        };
+        let vmstate = dir.join("vmstate");
+        std::fs::rename(&partial, &vmstate)
+            .map_err(|e| format!("renaming {}: {e}", partial.display()))?;
+        let meta = SavedVmMeta {
+            key: key.to_string(),
+            kernel: shape.kernel.clone(),
+            kernel_bytes: std::fs::metadata(&shape.kernel)
+                .map(|m| m.len())
+                .unwrap_or(0),
+            qemu_version: qemu_version.to_string(),
+            created: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            boot_to_ready_secs: report.boot_to_ready.as_secs_f64(),
+            save_secs: report.save.as_secs_f64(),
+            guest_uptime_secs: report.guest_uptime_ns as f64 / 1e9,
+            vmstate_bytes: std::fs::metadata(&vmstate).map(|m| m.len()).unwrap_or(0),
+        };
+        let json = serde_json::to_vec_pretty(&meta).map_err(|e| e.to_string())?;
+        let tmp = dir.join("meta.json.partial");
+        std::fs::write(&tmp, json)
+            .and_then(|()| std::fs::rename(&tmp, dir.join("meta.json")))
+            .map_err(|e| format!("writing {}/meta.json: {e}", dir.display()))?;
+        self.prune(key);
+        Ok(SavedVm {
+            dir,
+            meta,
+            created_now: true,
+        })
+    }
+
+    /// Keeps the [`KEEP_ENV`] most recently used saved VMs (never `keep`).
+    fn prune(&self, keep: &str) {
+        let limit = std::env::var(KEEP_ENV)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(DEFAULT_KEEP)
+            .max(1);
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return;
+        };
+        let mut saved: Vec<(SystemTime, PathBuf)> = entries
+            .flatten()
+            .filter(|e| e.path().is_dir() && e.file_name() != keep)
+            .map(|e| {
+                let used = std::fs::metadata(e.path().join("used"))
+                    .or_else(|_| e.metadata())
+                    .and_then(|m| m.modified())
+                    .unwrap_or(SystemTime::UNIX_EPOCH);
+                (used, e.path())
+            })
+            .collect();
+        if saved.len() < limit {
+            return;
+        }
+        saved.sort();
+        let excess = saved.len() + 1 - limit;
+        for (_, dir) in saved.into_iter().take(excess) {
+            // A saved VM being made or restored right now by another process
+            // holds its lock; skip it.
+            let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+            let lock_path = self.root.join(format!("{}.lock", name.unwrap_or_default()));
+            if let Ok(lock) = ProcessLock::try_take(&lock_path) {
+                let _ = std::fs::remove_dir_all(&dir);
+                let _ = std::fs::remove_file(&lock_path);
+                drop(lock);
+            }
+        }
+    }
+
+    /// sha256 of a file, remembered for its (path, length, mtime).
+    fn file_sha256(&self, path: &Path) -> io::Result<String> {
+        let meta = std::fs::metadata(path)?;
+        let id = (path.to_path_buf(), meta.len(), meta.modified()?);
+        if let Some(sha) = lock(&self.file_digests).get(&id) {
+            return Ok(sha.clone());
+        }
+        let mut hasher = Sha256::new();
+        io::copy(&mut std::fs::File::open(path)?, &mut hasher)?;
+        let sha = hex::encode(hasher.finalize());
+        lock(&self.file_digests).insert(id, sha.clone());
+        Ok(sha)
+    }
+}
+
+/// The key: sha256 over the format, QEMU's version, the kernel's and the
+/// initramfs's digests and QEMU's argv with this guest's own paths (console,
+/// sockets, files) replaced by placeholders; 16 hex digits.
+pub fn key_of(shape: &VmConfig, qemu_version: &str, kernel_sha: &str, initramfs_sha: &str) -> String {
+    let neutral = VmConfig {
+        kernel: PathBuf::from("/kernel"),
+        initramfs: Some(PathBuf::from("/initramfs")),
+        artefacts: PathBuf::from("/artefacts"),
+        start: GuestStart::Boot,
+        ..shape.clone()
+    };
+    let argv: Vec<String> = neutral
+        .argv(Path::new("/qmp"), Path::new("/data"))
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let mut h = Sha256::new();
+    h.update(format!(
+        "format {FORMAT}\nqemu {qemu_version}\nkernel {kernel_sha}\ninitramfs {initramfs_sha}\n"
+    ));
+    for a in argv {
+        h.update(a.as_bytes());
+        h.update(b"\0");
+    }
+    hex::encode(h.finalize())[..16].to_string()
+}
+
+fn read_complete(dir: &Path) -> Option<SavedVm> {
+    let meta: SavedVmMeta =
+        serde_json::from_slice(&std::fs::read(dir.join("meta.json")).ok()?).ok()?;
+    let state = std::fs::metadata(dir.join("vmstate")).ok()?;
+    (state.len() == meta.vmstate_bytes).then(|| SavedVm {
+        dir: dir.to_path_buf(),
+        meta,
+        created_now: false,
+    })
+}
+
+/// Marks a saved VM used now (pruning goes by this file's mtime).
+fn touch(dir: &Path) {
+    let _ = std::fs::File::create(dir.join("used"));
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// An exclusive `flock` on a saved VM's lock file, so two kloop processes
+/// never save the same VM at once; released when dropped.
+struct ProcessLock {
+    _file: std::fs::File,
+}
+
+impl ProcessLock {
+    fn try_take(path: &Path) -> io::Result<ProcessLock> {
+        let f = std::fs::File::create(path)?;
+        // SAFETY: a valid fd owned by `f`.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(ProcessLock { _file: f })
+    }
+
+    fn take(path: &Path, interrupted: &dyn Fn() -> bool) -> Result<ProcessLock, String> {
+        let deadline = Instant::now() + OTHER_PROCESS_WAIT;
+        loop {
+            match Self::try_take(path) {
+                Ok(l) => return Ok(l),
+                Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {}
+                Err(e) => return Err(format!("locking {}: {e}", path.display())),
+            }
+            if interrupted() {
+                return Err("interrupted".into());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "another kloop process held {} for {} s while saving the same VM",
+                    path.display(),
+                    OTHER_PROCESS_WAIT.as_secs()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
