@@ -1375,6 +1375,124 @@ fn kvm_probe_decides_and_caches() -> TestResult {
     Ok(())
 }
 
+// ---------------------------------------------------------------- saved VMs
+
+/// `env` with another boot mode and its own saved-VM bookkeeping.
+fn env_booting(c: &Ctx, boot: kloop::run::trial::BootMode) -> TrialEnv {
+    TrialEnv {
+        boot,
+        ..c.env_with(None)
+    }
+}
+
+/// A trial restored from a saved VM and a cold-booted one record the same
+/// normalised stream and reach the same verdict: the saved VM changes how
+/// the guest starts, not what the kernel emits. (The oracle is the cold
+/// boot, which has no saved state at all.)
+fn saved_and_cold_agree() -> TestResult {
+    let c = ctx()?;
+    let mut streams = Vec::new();
+    for (boot, name) in [
+        (kloop::run::trial::BootMode::Saved, "saved-agree-saved"),
+        (kloop::run::trial::BootMode::Cold, "saved-agree-cold"),
+    ] {
+        let s = Scenario {
+            name: name.into(),
+            ..c.basic.clone()
+        };
+        let o = run_watched(&env_booting(c, boot), &c.kernel, &s, false)?;
+        ensure!(
+            o.result.verdict == Verdict::Ok,
+            "{name}: {:?}",
+            o.result.verdict
+        );
+        let from = o.result.started_from.clone().unwrap_or_default();
+        ensure!(
+            from.starts_with("restored") == (boot == kloop::run::trial::BootMode::Saved),
+            "{name} started from: {from}"
+        );
+        let text = std::fs::read_to_string(o.result.artefacts.join("normalised.txt"))
+            .map_err(|e| format!("{name}: normalised.txt: {e}"))?;
+        streams.push(text);
+    }
+    ensure!(
+        streams[0] == streams[1],
+        "restored and cold-booted basic differ:\n--- saved\n{}\n--- cold\n{}",
+        streams[0],
+        streams[1]
+    );
+    Ok(())
+}
+
+/// A saved VM whose state QEMU cannot load (its header overwritten in
+/// place, the length kept, so it still looks complete) is restored, fails, is
+/// removed, and the trial boots cold with the reason in `boot.txt`; the
+/// verdict is the scenario's own.
+fn saved_vm_corrupt() -> TestResult {
+    let c = ctx()?;
+    let env = env_booting(c, kloop::run::trial::BootMode::Saved);
+    let s = Scenario {
+        name: "saved-corrupt-first".into(),
+        ..c.basic.clone()
+    };
+    let first = run_watched(&env, &c.kernel, &s, false)?;
+    let from = first.result.started_from.clone().unwrap_or_default();
+    let key = from
+        .strip_prefix("restored: saved VM ")
+        .and_then(|r| r.split_whitespace().next())
+        .ok_or_else(|| format!("first trial was not restored: {from}"))?
+        .to_string();
+    let dir = env.saved_vms.root().join(&key);
+    let state = dir.join("vmstate");
+    let mut bytes = std::fs::read(&state).map_err(|e| format!("{}: {e}", state.display()))?;
+    // The stream's header (QEMU's magic and version): QEMU refuses it at
+    // once. (RAM pages carry no checksum, so bytes flipped inside them
+    // would load.)
+    bytes[..64].fill(0xa5);
+    std::fs::write(&state, &bytes).map_err(|e| format!("{}: {e}", state.display()))?;
+    // A fresh bookkeeping: this run has not seen the key yet.
+    let env = env_booting(c, kloop::run::trial::BootMode::Saved);
+    let s = Scenario {
+        name: "saved-corrupt-second".into(),
+        ..c.basic.clone()
+    };
+    let started = Instant::now();
+    let o = run_watched(&env, &c.kernel, &s, false)?;
+    ensure!(
+        o.result.verdict == Verdict::Ok,
+        "after the failed restore the cold boot should pass: {:?}",
+        o.result.verdict
+    );
+    let boot_txt = std::fs::read_to_string(o.result.artefacts.join("boot.txt")).unwrap_or_default();
+    expect_contains(
+        &boot_txt,
+        &["cold boot, because restoring saved VM", &key, "failed"],
+    )?;
+    ensure!(
+        !dir.exists(),
+        "the unusable saved VM {} was not removed",
+        dir.display()
+    );
+    ensure!(
+        o.result
+            .artefacts
+            .join("restore-failed-qemu.stderr")
+            .is_file(),
+        "the failed restore's stderr was not kept"
+    );
+    table(
+        "saved VM unloadable",
+        "vmstate header overwritten in place",
+        &o.result.verdict,
+        "restore QEMU gone, saved VM removed, cold boot",
+        format!(
+            "{:.2} s (restore attempt + cold boot)",
+            o.secs_since(started)
+        ),
+    );
+    Ok(())
+}
+
 // ---------------------------------------------------------------- main
 
 fn main() {
@@ -1391,6 +1509,8 @@ fn main() {
         vm("vm/garbage-frame", garbage_frame),
         vm("vm/panic-mid-frame", panic_mid_frame),
         vm("vm/channel-flood", channel_flood),
+        vm("vm/saved-and-cold-agree", saved_and_cold_agree),
+        vm("vm/saved-vm-corrupt", saved_vm_corrupt),
         Trial::test("setup/qemu-missing", qemu_missing),
         Trial::test("setup/clang-missing", clang_missing),
         // Mounting a tmpfs needs root (CI runs as root); elsewhere it is

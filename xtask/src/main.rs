@@ -450,9 +450,10 @@ fn run() -> Result<ExitCode> {
 
 /// `--boot`: one of [`kloop::run::trial::BootMode::NAMES`], listed in
 /// `--help` and in clap's error for anything else.
-fn boot_mode_parser() -> impl clap::builder::TypedValueParser<Value = kloop::run::trial::BootMode>
-{
+fn boot_mode_parser() -> impl clap::builder::TypedValueParser<Value = kloop::run::trial::BootMode> {
     use clap::builder::TypedValueParser;
-    clap::builder::PossibleValuesParser::new(kloop::run::trial::BootMode::NAMES)
-        .map(|s| s.parse().expect("PossibleValuesParser passes only listed names"))
+    clap::builder::PossibleValuesParser::new(kloop::run::trial::BootMode::NAMES).map(|s| {
+        s.parse()
+            .expect("PossibleValuesParser passes only listed names")
+    })
 }

@@ -238,8 +238,16 @@ pub(crate) fn matrix_bench(a: &BenchArgs) -> Result<()> {
     println!();
     println!(
         "{:<18} {:>8} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "whole matrix", "wall s", "exit", "trials", "restored", "prepare", "to hello", "agent",
-        "power-off", "checks"
+        "whole matrix",
+        "wall s",
+        "exit",
+        "trials",
+        "restored",
+        "prepare",
+        "to hello",
+        "agent",
+        "power-off",
+        "checks"
     );
     for (label, secs, code, run) in &rows {
         let r = run.clone().unwrap_or_default();
@@ -266,7 +274,9 @@ pub(crate) fn matrix_bench(a: &BenchArgs) -> Result<()> {
     }
     if let Some((_, _, _, Some(warm))) = rows.get(2) {
         println!();
-        println!("restore→hello per pin (host: QEMU start to the agent's hello), s, median (min-max):");
+        println!(
+            "restore→hello per pin (host: QEMU start to the agent's hello), s, median (min-max):"
+        );
         for (pin, v) in &warm.restore_to_hello {
             if let Some(spread) = Spread::of(v) {
                 println!("  {pin:<8} {spread} over {} trials", spread.n);

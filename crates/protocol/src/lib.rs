@@ -336,3 +336,30 @@ pub fn records_frames(listener: u32, mut stream_offset: u64, bytes: &[u8]) -> Ve
     }
     frames
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_frame_decodes_to_the_same_plan() {
+        let plan = Plan {
+            scenario: "basic".into(),
+            requires: vec![Requirement::Btf],
+            steps: vec![
+                Step::Drain,
+                Step::Trigger {
+                    nanosleeps: 3,
+                    sleep_ms: 0,
+                },
+            ],
+        };
+        let frame = ToGuest::Plan { plan: plan.clone() }.to_frame();
+        let mut d = FrameDecoder::new();
+        d.push(&frame);
+        let raw = d.next_frame().unwrap().unwrap();
+        assert_eq!(raw.kind, FrameKind::Message);
+        let back: ToGuest = serde_json::from_slice(&raw.payload).unwrap();
+        assert_eq!(back, ToGuest::Plan { plan });
+    }
+}

@@ -106,8 +106,7 @@ pub enum GuestStart {
     Restore { vmstate: PathBuf, to_guest: Vec<u8> },
 }
 
-impl GuestStart {
-}
+impl GuestStart {}
 
 /// The descriptor number a restoring QEMU reads the saved VM from.
 pub const VMSTATE_FD: i32 = 3;

@@ -11,8 +11,8 @@ use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 
-use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use std::time::{Duration, Instant};
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use kloop_protocol::{FrameDecoder, FrameKind, Message};
 
@@ -216,8 +216,8 @@ impl Vm {
             match info.status {
                 Some(qapi::qmp::MigrationStatus::completed) => break,
                 Some(
-                    s @ (qapi::qmp::MigrationStatus::failed
-                    | qapi::qmp::MigrationStatus::cancelled),
+                    s
+                    @ (qapi::qmp::MigrationStatus::failed | qapi::qmp::MigrationStatus::cancelled),
                 ) => {
                     return Err(format!(
                         "saving the VM {s:?}: {}",
@@ -315,8 +315,8 @@ impl Vm {
 /// Why a restoring QEMU exited, with its stderr's last line (where QEMU
 /// says what did not match).
 fn restore_exit(vm: &Vm, status: &std::process::ExitStatus) -> String {
-    let stderr = std::fs::read_to_string(vm.config.artefacts.join("qemu.stderr"))
-        .unwrap_or_default();
+    let stderr =
+        std::fs::read_to_string(vm.config.artefacts.join("qemu.stderr")).unwrap_or_default();
     let last = stderr.lines().rev().find(|l| !l.trim().is_empty());
     format!(
         "QEMU {} while loading the saved VM{}",

@@ -32,7 +32,9 @@ pub fn receive_plan() -> Result<Plan> {
     }
     match serde_json::from_slice::<ToGuest>(&frame.payload) {
         Ok(ToGuest::Plan { plan }) => Ok(plan),
-        Err(e) => Err(anyhow::anyhow!("the host's plan frame does not decode: {e}")),
+        Err(e) => Err(anyhow::anyhow!(
+            "the host's plan frame does not decode: {e}"
+        )),
     }
 }
 

@@ -275,10 +275,7 @@ impl MatrixRun {
         let num = |p: &serde_json::Value, k: &str| p.get(k).and_then(|x| x.as_f64());
         self.trials += 1;
         self.trial_wall += num(v, "wall_secs").unwrap_or(0.0);
-        let started = v
-            .get("started_from")
-            .and_then(|s| s.as_str())
-            .unwrap_or("");
+        let started = v.get("started_from").and_then(|s| s.as_str()).unwrap_or("");
         let restored = started.starts_with("restored");
         if restored {
             self.restored += 1;

@@ -124,9 +124,7 @@ impl SavedVms {
     ) -> Result<SavedVm, String> {
         let mut bytes = None;
         let initramfs_sha = {
-            let known = lock(&self.initramfs_digests)
-                .get(initramfs_inputs)
-                .cloned();
+            let known = lock(&self.initramfs_digests).get(initramfs_inputs).cloned();
             match known {
                 Some(sha) => sha,
                 None => {
@@ -213,7 +211,9 @@ impl SavedVms {
     /// cold, and the next run makes it again.
     pub fn forget(&self, saved: &SavedVm, why: &str) {
         if let Some(slot) = lock(&self.slots).get(saved.key()) {
-            *lock(slot) = Some(Err(format!("restoring it failed earlier in this run: {why}")));
+            *lock(slot) = Some(Err(format!(
+                "restoring it failed earlier in this run: {why}"
+            )));
         }
         let _ = std::fs::remove_dir_all(&saved.dir);
     }
@@ -356,7 +356,12 @@ impl SavedVms {
 /// The key: sha256 over the format, QEMU's version, the kernel's and the
 /// initramfs's digests and QEMU's argv with this guest's own paths (console,
 /// sockets, files) replaced by placeholders; 16 hex digits.
-pub fn key_of(shape: &VmConfig, qemu_version: &str, kernel_sha: &str, initramfs_sha: &str) -> String {
+pub fn key_of(
+    shape: &VmConfig,
+    qemu_version: &str,
+    kernel_sha: &str,
+    initramfs_sha: &str,
+) -> String {
     let neutral = VmConfig {
         kernel: PathBuf::from("/kernel"),
         initramfs: Some(PathBuf::from("/initramfs")),
@@ -436,5 +441,123 @@ impl ProcessLock {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> VmConfig {
+        VmConfig {
+            qemu: "/usr/bin/qemu-system-x86_64".into(),
+            kernel: "/cache/vmlinux/aaaa".into(),
+            initramfs: None,
+            accel: kloop_qemu::Accel::Tcg,
+            cpus: 2,
+            memory_mib: 512,
+            cmdline: Vec::new(),
+            artefacts: "/runs/1/6.1/basic".into(),
+            deadlines: kloop_qemu::Deadlines::for_accel(kloop_qemu::Accel::Tcg),
+            data_channel: true,
+            icount: false,
+            channel_limit: kloop_qemu::DEFAULT_CHANNEL_LIMIT,
+            start: GuestStart::Boot,
+        }
+    }
+
+    #[test]
+    fn key_ignores_the_trials_own_paths_and_deadlines() {
+        let a = shape();
+        let b = VmConfig {
+            artefacts: "/runs/2/6.1/kprobes".into(),
+            kernel: "/elsewhere/same-bytes".into(),
+            deadlines: kloop_qemu::Deadlines {
+                boot: Duration::from_secs(1),
+                silence: Duration::from_secs(1),
+                total: Duration::from_secs(1),
+            },
+            ..shape()
+        };
+        assert_eq!(key_of(&a, "7.2", "k", "i"), key_of(&b, "7.2", "k", "i"));
+        assert_eq!(key_of(&a, "7.2", "k", "i").len(), 16);
+    }
+
+    #[test]
+    fn key_changes_with_everything_that_shapes_the_guest() {
+        let base = key_of(&shape(), "7.2", "k", "i");
+        let variants = [
+            key_of(&shape(), "8.0", "k", "i"),
+            key_of(&shape(), "7.2", "k2", "i"),
+            key_of(&shape(), "7.2", "k", "i2"),
+            key_of(&VmConfig { cpus: 1, ..shape() }, "7.2", "k", "i"),
+            key_of(
+                &VmConfig {
+                    memory_mib: 1024,
+                    ..shape()
+                },
+                "7.2",
+                "k",
+                "i",
+            ),
+            key_of(
+                &VmConfig {
+                    icount: true,
+                    ..shape()
+                },
+                "7.2",
+                "k",
+                "i",
+            ),
+            key_of(
+                &VmConfig {
+                    cmdline: vec!["nokaslr".into()],
+                    ..shape()
+                },
+                "7.2",
+                "k",
+                "i",
+            ),
+            key_of(
+                &VmConfig {
+                    accel: kloop_qemu::Accel::Kvm,
+                    ..shape()
+                },
+                "7.2",
+                "k",
+                "i",
+            ),
+        ];
+        for (n, v) in variants.iter().enumerate() {
+            assert_ne!(&base, v, "variant {n} kept the key");
+        }
+    }
+
+    #[test]
+    fn only_complete_saved_vms_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("0123456789abcdef");
+        std::fs::create_dir_all(&d).unwrap();
+        assert!(read_complete(&d).is_none(), "empty directory");
+        std::fs::write(d.join("vmstate"), b"12345").unwrap();
+        assert!(read_complete(&d).is_none(), "no meta.json");
+        let meta = SavedVmMeta {
+            key: "0123456789abcdef".into(),
+            kernel: "/k".into(),
+            kernel_bytes: 1,
+            qemu_version: "q".into(),
+            created: 0,
+            boot_to_ready_secs: 1.0,
+            save_secs: 0.5,
+            guest_uptime_secs: 1.0,
+            vmstate_bytes: 6,
+        };
+        std::fs::write(d.join("meta.json"), serde_json::to_vec(&meta).unwrap()).unwrap();
+        assert!(
+            read_complete(&d).is_none(),
+            "vmstate shorter than meta says"
+        );
+        std::fs::write(d.join("vmstate"), b"123456").unwrap();
+        assert_eq!(read_complete(&d).map(|v| v.meta), Some(meta));
     }
 }

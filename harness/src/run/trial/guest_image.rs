@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 
-
 use kloop_kernels::ModuleSet;
 use kloop_qemu::{Deadlines, VmConfig};
 
@@ -72,10 +71,7 @@ impl GuestParts {
         self.initramfs(&env.agent, Some(&scenario.plan))
             .and_then(|i| i.write_file(&initramfs))
             .map_err(|e| {
-                Verdict::Infrastructure(format!(
-                    "writing initramfs {}: {e}",
-                    initramfs.display()
-                ))
+                Verdict::Infrastructure(format!("writing initramfs {}: {e}", initramfs.display()))
             })?;
         Ok(VmConfig {
             initramfs: Some(initramfs),
