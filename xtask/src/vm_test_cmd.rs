@@ -65,7 +65,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
         "{:<16} {:>5} {:>26} {:>26} {:>30} {:>6}",
         "trial",
         "runs",
-        "boot→hello s (med min-max)",
+        "start→hello s (med min-max)",
         "trial wall s (med min-max)",
         "QEMU peak RSS MiB (med min-max)",
         "failed"
@@ -79,6 +79,10 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
             show(rss)
         );
     }
+    println!(
+        "(start→hello: QEMU's start to the agent's hello; restore→hello for trials restored from a \
+         saved VM, whose kernel-boot columns below then show -)"
+    );
     println!();
     println!(
         "QEMU CPU seconds (user+sys; steady on a busy host, unlike wall time), median (min-max):"

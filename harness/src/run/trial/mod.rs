@@ -297,7 +297,8 @@ fn run_inner(
     };
     result.started_from = Some(boot_lines.last().cloned().unwrap_or_default());
     let _ = std::fs::write(artefacts.join("boot.txt"), boot_lines.join("\n") + "\n");
-    note_timings(&session, prepare, result);
+    let restored = boot_lines.last().is_some_and(|l| l.starts_with("restored"));
+    note_timings(&session, prepare, restored, result);
     save_messages(artefacts, &session.messages);
     if let Some(verdict) = ending::session_verdict(&session, artefacts) {
         return verdict;
@@ -379,13 +380,17 @@ fn restore(
 }
 
 /// Where the trial's time went and QEMU's peak memory, into `result`.
-fn note_timings(session: &GuestSession, prepare: f64, result: &mut TrialResult) {
+fn note_timings(session: &GuestSession, prepare: f64, restored: bool, result: &mut TrialResult) {
     result.boot_to_hello_secs = session.hello_at.map(|d| d.as_secs_f64());
     if let Some(hello) = session.hello_at {
-        let uptime = session.messages.iter().find_map(|m| match m {
-            Message::Hello { monotonic_ns, .. } => Some(*monotonic_ns as f64 / 1e9),
-            _ => None,
-        });
+        let uptime = session
+            .messages
+            .iter()
+            .find_map(|m| match m {
+                Message::Hello { monotonic_ns, .. } => Some(*monotonic_ns as f64 / 1e9),
+                _ => None,
+            })
+            .filter(|_| !restored);
         result.phases = Some(Phases {
             prepare,
             to_hello: hello.as_secs_f64(),
@@ -400,6 +405,7 @@ fn note_timings(session: &GuestSession, prepare: f64, result: &mut TrialResult) 
                 .qemu_cpu_at_done
                 .zip(session.qemu_cpu_at_hello)
                 .map(|(d, h)| d - h),
+            restored,
         });
     }
     result.qemu_peak_rss_kib = session.qemu_peak_rss_kib;

@@ -165,6 +165,10 @@ pub struct Phases {
     /// emulation work itself, barely disturbed by a busy host.
     pub qemu_cpu_to_hello: Option<f64>,
     pub qemu_cpu_agent: Option<f64>,
+    /// Restored from a saved VM: `to_hello` is restore→hello, and the
+    /// guest's uptime (which spans the saved boot) is not recorded.
+    #[serde(default)]
+    pub restored: bool,
 }
 
 impl Phases {
