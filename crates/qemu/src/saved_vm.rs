@@ -112,7 +112,7 @@ impl Vm {
             if let Some(status) = self.try_wait() {
                 return Err(format!(
                     "QEMU {} before the agent awaited its plan",
-                    crate::describe_exit(&status)
+                    crate::process::describe_exit(&status)
                 ));
             }
             if Instant::now() >= deadline {
@@ -320,7 +320,7 @@ fn restore_exit(vm: &Vm, status: &std::process::ExitStatus) -> String {
     let last = stderr.lines().rev().find(|l| !l.trim().is_empty());
     format!(
         "QEMU {} while loading the saved VM{}",
-        crate::describe_exit(status),
+        crate::process::describe_exit(status),
         last.map(|l| format!(": {}", l.trim())).unwrap_or_default()
     )
 }
