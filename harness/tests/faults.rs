@@ -362,9 +362,10 @@ fn run_watched(
     // One QEMU per trial, plus the boot that saved its shape's VM when
     // this trial made it, plus a failed restore's before a cold boot.
     let started_from = result.started_from.clone().unwrap_or_default();
+    let saved_vm = result.saved_vm.clone();
     let expected_qemu = 1
-        + usize::from(started_from.contains("saved by this trial"))
-        + usize::from(started_from.contains("cold boot, because restoring"));
+        + usize::from(saved_vm.as_ref().is_some_and(|s| s.made_now))
+        + usize::from(saved_vm.as_ref().is_some_and(|s| !s.restored));
     ensure!(
         seen.qemu.len() == expected_qemu,
         "expected to watch {expected_qemu} QEMU child(ren) during the trial ({started_from}), saw {:?}",
@@ -391,7 +392,7 @@ fn run_watched(
         );
     }
     // A restored trial's initramfs is its saved VM's, not a copy.
-    let restored = started_from.starts_with("restored");
+    let restored = saved_vm.as_ref().is_some_and(|s| s.restored);
     for f in [
         "console.log",
         "qemu.stderr",
@@ -1423,9 +1424,12 @@ fn saved_and_cold_agree() -> TestResult {
             o.result.verdict
         );
         let from = o.result.started_from.clone().unwrap_or_default();
+        let saved = boot == kloop::run::trial::BootMode::Saved;
         ensure!(
-            from.starts_with("restored") == (boot == kloop::run::trial::BootMode::Saved),
-            "{name} started from: {from}"
+            from.starts_with("restored") == saved
+                && o.result.saved_vm.as_ref().is_some_and(|s| s.restored) == saved,
+            "{name} started from: {from} ({:?})",
+            o.result.saved_vm
         );
         let text = std::fs::read_to_string(o.result.artefacts.join("normalised.txt"))
             .map_err(|e| format!("{name}: normalised.txt: {e}"))?;
@@ -1452,12 +1456,16 @@ fn saved_vm_corrupt() -> TestResult {
         ..c.basic.clone()
     };
     let first = run_watched(&env, &c.kernel, &s, false)?;
-    let from = first.result.started_from.clone().unwrap_or_default();
-    let key = from
-        .strip_prefix("restored: saved VM ")
-        .and_then(|r| r.split_whitespace().next())
-        .ok_or_else(|| format!("first trial was not restored: {from}"))?
-        .to_string();
+    let key = match &first.result.saved_vm {
+        Some(s) if s.restored => s.key.clone(),
+        other => {
+            return Err(format!(
+                "first trial was not restored: {other:?}, {:?}",
+                first.result.started_from
+            )
+            .into())
+        }
+    };
     let dir = env.saved_vms.root().join(&key);
     let state = dir.join("vmstate");
     let mut bytes = std::fs::read(&state).map_err(|e| format!("{}: {e}", state.display()))?;
@@ -1478,6 +1486,14 @@ fn saved_vm_corrupt() -> TestResult {
         o.result.verdict == Verdict::Ok,
         "after the failed restore the cold boot should pass: {:?}",
         o.result.verdict
+    );
+    ensure!(
+        o.result
+            .saved_vm
+            .as_ref()
+            .is_some_and(|s| s.key == key && !s.restored),
+        "the second trial should name saved VM {key} as not restored: {:?}",
+        o.result.saved_vm
     );
     let boot_txt = std::fs::read_to_string(o.result.artefacts.join("boot.txt")).unwrap_or_default();
     expect_contains(

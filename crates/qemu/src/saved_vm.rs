@@ -63,9 +63,10 @@ impl Vm {
     }
 
     fn save_inner(&mut self, interrupted: &dyn Fn() -> bool) -> Result<SaveReport, String> {
-        if !matches!(self.config.start, GuestStart::BootAndSave { .. }) {
+        let GuestStart::BootAndSave { vmstate } = &self.config.start else {
             return Err("save_when_awaiting on a VM that was not started to be saved".into());
-        }
+        };
+        let vmstate = vmstate.clone();
         let deadline = self.started + self.config.deadlines.boot;
         let stream = self
             .accept_data(deadline, interrupted)
@@ -80,7 +81,7 @@ impl Vm {
             unreachable!("read_until_awaiting returns only AwaitingPlan");
         };
         let save_started = Instant::now();
-        self.qmp_save()?;
+        self.qmp_save(&vmstate)?;
         Ok(SaveReport {
             boot_to_ready,
             save: save_started.elapsed(),
@@ -173,10 +174,7 @@ impl Vm {
 
     /// `getfd` (the file, over the socket), `stop`, `migrate` to it, wait
     /// for the migration, `quit`.
-    fn qmp_save(&self) -> Result<(), String> {
-        let GuestStart::BootAndSave { vmstate } = &self.config.start else {
-            return Err("not a VM started to be saved".into());
-        };
+    fn qmp_save(&self, vmstate: &std::path::Path) -> Result<(), String> {
         let file = std::fs::File::create(vmstate)
             .map_err(|e| format!("creating {}: {e}", vmstate.display()))?;
         let stream = self

@@ -184,6 +184,7 @@ mod tests {
             host_release: "6.1".into(),
             artefacts: "/tmp/a".into(),
             started_from: None,
+            saved_vm: None,
             notes: Vec::new(),
             violations: Vec::new(),
         }

@@ -238,7 +238,7 @@ impl PhaseSpreads {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct MatrixRun {
     pub trials: usize,
-    /// Trials restored from a saved VM (`started_from` says `restored`).
+    /// Trials restored from a saved VM (`saved_vm.restored`).
     pub restored: usize,
     /// Restores whose saved VM this run made (their boot and save are in
     /// the trial's `prepare`).
@@ -275,11 +275,16 @@ impl MatrixRun {
         let num = |p: &serde_json::Value, k: &str| p.get(k).and_then(|x| x.as_f64());
         self.trials += 1;
         self.trial_wall += num(v, "wall_secs").unwrap_or(0.0);
-        let started = v.get("started_from").and_then(|s| s.as_str()).unwrap_or("");
-        let restored = started.starts_with("restored");
+        let used = |k: &str| {
+            v.get("saved_vm")
+                .and_then(|s| s.get(k))
+                .and_then(|b| b.as_bool())
+                .unwrap_or(false)
+        };
+        let restored = used("restored");
         if restored {
             self.restored += 1;
-            if started.contains("saved by this trial") {
+            if used("made_now") {
                 self.saved_now += 1;
             }
         }
@@ -316,13 +321,13 @@ mod tests {
     fn matrix_run_sums_phases_and_restores() {
         let lines = [
             serde_json::json!({"kernel": "6.1", "scenario": "basic", "wall_secs": 2.0,
-                "started_from": "restored: saved VM 0123 (/c), saved by this trial: …",
+                "saved_vm": {"key": "0123", "made_now": true, "restored": true},
                 "phases": {"prepare": 3.0, "to_hello": 0.2, "agent": 1.0, "shutdown": 0.1, "host_checks": 0.05}}),
             serde_json::json!({"kernel": "6.1", "scenario": "overhead", "wall_secs": 9.0,
-                "started_from": "restored: saved VM 4567 (/c)",
+                "saved_vm": {"key": "4567", "made_now": false, "restored": true},
                 "phases": {"prepare": 0.1, "to_hello": 0.3, "agent": 8.0, "shutdown": 0.1, "host_checks": 0.2}}),
             serde_json::json!({"kernel": "5.10", "scenario": "basic", "wall_secs": 3.0,
-                "started_from": "pvh: /x from /y",
+                "saved_vm": {"key": "89ab", "made_now": false, "restored": false},
                 "phases": {"prepare": 0.1, "to_hello": 1.8, "agent": 1.0, "shutdown": 0.1, "host_checks": 0.05}}),
             serde_json::json!({"kernel": "5.10", "scenario": "probes", "wall_secs": 0.0,
                 "verdict": {"class": "skipped"}, "phases": null}),

@@ -324,6 +324,7 @@ mod tests {
             host_release: "6.1".into(),
             artefacts,
             started_from: None,
+            saved_vm: None,
             notes: Vec::new(),
             violations: Vec::new(),
         }

@@ -485,48 +485,29 @@ mod tests {
 
     #[test]
     fn key_changes_with_everything_that_shapes_the_guest() {
-        let base = key_of(&shape(), "7.2", "k", "i");
+        let key = |c: VmConfig| key_of(&c, "7.2", "k", "i");
+        let base = key(shape());
         let variants = [
             key_of(&shape(), "8.0", "k", "i"),
             key_of(&shape(), "7.2", "k2", "i"),
             key_of(&shape(), "7.2", "k", "i2"),
-            key_of(&VmConfig { cpus: 1, ..shape() }, "7.2", "k", "i"),
-            key_of(
-                &VmConfig {
-                    memory_mib: 1024,
-                    ..shape()
-                },
-                "7.2",
-                "k",
-                "i",
-            ),
-            key_of(
-                &VmConfig {
-                    icount: true,
-                    ..shape()
-                },
-                "7.2",
-                "k",
-                "i",
-            ),
-            key_of(
-                &VmConfig {
-                    cmdline: vec!["nokaslr".into()],
-                    ..shape()
-                },
-                "7.2",
-                "k",
-                "i",
-            ),
-            key_of(
-                &VmConfig {
-                    accel: kloop_qemu::Accel::Kvm,
-                    ..shape()
-                },
-                "7.2",
-                "k",
-                "i",
-            ),
+            key(VmConfig { cpus: 1, ..shape() }),
+            key(VmConfig {
+                memory_mib: 1024,
+                ..shape()
+            }),
+            key(VmConfig {
+                icount: true,
+                ..shape()
+            }),
+            key(VmConfig {
+                cmdline: vec!["nokaslr".into()],
+                ..shape()
+            }),
+            key(VmConfig {
+                accel: kloop_qemu::Accel::Kvm,
+                ..shape()
+            }),
         ];
         for (n, v) in variants.iter().enumerate() {
             assert_ne!(&base, v, "variant {n} kept the key");

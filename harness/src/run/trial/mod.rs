@@ -274,7 +274,7 @@ fn run_inner(
     let mut boot_lines = vec![parts.boot_note.clone()];
     let mut session = None;
     if env.boot == BootMode::Saved {
-        match restore(env, &parts, scenario, artefacts, trial_started) {
+        match restore(env, &parts, scenario, artefacts, trial_started, result) {
             Ok((restored, line)) => {
                 boot_lines.push(line);
                 session = Some(restored);
@@ -297,7 +297,7 @@ fn run_inner(
     };
     result.started_from = Some(boot_lines.last().cloned().unwrap_or_default());
     let _ = std::fs::write(artefacts.join("boot.txt"), boot_lines.join("\n") + "\n");
-    let restored = boot_lines.last().is_some_and(|l| l.starts_with("restored"));
+    let restored = result.saved_vm.as_ref().is_some_and(|s| s.restored);
     note_timings(&session, prepare, restored, result);
     save_messages(artefacts, &session.messages);
     if let Some(verdict) = ending::session_verdict(&session, artefacts) {
@@ -317,13 +317,15 @@ fn boot(config: VmConfig, trial_started: Instant) -> Result<(GuestSession, f64),
 }
 
 /// The trial from its shape's saved VM (made now if there is none): the
-/// session and `boot.txt`'s line. `Err`: why it boots cold instead.
+/// session and `boot.txt`'s line; which saved VM it used goes into
+/// `result`. `Err`: why it boots cold instead.
 fn restore(
     env: &TrialEnv,
     parts: &guest_image::GuestParts,
     scenario: &Scenario,
     artefacts: &Path,
     trial_started: Instant,
+    result: &mut TrialResult,
 ) -> Result<((GuestSession, f64), String), String> {
     let inputs = format!(
         "agent {} | modules {:?} | payload {:?}",
@@ -346,6 +348,11 @@ fn restore(
             &crate::run::signals::interrupted,
         )
         .map_err(|e| format!("no saved VM: {e}"))?;
+    let mut used = SavedVmUse {
+        key: saved.key().to_string(),
+        made_now: saved.created_now,
+        restored: false,
+    };
     let config = env
         .saved_vms
         .restore_config(&saved, &parts.vm, &scenario.plan, artefacts)
@@ -353,7 +360,8 @@ fn restore(
     let (session, prepare) = boot(config, trial_started)
         .map_err(|v| v.message().unwrap_or("QEMU did not start").to_string())?;
     if let Some(SessionEnd::RestoreFailed(why)) = &session.end {
-        env.saved_vms.forget(&saved, &why.clone());
+        result.saved_vm = Some(used);
+        env.saved_vms.forget(&saved, why);
         // The restore's own console and stderr stay for the curious.
         for f in ["console.log", "qemu.stderr", "data.bin"] {
             let _ = std::fs::rename(
@@ -376,6 +384,8 @@ fn restore(
             String::new()
         }
     );
+    used.restored = true;
+    result.saved_vm = Some(used);
     Ok(((session, prepare), line))
 }
 

@@ -126,6 +126,10 @@ pub struct TrialResult {
     /// boot's kernel file and, when a saved VM was wanted, why not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_from: Option<String>,
+    /// What the trial did with its shape's saved VM (`--boot saved`), when
+    /// it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saved_vm: Option<SavedVmUse>,
     /// One-line facts from the analysis the report line shows (side-band
     /// lookup rates, provoked-loss accounting).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -134,6 +138,18 @@ pub struct TrialResult {
     /// and machine-readable reports.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub violations: Vec<RuleHit>,
+}
+
+/// A trial's use of a saved VM.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SavedVmUse {
+    /// Its key: the directory `saved-vms/<key>/` in the kernel cache.
+    pub key: String,
+    /// This trial booted and saved it.
+    pub made_now: bool,
+    /// The restore ran the trial; `false`: it failed and the trial booted
+    /// cold.
+    pub restored: bool,
 }
 
 /// One broken rule and its message.
@@ -207,6 +223,7 @@ impl TrialResult {
             host_release: kloop_qemu::accel::host_release(),
             artefacts,
             started_from: None,
+            saved_vm: None,
             notes: Vec::new(),
             violations: Vec::new(),
         }
