@@ -1495,6 +1495,14 @@ fn saved_vm_corrupt() -> TestResult {
         "the second trial should name saved VM {key} as not restored: {:?}",
         o.result.saved_vm
     );
+    ensure!(
+        o.result
+            .notes
+            .iter()
+            .any(|n| n.starts_with("booted cold: restoring saved VM")),
+        "the trial line should say it booted cold and why: {:?}",
+        o.result.notes
+    );
     let boot_txt = std::fs::read_to_string(o.result.artefacts.join("boot.txt")).unwrap_or_default();
     expect_contains(
         &boot_txt,

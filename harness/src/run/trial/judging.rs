@@ -31,7 +31,7 @@ pub(super) fn judge(
         let _ = std::fs::write(artefacts.join(format!("records-{idx}.bin")), bytes);
     }
     let mut analysis = crate::judge::check::analyse(&evidence);
-    result.notes = analysis.notes.clone();
+    result.notes.extend(analysis.notes.iter().cloned());
     // Raw fields per program label, for `bisect --predicate field:…`.
     if let Ok(json) =
         serde_json::to_string_pretty(&crate::judge::bisect::fields(&evidence, &analysis))

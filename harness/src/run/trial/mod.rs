@@ -279,7 +279,12 @@ fn run_inner(
                 boot_lines.push(line);
                 session = Some(restored);
             }
-            Err(why) => boot_lines.push(format!("cold boot, because {why}")),
+            Err(why) => {
+                // On the trial's line too: a run that silently lost its
+                // saved VMs would only be slower, and nobody would know why.
+                result.notes.push(format!("booted cold: {why}"));
+                boot_lines.push(format!("cold boot, because {why}"));
+            }
         }
     }
     let (session, prepare) = match session {
