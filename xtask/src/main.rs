@@ -13,6 +13,7 @@ mod ab_cmd;
 mod bisect_cmd;
 mod build_progress;
 mod kernels_cmd;
+mod ui;
 mod vm_test_cmd;
 
 use ab_cmd::{ab_test, validate};
@@ -26,6 +27,10 @@ use vm_test_cmd::{bench, vm_test};
     about = "kloop: kernel-in-the-loop tests of the KSYMBOL / BPF_EVENT stream"
 )]
 pub(crate) struct Cli {
+    /// Log what kloop runs (QEMU's argv, apt, cargo) on stderr; -vv for
+    /// more. RUST_LOG, when set, takes precedence.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -404,6 +409,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
+    ui::init(cli.verbose);
     match cli.cmd {
         Cmd::VmTest(a) => vm_test(a, false),
         Cmd::Bless(BlessArgs {

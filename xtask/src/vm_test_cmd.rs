@@ -334,9 +334,10 @@ pub(crate) fn vm_test(a: VmTestArgs, new_snapshot_set: bool) -> Result<ExitCode>
     let kernels: Vec<_> = trials.iter().map(|t| t.kernel.clone()).collect();
     let env =
         suite::prepare_env(&layout, &opts, &kernels).context("preparing the test environment")?;
-    println!("kloop: accelerator: {}", accel_line(&env.accel));
+    crate::ui::line(format!("kloop: accelerator: {}", accel_line(&env.accel)));
+    suite::prefetch(&env, &trials);
     for note in suite::config_notes(&env, &trials) {
-        println!("kloop: {note}");
+        crate::ui::line(format!("kloop: {note}"));
     }
     let ledger_warnings = env
         .known_issues
@@ -363,12 +364,16 @@ pub(crate) fn vm_test(a: VmTestArgs, new_snapshot_set: bool) -> Result<ExitCode>
     // and host load.
     let runs: Vec<_> = (0..repeat).flat_map(|_| trials.iter().cloned()).collect();
     let jobs = a.jobs.unwrap_or_else(suite::default_jobs);
+    crate::ui::trials_started(runs.len());
     let all_runs = suite::run_all(&env, &runs, jobs, &|r| {
-        println!("{}", report::trial_line(r));
+        let mut text = report::trial_line(r);
         if let Some(d) = report::failure_details(r) {
-            println!("{d}");
+            text = format!("{text}\n{d}");
         }
+        crate::ui::line(text);
+        crate::ui::trial_ended(r.verdict.fails_run());
     });
+    crate::ui::trials_finished();
     let artefacts: Vec<PathBuf> = all_runs.iter().map(|r| r.artefacts.clone()).collect();
     let results = if repeat > 1 {
         report::write_runs(&env.run_dir, &all_runs)

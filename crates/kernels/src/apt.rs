@@ -160,6 +160,7 @@ impl AptState {
         if let Some(cwd) = cwd {
             cmd.current_dir(cwd);
         }
+        tracing::debug!(suite = %self.suite, "running {tool} {}", args.join(" "));
         cmd.output().map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 KernelError::ToolMissing {
@@ -175,6 +176,45 @@ impl AptState {
                 }
             }
         })
+    }
+
+    /// Like [`AptState::run`], calling `on_bytes` with the bytes under
+    /// `dir` about four times a second while the tool runs: what a download
+    /// shows while apt writes the `.deb` there.
+    fn run_watching_dir(
+        &self,
+        tool: &'static str,
+        args: &[&str],
+        dir: &Path,
+        on_bytes: impl Fn(u64) + Send + Sync,
+    ) -> Result<Output, KernelError> {
+        let finished = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut last = 0;
+                while !finished.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(std::time::Duration::from_millis(250));
+                    let now = dir_bytes(dir);
+                    if now != last {
+                        last = now;
+                        on_bytes(now);
+                    }
+                }
+            });
+            let out = self.run(tool, args, Some(dir));
+            finished.store(true, std::sync::atomic::Ordering::Relaxed);
+            out
+        })
+    }
+
+    /// The size in bytes of `spec` (`package=version`) as the index gives
+    /// it, for a download's progress; `None` when apt does not say.
+    fn download_size(&self, spec: &str) -> Option<u64> {
+        let out = self.run("apt-cache", &["show", spec], None).ok()?;
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("Size:"))
+            .and_then(|v| v.trim().parse().ok())
     }
 
     /// `apt-get update` for the one suite. With [`Trust::PinnedHash`] an
@@ -300,7 +340,34 @@ impl AptState {
     pub fn download(&self, package: &str, version: &str) -> Result<Option<PathBuf>, KernelError> {
         let dir = self.download_dir();
         let spec = format!("{package}={version}");
-        let out = self.run("apt-get", &["-q", "download", &spec], Some(&dir))?;
+        let task = format!("download {package}");
+        let total = self.download_size(&spec);
+        crate::status::start(
+            &task,
+            &format!(
+                "downloading {spec}{} from {}",
+                total.map_or(String::new(), |t| format!(" ({:.1} MB)", t as f64 / 1e6)),
+                self.source()
+            ),
+        );
+        let started = std::time::Instant::now();
+        let out = self.run_watching_dir("apt-get", &["-q", "download", &spec], &dir, |bytes| {
+            crate::status::progress(&task, bytes, total)
+        })?;
+        if out.status.success() {
+            let bytes = dir_bytes(&dir);
+            let secs = started.elapsed().as_secs_f64();
+            crate::status::done(
+                &task,
+                &format!(
+                    "downloaded {spec}: {:.1} MB in {secs:.1} s ({:.1} MB/s)",
+                    bytes as f64 / 1e6,
+                    bytes as f64 / 1e6 / secs.max(0.001)
+                ),
+            );
+        } else {
+            crate::status::failed(&task, &format!("apt-get download {spec} failed"));
+        }
         let stderr = String::from_utf8_lossy(&out.stderr);
         if !out.status.success() {
             let gone = [
@@ -339,6 +406,19 @@ impl AptState {
             }),
         }
     }
+}
+
+/// Bytes in the regular files directly under `dir` (0 when unreadable).
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
 }
 
 /// The `E:`/`W:`/`Err:` lines apt printed, joined, for messages.

@@ -147,7 +147,14 @@ impl KernelCache {
             Lookup::Miss => {}
         }
         let deb = self.ensure_deb(pin, opts)?;
-        self.extract_image(pin, &deb)?;
+        let task = format!("extract {}", pin.id);
+        crate::status::start(
+            &task,
+            &format!("{}: extracting and verifying {}", pin.id, pin.image_path),
+        );
+        self.extract_image(pin, &deb)
+            .inspect_err(|e| crate::status::failed(&task, &e.to_string()))?;
+        crate::status::done(&task, &format!("{}: image extracted and verified", pin.id));
         match lookup(&dest, &pin.image_sha256)? {
             Lookup::Hit(path) => Ok(path),
             Lookup::Miss => Err(KernelError::CacheRead {
@@ -234,7 +241,17 @@ impl KernelCache {
         }
         let mirror = opts.resolve_mirror()?;
         let apt = AptState::new(&self.tmp_dir(), &mirror, deb.suite, &opts.resolve_keyring())?;
-        apt.update(Trust::PinnedHash)?;
+        let task = format!("index {} {}", deb.id, deb.package);
+        crate::status::start(
+            &task,
+            &format!(
+                "{}: {} is not cached; reading the index of {}",
+                deb.id, deb.package, deb.suite
+            ),
+        );
+        apt.update(Trust::PinnedHash)
+            .inspect_err(|e| crate::status::failed(&task, &e.to_string()))?;
+        crate::status::done(&task, &format!("{}: index of {} read", deb.id, deb.suite));
         let downloaded =
             apt.download(deb.package, deb.version)?
                 .ok_or_else(|| KernelError::Vanished {

@@ -31,6 +31,7 @@ mod modules;
 mod pin;
 pub mod pvh;
 mod settings;
+pub mod status;
 mod update;
 mod version;
 

@@ -71,7 +71,25 @@ pub fn ensure_pvh(
     if dest.is_file() {
         return Ok(dest);
     }
-    let elf = decompress_payload(image, &bytes)?;
+    let task = format!("pvh {}", &sha[..12]);
+    crate::status::start(
+        &task,
+        &format!(
+            "decompressing {} into an ELF QEMU boots through its PVH entry",
+            image.display()
+        ),
+    );
+    let elf = decompress_payload(image, &bytes).inspect_err(|e| {
+        crate::status::failed(&task, &e.to_string());
+    })?;
+    crate::status::done(
+        &task,
+        &format!(
+            "PVH ELF of {} ready ({:.1} MB)",
+            image.display(),
+            elf.len() as f64 / 1e6
+        ),
+    );
     if !has_pvh_entry(&elf) {
         return Err(PvhError::NoPvhEntry {
             path: image.to_path_buf(),

@@ -49,8 +49,18 @@ impl Vm {
         } else {
             None
         };
+        let argv = config.argv(&qmp_path, &data_path);
+        tracing::debug!(
+            artefacts = %config.artefacts.display(),
+            "starting {} {}",
+            config.qemu.display(),
+            argv.iter()
+                .map(|a| a.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
         let mut cmd = Command::new(&config.qemu);
-        cmd.args(config.argv(&qmp_path, &data_path))
+        cmd.args(&argv)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(

@@ -48,7 +48,23 @@ pub fn ensure_built(workspace: &Path) -> Result<PathBuf, AgentBuildError> {
     if let Some(p) = built.as_ref() {
         return Ok(p.clone());
     }
-    let bin = build(workspace, &workspace.join("target/kloop/guest"), &[])?;
+    let task = "agent build";
+    crate::run::status::start(
+        task,
+        "building the guest agent and its BPF fixtures (cargo build --release -p kloop-guest; \
+         clang -target bpf); a no-op when nothing changed",
+    );
+    let started = std::time::Instant::now();
+    let bin = build(workspace, &workspace.join("target/kloop/guest"), &[])
+        .inspect_err(|e| crate::run::status::failed(task, &e.to_string()))?;
+    crate::run::status::done(
+        task,
+        &format!(
+            "guest agent ready in {:.1} s: {}",
+            started.elapsed().as_secs_f64(),
+            bin.display()
+        ),
+    );
     *built = Some(bin.clone());
     Ok(bin)
 }
@@ -71,6 +87,12 @@ pub fn build(
         AGENT_TARGET,
         "--target-dir",
     ];
+    tracing::debug!(
+        "running {} {} {}",
+        cargo.to_string_lossy(),
+        args.join(" "),
+        target_dir.display()
+    );
     let mut cmd = Command::new(&cargo);
     cmd.current_dir(workspace)
         .args(args)

@@ -24,3 +24,6 @@ pub mod saved_vm;
 pub mod signals;
 pub mod suite;
 pub mod trial;
+
+/// Status events for the person waiting (see [`kloop_kernels::status`]).
+pub use kloop_kernels::status;

@@ -116,6 +116,7 @@ impl SavedVms {
     /// `initramfs` builds it. `Err`: why the trial must boot cold.
     pub fn ensure(
         &self,
+        kernel_label: &str,
         shape: &VmConfig,
         qemu_version: &str,
         initramfs_inputs: &str,
@@ -156,7 +157,9 @@ impl SavedVms {
                     Some(b) => Ok(b),
                     None => initramfs().map_err(|e| format!("building the initramfs: {e}")),
                 };
-                bytes.and_then(|b| self.create(&key, shape, qemu_version, &b, interrupted))
+                bytes.and_then(|b| {
+                    self.create(&key, kernel_label, shape, qemu_version, &b, interrupted)
+                })
             }
         };
         if let Ok(vm) = &found {
@@ -221,6 +224,7 @@ impl SavedVms {
     fn create(
         &self,
         key: &str,
+        kernel_label: &str,
         shape: &VmConfig,
         qemu_version: &str,
         initramfs: &[u8],
@@ -253,12 +257,34 @@ impl SavedVms {
             },
             ..shape.clone()
         };
+        let task = format!("save {}", &key[..16.min(key.len())]);
+        crate::run::status::start(
+            &task,
+            &format!(
+                "{kernel_label}: no saved VM of this kernel × VM shape yet ({}): booting it \
+                 once to save it",
+                &key[..16.min(key.len())]
+            ),
+        );
         let result = Vm::spawn(config)
             .map_err(|e| e.to_string())
             .and_then(|mut vm| vm.save_when_awaiting(interrupted));
         let report = match result {
-            Ok(r) => r,
+            Ok(r) => {
+                crate::run::status::done(
+                    &task,
+                    &format!(
+                        "{kernel_label}: saved VM {} made: {:.1} s to the agent's plan \
+                         request, {:.1} s to save",
+                        &key[..16.min(key.len())],
+                        r.boot_to_ready.as_secs_f64(),
+                        r.save.as_secs_f64()
+                    ),
+                );
+                r
+            }
             Err(why) => {
+                crate::run::status::failed(&task, &format!("saving a VM failed: {why}"));
                 // Keep the boot's artefacts for the user, not the state.
                 let _ = std::fs::remove_file(&partial);
                 return Err(format!(

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use crate::run::trial::{KernelUnderTest, LocalKernel, TrialEnv};
+use crate::run::trial::{BootMode, KernelUnderTest, LocalKernel, TrialEnv};
 use crate::scenario::{self, Scenario};
 use kloop_kernels::{Catalog, FetchOptions, KernelCache};
 use kloop_qemu::accel::{self, AccelChoice};
@@ -283,6 +283,11 @@ pub fn prepare_env(
             KernelUnderTest::Image(k) => k.path.is_file().then(|| k.path.clone()),
         })
     };
+    let accel_task = "accelerator";
+    crate::run::status::start(
+        accel_task,
+        &format!("choosing the accelerator (--accel {})", opts.accel),
+    );
     let accel = accel::choose(
         opts.accel,
         &qemu,
@@ -290,7 +295,9 @@ pub fn prepare_env(
         cache.root(),
         &run_dir.join("kvm-probe"),
     )
+    .inspect_err(|e| crate::run::status::failed(accel_task, e))
     .map_err(SuiteError::Accel)?;
+    crate::run::status::done(accel_task, "");
     let saved_vms = crate::run::saved_vm::SavedVms::in_cache(cache.root());
     Ok(TrialEnv {
         qemu,
@@ -308,6 +315,56 @@ pub fn prepare_env(
         saved_vms,
         known_issues,
     })
+}
+
+/// Fetches, verifies and prepares every kernel `trials` need, once and one
+/// kernel at a time, before any trial starts: parallel trials of one kernel
+/// then never download it side by side, and the person waiting sees each
+/// download and extraction as it happens. A kernel that cannot be had is
+/// only reported here: its trials fail later with their own message.
+pub fn prefetch(env: &TrialEnv, trials: &[PlannedTrial]) {
+    let mut seen: Vec<String> = Vec::new();
+    for t in trials {
+        let id = t.kernel.id();
+        if seen.contains(&id) {
+            continue;
+        }
+        seen.push(id.clone());
+        let needs_modules = trials
+            .iter()
+            .any(|o| o.kernel.id() == id && !o.scenario.modules.is_empty());
+        let image = match &t.kernel {
+            KernelUnderTest::Pin(pin) | KernelUnderTest::Build { pin, .. } => {
+                let fetched = env.cache.ensure_image(pin, &env.fetch).and_then(|image| {
+                    // A pin without a `.config` in its package is said
+                    // once by `config_notes`; its trials still run.
+                    let _ = env.cache.ensure_config(pin, &env.fetch);
+                    if needs_modules {
+                        env.cache.ensure_modules_deb(pin, &env.fetch)?;
+                    }
+                    Ok(image)
+                });
+                match fetched {
+                    Ok(image) => Some((image, Some(pin.image_sha256.clone()))),
+                    Err(e) => {
+                        crate::run::status::failed(
+                            &format!("kernel {id}"),
+                            &format!("{id}: {e}; its trials will fail"),
+                        );
+                        None
+                    }
+                }
+            }
+            KernelUnderTest::Image(k) => Some((k.path.clone(), None)),
+        };
+        if let (Some((image, sha)), false) = (image, env.boot == BootMode::BzImage) {
+            // The PVH ELF is cached by the image's hash: later trials find it.
+            if let Err(e) = kloop_kernels::pvh::ensure_pvh(env.cache.root(), &image, sha.as_deref())
+            {
+                tracing::debug!("{id}: no PVH ELF ({e}); its trials boot the bzImage");
+            }
+        }
+    }
 }
 
 /// Runs `trials` on `jobs` parallel VMs, calling `on_result` as each ends.
@@ -330,7 +387,12 @@ pub fn run_all(
                 let r = if crate::run::signals::interrupted() {
                     interrupted_result(env, t)
                 } else {
-                    crate::run::trial::run_trial(env, &t.kernel, &t.scenario)
+                    let task = format!("trial {}", t.id());
+                    crate::run::status::start(&task, &t.id());
+                    let r = crate::run::trial::run_trial(env, &t.kernel, &t.scenario);
+                    // The trial's line is the caller's to print (`on_result`).
+                    crate::run::status::done(&task, "");
+                    r
                 };
                 on_result(&r);
                 results

@@ -346,6 +346,7 @@ fn restore(
     let saved = env
         .saved_vms
         .ensure(
+            &result.kernel.clone(),
             &parts.vm,
             &env.qemu_version,
             &inputs,
