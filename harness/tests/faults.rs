@@ -391,19 +391,20 @@ fn run_watched(
             d.display()
         );
     }
-    // A restored trial's initramfs is its saved VM's, not a copy.
+    // A restored trial's initramfs is its saved VM's; a cold one's is the
+    // run's shared base plus the trial's own plan.cpio.
     let restored = saved_vm.as_ref().is_some_and(|s| s.restored);
     for f in [
         "console.log",
         "qemu.stderr",
-        "initramfs.cpio",
+        "plan.cpio",
         "data.bin",
         "messages.jsonl",
         "result.json",
         "boot.txt",
     ]
     .into_iter()
-    .filter(|f| !(restored && *f == "initramfs.cpio"))
+    .filter(|f| !(restored && *f == "plan.cpio"))
     {
         ensure!(
             artefacts.join(f).is_file(),

@@ -12,6 +12,7 @@ use kloop_qemu::accel::AccelChoice;
 mod ab_cmd;
 mod bisect_cmd;
 mod build_progress;
+mod clean_cmd;
 mod kernels_cmd;
 mod ui;
 mod vm_test_cmd;
@@ -24,7 +25,9 @@ use vm_test_cmd::{bench, vm_test};
 #[derive(Parser)]
 #[command(
     name = "cargo xtask",
-    about = "kloop: kernel-in-the-loop tests of the KSYMBOL / BPF_EVENT stream"
+    bin_name = "cargo xtask",
+    about = "kloop: kernel-in-the-loop tests of the KSYMBOL / BPF_EVENT stream",
+    after_help = ENVIRONMENT_HELP
 )]
 pub(crate) struct Cli {
     /// Log what kloop runs (QEMU's argv, apt, cargo) on stderr; -vv for
@@ -34,6 +37,37 @@ pub(crate) struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
 }
+
+/// The environment variables kloop reads, for `--help`.
+const ENVIRONMENT_HELP: &str = "\
+Examples:
+  cargo xtask vm-test                                   every pin × every scenario
+  cargo xtask vm-test --kernel 6.12 --scenario basic    one trial
+  cargo xtask vm-test --kernel path/to/bzImage --snapshot-as 6.12
+  cargo xtask validate --source linux-source-6.12 --patch my-fix.patch
+  cargo xtask bisect --scenario many-listeners --old 6.12.43-1~bpo12+1 --new 6.12.117-1
+  cargo xtask clean --keep 3
+
+Environment:
+  KLOOP_MIRROR           Debian mirror URL (default: the host's apt sources)
+  KLOOP_KEYRING          keyring that verifies the mirror's Release files
+                         (default: /usr/share/keyrings/debian-archive-keyring.gpg)
+  KLOOP_CACHE_DIR        kernel cache, saved VMs, built kernels
+                         (default: $XDG_CACHE_HOME/kloop or ~/.cache/kloop)
+  KLOOP_QEMU             the qemu-system-x86_64 binary (default: from PATH)
+  KLOOP_QEMU_ARGS        extra QEMU arguments, appended last (experiments)
+  KLOOP_FIRMWARE         -bios image, or `seabios` (default: qboot when installed)
+  KLOOP_PERF             the perf binary shipped into the guest (default: /usr/bin/perf)
+  KLOOP_CLANG            the clang that compiles the BPF fixtures
+  KLOOP_AGENT            a prebuilt guest agent instead of building it
+  KLOOP_ACCEL            --accel for the test suites (cargo test)
+  KLOOP_DEADLINE_SCALE   integer factor on every boot and session deadline (slow hosts)
+  KLOOP_CHANNEL_LIMIT    most bytes a guest may send (e.g. 256M)
+  KLOOP_SAVED_VMS_KEEP   saved VMs kept in the cache (default 40)
+  KLOOP_KEEP_RUNS        run directories kept under target/kloop/runs (default 10)
+  KLOOP_NO_PREFLIGHT     skip the config preflight (the guest's probes decide)
+  KLOOP_PROGRESS         `live` or `plain` progress (default: live on a terminal)
+  RUST_LOG               tracing filter for -v logs (e.g. kloop_qemu=debug)";
 
 #[derive(Subcommand)]
 pub(crate) enum Cmd {
@@ -55,6 +89,9 @@ pub(crate) enum Cmd {
     /// worktree, run, exit 0 old, 1 new, 125 skip.
     #[command(hide = true)]
     BisectStep(BisectStepArgs),
+    /// Remove old run directories (never a running one); with
+    /// --saved-vms / --kernels also those parts of the kernel cache.
+    Clean(CleanArgs),
     /// The kernel catalog.
     Kernels {
         #[command(subcommand)]
@@ -103,8 +140,9 @@ pub(crate) struct VmTestArgs {
     /// BASELINE-ONLY for the --kernel (or --kernel-image) candidate.
     #[arg(long, value_name = "KERNEL")]
     baseline: Option<String>,
-    /// Accelerator: kvm, tcg or auto (KVM only if a probe guest boots).
-    #[arg(long, default_value = "auto")]
+    /// Accelerator: `auto` uses KVM only if a probe guest boots under it
+    /// (the verdict is cached per host, kernel and QEMU), else TCG.
+    #[arg(long, default_value = "auto", value_parser = accel_parser())]
     accel: AccelChoice,
     /// Parallel VMs (default: number of cores).
     #[arg(long, short)]
@@ -172,7 +210,7 @@ pub(crate) struct ValidateArgs {
     /// Parallel VMs and make -j (default: number of cores).
     #[arg(long, short)]
     jobs: Option<usize>,
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = accel_parser())]
     accel: AccelChoice,
     #[command(flatten)]
     fetch: FetchArgs,
@@ -211,7 +249,7 @@ pub(crate) struct BisectArgs {
     /// Parallel VMs for the runs of a step (default: number of cores).
     #[arg(long, short)]
     jobs: Option<usize>,
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = accel_parser())]
     accel: AccelChoice,
     #[command(flatten)]
     fetch: FetchArgs,
@@ -239,7 +277,7 @@ pub(crate) struct BisectStepArgs {
     steps_log: PathBuf,
     #[arg(long = "config", value_name = "FRAGMENT")]
     fragments: Vec<PathBuf>,
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = accel_parser())]
     accel: AccelChoice,
 }
 
@@ -259,6 +297,22 @@ pub(crate) struct BlessArgs {
 }
 
 #[derive(Args, Clone)]
+pub(crate) struct CleanArgs {
+    /// Keep the newest N run directories (each run keeps the newest
+    /// KLOOP_KEEP_RUNS, default 10, by itself).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    keep: usize,
+    /// Also remove every saved VM (made again by the next run's first
+    /// trial of each kernel × VM shape).
+    #[arg(long)]
+    saved_vms: bool,
+    /// Also remove fetched kernel packages, images and PVH ELFs (fetched
+    /// again on use); built kernels stay.
+    #[arg(long)]
+    kernels: bool,
+}
+
+#[derive(Args, Clone)]
 pub(crate) struct BenchArgs {
     /// Boots per pin.
     #[arg(long, default_value_t = 5)]
@@ -272,7 +326,7 @@ pub(crate) struct BenchArgs {
     /// Parallel VMs (default 1, so timings are not disturbed).
     #[arg(long, short, default_value_t = 1)]
     jobs: usize,
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = accel_parser())]
     accel: AccelChoice,
     /// Append this word to every guest's kernel command line (repeatable),
     /// e.g. to compare boot options.
@@ -451,7 +505,17 @@ fn run() -> Result<ExitCode> {
         Cmd::Bisect(a) => bisect(a),
         Cmd::BisectStep(a) => bisect_step(a),
         Cmd::Bench(a) => bench(a),
+        Cmd::Clean(a) => clean_cmd::clean(a),
     }
+}
+
+/// `--accel`: one of [`AccelChoice::NAMES`], listed in `--help`.
+fn accel_parser() -> impl clap::builder::TypedValueParser<Value = AccelChoice> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(AccelChoice::NAMES).map(|s| {
+        s.parse()
+            .expect("PossibleValuesParser passes only listed names")
+    })
 }
 
 /// `--boot`: one of [`kloop::run::trial::BootMode::NAMES`], listed in

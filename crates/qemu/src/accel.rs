@@ -22,6 +22,11 @@ pub enum AccelChoice {
     Tcg,
 }
 
+impl AccelChoice {
+    /// Every spelling `--accel` takes, for help texts and parsers.
+    pub const NAMES: [&'static str; 3] = ["auto", "kvm", "tcg"];
+}
+
 impl std::str::FromStr for AccelChoice {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

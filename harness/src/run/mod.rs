@@ -9,6 +9,7 @@
 //!   every trial;
 //! - [`suite`]: planning and running many trials;
 //! - [`repeat`]: `--repeat N` and the FLAKY verdict;
+//! - [`run_dirs`]: run directories, locked while live, pruned to the newest;
 //! - [`signals`]: SIGINT/SIGTERM for every wait loop;
 //! - [`bench`]: what `cargo xtask bench` measures;
 //! - [`ab`]: A/B runs of a baseline and a candidate kernel;
@@ -20,6 +21,7 @@ pub mod bisect;
 pub mod initramfs;
 pub mod payload;
 pub mod repeat;
+pub mod run_dirs;
 pub mod saved_vm;
 pub mod signals;
 pub mod suite;

@@ -273,6 +273,22 @@ pub fn prepare_env(
             what: format!("creating a run directory under {}", layout.runs().display()),
             source,
         })?;
+    let keep = crate::run::run_dirs::keep_from_env();
+    if keep > 0 {
+        let pruned = crate::run::run_dirs::prune(
+            &layout.runs(),
+            keep,
+            &layout.root.join("target/kloop/report"),
+        );
+        if !pruned.removed.is_empty() {
+            tracing::info!(
+                "removed {} old run directories ({:.1} MB); {} keeps the newest {keep}",
+                pruned.removed.len(),
+                pruned.bytes as f64 / 1e6,
+                crate::run::run_dirs::KEEP_ENV
+            );
+        }
+    }
     // The first kernel that can be had probes KVM; a kernel that cannot be
     // fetched fails its own trials later, with its own message.
     let mut probe = || {

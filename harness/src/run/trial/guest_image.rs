@@ -59,25 +59,99 @@ impl GuestParts {
         Ok(i)
     }
 
-    /// The cold boot's configuration: the full initramfs, plan included,
-    /// written into the trial's directory.
+    /// The cold boot's configuration. Its initramfs is two archives end
+    /// to end, which the kernel's unpacker reads as one: the plan-less base
+    /// (agent, modules, payload: up to tens of MB with perf), written once
+    /// per run under `<run>/initramfs/<sha256>.cpio` and shared by every
+    /// trial that boots the same content, and the trial's own `plan.cpio`
+    /// (one file) in its directory. QEMU takes a single `-initrd` file, so
+    /// the two are joined in a temporary file that lives as long as the
+    /// returned [`JoinedInitramfs`]; `boot.txt` names both parts.
     pub fn cold_config(
         &self,
         env: &TrialEnv,
         scenario: &Scenario,
         artefacts: &Path,
-    ) -> Result<VmConfig, Verdict> {
-        let initramfs = artefacts.join("initramfs.cpio");
-        self.initramfs(&env.agent, Some(&scenario.plan))
-            .and_then(|i| i.write_file(&initramfs))
-            .map_err(|e| {
-                Verdict::Infrastructure(format!("writing initramfs {}: {e}", initramfs.display()))
-            })?;
-        Ok(VmConfig {
-            initramfs: Some(initramfs),
+    ) -> Result<(VmConfig, JoinedInitramfs), Verdict> {
+        let infra = |what: String| Verdict::Infrastructure(what);
+        let base = self
+            .initramfs(&env.agent, None)
+            .and_then(|i| archive_bytes(&i))
+            .map_err(|e| infra(format!("building the initramfs: {e}")))?;
+        let base_path = shared_base(&env.run_dir, &base)
+            .map_err(|e| infra(format!("writing the run's base initramfs: {e}")))?;
+        let mut plan_archive = Initramfs::default();
+        let plan = serde_json::to_vec_pretty(&scenario.plan)
+            .map_err(|e| infra(format!("encoding the plan: {e}")))?;
+        plan_archive.add_file(kloop_protocol::PLAN_PATH, 0o644, plan);
+        let plan_path = artefacts.join("plan.cpio");
+        let plan_bytes = archive_bytes(&plan_archive)
+            .and_then(|b| std::fs::write(&plan_path, &b).map(|()| b))
+            .map_err(|e| infra(format!("writing {}: {e}", plan_path.display())))?;
+        let joined = tempfile::Builder::new()
+            .prefix("kloop-initramfs-")
+            .suffix(".cpio")
+            .tempfile()
+            .and_then(|mut f| {
+                use std::io::Write;
+                f.write_all(&base)?;
+                f.write_all(&plan_bytes)?;
+                f.flush()?;
+                Ok(f)
+            })
+            .map_err(|e| infra(format!("joining the initramfs in $TMPDIR: {e}")))?;
+        let config = VmConfig {
+            initramfs: Some(joined.path().to_path_buf()),
             ..self.vm.clone()
-        })
+        };
+        Ok((
+            config,
+            JoinedInitramfs {
+                note: format!(
+                    "initramfs: {} (shared by the run's trials of this content) + {}",
+                    base_path.display(),
+                    plan_path.display()
+                ),
+                _file: joined,
+            },
+        ))
     }
+}
+
+/// The joined initramfs QEMU reads; removed when dropped, after the VM.
+pub(crate) struct JoinedInitramfs {
+    /// `boot.txt`'s line: the two parts it was joined from.
+    pub note: String,
+    _file: tempfile::NamedTempFile,
+}
+
+/// `archive` as bytes, padded with zeros to a multiple of 512 so another
+/// archive can follow it (the kernel's unpacker skips zeros between
+/// archives and wants each to start 4-byte aligned).
+pub(crate) fn archive_bytes(archive: &Initramfs) -> std::io::Result<Vec<u8>> {
+    let mut bytes = archive.write_to(Vec::new())?;
+    bytes.resize(bytes.len().div_ceil(512) * 512, 0);
+    Ok(bytes)
+}
+
+/// `<run_dir>/initramfs/<sha256>.cpio` holding `bytes`, written once
+/// (atomically, so parallel trials never read half a file).
+fn shared_base(run_dir: &Path, bytes: &[u8]) -> std::io::Result<PathBuf> {
+    use sha2::Digest;
+    let dir = run_dir.join("initramfs");
+    let path = dir.join(format!("{}.cpio", hex::encode(sha2::Sha256::digest(bytes))));
+    if path.is_file() {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(&dir)?;
+    let mut tmp = tempfile::NamedTempFile::new_in(&dir)?;
+    std::io::Write::write_all(&mut tmp, bytes)?;
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )?;
+    tmp.persist(&path).map_err(|e| e.error)?;
+    Ok(path)
 }
 
 /// Everything a trial needs before QEMU starts; `Err` is the trial's

@@ -15,7 +15,7 @@ pub use verdict::*;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kloop_protocol::Message;
 use kloop_qemu::{Deadlines, GuestSession, SessionEnd, Vm, VmConfig};
@@ -287,13 +287,15 @@ fn run_inner(
             }
         }
     }
+    let mut initramfs_note = None;
     let (session, prepare) = match session {
         Some(s) => s,
         None => {
-            let config = match parts.cold_config(env, scenario, artefacts) {
-                Ok(config) => config,
+            let (config, initramfs) = match parts.cold_config(env, scenario, artefacts) {
+                Ok(cold) => cold,
                 Err(verdict) => return verdict,
             };
+            initramfs_note = Some(initramfs.note.clone());
             match boot(config, trial_started) {
                 Ok(s) => s,
                 Err(verdict) => return verdict,
@@ -301,6 +303,7 @@ fn run_inner(
         }
     };
     result.started_from = Some(boot_lines.last().cloned().unwrap_or_default());
+    boot_lines.extend(initramfs_note);
     let _ = std::fs::write(artefacts.join("boot.txt"), boot_lines.join("\n") + "\n");
     let restored = result.saved_vm.as_ref().is_some_and(|s| s.restored);
     note_timings(&session, prepare, restored, result);
@@ -471,15 +474,10 @@ fn claim_dir(base: &Path) -> PathBuf {
     unreachable!("an unbounded range always yields")
 }
 
-/// A unique, sortable run directory name.
+/// A new run directory under `root`, locked while this process lives
+/// ([`crate::run::run_dirs::create`]).
 pub fn new_run_dir(root: &Path) -> std::io::Result<PathBuf> {
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO);
-    let name = format!("{}-{}", stamp.as_secs(), std::process::id());
-    let dir = root.join(name);
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
+    crate::run::run_dirs::create(root)
 }
 
 #[cfg(test)]

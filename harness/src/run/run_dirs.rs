@@ -1,0 +1,192 @@
+//! Run directories under `target/kloop/runs/`: made one per run, locked
+//! while their run lives, and pruned to the newest few.
+//!
+//! A run directory is named `<unix seconds>-<pid>`. Its process holds an
+//! exclusive `flock` on `<dir>/.lock` until it exits (the kernel drops the
+//! lock with the process, however it ends), so pruning, which may happen in
+//! another kloop process at the same moment, never removes a live run.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// How many run directories to keep (the newest), default [`DEFAULT_KEEP`].
+pub const KEEP_ENV: &str = "KLOOP_KEEP_RUNS";
+pub const DEFAULT_KEEP: usize = 10;
+
+/// The lock files of this process's run directories, held until it exits.
+static HELD: Mutex<Vec<(PathBuf, File)>> = Mutex::new(Vec::new());
+
+/// A run directory found under the runs root.
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    pub path: PathBuf,
+    /// Seconds since the epoch when it was made (from its name).
+    pub started: u64,
+    pub bytes: u64,
+    /// Some process still runs in it.
+    pub live: bool,
+}
+
+/// What a prune removed.
+#[derive(Debug, Default)]
+pub struct Pruned {
+    pub removed: Vec<PathBuf>,
+    pub bytes: u64,
+    /// Directories that could not be removed, and why.
+    pub failed: Vec<(PathBuf, io::Error)>,
+}
+
+/// `KLOOP_KEEP_RUNS`, else [`DEFAULT_KEEP`]; 0 keeps every run.
+pub fn keep_from_env() -> usize {
+    std::env::var(KEEP_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(DEFAULT_KEEP)
+}
+
+/// A new run directory under `root`, locked for this process's life.
+pub fn create(root: &Path) -> io::Result<PathBuf> {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
+    let dir = root.join(format!("{}-{}", stamp.as_secs(), std::process::id()));
+    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+    // Two environments of one process within a second share a directory
+    // (their trials' paths differ), as they always did.
+    if held.iter().any(|(d, _)| *d == dir) {
+        return Ok(dir);
+    }
+    std::fs::create_dir_all(&dir)?;
+    let lock = File::create(dir.join(".lock"))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    held.push((dir.clone(), lock));
+    Ok(dir)
+}
+
+/// The run directories under `root`, newest first.
+pub fn list(root: &Path) -> Vec<RunDir> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    let mut dirs: Vec<RunDir> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let (secs, pid) = name.split_once('-')?;
+            let started = secs.parse().ok()?;
+            pid.parse::<u32>().ok()?;
+            let path = e.path();
+            Some(RunDir {
+                live: is_live(&path),
+                bytes: dir_bytes(&path),
+                started,
+                path,
+            })
+        })
+        .collect();
+    dirs.sort_by(|a, b| b.started.cmp(&a.started).then(b.path.cmp(&a.path)));
+    dirs
+}
+
+/// Removes all but the newest `keep` run directories under `root` (0
+/// keeps none), never one that is live, and the overhead reports named
+/// after them in `report_dir`.
+pub fn prune(root: &Path, keep: usize, report_dir: &Path) -> Pruned {
+    let mut pruned = Pruned::default();
+    for run in list(root).into_iter().skip(keep) {
+        if run.live {
+            continue;
+        }
+        match std::fs::remove_dir_all(&run.path) {
+            Ok(()) => {
+                pruned.bytes += run.bytes;
+                if let Some(name) = run.path.file_name().and_then(|n| n.to_str()) {
+                    for ext in ["md", "svg"] {
+                        let report = report_dir.join(format!("overhead-{name}.{ext}"));
+                        pruned.bytes += std::fs::metadata(&report).map_or(0, |m| m.len());
+                        let _ = std::fs::remove_file(report);
+                    }
+                }
+                pruned.removed.push(run.path);
+            }
+            Err(e) => pruned.failed.push((run.path, e)),
+        }
+    }
+    pruned
+}
+
+/// True if some process holds `dir`'s lock (a directory without one is
+/// from before locks, or half made: not live).
+fn is_live(dir: &Path) -> bool {
+    let Ok(lock) = File::open(dir.join(".lock")) else {
+        return false;
+    };
+    // A separate open file description conflicts with a lock held through
+    // another, in this process too.
+    // SAFETY: flock on a descriptor we own; released when `lock` closes.
+    unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 }
+}
+
+/// Bytes in the files under `dir`, recursively (symlinks not followed).
+pub fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn make_run(root: &Path, secs: u64, bytes: usize) -> PathBuf {
+        let dir = root.join(format!("{secs}-1"));
+        std::fs::create_dir_all(dir.join("6.1/basic")).unwrap();
+        std::fs::write(dir.join("6.1/basic/data.bin"), vec![0u8; bytes]).unwrap();
+        dir
+    }
+
+    #[test]
+    fn prune_keeps_the_newest_and_every_live_run() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("runs");
+        let reports = tmp.path().join("report");
+        std::fs::create_dir_all(&reports).unwrap();
+        let old = make_run(&root, 100, 10);
+        let older = make_run(&root, 50, 20);
+        std::fs::write(reports.join("overhead-50-1.md"), "x").unwrap();
+        let newer = make_run(&root, 200, 30);
+        // Not a run directory: left alone whatever its age.
+        std::fs::create_dir_all(root.join("notes")).unwrap();
+        // A live run, older than all: this process holds its lock.
+        let live = create(&root).unwrap();
+        let live_renamed = root.join("10-2");
+        std::fs::rename(&live, &live_renamed).unwrap();
+
+        let listed: Vec<u64> = list(&root).iter().map(|r| r.started).collect();
+        assert_eq!(listed, [200, 100, 50, 10]);
+        assert!(list(&root).iter().any(|r| r.started == 10 && r.live));
+
+        let pruned = prune(&root, 1, &reports);
+        assert_eq!(pruned.removed, [old.clone(), older.clone()]);
+        assert_eq!(pruned.bytes, 10 + 20 + 1);
+        assert!(newer.is_dir() && live_renamed.is_dir() && root.join("notes").is_dir());
+        assert!(!reports.join("overhead-50-1.md").exists());
+        assert!(!old.exists() && !older.exists());
+    }
+}
