@@ -1,4 +1,5 @@
-//! Reporting results: a line per trial, a summary, JSON lines and JUnit XML.
+//! Reporting results: a line per trial, a summary, JSON lines, JUnit XML
+//! and a Markdown summary for a CI's step summary.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -8,9 +9,11 @@ use crate::run::trial::{TrialResult, Verdict};
 pub mod ab;
 pub mod junit;
 pub mod kcidb;
+pub mod markdown;
 pub mod overhead;
 
 pub use junit::junit;
+pub use markdown::SUMMARY_FILE;
 
 /// `6.12/subprogs ... ok (3.4 s, tcg)`,
 /// `6.1/interpreter ... SKIPPED (jit-optional: …) (2.1 s, tcg)`, then the
@@ -159,10 +162,12 @@ fn jsonl(results: &[TrialResult]) -> std::io::Result<String> {
     Ok(out)
 }
 
-/// Writes `results.jsonl` and `junit.xml` into `dir`.
+/// Writes `results.jsonl`, `junit.xml` and `summary.md` ([`SUMMARY_FILE`])
+/// into `dir`.
 pub fn write_files(dir: &Path, results: &[TrialResult]) -> std::io::Result<()> {
     std::fs::write(dir.join("results.jsonl"), jsonl(results)?)?;
-    std::fs::write(dir.join("junit.xml"), junit(results))
+    std::fs::write(dir.join("junit.xml"), junit(results))?;
+    std::fs::write(dir.join(SUMMARY_FILE), markdown::summary(dir, results))
 }
 
 /// Writes `runs.jsonl`: every run of a `--repeat` run, one line each
