@@ -425,6 +425,10 @@ pub(crate) fn vm_test(a: VmTestArgs, new_snapshot_set: bool) -> Result<ExitCode>
         println!("kloop: {w}");
     }
     println!(
+        "kloop: step summary: {}",
+        env.run_dir.join(report::SUMMARY_FILE).display()
+    );
+    println!(
         "kloop: {} in {:.1} s ({}); reports: {}",
         summary.line(),
         started.elapsed().as_secs_f64(),

@@ -144,7 +144,7 @@ pub fn check(
 }
 
 fn v(rule: &'static str, message: String) -> Violation {
-    Violation { rule, message }
+    Violation::new(rule, message)
 }
 
 fn check_symbol(
@@ -177,29 +177,38 @@ fn check_symbol(
         .collect();
     let n = regs.len() as u32;
     if n < min || max.is_some_and(|m| n > m) {
-        let others: Vec<String> = recs
+        let others: Vec<&Record> = recs
             .iter()
             .filter(
                 |r| matches!(&r.body, RecordBody::Ksymbol { name, .. } if name.starts_with(prefix)),
             )
-            .map(|r| r.to_string())
             .collect();
         let range = match max {
             Some(m) if m == min => format!("exactly {m}"),
             Some(m) => format!("{min} to {m}"),
             None => format!("at least {min}"),
         };
-        out.push(v(
-            rule::SYMBOL,
-            format!(
-                "{n} {what} in the run, expected {range}{}",
-                if others.is_empty() {
-                    String::new()
-                } else {
-                    format!("; records with that prefix: {}", others.join(" / "))
-                }
-            ),
-        ));
+        out.push(
+            v(
+                rule::SYMBOL,
+                format!(
+                    "{n} {what} in the run, expected {range}{}",
+                    if others.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            "; records with that prefix: {}",
+                            others
+                                .iter()
+                                .map(|r| r.to_string())
+                                .collect::<Vec<_>>()
+                                .join(" / ")
+                        )
+                    }
+                ),
+            )
+            .quoting(others.iter().copied()),
+        );
     }
     if unregistered {
         for i in regs {
@@ -213,7 +222,7 @@ fn check_symbol(
                     out.push(v(
                         rule::SYMBOL,
                         format!("{r} is never unregistered in the run (the scenario removes what it made)"),
-                    ));
+                    ).quoting([r]));
                 }
             }
         }
@@ -319,21 +328,27 @@ fn check_unload_after(
         r.is_unregister()
             && matches!(r.body, RecordBody::Ksymbol { addr, .. } if facts.jited_ksyms.contains(&addr))
     });
-    let early: Vec<String> = unload
+    let early: Vec<&Record> = unload
         .iter()
         .copied()
         .chain(early_unregs)
         .filter(|r| drained_before(r))
-        .map(|r| r.to_string())
         .collect();
     if !early.is_empty() {
-        out.push(v(
-            rule::UNLOAD_AFTER,
-            format!(
-                "{who} was gone before step {index} ({step}) started, which should have released it: {}",
-                early.join(" / ")
-            ),
-        ));
+        out.push(
+            v(
+                rule::UNLOAD_AFTER,
+                format!(
+                    "{who} was gone before step {index} ({step}) started, which should have released it: {}",
+                    early
+                        .iter()
+                        .map(|r| r.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" / ")
+                ),
+            )
+            .quoting(early.iter().copied()),
+        );
     }
 }
 

@@ -432,10 +432,7 @@ review_by = "2020-01-01"
     }
 
     fn v(rule: &'static str) -> Violation {
-        Violation {
-            rule,
-            message: format!("a {rule} violation"),
-        }
+        Violation::new(rule, format!("a {rule} violation"))
     }
 
     fn invalid(text: &str) -> String {

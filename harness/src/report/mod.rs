@@ -1,4 +1,5 @@
-//! Reporting results: a line per trial, a summary, JSON lines and JUnit XML.
+//! Reporting results: a line per trial, a summary, JSON lines, JUnit XML
+//! and a Markdown summary for a CI's step summary.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -7,9 +8,12 @@ use crate::run::trial::{TrialResult, Verdict};
 
 pub mod ab;
 pub mod junit;
+pub mod kcidb;
+pub mod markdown;
 pub mod overhead;
 
 pub use junit::junit;
+pub use markdown::SUMMARY_FILE;
 
 /// `6.12/subprogs ... ok (3.4 s, tcg)`,
 /// `6.1/interpreter ... SKIPPED (jit-optional: …) (2.1 s, tcg)`, then the
@@ -143,19 +147,27 @@ pub fn not_passed_lines(results: &[TrialResult]) -> Vec<String> {
         .collect()
 }
 
+/// One JSON object per line: the [`TrialResult`] (`verdict` as `{"class",
+/// "message"}`, `violations` with their rule, message, listener, offset,
+/// quoted records and covering ledger entry) plus `kcidb_status` and
+/// `known` ([`kcidb`]).
 fn jsonl(results: &[TrialResult]) -> std::io::Result<String> {
     let mut out = String::new();
     for r in results {
-        out.push_str(&serde_json::to_string(r).map_err(std::io::Error::other)?);
+        out.push_str(
+            &serde_json::to_string(&kcidb::JsonLine::of(r)).map_err(std::io::Error::other)?,
+        );
         out.push('\n');
     }
     Ok(out)
 }
 
-/// Writes `results.jsonl` and `junit.xml` into `dir`.
+/// Writes `results.jsonl`, `junit.xml` and `summary.md` ([`SUMMARY_FILE`])
+/// into `dir`.
 pub fn write_files(dir: &Path, results: &[TrialResult]) -> std::io::Result<()> {
     std::fs::write(dir.join("results.jsonl"), jsonl(results)?)?;
-    std::fs::write(dir.join("junit.xml"), junit(results))
+    std::fs::write(dir.join("junit.xml"), junit(results))?;
+    std::fs::write(dir.join(SUMMARY_FILE), markdown::summary(dir, results))
 }
 
 /// Writes `runs.jsonl`: every run of a `--repeat` run, one line each
@@ -187,7 +199,52 @@ mod tests {
             saved_vm: None,
             notes: Vec::new(),
             violations: Vec::new(),
+            snapshot_drift: None,
         }
+    }
+
+    #[test]
+    fn kcidb_status_of_every_verdict() {
+        use kcidb::Status::*;
+        let m = || "m".to_string();
+        let mut known_left = result("6.1", Verdict::Fixed(m()));
+        known_left.violations.push(crate::run::trial::RuleHit {
+            rule: "lost".into(),
+            message: m(),
+            listener: None,
+            offset: None,
+            records: Vec::new(),
+            known_issue: Some("x".into()),
+        });
+        let mut infra_after_hello = result("6.1", Verdict::Infrastructure(m()));
+        infra_after_hello.boot_to_hello_secs = Some(1.0);
+        let mut infra_before_hello = result("6.1", Verdict::Infrastructure(m()));
+        infra_before_hello.boot_to_hello_secs = None;
+        let cases = [
+            (result("6.1", Verdict::Ok), (Pass, false)),
+            (result("6.1", Verdict::Known(m())), (Fail, true)),
+            (result("6.1", Verdict::Fixed(m())), (Pass, false)),
+            (known_left, (Fail, true)),
+            (result("6.1", Verdict::Failed(m())), (Fail, false)),
+            (result("6.1", Verdict::Skipped(m())), (Skip, false)),
+            (result("6.1", Verdict::Panic(m())), (Fail, false)),
+            (result("6.1", Verdict::Timeout(m())), (Error, false)),
+            (infra_after_hello, (Error, false)),
+            (infra_before_hello, (Miss, false)),
+            (result("6.1", Verdict::Interrupted(m())), (Miss, false)),
+            (result("6.1", Verdict::Flaky(m())), (Error, false)),
+        ];
+        for (r, want) in &cases {
+            assert_eq!(kcidb::status(r), *want, "{:?}", r.verdict);
+        }
+        // The line keeps every field it had and adds the status.
+        let line = jsonl(&[cases[1].0.clone()]).unwrap();
+        let v: serde_json::Value = serde_json::from_str(line.trim_end()).unwrap();
+        assert_eq!(v["verdict"]["class"], "known");
+        assert_eq!(v["id"], "6.1/basic");
+        assert_eq!(v["wall_secs"], 3.44);
+        assert_eq!(v["kcidb_status"], "FAIL");
+        assert_eq!(v["known"], true);
     }
 
     #[test]

@@ -327,6 +327,7 @@ mod tests {
             saved_vm: None,
             notes: Vec::new(),
             violations: Vec::new(),
+            snapshot_drift: None,
         }
     }
 

@@ -66,19 +66,40 @@ pub(super) fn bag<'a>(recs: impl Iterator<Item = &'a Record>, ksym: bool, bpf: b
     out
 }
 
-/// The records in `a` more often than in `b`, quoted.
-pub(super) fn surplus(a: &KeyBag<'_>, b: &KeyBag<'_>) -> Vec<String> {
+/// The records in `a` more often than in `b`, quoted, each with the first
+/// record that said it.
+pub(super) fn surplus<'a>(a: &KeyBag<'a>, b: &KeyBag<'_>) -> Vec<(String, &'a Record)> {
     a.iter()
         .filter_map(|(k, (n, r))| {
             let m = b.get(k).map_or(0, |(m, _)| *m);
             (*n > m).then(|| {
-                if *n - m > 1 {
+                let text = if *n - m > 1 {
                     format!("{r} (x{})", n - m)
                 } else {
                     r.to_string()
-                }
+                };
+                (text, *r)
             })
         })
+        .collect()
+}
+
+/// The first [`MAX_PER_KIND`] of a surplus, joined for a message.
+fn shown(surplus: &[(String, &Record)]) -> String {
+    surplus
+        .iter()
+        .take(MAX_PER_KIND)
+        .map(|(t, _)| t.as_str())
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
+/// The records of two surpluses a message shows.
+fn shown_records<'a>(x: &[(String, &'a Record)], y: &[(String, &'a Record)]) -> Vec<&'a Record> {
+    x.iter()
+        .take(MAX_PER_KIND)
+        .chain(y.iter().take(MAX_PER_KIND))
+        .map(|(_, r)| *r)
         .collect()
 }
 
@@ -111,7 +132,7 @@ pub(super) fn check_agreement(
             recs: set.iter().flat_map(recs_of).collect(),
         });
     }
-    let mut msgs = Vec::new();
+    let mut msgs: Vec<Found<'_>> = Vec::new();
     // Every pair of sets over the record kinds both asked for.
     for (x, sx) in sets.iter().enumerate() {
         for sy in sets.iter().skip(x + 1) {
@@ -123,22 +144,15 @@ pub(super) fn check_agreement(
             let by = bag(sy.recs.iter().copied(), k, b);
             let (only_x, only_y) = (surplus(&bx, &by), surplus(&by, &bx));
             if !only_x.is_empty() || !only_y.is_empty() {
-                msgs.push(format!(
-                    "{} and {} disagree: only in the first: [{}]; only in the second: [{}]",
-                    sx.name,
-                    sy.name,
-                    only_x
-                        .iter()
-                        .take(MAX_PER_KIND)
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(" / "),
-                    only_y
-                        .iter()
-                        .take(MAX_PER_KIND)
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(" / ")
+                msgs.push(quoting(
+                    format!(
+                        "{} and {} disagree: only in the first: [{}]; only in the second: [{}]",
+                        sx.name,
+                        sy.name,
+                        shown(&only_x),
+                        shown(&only_y)
+                    ),
+                    shown_records(&only_x, &only_y),
                 ));
             }
         }
@@ -159,11 +173,14 @@ pub(super) fn check_agreement(
         let tids: BTreeSet<(Option<u32>, Option<u32>)> =
             mine.iter().map(|r| (r.sample.pid, r.sample.tid)).collect();
         if tids.len() > 1 {
-            msgs.push(format!(
-                "task-bound listener {} has records of {} tasks (pid, tid): {tids:?}",
-                l.index,
-                tids.len()
-            ));
+            msgs.push(
+                format!(
+                    "task-bound listener {} has records of {} tasks (pid, tid): {tids:?}",
+                    l.index,
+                    tids.len()
+                )
+                .into(),
+            );
             continue;
         }
         let task = tids.into_iter().next().and_then(|(_, t)| t);
@@ -179,13 +196,16 @@ pub(super) fn check_agreement(
         let by = bag(theirs, l.ksymbol, l.bpf_event);
         let (only_x, only_y) = (surplus(&bx, &by), surplus(&by, &bx));
         if !only_x.is_empty() || !only_y.is_empty() {
-            msgs.push(format!(
-                "task-bound listener {} and {}{} disagree: only in the task listener: [{}]; only in the set: [{}]",
-                l.index,
-                reference.name,
-                task.map(|t| format!(" (records of tid {t})")).unwrap_or_default(),
-                only_x.iter().take(MAX_PER_KIND).cloned().collect::<Vec<_>>().join(" / "),
-                only_y.iter().take(MAX_PER_KIND).cloned().collect::<Vec<_>>().join(" / ")
+            msgs.push(quoting(
+                format!(
+                    "task-bound listener {} and {}{} disagree: only in the task listener: [{}]; only in the set: [{}]",
+                    l.index,
+                    reference.name,
+                    task.map(|t| format!(" (records of tid {t})")).unwrap_or_default(),
+                    shown(&only_x),
+                    shown(&only_y)
+                ),
+                shown_records(&only_x, &only_y),
             ));
         }
     }

@@ -24,27 +24,30 @@ pub(super) fn check_batches(
     let cpu_of: BTreeMap<u32, i32> = ev.listeners.iter().map(|l| (l.index, l.cpu)).collect();
     // Whether the set's stream is merged by sample time (every record has one).
     let set_timed = !recs.is_empty() && recs.iter().all(|r| r.time().is_some());
-    let mut acc = Vec::new();
-    let mut cpus = Vec::new();
+    let mut acc: Vec<Found<'_>> = Vec::new();
+    let mut cpus: Vec<Found<'_>> = Vec::new();
     for b in &ev.batches {
         let f = b.functions as usize;
         if f == 0 && !b.ids.is_empty() {
-            acc.push(format!(
-                "{}: reports {} programs with 0 JITed functions",
-                b.what(),
-                b.ids.len()
-            ));
+            acc.push(
+                format!(
+                    "{}: reports {} programs with 0 JITed functions",
+                    b.what(),
+                    b.ids.len()
+                )
+                .into(),
+            );
             continue;
         }
         for &id in &b.ids {
             let who = format!("{} program id {id}", b.what());
             let loads = m.loads_of(id);
             let Some(life) = loads.first().and_then(|l| m.progs.get(*l)) else {
-                acc.push(format!("{who}: no PROG_LOAD in the stream"));
+                acc.push(format!("{who}: no PROG_LOAD in the stream").into());
                 continue;
             };
             if loads.len() > 1 {
-                acc.push(format!("{who}: {} PROG_LOAD records", loads.len()));
+                acc.push(format!("{who}: {} PROG_LOAD records", loads.len()).into());
             }
             let Some(load) = life.load else { continue };
             let Some(load_rec) = recs.get(load) else {
@@ -92,6 +95,8 @@ pub(super) fn check_batches(
                 .take(f)
                 .collect();
             let mut problems = Vec::new();
+            // The records the problems quote, for the violation's data.
+            let mut quoted: Vec<&Record> = Vec::new();
             if regs.len() < f {
                 let place = match (by_time, loader_tid) {
                     (true, Some(t)) => {
@@ -127,6 +132,7 @@ pub(super) fn check_batches(
                     _ => false,
                 };
                 if !ok_reg {
+                    quoted.push(r);
                     problems.push(format!(
                         "{r} is not a BPF register named after the program where one of its {f} register(s) belongs"
                     ));
@@ -138,7 +144,10 @@ pub(super) fn check_batches(
                     .and_then(|l| m.syms.get(*l))
                     .and_then(|s| s.unreg)
                 {
-                    None => problems.push(format!("{r} is never unregistered")),
+                    None => {
+                        quoted.push(r);
+                        problems.push(format!("{r} is never unregistered"));
+                    }
                     Some(u) => {
                         accounted.insert(u);
                         unregs.push((i, u));
@@ -146,13 +155,22 @@ pub(super) fn check_batches(
                 }
             }
             match life.unload {
-                None => problems.push(format!("no PROG_UNLOAD after {load_rec}")),
+                None => {
+                    quoted.push(load_rec);
+                    problems.push(format!("no PROG_UNLOAD after {load_rec}"));
+                }
                 Some(q) => {
                     accounted.insert(q);
                     for (i, u) in &unregs {
                         if before(recs, load, *u) == Some(false)
                             || before(recs, *u, q) == Some(false)
                         {
+                            quoted.extend(
+                                [Some(*u), Some(*i), Some(load), Some(q)]
+                                    .into_iter()
+                                    .flatten()
+                                    .filter_map(|x| recs.get(x)),
+                            );
                             problems.push(format!(
                                 "unregister {} of {} is not between PROG_LOAD {load_rec} and PROG_UNLOAD {}",
                                 fmt_idx(recs, Some(*u)),
@@ -164,7 +182,7 @@ pub(super) fn check_batches(
                 }
             }
             if !problems.is_empty() {
-                acc.push(format!("{who}: {}", problems.join("; ")));
+                acc.push(quoting(format!("{who}: {}", problems.join("; ")), quoted));
             }
             if let Some(cpu) = b.cpu {
                 for i in std::iter::once(load).chain(regs.iter().copied()) {
@@ -172,10 +190,13 @@ pub(super) fn check_batches(
                     let lcpu = cpu_of.get(&r.listener).copied().unwrap_or(-1);
                     let scpu = r.sample.cpu;
                     if i64::from(lcpu) != i64::from(cpu) || scpu.is_some_and(|c| c != cpu) {
-                        cpus.push(format!(
-                            "{who}: loaded on CPU {cpu} but {r} is in the ring of CPU {lcpu}{}",
-                            scpu.map(|c| format!(" with sample cpu {c}"))
-                                .unwrap_or_default()
+                        cpus.push(quoting(
+                            format!(
+                                "{who}: loaded on CPU {cpu} but {r} is in the ring of CPU {lcpu}{}",
+                                scpu.map(|c| format!(" with sample cpu {c}"))
+                                    .unwrap_or_default()
+                            ),
+                            [r],
                         ));
                     }
                 }

@@ -11,13 +11,16 @@ pub(super) fn check_inventory(
     out: &mut Vec<Violation>,
 ) {
     let recs = m.recs;
-    let mut msgs = Vec::new();
+    let mut msgs: Vec<Found<'_>> = Vec::new();
     for f in ev.progs.iter().filter(|f| ev.preexisting.contains(&f.id)) {
         if !ev.inventory.iter().any(|p| p.id == f.id) {
-            msgs.push(format!(
+            msgs.push(
+                format!(
                 "program {:?} (id {}, {}) was loaded before recording but no inventory lists it",
                 f.label, f.id, f.name
-            ));
+            )
+                .into(),
+            );
         }
     }
     for p in &ev.inventory {
@@ -33,15 +36,21 @@ pub(super) fn check_inventory(
             .and_then(|l| l.unload);
         if has_bpf {
             match unload.and_then(|q| recs.get(q)) {
-                None if ours => msgs.push(format!(
-                    "{who}: the agent unloaded it but the stream has no PROG_UNLOAD for it"
-                )),
+                None if ours => msgs.push(
+                    format!(
+                        "{who}: the agent unloaded it but the stream has no PROG_UNLOAD for it"
+                    )
+                    .into(),
+                ),
                 None => continue,
                 Some(r) => {
                     if r.bpf_event(BPF_EVENT_PROG_UNLOAD).map(|(_, t)| t) != Some(p.tag) {
-                        msgs.push(format!(
-                            "{who}: PROG_UNLOAD tag differs from the inventoried tag {}: {r}",
-                            hex::encode(p.tag)
+                        msgs.push(quoting(
+                            format!(
+                                "{who}: PROG_UNLOAD tag differs from the inventoried tag {}: {r}",
+                                hex::encode(p.tag)
+                            ),
+                            [r],
                         ));
                     }
                 }
@@ -63,7 +72,7 @@ pub(super) fn check_inventory(
                 if ours || unload.is_some() {
                     msgs.push(format!(
                         "{who} f{fi}: no unregister of its inventoried symbol at {addr:#x} (len {flen})"
-                    ));
+                    ).into());
                 }
                 continue;
             };
@@ -107,7 +116,10 @@ pub(super) fn check_inventory(
                     }
                 }
                 if !diffs.is_empty() {
-                    msgs.push(format!("{who} f{fi}: {}: {r}", diffs.join("; ")));
+                    msgs.push(quoting(
+                        format!("{who} f{fi}: {}: {r}", diffs.join("; ")),
+                        [r],
+                    ));
                 }
             }
         }

@@ -12,28 +12,38 @@ pub(super) fn check_listener(l: &ListenerInfo, recs: &[Record], out: &mut Vec<Vi
     let mut prev: Option<&Record> = None;
     for r in recs {
         if r.header.misc != 0 {
-            types.push(format!(
-                "{r}: header.misc is not 0 (the kernel writes 0 for side-band records)"
+            types.push(quoting(
+                format!("{r}: header.misc is not 0 (the kernel writes 0 for side-band records)"),
+                [r],
             ));
         }
         match &r.body {
-            RecordBody::Unknown { type_ } => types.push(format!(
-                "{r}: record type {} is not one a ksymbol/bpf_event dummy listener receives",
-                kloop_records::record_type_name(*type_).unwrap_or("(undefined)")
+            RecordBody::Unknown { type_ } => types.push(quoting(
+                format!(
+                    "{r}: record type {} is not one a ksymbol/bpf_event dummy listener receives",
+                    kloop_records::record_type_name(*type_).unwrap_or("(undefined)")
+                ),
+                [r],
             )),
             RecordBody::Ksymbol {
                 ksym_type, flags, ..
             } => {
                 if !l.ksymbol {
-                    types.push(format!("{r}: KSYMBOL on a listener opened without ksymbol"));
+                    types.push(quoting(
+                        format!("{r}: KSYMBOL on a listener opened without ksymbol"),
+                        [r],
+                    ));
                 }
                 if *ksym_type != KSYM_TYPE_BPF && *ksym_type != KSYM_TYPE_OOL {
-                    types.push(format!("{r}: ksym_type {ksym_type} (the kernel refuses UNKNOWN and undefined types)"));
+                    types.push(quoting(format!("{r}: ksym_type {ksym_type} (the kernel refuses UNKNOWN and undefined types)"), [r]));
                 }
                 if flags & !KSYMBOL_FLAGS_UNREGISTER != 0 {
-                    types.push(format!(
-                        "{r}: undefined KSYMBOL flag bits {:#x}",
-                        flags & !KSYMBOL_FLAGS_UNREGISTER
+                    types.push(quoting(
+                        format!(
+                            "{r}: undefined KSYMBOL flag bits {:#x}",
+                            flags & !KSYMBOL_FLAGS_UNREGISTER
+                        ),
+                        [r],
                     ));
                 }
             }
@@ -41,15 +51,19 @@ pub(super) fn check_listener(l: &ListenerInfo, recs: &[Record], out: &mut Vec<Vi
                 event_type, flags, ..
             } => {
                 if !l.bpf_event {
-                    types.push(format!(
-                        "{r}: BPF_EVENT on a listener opened without bpf_event"
+                    types.push(quoting(
+                        format!("{r}: BPF_EVENT on a listener opened without bpf_event"),
+                        [r],
                     ));
                 }
                 if *event_type != BPF_EVENT_PROG_LOAD && *event_type != BPF_EVENT_PROG_UNLOAD {
-                    types.push(format!("{r}: BPF_EVENT type {event_type} (the kernel emits only PROG_LOAD and PROG_UNLOAD)"));
+                    types.push(quoting(format!("{r}: BPF_EVENT type {event_type} (the kernel emits only PROG_LOAD and PROG_UNLOAD)"), [r]));
                 }
                 if *flags != 0 {
-                    types.push(format!("{r}: undefined BPF_EVENT flags {flags:#x}"));
+                    types.push(quoting(
+                        format!("{r}: undefined BPF_EVENT flags {flags:#x}"),
+                        [r],
+                    ));
                 }
             }
             RecordBody::Lost { .. } => {}
@@ -58,27 +72,34 @@ pub(super) fn check_listener(l: &ListenerInfo, recs: &[Record], out: &mut Vec<Vi
             let s = &r.sample;
             if let (Some(cpu), true) = (s.cpu, l.cpu >= 0) {
                 if i64::from(cpu) != i64::from(l.cpu) {
-                    sids.push(format!(
-                        "{r}: sample cpu {cpu} on the listener bound to CPU {}",
-                        l.cpu
+                    sids.push(quoting(
+                        format!(
+                            "{r}: sample cpu {cpu} on the listener bound to CPU {}",
+                            l.cpu
+                        ),
+                        [r],
                     ));
                 }
             }
             if let Some(res) = s.cpu_res.filter(|v| *v != 0) {
-                sids.push(format!(
-                    "{r}: the res half of {{cpu, res}} is {res:#x}, not 0"
+                sids.push(quoting(
+                    format!("{r}: the res half of {{cpu, res}} is {res:#x}, not 0"),
+                    [r],
                 ));
             }
             if let (Some(a), Some(b)) = (s.id, s.identifier) {
                 if a != b {
-                    sids.push(format!("{r}: sample id {a} != identifier {b}"));
+                    sids.push(quoting(
+                        format!("{r}: sample id {a} != identifier {b}"),
+                        [r],
+                    ));
                 }
             }
             if let Some(id) = s.id.or(s.identifier) {
                 match first_id {
                     None => first_id = Some((id, r)),
                     Some((first, fr)) if first != id => {
-                        sids.push(format!("{r}: sample id {id} differs from the listener's first record's {first} ({fr})"))
+                        sids.push(quoting(format!("{r}: sample id {id} differs from the listener's first record's {first} ({fr})"), [r, fr]))
                     }
                     _ => {}
                 }
@@ -86,9 +107,12 @@ pub(super) fn check_listener(l: &ListenerInfo, recs: &[Record], out: &mut Vec<Vi
         }
         if let (Some(p), Some(t)) = (prev.and_then(|p| p.time().map(|t| (p, t))), r.time()) {
             if t < p.1 {
-                times.push(format!(
-                    "time goes backwards within listener {}: {} then {r}",
-                    l.index, p.0
+                times.push(quoting(
+                    format!(
+                        "time goes backwards within listener {}: {} then {r}",
+                        l.index, p.0
+                    ),
+                    [p.0, r],
                 ));
             }
         }

@@ -136,11 +136,156 @@ pub mod rule {
 /// At most this many violations of one kind per listener are spelled out.
 const MAX_PER_KIND: usize = 5;
 
-/// One broken invariant.
+/// One broken invariant: the rule, the message a reader sees, and what the
+/// judge knew when it wrote the message (where in which stream, the records
+/// it quotes), so reports can carry that as data rather than only as text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
     pub rule: &'static str,
     pub message: String,
+    /// The listener the violation is about: the first quoted record's, or
+    /// the stream's for a finding about a whole stream (a parse error,
+    /// LOST). `None` for findings about no one stream (facts, counts).
+    pub listener: Option<u32>,
+    /// Byte offset into that listener's stream: the first quoted record's
+    /// header, or where a parse error stopped reading.
+    pub offset: Option<u64>,
+    /// The records the message quotes, in the order it quotes them.
+    pub records: Vec<QuotedRecord>,
+}
+
+impl Violation {
+    /// A violation that quotes no record and is about no one stream.
+    pub fn new(rule: &'static str, message: impl Into<String>) -> Violation {
+        Violation {
+            rule,
+            message: message.into(),
+            listener: None,
+            offset: None,
+            records: Vec::new(),
+        }
+    }
+
+    /// Adds the records the message quotes; the first one places the
+    /// violation unless [`Violation::at`] already did.
+    pub fn quoting<'r>(mut self, recs: impl IntoIterator<Item = &'r Record>) -> Violation {
+        self.records.extend(recs.into_iter().map(QuotedRecord::of));
+        if self.listener.is_none() {
+            if let Some(first) = self.records.first() {
+                self.listener = Some(first.listener);
+                self.offset = Some(first.offset);
+            }
+        }
+        self
+    }
+
+    /// Places the violation in a stream without quoting a record.
+    pub fn at(mut self, listener: u32, offset: Option<u64>) -> Violation {
+        self.listener = Some(listener);
+        self.offset = offset;
+        self
+    }
+}
+
+/// A record as a violation quotes it: its place, its fields, and the text
+/// the message shows. Fields a record's type or its listener's
+/// `sample_type` does not have are `None`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct QuotedRecord {
+    pub listener: u32,
+    /// Offset of the record's header in the listener's stream.
+    pub offset: u64,
+    /// `KSYMBOL`, `BPF_EVENT`, `LOST`, or the perf name of another type
+    /// (`type <n>` when it has none).
+    #[serde(rename = "type")]
+    pub type_name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tid: Option<u32>,
+    /// KSYMBOL: `register` / `unregister`; BPF_EVENT: `PROG_LOAD` /
+    /// `PROG_UNLOAD` (or the raw type).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    /// KSYMBOL fields.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub addr: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub len: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ksym_type: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// BPF_EVENT fields: the program id and its tag in hex.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// LOST: how many records the ring dropped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost: Option<u64>,
+    /// The record as messages quote it (`L0@128 KSYMBOL register BPF …`).
+    pub text: String,
+}
+
+impl QuotedRecord {
+    pub fn of(r: &Record) -> QuotedRecord {
+        let mut q = QuotedRecord {
+            listener: r.listener,
+            offset: r.offset,
+            type_name: kloop_records::record_type_name(r.header.type_)
+                .map_or_else(|| format!("type {}", r.header.type_), str::to_string),
+            time: r.sample.time,
+            cpu: r.sample.cpu,
+            tid: r.sample.tid,
+            event: None,
+            addr: None,
+            len: None,
+            ksym_type: None,
+            name: None,
+            id: None,
+            tag: None,
+            lost: None,
+            text: r.to_string(),
+        };
+        match &r.body {
+            RecordBody::Ksymbol {
+                addr,
+                len,
+                ksym_type,
+                flags,
+                name,
+            } => {
+                q.event = Some(
+                    if flags & KSYMBOL_FLAGS_UNREGISTER != 0 {
+                        "unregister"
+                    } else {
+                        "register"
+                    }
+                    .to_string(),
+                );
+                q.addr = Some(*addr);
+                q.len = Some(*len);
+                q.ksym_type = Some(kloop_records::ksym_type_name(*ksym_type));
+                q.name = Some(name.clone());
+            }
+            RecordBody::BpfEvent {
+                event_type,
+                id,
+                tag,
+                ..
+            } => {
+                q.event = Some(kloop_records::bpf_event_type_name(*event_type));
+                q.id = Some(*id);
+                q.tag = Some(hex::encode(tag));
+            }
+            RecordBody::Lost { lost, .. } => q.lost = Some(*lost),
+            RecordBody::Unknown { .. } => {}
+        }
+        q
+    }
 }
 
 impl fmt::Display for Violation {
@@ -191,16 +336,49 @@ impl Analysis {
     }
 }
 
-fn push_capped(out: &mut Vec<Violation>, rule: &'static str, what: &str, msgs: Vec<String>) {
+/// A message and the records it quotes, before it gets its rule
+/// ([`push_capped`]).
+pub(crate) struct Found<'r> {
+    message: String,
+    records: Vec<&'r Record>,
+}
+
+impl From<String> for Found<'_> {
+    fn from(message: String) -> Self {
+        Found {
+            message,
+            records: Vec::new(),
+        }
+    }
+}
+
+/// `message`, which quotes `records`.
+pub(crate) fn quoting<'r>(
+    message: String,
+    records: impl IntoIterator<Item = &'r Record>,
+) -> Found<'r> {
+    Found {
+        message,
+        records: records.into_iter().collect(),
+    }
+}
+
+fn push_capped<'r>(
+    out: &mut Vec<Violation>,
+    rule: &'static str,
+    what: &str,
+    msgs: Vec<impl Into<Found<'r>>>,
+) {
     let n = msgs.len();
     for m in msgs.into_iter().take(MAX_PER_KIND) {
-        out.push(Violation { rule, message: m });
+        let f: Found<'r> = m.into();
+        out.push(Violation::new(rule, f.message).quoting(f.records));
     }
     if n > MAX_PER_KIND {
-        out.push(Violation {
+        out.push(Violation::new(
             rule,
-            message: format!("... and {} more {what}", n - MAX_PER_KIND),
-        });
+            format!("... and {} more {what}", n - MAX_PER_KIND),
+        ));
     }
 }
 
@@ -278,13 +456,16 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
     let mut listeners: BTreeMap<u32, &ListenerInfo> = BTreeMap::new();
     for l in &ev.listeners {
         match listeners.entry(l.index) {
-            std::collections::btree_map::Entry::Occupied(_) => v.push(m_find(
-                rule::LISTENERS,
-                format!(
-                    "listener index {} reported twice; the first is used",
-                    l.index
-                ),
-            )),
+            std::collections::btree_map::Entry::Occupied(_) => v.push(
+                m_find(
+                    rule::LISTENERS,
+                    format!(
+                        "listener index {} reported twice; the first is used",
+                        l.index
+                    ),
+                )
+                .at(l.index, None),
+            ),
             std::collections::btree_map::Entry::Vacant(e) => {
                 e.insert(l);
             }
@@ -292,18 +473,22 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
     }
     for (idx, bytes) in &ev.streams {
         if !listeners.contains_key(idx) {
-            v.push(m_find(
-                rule::LISTENERS,
-                format!(
-                    "{} stream bytes for listener {idx}, which was never reported",
-                    bytes.len()
-                ),
-            ));
+            v.push(
+                m_find(
+                    rule::LISTENERS,
+                    format!(
+                        "{} stream bytes for listener {idx}, which was never reported",
+                        bytes.len()
+                    ),
+                )
+                .at(*idx, None),
+            );
         }
     }
 
     // Per listener: parse, record-type, sample-id, time-order, lost.
     let mut lost_parts = Vec::new();
+    let mut first_losts: Vec<Record> = Vec::new();
     let mut lost_by: BTreeMap<u32, u64> = BTreeMap::new();
     let mut cut: BTreeSet<u32> = BTreeSet::new();
     for (idx, l) in &listeners {
@@ -311,14 +496,17 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
         let (recs, err) = parse_prefix(l, bytes);
         if let Some(e) = err {
             cut.insert(*idx);
-            v.push(m_find(
-                rule::PARSE,
-                format!(
-                    "{e} ({} records before it are kept for the per-record rules; the set rules \
-                     and listeners-agree leave this listener's set out)",
-                    recs.len()
-                ),
-            ));
+            v.push(
+                m_find(
+                    rule::PARSE,
+                    format!(
+                        "{e} ({} records before it are kept for the per-record rules; the set rules \
+                         and listeners-agree leave this listener's set out)",
+                        recs.len()
+                    ),
+                )
+                .at(e.listener, Some(e.offset)),
+            );
         }
         check_listener(l, &recs, &mut v);
         let lost: u64 = recs
@@ -333,11 +521,11 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             .filter(|r| matches!(r.body, RecordBody::Lost { .. }))
             .count();
         if n > 0 {
-            let first = recs
+            let first_rec = recs
                 .iter()
-                .find(|r| matches!(r.body, RecordBody::Lost { .. }))
-                .map(|r| r.to_string())
-                .unwrap_or_default();
+                .find(|r| matches!(r.body, RecordBody::Lost { .. }));
+            let first = first_rec.map(|r| r.to_string()).unwrap_or_default();
+            first_losts.extend(first_rec.cloned());
             lost_parts.push(format!(
                 "listener {idx}: {n} LOST record(s), {lost} lost (first: {first})"
             ));
@@ -347,14 +535,17 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
         a.records_per_listener.insert(*idx, recs);
     }
     if !ev.provoked_loss && (a.lost > 0 || !lost_parts.is_empty()) {
-        v.push(m_find(
-            rule::LOST,
-            format!(
-                "{} records lost in total; {}",
-                a.lost,
-                lost_parts.join("; ")
-            ),
-        ));
+        v.push(
+            m_find(
+                rule::LOST,
+                format!(
+                    "{} records lost in total; {}",
+                    a.lost,
+                    lost_parts.join("; ")
+                ),
+            )
+            .quoting(&first_losts),
+        );
     }
 
     check_facts(&ev.progs, &mut v);

@@ -79,7 +79,7 @@ impl<'a> Model<'a> {
                             findings.push(m_find(
                                 rule::LOAD_SYMBOLS,
                                 format!("symbol registered again while still registered: {prev} then {r}"),
-                            ));
+                            ).quoting([prev, r]));
                         }
                         let l = m.syms.len();
                         m.syms.push(SymLife {
@@ -122,13 +122,16 @@ impl<'a> Model<'a> {
                                 ));
                             }
                             if !diffs.is_empty() {
-                                findings.push(m_find(
-                                    rule::UNLOAD_SYMBOLS,
-                                    format!(
+                                findings.push(
+                                    m_find(
+                                        rule::UNLOAD_SYMBOLS,
+                                        format!(
                                         "unregister differs from its register ({}): {reg} / {r}",
                                         diffs.join(", ")
                                     ),
-                                ));
+                                    )
+                                    .quoting([reg, r]),
+                                );
                             }
                         }
                     } else if let Some(last) = m
@@ -145,7 +148,7 @@ impl<'a> Model<'a> {
                         findings.push(m_find(
                             rule::UNLOAD_SYMBOLS,
                             format!("symbol unregistered again without a register in between: {prev} then {r}"),
-                        ));
+                        ).quoting(last.unreg.and_then(|u| recs.get(u)).into_iter().chain([r])));
                     } else if initial.iter().any(|e| e.addr == *addr && e.name == *name) {
                         let l = m.syms.len();
                         m.syms.push(SymLife {
@@ -171,7 +174,7 @@ impl<'a> Model<'a> {
                         findings.push(m_find(
                             rule::UNREGISTER_WITHOUT_REGISTER,
                             format!("{r} unregisters a symbol neither registered in this run nor in the initial kallsyms{hint}"),
-                        ));
+                        ).quoting([r]));
                     }
                 }
                 RecordBody::BpfEvent {
@@ -187,12 +190,15 @@ impl<'a> Model<'a> {
                             .and_then(|p| p.load)
                             .and_then(|p| recs.get(p))
                         {
-                            findings.push(m_find(
-                                rule::UNLOAD_MATCHES_LOAD,
-                                format!(
+                            findings.push(
+                                m_find(
+                                    rule::UNLOAD_MATCHES_LOAD,
+                                    format!(
                                     "program id loaded again while still loaded: {prev} then {r}"
                                 ),
-                            ));
+                                )
+                                .quoting([prev, r]),
+                            );
                         }
                         let l = m.progs.len();
                         m.progs.push(ProgLife {
@@ -219,14 +225,19 @@ impl<'a> Model<'a> {
                                     findings.push(m_find(
                                         rule::UNLOAD_MATCHES_LOAD,
                                         format!("PROG_UNLOAD tag differs from its PROG_LOAD: {load} / {r}"),
-                                    ));
+                                    ).quoting([load, r]));
                                 }
                             }
                         } else if m.prog_by_id.contains_key(id) {
-                            findings.push(m_find(
-                                rule::UNLOAD_MATCHES_LOAD,
-                                format!("program unloaded again without a load in between: {r}"),
-                            ));
+                            findings.push(
+                                m_find(
+                                    rule::UNLOAD_MATCHES_LOAD,
+                                    format!(
+                                        "program unloaded again without a load in between: {r}"
+                                    ),
+                                )
+                                .quoting([r]),
+                            );
                         } else if predates_run(&m, recs, i, tag, initial) {
                             let l = m.progs.len();
                             m.progs.push(ProgLife {
@@ -241,7 +252,7 @@ impl<'a> Model<'a> {
                                 format!(
                                     "{r}: PROG_UNLOAD of a program never loaded in this run and not in the initial kallsyms"
                                 ),
-                            ));
+                            ).quoting([r]));
                         }
                     }
                     _ => {} // `record-type` reports undefined event types.
@@ -252,10 +263,13 @@ impl<'a> Model<'a> {
         for p in &m.progs {
             if let (Some(load), None) = (p.load, p.unload) {
                 if let Some(load) = recs.get(load) {
-                    findings.push(m_find(
-                        rule::UNLOAD_MATCHES_LOAD,
-                        format!("program loaded but never unloaded in the stream: {load}"),
-                    ));
+                    findings.push(
+                        m_find(
+                            rule::UNLOAD_MATCHES_LOAD,
+                            format!("program loaded but never unloaded in the stream: {load}"),
+                        )
+                        .quoting([load]),
+                    );
                 }
             }
         }
@@ -326,7 +340,7 @@ impl<'a> Model<'a> {
 }
 
 pub(super) fn m_find(rule: &'static str, message: String) -> Violation {
-    Violation { rule, message }
+    Violation::new(rule, message)
 }
 
 /// A PROG_UNLOAD without a PROG_LOAD is fine for a program that existed

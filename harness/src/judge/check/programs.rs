@@ -45,8 +45,11 @@ pub(super) fn check_set(
             out.push(f.clone());
         }
     }
-    let bad = |out: &mut Vec<Violation>, rule: &'static str, message: String| {
-        out.push(Violation { rule, message })
+    let bad = |out: &mut Vec<Violation>,
+               rule: &'static str,
+               message: String,
+               quoted: Vec<Option<&Record>>| {
+        out.push(Violation::new(rule, message).quoting(quoted.into_iter().flatten()))
     };
 
     for facts in &ev.progs {
@@ -68,12 +71,18 @@ pub(super) fn check_set(
                         r.bpf_event(BPF_EVENT_PROG_LOAD)
                             .is_some_and(|(_, t)| t == facts.tag)
                     })
-                    .map(|r| r.to_string())
                     .collect::<Vec<_>>();
                 let hint = if any_tag.is_empty() {
                     String::new()
                 } else {
-                    format!("; PROG_LOAD with its tag: {}", any_tag.join(" / "))
+                    format!(
+                        "; PROG_LOAD with its tag: {}",
+                        any_tag
+                            .iter()
+                            .map(|r| r.to_string())
+                            .collect::<Vec<_>>()
+                            .join(" / ")
+                    )
                 };
                 bad(
                     &mut out,
@@ -82,9 +91,19 @@ pub(super) fn check_set(
                         "{who}: no PROG_LOAD with bpf_prog_info.id {}{hint}",
                         facts.id
                     ),
+                    any_tag.iter().map(|r| Some(*r)).collect(),
                 );
             }
             if loads.len() > 1 {
+                let all_recs = loads
+                    .iter()
+                    .map(|l| {
+                        m.progs
+                            .get(*l)
+                            .and_then(|p| p.load)
+                            .and_then(|p| merged.get(p))
+                    })
+                    .collect::<Vec<_>>();
                 let all = loads
                     .iter()
                     .map(|l| fmt_idx(merged, m.progs.get(*l).and_then(|p| p.load)))
@@ -97,6 +116,7 @@ pub(super) fn check_set(
                         loads.len(),
                         all.join(" / ")
                     ),
+                    all_recs,
                 );
             }
             if let Some(life) = loads.first().and_then(|l| m.progs.get(*l)) {
@@ -113,6 +133,7 @@ pub(super) fn check_set(
                                     hex::encode(tag),
                                     hex::encode(facts.tag)
                                 ),
+                                vec![Some(r)],
                             );
                         }
                     }
@@ -127,6 +148,7 @@ pub(super) fn check_set(
                                 fmt_idx(merged, Some(q)),
                                 fmt_idx(merged, Some(p))
                             ),
+                            vec![merged.get(q), merged.get(p)],
                         );
                     }
                 }
@@ -152,21 +174,23 @@ pub(super) fn check_set(
                 let elsewhere = merged
                     .iter()
                     .filter(|r| matches!(r.body, RecordBody::Ksymbol { addr: a, .. } if a == addr))
-                    .map(|r| r.to_string())
                     .collect::<Vec<_>>();
                 let hint = if elsewhere.is_empty() {
                     String::new()
                 } else {
                     format!(
                         "; KSYMBOL records at that address: {}",
-                        elsewhere.join(" / ")
+                        elsewhere
+                            .iter()
+                            .map(|r| r.to_string())
+                            .collect::<Vec<_>>()
+                            .join(" / ")
                     )
                 };
                 bad(
                     &mut out,
                     rule::LOAD_SYMBOLS,
-                    format!("{who} f{fi}: no KSYMBOL register at jited_ksyms[{fi}] = {addr:#x} (len {flen}){hint}"),
-                );
+                    format!("{who} f{fi}: no KSYMBOL register at jited_ksyms[{fi}] = {addr:#x} (len {flen}){hint}"), elsewhere.iter().map(|r| Some(*r)).collect());
                 continue;
             };
             let Some(reg) = life.reg.and_then(|p| merged.get(p)) else {
@@ -214,6 +238,7 @@ pub(super) fn check_set(
                         &mut out,
                         rule::LOAD_SYMBOLS,
                         format!("{who} f{fi}: {}: {reg}", diffs.join("; ")),
+                        vec![Some(reg)],
                     );
                 }
             }
@@ -227,6 +252,7 @@ pub(super) fn check_set(
                             fmt_idx(merged, Some(r)),
                             fmt_idx(merged, Some(p))
                         ),
+                        vec![merged.get(r), merged.get(p)],
                     );
                 }
             }
@@ -235,6 +261,7 @@ pub(super) fn check_set(
                     &mut out,
                     rule::UNLOAD_SYMBOLS,
                     format!("{who} f{fi}: never unregistered: {reg}"),
+                    vec![Some(reg)],
                 ),
                 Some(u) => {
                     if let Some(p) = load {
@@ -247,6 +274,7 @@ pub(super) fn check_set(
                                     fmt_idx(merged, Some(u)),
                                     fmt_idx(merged, Some(p))
                                 ),
+                                vec![merged.get(u), merged.get(p)],
                             );
                         }
                     }
@@ -260,6 +288,7 @@ pub(super) fn check_set(
                                     fmt_idx(merged, Some(q)),
                                     fmt_idx(merged, Some(u))
                                 ),
+                                vec![merged.get(q), merged.get(u)],
                             );
                         }
                     }
@@ -302,7 +331,7 @@ pub(super) fn foreign_programs(ev: &RunEvidence, merged: &[Record], out: &mut Ve
         .chain(ev.inventory.iter().map(|p| p.id))
         .collect();
     let initial = known_at_start(ev);
-    let msgs: Vec<String> = merged
+    let msgs: Vec<Found<'_>> = merged
         .iter()
         .filter_map(|r| match r.body {
             RecordBody::BpfEvent {
@@ -315,7 +344,7 @@ pub(super) fn foreign_programs(ev: &RunEvidence, merged: &[Record], out: &mut Ve
                     && initial
                         .iter()
                         .any(|e| e.name.starts_with(&tag_prefix(&tag)));
-                (!old).then(|| format!("{r}: a program no step of the run reported"))
+                (!old).then(|| quoting(format!("{r}: a program no step of the run reported"), [r]))
             }
             _ => None,
         })
@@ -360,13 +389,16 @@ pub(super) fn interpreted_symbols(progs: &[ProgFacts], merged: &[Record]) -> Vec
         } else {
             (rule::LOAD_SYMBOLS, "register")
         };
-        out.push(Violation {
-            rule,
-            message: format!(
-                "KSYMBOL {what} at {addr:#x}, where interpreted program(s) {} run (jited_func_lens all 0: not JIT-compiled, no symbol of their own): {r}",
-                whose.join(", ")
-            ),
-        });
+        out.push(
+            Violation::new(
+                rule,
+                format!(
+                    "KSYMBOL {what} at {addr:#x}, where interpreted program(s) {} run (jited_func_lens all 0: not JIT-compiled, no symbol of their own): {r}",
+                    whose.join(", ")
+                ),
+            )
+            .quoting([r]),
+        );
     }
     out
 }

@@ -250,6 +250,15 @@ fn unreported_program_in_a_batch_run_is_a_violation() {
     assert!(a.violations[0]
         .message
         .contains("no step of the run reported"));
+    // The record the message quotes travels with it as data, and places
+    // the violation in its stream.
+    let v = &a.violations[0];
+    let q = &v.records[0];
+    assert_eq!((q.type_name.as_str(), q.id), ("BPF_EVENT", Some(51)));
+    assert_eq!(q.event.as_deref(), Some("PROG_LOAD"));
+    assert_eq!(q.tag.as_deref(), Some(TAG_S));
+    assert!(v.message.contains(&q.text), "{} / {}", v.message, q.text);
+    assert_eq!((v.listener, v.offset), (Some(q.listener), Some(q.offset)));
 }
 
 #[test]
@@ -260,6 +269,8 @@ fn concurrent_load_on_another_cpu_is_load_cpu() {
     let a = analyse(&ev);
     assert_eq!(rules(&a), BTreeSet::from([rule::LOAD_CPU]), "{}", dump(&a));
     assert!(a.violations[0].message.contains("in the ring of CPU 1"));
+    let q = &a.violations[0].records[0];
+    assert_eq!((q.listener, q.cpu), (1, Some(1)), "{q:?}");
     ev.batches = vec![batch(vec![50, 52], Some(0)), batch(vec![51], Some(1))];
     let a = analyse(&ev);
     assert!(a.violations.is_empty(), "{}", dump(&a));

@@ -216,6 +216,8 @@ fn parse_error_is_reported_with_bytes() {
     assert_eq!(p.len(), 1);
     assert!(p[0].message.contains("listener 1, stream offset 0"));
     assert!(p[0].message.contains("bytes at offset: [11000000"));
+    assert_eq!((p[0].listener, p[0].offset), (Some(1), Some(0)));
+    assert!(p[0].records.is_empty(), "no record parsed to quote");
 }
 
 #[test]

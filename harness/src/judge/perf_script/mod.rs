@@ -77,16 +77,13 @@ const MAX_PER_KIND: usize = 8;
 fn push_capped(out: &mut Vec<Violation>, msgs: Vec<String>, what: &str) {
     let n = msgs.len();
     for m in msgs.into_iter().take(MAX_PER_KIND) {
-        out.push(Violation {
-            rule: RULE,
-            message: m,
-        });
+        out.push(Violation::new(RULE, m));
     }
     if n > MAX_PER_KIND {
-        out.push(Violation {
-            rule: RULE,
-            message: format!("... and {} more {what}", n - MAX_PER_KIND),
-        });
+        out.push(Violation::new(
+            RULE,
+            format!("... and {} more {what}", n - MAX_PER_KIND),
+        ));
     }
 }
 
@@ -103,42 +100,39 @@ pub fn check(ev: &RunEvidence, analysis: &Analysis, steps: &[Step]) -> Vec<Viola
     let script = match ev.perf_scripts.as_slice() {
         [one] => one,
         [] => {
-            v.push(Violation {
-                rule: RULE,
-                message: "the plan runs perf but the agent sent no perf output".into(),
-            });
+            v.push(Violation::new(
+                RULE,
+                "the plan runs perf but the agent sent no perf output",
+            ));
             return v;
         }
         more => {
-            v.push(Violation {
-                rule: RULE,
-                message: format!(
+            v.push(Violation::new(
+                RULE,
+                format!(
                     "{} perf outputs; a plan may record with perf once",
                     more.len()
                 ),
-            });
+            ));
             return v;
         }
     };
     let dump = match parse(&script.text) {
         Ok(d) => d,
         Err(e) => {
-            v.push(Violation {
-                rule: RULE,
-                message: format!("{e} (command: {})", script.command),
-            });
+            v.push(Violation::new(
+                RULE,
+                format!("{e} (command: {})", script.command),
+            ));
             return v;
         }
     };
     let distinct: BTreeSet<u64> = dump.sample_types.iter().copied().collect();
     if distinct.len() != 1 {
-        v.push(Violation {
-            rule: RULE,
-            message: format!(
+        v.push(Violation::new(RULE, format!(
                 "perf's events have sample_types {:?}: one side-band record cannot be assigned to one of them",
                 distinct.iter().map(|s| kloop_records::sample_type_names(*s)).collect::<Vec<_>>()
-            ),
-        });
+            )));
         return v;
     }
 

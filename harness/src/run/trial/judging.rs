@@ -61,14 +61,6 @@ pub(super) fn judge(
         + &crate::judge::perf_script::normalise(&evidence, &analysis);
     let normalised_path = artefacts.join("normalised.txt");
     let _ = std::fs::write(&normalised_path, &normalised);
-    result.violations = analysis
-        .violations
-        .iter()
-        .map(|v| super::RuleHit {
-            rule: v.rule.to_string(),
-            message: v.message.clone(),
-        })
-        .collect();
     // A pin is judged by its ledger entries. A local kernel is judged by
     // the entries of the pin of its series (same code, same known bugs),
     // but an entry that no longer shows there is news, not a failure: it
@@ -78,6 +70,12 @@ pub(super) fn judge(
         KernelUnderTest::Build { series_pin, .. } => (series_pin.as_deref(), false),
         KernelUnderTest::Image(k) => (k.ledger_pin.as_deref(), false),
     };
+    result.violations = rule_hits(
+        &env.known_issues,
+        ledger_pin,
+        &scenario.name,
+        &analysis.violations,
+    );
     if let (KernelUnderTest::Image(_) | KernelUnderTest::Build { .. }, Some(pin)) =
         (kernel, ledger_pin)
     {
@@ -149,7 +147,13 @@ pub(super) fn judge(
             snapshot,
             pending,
             diff,
-        } => Verdict::Failed(format!(
+        } => {
+            result.snapshot_drift = Some(super::SnapshotDrift {
+                snapshot: snapshot.clone(),
+                pending: pending.clone(),
+                diff: diff.clone(),
+            });
+            Verdict::Failed(format!(
             "snapshot drift against {}:\n{diff}\n{}{}",
             snapshot.display(),
             match pending {
@@ -168,8 +172,33 @@ pub(super) fn judge(
                 ),
             },
             overhead.err().map(|e| format!("\n{e}")).unwrap_or_default()
-        ) + &ledger_suffix),
+        ) + &ledger_suffix)
+        }
     }
+}
+
+/// Each violation as a report carries it, with the ledger entry that
+/// explains it, if any (the same sorting [`ledger_outcome`] makes), so a
+/// report can tell known bugs from news without reading messages.
+pub(super) fn rule_hits(
+    ledger: &crate::judge::known_issues::Ledger,
+    pin: Option<&str>,
+    scenario: &str,
+    violations: &[crate::judge::check::Violation],
+) -> Vec<super::RuleHit> {
+    let sorted = pin.map(|pin| ledger.judge(pin, scenario, violations));
+    violations
+        .iter()
+        .map(|v| {
+            let issue = sorted.as_ref().and_then(|j| {
+                j.known
+                    .iter()
+                    .find(|(_, hits)| hits.iter().any(|h| std::ptr::eq(*h, v)))
+                    .map(|(i, _)| i.id.as_str())
+            });
+            super::RuleHit::of(v, issue)
+        })
+        .collect()
 }
 
 /// How a user names `kernel` on the command line.

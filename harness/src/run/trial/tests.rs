@@ -27,10 +27,7 @@ review_by = "2027-05-21"
 }
 
 fn v(rule: &'static str) -> Violation {
-    Violation {
-        rule,
-        message: format!("{rule} broken: L0@0 KSYMBOL"),
-    }
+    Violation::new(rule, format!("{rule} broken: L0@0 KSYMBOL"))
 }
 
 fn outcome(pin: Option<&str>, vs: &[Violation]) -> Result<Option<Verdict>, Verdict> {
@@ -71,6 +68,28 @@ fn an_uncovered_violation_fails_and_names_the_known_ones() {
         panic!()
     };
     assert!(m.starts_with("2 invariant violation(s)"), "{m}");
+}
+
+#[test]
+fn rule_hits_name_the_entry_that_covers_them() {
+    let vs = [v(rule::LOAD_SYMBOLS), v(rule::LOST)];
+    let hits = rule_hits(&ledger(), Some("6.1"), "interpreter", &vs);
+    let known: Vec<_> = hits
+        .iter()
+        .map(|h| (h.rule.as_str(), h.known_issue.as_deref()))
+        .collect();
+    assert_eq!(
+        known,
+        [("load-symbols", Some("interp-reg")), ("lost", None)]
+    );
+    // No ledger pin (a kernel of no known series): nothing is known.
+    let hits = rule_hits(&ledger(), None, "interpreter", &vs);
+    assert!(hits.iter().all(|h| h.known_issue.is_none()));
+    let json = serde_json::to_string(&hits[0]).unwrap();
+    assert_eq!(
+        json,
+        r#"{"rule":"load-symbols","message":"load-symbols broken: L0@0 KSYMBOL"}"#
+    );
 }
 
 #[test]

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::{KernelUnderTest, TrialEnv};
+use crate::judge::check::{QuotedRecord, Violation};
 use crate::scenario::Scenario;
 
 /// How a trial ended. Only `Ok` is a pass; `Skipped` and `Known` are not
@@ -138,6 +139,9 @@ pub struct TrialResult {
     /// and machine-readable reports.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub violations: Vec<RuleHit>,
+    /// The snapshot comparison's difference, when the stream drifted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_drift: Option<SnapshotDrift>,
 }
 
 /// A trial's use of a saved VM.
@@ -152,11 +156,53 @@ pub struct SavedVmUse {
     pub restored: bool,
 }
 
-/// One broken rule and its message.
+/// One broken rule: its message, and as data what the judge knew when it
+/// wrote it (`judge::check::Violation`), for machine-readable reports.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RuleHit {
     pub rule: String,
     pub message: String,
+    /// The listener (stream) the violation is at, when it is at one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listener: Option<u32>,
+    /// Byte offset into that listener's stream (`records-<listener>.bin`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    /// The records the message quotes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub records: Vec<QuotedRecord>,
+    /// The ledger entry (`kernels/known-issues.toml`) that explains this
+    /// violation as a known bug; `None`: nothing does, it is news.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub known_issue: Option<String>,
+}
+
+impl RuleHit {
+    /// A violation as a report carries it; `known_issue` as the ledger
+    /// sorted it.
+    pub fn of(v: &Violation, known_issue: Option<&str>) -> RuleHit {
+        RuleHit {
+            rule: v.rule.to_string(),
+            message: v.message.clone(),
+            listener: v.listener,
+            offset: v.offset,
+            records: v.records.clone(),
+            known_issue: known_issue.map(str::to_string),
+        }
+    }
+}
+
+/// The normalised stream differed from its golden snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SnapshotDrift {
+    /// The golden snapshot compared with.
+    pub snapshot: PathBuf,
+    /// The new stream written for review, if one was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<PathBuf>,
+    /// The first differing lines (`  line N: - old` / `  line N: + new`),
+    /// or `no golden snapshot yet`.
+    pub diff: String,
 }
 
 /// Where one trial's wall time went (seconds). `to_hello` is measured on
@@ -226,6 +272,7 @@ impl TrialResult {
             saved_vm: None,
             notes: Vec::new(),
             violations: Vec::new(),
+            snapshot_drift: None,
         }
     }
 }
