@@ -1534,6 +1534,86 @@ fn saved_vm_corrupt() -> TestResult {
     Ok(())
 }
 
+/// `repro` of a known-bug trial: the directory boots with QEMU alone (no
+/// kloop process involved), and the standard-library decoder it ships finds
+/// the malformed records kloop's parser found (pin 6.1's
+/// `ksymbol-bpf-event-header-size-accumulates` on `many-listeners`).
+fn repro_shows_known_bug() -> TestResult {
+    let xtask = xtask()?;
+    ctx()?;
+    let out = Command::new(&xtask)
+        .args(["vm-test", "--kernel", PIN, "--scenario", "many-listeners"])
+        .output()
+        .map_err(|e| format!("running xtask: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        stdout.contains(&format!("{PIN}/many-listeners ... KNOWN")),
+        "expected the known bug on {PIN}/many-listeners:\n{stdout}"
+    );
+    let run = stdout
+        .lines()
+        .rev()
+        .find_map(|l| l.split_once("reports: ").map(|(_, d)| d.trim().to_string()))
+        .ok_or("no run directory named")?;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let repro = dir.path().join("repro");
+    let made = Command::new(&xtask)
+        .args(["repro", &format!("{run}/{PIN}/many-listeners"), "--out"])
+        .arg(&repro)
+        .output()
+        .map_err(|e| format!("running xtask repro: {e}"))?;
+    ensure!(
+        made.status.success(),
+        "repro failed: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    for f in [
+        "bzImage",
+        "initramfs.cpio",
+        "run.sh",
+        "show-records.py",
+        "report.txt",
+    ] {
+        ensure!(repro.join(f).is_file(), "{f} missing in the reproducer");
+    }
+    let report = std::fs::read_to_string(repro.join("report.txt")).unwrap_or_default();
+    ensure!(
+        report.contains("[parse]") && report.contains("package sha256"),
+        "report.txt lacks the rule or the kernel's provenance:\n{report}"
+    );
+    // Only QEMU: run.sh from a directory of its own, under a deadline.
+    let qemu = kloop_qemu::find_qemu().map_err(|e| e.to_string())?;
+    let mut child = Command::new("sh")
+        .arg(repro.join("run.sh"))
+        .env("QEMU", &qemu)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("running run.sh: {e}"))?;
+    let status = wait_for(Duration::from_secs(120), || child.try_wait().ok().flatten());
+    if status.is_none() {
+        // SAFETY: the group run.sh leads.
+        unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+        let _ = child.wait();
+        return Err("run.sh did not finish within 120 s".into());
+    }
+    let decoded = Command::new("python3")
+        .arg(repro.join("show-records.py"))
+        .arg(repro.join("data.bin"))
+        .output()
+        .map_err(|e| format!("running show-records.py: {e}"))?;
+    let text = String::from_utf8_lossy(&decoded.stdout);
+    ensure!(
+        decoded.status.code() == Some(1)
+            && text.contains("header.size is")
+            && text.contains("KSYMBOL register BPF"),
+        "the reproducer's run did not show malformed KSYMBOL records:\n{text}"
+    );
+    Ok(())
+}
+
 // ---------------------------------------------------------------- main
 
 fn main() {
@@ -1560,6 +1640,7 @@ fn main() {
         Trial::test("cache/disk-full", cache_disk_full)
             .with_ignored_flag(unsafe { libc::geteuid() } != 0),
         vm("xtask/two-runs-at-once", two_runs_at_once),
+        vm("xtask/repro-shows-known-bug", repro_shows_known_bug),
         vm("xtask/sigint-during-boot", || {
             interrupt(libc::SIGINT, Phase::Boot)
         }),

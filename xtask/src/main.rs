@@ -14,6 +14,7 @@ mod bisect_cmd;
 mod build_progress;
 mod clean_cmd;
 mod kernels_cmd;
+mod repro_cmd;
 mod ui;
 mod vm_test_cmd;
 
@@ -92,6 +93,17 @@ pub(crate) enum Cmd {
     /// Remove old run directories (never a running one); with
     /// --saved-vms / --kernels also those parts of the kernel cache.
     Clean(CleanArgs),
+    /// Write a self-contained reproducer of a trial (RUN/KERNEL/SCENARIO
+    /// under target/kloop/runs, `latest/KERNEL/SCENARIO`, or a trial
+    /// directory): the kernel, the initramfs, the QEMU command as run.sh,
+    /// a record decoder, expected and actual streams, a plain-text report.
+    Repro {
+        /// The trial, e.g. `latest/6.1/many-listeners`.
+        trial: String,
+        /// Where to write it (default: target/kloop/repro/RUN-KERNEL-SCENARIO).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// The kernel catalog.
     Kernels {
         #[command(subcommand)]
@@ -506,6 +518,7 @@ fn run() -> Result<ExitCode> {
         Cmd::BisectStep(a) => bisect_step(a),
         Cmd::Bench(a) => bench(a),
         Cmd::Clean(a) => clean_cmd::clean(a),
+        Cmd::Repro { trial, out } => repro_cmd::repro(trial, out),
     }
 }
 

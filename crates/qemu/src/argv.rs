@@ -129,6 +129,46 @@ impl VmConfig {
     }
 }
 
+impl VmConfig {
+    /// The argv of this guest for a reproducer that runs QEMU by hand,
+    /// without kloop: the console on QEMU's stdio, the data port into the
+    /// file `data_file`, no QMP, and QEMU's default firmware (qboot may not
+    /// be installed where the reproducer runs). Everything that shapes the
+    /// guest (accelerator, CPU model, memory, vCPUs, command line) is the
+    /// trial's.
+    pub fn standalone_argv(&self, data_file: &Path) -> Vec<OsString> {
+        let boot = VmConfig {
+            start: GuestStart::Boot,
+            ..self.clone()
+        };
+        let placeholder = Path::new("/kloop-placeholder");
+        let full = boot.argv(placeholder, placeholder);
+        let mut out = Vec::with_capacity(full.len());
+        let mut args = full.into_iter();
+        while let Some(arg) = args.next() {
+            match arg.to_str() {
+                Some("-qmp") | Some("-bios") => {
+                    args.next();
+                }
+                Some("-chardev") => {
+                    let value = args.next().unwrap_or_default();
+                    let value_str = value.to_string_lossy();
+                    out.push(arg);
+                    if value_str.contains("id=console") {
+                        out.push("stdio,id=console".into());
+                    } else if value_str.contains("id=data") {
+                        out.push(chardev_arg("file,id=data,path=", data_file));
+                    } else {
+                        out.push(value);
+                    }
+                }
+                _ => out.push(arg),
+            }
+        }
+        out
+    }
+}
+
 /// QEMU option values are comma-separated: a comma in a path must be doubled.
 pub(crate) fn chardev_arg(prefix: &str, path: &Path) -> OsString {
     let mut s = OsString::from(prefix);

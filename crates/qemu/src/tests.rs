@@ -53,6 +53,50 @@ fn argv_has_no_shell_and_escapes_commas() {
     assert_eq!(argv.iter().filter(|a| *a == "-serial").count(), 2);
 }
 
+#[test]
+fn standalone_argv_needs_no_kloop() {
+    let cfg = VmConfig {
+        qemu: "/usr/bin/qemu-system-x86_64".into(),
+        kernel: "bzImage".into(),
+        initramfs: Some("initramfs.cpio".into()),
+        accel: Accel::Tcg,
+        cpus: 2,
+        memory_mib: 512,
+        cmdline: vec!["kloop.extra=1".into()],
+        artefacts: ".".into(),
+        deadlines: Deadlines::for_accel(Accel::Tcg),
+        data_channel: true,
+        icount: true,
+        channel_limit: DEFAULT_CHANNEL_LIMIT,
+        start: Default::default(),
+    };
+    let argv: Vec<String> = cfg
+        .standalone_argv(Path::new("data.bin"))
+        .into_iter()
+        .map(|s| s.into_string().unwrap())
+        .collect();
+    // No QMP socket, no firmware path that may not exist elsewhere, no
+    // socket for the data port: a file.
+    assert!(!argv
+        .iter()
+        .any(|a| a == "-qmp" || a == "-bios" || a.contains("socket")));
+    assert!(argv.contains(&"stdio,id=console".to_string()));
+    assert!(argv.contains(&"file,id=data,path=data.bin".to_string()));
+    assert_eq!(argv.iter().filter(|a| *a == "-serial").count(), 2);
+    // What shapes the guest is the trial's.
+    for kept in [
+        "bzImage",
+        "initramfs.cpio",
+        "max,-cx16",
+        "shift=0,sleep=off",
+        "512",
+    ] {
+        assert!(argv.contains(&kept.to_string()), "{kept} missing: {argv:?}");
+    }
+    let append = argv.iter().position(|a| a == "-append").unwrap();
+    assert!(argv[append + 1].ends_with("kloop.extra=1"));
+}
+
 fn hello() -> Message {
     Message::Hello {
         protocol_version: kloop_protocol::PROTOCOL_VERSION,

@@ -11,6 +11,7 @@ pub mod junit;
 pub mod kcidb;
 pub mod markdown;
 pub mod overhead;
+pub mod repro;
 
 pub use junit::junit;
 pub use markdown::SUMMARY_FILE;

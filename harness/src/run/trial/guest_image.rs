@@ -154,6 +154,35 @@ fn shared_base(run_dir: &Path, bytes: &[u8]) -> std::io::Result<PathBuf> {
     Ok(path)
 }
 
+/// A trial as a reproducer boots it with QEMU alone: the bzImage, the whole
+/// initramfs (agent, modules, payload and plan in one archive) and the VM.
+pub struct StandaloneGuest {
+    pub kernel_file: PathBuf,
+    pub initramfs: Vec<u8>,
+    pub vm: VmConfig,
+}
+
+/// `kernel` × `scenario` for a reproducer (`env.boot` should be
+/// [`BootMode::BzImage`]: the bzImage boots with any QEMU and firmware).
+/// `scratch` is a directory the preparation may write into.
+pub fn standalone_guest(
+    env: &TrialEnv,
+    kernel: &KernelUnderTest,
+    scenario: &Scenario,
+    scratch: &Path,
+) -> Result<StandaloneGuest, Verdict> {
+    let parts = prepare_guest(env, kernel, scenario, scratch)?;
+    let initramfs = parts
+        .initramfs(&env.agent, Some(&scenario.plan))
+        .and_then(|i| archive_bytes(&i))
+        .map_err(|e| Verdict::Infrastructure(format!("building the initramfs: {e}")))?;
+    Ok(StandaloneGuest {
+        kernel_file: parts.vm.kernel.clone(),
+        initramfs,
+        vm: parts.vm,
+    })
+}
+
 /// Everything a trial needs before QEMU starts; `Err` is the trial's
 /// (infrastructure) verdict when something cannot be had.
 pub(super) fn prepare_guest(

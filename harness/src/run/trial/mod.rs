@@ -9,6 +9,7 @@ mod guest_image;
 mod judging;
 mod verdict;
 
+pub use guest_image::{standalone_guest, StandaloneGuest};
 pub use judging::requirement_name;
 pub use verdict::*;
 
