@@ -15,8 +15,11 @@
 //!   repeats, signals, the guest agent's build and what goes into its
 //!   initramfs;
 //! - [`report`]: trial lines, summaries, JSON lines, JUnit, the overhead
-//!   report.
+//!   report;
+//! - [`mutate`]: mutants of the kernel's emission paths (patches), which
+//!   `run::mutants` builds and judges.
 pub mod judge;
+pub mod mutate;
 pub mod report;
 pub mod run;
 pub mod scenario;
