@@ -12,6 +12,7 @@ use kloop_qemu::accel::AccelChoice;
 mod ab_cmd;
 mod bisect_cmd;
 mod build_progress;
+mod doctor_cmd;
 mod kernels_cmd;
 mod vm_test_cmd;
 
@@ -50,6 +51,9 @@ pub(crate) enum Cmd {
     /// worktree, run, exit 0 old, 1 new, 125 skip.
     #[command(hide = true)]
     BisectStep(BisectStepArgs),
+    /// Check this machine: QEMU, firmware, KVM, clang, perf, apt tools, the
+    /// mirror, the cache; one OK/WARN/FAIL line each, with the fix.
+    Doctor(doctor_cmd::DoctorArgs),
     /// The kernel catalog.
     Kernels {
         #[command(subcommand)]
@@ -445,6 +449,7 @@ fn run() -> Result<ExitCode> {
         Cmd::Bisect(a) => bisect(a),
         Cmd::BisectStep(a) => bisect_step(a),
         Cmd::Bench(a) => bench(a),
+        Cmd::Doctor(a) => doctor_cmd::doctor(a),
     }
 }
 
