@@ -126,25 +126,25 @@ pub fn run(layout: &Layout, opts: &DoctorOptions, report: &mut dyn FnMut(&Check)
         report(&c);
         checks.push(c);
     };
-    let (qemu_check, qemu) = check_qemu(&os);
+    let (qemu_check, qemu) = check_qemu();
     add(qemu_check, &mut checks);
-    add(check_firmware(&os), &mut checks);
-    add(check_clang(&os), &mut checks);
-    add(check_static_libc(&os), &mut checks);
+    add(check_firmware(), &mut checks);
+    add(check_clang(), &mut checks);
+    add(check_static_libc(), &mut checks);
     add(check_perf(&os), &mut checks);
     add(
-        check_tool("python3", "python3", "--version", &os, "python3"),
+        check_tool("python3", "python3", "--version", "python3"),
         &mut checks,
     );
     add(
-        check_tool("dpkg-deb", "dpkg-deb", "--version", &os, "dpkg"),
+        check_tool("dpkg-deb", "dpkg-deb", "--version", "dpkg"),
         &mut checks,
     );
     add(
-        check_tool("apt-get", "apt-get", "--version", &os, "apt"),
+        check_tool("apt-get", "apt-get", "--version", "apt"),
         &mut checks,
     );
-    add(check_keyring(&os, &opts.fetch), &mut checks);
+    add(check_keyring(&opts.fetch), &mut checks);
     let catalog = Catalog::load(&layout.kernels());
     let (cache_check, cache) = check_cache(catalog.as_ref().ok());
     add(cache_check, &mut checks);
@@ -269,7 +269,7 @@ fn which(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn check_qemu(_os: &HostOs) -> (Check, Option<PathBuf>) {
+fn check_qemu() -> (Check, Option<PathBuf>) {
     let qemu = match kloop_qemu::find_qemu() {
         Ok(q) => q,
         Err(e) => {
@@ -308,7 +308,7 @@ const SEABIOS: [&str; 2] = [
     "/usr/share/seabios/bios-256k.bin",
 ];
 
-fn check_firmware(_os: &HostOs) -> Check {
+fn check_firmware() -> Check {
     let requested = std::env::var("KLOOP_FIRMWARE")
         .ok()
         .filter(|f| !f.is_empty());
@@ -356,7 +356,7 @@ fn check_firmware(_os: &HostOs) -> Check {
     }
 }
 
-fn check_clang(_os: &HostOs) -> Check {
+fn check_clang() -> Check {
     let name = std::env::var("KLOOP_CLANG").unwrap_or_else(|_| "clang".into());
     let fix = install_fix("clang");
     let Some(clang) = which(&name) else {
@@ -419,7 +419,7 @@ fn compiles_for_bpf(clang: &Path) -> Result<(), String> {
 /// The agent is linked statically (`crt-static`) against glibc.
 const STATIC_LIBC: &str = "/usr/lib/x86_64-linux-gnu/libc.a";
 
-fn check_static_libc(_os: &HostOs) -> Check {
+fn check_static_libc() -> Check {
     if Path::new(STATIC_LIBC).is_file() {
         Check::ok(
             "libc.a",
@@ -482,13 +482,7 @@ fn check_perf(os: &HostOs) -> Check {
     }
 }
 
-fn check_tool(
-    item: &'static str,
-    name: &str,
-    version_arg: &str,
-    _os: &HostOs,
-    package: &str,
-) -> Check {
+fn check_tool(item: &'static str, name: &str, version_arg: &str, package: &str) -> Check {
     let Some(path) = which(name) else {
         return Check::fail(item, format!("`{name}` not found"), install_fix(package));
     };
@@ -505,7 +499,7 @@ fn check_tool(
     }
 }
 
-fn check_keyring(_os: &HostOs, fetch: &FetchOptions) -> Check {
+fn check_keyring(fetch: &FetchOptions) -> Check {
     let keyring = fetch.resolve_keyring();
     let from_env = std::env::var_os(KEYRING_ENV).is_some_and(|k| !k.is_empty());
     if keyring.is_file() {
