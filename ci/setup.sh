@@ -1,16 +1,48 @@
 #!/usr/bin/env bash
-# Installs the system packages kloop needs on a Debian (or Debian-based) host:
+# Installs the system packages kloop needs on a Debian or Ubuntu host:
 # QEMU to boot kernels, clang to compile the BPF fixtures, dpkg-deb and
-# apt-get (present on every Debian) to fetch and unpack kernel packages,
-# python3 for the import-cycle check (ci/module-cycles.py, run by
-# harness/tests/layout.rs), and perf (linux-perf), which the perf-tool scenario ships into the guest
-# with its libraries as a second reader of the records.
+# apt-get (present on every Debian and Ubuntu) to fetch and unpack kernel
+# packages, the static libc the guest agent links (libc6-dev), python3 for
+# the import-cycle and test-tier checks (ci/module-cycles.py,
+# ci/test-tiers.py, run by harness/tests/layout.rs), Debian's archive keyring
+# (kloop verifies Debian's signed index with it; Ubuntu does not ship it by
+# default), and perf, which the perf-tool scenario ships into the guest with
+# its libraries as a second reader of the records: Debian's `linux-perf`, or
+# on Ubuntu `linux-tools-common` plus the running kernel's
+# `linux-tools-$(uname -r)` (`linux-tools-generic` when the archive has no
+# package for the running kernel).
 # With --kernel-build it also installs what `cargo xtask kernels build` and
 # `cargo xtask validate` need to compile kernels from source: gcc, make,
 # flex, bison, bc, libelf-dev, libssl-dev, pahole (dwarves, for BTF), patch,
 # xz-utils, zstd and ccache (optional; cached objects make rebuilds cheap).
 # Idempotent: packages already installed are left alone.
+#
+# The kernels themselves come from a Debian mirror: on Debian the host's own
+# apt sources name it; on Ubuntu set KLOOP_MIRROR to a Debian mirror's URL
+# (`cargo xtask doctor` says what kloop will use).
 set -euo pipefail
+
+os_id=""
+os_like=""
+if [ -r /etc/os-release ]; then
+  # shellcheck source=/dev/null # the host's, not ours
+  os_id=$(. /etc/os-release && echo "${ID:-}")
+  # shellcheck source=/dev/null
+  os_like=$(. /etc/os-release && echo "${ID_LIKE:-}")
+fi
+ubuntu=false
+case " $os_id $os_like " in *" ubuntu "*) ubuntu=true ;; esac
+
+# A perf binary kloop can ship: Debian's /usr/bin/perf (or a versioned one
+# behind its wrapper script), or one of Ubuntu's per-release binaries
+# (/usr/bin/perf there is a wrapper that fails without them).
+have_perf() {
+  if $ubuntu; then
+    compgen -G '/usr/lib/linux-tools/*/perf' >/dev/null
+  else
+    [ -x /usr/bin/perf ]
+  fi
+}
 
 need=()
 if [ "${1:-}" = "--kernel-build" ]; then
@@ -24,19 +56,38 @@ command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
 command -v clang >/dev/null 2>&1 || need+=(clang)
 command -v dpkg-deb >/dev/null 2>&1 || need+=(dpkg)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
-[ -x /usr/bin/perf ] || need+=(linux-perf)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+[ -e /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)
+perf_missing=false
+if ! have_perf; then
+  perf_missing=true
+  $ubuntu || need+=(linux-perf)
+fi
 
-if [ ${#need[@]} -eq 0 ]; then
+if [ ${#need[@]} -eq 0 ] && ! $perf_missing; then
   echo "kloop setup: all system packages present"
   exit 0
 fi
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null 2>&1 || { echo "kloop setup: need root (or sudo) to install: ${need[*]}" >&2; exit 1; }
+  if ! command -v sudo >/dev/null 2>&1; then
+    $perf_missing && $ubuntu && need+=("perf (linux-tools-*)")
+    echo "kloop setup: need root (or sudo) to install: ${need[*]}" >&2
+    exit 1
+  fi
   SUDO="sudo"
 fi
-echo "kloop setup: installing ${need[*]}"
 $SUDO apt-get update -q
+if $perf_missing && $ubuntu; then
+  # Ubuntu builds perf per kernel release; a runner's kernel may be newer
+  # than the archive's packages, then the generic kernel's perf serves
+  # (kloop ships any recent perf into guests of every pinned kernel).
+  tools="linux-tools-$(uname -r)"
+  if ! apt-cache policy "$tools" 2>/dev/null | awk '/Candidate:/ {print $2}' | grep -qv '(none)'; then
+    tools=linux-tools-generic
+  fi
+  need+=(linux-tools-common "$tools")
+fi
+echo "kloop setup: installing ${need[*]}"
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${need[@]}"

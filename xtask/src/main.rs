@@ -13,6 +13,7 @@ mod ab_cmd;
 mod bisect_cmd;
 mod build_progress;
 mod clean_cmd;
+mod doctor_cmd;
 mod kernels_cmd;
 mod repro_cmd;
 mod ui;
@@ -104,6 +105,9 @@ pub(crate) enum Cmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Check this machine: QEMU, firmware, KVM, clang, perf, apt tools, the
+    /// mirror, the cache; one OK/WARN/FAIL line each, with the fix.
+    Doctor(doctor_cmd::DoctorArgs),
     /// The kernel catalog.
     Kernels {
         #[command(subcommand)]
@@ -519,6 +523,7 @@ fn run() -> Result<ExitCode> {
         Cmd::Bench(a) => bench(a),
         Cmd::Clean(a) => clean_cmd::clean(a),
         Cmd::Repro { trial, out } => repro_cmd::repro(trial, out),
+        Cmd::Doctor(a) => doctor_cmd::doctor(a),
     }
 }
 

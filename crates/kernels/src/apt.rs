@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::error::KernelError;
 
@@ -144,12 +145,7 @@ impl AptState {
             .collect()
     }
 
-    fn run(
-        &self,
-        tool: &'static str,
-        args: &[&str],
-        cwd: Option<&Path>,
-    ) -> Result<Output, KernelError> {
+    fn command(&self, tool: &str, args: &[&str], cwd: Option<&Path>) -> Command {
         let mut cmd = Command::new(tool);
         cmd.args(self.options())
             .args(args)
@@ -161,19 +157,97 @@ impl AptState {
             cmd.current_dir(cwd);
         }
         tracing::debug!(suite = %self.suite, "running {tool} {}", args.join(" "));
-        cmd.output().map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                KernelError::ToolMissing {
-                    tool,
-                    package: "apt",
+        cmd
+    }
+
+    fn run(
+        &self,
+        tool: &'static str,
+        args: &[&str],
+        cwd: Option<&Path>,
+    ) -> Result<Output, KernelError> {
+        self.command(tool, args, cwd)
+            .output()
+            .map_err(|e| start_error(tool, args, e))
+    }
+
+    /// The suite's `Release` file alone, through apt's own downloader (so
+    /// apt's proxy settings apply), killed after `deadline`: enough to tell
+    /// whether the mirror answers and serves the suite, without fetching a
+    /// package index. Not verified: nothing is trusted from it.
+    pub fn fetch_release(&self, deadline: Duration) -> Result<String, KernelError> {
+        let url = format!("{}/dists/{}/Release", self.suite_uri(), self.suite);
+        let dest = self.path("download/Release");
+        let log = self.path("apt-helper.log");
+        let secs = deadline.as_secs().max(1).to_string();
+        let timeouts = [
+            format!("Acquire::http::Timeout={secs}"),
+            format!("Acquire::https::Timeout={secs}"),
+            "Acquire::Retries=0".to_string(),
+        ];
+        let dest_s = dest.display().to_string();
+        let mut args: Vec<&str> = Vec::new();
+        for t in &timeouts {
+            args.extend(["-o", t.as_str()]);
+        }
+        args.extend(["download-file", &url, &dest_s]);
+        let log_file = std::fs::File::create(&log).map_err(|source| KernelError::CacheWrite {
+            path: log.clone(),
+            source,
+        })?;
+        let log_err = log_file
+            .try_clone()
+            .map_err(|source| KernelError::CacheWrite {
+                path: log.clone(),
+                source,
+            })?;
+        // Output goes to a file, not a pipe: nothing has to be read while
+        // waiting, and a killed helper cannot leave a reader blocked.
+        let mut child = self
+            .command(APT_HELPER, &args, None)
+            .stdout(log_file)
+            .stderr(log_err)
+            .spawn()
+            .map_err(|e| start_error(APT_HELPER, &args, e))?;
+        let end = Instant::now() + deadline;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(20)),
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(KernelError::IndexUnavailable {
+                        suite: self.suite.clone(),
+                        mirror: self.suite_uri(),
+                        detail: format!(
+                            "{url} did not arrive within {:.1} s",
+                            deadline.as_secs_f64()
+                        ),
+                    });
                 }
-            } else {
-                KernelError::ToolFailed {
-                    command: format!("{tool} {}", args.join(" ")),
-                    status: "could not start".into(),
-                    stderr: e.to_string(),
-                    hint: "check that apt works on this host",
-                }
+            }
+        };
+        let output = std::fs::read_to_string(&log).unwrap_or_default();
+        if status.success() {
+            return std::fs::read_to_string(&dest)
+                .map_err(|source| KernelError::CacheRead { path: dest, source });
+        }
+        let detail = match first_problem_lines(&output, "") {
+            d if d.is_empty() => format!("apt-helper exited with {status}"),
+            d => d,
+        };
+        Err(if output.contains(" 404 ") {
+            KernelError::SuiteGone {
+                suite: self.suite.clone(),
+                mirror: self.suite_uri(),
+                detail,
+            }
+        } else {
+            KernelError::IndexUnavailable {
+                suite: self.suite.clone(),
+                mirror: self.suite_uri(),
+                detail,
             }
         })
     }
@@ -193,7 +267,7 @@ impl AptState {
             s.spawn(|| {
                 let mut last = 0;
                 while !finished.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::thread::sleep(std::time::Duration::from_millis(250));
+                    std::thread::sleep(Duration::from_millis(250));
                     let now = dir_bytes(dir);
                     if now != last {
                         last = now;
@@ -350,7 +424,7 @@ impl AptState {
                 self.source()
             ),
         );
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let out = self.run_watching_dir("apt-get", &["-q", "download", &spec], &dir, |bytes| {
             crate::status::progress(&task, bytes, total)
         })?;
@@ -408,6 +482,35 @@ impl AptState {
     }
 }
 
+/// apt's single-file downloader (in the `apt` package on every Debian and
+/// Ubuntu).
+const APT_HELPER: &str = "/usr/lib/apt/apt-helper";
+
+fn start_error(tool: &'static str, args: &[&str], e: std::io::Error) -> KernelError {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        KernelError::ToolMissing {
+            tool,
+            package: "apt",
+        }
+    } else {
+        KernelError::ToolFailed {
+            command: format!("{tool} {}", args.join(" ")),
+            status: "could not start".into(),
+            stderr: e.to_string(),
+            hint: "check that apt works on this host",
+        }
+    }
+}
+
+/// A field of a Debian control-style paragraph (`Release`, `Packages`).
+pub(crate) fn control_field(para: &str, name: &str) -> Option<String> {
+    para.lines().find_map(|l| {
+        l.strip_prefix(name)
+            .and_then(|r| r.strip_prefix(':'))
+            .map(|v| v.trim().to_string())
+    })
+}
+
 /// Bytes in the regular files directly under `dir` (0 when unreadable).
 fn dir_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
@@ -444,13 +547,7 @@ fn first_problem_lines(stdout: &str, stderr: &str) -> String {
 pub(crate) fn parse_records(text: &str) -> Vec<PackageRecord> {
     let mut out = Vec::new();
     for para in text.split("\n\n") {
-        let field = |name: &str| {
-            para.lines().find_map(|l| {
-                l.strip_prefix(name)
-                    .and_then(|r| r.strip_prefix(':'))
-                    .map(|v| v.trim().to_string())
-            })
-        };
+        let field = |name: &str| control_field(para, name);
         let (Some(package), Some(version)) = (field("Package"), field("Version")) else {
             continue;
         };

@@ -13,13 +13,15 @@
 //! loose pins.
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::apt::{AptState, Trust};
+use crate::apt::{control_field, AptState, Trust};
 use crate::cache::{FetchOptions, KernelCache};
 use crate::error::KernelError;
 use crate::pin::KernelPin;
+use crate::settings::DEFAULT_KEYRING;
 use crate::update::{flavour_of, PinSpec};
 use crate::version::compare_debian_versions;
 
@@ -65,6 +67,73 @@ struct Listing {
     written_unix: u64,
     builds: Vec<AvailableBuild>,
     notes: Vec<String>,
+}
+
+/// What one suite's `Release` file said: the mirror serves the suite.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SuiteRelease {
+    /// The suite asked for (`sid`, `bookworm-security`, …).
+    pub suite: String,
+    /// Its `Codename:` field.
+    pub codename: Option<String>,
+    /// Its `Date:` field: how fresh the mirror is.
+    pub date: Option<String>,
+    /// How long the file took to arrive.
+    pub took: Duration,
+}
+
+impl SuiteRelease {
+    fn parse(suite: &str, text: &str, took: Duration) -> SuiteRelease {
+        // The hash lists are continuation lines (they start with a space),
+        // so a file name in them never reads as a field.
+        SuiteRelease {
+            suite: suite.to_string(),
+            codename: control_field(text, "Codename"),
+            date: control_field(text, "Date"),
+            took,
+        }
+    }
+}
+
+/// Whether `mirror` serves each of `suites`: every suite's `Release` file,
+/// fetched at once (one apt downloader each, in a private apt state), each
+/// given at most `deadline`. No index is downloaded and nothing is
+/// trusted: this answers "does the mirror answer, and with what", which
+/// `cargo xtask doctor` reports.
+pub fn probe_suites(
+    cache: &KernelCache,
+    mirror: &str,
+    suites: &[&str],
+    deadline: Duration,
+) -> Vec<(String, Result<SuiteRelease, KernelError>)> {
+    std::thread::scope(|s| {
+        let probes: Vec<_> = suites
+            .iter()
+            .map(|suite| {
+                s.spawn(move || {
+                    let started = Instant::now();
+                    let apt =
+                        AptState::new(&cache.tmp_dir(), mirror, suite, Path::new(DEFAULT_KEYRING))?;
+                    let text = apt.fetch_release(deadline)?;
+                    Ok(SuiteRelease::parse(suite, &text, started.elapsed()))
+                })
+            })
+            .collect();
+        suites
+            .iter()
+            .zip(probes)
+            .map(|(suite, p)| {
+                let result = p.join().unwrap_or_else(|_| {
+                    Err(KernelError::IndexUnavailable {
+                        suite: suite.to_string(),
+                        mirror: mirror.to_string(),
+                        detail: "the probe thread panicked".into(),
+                    })
+                });
+                (suite.to_string(), result)
+            })
+            .collect()
+    })
 }
 
 /// `major.minor` of a release (`6.12.43+deb13-cloud-amd64` → `6.12`).
@@ -266,6 +335,16 @@ impl BisectLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn release_fields_ignore_the_hash_lists() {
+        let text = "Origin: Debian\nSuite: oldstable\nMD5Sum:\n Codename: 12 main/x\n\
+                    Codename: bookworm\nDate: Sat, 11 Jul 2026 10:16:37 UTC\n";
+        let r = SuiteRelease::parse("bookworm", text, Duration::from_millis(250));
+        assert_eq!(r.codename.as_deref(), Some("bookworm"));
+        assert_eq!(r.date.as_deref(), Some("Sat, 11 Jul 2026 10:16:37 UTC"));
+        assert_eq!(r.suite, "bookworm");
+    }
 
     #[test]
     fn series_comes_from_the_release() {

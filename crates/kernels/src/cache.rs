@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use crate::apt::{AptState, Trust};
 use crate::error::KernelError;
 use crate::extract::{install_verified, sha256_file, walk_deb, InstallError};
-use crate::mirror::{env_mirror, host_mirror};
+use crate::mirror::{locate_host_mirror, Mirror, MirrorOrigin};
 use crate::pin::KernelPin;
 use crate::settings::{CACHE_DIR_ENV, DEFAULT_KEYRING, KEYRING_ENV};
 
@@ -34,14 +34,22 @@ pub struct FetchOptions {
 impl FetchOptions {
     /// The mirror these options resolve to (option, env, host apt sources).
     pub fn resolve_mirror(&self) -> Result<String, KernelError> {
+        self.locate_mirror().map(|m| m.url)
+    }
+
+    /// [`FetchOptions::resolve_mirror`] with where the URL came from.
+    pub fn locate_mirror(&self) -> Result<Mirror, KernelError> {
         match self
             .mirror
             .as_deref()
             .map(str::trim)
             .filter(|m| !m.is_empty())
         {
-            Some(m) => Ok(m.trim_end_matches('/').to_string()),
-            None => env_mirror().map_or_else(host_mirror, Ok),
+            Some(m) => Ok(Mirror {
+                url: m.trim_end_matches('/').to_string(),
+                origin: MirrorOrigin::Option,
+            }),
+            None => locate_host_mirror(),
         }
     }
 

@@ -44,9 +44,22 @@ pub enum KernelError {
 
     #[error(
         "cannot find the Debian mirror in the host's apt sources: {detail}; set \
-         KLOOP_MIRROR to the mirror's URL (the URI of a `deb` line serving `main`)"
+         KLOOP_MIRROR to the URL of a Debian mirror (the archive root that holds `dists/` \
+         and `pool/`: the URI of a Debian host's `deb … main` line)"
     )]
     NoMirror { detail: String },
+
+    /// Only Debian's own apt sources name Debian's archive: another
+    /// distribution's mirror serves that distribution's kernels, not the
+    /// pinned packages.
+    #[error(
+        "this host runs {name}, whose apt sources name its own archive, not Debian's, \
+         and kloop's kernels are Debian packages; set KLOOP_MIRROR to the URL of a Debian \
+         mirror (the archive root that holds `dists/` and `pool/`: the URI of a Debian \
+         host's `deb … main` line; in GitHub Actions, a repository variable KLOOP_MIRROR \
+         passed to the job's environment)"
+    )]
+    NotDebianHost { name: String },
 
     #[error(
         "cannot choose a cache directory: none of KLOOP_CACHE_DIR, XDG_CACHE_HOME or HOME \

@@ -39,7 +39,10 @@ pub use cache::{FetchOptions, KernelCache, PinnedDeb};
 pub use config::{KernelConfig, OptionState};
 pub use error::KernelError;
 pub use extract::bzimage_release;
-pub use mirror::{host_mirror, mirror_from_apt_sources, AptSourceFile};
+pub use mirror::{
+    host_mirror, locate_host_mirror, mirror_from_apt_sources, AptSourceFile, HostOs, Mirror,
+    MirrorOrigin,
+};
 pub use modules::{Compression, ModuleSet, ShippedModule};
 pub use pin::{Catalog, KernelPin};
 pub use settings::{CACHE_DIR_ENV, DEFAULT_KEYRING, KEYRING_ENV, MIRROR_ENV};

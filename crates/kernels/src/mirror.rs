@@ -2,7 +2,10 @@
 //!
 //! No mirror name is compiled in: the URI comes from the `deb` entry that
 //! serves the host's own codename with component `main` (not the `-security`,
-//! `-updates` or `-backports` ones), or from `KLOOP_MIRROR`.
+//! `-updates` or `-backports` ones), or from `KLOOP_MIRROR`. Only a Debian
+//! host's sources name Debian's archive: on any other distribution (Ubuntu,
+//! say, whose sources name its own archive with its own kernels) the mirror
+//! must come from `KLOOP_MIRROR`.
 
 use std::path::{Path, PathBuf};
 
@@ -17,34 +20,117 @@ pub struct AptSourceFile {
     pub text: String,
 }
 
+/// Where a mirror URL came from, so a user can tell which setting to change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MirrorOrigin {
+    /// `--mirror` on the command line.
+    Option,
+    /// The `KLOOP_MIRROR` environment variable.
+    Env,
+    /// The host's apt sources: the file that holds the chosen `deb` entry.
+    AptSources(PathBuf),
+}
+
+impl std::fmt::Display for MirrorOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MirrorOrigin::Option => f.write_str("--mirror"),
+            MirrorOrigin::Env => write!(f, "{MIRROR_ENV}"),
+            MirrorOrigin::AptSources(p) => write!(f, "apt sources {}", p.display()),
+        }
+    }
+}
+
+/// The Debian mirror kloop fetches from, and where that choice came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mirror {
+    /// The archive root (holds `dists/` and `pool/`), without a trailing `/`.
+    pub url: String,
+    pub origin: MirrorOrigin,
+}
+
+/// The fields of `/etc/os-release` that decide where kernels come from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostOs {
+    /// `ID` (`debian`, `ubuntu`, …).
+    pub id: String,
+    /// `ID_LIKE`, split (`ubuntu` has `debian`; derivatives of Ubuntu have both).
+    pub id_like: Vec<String>,
+    /// `VERSION_CODENAME`.
+    pub codename: Option<String>,
+    /// `PRETTY_NAME`, else `ID`: for messages.
+    pub name: String,
+}
+
+impl HostOs {
+    /// This host's `/etc/os-release`.
+    pub fn read() -> Result<HostOs, KernelError> {
+        let text =
+            std::fs::read_to_string("/etc/os-release").map_err(|e| KernelError::NoMirror {
+                detail: format!("cannot read /etc/os-release to learn the host's codename: {e}"),
+            })?;
+        Ok(HostOs::parse(&text))
+    }
+
+    pub fn parse(text: &str) -> HostOs {
+        let id = os_release_field(text, "ID").unwrap_or_default();
+        HostOs {
+            id_like: os_release_field(text, "ID_LIKE")
+                .map(|v| v.split_whitespace().map(str::to_string).collect())
+                .unwrap_or_default(),
+            codename: os_release_field(text, "VERSION_CODENAME"),
+            name: os_release_field(text, "PRETTY_NAME").unwrap_or_else(|| id.clone()),
+            id,
+        }
+    }
+
+    /// Debian itself, whose apt sources name Debian's archive.
+    pub fn is_debian(&self) -> bool {
+        self.id == "debian"
+    }
+
+    /// Ubuntu or a derivative of it (its perf comes from `linux-tools-*`).
+    pub fn is_ubuntu_like(&self) -> bool {
+        self.id == "ubuntu" || self.id_like.iter().any(|l| l == "ubuntu")
+    }
+}
+
 /// The Debian mirror to fetch from: `KLOOP_MIRROR` if set, else the host's
 /// apt configuration (`/etc/apt/sources.list`, `/etc/apt/sources.list.d/*.list`
 /// and `*.sources`) for the codename in `/etc/os-release`.
 pub fn host_mirror() -> Result<String, KernelError> {
-    if let Some(m) = env_mirror() {
-        return Ok(m);
+    locate_host_mirror().map(|m| m.url)
+}
+
+/// [`host_mirror`] with where it came from.
+pub fn locate_host_mirror() -> Result<Mirror, KernelError> {
+    if let Some(url) = env_mirror() {
+        return Ok(Mirror {
+            url,
+            origin: MirrorOrigin::Env,
+        });
     }
-    let os_release =
-        std::fs::read_to_string("/etc/os-release").map_err(|e| KernelError::NoMirror {
-            detail: format!("cannot read /etc/os-release to learn the host's codename: {e}"),
-        })?;
-    let codename = os_release_codename(&os_release).ok_or_else(|| KernelError::NoMirror {
+    let os = HostOs::read()?;
+    if !os.is_debian() {
+        return Err(KernelError::NotDebianHost { name: os.name });
+    }
+    let codename = os.codename.ok_or_else(|| KernelError::NoMirror {
         detail: "/etc/os-release has no VERSION_CODENAME".into(),
     })?;
     let files = read_host_sources(Path::new("/etc/apt"))?;
-    mirror_from_apt_sources(&codename, &files)
+    locate_in_apt_sources(&codename, &files)
 }
 
-pub(crate) fn env_mirror() -> Option<String> {
+fn env_mirror() -> Option<String> {
     std::env::var(MIRROR_ENV)
         .ok()
         .map(|m| m.trim().trim_end_matches('/').to_string())
         .filter(|m| !m.is_empty())
 }
 
-fn os_release_codename(text: &str) -> Option<String> {
+fn os_release_field(text: &str, key: &str) -> Option<String> {
     text.lines().find_map(|line| {
-        let value = line.trim().strip_prefix("VERSION_CODENAME=")?;
+        let value = line.trim().strip_prefix(key)?.strip_prefix('=')?;
         let value = value.trim().trim_matches(|c| c == '"' || c == '\'');
         (!value.is_empty()).then(|| value.to_string())
     })
@@ -78,6 +164,8 @@ fn read_host_sources(etc_apt: &Path) -> Result<Vec<AptSourceFile>, KernelError> 
 
 #[derive(Debug, PartialEq)]
 struct Entry {
+    /// The sources file the entry was read from.
+    file: PathBuf,
     uri: String,
     suites: Vec<String>,
     components: Vec<String>,
@@ -92,14 +180,25 @@ pub fn mirror_from_apt_sources(
     codename: &str,
     files: &[AptSourceFile],
 ) -> Result<String, KernelError> {
+    locate_in_apt_sources(codename, files).map(|m| m.url)
+}
+
+/// [`mirror_from_apt_sources`] with the file the entry came from.
+fn locate_in_apt_sources(codename: &str, files: &[AptSourceFile]) -> Result<Mirror, KernelError> {
     let entries: Vec<Entry> = files
         .iter()
         .flat_map(|f| {
-            if f.path.extension().is_some_and(|e| e == "sources") {
+            let entries = if f.path.extension().is_some_and(|e| e == "sources") {
                 parse_deb822(&f.text)
             } else {
                 parse_one_line(&f.text)
-            }
+            };
+            entries.into_iter().map(|(uri, suites, components)| Entry {
+                file: f.path.clone(),
+                uri,
+                suites,
+                components,
+            })
         })
         .filter(|e| !e.uri.starts_with("cdrom:"))
         .filter(|e| e.components.iter().any(|c| c == "main"))
@@ -116,7 +215,10 @@ pub fn mirror_from_apt_sources(
         entries
             .iter()
             .find(|e| e.suites.iter().any(|s| accept(s)))
-            .map(|e| e.uri.trim_end_matches('/').to_string())
+            .map(|e| Mirror {
+                url: e.uri.trim_end_matches('/').to_string(),
+                origin: MirrorOrigin::AptSources(e.file.clone()),
+            })
     };
     pick(&|s| s == codename)
         .or_else(|| pick(&|s| ALIASES.contains(&s)))
@@ -148,8 +250,11 @@ pub fn mirror_from_apt_sources(
         })
 }
 
+/// A `deb` entry as parsed: URI, suites, components.
+type RawEntry = (String, Vec<String>, Vec<String>);
+
 /// `deb [options] uri suite component…`, one entry a line.
-fn parse_one_line(text: &str) -> Vec<Entry> {
+fn parse_one_line(text: &str) -> Vec<RawEntry> {
     let mut out = Vec::new();
     for line in text.lines() {
         let line = line.split('#').next().unwrap_or("").trim();
@@ -171,17 +276,17 @@ fn parse_one_line(text: &str) -> Vec<Entry> {
         let (Some(uri), Some(suite)) = (words.next(), words.next()) else {
             continue;
         };
-        out.push(Entry {
-            uri: uri.to_string(),
-            suites: vec![suite.to_string()],
-            components: words.map(str::to_string).collect(),
-        });
+        out.push((
+            uri.to_string(),
+            vec![suite.to_string()],
+            words.map(str::to_string).collect(),
+        ));
     }
     out
 }
 
 /// deb822 stanzas: `Types`, `URIs`, `Suites`, `Components`, `Enabled`.
-fn parse_deb822(text: &str) -> Vec<Entry> {
+fn parse_deb822(text: &str) -> Vec<RawEntry> {
     let mut out = Vec::new();
     let mut fields: Vec<(String, String)> = Vec::new();
     let mut flush = |fields: &mut Vec<(String, String)>| {
@@ -201,11 +306,7 @@ fn parse_deb822(text: &str) -> Vec<Entry> {
         let enabled = get("Enabled").is_none_or(|v| !v.trim().eq_ignore_ascii_case("no"));
         if enabled && words("Types").iter().any(|t| t == "deb") {
             for uri in words("URIs") {
-                out.push(Entry {
-                    uri,
-                    suites: words("Suites"),
-                    components: words("Components"),
-                });
+                out.push((uri, words("Suites"), words("Components")));
             }
         }
         fields.clear();
@@ -323,9 +424,55 @@ mod tests {
 
     #[test]
     fn reads_codename_from_os_release() {
-        let text = "PRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\nVERSION_CODENAME=bookworm\n";
-        assert_eq!(os_release_codename(text).as_deref(), Some("bookworm"));
-        assert_eq!(os_release_codename("ID=debian\n"), None);
+        let text = "PRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\nID=debian\nVERSION_CODENAME=bookworm\n";
+        let os = HostOs::parse(text);
+        assert_eq!(os.codename.as_deref(), Some("bookworm"));
+        assert_eq!(os.name, "Debian GNU/Linux 12 (bookworm)");
+        assert!(os.is_debian() && !os.is_ubuntu_like());
+        assert_eq!(HostOs::parse("ID=debian\n").codename, None);
+    }
+
+    #[test]
+    fn ubuntu_is_not_debian_and_its_derivatives_are_ubuntu_like() {
+        let ubuntu = HostOs::parse(
+            "NAME=\"Ubuntu\"\nID=ubuntu\nID_LIKE=debian\nPRETTY_NAME=\"Ubuntu 24.04.1 LTS\"\n\
+             VERSION_CODENAME=noble\n",
+        );
+        assert!(!ubuntu.is_debian() && ubuntu.is_ubuntu_like());
+        let mint = HostOs::parse("ID=linuxmint\nID_LIKE=\"ubuntu debian\"\n");
+        assert!(!mint.is_debian() && mint.is_ubuntu_like());
+        assert_eq!(mint.name, "linuxmint");
+    }
+
+    #[test]
+    fn a_foreign_host_is_told_to_set_kloop_mirror() {
+        let msg = KernelError::NotDebianHost {
+            name: "Ubuntu 24.04.1 LTS".into(),
+        }
+        .to_string();
+        assert!(msg.contains("Ubuntu 24.04.1 LTS"), "{msg}");
+        assert!(
+            msg.contains("set KLOOP_MIRROR to the URL of a Debian mirror"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn the_chosen_entry_names_its_file() {
+        let files = [
+            file("/etc/apt/sources.list", "deb http://other.example/x nodistro main\n"),
+            file(
+                "/etc/apt/sources.list.d/debian.sources",
+                "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\nComponents: main\n",
+            ),
+        ];
+        assert_eq!(
+            locate_in_apt_sources("bookworm", &files).unwrap(),
+            Mirror {
+                url: "http://mirror.example/debian".into(),
+                origin: MirrorOrigin::AptSources("/etc/apt/sources.list.d/debian.sources".into()),
+            }
+        );
     }
 
     #[test]

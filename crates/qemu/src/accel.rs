@@ -122,6 +122,27 @@ fn probe_cache_file(cache_dir: &Path, qemu_version: &str) -> PathBuf {
         .join(format!("{}.json", &digest[..16]))
 }
 
+/// Where `choose` keeps its verdict for this host kernel and `qemu`'s
+/// version (whether or not one is there).
+pub fn verdict_file(cache_dir: &Path, qemu: &Path) -> PathBuf {
+    probe_cache_file(
+        cache_dir,
+        &crate::config::qemu_version(qemu).unwrap_or_default(),
+    )
+}
+
+/// Forgets the cached verdict, so the next `auto` choice probes again
+/// (after a BIOS, module or nested-virtualisation change the host kernel
+/// and QEMU version, the cache key, stay the same). Returns whether there
+/// was one.
+pub fn forget_verdict(cache_dir: &Path, qemu: &Path) -> std::io::Result<bool> {
+    match std::fs::remove_file(verdict_file(cache_dir, qemu)) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Decides the accelerator. `probe_kernel` yields any bootable bzImage; it
 /// is called only when a probe has to run (no cached verdict).
 pub fn choose(

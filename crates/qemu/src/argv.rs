@@ -177,13 +177,13 @@ pub(crate) fn chardev_arg(prefix: &str, path: &Path) -> OsString {
 }
 
 /// Where Debian's qemu-system-data puts qboot.
-pub(crate) const QBOOT: &str = "/usr/share/qemu/qboot.rom";
+pub const QBOOT: &str = "/usr/share/qemu/qboot.rom";
 
 /// The `-bios` image: `KLOOP_FIRMWARE` (`seabios` for QEMU's default, or a
 /// path), else qboot when installed. qboot skips SeaBIOS's device probing
 /// and option-ROM scan: 0.53 → 0.28 s from QEMU's start to the kernel's
 /// clock on 6.1 under TCG (`cargo xtask bench`, 3 boots each).
-pub(crate) fn firmware() -> Option<PathBuf> {
+pub fn firmware() -> Option<PathBuf> {
     match std::env::var_os("KLOOP_FIRMWARE") {
         Some(f) if f == "seabios" => None,
         Some(f) if !f.is_empty() => Some(PathBuf::from(f)),

@@ -13,6 +13,7 @@ mod qmp;
 mod saved_vm;
 mod session;
 
+pub use argv::{firmware, QBOOT};
 pub use config::*;
 pub use console::*;
 pub use process::*;

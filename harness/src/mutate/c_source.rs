@@ -167,7 +167,11 @@ pub fn statements(text: &str, mask: &[bool], body: Range<usize>) -> Vec<Range<us
                 let head = start.map(|s| text[s..i].trim_start()).unwrap_or("");
                 let block = ["if", "for", "while", "switch", "else", "do"]
                     .iter()
-                    .any(|k| head.starts_with(k) && !head[k.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_'));
+                    .any(|k| {
+                        head.starts_with(k)
+                            && !head[k.len()..]
+                                .starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                    });
                 if start.is_some() && !block || init_depth > 0 {
                     init_depth += 1;
                 } else {
@@ -248,7 +252,10 @@ err:
         let body = function_body(SAMPLE, &mask, "f_output").unwrap();
         assert!(SAMPLE[body.clone()].starts_with('{') && SAMPLE[body.clone()].ends_with('}'));
         assert!(SAMPLE[body].contains("f_end"));
-        assert!(function_body(SAMPLE, &mask, "f_match").is_none(), "a prototype has no body");
+        assert!(
+            function_body(SAMPLE, &mask, "f_match").is_none(),
+            "a prototype has no body"
+        );
     }
 
     #[test]

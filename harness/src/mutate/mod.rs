@@ -61,7 +61,8 @@ impl Targets {
     /// Only the targets of these files (`--only`; empty keeps all).
     pub fn only(mut self, files: &[String]) -> Targets {
         if !files.is_empty() {
-            self.targets.retain(|t| files.iter().any(|f| t.file.ends_with(f.as_str())));
+            self.targets
+                .retain(|t| files.iter().any(|f| t.file.ends_with(f.as_str())));
         }
         self
     }
@@ -116,7 +117,11 @@ pub fn generate(tree: &Path, targets: &Targets) -> Result<Generated, MutateError
                 }
                 let short = t.file.rsplit('/').next().unwrap_or(&t.file);
                 let base_id = format!("{short}:{function}:{line}:{}", edit.operator.name());
-                let n = out.mutants.iter().filter(|m| m.id.starts_with(&base_id)).count();
+                let n = out
+                    .mutants
+                    .iter()
+                    .filter(|m| m.id.starts_with(&base_id))
+                    .count();
                 out.mutants.push(Mutant {
                     id: if n == 0 {
                         base_id
@@ -223,7 +228,15 @@ mod tests {
         all.push(mutant("b.c", Operator::SkipLast, 0));
         let s = sample(&all, 4);
         let ids: Vec<&str> = s.iter().map(|m| m.id.as_str()).collect();
-        assert_eq!(ids, ["a.c:DropCall:0", "b.c:SkipLast:0", "a.c:Constant:0", "a.c:DropCall:1"]);
+        assert_eq!(
+            ids,
+            [
+                "a.c:DropCall:0",
+                "b.c:SkipLast:0",
+                "a.c:Constant:0",
+                "a.c:DropCall:1"
+            ]
+        );
         assert_eq!(sample(&all, 100).len(), all.len());
     }
 
@@ -232,7 +245,8 @@ mod tests {
         let tree = tempfile::tempdir().unwrap();
         let file = "kernel/events/x.c";
         std::fs::create_dir_all(tree.path().join("kernel/events")).unwrap();
-        let text = "static void out(void)\n{\n\tif (!match())\n\t\treturn;\n\tbegin();\n\tend();\n}\n";
+        let text =
+            "static void out(void)\n{\n\tif (!match())\n\t\treturn;\n\tbegin();\n\tend();\n}\n";
         std::fs::write(tree.path().join(file), text).unwrap();
         let targets = Targets {
             targets: vec![Target {

@@ -71,8 +71,14 @@ const CONSTANTS: &[(&str, &str)] = &[
     ("PERF_RECORD_KSYMBOL_FLAGS_UNREGISTER", "0"),
     ("PERF_BPF_EVENT_PROG_LOAD", "PERF_BPF_EVENT_PROG_UNLOAD"),
     ("PERF_BPF_EVENT_PROG_UNLOAD", "PERF_BPF_EVENT_PROG_LOAD"),
-    ("PERF_RECORD_KSYMBOL_TYPE_BPF", "PERF_RECORD_KSYMBOL_TYPE_OOL"),
-    ("PERF_RECORD_KSYMBOL_TYPE_OOL", "PERF_RECORD_KSYMBOL_TYPE_BPF"),
+    (
+        "PERF_RECORD_KSYMBOL_TYPE_BPF",
+        "PERF_RECORD_KSYMBOL_TYPE_OOL",
+    ),
+    (
+        "PERF_RECORD_KSYMBOL_TYPE_OOL",
+        "PERF_RECORD_KSYMBOL_TYPE_BPF",
+    ),
     ("PERF_RECORD_KSYMBOL", "PERF_RECORD_BPF_EVENT"),
     ("PERF_RECORD_BPF_EVENT", "PERF_RECORD_KSYMBOL"),
     ("PERF_RECORD_LOST", "PERF_RECORD_KSYMBOL"),
@@ -86,7 +92,9 @@ const CONSTANTS: &[(&str, &str)] = &[
 const NARROWER: &[(&str, &str)] = &[("u64", "u32"), ("u32", "u16"), ("u16", "u8")];
 
 /// Words that end a value worth shifting: lengths, sizes, addresses.
-const SHIFTABLE: &[&str] = &["len", "size", "addr", "start", "bpf_func", "insns", "name_len"];
+const SHIFTABLE: &[&str] = &[
+    "len", "size", "addr", "start", "bpf_func", "insns", "name_len",
+];
 
 const KEYWORDS: &[&str] = &[
     "if", "for", "while", "switch", "return", "sizeof", "goto", "do", "case", "else",
@@ -109,10 +117,19 @@ fn is_call_statement(stmt: &str) -> bool {
     // Compile-time checks and warnings change nothing a run can see, and
     // a dropped lock hangs or races rather than changes records: such
     // mutants would only spend machine time.
-    let unobservable = ["BUILD_BUG", "WARN", "pr_", "printk", "might_sleep", "lockdep_"]
-        .iter()
-        .any(|p| name.starts_with(p))
-        || ["lock", "preempt_", "local_irq_"].iter().any(|p| name.contains(p));
+    let unobservable = [
+        "BUILD_BUG",
+        "WARN",
+        "pr_",
+        "printk",
+        "might_sleep",
+        "lockdep_",
+    ]
+    .iter()
+    .any(|p| name.starts_with(p))
+        || ["lock", "preempt_", "local_irq_"]
+            .iter()
+            .any(|p| name.contains(p));
     if name.is_empty() || KEYWORDS.contains(&name) || unobservable {
         return false;
     }
@@ -154,11 +171,7 @@ pub fn edits(text: &str, mask: &[bool], body: Range<usize>, focus: &[String]) ->
                             (r.clone(), text[next.clone()].to_string()),
                             (next.clone(), stmt.to_string()),
                         ],
-                        what: format!(
-                            "swap `{}` and `{}`",
-                            shorten(&flat),
-                            shorten(&next_flat)
-                        ),
+                        what: format!("swap `{}` and `{}`", shorten(&flat), shorten(&next_flat)),
                     });
                 }
             }
@@ -173,7 +186,10 @@ pub fn edits(text: &str, mask: &[bool], body: Range<usize>, focus: &[String]) ->
             if begins_or_guarded && Some(r.start) != last_stmt_start {
                 out.push(Edit {
                     operator: Operator::DropReturn,
-                    changes: vec![(r.start + at..r.end, "/* kloop mutant: exit dropped */;".into())],
+                    changes: vec![(
+                        r.start + at..r.end,
+                        "/* kloop mutant: exit dropped */;".into(),
+                    )],
                     what: format!("drop the early exit of `{}`", shorten(&flat)),
                 });
             }
@@ -255,7 +271,10 @@ pub fn edits(text: &str, mask: &[bool], body: Range<usize>, focus: &[String]) ->
                 });
             }
         }
-        if let Some(lt) = parts[1].find('<').filter(|&i| parts[1].as_bytes().get(i + 1) != Some(&b'=')) {
+        if let Some(lt) = parts[1]
+            .find('<')
+            .filter(|&i| parts[1].as_bytes().get(i + 1) != Some(&b'='))
+        {
             let bound = parts[1][lt + 1..].trim();
             if !bound.is_empty() {
                 let start = header.start
@@ -303,11 +322,7 @@ fn shiftable_values(stmt: &str) -> Vec<(String, usize)> {
         // A value starts after `(`, `,` or `=` (not `==`, `<=`, …).
         let starts = match b[i] {
             b'(' | b',' => true,
-            b'=' => {
-                i > 0
-                    && !b"=!<>+-*/|&".contains(&b[i - 1])
-                    && b.get(i + 1) != Some(&b'=')
-            }
+            b'=' => i > 0 && !b"=!<>+-*/|&".contains(&b[i - 1]) && b.get(i + 1) != Some(&b'='),
             _ => false,
         };
         i += 1;
@@ -322,14 +337,13 @@ fn shiftable_values(stmt: &str) -> Vec<(String, usize)> {
             .map_or(stmt.len(), |e| value_start + e);
         let value = &stmt[value_start..end];
         let next = stmt[end..].trim_start().chars().next();
-        let last = value
-            .rsplit(|c: char| c == '.' || c == '>' || c == '-')
-            .next()
-            .unwrap_or("");
+        let last = value.rsplit(['.', '>', '-']).next().unwrap_or("");
         if matches!(next, Some(',' | ')' | ';'))
             && !value.is_empty()
             && !value.chars().next().is_some_and(|c| c.is_ascii_digit())
-            && SHIFTABLE.iter().any(|s| last == *s || last.ends_with(&format!("_{s}")))
+            && SHIFTABLE
+                .iter()
+                .any(|s| last == *s || last.ends_with(&format!("_{s}")))
         {
             out.push((value.to_string(), value_start));
         }

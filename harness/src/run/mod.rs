@@ -13,11 +13,14 @@
 //! - [`signals`]: SIGINT/SIGTERM for every wait loop;
 //! - [`bench`]: what `cargo xtask bench` measures;
 //! - [`ab`]: A/B runs of a baseline and a candidate kernel;
-//! - [`bisect`]: bisection steps over an ordered list of kernels.
+//! - [`bisect`]: bisection steps over an ordered list of kernels;
+//! - [`doctor`]: whether this machine has what runs need, with the fix
+//!   for each problem.
 pub mod ab;
 pub mod agent;
 pub mod bench;
 pub mod bisect;
+pub mod doctor;
 pub mod initramfs;
 pub mod payload;
 pub mod repeat;

@@ -28,8 +28,9 @@ pub const HOST_PERF: &str = "/usr/bin/perf";
 pub enum PayloadError {
     #[error(
         "the scenario needs perf in the guest, but {path} does not exist on this host; \
-         install it with `apt-get install linux-perf` (or run ci/setup.sh), \
-         or point KLOOP_PERF at a perf binary"
+         run ci/setup.sh, or install it (Debian: `apt-get install linux-perf`; Ubuntu: \
+         `apt-get install linux-tools-common linux-tools-$(uname -r)`), or point KLOOP_PERF \
+         at a perf binary"
     )]
     PerfMissing { path: PathBuf },
     #[error("reading {path}: {source}")]
@@ -38,8 +39,10 @@ pub enum PayloadError {
         source: std::io::Error,
     },
     #[error(
-        "{wrapper} is a wrapper script and no versioned perf binary (/usr/bin/perf_<version>) \
-         sits next to it; install linux-perf for a kernel series, or point KLOOP_PERF at the binary"
+        "{wrapper} is a wrapper script and no perf binary is behind it (neither \
+         /usr/bin/perf_<version> nor /usr/lib/linux-tools/<release>/perf); run ci/setup.sh, \
+         or install one (Debian: `apt-get install linux-perf`; Ubuntu: `apt-get install \
+         linux-tools-$(uname -r)`), or point KLOOP_PERF at the binary"
     )]
     NoRealPerf { wrapper: PathBuf },
     #[error("{path} is not an x86_64 ELF executable: {what}")]
@@ -100,12 +103,18 @@ impl Payload {
 }
 
 /// The perf binary to ship: `KLOOP_PERF`, else `/usr/bin/perf`, resolved
-/// through Debian's wrapper script if it is one.
+/// through Debian's or Ubuntu's wrapper script if it is one; on Ubuntu
+/// without the wrapper, the binary `linux-tools-<release>` installs.
 pub fn host_perf() -> Result<PathBuf, PayloadError> {
     let path = std::env::var_os("KLOOP_PERF")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(HOST_PERF));
     if !path.exists() {
+        if std::env::var_os("KLOOP_PERF").is_none() {
+            if let Some(p) = ubuntu_perf(Path::new(UBUNTU_TOOLS), &host_release()) {
+                return Ok(p);
+            }
+        }
         return Err(PayloadError::PerfMissing { path });
     }
     let head = read_head(&path, 4)?;
@@ -115,9 +124,20 @@ pub fn host_perf() -> Result<PathBuf, PayloadError> {
     Ok(path)
 }
 
-/// Older Debian releases install `/usr/bin/perf` as a shell script that
-/// execs `perf_<major.minor>` for the running kernel. The guest runs other
-/// kernels, so take the newest versioned binary present.
+/// Where Ubuntu's `linux-tools-<release>` packages put perf: one directory
+/// per kernel release, each with its own `perf`.
+pub const UBUNTU_TOOLS: &str = "/usr/lib/linux-tools";
+
+fn host_release() -> String {
+    kloop_qemu::accel::host_release()
+}
+
+/// Behind a wrapper script: older Debian releases install `/usr/bin/perf`
+/// as a script that execs `perf_<major.minor>` for the running kernel;
+/// Ubuntu's `linux-tools-common` as one that execs
+/// `/usr/lib/linux-tools/<release>/perf`. The guest runs other kernels, so
+/// any real binary serves: the running kernel's if there is one, else the
+/// newest.
 fn real_perf_behind_wrapper(wrapper: &Path) -> Result<PathBuf, PayloadError> {
     let dir = wrapper.parent().unwrap_or(Path::new("/usr/bin"));
     let entries = std::fs::read_dir(dir).map_err(|source| PayloadError::Read {
@@ -138,16 +158,43 @@ fn real_perf_behind_wrapper(wrapper: &Path) -> Result<PathBuf, PayloadError> {
             continue;
         };
         let path = e.path();
-        if read_head(&path, 4).is_ok_and(|h| h.starts_with(b"\x7fELF"))
-            && best.as_ref().is_none_or(|(b, _)| nums > *b)
-        {
+        if is_elf(&path) && best.as_ref().is_none_or(|(b, _)| nums > *b) {
             best = Some((nums, path));
         }
     }
     best.map(|(_, p)| p)
+        .or_else(|| ubuntu_perf(Path::new(UBUNTU_TOOLS), &host_release()))
         .ok_or_else(|| PayloadError::NoRealPerf {
             wrapper: wrapper.to_path_buf(),
         })
+}
+
+/// `tools/<release>/perf` for the running kernel's `release`, else the
+/// one of the newest release (by its numbers: `6.8.0-1021-azure` →
+/// 6, 8, 0, 1021).
+fn ubuntu_perf(tools: &Path, release: &str) -> Option<PathBuf> {
+    let own = tools.join(release).join("perf");
+    if is_elf(&own) {
+        return Some(own);
+    }
+    let mut best: Option<(Vec<u64>, PathBuf)> = None;
+    for e in std::fs::read_dir(tools).ok()?.flatten() {
+        let perf = e.path().join("perf");
+        let nums: Vec<u64> = e
+            .file_name()
+            .to_string_lossy()
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        if is_elf(&perf) && best.as_ref().is_none_or(|(b, _)| nums > *b) {
+            best = Some((nums, perf));
+        }
+    }
+    best.map(|(_, p)| p)
+}
+
+fn is_elf(path: &Path) -> bool {
+    read_head(path, 4).is_ok_and(|h| h.starts_with(b"\x7fELF"))
 }
 
 fn read_head(path: &Path, n: usize) -> Result<Vec<u8>, PayloadError> {
@@ -352,6 +399,34 @@ mod tests {
             "{interp}"
         );
         assert!(elf_interpreter(b"#!/bin/sh\n").is_err());
+    }
+
+    #[test]
+    fn ubuntu_perf_is_the_running_kernels_else_the_newest() {
+        let tools = tempfile::tempdir().unwrap();
+        let put = |release: &str, bytes: &[u8]| {
+            let d = tools.path().join(release);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("perf"), bytes).unwrap();
+        };
+        put("6.5.0-9-generic", b"\x7fELF...");
+        put("6.8.0-1021-azure", b"\x7fELF...");
+        put("6.11.0-1-generic", b"#!/bin/sh\n");
+        std::fs::create_dir_all(tools.path().join("7.0.0-1-generic")).unwrap();
+        let found = |release: &str| {
+            ubuntu_perf(tools.path(), release)
+                .map(|p| p.strip_prefix(tools.path()).unwrap().display().to_string())
+        };
+        assert_eq!(
+            found("6.5.0-9-generic").as_deref(),
+            Some("6.5.0-9-generic/perf")
+        );
+        // Scripts and directories without perf are not candidates.
+        assert_eq!(
+            found("6.11.0-1-generic").as_deref(),
+            Some("6.8.0-1021-azure/perf")
+        );
+        assert_eq!(ubuntu_perf(&tools.path().join("none"), "x"), None);
     }
 
     #[test]
