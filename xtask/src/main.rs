@@ -15,6 +15,7 @@ mod build_progress;
 mod clean_cmd;
 mod doctor_cmd;
 mod kernels_cmd;
+mod mutants_cmd;
 mod repro_cmd;
 mod ui;
 mod vm_test_cmd;
@@ -108,6 +109,10 @@ pub(crate) enum Cmd {
     /// Check this machine: QEMU, firmware, KVM, clang, perf, apt tools, the
     /// mirror, the cache; one OK/WARN/FAIL line each, with the fix.
     Doctor(doctor_cmd::DoctorArgs),
+    /// Mutation testing: mutants of the kernel code that emits the records
+    /// (kernels/mutation-targets.toml), each built and judged against the
+    /// unmutated build like `validate`; writes the score report.
+    Mutants(MutantsArgs),
     /// The kernel catalog.
     Kernels {
         #[command(subcommand)]
@@ -310,6 +315,41 @@ pub(crate) struct BlessArgs {
     /// becomes a reviewed snapshot set, compared with `--snapshot-as NAME`.
     #[arg(long = "as", value_name = "NAME")]
     as_name: Option<String>,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct MutantsArgs {
+    /// `linux-source-X.Y` (pinned in kernels/sources/) or a kernel tree.
+    #[arg(long)]
+    source: String,
+    /// Only the targets of these files (repeatable), e.g. `kernel/bpf/core.c`.
+    #[arg(long = "only", value_name = "FILE")]
+    only: Vec<String>,
+    /// Judge at most N mutants, a balanced sample over files and operators.
+    #[arg(long, value_name = "N", default_value_t = 48)]
+    max: usize,
+    /// List the mutants that would be judged and exit.
+    #[arg(long)]
+    list: bool,
+    /// Only these scenarios (repeatable; default all, cheap ones first).
+    #[arg(long = "scenario", value_name = "NAME")]
+    scenarios: Vec<String>,
+    /// Where to write the Markdown report (default: the run directory's
+    /// mutation-score.md).
+    #[arg(long, value_name = "PATH")]
+    report: Option<PathBuf>,
+    /// Config fragments merged after kernels/configs/kloop.config.
+    #[arg(long = "config", value_name = "FRAGMENT")]
+    fragments: Vec<PathBuf>,
+    #[arg(long, default_value = "tinyconfig")]
+    base: kloop_kernels::build::ConfigBase,
+    /// Parallel VMs and make -j (default: number of cores).
+    #[arg(long, short)]
+    jobs: Option<usize>,
+    #[arg(long, default_value = "auto", value_parser = accel_parser())]
+    accel: AccelChoice,
+    #[command(flatten)]
+    fetch: FetchArgs,
 }
 
 #[derive(Args, Clone)]
@@ -522,6 +562,7 @@ fn run() -> Result<ExitCode> {
         Cmd::BisectStep(a) => bisect_step(a),
         Cmd::Bench(a) => bench(a),
         Cmd::Clean(a) => clean_cmd::clean(a),
+        Cmd::Mutants(a) => mutants_cmd::mutants(a),
         Cmd::Repro { trial, out } => repro_cmd::repro(trial, out),
         Cmd::Doctor(a) => doctor_cmd::doctor(a),
     }

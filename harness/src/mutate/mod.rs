@@ -115,7 +115,9 @@ pub fn generate(tree: &Path, targets: &Targets) -> Result<Generated, MutateError
                 for (r, new) in changes {
                     mutated.replace_range(r, &new);
                 }
-                let short = t.file.rsplit('/').next().unwrap_or(&t.file);
+                // `events/core.c` and `bpf/core.c` must not share ids.
+                let parts: Vec<&str> = t.file.rsplit('/').take(2).collect();
+                let short = parts.into_iter().rev().collect::<Vec<_>>().join("/");
                 let base_id = format!("{short}:{function}:{line}:{}", edit.operator.name());
                 let n = out
                     .mutants

@@ -10,6 +10,7 @@ pub mod ab;
 pub mod junit;
 pub mod kcidb;
 pub mod markdown;
+pub mod mutants;
 pub mod overhead;
 pub mod repro;
 

@@ -22,6 +22,7 @@ pub mod bench;
 pub mod bisect;
 pub mod doctor;
 pub mod initramfs;
+pub mod mutants;
 pub mod payload;
 pub mod repeat;
 pub mod run_dirs;

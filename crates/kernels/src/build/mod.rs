@@ -298,6 +298,16 @@ fn short_hash(parts: &[&str]) -> String {
     hex::encode(h.finalize())[..16].to_string()
 }
 
+/// The unpatched tree of `spec`: the package unpacked once into the cache,
+/// or the user's tree itself. Read it, never write it.
+pub fn source_tree(
+    cache: &KernelCache,
+    spec: &SourceSpec,
+    fetch: &FetchOptions,
+) -> Result<PathBuf, BuildError> {
+    source::pristine_tree(cache, spec, fetch, &mut |_| {}).map(|(tree, _)| tree)
+}
+
 /// Builds (or finds) the kernel `req` describes.
 pub fn build(
     cache: &KernelCache,

@@ -1,0 +1,276 @@
+//! Judging mutants: each mutant's patch is built incrementally by the
+//! source builder, and its kernel is run against the unmutated build's
+//! results, scenario by scenario, the way `validate` compares a patch with
+//! its baseline. A scenario that comes out CHANGED, BROKEN or INCOMPARABLE
+//! (which covers an overhead figure out of its band) kills the mutant; the
+//! remaining scenarios are then not run, since one killer is enough. A
+//! mutant no scenario kills survived: the suite is blind there.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use kloop_kernels::build::{BuildRequest, BuiltKernel};
+use kloop_kernels::{Catalog, KernelCache};
+use serde::Serialize;
+
+use crate::judge::ab::{self, Side};
+use crate::mutate::Mutant;
+use crate::run::suite::{self, EnvOptions, Layout, PlannedTrial};
+use crate::run::trial::{BootMode, KernelUnderTest, LocalKernel, TrialEnv};
+use crate::scenario::Scenario;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MutantsError {
+    #[error("building the unmutated kernel: {0}")]
+    Baseline(kloop_kernels::build::BuildError),
+    #[error(transparent)]
+    Suite(#[from] suite::SuiteError),
+    #[error(transparent)]
+    Kernel(#[from] kloop_kernels::KernelError),
+    #[error("the unmutated kernel does not pass scenario {scenario} ({verdict}): a mutant cannot be judged against it; fix that first (cargo xtask vm-test --kernel built:{id} --scenario {scenario})")]
+    BaselineFails {
+        scenario: String,
+        verdict: String,
+        id: String,
+    },
+    #[error("writing {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How one mutant came out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", content = "detail", rename_all = "kebab-case")]
+pub enum Outcome {
+    /// A scenario told it from the unmutated kernel: `scenario: CLASS: why`.
+    Killed(String),
+    /// Every scenario came out SAME.
+    Survived,
+    /// The compiler (or `patch`) refused it: the first error lines.
+    BuildFailed(String),
+    /// Not judged (interrupted, or the build machinery failed): why.
+    NotJudged(String),
+}
+
+impl Outcome {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Killed(_) => "killed",
+            Outcome::Survived => "survived",
+            Outcome::BuildFailed(_) => "failed to build",
+            Outcome::NotJudged(_) => "not judged",
+        }
+    }
+}
+
+/// A mutant and what became of it.
+#[derive(Debug, Clone, Serialize)]
+pub struct MutantResult {
+    pub mutant: Mutant,
+    pub outcome: Outcome,
+    pub build_secs: f64,
+    /// Wall seconds of its trials.
+    pub judge_secs: f64,
+    /// Scenarios run before the verdict.
+    pub scenarios_run: usize,
+}
+
+/// What the whole run had in common.
+#[derive(Debug, Clone, Serialize)]
+pub struct MutantsBaseline {
+    pub source: String,
+    pub kernel_id: String,
+    pub release: String,
+    pub scenarios: Vec<String>,
+    pub accel: String,
+    pub run_dir: PathBuf,
+}
+
+/// The order scenarios are tried in: cheap ones first (one killer is
+/// enough), the icount overhead measurement and the real perf last.
+pub fn judging_order(mut scenarios: Vec<Scenario>) -> Vec<Scenario> {
+    let cost = |s: &Scenario| match s.name.as_str() {
+        "overhead" => 2,
+        "perf-tool" => 1,
+        _ => 0,
+    };
+    scenarios.sort_by_key(|s| (cost(s), s.name.clone()));
+    scenarios
+}
+
+/// Builds the unmutated kernel, runs `scenarios` on it once, then judges
+/// each mutant in turn (`on_result` as each is decided). Mutant kernels are
+/// removed from the cache once judged (their patch rebuilds them).
+#[allow(clippy::too_many_arguments)] // the source, the mutants, how to run, two callbacks
+pub fn judge_all(
+    layout: &Layout,
+    base_req: &BuildRequest,
+    mutants: &[Mutant],
+    scenarios: &[String],
+    opts: &EnvOptions,
+    jobs: usize,
+    on_build: &mut dyn FnMut(&str, kloop_kernels::build::BuildEvent),
+    on_result: &mut dyn FnMut(&MutantsBaseline, &[MutantResult]),
+) -> Result<(MutantsBaseline, Vec<MutantResult>), MutantsError> {
+    let cache = KernelCache::default_location()?;
+    let catalog = Catalog::load(&layout.kernels())?;
+    let baseline = kloop_kernels::build::build(&cache, base_req, &mut |e| on_build("unmutated", e))
+        .map_err(MutantsError::Baseline)?;
+    let local = |k: &BuiltKernel| {
+        KernelUnderTest::Image(
+            LocalKernel::built(k, None).with_series_of(&k.record.release, &catalog),
+        )
+    };
+    let base_kernel = local(&baseline);
+    let opts = EnvOptions {
+        // A mutant kernel boots a handful of trials before it is decided:
+        // making a saved VM for each would cost more than it saves.
+        boot: BootMode::Cold,
+        ..opts.clone()
+    };
+    let env = suite::prepare_env(layout, &opts, std::slice::from_ref(&base_kernel))?;
+    let all = crate::scenario::load_all(&layout.scenarios()).map_err(suite::SuiteError::from)?;
+    let chosen = judging_order(crate::scenario::select(&all, scenarios).map_err(suite::SuiteError::from)?);
+    let base_trials: Vec<PlannedTrial> = chosen
+        .iter()
+        .map(|s| PlannedTrial {
+            kernel: base_kernel.clone(),
+            scenario: s.clone(),
+        })
+        .collect();
+    let base_results = suite::run_all(&env, &base_trials, jobs, &|_| {});
+    let mut base_sides: BTreeMap<String, Side> = BTreeMap::new();
+    for r in &base_results {
+        if r.verdict.fails_run() {
+            return Err(MutantsError::BaselineFails {
+                scenario: r.scenario.clone(),
+                verdict: r.verdict.label().to_string(),
+                id: baseline.record.id.clone(),
+            });
+        }
+        base_sides.insert(r.scenario.clone(), crate::run::ab::side_of(r));
+    }
+    let patch_dir = env.run_dir.join("mutants");
+    std::fs::create_dir_all(&patch_dir).map_err(|source| MutantsError::Write {
+        path: patch_dir.clone(),
+        source,
+    })?;
+    let base = MutantsBaseline {
+        source: baseline.record.source.clone(),
+        kernel_id: baseline.record.id.clone(),
+        release: baseline.record.release.clone(),
+        scenarios: chosen.iter().map(|s| s.name.clone()).collect(),
+        accel: env.accel.accel.clone(),
+        run_dir: env.run_dir.clone(),
+    };
+    let mut results = Vec::new();
+    for (n, m) in mutants.iter().enumerate() {
+        let r = judge_one(
+            &env, &cache, &catalog, base_req, m, n, &patch_dir, &chosen, &base_sides, jobs, on_build,
+        );
+        results.push(r);
+        // After each mutant, so a run stopped halfway keeps its findings.
+        on_result(&base, &results);
+    }
+    Ok((base, results))
+}
+
+#[allow(clippy::too_many_arguments)] // everything judge_all shares with each mutant
+fn judge_one(
+    env: &TrialEnv,
+    cache: &KernelCache,
+    catalog: &Catalog,
+    base_req: &BuildRequest,
+    m: &Mutant,
+    n: usize,
+    patch_dir: &Path,
+    chosen: &[Scenario],
+    base_sides: &BTreeMap<String, Side>,
+    jobs: usize,
+    on_build: &mut dyn FnMut(&str, kloop_kernels::build::BuildEvent),
+) -> MutantResult {
+    let mut result = MutantResult {
+        mutant: m.clone(),
+        outcome: Outcome::Survived,
+        build_secs: 0.0,
+        judge_secs: 0.0,
+        scenarios_run: 0,
+    };
+    if crate::run::signals::interrupted() {
+        result.outcome = Outcome::NotJudged("interrupted".into());
+        return result;
+    }
+    let patch = patch_dir.join(format!("{n:03}.patch"));
+    if let Err(e) = std::fs::write(&patch, &m.patch) {
+        result.outcome = Outcome::NotJudged(format!("writing {}: {e}", patch.display()));
+        return result;
+    }
+    let req = BuildRequest {
+        patches: vec![patch],
+        ..base_req.clone()
+    };
+    let started = Instant::now();
+    let built = kloop_kernels::build::build(cache, &req, &mut |e| on_build(&m.id, e));
+    result.build_secs = started.elapsed().as_secs_f64();
+    let built = match built {
+        Ok(k) => k,
+        Err(e) if e.is_build_failure() => {
+            let text = e.to_string();
+            let first: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).take(3).collect();
+            result.outcome = Outcome::BuildFailed(first.join(" / "));
+            return result;
+        }
+        Err(e) => {
+            result.outcome = Outcome::NotJudged(format!("build: {e}"));
+            return result;
+        }
+    };
+    let kernel = KernelUnderTest::Image(
+        LocalKernel::built(&built, None).with_series_of(&built.record.release, catalog),
+    );
+    let started = Instant::now();
+    'batches: for batch in chosen.chunks(jobs.max(1)) {
+        let trials: Vec<PlannedTrial> = batch
+            .iter()
+            .map(|s| PlannedTrial {
+                kernel: kernel.clone(),
+                scenario: s.clone(),
+            })
+            .collect();
+        let results = suite::run_all(env, &trials, jobs, &|_| {});
+        result.scenarios_run += results.len();
+        for r in &results {
+            let Some(base) = base_sides.get(&r.scenario) else {
+                continue;
+            };
+            let outcome = ab::compare(&r.scenario, base, &crate::run::ab::side_of(r));
+            if outcome.class.rejects() {
+                let why = outcome
+                    .details
+                    .first()
+                    .or(outcome.diff.first())
+                    .cloned()
+                    .unwrap_or_default();
+                result.outcome = Outcome::Killed(format!(
+                    "{}: {}: {}",
+                    r.scenario,
+                    outcome.class.label(),
+                    why.lines().next().unwrap_or("")
+                ));
+                break 'batches;
+            }
+        }
+        if crate::run::signals::interrupted() {
+            result.outcome = Outcome::NotJudged("interrupted".into());
+            break;
+        }
+    }
+    result.judge_secs = started.elapsed().as_secs_f64();
+    // The mutant's kernel is not worth its disk: its patch rebuilds it.
+    let _ = std::fs::remove_dir_all(&built.dir);
+    result
+}

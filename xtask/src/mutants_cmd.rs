@@ -1,0 +1,139 @@
+//! `mutants`: what kloop's suite would miss in the kernel's emission paths.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use kloop::mutate::{self, Targets};
+use kloop::run::mutants::Outcome;
+use kloop::run::suite::{self, EnvOptions};
+
+use crate::{layout, BuildArgs, MutantsArgs};
+
+pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
+    let layout = layout();
+    kloop::run::signals::install();
+    if std::env::var_os("INSTA_OUTPUT").is_none() {
+        std::env::set_var("INSTA_OUTPUT", "none");
+    }
+    let build = BuildArgs {
+        source: a.source.clone(),
+        patches: Vec::new(),
+        fragments: a.fragments.clone(),
+        base: a.base,
+        jobs: a.jobs,
+        fetch: a.fetch.clone(),
+    };
+    let base_req = build.request(&layout)?;
+    let cache = kloop_kernels::KernelCache::default_location()?;
+    let tree = kloop_kernels::build::source_tree(&cache, &base_req.source, &base_req.fetch)
+        .context("unpacking the source")?;
+    let targets = Targets::load(&layout.kernels().join("mutation-targets.toml"))?.only(&a.only);
+    let generated = mutate::generate(&tree, &targets)?;
+    for m in &generated.missing {
+        eprintln!("kloop: not in this tree: {m}");
+    }
+    let chosen = mutate::sample(&generated.mutants, a.max);
+    println!(
+        "kloop: {} mutants of {} file(s) in {}; judging {}",
+        generated.mutants.len(),
+        targets.targets.len(),
+        tree.display(),
+        chosen.len()
+    );
+    if a.list {
+        for m in &chosen {
+            println!("{}  {}", m.id, m.what);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let opts = EnvOptions {
+        accel: a.accel,
+        fetch: a.fetch.options(),
+        ..EnvOptions::default()
+    };
+    let jobs = a.jobs.unwrap_or_else(suite::default_jobs);
+    let total = chosen.len();
+    let started = std::time::Instant::now();
+    let notes = kloop::report::mutants::Notes::load(&layout.kernels().join("mutation-notes.toml"))
+        .map_err(anyhow::Error::msg)?;
+    let mut command = format!("cargo xtask mutants --source {} --max {}", a.source, a.max);
+    for f in &a.only {
+        command.push_str(&format!(" --only {f}"));
+    }
+    let report_path = |base: &kloop::run::mutants::MutantsBaseline| {
+        a.report
+            .clone()
+            .unwrap_or_else(|| base.run_dir.join("mutation-score.md"))
+    };
+    // The report and the data, rewritten after every mutant.
+    let write = |base: &kloop::run::mutants::MutantsBaseline,
+                 results: &[kloop::run::mutants::MutantResult]|
+     -> Result<()> {
+        let md = kloop::report::mutants::markdown(
+            base,
+            results,
+            generated.mutants.len(),
+            &generated.missing,
+            &notes,
+            &command,
+        );
+        let json = base.run_dir.join("mutants.json");
+        std::fs::write(&json, serde_json::to_vec_pretty(results)?)
+            .with_context(|| format!("writing {}", json.display()))?;
+        let report = report_path(base);
+        std::fs::write(&report, md).with_context(|| format!("writing {}", report.display()))
+    };
+    let (base, results) = kloop::run::mutants::judge_all(
+        &layout,
+        &base_req,
+        &chosen,
+        &a.scenarios,
+        &opts,
+        jobs,
+        &mut |what, e| {
+            if let kloop_kernels::build::BuildEvent::Phase(p) = e {
+                tracing::debug!("{what}: {p}");
+            }
+        },
+        &mut |base, results| {
+            let Some(r) = results.last() else { return };
+            crate::ui::line(format!(
+                "[{}/{total} {:>5.0} s] {} ... {}{} (build {:.0} s, judge {:.0} s)",
+                results.len(),
+                started.elapsed().as_secs_f64(),
+                r.mutant.id,
+                r.outcome.label(),
+                match &r.outcome {
+                    Outcome::Killed(why) | Outcome::BuildFailed(why) | Outcome::NotJudged(why) =>
+                        format!(": {why}"),
+                    Outcome::Survived => format!(": {}", r.mutant.what),
+                },
+                r.build_secs,
+                r.judge_secs
+            ));
+            if let Err(e) = write(base, results) {
+                eprintln!("kloop: {e:#}");
+            }
+        },
+    )?;
+    write(&base, &results)?;
+    let report = report_path(&base);
+    let json = base.run_dir.join("mutants.json");
+    let killed = results.iter().filter(|r| matches!(r.outcome, Outcome::Killed(_))).count();
+    let survived: Vec<_> = results.iter().filter(|r| r.outcome == Outcome::Survived).collect();
+    println!(
+        "kloop: {killed} killed, {} survived, {} failed to build, of {} in {:.0} s; report {}; data {}",
+        survived.len(),
+        results.iter().filter(|r| matches!(r.outcome, Outcome::BuildFailed(_))).count(),
+        results.len(),
+        started.elapsed().as_secs_f64(),
+        report.display(),
+        json.display()
+    );
+    Ok(if survived.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
