@@ -4,7 +4,8 @@
 # apt-get (present on every Debian) to fetch and unpack kernel packages,
 # python3 for the import-cycle check (ci/module-cycles.py, run by
 # harness/tests/layout.rs), and perf (linux-perf), which the perf-tool scenario ships into the guest
-# with its libraries as a second reader of the records.
+# with its libraries as a second reader of the records, and busybox-static,
+# whose static busybox is the shell of `cargo xtask vm-shell`'s guest.
 # With --kernel-build it also installs what `cargo xtask kernels build` and
 # `cargo xtask validate` need to compile kernels from source: gcc, make,
 # flex, bison, bc, libelf-dev, libssl-dev, pahole (dwarves, for BTF), patch,
@@ -25,6 +26,7 @@ command -v clang >/dev/null 2>&1 || need+=(clang)
 command -v dpkg-deb >/dev/null 2>&1 || need+=(dpkg)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
 [ -x /usr/bin/perf ] || need+=(linux-perf)
+[ -x /bin/busybox ] || need+=(busybox-static)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 
 if [ ${#need[@]} -eq 0 ]; then

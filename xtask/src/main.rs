@@ -13,6 +13,7 @@ mod ab_cmd;
 mod bisect_cmd;
 mod build_progress;
 mod kernels_cmd;
+mod shell_cmd;
 mod vm_test_cmd;
 
 use ab_cmd::{ab_test, validate};
@@ -50,6 +51,9 @@ pub(crate) enum Cmd {
     /// worktree, run, exit 0 old, 1 new, 125 skip.
     #[command(hide = true)]
     BisectStep(BisectStepArgs),
+    /// Boot a kernel with a scenario's guest and get a shell on its console
+    /// (`kloop-run` in it runs the scenario's steps; the host prints the records).
+    VmShell(VmShellArgs),
     /// The kernel catalog.
     Kernels {
         #[command(subcommand)]
@@ -144,6 +148,29 @@ impl VmTestArgs {
             boot: self.boot,
         }
     }
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct VmShellArgs {
+    /// The kernel: a pin id, built:ID or a bzImage.
+    #[arg(long, value_name = "ID")]
+    kernel: String,
+    /// The scenario whose fixtures, modules and steps the guest gets.
+    #[arg(long, value_name = "NAME", default_value = "basic")]
+    scenario: String,
+    #[arg(long, default_value = "auto")]
+    accel: AccelChoice,
+    /// vCPUs.
+    #[arg(long, default_value_t = 2)]
+    cpus: u32,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 512)]
+    memory: u32,
+    /// Append this word to the kernel command line (repeatable).
+    #[arg(long, value_name = "ARG")]
+    append: Vec<String>,
+    #[command(flatten)]
+    fetch: FetchArgs,
 }
 
 #[derive(Args, Clone)]
@@ -445,6 +472,7 @@ fn run() -> Result<ExitCode> {
         Cmd::Bisect(a) => bisect(a),
         Cmd::BisectStep(a) => bisect_step(a),
         Cmd::Bench(a) => bench(a),
+        Cmd::VmShell(a) => shell_cmd::vm_shell(a),
     }
 }
 

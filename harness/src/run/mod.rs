@@ -12,7 +12,9 @@
 //! - [`signals`]: SIGINT/SIGTERM for every wait loop;
 //! - [`bench`]: what `cargo xtask bench` measures;
 //! - [`ab`]: A/B runs of a baseline and a candidate kernel;
-//! - [`bisect`]: bisection steps over an ordered list of kernels.
+//! - [`bisect`]: bisection steps over an ordered list of kernels;
+//! - [`shell`]: `vm-shell`, a guest's console on the user's terminal, with
+//!   `kloop-run` reports parsed on the host.
 pub mod ab;
 pub mod agent;
 pub mod bench;
@@ -21,6 +23,7 @@ pub mod initramfs;
 pub mod payload;
 pub mod repeat;
 pub mod saved_vm;
+pub mod shell;
 pub mod signals;
 pub mod suite;
 pub mod trial;
