@@ -114,6 +114,8 @@ pub fn run_shell(
     say: &dyn Fn(&str),
 ) -> Result<ShellOutcome, ShellError> {
     let artefacts = env.run_dir.join("shell");
+    // Before any kernel is fetched: without busybox there is no shell.
+    let busybox = payload::busybox_payload()?;
     if let Ok(config) = kernel.config(env) {
         if let Some(reason) = crate::scenario::needs::preflight(scenario, &config) {
             say(&format!(
@@ -133,7 +135,7 @@ pub fn run_shell(
         term: std::env::var("TERM").ok().filter(|t| !t.is_empty()),
     };
     let initramfs_path = artefacts.join("initramfs.cpio");
-    shell_initramfs(&parts, &env.agent, &setup)?
+    shell_initramfs(&parts, &env.agent, busybox, &setup)?
         .write_file(&initramfs_path)
         .map_err(io_error(format!("writing {}", initramfs_path.display())))?;
     let config = VmConfig {
@@ -243,9 +245,9 @@ enum Ended {
 fn shell_initramfs(
     parts: &GuestParts,
     agent: &Path,
+    (busybox, applets): (payload::Payload, Vec<String>),
     setup: &ShellSetup,
 ) -> Result<Initramfs, ShellError> {
-    let (busybox, applets) = payload::busybox_payload()?;
     let mut i = parts
         .initramfs(agent, None)
         .map_err(io_error("building the guest's initramfs"))?;
