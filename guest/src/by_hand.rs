@@ -79,7 +79,9 @@ fn run(args: &[String]) -> Result<i32> {
         Ok(()) => false,
         Err(err) => {
             let message = sys::describe_chain(&err);
-            eprintln!("{RUN_BY_HAND}: step {:?}: {message}", init::current_step());
+            let at = init::current_step()
+                .map_or_else(|| "before the steps".into(), |s| format!("step {s}"));
+            eprintln!("{RUN_BY_HAND}: {at}: {message}");
             channel::send(&Message::AgentError {
                 step: init::current_step(),
                 message,
