@@ -11,6 +11,8 @@
 # on Ubuntu `linux-tools-common` plus the running kernel's
 # `linux-tools-$(uname -r)` (`linux-tools-generic` when the archive has no
 # package for the running kernel).
+# And busybox-static, whose static busybox is the shell of `cargo xtask
+# vm-shell`'s guest.
 # With --kernel-build it also installs what `cargo xtask kernels build` and
 # `cargo xtask validate` need to compile kernels from source: gcc, make,
 # flex, bison, bc, libelf-dev, libssl-dev, pahole (dwarves, for BTF), patch,
@@ -56,6 +58,7 @@ command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
 command -v clang >/dev/null 2>&1 || need+=(clang)
 command -v dpkg-deb >/dev/null 2>&1 || need+=(dpkg)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
+[ -x /bin/busybox ] || need+=(busybox-static)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 [ -e /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)
 perf_missing=false

@@ -5,7 +5,13 @@
 //! the VM off. It never returns from `main` (PID 1 exiting panics the kernel)
 //! and never interprets perf records: the host owns that knowledge.
 //!
+//! Run as `kloop-run` (a link in a `cargo xtask vm-shell` guest) it is an
+//! ordinary process that runs a scenario's steps by hand ([`by_hand`]); as
+//! PID 1 with [`kloop_protocol::SHELL_SETUP_PATH`] in the initramfs it
+//! starts that interactive shell instead of a plan ([`shell`]).
+//!
 //! Layers, each importing only those below it:
+//! - [`shell`] and [`by_hand`]: the interactive guest and `kloop-run`;
 //! - [`runner`]: reads the plan, runs the probes and the aya warm-up, and
 //!   dispatches each step to [`steps`];
 //! - [`steps`]: one module per step family, built on [`context`] (what steps
@@ -18,6 +24,7 @@
 //! that imports it back.
 
 mod bpf;
+mod by_hand;
 mod channel;
 mod context;
 mod fixtures;
@@ -25,12 +32,22 @@ mod init;
 mod kallsyms;
 mod perf;
 mod runner;
+mod shell;
 mod steps;
 mod sys;
 
-use kloop_protocol::DATA_PORT;
+use kloop_protocol::{DATA_PORT, RUN_BY_HAND, SHELL_SETUP_PATH};
 
 fn main() {
+    let mut args = std::env::args();
+    let invoked_as = args.next().unwrap_or_default();
+    if std::path::Path::new(&invoked_as).file_name() == Some(RUN_BY_HAND.as_ref()) {
+        // An ordinary process under the vm-shell's PID 1: its panics are
+        // reported like the agent's, and power_off only exits.
+        init::install_panic_hook();
+        let args: Vec<String> = args.collect();
+        std::process::exit(by_hand::main(&args));
+    }
     if !init::is_pid1() && std::env::var_os("KLOOP_GUEST_NOT_PID1").is_none() {
         eprintln!(
             "kloop-guest is the init of a kloop test VM and mounts file systems and powers off; \
@@ -41,6 +58,9 @@ fn main() {
     init::install_panic_hook();
 
     let notes = init::early_setup();
+    if std::path::Path::new(SHELL_SETUP_PATH).exists() {
+        shell::run(notes);
+    }
 
     let port_note = match channel::open(DATA_PORT) {
         Ok(note) => note,

@@ -17,6 +17,7 @@ mod doctor_cmd;
 mod kernels_cmd;
 mod mutants_cmd;
 mod repro_cmd;
+mod shell_cmd;
 mod ui;
 mod vm_test_cmd;
 
@@ -113,6 +114,9 @@ pub(crate) enum Cmd {
     /// (kernels/mutation-targets.toml), each built and judged against the
     /// unmutated build like `validate`; writes the score report.
     Mutants(MutantsArgs),
+    /// Boot a kernel with a scenario's guest and get a shell on its console
+    /// (`kloop-run` in it runs the scenario's steps; the host prints the records).
+    VmShell(VmShellArgs),
     /// The kernel catalog.
     Kernels {
         #[command(subcommand)]
@@ -208,6 +212,29 @@ impl VmTestArgs {
             boot: self.boot,
         }
     }
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct VmShellArgs {
+    /// The kernel: a pin id, built:ID or a bzImage.
+    #[arg(long, value_name = "ID")]
+    kernel: String,
+    /// The scenario whose fixtures, modules and steps the guest gets.
+    #[arg(long, value_name = "NAME", default_value = "basic")]
+    scenario: String,
+    #[arg(long, default_value = "auto")]
+    accel: AccelChoice,
+    /// vCPUs.
+    #[arg(long, default_value_t = 2)]
+    cpus: u32,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 512)]
+    memory: u32,
+    /// Append this word to the kernel command line (repeatable).
+    #[arg(long, value_name = "ARG")]
+    append: Vec<String>,
+    #[command(flatten)]
+    fetch: FetchArgs,
 }
 
 #[derive(Args, Clone)]
@@ -565,6 +592,7 @@ fn run() -> Result<ExitCode> {
         Cmd::Mutants(a) => mutants_cmd::mutants(a),
         Cmd::Repro { trial, out } => repro_cmd::repro(trial, out),
         Cmd::Doctor(a) => doctor_cmd::doctor(a),
+        Cmd::VmShell(a) => shell_cmd::vm_shell(a),
     }
 }
 

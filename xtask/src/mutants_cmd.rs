@@ -119,8 +119,14 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     write(&base, &results)?;
     let report = report_path(&base);
     let json = base.run_dir.join("mutants.json");
-    let killed = results.iter().filter(|r| matches!(r.outcome, Outcome::Killed(_))).count();
-    let survived: Vec<_> = results.iter().filter(|r| r.outcome == Outcome::Survived).collect();
+    let killed = results
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Killed(_)))
+        .count();
+    let survived: Vec<_> = results
+        .iter()
+        .filter(|r| r.outcome == Outcome::Survived)
+        .collect();
     println!(
         "kloop: {killed} killed, {} survived, {} failed to build, of {} in {:.0} s; report {}; data {}",
         survived.len(),
@@ -136,4 +142,3 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
         ExitCode::FAILURE
     })
 }
-

@@ -46,6 +46,38 @@ pub const PLAN_PATH: &str = "/kloop/plan.json";
 /// `-`; `depends`: comma-separated names, maybe empty).
 pub const MODULES_DIR: &str = "/kloop/modules";
 
+/// Where `cargo xtask vm-shell` puts its [`ShellSetup`] in the initramfs.
+/// Its presence makes PID 1 start an interactive shell on the console
+/// instead of running a plan.
+pub const SHELL_SETUP_PATH: &str = "/kloop/shell.json";
+
+/// Where the agent in shell mode writes its embedded BPF fixtures, one
+/// `<stem>.bpf.o` each, for the developer to look at.
+pub const FIXTURES_DIR: &str = "/kloop/fixtures";
+
+/// The name under which the agent runs a scenario's steps by hand from the
+/// guest shell (a link to `/init` on the shell's `PATH`).
+pub const RUN_BY_HAND: &str = "kloop-run";
+
+/// What an interactive guest (`cargo xtask vm-shell`) is set up with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShellSetup {
+    /// The scenario whose steps [`RUN_BY_HAND`] runs.
+    pub plan: Plan,
+    /// The kernel modules the host shipped under [`MODULES_DIR`].
+    #[serde(default)]
+    pub modules: Vec<String>,
+    /// The host terminal's size, given to the guest console so line
+    /// editing and pagers wrap where the user's terminal does.
+    #[serde(default)]
+    pub rows: u16,
+    #[serde(default)]
+    pub cols: u16,
+    /// The host's `TERM`.
+    #[serde(default)]
+    pub term: Option<String>,
+}
+
 /// The guest device the agent writes frames to (second 8250 UART).
 pub const DATA_PORT: &str = "/dev/ttyS1";
 
@@ -256,6 +288,13 @@ pub enum Message {
         /// BPF programs the warm-up loaded and dropped.
         warmed_up: u32,
     },
+    /// Shell mode (`vm-shell`): early setup is done and PID 1 is starting
+    /// the interactive shell on the console. Every run of [`RUN_BY_HAND`]
+    /// after it is a session of its own: hello … done.
+    ShellReady {
+        /// Guest monotonic clock at that moment, in ns.
+        monotonic_ns: u64,
+    },
 }
 
 /// Frames the host writes to the guest (kind [`FrameKind::Message`]).
@@ -264,6 +303,12 @@ pub enum Message {
 pub enum ToGuest {
     /// The plan for a guest restored from a saved VM.
     Plan { plan: Plan },
+    /// Shell mode: what the host made of one [`RUN_BY_HAND`] session (its
+    /// steps, the records parsed, the rules checked), for the guest to
+    /// print. `run` is the `monotonic_ns` of that session's `Hello`, so a
+    /// report meant for an earlier, interrupted run is never taken for the
+    /// current one's.
+    Report { run: u64, text: String },
 }
 
 impl ToGuest {

@@ -309,3 +309,27 @@ pub enum Requirement {
     /// Syscall tracepoints exist in tracefs (`CONFIG_FTRACE_SYSCALLS`).
     SyscallTracepoints,
 }
+
+impl Step {
+    /// The step on one line, `op key=value …`, from its JSON form: how a
+    /// person is shown it (`kloop-run --list`, the by-hand report).
+    pub fn one_line(&self) -> String {
+        let value = serde_json::to_value(self).unwrap_or_default();
+        let Some(map) = value.as_object() else {
+            return value.to_string();
+        };
+        let mut line = map
+            .get("op")
+            .and_then(|v| v.as_str())
+            .unwrap_or("?")
+            .to_string();
+        for (k, v) in map.iter().filter(|(k, _)| k.as_str() != "op") {
+            let v = match v {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            line.push_str(&format!(" {k}={v}"));
+        }
+        line
+    }
+}

@@ -240,6 +240,7 @@ fn probe_boot(qemu: &Path, kernel: &Path, scratch: &Path) -> Result<(), String> 
         icount: false,
         channel_limit: crate::session::DEFAULT_CHANNEL_LIMIT,
         start: Default::default(),
+        console: Default::default(),
     };
     let mut vm = Vm::spawn(config).map_err(|e| e.to_string())?;
     let console = vm.console_path();

@@ -91,10 +91,21 @@ impl VmConfig {
         a.push(cmdline.join(" ").into());
         let console = self.artefacts.join("console.log");
         a.push("-chardev".into());
-        let mut console_arg = chardev_arg("file,id=console,path=", &console);
+        let mut console_arg = match self.console {
+            Console::File => chardev_arg("file,id=console,path=", &console),
+            // signal=off: raw mode without ISIG, so Ctrl-C is a byte for
+            // the guest, not a SIGINT for QEMU; mux=on gives the Ctrl-A
+            // escapes (Ctrl-A X quits) without a monitor on the line.
+            Console::Terminal => {
+                chardev_arg("stdio,id=console,mux=on,signal=off,logfile=", &console)
+            }
+        };
         if matches!(self.start, GuestStart::Restore { .. }) {
             // The trial's console.log already holds the saved boot's.
-            console_arg.push(",append=on");
+            console_arg.push(match self.console {
+                Console::File => ",append=on",
+                Console::Terminal => ",logappend=on",
+            });
         }
         a.push(console_arg);
         a.push("-serial".into());

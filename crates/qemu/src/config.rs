@@ -87,6 +87,26 @@ pub struct VmConfig {
     pub channel_limit: u64,
     /// Boot, boot and save, or restore a saved VM.
     pub start: GuestStart,
+    /// Where the guest console goes: `console.log`, or also the
+    /// harness's terminal (`vm-shell`).
+    pub console: Console,
+}
+
+/// Where the guest's console (its first serial port) goes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Console {
+    /// `console.log` in the artefacts directory, nothing else.
+    #[default]
+    File,
+    /// The harness's own stdin and stdout, for a person at the guest's
+    /// console: QEMU puts the terminal in raw mode with signals off (a
+    /// Ctrl-C reaches the guest) behind its multiplexer (Ctrl-A X quits
+    /// QEMU, Ctrl-A A sends a Ctrl-A), and still logs every byte the guest
+    /// writes to `console.log`. QEMU is made the terminal's foreground
+    /// process group while it runs; the terminal's settings and
+    /// foreground group are restored when the [`crate::Vm`] ends, even if
+    /// QEMU was killed.
+    Terminal,
 }
 
 /// How a guest comes to life.

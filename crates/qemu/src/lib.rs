@@ -12,6 +12,7 @@ mod process;
 mod qmp;
 mod saved_vm;
 mod session;
+mod terminal;
 
 pub use argv::{firmware, QBOOT};
 pub use config::*;

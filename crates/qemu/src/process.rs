@@ -12,6 +12,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::config::*;
+use crate::terminal::{self, TerminalGuard};
 
 /// A running QEMU. Dropping it kills QEMU and reaps it.
 pub struct Vm {
@@ -22,6 +23,9 @@ pub struct Vm {
     pub(crate) data_listener: Option<UnixListener>,
     pub started: Instant,
     pub config: VmConfig,
+    /// With [`Console::Terminal`] on a terminal: how to give it back.
+    /// Declared last, so a drop restores it after QEMU is killed.
+    pub(crate) terminal: Option<TerminalGuard>,
 }
 
 impl Vm {
@@ -60,14 +64,19 @@ impl Vm {
                 .join(" ")
         );
         let mut cmd = Command::new(&config.qemu);
-        cmd.args(&argv)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(
-                File::create(config.artefacts.join("qemu.stderr"))
-                    .map(Stdio::from)
-                    .unwrap_or_else(|_| Stdio::null()),
-            );
+        let on_terminal = config.console == Console::Terminal;
+        let (stdin, stdout) = if on_terminal {
+            (Stdio::inherit(), Stdio::inherit())
+        } else {
+            (Stdio::null(), Stdio::null())
+        };
+        let terminal = on_terminal.then(TerminalGuard::take).flatten();
+        let take_foreground = terminal.is_some();
+        cmd.args(&argv).stdin(stdin).stdout(stdout).stderr(
+            File::create(config.artefacts.join("qemu.stderr"))
+                .map(Stdio::from)
+                .unwrap_or_else(|_| Stdio::null()),
+        );
         // A restore reads the saved VM through descriptor 3 (`-incoming
         // fd:3`): no shell, no path quoting. (A save hands QEMU its file
         // over QMP instead: QEMU 7.2's outgoing `fd:` takes only named
@@ -90,6 +99,9 @@ impl Vm {
             cmd.pre_exec(move || {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(io::Error::last_os_error());
+                }
+                if take_foreground {
+                    terminal::become_foreground()?;
                 }
                 if let Some(fd) = vmstate_fd {
                     // dup2 onto itself would leave close-on-exec set.
@@ -118,7 +130,16 @@ impl Vm {
             data_listener,
             started,
             config,
+            terminal,
         })
+    }
+
+    /// Gives the terminal back (foreground group and settings) now rather
+    /// than when the VM is dropped, e.g. before printing after the guest
+    /// console; a no-op without [`Console::Terminal`] on a terminal.
+    pub fn restore_terminal(&mut self) {
+        // Its drop restores.
+        self.terminal.take();
     }
 
     pub fn console_path(&self) -> PathBuf {

@@ -66,8 +66,9 @@ pub(crate) fn parse_size(v: &str) -> Option<u64> {
 pub const PROTOCOL_ERROR_GRACE: Duration = Duration::from_secs(3);
 
 impl Vm {
-    /// Waits for QEMU to connect to the data socket.
-    pub(crate) fn accept_data(
+    /// Waits for QEMU to connect to the data socket (once per VM; a
+    /// session's own pump does it for [`Vm::run_session`]).
+    pub fn accept_data(
         &mut self,
         deadline: Instant,
         interrupted: &dyn Fn() -> bool,

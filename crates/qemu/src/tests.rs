@@ -39,6 +39,7 @@ fn argv_has_no_shell_and_escapes_commas() {
         icount: false,
         channel_limit: DEFAULT_CHANNEL_LIMIT,
         start: Default::default(),
+        console: Default::default(),
     };
     let argv: Vec<String> = cfg
         .argv(Path::new("/s/qmp.sock"), Path::new("/s/data.sock"))
@@ -51,6 +52,21 @@ fn argv_has_no_shell_and_escapes_commas() {
     let append = argv.iter().position(|a| a == "-append").unwrap();
     assert!(argv[append + 1].starts_with("console=ttyS0 panic=-1"));
     assert_eq!(argv.iter().filter(|a| *a == "-serial").count(), 2);
+
+    // On the terminal: stdio behind the multiplexer, signals off, and
+    // still logged to console.log.
+    let on_terminal: Vec<String> = VmConfig {
+        console: Console::Terminal,
+        ..cfg
+    }
+    .argv(Path::new("/s/qmp.sock"), Path::new("/s/data.sock"))
+    .into_iter()
+    .map(|s| s.into_string().unwrap())
+    .collect();
+    assert!(on_terminal.contains(
+        &"stdio,id=console,mux=on,signal=off,logfile=/runs/a,,b/console.log".to_string()
+    ));
+    assert!(!on_terminal.iter().any(|a| a.starts_with("file,id=console")));
 }
 
 #[test]
@@ -69,6 +85,7 @@ fn standalone_argv_needs_no_kloop() {
         icount: true,
         channel_limit: DEFAULT_CHANNEL_LIMIT,
         start: Default::default(),
+        console: Default::default(),
     };
     let argv: Vec<String> = cfg
         .standalone_argv(Path::new("data.bin"))

@@ -12,8 +12,8 @@ use kloop_protocol::{FrameKind, Message, Plan, ToGuest, HEARTBEAT_INTERVAL_MS};
 use crate::sys::{self, OsContext};
 
 pub use port::{
-    drain, open, panic_mid_frame, receive_frame, send_frame, send_last_words, send_message,
-    silence_forever,
+    discard_input, drain, open, panic_mid_frame, receive_frame, send_frame, send_last_words,
+    send_message, silence_forever,
 };
 
 /// How long a restored agent waits for its plan. The host sends it as soon
@@ -32,9 +32,31 @@ pub fn receive_plan() -> Result<Plan> {
     }
     match serde_json::from_slice::<ToGuest>(&frame.payload) {
         Ok(ToGuest::Plan { plan }) => Ok(plan),
+        Ok(other) => Err(anyhow::anyhow!(
+            "the host sent {other:?} where the plan belongs"
+        )),
         Err(e) => Err(anyhow::anyhow!(
             "the host's plan frame does not decode: {e}"
         )),
+    }
+}
+
+/// Waits for the host's [`ToGuest::Report`] on the by-hand session `run`
+/// (the `monotonic_ns` of its hello), skipping reports meant for earlier
+/// sessions that ended before theirs came. `wait` bounds the whole wait.
+pub fn receive_report(run: u64, wait: Duration) -> Result<String> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let frame = receive_frame(left).os_ctx("waiting for the host's report on the data port")?;
+        if frame.kind != FrameKind::Message {
+            continue;
+        }
+        match serde_json::from_slice::<ToGuest>(&frame.payload) {
+            Ok(ToGuest::Report { run: r, text }) if r == run => return Ok(text),
+            Ok(_) => continue,
+            Err(e) => anyhow::bail!("the host's report frame does not decode: {e}"),
+        }
     }
 }
 

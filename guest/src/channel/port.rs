@@ -209,6 +209,17 @@ pub fn receive_frame(timeout: Duration) -> io::Result<RawFrame> {
     }
 }
 
+/// Drops whatever the host wrote that nobody read: a by-hand run starts
+/// with an empty input, whatever an earlier, interrupted one left behind.
+pub fn discard_input() -> io::Result<()> {
+    let p = port()?;
+    // SAFETY: valid fd.
+    if unsafe { libc::tcflush(p.fd, libc::TCIFLUSH) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Waits until every byte written has left the UART.
 pub fn drain() -> io::Result<()> {
     let p = port()?;

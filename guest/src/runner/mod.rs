@@ -57,6 +57,12 @@ pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
         (plan, true)
     };
     hello(notes)?;
+    run_steps(&plan, warmed)
+}
+
+/// The session after its hello, for `plan`: heartbeats, the probes, the
+/// aya warm-up unless `warmed` already, every step, done.
+pub fn run_steps(plan: &Plan, warmed: bool) -> Result<()> {
     channel::start_heartbeat();
 
     if let Some((requirement, reason)) = probes::first_unmet(&plan.requires)? {
@@ -67,7 +73,7 @@ pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
         return send(&Message::Done { records_bytes: 0 });
     }
     if !warmed {
-        let (warm_notes, _) = warm_up::warm_up_aya(&warm_up::plan_fixtures(&plan))?;
+        let (warm_notes, _) = warm_up::warm_up_aya(&warm_up::plan_fixtures(plan))?;
         for note in warm_notes {
             log(note)?;
         }
@@ -95,8 +101,10 @@ pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
 }
 
 /// Hello, the kernel's facts and the notes, in that order: the host's
-/// first frames of every session.
-fn hello(notes: Vec<String>) -> Result<()> {
+/// first frames of every session. Returns the hello's `monotonic_ns`,
+/// which names the session (the host's report to a by-hand run carries it
+/// back).
+pub fn hello(notes: Vec<String>) -> Result<u64> {
     let (online_cpus, cpu_note) = match sys::online_cpus() {
         Ok(cpus) => (cpus, None),
         Err(e) => (
@@ -107,18 +115,19 @@ fn hello(notes: Vec<String>) -> Result<()> {
             )),
         ),
     };
+    let monotonic_ns = sys::monotonic_ns();
     send(&Message::Hello {
         protocol_version: PROTOCOL_VERSION,
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
         uname: sys::uname(),
         online_cpus,
-        monotonic_ns: sys::monotonic_ns(),
+        monotonic_ns,
     })?;
     send(&kernel_facts())?;
     for note in notes.into_iter().chain(cpu_note) {
         log(note)?;
     }
-    Ok(())
+    Ok(monotonic_ns)
 }
 
 fn kernel_facts() -> Message {

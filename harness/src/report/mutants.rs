@@ -50,7 +50,11 @@ impl Notes {
 fn class(r: &MutantResult, notes: &Notes) -> &'static str {
     match &r.outcome {
         Outcome::Killed(_) => "killed",
-        Outcome::Survived if notes.get(&r.mutant.id).is_some_and(|n| n.equivalent.is_some()) => {
+        Outcome::Survived
+            if notes
+                .get(&r.mutant.id)
+                .is_some_and(|n| n.equivalent.is_some()) =>
+        {
             "equivalent"
         }
         Outcome::Survived => "survived",
@@ -59,7 +63,13 @@ fn class(r: &MutantResult, notes: &Notes) -> &'static str {
     }
 }
 
-const CLASSES: [&str; 5] = ["killed", "survived", "equivalent", "failed to build", "not judged"];
+const CLASSES: [&str; 5] = [
+    "killed",
+    "survived",
+    "equivalent",
+    "failed to build",
+    "not judged",
+];
 
 fn table(rows: &BTreeMap<String, BTreeMap<&'static str, usize>>, first: &str) -> String {
     let mut s = format!(
@@ -115,7 +125,11 @@ pub fn markdown(
     let mut by_op: BTreeMap<String, BTreeMap<&'static str, usize>> = BTreeMap::new();
     for r in results {
         let c = class(r, notes);
-        *by_file.entry(r.mutant.file.clone()).or_default().entry(c).or_default() += 1;
+        *by_file
+            .entry(r.mutant.file.clone())
+            .or_default()
+            .entry(c)
+            .or_default() += 1;
         *by_op
             .entry(r.mutant.operator.name().to_string())
             .or_default()
@@ -158,7 +172,13 @@ pub fn markdown(
             format!(" Functions not found in this tree: {}.", missing.join("; "))
         }
     );
-    let build = median(results.iter().filter(|r| r.build_secs > 0.0).map(|r| r.build_secs).collect());
+    let build = median(
+        results
+            .iter()
+            .filter(|r| r.build_secs > 0.0)
+            .map(|r| r.build_secs)
+            .collect(),
+    );
     let judge = median(
         results
             .iter()
@@ -186,7 +206,11 @@ pub fn markdown(
     for r in survivors {
         let m = &r.mutant;
         let _ = writeln!(s, "### `{}`\n", m.id);
-        let _ = writeln!(s, "{} in `{}` ({}:{}).\n", m.what, m.function, m.file, m.line);
+        let _ = writeln!(
+            s,
+            "{} in `{}` ({}:{}).\n",
+            m.what, m.function, m.file, m.line
+        );
         match notes.get(&m.id) {
             Some(n) => {
                 if let Some(e) = &n.equivalent {
@@ -197,13 +221,19 @@ pub fn markdown(
                 }
             }
             None => {
-                let _ = writeln!(s, "**Open:** no note yet in `kernels/mutation-notes.toml`.\n");
+                let _ = writeln!(
+                    s,
+                    "**Open:** no note yet in `kernels/mutation-notes.toml`.\n"
+                );
             }
         }
         let _ = writeln!(s, "```diff\n{}```\n", m.patch);
     }
     let _ = writeln!(s, "## Every mutant\n");
-    let _ = writeln!(s, "| mutant | what | outcome | build s | judge s |\n|---|---|---|---|---|");
+    let _ = writeln!(
+        s,
+        "| mutant | what | outcome | build s | judge s |\n|---|---|---|---|---|"
+    );
     for r in results {
         let detail = match &r.outcome {
             Outcome::Killed(why) | Outcome::BuildFailed(why) | Outcome::NotJudged(why) => {
@@ -259,21 +289,39 @@ mod tests {
             run_dir: "/r".into(),
         };
         let results = vec![
-            result("a:1", "kernel/a.c", Operator::DropCall, Outcome::Killed("basic: CHANGED: x".into())),
+            result(
+                "a:1",
+                "kernel/a.c",
+                Operator::DropCall,
+                Outcome::Killed("basic: CHANGED: x".into()),
+            ),
             result("a:2", "kernel/a.c", Operator::DropCall, Outcome::Survived),
             result("a:3", "kernel/a.c", Operator::Constant, Outcome::Survived),
-            result("b:1", "kernel/b.c", Operator::Constant, Outcome::BuildFailed("error".into())),
+            result(
+                "b:1",
+                "kernel/b.c",
+                Operator::Constant,
+                Outcome::BuildFailed("error".into()),
+            ),
         ];
-        let notes: Notes = toml::from_str(
-            "[[note]]\nmutant = \"a:3\"\nequivalent = \"the flag is never read\"\n",
-        )
-        .unwrap();
+        let notes: Notes =
+            toml::from_str("[[note]]\nmutant = \"a:3\"\nequivalent = \"the flag is never read\"\n")
+                .unwrap();
         let md = markdown(&base, &results, 10, &[], &notes, "cargo xtask mutants");
         // a.c: 1 killed of 2 non-equivalent judged.
-        assert!(md.contains("| `kernel/a.c` | 1 | 1 | 1 | 0 | 0 | 50 % (1/2) |"), "{md}");
-        assert!(md.contains("| `kernel/b.c` | 0 | 0 | 0 | 1 | 0 | – |"), "{md}");
+        assert!(
+            md.contains("| `kernel/a.c` | 1 | 1 | 1 | 0 | 0 | 50 % (1/2) |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| `kernel/b.c` | 0 | 0 | 0 | 1 | 0 | – |"),
+            "{md}"
+        );
         assert!(md.contains("### `a:2`") && md.contains("**Open:**"));
         assert!(md.contains("### `a:3`") && md.contains("**Equivalent:** the flag is never read"));
-        assert!(md.contains("drop `x()` \\| y"), "pipes in cells are escaped");
+        assert!(
+            md.contains("drop `x()` \\| y"),
+            "pipes in cells are escaped"
+        );
     }
 }

@@ -24,6 +24,11 @@ pub enum Entry {
         major: u32,
         minor: u32,
     },
+    /// A symbolic link to `target` (busybox's applets, `kloop-run`).
+    Symlink {
+        path: String,
+        target: String,
+    },
 }
 
 /// An initramfs under construction.
@@ -71,6 +76,26 @@ impl Initramfs {
         self
     }
 
+    /// Adds a symbolic link `path` → `target`.
+    pub fn add_symlink(&mut self, path: &str, target: &str) -> &mut Self {
+        self.entries.push(Entry::Symlink {
+            path: path.trim_start_matches('/').into(),
+            target: target.into(),
+        });
+        self
+    }
+
+    /// Whether the archive has an entry at `path`.
+    pub fn contains(&self, path: &str) -> bool {
+        let path = path.trim_start_matches('/');
+        self.entries.iter().any(|e| match e {
+            Entry::Dir { path: p }
+            | Entry::File { path: p, .. }
+            | Entry::CharDev { path: p, .. }
+            | Entry::Symlink { path: p, .. } => p == path,
+        })
+    }
+
     pub fn entries(&self) -> &[Entry] {
         &self.entries
     }
@@ -111,6 +136,17 @@ impl Initramfs {
                         .set_mode_file_type(ModeFileType::Char);
                     b.write(out, 0).finish()?
                 }
+                Entry::Symlink { path, target } => {
+                    // newc stores a link's target as its data.
+                    let b = Builder::new(path)
+                        .ino(ino)
+                        .mode(0o777)
+                        .nlink(1)
+                        .set_mode_file_type(ModeFileType::Symlink);
+                    let mut w = b.write(out, target.len() as u32);
+                    w.write_all(target.as_bytes())?;
+                    w.finish()?
+                }
             };
         }
         cpio::newc::trailer(out)
@@ -137,6 +173,7 @@ mod tests {
         let mut i = Initramfs::skeleton();
         i.add_file("/init", 0o755, b"\x7fELF-ish".to_vec());
         i.add_file("kloop/plan.json", 0o644, b"{}".to_vec());
+        i.add_symlink("/bin/sh", "busybox");
         let bytes = i.write_to(Vec::new()).unwrap();
         let mut seen = Vec::new();
         let mut cur = Cursor::new(bytes);
@@ -158,5 +195,6 @@ mod tests {
         assert!(seen.contains(&("kloop/plan.json".into(), 0o100644, 0, 2)));
         assert!(seen.contains(&("dev/console".into(), 0o020600, 5, 0)));
         assert!(seen.contains(&("proc".into(), 0o040755, 0, 0)));
+        assert!(seen.contains(&("bin/sh".into(), 0o120777, 0, 7)));
     }
 }

@@ -16,6 +16,8 @@
 //! - [`bisect`]: bisection steps over an ordered list of kernels;
 //! - [`doctor`]: whether this machine has what runs need, with the fix
 //!   for each problem.
+//! - [`shell`]: `vm-shell`, a guest's console on the user's terminal, with
+//!   `kloop-run` reports parsed on the host.
 pub mod ab;
 pub mod agent;
 pub mod bench;
@@ -27,6 +29,7 @@ pub mod payload;
 pub mod repeat;
 pub mod run_dirs;
 pub mod saved_vm;
+pub mod shell;
 pub mod signals;
 pub mod suite;
 pub mod trial;

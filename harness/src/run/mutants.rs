@@ -134,7 +134,8 @@ pub fn judge_all(
     };
     let env = suite::prepare_env(layout, &opts, std::slice::from_ref(&base_kernel))?;
     let all = crate::scenario::load_all(&layout.scenarios()).map_err(suite::SuiteError::from)?;
-    let chosen = judging_order(crate::scenario::select(&all, scenarios).map_err(suite::SuiteError::from)?);
+    let chosen =
+        judging_order(crate::scenario::select(&all, scenarios).map_err(suite::SuiteError::from)?);
     let base_trials: Vec<PlannedTrial> = chosen
         .iter()
         .map(|s| PlannedTrial {
@@ -170,7 +171,17 @@ pub fn judge_all(
     let mut results = Vec::new();
     for (n, m) in mutants.iter().enumerate() {
         let r = judge_one(
-            &env, &cache, &catalog, base_req, m, n, &patch_dir, &chosen, &base_sides, jobs, on_build,
+            &env,
+            &cache,
+            &catalog,
+            base_req,
+            m,
+            n,
+            &patch_dir,
+            &chosen,
+            &base_sides,
+            jobs,
+            on_build,
         );
         results.push(r);
         // After each mutant, so a run stopped halfway keeps its findings.
@@ -220,7 +231,11 @@ fn judge_one(
         Ok(k) => k,
         Err(e) if e.is_build_failure() => {
             let text = e.to_string();
-            let first: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).take(3).collect();
+            let first: Vec<&str> = text
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .take(3)
+                .collect();
             result.outcome = Outcome::BuildFailed(first.join(" / "));
             return result;
         }

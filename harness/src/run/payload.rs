@@ -8,9 +8,9 @@
 //! (`/lib/x86_64-linux-gnu`, `/usr/lib/x86_64-linux-gnu` on Debian), which is
 //! where `ldd` finds them on the host.
 //!
-//! Today one payload exists: `perf` for scenarios that `require` the
+//! Two payloads exist: `perf` for scenarios that `require` the
 //! `perf-tool` feature (the real perf as a second, independent reader of the
-//! side-band records).
+//! side-band records), and busybox for `vm-shell`'s interactive guest.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -24,8 +24,23 @@ pub const GUEST_PERF: &str = "/usr/bin/perf";
 /// The host's perf, unless `KLOOP_PERF` names another binary.
 pub const HOST_PERF: &str = "/usr/bin/perf";
 
+/// Where the guest finds busybox (`vm-shell`); its applets link to it.
+pub const GUEST_BUSYBOX: &str = "/bin/busybox";
+
+/// The host's busybox (Debian's `busybox-static`), unless `KLOOP_BUSYBOX`
+/// names another.
+pub const HOST_BUSYBOX: &str = "/bin/busybox";
+
 #[derive(Debug, Error)]
 pub enum PayloadError {
+    #[error(
+        "vm-shell runs busybox's shell in the guest, but {path} does not exist on this host; \
+         install it with `apt-get install busybox-static` (or run ci/setup.sh), \
+         or point KLOOP_BUSYBOX at a busybox binary"
+    )]
+    BusyboxMissing { path: PathBuf },
+    #[error("asking {path} for its applets (`busybox --list-full`): {what}")]
+    BusyboxApplets { path: PathBuf, what: String },
     #[error(
         "the scenario needs perf in the guest, but {path} does not exist on this host; \
          run ci/setup.sh, or install it (Debian: `apt-get install linux-perf`; Ubuntu: \
@@ -218,6 +233,60 @@ fn read_head(path: &Path, n: usize) -> Result<Vec<u8>, PayloadError> {
 pub fn perf_payload() -> Result<Payload, PayloadError> {
     let perf = host_perf()?;
     binary_payload(&perf, GUEST_PERF)
+}
+
+/// busybox for the guest shell: the binary at [`GUEST_BUSYBOX`] (with its
+/// interpreter and libraries if it is not the static build), and the guest
+/// path of every applet it has (`bin/sh`, `usr/bin/awk`, …), for links to it.
+pub fn busybox_payload() -> Result<(Payload, Vec<String>), PayloadError> {
+    let path = std::env::var_os("KLOOP_BUSYBOX")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(HOST_BUSYBOX));
+    if !path.is_file() {
+        return Err(PayloadError::BusyboxMissing { path });
+    }
+    let bytes = std::fs::read(&path).map_err(|source| PayloadError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let interpreter = elf_interpreter(&bytes).map_err(|what| PayloadError::NotElf {
+        path: path.clone(),
+        what,
+    })?;
+    let payload = match interpreter {
+        None => Payload {
+            files: vec![PayloadFile {
+                guest_path: GUEST_BUSYBOX.to_string(),
+                host_path: std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone()),
+                mode: 0o755,
+            }],
+        },
+        Some(_) => binary_payload(&path, GUEST_BUSYBOX)?,
+    };
+    // The host runs the same binary the guest gets: x86_64, checked above.
+    let out = Command::new(&path)
+        .arg("--list-full")
+        .output()
+        .map_err(|e| PayloadError::BusyboxApplets {
+            path: path.clone(),
+            what: e.to_string(),
+        })?;
+    if !out.status.success() {
+        return Err(PayloadError::BusyboxApplets {
+            path,
+            what: format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    let applets = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim().trim_start_matches('/').to_string())
+        .filter(|l| !l.is_empty() && !l.contains(".."))
+        .collect();
+    Ok((payload, applets))
 }
 
 /// `binary` shipped as `guest_path`, with its interpreter and libraries.

@@ -489,6 +489,7 @@ mod tests {
             icount: false,
             channel_limit: kloop_qemu::DEFAULT_CHANNEL_LIMIT,
             start: GuestStart::Boot,
+            console: Default::default(),
         }
     }
 

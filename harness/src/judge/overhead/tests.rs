@@ -360,6 +360,7 @@ fn icount_reaches_qemu_argv_under_tcg_only() {
         icount: true,
         channel_limit: kloop_qemu::DEFAULT_CHANNEL_LIMIT,
         start: Default::default(),
+        console: Default::default(),
     };
     let argv = |c: &VmConfig| -> Vec<String> {
         c.argv(Path::new("/q.sock"), Path::new("/d.sock"))

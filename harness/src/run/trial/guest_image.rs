@@ -185,7 +185,7 @@ pub fn standalone_guest(
 
 /// Everything a trial needs before QEMU starts; `Err` is the trial's
 /// (infrastructure) verdict when something cannot be had.
-pub(super) fn prepare_guest(
+pub(crate) fn prepare_guest(
     env: &TrialEnv,
     kernel: &KernelUnderTest,
     scenario: &Scenario,
@@ -256,6 +256,7 @@ pub(super) fn prepare_guest(
         icount: scenario.vm.icount,
         channel_limit: kloop_qemu::channel_limit(),
         start: Default::default(),
+        console: Default::default(),
     };
     Ok(GuestParts {
         vm,

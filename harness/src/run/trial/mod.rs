@@ -5,7 +5,7 @@
 //! stays in the trial's directory, whose path the verdict names.
 
 mod ending;
-mod guest_image;
+pub(crate) mod guest_image;
 mod judging;
 mod verdict;
 

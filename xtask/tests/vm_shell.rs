@@ -1,0 +1,162 @@
+//! `cargo xtask vm-shell` driven as a person would, through a pseudo
+//! terminal (rexpect): the prompt comes up, commands answer, Ctrl-C reaches
+//! the guest, `kloop-run` shows a step's records, `exit` powers the VM off
+//! and no QEMU of this test is left.
+//!
+//! Needs the kernel pin 6.12 in the kernel cache (`~/.cache/kloop`, or
+//! `KLOOP_CACHE_DIR`): the test fetches it first, which on an empty cache
+//! downloads it from the Debian mirror in the host's apt sources (network
+//! access to that mirror); a pin that can be neither found nor fetched
+//! fails the test with kloop's message, it is never skipped. Also needs
+//! QEMU and busybox-static (`ci/setup.sh`). About 15 s under TCG once the
+//! agent is built.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rexpect::reader::Options;
+use rexpect::session::{spawn_with_options, PtySession};
+
+const PIN: &str = "6.12";
+const PROMPT: &str = "kloop:/# ";
+
+/// Boot to prompt under TCG is a few seconds; this leaves room for a
+/// loaded machine (the boot deadline itself is 60 s under TCG).
+const STEP_TIMEOUT_MS: u64 = 90_000;
+
+fn xtask() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_xtask"));
+    cmd.current_dir(kloop::run::agent::workspace_root());
+    cmd
+}
+
+/// The pin must be in the cache; fetching is a no-op when it is.
+fn ensure_kernel() {
+    let out = xtask()
+        .args(["kernels", "fetch", PIN])
+        .output()
+        .expect("running xtask kernels fetch");
+    assert!(
+        out.status.success(),
+        "kernel pin {PIN} is not in the kernel cache and could not be fetched \
+         (`cargo xtask kernels fetch {PIN}` needs the Debian mirror of the host's apt sources):\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// QEMU processes whose command line holds `marker`.
+fn qemus_with(marker: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        let is_qemu = cmdline.starts_with("qemu-system") || cmdline.contains("/qemu-system");
+        if is_qemu && cmdline.contains(marker) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn expect(session: &mut PtySession, what: &str) -> String {
+    session
+        .exp_string(what)
+        .unwrap_or_else(|e| panic!("waiting for {what:?}: {e}"))
+}
+
+#[test]
+fn a_shell_on_the_guest_console_runs_commands_and_steps_and_leaves_no_qemu() {
+    ensure_kernel();
+    // Built here, outside the terminal's timeouts (a no-op when current).
+    kloop::run::agent::ensure_built(&kloop::run::agent::workspace_root())
+        .expect("building the guest agent");
+
+    // A word on the guest's command line that only this test's QEMU has
+    // in its argv (a dotted word is a module parameter: the kernel ignores
+    // it and init never sees it).
+    let marker = format!(
+        "kloop.shelltest={}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let started = Instant::now();
+    let mut cmd = xtask();
+    cmd.args(["vm-shell", "--kernel", PIN, "--append", &marker]);
+    let mut session = spawn_with_options(
+        cmd,
+        Options::new()
+            .timeout_ms(Some(STEP_TIMEOUT_MS))
+            .strip_ansi_escape_codes(true),
+    )
+    .expect("spawning xtask vm-shell in a pseudo terminal");
+
+    let banner = expect(&mut session, PROMPT);
+    assert!(banner.contains("kloop-run"), "banner: {banner}");
+    let boot = started.elapsed();
+    let qemus = qemus_with(&marker);
+    assert_eq!(qemus.len(), 1, "one QEMU of this test runs: {qemus:?}");
+
+    session
+        .send_line("cat /proc/sys/net/core/bpf_jit_kallsyms; ls /kloop/fixtures")
+        .unwrap();
+    let answer = expect(&mut session, PROMPT);
+    assert!(
+        answer.lines().any(|l| l.trim() == "1"),
+        "bpf_jit_kallsyms: {answer:?}"
+    );
+    assert!(answer.contains("basic.bpf.o"), "fixtures: {answer:?}");
+
+    // Ctrl-C is the guest's: it ends the guest command, not the VM.
+    session.send_line("sleep 600").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    session.send_control('c').unwrap();
+    expect(&mut session, PROMPT);
+    session.send_line("echo still $((6*7))").unwrap();
+    expect(&mut session, "still 42");
+    expect(&mut session, PROMPT);
+
+    // Step 2 of basic loads its program: the host parses the records and
+    // the guest prints them.
+    session.send_line("kloop-run 2").unwrap();
+    let report = expect(&mut session, PROMPT);
+    assert!(
+        report.contains("KSYMBOL register BPF") && report.contains("BPF_EVENT PROG_LOAD"),
+        "kloop-run 2: {report}"
+    );
+    assert!(report.contains("programs:"), "kloop-run 2: {report}");
+
+    session.send_line("exit").unwrap();
+    let end = expect(&mut session, "the VM is gone");
+    assert!(end.contains("powering off"), "end: {end}");
+    let status = session.process().wait().expect("waiting for xtask");
+    assert!(
+        matches!(status, rexpect::process::WaitStatus::Exited(_, 0)),
+        "xtask vm-shell ended with {status:?}"
+    );
+    for pid in qemus {
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "QEMU {pid} is still there after vm-shell ended"
+        );
+    }
+    assert_eq!(
+        qemus_with(&marker),
+        Vec::<u32>::new(),
+        "no QEMU of this test left"
+    );
+    eprintln!(
+        "vm-shell: prompt after {:.1} s, whole session {:.1} s",
+        boot.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+}
