@@ -159,6 +159,28 @@ impl Ring {
         Ok(ring)
     }
 
+    /// Pauses or resumes the kernel's output into this ring.
+    pub fn pause_output(&self, paused: bool) -> Result<()> {
+        use aya_obj::generated::PERF_EVENT_IOC_PAUSE_OUTPUT;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&self._fd);
+        // SAFETY: an ioctl with an integer argument on our own perf fd.
+        if unsafe {
+            libc::ioctl(
+                fd,
+                PERF_EVENT_IOC_PAUSE_OUTPUT as libc::c_ulong,
+                libc::c_ulong::from(paused),
+            )
+        } < 0
+        {
+            return Err(io::Error::last_os_error()).os_ctx(format!(
+                "PERF_EVENT_IOC_PAUSE_OUTPUT({}) on listener {}",
+                u8::from(paused),
+                self.index
+            ));
+        }
+        Ok(())
+    }
+
     pub fn ring_bytes(&self) -> u64 {
         self.data_size as u64
     }

@@ -196,6 +196,16 @@ pub enum Step {
     WaitUnloaded {
         timeout_ms: u64,
     },
+    /// Pause (`paused = true`) or resume the output of every listener
+    /// opened so far (`PERF_EVENT_IOC_PAUSE_OUTPUT`). While a ring is
+    /// paused the kernel drops each record it would write there and counts
+    /// it as lost (`__perf_output_begin`); the first record written after
+    /// the resume is preceded by a `PERF_RECORD_LOST` with that count. A
+    /// plan that pauses provokes loss, and its records are accounted like a
+    /// storm's that never drains.
+    PauseOutput {
+        paused: bool,
+    },
     /// Read every ring to its head and send the bytes.
     Drain,
     /// Time the kernel path that emits KSYMBOL / BPF_EVENT: load and unload

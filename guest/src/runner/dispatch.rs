@@ -15,6 +15,7 @@ pub(super) fn run_step(context: &mut StepContext, step: &Step) -> Result<()> {
         Step::SnapshotKallsyms => kallsyms::snapshot(),
         Step::OpenListeners { listener } => listeners::open(context, listener),
         Step::Drain => listeners::drain(context),
+        Step::PauseOutput { paused } => listeners::pause(context, *paused),
         Step::Load {
             fixture,
             program,

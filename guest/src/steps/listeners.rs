@@ -1,5 +1,5 @@
-//! `open-listeners` and `drain`: the plan's perf side-band listeners and
-//! the shipping of their ring bytes to the host.
+//! `open-listeners`, `pause-output` and `drain`: the plan's perf side-band
+//! listeners and the shipping of their ring bytes to the host.
 
 use anyhow::Result;
 use kloop_protocol::{ListenerInfo, ListenerScope, ListenerSpec, Message};
@@ -42,5 +42,13 @@ pub fn open(context: &mut StepContext, spec: &ListenerSpec) -> Result<()> {
 /// Sends every ring's unread bytes to the host.
 pub fn drain(context: &mut StepContext) -> Result<()> {
     context.records_bytes += perf::drain_all(&mut context.rings)?;
+    Ok(())
+}
+
+/// `PERF_EVENT_IOC_PAUSE_OUTPUT` on every open listener.
+pub fn pause(context: &mut StepContext, paused: bool) -> Result<()> {
+    for ring in &context.rings {
+        ring.pause_output(paused)?;
+    }
     Ok(())
 }

@@ -49,7 +49,8 @@ pub struct RunEvidence {
     /// What each `storm` with `lookup` found, in plan order.
     pub lookups: Vec<Lookups>,
     /// Whether the plan, as the agent echoed it step by step, provoked
-    /// record loss: a `storm` with `drain_every = 0`. Only then may LOST
+    /// record loss: a `storm` with `drain_every = 0`, or a `pause-output`
+    /// that pauses the rings. Only then may LOST
     /// records appear, and only in exactly accounted numbers.
     pub provoked_loss: bool,
     /// perf's own output for the plan's `perf record` run (perf_script.rs).
@@ -286,8 +287,9 @@ impl RunEvidence {
                     pending_lookups = Some(l);
                 }
                 Message::StepStart { what, .. } => {
-                    if let Ok(Step::Storm { drain_every: 0, .. }) =
-                        serde_json::from_str::<Step>(what)
+                    if let Ok(
+                        Step::Storm { drain_every: 0, .. } | Step::PauseOutput { paused: true },
+                    ) = serde_json::from_str::<Step>(what)
                     {
                         ev.provoked_loss = true;
                     }

@@ -287,7 +287,12 @@ fn judge_one(
     result.judge_secs = started.elapsed().as_secs_f64();
     // The mutant's kernel and its PVH ELF are not worth their disk: its
     // patch rebuilds them.
-    let _ = std::fs::remove_file(cache.root().join("vmlinux").join(&built.record.image_sha256));
+    let _ = std::fs::remove_file(
+        cache
+            .root()
+            .join("vmlinux")
+            .join(&built.record.image_sha256),
+    );
     let _ = std::fs::remove_dir_all(&built.dir);
     result
 }

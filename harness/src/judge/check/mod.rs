@@ -15,7 +15,7 @@
 //! | `unload-symbols` | each function of a loaded program unregistered; every unregister has the addr/len/name/type of its register; no double unregister; none for an interpreted program |
 //! | `unload-matches-load` | every PROG_LOAD has one later PROG_UNLOAD with the same id and tag; no PROG_UNLOAD of a program never loaded (unless it predates the run); no double load |
 //! | `unregister-without-register` | no unregister of a symbol neither registered in the run nor in `initial_kallsyms` |
-//! | `lost` | LOST records total zero (the total is in [`Analysis::lost`]); in a run that provokes loss (a `storm` with `drain_every = 0`) instead, per listener set: records received + records lost = records the run caused (per program 2 per function + 2), exactly ([`Analysis::loss`]) |
+//! | `lost` | LOST records total zero (the total is in [`Analysis::lost`]); in a run that provokes loss (a `storm` with `drain_every = 0`, or `pause-output` that pauses the rings) instead, per listener set: records received + records lost = records the run caused (per program 2 per function + 2), exactly ([`Analysis::loss`]) |
 //! | `time-order` | sample times non-decreasing within each listener's stream |
 //! | `causal-order` | per program: registers before PROG_LOAD, unregisters after PROG_LOAD and before PROG_UNLOAD |
 //! | `listeners-agree` | every listener set, and every task-bound listener, carries exactly the KSYMBOL / BPF_EVENT records the others saw, restricted to what it asked for (a task-bound listener: to the records its task caused) |
