@@ -358,6 +358,10 @@ pub(crate) struct MutantsArgs {
     /// List the mutants that would be judged and exit.
     #[arg(long)]
     list: bool,
+    /// Judge only these mutants (ids as `--list` prints them; repeatable),
+    /// e.g. to check that a new scenario kills a survivor.
+    #[arg(long = "mutant", value_name = "ID")]
+    mutants: Vec<String>,
     /// Only these scenarios (repeatable; default all, cheap ones first).
     #[arg(long = "scenario", value_name = "NAME")]
     scenarios: Vec<String>,

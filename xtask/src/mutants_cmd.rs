@@ -32,7 +32,22 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     for m in &generated.missing {
         eprintln!("kloop: not in this tree: {m}");
     }
-    let chosen = mutate::sample(&generated.mutants, a.max);
+    let chosen = if a.mutants.is_empty() {
+        mutate::sample(&generated.mutants, a.max)
+    } else {
+        let picked: Vec<_> = generated
+            .mutants
+            .iter()
+            .filter(|m| a.mutants.contains(&m.id))
+            .cloned()
+            .collect();
+        for id in &a.mutants {
+            if !picked.iter().any(|m| &m.id == id) {
+                anyhow::bail!("no mutant {id} in this tree (see --list --max 1000)");
+            }
+        }
+        picked
+    };
     println!(
         "kloop: {} mutants of {} file(s) in {}; judging {}",
         generated.mutants.len(),
@@ -59,6 +74,9 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     let mut command = format!("cargo xtask mutants --source {} --max {}", a.source, a.max);
     for f in &a.only {
         command.push_str(&format!(" --only {f}"));
+    }
+    for m in &a.mutants {
+        command.push_str(&format!(" --mutant {m}"));
     }
     let report_path = |base: &kloop::run::mutants::MutantsBaseline| {
         a.report

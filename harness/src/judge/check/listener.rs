@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Where x86-64's kernel half of the address space begins.
+const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
+
 /// Per-record rules of one listener: record-type, sample-id, time-order.
 pub(super) fn check_listener(l: &ListenerInfo, recs: &[Record], out: &mut Vec<Violation>) {
     let mut types = Vec::new();
@@ -26,8 +29,27 @@ pub(super) fn check_listener(l: &ListenerInfo, recs: &[Record], out: &mut Vec<Vi
                 [r],
             )),
             RecordBody::Ksymbol {
-                ksym_type, flags, ..
+                ksym_type,
+                flags,
+                addr,
+                len,
+                ..
             } => {
+                // Every caller of perf_event_ksymbol() passes the start of
+                // code in kernel memory (a program's bpf_func, a trampoline
+                // or dispatcher image, a kprobe instruction page, an ftrace
+                // trampoline): on x86-64 the upper half of the address
+                // space. (A zero len is load-symbols' finding: the kernel
+                // sends one for an interpreted program.)
+                if *addr < KERNEL_HALF || addr.checked_add(u64::from(*len)).is_none() {
+                    types.push(quoting(
+                        format!(
+                            "{r}: addr {addr:#x} (len {len}) is not in kernel memory (x86-64 \
+                             kernel addresses start at {KERNEL_HALF:#x})"
+                        ),
+                        [r],
+                    ));
+                }
                 if !l.ksymbol {
                     types.push(quoting(
                         format!("{r}: KSYMBOL on a listener opened without ksymbol"),

@@ -7,7 +7,7 @@
 //! |------|----------------|
 //! | `listeners` | listener bookkeeping: unique indexes, no stream without a listener, every CPU-wide set covers every online CPU, some set exists when programs were loaded |
 //! | `parse` | every stream parses exactly ([`kloop_records::parse_stream`]); records before the first error are still checked |
-//! | `record-type` | only types the kernel may send such a listener: KSYMBOL (if `ksymbol`), BPF_EVENT (if `bpf_event`), LOST; defined ksym/bpf-event types; no undefined flag bits; `misc` 0 |
+//! | `record-type` | only types the kernel may send such a listener: KSYMBOL (if `ksymbol`), BPF_EVENT (if `bpf_event`), LOST; defined ksym/bpf-event types; no undefined flag bits; a KSYMBOL's `addr` in the kernel half of the address space (every caller passes code in kernel memory); `misc` 0 |
 //! | `sample-id` | trailer contents: `cpu` is the listener's CPU, `res` is 0, `id` == `identifier`, one id per listener |
 //! | `facts` | the `bpf_prog_info` facts are usable: as many lens as ksyms, non-zero distinct addresses, unique ids |
 //! | `load-symbols` | per loaded program: a KSYMBOL register for each JITed function with addr/len of `jited_ksyms`/`jited_func_lens`, type BPF, a `bpf_prog_<tag>` name equal to kallsyms; no symbol registered twice while live; none at all for an interpreted program (`jited_func_lens` all 0) |

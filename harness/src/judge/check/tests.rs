@@ -259,3 +259,43 @@ fn every_rule_name_is_listed() {
     let all: BTreeSet<&str> = rule::ALL.iter().copied().collect();
     assert_eq!(all.len(), rule::ALL.len());
 }
+
+/// The XDP dispatcher announced before its image was set up (a mutant of
+/// bpf_dispatcher_change_prog that registers, then initialises, found by
+/// `cargo xtask mutants`): address 0 is not code in kernel memory.
+#[test]
+fn a_ksymbol_outside_kernel_memory_is_a_record_type_violation() {
+    use Ev::*;
+    let mut script = good_script();
+    script.insert(
+        0,
+        (
+            0,
+            5,
+            Reg(0, 4096, KSYM_TYPE_BPF, "bpf_dispatcher_xdp".into()),
+        ),
+    );
+    let a = analyse(&evidence(&script));
+    let found: Vec<&Violation> = a
+        .violations
+        .iter()
+        .filter(|v| v.rule == rule::RECORD_TYPE)
+        .collect();
+    assert_eq!(found.len(), 1, "{}", dump(&a));
+    assert!(found[0]
+        .message
+        .contains("addr 0x0 (len 4096) is not in kernel memory"));
+    // The same symbol at its real address is fine as far as record-type goes.
+    let mut script = good_script();
+    let at = 0xffff_ffff_c000_0000;
+    script.insert(
+        0,
+        (
+            0,
+            5,
+            Reg(at, 4096, KSYM_TYPE_BPF, "bpf_dispatcher_xdp".into()),
+        ),
+    );
+    let a = analyse(&evidence(&script));
+    assert!(!rules(&a).contains(rule::RECORD_TYPE), "{}", dump(&a));
+}
