@@ -35,6 +35,8 @@ pub struct HeldLink {
 pub struct StepContext {
     /// The plan's listeners, in `Listener` index order.
     pub rings: Vec<perf::Ring>,
+    /// Listeners opened without a ring (`ring_pages = 0`), held open.
+    pub unmapped: Vec<std::os::fd::OwnedFd>,
     pub loaded: HashMap<String, Loaded>,
     /// Links taken out of aya by `attach` steps, by link name: they keep
     /// the program attached (and alive) until `detach`.

@@ -91,6 +91,23 @@ fn page_size() -> usize {
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
 }
 
+/// The side-band event of `spec` opened but never mmapped: the kernel
+/// matches it for every record and finds no buffer to write to.
+pub fn open_unmapped(pid: libc::pid_t, cpu: i32, spec: &ListenerSpec) -> Result<OwnedFd> {
+    let mut attr = event_attr(
+        perf_type_id::PERF_TYPE_SOFTWARE as u32,
+        perf_sw_ids::PERF_COUNT_SW_DUMMY as u64,
+    );
+    attr.sample_type = spec.sample_type;
+    attr.set_sample_id_all(1);
+    attr.set_ksymbol(spec.ksymbol.into());
+    attr.set_bpf_event(spec.bpf_event.into());
+    perf_event_open(&attr, pid, cpu as libc::c_int).os_ctx(format!(
+        "perf_event_open(dummy without a ring, ksymbol={}, bpf_event={}, pid={pid}, cpu={cpu})",
+        spec.ksymbol, spec.bpf_event
+    ))
+}
+
 impl Ring {
     /// A CPU-wide listener on `cpu` (`pid = -1`).
     pub fn open(index: u32, cpu: u32, spec: &ListenerSpec) -> Result<Ring> {

@@ -154,7 +154,20 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
         report.display(),
         json.display()
     );
-    Ok(if survived.is_empty() {
+    // A survivor is fine once someone looked at it: argued equivalent, or
+    // left with a reason.
+    let unexplained: Vec<&str> = survived
+        .iter()
+        .filter(|r| !notes.notes.iter().any(|n| n.mutant == r.mutant.id))
+        .map(|r| r.mutant.id.as_str())
+        .collect();
+    if !unexplained.is_empty() {
+        println!(
+            "kloop: survivors without a note in kernels/mutation-notes.toml: {}",
+            unexplained.join(", ")
+        );
+    }
+    Ok(if unexplained.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

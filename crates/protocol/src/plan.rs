@@ -10,7 +10,10 @@ pub struct ListenerSpec {
     pub sample_type: u64,
     pub ksymbol: bool,
     pub bpf_event: bool,
-    /// Data pages per ring (power of two).
+    /// Data pages per ring (power of two). 0: no ring at all (the events
+    /// are opened but never mmapped, so the kernel finds no buffer to write
+    /// to and must skip them); such listeners are not announced and send
+    /// nothing.
     pub ring_pages: u32,
     /// Where the listener looks: one per online CPU (the default), or one
     /// bound to the agent's own task on any CPU (`pid = 0, cpu = -1`).

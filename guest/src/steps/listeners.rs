@@ -20,6 +20,20 @@ pub fn open(context: &mut StepContext, spec: &ListenerSpec) -> Result<()> {
         ListenerScope::Task => vec![0],
     };
     for cpu in cpus {
+        if spec.ring_pages == 0 {
+            let pid = if spec.scope == ListenerScope::Task {
+                0
+            } else {
+                -1
+            };
+            let cpu = if spec.scope == ListenerScope::Task {
+                -1
+            } else {
+                cpu as i32
+            };
+            context.unmapped.push(perf::open_unmapped(pid, cpu, spec)?);
+            continue;
+        }
         let index = context.rings.len() as u32;
         let ring = match spec.scope {
             ListenerScope::CpuWide => perf::Ring::open(index, cpu, spec)?,

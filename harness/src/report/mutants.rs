@@ -275,6 +275,7 @@ mod tests {
             build_secs: 30.0,
             judge_secs: 10.0,
             scenarios_run: 1,
+            confirmed_figures: false,
         }
     }
 
