@@ -4,7 +4,7 @@
 //! judge → report. The crates below this one do one job each: the record
 //! parser (`kloop-records`), kernels (`kloop-kernels`), running QEMU
 //! (`kloop-qemu`), the wire protocol (`kloop-protocol`). This library holds
-//! the three rooms that use them, each importing only from the rooms below
+//! the rooms that use them, each importing only from the rooms below
 //! it (see ARCHITECTURE.md):
 //! - [`scenario`]: what a scenario runs and expects
 //!   (`scenarios/<name>/scenario.toml` → a plan), shared by the rooms above;
