@@ -215,6 +215,7 @@ mod tests {
                         bpf_event: true,
                         ring_pages: 8,
                         scope: Default::default(),
+                        inherit: false,
                     },
                 },
                 Step::Load {

@@ -121,6 +121,13 @@ impl Ring {
         Ring::open_on(index, 0, -1, spec)
     }
 
+    /// A listener bound to the calling task on `cpu` (`pid = 0`): what an
+    /// inherited listener needs, since the kernel refuses to mmap an
+    /// inherited event that is not bound to a CPU.
+    pub fn open_task_on(index: u32, cpu: u32, spec: &ListenerSpec) -> Result<Ring> {
+        Ring::open_on(index, 0, cpu as i32, spec)
+    }
+
     fn open_on(index: u32, pid: libc::pid_t, cpu: i32, spec: &ListenerSpec) -> Result<Ring> {
         if spec.ring_pages == 0 || !spec.ring_pages.is_power_of_two() {
             bail!("ring_pages must be a power of two, got {}", spec.ring_pages);
@@ -133,9 +140,10 @@ impl Ring {
         attr.set_sample_id_all(1);
         attr.set_ksymbol(spec.ksymbol.into());
         attr.set_bpf_event(spec.bpf_event.into());
+        attr.set_inherit(spec.inherit.into());
         let fd = perf_event_open(&attr, pid, cpu as libc::c_int).os_ctx(format!(
-            "perf_event_open(dummy, sample_type={:#x}, ksymbol={}, bpf_event={}, pid={pid}, cpu={cpu})",
-            spec.sample_type, spec.ksymbol, spec.bpf_event
+            "perf_event_open(dummy, sample_type={:#x}, ksymbol={}, bpf_event={}, inherit={}, pid={pid}, cpu={cpu})",
+            spec.sample_type, spec.ksymbol, spec.bpf_event, spec.inherit
         ))?;
         let psz = page_size();
         let map_len = (1 + spec.ring_pages as usize) * psz;

@@ -173,6 +173,8 @@ pub fn records_listener(selector: u8) -> ListenerInfo {
         ksymbol: true,
         bpf_event: true,
         ring_bytes: 64 * 1024,
+        inherit: false,
+        pid: None,
     }
 }
 

@@ -140,6 +140,13 @@ pub struct ListenerInfo {
     pub bpf_event: bool,
     /// Size of the data area of its ring buffer in bytes.
     pub ring_bytes: u64,
+    /// Opened with `attr.inherit`: its records come from the task and the
+    /// threads it created later (one pid, several tids).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inherit: bool,
+    /// For a task-bound listener: the process it follows (`getpid()`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
 }
 
 /// Messages from the guest agent.

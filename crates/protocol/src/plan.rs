@@ -19,6 +19,12 @@ pub struct ListenerSpec {
     /// bound to the agent's own task on any CPU (`pid = 0, cpu = -1`).
     #[serde(default)]
     pub scope: ListenerScope,
+    /// `attr.inherit`: a task-bound listener also follows the threads and
+    /// children the task creates after it is opened; their records go to
+    /// its ring (the kernel redirects an inherited event's output to its
+    /// parent).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inherit: bool,
 }
 
 /// What a listener is bound to.

@@ -800,6 +800,8 @@ pub mod testutil {
             ksymbol: true,
             bpf_event: true,
             ring_bytes: 64 * 1024,
+            inherit: false,
+            pid: None,
         }
     }
 

@@ -12,12 +12,14 @@ use crate::sys::{self, OsContext};
 /// Opens the listeners `spec` describes (one per online CPU, or one for
 /// the agent's task) and announces each as a `Listener`.
 pub fn open(context: &mut StepContext, spec: &ListenerSpec) -> Result<()> {
-    let cpus = match spec.scope {
-        ListenerScope::CpuWide => {
+    let cpus = match (spec.scope, spec.inherit) {
+        // An inherited task listener is one per CPU too: perf_mmap()
+        // refuses an inherited event bound to no CPU.
+        (ListenerScope::CpuWide, _) | (ListenerScope::Task, true) => {
             sys::online_cpus().os_ctx("reading /sys/devices/system/cpu/online")?
         }
         // One ring for the whole task: the loop below runs once.
-        ListenerScope::Task => vec![0],
+        (ListenerScope::Task, false) => vec![0],
     };
     for cpu in cpus {
         if spec.ring_pages == 0 {
@@ -37,6 +39,7 @@ pub fn open(context: &mut StepContext, spec: &ListenerSpec) -> Result<()> {
         let index = context.rings.len() as u32;
         let ring = match spec.scope {
             ListenerScope::CpuWide => perf::Ring::open(index, cpu, spec)?,
+            ListenerScope::Task if spec.inherit => perf::Ring::open_task_on(index, cpu, spec)?,
             ListenerScope::Task => perf::Ring::open_task(index, spec)?,
         };
         send(&Message::Listener(ListenerInfo {
@@ -47,6 +50,9 @@ pub fn open(context: &mut StepContext, spec: &ListenerSpec) -> Result<()> {
             ksymbol: spec.ksymbol,
             bpf_event: spec.bpf_event,
             ring_bytes: ring.ring_bytes(),
+            inherit: spec.inherit,
+            // SAFETY: getpid has no preconditions.
+            pid: (spec.scope == ListenerScope::Task).then(|| unsafe { libc::getpid() } as u32),
         }))?;
         context.rings.push(ring);
     }

@@ -53,6 +53,7 @@ const LISTENER: ListenerSpec = ListenerSpec {
     bpf_event: true,
     ring_pages: 16,
     scope: kloop_protocol::ListenerScope::CpuWide,
+    inherit: false,
 };
 
 /// Untimed pause after each iteration: long enough (5 ticks at HZ=250) for

@@ -39,6 +39,7 @@ pub fn storm_scenario(
                 bpf_event: true,
                 ring_pages: 64,
                 scope: Default::default(),
+                inherit: false,
             },
         },
         Step::Storm {

@@ -157,11 +157,63 @@ pub(super) fn check_agreement(
             }
         }
     }
+    // Inherited task listeners (one per CPU, following the agent's process
+    // and the threads it creates), together, against the first set that
+    // covers their kinds, restricted to that process.
+    let mut inherited: BTreeMap<(u64, bool, bool, u32), Vec<u32>> = BTreeMap::new();
+    for l in listeners
+        .values()
+        .filter(|l| l.inherit && !cut.contains(&l.index))
+    {
+        if let Some(pid) = l.pid {
+            inherited
+                .entry((l.sample_type, l.ksymbol, l.bpf_event, pid))
+                .or_default()
+                .push(l.index);
+        }
+    }
+    for ((_, ksymbol, bpf_event, pid), members) in inherited {
+        let Some(reference) = sets
+            .iter()
+            .find(|s| (s.ksym || !ksymbol) && (s.bpf || !bpf_event))
+        else {
+            continue;
+        };
+        let mine: Vec<&Record> = members.iter().flat_map(&recs_of).collect();
+        let foreign = mine
+            .iter()
+            .filter(|r| r.sample.pid.is_some_and(|p| p != pid))
+            .count();
+        let theirs = reference
+            .recs
+            .iter()
+            .copied()
+            .filter(|r| r.sample.pid.is_none_or(|p| p == pid));
+        let bx = bag(mine.iter().copied(), ksymbol, bpf_event);
+        let by = bag(theirs, ksymbol, bpf_event);
+        let (only_x, only_y) = (surplus(&bx, &by), surplus(&by, &bx));
+        if foreign > 0 || !only_x.is_empty() || !only_y.is_empty() {
+            msgs.push(quoting(
+                format!(
+                    "inherited task listeners {members:?} (pid {pid}) and {} (its records of pid {pid}) disagree: only in the task listeners: [{}]; only in the set: [{}]{}",
+                    reference.name,
+                    shown(&only_x),
+                    shown(&only_y),
+                    if foreign == 0 {
+                        String::new()
+                    } else {
+                        format!("; {foreign} record(s) of other processes")
+                    }
+                ),
+                shown_records(&only_x, &only_y),
+            ));
+        }
+    }
     // A task-bound listener against the first set that covers its kinds,
     // restricted to the task its records name.
     for l in listeners
         .values()
-        .filter(|l| l.cpu < 0 && !cut.contains(&l.index))
+        .filter(|l| l.cpu < 0 && !l.inherit && !cut.contains(&l.index))
     {
         let Some(reference) = sets
             .iter()

@@ -426,7 +426,8 @@ fn func_prefixes(facts: &ProgFacts, fi: usize) -> Vec<String> {
 fn listener_sets(listeners: &BTreeMap<u32, &ListenerInfo>) -> Vec<Vec<u32>> {
     type Key = (u64, bool, bool, bool, u64);
     let mut sets: Vec<(Key, Vec<u32>, BTreeSet<i32>)> = Vec::new();
-    for l in listeners.values().filter(|l| l.cpu >= 0) {
+    // A task-bound listener per CPU (an inherited one) is not CPU-wide.
+    for l in listeners.values().filter(|l| l.cpu >= 0 && l.pid.is_none()) {
         let key = (
             l.sample_type,
             l.sample_id_all,

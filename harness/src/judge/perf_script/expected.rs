@@ -159,6 +159,8 @@ pub(super) fn perf_records(dump: &PerfDump, bad: &mut Vec<String>) -> Vec<PerfRe
         ksymbol: true,
         bpf_event: true,
         ring_bytes: 0,
+        inherit: false,
+        pid: None,
     };
     for e in &dump.events {
         if !matches!(
