@@ -167,6 +167,10 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
             unexplained.join(", ")
         );
     }
+    if kloop::run::signals::interrupted() {
+        println!("kloop: interrupted; the report holds the mutants judged so far");
+        return Ok(ExitCode::from(130));
+    }
     Ok(if unexplained.is_empty() {
         ExitCode::SUCCESS
     } else {
