@@ -84,6 +84,44 @@ fn entry(addr: u64, name: String) -> KallsymsEntry {
     }
 }
 
+/// `ev` plus inherited task listeners (one per CPU, pid 1, TID|TIME) that
+/// got the records of `script` except those `skip` names (by position).
+pub fn with_inherited(mut ev: RunEvidence, script: &Script, skip: &[usize]) -> RunEvidence {
+    let st = PERF_SAMPLE_TID | PERF_SAMPLE_TIME;
+    let inherited: Vec<ListenerInfo> = [(2, 0), (3, 1)]
+        .into_iter()
+        .map(|(index, cpu)| ListenerInfo {
+            inherit: true,
+            pid: Some(1),
+            ..testutil::listener(index, cpu, st)
+        })
+        .collect();
+    for (n, (li, time, e)) in script.iter().enumerate() {
+        if skip.contains(&n) {
+            continue;
+        }
+        let l = &inherited[*li as usize];
+        let t = Tr {
+            pid: 1,
+            tid: if *li == 0 { 1 } else { 33 },
+            time: *time,
+            id: 0,
+            stream_id: 0,
+            cpu: 0,
+        };
+        let bytes = match e {
+            Ev::Reg(a, len, ty, n) => testutil::ksymbol(l, *a, *len, *ty, false, n, t),
+            Ev::Unreg(a, len, ty, n) => testutil::ksymbol(l, *a, *len, *ty, true, n, t),
+            Ev::Load(id, tag) => testutil::bpf_event(l, BPF_EVENT_PROG_LOAD, *id, *tag, t),
+            Ev::Unload(id, tag) => testutil::bpf_event(l, BPF_EVENT_PROG_UNLOAD, *id, *tag, t),
+            Ev::Lost(n) => testutil::lost(l, 0, *n, t),
+        };
+        ev.streams.entry(l.index).or_default().extend(bytes);
+    }
+    ev.listeners.extend(inherited);
+    ev
+}
+
 pub fn evidence(script: &Script) -> RunEvidence {
     let st = PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU;
     let listeners = vec![testutil::listener(0, 0, st), testutil::listener(1, 1, st)];

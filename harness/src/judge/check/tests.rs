@@ -299,3 +299,29 @@ fn a_ksymbol_outside_kernel_memory_is_a_record_type_violation() {
     let a = analyse(&evidence(&script));
     assert!(!rules(&a).contains(rule::RECORD_TYPE), "{}", dump(&a));
 }
+
+/// Inherited task listeners (attr.inherit, one per CPU) carry, together,
+/// the set's records of their process; one that lost a record the kernel
+/// should have redirected to it (a mutant of __perf_output_begin that drops
+/// the `event->parent` redirect, found by `cargo xtask mutants`) disagrees.
+#[test]
+fn inherited_listeners_agree_with_the_set_on_their_process() {
+    let script = good_script();
+    let a = analyse(&with_inherited(evidence(&script), &script, &[]));
+    assert!(a.violations.is_empty(), "{}", dump(&a));
+    // The records the thread (tid 33, listener 1's) caused never reached
+    // the inherited listener.
+    let unload = find(&script, |e| matches!(e, Ev::Unload(42, _)));
+    let a = analyse(&with_inherited(evidence(&script), &script, &[unload]));
+    assert_eq!(
+        rules(&a),
+        BTreeSet::from([rule::LISTENERS_AGREE]),
+        "{}",
+        dump(&a)
+    );
+    assert!(
+        dump(&a).contains("inherited task listeners [2, 3] (pid 1)"),
+        "{}",
+        dump(&a)
+    );
+}
