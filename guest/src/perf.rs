@@ -91,9 +91,11 @@ fn page_size() -> usize {
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
 }
 
-/// The side-band event of `spec` opened but never mmapped: the kernel
-/// matches it for every record and finds no buffer to write to.
-pub fn open_unmapped(pid: libc::pid_t, cpu: i32, spec: &ListenerSpec) -> Result<OwnedFd> {
+/// The side-band `PERF_COUNT_SW_DUMMY` event `spec` describes, opened for
+/// `pid` on `cpu`; a listener maps its ring, an unmapped one
+/// (`ring_pages = 0`) never does, so the kernel matches it for every
+/// record and finds no buffer to write to.
+pub fn open_side_band(pid: libc::pid_t, cpu: i32, spec: &ListenerSpec) -> Result<OwnedFd> {
     let mut attr = event_attr(
         perf_type_id::PERF_TYPE_SOFTWARE as u32,
         perf_sw_ids::PERF_COUNT_SW_DUMMY as u64,
@@ -102,9 +104,14 @@ pub fn open_unmapped(pid: libc::pid_t, cpu: i32, spec: &ListenerSpec) -> Result<
     attr.set_sample_id_all(1);
     attr.set_ksymbol(spec.ksymbol.into());
     attr.set_bpf_event(spec.bpf_event.into());
+    attr.set_inherit(spec.inherit.into());
     perf_event_open(&attr, pid, cpu as libc::c_int).os_ctx(format!(
-        "perf_event_open(dummy without a ring, ksymbol={}, bpf_event={}, pid={pid}, cpu={cpu})",
-        spec.ksymbol, spec.bpf_event
+        "perf_event_open(dummy{}, sample_type={:#x}, ksymbol={}, bpf_event={}, inherit={}, pid={pid}, cpu={cpu})",
+        if spec.ring_pages == 0 { " without a ring" } else { "" },
+        spec.sample_type,
+        spec.ksymbol,
+        spec.bpf_event,
+        spec.inherit
     ))
 }
 
@@ -132,19 +139,7 @@ impl Ring {
         if spec.ring_pages == 0 || !spec.ring_pages.is_power_of_two() {
             bail!("ring_pages must be a power of two, got {}", spec.ring_pages);
         }
-        let mut attr = event_attr(
-            perf_type_id::PERF_TYPE_SOFTWARE as u32,
-            perf_sw_ids::PERF_COUNT_SW_DUMMY as u64,
-        );
-        attr.sample_type = spec.sample_type;
-        attr.set_sample_id_all(1);
-        attr.set_ksymbol(spec.ksymbol.into());
-        attr.set_bpf_event(spec.bpf_event.into());
-        attr.set_inherit(spec.inherit.into());
-        let fd = perf_event_open(&attr, pid, cpu as libc::c_int).os_ctx(format!(
-            "perf_event_open(dummy, sample_type={:#x}, ksymbol={}, bpf_event={}, inherit={}, pid={pid}, cpu={cpu})",
-            spec.sample_type, spec.ksymbol, spec.bpf_event, spec.inherit
-        ))?;
+        let fd = open_side_band(pid, cpu, spec)?;
         let psz = page_size();
         let map_len = (1 + spec.ring_pages as usize) * psz;
         // SAFETY: mapping a perf fd; checked below.

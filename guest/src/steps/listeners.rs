@@ -33,7 +33,7 @@ pub fn open(context: &mut StepContext, spec: &ListenerSpec) -> Result<()> {
             } else {
                 cpu as i32
             };
-            context.unmapped.push(perf::open_unmapped(pid, cpu, spec)?);
+            context.unmapped.push(perf::open_side_band(pid, cpu, spec)?);
             continue;
         }
         let index = context.rings.len() as u32;

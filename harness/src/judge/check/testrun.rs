@@ -84,6 +84,17 @@ fn entry(addr: u64, name: String) -> KallsymsEntry {
     }
 }
 
+/// The bytes of one scripted record as listener `l` receives it.
+fn record_bytes(l: &ListenerInfo, e: &Ev, t: Tr) -> Vec<u8> {
+    match e {
+        Ev::Reg(a, len, ty, n) => testutil::ksymbol(l, *a, *len, *ty, false, n, t),
+        Ev::Unreg(a, len, ty, n) => testutil::ksymbol(l, *a, *len, *ty, true, n, t),
+        Ev::Load(id, tag) => testutil::bpf_event(l, BPF_EVENT_PROG_LOAD, *id, *tag, t),
+        Ev::Unload(id, tag) => testutil::bpf_event(l, BPF_EVENT_PROG_UNLOAD, *id, *tag, t),
+        Ev::Lost(n) => testutil::lost(l, 0, *n, t),
+    }
+}
+
 /// `ev` plus inherited task listeners (one per CPU, pid 1, TID|TIME) that
 /// got the records of `script` except those `skip` names (by position).
 pub fn with_inherited(mut ev: RunEvidence, script: &Script, skip: &[usize]) -> RunEvidence {
@@ -109,14 +120,10 @@ pub fn with_inherited(mut ev: RunEvidence, script: &Script, skip: &[usize]) -> R
             stream_id: 0,
             cpu: 0,
         };
-        let bytes = match e {
-            Ev::Reg(a, len, ty, n) => testutil::ksymbol(l, *a, *len, *ty, false, n, t),
-            Ev::Unreg(a, len, ty, n) => testutil::ksymbol(l, *a, *len, *ty, true, n, t),
-            Ev::Load(id, tag) => testutil::bpf_event(l, BPF_EVENT_PROG_LOAD, *id, *tag, t),
-            Ev::Unload(id, tag) => testutil::bpf_event(l, BPF_EVENT_PROG_UNLOAD, *id, *tag, t),
-            Ev::Lost(n) => testutil::lost(l, 0, *n, t),
-        };
-        ev.streams.entry(l.index).or_default().extend(bytes);
+        ev.streams
+            .entry(l.index)
+            .or_default()
+            .extend(record_bytes(l, e, t));
     }
     ev.listeners.extend(inherited);
     ev
@@ -136,14 +143,10 @@ pub fn evidence(script: &Script) -> RunEvidence {
             stream_id: 0,
             cpu: l.cpu as u32,
         };
-        let bytes = match ev {
-            Ev::Reg(a, len, ty, n) => testutil::ksymbol(l, *a, *len, *ty, false, n, t),
-            Ev::Unreg(a, len, ty, n) => testutil::ksymbol(l, *a, *len, *ty, true, n, t),
-            Ev::Load(id, tag) => testutil::bpf_event(l, BPF_EVENT_PROG_LOAD, *id, *tag, t),
-            Ev::Unload(id, tag) => testutil::bpf_event(l, BPF_EVENT_PROG_UNLOAD, *id, *tag, t),
-            Ev::Lost(n) => testutil::lost(l, 0, *n, t),
-        };
-        streams.entry(*li).or_default().extend(bytes);
+        streams
+            .entry(*li)
+            .or_default()
+            .extend(record_bytes(l, ev, t));
     }
     RunEvidence {
         online_cpus: vec![0, 1],
