@@ -164,24 +164,10 @@ mod tests {
 
     fn result(kernel: &str, scenario: &str, verdict: Verdict) -> TrialResult {
         TrialResult {
-            id: format!("{kernel}/{scenario}"),
-            kernel: kernel.into(),
-            scenario: scenario.into(),
-            verdict,
             wall_secs: 1.5,
-            accel: "tcg".into(),
             boot_to_hello_secs: Some(1.0),
-            qemu_peak_rss_kib: None,
-            phases: None,
             guest_release: Some("6.1.0-\u{1b}[1mcloud".into()),
-            qemu_version: "QEMU 7.2".into(),
-            host_release: "6.1".into(),
-            artefacts: "/tmp/a".into(),
-            started_from: None,
-            saved_vm: None,
-            notes: Vec::new(),
-            violations: Vec::new(),
-            snapshot_drift: None,
+            ..TrialResult::for_test(kernel, scenario, verdict, "/tmp/a")
         }
     }
 

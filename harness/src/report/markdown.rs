@@ -215,24 +215,9 @@ mod tests {
         let artefacts = dir.join(format!("{kernel}-{scenario}"));
         std::fs::create_dir_all(&artefacts).unwrap();
         TrialResult {
-            id: format!("{kernel}/{scenario}"),
-            kernel: kernel.into(),
-            scenario: scenario.into(),
-            verdict,
             wall_secs: 3.44,
-            accel: "tcg".into(),
             boot_to_hello_secs: Some(1.2),
-            qemu_peak_rss_kib: None,
-            phases: None,
-            guest_release: None,
-            qemu_version: "QEMU 7.2".into(),
-            host_release: "6.1".into(),
-            artefacts,
-            started_from: None,
-            saved_vm: None,
-            notes: Vec::new(),
-            violations: Vec::new(),
-            snapshot_drift: None,
+            ..TrialResult::for_test(kernel, scenario, verdict, artefacts)
         }
     }
 

@@ -184,24 +184,11 @@ mod tests {
 
     fn result(kernel: &str, verdict: Verdict) -> TrialResult {
         TrialResult {
-            id: format!("{kernel}/basic"),
-            kernel: kernel.into(),
-            scenario: "basic".into(),
-            verdict,
             wall_secs: 3.44,
-            accel: "tcg".into(),
             boot_to_hello_secs: Some(1.2),
             qemu_peak_rss_kib: Some(300_000),
-            phases: None,
             guest_release: Some("6.12.0-cloud-amd64".into()),
-            qemu_version: "QEMU 7.2".into(),
-            host_release: "6.1".into(),
-            artefacts: "/tmp/a".into(),
-            started_from: None,
-            saved_vm: None,
-            notes: Vec::new(),
-            violations: Vec::new(),
-            snapshot_drift: None,
+            ..TrialResult::for_test(kernel, "basic", verdict, "/tmp/a")
         }
     }
 

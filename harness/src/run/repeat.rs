@@ -310,24 +310,8 @@ mod tests {
             std::fs::write(artefacts.join("normalised.txt"), s).unwrap();
         }
         TrialResult {
-            id: "7.3/short-lived".into(),
-            kernel: "7.3".into(),
-            scenario: "short-lived".into(),
-            verdict,
             wall_secs: 4.0,
-            accel: "tcg".into(),
-            boot_to_hello_secs: None,
-            qemu_peak_rss_kib: None,
-            phases: None,
-            guest_release: None,
-            qemu_version: "QEMU 7.2".into(),
-            host_release: "6.1".into(),
-            artefacts,
-            started_from: None,
-            saved_vm: None,
-            notes: Vec::new(),
-            violations: Vec::new(),
-            snapshot_drift: None,
+            ..TrialResult::for_test("7.3", "short-lived", verdict, artefacts)
         }
     }
 

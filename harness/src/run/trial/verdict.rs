@@ -276,3 +276,36 @@ impl TrialResult {
         }
     }
 }
+
+#[cfg(test)]
+impl TrialResult {
+    /// A result for tests of what reads results (reports, repeats): the
+    /// common fields filled in plainly; tests set the rest with `..`.
+    pub(crate) fn for_test(
+        kernel: &str,
+        scenario: &str,
+        verdict: Verdict,
+        artefacts: impl Into<PathBuf>,
+    ) -> TrialResult {
+        TrialResult {
+            id: format!("{kernel}/{scenario}"),
+            kernel: kernel.into(),
+            scenario: scenario.into(),
+            verdict,
+            wall_secs: 1.0,
+            accel: "tcg".into(),
+            boot_to_hello_secs: None,
+            qemu_peak_rss_kib: None,
+            phases: None,
+            guest_release: None,
+            qemu_version: "QEMU 7.2".into(),
+            host_release: "6.1".into(),
+            artefacts: artefacts.into(),
+            started_from: None,
+            saved_vm: None,
+            notes: Vec::new(),
+            violations: Vec::new(),
+            snapshot_drift: None,
+        }
+    }
+}
