@@ -63,7 +63,7 @@ fn built(patches: &[&str], fragments: &[&str]) -> BuiltKernel {
 
 fn local(k: &BuiltKernel) -> KernelUnderTest {
     let catalog = Catalog::load(&layout().kernels()).expect("catalog");
-    KernelUnderTest::Image(LocalKernel::built(k, None).with_series_of(&k.record.release, &catalog))
+    KernelUnderTest::Image(LocalKernel::built(k, None, &catalog))
 }
 
 fn run_every_scenario(kernel: KernelUnderTest) -> Vec<TrialResult> {

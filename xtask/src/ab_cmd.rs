@@ -129,10 +129,9 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
     };
     let catalog = Catalog::load(&layout.kernels())?;
     let local = |k: &kloop_kernels::build::BuiltKernel| {
-        kloop::run::trial::KernelUnderTest::Image(
-            kloop::run::trial::LocalKernel::built(k, None)
-                .with_series_of(&k.record.release, &catalog),
-        )
+        kloop::run::trial::KernelUnderTest::Image(kloop::run::trial::LocalKernel::built(
+            k, None, &catalog,
+        ))
     };
     let opts = EnvOptions {
         accel: a.accel,

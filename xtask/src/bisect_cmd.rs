@@ -189,7 +189,7 @@ pub(crate) fn tree_kernel(
 ) -> Result<kloop::run::trial::KernelUnderTest> {
     let catalog = Catalog::load(&layout.kernels())?;
     Ok(kloop::run::trial::KernelUnderTest::Image(
-        kloop::run::trial::LocalKernel::built(k, None).with_series_of(&k.record.release, &catalog),
+        kloop::run::trial::LocalKernel::built(k, None, &catalog),
     ))
 }
 

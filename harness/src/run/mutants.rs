@@ -123,11 +123,7 @@ pub fn judge_all(
     let catalog = Catalog::load(&layout.kernels())?;
     let baseline = kloop_kernels::build::build(&cache, base_req, &mut |e| on_build("unmutated", e))
         .map_err(MutantsError::Baseline)?;
-    let local = |k: &BuiltKernel| {
-        KernelUnderTest::Image(
-            LocalKernel::built(k, None).with_series_of(&k.record.release, &catalog),
-        )
-    };
+    let local = |k: &BuiltKernel| KernelUnderTest::Image(LocalKernel::built(k, None, &catalog));
     let base_kernel = local(&baseline);
     let opts = EnvOptions {
         // A mutant kernel boots a handful of trials before it is decided:
@@ -280,9 +276,7 @@ fn judge_one(
             return result;
         }
     };
-    let kernel = KernelUnderTest::Image(
-        LocalKernel::built(&built, None).with_series_of(&built.record.release, catalog),
-    );
+    let kernel = KernelUnderTest::Image(LocalKernel::built(&built, None, catalog));
     let started = Instant::now();
     'batches: for batch in chosen.chunks(jobs.max(1)) {
         let trials: Vec<PlannedTrial> = batch

@@ -149,9 +149,11 @@ pub fn resolve_kernel(
     if let Some(id) = spec.strip_prefix("built:") {
         let cache = KernelCache::default_location()?;
         let built = kloop_kernels::build::lookup(&cache, id)?;
-        return Ok(KernelUnderTest::Image(
-            LocalKernel::built(&built, snapshot_as).with_series_of(&built.record.release, catalog),
-        ));
+        return Ok(KernelUnderTest::Image(LocalKernel::built(
+            &built,
+            snapshot_as,
+            catalog,
+        )));
     }
     let path = PathBuf::from(spec);
     if path.is_file() {

@@ -80,10 +80,12 @@ impl LocalKernel {
         }
     }
 
-    /// A kernel `cargo xtask kernels build` made.
+    /// A kernel `cargo xtask kernels build` made, judged by the ledger of
+    /// the pin of its series (from the release it was built as).
     pub fn built(
         kernel: &kloop_kernels::build::BuiltKernel,
         snapshot_as: Option<String>,
+        catalog: &kloop_kernels::Catalog,
     ) -> LocalKernel {
         LocalKernel {
             name: format!("built-{}", kernel.record.id),
@@ -92,6 +94,7 @@ impl LocalKernel {
             config: kernel.config().ok().map(Arc::new),
             ledger_pin: None,
         }
+        .with_series_of(&kernel.record.release, catalog)
     }
 
     /// A pin's image run as a plain image (no snapshots, no ledger), with
