@@ -101,6 +101,10 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
         let report = report_path(base);
         std::fs::write(&report, md).with_context(|| format!("writing {}", report.display()))
     };
+    // The live line of the kernel being built (the unmutated one, then
+    // each mutant's), ended when its mutant is decided.
+    let building: std::cell::RefCell<Option<(String, crate::build_progress::BuildProgress)>> =
+        std::cell::RefCell::new(None);
     let (base, results) = kloop::run::mutants::judge_all(
         &layout,
         &base_req,
@@ -109,11 +113,29 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
         &opts,
         jobs,
         &mut |what, e| {
-            if let kloop_kernels::build::BuildEvent::Phase(p) = e {
-                tracing::debug!("{what}: {p}");
+            let mut current = building.borrow_mut();
+            if current.as_ref().is_none_or(|(w, _)| w != what) {
+                if let Some((_, done)) = current.take() {
+                    done.finish();
+                }
+                let label = if what == "unmutated" {
+                    format!("the unmutated {}", base_req.source.label())
+                } else {
+                    format!("mutant {what}")
+                };
+                *current = Some((
+                    what.to_string(),
+                    crate::build_progress::BuildProgress::new(&label),
+                ));
+            }
+            if let Some((_, progress)) = current.as_mut() {
+                progress.event(e);
             }
         },
         &mut |base, results| {
+            if let Some((_, done)) = building.borrow_mut().take() {
+                done.finish();
+            }
             let Some(r) = results.last() else { return };
             crate::ui::line(format!(
                 "[{}/{total} {:>5.0} s] {} ... {}{} (build {:.0} s, judge {:.0} s)",
