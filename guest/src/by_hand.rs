@@ -75,7 +75,7 @@ fn run(args: &[String]) -> Result<i32> {
     let session = runner::hello(note.into_iter().collect())?;
     // A failing step is reported as the PID 1 agent reports it, and the
     // host's report still comes: the steps and records up to the failure.
-    let failed = match runner::run_steps(&plan, false) {
+    let failed = match runner::run_steps(&plan, None) {
         Ok(()) => false,
         Err(err) => {
             let message = sys::describe_chain(&err);

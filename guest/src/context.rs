@@ -45,6 +45,16 @@ pub struct StepContext {
     pub unloaded: Vec<(String, u32)>,
     /// Record bytes sent to the host so far (reported in `Done`).
     pub records_bytes: u64,
+    /// The generated symbols as read just before the VM was saved, while
+    /// nothing has run since the restore that could change them: the
+    /// plan's first step, when it is `snapshot-kallsyms`, sends these
+    /// instead of reading /proc/kallsyms again. The runner clears it once
+    /// any step has run.
+    pub kallsyms_at_save: Option<Vec<kloop_protocol::KallsymsEntry>>,
+    /// Programs `load` steps loaded whose facts wait for their kallsyms
+    /// lines: consecutive loads share one read of /proc/kallsyms, made
+    /// after the last of them (see `steps::load::send_pending_facts`).
+    pub pending_facts: Vec<(String, crate::bpf::ProgInfo)>,
 }
 
 impl StepContext {

@@ -12,7 +12,7 @@ use crate::steps::{
 /// Runs one step of the plan against the plan's shared `context`.
 pub(super) fn run_step(context: &mut StepContext, step: &Step) -> Result<()> {
     match step {
-        Step::SnapshotKallsyms => kallsyms::snapshot(),
+        Step::SnapshotKallsyms => kallsyms::snapshot(context.kallsyms_at_save.take()),
         Step::OpenListeners { listener } => listeners::open(context, listener),
         Step::Drain => listeners::drain(context),
         Step::PauseOutput { paused } => listeners::pause(context, *paused),

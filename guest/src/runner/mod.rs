@@ -9,12 +9,12 @@ mod warm_up;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use kloop_protocol::{Message, Plan, PLAN_PATH, PROTOCOL_VERSION};
+use kloop_protocol::{Message, Plan, Step, PLAN_PATH, PROTOCOL_VERSION};
 
 use crate::channel::{self, log, send};
 use crate::context::StepContext;
 use crate::init;
-use crate::steps::probes;
+use crate::steps::{load, probes};
 use crate::sys::{self, OsContext};
 
 const SYSCTLS: &[&str] = &[
@@ -31,7 +31,9 @@ const SYSCTLS: &[&str] = &[
 ///
 /// With a plan in the initramfs (a cold boot) the plan's own fixtures are
 /// warmed up after the probes. Without one the agent is being booted to be
-/// saved: it warms every fixture up, says [`Message::AwaitingPlan`] and
+/// saved: it warms every fixture up, runs the probes that leave no trace
+/// and reads the generated symbols (both kept for the restored copies),
+/// says [`Message::AwaitingPlan`] and
 /// waits for the host's plan; the host saves the VM at that point and
 /// every restored copy continues here with its own plan. Either way the
 /// host then sees the same session: hello, facts, logs, steps, done.
@@ -41,10 +43,16 @@ pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
         0,
         format!("data port {}: {port_note}", kloop_protocol::DATA_PORT),
     );
-    let (plan, warmed) = if std::path::Path::new(PLAN_PATH).exists() {
-        (read_plan()?, false)
+    let (plan, saved) = if std::path::Path::new(PLAN_PATH).exists() {
+        (read_plan()?, None)
     } else {
-        let (warm_notes, loaded) = warm_up::warm_up_aya(&crate::fixtures::all_stems())?;
+        let (mut warm_notes, loaded) = warm_up::warm_up_aya(&crate::fixtures::all_stems())?;
+        // Whatever does not depend on the plan is done once, here, and
+        // every restored copy starts with it done: the probes, then (last,
+        // so that it sees what the probes left) the generated symbols.
+        warm_notes.push(probes::probe_before_save());
+        let kallsyms = crate::steps::kallsyms::read_side_band()
+            .context("reading /proc/kallsyms before the save")?;
         send(&Message::AwaitingPlan {
             monotonic_ns: sys::monotonic_ns(),
             warmed_up: loaded,
@@ -54,24 +62,34 @@ pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
         let plan = channel::receive_plan()?;
         notes.push("restored from a saved VM: the plan came over the data port".into());
         notes.extend(warm_notes);
-        (plan, true)
+        (plan, Some(kallsyms))
     };
     hello(notes)?;
-    run_steps(&plan, warmed)
+    run_steps(&plan, saved)
 }
 
 /// The session after its hello, for `plan`: heartbeats, the probes, the
-/// aya warm-up unless `warmed` already, every step, done.
-pub fn run_steps(plan: &Plan, warmed: bool) -> Result<()> {
+/// aya warm-up, every step, done. `saved` is `Some` in a guest restored
+/// from a saved VM, which warmed up before the save, holding the generated
+/// symbols as they were then.
+pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>) -> Result<()> {
     channel::start_heartbeat();
 
-    if let Some((requirement, reason)) = probes::first_unmet(&plan.requires)? {
+    let (unmet, all_from_save) = probes::first_unmet(&plan.requires)?;
+    if let Some((requirement, reason)) = unmet {
         send(&Message::Unsupported {
             requirement,
             reason,
         })?;
         return send(&Message::Done { records_bytes: 0 });
     }
+    let warmed = saved.is_some();
+    let mut context = StepContext {
+        // Valid only while the kernel is as it was saved: no probe ran
+        // since, and (cleared below) no step.
+        kallsyms_at_save: saved.filter(|_| all_from_save),
+        ..StepContext::default()
+    };
     if !warmed {
         let (warm_notes, _) = warm_up::warm_up_aya(&warm_up::plan_fixtures(plan))?;
         for note in warm_notes {
@@ -79,7 +97,6 @@ pub fn run_steps(plan: &Plan, warmed: bool) -> Result<()> {
         }
     }
 
-    let mut context = StepContext::default();
     for (index, step) in plan.steps.iter().enumerate() {
         let index = index as u32;
         init::set_current_step(Some(index));
@@ -89,6 +106,10 @@ pub fn run_steps(plan: &Plan, warmed: bool) -> Result<()> {
         })?;
         let started = Instant::now();
         dispatch::run_step(&mut context, step)?;
+        context.kallsyms_at_save = None;
+        if !matches!(plan.steps.get(index as usize + 1), Some(Step::Load { .. })) {
+            load::send_pending_facts(&mut context)?;
+        }
         send(&Message::StepDone {
             index,
             elapsed_ns: started.elapsed().as_nanos() as u64,

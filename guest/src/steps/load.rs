@@ -53,8 +53,10 @@ fn load_with(
     load(prog)
         .map_err(anyhow::Error::from)
         .with_context(|| format!("loading {fixture}/{program} (label {label:?})"))?;
-    let id = report_prog(label, prog)
+    let info = bpf::prog_info(prog.fd()?.as_fd())
         .with_context(|| format!("bpf_prog_info of {fixture}/{program}"))?;
+    let id = info.info.id;
+    context.pending_facts.push((label.to_owned(), info));
     context.loaded.insert(
         label.to_owned(),
         Loaded {
@@ -75,6 +77,32 @@ pub fn report_prog(label: &str, prog: &Program) -> Result<u32> {
     let kallsyms = kallsyms::read_filtered(|e| info.jited_ksyms.contains(&e.addr))?;
     send(&Message::Prog(info.facts(label.to_owned(), &kallsyms)))?;
     Ok(info.info.id)
+}
+
+/// Sends the `ProgFacts` of every program in `context.pending_facts`, with
+/// their kallsyms lines from one read of /proc/kallsyms. The runner calls
+/// it after a `load` step that no other `load` follows, so every program
+/// is still loaded when its lines are read; a run of loads then costs one
+/// read (0.2-0.4 s under TCG) instead of one each.
+pub fn send_pending_facts(context: &mut StepContext) -> Result<()> {
+    if context.pending_facts.is_empty() {
+        return Ok(());
+    }
+    let pending = std::mem::take(&mut context.pending_facts);
+    let wanted: HashSet<u64> = pending
+        .iter()
+        .flat_map(|(_, info)| info.jited_ksyms.iter().copied())
+        .collect();
+    let lines = kallsyms::read_filtered(|e| wanted.contains(&e.addr))?;
+    for (label, info) in pending {
+        let own: Vec<_> = lines
+            .iter()
+            .filter(|e| info.jited_ksyms.contains(&e.addr))
+            .cloned()
+            .collect();
+        send(&Message::Prog(info.facts(label, &own)))?;
+    }
+    Ok(())
 }
 
 /// The kernel's BTF, parsed once: under TCG parsing vmlinux BTF takes

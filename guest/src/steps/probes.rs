@@ -10,9 +10,10 @@
 //! file, the errno and the config option it implies) ends the run as
 //! `Unsupported`. An error is a probe that could not be carried out at all.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::os::fd::AsRawFd;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -28,24 +29,86 @@ use crate::sys::{self, Errno};
 /// The outcome of one probe: `Err(reason)` when the kernel lacks the feature.
 type Probe = std::result::Result<(), String>;
 
-/// The first requirement the running kernel does not meet, with the reason.
-pub fn first_unmet(requires: &[Requirement]) -> Result<Option<(Requirement, String)>> {
+/// Probe outcomes found while a VM was being booted to be saved, by
+/// requirement: `Ok(outcome)` or the error text of a probe that could not be
+/// carried out, with how long it took then.
+///
+/// A restored guest is the saved memory image, so its kernel, command line
+/// and devices are the ones these answers were found on: asking again would
+/// only repeat the work in every trial (the fentry probe alone waits about
+/// a second under TCG for RCU-tasks to free its trampoline).
+static AT_SAVE: OnceLock<HashMap<Requirement, SavedAnswer>> = OnceLock::new();
+
+/// One requirement's answer from before the save: the outcome, or the text
+/// of the error that kept the probe from running; and its milliseconds.
+type SavedAnswer = (std::result::Result<Probe, String>, u128);
+
+/// Requirements [`probe_before_save`] answers: every one whose probe leaves
+/// the kernel as it found it. The others are probed in the trial that asks
+/// for them: `veth` loads a module, which stays loaded, and `kprobes` arms
+/// its kprobe through ftrace (perf registers a trace event's probe when the
+/// event is opened, disabled or not), which gives the kprobe ftrace ops a
+/// trampoline that outlives the probe (an `ftrace_trampoline` symbol, never
+/// freed for a static ops).
+const PROBED_BEFORE_SAVE: &[Requirement] = &[
+    Requirement::Btf,
+    Requirement::Jit,
+    Requirement::JitOptional,
+    Requirement::Fentry,
+    Requirement::LsmBpf,
+    Requirement::FtraceInstances,
+    Requirement::PerfTool,
+    Requirement::Threads,
+    Requirement::SyscallTracepoints,
+];
+
+/// Runs every probe of [`PROBED_BEFORE_SAVE`] once, in a guest about to be
+/// saved, and keeps the answers for the trials restored from it. Returns
+/// a note for the host.
+pub fn probe_before_save() -> String {
+    let started = Instant::now();
+    let mut answers = HashMap::new();
+    for &r in PROBED_BEFORE_SAVE {
+        let t = Instant::now();
+        let outcome = probe(r).map_err(|e| sys::describe_chain(&e));
+        answers.insert(r, (outcome, t.elapsed().as_millis()));
+    }
+    let _ = AT_SAVE.set(answers);
+    format!(
+        "probed {} requirement(s) before the save, {} ms",
+        PROBED_BEFORE_SAVE.len(),
+        started.elapsed().as_millis()
+    )
+}
+
+/// The first requirement the running kernel does not meet, with the reason,
+/// and whether every answer came from [`probe_before_save`] (so no probe
+/// touched the kernel since the save).
+pub fn first_unmet(requires: &[Requirement]) -> Result<(Option<(Requirement, String)>, bool)> {
+    let mut all_from_save = true;
     for &r in requires {
-        let started = Instant::now();
-        let outcome = probe(r)?;
+        let (outcome, how) = match AT_SAVE.get().and_then(|a| a.get(&r)) {
+            Some((Ok(outcome), ms)) => (outcome.clone(), format!("{ms} ms, before the save")),
+            Some((Err(e), _)) => bail!("probe {r:?} (before the save): {e}"),
+            None => {
+                all_from_save = false;
+                let started = Instant::now();
+                let outcome = probe(r)?;
+                (outcome, format!("{} ms", started.elapsed().as_millis()))
+            }
+        };
         log(format!(
-            "probe {r:?}: {} ({} ms)",
+            "probe {r:?}: {} ({how})",
             match &outcome {
                 Ok(()) => "met".to_string(),
                 Err(reason) => format!("unmet: {reason}"),
             },
-            started.elapsed().as_millis()
         ))?;
         if let Err(reason) = outcome {
-            return Ok(Some((r, reason)));
+            return Ok((Some((r, reason)), all_from_save));
         }
     }
-    Ok(None)
+    Ok((None, all_from_save))
 }
 
 fn probe(r: Requirement) -> Result<Probe> {
