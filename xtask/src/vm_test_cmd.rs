@@ -365,7 +365,18 @@ pub(crate) fn vm_test(a: VmTestArgs, new_snapshot_set: bool) -> Result<ExitCode>
     let runs: Vec<_> = (0..repeat).flat_map(|_| trials.iter().cloned()).collect();
     let jobs = a.jobs.unwrap_or_else(suite::default_jobs);
     crate::ui::trials_started(runs.len());
-    let all_runs = suite::run_all(&env, &runs, jobs, &|r| {
+    // One round: longest trials first, by the last runs' times, so that the
+    // parallel VMs finish together. Rounds of a repeat keep their order.
+    let order = if repeat > 1 {
+        (0..runs.len()).collect()
+    } else {
+        let runs_root = env.run_dir.parent().unwrap_or(&env.run_dir);
+        suite::longest_first(
+            &runs,
+            &kloop::run::run_dirs::past_wall_times(runs_root, &env.run_dir),
+        )
+    };
+    let all_runs = suite::run_in_order(&env, &runs, &order, jobs, &|r| {
         let mut text = report::trial_line(r);
         if let Some(d) = report::failure_details(r) {
             text = format!("{text}\n{d}");

@@ -6,6 +6,7 @@
 //! lock with the process, however it ends), so pruning, which may happen in
 //! another kloop process at the same moment, never removes a live run.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -123,6 +124,33 @@ pub fn prune(root: &Path, keep: usize, report_dir: &Path) -> Pruned {
     pruned
 }
 
+/// How long each trial took (wall seconds, by trial id such as
+/// `6.12/trampolines`) in the newest finished runs under `root`, newest
+/// first wins; `current` (this run's own directory) is skipped. Read from
+/// their `results.jsonl`; a run without one, or a line that is not a
+/// result, is passed over: the figures only order trials.
+pub fn past_wall_times(root: &Path, current: &Path) -> HashMap<String, f64> {
+    /// Enough runs to cover a full matrix after a few filtered ones.
+    const RUNS_READ: usize = 5;
+    let mut times = HashMap::new();
+    let finished = list(root)
+        .into_iter()
+        .filter(|r| !r.live && r.path != current)
+        .filter_map(|r| std::fs::read_to_string(r.path.join("results.jsonl")).ok())
+        .take(RUNS_READ);
+    for text in finished {
+        for line in text.lines() {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if let (Some(id), Some(wall)) = (v["id"].as_str(), v["wall_secs"].as_f64()) {
+                times.entry(id.to_owned()).or_insert(wall);
+            }
+        }
+    }
+    times
+}
+
 /// True if some process holds `dir`'s lock (a directory without one is
 /// from before locks, or half made: not live).
 fn is_live(dir: &Path) -> bool {
@@ -188,5 +216,34 @@ mod tests {
         assert!(newer.is_dir() && live_renamed.is_dir() && root.join("notes").is_dir());
         assert!(!reports.join("overhead-50-1.md").exists());
         assert!(!old.exists() && !older.exists());
+    }
+
+    #[test]
+    fn past_wall_times_takes_the_newest_finished_runs_figure() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("runs");
+        let older = make_run(&root, 100, 0);
+        std::fs::write(
+            older.join("results.jsonl"),
+            "{\"id\":\"6.1/basic\",\"wall_secs\":9.0}\n{\"id\":\"6.1/kprobes\",\"wall_secs\":3.5}\n",
+        )
+        .unwrap();
+        let newer = make_run(&root, 200, 0);
+        std::fs::write(
+            newer.join("results.jsonl"),
+            "not json\n{\"id\":\"6.1/basic\",\"wall_secs\":1.25}\n{\"id\":\"6.1/x\"}\n",
+        )
+        .unwrap();
+        // The run asking is skipped, even though it is the newest.
+        let current = make_run(&root, 300, 0);
+        std::fs::write(
+            current.join("results.jsonl"),
+            "{\"id\":\"6.1/basic\",\"wall_secs\":100.0}\n",
+        )
+        .unwrap();
+        let times = past_wall_times(&root, &current);
+        assert_eq!(times.get("6.1/basic"), Some(&1.25));
+        assert_eq!(times.get("6.1/kprobes"), Some(&3.5));
+        assert_eq!(times.len(), 2);
     }
 }

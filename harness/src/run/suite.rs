@@ -4,6 +4,7 @@
 //! can enumerate trials without touching QEMU; preparing the environment
 //! builds the agent, finds QEMU and decides the accelerator once per run.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use crate::run::trial::{BootMode, KernelUnderTest, LocalKernel, TrialEnv};
@@ -385,11 +386,43 @@ pub fn prefetch(env: &TrialEnv, trials: &[PlannedTrial]) {
     }
 }
 
+/// The order to start `trials` in so that `jobs` parallel VMs finish
+/// together: longest first by `past` wall times (`run_dirs::
+/// past_wall_times`), trials never timed before ahead of all (they may be
+/// long, and the first trial of a kernel × VM shape makes its saved VM),
+/// ties in catalog order. Started in catalog order, a matrix ends with one
+/// VM running a pin's last slow trials while the other idles.
+pub fn longest_first(trials: &[PlannedTrial], past: &HashMap<String, f64>) -> Vec<usize> {
+    let ids: Vec<String> = trials.iter().map(PlannedTrial::id).collect();
+    longest_first_by_id(&ids, past)
+}
+
+fn longest_first_by_id(ids: &[String], past: &HashMap<String, f64>) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..ids.len()).collect();
+    let cost = |i: usize| past.get(&ids[i]).copied().unwrap_or(f64::INFINITY);
+    order.sort_by(|&a, &b| cost(b).total_cmp(&cost(a)).then(a.cmp(&b)));
+    order
+}
+
 /// Runs `trials` on `jobs` parallel VMs, calling `on_result` as each ends.
 /// Trials not started when an interrupt arrives are reported interrupted.
 pub fn run_all(
     env: &TrialEnv,
     trials: &[PlannedTrial],
+    jobs: usize,
+    on_result: &(dyn Fn(&crate::run::trial::TrialResult) + Sync),
+) -> Vec<crate::run::trial::TrialResult> {
+    let order: Vec<usize> = (0..trials.len()).collect();
+    run_in_order(env, trials, &order, jobs, on_result)
+}
+
+/// [`run_all`], starting the trials in `order` (indices into `trials`,
+/// e.g. from [`longest_first`]); the results still come back in `trials`'
+/// order.
+pub fn run_in_order(
+    env: &TrialEnv,
+    trials: &[PlannedTrial],
+    order: &[usize],
     jobs: usize,
     on_result: &(dyn Fn(&crate::run::trial::TrialResult) + Sync),
 ) -> Vec<crate::run::trial::TrialResult> {
@@ -400,7 +433,9 @@ pub fn run_all(
     std::thread::scope(|s| {
         for _ in 0..jobs.max(1).min(trials.len().max(1)) {
             s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::SeqCst);
+                let Some(&i) = order.get(next.fetch_add(1, Ordering::SeqCst)) else {
+                    break;
+                };
                 let Some(t) = trials.get(i) else { break };
                 let r = if crate::run::signals::interrupted() {
                     interrupted_result(env, t)
@@ -440,4 +475,33 @@ pub fn default_jobs() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
+}
+
+#[cfg(test)]
+mod order_tests {
+    use super::*;
+
+    #[test]
+    fn longest_first_puts_untimed_trials_first_then_the_slowest() {
+        let ids: Vec<String> = [
+            "6.1/basic",
+            "6.1/overhead",
+            "6.1/new",
+            "7.3/basic",
+            "7.3/trampolines",
+        ]
+        .map(String::from)
+        .to_vec();
+        let past: HashMap<String, f64> = [
+            ("6.1/basic", 1.0),
+            ("6.1/overhead", 5.0),
+            ("7.3/basic", 1.0),
+            ("7.3/trampolines", 7.0),
+        ]
+        .map(|(k, v)| (k.to_owned(), v))
+        .into();
+        // Untimed first; equal times keep catalog order.
+        assert_eq!(longest_first_by_id(&ids, &past), [2, 4, 1, 0, 3]);
+        assert_eq!(longest_first_by_id(&ids, &HashMap::new()), [0, 1, 2, 3, 4]);
+    }
 }
