@@ -432,26 +432,27 @@ pub fn run_in_order(
     let results: Mutex<Vec<(usize, crate::run::trial::TrialResult)>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..jobs.max(1).min(trials.len().max(1)) {
-            s.spawn(|| loop {
-                let Some(&i) = order.get(next.fetch_add(1, Ordering::SeqCst)) else {
-                    break;
-                };
-                let Some(t) = trials.get(i) else { break };
-                let r = if crate::run::signals::interrupted() {
-                    interrupted_result(env, t)
-                } else {
-                    let task = format!("trial {}", t.id());
-                    crate::run::status::start(&task, &t.id());
-                    let r = crate::run::trial::run_trial(env, &t.kernel, &t.scenario);
-                    // The trial's line is the caller's to print (`on_result`).
-                    crate::run::status::done(&task, "");
-                    r
-                };
-                on_result(&r);
-                results
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((i, r));
+            s.spawn(|| {
+                while let Some((i, t)) = order
+                    .get(next.fetch_add(1, Ordering::SeqCst))
+                    .and_then(|&i| Some((i, trials.get(i)?)))
+                {
+                    let r = if crate::run::signals::interrupted() {
+                        interrupted_result(env, t)
+                    } else {
+                        let task = format!("trial {}", t.id());
+                        crate::run::status::start(&task, &t.id());
+                        let r = crate::run::trial::run_trial(env, &t.kernel, &t.scenario);
+                        // The trial's line is the caller's to print (`on_result`).
+                        crate::run::status::done(&task, "");
+                        r
+                    };
+                    on_result(&r);
+                    results
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((i, r));
+                }
             });
         }
     });
