@@ -268,10 +268,17 @@ pub enum Step {
     /// debugfs (failslab, fail_page_alloc) for the sweep and restored after.
     /// An attempt that failed must fail with an errno; more than
     /// `max_attempts` attempts is an error. Reports a `FailNthSweep`.
+    ///
+    /// With `page_allocations = false`, only slab allocations are made
+    /// fault points: a page allocation whose presence depends on timing
+    /// (kfree_rcu's batching takes a page now and then) would change the
+    /// number of attempts, and so the records, from run to run.
     FailNth {
         target: SweepTarget,
         #[serde(default = "default_max_attempts")]
         max_attempts: u32,
+        #[serde(default = "yes")]
+        page_allocations: bool,
     },
     /// Deliberately break something, to prove the host catches it. Only the
     /// fault-injection tests use this.
@@ -282,6 +289,10 @@ pub enum Step {
 
 fn default_max_attempts() -> u32 {
     200
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// The one syscall a `fail-nth` step sweeps.

@@ -34,7 +34,8 @@ pub(super) fn run_step(context: &mut StepContext, step: &Step) -> Result<()> {
         Step::FailNth {
             target,
             max_attempts,
-        } => fail_nth::run(context, target, *max_attempts),
+            page_allocations,
+        } => fail_nth::run(context, target, *max_attempts, *page_allocations),
         Step::Measure {
             fixture,
             program,

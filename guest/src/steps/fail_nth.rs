@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use aya_obj::generated::bpf_cmd;
@@ -76,6 +77,7 @@ const MAX_SLOT_OFFSETS: u64 = 16;
 /// replaces it) is 5 bytes long.
 const FTRACE_CALL_LEN: u64 = 5;
 
+const TRAMPOLINE_PREFIX: &str = "bpf_trampoline_";
 const KPROBE_LIST: &str = "/sys/kernel/debug/kprobes/list";
 const KPROBE_PMU_TYPE: &str = "/sys/bus/event_source/devices/kprobe/type";
 /// The kallsyms name of kprobes' out-of-line instruction pages
@@ -83,8 +85,13 @@ const KPROBE_PMU_TYPE: &str = "/sys/bus/event_source/devices/kprobe/type";
 const INSN_PAGE_SYM: &str = "kprobe_insn_page";
 
 /// Runs one `fail-nth` step.
-pub fn run(context: &mut StepContext, target: &SweepTarget, max_attempts: u32) -> Result<()> {
-    let knobs = Knobs::set()?;
+pub fn run(
+    context: &mut StepContext,
+    target: &SweepTarget,
+    max_attempts: u32,
+    page_allocations: bool,
+) -> Result<()> {
+    let knobs = Knobs::set(page_allocations)?;
     let outcome = match target {
         SweepTarget::Attach { label } => sweep_attach(context, label, max_attempts),
         SweepTarget::KprobeSlot { function } => sweep_kprobe_slot(context, function, max_attempts),
@@ -112,9 +119,14 @@ struct Knobs {
 }
 
 impl Knobs {
-    fn set() -> Result<Knobs> {
+    /// Without `page_allocations`, fail_page_alloc keeps its defaults
+    /// (GFP_KERNEL pages are no fault points).
+    fn set(page_allocations: bool) -> Result<Knobs> {
         let mut knobs = Knobs { saved: Vec::new() };
-        for (dir, name, value) in KNOBS {
+        for (dir, name, value) in KNOBS
+            .iter()
+            .filter(|(dir, _, _)| page_allocations || *dir != FAIL_PAGE_ALLOC)
+        {
             let path = format!("{dir}/{name}");
             let old = match sys::read_trimmed(&path) {
                 Ok(v) => v,
@@ -281,19 +293,21 @@ fn sweep(max_attempts: u32, mut attempt: impl FnMut(u32) -> Result<Attempt>) -> 
     )
 }
 
-/// Runs `open` armed at `n`, closes what it opened and drains the rings
-/// every [`DRAIN_EVERY`] attempts.
+/// Runs `open` armed at `n`, closes what it opened (then `settle`s) and
+/// drains the rings every [`DRAIN_EVERY`] attempts.
 fn attempt_fd(
     context: &mut StepContext,
     fail_nth: &FailNth,
     n: u32,
     open: impl FnOnce() -> io::Result<OwnedFd>,
+    settle: impl FnOnce() -> Result<()>,
 ) -> Result<Attempt> {
     let (result, injected) = fail_nth.armed(n, open)?;
     let errno = match result {
         // Undo a success: closing the fd drops the link or the event.
         Ok(fd) => {
             drop(fd);
+            settle().with_context(|| format!("after closing what attempt {n} opened"))?;
             None
         }
         Err(e) => Some(
@@ -339,13 +353,19 @@ fn sweep_attach(context: &mut StepContext, label: &str, max_attempts: u32) -> Re
     );
     let fail_nth = FailNth::open()?;
     let summary = sweep(max_attempts, |n| {
-        attempt_fd(context, &fail_nth, n, || {
-            sys_bpf_fd(
-                bpf_cmd::BPF_RAW_TRACEPOINT_OPEN,
-                &mut attr,
-                RAW_TRACEPOINT_OPEN_SIZE,
-            )
-        })
+        attempt_fd(
+            context,
+            &fail_nth,
+            n,
+            || {
+                sys_bpf_fd(
+                    bpf_cmd::BPF_RAW_TRACEPOINT_OPEN,
+                    &mut attr,
+                    RAW_TRACEPOINT_OPEN_SIZE,
+                )
+            },
+            trampolines_gone,
+        )
     })
     .with_context(|| format!("sweeping {what}"))?;
     if let Some(errno) = summary.last_errno {
@@ -357,6 +377,28 @@ fn sweep_attach(context: &mut StepContext, label: &str, max_attempts: u32) -> Re
     }
     context.records_bytes += perf::drain_all(&mut context.rings)?;
     Ok((what, summary, format!("program {label:?}")))
+}
+
+/// Waits until kallsyms holds no trampoline image. Closing an attached
+/// link frees its image only after RCU-tasks grace periods (from a worker);
+/// waiting here puts that unregister right after its register in the
+/// stream, where a failed attempt's image (freed within the syscall) puts
+/// its own, so the stream's order does not depend on grace-period timing.
+fn trampolines_gone() -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let left = crate::kallsyms::read_filtered(|e| e.name.starts_with(TRAMPOLINE_PREFIX))?;
+        if left.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} {TRAMPOLINE_PREFIX}* symbols still in kallsyms 15 s after the link was closed",
+                left.len()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// The `kprobe_insn_page` symbols in kallsyms.
@@ -439,7 +481,15 @@ fn sweep_kprobe_slot(
         let attr = kprobe_attr(pmu, &func, offset);
         let what = format!("kprobe {function}+{offset:#x} (perf_event_open)");
         let summary = sweep(max_attempts, |n| {
-            attempt_fd(context, &fail_nth, n, || perf_event_open(&attr, -1, 0))
+            // Closing the event unregisters the probe at once; the slot
+            // is only marked dirty, the page stays.
+            attempt_fd(
+                context,
+                &fail_nth,
+                n,
+                || perf_event_open(&attr, -1, 0),
+                || Ok(()),
+            )
         })
         .with_context(|| format!("sweeping {what}"))?;
         match summary.last_errno {
