@@ -315,7 +315,7 @@ fn attempt_fd(
                 .ok_or_else(|| anyhow!("the syscall failed without an errno: {e}"))?,
         ),
     };
-    if n % DRAIN_EVERY == 0 {
+    if n.is_multiple_of(DRAIN_EVERY) {
         context.records_bytes += perf::drain_all(&mut context.rings)?;
     }
     Ok(Attempt { injected, errno })
