@@ -381,7 +381,7 @@ mod tests {
     use super::*;
     use crate::judge::check::analyse;
     use crate::judge::check::testrun::{evidence, good_script, Ev};
-    use crate::judge::evidence::{CounterValue, FileSnapshot};
+    use crate::judge::evidence::{CounterValue, FailNthSweep, FileSnapshot};
     use kloop_protocol::Step;
     use serde::Deserialize;
 
@@ -519,6 +519,37 @@ step = { op = "detach", link = "clock" }
             got.iter().any(|v| v.message.contains("never unregistered")),
             "{got:?}"
         );
+    }
+
+    // The alloc-failures sweeps as a fault-injection build reported them.
+    #[test]
+    fn fail_nth_sweeps_are_found_by_target_and_sized() {
+        let mut ev = evidence(&good_script());
+        ev.fail_nth = vec![
+            FailNthSweep {
+                target: "kprobe hrtimer_nanosleep+0x5 (perf_event_open)".into(),
+                attempts: 14,
+                failed: 12,
+                errnos: vec![("ENOMEM".into(), 12)],
+                detail: String::new(),
+            },
+            FailNthSweep {
+                target: "attach fentry (BPF_RAW_TRACEPOINT_OPEN)".into(),
+                attempts: 20,
+                failed: 19,
+                errnos: vec![("ENOMEM".into(), 19)],
+                detail: String::new(),
+            },
+        ];
+        let a = analyse(&ev);
+        let e = parse("[[expect]]\nkind = \"fail-nth\"\ntarget = \"kprobe\"\nmin_failed = 2\n\n[[expect]]\nkind = \"fail-nth\"\ntarget = \"attach fentry\"\nmin_attempts = 20\n");
+        assert_eq!(check(&e, &plan(vec![]), &ev, &a, None), vec![]);
+        let e = parse("[[expect]]\nkind = \"fail-nth\"\ntarget = \"attach fentry\"\nmin_failed = 20\n\n[[expect]]\nkind = \"fail-nth\"\ntarget = \"attach lsm\"\n");
+        let got = check(&e, &plan(vec![]), &ev, &a, None);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got.iter().all(|v| v.rule == rule::FAIL_NTH), "{got:?}");
+        assert!(got[0].message.contains("19 failed"), "{got:?}");
+        assert!(got[1].message.contains("\"attach lsm\""), "{got:?}");
     }
 
     // Recorded on a real 6.1 guest (kprobes scenario, first run): the three
