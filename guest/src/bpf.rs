@@ -32,6 +32,10 @@ const INFO_BY_FD_SIZE: u32 = attr_size(std::mem::offset_of!(bpf_attr, info.info)
 /// `BPF_PROG_GET_NEXT_ID` and `BPF_PROG_GET_FD_BY_ID`: the id (`start_id`
 /// or `prog_id`), `next_id`, `open_flags`.
 const GET_ID_SIZE: u32 = attr_size(std::mem::offset_of!(bpf_attr, __bindgen_anon_6.open_flags) + 4);
+/// `BPF_RAW_TRACEPOINT_OPEN`: `name` and `prog_fd` (the `cookie` after
+/// them is 6.10+).
+pub const RAW_TRACEPOINT_OPEN_SIZE: u32 =
+    attr_size(std::mem::offset_of!(bpf_attr, raw_tracepoint.prog_fd) + 4);
 const _: () = assert!(INFO_BY_FD_SIZE == 16 && GET_ID_SIZE == 16);
 
 /// A zeroed `bpf_attr`: every field a command does not set must be zero.

@@ -38,6 +38,8 @@ pub fn errno_name(errno: i32) -> Option<&'static str> {
         libc::EOPNOTSUPP => "EOPNOTSUPP",
         libc::EOVERFLOW => "EOVERFLOW",
         libc::ETIMEDOUT => "ETIMEDOUT",
+        libc::ENFILE => "ENFILE",
+        libc::EILSEQ => "EILSEQ",
         // Kernel-internal, but BPF leaks it to user space.
         524 => "ENOTSUPP",
         _ => return None,

@@ -30,7 +30,7 @@ pub mod plan;
 
 pub use frame::{encode_frame, FrameDecoder, FrameError, FrameKind, RawFrame, MAX_PAYLOAD};
 pub use plan::{
-    AttachTarget, Fault, ListenerScope, ListenerSpec, Plan, Requirement, Step, XdpMode,
+    AttachTarget, Fault, ListenerScope, ListenerSpec, Plan, Requirement, Step, SweepTarget, XdpMode,
 };
 
 /// Bumped whenever a frame layout or a message changes incompatibly.
@@ -267,6 +267,19 @@ pub enum Message {
         program: String,
         functions: u32,
         ids: Vec<u32>,
+    },
+    /// A `fail-nth` step's sweep: `attempts` runs of the swept syscall,
+    /// the last of which reached no injected fault; of the others,
+    /// `failed` returned an error (`errnos`: each errno's name and how many
+    /// attempts returned it) and the rest succeeded despite the injected
+    /// failure (an allocation with a fallback). `detail` says what was
+    /// swept (the kprobe's offset, whether the instruction page existed).
+    FailNthSweep {
+        target: String,
+        attempts: u32,
+        failed: u32,
+        errnos: Vec<(String, u32)>,
+        detail: String,
     },
     /// The side-band lookups of a `storm` with `lookup`: PROG_LOAD ids seen
     /// in the rings while the storm ran and what `BPF_PROG_GET_FD_BY_ID`

@@ -258,11 +258,58 @@ pub enum Step {
     /// field: `perf script --show-bpf-events` prints no BPF_EVENT tag) and
     /// report the text as a `PerfScript`.
     PerfRecordStop,
+    /// Systematic allocation failures in one syscall (the fail-nth
+    /// technique, Documentation/fault-injection/fault-injection.rst): for
+    /// N = 1, 2, …, arm `/proc/thread-self/fail-nth` with N, run the
+    /// `target`'s syscall once, read fail-nth back (0: the N-th fault point
+    /// failed; otherwise the syscall ended before reaching N points), undo
+    /// what a successful attempt did, and stop at the first attempt that
+    /// reached no injected fault. GFP_KERNEL allocations are made eligible in
+    /// debugfs (failslab, fail_page_alloc) for the sweep and restored after.
+    /// An attempt that failed must fail with an errno; more than
+    /// `max_attempts` attempts is an error. Reports a `FailNthSweep`.
+    ///
+    /// With `page_allocations = false`, only slab allocations are made
+    /// fault points: a page allocation whose presence depends on timing
+    /// (kfree_rcu's batching takes a page now and then) would change the
+    /// number of attempts, and so the records, from run to run.
+    FailNth {
+        target: SweepTarget,
+        #[serde(default = "default_max_attempts")]
+        max_attempts: u32,
+        #[serde(default = "yes")]
+        page_allocations: bool,
+    },
     /// Deliberately break something, to prove the host catches it. Only the
     /// fault-injection tests use this.
     Fault {
         fault: Fault,
     },
+}
+
+fn default_max_attempts() -> u32 {
+    200
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The one syscall a `fail-nth` step sweeps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum SweepTarget {
+    /// Attach the loaded fentry/fexit/LSM program `label` where it was
+    /// loaded for (`BPF_RAW_TRACEPOINT_OPEN` on its fd): the attach builds
+    /// a BPF trampoline image (`bpf_tramp_image_alloc`). A successful
+    /// attempt's link is closed again.
+    Attach { label: String },
+    /// Open a disabled kprobe perf event (kprobe PMU) on `function` just
+    /// past its ftrace call site: a probe that needs an out-of-line
+    /// instruction slot, so the first one of a boot allocates the
+    /// `kprobe_insn_page` (`__get_insn_slot`). A successful attempt's event
+    /// is closed again (the kernel keeps the page).
+    KprobeSlot { function: String },
 }
 
 /// A fault the agent can inject on request.
@@ -327,6 +374,10 @@ pub enum Requirement {
     Threads,
     /// Syscall tracepoints exist in tracefs (`CONFIG_FTRACE_SYSCALLS`).
     SyscallTracepoints,
+    /// `/proc/thread-self/fail-nth` and the failslab / fail_page_alloc
+    /// knobs in debugfs exist (`CONFIG_FAULT_INJECTION`, `CONFIG_FAILSLAB`,
+    /// `CONFIG_FAIL_PAGE_ALLOC`, `CONFIG_FAULT_INJECTION_DEBUG_FS`).
+    FaultInjection,
 }
 
 impl Step {

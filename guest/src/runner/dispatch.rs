@@ -5,8 +5,8 @@ use kloop_protocol::Step;
 
 use crate::context::StepContext;
 use crate::steps::{
-    concurrent, fault, files, hooks, inventory, kallsyms, listeners, load, measure, net, perf_tool,
-    storm,
+    concurrent, fail_nth, fault, files, hooks, inventory, kallsyms, listeners, load, measure, net,
+    perf_tool, storm,
 };
 
 /// Runs one step of the plan against the plan's shared `context`.
@@ -31,6 +31,11 @@ pub(super) fn run_step(context: &mut StepContext, step: &Step) -> Result<()> {
         Step::Unload { label } => load::unload(context, label),
         Step::WaitUnloaded { timeout_ms } => load::wait_unloaded(context, *timeout_ms),
         Step::Fault { fault } => fault::inject(*fault),
+        Step::FailNth {
+            target,
+            max_attempts,
+            page_allocations,
+        } => fail_nth::run(context, target, *max_attempts, *page_allocations),
         Step::Measure {
             fixture,
             program,

@@ -256,7 +256,7 @@ fn kprobe_after_entry(
                 ));
             }
             Err(e) => match errno_of(e.root_cause()) {
-                // sys::errno_name does not know EILSEQ, the answer for an
+                // EILSEQ is the answer for an
                 // offset inside an instruction.
                 Some(libc::EILSEQ) => refused.push(format!("{offset:#x} (EILSEQ)")),
                 Some(libc::EINVAL) => refused.push(format!("{offset:#x} (EINVAL)")),

@@ -4,6 +4,7 @@
 //! calls into these modules, never the other way round.
 
 pub mod concurrent;
+pub mod fail_nth;
 pub mod fault;
 pub mod files;
 pub mod hooks;

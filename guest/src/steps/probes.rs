@@ -20,9 +20,10 @@ use anyhow::{bail, Result};
 use aya_obj::generated::{bpf_attach_type, bpf_prog_type};
 use kloop_protocol::Requirement;
 
-use crate::bpf::{attr_size, bpf_attr, bpf_cmd, sys_bpf_fd, zeroed_attr};
+use crate::bpf::{attr_size, bpf_attr, bpf_cmd, sys_bpf_fd, zeroed_attr, RAW_TRACEPOINT_OPEN_SIZE};
 use crate::channel::log;
 use crate::perf::{event_attr, perf_event_open};
+use crate::steps::fail_nth::{FAILSLAB, FAIL_NTH, FAIL_PAGE_ALLOC};
 use crate::steps::net;
 use crate::sys::{self, Errno};
 
@@ -124,6 +125,7 @@ fn probe(r: Requirement) -> Result<Probe> {
         Requirement::PerfTool => Ok(perf_tool()),
         Requirement::Threads => Ok(threads()),
         Requirement::SyscallTracepoints => Ok(syscall_tracepoints()),
+        Requirement::FaultInjection => Ok(fault_injection()),
     }
 }
 
@@ -163,6 +165,34 @@ fn syscall_tracepoints() -> Probe {
             Errno(&e)
         )),
     }
+}
+
+/// What a `fail-nth` sweep arms and sets, each with the options that make
+/// it: fail-nth is in fs/proc/base.c under `CONFIG_FAULT_INJECTION`, the
+/// knobs in mm/failslab.c and mm/fail_page_alloc.c under
+/// `CONFIG_FAULT_INJECTION_DEBUG_FS`. Only looked at, never written.
+fn fault_injection() -> Probe {
+    let failslab = format!("{FAILSLAB}/ignore-gfp-wait");
+    let fail_page_alloc = format!("{FAIL_PAGE_ALLOC}/ignore-gfp-wait");
+    for (path, options) in [
+        (FAIL_NTH, "CONFIG_FAULT_INJECTION"),
+        (
+            failslab.as_str(),
+            "CONFIG_FAILSLAB, CONFIG_FAULT_INJECTION_DEBUG_FS",
+        ),
+        (
+            fail_page_alloc.as_str(),
+            "CONFIG_FAIL_PAGE_ALLOC, CONFIG_FAULT_INJECTION_DEBUG_FS",
+        ),
+    ] {
+        if let Err(e) = std::fs::metadata(path) {
+            return Err(format!(
+                "{path}: {}: no allocation-failure injection ({options})",
+                Errno(&e)
+            ));
+        }
+    }
+    Ok(())
 }
 
 const BTF_VMLINUX: &str = "/sys/kernel/btf/vmlinux";
@@ -396,10 +426,6 @@ const FENTRY_TARGET: &str = "bpf_fentry_test1";
 /// needs zero in (its program attaches to a kernel function, not a program).
 const PROG_LOAD_SIZE: u32 =
     attr_size(std::mem::offset_of!(bpf_attr, __bindgen_anon_3.__bindgen_anon_1) + 4);
-/// `BPF_RAW_TRACEPOINT_OPEN`: `name` and `prog_fd` (the `cookie` after
-/// them is 6.10+).
-const RAW_TRACEPOINT_OPEN_SIZE: u32 =
-    attr_size(std::mem::offset_of!(bpf_attr, raw_tracepoint.prog_fd) + 4);
 const _: () = assert!(PROG_LOAD_SIZE == 120 && RAW_TRACEPOINT_OPEN_SIZE == 16);
 
 /// `[bpf]` symbols in /proc/kallsyms (programs and trampolines).

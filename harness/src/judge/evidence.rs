@@ -55,6 +55,20 @@ pub struct RunEvidence {
     pub provoked_loss: bool,
     /// perf's own output for the plan's `perf record` run (perf_script.rs).
     pub perf_scripts: Vec<PerfScript>,
+    /// What each `fail-nth` step's sweep came to, in plan order.
+    pub fail_nth: Vec<FailNthSweep>,
+}
+
+/// A `FailNthSweep` message: one `fail-nth` step's attempts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FailNthSweep {
+    pub target: String,
+    pub attempts: u32,
+    /// Attempts with an injected fault whose syscall failed.
+    pub failed: u32,
+    /// Their errnos by name, with counts.
+    pub errnos: Vec<(String, u32)>,
+    pub detail: String,
 }
 
 /// A file the guest read for a `read-file` step.
@@ -294,6 +308,19 @@ impl RunEvidence {
                         ev.provoked_loss = true;
                     }
                 }
+                Message::FailNthSweep {
+                    target,
+                    attempts,
+                    failed,
+                    errnos,
+                    detail,
+                } => ev.fail_nth.push(FailNthSweep {
+                    target: target.clone(),
+                    attempts: *attempts,
+                    failed: *failed,
+                    errnos: errnos.clone(),
+                    detail: detail.clone(),
+                }),
                 Message::PerfScript {
                     command,
                     text,

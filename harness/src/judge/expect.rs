@@ -10,6 +10,7 @@
 //! | `file` | the `read-file` snapshot `label` contains every string of `contains` and none of `lacks` |
 //! | `counter` | the `read-counter` value(s) for `label`/`map`/`key`: each at least `min`, at most `max`, equal to `equals` |
 //! | `attached` | the `attach` of `link` was reported, its detail containing every string of `contains` |
+//! | `fail-nth` | a `fail-nth` sweep whose target contains `target` was reported, with at least `min_attempts` attempts and `min_failed` of them failed by the injected fault |
 //! | `unload-after` | the program `label`'s PROG_UNLOAD (and its unregisters) is in no records drained before the step matching `step` (a partial table: `{ op = "detach", link = "clock" }`) started, and it is in the records after |
 //!
 //! Every kind takes `pins = [...]`: checked only on those kernel pins
@@ -33,8 +34,9 @@ pub mod rule {
     pub const COUNTER: &str = "expect-counter";
     pub const ATTACHED: &str = "expect-attached";
     pub const UNLOAD_AFTER: &str = "expect-unload-after";
+    pub const FAIL_NTH: &str = "expect-fail-nth";
 
-    pub const ALL: &[&str] = &[SYMBOL, FILE, COUNTER, ATTACHED, UNLOAD_AFTER];
+    pub const ALL: &[&str] = &[SYMBOL, FILE, COUNTER, ATTACHED, UNLOAD_AFTER, FAIL_NTH];
 }
 
 /// Checks every expectation that applies to `pin` (`None`: a kernel with no
@@ -138,6 +140,25 @@ pub fn check(
             Expectation::UnloadAfter { label, step, .. } => {
                 check_unload_after(plan, ev, &model, label, step, &mut out)
             }
+            Expectation::FailNth {
+                target,
+                min_attempts,
+                min_failed,
+                ..
+            } => match ev.fail_nth.iter().find(|f| f.target.contains(target.as_str())) {
+                None => out.push(v(
+                    rule::FAIL_NTH,
+                    format!("no fail-nth sweep of a target containing {target:?} was reported"),
+                )),
+                Some(f) if f.attempts < *min_attempts || f.failed < *min_failed => out.push(v(
+                    rule::FAIL_NTH,
+                    format!(
+                        "the fail-nth sweep of {:?} took {} attempts, {} failed ({:?}); expected at least {min_attempts} attempts and {min_failed} failed",
+                        f.target, f.attempts, f.failed, f.errnos
+                    ),
+                )),
+                Some(_) => {}
+            },
         }
     }
     out
@@ -360,7 +381,7 @@ mod tests {
     use super::*;
     use crate::judge::check::analyse;
     use crate::judge::check::testrun::{evidence, good_script, Ev};
-    use crate::judge::evidence::{CounterValue, FileSnapshot};
+    use crate::judge::evidence::{CounterValue, FailNthSweep, FileSnapshot};
     use kloop_protocol::Step;
     use serde::Deserialize;
 
@@ -498,6 +519,37 @@ step = { op = "detach", link = "clock" }
             got.iter().any(|v| v.message.contains("never unregistered")),
             "{got:?}"
         );
+    }
+
+    // The alloc-failures sweeps as a fault-injection build reported them.
+    #[test]
+    fn fail_nth_sweeps_are_found_by_target_and_sized() {
+        let mut ev = evidence(&good_script());
+        ev.fail_nth = vec![
+            FailNthSweep {
+                target: "kprobe hrtimer_nanosleep+0x5 (perf_event_open)".into(),
+                attempts: 14,
+                failed: 12,
+                errnos: vec![("ENOMEM".into(), 12)],
+                detail: String::new(),
+            },
+            FailNthSweep {
+                target: "attach fentry (BPF_RAW_TRACEPOINT_OPEN)".into(),
+                attempts: 20,
+                failed: 19,
+                errnos: vec![("ENOMEM".into(), 19)],
+                detail: String::new(),
+            },
+        ];
+        let a = analyse(&ev);
+        let e = parse("[[expect]]\nkind = \"fail-nth\"\ntarget = \"kprobe\"\nmin_failed = 2\n\n[[expect]]\nkind = \"fail-nth\"\ntarget = \"attach fentry\"\nmin_attempts = 20\n");
+        assert_eq!(check(&e, &plan(vec![]), &ev, &a, None), vec![]);
+        let e = parse("[[expect]]\nkind = \"fail-nth\"\ntarget = \"attach fentry\"\nmin_failed = 20\n\n[[expect]]\nkind = \"fail-nth\"\ntarget = \"attach lsm\"\n");
+        let got = check(&e, &plan(vec![]), &ev, &a, None);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got.iter().all(|v| v.rule == rule::FAIL_NTH), "{got:?}");
+        assert!(got[0].message.contains("19 failed"), "{got:?}");
+        assert!(got[1].message.contains("\"attach lsm\""), "{got:?}");
     }
 
     // Recorded on a real 6.1 guest (kprobes scenario, first run): the three

@@ -63,6 +63,16 @@ pub enum Expectation {
         #[serde(default)]
         pins: Vec<String>,
     },
+    FailNth {
+        /// A substring of the sweep's target (`attach fentry`, `kprobe`).
+        target: String,
+        #[serde(default)]
+        min_attempts: u32,
+        #[serde(default)]
+        min_failed: u32,
+        #[serde(default)]
+        pins: Vec<String>,
+    },
 }
 
 /// A KSYMBOL type by the name scenario files use.
@@ -89,7 +99,8 @@ impl Expectation {
             | Expectation::File { pins, .. }
             | Expectation::Counter { pins, .. }
             | Expectation::Attached { pins, .. }
-            | Expectation::UnloadAfter { pins, .. } => pins,
+            | Expectation::UnloadAfter { pins, .. }
+            | Expectation::FailNth { pins, .. } => pins,
         }
     }
 
@@ -136,6 +147,11 @@ impl Expectation {
                     .any(|s| matches!(s, Step::Attach { link: l, .. } if l == link))
                 {
                     return Err(format!("attached: no attach step makes link {link:?}"));
+                }
+            }
+            Expectation::FailNth { .. } => {
+                if !steps.iter().any(|s| matches!(s, Step::FailNth { .. })) {
+                    return Err("fail-nth: the plan has no fail-nth step".into());
                 }
             }
             Expectation::UnloadAfter { step, .. } => {

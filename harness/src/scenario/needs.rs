@@ -122,6 +122,24 @@ pub fn requirement_needs(r: Requirement) -> Vec<ConfigNeed> {
             "CONFIG_FTRACE_SYSCALLS",
             "syscalls/sys_enter_* tracepoints (kernel/trace/trace_syscalls.c)",
         )],
+        Requirement::FaultInjection => vec![
+            builtin(
+                "CONFIG_FAULT_INJECTION",
+                "/proc/<pid>/task/<tid>/fail-nth (fs/proc/base.c)",
+            ),
+            builtin(
+                "CONFIG_FAILSLAB",
+                "slab allocations as fault points (mm/failslab.c)",
+            ),
+            builtin(
+                "CONFIG_FAIL_PAGE_ALLOC",
+                "page allocations as fault points (mm/fail_page_alloc.c)",
+            ),
+            builtin(
+                "CONFIG_FAULT_INJECTION_DEBUG_FS",
+                "the ignore-gfp-wait knobs that make GFP_KERNEL allocations fault points",
+            ),
+        ],
     }
 }
 
@@ -253,6 +271,12 @@ mod tests {
         );
         let why = preflight(&scenario(vec![Requirement::SyscallTracepoints]), &c).unwrap();
         assert!(why.starts_with("CONFIG_FTRACE_SYSCALLS"), "{why}");
+        // A Debian cloud kernel: no fault injection at all.
+        let why = preflight(&scenario(vec![Requirement::FaultInjection]), &c).unwrap();
+        assert!(
+            why.starts_with("CONFIG_FAULT_INJECTION not set in test .config"),
+            "{why}"
+        );
     }
 
     #[test]
