@@ -31,6 +31,15 @@ pub struct HeldLink {
     pub _link: Box<dyn Any>,
 }
 
+/// The `watch-ksymbols` kprobe: its object, its perf event (dropping it
+/// detaches), and what `read-ksymbol-watch` has read out so far (each
+/// reading sends them all).
+pub struct KsymbolWatch {
+    pub ebpf: Ebpf,
+    pub _link: Box<dyn Any>,
+    pub observations: Vec<kloop_protocol::KsymbolObservation>,
+}
+
 #[derive(Default)]
 pub struct StepContext {
     /// The plan's listeners, in `Listener` index order.
@@ -45,6 +54,8 @@ pub struct StepContext {
     pub unloaded: Vec<(String, u32)>,
     /// Record bytes sent to the host so far (reported in `Done`).
     pub records_bytes: u64,
+    /// The `watch-ksymbols` kprobe, once attached.
+    pub ksymbol_watch: Option<KsymbolWatch>,
 }
 
 impl StepContext {

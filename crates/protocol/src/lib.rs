@@ -126,6 +126,27 @@ pub struct ProgFacts {
     pub kallsyms: Vec<KallsymsEntry>,
 }
 
+/// The most observations one `KsymbolWatch` carries.
+pub const MAX_KSYMBOL_OBSERVATIONS: usize = 4096;
+
+/// One `perf_event_ksymbol(ksym_type, addr, len, unregister, sym)` call, seen
+/// at its entry by the `watch-ksymbols` kprobe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KsymbolObservation {
+    pub ksym_type: u16,
+    pub unregister: bool,
+    pub addr: u64,
+    pub len: u32,
+    /// `sym`, read from kernel memory (cut at 63 bytes).
+    pub name: String,
+    /// What `bpf_snprintf("%ps", addr)` printed at that instant: the symbol
+    /// kallsyms resolved the address to, or `0x<hex>` when it resolved
+    /// none (cut at 63 bytes).
+    pub symbolized: String,
+    /// `bpf_snprintf`'s return: the length it needed, or a negative errno.
+    pub snprintf_ret: i64,
+}
+
 /// One perf listener the agent opened.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ListenerInfo {
@@ -283,6 +304,14 @@ pub enum Message {
         command: String,
         text: String,
         stderr: String,
+    },
+    /// What `watch-ksymbols` saw, in the order the calls reserved their
+    /// place in its ring: one observation per `perf_event_ksymbol` call
+    /// since the watch was attached (at most [`MAX_KSYMBOL_OBSERVATIONS`]).
+    KsymbolWatch {
+        observations: Vec<KsymbolObservation>,
+        /// Calls whose observation did not fit (ring full, or past the cap).
+        dropped: u64,
     },
     /// The initramfs carried no plan: early setup and the aya warm-up are
     /// done, nothing else will be written until a [`ToGuest::Plan`]

@@ -258,6 +258,22 @@ pub enum Step {
     /// field: `perf script --show-bpf-events` prints no BPF_EVENT tag) and
     /// report the text as a `PerfScript`.
     PerfRecordStop,
+    /// Load the `ksymwatch` fixture and attach it as a kprobe on
+    /// `perf_event_ksymbol`: from now on every KSYMBOL the kernel emits is
+    /// observed at emission, with how the kernel's own symbolizer resolves
+    /// its address at that instant. Its own load and attach are not
+    /// reported as a program (run it before `snapshot-kallsyms` and
+    /// `open-listeners`, so nothing of it is recorded).
+    WatchKsymbols,
+    /// Read out what `watch-ksymbols` observed so far and report it as a
+    /// `KsymbolWatch`.
+    ReadKsymbolWatch,
+    /// A `BPF_PROG_LOAD` that must fail after the JIT: a socket filter with
+    /// a BPF-to-BPF subprogram, loaded with a verifier log too small for
+    /// its level-2 output, so `bpf_check` returns ENOSPC once
+    /// `jit_subprogs` has JITed (and added to kallsyms) the subprograms.
+    /// Any other outcome fails the step.
+    FailedLoad,
     /// Deliberately break something, to prove the host catches it. Only the
     /// fault-injection tests use this.
     Fault {
@@ -327,6 +343,9 @@ pub enum Requirement {
     Threads,
     /// Syscall tracepoints exist in tracefs (`CONFIG_FTRACE_SYSCALLS`).
     SyscallTracepoints,
+    /// `bpf_snprintf` (5.13) can symbolize an address with `%ps` in a
+    /// kprobe program: the `watch-ksymbols` step needs it.
+    BpfSnprintf,
 }
 
 impl Step {

@@ -5,8 +5,8 @@ use kloop_protocol::Step;
 
 use crate::context::StepContext;
 use crate::steps::{
-    concurrent, fault, files, hooks, inventory, kallsyms, listeners, load, measure, net, perf_tool,
-    storm,
+    concurrent, fault, files, hooks, inventory, kallsyms, ksymwatch, listeners, load, measure, net,
+    perf_tool, storm,
 };
 
 /// Runs one step of the plan against the plan's shared `context`.
@@ -87,6 +87,9 @@ pub(super) fn run_step(context: &mut StepContext, step: &Step) -> Result<()> {
         Step::Veth { name, peer } => net::veth(name, peer),
         Step::Modprobe { name } => net::modprobe(name),
         Step::Inventory => inventory::run(),
+        Step::WatchKsymbols => ksymwatch::watch(context),
+        Step::ReadKsymbolWatch => ksymwatch::read(context),
+        Step::FailedLoad => ksymwatch::failed_load(),
         Step::Concurrent {
             fixture,
             program,

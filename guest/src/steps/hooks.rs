@@ -279,6 +279,12 @@ fn kprobe_after_entry(
 /// then falls back to `kprobe_events` in tracefs, whose events it fails to
 /// remove again (seen on the 7.3 pin: [DISABLED] probes left in the kprobes
 /// list). The kprobe PMU (4.17+) is what every pinned kernel has.
+/// A kprobe event at `function + offset` running the loaded entry program
+/// `p`, enabled; dropping it detaches.
+pub fn kprobe_event(p: &KProbe, function: &str, offset: u64) -> Result<Box<dyn Any>> {
+    Ok(Box::new(KprobeEvent::open(p, function, offset, false)?))
+}
+
 struct KprobeEvent {
     _fd: OwnedFd,
 }

@@ -55,6 +55,16 @@ pub struct RunEvidence {
     pub provoked_loss: bool,
     /// perf's own output for the plan's `perf record` run (perf_script.rs).
     pub perf_scripts: Vec<PerfScript>,
+    /// The last `read-ksymbol-watch` (each sends every observation so far).
+    pub ksymbol_watch: Option<KsymbolWatchEvidence>,
+}
+
+/// What the `watch-ksymbols` kprobe saw of `perf_event_ksymbol` calls.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KsymbolWatchEvidence {
+    pub observations: Vec<kloop_protocol::KsymbolObservation>,
+    /// Calls it could not keep (its ring was full).
+    pub dropped: u64,
 }
 
 /// A file the guest read for a `read-file` step.
@@ -293,6 +303,15 @@ impl RunEvidence {
                     {
                         ev.provoked_loss = true;
                     }
+                }
+                Message::KsymbolWatch {
+                    observations,
+                    dropped,
+                } => {
+                    ev.ksymbol_watch = Some(KsymbolWatchEvidence {
+                        observations: observations.clone(),
+                        dropped: *dropped,
+                    })
                 }
                 Message::PerfScript {
                     command,

@@ -122,6 +122,16 @@ pub fn requirement_needs(r: Requirement) -> Vec<ConfigNeed> {
             "CONFIG_FTRACE_SYSCALLS",
             "syscalls/sys_enter_* tracepoints (kernel/trace/trace_syscalls.c)",
         )],
+        // bpf_snprintf itself is in every 5.13+ BPF kernel (the guest
+        // probes the version); the watch is a kprobe program.
+        Requirement::BpfSnprintf => vec![
+            builtin("CONFIG_KPROBES", "the kprobe on perf_event_ksymbol"),
+            builtin(
+                "CONFIG_KPROBE_EVENTS",
+                "the kprobe PMU (kernel/trace/trace_event_perf.c)",
+            ),
+            builtin("CONFIG_BPF_EVENTS", "kprobe BPF programs"),
+        ],
     }
 }
 
