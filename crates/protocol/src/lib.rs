@@ -145,6 +145,11 @@ pub struct KsymbolObservation {
     pub symbolized: String,
     /// `bpf_snprintf`'s return: the length it needed, or a negative errno.
     pub snprintf_ret: i64,
+    /// For a kprobe instruction page (OOL): whether the page was on its
+    /// cache's page list at that instant; `None` when the watch did not
+    /// look (another kind, or the cache's address was unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listed: Option<bool>,
 }
 
 /// One perf listener the agent opened.

@@ -123,6 +123,22 @@ pub enum Step {
         link: String,
         target: AttachTarget,
     },
+    /// Attach the loaded kprobe program `label` past the entry (off the
+    /// ftrace site) of successive functions whose name starts with
+    /// `prefix`, in /proc/kallsyms order, until /proc/kallsyms lists
+    /// `optinsn_pages` `kprobe_optinsn_page` symbols (every optimizable
+    /// probe takes a slot of one at registration), with at most
+    /// `max_probes` probes; functions that take no probe are skipped. All
+    /// are held as link `link`: its `detach` unregisters them together,
+    /// which frees enough slots for the kernel to free a page that is not
+    /// the last (`collect_one_slot` keeps the last one).
+    KprobeFill {
+        label: String,
+        link: String,
+        prefix: String,
+        optinsn_pages: u32,
+        max_probes: u32,
+    },
     /// Drop the link `link` (closes its perf event / bpf_link / netlink hook).
     Detach {
         link: String,

@@ -87,6 +87,13 @@ pub(super) fn run_step(context: &mut StepContext, step: &Step) -> Result<()> {
         Step::Veth { name, peer } => net::veth(name, peer),
         Step::Modprobe { name } => net::modprobe(name),
         Step::Inventory => inventory::run(),
+        Step::KprobeFill {
+            label,
+            link,
+            prefix,
+            optinsn_pages,
+            max_probes,
+        } => hooks::kprobe_fill(context, label, link, prefix, *optinsn_pages, *max_probes),
         Step::WatchKsymbols => ksymwatch::watch(context),
         Step::ReadKsymbolWatch => ksymwatch::read(context),
         Step::FailedLoad => ksymwatch::failed_load(),

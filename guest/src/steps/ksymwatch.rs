@@ -9,14 +9,17 @@
 use anyhow::{anyhow, bail, Context, Result};
 use aya::maps::{Array, RingBuf};
 use aya::programs::{KProbe, ProbeKind, Program};
+use aya::{Ebpf, EbpfLoader};
 use aya_obj::generated::{bpf_cmd, bpf_prog_type};
 use kloop_protocol::{KsymbolObservation, Message, MAX_KSYMBOL_OBSERVATIONS};
 
 use crate::bpf::{sys_bpf_fd, zeroed_attr};
 use crate::channel::{log, send};
 use crate::context::{KsymbolWatch, StepContext};
-use crate::fixtures::{fixture_program, parse_fixture};
+use crate::fixtures::{fixture_program, object_bytes};
+use crate::kallsyms;
 use crate::steps::hooks::kprobe_event;
+use crate::steps::load::kernel_btf;
 use crate::steps::probes::PROG_LOAD_SIZE;
 use crate::sys::Errno;
 
@@ -33,7 +36,12 @@ pub fn watch(context: &mut StepContext) -> Result<()> {
     if context.ksymbol_watch.is_some() {
         bail!("watch-ksymbols ran twice: the watch is already attached");
     }
-    let mut ebpf = parse_fixture(FIXTURE)?;
+    // With the kernel's BTF: the kprobe page structs are CO-RE.
+    let mut ebpf = EbpfLoader::new()
+        .btf(Some(kernel_btf()?))
+        .load(object_bytes(FIXTURE)?)
+        .with_context(|| format!("aya could not load the object of fixture {FIXTURE:?}"))?;
+    write_caches(&mut ebpf)?;
     let prog = fixture_program(&mut ebpf, FIXTURE, PROGRAM)?;
     let p: &mut KProbe = match prog {
         Program::KProbe(p) if matches!(p.kind(), ProbeKind::Entry) => p,
@@ -51,6 +59,36 @@ pub fn watch(context: &mut StepContext) -> Result<()> {
         _link: link,
         observations: Vec::new(),
     });
+    Ok(())
+}
+
+/// The kprobe instruction caches whose page lists the watch walks, in the
+/// order of its `caches` map.
+const CACHES: [&str; 2] = ["kprobe_insn_slots", "kprobe_optinsn_slots"];
+
+/// Writes the caches' addresses (data symbols: CONFIG_KALLSYMS_ALL) into
+/// the watch's `caches` map; one the kernel lacks stays 0 and its pages
+/// are reported as not looked at.
+fn write_caches(ebpf: &mut Ebpf) -> Result<()> {
+    let found = kallsyms::read_all(|e| CACHES.contains(&e.name.as_str()))?;
+    let map = ebpf
+        .map_mut("caches")
+        .ok_or_else(|| anyhow!("{FIXTURE} has no map \"caches\""))?;
+    let mut caches: Array<_, u64> = Array::try_from(map).context("map \"caches\" as an array")?;
+    let mut missing = Vec::new();
+    for (i, name) in CACHES.iter().enumerate() {
+        match found.iter().find(|e| e.name == *name) {
+            Some(e) => caches
+                .set(i as u32, e.addr, 0)
+                .with_context(|| format!("writing caches[{i}]"))?,
+            None => missing.push(*name),
+        }
+    }
+    if !missing.is_empty() {
+        log(format!(
+            "ksymbol watch: /proc/kallsyms has no {missing:?}: their pages cannot be looked up"
+        ))?;
+    }
     Ok(())
 }
 
@@ -107,6 +145,11 @@ fn parse(b: &[u8]) -> Option<KsymbolObservation> {
         len: u32::from_ne_bytes(b[8..12].try_into().expect("4 bytes")),
         ksym_type: u16::from_ne_bytes(b[12..14].try_into().expect("2 bytes")),
         unregister: b[14] != 0,
+        listed: match b[15] {
+            1 => Some(true),
+            2 => Some(false),
+            _ => None,
+        },
         snprintf_ret: u64_at(16) as i64,
         symbolized: text(24),
         name: text(24 + NAME_LEN),

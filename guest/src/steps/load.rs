@@ -79,7 +79,7 @@ pub fn report_prog(label: &str, prog: &Program) -> Result<u32> {
 
 /// The kernel's BTF, parsed once: under TCG parsing vmlinux BTF takes
 /// seconds, and every fentry/fexit/LSM load needs it.
-fn kernel_btf() -> Result<&'static Btf> {
+pub(crate) fn kernel_btf() -> Result<&'static Btf> {
     static BTF: OnceLock<Btf> = OnceLock::new();
     if let Some(btf) = BTF.get() {
         return Ok(btf);

@@ -14,8 +14,11 @@
 //! | program / subprogram (`bpf_prog_…`) | resolves: `bpf_prog_load` runs `bpf_prog_kallsyms_add` (subprograms: `jit_subprogs`) before `perf_event_bpf_event(PROG_LOAD)` emits the registers | resolves: `bpf_prog_put_deferred` emits PROG_UNLOAD and the unregisters before `__bpf_prog_put_noref` deletes the symbols |
 //! | trampoline / dispatcher image (`bpf_trampoline_…`, `bpf_dispatcher_…`) | resolves: `bpf_image_ksym_add` calls `bpf_ksym_add` first | no longer resolves to it: `bpf_image_ksym_del` calls `bpf_ksym_del` first |
 //!
-//! Other kinds (OOL kprobe pages and ftrace trampolines, which kallsyms
-//! does not resolve through `%ps`) are matched but not held to an order.
+//! | kprobe instruction page (OOL `kprobe_insn_page`, `kprobe_optinsn_page`) | on its cache's page list: `__get_insn_slot` runs `list_add_rcu` first | still on it: `collect_one_slot` emits the unregister "before removing the page" (`list_del_rcu`) |
+//!
+//! kallsyms does not resolve kprobe pages through `%ps`; the watch walks
+//! the cache's page list instead. Other kinds (ftrace trampolines) are
+//! matched but not held to an order.
 
 use kloop_protocol::KsymbolObservation;
 
@@ -29,11 +32,20 @@ enum Promise {
     Resolves(&'static str),
     /// `%ps` of the address no longer gives the record's name.
     Gone(&'static str),
+    /// The kprobe page is on its cache's page list.
+    Listed(&'static str),
     /// No order is promised (or kloop cannot see it).
     Nothing,
 }
 
 fn promise(ksym_type: u16, unregister: bool, name: &str) -> Promise {
+    if ksym_type == KSYM_TYPE_OOL && matches!(name, "kprobe_insn_page" | "kprobe_optinsn_page") {
+        return Promise::Listed(if unregister {
+            "collect_one_slot emits a page's unregister before list_del_rcu removes it"
+        } else {
+            "__get_insn_slot adds a new page to its cache's list before it emits the register"
+        });
+    }
     if ksym_type != KSYM_TYPE_BPF {
         return Promise::Nothing;
     }
@@ -131,7 +143,8 @@ pub(super) fn check_symbol_state(
             continue;
         };
         used[i] = true;
-        if o.snprintf_ret < 0 {
+        let promised = promise(*ksym_type, unregister, name);
+        if o.snprintf_ret < 0 && !matches!(promised, Promise::Listed(_)) {
             broken.push(quoting(
                 format!(
                     "the watch could not symbolize {addr:#x} (bpf_snprintf returned {}): {r}",
@@ -141,11 +154,28 @@ pub(super) fn check_symbol_state(
             ));
             continue;
         }
-        match promise(*ksym_type, unregister, name) {
+        let event = if unregister { "unregister" } else { "register" };
+        match promised {
+            Promise::Listed(why) => match o.listed {
+                Some(true) => {}
+                Some(false) => broken.push(quoting(
+                    format!(
+                        "{name} at {addr:#x} was not on its cache's page list when its {event} \
+                         was emitted; {why}: {r}"
+                    ),
+                    [r],
+                )),
+                None => broken.push(quoting(
+                    format!(
+                        "the watch could not look {name} at {addr:#x} up on a page list (no \
+                         cache address from /proc/kallsyms, or the call's sym is no cache's): {r}"
+                    ),
+                    [r],
+                )),
+            },
             Promise::Resolves(why) if !resolved(o) => broken.push(quoting(
                 format!(
-                    "{name} did not resolve when its {} was emitted (%ps gave {:?}); {why}: {r}",
-                    if unregister { "unregister" } else { "register" },
+                    "{name} did not resolve when its {event} was emitted (%ps gave {:?}); {why}: {r}",
                     o.symbolized
                 ),
                 [r],

@@ -18,7 +18,7 @@ fn raw(addr: u64) -> String {
 
 /// One observation per KSYMBOL of `script`, in time order, symbolized as
 /// the source promises: programs and a registered trampoline resolve, an
-/// unregistered trampoline and OOL pages do not.
+/// unregistered trampoline and OOL pages do not; kprobe pages are listed.
 fn watch_of(script: &Script) -> KsymbolWatchEvidence {
     let mut events: Vec<&(u32, u64, Ev)> = script.iter().collect();
     events.sort_by_key(|(_, t, _)| *t);
@@ -34,6 +34,7 @@ fn watch_of(script: &Script) -> KsymbolWatchEvidence {
                 ksym_type == KSYM_TYPE_BPF && (name.starts_with("bpf_prog_") || !unregister);
             let symbolized = if resolves { name.clone() } else { raw(addr) };
             KsymbolObservation {
+                listed: (ksym_type == KSYM_TYPE_OOL).then_some(true),
                 ksym_type,
                 unregister,
                 addr,
@@ -214,4 +215,42 @@ fn a_failed_symbolization_is_reported() {
 fn without_a_watch_the_rule_does_not_run() {
     let a = analyse(&evidence(&good_script()));
     assert!(a.of_rule(rule::SYMBOL_STATE).next().is_none());
+}
+
+#[test]
+fn kprobe_page_unregistered_after_leaving_its_list() {
+    // collect_one_slot with list_del_rcu moved before the unregister.
+    let s = good_script();
+    let mut w = watch_of(&s);
+    observation(&mut w, A_OOL, true).listed = Some(false);
+    let m = messages(&analyse_with(&s, w.clone()));
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert!(
+        m[0].contains("kprobe_insn_page at 0xffffffffc0005000 was not on its cache's page list when its unregister was emitted"),
+        "{m:?}"
+    );
+    // A page the watch did not look up is an oracle failure, not a pass.
+    observation(&mut w, A_OOL, true).listed = None;
+    let m = messages(&analyse_with(&s, w));
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert!(m[0].contains("could not look kprobe_insn_page"), "{m:?}");
+}
+
+#[test]
+fn other_ool_symbols_are_not_held_to_a_list() {
+    let mut s = good_script();
+    s.push((
+        0,
+        300,
+        Ev::Reg(
+            0xffff_ffff_c000_b000,
+            4096,
+            KSYM_TYPE_OOL,
+            "ftrace_trampoline".into(),
+        ),
+    ));
+    let mut w = watch_of(&s);
+    observation(&mut w, 0xffff_ffff_c000_b000, false).listed = None;
+    let a = analyse_with(&s, w);
+    assert!(a.violations.is_empty(), "{:?}", messages(&a));
 }
