@@ -126,8 +126,11 @@ pub struct ProgFacts {
     pub kallsyms: Vec<KallsymsEntry>,
 }
 
-/// The most observations one `KsymbolWatch` carries.
-pub const MAX_KSYMBOL_OBSERVATIONS: usize = 4096;
+/// The most observations one `KsymbolWatch` carries: about 250 bytes of
+/// JSON each keeps the message well inside one frame ([`MAX_PAYLOAD`]),
+/// and far more than a scenario causes (the watch's ring holds about 400
+/// between two readings).
+pub const MAX_KSYMBOL_OBSERVATIONS: usize = 1024;
 
 /// One `perf_event_ksymbol(ksym_type, addr, len, unregister, sym)` call, seen
 /// at its entry by the `watch-ksymbols` kprobe.
@@ -426,6 +429,28 @@ pub fn records_frames(listener: u32, mut stream_offset: u64, bytes: &[u8]) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_ksymbol_watch_fits_one_frame() {
+        // The longest fields the watch can send: names cut at 63 bytes of
+        // characters JSON escapes, the largest numbers.
+        let o = KsymbolObservation {
+            ksym_type: u16::MAX,
+            unregister: true,
+            addr: u64::MAX,
+            len: u32::MAX,
+            name: "\u{1}".repeat(63),
+            symbolized: "\u{1}".repeat(63),
+            snprintf_ret: i64::MIN,
+            listed: Some(false),
+        };
+        let m = Message::KsymbolWatch {
+            observations: vec![o; MAX_KSYMBOL_OBSERVATIONS],
+            dropped: u64::MAX,
+        };
+        let json = serde_json::to_vec(&m).unwrap();
+        assert!(json.len() <= MAX_PAYLOAD, "{} bytes", json.len());
+    }
 
     #[test]
     fn a_plan_frame_decodes_to_the_same_plan() {

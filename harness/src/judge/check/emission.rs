@@ -144,7 +144,8 @@ pub(super) fn check_symbol_state(
         };
         used[i] = true;
         let promised = promise(*ksym_type, unregister, name);
-        if o.snprintf_ret < 0 && !matches!(promised, Promise::Listed(_)) {
+        // Only the kinds held to a %ps result need one.
+        if o.snprintf_ret < 0 && matches!(promised, Promise::Resolves(_) | Promise::Gone(_)) {
             broken.push(quoting(
                 format!(
                     "the watch could not symbolize {addr:#x} (bpf_snprintf returned {}): {r}",
