@@ -158,6 +158,8 @@ pub fn implied_requirements(steps: &[Step]) -> Vec<Requirement> {
                 target: AttachTarget::Tracepoint { category, .. },
                 ..
             } if category == "syscalls" => Some(Requirement::SyscallTracepoints),
+            Step::WatchKsymbols => Some(Requirement::BpfSnprintf),
+            Step::KprobeFill { .. } => Some(Requirement::Kprobes),
             _ => None,
         };
         if let Some(r) = r {
@@ -263,6 +265,27 @@ mod tests {
         );
         let why = preflight(&scenario(vec![Requirement::SyscallTracepoints]), &c).unwrap();
         assert!(why.starts_with("CONFIG_FTRACE_SYSCALLS"), "{why}");
+    }
+
+    #[test]
+    fn the_ksymbol_watch_and_kprobe_fill_imply_their_probes() {
+        let steps = vec![
+            Step::WatchKsymbols,
+            Step::KprobeFill {
+                label: "p".into(),
+                link: "l".into(),
+                prefix: "__x64_sys_".into(),
+                optinsn_pages: 2,
+                max_probes: 10,
+            },
+        ];
+        assert_eq!(
+            implied_requirements(&steps),
+            vec![Requirement::BpfSnprintf, Requirement::Kprobes]
+        );
+        let c = KernelConfig::parse(GOOD, "c");
+        let why = preflight(&scenario(vec![Requirement::BpfSnprintf]), &c).unwrap();
+        assert!(why.starts_with("CONFIG_KPROBES"), "{why}");
     }
 
     #[test]
