@@ -31,6 +31,15 @@ pub struct HeldLink {
     pub _link: Box<dyn Any>,
 }
 
+/// The `watch-ksymbols` kprobe: its object, its perf event (dropping it
+/// detaches), and what `read-ksymbol-watch` has read out so far (each
+/// reading sends them all).
+pub struct KsymbolWatch {
+    pub ebpf: Ebpf,
+    pub _link: Box<dyn Any>,
+    pub observations: Vec<kloop_protocol::KsymbolObservation>,
+}
+
 #[derive(Default)]
 pub struct StepContext {
     /// The plan's listeners, in `Listener` index order.
@@ -55,6 +64,8 @@ pub struct StepContext {
     /// lines: consecutive loads share one read of /proc/kallsyms, made
     /// after the last of them (see `steps::load::send_pending_facts`).
     pub pending_facts: Vec<(String, crate::bpf::ProgInfo)>,
+    /// The `watch-ksymbols` kprobe, once attached.
+    pub ksymbol_watch: Option<KsymbolWatch>,
 }
 
 impl StepContext {

@@ -45,6 +45,18 @@ pub fn read_filtered(mut keep: impl FnMut(&KallsymsEntry) -> bool) -> Result<Vec
         .collect())
 }
 
+/// Like [`read_filtered`], but over every line, the core kernel's too:
+/// for the few readers that want kernel functions or data symbols.
+pub fn read_all(mut keep: impl FnMut(&KallsymsEntry) -> bool) -> Result<Vec<KallsymsEntry>> {
+    let bytes = std::fs::read("/proc/kallsyms").os_ctx("reading /proc/kallsyms")?;
+    Ok(bytes
+        .split(|&b| b == b'\n')
+        .filter_map(|line| std::str::from_utf8(line).ok())
+        .filter_map(parse_line)
+        .filter(|e| keep(e))
+        .collect())
+}
+
 /// Symbols that may show up as KSYMBOL records: BPF programs, trampolines
 /// and dispatchers (`[bpf]`), and out-of-line code such as kprobe insn pages
 /// and ftrace trampolines (`[__builtin__kprobes]`, `[__builtin__ftrace]`).

@@ -233,3 +233,68 @@ fn recorded_short_lived_unload_by_another_task_is_accounted() {
         );
     }
 }
+
+/// The `symbol-state` violations of a capture of that scenario on a build
+/// of linux-source-6.12 (`cargo xtask mutants --scenario symbol-state`).
+fn symbol_state_violations(capture: &str) -> Vec<String> {
+    let ev = recorded(&root().join(format!("src/testdata/real/{capture}")));
+    assert!(
+        ev.ksymbol_watch
+            .as_ref()
+            .is_some_and(|w| !w.observations.is_empty() && w.dropped == 0),
+        "{capture}: the watch observed the run"
+    );
+    let analysis = kloop::judge::check::analyse(&ev);
+    let other: Vec<_> = analysis
+        .violations
+        .iter()
+        .filter(|v| v.rule != kloop::judge::check::rule::SYMBOL_STATE)
+        .collect();
+    assert!(other.is_empty(), "{capture}: {other:#?}");
+    analysis
+        .of_rule(kloop::judge::check::rule::SYMBOL_STATE)
+        .map(|v| v.message.clone())
+        .collect()
+}
+
+#[test]
+fn recorded_symbol_state_holds_on_the_unmutated_build() {
+    let v = symbol_state_violations("6.12-built-symbol-state-unmutated");
+    assert!(v.is_empty(), "{v:#?}");
+}
+
+#[test]
+fn recorded_symbol_state_sees_a_trampoline_announced_before_it_resolves() {
+    // bpf/trampoline.c:bpf_image_ksym_add:126:swap-calls
+    let v = symbol_state_violations("6.12-built-symbol-state-mutant-trampoline-add");
+    assert_eq!(v.len(), 1, "{v:#?}");
+    assert!(
+        v[0].starts_with("bpf_trampoline_") && v[0].contains("did not resolve when its register"),
+        "{v:#?}"
+    );
+}
+
+#[test]
+fn recorded_symbol_state_sees_a_kprobe_page_unlisted_before_its_unregister() {
+    // kernel/kprobes.c:collect_one_slot:221:swap-calls
+    let v = symbol_state_violations("6.12-built-symbol-state-mutant-kprobe-slot");
+    assert_eq!(v.len(), 1, "{v:#?}");
+    assert!(
+        v[0].starts_with("kprobe_optinsn_page at ")
+            && v[0].contains("was not on its cache's page list when its unregister"),
+        "{v:#?}"
+    );
+}
+
+#[test]
+fn recorded_symbol_state_sees_the_symbol_tree_emptied_by_a_failed_load() {
+    // bpf/core.c:__bpf_ksym_del:676:drop-return: program "a"'s three
+    // functions no longer resolve when they are unregistered.
+    let v = symbol_state_violations("6.12-built-symbol-state-mutant-ksym-del");
+    assert_eq!(v.len(), 3, "{v:#?}");
+    assert!(
+        v.iter()
+            .all(|m| m.contains("did not resolve when its unregister") && m.contains("kloop_sub")),
+        "{v:#?}"
+    );
+}

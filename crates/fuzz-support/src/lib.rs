@@ -32,12 +32,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use kloop_protocol::frame::HEADER_LEN as FRAME_HEADER_LEN;
 use kloop_protocol::{
-    encode_frame, records_frames, FrameDecoder, FrameError, FrameKind, KallsymsEntry, ListenerInfo,
-    Message, ProgFacts, RawFrame, RecordsHeader, MAX_PAYLOAD,
+    encode_frame, records_frames, FrameDecoder, FrameError, FrameKind, KallsymsEntry,
+    KsymbolObservation, ListenerInfo, Message, ProgFacts, RawFrame, RecordsHeader, MAX_PAYLOAD,
 };
 
 use kloop::judge::check;
-use kloop::judge::evidence::RunEvidence;
+use kloop::judge::evidence::{KsymbolWatchEvidence, RunEvidence};
 use kloop::judge::normalise;
 use kloop_records::testutil::XorShift;
 use kloop_records::{
@@ -651,6 +651,7 @@ const RING_SIZES: [u64; 4] = [64 * 1024, 4096, 8192, 0];
 const PROG_HAS_FUNC_TAGS: u8 = 1;
 const PROG_SHORT_LENS: u8 = 2;
 const EV_STRAY_STREAM: u8 = 4;
+const EV_KSYMBOL_WATCH: u8 = 8;
 
 fn entry(addr: u64, name: String) -> KallsymsEntry {
     KallsymsEntry {
@@ -674,6 +675,10 @@ fn entry(addr: u64, name: String) -> KallsymsEntry {
 ///              per function: u64 addr, u32 len, [8] func tag
 ///              u8 kallsyms % 5, per entry: u64 addr, str name
 /// u8  initial kallsyms % 4, per entry: u64 addr, str name
+/// if head bit 3 (a ksymbol watch): u8 observations % 8, per observation:
+///              u8 ksym_type, u8 flags (bit 0: unregister, bits 1-2: listed
+///              none / yes / no, bit 3: bpf_snprintf failed), u64 addr,
+///              u32 len, str name, str symbolized; then u8 dropped
 /// per listener but the last: u16 stream length, bytes; the last: the rest
 /// ```
 ///
@@ -741,6 +746,40 @@ pub fn analyse_evidence(data: &[u8]) -> RunEvidence {
         let addr = inp.u64();
         ev.initial_kallsyms.push(entry(addr, inp.str()));
     }
+    if head & EV_KSYMBOL_WATCH != 0 {
+        let n = inp.u8() % 8;
+        let mut observations = Vec::new();
+        for _ in 0..n {
+            let ksym_type = u16::from(inp.u8());
+            let flags = inp.u8();
+            let addr = inp.u64();
+            let len = inp.u32();
+            let name = inp.str();
+            let symbolized = inp.str();
+            observations.push(KsymbolObservation {
+                ksym_type,
+                unregister: flags & 1 != 0,
+                addr,
+                len,
+                snprintf_ret: if flags & 8 != 0 {
+                    -22
+                } else {
+                    symbolized.len() as i64
+                },
+                name,
+                symbolized,
+                listed: match (flags >> 1) & 3 {
+                    1 => Some(true),
+                    2 => Some(false),
+                    _ => None,
+                },
+            });
+        }
+        ev.ksymbol_watch = Some(KsymbolWatchEvidence {
+            observations,
+            dropped: u64::from(inp.u8()),
+        });
+    }
     let indexes: Vec<u32> = ev.listeners.iter().map(|l| l.index).collect();
     for (k, idx) in indexes.iter().enumerate() {
         let bytes = if k + 1 == indexes.len() {
@@ -774,7 +813,15 @@ pub fn encode_analyse_input(ev: &RunEvidence) -> Vec<u8> {
         .streams
         .keys()
         .any(|k| !ev.listeners.iter().any(|l| l.index == *k));
-    out.push(ls.len() as u8 | if stray { EV_STRAY_STREAM } else { 0 });
+    out.push(
+        ls.len() as u8
+            | if stray { EV_STRAY_STREAM } else { 0 }
+            | if ev.ksymbol_watch.is_some() {
+                EV_KSYMBOL_WATCH
+            } else {
+                0
+            },
+    );
     for l in &ls {
         out.push((l.index % 4) as u8);
         out.push((l.cpu.clamp(-1, 3) + 1) as u8);
@@ -832,6 +879,24 @@ pub fn encode_analyse_input(ev: &RunEvidence) -> Vec<u8> {
     for k in init {
         out.extend_from_slice(&k.addr.to_le_bytes());
         put_str(&mut out, &k.name);
+    }
+    if let Some(w) = &ev.ksymbol_watch {
+        let os: Vec<&KsymbolObservation> = w.observations.iter().take(7).collect();
+        out.push(os.len() as u8);
+        for o in os {
+            out.push(o.ksym_type as u8);
+            let listed = match o.listed {
+                None => 0,
+                Some(true) => 1,
+                Some(false) => 2,
+            };
+            out.push(u8::from(o.unregister) | listed << 1 | u8::from(o.snprintf_ret < 0) << 3);
+            out.extend_from_slice(&o.addr.to_le_bytes());
+            out.extend_from_slice(&o.len.to_le_bytes());
+            put_str(&mut out, &o.name);
+            put_str(&mut out, &o.symbolized);
+        }
+        out.push(w.dropped.min(255) as u8);
     }
     for (k, l) in ls.iter().enumerate() {
         let bytes = ev.streams.get(&l.index).map(Vec::as_slice).unwrap_or(&[]);

@@ -126,6 +126,35 @@ pub struct ProgFacts {
     pub kallsyms: Vec<KallsymsEntry>,
 }
 
+/// The most observations one `KsymbolWatch` carries: about 250 bytes of
+/// JSON each keeps the message well inside one frame ([`MAX_PAYLOAD`]),
+/// and far more than a scenario causes (the watch's ring holds about 400
+/// between two readings).
+pub const MAX_KSYMBOL_OBSERVATIONS: usize = 1024;
+
+/// One `perf_event_ksymbol(ksym_type, addr, len, unregister, sym)` call, seen
+/// at its entry by the `watch-ksymbols` kprobe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KsymbolObservation {
+    pub ksym_type: u16,
+    pub unregister: bool,
+    pub addr: u64,
+    pub len: u32,
+    /// `sym`, read from kernel memory (cut at 63 bytes).
+    pub name: String,
+    /// What `bpf_snprintf("%ps", addr)` printed at that instant: the symbol
+    /// kallsyms resolved the address to, or `0x<hex>` when it resolved
+    /// none (cut at 63 bytes).
+    pub symbolized: String,
+    /// `bpf_snprintf`'s return: the length it needed, or a negative errno.
+    pub snprintf_ret: i64,
+    /// For a kprobe instruction page (OOL): whether the page was on its
+    /// cache's page list at that instant; `None` when the watch did not
+    /// look (another kind, or the cache's address was unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listed: Option<bool>,
+}
+
 /// One perf listener the agent opened.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ListenerInfo {
@@ -297,6 +326,14 @@ pub enum Message {
         text: String,
         stderr: String,
     },
+    /// What `watch-ksymbols` saw, in the order the calls reserved their
+    /// place in its ring: one observation per `perf_event_ksymbol` call
+    /// since the watch was attached (at most [`MAX_KSYMBOL_OBSERVATIONS`]).
+    KsymbolWatch {
+        observations: Vec<KsymbolObservation>,
+        /// Calls whose observation did not fit (ring full, or past the cap).
+        dropped: u64,
+    },
     /// The initramfs carried no plan: early setup and the aya warm-up are
     /// done, nothing else will be written until a [`ToGuest::Plan`]
     /// arrives, so the channel is quiet at a frame boundary and the VM can
@@ -405,6 +442,28 @@ pub fn records_frames(listener: u32, mut stream_offset: u64, bytes: &[u8]) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_ksymbol_watch_fits_one_frame() {
+        // The longest fields the watch can send: names cut at 63 bytes of
+        // characters JSON escapes, the largest numbers.
+        let o = KsymbolObservation {
+            ksym_type: u16::MAX,
+            unregister: true,
+            addr: u64::MAX,
+            len: u32::MAX,
+            name: "\u{1}".repeat(63),
+            symbolized: "\u{1}".repeat(63),
+            snprintf_ret: i64::MIN,
+            listed: Some(false),
+        };
+        let m = Message::KsymbolWatch {
+            observations: vec![o; MAX_KSYMBOL_OBSERVATIONS],
+            dropped: u64::MAX,
+        };
+        let json = serde_json::to_vec(&m).unwrap();
+        assert!(json.len() <= MAX_PAYLOAD, "{} bytes", json.len());
+    }
 
     #[test]
     fn a_plan_frame_decodes_to_the_same_plan() {

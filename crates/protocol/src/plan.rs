@@ -123,6 +123,22 @@ pub enum Step {
         link: String,
         target: AttachTarget,
     },
+    /// Attach the loaded kprobe program `label` past the entry (off the
+    /// ftrace site) of successive functions whose name starts with
+    /// `prefix`, in /proc/kallsyms order, until /proc/kallsyms lists
+    /// `optinsn_pages` `kprobe_optinsn_page` symbols (every optimizable
+    /// probe takes a slot of one at registration), with at most
+    /// `max_probes` probes; functions that take no probe are skipped. All
+    /// are held as link `link`: its `detach` unregisters them together,
+    /// which frees enough slots for the kernel to free a page that is not
+    /// the last (`collect_one_slot` keeps the last one).
+    KprobeFill {
+        label: String,
+        link: String,
+        prefix: String,
+        optinsn_pages: u32,
+        max_probes: u32,
+    },
     /// Drop the link `link` (closes its perf event / bpf_link / netlink hook).
     Detach {
         link: String,
@@ -280,6 +296,22 @@ pub enum Step {
         #[serde(default = "yes")]
         page_allocations: bool,
     },
+    /// Load the `ksymwatch` fixture and attach it as a kprobe on
+    /// `perf_event_ksymbol`: from now on every KSYMBOL the kernel emits is
+    /// observed at emission, with how the kernel's own symbolizer resolves
+    /// its address at that instant. Its own load and attach are not
+    /// reported as a program (run it before `snapshot-kallsyms` and
+    /// `open-listeners`, so nothing of it is recorded).
+    WatchKsymbols,
+    /// Read out what `watch-ksymbols` observed so far and report it as a
+    /// `KsymbolWatch`.
+    ReadKsymbolWatch,
+    /// A `BPF_PROG_LOAD` that must fail after the JIT: a socket filter with
+    /// a BPF-to-BPF subprogram, loaded with a verifier log too small for
+    /// its level-2 output, so `bpf_check` returns ENOSPC once
+    /// `jit_subprogs` has JITed (and added to kallsyms) the subprograms.
+    /// Any other outcome fails the step.
+    FailedLoad,
     /// Deliberately break something, to prove the host catches it. Only the
     /// fault-injection tests use this.
     Fault {
@@ -378,6 +410,9 @@ pub enum Requirement {
     /// knobs in debugfs exist (`CONFIG_FAULT_INJECTION`, `CONFIG_FAILSLAB`,
     /// `CONFIG_FAIL_PAGE_ALLOC`, `CONFIG_FAULT_INJECTION_DEBUG_FS`).
     FaultInjection,
+    /// `bpf_snprintf` (5.13) can symbolize an address with `%ps` in a
+    /// kprobe program: the `watch-ksymbols` step needs it.
+    BpfSnprintf,
 }
 
 impl Step {

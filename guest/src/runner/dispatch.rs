@@ -5,8 +5,8 @@ use kloop_protocol::Step;
 
 use crate::context::StepContext;
 use crate::steps::{
-    concurrent, fail_nth, fault, files, hooks, inventory, kallsyms, listeners, load, measure, net,
-    perf_tool, storm,
+    concurrent, fail_nth, fault, files, hooks, inventory, kallsyms, ksymwatch, listeners, load,
+    measure, net, perf_tool, storm,
 };
 
 /// Runs one step of the plan against the plan's shared `context`.
@@ -92,6 +92,16 @@ pub(super) fn run_step(context: &mut StepContext, step: &Step) -> Result<()> {
         Step::Veth { name, peer } => net::veth(name, peer),
         Step::Modprobe { name } => net::modprobe(name),
         Step::Inventory => inventory::run(),
+        Step::KprobeFill {
+            label,
+            link,
+            prefix,
+            optinsn_pages,
+            max_probes,
+        } => hooks::kprobe_fill(context, label, link, prefix, *optinsn_pages, *max_probes),
+        Step::WatchKsymbols => ksymwatch::watch(context),
+        Step::ReadKsymbolWatch => ksymwatch::read(context),
+        Step::FailedLoad => ksymwatch::failed_load(),
         Step::Concurrent {
             fixture,
             program,

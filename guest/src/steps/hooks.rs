@@ -24,6 +24,7 @@ use kloop_protocol::{AttachTarget, Message, XdpMode};
 use crate::channel::{log, send};
 use crate::context::{HeldLink, Loaded, StepContext};
 use crate::fixtures::{self, fixture_program, load_program, parse_fixture};
+use crate::kallsyms;
 use crate::perf::{event_attr, perf_event_open};
 use crate::steps::load::report_prog;
 use crate::sys::{self, OsContext};
@@ -59,6 +60,81 @@ pub fn attach(
         HeldLink {
             label: label.to_owned(),
             _link: held,
+        },
+    );
+    send(&Message::Attached {
+        label: label.to_owned(),
+        link: link.to_owned(),
+        detail,
+    })
+}
+
+/// `kprobe-fill`: see [`kloop_protocol::Step::KprobeFill`].
+pub fn kprobe_fill(
+    context: &mut StepContext,
+    label: &str,
+    link: &str,
+    prefix: &str,
+    optinsn_pages: u32,
+    max_probes: u32,
+) -> Result<()> {
+    const PAGE: &str = "kprobe_optinsn_page";
+    if context.links.contains_key(link) {
+        bail!("link {link:?} is already held");
+    }
+    let pages = || -> Result<usize> { Ok(kallsyms::read_filtered(|e| e.name == PAGE)?.len()) };
+    // Names seen more than once are local functions of several files: a
+    // probe by name would be ambiguous.
+    let mut seen: HashMap<String, u32> = HashMap::new();
+    let text = kallsyms::read_all(|e| {
+        e.module.is_none() && matches!(e.kind, 't' | 'T') && e.name.starts_with(prefix)
+    })?;
+    for e in &text {
+        *seen.entry(e.name.clone()).or_default() += 1;
+    }
+    let candidates: Vec<&str> = text
+        .iter()
+        .filter(|e| seen[&e.name] == 1)
+        .map(|e| e.name.as_str())
+        .collect();
+    let entry = context.loaded_mut(label)?;
+    let name = entry.program.clone();
+    let p: &mut KProbe = match entry.ebpf.program_mut(&name) {
+        Some(Program::KProbe(p)) if matches!(p.kind(), ProbeKind::Entry) => p,
+        _ => bail!("kprobe-fill needs a loaded kprobe program, and {label:?} is not one"),
+    };
+    let mut held: Vec<Box<dyn Any>> = Vec::new();
+    let mut skipped = 0usize;
+    let mut now = pages()?;
+    for function in &candidates {
+        if now >= optinsn_pages as usize || held.len() >= max_probes as usize {
+            break;
+        }
+        match kprobe_after_entry(p, function, 0) {
+            Ok((event, _)) => {
+                held.push(event);
+                now = pages()?;
+            }
+            Err(_) => skipped += 1,
+        }
+    }
+    if now < optinsn_pages as usize {
+        bail!(
+            "kprobe-fill: {} probes past the entry of {prefix}* functions ({skipped} skipped, {} \
+             candidates) made {now} {PAGE} symbol(s), not {optinsn_pages}",
+            held.len(),
+            candidates.len()
+        );
+    }
+    let detail = format!(
+        "{} kprobes past the entry of {prefix}* functions ({skipped} skipped): {now} {PAGE}",
+        held.len()
+    );
+    context.links.insert(
+        link.to_owned(),
+        HeldLink {
+            label: label.to_owned(),
+            _link: Box::new(held),
         },
     );
     send(&Message::Attached {
@@ -279,6 +355,12 @@ fn kprobe_after_entry(
 /// then falls back to `kprobe_events` in tracefs, whose events it fails to
 /// remove again (seen on the 7.3 pin: [DISABLED] probes left in the kprobes
 /// list). The kprobe PMU (4.17+) is what every pinned kernel has.
+/// A kprobe event at `function + offset` running the loaded entry program
+/// `p`, enabled; dropping it detaches.
+pub fn kprobe_event(p: &KProbe, function: &str, offset: u64) -> Result<Box<dyn Any>> {
+    Ok(Box::new(KprobeEvent::open(p, function, offset, false)?))
+}
+
 struct KprobeEvent {
     _fd: OwnedFd,
 }

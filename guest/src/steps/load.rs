@@ -107,7 +107,7 @@ pub fn send_pending_facts(context: &mut StepContext) -> Result<()> {
 
 /// The kernel's BTF, parsed once: under TCG parsing vmlinux BTF takes
 /// seconds, and every fentry/fexit/LSM load needs it.
-fn kernel_btf() -> Result<&'static Btf> {
+pub(crate) fn kernel_btf() -> Result<&'static Btf> {
     static BTF: OnceLock<Btf> = OnceLock::new();
     if let Some(btf) = BTF.get() {
         return Ok(btf);

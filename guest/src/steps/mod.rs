@@ -10,6 +10,7 @@ pub mod files;
 pub mod hooks;
 pub mod inventory;
 pub mod kallsyms;
+pub mod ksymwatch;
 pub mod listeners;
 pub mod load;
 pub mod measure;

@@ -61,6 +61,8 @@ const PROBED_BEFORE_SAVE: &[Requirement] = &[
     Requirement::PerfTool,
     Requirement::Threads,
     Requirement::SyscallTracepoints,
+    Requirement::FaultInjection,
+    Requirement::BpfSnprintf,
 ];
 
 /// Runs every probe of [`PROBED_BEFORE_SAVE`] once, in a guest about to be
@@ -126,7 +128,33 @@ fn probe(r: Requirement) -> Result<Probe> {
         Requirement::Threads => Ok(threads()),
         Requirement::SyscallTracepoints => Ok(syscall_tracepoints()),
         Requirement::FaultInjection => Ok(fault_injection()),
+        Requirement::BpfSnprintf => Ok(bpf_snprintf()),
     }
+}
+
+/// `bpf_snprintf` came in 5.13 (commit "bpf: Add a bpf_snprintf helper");
+/// the kernel's release says whether it has it. Loading the watch itself
+/// would tell too, but a refused load names no cause.
+fn bpf_snprintf() -> Probe {
+    let release = sys::uname().release;
+    match kernel_version(&release) {
+        Some(v) if v >= (5, 13) => Ok(()),
+        Some(_) => Err(format!(
+            "kernel {release} predates 5.13, which added the bpf_snprintf helper \
+             (%ps symbolization in BPF programs) that the ksymbol watch needs"
+        )),
+        None => Err(format!(
+            "cannot read a version from kernel release {release:?}"
+        )),
+    }
+}
+
+/// `(major, minor)` of a release such as `6.12.5-amd64`.
+fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
 }
 
 /// Rust's threads park and join on `futex(2)`; a kernel without it
@@ -424,7 +452,7 @@ const FENTRY_TARGET: &str = "bpf_fentry_test1";
 
 /// `BPF_PROG_LOAD` up to `attach_prog_fd` (5.5+), the last field the probe
 /// needs zero in (its program attaches to a kernel function, not a program).
-const PROG_LOAD_SIZE: u32 =
+pub(crate) const PROG_LOAD_SIZE: u32 =
     attr_size(std::mem::offset_of!(bpf_attr, __bindgen_anon_3.__bindgen_anon_1) + 4);
 const _: () = assert!(PROG_LOAD_SIZE == 120 && RAW_TRACEPOINT_OPEN_SIZE == 16);
 

@@ -57,6 +57,16 @@ pub struct RunEvidence {
     pub perf_scripts: Vec<PerfScript>,
     /// What each `fail-nth` step's sweep came to, in plan order.
     pub fail_nth: Vec<FailNthSweep>,
+    /// The last `read-ksymbol-watch` (each sends every observation so far).
+    pub ksymbol_watch: Option<KsymbolWatchEvidence>,
+}
+
+/// What the `watch-ksymbols` kprobe saw of `perf_event_ksymbol` calls.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KsymbolWatchEvidence {
+    pub observations: Vec<kloop_protocol::KsymbolObservation>,
+    /// Calls it could not keep (its ring was full).
+    pub dropped: u64,
 }
 
 /// A `FailNthSweep` message: one `fail-nth` step's attempts.
@@ -321,6 +331,15 @@ impl RunEvidence {
                     errnos: errnos.clone(),
                     detail: detail.clone(),
                 }),
+                Message::KsymbolWatch {
+                    observations,
+                    dropped,
+                } => {
+                    ev.ksymbol_watch = Some(KsymbolWatchEvidence {
+                        observations: observations.clone(),
+                        dropped: *dropped,
+                    })
+                }
                 Message::PerfScript {
                     command,
                     text,

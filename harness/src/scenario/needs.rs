@@ -140,6 +140,16 @@ pub fn requirement_needs(r: Requirement) -> Vec<ConfigNeed> {
                 "the ignore-gfp-wait knobs that make GFP_KERNEL allocations fault points",
             ),
         ],
+        // bpf_snprintf itself is in every 5.13+ BPF kernel (the guest
+        // probes the version); the watch is a kprobe program.
+        Requirement::BpfSnprintf => vec![
+            builtin("CONFIG_KPROBES", "the kprobe on perf_event_ksymbol"),
+            builtin(
+                "CONFIG_KPROBE_EVENTS",
+                "the kprobe PMU (kernel/trace/trace_event_perf.c)",
+            ),
+            builtin("CONFIG_BPF_EVENTS", "kprobe BPF programs"),
+        ],
     }
 }
 
@@ -166,6 +176,8 @@ pub fn implied_requirements(steps: &[Step]) -> Vec<Requirement> {
                 target: AttachTarget::Tracepoint { category, .. },
                 ..
             } if category == "syscalls" => Some(Requirement::SyscallTracepoints),
+            Step::WatchKsymbols => Some(Requirement::BpfSnprintf),
+            Step::KprobeFill { .. } => Some(Requirement::Kprobes),
             _ => None,
         };
         if let Some(r) = r {
@@ -277,6 +289,27 @@ mod tests {
             why.starts_with("CONFIG_FAULT_INJECTION not set in test .config"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn the_ksymbol_watch_and_kprobe_fill_imply_their_probes() {
+        let steps = vec![
+            Step::WatchKsymbols,
+            Step::KprobeFill {
+                label: "p".into(),
+                link: "l".into(),
+                prefix: "__x64_sys_".into(),
+                optinsn_pages: 2,
+                max_probes: 10,
+            },
+        ];
+        assert_eq!(
+            implied_requirements(&steps),
+            vec![Requirement::BpfSnprintf, Requirement::Kprobes]
+        );
+        let c = KernelConfig::parse(GOOD, "c");
+        let why = preflight(&scenario(vec![Requirement::BpfSnprintf]), &c).unwrap();
+        assert!(why.starts_with("CONFIG_KPROBES"), "{why}");
     }
 
     #[test]

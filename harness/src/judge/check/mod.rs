@@ -23,6 +23,7 @@
 //! | `load-cpu` | a `concurrent` loader's records (registers and PROG_LOAD) are in the ring of the CPU it was pinned to, with that `cpu` in their trailer |
 //! | `inventory` | programs loaded before recording (`preexisting`) are in the inventory; each inventoried program unloaded in the stream unregisters exactly its inventoried functions (addr, len, kallsyms name) before a PROG_UNLOAD with its tag |
 //! | `lookups` | a side-band reader looked up at least every PROG_LOAD of its storm, and got nothing but success or ENOENT |
+//! | `symbol-state` | with a `watch-ksymbols` step: every KSYMBOL of the first set matches an observed `perf_event_ksymbol` call, and each kind's symbol was resolvable (or gone) at emission as the source promises ([`emission`]) |
 //!
 //! # Listener sets and merging
 //!
@@ -78,6 +79,7 @@ use kloop_records::{
 
 mod agreement;
 mod batches;
+mod emission;
 mod inventory;
 mod listener;
 mod model;
@@ -85,6 +87,7 @@ mod programs;
 
 use agreement::*;
 use batches::*;
+use emission::*;
 use inventory::*;
 use listener::*;
 pub use model::*;
@@ -110,6 +113,7 @@ pub mod rule {
     pub const LOAD_CPU: &str = "load-cpu";
     pub const INVENTORY: &str = "inventory";
     pub const LOOKUPS: &str = "lookups";
+    pub const SYMBOL_STATE: &str = "symbol-state";
 
     pub const ALL: &[&str] = &[
         LISTENERS,
@@ -130,6 +134,7 @@ pub mod rule {
         LOAD_CPU,
         INVENTORY,
         LOOKUPS,
+        SYMBOL_STATE,
     ];
 }
 
@@ -648,6 +653,14 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             a.merged = merged;
         }
     }
+    if let Some(watch) = &ev.ksymbol_watch {
+        if a.sets
+            .first()
+            .is_some_and(|s| !s.iter().any(|i| cut.contains(i)))
+        {
+            check_symbol_state(watch, &a.merged, &mut v);
+        }
+    }
     check_agreement(&a, &listeners, &cut, &mut v);
     let notes = check_lookups(ev, &a, &mut v);
     a.notes.extend(notes);
@@ -657,6 +670,8 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
 
 /// Runs under the interpreter (`scenarios/interpreter`), synthetic: no
 /// pinned kernel can turn its JIT off (`CONFIG_BPF_JIT_ALWAYS_ON`).
+#[cfg(test)]
+mod emission_tests;
 #[cfg(test)]
 mod interpreter_tests;
 #[cfg(test)]

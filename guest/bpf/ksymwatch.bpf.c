@@ -1,0 +1,169 @@
+// SPDX-License-Identifier: GPL-2.0
+// kloop fixture "ksymwatch": a kprobe on perf_event_ksymbol(ksym_type, addr,
+// len, unregister, sym) that records, for every call, the arguments and how
+// the kernel's own symbolizer resolves `addr` at that instant
+// (bpf_snprintf "%ps", which goes through kallsyms_lookup and so
+// bpf_address_lookup for BPF text). kallsyms prints an address it cannot
+// resolve as "0x<hex>" (__sprint_symbol), so the host can tell whether the
+// symbol a KSYMBOL record announces was resolvable when it was emitted.
+// Needs bpf_snprintf (5.13). The kprobe context is x86-64 pt_regs: the
+// agent runs on x86-64 guests only.
+//
+// kallsyms does not resolve kprobe instruction pages through %ps, so for
+// an OOL symbol the watch also looks for the page on the page list of the
+// kprobe_insn_cache whose `sym` is the call's `sym` (kprobe_insn_slots,
+// kprobe_optinsn_slots: their addresses are in `caches`, written by the
+// agent from /proc/kallsyms). The structs below are CO-RE: aya relocates
+// their field offsets against the kernel's BTF.
+
+#include "kloop_bpf.h"
+
+#define BPF_MAP_TYPE_RINGBUF 27
+#define KSYM_TYPE_OOL 2
+
+// Helpers by number (uapi/linux/bpf.h).
+static long (*bpf_ringbuf_output)(void *ringbuf, void *data, unsigned long long size,
+				  unsigned long long flags) = (void *)130;
+static long (*bpf_probe_read_kernel_str)(void *dst, unsigned int size,
+					 const void *unsafe_ptr) = (void *)115;
+static long (*bpf_probe_read_kernel)(void *dst, unsigned int size,
+				     const void *unsafe_ptr) = (void *)113;
+static long (*bpf_snprintf)(char *str, unsigned int str_size, const char *fmt,
+			    unsigned long long *data, unsigned int data_len) = (void *)165;
+
+// x86-64 struct pt_regs, as the kprobe sees it.
+struct pt_regs {
+	unsigned long r15, r14, r13, r12, bp, bx, r11, r10, r9, r8;
+	unsigned long ax, cx, dx, si, di, orig_ax, ip, cs, flags, sp, ss;
+};
+
+#define NAME_LEN 64
+
+struct list_head {
+	struct list_head *next;
+} __attribute__((preserve_access_index));
+
+struct kprobe_insn_cache {
+	const char *sym;
+	struct list_head pages;
+} __attribute__((preserve_access_index));
+
+struct kprobe_insn_page {
+	struct list_head list;
+	void *insns;
+} __attribute__((preserve_access_index));
+
+// BPF_FIELD_BYTE_OFFSET of `field`, relocated.
+#define FIELD_OFFSET(type, field) __builtin_preserve_field_info(((type *)0)->field, 0)
+
+// More pages than any scenario makes; a longer list reads as "not listed"
+// only if the page is past this many, which the host would then report.
+#define MAX_PAGES 32
+
+// Whether an OOL page was on its cache's list: 0 not looked (not a kprobe
+// page, or the agent found no cache address), 1 listed, 2 not listed.
+#define LISTED 1
+#define NOT_LISTED 2
+
+// One call of perf_event_ksymbol. The agent reads these with the same
+// layout (guest/src/steps/ksymwatch.rs).
+struct observation {
+	unsigned long long addr;
+	unsigned int len;
+	unsigned short ksym_type;
+	unsigned char unregister;
+	unsigned char listed;
+	// bpf_snprintf's return: the length "%ps" needed, or a negative errno.
+	long long ps_ret;
+	char ps[NAME_LEN];
+	char name[NAME_LEN];
+};
+
+// 64 KiB: a few hundred observations, far more than a scenario causes; a
+// call that finds it full is counted in counts[0], never lost silently.
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 64 * 1024);
+} observations SEC(".maps");
+
+// counts[0]: calls whose observation did not fit in the ring.
+KLOOP_COUNTERS(1)
+
+// Addresses of kprobe_insn_slots and kprobe_optinsn_slots (0: unknown).
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, unsigned int);
+	__type(value, unsigned long long);
+} caches SEC(".maps");
+
+// Looks for the page at `addr` on the list of the cache at `cache` if that
+// cache's `sym` is `sym`; returns 0 when it is another cache's.
+static __attribute__((always_inline)) unsigned char
+page_listed(unsigned long long cache, unsigned long long sym, unsigned long long addr)
+{
+	struct kprobe_insn_cache *c = (void *)cache;
+	struct list_head *head = &c->pages;
+	struct list_head *pos = 0;
+	const char *csym = 0;
+	int i;
+
+	bpf_probe_read_kernel(&csym, sizeof(csym), &c->sym);
+	if ((unsigned long long)csym != sym)
+		return 0;
+	bpf_probe_read_kernel(&pos, sizeof(pos), &head->next);
+	for (i = 0; i < MAX_PAGES; i++) {
+		struct kprobe_insn_page *kip;
+		void *insns = 0;
+
+		if (!pos || pos == head)
+			break;
+		kip = (void *)((char *)pos - FIELD_OFFSET(struct kprobe_insn_page, list));
+		bpf_probe_read_kernel(&insns, sizeof(insns), &kip->insns);
+		if ((unsigned long long)insns == addr)
+			return LISTED;
+		bpf_probe_read_kernel(&pos, sizeof(pos), &pos->next);
+	}
+	return NOT_LISTED;
+}
+
+// bpf_snprintf wants its format in a read-only (frozen) map: .rodata.
+static const char ps_fmt[] = "%ps";
+
+// page_listed for the cache in slot `key` of `caches` (0 when unknown).
+static __attribute__((always_inline)) unsigned char
+cache_listed(unsigned int key, unsigned long long sym, unsigned long long addr)
+{
+	unsigned long long *cache = bpf_map_lookup_elem(&caches, &key);
+
+	if (!cache || !*cache)
+		return 0;
+	return page_listed(*cache, sym, addr);
+}
+
+SEC("kprobe")
+int kloop_ksymwatch(struct pt_regs *ctx)
+{
+	struct observation o = {};
+	unsigned long long args[1];
+
+	o.ksym_type = (unsigned short)ctx->di;
+	o.addr = ctx->si;
+	o.len = (unsigned int)ctx->dx;
+	o.unregister = (unsigned char)ctx->cx;
+	args[0] = o.addr;
+	o.ps_ret = bpf_snprintf(o.ps, sizeof(o.ps), ps_fmt, args, sizeof(args));
+	bpf_probe_read_kernel_str(o.name, sizeof(o.name), (const void *)ctx->r8);
+	// Unrolled by hand: a loop over the two keys, with its counter on the
+	// stack for the map lookup, reads to the verifier as an infinite loop.
+	if (o.ksym_type == KSYM_TYPE_OOL) {
+		o.listed = cache_listed(0, ctx->r8, o.addr);
+		if (!o.listed)
+			o.listed = cache_listed(1, ctx->r8, o.addr);
+	}
+	if (bpf_ringbuf_output(&observations, &o, sizeof(o), 0))
+		bump(0);
+	return 0;
+}
+
+char _license[] SEC("license") = "GPL";
