@@ -46,7 +46,7 @@ pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
     let (plan, saved) = if std::path::Path::new(PLAN_PATH).exists() {
         (read_plan()?, None)
     } else {
-        let (mut warm_notes, loaded) = warm_up::warm_up_aya(&crate::fixtures::all_stems())?;
+        let (mut warm_notes, loaded) = warm_up::warm_up_aya(&warm_up::saved_vm_fixtures())?;
         // Whatever does not depend on the plan is done once, here, and
         // every restored copy starts with it done: the probes, then (last,
         // so that it sees what the probes left) the generated symbols.
