@@ -13,8 +13,10 @@
 // an OOL symbol the watch also looks for the page on the page list of the
 // kprobe_insn_cache whose `sym` is the call's `sym` (kprobe_insn_slots,
 // kprobe_optinsn_slots: their addresses are in `caches`, written by the
-// agent from /proc/kallsyms). The structs below are CO-RE: aya relocates
-// their field offsets against the kernel's BTF.
+// agent from /proc/kallsyms), and for an ftrace trampoline on
+// ftrace_ops_trampoline_list (the third address in `caches`). The structs
+// below are CO-RE: aya relocates their field offsets against the kernel's
+// BTF.
 
 #include "kloop_bpf.h"
 
@@ -53,6 +55,13 @@ struct kprobe_insn_page {
 	void *insns;
 } __attribute__((preserve_access_index));
 
+// An ftrace_ops with a trampoline of its own is on ftrace_ops_trampoline_list
+// (kernel/trace/ftrace.c) by `list` while kallsyms lists the trampoline.
+struct ftrace_ops {
+	unsigned long trampoline;
+	struct list_head list;
+} __attribute__((preserve_access_index));
+
 // BPF_FIELD_BYTE_OFFSET of `field`, relocated.
 #define FIELD_OFFSET(type, field) __builtin_preserve_field_info(((type *)0)->field, 0)
 
@@ -89,10 +98,11 @@ struct {
 // counts[0]: calls whose observation did not fit in the ring.
 KLOOP_COUNTERS(1)
 
-// Addresses of kprobe_insn_slots and kprobe_optinsn_slots (0: unknown).
+// Addresses of kprobe_insn_slots, kprobe_optinsn_slots and
+// ftrace_ops_trampoline_list (0: unknown).
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 2);
+	__uint(max_entries, 3);
 	__type(key, unsigned int);
 	__type(value, unsigned long long);
 } caches SEC(".maps");
@@ -121,6 +131,30 @@ page_listed(unsigned long long cache, unsigned long long sym, unsigned long long
 		kip = (void *)((char *)pos - FIELD_OFFSET(struct kprobe_insn_page, list));
 		bpf_probe_read_kernel(&insns, sizeof(insns), &kip->insns);
 		if ((unsigned long long)insns == addr)
+			return LISTED;
+		bpf_probe_read_kernel(&pos, sizeof(pos), &pos->next);
+	}
+	return NOT_LISTED;
+}
+
+// Looks for an ftrace_ops whose trampoline is `addr` on the list at `head`
+// (ftrace_ops_trampoline_list).
+static __attribute__((always_inline)) unsigned char
+trampoline_listed(unsigned long long head, unsigned long long addr)
+{
+	struct list_head *pos = 0;
+	int i;
+
+	bpf_probe_read_kernel(&pos, sizeof(pos), &((struct list_head *)head)->next);
+	for (i = 0; i < MAX_PAGES; i++) {
+		struct ftrace_ops *ops;
+		unsigned long trampoline = 0;
+
+		if (!pos || (unsigned long long)pos == head)
+			break;
+		ops = (void *)((char *)pos - FIELD_OFFSET(struct ftrace_ops, list));
+		bpf_probe_read_kernel(&trampoline, sizeof(trampoline), &ops->trampoline);
+		if ((unsigned long long)trampoline == addr)
 			return LISTED;
 		bpf_probe_read_kernel(&pos, sizeof(pos), &pos->next);
 	}
@@ -160,6 +194,21 @@ int kloop_ksymwatch(struct pt_regs *ctx)
 		o.listed = cache_listed(0, ctx->r8, o.addr);
 		if (!o.listed)
 			o.listed = cache_listed(1, ctx->r8, o.addr);
+		if (!o.listed) {
+			// FTRACE_TRAMPOLINE_SYM with its NUL, on the stack: a
+			// global array would need a .rodata variable of its own.
+			char ftrace_sym[] = "ftrace_trampoline";
+			unsigned int key = 2;
+			unsigned long long *head = bpf_map_lookup_elem(&caches, &key);
+			int same = 1;
+			int i;
+
+			for (i = 0; i < (int)sizeof(ftrace_sym); i++)
+				if (o.name[i] != ftrace_sym[i])
+					same = 0;
+			if (same && head && *head)
+				o.listed = trampoline_listed(*head, o.addr);
+		}
 	}
 	if (bpf_ringbuf_output(&observations, &o, sizeof(o), 0))
 		bump(0);

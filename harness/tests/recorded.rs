@@ -281,7 +281,7 @@ fn recorded_symbol_state_sees_a_kprobe_page_unlisted_before_its_unregister() {
     assert_eq!(v.len(), 1, "{v:#?}");
     assert!(
         v[0].starts_with("kprobe_optinsn_page at ")
-            && v[0].contains("was not on its cache's page list when its unregister"),
+            && v[0].contains("was not on its list (a kprobe cache's pages, ftrace's trampolines) when its unregister"),
         "{v:#?}"
     );
 }

@@ -62,9 +62,14 @@ pub fn watch(context: &mut StepContext) -> Result<()> {
     Ok(())
 }
 
-/// The kprobe instruction caches whose page lists the watch walks, in the
-/// order of its `caches` map.
-const CACHES: [&str; 2] = ["kprobe_insn_slots", "kprobe_optinsn_slots"];
+/// The lists the watch walks, in the order of its `caches` map: the kprobe
+/// instruction caches (their page lists) and ftrace's list of ops with a
+/// trampoline of their own.
+const CACHES: [&str; 3] = [
+    "kprobe_insn_slots",
+    "kprobe_optinsn_slots",
+    "ftrace_ops_trampoline_list",
+];
 
 /// Writes the caches' addresses (data symbols: CONFIG_KALLSYMS_ALL) into
 /// the watch's `caches` map; one the kernel lacks stays 0 and its pages

@@ -16,9 +16,10 @@
 //!
 //! | kprobe instruction page (OOL `kprobe_insn_page`, `kprobe_optinsn_page`) | on its cache's page list: `__get_insn_slot` runs `list_add_rcu` first | still on it: `collect_one_slot` emits the unregister "before removing the page" (`list_del_rcu`) |
 //!
-//! kallsyms does not resolve kprobe pages through `%ps`; the watch walks
-//! the cache's page list instead. Other kinds (ftrace trampolines) are
-//! matched but not held to an order.
+//! | ftrace trampoline (OOL `ftrace_trampoline`) | on `ftrace_ops_trampoline_list`: `ftrace_update_trampoline` adds it "to kallsyms before the perf events" | still on it: `ftrace_trampoline_free` removes it "from kallsyms after the perf events" |
+//!
+//! kallsyms does not resolve kprobe pages or ftrace trampolines through
+//! `%ps`; the watch walks their lists instead.
 
 use kloop_protocol::KsymbolObservation;
 
@@ -44,6 +45,15 @@ fn promise(ksym_type: u16, unregister: bool, name: &str) -> Promise {
             "collect_one_slot emits a page's unregister before list_del_rcu removes it"
         } else {
             "__get_insn_slot adds a new page to its cache's list before it emits the register"
+        });
+    }
+    if ksym_type == KSYM_TYPE_OOL && name == "ftrace_trampoline" {
+        return Promise::Listed(if unregister {
+            "ftrace_trampoline_free emits the unregister before it removes the trampoline \
+             from ftrace_ops_trampoline_list (\"Remove from kallsyms after the perf events\")"
+        } else {
+            "ftrace_update_trampoline adds the trampoline to ftrace_ops_trampoline_list before \
+             it emits the register (\"Add to kallsyms before the perf events\")"
         });
     }
     if ksym_type != KSYM_TYPE_BPF {
@@ -161,15 +171,15 @@ pub(super) fn check_symbol_state(
                 Some(true) => {}
                 Some(false) => broken.push(quoting(
                     format!(
-                        "{name} at {addr:#x} was not on its cache's page list when its {event} \
-                         was emitted; {why}: {r}"
+                        "{name} at {addr:#x} was not on its list (a kprobe cache's pages, \
+                         ftrace's trampolines) when its {event} was emitted; {why}: {r}"
                     ),
                     [r],
                 )),
                 None => broken.push(quoting(
                     format!(
-                        "the watch could not look {name} at {addr:#x} up on a page list (no \
-                         cache address from /proc/kallsyms, or the call's sym is no cache's): {r}"
+                        "the watch could not look {name} at {addr:#x} up on its list (no list \
+                         address from /proc/kallsyms, or the call's sym is no cache's): {r}"
                     ),
                     [r],
                 )),

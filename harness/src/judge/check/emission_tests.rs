@@ -226,7 +226,7 @@ fn kprobe_page_unregistered_after_leaving_its_list() {
     let m = messages(&analyse_with(&s, w.clone()));
     assert_eq!(m.len(), 1, "{m:?}");
     assert!(
-        m[0].contains("kprobe_insn_page at 0xffffffffc0005000 was not on its cache's page list when its unregister was emitted"),
+        m[0].contains("kprobe_insn_page at 0xffffffffc0005000 was not on its list (a kprobe cache's pages, ftrace's trampolines) when its unregister was emitted"),
         "{m:?}"
     );
     // A page the watch did not look up is an oracle failure, not a pass.
@@ -237,20 +237,33 @@ fn kprobe_page_unregistered_after_leaving_its_list() {
 }
 
 #[test]
-fn other_ool_symbols_are_not_held_to_a_list() {
+fn ftrace_trampolines_are_held_to_their_list_and_other_ool_symbols_are_not() {
+    const TRAMPOLINE: u64 = 0xffff_ffff_c000_b000;
+    const OTHER: u64 = 0xffff_ffff_c000_c000;
     let mut s = good_script();
     s.push((
         0,
         300,
-        Ev::Reg(
-            0xffff_ffff_c000_b000,
-            4096,
-            KSYM_TYPE_OOL,
-            "ftrace_trampoline".into(),
-        ),
+        Ev::Reg(TRAMPOLINE, 4096, KSYM_TYPE_OOL, "ftrace_trampoline".into()),
+    ));
+    s.push((
+        0,
+        310,
+        Ev::Reg(OTHER, 4096, KSYM_TYPE_OOL, "some_other_ool".into()),
     ));
     let mut w = watch_of(&s);
-    observation(&mut w, 0xffff_ffff_c000_b000, false).listed = None;
-    let a = analyse_with(&s, w);
+    observation(&mut w, TRAMPOLINE, false).listed = Some(true);
+    observation(&mut w, OTHER, false).listed = None;
+    let a = analyse_with(&s, w.clone());
     assert!(a.violations.is_empty(), "{:?}", messages(&a));
+    // ftrace_update_trampoline with the perf event moved before
+    // ftrace_add_trampoline_to_kallsyms.
+    observation(&mut w, TRAMPOLINE, false).listed = Some(false);
+    let m = messages(&analyse_with(&s, w));
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert!(
+        m[0].contains("ftrace_trampoline at 0xffffffffc000b000 was not on its list")
+            && m[0].contains("Add to kallsyms before the perf events"),
+        "{m:?}"
+    );
 }
