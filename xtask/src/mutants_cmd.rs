@@ -95,12 +95,24 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
             &notes,
             &command,
         );
-        let json = base.run_dir.join("mutants.json");
+        let json = base.run_dir.join(kloop::run::mutants::RESULTS_FILE);
         std::fs::write(&json, serde_json::to_vec_pretty(results)?)
             .with_context(|| format!("writing {}", json.display()))?;
         let report = report_path(base);
         std::fs::write(&report, md).with_context(|| format!("writing {}", report.display()))
     };
+    if let Some(run_dir) = &a.from {
+        let (base, results) = kloop::run::mutants::read_run(&layout, &base_req, run_dir)
+            .with_context(|| format!("reading the mutants run in {}", run_dir.display()))?;
+        write(&base, &results)?;
+        return Ok(summarise(
+            &base,
+            &results,
+            &notes,
+            &report_path(&base),
+            None,
+        ));
+    }
     // The live line of the kernel being built (the unmutated one, then
     // each mutant's), ended when its mutant is decided.
     let building: std::cell::RefCell<Option<(String, crate::build_progress::BuildProgress)>> =
@@ -157,8 +169,25 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
         },
     )?;
     write(&base, &results)?;
-    let report = report_path(&base);
-    let json = base.run_dir.join("mutants.json");
+    Ok(summarise(
+        &base,
+        &results,
+        &notes,
+        &report_path(&base),
+        Some(started.elapsed().as_secs_f64()),
+    ))
+}
+
+/// Prints the totals and the survivors without a note; the exit code:
+/// 130 when interrupted, 1 while a survivor has no note.
+fn summarise(
+    base: &kloop::run::mutants::MutantsBaseline,
+    results: &[kloop::run::mutants::MutantResult],
+    notes: &kloop::report::mutants::Notes,
+    report: &std::path::Path,
+    secs: Option<f64>,
+) -> ExitCode {
+    let json = base.run_dir.join(kloop::run::mutants::RESULTS_FILE);
     let killed = results
         .iter()
         .filter(|r| matches!(r.outcome, Outcome::Killed(_)))
@@ -168,11 +197,14 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
         .filter(|r| r.outcome == Outcome::Survived)
         .collect();
     println!(
-        "kloop: {killed} killed, {} survived, {} failed to build, of {} in {:.0} s; report {}; data {}",
+        "kloop: {killed} killed, {} survived, {} failed to build, of {}{}; report {}; data {}",
         survived.len(),
-        results.iter().filter(|r| matches!(r.outcome, Outcome::BuildFailed(_))).count(),
+        results
+            .iter()
+            .filter(|r| matches!(r.outcome, Outcome::BuildFailed(_)))
+            .count(),
         results.len(),
-        started.elapsed().as_secs_f64(),
+        secs.map_or(String::new(), |s| format!(" in {s:.0} s")),
         report.display(),
         json.display()
     );
@@ -191,11 +223,11 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     }
     if kloop::run::signals::interrupted() {
         println!("kloop: interrupted; the report holds the mutants judged so far");
-        return Ok(ExitCode::from(130));
+        return ExitCode::from(130);
     }
-    Ok(if unexplained.is_empty() {
+    if unexplained.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    })
+    }
 }

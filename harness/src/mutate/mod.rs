@@ -69,7 +69,7 @@ impl Targets {
 }
 
 /// One mutant: a change to one function, as a patch.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Mutant {
     /// `core.c:perf_event_ksymbol:9431:drop-call`, unique within a run.
     pub id: String,

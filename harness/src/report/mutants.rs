@@ -325,4 +325,33 @@ mod tests {
             "pipes in cells are escaped"
         );
     }
+
+    /// `mutants --from` writes the report again from a run's mutants.json:
+    /// what a run writes must read back as it was.
+    #[test]
+    fn results_read_back_from_their_json() {
+        let results = vec![
+            result(
+                "a:1",
+                "kernel/a.c",
+                Operator::SwapCalls,
+                Outcome::Killed("basic: CHANGED: x".into()),
+            ),
+            result("a:2", "kernel/a.c", Operator::DropReturn, Outcome::Survived),
+            result(
+                "b:1",
+                "kernel/b.c",
+                Operator::OffByOne,
+                Outcome::NotJudged("interrupted".into()),
+            ),
+        ];
+        let json = serde_json::to_vec_pretty(&results).unwrap();
+        let back: Vec<MutantResult> = serde_json::from_slice(&json).unwrap();
+        assert_eq!(
+            serde_json::to_value(&back).unwrap(),
+            serde_json::to_value(&results).unwrap()
+        );
+        assert_eq!(back[0].outcome, Outcome::Killed("basic: CHANGED: x".into()));
+        assert_eq!(back[1].mutant.operator, Operator::DropReturn);
+    }
 }

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use kloop_kernels::build::{BuildRequest, BuiltKernel};
 use kloop_kernels::{Catalog, KernelCache};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::judge::ab::{self, Side};
 use crate::mutate::Mutant;
@@ -34,6 +34,8 @@ pub enum MutantsError {
         verdict: String,
         id: String,
     },
+    #[error("reading {path}: {why}")]
+    Read { path: PathBuf, why: String },
     #[error("writing {path}: {source}")]
     Write {
         path: PathBuf,
@@ -43,7 +45,7 @@ pub enum MutantsError {
 }
 
 /// How one mutant came out.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "outcome", content = "detail", rename_all = "kebab-case")]
 pub enum Outcome {
     /// A scenario told it from the unmutated kernel: `scenario: CLASS: why`.
@@ -68,7 +70,7 @@ impl Outcome {
 }
 
 /// A mutant and what became of it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MutantResult {
     pub mutant: Mutant,
     pub outcome: Outcome,
@@ -83,7 +85,7 @@ pub struct MutantResult {
 }
 
 /// What the whole run had in common.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MutantsBaseline {
     pub source: String,
     pub kernel_id: String,
@@ -91,6 +93,77 @@ pub struct MutantsBaseline {
     pub scenarios: Vec<String>,
     pub accel: String,
     pub run_dir: PathBuf,
+}
+
+/// Beside `mutants.json` in a run directory: the run's [`MutantsBaseline`].
+pub const BASELINE_FILE: &str = "mutants-baseline.json";
+/// The results of a run, rewritten after every mutant.
+pub const RESULTS_FILE: &str = "mutants.json";
+
+/// The baseline and the results of the mutants run in `run_dir`, for a
+/// report written again without judging (new notes, say). A run from
+/// before [`BASELINE_FILE`] existed has its baseline put together from
+/// what it left: the unmutated kernel `base_req` builds (a cache hit), the
+/// scenarios whose baseline trials are in the run directory, in judging
+/// order, and the accelerator their results name.
+pub fn read_run(
+    layout: &Layout,
+    base_req: &BuildRequest,
+    run_dir: &Path,
+) -> Result<(MutantsBaseline, Vec<MutantResult>), MutantsError> {
+    let read = |name: &str| {
+        let path = run_dir.join(name);
+        std::fs::read(&path).map_err(|e| MutantsError::Read {
+            path: path.clone(),
+            why: e.to_string(),
+        })
+    };
+    let parse_error = |name: &str, e: serde_json::Error| MutantsError::Read {
+        path: run_dir.join(name),
+        why: e.to_string(),
+    };
+    let results: Vec<MutantResult> =
+        serde_json::from_slice(&read(RESULTS_FILE)?).map_err(|e| parse_error(RESULTS_FILE, e))?;
+    if run_dir.join(BASELINE_FILE).is_file() {
+        let mut base: MutantsBaseline = serde_json::from_slice(&read(BASELINE_FILE)?)
+            .map_err(|e| parse_error(BASELINE_FILE, e))?;
+        base.run_dir = run_dir.to_path_buf();
+        return Ok((base, results));
+    }
+    let cache = KernelCache::default_location()?;
+    let baseline = kloop_kernels::build::build(&cache, base_req, &mut |_| {})
+        .map_err(MutantsError::Baseline)?;
+    let trials = run_dir.join(format!("built-{}", baseline.record.id));
+    let all = crate::scenario::load_all(&layout.scenarios()).map_err(suite::SuiteError::from)?;
+    let ran: Vec<Scenario> = all
+        .into_iter()
+        .filter(|s| trials.join(&s.name).join("result.json").is_file())
+        .collect();
+    if ran.is_empty() {
+        return Err(MutantsError::Read {
+            path: trials,
+            why: "no baseline trial results: not the run directory of this source's mutants".into(),
+        });
+    }
+    let scenarios: Vec<String> = judging_order(ran).into_iter().map(|s| s.name).collect();
+    let first = trials.join(&scenarios[0]).join("result.json");
+    let accel = std::fs::read(&first)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["accel"].as_str().map(str::to_owned))
+        .ok_or_else(|| MutantsError::Read {
+            path: first.clone(),
+            why: "no accel in the baseline trial's result".into(),
+        })?;
+    let base = MutantsBaseline {
+        source: baseline.record.source.clone(),
+        kernel_id: baseline.record.id.clone(),
+        release: baseline.record.release.clone(),
+        scenarios,
+        accel,
+        run_dir: run_dir.to_path_buf(),
+    };
+    Ok((base, results))
 }
 
 /// The order scenarios are tried in: cheap ones first (one killer is
@@ -167,6 +240,12 @@ pub fn judge_all(
         accel: env.accel.accel.clone(),
         run_dir: env.run_dir.clone(),
     };
+    let base_file = env.run_dir.join(BASELINE_FILE);
+    let json = serde_json::to_vec_pretty(&base).expect("the baseline serialises");
+    std::fs::write(&base_file, json).map_err(|source| MutantsError::Write {
+        path: base_file,
+        source,
+    })?;
     let mut results = Vec::new();
     for (n, m) in mutants.iter().enumerate() {
         let r = judge_one(
