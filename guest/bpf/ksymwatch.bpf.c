@@ -107,34 +107,42 @@ struct {
 	__type(value, unsigned long long);
 } caches SEC(".maps");
 
+// Walks the list at `head` for an entry whose pointer-sized field at
+// `value_off` is `addr`; `link_off` is where the entry's list_head is. Both
+// offsets come from FIELD_OFFSET, relocated against the kernel's BTF.
+static __attribute__((always_inline)) unsigned char
+listed_at(struct list_head *head, long link_off, long value_off, unsigned long long addr)
+{
+	struct list_head *pos = 0;
+	int i;
+
+	bpf_probe_read_kernel(&pos, sizeof(pos), &head->next);
+	for (i = 0; i < MAX_PAGES; i++) {
+		unsigned long long value = 0;
+
+		if (!pos || pos == head)
+			break;
+		bpf_probe_read_kernel(&value, sizeof(value), (char *)pos - link_off + value_off);
+		if (value == addr)
+			return LISTED;
+		bpf_probe_read_kernel(&pos, sizeof(pos), &pos->next);
+	}
+	return NOT_LISTED;
+}
+
 // Looks for the page at `addr` on the list of the cache at `cache` if that
 // cache's `sym` is `sym`; returns 0 when it is another cache's.
 static __attribute__((always_inline)) unsigned char
 page_listed(unsigned long long cache, unsigned long long sym, unsigned long long addr)
 {
 	struct kprobe_insn_cache *c = (void *)cache;
-	struct list_head *head = &c->pages;
-	struct list_head *pos = 0;
 	const char *csym = 0;
-	int i;
 
 	bpf_probe_read_kernel(&csym, sizeof(csym), &c->sym);
 	if ((unsigned long long)csym != sym)
 		return 0;
-	bpf_probe_read_kernel(&pos, sizeof(pos), &head->next);
-	for (i = 0; i < MAX_PAGES; i++) {
-		struct kprobe_insn_page *kip;
-		void *insns = 0;
-
-		if (!pos || pos == head)
-			break;
-		kip = (void *)((char *)pos - FIELD_OFFSET(struct kprobe_insn_page, list));
-		bpf_probe_read_kernel(&insns, sizeof(insns), &kip->insns);
-		if ((unsigned long long)insns == addr)
-			return LISTED;
-		bpf_probe_read_kernel(&pos, sizeof(pos), &pos->next);
-	}
-	return NOT_LISTED;
+	return listed_at(&c->pages, FIELD_OFFSET(struct kprobe_insn_page, list),
+			 FIELD_OFFSET(struct kprobe_insn_page, insns), addr);
 }
 
 // Looks for an ftrace_ops whose trampoline is `addr` on the list at `head`
@@ -142,23 +150,8 @@ page_listed(unsigned long long cache, unsigned long long sym, unsigned long long
 static __attribute__((always_inline)) unsigned char
 trampoline_listed(unsigned long long head, unsigned long long addr)
 {
-	struct list_head *pos = 0;
-	int i;
-
-	bpf_probe_read_kernel(&pos, sizeof(pos), &((struct list_head *)head)->next);
-	for (i = 0; i < MAX_PAGES; i++) {
-		struct ftrace_ops *ops;
-		unsigned long trampoline = 0;
-
-		if (!pos || (unsigned long long)pos == head)
-			break;
-		ops = (void *)((char *)pos - FIELD_OFFSET(struct ftrace_ops, list));
-		bpf_probe_read_kernel(&trampoline, sizeof(trampoline), &ops->trampoline);
-		if ((unsigned long long)trampoline == addr)
-			return LISTED;
-		bpf_probe_read_kernel(&pos, sizeof(pos), &pos->next);
-	}
-	return NOT_LISTED;
+	return listed_at((struct list_head *)head, FIELD_OFFSET(struct ftrace_ops, list),
+			 FIELD_OFFSET(struct ftrace_ops, trampoline), addr);
 }
 
 // bpf_snprintf wants its format in a read-only (frozen) map: .rodata.

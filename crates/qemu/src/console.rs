@@ -45,6 +45,24 @@ pub(crate) fn printable(line: &str) -> String {
     out
 }
 
+/// The first lines of a kernel oops in a console log that has no panic
+/// line: with `oops=panic panic=-1` the kernel restarts the moment it
+/// panics, and the serial console can lose everything after the first
+/// lines of the oops (QEMU, started with `-no-reboot`, then exits 0). The
+/// markers are the kernel's own (`Oops:` from `__die`, `BUG:` and `kernel
+/// BUG at` from the bug and fault handlers); a WARN's `cut here` is not
+/// one, since a WARN does not stop the kernel.
+pub fn console_oops(path: &Path) -> Option<String> {
+    const LINES: usize = 12;
+    let text = std::fs::read(path).ok()?;
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<String> = text.lines().map(printable).collect();
+    let at = lines
+        .iter()
+        .position(|l| l.contains("Oops:") || l.contains("BUG:") || l.contains("kernel BUG at"))?;
+    Some(lines[at..(at + LINES).min(lines.len())].join("\n"))
+}
+
 /// The panic lines of a console log, if the kernel panicked.
 pub fn console_panic(path: &Path) -> Option<String> {
     let text = std::fs::read(path).ok()?;

@@ -418,5 +418,38 @@ fn console_panic_finds_the_panic_lines() {
     assert_eq!(console_tail(&p, 2), "SeaBIOS\nProbing EDD... ok[    3.7] Kernel panic - not syncing: Attempted to kill init! exitcode=0x0000000b");
     std::fs::write(&p, "booting\nall fine\n").unwrap();
     assert!(console_panic(&p).is_none());
+    assert!(console_oops(&p).is_none());
     assert_eq!(console_tail(&p, 1), "all fine");
+}
+
+/// The start of a console log from a real run (a mutant of 6.12's
+/// `__bpf_ksym_del`, booted with `oops=panic panic=-1 loglevel=4`): the
+/// kernel restarted before the rest of the oops, and its panic line,
+/// reached the serial console.
+const OOPS_WITHOUT_PANIC_LINE: &str = "Oops: general protection fault, probably for non-canonical address 0x6666660a64657270: 0000 [#1] SMP
+CPU: 0 UID: 0 PID: 1 Comm: init Tainted: G        W          6.12.117 #25 
+Tainted: [W]=WARN
+RIP: 0010:sized_strscpy+0x40/0x9a
+RSP: 0018:ffff88800028bd88 EFLAGS: 00000216
+Call Trace:
+ <TASK>
+ ? bpf_get_kallsym+0x6f/0x92
+";
+
+#[test]
+fn console_oops_finds_an_oops_whose_panic_line_was_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("console.log");
+    std::fs::write(&p, OOPS_WITHOUT_PANIC_LINE).unwrap();
+    assert!(console_panic(&p).is_none());
+    let oops = console_oops(&p).unwrap();
+    assert!(oops.starts_with("Oops: general protection fault"), "{oops}");
+    assert!(oops.contains("RIP: 0010:sized_strscpy"), "{oops}");
+    // A WARN alone is not an oops: the kernel carries on.
+    std::fs::write(
+        &p,
+        "------------[ cut here ]------------\nWARNING: CPU: 0 PID: 1 at kernel/x.c:1 f+0x1/0x2\n",
+    )
+    .unwrap();
+    assert!(console_oops(&p).is_none());
 }

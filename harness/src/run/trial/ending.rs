@@ -97,6 +97,19 @@ pub(super) fn session_verdict(session: &GuestSession, artefacts: &Path) -> Optio
                 tail()
             )))
         }
+        SessionEnd::QemuExited(status)
+            if std::os::unix::process::ExitStatusExt::signal(&status).is_none()
+                && kloop_qemu::console_oops(&console).is_some() =>
+        {
+            // The kernel died: QEMU ended because the guest restarted.
+            Some(Verdict::Panic(format!(
+                "guest kernel oopsed; it restarted (oops=panic panic=-1) before its panic \
+                 line reached the console, and QEMU (-no-reboot) {}:\n{}\nconsole: {}",
+                kloop_qemu::describe_exit(&status),
+                kloop_qemu::console_oops(&console).unwrap_or_default(),
+                console.display()
+            )))
+        }
         SessionEnd::QemuExited(status) => {
             let stderr = std::fs::read_to_string(artefacts.join("qemu.stderr")).unwrap_or_default();
             let qemu_said = if stderr.trim().is_empty() {
