@@ -5,8 +5,10 @@
 use std::any::Any;
 use std::collections::HashMap;
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Context, Result};
+use aya::maps::RingBuf;
 use aya::Ebpf;
+use kloop_protocol::{KsymbolObservation, MAX_KSYMBOL_OBSERVATIONS};
 
 use crate::perf;
 
@@ -37,7 +39,75 @@ pub struct HeldLink {
 pub struct KsymbolWatch {
     pub ebpf: Ebpf,
     pub _link: Box<dyn Any>,
-    pub observations: Vec<kloop_protocol::KsymbolObservation>,
+    pub observations: Vec<KsymbolObservation>,
+}
+
+/// `struct observation` of `bpf/ksymwatch.bpf.c`.
+const NAME_LEN: usize = 64;
+const OBSERVATION_LEN: usize = 24 + 2 * NAME_LEN;
+
+impl KsymbolWatch {
+    /// Moves what the watch's ring holds into `observations`; returns how
+    /// many it could not keep (past `MAX_KSYMBOL_OBSERVATIONS`).
+    pub fn collect(&mut self) -> Result<u64> {
+        let mut dropped = 0u64;
+        let map = self
+            .ebpf
+            .map_mut("observations")
+            .ok_or_else(|| anyhow!("the ksymbol watch has no map \"observations\""))?;
+        let mut ring = RingBuf::try_from(map).context("map \"observations\" as a ring buffer")?;
+        while let Some(item) = ring.next() {
+            match parse(&item) {
+                Some(o) if self.observations.len() < MAX_KSYMBOL_OBSERVATIONS => {
+                    self.observations.push(o)
+                }
+                Some(_) => dropped += 1,
+                None => bail!(
+                    "ksymbol watch: an observation of {} bytes, not {OBSERVATION_LEN}",
+                    item.len()
+                ),
+            }
+        }
+        Ok(dropped)
+    }
+
+    /// Out-of-line symbols named `name` registered minus unregistered in
+    /// `observations[from..]`.
+    pub fn net_registered(&self, from: usize, name: &str) -> i64 {
+        self.observations
+            .get(from..)
+            .unwrap_or_default()
+            .iter()
+            .filter(|o| o.name == name)
+            .map(|o| if o.unregister { -1 } else { 1 })
+            .sum()
+    }
+}
+
+fn parse(b: &[u8]) -> Option<KsymbolObservation> {
+    if b.len() != OBSERVATION_LEN {
+        return None;
+    }
+    let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+    let text = |o: usize| {
+        let s = &b[o..o + NAME_LEN];
+        let end = s.iter().position(|&c| c == 0).unwrap_or(NAME_LEN);
+        String::from_utf8_lossy(&s[..end]).into_owned()
+    };
+    Some(KsymbolObservation {
+        addr: u64_at(0),
+        len: u32::from_ne_bytes(b[8..12].try_into().expect("4 bytes")),
+        ksym_type: u16::from_ne_bytes(b[12..14].try_into().expect("2 bytes")),
+        unregister: b[14] != 0,
+        listed: match b[15] {
+            1 => Some(true),
+            2 => Some(false),
+            _ => None,
+        },
+        snprintf_ret: u64_at(16) as i64,
+        symbolized: text(24),
+        name: text(24 + NAME_LEN),
+    })
 }
 
 #[derive(Default)]

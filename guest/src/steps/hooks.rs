@@ -97,7 +97,13 @@ pub fn kprobe_fill(
         .filter(|e| seen[&e.name] == 1)
         .map(|e| e.name.as_str())
         .collect();
-    let entry = context.loaded_mut(label)?;
+    context.loaded_mut(label)?;
+    let StepContext {
+        loaded,
+        ksymbol_watch,
+        ..
+    } = context;
+    let entry = loaded.get_mut(label).expect("checked above");
     let name = entry.program.clone();
     let p: &mut KProbe = match entry.ebpf.program_mut(&name) {
         Some(Program::KProbe(p)) if matches!(p.kind(), ProbeKind::Entry) => p,
@@ -105,7 +111,27 @@ pub fn kprobe_fill(
     };
     let mut held: Vec<Box<dyn Any>> = Vec::new();
     let mut skipped = 0usize;
-    let mut now = pages()?;
+    let at_start = pages()?;
+    // With the ksymbol watch attached, each new page's register is in its
+    // ring, which costs nothing to read; /proc/kallsyms costs 0.2-0.4 s a
+    // read under TCG, once per probe otherwise.
+    let watch_from = match ksymbol_watch {
+        Some(w) => {
+            w.collect()?;
+            Some(w.observations.len())
+        }
+        None => None,
+    };
+    let mut count = || -> Result<usize> {
+        match (ksymbol_watch.as_mut(), watch_from) {
+            (Some(w), Some(from)) => {
+                w.collect()?;
+                Ok((at_start as i64 + w.net_registered(from, PAGE)).max(0) as usize)
+            }
+            _ => pages(),
+        }
+    };
+    let mut now = at_start;
     for function in &candidates {
         if now >= optinsn_pages as usize || held.len() >= max_probes as usize {
             break;
@@ -113,7 +139,7 @@ pub fn kprobe_fill(
         match kprobe_after_entry(p, function, 0) {
             Ok((event, _)) => {
                 held.push(event);
-                now = pages()?;
+                now = count()?;
             }
             Err(_) => skipped += 1,
         }
@@ -125,6 +151,11 @@ pub fn kprobe_fill(
             held.len(),
             candidates.len()
         );
+    }
+    // The count the loop stopped on, checked once against kallsyms.
+    let listed = pages()?;
+    if listed != now {
+        bail!("kprobe-fill: the ksymbol watch counted {now} {PAGE} symbol(s), /proc/kallsyms lists {listed}");
     }
     let detail = format!(
         "{} kprobes past the entry of {prefix}* functions ({skipped} skipped): {now} {PAGE}",

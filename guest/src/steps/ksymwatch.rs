@@ -7,11 +7,11 @@
 //! never added.
 
 use anyhow::{anyhow, bail, Context, Result};
-use aya::maps::{Array, RingBuf};
+use aya::maps::Array;
 use aya::programs::{KProbe, ProbeKind, Program};
 use aya::{Ebpf, EbpfLoader};
 use aya_obj::generated::{bpf_cmd, bpf_prog_type};
-use kloop_protocol::{KsymbolObservation, Message, MAX_KSYMBOL_OBSERVATIONS};
+use kloop_protocol::Message;
 
 use crate::bpf::{sys_bpf_fd, zeroed_attr};
 use crate::channel::{log, send};
@@ -26,10 +26,6 @@ use crate::sys::Errno;
 const FIXTURE: &str = "ksymwatch";
 const PROGRAM: &str = "kloop_ksymwatch";
 const WATCHED: &str = "perf_event_ksymbol";
-
-/// `struct observation` of `bpf/ksymwatch.bpf.c`.
-const NAME_LEN: usize = 64;
-const OBSERVATION_LEN: usize = 24 + 2 * NAME_LEN;
 
 /// Loads the watch and attaches it; keeps both in the context.
 pub fn watch(context: &mut StepContext) -> Result<()> {
@@ -103,26 +99,7 @@ pub fn read(context: &mut StepContext) -> Result<()> {
         .ksymbol_watch
         .as_mut()
         .ok_or_else(|| anyhow!("read-ksymbol-watch without an earlier watch-ksymbols"))?;
-    let mut dropped = 0u64;
-    {
-        let map = watch
-            .ebpf
-            .map_mut("observations")
-            .ok_or_else(|| anyhow!("{FIXTURE} has no map \"observations\""))?;
-        let mut ring = RingBuf::try_from(map).context("map \"observations\" as a ring buffer")?;
-        while let Some(item) = ring.next() {
-            match parse(&item) {
-                Some(o) if watch.observations.len() < MAX_KSYMBOL_OBSERVATIONS => {
-                    watch.observations.push(o)
-                }
-                Some(_) => dropped += 1,
-                None => bail!(
-                    "ksymbol watch: an observation of {} bytes, not {OBSERVATION_LEN}",
-                    item.len()
-                ),
-            }
-        }
-    }
+    let mut dropped = watch.collect()?;
     let counts = watch
         .ebpf
         .map("counts")
@@ -132,32 +109,6 @@ pub fn read(context: &mut StepContext) -> Result<()> {
     send(&Message::KsymbolWatch {
         observations: watch.observations.clone(),
         dropped,
-    })
-}
-
-fn parse(b: &[u8]) -> Option<KsymbolObservation> {
-    if b.len() != OBSERVATION_LEN {
-        return None;
-    }
-    let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().expect("8 bytes"));
-    let text = |o: usize| {
-        let s = &b[o..o + NAME_LEN];
-        let end = s.iter().position(|&c| c == 0).unwrap_or(NAME_LEN);
-        String::from_utf8_lossy(&s[..end]).into_owned()
-    };
-    Some(KsymbolObservation {
-        addr: u64_at(0),
-        len: u32::from_ne_bytes(b[8..12].try_into().expect("4 bytes")),
-        ksym_type: u16::from_ne_bytes(b[12..14].try_into().expect("2 bytes")),
-        unregister: b[14] != 0,
-        listed: match b[15] {
-            1 => Some(true),
-            2 => Some(false),
-            _ => None,
-        },
-        snprintf_ret: u64_at(16) as i64,
-        symbolized: text(24),
-        name: text(24 + NAME_LEN),
     })
 }
 
