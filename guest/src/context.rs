@@ -141,9 +141,28 @@ pub struct StepContext {
 impl StepContext {
     /// The program loaded under `label`, or an error naming those loaded.
     pub fn loaded_mut(&mut self, label: &str) -> Result<&mut Loaded> {
-        let known: Vec<String> = self.loaded.keys().cloned().collect();
-        self.loaded
-            .get_mut(label)
-            .ok_or_else(|| anyhow!("no loaded program {label:?} (loaded: {known:?})"))
+        loaded_entry(&mut self.loaded, label)
+    }
+}
+
+/// [`StepContext::loaded_mut`] for a step that holds other fields of the
+/// context at the same time.
+pub fn loaded_entry<'a>(
+    loaded: &'a mut HashMap<String, Loaded>,
+    label: &str,
+) -> Result<&'a mut Loaded> {
+    let known: Vec<String> = loaded.keys().cloned().collect();
+    loaded
+        .get_mut(label)
+        .ok_or_else(|| anyhow!("no loaded program {label:?} (loaded: {known:?})"))
+}
+
+impl Loaded {
+    /// The program itself, out of the object that holds it.
+    pub fn program_mut(&mut self) -> Result<&mut aya::programs::Program> {
+        let name = &self.program;
+        self.ebpf
+            .program_mut(name)
+            .ok_or_else(|| anyhow!("program {name:?} vanished from its object"))
     }
 }

@@ -49,11 +49,14 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
         picked
     };
     println!(
-        "kloop: {} mutants of {} file(s) in {}; judging {}",
+        "kloop: {} mutants of {} file(s) in {}; {}",
         generated.mutants.len(),
         targets.targets.len(),
         tree.display(),
-        chosen.len()
+        match &a.from {
+            Some(run) => format!("the report of the run in {}", run.display()),
+            None => format!("judging {}", chosen.len()),
+        }
     );
     if a.list {
         for m in &chosen {

@@ -326,12 +326,10 @@ type Swept = (String, Summary, String);
 /// Attaches the loaded program `label` with `BPF_RAW_TRACEPOINT_OPEN`
 /// (no name: a tracing or LSM program attaches where it was loaded for).
 fn sweep_attach(context: &mut StepContext, label: &str, max_attempts: u32) -> Result<Swept> {
-    let entry = context.loaded_mut(label)?;
-    let name = entry.program.clone();
-    let prog = entry
-        .ebpf
-        .program(&name)
-        .ok_or_else(|| anyhow!("program {name:?} of label {label:?} vanished from its object"))?;
+    let prog = context
+        .loaded_mut(label)?
+        .program_mut()
+        .with_context(|| format!("label {label:?}"))?;
     // A dup, so that the context can be lent to the attempts; the program
     // is the same.
     let prog_fd = prog

@@ -22,7 +22,7 @@ use aya::programs::{KProbe, PerfEvent, ProbeKind, Program, TracePoint, Xdp};
 use kloop_protocol::{AttachTarget, Message, XdpMode};
 
 use crate::channel::{log, send};
-use crate::context::{HeldLink, Loaded, StepContext};
+use crate::context::{loaded_entry, HeldLink, Loaded, StepContext};
 use crate::fixtures::{self, fixture_program, load_program, parse_fixture};
 use crate::kallsyms;
 use crate::perf::{event_attr, perf_event_open};
@@ -47,12 +47,10 @@ pub fn attach(
     if context.links.contains_key(link) {
         bail!("link {link:?} is already held");
     }
-    let entry = context.loaded_mut(label)?;
-    let name = entry.program.clone();
-    let prog = entry
-        .ebpf
-        .program_mut(&name)
-        .ok_or_else(|| anyhow!("program {name:?} of label {label:?} vanished from its object"))?;
+    let prog = context
+        .loaded_mut(label)?
+        .program_mut()
+        .with_context(|| format!("label {label:?}"))?;
     let (held, detail) = attach_program(prog, target)
         .with_context(|| format!("attaching {label:?} to {target:?}"))?;
     context.links.insert(
@@ -97,16 +95,13 @@ pub fn kprobe_fill(
         .filter(|e| seen[&e.name] == 1)
         .map(|e| e.name.as_str())
         .collect();
-    context.loaded_mut(label)?;
     let StepContext {
         loaded,
         ksymbol_watch,
         ..
     } = context;
-    let entry = loaded.get_mut(label).expect("checked above");
-    let name = entry.program.clone();
-    let p: &mut KProbe = match entry.ebpf.program_mut(&name) {
-        Some(Program::KProbe(p)) if matches!(p.kind(), ProbeKind::Entry) => p,
+    let p: &mut KProbe = match loaded_entry(loaded, label)?.program_mut()? {
+        Program::KProbe(p) if matches!(p.kind(), ProbeKind::Entry) => p,
         _ => bail!("kprobe-fill needs a loaded kprobe program, and {label:?} is not one"),
     };
     let mut held: Vec<Box<dyn Any>> = Vec::new();

@@ -24,7 +24,7 @@ pub fn snapshot(at_save: Option<Vec<KallsymsEntry>>) -> Result<()> {
             ))?;
             entries
         }
-        None => read_filtered(is_side_band_symbol)?,
+        None => read_side_band()?,
     };
     send(&Message::InitialKallsyms { entries })
 }

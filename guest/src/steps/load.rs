@@ -74,9 +74,9 @@ fn load_with(
 /// them as `ProgFacts` under `label`; returns its id.
 pub fn report_prog(label: &str, prog: &Program) -> Result<u32> {
     let info = bpf::prog_info(prog.fd()?.as_fd())?;
-    let kallsyms = kallsyms::read_filtered(|e| info.jited_ksyms.contains(&e.addr))?;
-    send(&Message::Prog(info.facts(label.to_owned(), &kallsyms)))?;
-    Ok(info.info.id)
+    let id = info.info.id;
+    send_facts(vec![(label.to_owned(), info)])?;
+    Ok(id)
 }
 
 /// Sends the `ProgFacts` of every program in `context.pending_facts`, with
@@ -88,7 +88,12 @@ pub fn send_pending_facts(context: &mut StepContext) -> Result<()> {
     if context.pending_facts.is_empty() {
         return Ok(());
     }
-    let pending = std::mem::take(&mut context.pending_facts);
+    send_facts(std::mem::take(&mut context.pending_facts))
+}
+
+/// Sends each program's `ProgFacts` with its kallsyms lines, all from one
+/// read of /proc/kallsyms.
+fn send_facts(pending: Vec<(String, bpf::ProgInfo)>) -> Result<()> {
     let wanted: HashSet<u64> = pending
         .iter()
         .flat_map(|(_, info)| info.jited_ksyms.iter().copied())

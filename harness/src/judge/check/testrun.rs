@@ -112,14 +112,7 @@ pub fn with_inherited(mut ev: RunEvidence, script: &Script, skip: &[usize]) -> R
             continue;
         }
         let l = &inherited[*li as usize];
-        let t = Tr {
-            pid: 1,
-            tid: if *li == 0 { 1 } else { 33 },
-            time: *time,
-            id: 0,
-            stream_id: 0,
-            cpu: 0,
-        };
+        let t = trailer(*li, *time, 0);
         ev.streams
             .entry(l.index)
             .or_default()
@@ -129,20 +122,26 @@ pub fn with_inherited(mut ev: RunEvidence, script: &Script, skip: &[usize]) -> R
     ev
 }
 
+/// The sample_id trailer of a scripted record: pid 1, the main thread (tid
+/// 1) for listener 0's records and thread 33 for the others'.
+fn trailer(listener: u32, time: u64, cpu: u32) -> Tr {
+    Tr {
+        pid: 1,
+        tid: if listener == 0 { 1 } else { 33 },
+        time,
+        id: 0,
+        stream_id: 0,
+        cpu,
+    }
+}
+
 pub fn evidence(script: &Script) -> RunEvidence {
     let st = PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU;
     let listeners = vec![testutil::listener(0, 0, st), testutil::listener(1, 1, st)];
     let mut streams: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
     for (li, time, ev) in script {
         let l = &listeners[*li as usize];
-        let t = Tr {
-            pid: 1,
-            tid: if *li == 0 { 1 } else { 33 },
-            time: *time,
-            id: 0,
-            stream_id: 0,
-            cpu: l.cpu as u32,
-        };
+        let t = trailer(*li, *time, l.cpu as u32);
         streams
             .entry(*li)
             .or_default()

@@ -62,6 +62,21 @@ pub(super) fn session_verdict(session: &GuestSession, artefacts: &Path) -> Optio
             )));
         }
     }
+    // Without a panic line, an oops before QEMU ended by itself is the
+    // kernel's death too: it restarted (oops=panic panic=-1) before the
+    // panic line reached the console, and QEMU (-no-reboot) stopped.
+    if let SessionEnd::QemuExited(status) = &end {
+        if std::os::unix::process::ExitStatusExt::signal(status).is_none() {
+            if let Some(oops) = kloop_qemu::console_oops(&console) {
+                return Some(Verdict::Panic(format!(
+                    "guest kernel oopsed; it restarted (oops=panic panic=-1) before its panic \
+                     line reached the console, and QEMU (-no-reboot) {}:\n{oops}\nconsole: {}",
+                    kloop_qemu::describe_exit(status),
+                    console.display()
+                )));
+            }
+        }
+    }
     match end {
         SessionEnd::Done => None,
         SessionEnd::AgentError(m) => {
@@ -95,19 +110,6 @@ pub(super) fn session_verdict(session: &GuestSession, artefacts: &Path) -> Optio
                 ran(session.wall.as_secs_f64()),
                 last_report(&session.messages),
                 tail()
-            )))
-        }
-        SessionEnd::QemuExited(status)
-            if std::os::unix::process::ExitStatusExt::signal(&status).is_none()
-                && kloop_qemu::console_oops(&console).is_some() =>
-        {
-            // The kernel died: QEMU ended because the guest restarted.
-            Some(Verdict::Panic(format!(
-                "guest kernel oopsed; it restarted (oops=panic panic=-1) before its panic \
-                 line reached the console, and QEMU (-no-reboot) {}:\n{}\nconsole: {}",
-                kloop_qemu::describe_exit(&status),
-                kloop_qemu::console_oops(&console).unwrap_or_default(),
-                console.display()
             )))
         }
         SessionEnd::QemuExited(status) => {
