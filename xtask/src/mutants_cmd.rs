@@ -106,7 +106,14 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     };
     if let Some(run_dir) = &a.from {
         let (base, results) = kloop::run::mutants::read_run(&layout, &base_req, run_dir)
-            .with_context(|| format!("reading the mutants run in {}", run_dir.display()))?;
+            .with_context(|| {
+                format!(
+                    "reading the mutants run in {} (a run directory past the newest \
+                     KLOOP_KEEP_RUNS, default 10, is removed when a run starts: judge the \
+                     mutants again with the same command without --from)",
+                    run_dir.display()
+                )
+            })?;
         write(&base, &results)?;
         return Ok(summarise(
             &base,
