@@ -370,10 +370,13 @@ pub(crate) struct MutantsArgs {
     #[arg(long, value_name = "PATH")]
     report: Option<PathBuf>,
     /// Judge nothing: write the report again from the mutants the run in
-    /// RUN_DIR judged (its mutants.json), with the notes as they are now,
-    /// e.g. after adding notes for its survivors. Give the same --source,
-    /// --max and --only as that run, for the report's command line.
-    #[arg(long = "from", value_name = "RUN_DIR")]
+    /// RUN_DIR judged (its mutants.json), or from the data a --report run
+    /// left beside its report (mutation-score.json beside
+    /// mutation-score.md; run directories are pruned, that file is not),
+    /// with the notes as they are now, e.g. after adding notes for its
+    /// survivors. Give the same --source, --max and --only as that run,
+    /// for the report's command line.
+    #[arg(long = "from", value_name = "RUN_DIR|DATA.json")]
     from: Option<PathBuf>,
     /// Config fragments merged after kernels/configs/kloop.config.
     #[arg(long = "config", value_name = "FRAGMENT")]

@@ -98,10 +98,21 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
             &notes,
             &command,
         );
-        let json = base.run_dir.join(kloop::run::mutants::RESULTS_FILE);
-        std::fs::write(&json, serde_json::to_vec_pretty(results)?)
-            .with_context(|| format!("writing {}", json.display()))?;
+        // A run directory is there while its run judges; --from a
+        // report's data file may name one long pruned.
+        if base.run_dir.is_dir() {
+            let json = base.run_dir.join(kloop::run::mutants::RESULTS_FILE);
+            std::fs::write(&json, serde_json::to_vec_pretty(results)?)
+                .with_context(|| format!("writing {}", json.display()))?;
+        }
         let report = report_path(base);
+        if a.report.is_some() {
+            kloop::run::mutants::write_saved(
+                &kloop::run::mutants::data_beside(&report),
+                base,
+                results,
+            )?;
+        }
         std::fs::write(&report, md).with_context(|| format!("writing {}", report.display()))
     };
     if let Some(run_dir) = &a.from {
@@ -109,8 +120,10 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
             .with_context(|| {
                 format!(
                     "reading the mutants run in {} (a run directory past the newest \
-                     KLOOP_KEEP_RUNS, default 10, is removed when a run starts: judge the \
-                     mutants again with the same command without --from)",
+                     KLOOP_KEEP_RUNS, default 10, is removed when a run starts; a run \
+                     given --report left its data beside the report, e.g. \
+                     docs/mutation-score.json for docs/mutation-score.md: pass that \
+                     to --from, or judge the mutants again without --from)",
                     run_dir.display()
                 )
             })?;
@@ -197,7 +210,12 @@ fn summarise(
     report: &std::path::Path,
     secs: Option<f64>,
 ) -> ExitCode {
-    let json = base.run_dir.join(kloop::run::mutants::RESULTS_FILE);
+    // With --report the data that outlives the run directory is beside it.
+    let json = if report.starts_with(&base.run_dir) {
+        base.run_dir.join(kloop::run::mutants::RESULTS_FILE)
+    } else {
+        kloop::run::mutants::data_beside(report)
+    };
     let killed = results
         .iter()
         .filter(|r| matches!(r.outcome, Outcome::Killed(_)))

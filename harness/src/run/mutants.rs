@@ -100,8 +100,55 @@ pub const BASELINE_FILE: &str = "mutants-baseline.json";
 /// The results of a run, rewritten after every mutant.
 pub const RESULTS_FILE: &str = "mutants.json";
 
+/// A run's baseline and results in one file, which `mutants --report`
+/// writes beside the report (`mutation-score.json` beside
+/// `mutation-score.md`): run directories are pruned to the newest few, and
+/// this keeps what a report is written from, so that notes added later can
+/// still be applied with `mutants --from`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SavedRun {
+    pub baseline: MutantsBaseline,
+    pub results: Vec<MutantResult>,
+}
+
+/// Where [`SavedRun`] goes for a report at `report`.
+pub fn data_beside(report: &Path) -> PathBuf {
+    report.with_extension("json")
+}
+
+/// Writes `base` and `results` as a [`SavedRun`] to `path`.
+pub fn write_saved(
+    path: &Path,
+    base: &MutantsBaseline,
+    results: &[MutantResult],
+) -> Result<(), MutantsError> {
+    let saved = SavedRun {
+        baseline: base.clone(),
+        results: results.to_vec(),
+    };
+    let json = serde_json::to_vec_pretty(&saved).expect("the run serialises");
+    std::fs::write(path, json).map_err(|source| MutantsError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The [`SavedRun`] at `path`, as [`write_saved`] wrote it.
+pub fn read_saved(path: &Path) -> Result<(MutantsBaseline, Vec<MutantResult>), MutantsError> {
+    let bytes = std::fs::read(path).map_err(|e| MutantsError::Read {
+        path: path.to_path_buf(),
+        why: e.to_string(),
+    })?;
+    let saved: SavedRun = serde_json::from_slice(&bytes).map_err(|e| MutantsError::Read {
+        path: path.to_path_buf(),
+        why: format!("not the data a mutants report is written from: {e}"),
+    })?;
+    Ok((saved.baseline, saved.results))
+}
+
 /// The baseline and the results of the mutants run in `run_dir`, for a
-/// report written again without judging (new notes, say). A run from
+/// report written again without judging (new notes, say); `run_dir` may
+/// also be the [`SavedRun`] file written beside a report. A run from
 /// before [`BASELINE_FILE`] existed has its baseline put together from
 /// what it left: the unmutated kernel `base_req` builds (a cache hit), the
 /// scenarios whose baseline trials are in the run directory, in judging
@@ -111,6 +158,9 @@ pub fn read_run(
     base_req: &BuildRequest,
     run_dir: &Path,
 ) -> Result<(MutantsBaseline, Vec<MutantResult>), MutantsError> {
+    if run_dir.is_file() {
+        return read_saved(run_dir);
+    }
     let read = |name: &str| {
         let path = run_dir.join(name);
         std::fs::read(&path).map_err(|e| MutantsError::Read {
@@ -422,4 +472,61 @@ fn judge_one(
     );
     let _ = std::fs::remove_dir_all(&built.dir);
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mutate::Operator;
+
+    /// What `mutants --report` leaves beside the report reads back as the
+    /// run it was written from, and a file that is something else is
+    /// refused naming what it should have been.
+    #[test]
+    fn saved_run_reads_back_and_other_json_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let report = dir.path().join("mutation-score.md");
+        let data = data_beside(&report);
+        assert_eq!(data, dir.path().join("mutation-score.json"));
+        let base = MutantsBaseline {
+            source: "linux-source-6.12".into(),
+            kernel_id: "53e347db1de9".into(),
+            release: "6.12.57".into(),
+            scenarios: vec!["basic".into(), "symbol-state".into()],
+            accel: "tcg".into(),
+            run_dir: dir.path().join("runs/1-2"),
+        };
+        let result = MutantResult {
+            mutant: Mutant {
+                id: "bpf/core.c:bpf_prog_kallsyms_add:702:constant".into(),
+                file: "kernel/bpf/core.c".into(),
+                function: "bpf_prog_kallsyms_add".into(),
+                line: 702,
+                operator: Operator::DropCall,
+                what: "drop the call".into(),
+                patch: "--- a\n+++ b\n".into(),
+            },
+            outcome: Outcome::Killed("basic: CHANGED: one record fewer".into()),
+            build_secs: 32.0,
+            judge_secs: 12.5,
+            scenarios_run: 1,
+            confirmed_figures: false,
+        };
+        write_saved(&data, &base, std::slice::from_ref(&result)).unwrap();
+        let (read_base, read_results) = read_saved(&data).unwrap();
+        assert_eq!(read_base.kernel_id, base.kernel_id);
+        assert_eq!(read_base.scenarios, base.scenarios);
+        assert_eq!(read_base.run_dir, base.run_dir);
+        assert_eq!(read_results.len(), 1);
+        assert_eq!(read_results[0].mutant.id, result.mutant.id);
+        assert_eq!(read_results[0].outcome, result.outcome);
+
+        let other = dir.path().join("results.json");
+        std::fs::write(&other, b"[]").unwrap();
+        let err = read_saved(&other).unwrap_err().to_string();
+        assert!(
+            err.contains("not the data a mutants report is written from"),
+            "{err}"
+        );
+    }
 }
