@@ -33,8 +33,10 @@ pub use plan::{
     AttachTarget, Fault, ListenerScope, ListenerSpec, Plan, Requirement, Step, SweepTarget, XdpMode,
 };
 
-/// Bumped whenever a frame layout or a message changes incompatibly.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// Bumped whenever a frame layout, a message or a plan step changes
+/// incompatibly (4: the ksymbol watch's steps and messages, kprobe-fill,
+/// fail-nth and failed-load).
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Where the agent finds its plan inside the initramfs.
 pub const PLAN_PATH: &str = "/kloop/plan.json";
