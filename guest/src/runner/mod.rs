@@ -51,7 +51,7 @@ pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
         // every restored copy starts with it done: the probes, then (last,
         // so that it sees what the probes left) the generated symbols.
         warm_notes.push(probes::probe_before_save());
-        let kallsyms = crate::steps::kallsyms::read_side_band()
+        let kallsyms = crate::kallsyms::read_before_save(&crate::steps::ksymwatch::CACHES)
             .context("reading /proc/kallsyms before the save")?;
         send(&Message::AwaitingPlan {
             monotonic_ns: sys::monotonic_ns(),
@@ -107,7 +107,13 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
         let started = Instant::now();
         dispatch::run_step(&mut context, step)?;
         context.kallsyms_at_save = None;
-        if !matches!(plan.steps.get(index as usize + 1), Some(Step::Load { .. })) {
+        // The facts of a run of loads wait for its last load, read from
+        // one /proc/kallsyms; a failed load between two loads touches no
+        // loaded program and does not end the run.
+        if !matches!(
+            plan.steps.get(index as usize + 1),
+            Some(Step::Load { .. } | Step::FailedLoad)
+        ) {
             load::send_pending_facts(&mut context)?;
         }
         send(&Message::StepDone {

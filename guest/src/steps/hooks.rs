@@ -88,7 +88,12 @@ pub fn kprobe_fill(
     // Names seen more than once are local functions of several files: a
     // probe by name would be ambiguous.
     let mut seen: HashMap<String, u32> = HashMap::new();
+    // One read for the candidates and the pages there are now.
+    let mut at_start = 0;
     let text = kallsyms::read_all(|e| {
+        if e.name == PAGE {
+            at_start += 1;
+        }
         e.module.is_none() && matches!(e.kind, 't' | 'T') && e.name.starts_with(prefix)
     })?;
     for e in &text {
@@ -110,7 +115,6 @@ pub fn kprobe_fill(
     };
     let mut held: Vec<KprobeEvent> = Vec::new();
     let mut skipped = 0usize;
-    let at_start = pages()?;
     // With the ksymbol watch attached, each new page's register is in its
     // ring, which costs nothing to read; /proc/kallsyms costs 0.2-0.4 s a
     // read under TCG, once per probe otherwise.
