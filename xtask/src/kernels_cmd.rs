@@ -51,8 +51,21 @@ pub(crate) fn kernels(cmd: KernelsCmd) -> Result<ExitCode> {
                     path.display(),
                     t.elapsed().as_secs_f64()
                 );
-                // Scenarios with `modules` need the modules package too (its
-                // own .deb from 7.x on); fetch it now so later runs work offline.
+                // The .config (its own package from 7.x on), for the
+                // preflight that skips a trial before booting; and the
+                // modules package, for scenarios with `modules`: fetched now
+                // so that later runs work offline.
+                if let Some(package) = &p.config_package {
+                    let t = std::time::Instant::now();
+                    let config = cache.ensure_config(&p, &fetch.options())?;
+                    println!(
+                        "{} {package} {}: {} ({:.1} s)",
+                        p.id,
+                        p.version,
+                        config.source,
+                        t.elapsed().as_secs_f64()
+                    );
+                }
                 if let Some(package) = &p.modules_package {
                     let t = std::time::Instant::now();
                     let path = cache.ensure_modules_deb(&p, &fetch.options())?;
@@ -177,8 +190,13 @@ pub(crate) fn kernels(cmd: KernelsCmd) -> Result<ExitCode> {
                 pin.package, pin.version, pin.suite, pin.deb_sha256
             );
         }
-        KernelsCmd::Update { id, fetch } => {
-            let pin = kloop_kernels::update_pin(&layout.kernels(), &id, &fetch.options())?;
+        KernelsCmd::Update {
+            id,
+            same_version,
+            fetch,
+        } => {
+            let pin =
+                kloop_kernels::update_pin(&layout.kernels(), &id, same_version, &fetch.options())?;
             println!(
                 "{}: pinned {} {} (deb sha256 {}, image sha256 {})",
                 pin.id, pin.package, pin.version, pin.deb_sha256, pin.image_sha256

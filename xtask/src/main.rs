@@ -455,6 +455,11 @@ pub(crate) enum KernelsCmd {
     /// Re-pin ID to the newest build its suite serves (rewrites kernels/ID.toml).
     Update {
         id: String,
+        /// Keep the pinned Debian version and fill in what the pin format
+        /// has gained since it was made (7.x's modules and .config
+        /// packages), checking that the package's sha256 is unchanged.
+        #[arg(long)]
+        same_version: bool,
         #[command(flatten)]
         fetch: FetchArgs,
     },

@@ -317,38 +317,65 @@ impl KernelCache {
         Ok(dest)
     }
 
-    /// The pin's `.config` (`boot/config-<release>` in its package), cached
-    /// as `configs/<deb_sha256>.config` after the first extraction.
+    /// The pin's `.config`: `boot/config-<release>` in its package up to
+    /// 6.x, `usr/lib/modules/<release>/config` in its `config_package` from
+    /// 7.x on; cached as `configs/<sha256 of that .deb>.config` after the
+    /// first extraction. A package that has neither is remembered too
+    /// (`configs/<sha256>.none`), so that every trial of a run does not
+    /// unpack it again to find nothing.
     pub fn ensure_config(
         &self,
         pin: &KernelPin,
         opts: &FetchOptions,
     ) -> Result<crate::config::KernelConfig, KernelError> {
+        let (package, sha) = match (&pin.config_package, &pin.config_deb_sha256) {
+            (Some(package), Some(sha)) => (package.as_str(), sha.as_str()),
+            _ => (pin.package.as_str(), pin.deb_sha256.as_str()),
+        };
         let dir = self.root.join("configs");
-        let dest = dir.join(format!("{}.config", pin.deb_sha256));
+        let dest = dir.join(format!("{sha}.config"));
+        let none = dir.join(format!("{sha}.none"));
+        let members = [
+            PathBuf::from(format!("boot/config-{}", pin.release)),
+            PathBuf::from(format!("usr/lib/modules/{}/config", pin.release)),
+        ];
+        let missing = |archive: PathBuf| KernelError::MemberMissing {
+            archive,
+            member: members
+                .iter()
+                .map(|m| m.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" or "),
+            found: "neither is in the package".into(),
+        };
+        if none.is_file() && !dest.is_file() {
+            return Err(missing(self.root.join("debs").join(format!("{sha}.deb"))));
+        }
+        let mut found_at = None;
         if !dest.is_file() {
-            let deb = self.ensure_deb(pin, opts)?;
-            let member = PathBuf::from(format!("boot/config-{}", pin.release));
+            let deb = self.ensure_package(pin, package, sha, opts)?;
             let mut text = None;
             walk_deb(&deb, |path, entry| {
-                if path == member {
-                    let mut s = String::new();
-                    std::io::Read::read_to_string(entry, &mut s).map_err(|source| {
-                        KernelError::CacheRead {
-                            path: deb.clone(),
-                            source,
-                        }
-                    })?;
-                    text = Some(s);
+                if text.is_none() {
+                    if let Some(member) = members.iter().find(|m| path == m.as_path()) {
+                        let mut s = String::new();
+                        std::io::Read::read_to_string(entry, &mut s).map_err(|source| {
+                            KernelError::CacheRead {
+                                path: deb.clone(),
+                                source,
+                            }
+                        })?;
+                        text = Some(s);
+                        found_at = Some(member.clone());
+                    }
                 }
                 Ok(())
             })?;
-            let text = text.ok_or_else(|| KernelError::MemberMissing {
-                archive: deb.clone(),
-                member: member.display().to_string(),
-                found: "no such member".into(),
-            })?;
             mkdir(&dir)?;
+            let Some(text) = text else {
+                let _ = std::fs::write(&none, format!("no {members:?} in {package}\n"));
+                return Err(missing(deb));
+            };
             let tmp = dir.join(format!(".partial-{}", std::process::id()));
             std::fs::write(&tmp, &text)
                 .and_then(|()| std::fs::rename(&tmp, &dest))
@@ -358,7 +385,14 @@ impl KernelCache {
                 })?;
         }
         let mut config = crate::config::KernelConfig::from_file(&dest)?;
-        config.source = format!("/boot/config-{} of package {}", pin.release, pin.package);
+        let member = found_at.unwrap_or_else(|| {
+            if pin.config_package.is_some() {
+                members[1].clone()
+            } else {
+                members[0].clone()
+            }
+        });
+        config.source = format!("/{} of package {package}", member.display());
         Ok(config)
     }
 
@@ -490,6 +524,8 @@ mod tests {
             config: None,
             modules_package: None,
             modules_deb_sha256: None,
+            config_package: None,
+            config_deb_sha256: None,
         }
     }
 

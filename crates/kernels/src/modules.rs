@@ -759,6 +759,8 @@ mod tests {
             config: None,
             modules_package: None,
             modules_deb_sha256: None,
+            config_package: None,
+            config_deb_sha256: None,
         }
     }
 

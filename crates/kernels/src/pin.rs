@@ -41,6 +41,14 @@ pub struct KernelPin {
     /// sha256 of the `modules_package` `.deb`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub modules_deb_sha256: Option<String>,
+    /// From 7.x the kernel's `.config` is in another package too
+    /// (`linux-base-<release>`, as `usr/lib/modules/<release>/config`);
+    /// absent when `package` carries `boot/config-<release>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_package: Option<String>,
+    /// sha256 of the `config_package` `.deb`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_deb_sha256: Option<String>,
 }
 
 impl KernelPin {
@@ -84,25 +92,39 @@ impl KernelPin {
                 )));
             }
         }
-        match (&self.modules_package, &self.modules_deb_sha256) {
-            (None, None) => {}
-            (Some(package), Some(sha)) => {
-                if package.trim().is_empty() || package.chars().any(char::is_whitespace) {
-                    return Err(invalid(format!(
-                        "`modules_package` must be a non-empty word, got {package:?}"
-                    )));
+        for (package_field, sha_field, package, sha) in [
+            (
+                "modules_package",
+                "modules_deb_sha256",
+                &self.modules_package,
+                &self.modules_deb_sha256,
+            ),
+            (
+                "config_package",
+                "config_deb_sha256",
+                &self.config_package,
+                &self.config_deb_sha256,
+            ),
+        ] {
+            match (package, sha) {
+                (None, None) => {}
+                (Some(package), Some(sha)) => {
+                    if package.trim().is_empty() || package.chars().any(char::is_whitespace) {
+                        return Err(invalid(format!(
+                            "`{package_field}` must be a non-empty word, got {package:?}"
+                        )));
+                    }
+                    if !is_sha256_hex(sha) {
+                        return Err(invalid(format!(
+                            "`{sha_field}` must be 64 lowercase hex digits, got {sha:?}"
+                        )));
+                    }
                 }
-                if !is_sha256_hex(sha) {
+                _ => {
                     return Err(invalid(format!(
-                        "`modules_deb_sha256` must be 64 lowercase hex digits, got {sha:?}"
-                    )));
+                        "`{package_field}` and `{sha_field}` go together: give both or neither"
+                    )))
                 }
-            }
-            _ => {
-                return Err(invalid(
-                    "`modules_package` and `modules_deb_sha256` go together: give both or neither"
-                        .into(),
-                ))
             }
         }
         if !is_contained_relative(Path::new(&self.image_path)) {
@@ -409,6 +431,39 @@ release = "{series}.0-1-cloud-amd64"
         );
         let err = Catalog::load(dir.path()).unwrap_err();
         assert!(err.to_string().contains("go together"), "{err}");
+    }
+
+    #[test]
+    fn config_package_needs_its_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let with = |extra: &str| format!("{}{extra}", pin_toml("7.3", "7.3"));
+        write(
+            dir.path(),
+            "7.3.toml",
+            &with(&format!(
+                "config_package = \"linux-base-x\"\nconfig_deb_sha256 = \"{}\"\n",
+                "ef".repeat(32)
+            )),
+        );
+        let catalog = Catalog::load(dir.path()).unwrap();
+        let pin = catalog.get("7.3").unwrap();
+        assert_eq!(pin.config_package.as_deref(), Some("linux-base-x"));
+        let round = parse_pin_file(Path::new("7.3.toml"), &pin.to_toml())
+            .unwrap()
+            .unwrap();
+        assert_eq!(&round, pin);
+
+        write(
+            dir.path(),
+            "7.3.toml",
+            &with(&format!("config_deb_sha256 = \"{}\"\n", "ef".repeat(32))),
+        );
+        let err = Catalog::load(dir.path()).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("`config_package` and `config_deb_sha256` go together"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -44,11 +44,13 @@ impl PinSpec {
 }
 
 /// Moves pin `id` in `catalog_dir` to the newest package of its family in
-/// its suite, and rewrites `kernels/<id>.toml`. The new `.deb` and image end
+/// its suite (with `same_version`, to the version it pins, refusing other
+/// bytes than it pinned), and rewrites `kernels/<id>.toml`. The new `.deb` and image end
 /// up verified in the default cache ([`KernelCache::default_location`]).
 pub fn update_pin(
     catalog_dir: &Path,
     id: &str,
+    same_version: bool,
     opts: &FetchOptions,
 ) -> Result<KernelPin, KernelError> {
     let file = catalog_dir.join(format!("{id}.toml"));
@@ -70,7 +72,26 @@ pub fn update_pin(
         file: file.clone(),
         message: "the file is not a kernel pin".into(),
     })?;
-    create_pin(catalog_dir, &PinSpec::of(&pin), opts)
+    let mut spec = PinSpec::of(&pin);
+    if same_version {
+        spec.version = Some(pin.version.clone());
+    }
+    let repinned = create_pin(catalog_dir, &spec, opts)?;
+    if same_version
+        && (repinned.deb_sha256 != pin.deb_sha256 || repinned.image_sha256 != pin.image_sha256)
+    {
+        // create_pin wrote the file: put the old one back.
+        let _ = std::fs::write(&file, &text);
+        return Err(KernelError::PinInvalid {
+            file,
+            message: format!(
+                "--same-version: {} {} is served with other bytes than it was pinned with \
+                 (deb sha256 {} now, {} pinned); the pin is left as it was",
+                pin.package, pin.version, repinned.deb_sha256, pin.deb_sha256
+            ),
+        });
+    }
+    Ok(repinned)
 }
 
 /// Creates (or overwrites) `kernels/<spec.id>.toml` pinning the newest
@@ -139,12 +160,20 @@ impl KernelCache {
             }
         }
         let records = apt.show(&names)?;
-        let exact = spec
-            .version
-            .as_ref()
-            .map(|v| records.iter().find(|r| &r.version == v));
-        let choice = match exact {
-            Some(found) => found,
+        // An exact version is chosen among that version's packages as the
+        // newest is among all: 7.x serves a small transitional
+        // `linux-image-<release>` beside the `linux-binary-<release>` that
+        // holds the image, both at the version.
+        let at_version: Vec<PackageRecord>;
+        let choice = match &spec.version {
+            Some(v) => {
+                at_version = records
+                    .iter()
+                    .filter(|r| &r.version == v)
+                    .cloned()
+                    .collect();
+                choose(&at_version)
+            }
             None => choose(&records),
         };
         let Some(choice) = choice else {
@@ -206,8 +235,24 @@ impl KernelCache {
             });
         }
 
-        let (modules_package, modules_deb_sha256) = if choice.package.starts_with("linux-binary-") {
-            let (package, sha) = self.pin_modules_package(&apt, spec, &release, &choice.version)?;
+        // 7.x splits what 6.x kept in the image package: the modules go
+        // to `linux-modules-<release>`, the .config to `linux-base-<release>`.
+        let split = choice.package.starts_with("linux-binary-");
+        let (modules_package, modules_deb_sha256) = if split {
+            let (package, sha) = self.pin_companion_package(
+                &apt,
+                spec,
+                "linux-modules-",
+                &release,
+                &choice.version,
+            )?;
+            (Some(package), Some(sha))
+        } else {
+            (None, None)
+        };
+        let (config_package, config_deb_sha256) = if split {
+            let (package, sha) =
+                self.pin_companion_package(&apt, spec, "linux-base-", &release, &choice.version)?;
             (Some(package), Some(sha))
         } else {
             (None, None)
@@ -226,21 +271,24 @@ impl KernelCache {
             config: spec.config.clone(),
             modules_package,
             modules_deb_sha256,
+            config_package,
+            config_deb_sha256,
         };
         Ok(pin)
     }
 
-    /// Downloads `linux-modules-<release>` at `version` (7.x keeps the
-    /// modules out of the image package) into the cache and returns its
-    /// name and sha256, checked against the signed index.
-    fn pin_modules_package(
+    /// Downloads `<prefix><release>` at `version` (7.x keeps the modules
+    /// and the .config out of the image package) into the cache and
+    /// returns its name and sha256, checked against the signed index.
+    fn pin_companion_package(
         &self,
         apt: &AptState,
         spec: &PinSpec,
+        prefix: &str,
         release: &str,
         version: &str,
     ) -> Result<(String, String), KernelError> {
-        let package = format!("linux-modules-{release}");
+        let package = format!("{prefix}{release}");
         let indexed = apt
             .show(std::slice::from_ref(&package))?
             .into_iter()
