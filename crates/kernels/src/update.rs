@@ -164,18 +164,7 @@ impl KernelCache {
         // newest is among all: 7.x serves a small transitional
         // `linux-image-<release>` beside the `linux-binary-<release>` that
         // holds the image, both at the version.
-        let at_version: Vec<PackageRecord>;
-        let choice = match &spec.version {
-            Some(v) => {
-                at_version = records
-                    .iter()
-                    .filter(|r| &r.version == v)
-                    .cloned()
-                    .collect();
-                choose(&at_version)
-            }
-            None => choose(&records),
-        };
+        let choice = choose(&records, spec.version.as_deref());
         let Some(choice) = choice else {
             return Err(KernelError::NoCandidate {
                 id: spec.id.clone(),
@@ -375,13 +364,15 @@ impl KernelCache {
     }
 }
 
-/// The newest candidate that can hold an image: highest version; at equal
-/// versions `linux-binary-*` (7.x: the image) before `linux-image-*` (7.x: a
-/// meta package). Packages under 2 MiB installed are meta packages.
-fn choose(records: &[PackageRecord]) -> Option<&PackageRecord> {
+/// The newest candidate that can hold an image (only those at `version`
+/// when one is asked for): highest version; at equal versions
+/// `linux-binary-*` (7.x: the image) before `linux-image-*` (7.x: a meta
+/// package). Packages under 2 MiB installed are meta packages.
+fn choose<'a>(records: &'a [PackageRecord], version: Option<&str>) -> Option<&'a PackageRecord> {
     const MIN_IMAGE_KIB: u64 = 2048;
     records
         .iter()
+        .filter(|r| version.is_none_or(|v| r.version == v))
         .filter(|r| r.installed_size >= MIN_IMAGE_KIB)
         .max_by(|a, b| {
             compare_debian_versions(&a.version, &b.version).then_with(|| {
@@ -507,7 +498,7 @@ mod tests {
             rec("linux-image-6.1-cloud-amd64", "6.1.180-1~deb11u1", 13),
         ];
         assert_eq!(
-            choose(&records).unwrap().package,
+            choose(&records, None).unwrap().package,
             "linux-image-6.1.0-50-cloud-amd64"
         );
 
@@ -516,10 +507,35 @@ mod tests {
             rec("linux-binary-7.2.13+deb14-cloud-amd64", "7.2.13-1", 14_000),
         ];
         assert_eq!(
-            choose(&records).unwrap().package,
+            choose(&records, None).unwrap().package,
             "linux-binary-7.2.13+deb14-cloud-amd64"
         );
-        assert_eq!(choose(&records[..1]), None);
+        assert_eq!(choose(&records[..1], None), None);
+    }
+
+    /// An exact version (a bisection build) picks the image package among
+    /// that version's, not the first listed: on 7.x that is the small
+    /// transitional `linux-image-<release>`.
+    #[test]
+    fn exact_version_chooses_its_image_package() {
+        let records = [
+            rec("linux-image-7.2.6+deb13-cloud-amd64", "7.2.6-1~bpo13+1", 15),
+            rec(
+                "linux-binary-7.2.6+deb13-cloud-amd64",
+                "7.2.6-1~bpo13+1",
+                14_000,
+            ),
+            rec("linux-binary-7.2.13+deb14-cloud-amd64", "7.2.13-1", 14_100),
+        ];
+        assert_eq!(
+            choose(&records, Some("7.2.6-1~bpo13+1")).unwrap().package,
+            "linux-binary-7.2.6+deb13-cloud-amd64"
+        );
+        assert_eq!(
+            choose(&records, None).unwrap().package,
+            "linux-binary-7.2.13+deb14-cloud-amd64"
+        );
+        assert_eq!(choose(&records, Some("7.2.7-1")), None);
     }
 }
 
