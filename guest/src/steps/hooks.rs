@@ -212,6 +212,11 @@ impl Drop for ClosedInParallel {
     fn drop(&mut self) {
         const THREADS: usize = 8;
         let events = std::mem::take(&mut self.0);
+        // Without futexes a join would kill the agent: one after another.
+        if !crate::steps::probes::threads_work() {
+            drop(events);
+            return;
+        }
         let per_thread = events.len().div_ceil(THREADS).max(1);
         let mut chunks: Vec<Vec<KprobeEvent>> = Vec::new();
         let mut rest = events.into_iter().peekable();

@@ -169,6 +169,15 @@ fn kernel_version(release: &str) -> Option<(u32, u32)> {
 /// (`CONFIG_FUTEX` off, as tinyconfig leaves it) kills a multi-threaded
 /// agent with SIGSEGV on the first contended wait. `FUTEX_WAKE` on a
 /// private word wakes nobody and has no effect; ENOSYS says it is missing.
+/// Whether the agent may start threads and join them here: [`threads`]
+/// asked once. Steps that only use threads to go faster ask this and do
+/// their work on one thread otherwise, so that they need no `threads`
+/// requirement.
+pub fn threads_work() -> bool {
+    static WORK: OnceLock<bool> = OnceLock::new();
+    *WORK.get_or_init(|| threads().is_ok())
+}
+
 fn threads() -> Probe {
     let word: u32 = 0;
     // SAFETY: FUTEX_WAKE reads nothing through the pointer beyond its
