@@ -251,6 +251,10 @@ pub struct MatrixRun {
     pub shutdown: f64,
     pub host_checks: f64,
     pub trial_wall: f64,
+    /// QEMU's CPU seconds (user + sys) from its start to the agent's done,
+    /// summed over the trials: what the guests cost, which a busy host
+    /// stretches much less than wall time.
+    pub qemu_cpu: f64,
     /// Per pin: host-measured QEMU start → hello of the restored trials.
     pub restore_to_hello: BTreeMap<String, Vec<f64>>,
     /// Per scenario: the agent phase summed over pins.
@@ -305,6 +309,8 @@ impl MatrixRun {
             .or_default() += agent;
         self.shutdown += num(p, "shutdown").unwrap_or(0.0);
         self.host_checks += num(p, "host_checks").unwrap_or(0.0);
+        self.qemu_cpu +=
+            num(p, "qemu_cpu_to_hello").unwrap_or(0.0) + num(p, "qemu_cpu_agent").unwrap_or(0.0);
         if restored {
             self.restore_to_hello
                 .entry(kernel.to_string())
@@ -326,7 +332,8 @@ mod tests {
                 "phases": {"prepare": 3.0, "to_hello": 0.2, "agent": 1.0, "shutdown": 0.1, "host_checks": 0.05}}),
             serde_json::json!({"kernel": "6.1", "scenario": "overhead", "wall_secs": 9.0,
                 "saved_vm": {"key": "4567", "made_now": false, "restored": true},
-                "phases": {"prepare": 0.1, "to_hello": 0.3, "agent": 8.0, "shutdown": 0.1, "host_checks": 0.2}}),
+                "phases": {"prepare": 0.1, "to_hello": 0.3, "agent": 8.0, "shutdown": 0.1, "host_checks": 0.2,
+                    "qemu_cpu_to_hello": 0.25, "qemu_cpu_agent": 7.5}}),
             serde_json::json!({"kernel": "5.10", "scenario": "basic", "wall_secs": 3.0,
                 "saved_vm": {"key": "89ab", "made_now": false, "restored": false},
                 "phases": {"prepare": 0.1, "to_hello": 1.8, "agent": 1.0, "shutdown": 0.1, "host_checks": 0.05}}),
@@ -344,6 +351,8 @@ mod tests {
         assert!(!run.restore_to_hello.contains_key("5.10"));
         assert!((run.agent_by_scenario["overhead"] - 8.0).abs() < 1e-9);
         assert!((run.trial_wall - 14.0).abs() < 1e-9);
+        // Only the trial that reported QEMU's CPU time counts.
+        assert!((run.qemu_cpu - 7.75).abs() < 1e-9);
     }
 
     #[test]
