@@ -76,12 +76,11 @@ pub fn update_pin(
     if same_version {
         spec.version = Some(pin.version.clone());
     }
-    let repinned = create_pin(catalog_dir, &spec, opts)?;
+    let repinned = KernelCache::default_location()?.resolve_pin(catalog_dir, &spec, opts)?;
+    // Checked before the file is written: the pin stays as it was.
     if same_version
         && (repinned.deb_sha256 != pin.deb_sha256 || repinned.image_sha256 != pin.image_sha256)
     {
-        // create_pin wrote the file: put the old one back.
-        let _ = std::fs::write(&file, &text);
         return Err(KernelError::PinInvalid {
             file,
             message: format!(
@@ -91,6 +90,7 @@ pub fn update_pin(
             ),
         });
     }
+    repinned.write_to(catalog_dir)?;
     Ok(repinned)
 }
 
