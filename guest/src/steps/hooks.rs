@@ -211,20 +211,15 @@ struct ClosedInParallel(Vec<KprobeEvent>);
 impl Drop for ClosedInParallel {
     fn drop(&mut self) {
         const THREADS: usize = 8;
-        let events = std::mem::take(&mut self.0);
+        let mut events = std::mem::take(&mut self.0);
         // Without futexes a join would kill the agent: one after another.
         if !crate::steps::probes::threads_work() {
-            drop(events);
             return;
         }
         let per_thread = events.len().div_ceil(THREADS).max(1);
-        let mut chunks: Vec<Vec<KprobeEvent>> = Vec::new();
-        let mut rest = events.into_iter().peekable();
-        while rest.peek().is_some() {
-            chunks.push(rest.by_ref().take(per_thread).collect());
-        }
         std::thread::scope(|scope| {
-            for chunk in chunks {
+            while !events.is_empty() {
+                let chunk = events.split_off(events.len().saturating_sub(per_thread));
                 // Each close's final release runs on the closing thread's
                 // way back to user space, so the thread does the waiting.
                 scope.spawn(move || drop(chunk));
