@@ -86,6 +86,12 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
             .clone()
             .unwrap_or_else(|| base.run_dir.join("mutation-score.md"))
     };
+    // The data that outlives the run directory: beside a --report, else
+    // the run directory's own mutants.json.
+    let data_path = |base: &kloop::run::mutants::MutantsBaseline| match &a.report {
+        Some(report) => kloop::run::mutants::data_beside(report),
+        None => base.run_dir.join(kloop::run::mutants::RESULTS_FILE),
+    };
     // The report and the data, rewritten after every mutant.
     let write = |base: &kloop::run::mutants::MutantsBaseline,
                  results: &[kloop::run::mutants::MutantResult]|
@@ -105,14 +111,10 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
             std::fs::write(&json, serde_json::to_vec_pretty(results)?)
                 .with_context(|| format!("writing {}", json.display()))?;
         }
-        let report = report_path(base);
         if a.report.is_some() {
-            kloop::run::mutants::write_saved(
-                &kloop::run::mutants::data_beside(&report),
-                base,
-                results,
-            )?;
+            kloop::run::mutants::write_saved(&data_path(base), base, results)?;
         }
+        let report = report_path(base);
         std::fs::write(&report, md).with_context(|| format!("writing {}", report.display()))
     };
     if let Some(run_dir) = &a.from {
@@ -129,10 +131,10 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
             })?;
         write(&base, &results)?;
         return Ok(summarise(
-            &base,
             &results,
             &notes,
             &report_path(&base),
+            &data_path(&base),
             None,
         ));
     }
@@ -193,10 +195,10 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     )?;
     write(&base, &results)?;
     Ok(summarise(
-        &base,
         &results,
         &notes,
         &report_path(&base),
+        &data_path(&base),
         Some(started.elapsed().as_secs_f64()),
     ))
 }
@@ -204,18 +206,12 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
 /// Prints the totals and the survivors without a note; the exit code:
 /// 130 when interrupted, 1 while a survivor has no note.
 fn summarise(
-    base: &kloop::run::mutants::MutantsBaseline,
     results: &[kloop::run::mutants::MutantResult],
     notes: &kloop::report::mutants::Notes,
     report: &std::path::Path,
+    data: &std::path::Path,
     secs: Option<f64>,
 ) -> ExitCode {
-    // With --report the data that outlives the run directory is beside it.
-    let json = if report.starts_with(&base.run_dir) {
-        base.run_dir.join(kloop::run::mutants::RESULTS_FILE)
-    } else {
-        kloop::run::mutants::data_beside(report)
-    };
     let killed = results
         .iter()
         .filter(|r| matches!(r.outcome, Outcome::Killed(_)))
@@ -234,7 +230,7 @@ fn summarise(
         results.len(),
         secs.map_or(String::new(), |s| format!(" in {s:.0} s")),
         report.display(),
-        json.display()
+        data.display()
     );
     // A survivor is fine once someone looked at it: argued equivalent, or
     // left with a reason.
