@@ -9,6 +9,7 @@
 //! VMs (the room that runs them is `run::mutants`).
 
 pub mod c_source;
+pub mod operands;
 pub mod operators;
 
 use std::path::{Path, PathBuf};
@@ -32,6 +33,10 @@ pub enum MutateError {
 /// The files and functions to mutate.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Targets {
+    /// Headers (paths in the tree) whose enums are the constant families
+    /// of `replace-constant`; a header the tree lacks is skipped.
+    #[serde(default)]
+    pub headers: Vec<String>,
     #[serde(rename = "target")]
     pub targets: Vec<Target>,
 }
@@ -91,38 +96,103 @@ pub struct Generated {
     pub missing: Vec<String>,
 }
 
-/// Every mutant of `targets` in the kernel tree at `tree`.
+/// Every mutant of `targets` in the kernel tree at `tree`. Two edits that
+/// make the same file are one mutant (the first operator's): the operand
+/// operators overlap the older constant operator in places.
 pub fn generate(tree: &Path, targets: &Targets) -> Result<Generated, MutateError> {
     let mut out = Generated::default();
-    for t in &targets.targets {
-        let path = tree.join(&t.file);
-        let text = std::fs::read_to_string(&path).map_err(|source| MutateError::Read {
-            path: path.clone(),
+    let read = |path: &Path| {
+        std::fs::read_to_string(path).map_err(|source| MutateError::Read {
+            path: path.to_path_buf(),
             source,
-        })?;
-        let mask = c_source::code_mask(&text);
+        })
+    };
+    let header_texts: Vec<String> = targets
+        .headers
+        .iter()
+        .filter_map(|h| std::fs::read_to_string(tree.join(h)).ok())
+        .collect();
+    let mut scope = operands::Scope::with_headers(header_texts.iter().map(String::as_str));
+    // Each file once: its text, and per target function its body and its
+    // code in scope. The operand operators draw their replacements from
+    // every target, so the scope is complete before any edit is made.
+    struct FileWork {
+        file: String,
+        text: String,
+        mask: Vec<bool>,
+        /// Name, body, code in scope, focus.
+        functions: Vec<Function>,
+        scope: operands::FileScope,
+    }
+    type Function = (
+        String,
+        std::ops::Range<usize>,
+        Vec<std::ops::Range<usize>>,
+        Vec<String>,
+    );
+    let mut work: Vec<FileWork> = Vec::new();
+    for t in &targets.targets {
+        // Several targets may name one file (with different focus): one
+        // scope for the file.
+        let at = match work.iter().position(|w| w.file == t.file) {
+            Some(at) => at,
+            None => {
+                let text = read(&tree.join(&t.file))?;
+                let mask = c_source::code_mask(&text);
+                work.push(FileWork {
+                    file: t.file.clone(),
+                    text,
+                    mask,
+                    functions: Vec::new(),
+                    scope: operands::FileScope::default(),
+                });
+                work.len() - 1
+            }
+        };
+        let w = &mut work[at];
         for function in &t.functions {
-            let Some(body) = c_source::function_body(&text, &mask, function) else {
+            let Some(body) = c_source::function_body(&w.text, &w.mask, function) else {
                 out.missing.push(format!("{}: {function}", t.file));
                 continue;
             };
-            for edit in operators::edits(&text, &mask, body, &t.focus) {
+            let spans = operands::focused_spans(&w.text, &w.mask, body.clone(), &t.focus);
+            w.functions
+                .push((function.clone(), body, spans, t.focus.clone()));
+        }
+    }
+    for w in &mut work {
+        let per_function: Vec<_> = w.functions.iter().map(|f| f.2.clone()).collect();
+        w.scope = operands::FileScope::new(&w.text, &w.mask, &per_function);
+        scope.add_used(&w.scope);
+    }
+    let mut seen = std::collections::HashSet::new();
+    for w in &work {
+        let text = &w.text;
+        for (n, (function, body, spans, focus)) in w.functions.iter().enumerate() {
+            let mut edits = operators::edits(text, &w.mask, body.clone(), focus);
+            edits.extend(operands::edits(
+                text,
+                &w.mask,
+                (n, body.clone()),
+                spans,
+                &scope,
+                &w.scope,
+            ));
+            for edit in edits {
                 let first = edit.changes.iter().map(|(r, _)| r.start).min().unwrap_or(0);
                 let line = text[..first].matches('\n').count() + 1;
-                let mut mutated = text.clone();
-                let mut changes = edit.changes.clone();
-                changes.sort_by_key(|(r, _)| std::cmp::Reverse(r.start));
-                for (r, new) in changes {
-                    mutated.replace_range(r, &new);
+                let mutated = apply_keeping_lines(text, &edit.changes);
+                if mutated == *text || !seen.insert((w.file.clone(), mutated.clone())) {
+                    continue;
                 }
                 // `events/core.c` and `bpf/core.c` must not share ids.
-                let parts: Vec<&str> = t.file.rsplit('/').take(2).collect();
+                let parts: Vec<&str> = w.file.rsplit('/').take(2).collect();
                 let short = parts.into_iter().rev().collect::<Vec<_>>().join("/");
                 let base_id = format!("{short}:{function}:{line}:{}", edit.operator.name());
                 let n = out
                     .mutants
                     .iter()
-                    .filter(|m| m.id.starts_with(&base_id))
+                    .filter(|m| m.id == base_id || m.id.starts_with(&format!("{base_id}#")))
                     .count();
                 out.mutants.push(Mutant {
                     id: if n == 0 {
@@ -130,17 +200,42 @@ pub fn generate(tree: &Path, targets: &Targets) -> Result<Generated, MutateError
                     } else {
                         format!("{base_id}#{}", n + 1)
                     },
-                    file: t.file.clone(),
+                    file: w.file.clone(),
                     function: function.clone(),
                     line,
                     operator: edit.operator,
                     what: edit.what,
-                    patch: unified_diff(&t.file, &text, &mutated),
+                    patch: unified_diff(&w.file, text, &mutated),
                 });
             }
         }
     }
     Ok(out)
+}
+
+/// `text` with `changes` made, every line after them where it was: a
+/// change that takes lines away is padded with newlines, and a moved
+/// statement (`swap-calls`) is put on one line when it would add lines.
+/// `__LINE__` (WARN_ON's bug table) then stays the same in the rest of
+/// the file, so an object file that differs from the original's differs
+/// in code (the compiler-equivalence check compares them).
+pub fn apply_keeping_lines(text: &str, changes: &[(std::ops::Range<usize>, String)]) -> String {
+    let mut changes = changes.to_vec();
+    changes.sort_by_key(|(r, _)| std::cmp::Reverse(r.start));
+    let mut out = text.to_string();
+    for (r, new) in changes {
+        let had = text[r.clone()].matches('\n').count();
+        let mut new = new;
+        if new.matches('\n').count() > had && !new.contains("//") {
+            new = new.split_whitespace().collect::<Vec<_>>().join(" ");
+        }
+        let has = new.matches('\n').count();
+        if has < had {
+            new.push_str(&"\n".repeat(had - has));
+        }
+        out.replace_range(r, &new);
+    }
+    out
 }
 
 fn unified_diff(file: &str, before: &str, after: &str) -> String {
@@ -251,6 +346,7 @@ mod tests {
             "static void out(void)\n{\n\tif (!match())\n\t\treturn;\n\tbegin();\n\tend();\n}\n";
         std::fs::write(tree.path().join(file), text).unwrap();
         let targets = Targets {
+            headers: vec![],
             targets: vec![Target {
                 file: file.into(),
                 functions: vec!["out".into(), "gone".into()],

@@ -35,6 +35,22 @@ pub enum Operator {
     SkipFirst,
     /// A `for` loop skips its last iteration.
     SkipLast,
+    /// A local or parameter read in place of another of its type
+    /// ([`super::operands`]).
+    ReplaceVariable,
+    /// A file-scope variable in place of one of its name family
+    /// (`nr_bpf_events` for `nr_ksymbol_events`).
+    ReplaceGlobal,
+    /// Another member of the same enum.
+    ReplaceConstant,
+    /// Another field of the same base (`attr.bpf_event` for `attr.ksymbol`).
+    ReplaceField,
+    /// A relational operator's boundary shifted or its equality turned.
+    Relational,
+    /// `+` for `-` and back.
+    Arithmetic,
+    /// Two adjacent arguments of a call exchanged.
+    SwapArguments,
 }
 
 impl Operator {
@@ -52,7 +68,30 @@ impl Operator {
             Operator::OffBySome => "off-by-some",
             Operator::SkipFirst => "skip-first",
             Operator::SkipLast => "skip-last",
+            Operator::ReplaceVariable => "replace-variable",
+            Operator::ReplaceGlobal => "replace-global",
+            Operator::ReplaceConstant => "replace-constant",
+            Operator::ReplaceField => "replace-field",
+            Operator::Relational => "relational",
+            Operator::Arithmetic => "arithmetic",
+            Operator::SwapArguments => "swap-arguments",
         }
+    }
+
+    /// Operators that put the right code's operand in the wrong place
+    /// ([`super::operands`]), as opposed to those that change statements
+    /// and conditions.
+    pub fn is_operand(self) -> bool {
+        matches!(
+            self,
+            Operator::ReplaceVariable
+                | Operator::ReplaceGlobal
+                | Operator::ReplaceConstant
+                | Operator::ReplaceField
+                | Operator::Relational
+                | Operator::Arithmetic
+                | Operator::SwapArguments
+        )
     }
 }
 
