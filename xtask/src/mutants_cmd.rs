@@ -183,7 +183,9 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
                 match &r.outcome {
                     Outcome::Killed(why) | Outcome::BuildFailed(why) | Outcome::NotJudged(why) =>
                         format!(": {why}"),
-                    Outcome::Survived => format!(": {}", r.mutant.what),
+                    Outcome::Survived | Outcome::CompilerEquivalent =>
+                        format!(": {}", r.mutant.what),
+                    Outcome::Duplicate(of) => format!(" of {of}: {}", r.resolved(results).label()),
                 },
                 r.build_secs,
                 r.judge_secs
@@ -214,14 +216,22 @@ fn summarise(
 ) -> ExitCode {
     let killed = results
         .iter()
-        .filter(|r| matches!(r.outcome, Outcome::Killed(_)))
+        .filter(|r| matches!(r.resolved(results), Outcome::Killed(_)))
         .count();
     let survived: Vec<_> = results
         .iter()
-        .filter(|r| r.outcome == Outcome::Survived)
+        .filter(|r| *r.resolved(results) == Outcome::Survived)
         .collect();
+    let same_code = results
+        .iter()
+        .filter(|r| r.outcome == Outcome::CompilerEquivalent)
+        .count();
+    let dups = results
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Duplicate(_)))
+        .count();
     println!(
-        "kloop: {killed} killed, {} survived, {} failed to build, of {}{}; report {}; data {}",
+        "kloop: {killed} killed, {} survived, {same_code} the unmutated object code, {dups} duplicates, {} failed to build, of {}{}; report {}; data {}",
         survived.len(),
         results
             .iter()
@@ -236,6 +246,7 @@ fn summarise(
     // left with a reason.
     let unexplained: Vec<&str> = survived
         .iter()
+        .filter(|r| r.outcome == Outcome::Survived)
         .filter(|r| !notes.notes.iter().any(|n| n.mutant == r.mutant.id))
         .map(|r| r.mutant.id.as_str())
         .collect();

@@ -46,17 +46,20 @@ impl Notes {
     }
 }
 
-/// A result's class in the tables.
-fn class(r: &MutantResult, notes: &Notes) -> &'static str {
-    match &r.outcome {
+/// A result's class in the tables (a duplicate's is that of the mutant
+/// whose object code it has, among `all`).
+fn class(r: &MutantResult, all: &[MutantResult], notes: &Notes) -> &'static str {
+    let outcome = r.resolved(all);
+    let id = match &r.outcome {
+        Outcome::Duplicate(of) => of,
+        _ => &r.mutant.id,
+    };
+    match outcome {
         Outcome::Killed(_) => "killed",
-        Outcome::Survived
-            if notes
-                .get(&r.mutant.id)
-                .is_some_and(|n| n.equivalent.is_some()) =>
-        {
-            "equivalent"
-        }
+        Outcome::CompilerEquivalent => "equivalent",
+        // A duplicate of a mutant that is missing from the run.
+        Outcome::Duplicate(_) => "not judged",
+        Outcome::Survived if notes.get(id).is_some_and(|n| n.equivalent.is_some()) => "equivalent",
         Outcome::Survived => "survived",
         Outcome::BuildFailed(_) => "failed to build",
         Outcome::NotJudged(_) => "not judged",
@@ -124,7 +127,7 @@ pub fn markdown(
     let mut by_file: BTreeMap<String, BTreeMap<&'static str, usize>> = BTreeMap::new();
     let mut by_op: BTreeMap<String, BTreeMap<&'static str, usize>> = BTreeMap::new();
     for r in results {
-        let c = class(r, notes);
+        let c = class(r, results, notes);
         *by_file
             .entry(r.mutant.file.clone())
             .or_default()
@@ -192,6 +195,38 @@ pub fn markdown(
         build.map_or("–".into(), |b| format!("{b:.0} s")),
         judge.map_or("–".into(), |j| format!("{j:.0} s"))
     );
+    let tce = results
+        .iter()
+        .filter(|r| r.outcome == Outcome::CompilerEquivalent)
+        .count();
+    let dups = results
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Duplicate(_)))
+        .count();
+    let compared = results.iter().filter(|r| r.code_digest.is_some()).count();
+    // The hand-argued equivalents the object code can check.
+    let argued: Vec<&MutantResult> = results
+        .iter()
+        .filter(|r| {
+            notes
+                .get(&r.mutant.id)
+                .is_some_and(|n| n.equivalent.is_some())
+        })
+        .collect();
+    let confirmed = argued
+        .iter()
+        .filter(|r| r.outcome == Outcome::CompilerEquivalent)
+        .count();
+    let _ = writeln!(
+        s,
+        "Decided without a run (Trivial Compiler Equivalence, {compared} mutants' object \
+         code compared with the unmutated build's and with each other's): {tce} \
+         equivalent (the same object code as the unmutated build), {dups} duplicates \
+         (the object code of an earlier mutant, whose outcome they share). Of the {} \
+         equivalents argued in `kernels/mutation-notes.toml` among these mutants, {confirmed} \
+         compile to the unmutated code; the others rest on their argument.\n",
+        argued.len()
+    );
     let _ = writeln!(s, "## Per file\n\n{}", table(&by_file, "file"));
     let _ = writeln!(s, "## Per operator\n\n{}", table(&by_op, "operator"));
 
@@ -237,9 +272,16 @@ pub fn markdown(
     for r in results {
         let detail = match &r.outcome {
             Outcome::Killed(why) | Outcome::BuildFailed(why) | Outcome::NotJudged(why) => {
-                format!("{}: {}", class(r, notes), why)
+                format!("{}: {}", class(r, results, notes), why)
             }
-            Outcome::Survived => class(r, notes).to_string(),
+            Outcome::Survived => class(r, results, notes).to_string(),
+            Outcome::CompilerEquivalent => {
+                "equivalent: the same object code as the unmutated build (not run)".into()
+            }
+            Outcome::Duplicate(of) => format!(
+                "{}: the object code of `{of}` (not run)",
+                class(r, results, notes)
+            ),
         };
         let cell = |t: &str| t.replace('|', "\\|").replace('\n', " ");
         let _ = writeln!(
@@ -276,6 +318,7 @@ mod tests {
             judge_secs: 10.0,
             scenarios_run: 1,
             confirmed_figures: false,
+            code_digest: None,
         }
     }
 
@@ -328,6 +371,61 @@ mod tests {
 
     /// `mutants --from` writes the report again from a run's mutants.json:
     /// what a run writes must read back as it was.
+    /// Mutants decided by their object code count where their code puts
+    /// them: the unmutated code is equivalent, a duplicate shares the
+    /// outcome of the mutant it duplicates; the report says how many.
+    #[test]
+    fn object_code_decides_equivalents_and_duplicates() {
+        let base = MutantsBaseline {
+            source: "linux-source-6.12".into(),
+            kernel_id: "k".into(),
+            release: "6.12".into(),
+            scenarios: vec!["basic".into()],
+            accel: "tcg".into(),
+            run_dir: "/tmp/x".into(),
+        };
+        let results = vec![
+            result(
+                "a:1",
+                "kernel/a.c",
+                Operator::ReplaceGlobal,
+                Outcome::Killed("basic: BROKEN: x".into()),
+            ),
+            result(
+                "a:2",
+                "kernel/a.c",
+                Operator::Relational,
+                Outcome::Duplicate("a:1".into()),
+            ),
+            result(
+                "a:3",
+                "kernel/a.c",
+                Operator::Arithmetic,
+                Outcome::CompilerEquivalent,
+            ),
+            result(
+                "a:4",
+                "kernel/a.c",
+                Operator::ReplaceField,
+                Outcome::Survived,
+            ),
+        ];
+        let md = markdown(&base, &results, 4, &[], &Notes::default(), "cmd");
+        // 2 killed (one a duplicate), 1 survived, 1 equivalent: 2/3.
+        assert!(
+            md.contains("| `kernel/a.c` | 2 | 1 | 1 | 0 | 0 | 67 % (2/3) |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("1 equivalent (the same object code as the unmutated build), 1 duplicates"),
+            "{md}"
+        );
+        assert!(
+            md.contains("killed: the object code of `a:1` (not run)"),
+            "{md}"
+        );
+    }
+
     #[test]
     fn results_read_back_from_their_json() {
         let results = vec![

@@ -54,6 +54,14 @@ pub enum Outcome {
     Survived,
     /// The compiler (or `patch`) refused it: the first error lines.
     BuildFailed(String),
+    /// Trivial Compiler Equivalence: the mutated file compiled to the same
+    /// code as the unmutated one (`kloop_kernels::build::objects`), so no
+    /// run can tell them apart; not run.
+    CompilerEquivalent,
+    /// Its object code is that of an earlier mutant (the id): the same
+    /// kernel, so the same outcome, which [`MutantResult::duplicate_of`]
+    /// carries; not run.
+    Duplicate(String),
     /// Not judged (interrupted, or the build machinery failed): why.
     NotJudged(String),
 }
@@ -64,6 +72,8 @@ impl Outcome {
             Outcome::Killed(_) => "killed",
             Outcome::Survived => "survived",
             Outcome::BuildFailed(_) => "failed to build",
+            Outcome::CompilerEquivalent => "equivalent (same object code)",
+            Outcome::Duplicate(_) => "duplicate",
             Outcome::NotJudged(_) => "not judged",
         }
     }
@@ -82,6 +92,25 @@ pub struct MutantResult {
     /// Overhead figures out of band were measured again on both kernels
     /// (the verdict is the second comparison's).
     pub confirmed_figures: bool,
+    /// sha256 of the mutated file's object code, when it was compared
+    /// (Trivial Compiler Equivalence).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code_digest: Option<String>,
+}
+
+impl MutantResult {
+    /// What a duplicate stands for: the outcome of the mutant it
+    /// duplicates (looked up in `all`), else its own.
+    pub fn resolved<'a>(&'a self, all: &'a [MutantResult]) -> &'a Outcome {
+        match &self.outcome {
+            Outcome::Duplicate(of) => all
+                .iter()
+                .find(|r| &r.mutant.id == of)
+                .map(|r| &r.outcome)
+                .unwrap_or(&self.outcome),
+            o => o,
+        }
+    }
 }
 
 /// What the whole run had in common.
@@ -296,12 +325,12 @@ pub fn judge_all(
         path: base_file,
         source,
     })?;
+    let mut tce = Tce::new(&cache, base_req, &baseline, mutants);
     let mut results = Vec::new();
     for (n, m) in mutants.iter().enumerate() {
         let r = judge_one(
             &env,
-            &cache,
-            &catalog,
+            (&cache, &catalog),
             base_req,
             m,
             n,
@@ -309,13 +338,72 @@ pub fn judge_all(
             (&base_kernel, &base_sides),
             &chosen,
             jobs,
+            &mut tce,
             on_build,
         );
+        if let (Some(d), Outcome::Killed(_) | Outcome::Survived) = (&r.code_digest, &r.outcome) {
+            tce.judged
+                .entry((m.file.clone(), d.clone()))
+                .or_insert_with(|| m.id.clone());
+        }
         results.push(r);
         // After each mutant, so a run stopped halfway keeps its findings.
         on_result(&base, &results);
     }
     Ok((base, results))
+}
+
+/// Trivial Compiler Equivalence: the unmutated build's object code of
+/// each mutated file, and the object code of the mutants judged so far.
+struct Tce {
+    /// file → digest of its unmutated object; empty when the unmutated
+    /// build's objects are gone (its output directory was reused), and
+    /// then every mutant is run.
+    base: BTreeMap<String, String>,
+    /// (file, digest) → the first mutant judged with that code.
+    judged: BTreeMap<(String, String), String>,
+}
+
+impl Tce {
+    fn new(
+        cache: &KernelCache,
+        req: &BuildRequest,
+        baseline: &BuiltKernel,
+        mutants: &[Mutant],
+    ) -> Tce {
+        let mut base = BTreeMap::new();
+        match kloop_kernels::build::objects_of(cache, req, baseline) {
+            Ok(Some(out)) => {
+                for m in mutants {
+                    if base.contains_key(&m.file) {
+                        continue;
+                    }
+                    match kloop_kernels::build::objects::code_digest(&out.join(object_of(&m.file))) {
+                        Ok(d) => {
+                            base.insert(m.file.clone(), d);
+                        }
+                        Err(e) => tracing::warn!("no compiler-equivalence check for {}: {e}", m.file),
+                    }
+                }
+            }
+            Ok(None) => tracing::warn!(
+                "the unmutated build's objects were rebuilt since: every mutant is run (no compiler-equivalence check)"
+            ),
+            Err(e) => tracing::warn!("no compiler-equivalence check: {e}"),
+        }
+        Tce {
+            base,
+            judged: BTreeMap::new(),
+        }
+    }
+}
+
+/// `kernel/events/core.o` for `kernel/events/core.c`.
+fn object_of(file: &str) -> String {
+    match file.strip_suffix(".c") {
+        Some(stem) => format!("{stem}.o"),
+        None => file.to_string(),
+    }
 }
 
 /// An outcome that rejects only because overhead figures left their band
@@ -353,8 +441,7 @@ fn confirm_figures(
 #[allow(clippy::too_many_arguments)] // everything judge_all shares with each mutant
 fn judge_one(
     env: &TrialEnv,
-    cache: &KernelCache,
-    catalog: &Catalog,
+    (cache, catalog): (&KernelCache, &Catalog),
     base_req: &BuildRequest,
     m: &Mutant,
     n: usize,
@@ -362,6 +449,7 @@ fn judge_one(
     (base_kernel, base_sides): (&KernelUnderTest, &BTreeMap<String, Side>),
     chosen: &[Scenario],
     jobs: usize,
+    tce: &mut Tce,
     on_build: &mut dyn FnMut(&str, kloop_kernels::build::BuildEvent),
 ) -> MutantResult {
     let mut result = MutantResult {
@@ -371,6 +459,7 @@ fn judge_one(
         judge_secs: 0.0,
         scenarios_run: 0,
         confirmed_figures: false,
+        code_digest: None,
     };
     if crate::run::signals::interrupted() {
         result.outcome = Outcome::NotJudged("interrupted".into());
@@ -405,6 +494,32 @@ fn judge_one(
             return result;
         }
     };
+    // The mutated file's object code, read before the next mutant's build
+    // reuses the output directory: the unmutated code (or an earlier
+    // mutant's) decides without a run.
+    if let Some(base_digest) = tce.base.get(&m.file) {
+        let digest = kloop_kernels::build::objects_of(cache, &req, &built)
+            .ok()
+            .flatten()
+            .and_then(|out| {
+                kloop_kernels::build::objects::code_digest(&out.join(object_of(&m.file))).ok()
+            });
+        if let Some(d) = digest {
+            result.code_digest = Some(d.clone());
+            let decided = if &d == base_digest {
+                Some(Outcome::CompilerEquivalent)
+            } else {
+                tce.judged
+                    .get(&(m.file.clone(), d))
+                    .map(|id| Outcome::Duplicate(id.clone()))
+            };
+            if let Some(outcome) = decided {
+                result.outcome = outcome;
+                forget_kernel(cache, &built);
+                return result;
+            }
+        }
+    }
     let kernel = KernelUnderTest::Image(LocalKernel::built(&built, None, catalog));
     let started = Instant::now();
     'batches: for batch in chosen.chunks(jobs.max(1)) {
@@ -462,8 +577,13 @@ fn judge_one(
         }
     }
     result.judge_secs = started.elapsed().as_secs_f64();
-    // The mutant's kernel and its PVH ELF are not worth their disk: its
-    // patch rebuilds them.
+    forget_kernel(cache, &built);
+    result
+}
+
+/// The mutant's kernel and its PVH ELF are not worth their disk: its patch
+/// rebuilds them.
+fn forget_kernel(cache: &KernelCache, built: &BuiltKernel) {
     let _ = std::fs::remove_file(
         cache
             .root()
@@ -471,7 +591,6 @@ fn judge_one(
             .join(&built.record.image_sha256),
     );
     let _ = std::fs::remove_dir_all(&built.dir);
-    result
 }
 
 #[cfg(test)]
@@ -511,6 +630,7 @@ mod tests {
             judge_secs: 12.5,
             scenarios_run: 1,
             confirmed_figures: false,
+            code_digest: None,
         };
         write_saved(&data, &base, std::slice::from_ref(&result)).unwrap();
         let (read_base, read_results) = read_saved(&data).unwrap();

@@ -20,6 +20,7 @@
 pub mod git;
 mod kconfig;
 mod make;
+pub mod objects;
 mod source;
 
 pub use kconfig::{Dropped, Requested};
@@ -308,6 +309,62 @@ pub fn source_tree(
     source::pristine_tree(cache, spec, fetch, &mut |_| {}).map(|(tree, _)| tree)
 }
 
+// Slots are keyed by where the source is (not by its content) and by the
+// config inputs, so an edited tree or a new patch set reuses the previous
+// build's output directory, and each config keeps its own.
+fn slot_of(req: &BuildRequest, fragments: &[HashedFile]) -> String {
+    let location = match &req.source {
+        SourceSpec::Package(p) => format!("deb:{}", p.deb_sha256),
+        SourceSpec::Tree(t) => format!("tree:{}", t.display()),
+    };
+    let patched = !req.patches.is_empty();
+    let mut slot_parts = vec![
+        location,
+        if patched { "patched" } else { "pristine" }.to_string(),
+        req.base.target().to_string(),
+    ];
+    slot_parts.extend(fragments.iter().map(|f| f.sha256.clone()));
+    short_hash(&slot_parts.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// The output directory (objects, `vmlinux`) where `req`'s kernel is built,
+/// when it still holds that kernel: the slot is shared by every request of
+/// the same source and config (each patch set rebuilds it incrementally),
+/// so it is `None` once another patch set was built there after `kernel`.
+pub fn objects_of(
+    cache: &KernelCache,
+    req: &BuildRequest,
+    kernel: &BuiltKernel,
+) -> Result<Option<PathBuf>, BuildError> {
+    let mut fragment_paths = vec![req.kloop_fragment.clone()];
+    fragment_paths.extend(req.fragments.iter().cloned());
+    let fragments = fragment_paths
+        .iter()
+        .map(|p| {
+            Ok(HashedFile {
+                path: p.clone(),
+                sha256: source::file_hash(p)?,
+            })
+        })
+        .collect::<Result<Vec<_>, BuildError>>()?;
+    let slot = slot_of(req, &fragments);
+    let build_root = cache.root().join("build");
+    let out = if req.patches.is_empty() {
+        build_root.join("out").join(&slot)
+    } else {
+        build_root
+            .join("patched")
+            .join(&slot)
+            .join("out")
+            .join(&slot)
+    };
+    let image = out.join("arch/x86/boot/bzImage");
+    match source::file_hash(&image) {
+        Ok(h) if h == kernel.record.image_sha256 => Ok(Some(out)),
+        _ => Ok(None),
+    }
+}
+
 /// Builds (or finds) the kernel `req` describes.
 pub fn build(
     cache: &KernelCache,
@@ -368,21 +425,8 @@ pub fn build(
         }
     }
 
-    // Slots are keyed by where the source is (not by its content) and by
-    // the config inputs, so an edited tree or a new patch set reuses the
-    // previous build's output directory, and each config keeps its own.
-    let location = match &req.source {
-        SourceSpec::Package(p) => format!("deb:{}", p.deb_sha256),
-        SourceSpec::Tree(t) => format!("tree:{}", t.display()),
-    };
+    let slot = slot_of(req, &fragments);
     let patched = !req.patches.is_empty();
-    let mut slot_parts = vec![
-        location.clone(),
-        if patched { "patched" } else { "pristine" }.to_string(),
-        req.base.target().to_string(),
-    ];
-    slot_parts.extend(fragments.iter().map(|f| f.sha256.clone()));
-    let slot = short_hash(&slot_parts.iter().map(String::as_str).collect::<Vec<_>>());
     let build_root = cache.root().join("build");
     let _lock = SlotLock::take(&build_root.join("locks"), &slot)?;
     // A patched copy sits at the same path relative to its output
