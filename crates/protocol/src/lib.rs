@@ -36,7 +36,7 @@ pub use plan::{
 /// Bumped whenever a frame layout, a message or a plan step changes
 /// incompatibly (4: the ksymbol watch's steps and messages, kprobe-fill,
 /// fail-nth and failed-load).
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Where the agent finds its plan inside the initramfs.
 pub const PLAN_PATH: &str = "/kloop/plan.json";
@@ -219,6 +219,12 @@ pub enum Message {
     /// Symbols present at the start of recording (for reconciling
     /// unregisters of symbols the run never saw registered).
     InitialKallsyms {
+        entries: Vec<KallsymsEntry>,
+    },
+    /// The generated symbols read right before the plan's last `drain`, in
+    /// a plan that took a `snapshot-kallsyms` (rule `announced`: whatever
+    /// appeared was announced).
+    FinalKallsyms {
         entries: Vec<KallsymsEntry>,
     },
     /// Durations measured by a `Measure` step, guest `CLOCK_MONOTONIC` ns per

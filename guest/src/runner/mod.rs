@@ -97,7 +97,20 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
         }
     }
 
+    // Right before the last drain of a plan that snapshotted kallsyms, the
+    // generated symbols are read once more (rule `announced`): every
+    // register emitted before this read is then in the drained stream.
+    let last_drain = plan.steps.iter().rposition(|s| matches!(s, Step::Drain));
+    let snapshots = plan
+        .steps
+        .iter()
+        .position(|s| matches!(s, Step::SnapshotKallsyms));
     for (index, step) in plan.steps.iter().enumerate() {
+        if Some(index) == last_drain && snapshots.is_some_and(|s| s < index) {
+            send(&Message::FinalKallsyms {
+                entries: crate::steps::kallsyms::read_side_band()?,
+            })?;
+        }
         let index = index as u32;
         init::set_current_step(Some(index));
         send(&Message::StepStart {

@@ -20,6 +20,12 @@ pub struct RunEvidence {
     pub progs: Vec<ProgFacts>,
     /// `/proc/kallsyms` before recording started (may be empty).
     pub initial_kallsyms: Vec<KallsymsEntry>,
+    /// Whether a `snapshot-kallsyms` step sent `initial_kallsyms` (an
+    /// empty list is then a real reading).
+    pub initial_snapshot: bool,
+    /// The generated symbols the agent read right before the plan's last
+    /// drain (rule `announced`).
+    pub final_kallsyms: Option<Vec<KallsymsEntry>>,
     /// What each `measure` step timed, in plan order.
     pub timings: Vec<Timings>,
     /// `read-file` results, in plan order.
@@ -212,7 +218,11 @@ impl RunEvidence {
                 }
                 Message::Prog(p) => ev.progs.push(p.clone()),
                 Message::InitialKallsyms { entries } => {
+                    ev.initial_snapshot = true;
                     ev.initial_kallsyms.extend(entries.iter().cloned())
+                }
+                Message::FinalKallsyms { entries } => {
+                    ev.final_kallsyms = Some(entries.clone());
                 }
                 Message::Timings {
                     fixture,

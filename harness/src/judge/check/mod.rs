@@ -23,6 +23,7 @@
 //! | `load-cpu` | a `concurrent` loader's records (registers and PROG_LOAD) are in the ring of the CPU it was pinned to, with that `cpu` in their trailer |
 //! | `inventory` | programs loaded before recording (`preexisting`) are in the inventory; each inventoried program unloaded in the stream unregisters exactly its inventoried functions (addr, len, kallsyms name) before a PROG_UNLOAD with its tag |
 //! | `lookups` | a side-band reader looked up at least every PROG_LOAD of its storm, and got nothing but success or ENOENT |
+//! | `announced` | every generated symbol in `/proc/kallsyms` at the end of the run (read before the last drain) that was not there before the listeners opened has a KSYMBOL register in the first CPU-wide set ([`announced`]) |
 //! | `symbol-state` | with a `watch-ksymbols` step: every KSYMBOL of the first set matches an observed `perf_event_ksymbol` call, and each kind's symbol was resolvable (or gone) at emission as the source promises ([`emission`]) |
 //!
 //! # Listener sets and merging
@@ -78,6 +79,7 @@ use kloop_records::{
 };
 
 mod agreement;
+mod announced;
 mod batches;
 mod emission;
 mod inventory;
@@ -86,6 +88,7 @@ mod model;
 mod programs;
 
 use agreement::*;
+use announced::*;
 use batches::*;
 use emission::*;
 use inventory::*;
@@ -114,6 +117,7 @@ pub mod rule {
     pub const INVENTORY: &str = "inventory";
     pub const LOOKUPS: &str = "lookups";
     pub const SYMBOL_STATE: &str = "symbol-state";
+    pub const ANNOUNCED: &str = "announced";
 
     pub const ALL: &[&str] = &[
         LISTENERS,
@@ -135,6 +139,7 @@ pub mod rule {
         INVENTORY,
         LOOKUPS,
         SYMBOL_STATE,
+        ANNOUNCED,
     ];
 }
 
@@ -659,6 +664,25 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             .is_some_and(|s| !s.iter().any(|i| cut.contains(i)))
         {
             check_symbol_state(watch, &a.merged, &mut v);
+        }
+    }
+    // Only a set that saw the whole run on every CPU, all of it: one that
+    // lost records or was cut cannot be held to every register.
+    if let (Some(final_read), Some(set)) = (&ev.final_kallsyms, a.sets.first()) {
+        let first = set.first().and_then(|i| listeners.get(i));
+        let cpus: BTreeSet<i64> = set
+            .iter()
+            .filter_map(|i| listeners.get(i))
+            .map(|l| i64::from(l.cpu))
+            .collect();
+        let lost: u64 = set.iter().filter_map(|i| lost_by.get(i)).sum();
+        if ev.initial_snapshot
+            && first.is_some_and(|l| l.ksymbol)
+            && online.is_subset(&cpus)
+            && lost == 0
+            && !set.iter().any(|i| cut.contains(i))
+        {
+            check_announced(&ev.initial_kallsyms, final_read, &a.merged, &mut v);
         }
     }
     check_agreement(&a, &listeners, &cut, &mut v);

@@ -325,3 +325,59 @@ fn inherited_listeners_agree_with_the_set_on_their_process() {
         dump(&a)
     );
 }
+
+/// Rule `announced`: the final kallsyms read holds what the run left
+/// (symbols registered in the run pass, whatever the read before the
+/// listeners held passes); a symbol that appeared unannounced, such as a
+/// dispatcher image added with bpf_ksym_add instead of bpf_image_ksym_add,
+/// fails, and only that rule fails.
+#[test]
+fn a_symbol_that_appeared_without_a_register_is_not_announced() {
+    let mut ev = evidence(&good_script());
+    ev.initial_snapshot = true;
+    let kept = |addr: u64, name: &str| KallsymsEntry {
+        addr,
+        kind: 't',
+        name: name.into(),
+        module: Some("bpf".into()),
+    };
+    ev.final_kallsyms = Some(vec![
+        kept(A_OLD, &name_old()),
+        kept(A_BASIC, &name_basic()),
+        kept(A_OOL, "kprobe_insn_page"),
+    ]);
+    let a = analyse(&ev);
+    assert!(a.violations.is_empty(), "{}", dump(&a));
+
+    let dispatcher = 0xffff_ffff_c000_9000;
+    ev.final_kallsyms
+        .as_mut()
+        .unwrap()
+        .push(kept(dispatcher, "bpf_dispatcher_xdp"));
+    let a = analyse(&ev);
+    assert_eq!(rules(&a), BTreeSet::from([rule::ANNOUNCED]), "{}", dump(&a));
+    assert!(dump(&a).contains("bpf_dispatcher_xdp at 0xffffffffc0009000 ([bpf])"));
+
+    // A register at another address does not announce it; without the
+    // snapshot before the listeners there is nothing to compare with.
+    let mut s = good_script();
+    s.insert(
+        0,
+        (
+            0,
+            99,
+            Ev::Reg(
+                dispatcher + 8,
+                4096,
+                KSYM_TYPE_BPF,
+                "bpf_dispatcher_xdp".into(),
+            ),
+        ),
+    );
+    let mut ev2 = evidence(&s);
+    ev2.initial_snapshot = true;
+    ev2.final_kallsyms = ev.final_kallsyms.clone();
+    assert!(rules(&analyse(&ev2)).contains(rule::ANNOUNCED));
+    ev.initial_snapshot = false;
+    assert!(!rules(&analyse(&ev)).contains(rule::ANNOUNCED));
+}

@@ -1,0 +1,62 @@
+//! Rule `announced`: a generated symbol that appears in `/proc/kallsyms`
+//! while the first CPU-wide KSYMBOL listener set records must have had its
+//! KSYMBOL register in that set's stream.
+//!
+//! Why the kernel promises it (6.12, the other pins alike): every path that
+//! adds generated code to kallsyms announces it right after, in the same
+//! call chain: `bpf_prog_load` → `bpf_prog_kallsyms_add` then
+//! `perf_event_bpf_event(PROG_LOAD)` (a KSYMBOL per JITed function);
+//! `bpf_image_ksym_add` (trampolines, the XDP dispatcher) → `bpf_ksym_add`
+//! then `perf_event_ksymbol`; `__get_insn_slot` → `list_add_rcu` of the
+//! kprobe page then `perf_event_ksymbol`; `ftrace_update_trampoline` →
+//! `ftrace_add_trampoline_to_kallsyms` then `perf_event_ksymbol`. A symbol
+//! added without its register (`bpf_ksym_add` in place of
+//! `bpf_image_ksym_add`) is invisible to a profiler, and until this rule
+//! only a baseline's diff could see it.
+//!
+//! Evidence: `initial_kallsyms` (the generated symbols before the first
+//! listener opened) and `final_kallsyms` (read by the agent right before
+//! the plan's last drain, so every register emitted before that read is in
+//! the drained stream). A symbol of the final read that the initial one
+//! lacks (same name and address) needs a KSYMBOL register with its name
+//! and address anywhere in the set's stream.
+
+use super::*;
+
+pub(super) fn check_announced(
+    initial: &[KallsymsEntry],
+    final_read: &[KallsymsEntry],
+    merged: &[Record],
+    out: &mut Vec<Violation>,
+) {
+    let before: BTreeSet<(u64, &str)> = initial.iter().map(|e| (e.addr, e.name.as_str())).collect();
+    let registered: BTreeSet<(u64, &str)> = merged
+        .iter()
+        .filter_map(|r| match &r.body {
+            RecordBody::Ksymbol {
+                addr, flags, name, ..
+            } if flags & KSYMBOL_FLAGS_UNREGISTER == 0 => Some((*addr, name.as_str())),
+            _ => None,
+        })
+        .collect();
+    for e in final_read {
+        let key = (e.addr, e.name.as_str());
+        if before.contains(&key) || registered.contains(&key) {
+            continue;
+        }
+        out.push(Violation::new(
+            rule::ANNOUNCED,
+            format!(
+                "{} at {:#x} ({}) appeared in /proc/kallsyms during the run without a KSYMBOL \
+                 register: the kernel announces generated code right after adding it to \
+                 kallsyms (bpf_prog_kallsyms_add + perf_event_bpf_event, bpf_image_ksym_add, \
+                 __get_insn_slot, ftrace_update_trampoline)",
+                e.name,
+                e.addr,
+                e.module
+                    .as_deref()
+                    .map_or("core".to_string(), |m| format!("[{m}]"))
+            ),
+        ));
+    }
+}
