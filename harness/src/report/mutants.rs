@@ -230,6 +230,43 @@ pub fn markdown(
     let _ = writeln!(s, "## Per file\n\n{}", table(&by_file, "file"));
     let _ = writeln!(s, "## Per operator\n\n{}", table(&by_op, "operator"));
 
+    // Killed by a rule is what a user without a baseline sees.
+    let mut how: BTreeMap<String, [usize; 3]> = BTreeMap::new();
+    for r in results {
+        let kind = match &r.outcome {
+            Outcome::Duplicate(of) => results
+                .iter()
+                .find(|o| &o.mutant.id == of)
+                .and_then(|o| o.killed_by),
+            Outcome::Killed(_) => r.killed_by,
+            _ => None,
+        };
+        if let Some(k) = kind {
+            let row = how.entry(r.mutant.operator.name().to_string()).or_default();
+            row[k as usize] += 1;
+        }
+    }
+    let _ = writeln!(
+        s,
+        "## How the killed were killed\n\nBy a rule (or a kernel that did not finish the \
+         scenario): what `vm-test` on this kernel alone reports, with no baseline. By the \
+         diff only: the normalised stream differs from the unmutated kernel's and no rule \
+         broke in any scenario (judging goes on past such a kill, looking for a rule). By \
+         overhead only: figures out of their band.\n\n\
+         | operator | rule | diff only | overhead only |\n|---|---|---|---|"
+    );
+    let mut total = [0usize; 3];
+    for (op, row) in &how {
+        let _ = writeln!(s, "| `{op}` | {} | {} | {} |", row[0], row[1], row[2]);
+        for i in 0..3 {
+            total[i] += row[i];
+        }
+    }
+    let _ = writeln!(
+        s,
+        "| **all** | **{}** | **{}** | **{}** |\n",
+        total[0], total[1], total[2]
+    );
     let _ = writeln!(s, "## Survivors\n");
     let survivors: Vec<&MutantResult> = results
         .iter()
@@ -271,7 +308,10 @@ pub fn markdown(
     );
     for r in results {
         let detail = match &r.outcome {
-            Outcome::Killed(why) | Outcome::BuildFailed(why) | Outcome::NotJudged(why) => {
+            Outcome::Killed(why) => {
+                format!("killed ({}): {why}", r.killed_by.map_or("?", |k| k.label()))
+            }
+            Outcome::BuildFailed(why) | Outcome::NotJudged(why) => {
                 format!("{}: {}", class(r, results, notes), why)
             }
             Outcome::Survived => class(r, results, notes).to_string(),
@@ -318,6 +358,7 @@ mod tests {
             judge_secs: 10.0,
             scenarios_run: 1,
             confirmed_figures: false,
+            killed_by: None,
             code_digest: None,
         }
     }
@@ -385,12 +426,15 @@ mod tests {
             run_dir: "/tmp/x".into(),
         };
         let results = vec![
-            result(
-                "a:1",
-                "kernel/a.c",
-                Operator::ReplaceGlobal,
-                Outcome::Killed("basic: BROKEN: x".into()),
-            ),
+            MutantResult {
+                killed_by: Some(crate::run::mutants::KillKind::Rule),
+                ..result(
+                    "a:1",
+                    "kernel/a.c",
+                    Operator::ReplaceGlobal,
+                    Outcome::Killed("basic: BROKEN: x".into()),
+                )
+            },
             result(
                 "a:2",
                 "kernel/a.c",

@@ -79,6 +79,42 @@ impl Outcome {
     }
 }
 
+/// How a scenario told a mutant from the unmutated kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KillKind {
+    /// A rule broke (or the kernel did not finish the scenario): what a
+    /// user sees on this kernel alone, with no baseline (`vm-test
+    /// --kernel-image`, CI on a new kernel).
+    Rule,
+    /// Only the normalised stream (or whether the scenario runs) differs
+    /// from the unmutated kernel's: visible against a baseline only.
+    Diff,
+    /// Only overhead figures left their band.
+    Overhead,
+}
+
+impl KillKind {
+    /// How `o`, a rejecting A/B outcome, rejects.
+    pub fn of(o: &ab::AbOutcome) -> KillKind {
+        if o.class == ab::AbClass::Broken {
+            KillKind::Rule
+        } else if o.diff.is_empty() && o.figures.iter().any(|f| !f.within) {
+            KillKind::Overhead
+        } else {
+            KillKind::Diff
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            KillKind::Rule => "rule",
+            KillKind::Diff => "diff only",
+            KillKind::Overhead => "overhead only",
+        }
+    }
+}
+
 /// A mutant and what became of it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MutantResult {
@@ -92,6 +128,12 @@ pub struct MutantResult {
     /// Overhead figures out of band were measured again on both kernels
     /// (the verdict is the second comparison's).
     pub confirmed_figures: bool,
+    /// How it was killed: by a rule when any scenario broke one (judging
+    /// goes on past a kill by the diff or by overhead figures, looking for
+    /// a rule that sees the mutant without a baseline), else the first
+    /// kill's kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub killed_by: Option<KillKind>,
     /// sha256 of the mutated file's object code, when it was compared
     /// (Trivial Compiler Equivalence).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -459,6 +501,7 @@ fn judge_one(
         judge_secs: 0.0,
         scenarios_run: 0,
         confirmed_figures: false,
+        killed_by: None,
         code_digest: None,
     };
     if crate::run::signals::interrupted() {
@@ -551,13 +594,14 @@ fn judge_one(
                 }
             }
             if outcome.class.rejects() {
+                let kind = KillKind::of(&outcome);
                 let why = outcome
                     .details
                     .first()
                     .or(outcome.diff.first())
                     .cloned()
                     .unwrap_or_default();
-                result.outcome = Outcome::Killed(format!(
+                let text = format!(
                     "{}: {}: {}{}",
                     r.scenario,
                     outcome.class.label(),
@@ -567,8 +611,17 @@ fn judge_one(
                     } else {
                         ""
                     }
-                ));
-                break 'batches;
+                );
+                // The first kill stands until a rule kills it: a kill by
+                // a rule ends the judging, one by the diff or the figures
+                // only goes on looking for a rule.
+                if result.killed_by.is_none_or(|k| kind < k) {
+                    result.killed_by = Some(kind);
+                    result.outcome = Outcome::Killed(text);
+                }
+                if kind == KillKind::Rule {
+                    break 'batches;
+                }
             }
         }
         if crate::run::signals::interrupted() {
@@ -630,6 +683,7 @@ mod tests {
             judge_secs: 12.5,
             scenarios_run: 1,
             confirmed_figures: false,
+            killed_by: Some(KillKind::Diff),
             code_digest: None,
         };
         write_saved(&data, &base, std::slice::from_ref(&result)).unwrap();
