@@ -92,6 +92,17 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
         Some(report) => kloop::run::mutants::data_beside(report),
         None => base.run_dir.join(kloop::run::mutants::RESULTS_FILE),
     };
+    // Made before any mutant is judged: a report that cannot be written
+    // is found now, not after the run.
+    if let Some(parent) = a
+        .report
+        .as_deref()
+        .and_then(std::path::Path::parent)
+        .filter(|p| !p.as_os_str().is_empty())
+    {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}, where --report goes", parent.display()))?;
+    }
     // The report and the data, rewritten after every mutant.
     let write = |base: &kloop::run::mutants::MutantsBaseline,
                  results: &[kloop::run::mutants::MutantResult]|

@@ -198,10 +198,15 @@ pub fn write_saved(
         results: results.to_vec(),
     };
     let json = serde_json::to_vec_pretty(&saved).expect("the run serialises");
-    std::fs::write(path, json).map_err(|source| MutantsError::Write {
-        path: path.to_path_buf(),
-        source,
-    })
+    // Rewritten after every mutant: a run killed while writing must leave
+    // the previous version, never half of one.
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, json)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|source| MutantsError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// The [`SavedRun`] at `path`, as [`write_saved`] wrote it.
