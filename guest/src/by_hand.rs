@@ -216,6 +216,8 @@ mod tests {
                         ring_pages: 8,
                         scope: Default::default(),
                         inherit: false,
+                        cpus: None,
+                        side_band: Vec::new(),
                     },
                 },
                 Step::Load {

@@ -802,6 +802,7 @@ pub mod testutil {
             ring_bytes: 64 * 1024,
             inherit: false,
             pid: None,
+            cpus: None,
         }
     }
 

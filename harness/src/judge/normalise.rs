@@ -275,16 +275,16 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
         }
         let _ = writeln!(out, " ring_bytes={}", l.ring_bytes);
     }
-    let merged_from = analysis
-        .sets
-        .first()
-        .map(|s| {
-            s.iter()
-                .map(|i| format!("L{i}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .unwrap_or_else(|| "(none)".into());
+    let merged_from = if analysis.merged_from.is_empty() {
+        "(none)".to_string()
+    } else {
+        analysis
+            .merged_from
+            .iter()
+            .map(|i| format!("L{i}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     let _ = writeln!(out, "merged: {merged_from}");
 
     out.push_str("programs:\n");

@@ -71,7 +71,7 @@ use std::fmt;
 
 use kloop_protocol::{KallsymsEntry, ListenerInfo, ProgFacts};
 
-use crate::judge::evidence::RunEvidence;
+use crate::judge::evidence::{Batch, RunEvidence, Window};
 use kloop_records::{
     self, merge_by_time, parse_prefix, Record, RecordBody, RecordContent, BPF_EVENT_PROG_LOAD,
     BPF_EVENT_PROG_UNLOAD, KSYMBOL_FLAGS_UNREGISTER, KSYM_TYPE_BPF, KSYM_TYPE_OOL,
@@ -306,8 +306,15 @@ pub struct Analysis {
     pub records_per_listener: BTreeMap<u32, Vec<Record>>,
     /// CPU-wide listener sets (listener indexes), lowest index first.
     pub sets: Vec<Vec<u32>>,
-    /// `sets[0]` merged by time (empty if there is no CPU-wide set).
+    /// `sets[0]` merged by time; without a CPU-wide set, `task_sets[0]`
+    /// (empty if there is neither).
     pub merged: Vec<Record>,
+    /// The listeners `merged` comes from.
+    pub merged_from: Vec<u32>,
+    /// Task-bound listener sets (listener indexes): the inherited
+    /// listeners of one spec (one per CPU), or one listener bound to the
+    /// agent's task on any CPU.
+    pub task_sets: Vec<Vec<u32>>,
     /// Sum of `lost` over every LOST record of every listener.
     pub lost: u64,
     /// Indexes into `merged` of the records accounted to `storm` /
@@ -427,18 +434,119 @@ fn func_prefixes(facts: &ProgFacts, fi: usize) -> Vec<String> {
     }
 }
 
+/// What one listener set can see, and so which records it is held to.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SetScope {
+    pub has_ksym: bool,
+    pub has_bpf: bool,
+    /// The CPUs it listens on when its spec asked for a subset (`None`:
+    /// every online CPU). `perf_iterate_sb_cpu()` writes a record only to
+    /// the side-band listeners of the CPU it is emitted on.
+    pub cpus: Option<BTreeSet<u32>>,
+    /// The plan steps it was open for.
+    pub window: Window,
+    /// Bound to the agent's task rather than to CPUs.
+    pub task: TaskScope,
+}
+
+/// Whose records a task-bound set receives (`perf_iterate_sb()` iterates
+/// the current task's contexts after the CPU's side-band list).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum TaskScope {
+    /// A CPU-wide set: every task's.
+    #[default]
+    CpuWide,
+    /// One listener on the agent's task (`pid = 0, cpu = -1`, no
+    /// inherit): only what that task itself does.
+    Task,
+    /// Inherited listeners (one per CPU): the agent's task and the threads
+    /// it created after they opened (their child events' output goes to
+    /// the parent's ring).
+    Process,
+}
+
+/// The set scope of listeners `set`, or `None` for an empty set.
+fn scope_of(
+    ev: &RunEvidence,
+    listeners: &BTreeMap<u32, &ListenerInfo>,
+    set: &[u32],
+) -> Option<SetScope> {
+    let first = set.first().and_then(|i| listeners.get(i))?;
+    Some(SetScope {
+        has_ksym: first.ksymbol,
+        has_bpf: first.bpf_event,
+        cpus: first
+            .cpus
+            .as_ref()
+            .map(|c| c.iter().copied().collect::<BTreeSet<u32>>())
+            .filter(|c| {
+                let online: BTreeSet<u32> = ev.online_cpus.iter().copied().collect();
+                online.is_empty() || !online.is_subset(c)
+            }),
+        window: ev.window(first.index),
+        task: match (first.pid, first.inherit) {
+            (None, _) => TaskScope::CpuWide,
+            (Some(_), true) => TaskScope::Process,
+            (Some(_), false) => TaskScope::Task,
+        },
+    })
+}
+
+/// Groups task-bound listeners into sets: inherited ones like CPU-wide
+/// listeners (same attributes, one per CPU), each listener bound to no CPU
+/// alone.
+fn task_listener_sets(ev: &RunEvidence, listeners: &BTreeMap<u32, &ListenerInfo>) -> Vec<Vec<u32>> {
+    let mut out = group_sets(
+        ev,
+        listeners
+            .values()
+            .filter(|l| l.cpu >= 0 && l.pid.is_some())
+            .copied(),
+    );
+    out.extend(
+        listeners
+            .values()
+            .filter(|l| l.cpu < 0)
+            .map(|l| vec![l.index]),
+    );
+    out
+}
+
 /// Groups CPU-bound listeners into CPU-wide sets; see the module docs.
-fn listener_sets(listeners: &BTreeMap<u32, &ListenerInfo>) -> Vec<Vec<u32>> {
-    type Key = (u64, bool, bool, bool, u64);
-    let mut sets: Vec<(Key, Vec<u32>, BTreeSet<i32>)> = Vec::new();
+fn listener_sets(ev: &RunEvidence, listeners: &BTreeMap<u32, &ListenerInfo>) -> Vec<Vec<u32>> {
     // A task-bound listener per CPU (an inherited one) is not CPU-wide.
-    for l in listeners.values().filter(|l| l.cpu >= 0 && l.pid.is_none()) {
+    group_sets(
+        ev,
+        listeners
+            .values()
+            .filter(|l| l.cpu >= 0 && l.pid.is_none())
+            .copied(),
+    )
+}
+
+/// Listeners of one spec opened by one step, at most one per CPU.
+fn group_sets<'l>(ev: &RunEvidence, ls: impl Iterator<Item = &'l ListenerInfo>) -> Vec<Vec<u32>> {
+    type Key = (
+        u64,
+        bool,
+        bool,
+        bool,
+        u64,
+        Option<u32>,
+        Option<Vec<u32>>,
+        Window,
+    );
+    let mut sets: Vec<(Key, Vec<u32>, BTreeSet<i32>)> = Vec::new();
+    for l in ls {
         let key = (
             l.sample_type,
             l.sample_id_all,
             l.ksymbol,
             l.bpf_event,
             l.ring_bytes,
+            l.pid,
+            l.cpus.clone(),
+            ev.window(l.index),
         );
         match sets
             .iter_mut()
@@ -556,17 +664,31 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
 
     check_facts(&ev.progs, &mut v);
 
-    a.sets = listener_sets(&listeners);
+    a.sets = listener_sets(ev, &listeners);
+    a.task_sets = task_listener_sets(ev, &listeners);
     let online: BTreeSet<i64> = ev.online_cpus.iter().map(|c| i64::from(*c)).collect();
-    if a.sets.is_empty() && !ev.progs.is_empty() {
+    // A task-bound set of the loading task records its programs too
+    // (perf_iterate_sb() iterates the current task's contexts).
+    if a.sets.is_empty() && a.task_sets.is_empty() && !ev.progs.is_empty() {
         v.push(m_find(
             rule::LISTENERS,
-            "programs were loaded but no CPU-wide listener recorded them".to_string(),
+            "programs were loaded but no listener recorded them".to_string(),
         ));
     }
     let multi = a.sets.len() > 1;
-    for (k, set) in a.sets.iter().enumerate() {
-        let label = if multi {
+    let all_sets: Vec<(bool, Vec<u32>)> = a
+        .sets
+        .iter()
+        .map(|s| (false, s.clone()))
+        .chain(a.task_sets.iter().map(|s| (true, s.clone())))
+        .collect();
+    for (k, (is_task, set)) in all_sets.iter().enumerate() {
+        let Some(scope) = scope_of(ev, &listeners, set) else {
+            continue;
+        };
+        let label = if *is_task {
+            format!("task set (listeners {set:?})")
+        } else if multi {
             format!("set#{k} (listeners {set:?})")
         } else {
             String::new()
@@ -576,24 +698,28 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             .filter_map(|i| listeners.get(i))
             .map(|l| i64::from(l.cpu))
             .collect();
-        let missing: Vec<i64> = online.difference(&cpus).copied().collect();
-        if !online.is_empty() && !missing.is_empty() {
+        // Every CPU the set asked for (every online one unless its spec
+        // names a subset) must have its listener; a task listener bound to
+        // no CPU covers them all.
+        let wanted: BTreeSet<i64> = match &scope.cpus {
+            Some(c) => c.iter().map(|c| i64::from(*c)).collect(),
+            None => online.clone(),
+        };
+        let missing: Vec<i64> = wanted.difference(&cpus).copied().collect();
+        if !cpus.contains(&-1) && !online.is_empty() && !missing.is_empty() {
             v.push(m_find(
                 rule::LISTENERS,
-                format!("listener set {set:?} has no listener on online CPU(s) {missing:?}: records emitted there are not seen"),
+                format!("listener set {set:?} has no listener on {} CPU(s) {missing:?}: records emitted there are not seen", if scope.cpus.is_some() { "its" } else { "online" }),
             ));
         }
-        let Some(first) = set.first().and_then(|i| listeners.get(i)) else {
-            continue;
-        };
         let streams: Vec<Vec<Record>> = set
             .iter()
             .map(|i| a.records_per_listener.get(i).cloned().unwrap_or_default())
             .collect();
         let merged = merge_by_time(streams);
         let set_lost: u64 = set.iter().filter_map(|i| lost_by.get(i)).sum();
-        if ev.provoked_loss {
-            let account = loss_account(ev, k, &merged, first.ksymbol, first.bpf_event, set_lost);
+        if ev.provoked_loss && !is_task {
+            let account = loss_account(ev, k, &merged, scope.has_ksym, scope.has_bpf, set_lost);
             if account.received + account.lost != account.caused {
                 v.push(m_find(
                     rule::LOST,
@@ -635,12 +761,14 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             ));
             a.loss.push(account);
         }
-        if !set.iter().any(|i| cut.contains(i)) {
+        // Task sets in a run that provokes loss are left to the per-record
+        // rules: the loss accounting is per CPU-wide set.
+        let skip_task = *is_task && ev.provoked_loss;
+        if !set.iter().any(|i| cut.contains(i)) && !skip_task {
             let (found, accounted) = check_set(
                 ev,
                 &merged,
-                first.ksymbol,
-                first.bpf_event,
+                &scope,
                 &label,
                 ev.provoked_loss && set_lost > 0,
             );
@@ -651,6 +779,7 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
         }
         if k == 0 {
             a.merged = merged;
+            a.merged_from = set.clone();
         }
     }
     if let Some(watch) = &ev.ksymbol_watch {
@@ -661,7 +790,7 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             check_symbol_state(watch, &a.merged, &mut v);
         }
     }
-    check_agreement(&a, &listeners, &cut, &mut v);
+    check_agreement(ev, &a, &listeners, &cut, &mut v);
     let notes = check_lookups(ev, &a, &mut v);
     a.notes.extend(notes);
     a.violations = v;

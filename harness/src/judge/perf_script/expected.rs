@@ -161,6 +161,7 @@ pub(super) fn perf_records(dump: &PerfDump, bad: &mut Vec<String>) -> Vec<PerfRe
         ring_bytes: 0,
         inherit: false,
         pid: None,
+        cpus: None,
     };
     for e in &dump.events {
         if !matches!(
