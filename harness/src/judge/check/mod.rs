@@ -800,6 +800,8 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
 /// Runs under the interpreter (`scenarios/interpreter`), synthetic: no
 /// pinned kernel can turn its JIT off (`CONFIG_BPF_JIT_ALWAYS_ON`).
 #[cfg(test)]
+mod config_tests;
+#[cfg(test)]
 mod emission_tests;
 #[cfg(test)]
 mod interpreter_tests;
