@@ -176,6 +176,7 @@ pub fn records_listener(selector: u8) -> ListenerInfo {
         inherit: false,
         pid: None,
         cpus: None,
+        side_band: Vec::new(),
     }
 }
 

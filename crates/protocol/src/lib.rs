@@ -184,6 +184,11 @@ pub struct ListenerInfo {
     /// online CPU. A set of such listeners covers only these.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<Vec<u32>>,
+    /// The other side-band attributes it was opened with
+    /// (`ListenerSpec::side_band`): the record types they ask for may
+    /// arrive besides KSYMBOL / BPF_EVENT / LOST.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub side_band: Vec<SideBand>,
 }
 
 /// Messages from the guest agent.

@@ -803,6 +803,7 @@ pub mod testutil {
             inherit: false,
             pid: None,
             cpus: None,
+            side_band: Vec::new(),
         }
     }
 

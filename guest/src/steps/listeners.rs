@@ -76,6 +76,7 @@ pub fn open(context: &mut StepContext, spec: &ListenerSpec, step: u32) -> Result
             // SAFETY: getpid has no preconditions.
             pid: (spec.scope == ListenerScope::Task).then(|| unsafe { libc::getpid() } as u32),
             cpus: spec.cpus.clone(),
+            side_band: spec.side_band.clone(),
         }))?;
         context.rings.push(ring);
         opened.push(index);

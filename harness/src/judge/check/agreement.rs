@@ -248,7 +248,16 @@ pub(super) fn check_agreement(
         }) else {
             continue;
         };
-        let mine: Vec<&Record> = recs_of(&l.index).collect();
+        // Its KSYMBOL / BPF_EVENT records (other side-band bits bring other
+        // tasks' FORK, COMM, ... records).
+        let mine: Vec<&Record> = recs_of(&l.index)
+            .filter(|r| {
+                matches!(
+                    r.body,
+                    RecordBody::Ksymbol { .. } | RecordBody::BpfEvent { .. }
+                )
+            })
+            .collect();
         let tids: BTreeSet<(Option<u32>, Option<u32>)> =
             mine.iter().map(|r| (r.sample.pid, r.sample.tid)).collect();
         if tids.len() > 1 {

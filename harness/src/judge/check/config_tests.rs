@@ -440,3 +440,55 @@ fn a_set_opened_late_sees_unloads_and_one_closed_early_loads() {
     assert!(rules(&a).contains(rule::LOAD_MATCHES_INFO), "{}", dump(&a));
     let _ = (T_MAIN, T_BASIC);
 }
+
+/// A listener with only other side-band bits (here `mmap` and
+/// `namespaces`, which put a CPU-wide event on the CPU's side-band list):
+/// the records those bits ask for (FORK on every fork for `mmap`,
+/// NAMESPACES) are left alone, a KSYMBOL or BPF_EVENT is a `record-type`
+/// violation, and another unasked-for type still is.
+#[test]
+fn other_side_band_listeners_get_no_ksymbol_or_bpf_event() {
+    use kloop_protocol::SideBand;
+    let side = |index, cpu| ListenerInfo {
+        side_band: vec![SideBand::Mmap, SideBand::Namespaces],
+        ..listener(index, cpu, false, false)
+    };
+    let ls = vec![
+        listener(0, 0, true, true),
+        listener(1, 1, true, true),
+        side(2, 0),
+        side(3, 1),
+    ];
+    let mut ev = routed(ls.clone(), &BTreeMap::new(), &main_task_script());
+    let fork = testutil::raw(7, vec![0; 24]);
+    let namespaces = testutil::raw(16, vec![0; 16]);
+    ev.streams.get_mut(&2).unwrap().extend(fork.clone());
+    ev.streams.get_mut(&3).unwrap().extend(namespaces);
+    let a = analyse(&ev);
+    assert!(a.violations.is_empty(), "{}", dump(&a));
+    // A kernel whose perf_event_ksymbol_match() took every side-band event.
+    let mut leaky: Vec<ListenerInfo> = ls.clone();
+    leaky[2].ksymbol = true;
+    let mut ev2 = routed(leaky, &BTreeMap::new(), &main_task_script());
+    ev2.listeners = ls.clone();
+    let a = analyse(&ev2);
+    assert!(
+        a.of_rule(rule::RECORD_TYPE).any(|v| v
+            .message
+            .contains("KSYMBOL on a listener opened without ksymbol")),
+        "{}",
+        dump(&a)
+    );
+    // A COMM record was not asked for by mmap / namespaces.
+    ev.streams
+        .get_mut(&2)
+        .unwrap()
+        .extend(testutil::raw(3, vec![0; 16]));
+    let a = analyse(&ev);
+    assert_eq!(
+        rules(&a),
+        BTreeSet::from([rule::RECORD_TYPE]),
+        "{}",
+        dump(&a)
+    );
+}

@@ -534,6 +534,7 @@ fn group_sets<'l>(ev: &RunEvidence, ls: impl Iterator<Item = &'l ListenerInfo>) 
         u64,
         Option<u32>,
         Option<Vec<u32>>,
+        Vec<kloop_protocol::SideBand>,
         Window,
     );
     let mut sets: Vec<(Key, Vec<u32>, BTreeSet<i32>)> = Vec::new();
@@ -546,6 +547,7 @@ fn group_sets<'l>(ev: &RunEvidence, ls: impl Iterator<Item = &'l ListenerInfo>) 
             l.ring_bytes,
             l.pid,
             l.cpus.clone(),
+            l.side_band.clone(),
             ev.window(l.index),
         );
         match sets
@@ -669,7 +671,12 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
     let online: BTreeSet<i64> = ev.online_cpus.iter().map(|c| i64::from(*c)).collect();
     // A task-bound set of the loading task records its programs too
     // (perf_iterate_sb() iterates the current task's contexts).
-    if a.sets.is_empty() && a.task_sets.is_empty() && !ev.progs.is_empty() {
+    let kinds = |set: &Vec<u32>| {
+        set.first()
+            .and_then(|i| listeners.get(i))
+            .is_some_and(|l| l.ksymbol || l.bpf_event)
+    };
+    if !a.sets.iter().chain(&a.task_sets).any(kinds) && !ev.progs.is_empty() {
         v.push(m_find(
             rule::LISTENERS,
             "programs were loaded but no listener recorded them".to_string(),
@@ -764,7 +771,10 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
         // Task sets in a run that provokes loss are left to the per-record
         // rules: the loss accounting is per CPU-wide set.
         let skip_task = *is_task && ev.provoked_loss;
-        if !set.iter().any(|i| cut.contains(i)) && !skip_task {
+        // A set that asked for neither kind (other side-band bits only) is
+        // held by record-type alone: no KSYMBOL, no BPF_EVENT.
+        let no_kind = !scope.has_ksym && !scope.has_bpf;
+        if !set.iter().any(|i| cut.contains(i)) && !skip_task && !no_kind {
             let (found, accounted) = check_set(
                 ev,
                 &merged,

@@ -162,6 +162,7 @@ pub(super) fn perf_records(dump: &PerfDump, bad: &mut Vec<String>) -> Vec<PerfRe
         inherit: false,
         pid: None,
         cpus: None,
+        side_band: Vec::new(),
     };
     for e in &dump.events {
         if !matches!(
