@@ -450,7 +450,7 @@ fn a_set_opened_late_sees_unloads_and_one_closed_early_loads() {
 fn other_side_band_listeners_get_no_ksymbol_or_bpf_event() {
     use kloop_protocol::SideBand;
     let side = |index, cpu| ListenerInfo {
-        side_band: vec![SideBand::Mmap, SideBand::Namespaces],
+        side_band: vec![SideBand::Mmap, SideBand::Namespaces, SideBand::TextPoke],
         ..listener(index, cpu, false, false)
     };
     let ls = vec![
@@ -461,9 +461,14 @@ fn other_side_band_listeners_get_no_ksymbol_or_bpf_event() {
     ];
     let mut ev = routed(ls.clone(), &BTreeMap::new(), &main_task_script());
     let fork = testutil::raw(7, vec![0; 24]);
+    // TEXT_POKE with PERF_RECORD_MISC_KERNEL, as 6.12 and 7.2 sent one
+    // (misc 0x1) while programs loaded.
+    let mut poke = testutil::raw(20, vec![0; 48]);
+    poke[4] = 1;
     let namespaces = testutil::raw(16, vec![0; 16]);
     ev.streams.get_mut(&2).unwrap().extend(fork.clone());
     ev.streams.get_mut(&3).unwrap().extend(namespaces);
+    ev.streams.get_mut(&3).unwrap().extend(poke);
     let a = analyse(&ev);
     assert!(a.violations.is_empty(), "{}", dump(&a));
     // A kernel whose perf_event_ksymbol_match() took every side-band event.

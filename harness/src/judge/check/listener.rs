@@ -36,7 +36,10 @@ pub(super) fn check_listener(l: &ListenerInfo, recs: &[Record], out: &mut Vec<Vi
     let mut first_id: Option<(u64, &Record)> = None;
     let mut prev: Option<&Record> = None;
     for r in recs {
-        if r.header.misc != 0 {
+        // The types other side-band bits ask for carry their own misc
+        // flags (TEXT_POKE: PERF_RECORD_MISC_KERNEL; COMM: COMM_EXEC, ...).
+        let theirs = matches!(r.body, RecordBody::Unknown { type_ } if asked_for(l, type_));
+        if r.header.misc != 0 && !theirs {
             types.push(quoting(
                 format!("{r}: header.misc is not 0 (the kernel writes 0 for side-band records)"),
                 [r],

@@ -5,9 +5,9 @@
 //!
 //! | rule | what it checks |
 //! |------|----------------|
-//! | `listeners` | listener bookkeeping: unique indexes, no stream without a listener, every CPU-wide set covers every online CPU, some set exists when programs were loaded |
+//! | `listeners` | listener bookkeeping: unique indexes, no stream without a listener, every CPU-wide set covers every online CPU (or every CPU of the subset its spec asked for), some set (CPU-wide or task-bound) that asked for a record kind exists when programs were loaded |
 //! | `parse` | every stream parses exactly ([`kloop_records::parse_stream`]); records before the first error are still checked |
-//! | `record-type` | only types the kernel may send such a listener: KSYMBOL (if `ksymbol`), BPF_EVENT (if `bpf_event`), LOST; defined ksym/bpf-event types; no undefined flag bits; a KSYMBOL's `addr` in the kernel half of the address space (every caller passes code in kernel memory); `misc` 0 |
+//! | `record-type` | only types the kernel may send such a listener: KSYMBOL (if `ksymbol`), BPF_EVENT (if `bpf_event`), LOST, and the unparsed types its other side-band bits ask for (`side_band`: FORK/EXIT, COMM, MMAP, NAMESPACES, CGROUP, TEXT_POKE); defined ksym/bpf-event types; no undefined flag bits; a KSYMBOL's `addr` in the kernel half of the address space (every caller passes code in kernel memory); `misc` 0 |
 //! | `sample-id` | trailer contents: `cpu` is the listener's CPU, `res` is 0, `id` == `identifier`, one id per listener |
 //! | `facts` | the `bpf_prog_info` facts are usable: as many lens as ksyms, non-zero distinct addresses, unique ids |
 //! | `load-symbols` | per loaded program: a KSYMBOL register for each JITed function with addr/len of `jited_ksyms`/`jited_func_lens`, type BPF, a `bpf_prog_<tag>` name equal to kallsyms; no symbol registered twice while live; none at all for an interpreted program (`jited_func_lens` all 0) |
@@ -18,9 +18,9 @@
 //! | `lost` | LOST records total zero (the total is in [`Analysis::lost`]); in a run that provokes loss (a `storm` with `drain_every = 0`, or `pause-output` that pauses the rings) instead, per listener set: records received + records lost = records the run caused (per program 2 per function + 2), exactly ([`Analysis::loss`]) |
 //! | `time-order` | sample times non-decreasing within each listener's stream |
 //! | `causal-order` | per program: registers before PROG_LOAD, unregisters after PROG_LOAD and before PROG_UNLOAD |
-//! | `listeners-agree` | every listener set, and every task-bound listener, carries exactly the KSYMBOL / BPF_EVENT records the others saw, restricted to what it asked for (a task-bound listener: to the records its task caused) |
-//! | `programs-accounted` | per program of a `storm` / `concurrent` batch (ids only, no facts): one PROG_LOAD with one KSYMBOL register per function right before it from the same task (in its ring for a pinned loader; in the set's time-merged stream for an unpinned one, which may migrate between records; other tasks' records, such as an unload by the task that dropped a program's last reference, may come in between), each unregistered after it, then one PROG_UNLOAD with its tag; no PROG_LOAD of a program no step reported |
-//! | `load-cpu` | a `concurrent` loader's records (registers and PROG_LOAD) are in the ring of the CPU it was pinned to, with that `cpu` in their trailer |
+//! | `listeners-agree` | every listener set, and every task-bound listener, carries exactly the KSYMBOL / BPF_EVENT records the others saw, restricted to what it asked for (a task-bound listener: to the records its task caused; two sets on CPU subsets: to the CPUs both listen on), between listeners open for the same programs (no step that makes records ran between their opens or their closes) |
+//! | `programs-accounted` | per program of a `storm` / `concurrent` batch the set could see (its step ran while the set was open; on a CPU subset, its loader pinned to one of those CPUs) (ids only, no facts): one PROG_LOAD with one KSYMBOL register per function right before it from the same task (in its ring for a pinned loader; in the set's time-merged stream for an unpinned one, which may migrate between records; other tasks' records, such as an unload by the task that dropped a program's last reference, may come in between), each unregistered after it, then one PROG_UNLOAD with its tag; no PROG_LOAD of a program no step reported. A set that asked for one kind: BPF_EVENT alone, every batch id's PROG_LOAD and PROG_UNLOAD; KSYMBOL alone, as many BPF program registers (each later unregistered) as the batches loaded functions |
+//! | `load-cpu` | a `concurrent` loader's records (registers and PROG_LOAD) are in the ring of the CPU it was pinned to, with that `cpu` in their trailer; a set on a CPU subset holds no PROG_LOAD of a loader pinned elsewhere, and a KSYMBOL-only one exactly its CPUs' loaders' registers |
 //! | `inventory` | programs loaded before recording (`preexisting`) are in the inventory; each inventoried program unloaded in the stream unregisters exactly its inventoried functions (addr, len, kallsyms name) before a PROG_UNLOAD with its tag |
 //! | `lookups` | a side-band reader looked up at least every PROG_LOAD of its storm, and got nothing but success or ENOENT |
 //! | `symbol-state` | with a `watch-ksymbols` step: every KSYMBOL of the first set matches an observed `perf_event_ksymbol` call, and each kind's symbol was resolvable (or gone) at emission as the source promises ([`emission`]) |
@@ -33,9 +33,23 @@
 //! is checked on its own (rules `load-*`, `unload-*`,
 //! `unregister-without-register`, `causal-order`); [`Analysis::merged`] is
 //! the set holding the lowest listener index (the first spec opened).
-//! Task-bound listeners (cpu -1) only see their own task's records, so they
-//! get the per-record rules (`parse`, `record-type`, `sample-id`, `lost`,
-//! `time-order`) but no program rules.
+//! Task-bound listeners form *task sets*: the inherited listeners of one
+//! spec (one per CPU, following the agent's process), or one listener bound
+//! to the agent's task on any CPU. `perf_iterate_sb()` (kernel/events/core.c)
+//! offers every side-band record to the current task's contexts after the
+//! CPU's list, and the agent's task is current for its own loads and for
+//! the last `bpf_prog_put()` of a program it closes, so a task set gets the
+//! set rules for the `load` steps' programs (and, inherited, for the
+//! `concurrent` loaders, threads created after it opened); a task listener
+//! without inherit is held to no batch.
+//!
+//! A set's [`SetScope`] bounds what it is held to: the record kinds it asked
+//! for (a set that asked for one kind is held to every record of that kind),
+//! its CPU subset (`cpus`: only loaders pinned to those CPUs; a record goes
+//! only to the listeners of the CPU it is emitted on), and its window (the
+//! steps it was open for, from the agent's step order: a program loaded
+//! before a set opened shows only its unload there, one unloaded after a set
+//! closed only its load).
 //!
 //! Symbols and programs that predate the recording are explained by the
 //! initial kallsyms snapshot and by the `inventory` (what `perf record`
