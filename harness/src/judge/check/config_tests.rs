@@ -497,3 +497,68 @@ fn other_side_band_listeners_get_no_ksymbol_or_bpf_event() {
         dump(&a)
     );
 }
+
+/// The windows come from the order of the agent's messages: a `Listener`
+/// belongs to the step whose `StepStart` came last, a `close-listeners`
+/// closes what its named step opened, and programs' steps from their
+/// `load` / `unload` steps.
+#[test]
+fn windows_follow_the_agents_step_order() {
+    use kloop_protocol::{ListenerSpec, Message};
+    let start = |index: u32, step: Step| Message::StepStart {
+        index,
+        what: serde_json::to_string(&step).unwrap(),
+    };
+    let spec = ListenerSpec {
+        sample_type: ST,
+        ksymbol: true,
+        bpf_event: true,
+        ring_pages: 16,
+        scope: Default::default(),
+        inherit: false,
+        cpus: None,
+        side_band: Vec::new(),
+    };
+    let load = Step::Load {
+        fixture: "basic".into(),
+        program: "p".into(),
+        label: "x".into(),
+        btf_target: None,
+    };
+    let msgs = vec![
+        start(
+            0,
+            Step::OpenListeners {
+                listener: spec.clone(),
+            },
+        ),
+        Message::Listener(listener(0, 0, true, true)),
+        start(1, load),
+        start(2, Step::CloseListeners { step: 0 }),
+        start(3, Step::OpenListeners { listener: spec }),
+        Message::Listener(listener(1, 0, true, true)),
+        start(4, Step::Unload { label: "x".into() }),
+    ];
+    let ev = RunEvidence::from_messages(&msgs, BTreeMap::new());
+    assert_eq!(
+        ev.window(0),
+        Window {
+            opened: Some(0),
+            closed: Some(2)
+        }
+    );
+    assert_eq!(
+        ev.window(1),
+        Window {
+            opened: Some(3),
+            closed: None
+        }
+    );
+    assert_eq!(ev.prog_steps("x"), (Some(1), Some(4)));
+    assert!(ev.window(0).covers(1) && !ev.window(0).covers(4));
+    assert!(!ev.window(1).covers(1) && ev.window(1).covers(4));
+    // A load ran between the two opens; nothing between open 0 and close 2
+    // but the load.
+    assert!(ev.records_made_between(Some(0), Some(3), false));
+    assert!(!ev.records_made_between(Some(2), Some(3), false));
+}
