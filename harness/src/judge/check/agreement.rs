@@ -240,16 +240,11 @@ pub(super) fn check_agreement(
         .values()
         .filter(|l| l.cpu < 0 && !l.inherit && !cut.contains(&l.index))
     {
-        let Some(reference) = sets.iter().find(|s| {
-            (s.ksym || !l.ksymbol)
-                && (s.bpf || !l.bpf_event)
-                && s.cpus.is_none()
-                && same_life(s.window, ev.window(l.index))
-        }) else {
-            continue;
-        };
         // Its KSYMBOL / BPF_EVENT records (other side-band bits bring other
-        // tasks' FORK, COMM, ... records).
+        // tasks' FORK, COMM, ... records). One task's, with or without a set
+        // to compare them with: perf_iterate_sb() offers a record to the
+        // current task's contexts only, and without inherit no thread gets
+        // a copy of the event.
         let mine: Vec<&Record> = recs_of(&l.index)
             .filter(|r| {
                 matches!(
@@ -271,6 +266,14 @@ pub(super) fn check_agreement(
             );
             continue;
         }
+        let Some(reference) = sets.iter().find(|s| {
+            (s.ksym || !l.ksymbol)
+                && (s.bpf || !l.bpf_event)
+                && s.cpus.is_none()
+                && same_life(s.window, ev.window(l.index))
+        }) else {
+            continue;
+        };
         let task = tids.into_iter().next().and_then(|(_, t)| t);
         let theirs = reference
             .recs

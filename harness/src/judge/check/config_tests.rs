@@ -562,3 +562,28 @@ fn windows_follow_the_agents_step_order() {
     assert!(ev.records_made_between(Some(0), Some(3), false));
     assert!(!ev.records_made_between(Some(2), Some(3), false));
 }
+
+/// A listener on the agent's task without inherit sees none of the
+/// `concurrent` loader threads' records, whether or not a CPU-wide set is
+/// there to compare with.
+#[test]
+fn a_task_listener_alone_sees_no_other_threads_records() {
+    let (s, b) = pinned_script(2);
+    let mut all = main_task_script();
+    all.extend(s.clone());
+    all.sort_by_key(|(_, t, _, _)| *t);
+    let ls = || vec![task_listener(0, -1, false)];
+    let mut ev = routed(ls(), &BTreeMap::new(), &all);
+    ev.batches = b.clone();
+    let a = analyse(&ev);
+    assert!(a.violations.is_empty(), "{}", dump(&a));
+    // A kernel that offered records to every task's contexts.
+    let mut leaky = all.clone();
+    for e in &mut leaky {
+        e.2 = MAIN;
+    }
+    let mut ev = routed(ls(), &BTreeMap::new(), &leaky);
+    ev.batches = b;
+    let a = analyse(&ev);
+    assert!(rules(&a).contains(rule::PROGRAMS_ACCOUNTED), "{}", dump(&a));
+}

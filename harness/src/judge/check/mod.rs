@@ -784,7 +784,13 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
         }
         // Task sets in a run that provokes loss are left to the per-record
         // rules: the loss accounting is per CPU-wide set.
-        let skip_task = *is_task && ev.provoked_loss;
+        // A storm with lookups lets its side-band thread drop a program's
+        // last reference now and then, so its unload comes from that
+        // thread, outside a listener on the agent's task alone.
+        let skip_task = *is_task
+            && (ev.provoked_loss
+                || (scope.task == TaskScope::Task
+                    && ev.batches.iter().any(|b| b.lookups.is_some())));
         // A set that asked for neither kind (other side-band bits only) is
         // held by record-type alone: no KSYMBOL, no BPF_EVENT.
         let no_kind = !scope.has_ksym && !scope.has_bpf;

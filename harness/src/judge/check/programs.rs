@@ -358,8 +358,10 @@ pub(super) fn check_set(
         out.extend(interpreted_symbols(&ev.progs, merged));
     }
     // A task listener without inherit follows the agent's main task alone,
-    // which runs no batch.
-    if scope.task != TaskScope::Task {
+    // which runs no batch: no batch program may show in it.
+    if scope.task == TaskScope::Task {
+        not_my_batches(ev, &m, &mut out);
+    } else {
         if has_ksym && has_bpf {
             accounted = check_batches(ev, &m, scope, &mut out);
             if scope.cpus.is_none() {
@@ -374,6 +376,40 @@ pub(super) fn check_set(
     }
     prefix_label(&mut out, label);
     (out, accounted)
+}
+
+/// A task listener without inherit: the `concurrent` / `storm` programs
+/// are loaded by other threads (the storm's own loads excepted: the storm
+/// runs in the agent's task, and so may show), so none of a `concurrent`
+/// loader's PROG_LOADs may be in its stream (`programs-accounted`).
+fn not_my_batches(ev: &RunEvidence, m: &Model<'_>, out: &mut Vec<Violation>) {
+    let mut msgs: Vec<Found<'_>> = Vec::new();
+    for b in ev.batches.iter().filter(|b| b.cpu.is_some()) {
+        for &id in &b.ids {
+            for l in m.loads_of(id) {
+                if let Some(r) = m
+                    .progs
+                    .get(l)
+                    .and_then(|p| p.load)
+                    .and_then(|p| m.recs.get(p))
+                {
+                    msgs.push(quoting(
+                        format!(
+                            "{} program id {id}: loaded by another thread, yet its PROG_LOAD is in a listener bound to the agent's task without inherit: {r}",
+                            b.what()
+                        ),
+                        [r],
+                    ));
+                }
+            }
+        }
+    }
+    push_capped(
+        out,
+        rule::PROGRAMS_ACCOUNTED,
+        "other threads' programs",
+        msgs,
+    );
 }
 
 /// A program loaded before the set opened and unloaded while it was open
