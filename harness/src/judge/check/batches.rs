@@ -277,14 +277,19 @@ fn elsewhere(ev: &RunEvidence, m: &Model<'_>, scope: &SetScope, out: &mut Vec<Vi
 /// `perf_event_bpf_event()` promises for a set that asked for the kind
 /// (`nr_ksymbol_events` gates the registers, `nr_bpf_events` the
 /// BPF_EVENT, independently).
+///
+/// Returns the indexes of the records it accounted to batch programs (the
+/// normaliser summarises them: two loaders' records interleave differently
+/// from run to run).
 pub(super) fn check_batches_one_kind(
     ev: &RunEvidence,
     m: &Model<'_>,
     scope: &SetScope,
     out: &mut Vec<Violation>,
-) {
+) -> BTreeSet<usize> {
+    let mut accounted = BTreeSet::new();
     if ev.batches.is_empty() {
-        return;
+        return accounted;
     }
     elsewhere(ev, m, scope, out);
     let recs = m.recs;
@@ -307,6 +312,8 @@ pub(super) fn check_batches_one_kind(
                 let Some(load_rec) = life.load.and_then(|p| recs.get(p)) else {
                     continue;
                 };
+                accounted.extend(life.load);
+                accounted.extend(life.unload);
                 if life.unload.is_none() {
                     acc.push(quoting(
                         format!("{who}: no PROG_UNLOAD after {load_rec}"),
@@ -383,6 +390,8 @@ pub(super) fn check_batches_one_kind(
             .filter_map(|s| s.reg.map(|r| (r, s.unreg)))
             .collect();
         for &i in &regs {
+            accounted.insert(i);
+            accounted.extend(unreg_of.get(&i).copied().flatten());
             if unreg_of.get(&i).copied().flatten().is_none() {
                 if let Some(r) = recs.get(i) {
                     acc.push(quoting(
@@ -400,4 +409,5 @@ pub(super) fn check_batches_one_kind(
         acc,
     );
     push_capped(out, rule::LOAD_CPU, "records on the wrong CPU", cpus);
+    accounted
 }

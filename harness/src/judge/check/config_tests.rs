@@ -209,6 +209,9 @@ fn single_kind_sets_account_for_batch_programs() {
             b.clone(),
         ));
         assert!(a.violations.is_empty(), "{}", dump(&a));
+        // Every record is a batch program's: summarised in the snapshot
+        // (two loaders interleave differently from run to run).
+        assert_eq!(a.accounted.len(), 12, "ksym={k}");
         // One program of CPU 1's loader left no record of this kind.
         let mut lossy = s.clone();
         lossy.retain(|(cpu, t, _, e)| {

@@ -368,7 +368,7 @@ pub(super) fn check_set(
                 foreign_programs(ev, merged, &mut out);
             }
         } else if has_ksym || has_bpf {
-            check_batches_one_kind(ev, &m, scope, &mut out);
+            accounted = check_batches_one_kind(ev, &m, scope, &mut out);
         }
     }
     if scope.cpus.is_none() {
