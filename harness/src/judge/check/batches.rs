@@ -335,52 +335,90 @@ pub(super) fn check_batches_one_kind(
         }
     }
     if scope.has_ksym {
-        let facts_addrs: BTreeSet<u64> = ev
-            .progs
-            .iter()
-            .flat_map(|f| f.jited_ksyms.iter().copied())
-            .collect();
+        // Every BPF program register (`bpf_prog_<tag>…`; trampolines and
+        // interpreted programs have other names): the batches' and those
+        // of the `load` steps' programs this set saw load. Identical
+        // programs share names and, once one is freed, addresses, so the
+        // two are told apart by task: a `concurrent` loader is a thread of
+        // the agent (sample tid != pid), a `load` step runs in its main
+        // task.
         let regs: Vec<usize> = recs
             .iter()
             .enumerate()
             .filter(|(_, r)| {
-                matches!(&r.body, RecordBody::Ksymbol { addr, ksym_type, flags, name, .. }
+                matches!(&r.body, RecordBody::Ksymbol { ksym_type, flags, name, .. }
                     if flags & KSYMBOL_FLAGS_UNREGISTER == 0
                         && *ksym_type == KSYM_TYPE_BPF
-                        && has_some_tag_prefix(name)
-                        && !facts_addrs.contains(addr))
+                        && has_some_tag_prefix(name))
             })
             .map(|(i, _)| i)
             .collect();
+        let tids_known = regs.iter().all(|i| {
+            recs.get(*i)
+                .is_some_and(|r| r.sample.tid.is_some() && r.sample.pid.is_some())
+        });
+        let by_thread = |i: &usize| {
+            recs.get(*i).is_some_and(
+                |r| matches!((r.sample.pid, r.sample.tid), (Some(p), Some(t)) if p != t),
+            )
+        };
         let caused: usize = batches
             .iter()
             .map(|b| b.ids.len() * b.functions as usize)
             .sum();
-        if regs.len() != caused {
+        // The `load` steps' programs: held to this set only on every CPU.
+        let facts: Vec<&ProgFacts> = ev
+            .progs
+            .iter()
+            .filter(|f| !ev.preexisting.contains(&f.id) && !is_interpreted(f))
+            .collect();
+        let exact = scope.cpus.is_none() || facts.is_empty();
+        let from_facts: usize = if scope.cpus.is_none() {
+            facts
+                .iter()
+                .filter(|f| seen_by(ev, scope, f).0)
+                .map(|f| f.jited_ksyms.len())
+                .sum()
+        } else {
+            0
+        };
+        let want = caused + from_facts;
+        if regs.len() < want || (exact && regs.len() > want) {
             acc.push(format!(
-                "{} BPF program register(s) in the stream, but the batches ({}) loaded {caused} JITed function(s)",
+                "{} BPF program register(s) in the stream, but the batches ({}) loaded {caused} JITed function(s) and the load steps' programs {from_facts}",
                 regs.len(),
                 batches.iter().map(|b| format!("{}: {} x {}", b.what(), b.ids.len(), b.functions)).collect::<Vec<_>>().join(", ")
             ).into());
         }
-        let unpinned = batches.iter().any(|b| b.cpu.is_none());
         let mut by_cpu: BTreeMap<u32, usize> = BTreeMap::new();
         for b in batches.iter().filter(|b| b.cpu.is_some()) {
             *by_cpu.entry(b.cpu.unwrap_or_default()).or_default() +=
                 b.ids.len() * b.functions as usize;
         }
+        let threads: Vec<usize> = if tids_known {
+            regs.iter().copied().filter(by_thread).collect()
+        } else {
+            Vec::new()
+        };
         for (&cpu, &want) in &by_cpu {
-            let here = regs
-                .iter()
-                .filter(|i| {
-                    recs.get(**i)
-                        .and_then(|r| cpu_of.get(&r.listener))
-                        .is_some_and(|c| i64::from(*c) == i64::from(cpu))
-                })
-                .count();
-            if here < want || (!unpinned && here > want) {
+            let in_ring = |i: &&usize| {
+                recs.get(**i)
+                    .and_then(|r| cpu_of.get(&r.listener))
+                    .is_some_and(|c| i64::from(*c) == i64::from(cpu))
+            };
+            // With tids, the loader threads' registers in that ring exactly;
+            // without, at least that many registers there.
+            let (here, ok) = if tids_known {
+                let n = threads.iter().filter(in_ring).count();
+                (n, n == want)
+            } else {
+                let n = regs.iter().filter(in_ring).count();
+                (n, n >= want)
+            };
+            if !ok {
                 cpus.push(format!(
-                    "the loaders pinned to CPU {cpu} loaded {want} JITed function(s), but the ring of CPU {cpu} holds {here} BPF program register(s)"
+                    "the loaders pinned to CPU {cpu} loaded {want} JITed function(s), but the ring of CPU {cpu} holds {here} BPF program register(s){}",
+                    if tids_known { " of the agent's threads" } else { "" }
                 ).into());
             }
         }
@@ -389,7 +427,7 @@ pub(super) fn check_batches_one_kind(
             .iter()
             .filter_map(|s| s.reg.map(|r| (r, s.unreg)))
             .collect();
-        for &i in &regs {
+        for &i in &threads {
             accounted.insert(i);
             accounted.extend(unreg_of.get(&i).copied().flatten());
             if unreg_of.get(&i).copied().flatten().is_none() {

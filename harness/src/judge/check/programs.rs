@@ -20,7 +20,7 @@ pub(crate) fn known_at_start(ev: &RunEvidence) -> Vec<KallsymsEntry> {
 /// open while the step that loaded it ran, and while the one that unloaded
 /// it ran. Programs whose steps the agent did not echo (synthetic runs)
 /// count as inside.
-fn seen_by(ev: &RunEvidence, scope: &SetScope, facts: &ProgFacts) -> (bool, bool) {
+pub(super) fn seen_by(ev: &RunEvidence, scope: &SetScope, facts: &ProgFacts) -> (bool, bool) {
     let (load, unload) = ev.prog_steps(&facts.label);
     (
         load.is_none_or(|l| scope.window.covers(l)),
