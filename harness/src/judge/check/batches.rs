@@ -271,9 +271,11 @@ fn elsewhere(ev: &RunEvidence, m: &Model<'_>, scope: &SetScope, out: &mut Vec<Vi
 /// kind only. BPF_EVENT alone: every batch program's PROG_LOAD (in its
 /// loader's ring when pinned) and a later PROG_UNLOAD with its tag, by id.
 /// KSYMBOL alone (no id to tie a symbol to its program): the BPF program
-/// registers (`bpf_prog_<tag>…` names, other than the `load` steps'
-/// programs') number the batches' programs × functions, each unregistered
-/// later, and each pinned loader's are in its CPU's ring. Both as
+/// registers (`bpf_prog_<tag>…` names) number the batches' programs ×
+/// functions plus the functions of the `load` steps' programs the set saw
+/// load; with PERF_SAMPLE_TID, the agent's threads' registers (tid != pid:
+/// the `concurrent` loaders) in each CPU's ring number exactly what the
+/// loader pinned there loaded, each unregistered later. Both as
 /// `perf_event_bpf_event()` promises for a set that asked for the kind
 /// (`nr_ksymbol_events` gates the registers, `nr_bpf_events` the
 /// BPF_EVENT, independently).
