@@ -64,3 +64,46 @@ fn snapshots_cover_exactly_the_catalog() {
         }
     }
 }
+
+/// The single-kind scenarios promise that no listener of the other kind
+/// exists anywhere in the guest while they record: the agent opens side-band
+/// listeners only in `open-listeners` and `measure`, and the shipped perf in
+/// `perf-record-start` (its probes and aya warm-up open none). If one did,
+/// `nr_ksymbol_events` / `nr_bpf_events` would both be non-zero and a kernel
+/// that gates one record kind on the other counter would pass unseen.
+#[test]
+fn single_kind_scenarios_hold_only_their_kind() {
+    use kloop_protocol::Step;
+    let scenarios = scenario::load_all(&root().join("scenarios")).unwrap();
+    for (name, ksym, bpf) in [
+        ("ksymbol-only", true, false),
+        ("bpf-event-only", false, true),
+    ] {
+        let s = scenarios
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("scenario {name} is missing"));
+        let mut opened = 0;
+        for step in &s.plan.steps {
+            match step {
+                Step::OpenListeners { listener } => {
+                    opened += 1;
+                    assert!(
+                        listener.ksymbol == ksym && listener.bpf_event == bpf,
+                        "{name}: a listener with ksymbol={} bpf_event={}",
+                        listener.ksymbol,
+                        listener.bpf_event
+                    );
+                }
+                Step::Measure { .. }
+                | Step::PerfRecordStart { .. }
+                | Step::WatchKsymbols
+                | Step::ReadKsymbolWatch => {
+                    panic!("{name}: step {step:?} opens listeners or watches emission")
+                }
+                _ => {}
+            }
+        }
+        assert!(opened > 0, "{name}: no listener at all");
+    }
+}

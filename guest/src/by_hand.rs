@@ -174,7 +174,22 @@ fn select(plan: &Plan, picked: &[usize]) -> (Plan, Option<String>) {
         }
         picked = listeners.into_iter().chain(picked).collect();
     }
-    let mut steps: Vec<Step> = picked.iter().map(|&i| plan.steps[i].clone()).collect();
+    // A close-listeners names its open-listeners by plan index: renumber it
+    // into the selection, or leave it out when that step is not selected.
+    let mut steps: Vec<Step> = Vec::new();
+    for &i in &picked {
+        match &plan.steps[i] {
+            Step::CloseListeners { step } => {
+                match picked.iter().position(|p| p == &(*step as usize)) {
+                    Some(at) => steps.push(Step::CloseListeners { step: at as u32 }),
+                    None => added.push(format!(
+                    "step {i} (close-listeners) left out: the step {step} it closes is not selected"
+                )),
+                }
+            }
+            other => steps.push(other.clone()),
+        }
+    }
     let opened = steps.iter().any(is_listeners);
     if opened && !matches!(steps.last(), Some(Step::Drain)) {
         steps.push(Step::Drain);
@@ -216,6 +231,8 @@ mod tests {
                         ring_pages: 8,
                         scope: Default::default(),
                         inherit: false,
+                        cpus: None,
+                        side_band: Vec::new(),
                     },
                 },
                 Step::Load {
@@ -240,6 +257,27 @@ mod tests {
         assert!(matches!(p.steps[2], Step::Drain));
         assert_eq!(p.steps.len(), 3);
         assert!(note.unwrap().contains("open-listeners step(s) [1]"));
+    }
+
+    #[test]
+    fn a_close_listeners_is_renumbered_into_the_selection() {
+        let mut p = plan();
+        p.steps.insert(4, Step::CloseListeners { step: 1 });
+        // Steps 2 and 4 (load, close): the open-listeners step 1 comes
+        // first, so the close now names step 0.
+        let (sel, _) = select(&p, &[2, 4]);
+        assert_eq!(sel.steps[2], Step::CloseListeners { step: 0 });
+        // Another plan's second open-listeners, selected without the first:
+        // the close of the first is left out.
+        let mut p = plan();
+        p.steps.insert(2, p.steps[1].clone());
+        p.steps.insert(5, Step::CloseListeners { step: 1 });
+        let (sel, note) = select(&p, &[2, 5]);
+        assert!(!sel
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::CloseListeners { .. })));
+        assert!(note.unwrap().contains("close-listeners) left out"));
     }
 
     #[test]

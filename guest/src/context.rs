@@ -116,6 +116,12 @@ pub struct StepContext {
     pub rings: Vec<perf::Ring>,
     /// Listeners opened without a ring (`ring_pages = 0`), held open.
     pub unmapped: Vec<std::os::fd::OwnedFd>,
+    /// The index the next announced listener gets (indexes are never
+    /// reused after a `close-listeners`).
+    pub next_listener: u32,
+    /// The listener indexes each `open-listeners` step opened, by plan
+    /// step index, while they are open.
+    pub opened_by: std::collections::BTreeMap<u32, Vec<u32>>,
     pub loaded: HashMap<String, Loaded>,
     /// Links taken out of aya by `attach` steps, by link name: they keep
     /// the program attached (and alive) until `detach`.

@@ -5,7 +5,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{bail, Result};
-use kloop_protocol::{records_frames, ListenerSpec};
+use kloop_protocol::{records_frames, ListenerSpec, SideBand};
 
 use crate::channel;
 use crate::sys::OsContext;
@@ -105,13 +105,24 @@ pub fn open_side_band(pid: libc::pid_t, cpu: i32, spec: &ListenerSpec) -> Result
     attr.set_ksymbol(spec.ksymbol.into());
     attr.set_bpf_event(spec.bpf_event.into());
     attr.set_inherit(spec.inherit.into());
+    for bit in &spec.side_band {
+        match bit {
+            SideBand::Mmap => attr.set_mmap(1),
+            SideBand::Comm => attr.set_comm(1),
+            SideBand::Task => attr.set_task(1),
+            SideBand::Namespaces => attr.set_namespaces(1),
+            SideBand::Cgroup => attr.set_cgroup(1),
+            SideBand::TextPoke => attr.set_text_poke(1),
+        }
+    }
     perf_event_open(&attr, pid, cpu as libc::c_int).os_ctx(format!(
-        "perf_event_open(dummy{}, sample_type={:#x}, ksymbol={}, bpf_event={}, inherit={}, pid={pid}, cpu={cpu})",
+        "perf_event_open(dummy{}, sample_type={:#x}, ksymbol={}, bpf_event={}, inherit={}, side_band={:?}, pid={pid}, cpu={cpu})",
         if spec.ring_pages == 0 { " without a ring" } else { "" },
         spec.sample_type,
         spec.ksymbol,
         spec.bpf_event,
-        spec.inherit
+        spec.inherit,
+        spec.side_band
     ))
 }
 

@@ -175,6 +175,8 @@ pub fn records_listener(selector: u8) -> ListenerInfo {
         ring_bytes: 64 * 1024,
         inherit: false,
         pid: None,
+        cpus: None,
+        side_band: Vec::new(),
     }
 }
 

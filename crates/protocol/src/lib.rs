@@ -30,13 +30,15 @@ pub mod plan;
 
 pub use frame::{encode_frame, FrameDecoder, FrameError, FrameKind, RawFrame, MAX_PAYLOAD};
 pub use plan::{
-    AttachTarget, Fault, ListenerScope, ListenerSpec, Plan, Requirement, Step, SweepTarget, XdpMode,
+    AttachTarget, Fault, ListenerScope, ListenerSpec, Plan, Requirement, SideBand, Step,
+    SweepTarget, XdpMode,
 };
 
 /// Bumped whenever a frame layout, a message or a plan step changes
 /// incompatibly (4: the ksymbol watch's steps and messages, kprobe-fill,
-/// fail-nth and failed-load).
-pub const PROTOCOL_VERSION: u32 = 5;
+/// fail-nth and failed-load; 5: a listener's CPU subset and other
+/// side-band attributes, and `close-listeners`; 6: `FinalKallsyms`).
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Where the agent finds its plan inside the initramfs.
 pub const PLAN_PATH: &str = "/kloop/plan.json";
@@ -178,6 +180,15 @@ pub struct ListenerInfo {
     /// For a task-bound listener: the process it follows (`getpid()`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
+    /// The CPUs its spec asked for (`ListenerSpec::cpus`); `None`: every
+    /// online CPU. A set of such listeners covers only these.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<Vec<u32>>,
+    /// The other side-band attributes it was opened with
+    /// (`ListenerSpec::side_band`): the record types they ask for may
+    /// arrive besides KSYMBOL / BPF_EVENT / LOST.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub side_band: Vec<SideBand>,
 }
 
 /// Messages from the guest agent.

@@ -25,6 +25,43 @@ pub struct ListenerSpec {
     /// parent).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub inherit: bool,
+    /// CPU-wide (and inherited task) listeners: open one on each of these
+    /// CPUs only (every one must be online) instead of on every online
+    /// CPU. The kernel writes a side-band record only to the listeners of
+    /// the CPU it is emitted on (`perf_iterate_sb_cpu()` walks that CPU's
+    /// `pmu_sb_events` list), so such a set sees only what happens there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<Vec<u32>>,
+    /// Other side-band attributes to set on the event (`attr.mmap`,
+    /// `attr.namespaces`, …), each asking for its own record type. They put
+    /// a CPU-wide event on the CPU's side-band list (`is_sb_event()` in
+    /// kernel/events/core.c: mmap, comm, task, ksymbol, bpf_event,
+    /// context_switch, text_poke) even without `ksymbol` / `bpf_event`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub side_band: Vec<SideBand>,
+}
+
+/// A side-band attribute bit of `perf_event_attr` other than `ksymbol` and
+/// `bpf_event`. kloop's parser knows only KSYMBOL, BPF_EVENT and LOST, so
+/// a scenario that sets one must make sure the kernel has nothing of that
+/// kind to report while it records (the `record-type` rule treats any
+/// other record as a violation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SideBand {
+    /// `attr.mmap`: PERF_RECORD_MMAP for executable mappings.
+    Mmap,
+    /// `attr.comm`: PERF_RECORD_COMM when a task is (re)named.
+    Comm,
+    /// `attr.task`: PERF_RECORD_FORK / EXIT.
+    Task,
+    /// `attr.namespaces`: PERF_RECORD_NAMESPACES on unshare / setns /
+    /// clone with new namespaces.
+    Namespaces,
+    /// `attr.cgroup`: PERF_RECORD_CGROUP when a cgroup is created.
+    Cgroup,
+    /// `attr.text_poke`: PERF_RECORD_TEXT_POKE when kernel text changes.
+    TextPoke,
 }
 
 /// What a listener is bound to.
@@ -95,6 +132,13 @@ pub enum Step {
     /// Open one listener of this spec on every online CPU.
     OpenListeners {
         listener: ListenerSpec,
+    },
+    /// Close the listeners the plan's step `step` (an `open-listeners`)
+    /// opened: their rings are read to the head and sent first, then
+    /// unmapped and their events closed, so the kernel's side-band lists
+    /// and counters (`unaccount_event()`) no longer hold them.
+    CloseListeners {
+        step: u32,
     },
     /// Load `program` from the embedded fixture object `fixture` and report
     /// its `bpf_prog_info` and kallsyms lines under `label`.

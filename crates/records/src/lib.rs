@@ -802,6 +802,8 @@ pub mod testutil {
             ring_bytes: 64 * 1024,
             inherit: false,
             pid: None,
+            cpus: None,
+            side_band: Vec::new(),
         }
     }
 

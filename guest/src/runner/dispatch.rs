@@ -10,10 +10,11 @@ use crate::steps::{
 };
 
 /// Runs one step of the plan against the plan's shared `context`.
-pub(super) fn run_step(context: &mut StepContext, step: &Step) -> Result<()> {
+pub(super) fn run_step(context: &mut StepContext, index: u32, step: &Step) -> Result<()> {
     match step {
         Step::SnapshotKallsyms => kallsyms::snapshot(context.kallsyms_at_save.take()),
-        Step::OpenListeners { listener } => listeners::open(context, listener),
+        Step::OpenListeners { listener } => listeners::open(context, listener, index),
+        Step::CloseListeners { step } => listeners::close(context, *step),
         Step::Drain => listeners::drain(context),
         Step::PauseOutput { paused } => listeners::pause(context, *paused),
         Step::Load {

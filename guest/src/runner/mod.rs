@@ -118,7 +118,7 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
             what: serde_json::to_string(step).expect("steps serialise"),
         })?;
         let started = Instant::now();
-        dispatch::run_step(&mut context, step)?;
+        dispatch::run_step(&mut context, index, step)?;
         context.kallsyms_at_save = None;
         // The facts of a run of loads wait for its last load, read from
         // one /proc/kallsyms; a failed load between two loads touches no

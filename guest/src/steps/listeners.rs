@@ -1,7 +1,8 @@
-//! `open-listeners`, `pause-output` and `drain`: the plan's perf side-band
-//! listeners and the shipping of their ring bytes to the host.
+//! `open-listeners`, `close-listeners`, `pause-output` and `drain`: the
+//! plan's perf side-band listeners and the shipping of their ring bytes to
+//! the host.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use kloop_protocol::{ListenerInfo, ListenerScope, ListenerSpec, Message};
 
 use crate::channel::send;
@@ -9,18 +10,38 @@ use crate::context::StepContext;
 use crate::perf;
 use crate::sys::{self, OsContext};
 
-/// Opens the listeners `spec` describes (one per online CPU, or one for
-/// the agent's task) and announces each as a `Listener`.
-pub fn open(context: &mut StepContext, spec: &ListenerSpec) -> Result<()> {
-    let cpus = match (spec.scope, spec.inherit) {
+/// Opens the listeners `spec` describes (one per online CPU, or per CPU of
+/// `spec.cpus`, or one for the agent's task) and announces each as a
+/// `Listener`; `step` is the plan step that opens them (`close-listeners`
+/// names it).
+pub fn open(context: &mut StepContext, spec: &ListenerSpec, step: u32) -> Result<()> {
+    let per_cpu = matches!(
+        (spec.scope, spec.inherit),
         // An inherited task listener is one per CPU too: perf_mmap()
         // refuses an inherited event bound to no CPU.
-        (ListenerScope::CpuWide, _) | (ListenerScope::Task, true) => {
-            sys::online_cpus().os_ctx("reading /sys/devices/system/cpu/online")?
+        (ListenerScope::CpuWide, _) | (ListenerScope::Task, true)
+    );
+    let cpus = if per_cpu {
+        let online = sys::online_cpus().os_ctx("reading /sys/devices/system/cpu/online")?;
+        match &spec.cpus {
+            None => online,
+            Some(asked) => {
+                if let Some(c) = asked.iter().find(|c| !online.contains(c)) {
+                    bail!(
+                        "listener spec asks for CPU {c}, which is not online (online: {online:?})"
+                    );
+                }
+                asked.clone()
+            }
+        }
+    } else {
+        if spec.cpus.is_some() {
+            bail!("a task listener without inherit is bound to no CPU; `cpus` does not apply");
         }
         // One ring for the whole task: the loop below runs once.
-        (ListenerScope::Task, false) => vec![0],
+        vec![0]
     };
+    let mut opened = Vec::new();
     for cpu in cpus {
         if spec.ring_pages == 0 {
             let pid = if spec.scope == ListenerScope::Task {
@@ -28,7 +49,7 @@ pub fn open(context: &mut StepContext, spec: &ListenerSpec) -> Result<()> {
             } else {
                 -1
             };
-            let cpu = if spec.scope == ListenerScope::Task {
+            let cpu = if spec.scope == ListenerScope::Task && !spec.inherit {
                 -1
             } else {
                 cpu as i32
@@ -36,7 +57,8 @@ pub fn open(context: &mut StepContext, spec: &ListenerSpec) -> Result<()> {
             context.unmapped.push(perf::open_side_band(pid, cpu, spec)?);
             continue;
         }
-        let index = context.rings.len() as u32;
+        let index = context.next_listener;
+        context.next_listener += 1;
         let ring = match spec.scope {
             ListenerScope::CpuWide => perf::Ring::open(index, cpu, spec)?,
             ListenerScope::Task if spec.inherit => perf::Ring::open_task_on(index, cpu, spec)?,
@@ -53,9 +75,31 @@ pub fn open(context: &mut StepContext, spec: &ListenerSpec) -> Result<()> {
             inherit: spec.inherit,
             // SAFETY: getpid has no preconditions.
             pid: (spec.scope == ListenerScope::Task).then(|| unsafe { libc::getpid() } as u32),
+            cpus: spec.cpus.clone(),
+            side_band: spec.side_band.clone(),
         }))?;
         context.rings.push(ring);
+        opened.push(index);
     }
+    context.opened_by.insert(step, opened);
+    Ok(())
+}
+
+/// Closes the listeners step `step` opened: sends what their rings hold,
+/// then unmaps and closes them.
+pub fn close(context: &mut StepContext, step: u32) -> Result<()> {
+    let Some(indexes) = context.opened_by.remove(&step) else {
+        bail!("close-listeners: step {step} opened no listener that is still open");
+    };
+    let (mut closing, keep): (Vec<perf::Ring>, Vec<perf::Ring>) =
+        std::mem::take(&mut context.rings)
+            .into_iter()
+            .partition(|r| indexes.contains(&r.index));
+    context.rings = keep;
+    context.records_bytes += perf::drain_all(&mut closing)?;
+    // Dropping a ring unmaps it and closes its event (the last reference:
+    // perf_release() -> unaccount_event()).
+    drop(closing);
     Ok(())
 }
 

@@ -54,6 +54,8 @@ const LISTENER: ListenerSpec = ListenerSpec {
     ring_pages: 16,
     scope: kloop_protocol::ListenerScope::CpuWide,
     inherit: false,
+    cpus: None,
+    side_band: Vec::new(),
 };
 
 /// Untimed pause after each iteration: long enough (5 ticks at HZ=250) for

@@ -65,6 +65,76 @@ pub struct RunEvidence {
     pub fail_nth: Vec<FailNthSweep>,
     /// The last `read-ksymbol-watch` (each sends every observation so far).
     pub ksymbol_watch: Option<KsymbolWatchEvidence>,
+    /// Every step the agent started, by plan index, as it echoed it.
+    pub steps: BTreeMap<u32, Step>,
+    /// Per listener: the plan step that opened it (the step whose
+    /// `StepStart` came last before its `Listener`) and the
+    /// `close-listeners` step that closed it, if any.
+    pub windows: BTreeMap<u32, Window>,
+}
+
+/// The plan steps between which a listener was open: opened during step
+/// `opened` (`None`: before any step, which only a synthetic run does),
+/// closed during step `closed` (`None`: open to the end).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Window {
+    pub opened: Option<u32>,
+    pub closed: Option<u32>,
+}
+
+impl Window {
+    /// Whether the listener was open while step `step` ran.
+    pub fn covers(&self, step: u32) -> bool {
+        self.opened.is_none_or(|o| o < step) && self.closed.is_none_or(|c| step < c)
+    }
+}
+
+impl RunEvidence {
+    /// The window of listener `index` (open for the whole run when the
+    /// agent did not say).
+    pub fn window(&self, index: u32) -> Window {
+        self.windows.get(&index).copied().unwrap_or_default()
+    }
+
+    /// The plan step that loaded the program labelled `label`, and the one
+    /// that unloaded it (`load` / `unload` steps only).
+    pub fn prog_steps(&self, label: &str) -> (Option<u32>, Option<u32>) {
+        let mut load = None;
+        let mut unload = None;
+        for (i, s) in &self.steps {
+            match s {
+                Step::Load { label: l, .. } if l == label && load.is_none() => load = Some(*i),
+                Step::Unload { label: l } if l == label && unload.is_none() => unload = Some(*i),
+                _ => {}
+            }
+        }
+        (load, unload)
+    }
+
+    /// Whether any step that can make a program's records ran strictly
+    /// between steps `a` and `b` (in either order; `None` is before the
+    /// first step, or after the last for a close): two listeners whose
+    /// opens and closes are separated only by quiet steps saw the same
+    /// programs come and go.
+    pub fn records_made_between(&self, a: Option<u32>, b: Option<u32>, end: bool) -> bool {
+        let edge = if end { u32::MAX } else { 0 };
+        let (a, b) = (a.unwrap_or(edge), b.unwrap_or(edge));
+        let (lo, hi) = (a.min(b), a.max(b));
+        self.steps.range(lo.saturating_add(1)..hi).any(|(_, s)| {
+            !matches!(
+                s,
+                Step::SnapshotKallsyms
+                    | Step::OpenListeners { .. }
+                    | Step::CloseListeners { .. }
+                    | Step::Drain
+                    | Step::PauseOutput { .. }
+                    | Step::WaitUnloaded { .. }
+                    | Step::ReadFile { .. }
+                    | Step::ReadCounter { .. }
+                    | Step::Inventory
+            )
+        })
+    }
 }
 
 /// What the `watch-ksymbols` kprobe saw of `perf_event_ksymbol` calls.
@@ -126,6 +196,8 @@ pub struct Batch {
     pub cpu: Option<u32>,
     /// For a `storm` with `lookup`: its side-band thread's lookups.
     pub lookups: Option<Lookups>,
+    /// The plan step that ran it (`None` when the agent did not say).
+    pub step: Option<u32>,
 }
 
 impl Batch {
@@ -138,6 +210,7 @@ impl Batch {
         ids: &[u32],
         cpu: Option<u32>,
         lookups: Option<Lookups>,
+        step: Option<u32>,
     ) -> Batch {
         Batch {
             fixture: fixture.to_string(),
@@ -146,6 +219,7 @@ impl Batch {
             ids: ids.to_vec(),
             cpu,
             lookups,
+            step,
         }
     }
 
@@ -196,6 +270,7 @@ impl RunEvidence {
             ..Default::default()
         };
         let mut pending_lookups: Option<Lookups> = None;
+        let mut current_step: Option<u32> = None;
         for m in messages {
             match m {
                 Message::Hello {
@@ -212,6 +287,13 @@ impl RunEvidence {
                     if l.cpu >= 0 && ev.listeners.iter().all(|o| o.cpu < 0) {
                         ev.preexisting = ev.progs.iter().map(|p| p.id).collect();
                     }
+                    ev.windows.insert(
+                        l.index,
+                        Window {
+                            opened: current_step,
+                            closed: None,
+                        },
+                    );
                     // A listener whose ring stayed empty still has a stream.
                     ev.streams.entry(l.index).or_default();
                     ev.listeners.push(l.clone());
@@ -290,6 +372,7 @@ impl RunEvidence {
                     None,
                     // A storm with lookups sends them right before its StormDone.
                     pending_lookups.take(),
+                    current_step,
                 )),
                 Message::Loads {
                     cpu,
@@ -304,6 +387,7 @@ impl RunEvidence {
                     ids,
                     Some(*cpu),
                     None,
+                    current_step,
                 )),
                 Message::Lookups {
                     seen,
@@ -320,12 +404,24 @@ impl RunEvidence {
                     ev.lookups.push(l.clone());
                     pending_lookups = Some(l);
                 }
-                Message::StepStart { what, .. } => {
+                Message::StepStart { index, what } => {
+                    current_step = Some(*index);
+                    let step = serde_json::from_str::<Step>(what);
                     if let Ok(
                         Step::Storm { drain_every: 0, .. } | Step::PauseOutput { paused: true },
-                    ) = serde_json::from_str::<Step>(what)
+                    ) = step
                     {
                         ev.provoked_loss = true;
+                    }
+                    if let Ok(Step::CloseListeners { step: opener }) = step {
+                        for w in ev.windows.values_mut() {
+                            if w.opened == Some(opener) && w.closed.is_none() {
+                                w.closed = Some(*index);
+                            }
+                        }
+                    }
+                    if let Ok(step) = step {
+                        ev.steps.insert(*index, step);
                     }
                 }
                 Message::FailNthSweep {

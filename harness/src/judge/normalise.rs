@@ -273,18 +273,45 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
                 let _ = write!(out, " {what}");
             }
         }
-        let _ = writeln!(out, " ring_bytes={}", l.ring_bytes);
+        let _ = write!(out, " ring_bytes={}", l.ring_bytes);
+        if let Some(cpus) = &l.cpus {
+            let _ = write!(out, " cpus={cpus:?}");
+        }
+        if !l.side_band.is_empty() {
+            let bits: Vec<String> = l
+                .side_band
+                .iter()
+                .map(|b| {
+                    serde_json::to_value(b)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default()
+                })
+                .collect();
+            let _ = write!(out, " side_band={}", bits.join(","));
+        }
+        // Where a run closes listeners, which steps each was open for.
+        if ev
+            .steps
+            .values()
+            .any(|s| matches!(s, kloop_protocol::Step::CloseListeners { .. }))
+        {
+            let w = ev.window(l.index);
+            let step = |s: Option<u32>| s.map_or("-".to_string(), |s| s.to_string());
+            let _ = write!(out, " open=steps {}..{}", step(w.opened), step(w.closed));
+        }
+        out.push('\n');
     }
-    let merged_from = analysis
-        .sets
-        .first()
-        .map(|s| {
-            s.iter()
-                .map(|i| format!("L{i}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .unwrap_or_else(|| "(none)".into());
+    let merged_from = if analysis.merged_from.is_empty() {
+        "(none)".to_string()
+    } else {
+        analysis
+            .merged_from
+            .iter()
+            .map(|i| format!("L{i}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     let _ = writeln!(out, "merged: {merged_from}");
 
     out.push_str("programs:\n");

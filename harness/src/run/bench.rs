@@ -40,6 +40,8 @@ pub fn storm_scenario(
                 ring_pages: 64,
                 scope: Default::default(),
                 inherit: false,
+                cpus: None,
+                side_band: Vec::new(),
             },
         },
         Step::Storm {

@@ -105,6 +105,7 @@ fn shown_records<'a>(x: &[(String, &'a Record)], y: &[(String, &'a Record)]) -> 
 
 /// `listeners-agree`: see the module docs.
 pub(super) fn check_agreement(
+    ev: &RunEvidence,
     a: &Analysis,
     listeners: &BTreeMap<u32, &ListenerInfo>,
     cut: &BTreeSet<u32>,
@@ -115,8 +116,12 @@ pub(super) fn check_agreement(
         name: String,
         ksym: bool,
         bpf: bool,
+        /// The CPUs it listens on, when a subset.
+        cpus: Option<BTreeSet<u32>>,
+        window: Window,
         recs: Vec<&'a Record>,
     }
+    let cpu_of: BTreeMap<u32, i32> = listeners.values().map(|l| (l.index, l.cpu)).collect();
     let mut sets: Vec<Member<'_>> = Vec::new();
     for (k, set) in a.sets.iter().enumerate() {
         if set.iter().any(|i| cut.contains(i)) {
@@ -129,19 +134,36 @@ pub(super) fn check_agreement(
             name: format!("set#{k} (listeners {set:?})"),
             ksym: first.ksymbol,
             bpf: first.bpf_event,
+            cpus: first.cpus.as_ref().map(|c| c.iter().copied().collect()),
+            window: ev.window(first.index),
             recs: set.iter().flat_map(recs_of).collect(),
         });
     }
+    // Two listeners saw the same programs come and go when no step that
+    // makes records ran between their opens or between their closes.
+    let same_life = |x: Window, y: Window| {
+        !ev.records_made_between(x.opened, y.opened, false)
+            && !ev.records_made_between(x.closed, y.closed, true)
+    };
+    let on = |cpus: &Option<BTreeSet<u32>>, r: &&Record| match cpus {
+        None => true,
+        Some(c) => cpu_of
+            .get(&r.listener)
+            .is_some_and(|l| u32::try_from(*l).is_ok_and(|l| c.contains(&l))),
+    };
     let mut msgs: Vec<Found<'_>> = Vec::new();
-    // Every pair of sets over the record kinds both asked for.
+    // Every pair of sets over the record kinds both asked for, the records
+    // emitted on the CPUs both listen on (perf_iterate_sb_cpu() writes to
+    // the emitting CPU's listeners only), when both were open for the
+    // same programs.
     for (x, sx) in sets.iter().enumerate() {
         for sy in sets.iter().skip(x + 1) {
             let (k, b) = (sx.ksym && sy.ksym, sx.bpf && sy.bpf);
-            if !k && !b {
+            if !k && !b || !same_life(sx.window, sy.window) {
                 continue;
             }
-            let bx = bag(sx.recs.iter().copied(), k, b);
-            let by = bag(sy.recs.iter().copied(), k, b);
+            let bx = bag(sx.recs.iter().copied().filter(|r| on(&sy.cpus, r)), k, b);
+            let by = bag(sy.recs.iter().copied().filter(|r| on(&sx.cpus, r)), k, b);
             let (only_x, only_y) = (surplus(&bx, &by), surplus(&by, &bx));
             if !only_x.is_empty() || !only_y.is_empty() {
                 msgs.push(quoting(
@@ -173,10 +195,13 @@ pub(super) fn check_agreement(
         }
     }
     for ((_, ksymbol, bpf_event, pid), members) in inherited {
-        let Some(reference) = sets
-            .iter()
-            .find(|s| (s.ksym || !ksymbol) && (s.bpf || !bpf_event))
-        else {
+        let window = members.first().map(|i| ev.window(*i)).unwrap_or_default();
+        let Some(reference) = sets.iter().find(|s| {
+            (s.ksym || !ksymbol)
+                && (s.bpf || !bpf_event)
+                && s.cpus.is_none()
+                && same_life(s.window, window)
+        }) else {
             continue;
         };
         let mine: Vec<&Record> = members.iter().flat_map(&recs_of).collect();
@@ -215,13 +240,19 @@ pub(super) fn check_agreement(
         .values()
         .filter(|l| l.cpu < 0 && !l.inherit && !cut.contains(&l.index))
     {
-        let Some(reference) = sets
-            .iter()
-            .find(|s| (s.ksym || !l.ksymbol) && (s.bpf || !l.bpf_event))
-        else {
-            continue;
-        };
-        let mine: Vec<&Record> = recs_of(&l.index).collect();
+        // Its KSYMBOL / BPF_EVENT records (other side-band bits bring other
+        // tasks' FORK, COMM, ... records). One task's, with or without a set
+        // to compare them with: perf_iterate_sb() offers a record to the
+        // current task's contexts only, and without inherit no thread gets
+        // a copy of the event.
+        let mine: Vec<&Record> = recs_of(&l.index)
+            .filter(|r| {
+                matches!(
+                    r.body,
+                    RecordBody::Ksymbol { .. } | RecordBody::BpfEvent { .. }
+                )
+            })
+            .collect();
         let tids: BTreeSet<(Option<u32>, Option<u32>)> =
             mine.iter().map(|r| (r.sample.pid, r.sample.tid)).collect();
         if tids.len() > 1 {
@@ -235,6 +266,14 @@ pub(super) fn check_agreement(
             );
             continue;
         }
+        let Some(reference) = sets.iter().find(|s| {
+            (s.ksym || !l.ksymbol)
+                && (s.bpf || !l.bpf_event)
+                && s.cpus.is_none()
+                && same_life(s.window, ev.window(l.index))
+        }) else {
+            continue;
+        };
         let task = tids.into_iter().next().and_then(|(_, t)| t);
         let theirs = reference
             .recs

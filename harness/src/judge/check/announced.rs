@@ -60,3 +60,31 @@ pub(super) fn check_announced(
         ));
     }
 }
+
+/// Whether the listeners of `set` saw the whole run after the initial
+/// snapshot: never closed, and opened with nothing but other
+/// `open-listeners` steps between the last `snapshot-kallsyms` before
+/// them and their own (a program loaded in between would be in neither the
+/// snapshot nor the set's stream, and is not the kernel's fault).
+pub(super) fn whole_run(ev: &RunEvidence, set: &[u32]) -> bool {
+    set.iter().all(|i| {
+        let w = ev.window(*i);
+        if w.closed.is_some() {
+            return false;
+        }
+        let Some(opened) = w.opened else {
+            // The agent did not say: open from the start (older runs).
+            return true;
+        };
+        let before: Vec<&kloop_protocol::Step> = ev.steps.range(..opened).map(|(_, s)| s).collect();
+        let Some(snap) = before
+            .iter()
+            .rposition(|s| matches!(s, kloop_protocol::Step::SnapshotKallsyms))
+        else {
+            return false;
+        };
+        before[snap + 1..]
+            .iter()
+            .all(|s| matches!(s, kloop_protocol::Step::OpenListeners { .. }))
+    })
+}

@@ -1,5 +1,11 @@
 //! `programs-accounted` and `load-cpu` for the programs of `storm` and
 //! `concurrent` batches, which the agent reports by id only.
+//!
+//! A set is held to the batches it could see: those whose step ran while
+//! it was open and, for a set on a CPU subset, those of loaders pinned to
+//! its CPUs (`perf_iterate_sb()` writes a record only to the side-band
+//! listeners of the CPU the loader runs on; an unpinned `storm` may run
+//! anywhere, so a subset set is not held to it).
 
 use super::*;
 
@@ -8,6 +14,7 @@ use super::*;
 pub(super) fn check_batches(
     ev: &RunEvidence,
     m: &Model<'_>,
+    scope: &SetScope,
     out: &mut Vec<Violation>,
 ) -> BTreeSet<usize> {
     let recs = m.recs;
@@ -15,6 +22,7 @@ pub(super) fn check_batches(
     if ev.batches.is_empty() {
         return accounted;
     }
+    elsewhere(ev, m, scope, out);
     let life_by_reg: BTreeMap<usize, usize> = m
         .syms
         .iter()
@@ -26,7 +34,7 @@ pub(super) fn check_batches(
     let set_timed = !recs.is_empty() && recs.iter().all(|r| r.time().is_some());
     let mut acc: Vec<Found<'_>> = Vec::new();
     let mut cpus: Vec<Found<'_>> = Vec::new();
-    for b in &ev.batches {
+    for b in ev.batches.iter().filter(|b| in_scope(b, scope)) {
         let f = b.functions as usize;
         if f == 0 && !b.ids.is_empty() {
             acc.push(
@@ -199,6 +207,237 @@ pub(super) fn check_batches(
                             [r],
                         ));
                     }
+                }
+            }
+        }
+    }
+    push_capped(
+        out,
+        rule::PROGRAMS_ACCOUNTED,
+        "batch programs not accounted",
+        acc,
+    );
+    push_capped(out, rule::LOAD_CPU, "records on the wrong CPU", cpus);
+    accounted
+}
+
+/// Whether set `scope` saw batch `b` come and go.
+pub(super) fn in_scope(b: &Batch, scope: &SetScope) -> bool {
+    let step_ok = b.step.is_none_or(|s| scope.window.covers(s));
+    let cpu_ok = match (&scope.cpus, b.cpu) {
+        (None, _) => true,
+        (Some(cpus), Some(c)) => cpus.contains(&c),
+        (Some(_), None) => false,
+    };
+    step_ok && cpu_ok
+}
+
+/// A set on a CPU subset must hold no PROG_LOAD of a loader pinned to a
+/// CPU outside it (`load-cpu`): the kernel wrote that record to that CPU's
+/// listeners only.
+fn elsewhere(ev: &RunEvidence, m: &Model<'_>, scope: &SetScope, out: &mut Vec<Violation>) {
+    let Some(cpus) = &scope.cpus else { return };
+    if !scope.has_bpf {
+        return;
+    }
+    let mut msgs: Vec<Found<'_>> = Vec::new();
+    for b in &ev.batches {
+        let Some(c) = b.cpu.filter(|c| !cpus.contains(c)) else {
+            continue;
+        };
+        for &id in &b.ids {
+            for l in m.loads_of(id) {
+                if let Some(r) = m
+                    .progs
+                    .get(l)
+                    .and_then(|p| p.load)
+                    .and_then(|p| m.recs.get(p))
+                {
+                    msgs.push(quoting(
+                        format!(
+                            "{} program id {id}: loaded on CPU {c}, outside this set's CPUs {cpus:?}, yet its PROG_LOAD is here: {r}",
+                            b.what()
+                        ),
+                        [r],
+                    ));
+                }
+            }
+        }
+    }
+    push_capped(out, rule::LOAD_CPU, "records from other CPUs", msgs);
+}
+
+/// `programs-accounted` and `load-cpu` for a set that asked for one record
+/// kind only. BPF_EVENT alone: every batch program's PROG_LOAD (in its
+/// loader's ring when pinned) and a later PROG_UNLOAD with its tag, by id.
+/// KSYMBOL alone (no id to tie a symbol to its program): the BPF program
+/// registers (`bpf_prog_<tag>…` names) number the batches' programs ×
+/// functions plus the functions of the `load` steps' programs the set saw
+/// load; with PERF_SAMPLE_TID, the agent's threads' registers (tid != pid:
+/// the `concurrent` loaders) in each CPU's ring number exactly what the
+/// loader pinned there loaded, each unregistered later. Both as
+/// `perf_event_bpf_event()` promises for a set that asked for the kind
+/// (`nr_ksymbol_events` gates the registers, `nr_bpf_events` the
+/// BPF_EVENT, independently).
+///
+/// Returns the indexes of the records it accounted to batch programs (the
+/// normaliser summarises them: two loaders' records interleave differently
+/// from run to run).
+pub(super) fn check_batches_one_kind(
+    ev: &RunEvidence,
+    m: &Model<'_>,
+    scope: &SetScope,
+    out: &mut Vec<Violation>,
+) -> BTreeSet<usize> {
+    let mut accounted = BTreeSet::new();
+    if ev.batches.is_empty() {
+        return accounted;
+    }
+    elsewhere(ev, m, scope, out);
+    let recs = m.recs;
+    let batches: Vec<&Batch> = ev.batches.iter().filter(|b| in_scope(b, scope)).collect();
+    let cpu_of: BTreeMap<u32, i32> = ev.listeners.iter().map(|l| (l.index, l.cpu)).collect();
+    let mut acc: Vec<Found<'_>> = Vec::new();
+    let mut cpus: Vec<Found<'_>> = Vec::new();
+    if scope.has_bpf {
+        for b in &batches {
+            for &id in &b.ids {
+                let who = format!("{} program id {id}", b.what());
+                let loads = m.loads_of(id);
+                let Some(life) = loads.first().and_then(|l| m.progs.get(*l)) else {
+                    acc.push(format!("{who}: no PROG_LOAD in the stream").into());
+                    continue;
+                };
+                if loads.len() > 1 {
+                    acc.push(format!("{who}: {} PROG_LOAD records", loads.len()).into());
+                }
+                let Some(load_rec) = life.load.and_then(|p| recs.get(p)) else {
+                    continue;
+                };
+                accounted.extend(life.load);
+                accounted.extend(life.unload);
+                if life.unload.is_none() {
+                    acc.push(quoting(
+                        format!("{who}: no PROG_UNLOAD after {load_rec}"),
+                        [load_rec],
+                    ));
+                }
+                if let Some(cpu) = b.cpu {
+                    let lcpu = cpu_of.get(&load_rec.listener).copied().unwrap_or(-1);
+                    if i64::from(lcpu) != i64::from(cpu)
+                        || load_rec.sample.cpu.is_some_and(|c| c != cpu)
+                    {
+                        cpus.push(quoting(
+                            format!("{who}: loaded on CPU {cpu} but {load_rec} is in the ring of CPU {lcpu}"),
+                            [load_rec],
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    if scope.has_ksym {
+        // Every BPF program register (`bpf_prog_<tag>…`; trampolines and
+        // interpreted programs have other names): the batches' and those
+        // of the `load` steps' programs this set saw load. Identical
+        // programs share names and, once one is freed, addresses, so the
+        // two are told apart by task: a `concurrent` loader is a thread of
+        // the agent (sample tid != pid), a `load` step runs in its main
+        // task.
+        let regs: Vec<usize> = recs
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| {
+                matches!(&r.body, RecordBody::Ksymbol { ksym_type, flags, name, .. }
+                    if flags & KSYMBOL_FLAGS_UNREGISTER == 0
+                        && *ksym_type == KSYM_TYPE_BPF
+                        && has_some_tag_prefix(name))
+            })
+            .map(|(i, _)| i)
+            .collect();
+        let tids_known = regs.iter().all(|i| {
+            recs.get(*i)
+                .is_some_and(|r| r.sample.tid.is_some() && r.sample.pid.is_some())
+        });
+        let by_thread = |i: &usize| {
+            recs.get(*i).is_some_and(
+                |r| matches!((r.sample.pid, r.sample.tid), (Some(p), Some(t)) if p != t),
+            )
+        };
+        let caused: usize = batches
+            .iter()
+            .map(|b| b.ids.len() * b.functions as usize)
+            .sum();
+        // The `load` steps' programs: held to this set only on every CPU.
+        let facts: Vec<&ProgFacts> = ev
+            .progs
+            .iter()
+            .filter(|f| !ev.preexisting.contains(&f.id) && !is_interpreted(f))
+            .collect();
+        let exact = scope.cpus.is_none() || facts.is_empty();
+        let from_facts: usize = if scope.cpus.is_none() {
+            facts
+                .iter()
+                .filter(|f| seen_by(ev, scope, f).0)
+                .map(|f| f.jited_ksyms.len())
+                .sum()
+        } else {
+            0
+        };
+        let want = caused + from_facts;
+        if regs.len() < want || (exact && regs.len() > want) {
+            acc.push(format!(
+                "{} BPF program register(s) in the stream, but the batches ({}) loaded {caused} JITed function(s) and the load steps' programs {from_facts}",
+                regs.len(),
+                batches.iter().map(|b| format!("{}: {} x {}", b.what(), b.ids.len(), b.functions)).collect::<Vec<_>>().join(", ")
+            ).into());
+        }
+        let mut by_cpu: BTreeMap<u32, usize> = BTreeMap::new();
+        for b in batches.iter().filter(|b| b.cpu.is_some()) {
+            *by_cpu.entry(b.cpu.unwrap_or_default()).or_default() +=
+                b.ids.len() * b.functions as usize;
+        }
+        let threads: Vec<usize> = if tids_known {
+            regs.iter().copied().filter(by_thread).collect()
+        } else {
+            Vec::new()
+        };
+        for (&cpu, &want) in &by_cpu {
+            let in_ring = |i: &&usize| {
+                recs.get(**i)
+                    .and_then(|r| cpu_of.get(&r.listener))
+                    .is_some_and(|c| i64::from(*c) == i64::from(cpu))
+            };
+            // With tids, the loader threads' registers in that ring exactly;
+            // without, at least that many registers there.
+            let (here, ok) = if tids_known {
+                let n = threads.iter().filter(in_ring).count();
+                (n, n == want)
+            } else {
+                let n = regs.iter().filter(in_ring).count();
+                (n, n >= want)
+            };
+            if !ok {
+                cpus.push(format!(
+                    "the loaders pinned to CPU {cpu} loaded {want} JITed function(s), but the ring of CPU {cpu} holds {here} BPF program register(s){}",
+                    if tids_known { " of the agent's threads" } else { "" }
+                ).into());
+            }
+        }
+        let unreg_of: BTreeMap<usize, Option<usize>> = m
+            .syms
+            .iter()
+            .filter_map(|s| s.reg.map(|r| (r, s.unreg)))
+            .collect();
+        for &i in &threads {
+            accounted.insert(i);
+            accounted.extend(unreg_of.get(&i).copied().flatten());
+            if unreg_of.get(&i).copied().flatten().is_none() {
+                if let Some(r) = recs.get(i) {
+                    acc.push(quoting(
+                        format!("{r}: a batch program's register never unregistered"),
+                        [r],
+                    ));
                 }
             }
         }

@@ -3,6 +3,28 @@
 
 use super::*;
 
+/// Whether one of the listener's other side-band attributes asks for
+/// records of type `type_` (kernel/events/core.c: `perf_event_mmap_match()`
+/// takes `mmap` for executable mappings; `perf_event_task_match()` sends
+/// FORK / EXIT to `comm`, `mmap`, `mmap2`, `mmap_data` and `task` events;
+/// `perf_event_comm_match()` COMM to `comm`; NAMESPACES, CGROUP and
+/// TEXT_POKE go to their own bits). kloop parses none of them: such a
+/// record is counted by its header and otherwise left alone, so a
+/// listener with these bits is held only to KSYMBOL / BPF_EVENT.
+fn asked_for(l: &ListenerInfo, type_: u32) -> bool {
+    use kloop_protocol::SideBand;
+    // PERF_RECORD_MMAP 1, COMM 3, EXIT 4, FORK 7, MMAP2 10, NAMESPACES 16,
+    // CGROUP 19, TEXT_POKE 20 (include/uapi/linux/perf_event.h).
+    l.side_band.iter().any(|b| match b {
+        SideBand::Mmap => matches!(type_, 1 | 4 | 7),
+        SideBand::Comm => matches!(type_, 3 | 4 | 7),
+        SideBand::Task => matches!(type_, 4 | 7),
+        SideBand::Namespaces => type_ == 16,
+        SideBand::Cgroup => type_ == 19,
+        SideBand::TextPoke => type_ == 20,
+    })
+}
+
 /// Where x86-64's kernel half of the address space begins.
 const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
 
@@ -14,20 +36,31 @@ pub(super) fn check_listener(l: &ListenerInfo, recs: &[Record], out: &mut Vec<Vi
     let mut first_id: Option<(u64, &Record)> = None;
     let mut prev: Option<&Record> = None;
     for r in recs {
-        if r.header.misc != 0 {
+        // The types other side-band bits ask for carry their own misc
+        // flags (TEXT_POKE: PERF_RECORD_MISC_KERNEL; COMM: COMM_EXEC, ...).
+        let theirs = matches!(r.body, RecordBody::Unknown { type_ } if asked_for(l, type_));
+        if r.header.misc != 0 && !theirs {
             types.push(quoting(
                 format!("{r}: header.misc is not 0 (the kernel writes 0 for side-band records)"),
                 [r],
             ));
         }
         match &r.body {
-            RecordBody::Unknown { type_ } => types.push(quoting(
-                format!(
-                    "{r}: record type {} is not one a ksymbol/bpf_event dummy listener receives",
-                    kloop_records::record_type_name(*type_).unwrap_or("(undefined)")
+            RecordBody::Unknown { type_ } if asked_for(l, *type_) => {}
+            RecordBody::Unknown { type_ } => {
+                types.push(quoting(
+                    format!(
+                    "{r}: record type {} is not one a ksymbol/bpf_event dummy listener receives{}",
+                    kloop_records::record_type_name(*type_).unwrap_or("(undefined)"),
+                    if l.side_band.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (nor one its side-band attributes {:?} ask for)", l.side_band)
+                    }
                 ),
-                [r],
-            )),
+                    [r],
+                ))
+            }
             RecordBody::Ksymbol {
                 ksym_type,
                 flags,

@@ -5,9 +5,9 @@
 //!
 //! | rule | what it checks |
 //! |------|----------------|
-//! | `listeners` | listener bookkeeping: unique indexes, no stream without a listener, every CPU-wide set covers every online CPU, some set exists when programs were loaded |
+//! | `listeners` | listener bookkeeping: unique indexes, no stream without a listener, every CPU-wide set covers every online CPU (or every CPU of the subset its spec asked for), some set (CPU-wide or task-bound) that asked for a record kind exists when programs were loaded |
 //! | `parse` | every stream parses exactly ([`kloop_records::parse_stream`]); records before the first error are still checked |
-//! | `record-type` | only types the kernel may send such a listener: KSYMBOL (if `ksymbol`), BPF_EVENT (if `bpf_event`), LOST; defined ksym/bpf-event types; no undefined flag bits; a KSYMBOL's `addr` in the kernel half of the address space (every caller passes code in kernel memory); `misc` 0 |
+//! | `record-type` | only types the kernel may send such a listener: KSYMBOL (if `ksymbol`), BPF_EVENT (if `bpf_event`), LOST, and the unparsed types its other side-band bits ask for (`side_band`: FORK/EXIT, COMM, MMAP, NAMESPACES, CGROUP, TEXT_POKE); defined ksym/bpf-event types; no undefined flag bits; a KSYMBOL's `addr` in the kernel half of the address space (every caller passes code in kernel memory); `misc` 0 |
 //! | `sample-id` | trailer contents: `cpu` is the listener's CPU, `res` is 0, `id` == `identifier`, one id per listener |
 //! | `facts` | the `bpf_prog_info` facts are usable: as many lens as ksyms, non-zero distinct addresses, unique ids |
 //! | `load-symbols` | per loaded program: a KSYMBOL register for each JITed function with addr/len of `jited_ksyms`/`jited_func_lens`, type BPF, a `bpf_prog_<tag>` name equal to kallsyms; no symbol registered twice while live; none at all for an interpreted program (`jited_func_lens` all 0) |
@@ -18,9 +18,9 @@
 //! | `lost` | LOST records total zero (the total is in [`Analysis::lost`]); in a run that provokes loss (a `storm` with `drain_every = 0`, or `pause-output` that pauses the rings) instead, per listener set: records received + records lost = records the run caused (per program 2 per function + 2), exactly ([`Analysis::loss`]) |
 //! | `time-order` | sample times non-decreasing within each listener's stream |
 //! | `causal-order` | per program: registers before PROG_LOAD, unregisters after PROG_LOAD and before PROG_UNLOAD |
-//! | `listeners-agree` | every listener set, and every task-bound listener, carries exactly the KSYMBOL / BPF_EVENT records the others saw, restricted to what it asked for (a task-bound listener: to the records its task caused) |
-//! | `programs-accounted` | per program of a `storm` / `concurrent` batch (ids only, no facts): one PROG_LOAD with one KSYMBOL register per function right before it from the same task (in its ring for a pinned loader; in the set's time-merged stream for an unpinned one, which may migrate between records; other tasks' records, such as an unload by the task that dropped a program's last reference, may come in between), each unregistered after it, then one PROG_UNLOAD with its tag; no PROG_LOAD of a program no step reported |
-//! | `load-cpu` | a `concurrent` loader's records (registers and PROG_LOAD) are in the ring of the CPU it was pinned to, with that `cpu` in their trailer |
+//! | `listeners-agree` | every listener set, and every task-bound listener, carries exactly the KSYMBOL / BPF_EVENT records the others saw, restricted to what it asked for (a task-bound listener: to the records its task caused; two sets on CPU subsets: to the CPUs both listen on), between listeners open for the same programs (no step that makes records ran between their opens or their closes) |
+//! | `programs-accounted` | per program of a `storm` / `concurrent` batch the set could see (its step ran while the set was open; on a CPU subset, its loader pinned to one of those CPUs) (ids only, no facts): one PROG_LOAD with one KSYMBOL register per function right before it from the same task (in its ring for a pinned loader; in the set's time-merged stream for an unpinned one, which may migrate between records; other tasks' records, such as an unload by the task that dropped a program's last reference, may come in between), each unregistered after it, then one PROG_UNLOAD with its tag; no PROG_LOAD of a program no step reported. A set that asked for one kind: BPF_EVENT alone, every batch id's PROG_LOAD and PROG_UNLOAD; KSYMBOL alone, as many BPF program registers as the batches and the `load` steps' programs loaded functions, the loader threads' (tid != pid) each later unregistered. A task listener without inherit: no `concurrent` loader's PROG_LOAD |
+//! | `load-cpu` | a `concurrent` loader's records (registers and PROG_LOAD) are in the ring of the CPU it was pinned to, with that `cpu` in their trailer; a set on a CPU subset holds no PROG_LOAD of a loader pinned elsewhere, and a KSYMBOL-only set in each CPU's ring exactly the registers of the loader threads pinned there |
 //! | `inventory` | programs loaded before recording (`preexisting`) are in the inventory; each inventoried program unloaded in the stream unregisters exactly its inventoried functions (addr, len, kallsyms name) before a PROG_UNLOAD with its tag |
 //! | `lookups` | a side-band reader looked up at least every PROG_LOAD of its storm, and got nothing but success or ENOENT |
 //! | `announced` | every generated symbol in `/proc/kallsyms` at the end of the run (read before the last drain) that was not there before the listeners opened has a KSYMBOL register in the first CPU-wide set ([`announced`]) |
@@ -34,9 +34,23 @@
 //! is checked on its own (rules `load-*`, `unload-*`,
 //! `unregister-without-register`, `causal-order`); [`Analysis::merged`] is
 //! the set holding the lowest listener index (the first spec opened).
-//! Task-bound listeners (cpu -1) only see their own task's records, so they
-//! get the per-record rules (`parse`, `record-type`, `sample-id`, `lost`,
-//! `time-order`) but no program rules.
+//! Task-bound listeners form *task sets*: the inherited listeners of one
+//! spec (one per CPU, following the agent's process), or one listener bound
+//! to the agent's task on any CPU. `perf_iterate_sb()` (kernel/events/core.c)
+//! offers every side-band record to the current task's contexts after the
+//! CPU's list, and the agent's task is current for its own loads and for
+//! the last `bpf_prog_put()` of a program it closes, so a task set gets the
+//! set rules for the `load` steps' programs (and, inherited, for the
+//! `concurrent` loaders, threads created after it opened); a task listener
+//! without inherit is held to no batch.
+//!
+//! A set's [`SetScope`] bounds what it is held to: the record kinds it asked
+//! for (a set that asked for one kind is held to every record of that kind),
+//! its CPU subset (`cpus`: only loaders pinned to those CPUs; a record goes
+//! only to the listeners of the CPU it is emitted on), and its window (the
+//! steps it was open for, from the agent's step order: a program loaded
+//! before a set opened shows only its unload there, one unloaded after a set
+//! closed only its load).
 //!
 //! Symbols and programs that predate the recording are explained by the
 //! initial kallsyms snapshot and by the `inventory` (what `perf record`
@@ -72,7 +86,7 @@ use std::fmt;
 
 use kloop_protocol::{KallsymsEntry, ListenerInfo, ProgFacts};
 
-use crate::judge::evidence::RunEvidence;
+use crate::judge::evidence::{Batch, RunEvidence, Window};
 use kloop_records::{
     self, merge_by_time, parse_prefix, Record, RecordBody, RecordContent, BPF_EVENT_PROG_LOAD,
     BPF_EVENT_PROG_UNLOAD, KSYMBOL_FLAGS_UNREGISTER, KSYM_TYPE_BPF, KSYM_TYPE_OOL,
@@ -311,8 +325,15 @@ pub struct Analysis {
     pub records_per_listener: BTreeMap<u32, Vec<Record>>,
     /// CPU-wide listener sets (listener indexes), lowest index first.
     pub sets: Vec<Vec<u32>>,
-    /// `sets[0]` merged by time (empty if there is no CPU-wide set).
+    /// `sets[0]` merged by time; without a CPU-wide set, `task_sets[0]`
+    /// (empty if there is neither).
     pub merged: Vec<Record>,
+    /// The listeners `merged` comes from.
+    pub merged_from: Vec<u32>,
+    /// Task-bound listener sets (listener indexes): the inherited
+    /// listeners of one spec (one per CPU), or one listener bound to the
+    /// agent's task on any CPU.
+    pub task_sets: Vec<Vec<u32>>,
     /// Sum of `lost` over every LOST record of every listener.
     pub lost: u64,
     /// Indexes into `merged` of the records accounted to `storm` /
@@ -432,18 +453,121 @@ fn func_prefixes(facts: &ProgFacts, fi: usize) -> Vec<String> {
     }
 }
 
+/// What one listener set can see, and so which records it is held to.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SetScope {
+    pub has_ksym: bool,
+    pub has_bpf: bool,
+    /// The CPUs it listens on when its spec asked for a subset (`None`:
+    /// every online CPU). `perf_iterate_sb_cpu()` writes a record only to
+    /// the side-band listeners of the CPU it is emitted on.
+    pub cpus: Option<BTreeSet<u32>>,
+    /// The plan steps it was open for.
+    pub window: Window,
+    /// Bound to the agent's task rather than to CPUs.
+    pub task: TaskScope,
+}
+
+/// Whose records a task-bound set receives (`perf_iterate_sb()` iterates
+/// the current task's contexts after the CPU's side-band list).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum TaskScope {
+    /// A CPU-wide set: every task's.
+    #[default]
+    CpuWide,
+    /// One listener on the agent's task (`pid = 0, cpu = -1`, no
+    /// inherit): only what that task itself does.
+    Task,
+    /// Inherited listeners (one per CPU): the agent's task and the threads
+    /// it created after they opened (their child events' output goes to
+    /// the parent's ring).
+    Process,
+}
+
+/// The set scope of listeners `set`, or `None` for an empty set.
+fn scope_of(
+    ev: &RunEvidence,
+    listeners: &BTreeMap<u32, &ListenerInfo>,
+    set: &[u32],
+) -> Option<SetScope> {
+    let first = set.first().and_then(|i| listeners.get(i))?;
+    Some(SetScope {
+        has_ksym: first.ksymbol,
+        has_bpf: first.bpf_event,
+        cpus: first
+            .cpus
+            .as_ref()
+            .map(|c| c.iter().copied().collect::<BTreeSet<u32>>())
+            .filter(|c| {
+                let online: BTreeSet<u32> = ev.online_cpus.iter().copied().collect();
+                online.is_empty() || !online.is_subset(c)
+            }),
+        window: ev.window(first.index),
+        task: match (first.pid, first.inherit) {
+            (None, _) => TaskScope::CpuWide,
+            (Some(_), true) => TaskScope::Process,
+            (Some(_), false) => TaskScope::Task,
+        },
+    })
+}
+
+/// Groups task-bound listeners into sets: inherited ones like CPU-wide
+/// listeners (same attributes, one per CPU), each listener bound to no CPU
+/// alone.
+fn task_listener_sets(ev: &RunEvidence, listeners: &BTreeMap<u32, &ListenerInfo>) -> Vec<Vec<u32>> {
+    let mut out = group_sets(
+        ev,
+        listeners
+            .values()
+            .filter(|l| l.cpu >= 0 && l.pid.is_some())
+            .copied(),
+    );
+    out.extend(
+        listeners
+            .values()
+            .filter(|l| l.cpu < 0)
+            .map(|l| vec![l.index]),
+    );
+    out
+}
+
 /// Groups CPU-bound listeners into CPU-wide sets; see the module docs.
-fn listener_sets(listeners: &BTreeMap<u32, &ListenerInfo>) -> Vec<Vec<u32>> {
-    type Key = (u64, bool, bool, bool, u64);
-    let mut sets: Vec<(Key, Vec<u32>, BTreeSet<i32>)> = Vec::new();
+fn listener_sets(ev: &RunEvidence, listeners: &BTreeMap<u32, &ListenerInfo>) -> Vec<Vec<u32>> {
     // A task-bound listener per CPU (an inherited one) is not CPU-wide.
-    for l in listeners.values().filter(|l| l.cpu >= 0 && l.pid.is_none()) {
+    group_sets(
+        ev,
+        listeners
+            .values()
+            .filter(|l| l.cpu >= 0 && l.pid.is_none())
+            .copied(),
+    )
+}
+
+/// Listeners of one spec opened by one step, at most one per CPU.
+fn group_sets<'l>(ev: &RunEvidence, ls: impl Iterator<Item = &'l ListenerInfo>) -> Vec<Vec<u32>> {
+    type Key = (
+        u64,
+        bool,
+        bool,
+        bool,
+        u64,
+        Option<u32>,
+        Option<Vec<u32>>,
+        Vec<kloop_protocol::SideBand>,
+        Window,
+    );
+    let mut sets: Vec<(Key, Vec<u32>, BTreeSet<i32>)> = Vec::new();
+    for l in ls {
         let key = (
             l.sample_type,
             l.sample_id_all,
             l.ksymbol,
             l.bpf_event,
             l.ring_bytes,
+            l.pid,
+            l.cpus.clone(),
+            l.side_band.clone(),
+            ev.window(l.index),
         );
         match sets
             .iter_mut()
@@ -561,17 +685,36 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
 
     check_facts(&ev.progs, &mut v);
 
-    a.sets = listener_sets(&listeners);
+    a.sets = listener_sets(ev, &listeners);
+    a.task_sets = task_listener_sets(ev, &listeners);
     let online: BTreeSet<i64> = ev.online_cpus.iter().map(|c| i64::from(*c)).collect();
-    if a.sets.is_empty() && !ev.progs.is_empty() {
+    // A task-bound set of the loading task records its programs too
+    // (perf_iterate_sb() iterates the current task's contexts).
+    let kinds = |set: &Vec<u32>| {
+        set.first()
+            .and_then(|i| listeners.get(i))
+            .is_some_and(|l| l.ksymbol || l.bpf_event)
+    };
+    if !a.sets.iter().chain(&a.task_sets).any(kinds) && !ev.progs.is_empty() {
         v.push(m_find(
             rule::LISTENERS,
-            "programs were loaded but no CPU-wide listener recorded them".to_string(),
+            "programs were loaded but no listener recorded them".to_string(),
         ));
     }
     let multi = a.sets.len() > 1;
-    for (k, set) in a.sets.iter().enumerate() {
-        let label = if multi {
+    let all_sets: Vec<(bool, Vec<u32>)> = a
+        .sets
+        .iter()
+        .map(|s| (false, s.clone()))
+        .chain(a.task_sets.iter().map(|s| (true, s.clone())))
+        .collect();
+    for (k, (is_task, set)) in all_sets.iter().enumerate() {
+        let Some(scope) = scope_of(ev, &listeners, set) else {
+            continue;
+        };
+        let label = if *is_task {
+            format!("task set (listeners {set:?})")
+        } else if multi {
             format!("set#{k} (listeners {set:?})")
         } else {
             String::new()
@@ -581,24 +724,28 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             .filter_map(|i| listeners.get(i))
             .map(|l| i64::from(l.cpu))
             .collect();
-        let missing: Vec<i64> = online.difference(&cpus).copied().collect();
-        if !online.is_empty() && !missing.is_empty() {
+        // Every CPU the set asked for (every online one unless its spec
+        // names a subset) must have its listener; a task listener bound to
+        // no CPU covers them all.
+        let wanted: BTreeSet<i64> = match &scope.cpus {
+            Some(c) => c.iter().map(|c| i64::from(*c)).collect(),
+            None => online.clone(),
+        };
+        let missing: Vec<i64> = wanted.difference(&cpus).copied().collect();
+        if !cpus.contains(&-1) && !online.is_empty() && !missing.is_empty() {
             v.push(m_find(
                 rule::LISTENERS,
-                format!("listener set {set:?} has no listener on online CPU(s) {missing:?}: records emitted there are not seen"),
+                format!("listener set {set:?} has no listener on {} CPU(s) {missing:?}: records emitted there are not seen", if scope.cpus.is_some() { "its" } else { "online" }),
             ));
         }
-        let Some(first) = set.first().and_then(|i| listeners.get(i)) else {
-            continue;
-        };
         let streams: Vec<Vec<Record>> = set
             .iter()
             .map(|i| a.records_per_listener.get(i).cloned().unwrap_or_default())
             .collect();
         let merged = merge_by_time(streams);
         let set_lost: u64 = set.iter().filter_map(|i| lost_by.get(i)).sum();
-        if ev.provoked_loss {
-            let account = loss_account(ev, k, &merged, first.ksymbol, first.bpf_event, set_lost);
+        if ev.provoked_loss && !is_task {
+            let account = loss_account(ev, k, &merged, scope.has_ksym, scope.has_bpf, set_lost);
             if account.received + account.lost != account.caused {
                 v.push(m_find(
                     rule::LOST,
@@ -640,12 +787,23 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             ));
             a.loss.push(account);
         }
-        if !set.iter().any(|i| cut.contains(i)) {
+        // Task sets in a run that provokes loss are left to the per-record
+        // rules: the loss accounting is per CPU-wide set.
+        // A storm with lookups lets its side-band thread drop a program's
+        // last reference now and then, so its unload comes from that
+        // thread, outside a listener on the agent's task alone.
+        let skip_task = *is_task
+            && (ev.provoked_loss
+                || (scope.task == TaskScope::Task
+                    && ev.batches.iter().any(|b| b.lookups.is_some())));
+        // A set that asked for neither kind (other side-band bits only) is
+        // held by record-type alone: no KSYMBOL, no BPF_EVENT.
+        let no_kind = !scope.has_ksym && !scope.has_bpf;
+        if !set.iter().any(|i| cut.contains(i)) && !skip_task && !no_kind {
             let (found, accounted) = check_set(
                 ev,
                 &merged,
-                first.ksymbol,
-                first.bpf_event,
+                &scope,
                 &label,
                 ev.provoked_loss && set_lost > 0,
             );
@@ -656,6 +814,7 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
         }
         if k == 0 {
             a.merged = merged;
+            a.merged_from = set.clone();
         }
     }
     if let Some(watch) = &ev.ksymbol_watch {
@@ -681,11 +840,12 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             && online.is_subset(&cpus)
             && lost == 0
             && !set.iter().any(|i| cut.contains(i))
+            && whole_run(ev, set)
         {
             check_announced(&ev.initial_kallsyms, final_read, &a.merged, &mut v);
         }
     }
-    check_agreement(&a, &listeners, &cut, &mut v);
+    check_agreement(ev, &a, &listeners, &cut, &mut v);
     let notes = check_lookups(ev, &a, &mut v);
     a.notes.extend(notes);
     a.violations = v;
@@ -694,6 +854,8 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
 
 /// Runs under the interpreter (`scenarios/interpreter`), synthetic: no
 /// pinned kernel can turn its JIT off (`CONFIG_BPF_JIT_ALWAYS_ON`).
+#[cfg(test)]
+mod config_tests;
 #[cfg(test)]
 mod emission_tests;
 #[cfg(test)]

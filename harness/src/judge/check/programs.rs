@@ -16,17 +16,59 @@ pub(crate) fn known_at_start(ev: &RunEvidence) -> Vec<KallsymsEntry> {
     all
 }
 
-/// Checks one CPU-wide set's merged stream; returns its violations and
+/// How a program's life lies against a set's window: whether the set was
+/// open while the step that loaded it ran, and while the one that unloaded
+/// it ran. Programs whose steps the agent did not echo (synthetic runs)
+/// count as inside.
+pub(super) fn seen_by(ev: &RunEvidence, scope: &SetScope, facts: &ProgFacts) -> (bool, bool) {
+    let (load, unload) = ev.prog_steps(&facts.label);
+    (
+        load.is_none_or(|l| scope.window.covers(l)),
+        unload.is_none_or(|u| scope.window.covers(u)),
+    )
+}
+
+/// Checks one listener set's merged stream; returns its violations and
 /// the indexes of the records accounted to batch programs.
+///
+/// What the set is held to depends on its [`SetScope`]:
+/// - the record kinds it asked for (`has_ksym`, `has_bpf`): a set that
+///   asked for one kind is held to every record of that kind;
+/// - its window: a program loaded before the set opened (an earlier
+///   `open-listeners` step than its `load`) predates the set, which must
+///   show its unload alone (its kallsyms lines join the symbols the set
+///   knows at start); a program unloaded after the set closed
+///   (`close-listeners`) must show its load alone; one loaded after the
+///   close, nothing;
+/// - a CPU subset: only the programs of loaders pinned to its CPUs
+///   (`concurrent`); programs of `load` steps, run by the unpinned agent,
+///   may be emitted on any CPU and are not held;
+/// - a task-bound set: no batch programs unless inherited (a `concurrent`
+///   loader is another task).
 pub(super) fn check_set(
     ev: &RunEvidence,
     merged: &[Record],
-    has_ksym: bool,
-    has_bpf: bool,
+    scope: &SetScope,
     label: &str,
     lossy: bool,
 ) -> (Vec<Violation>, BTreeSet<usize>) {
-    let initial = known_at_start(ev);
+    let (has_ksym, has_bpf) = (scope.has_ksym, scope.has_bpf);
+    let mut initial = known_at_start(ev);
+    // Programs of `load` steps this set can be held to, and how.
+    let mut held: Vec<(&ProgFacts, bool, bool)> = Vec::new();
+    for facts in &ev.progs {
+        if ev.preexisting.contains(&facts.id) {
+            continue; // loaded before recording: the `inventory` rule's.
+        }
+        if scope.cpus.is_some() {
+            continue;
+        }
+        let (load_in, unload_in) = seen_by(ev, scope, facts);
+        if !load_in && unload_in {
+            initial.extend(facts.kallsyms.iter().cloned());
+        }
+        held.push((facts, load_in, unload_in));
+    }
     let m = Model::build(merged, &initial);
     let mut out: Vec<Violation> = Vec::new();
     let mut accounted = BTreeSet::new();
@@ -35,9 +77,20 @@ pub(super) fn check_set(
         prefix_label(&mut out, label);
         return (out, accounted);
     }
+    // Programs whose unload the set closed before: their "never
+    // unloaded" is what the window promises.
+    let load_only: BTreeSet<u32> = held
+        .iter()
+        .filter(|(_, l, u)| *l && !*u)
+        .map(|(f, _, _)| f.id)
+        .collect();
     for f in &m.findings {
         let keep = if f.rule == rule::UNLOAD_MATCHES_LOAD {
             has_bpf
+                && !(f.records.len() == 1
+                    && f.records[0].event.as_deref() == Some("PROG_LOAD")
+                    && f.records[0].id.is_some_and(|id| load_only.contains(&id))
+                    && f.message.starts_with("program loaded but never unloaded"))
         } else {
             has_ksym
         };
@@ -52,9 +105,12 @@ pub(super) fn check_set(
         out.push(Violation::new(rule, message).quoting(quoted.into_iter().flatten()))
     };
 
-    for facts in &ev.progs {
-        if ev.preexisting.contains(&facts.id) {
-            continue; // loaded before recording: the `inventory` rule's.
+    for &(facts, load_in, unload_in) in &held {
+        if !load_in {
+            if unload_in {
+                unload_only(facts, &m, has_ksym, has_bpf, &mut out);
+            }
+            continue;
         }
         let who = format!(
             "program {:?} (id {}, {})",
@@ -257,12 +313,14 @@ pub(super) fn check_set(
                 }
             }
             match life.unreg {
-                None => bad(
+                None if unload_in => bad(
                     &mut out,
                     rule::UNLOAD_SYMBOLS,
                     format!("{who} f{fi}: never unregistered: {reg}"),
                     vec![Some(reg)],
                 ),
+                // Unloaded after the set closed: its load is all it saw.
+                None => {}
                 Some(u) => {
                     if let Some(p) = load {
                         if before(merged, p, u) == Some(false) {
@@ -299,13 +357,213 @@ pub(super) fn check_set(
     if has_ksym {
         out.extend(interpreted_symbols(&ev.progs, merged));
     }
-    if has_ksym && has_bpf {
-        accounted = check_batches(ev, &m, &mut out);
-        foreign_programs(ev, merged, &mut out);
+    // A task listener without inherit follows the agent's main task alone,
+    // which runs no batch: no batch program may show in it.
+    if scope.task == TaskScope::Task {
+        not_my_batches(ev, &m, &mut out);
+    } else {
+        if has_ksym && has_bpf {
+            accounted = check_batches(ev, &m, scope, &mut out);
+            if scope.cpus.is_none() {
+                foreign_programs(ev, merged, &mut out);
+            }
+        } else if has_ksym || has_bpf {
+            accounted = check_batches_one_kind(ev, &m, scope, &mut out);
+        }
     }
-    check_inventory(ev, &m, has_ksym, has_bpf, &mut out);
+    if scope.cpus.is_none() {
+        check_inventory(ev, &m, has_ksym, has_bpf, &mut out);
+    }
     prefix_label(&mut out, label);
     (out, accounted)
+}
+
+/// A task listener without inherit: the `concurrent` / `storm` programs
+/// are loaded by other threads (the storm's own loads excepted: the storm
+/// runs in the agent's task, and so may show), so none of a `concurrent`
+/// loader's PROG_LOADs may be in its stream (`programs-accounted`).
+fn not_my_batches(ev: &RunEvidence, m: &Model<'_>, out: &mut Vec<Violation>) {
+    let mut msgs: Vec<Found<'_>> = Vec::new();
+    for b in ev.batches.iter().filter(|b| b.cpu.is_some()) {
+        for &id in &b.ids {
+            for l in m.loads_of(id) {
+                if let Some(r) = m
+                    .progs
+                    .get(l)
+                    .and_then(|p| p.load)
+                    .and_then(|p| m.recs.get(p))
+                {
+                    msgs.push(quoting(
+                        format!(
+                            "{} program id {id}: loaded by another thread, yet its PROG_LOAD is in a listener bound to the agent's task without inherit: {r}",
+                            b.what()
+                        ),
+                        [r],
+                    ));
+                }
+            }
+        }
+    }
+    push_capped(
+        out,
+        rule::PROGRAMS_ACCOUNTED,
+        "other threads' programs",
+        msgs,
+    );
+}
+
+/// A program loaded before the set opened and unloaded while it was open
+/// (`perf_event_bpf_event()` at the last `bpf_prog_put()` emits the
+/// unregisters, then PROG_UNLOAD, whoever listens by then): each JITed
+/// function unregistered with its `jited_ksyms` / `jited_func_lens` and
+/// its kallsyms name, and one PROG_UNLOAD with its id and tag after them;
+/// no PROG_LOAD and no register of it (those came before the set).
+fn unload_only(
+    facts: &ProgFacts,
+    m: &Model<'_>,
+    has_ksym: bool,
+    has_bpf: bool,
+    out: &mut Vec<Violation>,
+) {
+    let merged = m.recs;
+    let who = format!(
+        "program {:?} (id {}, {}), loaded before this set opened",
+        facts.label, facts.id, facts.name
+    );
+    let mut unload = None;
+    if has_bpf {
+        let lives: Vec<&ProgLife> = m
+            .prog_by_id
+            .get(&facts.id)
+            .into_iter()
+            .flatten()
+            .filter_map(|l| m.progs.get(*l))
+            .collect();
+        for life in lives.iter().filter(|l| l.load.is_some()) {
+            let r = life.load.and_then(|p| merged.get(p));
+            out.push(
+                Violation::new(
+                    rule::UNLOAD_MATCHES_LOAD,
+                    format!(
+                        "{who}: a PROG_LOAD in a set opened after its load: {}",
+                        fmt_idx(merged, life.load)
+                    ),
+                )
+                .quoting(r),
+            );
+        }
+        match lives
+            .iter()
+            .find(|l| l.load.is_none())
+            .and_then(|l| l.unload)
+        {
+            None => out.push(Violation::new(
+                rule::UNLOAD_MATCHES_LOAD,
+                format!("{who}: no PROG_UNLOAD with bpf_prog_info.id {}", facts.id),
+            )),
+            Some(q) => {
+                unload = Some(q);
+                if let Some(r) = merged.get(q) {
+                    if r.bpf_event(BPF_EVENT_PROG_UNLOAD).map(|(_, t)| t) != Some(facts.tag) {
+                        out.push(
+                            Violation::new(
+                                rule::UNLOAD_MATCHES_LOAD,
+                                format!(
+                                    "{who}: PROG_UNLOAD tag differs from bpf_prog_info.tag {}: {r}",
+                                    hex::encode(facts.tag)
+                                ),
+                            )
+                            .quoting([r]),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    if !has_ksym || is_interpreted(facts) {
+        return;
+    }
+    for (fi, (&addr, &flen)) in facts
+        .jited_ksyms
+        .iter()
+        .zip(&facts.jited_func_lens)
+        .enumerate()
+    {
+        let lives: Vec<&SymLife> = m
+            .sym_by_addr
+            .get(&addr)
+            .into_iter()
+            .flatten()
+            .filter_map(|l| m.syms.get(*l))
+            .collect();
+        if let Some(reg) = lives.iter().find_map(|l| l.reg).and_then(|p| merged.get(p)) {
+            out.push(
+                Violation::new(
+                    rule::LOAD_SYMBOLS,
+                    format!("{who} f{fi}: registered in a set opened after its load: {reg}"),
+                )
+                .quoting([reg]),
+            );
+        }
+        let Some(u) = lives.iter().find(|l| l.reg.is_none()).and_then(|l| l.unreg) else {
+            out.push(Violation::new(
+                rule::UNLOAD_SYMBOLS,
+                format!(
+                    "{who} f{fi}: no KSYMBOL unregister at jited_ksyms[{fi}] = {addr:#x} (len {flen})"
+                ),
+            ));
+            continue;
+        };
+        let Some(r) = merged.get(u) else { continue };
+        if let RecordBody::Ksymbol {
+            len,
+            ksym_type,
+            name,
+            ..
+        } = &r.body
+        {
+            let mut diffs = Vec::new();
+            if *len != flen {
+                diffs.push(format!("len {len} != jited_func_lens[{fi}] {flen}"));
+            }
+            if *ksym_type != KSYM_TYPE_BPF {
+                diffs.push(format!(
+                    "type {} is not BPF",
+                    kloop_records::ksym_type_name(*ksym_type)
+                ));
+            }
+            if !facts
+                .kallsyms
+                .iter()
+                .any(|e| e.addr == addr && e.name == *name)
+            {
+                diffs.push("name is not its kallsyms name at that address".to_string());
+            }
+            if !diffs.is_empty() {
+                out.push(
+                    Violation::new(
+                        rule::UNLOAD_SYMBOLS,
+                        format!("{who} f{fi}: {}: {r}", diffs.join("; ")),
+                    )
+                    .quoting([r]),
+                );
+            }
+        }
+        if let Some(q) = unload {
+            if before(merged, u, q) == Some(false) {
+                out.push(
+                    Violation::new(
+                        rule::CAUSAL_ORDER,
+                        format!(
+                            "{who} f{fi}: PROG_UNLOAD before the unregister: {} / {r}",
+                            fmt_idx(merged, Some(q))
+                        ),
+                    )
+                    .quoting(merged.get(q).into_iter().chain([r])),
+                );
+            }
+        }
+    }
 }
 
 pub(super) fn prefix_label(out: &mut [Violation], label: &str) {

@@ -161,6 +161,8 @@ pub(super) fn perf_records(dump: &PerfDump, bad: &mut Vec<String>) -> Vec<PerfRe
         ring_bytes: 0,
         inherit: false,
         pid: None,
+        cpus: None,
+        side_band: Vec::new(),
     };
     for e in &dump.events {
         if !matches!(
