@@ -233,14 +233,7 @@ fn summarise(
         .iter()
         .filter(|r| *r.resolved(results) == Outcome::Survived)
         .collect();
-    let same_code = results
-        .iter()
-        .filter(|r| r.outcome == Outcome::CompilerEquivalent)
-        .count();
-    let dups = results
-        .iter()
-        .filter(|r| matches!(r.outcome, Outcome::Duplicate(_)))
-        .count();
+    let (same_code, dups) = kloop::run::mutants::decided_by_code(results);
     println!(
         "kloop: {killed} killed, {} survived, {same_code} the unmutated object code, {dups} duplicates, {} failed to build, of {}{}; report {}; data {}",
         survived.len(),

@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
 use super::c_source::{headers, statements};
-use super::operators::{Edit, Operator};
+use super::operators::{shorten, squash, Edit, Operator};
 
 /// What the targets of a run have in scope, computed once over every
 /// target function of every file.
@@ -774,18 +774,6 @@ fn line_of(text: &str, at: usize) -> String {
     let start = text[..at].rfind('\n').map_or(0, |p| p + 1);
     let end = text[at..].find('\n').map_or(text.len(), |p| at + p);
     squash(&text[start..end])
-}
-
-fn squash(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-fn shorten(s: &str) -> String {
-    if s.chars().count() > 70 {
-        format!("{}…", s.chars().take(69).collect::<String>())
-    } else {
-        s.to_string()
-    }
 }
 
 #[cfg(test)]

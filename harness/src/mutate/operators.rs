@@ -139,7 +139,7 @@ const KEYWORDS: &[&str] = &[
     "if", "for", "while", "switch", "return", "sizeof", "goto", "do", "case", "else",
 ];
 
-fn squash(s: &str) -> String {
+pub(super) fn squash(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
@@ -390,7 +390,7 @@ fn shiftable_values(stmt: &str) -> Vec<(String, usize)> {
     out
 }
 
-fn shorten(s: &str) -> String {
+pub(super) fn shorten(s: &str) -> String {
     if s.chars().count() > 70 {
         format!("{}…", s.chars().take(69).collect::<String>())
     } else {

@@ -195,14 +195,7 @@ pub fn markdown(
         build.map_or("–".into(), |b| format!("{b:.0} s")),
         judge.map_or("–".into(), |j| format!("{j:.0} s"))
     );
-    let tce = results
-        .iter()
-        .filter(|r| r.outcome == Outcome::CompilerEquivalent)
-        .count();
-    let dups = results
-        .iter()
-        .filter(|r| matches!(r.outcome, Outcome::Duplicate(_)))
-        .count();
+    let (tce, dups) = crate::run::mutants::decided_by_code(results);
     let compared = results.iter().filter(|r| r.code_digest.is_some()).count();
     // The hand-argued equivalents the object code can check.
     let argued: Vec<&MutantResult> = results

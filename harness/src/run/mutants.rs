@@ -140,6 +140,20 @@ pub struct MutantResult {
     pub code_digest: Option<String>,
 }
 
+/// How many of `results` their object code decided without a run: the
+/// unmutated build's code, and an earlier mutant's.
+pub fn decided_by_code(results: &[MutantResult]) -> (usize, usize) {
+    let same = results
+        .iter()
+        .filter(|r| r.outcome == Outcome::CompilerEquivalent)
+        .count();
+    let dups = results
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Duplicate(_)))
+        .count();
+    (same, dups)
+}
+
 impl MutantResult {
     /// What a duplicate stands for: the outcome of the mutant it
     /// duplicates (looked up in `all`), else its own.
