@@ -241,7 +241,18 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
             let sel = model.select_sym(*addr, load, unload, |n| facts_name_ok(f, n));
             if let Some(s) = sel.and_then(|l| model.syms.get(l)) {
                 for i in [s.reg, s.unreg].into_iter().flatten() {
-                    sym_label.insert(i, format!("prog#{k}.f{fi}"));
+                    let label = format!("prog#{k}.f{fi}");
+                    if load.is_some() {
+                        sym_label.insert(i, label);
+                    } else {
+                        // A program this stream never saw load (a set
+                        // closed before it, or one without BPF_EVENT) is
+                        // placed by address alone, and the JIT may give a
+                        // later program the address of a freed one (7.2
+                        // did, in listener-lifetimes, on some runs): it
+                        // never takes a label from a program placed before.
+                        sym_label.entry(i).or_insert(label);
+                    }
                 }
             }
         }
