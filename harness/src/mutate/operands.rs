@@ -424,6 +424,61 @@ fn declarations(text: &str, mask: &[bool], body: Range<usize>) -> BTreeMap<Strin
     out
 }
 
+/// Where each local of the function whose body is `body` can be named: from
+/// its declaration to the end of the block that declares it (a local of a
+/// loop's body is not there before the loop). Parameters: the whole body.
+fn visibility(text: &str, mask: &[bool], body: Range<usize>) -> BTreeMap<String, Range<usize>> {
+    let b = text.as_bytes();
+    let mut out = BTreeMap::new();
+    for r in statements(text, mask, body.clone()) {
+        let s = &text[r.clone()];
+        let head = s.split(['=', ';']).next().unwrap_or("");
+        if head.contains('(') || head.contains("->") || head.contains('.') {
+            continue;
+        }
+        let Some((name, _)) = declared(head) else {
+            continue;
+        };
+        // The innermost `{` still open at the declaration, and its `}`.
+        let mut depth = 0i32;
+        let mut open = body.start;
+        for i in (body.start..r.start).rev() {
+            if !mask[i] {
+                continue;
+            }
+            match b[i] {
+                b'}' => depth += 1,
+                b'{' if depth == 0 => {
+                    open = i;
+                    break;
+                }
+                b'{' => depth -= 1,
+                _ => {}
+            }
+        }
+        let mut depth = 0i32;
+        let mut close = body.end;
+        for i in open..body.end {
+            if !mask[i] {
+                continue;
+            }
+            match b[i] {
+                b'{' => depth += 1,
+                b'}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        close = i;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.insert(name, r.end..close);
+    }
+    out
+}
+
 /// `const char *sym` → (`sym`, `const char *`); `char name[LEN]` →
 /// (`name`, `char[]`); `None` unless it looks like a declaration (a type of
 /// one or more words, then a name).
@@ -475,7 +530,8 @@ pub fn edits(
     scope: &Scope,
     file: &FileScope,
 ) -> Vec<Edit> {
-    let decls = declarations(text, mask, body);
+    let decls = declarations(text, mask, body.clone());
+    let visible = visibility(text, mask, body);
     let mut out = Vec::new();
     let swappable = |s: &str| operand_kind(s, &decls);
     let mut seen_at = BTreeSet::new();
@@ -528,7 +584,10 @@ pub fn edits(
                     continue;
                 }
                 for (other, other_ty) in &decls {
-                    if other != tok.name && other_ty == ty && !ty.ends_with("[]") {
+                    // A parameter is visible everywhere; a local from its
+                    // declaration to the end of its block.
+                    let in_scope = visible.get(other).is_none_or(|v| v.contains(&tok.at));
+                    if other != tok.name && other_ty == ty && !ty.ends_with("[]") && in_scope {
                         push(Operator::ReplaceVariable, other);
                     }
                 }
