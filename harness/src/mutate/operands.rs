@@ -549,7 +549,7 @@ pub fn edits(
                     what: format!("{} → {new} in `{}`", tok.name, shorten(&site)),
                 });
             };
-            if let Some((base, sep)) = &tok.field_of {
+            if let Some((base, _)) = &tok.field_of {
                 // Without the struct's types, a field may stand for another
                 // when their names are of one family (`*_len`), or when both
                 // are read as truth values (the attr bits) and both matter
@@ -558,7 +558,6 @@ pub fn edits(
                 // bits that is_sb_event also tests, which no kloop listener
                 // sets). A replacement of another type would only fail to
                 // build or be a cast.
-                let _ = sep;
                 let Some(fields) = file.fields.get(last_name(base)) else {
                     continue;
                 };

@@ -59,8 +59,7 @@ pub enum Outcome {
     /// run can tell them apart; not run.
     CompilerEquivalent,
     /// Its object code is that of an earlier mutant (the id): the same
-    /// kernel, so the same outcome, which [`MutantResult::duplicate_of`]
-    /// carries; not run.
+    /// kernel, so the same outcome ([`MutantResult::resolved`]); not run.
     Duplicate(String),
     /// Not judged (interrupted, or the build machinery failed): why.
     NotJudged(String),

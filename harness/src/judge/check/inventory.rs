@@ -84,18 +84,12 @@ pub(super) fn check_inventory(
                 ..
             } = &r.body
             {
-                let mut diffs = Vec::new();
-                if *len != flen {
-                    diffs.push(format!(
-                        "len {len} != inventoried jited_func_lens[{fi}] {flen}"
-                    ));
-                }
-                if *ksym_type != KSYM_TYPE_BPF {
-                    diffs.push(format!(
-                        "type {} is not BPF",
-                        kloop_records::ksym_type_name(*ksym_type)
-                    ));
-                }
+                let mut diffs = len_and_type_diffs(
+                    *len,
+                    *ksym_type,
+                    flen,
+                    &format!("inventoried jited_func_lens[{fi}]"),
+                );
                 let ks: Vec<&str> = p
                     .kallsyms
                     .iter()

@@ -5,6 +5,23 @@
 
 use super::*;
 
+/// What a program function's KSYMBOL has wrong against its facts: a
+/// length other than `flen` (named `lens` in the message, e.g.
+/// `jited_func_lens[1]`) or a type other than BPF.
+pub(super) fn len_and_type_diffs(len: u32, ksym_type: u16, flen: u32, lens: &str) -> Vec<String> {
+    let mut diffs = Vec::new();
+    if len != flen {
+        diffs.push(format!("len {len} != {lens} {flen}"));
+    }
+    if ksym_type != KSYM_TYPE_BPF {
+        diffs.push(format!(
+            "type {} is not BPF",
+            kloop_records::ksym_type_name(ksym_type)
+        ));
+    }
+    diffs
+}
+
 /// Checks one CPU-wide set's merged stream.
 /// Symbols a recorder knows from before its stream starts: the initial
 /// kallsyms snapshot and every inventoried program's kallsyms lines.
@@ -259,16 +276,8 @@ pub(super) fn check_set(
                 ..
             } = &reg.body
             {
-                let mut diffs = Vec::new();
-                if *len != flen {
-                    diffs.push(format!("len {len} != jited_func_lens[{fi}] {flen}"));
-                }
-                if *ksym_type != KSYM_TYPE_BPF {
-                    diffs.push(format!(
-                        "type {} is not BPF",
-                        kloop_records::ksym_type_name(*ksym_type)
-                    ));
-                }
+                let mut diffs =
+                    len_and_type_diffs(*len, *ksym_type, flen, &format!("jited_func_lens[{fi}]"));
                 let prefixes = func_prefixes(facts, fi);
                 if prefixes.is_empty() {
                     if !has_some_tag_prefix(name) {
@@ -522,16 +531,8 @@ fn unload_only(
             ..
         } = &r.body
         {
-            let mut diffs = Vec::new();
-            if *len != flen {
-                diffs.push(format!("len {len} != jited_func_lens[{fi}] {flen}"));
-            }
-            if *ksym_type != KSYM_TYPE_BPF {
-                diffs.push(format!(
-                    "type {} is not BPF",
-                    kloop_records::ksym_type_name(*ksym_type)
-                ));
-            }
+            let mut diffs =
+                len_and_type_diffs(*len, *ksym_type, flen, &format!("jited_func_lens[{fi}]"));
             if !facts
                 .kallsyms
                 .iter()
