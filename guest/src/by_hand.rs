@@ -206,6 +206,7 @@ fn select(plan: &Plan, picked: &[usize]) -> (Plan, Option<String>) {
         Plan {
             scenario: plan.scenario.clone(),
             requires: plan.requires.clone(),
+            params: plan.params.clone(),
             steps,
         },
         note,
@@ -221,6 +222,7 @@ mod tests {
         Plan {
             scenario: "basic".into(),
             requires: vec![],
+            params: vec![],
             steps: vec![
                 Step::SnapshotKallsyms,
                 Step::OpenListeners {

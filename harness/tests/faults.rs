@@ -133,6 +133,7 @@ impl Ctx {
             plan: Plan {
                 scenario: name.into(),
                 requires: Vec::new(),
+                params: Vec::new(),
                 steps,
             },
             ..self.basic.clone()

@@ -355,6 +355,11 @@ pub(crate) struct MutantsArgs {
     /// Judge at most N mutants, a balanced sample over files and operators.
     #[arg(long, value_name = "N", default_value_t = 48)]
     max: usize,
+    /// Build a kernel per mutant instead of compiling each mutated file
+    /// alone (compiler equivalence, duplicates, build failures) and
+    /// switching the rest inside one schema kernel.
+    #[arg(long)]
+    build_each: bool,
     /// List the mutants that would be judged and exit.
     #[arg(long)]
     list: bool,

@@ -160,6 +160,11 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
         &a.scenarios,
         &opts,
         jobs,
+        if a.build_each {
+            kloop::run::mutants::Strategy::BuildEach
+        } else {
+            kloop::run::mutants::Strategy::Schemata
+        },
         &mut |what, e| {
             let mut current = building.borrow_mut();
             if current.as_ref().is_none_or(|(w, _)| w != what) {
@@ -168,6 +173,8 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
                 }
                 let label = if what == "unmutated" {
                     format!("the unmutated {}", base_req.source.label())
+                } else if what == "schema" {
+                    "the schema kernel (every mutant behind its switch)".to_string()
                 } else {
                     format!("mutant {what}")
                 };

@@ -30,15 +30,15 @@ pub mod plan;
 
 pub use frame::{encode_frame, FrameDecoder, FrameError, FrameKind, RawFrame, MAX_PAYLOAD};
 pub use plan::{
-    AttachTarget, Fault, ListenerScope, ListenerSpec, Plan, Requirement, SideBand, Step,
-    SweepTarget, XdpMode,
+    AttachTarget, Fault, ListenerScope, ListenerSpec, ParamWrite, Plan, Requirement, SideBand,
+    Step, SweepTarget, XdpMode,
 };
 
 /// Bumped whenever a frame layout, a message or a plan step changes
 /// incompatibly (4: the ksymbol watch's steps and messages, kprobe-fill,
 /// fail-nth and failed-load; 5: a listener's CPU subset and other
-/// side-band attributes, and `close-listeners`; 6: `FinalKallsyms`).
-pub const PROTOCOL_VERSION: u32 = 6;
+/// side-band attributes, and `close-listeners`; 6: `FinalKallsyms`; 7: the plan's `params`).
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Where the agent finds its plan inside the initramfs.
 pub const PLAN_PATH: &str = "/kloop/plan.json";
@@ -489,6 +489,7 @@ mod tests {
         let plan = Plan {
             scenario: "basic".into(),
             requires: vec![Requirement::Btf],
+            params: Vec::new(),
             steps: vec![
                 Step::Drain,
                 Step::Trigger {

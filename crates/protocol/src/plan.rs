@@ -419,7 +419,30 @@ pub struct Plan {
     /// step; the first that fails ends the run with `Unsupported`.
     #[serde(default)]
     pub requires: Vec<Requirement>,
+    /// Kernel parameters the agent sets before anything else, even the
+    /// probes: a mutant schema kernel's `kloop_mutant`, which picks the
+    /// mutant a restored VM runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub params: Vec<ParamWrite>,
     pub steps: Vec<Step>,
+}
+
+/// `value` written to `/sys/module/<module>/parameters/<name>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParamWrite {
+    pub module: String,
+    pub name: String,
+    pub value: String,
+}
+
+impl ParamWrite {
+    /// The sysfs file, or `None` when a part could leave the parameters
+    /// directory (a `/` or `..`).
+    pub fn path(&self) -> Option<String> {
+        let ok = |p: &str| !p.is_empty() && !p.contains('/') && p != "." && p != "..";
+        (ok(&self.module) && ok(&self.name))
+            .then(|| format!("/sys/module/{}/parameters/{}", self.module, self.name))
+    }
 }
 
 /// A kernel feature a scenario needs, probed in the guest.

@@ -75,6 +75,23 @@ pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
 pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>) -> Result<()> {
     channel::start_heartbeat();
 
+    // Before the probes: a mutant schema's switch decides which code every
+    // later step (and probe) runs.
+    for p in &plan.params {
+        let path = p.path().ok_or_else(|| {
+            anyhow::anyhow!(
+                "plan parameter {}/{} is not a parameter's name",
+                p.module,
+                p.name
+            )
+        })?;
+        std::fs::write(&path, &p.value).os_ctx(format!(
+            "writing {} to {path} (a kernel without this parameter cannot run this plan)",
+            p.value
+        ))?;
+        log(format!("set {path} = {}", p.value))?;
+    }
+
     let (unmet, all_from_save) = probes::first_unmet(&plan.requires)?;
     if let Some((requirement, reason)) = unmet {
         send(&Message::Unsupported {

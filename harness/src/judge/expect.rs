@@ -389,6 +389,7 @@ mod tests {
         Plan {
             scenario: "t".into(),
             requires: Vec::new(),
+            params: Vec::new(),
             steps,
         }
     }

@@ -11,6 +11,7 @@
 pub mod c_source;
 pub mod operands;
 pub mod operators;
+pub mod schema;
 
 use std::path::{Path, PathBuf};
 
@@ -236,6 +237,11 @@ pub fn apply_keeping_lines(text: &str, changes: &[(std::ops::Range<usize>, Strin
         out.replace_range(r, &new);
     }
     out
+}
+
+/// The patch (`patch -p1`) that makes `before` into `after` for `file`.
+pub fn file_patch(file: &str, before: &str, after: &str) -> String {
+    unified_diff(file, before, after)
 }
 
 fn unified_diff(file: &str, before: &str, after: &str) -> String {

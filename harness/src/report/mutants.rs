@@ -364,6 +364,7 @@ mod tests {
             release: "6.12.117".into(),
             scenarios: vec!["basic".into()],
             accel: "tcg".into(),
+            phases: Default::default(),
             run_dir: "/r".into(),
         };
         let results = vec![
@@ -416,6 +417,7 @@ mod tests {
             release: "6.12".into(),
             scenarios: vec!["basic".into()],
             accel: "tcg".into(),
+            phases: Default::default(),
             run_dir: "/tmp/x".into(),
         };
         let results = vec![

@@ -61,6 +61,7 @@ pub fn storm_scenario(
         plan: Plan {
             scenario: name.into(),
             requires: Vec::new(),
+            params: Vec::new(),
             steps,
         },
         ..base.clone()

@@ -15,7 +15,7 @@ use kloop_kernels::{Catalog, KernelCache};
 use serde::{Deserialize, Serialize};
 
 use crate::judge::ab::{self, Side};
-use crate::mutate::Mutant;
+use crate::mutate::{schema, Mutant};
 use crate::run::suite::{self, EnvOptions, Layout, PlannedTrial};
 use crate::run::trial::{BootMode, KernelUnderTest, LocalKernel, TrialEnv};
 use crate::scenario::Scenario;
@@ -154,6 +154,20 @@ pub fn decided_by_code(results: &[MutantResult]) -> (usize, usize) {
 }
 
 impl MutantResult {
+    /// `m`, not judged yet (survived until a scenario kills it).
+    pub fn new(m: &Mutant) -> MutantResult {
+        MutantResult {
+            mutant: m.clone(),
+            outcome: Outcome::Survived,
+            build_secs: 0.0,
+            judge_secs: 0.0,
+            scenarios_run: 0,
+            confirmed_figures: false,
+            killed_by: None,
+            code_digest: None,
+        }
+    }
+
     /// What a duplicate stands for: the outcome of the mutant it
     /// duplicates (looked up in `all`), else its own.
     pub fn resolved<'a>(&'a self, all: &'a [MutantResult]) -> &'a Outcome {
@@ -177,6 +191,10 @@ pub struct MutantsBaseline {
     pub scenarios: Vec<String>,
     pub accel: String,
     pub run_dir: PathBuf,
+    /// How the mutants were built and what that took (empty for a run
+    /// from before schemata).
+    #[serde(default)]
+    pub phases: Phases,
 }
 
 /// Beside `mutants.json` in a run directory: the run's [`MutantsBaseline`].
@@ -301,6 +319,7 @@ pub fn read_run(
         scenarios,
         accel,
         run_dir: run_dir.to_path_buf(),
+        phases: Phases::default(),
     };
     Ok((base, results))
 }
@@ -317,9 +336,101 @@ pub fn judging_order(mut scenarios: Vec<Scenario>) -> Vec<Scenario> {
     scenarios
 }
 
-/// Builds the unmutated kernel, runs `scenarios` on it once, then judges
-/// each mutant in turn (`on_result` as each is decided). Mutant kernels are
-/// removed from the cache once judged (their patch rebuilds them).
+/// How the mutants' kernels are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// Each mutant's file compiled alone first (Trivial Compiler
+    /// Equivalence, duplicates and build failures decided with no kernel
+    /// build), then every mutant left in one schema kernel
+    /// ([`crate::mutate::schema`]), switched per trial; a mutant the
+    /// schema cannot hold is built on its own.
+    #[default]
+    Schemata,
+    /// A kernel per mutant, its patch built incrementally.
+    BuildEach,
+}
+
+/// What a run's phases took, for the report.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Phases {
+    pub strategy: Strategy,
+    /// Compiling each mutated file alone (both cores).
+    pub compile_secs: f64,
+    /// Building the schema kernel.
+    pub schema_build_secs: f64,
+    /// The schema kernel's build id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_kernel: Option<String>,
+    /// Mutants the schema kernel held.
+    pub in_schema: usize,
+    /// Mutants built on their own, and why (`id: why`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub built_alone: Vec<String>,
+}
+
+/// A kernel as a trial runs it: a schema kernel carries the switch value
+/// its plans set.
+#[derive(Clone)]
+struct Subject {
+    kernel: KernelUnderTest,
+    switch: Option<u32>,
+}
+
+impl Subject {
+    fn plain(kernel: KernelUnderTest) -> Subject {
+        Subject {
+            kernel,
+            switch: None,
+        }
+    }
+
+    fn trial(&self, s: &Scenario) -> PlannedTrial {
+        let mut scenario = s.clone();
+        if let Some(n) = self.switch {
+            scenario.plan.params.push(kloop_protocol::ParamWrite {
+                module: "kernel".into(),
+                name: schema::SWITCH.into(),
+                value: n.to_string(),
+            });
+        }
+        PlannedTrial {
+            kernel: self.kernel.clone(),
+            scenario,
+        }
+    }
+}
+
+/// Runs `chosen` on `subject`, each kernel's side in `sides`; the first
+/// that fails the run is an error (a mutant cannot be judged against it).
+fn reference_sides(
+    env: &TrialEnv,
+    subject: &Subject,
+    chosen: &[Scenario],
+    jobs: usize,
+    id: &str,
+) -> Result<BTreeMap<String, Side>, MutantsError> {
+    let trials: Vec<PlannedTrial> = chosen.iter().map(|s| subject.trial(s)).collect();
+    let mut sides = BTreeMap::new();
+    for r in suite::run_all(env, &trials, jobs, &|_| {}) {
+        if r.verdict.fails_run() {
+            return Err(MutantsError::BaselineFails {
+                scenario: r.scenario.clone(),
+                verdict: r.verdict.label().to_string(),
+                id: id.to_string(),
+            });
+        }
+        sides.insert(r.scenario.clone(), crate::run::ab::side_of(&r));
+    }
+    Ok(sides)
+}
+
+/// Builds the unmutated kernel, then judges each mutant in turn
+/// (`on_result` as each is decided) against the scenarios' runs on the
+/// unmutated code: with [`Strategy::Schemata`], the schema kernel with its
+/// switch at 0; otherwise (and for a mutant built alone) the unmutated
+/// kernel. Mutant kernels are removed from the cache once judged (their
+/// patch rebuilds them).
 #[allow(clippy::too_many_arguments)] // the source, the mutants, how to run, two callbacks
 pub fn judge_all(
     layout: &Layout,
@@ -328,6 +439,7 @@ pub fn judge_all(
     scenarios: &[String],
     opts: &EnvOptions,
     jobs: usize,
+    strategy: Strategy,
     on_build: &mut dyn FnMut(&str, kloop_kernels::build::BuildEvent),
     on_result: &mut dyn FnMut(&MutantsBaseline, &[MutantResult]),
 ) -> Result<(MutantsBaseline, Vec<MutantResult>), MutantsError> {
@@ -337,40 +449,108 @@ pub fn judge_all(
         .map_err(MutantsError::Baseline)?;
     let local = |k: &BuiltKernel| KernelUnderTest::Image(LocalKernel::built(k, None, &catalog));
     let base_kernel = local(&baseline);
-    let opts = EnvOptions {
-        // A mutant kernel boots a handful of trials before it is decided:
-        // making a saved VM for each would cost more than it saves.
-        boot: BootMode::Cold,
-        ..opts.clone()
-    };
-    let env = suite::prepare_env(layout, &opts, std::slice::from_ref(&base_kernel))?;
+    let mut env = suite::prepare_env(layout, opts, std::slice::from_ref(&base_kernel))?;
     let all = crate::scenario::load_all(&layout.scenarios()).map_err(suite::SuiteError::from)?;
     let chosen =
         judging_order(crate::scenario::select(&all, scenarios).map_err(suite::SuiteError::from)?);
-    let base_trials: Vec<PlannedTrial> = chosen
-        .iter()
-        .map(|s| PlannedTrial {
-            kernel: base_kernel.clone(),
-            scenario: s.clone(),
-        })
-        .collect();
-    let base_results = suite::run_all(&env, &base_trials, jobs, &|_| {});
-    let mut base_sides: BTreeMap<String, Side> = BTreeMap::new();
-    for r in &base_results {
-        if r.verdict.fails_run() {
-            return Err(MutantsError::BaselineFails {
-                scenario: r.scenario.clone(),
-                verdict: r.verdict.label().to_string(),
-                id: baseline.record.id.clone(),
-            });
-        }
-        base_sides.insert(r.scenario.clone(), crate::run::ab::side_of(r));
-    }
     let patch_dir = env.run_dir.join("mutants");
     std::fs::create_dir_all(&patch_dir).map_err(|source| MutantsError::Write {
         path: patch_dir.clone(),
         source,
     })?;
+    let mut phases = Phases {
+        strategy,
+        ..Phases::default()
+    };
+
+    // Compiled alone: what the code alone decides, and the schema.
+    let mut decided: BTreeMap<usize, MutantResult> = BTreeMap::new();
+    let mut in_schema: BTreeMap<usize, u32> = BTreeMap::new();
+    let mut digests: BTreeMap<usize, String> = BTreeMap::new();
+    let mut compile_secs: BTreeMap<usize, f64> = BTreeMap::new();
+    let mut schema_kernel = None;
+    if strategy == Strategy::Schemata {
+        match compile_phase(&cache, base_req, &baseline, mutants, jobs) {
+            Ok((secs, outcomes)) => {
+                phases.compile_secs = secs;
+                let mut left = Vec::new();
+                for (n, (outcome, digest, secs)) in outcomes.into_iter().enumerate() {
+                    match outcome {
+                        Some(outcome) => {
+                            decided.insert(
+                                n,
+                                MutantResult {
+                                    build_secs: secs,
+                                    code_digest: digest,
+                                    outcome,
+                                    ..MutantResult::new(&mutants[n])
+                                },
+                            );
+                        }
+                        None => {
+                            compile_secs.insert(n, secs);
+                            left.push((n, digest));
+                        }
+                    }
+                }
+                let to_switch: Vec<usize> = left.iter().map(|(n, _)| *n).collect();
+                match schema_build(&cache, base_req, mutants, &to_switch, &patch_dir, on_build) {
+                    Ok((built, included, left_out, secs)) => {
+                        phases.schema_build_secs = secs;
+                        phases.schema_kernel = Some(built.record.id.clone());
+                        phases.in_schema = included.len();
+                        phases.built_alone = left_out;
+                        for n in included {
+                            in_schema.insert(n, n as u32 + 1);
+                        }
+                        schema_kernel = Some(built);
+                    }
+                    Err(why) => {
+                        tracing::warn!("no schema kernel, every mutant built alone: {why}");
+                        phases.built_alone.push(format!("all: {why}"));
+                    }
+                }
+                digests.extend(left.into_iter().filter_map(|(n, d)| Some((n, d?))));
+            }
+            Err(why) => {
+                tracing::warn!("no compile-alone phase, every mutant built alone: {why}");
+                phases.built_alone.push(format!("all: {why}"));
+            }
+        }
+    }
+
+    let schema_subject = schema_kernel.as_ref().map(|k| {
+        let KernelUnderTest::Image(mut lk) = local(k) else {
+            unreachable!("a built kernel is an image")
+        };
+        lk.name = format!("schema-{}", k.record.id);
+        Subject {
+            kernel: KernelUnderTest::Image(lk),
+            switch: Some(0),
+        }
+    });
+    // The reference runs: on the schema kernel (a saved VM per shape, since
+    // it serves every trial), and on the unmutated kernel when any mutant is
+    // built alone (cold boots: a mutant kernel boots a handful of trials).
+    let schema_sides = match (&schema_subject, &schema_kernel) {
+        (Some(s), Some(k)) => Some(reference_sides(&env, s, &chosen, jobs, &k.record.id)?),
+        _ => None,
+    };
+    let alone_needed =
+        (0..mutants.len()).any(|n| !decided.contains_key(&n) && !in_schema.contains_key(&n));
+    env.boot = BootMode::Cold;
+    let base_sides = if alone_needed || schema_sides.is_none() {
+        reference_sides(
+            &env,
+            &Subject::plain(base_kernel.clone()),
+            &chosen,
+            jobs,
+            &baseline.record.id,
+        )?
+    } else {
+        BTreeMap::new()
+    };
+    env.boot = opts.boot;
     let base = MutantsBaseline {
         source: baseline.record.source.clone(),
         kernel_id: baseline.record.id.clone(),
@@ -378,6 +558,7 @@ pub fn judge_all(
         scenarios: chosen.iter().map(|s| s.name.clone()).collect(),
         accel: env.accel.accel.clone(),
         run_dir: env.run_dir.clone(),
+        phases,
     };
     let base_file = env.run_dir.join(BASELINE_FILE);
     let json = serde_json::to_vec_pretty(&base).expect("the baseline serialises");
@@ -388,19 +569,48 @@ pub fn judge_all(
     let mut tce = Tce::new(&cache, base_req, &baseline, mutants);
     let mut results = Vec::new();
     for (n, m) in mutants.iter().enumerate() {
-        let r = judge_one(
-            &env,
-            (&cache, &catalog),
-            base_req,
-            m,
-            n,
-            &patch_dir,
-            (&base_kernel, &base_sides),
-            &chosen,
-            jobs,
-            &mut tce,
-            on_build,
-        );
+        let r = if let Some(r) = decided.remove(&n) {
+            r
+        } else if let (Some(&switch), Some(subject), Some(sides)) =
+            (in_schema.get(&n), &schema_subject, &schema_sides)
+        {
+            let mut r = MutantResult::new(m);
+            r.code_digest = digests.get(&n).cloned();
+            // Its share of the build: the compile alone (the schema
+            // kernel's build is the run's, in `phases`).
+            r.build_secs = compile_secs.get(&n).copied().unwrap_or(0.0);
+            if crate::run::signals::interrupted() {
+                r.outcome = Outcome::NotJudged("interrupted".into());
+            } else {
+                let KernelUnderTest::Image(mut lk) = subject.kernel.clone() else {
+                    unreachable!("a schema kernel is an image")
+                };
+                lk.name = format!("{}-m{switch:03}", lk.name);
+                let mutant = Subject {
+                    kernel: KernelUnderTest::Image(lk),
+                    switch: Some(switch),
+                };
+                judge_on(&env, (subject, sides), &mutant, &chosen, jobs, &mut r);
+            }
+            r
+        } else {
+            env.boot = BootMode::Cold;
+            let r = judge_one(
+                &env,
+                (&cache, &catalog),
+                base_req,
+                m,
+                n,
+                &patch_dir,
+                (&base_kernel, &base_sides),
+                &chosen,
+                jobs,
+                &mut tce,
+                on_build,
+            );
+            env.boot = opts.boot;
+            r
+        };
         if let (Some(d), Outcome::Killed(_) | Outcome::Survived) = (&r.code_digest, &r.outcome) {
             tce.judged
                 .entry((m.file.clone(), d.clone()))
@@ -410,7 +620,168 @@ pub fn judge_all(
         // After each mutant, so a run stopped halfway keeps its findings.
         on_result(&base, &results);
     }
+    if let Some(k) = &schema_kernel {
+        forget_kernel(&cache, k);
+    }
     Ok((base, results))
+}
+
+/// Per mutant: its outcome when its code decides it (`None`: it must be
+/// run), its code digest, and the seconds its compile took.
+type CompileOutcome = (Option<Outcome>, Option<String>, f64);
+
+/// Compiles every mutant's file alone, `jobs` at a time, as kbuild
+/// compiled the unmutated file in the unmutated build's output directory:
+/// a compiler error is a build failure, the unmutated code is equivalence,
+/// an earlier mutant's code a duplicate (of the earlier one, in order).
+fn compile_phase(
+    cache: &KernelCache,
+    req: &BuildRequest,
+    baseline: &BuiltKernel,
+    mutants: &[Mutant],
+    jobs: usize,
+) -> Result<(f64, Vec<CompileOutcome>), String> {
+    use kloop_kernels::build::objects::{compile_alone, CompileError};
+    let out = kloop_kernels::build::objects_of(cache, req, baseline)
+        .map_err(|e| e.to_string())?
+        .ok_or("the unmutated build's output directory holds another build since")?;
+    let tree = kloop_kernels::build::source_tree(cache, &req.source, &req.fetch)
+        .map_err(|e| e.to_string())?;
+    let tmp = cache.root().join("tmp");
+    std::fs::create_dir_all(&tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+    let work = tempfile::Builder::new()
+        .prefix("compile-alone-")
+        .tempdir_in(&tmp)
+        .map_err(|e| format!("a directory in {}: {e}", tmp.display()))?;
+    let started = Instant::now();
+    let mut originals: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for m in mutants {
+        if originals.contains_key(&m.file) {
+            continue;
+        }
+        let path = tree.join(&m.file);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let digest = compile_alone(&out, &m.file, &text, work.path())
+            .map_err(|e| format!("compiling the unmutated {} alone: {e}", m.file))?;
+        originals.insert(m.file.clone(), (text, digest));
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    type Compiled = Option<(Result<String, CompileError>, f64)>;
+    let compiled: std::sync::Mutex<Vec<Compiled>> =
+        std::sync::Mutex::new((0..mutants.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.max(1) {
+            scope.spawn(|| loop {
+                if crate::run::signals::interrupted() {
+                    break;
+                }
+                let n = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let Some(m) = mutants.get(n) else { break };
+                let t = Instant::now();
+                let (original, _) = &originals[&m.file];
+                let r = match schema::mutated_text(original, m) {
+                    Ok(text) => compile_alone(&out, &m.file, &text, work.path()),
+                    Err(e) => Err(CompileError::Refused(format!("kloop's own patch: {e}"))),
+                };
+                compiled.lock().unwrap_or_else(|p| p.into_inner())[n] =
+                    Some((r, t.elapsed().as_secs_f64()));
+            });
+        }
+    });
+    let compiled = compiled.into_inner().unwrap_or_else(|p| p.into_inner());
+    let mut seen: BTreeMap<(String, String), String> = BTreeMap::new();
+    let mut outcomes = Vec::new();
+    for (m, c) in mutants.iter().zip(compiled) {
+        outcomes.push(match c {
+            None => (Some(Outcome::NotJudged("interrupted".into())), None, 0.0),
+            Some((Err(CompileError::Refused(why)), secs)) => {
+                (Some(Outcome::BuildFailed(why)), None, secs)
+            }
+            Some((Err(e), secs)) => (
+                Some(Outcome::NotJudged(format!("compiling alone: {e}"))),
+                None,
+                secs,
+            ),
+            Some((Ok(d), secs)) => {
+                let outcome = if d == originals[&m.file].1 {
+                    Some(Outcome::CompilerEquivalent)
+                } else if let Some(first) = seen.get(&(m.file.clone(), d.clone())) {
+                    Some(Outcome::Duplicate(first.clone()))
+                } else {
+                    seen.insert((m.file.clone(), d.clone()), m.id.clone());
+                    None
+                };
+                (outcome, Some(d), secs)
+            }
+        });
+    }
+    Ok((started.elapsed().as_secs_f64(), outcomes))
+}
+
+/// Builds one kernel holding the mutants `numbers` (indices into
+/// `mutants`; the switch value of each is its index + 1). Returns the
+/// kernel, the indices it holds, the mutants it cannot hold (`id: why`)
+/// and the build's seconds.
+fn schema_build(
+    cache: &KernelCache,
+    req: &BuildRequest,
+    mutants: &[Mutant],
+    numbers: &[usize],
+    patch_dir: &Path,
+    on_build: &mut dyn FnMut(&str, kloop_kernels::build::BuildEvent),
+) -> Result<(BuiltKernel, Vec<usize>, Vec<String>, f64), String> {
+    let tree = kloop_kernels::build::source_tree(cache, &req.source, &req.fetch)
+        .map_err(|e| e.to_string())?;
+    let mut by_file: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for &n in numbers {
+        by_file.entry(mutants[n].file.as_str()).or_default().push(n);
+    }
+    let mut patch = String::new();
+    let mut included = Vec::new();
+    let mut left_out = Vec::new();
+    for (i, (file, ns)) in by_file.iter().enumerate() {
+        let path = tree.join(file);
+        let original = std::fs::read_to_string(&path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let mut texts = Vec::new();
+        for &n in ns {
+            match schema::mutated_text(&original, &mutants[n]) {
+                Ok(t) => texts.push((n, t)),
+                Err(e) => left_out.push(format!("{}: {e}", mutants[n].id)),
+            }
+        }
+        let variants: Vec<schema::Variant> = texts
+            .iter()
+            .map(|(n, t)| schema::Variant {
+                number: *n as u32 + 1,
+                function: &mutants[*n].function,
+                mutated: t,
+            })
+            .collect();
+        let s = schema::file_schema(&original, &variants, i == 0);
+        included.extend(s.included.iter().map(|k| *k as usize - 1));
+        left_out.extend(
+            s.left_out
+                .iter()
+                .map(|(k, why)| format!("{}: {why}", mutants[*k as usize - 1].id)),
+        );
+        patch.push_str(&crate::mutate::file_patch(file, &original, &s.text));
+    }
+    if included.is_empty() {
+        return Err("no mutant fits a schema".into());
+    }
+    let path = patch_dir.join("schema.patch");
+    std::fs::write(&path, &patch).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    let req = BuildRequest {
+        patches: vec![path],
+        ..req.clone()
+    };
+    let started = Instant::now();
+    let built = kloop_kernels::build::build(cache, &req, &mut |e| on_build("schema", e))
+        .map_err(|e| format!("building the schema kernel: {e}"))?;
+    included.sort_unstable();
+    Ok((built, included, left_out, started.elapsed().as_secs_f64()))
 }
 
 /// Trivial Compiler Equivalence: the unmutated build's object code of
@@ -475,27 +846,20 @@ fn figures_only(o: &ab::AbOutcome) -> bool {
 /// Runs `scenario` once more on both kernels and compares those runs.
 fn confirm_figures(
     env: &TrialEnv,
-    base_kernel: &KernelUnderTest,
-    kernel: &KernelUnderTest,
+    base: &Subject,
+    subject: &Subject,
     scenario: &Scenario,
     jobs: usize,
 ) -> Option<ab::AbOutcome> {
-    let trials = [base_kernel, kernel].map(|k| PlannedTrial {
-        kernel: k.clone(),
-        scenario: scenario.clone(),
-    });
+    let trials = [base, subject].map(|k| k.trial(scenario));
     let results = suite::run_all(env, &trials, jobs, &|_| {});
-    let side = |k: &KernelUnderTest| {
+    let side = |k: &Subject| {
         results
             .iter()
-            .find(|r| r.kernel == k.id())
+            .find(|r| r.kernel == k.kernel.id())
             .map(crate::run::ab::side_of)
     };
-    Some(ab::compare(
-        &scenario.name,
-        &side(base_kernel)?,
-        &side(kernel)?,
-    ))
+    Some(ab::compare(&scenario.name, &side(base)?, &side(subject)?))
 }
 
 #[allow(clippy::too_many_arguments)] // everything judge_all shares with each mutant
@@ -512,16 +876,7 @@ fn judge_one(
     tce: &mut Tce,
     on_build: &mut dyn FnMut(&str, kloop_kernels::build::BuildEvent),
 ) -> MutantResult {
-    let mut result = MutantResult {
-        mutant: m.clone(),
-        outcome: Outcome::Survived,
-        build_secs: 0.0,
-        judge_secs: 0.0,
-        scenarios_run: 0,
-        confirmed_figures: false,
-        killed_by: None,
-        code_digest: None,
-    };
+    let mut result = MutantResult::new(m);
     if crate::run::signals::interrupted() {
         result.outcome = Outcome::NotJudged("interrupted".into());
         return result;
@@ -581,16 +936,34 @@ fn judge_one(
             }
         }
     }
-    let kernel = KernelUnderTest::Image(LocalKernel::built(&built, None, catalog));
+    let kernel = Subject::plain(KernelUnderTest::Image(LocalKernel::built(
+        &built, None, catalog,
+    )));
+    judge_on(
+        env,
+        (&Subject::plain(base_kernel.clone()), base_sides),
+        &kernel,
+        chosen,
+        jobs,
+        &mut result,
+    );
+    forget_kernel(cache, &built);
+    result
+}
+
+/// Runs `chosen` on `subject` until a rule kills it (or all ran), each
+/// compared with `base`'s run of the scenario; the verdict in `result`.
+fn judge_on(
+    env: &TrialEnv,
+    (reference, base_sides): (&Subject, &BTreeMap<String, Side>),
+    subject: &Subject,
+    chosen: &[Scenario],
+    jobs: usize,
+    result: &mut MutantResult,
+) {
     let started = Instant::now();
     'batches: for batch in chosen.chunks(jobs.max(1)) {
-        let trials: Vec<PlannedTrial> = batch
-            .iter()
-            .map(|s| PlannedTrial {
-                kernel: kernel.clone(),
-                scenario: s.clone(),
-            })
-            .collect();
+        let trials: Vec<PlannedTrial> = batch.iter().map(|s| subject.trial(s)).collect();
         let results = suite::run_all(env, &trials, jobs, &|_| {});
         result.scenarios_run += results.len();
         for r in &results {
@@ -603,8 +976,7 @@ fn judge_one(
                 // as likely noise as a change: both kernels measure again,
                 // and only a change that shows twice kills.
                 if let Some(scenario) = chosen.iter().find(|s| s.name == r.scenario) {
-                    if let Some(again) = confirm_figures(env, base_kernel, &kernel, scenario, jobs)
-                    {
+                    if let Some(again) = confirm_figures(env, reference, subject, scenario, jobs) {
                         result.confirmed_figures = true;
                         result.scenarios_run += 1;
                         outcome = again;
@@ -648,8 +1020,6 @@ fn judge_one(
         }
     }
     result.judge_secs = started.elapsed().as_secs_f64();
-    forget_kernel(cache, &built);
-    result
 }
 
 /// The mutant's kernel and its PVH ELF are not worth their disk: its patch
@@ -685,6 +1055,7 @@ mod tests {
             scenarios: vec!["basic".into(), "symbol-state".into()],
             accel: "tcg".into(),
             run_dir: dir.path().join("runs/1-2"),
+            phases: Default::default(),
         };
         let result = MutantResult {
             mutant: Mutant {

@@ -130,6 +130,7 @@ impl Scenario {
             plan: Plan {
                 scenario: name.to_string(),
                 requires: with_implied(file.requires, &steps),
+                params: Vec::new(),
                 steps,
             },
         })

@@ -95,6 +95,138 @@ pub fn code_digest_of(bytes: &[u8]) -> Result<String, String> {
     Ok(hex::encode(h.finalize()))
 }
 
+/// Why a file could not be compiled alone.
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    /// The compiler refused the text: its `error:` lines (at most 3).
+    #[error("{0}")]
+    Refused(String),
+    /// The build directory has no record of how kbuild compiled the file
+    /// (never built there, or not with this config).
+    #[error("{cmd}: {why} (build the kernel in this output directory first)")]
+    NoCommand { cmd: String, why: String },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Object(#[from] ObjectError),
+}
+
+/// The code digest of `text` compiled as the tree's `file` (for example
+/// `kernel/events/core.c`), exactly as kbuild compiled that file in the
+/// build directory `out` (its `.core.o.cmd`), but from a copy under `work`
+/// into an object under `work`: the tree and the build directory are only
+/// read, so two compiles run at once and a build in `out` is untouched.
+///
+/// The copy's path is mapped back to the file's own in `__FILE__`
+/// (`-fmacro-prefix-map`), so the strings WARN_ON puts in loaded sections
+/// are those of a real build; objtool, which kbuild runs after the
+/// compiler, is left out (it rewrites both objects alike). Through ccache
+/// when installed, keyed by the text, so a second run of the same
+/// mutants compiles nothing.
+pub fn compile_alone(
+    out: &Path,
+    file: &str,
+    text: &str,
+    work: &Path,
+) -> Result<String, CompileError> {
+    let (dir, name) = file.rsplit_once('/').unwrap_or(("", file));
+    let stem = name.strip_suffix(".c").unwrap_or(name);
+    let object = if dir.is_empty() {
+        format!("{stem}.o")
+    } else {
+        format!("{dir}/{stem}.o")
+    };
+    let cmd_file = out.join(if dir.is_empty() {
+        format!(".{stem}.o.cmd")
+    } else {
+        format!("{dir}/.{stem}.o.cmd")
+    });
+    let no_command = |why: &str| CompileError::NoCommand {
+        cmd: cmd_file.display().to_string(),
+        why: why.to_string(),
+    };
+    let saved = std::fs::read_to_string(&cmd_file).map_err(|e| no_command(&e.to_string()))?;
+    let line = saved.lines().next().unwrap_or("");
+    let command = line
+        .split_once(" := ")
+        .map(|(_, c)| c)
+        .ok_or_else(|| no_command("no savedcmd line"))?;
+    // The compiler's part, before kbuild's `; objtool …`.
+    let compiler = command.split(" ; ").next().unwrap_or(command).trim();
+    let mut words: Vec<String> = compiler.split_whitespace().map(str::to_string).collect();
+    let source_at = words
+        .iter()
+        .rposition(|w| w.ends_with(&format!("/{file}")) || w == file)
+        .ok_or_else(|| no_command("the command does not name the source"))?;
+    let output_at = words
+        .iter()
+        .position(|w| w == "-o")
+        .filter(|&i| words.get(i + 1) == Some(&object))
+        .ok_or_else(|| no_command("the command does not name the object"))?;
+
+    let key = hex::encode(&Sha256::digest(format!("{file}\0{text}"))[..8]);
+    let copy_dir = work.join(&key);
+    let io = |what: String| move |source| CompileError::Io { what, source };
+    std::fs::create_dir_all(&copy_dir).map_err(io(format!("creating {}", copy_dir.display())))?;
+    let copy = copy_dir.join(name);
+    std::fs::write(&copy, text).map_err(io(format!("writing {}", copy.display())))?;
+    let obj = copy_dir.join(format!("{stem}.o"));
+    words[source_at] = copy.display().to_string();
+    words[output_at + 1] = obj.display().to_string();
+    // kbuild's dependency file would land beside the real object.
+    words.retain(|w| !w.starts_with("-Wp,-MMD,") && !w.starts_with("-Wp,-MD,"));
+    let map_to = if dir.is_empty() {
+        String::new()
+    } else {
+        format!("{dir}/")
+    };
+    // After the compiler's name (`gcc`, or `ccache gcc` when kbuild ran
+    // through ccache): before its first option.
+    let first_option = words.iter().position(|w| w.starts_with('-')).unwrap_or(1);
+    words.insert(
+        first_option,
+        format!("-fmacro-prefix-map={}/={map_to}", copy_dir.display()),
+    );
+    let mut shell = words.join(" ");
+    let through_ccache = words[..first_option].iter().any(|w| w.ends_with("ccache"));
+    if let (false, Some(cc)) = (through_ccache, super::which("ccache")) {
+        shell = format!("{} {shell}", cc.display());
+    }
+    let result = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&shell)
+        .current_dir(out)
+        .env("LC_ALL", "C")
+        .env("KBUILD_BUILD_TIMESTAMP", "kloop")
+        .env("CCACHE_NOHASHDIR", "1")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(io("running the compiler".into()));
+    let outcome = result.and_then(|o| {
+        if o.status.success() {
+            Ok(code_digest(&obj)?)
+        } else {
+            let stderr = String::from_utf8_lossy(&o.stderr);
+            let errors: Vec<&str> = stderr
+                .lines()
+                .filter(|l| l.contains("error:"))
+                .take(3)
+                .collect();
+            Err(CompileError::Refused(if errors.is_empty() {
+                format!("the compiler failed ({})", o.status)
+            } else {
+                errors.join(" / ")
+            }))
+        }
+    });
+    let _ = std::fs::remove_dir_all(&copy_dir);
+    outcome
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,6 +266,79 @@ mod tests {
         assert_eq!(d, compile(moved, dir.path(), "moved"));
         assert_eq!(d, compile(folded, dir.path(), "folded"));
         assert_ne!(d, compile(other, dir.path(), "other"));
+    }
+
+    /// A tree and a build directory laid out as kbuild leaves them: the
+    /// object's `.cmd` names the source by its path in the tree, maps the
+    /// tree's prefix out of `__FILE__` and ends with kbuild's objtool.
+    fn kbuild_like(src: &str) -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+        let root = tempfile::tempdir().unwrap();
+        let tree = root.path().join("tree");
+        let out = root.path().join("out");
+        std::fs::create_dir_all(tree.join("kernel/events")).unwrap();
+        std::fs::create_dir_all(out.join("kernel/events")).unwrap();
+        std::fs::write(tree.join("kernel/events/core.c"), src).unwrap();
+        std::fs::write(
+            out.join("kernel/events/.core.o.cmd"),
+            format!(
+                "savedcmd_kernel/events/core.o := gcc -Wp,-MMD,kernel/events/.core.o.d -O2 \
+                 -fmacro-prefix-map={}/= -c -o kernel/events/core.o {}   ; ./tools/objtool/objtool --uaccess kernel/events/core.o\n\nsource_kernel/events/core.o := x\n",
+                tree.display(),
+                tree.join("kernel/events/core.c").display()
+            ),
+        )
+        .unwrap();
+        (root, tree, out)
+    }
+
+    #[test]
+    fn a_file_compiled_alone_is_the_code_kbuild_compiled() {
+        // `__FILE__` reaches a loaded section (as WARN_ON's bug table
+        // does): the copy's path must be mapped back to the file's.
+        let src = "const char *where(void)\n{\n\treturn __FILE__;\n}\n";
+        let (root, tree, out) = kbuild_like(src);
+        let status = std::process::Command::new("gcc")
+            .arg(format!("-fmacro-prefix-map={}/=", tree.display()))
+            .args(["-O2", "-c", "-o", "kernel/events/core.o"])
+            .arg(tree.join("kernel/events/core.c"))
+            .current_dir(&out)
+            .status()
+            .expect("gcc runs");
+        assert!(status.success());
+        let kbuild = code_digest(&out.join("kernel/events/core.o")).unwrap();
+        let work = root.path().join("work");
+        let alone = compile_alone(&out, "kernel/events/core.c", src, &work).unwrap();
+        assert_eq!(alone, kbuild);
+        // The same text with the other string: other code.
+        let other = src.replace("__FILE__", "\"kernel/events/core.h\"");
+        assert_ne!(
+            compile_alone(&out, "kernel/events/core.c", &other, &work).unwrap(),
+            kbuild
+        );
+        // The copies are gone, the tree and its object untouched.
+        assert_eq!(std::fs::read_dir(&work).unwrap().count(), 0);
+        assert_eq!(
+            std::fs::read_to_string(tree.join("kernel/events/core.c")).unwrap(),
+            src
+        );
+    }
+
+    #[test]
+    fn a_refused_text_says_the_compilers_error_and_no_command_says_build_first() {
+        let (root, _tree, out) = kbuild_like("int x;\n");
+        let work = root.path().join("work");
+        match compile_alone(&out, "kernel/events/core.c", "int x = ;\n", &work) {
+            Err(CompileError::Refused(why)) => assert!(why.contains("error:"), "{why}"),
+            other => panic!("refused expected, got {other:?}"),
+        }
+        match compile_alone(&out, "kernel/bpf/core.c", "int x;\n", &work) {
+            Err(e @ CompileError::NoCommand { .. }) => {
+                assert!(e
+                    .to_string()
+                    .contains("build the kernel in this output directory first"))
+            }
+            other => panic!("no command expected, got {other:?}"),
+        }
     }
 
     #[test]

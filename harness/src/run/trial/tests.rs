@@ -129,6 +129,7 @@ fn scenario(requires: Vec<Requirement>) -> Scenario {
         plan: kloop_protocol::Plan {
             scenario: "interpreter".into(),
             requires,
+            params: Vec::new(),
             steps: vec![],
         },
     }
