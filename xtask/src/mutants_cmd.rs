@@ -173,6 +173,8 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
                 }
                 let label = if what == "unmutated" {
                     format!("the unmutated {}", base_req.source.label())
+                } else if what == "compile-alone" {
+                    "every mutated file, compiled alone".to_string()
                 } else if what == "schema" {
                     "the schema kernel (every mutant behind its switch)".to_string()
                 } else {

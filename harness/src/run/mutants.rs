@@ -470,7 +470,19 @@ pub fn judge_all(
     let mut compile_secs: BTreeMap<usize, f64> = BTreeMap::new();
     let mut schema_kernel = None;
     if strategy == Strategy::Schemata {
-        match compile_phase(&cache, base_req, &baseline, mutants, jobs) {
+        let total = mutants.len();
+        let mut progress = |done: usize| {
+            // A line every tenth, not one per mutant.
+            if done == total || done % (total / 10).max(1) == 0 {
+                on_build(
+                    "compile-alone",
+                    kloop_kernels::build::BuildEvent::Phase(format!(
+                        "compiled {done} of {total} mutated files alone"
+                    )),
+                );
+            }
+        };
+        match compile_phase(&cache, base_req, &baseline, mutants, jobs, &mut progress) {
             Ok((secs, outcomes)) => {
                 phases.compile_secs = secs;
                 let mut left = Vec::new();
@@ -640,6 +652,7 @@ fn compile_phase(
     baseline: &BuiltKernel,
     mutants: &[Mutant],
     jobs: usize,
+    progress: &mut dyn FnMut(usize),
 ) -> Result<(f64, Vec<CompileOutcome>), String> {
     use kloop_kernels::build::objects::{compile_alone, CompileError};
     let out = kloop_kernels::build::objects_of(cache, req, baseline)
@@ -670,9 +683,13 @@ fn compile_phase(
     type Compiled = Option<(Result<String, CompileError>, f64)>;
     let compiled: std::sync::Mutex<Vec<Compiled>> =
         std::sync::Mutex::new((0..mutants.len()).map(|_| None).collect());
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
     std::thread::scope(|scope| {
         for _ in 0..jobs.max(1) {
-            scope.spawn(|| loop {
+            let tx = tx.clone();
+            let (next, originals, compiled, out, work) =
+                (&next, &originals, &compiled, &out, &work);
+            scope.spawn(move || loop {
                 if crate::run::signals::interrupted() {
                     break;
                 }
@@ -686,7 +703,13 @@ fn compile_phase(
                 };
                 compiled.lock().unwrap_or_else(|p| p.into_inner())[n] =
                     Some((r, t.elapsed().as_secs_f64()));
+                let _ = tx.send(());
             });
+        }
+        drop(tx);
+        // Here, not in the workers: `progress` is the caller's.
+        for (done, ()) in rx.iter().enumerate() {
+            progress(done + 1);
         }
     });
     let compiled = compiled.into_inner().unwrap_or_else(|p| p.into_inner());
