@@ -53,8 +53,8 @@ fn snapshots_cover_exactly_the_catalog() {
             s.name
         );
         for pin in &snaps {
-            let body = kloop::judge::snapshot::read_snapshot_body(
-                &kloop::judge::snapshot::snapshot_path(&s.snapshot_dir(), pin),
+            let body = kloop::run::trial::snapshot::read_snapshot_body(
+                &kloop::run::trial::snapshot::snapshot_path(&s.snapshot_dir(), pin),
             );
             assert!(
                 body.is_some_and(|b| b.starts_with("# kloop normalised record stream")),

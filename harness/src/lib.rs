@@ -8,9 +8,9 @@
 //! it (see ARCHITECTURE.md):
 //! - [`scenario`]: what a scenario runs and expects
 //!   (`scenarios/<name>/scenario.toml` → a plan), shared by the rooms above;
-//! - [`judge`]: what the guest sent ([`judge::evidence`]) judged against the
-//!   rules, the scenario's expectations, the known-issues ledger, the
-//!   snapshots and the overhead budgets;
+//! - [`judge`]: the crate `kloop-judge` (what the guest sent judged against
+//!   the rules, the scenario's expectations, the known-issues ledger and
+//!   the overhead budgets, with no I/O), under the name the rooms here use;
 //! - [`run`]: scenarios, trials from image to verdict, suites of trials,
 //!   repeats, signals, the guest agent's build and what goes into its
 //!   initramfs;
@@ -18,7 +18,7 @@
 //!   report;
 //! - [`mutate`]: mutants of the kernel's emission paths (patches), which
 //!   `run::mutants` builds and judges.
-pub mod judge;
+pub use kloop_judge as judge;
 pub mod mutate;
 pub mod report;
 pub mod run;

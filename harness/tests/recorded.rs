@@ -48,7 +48,7 @@ fn check_pin(pin: &str) {
     let analysis = kloop::judge::check::analyse(&ev);
     assert!(analysis.violations.is_empty(), "{:#?}", analysis.violations);
     let text = kloop::judge::normalise::normalise(&ev, &analysis);
-    let golden = kloop::judge::snapshot::read_snapshot_body(
+    let golden = kloop::run::trial::snapshot::read_snapshot_body(
         &root().join(format!("../scenarios/subprogs/snapshots/{pin}.snap")),
     )
     .unwrap();
@@ -153,7 +153,7 @@ fn recorded_7_3_many_listeners_agree() {
     assert!(a.violations.is_empty(), "{:#?}", a.violations);
     assert_eq!(a.sets.len(), 4);
     let text = kloop::judge::normalise::normalise(&ev, &a);
-    let golden = kloop::judge::snapshot::read_snapshot_body(
+    let golden = kloop::run::trial::snapshot::read_snapshot_body(
         &root().join("../scenarios/many-listeners/snapshots/7.3.snap"),
     )
     .unwrap();
@@ -195,7 +195,7 @@ fn recorded_short_lived_unload_by_another_task_is_accounted() {
         let a = kloop::judge::check::analyse(&ev);
         assert!(a.violations.is_empty(), "{pin}: {:#?}", a.violations);
         let text = kloop::judge::normalise::normalise(&ev, &a);
-        let golden = kloop::judge::snapshot::read_snapshot_body(
+        let golden = kloop::run::trial::snapshot::read_snapshot_body(
             &root().join(format!("../scenarios/short-lived/snapshots/{pin}.snap")),
         )
         .unwrap();

@@ -425,7 +425,7 @@ pub(crate) fn bisect_step(a: BisectStepArgs) -> Result<ExitCode> {
 /// The band an overhead figure of `scenario` may move in on this run's
 /// clock (1 % under TCG -icount, the real-time band otherwise).
 fn overhead_band(env: &kloop::run::trial::TrialEnv, scenario: &kloop::scenario::Scenario) -> f64 {
-    kloop::judge::overhead::Clock::of(env.accel.accel(), scenario.vm.icount)
+    kloop::run::trial::overhead::clock(env.accel.accel(), scenario.vm.icount)
         .default_tolerances()
         .0
 }

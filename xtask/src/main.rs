@@ -578,7 +578,7 @@ fn run() -> Result<ExitCode> {
             as_name,
         }) => {
             if overhead {
-                std::env::set_var(kloop::judge::overhead::BLESS_ENV, "1");
+                std::env::set_var(kloop::run::trial::overhead::BLESS_ENV, "1");
             }
             let catalog = Catalog::load(&layout().kernels())?;
             let local =

@@ -36,9 +36,9 @@ use kloop_protocol::{
     KsymbolObservation, ListenerInfo, Message, ProgFacts, RawFrame, RecordsHeader, MAX_PAYLOAD,
 };
 
-use kloop::judge::check;
-use kloop::judge::evidence::{KsymbolWatchEvidence, RunEvidence};
-use kloop::judge::normalise;
+use kloop_judge::check;
+use kloop_judge::evidence::{KsymbolWatchEvidence, RunEvidence};
+use kloop_judge::normalise;
 use kloop_records::testutil::XorShift;
 use kloop_records::{
     self, parse_prefix, parse_stream, Record, RecordBody, SampleId, HEADER_LEN,

@@ -308,7 +308,7 @@ pub fn write_run_report(
     run: &str,
     artefacts: &[PathBuf],
 ) -> std::io::Result<Option<(PathBuf, PathBuf)>> {
-    let trials = collect(artefacts);
+    let trials = crate::run::trial::overhead::collect(artefacts);
     if trials.is_empty() {
         return Ok(None);
     }
@@ -323,7 +323,7 @@ pub fn write_run_report(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::judge::overhead::tests::sample_points;
+    use crate::judge::overhead::samples::sample_points;
 
     #[test]
     fn report_has_table_and_plot() {

@@ -143,10 +143,9 @@ pub fn write(layout: &Layout, trial: &Path, out: &Path) -> Result<Reproducer, Re
         KernelUnderTest::Build { .. } => None,
     };
     let expected = snapshot_name.and_then(|name| {
-        crate::judge::snapshot::read_snapshot_body(&crate::judge::snapshot::snapshot_path(
-            &scenario.snapshot_dir(),
-            &name,
-        ))
+        crate::run::trial::snapshot::read_snapshot_body(
+            &crate::run::trial::snapshot::snapshot_path(&scenario.snapshot_dir(), &name),
+        )
     });
     if let Some(a) = &actual {
         put("actual.txt", a.as_bytes(), 0o644)?;

@@ -44,7 +44,7 @@ pub fn trials(
 /// the normalised stream and the overhead figures from its artefacts.
 pub fn side_of(r: &TrialResult) -> Side {
     let normalised = read(&r.artefacts.join("normalised.txt"));
-    let overhead = read(&r.artefacts.join(crate::judge::overhead::TRIAL_FILE))
+    let overhead = read(&r.artefacts.join(crate::run::trial::overhead::TRIAL_FILE))
         .and_then(|t| serde_json::from_str(&t).ok());
     let skipped = match &r.verdict {
         Verdict::Skipped(m) => Some(m.lines().next().unwrap_or("").to_string()),

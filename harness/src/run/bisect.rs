@@ -45,7 +45,7 @@ pub fn observe(pred: &Predicate, r: &TrialResult) -> Observation {
         }
         Predicate::Overhead(figure) => {
             let oh: Option<crate::judge::overhead::TrialOverhead> =
-                read(&r.artefacts.join(crate::judge::overhead::TRIAL_FILE))
+                read(&r.artefacts.join(crate::run::trial::overhead::TRIAL_FILE))
                     .and_then(|t| serde_json::from_str(&t).ok());
             match oh.and_then(|o| o.figures.into_iter().find(|f| &f.name == figure)) {
                 Some(f) => Observation::Figure(f.value),
@@ -329,7 +329,7 @@ fn difference(pred: &Predicate, old: &Path, new: &Path) -> Vec<String> {
         }
         Predicate::Overhead(figure) => {
             let value = |dir: &Path| -> String {
-                read(&dir.join(crate::judge::overhead::TRIAL_FILE))
+                read(&dir.join(crate::run::trial::overhead::TRIAL_FILE))
                     .and_then(|t| {
                         serde_json::from_str::<crate::judge::overhead::TrialOverhead>(&t).ok()
                     })

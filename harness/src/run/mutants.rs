@@ -473,7 +473,7 @@ pub fn judge_all(
         let total = mutants.len();
         let mut progress = |done: usize| {
             // A line every tenth, not one per mutant.
-            if done == total || done % (total / 10).max(1) == 0 {
+            if done == total || done.is_multiple_of((total / 10).max(1)) {
                 on_build(
                     "compile-alone",
                     kloop_kernels::build::BuildEvent::Phase(format!(
@@ -698,7 +698,7 @@ fn compile_phase(
                 let t = Instant::now();
                 let (original, _) = &originals[&m.file];
                 let r = match schema::mutated_text(original, m) {
-                    Ok(text) => compile_alone(&out, &m.file, &text, work.path()),
+                    Ok(text) => compile_alone(out, &m.file, &text, work.path()),
                     Err(e) => Err(CompileError::Refused(format!("kloop's own patch: {e}"))),
                 };
                 compiled.lock().unwrap_or_else(|p| p.into_inner())[n] =

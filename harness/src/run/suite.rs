@@ -189,7 +189,7 @@ fn check_snapshot_set(layout: &Layout, catalog: &Catalog, name: &str) -> Result<
     }
     let blessed = scenario::load_all(&layout.scenarios())?
         .iter()
-        .any(|s| crate::judge::snapshot::snapshot_path(&s.snapshot_dir(), name).is_file());
+        .any(|s| crate::run::trial::snapshot::snapshot_path(&s.snapshot_dir(), name).is_file());
     if blessed {
         return Ok(());
     }
@@ -222,7 +222,7 @@ pub fn config_notes(env: &TrialEnv, trials: &[PlannedTrial]) -> Vec<String> {
 /// The known-issues ledger (`kernels/known-issues.toml`), validated against
 /// the catalog's pins, the scenarios and every rule name.
 pub fn load_ledger(layout: &Layout) -> Result<crate::judge::known_issues::Ledger, SuiteError> {
-    use crate::judge::known_issues::{rule_names, Ledger, Vocabulary};
+    use crate::judge::known_issues::{rule_names, Ledger, LedgerError, Vocabulary, FILE_NAME};
     let catalog = Catalog::load(&layout.kernels())?;
     let scenarios = scenario::load_all(&layout.scenarios())?;
     let vocab = Vocabulary {
@@ -230,7 +230,13 @@ pub fn load_ledger(layout: &Layout) -> Result<crate::judge::known_issues::Ledger
         rules: rule_names().into_iter().map(String::from).collect(),
         scenarios: scenarios.iter().map(|s| s.name.clone()).collect(),
     };
-    Ok(Ledger::load(&layout.kernels(), &vocab)?)
+    let path = layout.kernels().join(FILE_NAME);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => Some(t),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(source) => return Err(LedgerError::Read { path, source }.into()),
+    };
+    Ok(Ledger::of_file(&path, text.as_deref(), &vocab)?)
 }
 
 /// How the shared environment is prepared.

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use kloop_protocol::{Plan, Requirement, Step};
 
-pub mod expectation;
+pub use kloop_judge::expectation;
 pub mod needs;
 
 use expectation::Expectation;

@@ -6,9 +6,9 @@ use std::path::Path;
 
 use kloop_qemu::GuestSession;
 
+use super::snapshot::{self, SnapshotOutcome};
 use super::{evidence_from, KernelUnderTest, TrialEnv, TrialResult, Verdict, KNOWN_PREFIX};
 use crate::judge::evidence::RunEvidence;
-use crate::judge::snapshot::{self, SnapshotOutcome};
 pub use crate::scenario::requirement_name;
 use crate::scenario::Scenario;
 
@@ -122,7 +122,7 @@ pub(super) fn judge(
         ));
     }
     // Timing scenarios: figures against the pin's budget (overhead.rs).
-    let overhead = crate::judge::overhead::check_trial(
+    let overhead = super::overhead::check_trial(
         scenario,
         &evidence,
         &kernel.id(),

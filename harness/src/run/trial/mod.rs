@@ -7,6 +7,8 @@
 mod ending;
 pub(crate) mod guest_image;
 mod judging;
+pub mod overhead;
+pub mod snapshot;
 mod verdict;
 
 pub use guest_image::{standalone_guest, StandaloneGuest};

@@ -86,7 +86,7 @@ use std::fmt;
 
 use kloop_protocol::{KallsymsEntry, ListenerInfo, ProgFacts};
 
-use crate::judge::evidence::{Batch, RunEvidence, Window};
+use crate::evidence::{Batch, RunEvidence, Window};
 use kloop_records::{
     self, merge_by_time, parse_prefix, Record, RecordBody, RecordContent, BPF_EVENT_PROG_LOAD,
     BPF_EVENT_PROG_UNLOAD, KSYMBOL_FLAGS_UNREGISTER, KSYM_TYPE_BPF, KSYM_TYPE_OOL,

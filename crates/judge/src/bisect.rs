@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::judge::check::Analysis;
-use crate::judge::evidence::RunEvidence;
+use crate::check::Analysis;
+use crate::evidence::RunEvidence;
 use kloop_records::RecordContent;
 
 /// What "changed" means between the old and the new end.

@@ -21,10 +21,10 @@ use std::collections::BTreeMap;
 
 use kloop_protocol::Plan;
 
-use crate::judge::check::{Analysis, Model, Violation};
-use crate::judge::evidence::RunEvidence;
-use crate::scenario::expectation::matching_steps;
-pub use crate::scenario::expectation::{Expectation, KsymKind};
+use crate::check::{Analysis, Model, Violation};
+use crate::evidence::RunEvidence;
+use crate::expectation::matching_steps;
+pub use crate::expectation::{Expectation, KsymKind};
 use kloop_records::{Record, RecordBody, BPF_EVENT_PROG_UNLOAD};
 
 /// Rule names of expectation violations.
@@ -379,9 +379,9 @@ pub type StreamMark = BTreeMap<u32, u64>;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::judge::check::analyse;
-    use crate::judge::check::testrun::{evidence, good_script, Ev};
-    use crate::judge::evidence::{CounterValue, FailNthSweep, FileSnapshot};
+    use crate::check::analyse;
+    use crate::check::testrun::{evidence, good_script, Ev};
+    use crate::evidence::{CounterValue, FailNthSweep, FileSnapshot};
     use kloop_protocol::Step;
     use serde::Deserialize;
 

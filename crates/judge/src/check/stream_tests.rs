@@ -3,7 +3,7 @@
 //! from the uapi layout (not recorded from a kernel).
 use super::testrun::{hex_tag, Ev};
 use super::*;
-use crate::judge::evidence::{Batch, Lookups};
+use crate::evidence::{Batch, Lookups};
 use kloop_records::testutil::{self, Tr};
 use kloop_records::{PERF_SAMPLE_CPU, PERF_SAMPLE_TID, PERF_SAMPLE_TIME};
 

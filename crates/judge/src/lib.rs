@@ -1,13 +1,16 @@
-//! Judging: from what the guest sent to findings. Knows nothing of QEMU or
-//! of how a trial is run.
+//! Judging: from what the guest sent to findings. Knows nothing of QEMU, of
+//! kernel builds or of how a trial is run, and does no I/O: files'
+//! contents (budgets, the ledger) come in as values, and what is written
+//! goes back as values (`Cargo.toml` lists no crate that could do
+//! otherwise).
 //!
 //! - [`evidence`]: the guest's messages and raw streams, before interpretation;
 //! - [`check`]: the invariants every run obeys, one module per rule family;
-//! - [`expect`]: a scenario's own `[[expect]]` tables;
+//! - [`expectation`]: a scenario's `[[expect]]` tables as data;
+//! - [`expect`]: checking them against a run;
 //! - [`perf_script`]: the real perf as a second reader (`second-reader`);
 //! - [`normalise`]: the stream with addresses, ids and times abstracted, for
 //!   snapshots;
-//! - [`snapshot`]: comparison with the golden snapshots (insta);
 //! - [`known_issues`]: the ledger of known bugs and the sorting of violations;
 //! - [`overhead`]: the emission path's cost against its budgets;
 //! - [`ab`]: one scenario on a baseline and a candidate kernel, compared;
@@ -17,8 +20,8 @@ pub mod bisect;
 pub mod check;
 pub mod evidence;
 pub mod expect;
+pub mod expectation;
 pub mod known_issues;
 pub mod normalise;
 pub mod overhead;
 pub mod perf_script;
-pub mod snapshot;

@@ -24,7 +24,7 @@
 use kloop_protocol::KsymbolObservation;
 
 use super::*;
-use crate::judge::evidence::KsymbolWatchEvidence;
+use crate::evidence::KsymbolWatchEvidence;
 
 /// What the source promises about a symbol when its record is emitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

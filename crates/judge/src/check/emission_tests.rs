@@ -2,7 +2,7 @@
 //! observations are made from the script itself.
 use super::testrun::*;
 use super::*;
-use crate::judge::evidence::KsymbolWatchEvidence;
+use crate::evidence::KsymbolWatchEvidence;
 use kloop_protocol::KsymbolObservation;
 
 const A_TRAMP: u64 = 0xffff_ffff_c000_9000;

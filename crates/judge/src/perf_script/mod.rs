@@ -56,9 +56,9 @@ mod expected;
 pub use dump::*;
 use expected::*;
 
-use crate::judge::check::{Analysis, Violation};
-use crate::judge::evidence::RunEvidence;
-use crate::judge::normalise::mask_tags;
+use crate::check::{Analysis, Violation};
+use crate::evidence::RunEvidence;
+use crate::normalise::mask_tags;
 use kloop_records::{
     self, Record, RecordContent, BPF_EVENT_PROG_LOAD, BPF_EVENT_PROG_UNLOAD,
     KSYMBOL_FLAGS_UNREGISTER, KSYM_TYPE_BPF, PERF_RECORD_BPF_EVENT, PERF_RECORD_KSYMBOL,

@@ -1,7 +1,7 @@
 //! Normalisation of a checked run into a deterministic text for golden
 //! snapshots (one snapshot per scenario × kernel pin).
 //!
-//! Run it after [`crate::judge::check::analyse`]: addresses, ids and tags are only
+//! Run it after [`crate::check::analyse`]: addresses, ids and tags are only
 //! replaced by symbols once they have been checked against the facts.
 //!
 //! - program ids become ordinals `prog#N` in order of PROG_LOAD in the merged
@@ -23,8 +23,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::judge::check::{facts_name_ok, known_at_start, Analysis, Model};
-use crate::judge::evidence::RunEvidence;
+use crate::check::{facts_name_ok, known_at_start, Analysis, Model};
+use crate::evidence::RunEvidence;
 use kloop_records::{
     self, Record, RecordBody, BPF_EVENT_PROG_LOAD, BPF_EVENT_PROG_UNLOAD, KSYMBOL_FLAGS_UNREGISTER,
 };
@@ -127,7 +127,7 @@ fn synthesised_names(
         names.sort_unstable();
         let suffix = names
             .iter()
-            .find(|n| crate::judge::check::has_some_tag_prefix(n))
+            .find(|n| crate::check::has_some_tag_prefix(n))
             .and_then(|n| n.get("bpf_prog_".len() + 16..));
         let perf = match (p.func_tags.get(fi), suffix) {
             (Some(t), Some(sfx)) => format!("bpf_prog_{}{sfx}", hex::encode(t)),
@@ -589,8 +589,8 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::judge::check::analyse;
-    use crate::judge::check::testrun::*;
+    use crate::check::analyse;
+    use crate::check::testrun::*;
 
     #[test]
     fn masks_tags() {
@@ -688,7 +688,7 @@ records:
 
     #[test]
     fn batches_are_summarised_and_provoked_loss_is_accounted_not_listed() {
-        use crate::judge::check::stream_tests::{batch, cycle, ev_of, storm_script};
+        use crate::check::stream_tests::{batch, cycle, ev_of, storm_script};
         let mut ev = ev_of(&[(0, 0), (1, 1)], &storm_script());
         ev.batches = vec![batch(vec![50, 51, 52], None)];
         let a = analyse(&ev);

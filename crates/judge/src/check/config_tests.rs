@@ -10,7 +10,7 @@
 use super::stream_tests::batch;
 use super::testrun::{evidence, good_script, hex_tag, Ev, A_BASIC, A_F0, A_F1, T_BASIC, T_MAIN};
 use super::*;
-use crate::judge::evidence::Window;
+use crate::evidence::Window;
 use kloop_protocol::Step;
 use kloop_records::testutil::{self, Tr};
 use kloop_records::{PERF_SAMPLE_CPU, PERF_SAMPLE_TID, PERF_SAMPLE_TIME};

@@ -91,14 +91,6 @@ pub enum Clock {
 }
 
 impl Clock {
-    pub fn of(accel: Accel, icount: bool) -> Clock {
-        match (accel, icount) {
-            (Accel::Tcg, true) => Clock::Icount,
-            (Accel::Tcg, false) => Clock::Tcg,
-            (Accel::Kvm, _) => Clock::Kvm,
-        }
-    }
-
     pub fn key(self) -> &'static str {
         match self {
             Clock::Icount => "icount",

@@ -15,11 +15,12 @@
 //! without icount) the figures are real time and the band is wide. A figure
 //! outside its band fails the trial with a table (figure, golden, now,
 //! now/golden). `cargo xtask bless --overhead` rewrites budgets from a run
-//! (it sets [`BLESS_ENV`]); nothing else touches them.
+//! (the running side writes the budget [`judge_trial`] hands back);
+//! nothing else touches them.
 //!
 //! Each measuring trial leaves `overhead.json` ([`TrialOverhead`]) in its
-//! artefact directory; [`write_run_report`] turns those of a run into a
-//! Markdown table and an SVG plot.
+//! artefact directory (written by the running side); the report turns
+//! those of a run into a Markdown table and an SVG plot.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -28,16 +29,7 @@ use std::path::{Path, PathBuf};
 use kloop_protocol::Step;
 use serde::{Deserialize, Serialize};
 
-use crate::judge::evidence::{RunEvidence, Timings};
-use crate::scenario::Scenario;
-use kloop_qemu::Accel;
-
-/// Set (to anything) by `cargo xtask bless --overhead`: trials write their
-/// budgets from the run instead of comparing with them.
-pub const BLESS_ENV: &str = "KLOOP_BLESS_OVERHEAD";
-
-/// Name of the per-trial record of the measurement.
-pub const TRIAL_FILE: &str = "overhead.json";
+use crate::evidence::{RunEvidence, Timings};
 
 /// Default relative band of a median / ratio under TCG -icount: the 1% two
 /// runs of a kernel must agree within. Four boots of each pin (nokaslr)
@@ -81,10 +73,8 @@ pub struct TrialOverhead {
 }
 
 /// The `measure` steps of a plan: (fixture, program, listeners, iterations).
-fn planned(scenario: &Scenario) -> Vec<(String, String, u32, u32)> {
-    scenario
-        .plan
-        .steps
+fn planned(steps: &[Step]) -> Vec<(String, String, u32, u32)> {
+    steps
         .iter()
         .filter_map(|s| match s {
             Step::Measure {
@@ -104,10 +94,9 @@ fn planned(scenario: &Scenario) -> Vec<(String, String, u32, u32)> {
         .collect()
 }
 
-fn bless_hint(scenario: &Scenario, pin: &str) -> String {
+fn bless_hint(scenario: &str, pin: &str) -> String {
     format!(
-        "write it from a real run with `cargo xtask bless --overhead --kernel {pin} --scenario {}`",
-        scenario.name
+        "write it from a real run with `cargo xtask bless --overhead --kernel {pin} --scenario {scenario}`"
     )
 }
 
@@ -162,22 +151,50 @@ pub fn clock_independent(budget: &Budget, figures: &[Figure]) -> Vec<String> {
     problems
 }
 
-/// The trial hook: for a scenario with `measure` steps, checks the timings
-/// are complete, writes `overhead.json`, and compares the figures with the
-/// budget of `budget_pin` (or, when blessing, rewrites it). `Err` is the
-/// failure message; `Ok(Some(note))` a line for the trial report (how the
-/// figures were judged). Scenarios without `measure` steps pass untouched.
-pub fn check_trial(
-    scenario: &Scenario,
-    evidence: &RunEvidence,
-    kernel: &str,
-    budget_pin: Option<&str>,
-    accel: Accel,
-    artefacts: &Path,
-) -> Result<Option<String>, String> {
-    let planned = planned(scenario);
+/// What judging one trial's timings needs besides its evidence.
+#[derive(Debug, Clone)]
+pub struct TrialInputs<'a> {
+    pub scenario: &'a str,
+    pub steps: &'a [Step],
+    pub clock: Clock,
+    /// The trial's kernel (pin id, or `image`).
+    pub kernel: &'a str,
+    /// The pin whose budget applies, if any.
+    pub budget_pin: Option<&'a str>,
+    /// That pin's budget file: where it is (for messages) and its text,
+    /// `None` when it does not exist. Unused without a budget pin.
+    pub budget: Option<(PathBuf, Option<String>)>,
+    /// `bless --overhead`: the budget is written from the figures, not
+    /// compared with them.
+    pub bless: bool,
+}
+
+/// How a trial's timings came out.
+#[derive(Debug, Clone)]
+pub struct TrialJudgement {
+    /// The record the running side leaves as `overhead.json` (`None`: the
+    /// scenario measured nothing).
+    pub record: Option<TrialOverhead>,
+    /// `Err`: the failure message; `Ok(Some(note))`: a line for the trial
+    /// report (how the figures were judged).
+    pub outcome: Result<Option<String>, String>,
+    /// When blessing: the budget file's new text, for the running side to
+    /// write where [`TrialInputs::budget`] says.
+    pub blessed_budget: Option<String>,
+}
+
+/// For a scenario with `measure` steps: checks the timings are complete
+/// and compares the figures with the budget (or, when blessing, makes the
+/// budget). Scenarios without `measure` steps pass untouched.
+pub fn judge_trial(inputs: &TrialInputs, evidence: &RunEvidence) -> TrialJudgement {
+    let untouched = |outcome| TrialJudgement {
+        record: None,
+        outcome,
+        blessed_budget: None,
+    };
+    let planned = planned(inputs.steps);
     if planned.is_empty() && evidence.timings.is_empty() {
-        return Ok(None);
+        return untouched(Ok(None));
     }
     let got: Vec<(String, String, u32, u32)> = evidence
         .timings
@@ -192,49 +209,48 @@ pub fn check_trial(
         })
         .collect();
     if got != planned {
-        return Err(format!(
+        return untouched(Err(format!(
             "overhead: the plan's measure steps (fixture, program, listeners per CPU, iterations) were {planned:?} but the guest reported timings for {got:?}"
-        ));
+        )));
     }
     let points: Vec<Point> = evidence.timings.iter().filter_map(Point::of).collect();
     let figures = figures(&points);
-    let clock = Clock::of(accel, scenario.vm.icount);
     let mut record = TrialOverhead {
-        kernel: kernel.to_string(),
-        budget_pin: budget_pin.map(str::to_string),
+        kernel: inputs.kernel.to_string(),
+        budget_pin: inputs.budget_pin.map(str::to_string),
         guest_release: evidence.uname.release.clone(),
-        clock,
+        clock: inputs.clock,
         points,
         figures,
         rows: Vec::new(),
-        median_tolerance: clock.default_tolerances().0,
+        median_tolerance: inputs.clock.default_tolerances().0,
         sensitivity: Vec::new(),
         note: None,
     };
-    let outcome = budget_outcome(scenario, budget_pin, planned[0].3, &mut record);
+    let mut blessed_budget = None;
+    let outcome = budget_outcome(inputs, planned[0].3, &mut record, &mut blessed_budget);
     record.sensitivity = sensitivity(&record.points, record.median_tolerance);
-    if let Ok(json) = serde_json::to_string_pretty(&record) {
-        let _ = std::fs::write(artefacts.join(TRIAL_FILE), json);
+    let note = record.note.clone();
+    TrialJudgement {
+        record: Some(record),
+        outcome: outcome.map(|()| note),
+        blessed_budget,
     }
-    outcome.map(|()| record.note.clone())
 }
 
 fn budget_outcome(
-    scenario: &Scenario,
-    budget_pin: Option<&str>,
+    inputs: &TrialInputs,
     iterations: u32,
     record: &mut TrialOverhead,
+    blessed: &mut Option<String>,
 ) -> Result<(), String> {
-    let Some(pin) = budget_pin else {
+    let (Some(pin), Some((path, text))) = (inputs.budget_pin, &inputs.budget) else {
         return Ok(());
     };
-    let path = Budget::path(&scenario.dir, pin);
-    let existing = match std::fs::read_to_string(&path) {
-        Ok(text) => Some(Budget::parse(&text).map_err(|e| format!("{}: {e}", path.display()))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(format!("reading {}: {e}", path.display())),
-    };
-    if std::env::var_os(BLESS_ENV).is_some() {
+    let existing = text
+        .as_ref()
+        .map(|text| Budget::parse(text).map_err(|e| format!("{}: {e}", path.display())));
+    if inputs.bless {
         let previous = existing.and_then(Result::ok);
         let budget = Budget::blessed(
             previous,
@@ -247,17 +263,14 @@ fn budget_outcome(
         if let Some(c) = budget.for_clock(record.clock) {
             record.median_tolerance = c.median_tolerance;
         }
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        }
-        return std::fs::write(&path, budget.to_toml())
-            .map_err(|e| format!("writing {}: {e}", path.display()));
+        *blessed = Some(budget.to_toml());
+        return Ok(());
     }
     let Some(budget) = existing else {
         return Err(format!(
             "overhead: no budget for kernel pin {pin} ({} does not exist); {}",
             path.display(),
-            bless_hint(scenario, pin)
+            bless_hint(inputs.scenario, pin)
         ));
     };
     let budget = budget?;
@@ -293,20 +306,11 @@ fn budget_outcome(
         path.display(),
         record.clock.label(),
         table(&record.rows),
-        bless_hint(scenario, pin)
+        bless_hint(inputs.scenario, pin)
     ))
 }
 
-// ---------------------------------------------------------------- run report
-
-/// Every `overhead.json` left by the trials in `artefacts` directories.
-pub fn collect(artefacts: &[PathBuf]) -> Vec<TrialOverhead> {
-    artefacts
-        .iter()
-        .filter_map(|d| std::fs::read_to_string(d.join(TRIAL_FILE)).ok())
-        .filter_map(|t| serde_json::from_str(&t).ok())
-        .collect()
-}
-
+#[cfg(any(test, feature = "test-support"))]
+pub mod samples;
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;

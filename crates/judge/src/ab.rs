@@ -15,7 +15,7 @@
 
 use serde::Serialize;
 
-use crate::judge::overhead::{FigureKind, TrialOverhead};
+use crate::overhead::{FigureKind, TrialOverhead};
 
 /// What one side's trial left, as the comparison needs it.
 #[derive(Debug, Clone, Default)]
@@ -289,7 +289,7 @@ pub fn figure_changes(base: &TrialOverhead, cand: &TrialOverhead) -> Vec<FigureC
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::judge::overhead::Clock;
+    use crate::overhead::Clock;
 
     fn side(rules: &[(&str, &str)], stream: &str) -> Side {
         Side {
@@ -380,7 +380,7 @@ mod tests {
 
     #[test]
     fn an_overhead_figure_out_of_band_is_changed_and_named() {
-        use crate::judge::overhead::Figure;
+        use crate::overhead::Figure;
         let oh = |v: f64| TrialOverhead {
             kernel: "k".into(),
             budget_pin: None,

@@ -1,5 +1,5 @@
 //! The `[[expect]]` tables of a `scenario.toml`, as data: their kinds and
-//! fields, and which plan steps they name. `crate::judge::expect` checks
+//! fields, and which plan steps they name. `crate::expect` checks
 //! them against a run.
 
 use kloop_protocol::Step;
