@@ -19,6 +19,7 @@
 //! - [`mutate`]: mutants of the kernel's emission paths (patches), which
 //!   `run::mutants` builds and judges.
 pub use kloop_judge as judge;
+pub mod doctor;
 pub mod mutate;
 pub mod report;
 pub mod run;

@@ -1,13 +1,13 @@
 //! `cargo xtask doctor`: one line per thing kloop needs on this machine,
 //! OK / WARN / FAIL, with the command that fixes each problem. The checks
-//! live in `kloop::run::doctor`; this prints them and sets the exit status.
+//! live in `kloop::doctor`; this prints them and sets the exit status.
 
 use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
-use kloop::run::doctor::{self, DoctorOptions};
+use kloop::doctor::{self, DoctorOptions};
 
 use crate::{layout, FetchArgs};
 

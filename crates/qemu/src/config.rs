@@ -171,7 +171,12 @@ pub fn find_qemu() -> Result<PathBuf, VmError> {
         .ok_or_else(|| VmError::QemuMissing("qemu-system-x86_64 is not on PATH".into()))
 }
 
-pub(crate) fn find_in_path(name: &str) -> Option<PathBuf> {
+/// `name` as the shell would find it: a name with a `/` is a path, any
+/// other is looked up on `PATH`.
+pub fn find_in_path(name: &str) -> Option<PathBuf> {
+    if name.contains('/') {
+        return Some(PathBuf::from(name)).filter(|p| p.is_file());
+    }
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|d| d.join(name))

@@ -33,7 +33,7 @@ pub fn channel_limit() -> u64 {
 }
 
 /// `256 MiB`, `1.5 GiB`, `700 KiB`, `12 bytes`.
-pub(crate) fn human_bytes(n: u64) -> String {
+pub fn human_bytes(n: u64) -> String {
     const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
     for (size, unit) in UNITS {
         if n >= size {

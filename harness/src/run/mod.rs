@@ -22,7 +22,7 @@ pub mod ab;
 pub mod agent;
 pub mod bench;
 pub mod bisect;
-pub mod doctor;
+
 pub mod initramfs;
 pub mod mutants;
 pub mod payload;
