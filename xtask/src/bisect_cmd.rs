@@ -70,16 +70,23 @@ pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
     );
     let mut lock = kloop_kernels::available::BisectLock::load(&layout.kernels())?;
     let fetch = a.fetch.options();
-    let mut kernel_at =
-        |i: usize| -> std::result::Result<kloop::run::trial::KernelUnderTest, String> {
-            let b = &range[i];
-            if let Some(p) = catalog.pins().iter().find(|p| p.version == b.version) {
-                return Ok(kloop::run::trial::KernelUnderTest::Pin(p.clone()));
-            }
-            lock.ensure(&cache, &layout.kernels(), b, &fetch)
-                .map(|pin| kloop::run::trial::KernelUnderTest::build(pin, &catalog))
-                .map_err(|e| format!("INFRA: pinning {}: {e}", b.version))
-        };
+    let mut kernel_at = |i: usize| -> std::result::Result<
+        kloop::run::trial::KernelUnderTest,
+        kloop::run::bisect::KernelUnavailable,
+    > {
+        let b = &range[i];
+        if let Some(p) = catalog.pins().iter().find(|p| p.version == b.version) {
+            return Ok(kloop::run::trial::KernelUnderTest::Pin(p.clone()));
+        }
+        lock.ensure(&cache, &layout.kernels(), b, &fetch)
+            .map(|pin| kloop::run::trial::KernelUnderTest::build(pin, &catalog))
+            .map_err(|e| {
+                kloop::run::bisect::KernelUnavailable::Infrastructure(format!(
+                    "pinning {}: {e}",
+                    b.version
+                ))
+            })
+    };
     let started = std::time::Instant::now();
     let mut step_no = 0;
     let outcome = kloop::run::bisect::bisect(
@@ -155,12 +162,12 @@ pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
 }
 
 /// Builds the tree at `dir` (kloop.config + fragments) quietly, printing
-/// phases; `Err(msg)` on any failure, with BUILD failures marked.
+/// phases.
 pub(crate) fn build_tree(
     layout: &Layout,
     dir: &std::path::Path,
     fragments: &[PathBuf],
-) -> std::result::Result<kloop_kernels::build::BuiltKernel, String> {
+) -> std::result::Result<kloop_kernels::build::BuiltKernel, kloop_kernels::build::BuildError> {
     let req = kloop_kernels::build::BuildRequest {
         source: kloop_kernels::build::SourceSpec::Tree(dir.to_path_buf()),
         patches: Vec::new(),
@@ -170,17 +177,11 @@ pub(crate) fn build_tree(
         jobs: suite::default_jobs(),
         fetch: Default::default(),
     };
-    let cache = KernelCache::default_location().map_err(|e| e.to_string())?;
+    let cache = KernelCache::default_location()?;
     let mut progress = build_progress::BuildProgress::new(&dir.display().to_string());
     let r = kloop_kernels::build::build(&cache, &req, &mut |e| progress.event(e));
     progress.finish();
-    r.map_err(|e| {
-        if e.is_build_failure() {
-            format!("BUILD FAILED: {e}")
-        } else {
-            e.to_string()
-        }
-    })
+    r
 }
 
 pub(crate) fn tree_kernel(
@@ -376,8 +377,13 @@ pub(crate) fn bisect_step(a: BisectStepArgs) -> Result<ExitCode> {
         Ok(k) => k,
         Err(e) => {
             log_line(&format!(
-                "{head} → skip (build: {})",
-                e.lines().next().unwrap_or("")
+                "{head} → skip ({}: {})",
+                if e.is_build_failure() {
+                    "build failed"
+                } else {
+                    "build"
+                },
+                e.to_string().lines().next().unwrap_or("")
             ));
             return Ok(ExitCode::from(125));
         }

@@ -401,7 +401,10 @@ pub(crate) fn vm_test(a: VmTestArgs, new_snapshot_set: bool) -> Result<ExitCode>
         println!();
         println!("{}", kloop::run::repeat::table(&grouped));
         let combined: Vec<_> = grouped.iter().filter_map(|t| t.combined()).collect();
-        for r in combined.iter().filter(|r| r.verdict.label() == "FLAKY") {
+        for r in combined
+            .iter()
+            .filter(|r| matches!(r.verdict, kloop::run::trial::Verdict::Flaky(_)))
+        {
             println!("{}", report::trial_line(r));
             if let Some(d) = report::failure_details(r) {
                 println!("{d}");

@@ -125,6 +125,18 @@ pub enum BisectError {
     TooFew(usize),
 }
 
+/// Why a step's kernel could not be had: that step has no verdict (and
+/// the search treats it as a skip).
+#[derive(Debug, thiserror::Error)]
+pub enum KernelUnavailable {
+    /// Fetching or pinning it failed.
+    #[error("INFRA: {0}")]
+    Infrastructure(String),
+    /// Building it failed (the compiler's or the linker's error).
+    #[error("BUILD FAILED: {0}")]
+    Build(String),
+}
+
 /// Bisects `names.len()` kernels (index 0 the old end, the last the new
 /// end), obtaining each with `kernel_at` when a step needs it (a fetch
 /// that fails is a skip). `band`: relative band of an overhead figure.
@@ -133,7 +145,7 @@ pub fn bisect(
     env: &TrialEnv,
     scenario: &Scenario,
     names: &[String],
-    kernel_at: &mut dyn FnMut(usize) -> Result<KernelUnderTest, String>,
+    kernel_at: &mut dyn FnMut(usize) -> Result<KernelUnderTest, KernelUnavailable>,
     pred: &Predicate,
     repeat: usize,
     jobs: usize,
@@ -151,7 +163,7 @@ pub fn bisect(
         let started = Instant::now();
         let (observations, results) = match kernel_at(i) {
             Ok(kernel) => observe_kernel(env, scenario, &kernel, pred, repeat, jobs),
-            Err(why) => (vec![Observation::NoVerdict(why)], Vec::new()),
+            Err(why) => (vec![Observation::NoVerdict(why.to_string())], Vec::new()),
         };
         let classes: Vec<RunClass> = match reference {
             Some(reference) => observations

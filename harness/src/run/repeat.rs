@@ -16,7 +16,7 @@ use std::path::Path;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::run::trial::{TrialResult, Verdict};
+use crate::run::trial::{RuleHit, TrialResult, Verdict};
 
 /// What one run of a trial came to, for comparing runs.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -34,43 +34,25 @@ impl Outcome {
     pub fn of(r: &TrialResult) -> Outcome {
         let stream = std::fs::read(r.artefacts.join("normalised.txt")).ok();
         Outcome {
-            verdict: verdict_key(&r.verdict),
+            verdict: verdict_key(&r.verdict, &r.violations),
             stream_sha256: stream.map(|s| hex::encode(Sha256::digest(&s))),
         }
     }
 }
 
-fn verdict_key(v: &Verdict) -> String {
+/// The verdict's headline, and for a failure the rules its trial broke
+/// (the message itself quotes addresses and times that differ between runs
+/// of the same finding).
+fn verdict_key(v: &Verdict, violations: &[RuleHit]) -> String {
     let mut key = v.headline();
-    if let Verdict::Failed(m) = v {
-        let rules = cited_rules(m);
+    if let Verdict::Failed(_) = v {
+        let rules: BTreeSet<&str> = violations.iter().map(|h| h.rule.as_str()).collect();
         if !rules.is_empty() {
-            let rules: Vec<&str> = rules.iter().map(String::as_str).collect();
+            let rules: Vec<&str> = rules.into_iter().collect();
             let _ = write!(key, " [{}]", rules.join(", "));
         }
     }
     key
-}
-
-/// The `[rule]` names a failure message cites (`[programs-accounted] …`).
-fn cited_rules(message: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let mut rest = message;
-    while let Some(open) = rest.find('[') {
-        rest = &rest[open + 1..];
-        let Some(close) = rest.find(']') else { break };
-        let name = &rest[..close];
-        if !name.is_empty()
-            && name.len() <= 40
-            && name
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        {
-            out.insert(name.to_string());
-        }
-        rest = &rest[close + 1..];
-    }
-    out
 }
 
 /// The runs of one trial, grouped by outcome.
@@ -335,17 +317,22 @@ mod tests {
         let mut rs: Vec<TrialResult> = (0..4)
             .map(|i| run(d.path(), &format!("r{i}"), Verdict::Ok, Some("a\nb\n")))
             .collect();
-        rs.insert(
-            2,
-            run(
-                d.path(),
-                "bad",
-                Verdict::Failed(
-                    "1 violation\n[programs-accounted] id 137: only 0 record(s)".into(),
-                ),
-                Some("a\nc\n"),
-            ),
+        let mut bad = run(
+            d.path(),
+            "bad",
+            Verdict::Failed("1 violation\n[programs-accounted] id 137: only 0 record(s)".into()),
+            Some("a\nc\n"),
         );
+        // The key comes from the violations as data, not from the message.
+        bad.violations = vec![RuleHit {
+            rule: "programs-accounted".into(),
+            message: "id 137: only 0 record(s)".into(),
+            listener: None,
+            offset: None,
+            records: Vec::new(),
+            known_issue: None,
+        }];
+        rs.insert(2, bad);
         let g = group(rs);
         assert!(!g[0].is_stable());
         let c = g[0].combined().unwrap();
