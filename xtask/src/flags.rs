@@ -1,0 +1,544 @@
+//! The command line: every command's arguments (clap), and the small
+//! conversions from arguments to the library's option values. `main.rs`
+//! dispatches; each `*_cmd` module runs one command family.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+use kloop::run::suite::{self, EnvOptions, Layout};
+use kloop_kernels::FetchOptions;
+use kloop_qemu::accel::AccelChoice;
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "kloop: kernel-in-the-loop tests of the KSYMBOL / BPF_EVENT stream",
+    after_help = ENVIRONMENT_HELP
+)]
+pub(crate) struct Cli {
+    /// Log what kloop runs (QEMU's argv, apt, cargo) on stderr; -vv for
+    /// more. RUST_LOG, when set, takes precedence.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub(crate) verbose: u8,
+    #[command(subcommand)]
+    pub(crate) cmd: Cmd,
+}
+
+/// The environment variables kloop reads, for `--help`.
+const ENVIRONMENT_HELP: &str = "\
+Examples:
+  cargo xtask vm-test                                   every pin × every scenario
+  cargo xtask vm-test --kernel 6.12 --scenario basic    one trial
+  cargo xtask vm-test --kernel path/to/bzImage --snapshot-as 6.12
+  cargo xtask validate --source linux-source-6.12 --patch my-fix.patch
+  cargo xtask bisect --scenario many-listeners --old 6.12.43-1~bpo12+1 --new 6.12.117-1
+  cargo xtask clean --keep 3
+
+Environment:
+  KLOOP_MIRROR           Debian mirror URL (default: the host's apt sources)
+  KLOOP_KEYRING          keyring that verifies the mirror's Release files
+                         (default: /usr/share/keyrings/debian-archive-keyring.gpg)
+  KLOOP_CACHE_DIR        kernel cache, saved VMs, built kernels
+                         (default: $XDG_CACHE_HOME/kloop or ~/.cache/kloop)
+  KLOOP_QEMU             the qemu-system-x86_64 binary (default: from PATH)
+  KLOOP_QEMU_ARGS        extra QEMU arguments, appended last (experiments)
+  KLOOP_FIRMWARE         -bios image, or `seabios` (default: qboot when installed)
+  KLOOP_PERF             the perf binary shipped into the guest (default: /usr/bin/perf)
+  KLOOP_CLANG            the clang that compiles the BPF fixtures
+  KLOOP_AGENT            a prebuilt guest agent instead of building it
+  KLOOP_ACCEL            --accel for the test suites (cargo test)
+  KLOOP_DEADLINE_SCALE   integer factor on every boot and session deadline (slow hosts)
+  KLOOP_CHANNEL_LIMIT    most bytes a guest may send (e.g. 256M)
+  KLOOP_SAVED_VMS_KEEP   saved VMs kept in the cache (default 40)
+  KLOOP_KEEP_RUNS        run directories kept under target/kloop/runs (default 10)
+  KLOOP_NO_PREFLIGHT     skip the config preflight (the guest's probes decide)
+  KLOOP_PROGRESS         `live` or `plain` progress (default: live on a terminal)
+  RUST_LOG               tracing filter for -v logs (e.g. kloop_qemu=debug)";
+
+#[derive(Subcommand)]
+pub(crate) enum Cmd {
+    /// Boot kernels under QEMU, run scenarios, check records, compare snapshots.
+    VmTest(VmTestArgs),
+    /// Re-run trials and rewrite their golden snapshots from the real streams.
+    Bless(BlessArgs),
+    /// Time kloop itself: boot→hello and trial wall time per pin.
+    Bench(BenchArgs),
+    /// Patch validation: build a kernel source with and without patches,
+    /// run the scenarios on both and compare (exit 0 only when nothing
+    /// changed or broke).
+    Validate(ValidateArgs),
+    /// Find the first kernel build whose records changed (or were fixed):
+    /// a binary search over every build the mirror serves between --old
+    /// and --new.
+    Bisect(BisectArgs),
+    /// One step of `bisect --tree` (what `git bisect run` calls): build the
+    /// worktree, run, exit 0 old, 1 new, 125 skip.
+    #[command(hide = true)]
+    BisectStep(BisectStepArgs),
+    /// Remove old run directories (never a running one); with
+    /// --saved-vms / --kernels also those parts of the kernel cache.
+    Clean(CleanArgs),
+    /// Write a self-contained reproducer of a trial (RUN/KERNEL/SCENARIO
+    /// under target/kloop/runs, `latest/KERNEL/SCENARIO`, or a trial
+    /// directory): the kernel, the initramfs, the QEMU command as run.sh,
+    /// a record decoder, expected and actual streams, a plain-text report.
+    Repro {
+        /// The trial, e.g. `latest/6.1/many-listeners`.
+        trial: String,
+        /// Where to write it (default: target/kloop/repro/RUN-KERNEL-SCENARIO).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Check this machine: QEMU, firmware, KVM, clang, perf, apt tools, the
+    /// mirror, the cache; one OK/WARN/FAIL line each, with the fix.
+    Doctor(crate::doctor_cmd::DoctorArgs),
+    /// Mutation testing: mutants of the kernel code that emits the records
+    /// (kernels/mutation-targets.toml), each built and judged against the
+    /// unmutated build like `validate`; writes the score report.
+    Mutants(MutantsArgs),
+    /// Boot a kernel with a scenario's guest and get a shell on its console
+    /// (`kloop-run` in it runs the scenario's steps; the host prints the records).
+    VmShell(VmShellArgs),
+    /// The kernel catalog.
+    Kernels {
+        #[command(subcommand)]
+        cmd: KernelsCmd,
+    },
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct FetchArgs {
+    /// Debian mirror URL (default: from the host's apt sources, or $KLOOP_MIRROR).
+    #[arg(long)]
+    pub(crate) mirror: Option<String>,
+    /// Never download: use only the cache.
+    #[arg(long)]
+    pub(crate) offline: bool,
+}
+
+impl FetchArgs {
+    pub(crate) fn options(&self) -> FetchOptions {
+        FetchOptions {
+            mirror: self.mirror.clone(),
+            offline: self.offline,
+            ..FetchOptions::default()
+        }
+    }
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct VmTestArgs {
+    /// Only these kernel pins (repeatable).
+    #[arg(long = "kernel", value_name = "ID")]
+    pub(crate) kernels: Vec<String>,
+    /// Only these scenarios (repeatable).
+    #[arg(long = "scenario", value_name = "NAME")]
+    pub(crate) scenarios: Vec<String>,
+    /// Boot this bzImage instead of the pinned kernels.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) kernel_image: Option<PathBuf>,
+    /// For a kernel that is not a pin (--kernel-image, --kernel built:ID or
+    /// a path): also compare with the snapshots of this pin (or of a set
+    /// blessed with `bless --as`).
+    #[arg(long, value_name = "ID")]
+    pub(crate) snapshot_as: Option<String>,
+    /// A/B: run the scenarios on this kernel too (a pin id, built:ID or a
+    /// bzImage) and report, per scenario, SAME, CHANGED, BROKEN or
+    /// BASELINE-ONLY for the --kernel (or --kernel-image) candidate.
+    #[arg(long, value_name = "KERNEL")]
+    pub(crate) baseline: Option<String>,
+    /// Accelerator: `auto` uses KVM only if a probe guest boots under it
+    /// (the verdict is cached per host, kernel and QEMU), else TCG.
+    #[arg(long, default_value = "auto", value_parser = accel_parser())]
+    pub(crate) accel: AccelChoice,
+    /// Parallel VMs (default: number of cores).
+    #[arg(long, short)]
+    pub(crate) jobs: Option<usize>,
+    /// vCPUs per guest.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) cpus: u32,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 512)]
+    pub(crate) memory: u32,
+    /// Append this word to every guest's kernel command line (repeatable),
+    /// e.g. `--append initcall_debug`.
+    #[arg(long, value_name = "ARG")]
+    pub(crate) append: Vec<String>,
+    /// How each guest starts: `saved` restores the VM of its kernel × VM
+    /// shape, saved once where the agent awaits its plan (made by one cold
+    /// boot, kept in the kernel cache); `cold` boots every trial through
+    /// the kernel's PVH entry; `bzimage` boots the bzImage as is.
+    #[arg(long, default_value = "saved", value_parser = boot_mode_parser())]
+    pub(crate) boot: kloop::run::trial::BootMode,
+    /// List the trials and exit.
+    #[arg(long)]
+    pub(crate) list: bool,
+    /// Run every trial N times (round after round) and report per trial
+    /// whether the verdict and the normalised stream were the same every
+    /// time; a trial whose runs disagree is FLAKY and fails the run.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) repeat: u32,
+    #[command(flatten)]
+    pub(crate) fetch: FetchArgs,
+}
+
+impl VmTestArgs {
+    /// The VM environment these arguments ask for.
+    pub(crate) fn env_options(&self) -> EnvOptions {
+        EnvOptions {
+            accel: self.accel,
+            fetch: self.fetch.options(),
+            cpus: self.cpus,
+            memory_mib: self.memory,
+            extra_cmdline: self.append.clone(),
+            boot: self.boot,
+        }
+    }
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct VmShellArgs {
+    /// The kernel: a pin id, built:ID or a bzImage.
+    #[arg(long, value_name = "ID")]
+    pub(crate) kernel: String,
+    /// The scenario whose fixtures, modules and steps the guest gets.
+    #[arg(long, value_name = "NAME", default_value = "basic")]
+    pub(crate) scenario: String,
+    #[arg(long, default_value = "auto")]
+    pub(crate) accel: AccelChoice,
+    /// vCPUs.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) cpus: u32,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 512)]
+    pub(crate) memory: u32,
+    /// Append this word to the kernel command line (repeatable).
+    #[arg(long, value_name = "ARG")]
+    pub(crate) append: Vec<String>,
+    #[command(flatten)]
+    pub(crate) fetch: FetchArgs,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct ValidateArgs {
+    /// `linux-source-X.Y` (pinned in kernels/sources/) or a kernel tree.
+    #[arg(long)]
+    pub(crate) source: String,
+    /// The patches under test, applied in order (`patch -p1`).
+    /// Without patches, validate compares the source with itself: the
+    /// noise floor of the A/B (every scenario must come out SAME).
+    #[arg(long = "patch", value_name = "FILE")]
+    pub(crate) patches: Vec<PathBuf>,
+    /// Config fragments for both builds, merged after kernels/configs/kloop.config.
+    #[arg(long = "config", value_name = "FRAGMENT")]
+    pub(crate) fragments: Vec<PathBuf>,
+    #[arg(long, default_value = "tinyconfig")]
+    pub(crate) base: kloop_kernels::build::ConfigBase,
+    /// Only these scenarios (repeatable; default all).
+    #[arg(long = "scenario", value_name = "NAME")]
+    pub(crate) scenarios: Vec<String>,
+    /// Parallel VMs and make -j (default: number of cores).
+    #[arg(long, short)]
+    pub(crate) jobs: Option<usize>,
+    #[arg(long, default_value = "auto", value_parser = accel_parser())]
+    pub(crate) accel: AccelChoice,
+    #[command(flatten)]
+    pub(crate) fetch: FetchArgs,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct BisectArgs {
+    /// The scenario each step runs.
+    #[arg(long)]
+    pub(crate) scenario: String,
+    /// The old end: a Debian version (`kernels available`) or a pin id;
+    /// with --tree, a git revision.
+    #[arg(long)]
+    pub(crate) old: String,
+    /// The new end: a Debian version or a pin id; with --tree, a revision.
+    #[arg(long)]
+    pub(crate) new: String,
+    /// Bisect the commits of this git tree instead (`git bisect run` in a
+    /// worktree kloop removes afterwards; each step builds, boots, runs).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) tree: Option<PathBuf>,
+    /// With --tree: config fragments merged after kernels/configs/kloop.config.
+    #[arg(long = "config", value_name = "FRAGMENT")]
+    pub(crate) fragments: Vec<PathBuf>,
+    /// What "changed" means: snapshot, rule:NAME, field:<record>.<field>
+    /// (with --label), overhead:<figure>.
+    #[arg(long, default_value = "snapshot")]
+    pub(crate) predicate: String,
+    /// The program label a field predicate reads.
+    #[arg(long)]
+    pub(crate) label: Option<String>,
+    /// Runs per step; a step is decided only when its runs that reached a
+    /// verdict agree (INFRA, TIMEOUT and boot failures never count).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) repeat: u32,
+    /// Parallel VMs for the runs of a step (default: number of cores).
+    #[arg(long, short)]
+    pub(crate) jobs: Option<usize>,
+    #[arg(long, default_value = "auto", value_parser = accel_parser())]
+    pub(crate) accel: AccelChoice,
+    #[command(flatten)]
+    pub(crate) fetch: FetchArgs,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct BisectStepArgs {
+    #[arg(long)]
+    pub(crate) tree: PathBuf,
+    #[arg(long)]
+    pub(crate) scenario: String,
+    #[arg(long)]
+    pub(crate) predicate: String,
+    #[arg(long)]
+    pub(crate) label: Option<String>,
+    #[arg(long)]
+    pub(crate) repeat: u32,
+    /// The old end's observation (JSON).
+    #[arg(long)]
+    pub(crate) reference: PathBuf,
+    #[arg(long)]
+    pub(crate) band: f64,
+    /// Appends one line per step.
+    #[arg(long)]
+    pub(crate) steps_log: PathBuf,
+    #[arg(long = "config", value_name = "FRAGMENT")]
+    pub(crate) fragments: Vec<PathBuf>,
+    #[arg(long, default_value = "auto", value_parser = accel_parser())]
+    pub(crate) accel: AccelChoice,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct BlessArgs {
+    #[command(flatten)]
+    pub(crate) run: VmTestArgs,
+    /// Also rewrite the overhead budgets (scenarios/<name>/budgets/<pin>.toml)
+    /// from the measured figures; plain bless never touches them.
+    #[arg(long)]
+    pub(crate) overhead: bool,
+    /// Bless a kernel that is not a pin (--kernel built:ID, --kernel-image)
+    /// as a snapshot set of its own named NAME: a deliberate ABI change
+    /// becomes a reviewed snapshot set, compared with `--snapshot-as NAME`.
+    #[arg(long = "as", value_name = "NAME")]
+    pub(crate) as_name: Option<String>,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct MutantsArgs {
+    /// `linux-source-X.Y` (pinned in kernels/sources/) or a kernel tree.
+    #[arg(long)]
+    pub(crate) source: String,
+    /// Only the targets of these files (repeatable), e.g. `kernel/bpf/core.c`.
+    #[arg(long = "only", value_name = "FILE")]
+    pub(crate) only: Vec<String>,
+    /// Judge at most N mutants, a balanced sample over files and operators.
+    #[arg(long, value_name = "N", default_value_t = 48)]
+    pub(crate) max: usize,
+    /// Build a kernel per mutant instead of compiling each mutated file
+    /// alone (compiler equivalence, duplicates, build failures) and
+    /// switching the rest inside one schema kernel.
+    #[arg(long)]
+    pub(crate) build_each: bool,
+    /// List the mutants that would be judged and exit.
+    #[arg(long)]
+    pub(crate) list: bool,
+    /// Judge only these mutants (ids as `--list` prints them; repeatable),
+    /// e.g. to check that a new scenario kills a survivor.
+    #[arg(long = "mutant", value_name = "ID")]
+    pub(crate) mutants: Vec<String>,
+    /// Only these scenarios (repeatable; default all, cheap ones first).
+    #[arg(long = "scenario", value_name = "NAME")]
+    pub(crate) scenarios: Vec<String>,
+    /// Where to write the Markdown report (default: the run directory's
+    /// mutation-score.md).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) report: Option<PathBuf>,
+    /// Judge nothing: write the report again from the mutants the run in
+    /// RUN_DIR judged (its mutants.json), or from the data a --report run
+    /// left beside its report (mutation-score.json beside
+    /// mutation-score.md; run directories are pruned, that file is not),
+    /// with the notes as they are now, e.g. after adding notes for its
+    /// survivors. Give the same --source, --max and --only as that run,
+    /// for the report's command line.
+    #[arg(long = "from", value_name = "RUN_DIR|DATA.json")]
+    pub(crate) from: Option<PathBuf>,
+    /// Config fragments merged after kernels/configs/kloop.config.
+    #[arg(long = "config", value_name = "FRAGMENT")]
+    pub(crate) fragments: Vec<PathBuf>,
+    #[arg(long, default_value = "tinyconfig")]
+    pub(crate) base: kloop_kernels::build::ConfigBase,
+    /// Parallel VMs and make -j (default: number of cores).
+    #[arg(long, short)]
+    pub(crate) jobs: Option<usize>,
+    #[arg(long, default_value = "auto", value_parser = accel_parser())]
+    pub(crate) accel: AccelChoice,
+    #[command(flatten)]
+    pub(crate) fetch: FetchArgs,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct CleanArgs {
+    /// Keep the newest N run directories (each run keeps the newest
+    /// KLOOP_KEEP_RUNS, default 10, by itself).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub(crate) keep: usize,
+    /// Also remove every saved VM (made again by the next run's first
+    /// trial of each kernel × VM shape).
+    #[arg(long)]
+    pub(crate) saved_vms: bool,
+    /// Also remove fetched kernel packages, images and PVH ELFs (fetched
+    /// again on use); built kernels stay.
+    #[arg(long)]
+    pub(crate) kernels: bool,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct BenchArgs {
+    /// Boots per pin.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) runs: usize,
+    /// Only these kernel pins (repeatable).
+    #[arg(long = "kernel", value_name = "ID")]
+    pub(crate) kernels: Vec<String>,
+    /// The scenario to boot.
+    #[arg(long, default_value = "basic")]
+    pub(crate) scenario: String,
+    /// Parallel VMs (default 1, so timings are not disturbed).
+    #[arg(long, short, default_value_t = 1)]
+    pub(crate) jobs: usize,
+    #[arg(long, default_value = "auto", value_parser = accel_parser())]
+    pub(crate) accel: AccelChoice,
+    /// Append this word to every guest's kernel command line (repeatable),
+    /// e.g. to compare boot options.
+    #[arg(long, value_name = "ARG")]
+    pub(crate) append: Vec<String>,
+    /// How each guest starts: saved, cold or bzimage (see vm-test --help).
+    #[arg(long, default_value = "saved", value_parser = boot_mode_parser())]
+    pub(crate) boot: kloop::run::trial::BootMode,
+    /// Load/unload cycles of the channel storm on the first pin (66 records
+    /// each); 0 skips it.
+    #[arg(long, default_value_t = 200)]
+    pub(crate) channel_cycles: u32,
+    /// Also time the whole matrix (`vm-test`, all pins × scenarios) with
+    /// cold boots and from saved VMs, and print restore→hello per pin and
+    /// where the trials' time went.
+    #[arg(long)]
+    pub(crate) matrix: bool,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum KernelsCmd {
+    /// Show the catalog and what is cached.
+    List,
+    /// Download and verify pinned kernels (all by default).
+    Fetch {
+        ids: Vec<String>,
+        #[command(flatten)]
+        fetch: FetchArgs,
+    },
+    /// Re-pin ID to the newest build its suite serves (rewrites kernels/ID.toml).
+    Update {
+        id: String,
+        /// Keep the pinned Debian version and fill in what the pin format
+        /// has gained since it was made (7.x's modules and .config
+        /// packages), checking that the package's sha256 is unchanged.
+        #[arg(long)]
+        same_version: bool,
+        #[command(flatten)]
+        fetch: FetchArgs,
+    },
+    /// Build a kernel from a Debian source package or a local tree, with
+    /// patches and config fragments; use it as `--kernel built:<id>`.
+    Build(BuildArgs),
+    /// The kernels `kernels build` made.
+    Built,
+    /// Every cloud-amd64 build the Debian suites serve, oldest first, with
+    /// which are pinned (kernels/*.toml), in the bisection lock and cached.
+    Available {
+        /// Only this series (`6.12`).
+        #[arg(long)]
+        series: Option<String>,
+        /// Ask the mirror even if the listing cached within the hour is fresh.
+        #[arg(long)]
+        refresh: bool,
+        #[command(flatten)]
+        fetch: FetchArgs,
+    },
+    /// Pin builds (Debian versions from `kernels available`) into
+    /// kernels/bisect.lock, outside the default matrix.
+    PinBuild {
+        versions: Vec<String>,
+        #[command(flatten)]
+        fetch: FetchArgs,
+    },
+    /// Pin a Debian kernel source package (kernels/sources/PACKAGE.toml) at
+    /// the newest version SUITE serves, for `kernels build --source PACKAGE`.
+    PinSource {
+        /// `linux-source-X.Y`.
+        package: String,
+        /// The Debian suite (`bookworm-security`, `trixie`, `sid`, …).
+        #[arg(long)]
+        suite: String,
+        #[command(flatten)]
+        fetch: FetchArgs,
+    },
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct BuildArgs {
+    /// `linux-source-X.Y` (pinned in kernels/sources/) or a kernel tree.
+    #[arg(long)]
+    pub(crate) source: String,
+    /// Patches applied in order (`patch -p1`), on a copy: the source is never changed.
+    #[arg(long = "patch", value_name = "FILE")]
+    pub(crate) patches: Vec<PathBuf>,
+    /// Config fragments merged after kernels/configs/kloop.config (a later one wins).
+    #[arg(long = "config", value_name = "FRAGMENT")]
+    pub(crate) fragments: Vec<PathBuf>,
+    /// The base the fragments are merged onto.
+    #[arg(long, default_value = "tinyconfig")]
+    pub(crate) base: kloop_kernels::build::ConfigBase,
+    /// make -j (default: number of cores).
+    #[arg(long, short)]
+    pub(crate) jobs: Option<usize>,
+    #[command(flatten)]
+    pub(crate) fetch: FetchArgs,
+}
+
+impl BuildArgs {
+    pub(crate) fn request(&self, layout: &Layout) -> Result<kloop_kernels::build::BuildRequest> {
+        Ok(kloop_kernels::build::BuildRequest {
+            source: kloop_kernels::build::SourceSpec::parse(&self.source, &layout.kernels())?,
+            patches: self.patches.clone(),
+            kloop_fragment: layout.kernels().join("configs/kloop.config"),
+            fragments: self.fragments.clone(),
+            base: self.base,
+            jobs: self.jobs.unwrap_or_else(suite::default_jobs),
+            fetch: self.fetch.options(),
+        })
+    }
+}
+
+/// `--accel`: one of [`AccelChoice::NAMES`], listed in `--help`.
+fn accel_parser() -> impl clap::builder::TypedValueParser<Value = AccelChoice> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(AccelChoice::NAMES).map(|s| {
+        s.parse()
+            .expect("PossibleValuesParser passes only listed names")
+    })
+}
+
+/// `--boot`: one of [`kloop::run::trial::BootMode::NAMES`], listed in
+/// `--help` and in clap's error for anything else.
+fn boot_mode_parser() -> impl clap::builder::TypedValueParser<Value = kloop::run::trial::BootMode> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(kloop::run::trial::BootMode::NAMES).map(|s| {
+        s.parse()
+            .expect("PossibleValuesParser passes only listed names")
+    })
+}
