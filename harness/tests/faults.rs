@@ -107,6 +107,7 @@ impl Ctx {
             deadlines,
             extra_cmdline: e.extra_cmdline.clone(),
             boot: e.boot,
+            bless: e.bless,
             saved_vms: kloop::run::saved_vm::SavedVms::in_cache(e.cache.root()),
             known_issues: e.known_issues.clone(),
         }

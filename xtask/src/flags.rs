@@ -194,6 +194,7 @@ impl VmTestArgs {
             memory_mib: self.memory,
             extra_cmdline: self.append.clone(),
             boot: self.boot,
+            bless: Default::default(),
         }
     }
 }

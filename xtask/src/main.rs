@@ -58,15 +58,12 @@ fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
     ui::init(cli.verbose);
     match cli.cmd {
-        Cmd::VmTest(a) => vm_test(a, false),
+        Cmd::VmTest(a) => vm_test(a, false, Default::default()),
         Cmd::Bless(BlessArgs {
             run: mut a,
             overhead,
             as_name,
         }) => {
-            if overhead {
-                std::env::set_var(kloop::run::trial::overhead::BLESS_ENV, "1");
-            }
             let catalog = Catalog::load(&layout().kernels())?;
             let local =
                 a.kernel_image.is_some() || a.kernels.iter().any(|k| catalog.get(k).is_err());
@@ -89,8 +86,13 @@ fn run() -> Result<ExitCode> {
             }
             // insta rewrites the .snap files instead of failing; invariant
             // violations still fail: only a clean stream can be blessed.
+            // (insta reads that itself).
             std::env::set_var("INSTA_UPDATE", "always");
-            vm_test(a, as_name.is_some())
+            let bless = kloop::run::trial::Bless {
+                snapshots: true,
+                overhead,
+            };
+            vm_test(a, as_name.is_some(), bless)
         }
         Cmd::Kernels { cmd } => kernels(cmd),
         Cmd::Validate(a) => validate(a),

@@ -306,7 +306,12 @@ pub(crate) fn matrix_bench(a: &BenchArgs) -> Result<()> {
 
 /// `vm-test`; `new_snapshot_set`: `bless --as`, whose `--snapshot-as`
 /// names a set that does not exist yet.
-pub(crate) fn vm_test(a: VmTestArgs, new_snapshot_set: bool) -> Result<ExitCode> {
+/// `vm-test` (and `bless`, whose `bless` says what the trials write).
+pub(crate) fn vm_test(
+    a: VmTestArgs,
+    new_snapshot_set: bool,
+    bless: kloop::run::trial::Bless,
+) -> Result<ExitCode> {
     let layout = layout();
     let sel = Selection {
         kernels: a.kernels.clone(),
@@ -335,7 +340,10 @@ pub(crate) fn vm_test(a: VmTestArgs, new_snapshot_set: bool) -> Result<ExitCode>
         // shows it on demand).
         std::env::set_var("INSTA_OUTPUT", "none");
     }
-    let opts = a.env_options();
+    let opts = EnvOptions {
+        bless,
+        ..a.env_options()
+    };
     let started = std::time::Instant::now();
     let kernels: Vec<_> = trials.iter().map(|t| t.kernel.clone()).collect();
     let env =

@@ -249,6 +249,8 @@ pub struct EnvOptions {
     /// Appended to every guest's kernel command line.
     pub extra_cmdline: Vec<String>,
     pub boot: crate::run::trial::BootMode,
+    /// `bless`: what the trials write instead of comparing.
+    pub bless: crate::run::trial::Bless,
 }
 
 impl Default for EnvOptions {
@@ -260,6 +262,7 @@ impl Default for EnvOptions {
             memory_mib: 512,
             extra_cmdline: Vec::new(),
             boot: Default::default(),
+            bless: Default::default(),
         }
     }
 }
@@ -337,6 +340,7 @@ pub fn prepare_env(
         deadlines: None,
         extra_cmdline: opts.extra_cmdline.clone(),
         boot: opts.boot,
+        bless: opts.bless,
         saved_vms,
         known_issues,
     })

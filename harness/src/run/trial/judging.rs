@@ -128,6 +128,7 @@ pub(super) fn judge(
         &kernel.id(),
         kernel.snapshot_name().as_deref(),
         accel,
+        env.bless.overhead,
         artefacts,
     );
     if let Ok(Some(note)) = &overhead {
@@ -142,7 +143,7 @@ pub(super) fn judge(
     };
     // A local kernel's stream is compared read-only (pending stream into
     // its artefacts), except under `bless --as`, which writes a set of its own.
-    let blessing = std::env::var("INSTA_UPDATE").is_ok_and(|v| v == "always");
+    let blessing = env.bless.snapshots;
     let outcome = match kernel {
         KernelUnderTest::Image(_) if !blessing => snapshot::compare_read_only(
             &scenario.snapshot_dir(),

@@ -183,6 +183,18 @@ impl KernelUnderTest {
 }
 
 /// What every trial of one run shares.
+/// What `cargo xtask bless` asks the trials to write from this run rather
+/// than compare with (a setting passed as a value; the environment is read
+/// only at the command line's edge).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Bless {
+    /// The golden snapshots (insta writes them: `INSTA_UPDATE=always`,
+    /// which insta reads itself, is set with this).
+    pub snapshots: bool,
+    /// The overhead budgets (`bless --overhead`).
+    pub overhead: bool,
+}
+
 pub struct TrialEnv {
     pub qemu: PathBuf,
     pub qemu_version: String,
@@ -198,6 +210,7 @@ pub struct TrialEnv {
     /// Appended to every guest's kernel command line (`--append`).
     pub extra_cmdline: Vec<String>,
     pub boot: BootMode,
+    pub bless: Bless,
     /// The saved VMs trials restore (with [`BootMode::Saved`]).
     pub saved_vms: SavedVms,
     /// The known-issues ledger trials on pins are judged by.

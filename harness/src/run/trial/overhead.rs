@@ -12,10 +12,6 @@ use kloop_qemu::Accel;
 
 use crate::scenario::Scenario;
 
-/// Set (to anything) by `cargo xtask bless --overhead`: trials write their
-/// budgets from the run instead of comparing with them.
-pub const BLESS_ENV: &str = "KLOOP_BLESS_OVERHEAD";
-
 /// Name of the per-trial record of the measurement.
 pub const TRIAL_FILE: &str = "overhead.json";
 
@@ -29,7 +25,7 @@ pub fn clock(accel: Accel, icount: bool) -> Clock {
 }
 
 /// The trial hook: for a scenario with `measure` steps, judges the timings
-/// against the budget of `budget_pin` (or, when blessing, rewrites it) and
+/// against the budget of `budget_pin` (or, when `bless`, rewrites it) and
 /// leaves `overhead.json` in `artefacts`. `Err` is the failure message;
 /// `Ok(Some(note))` a line for the trial report.
 pub fn check_trial(
@@ -38,6 +34,7 @@ pub fn check_trial(
     kernel: &str,
     budget_pin: Option<&str>,
     accel: Accel,
+    bless: bool,
     artefacts: &Path,
 ) -> Result<Option<String>, String> {
     let budget = match budget_pin {
@@ -59,7 +56,7 @@ pub fn check_trial(
         kernel,
         budget_pin,
         budget,
-        bless: std::env::var_os(BLESS_ENV).is_some(),
+        bless,
     };
     let judged = judge_trial(&inputs, evidence);
     if let (Some(text), Some((path, _))) = (&judged.blessed_budget, &inputs.budget) {
@@ -126,7 +123,8 @@ mod tests {
         assert_eq!(s.vm.cpus, Some(1));
         let art = tempfile::tempdir().unwrap();
         let ev = evidence();
-        let e = check_trial(&s, &ev, "6.1", Some("6.1"), Accel::Tcg, art.path()).unwrap_err();
+        let e =
+            check_trial(&s, &ev, "6.1", Some("6.1"), Accel::Tcg, false, art.path()).unwrap_err();
         assert!(e.contains("no budget for kernel pin 6.1"), "{e}");
         assert!(
             e.contains("cargo xtask bless --overhead --kernel 6.1 --scenario"),
@@ -139,9 +137,7 @@ mod tests {
         assert_eq!(record.points.len(), 2);
 
         // Bless (what `cargo xtask bless --overhead` does), then compare.
-        std::env::set_var(BLESS_ENV, "1");
-        let blessed = check_trial(&s, &ev, "6.1", Some("6.1"), Accel::Tcg, art.path());
-        std::env::remove_var(BLESS_ENV);
+        let blessed = check_trial(&s, &ev, "6.1", Some("6.1"), Accel::Tcg, true, art.path());
         blessed.unwrap();
         let budget =
             Budget::parse(&std::fs::read_to_string(dir.path().join("budgets/6.1.toml")).unwrap())
@@ -150,11 +146,11 @@ mod tests {
             budget.icount.as_ref().unwrap().figures["basic/load/L1:L0"],
             1.03
         );
-        check_trial(&s, &ev, "6.1", Some("6.1"), Accel::Tcg, art.path()).unwrap();
+        check_trial(&s, &ev, "6.1", Some("6.1"), Accel::Tcg, false, art.path()).unwrap();
 
         // The same figures measured under KVM have no golden: what does not
         // depend on the clock is judged, and the note says the rest was not.
-        let note = check_trial(&s, &ev, "6.1", Some("6.1"), Accel::Kvm, art.path())
+        let note = check_trial(&s, &ev, "6.1", Some("6.1"), Accel::Kvm, false, art.path())
             .unwrap()
             .expect("a note");
         assert!(
@@ -169,6 +165,7 @@ mod tests {
             "6.1",
             Some("6.1"),
             Accel::Kvm,
+            false,
             art.path(),
         )
         .unwrap_err();
@@ -178,7 +175,16 @@ mod tests {
         // One listener more: L0 load now costs what L1 did.
         let mut slower = ev.clone();
         slower.timings[0].load_ns = vec![103, 103, 104];
-        let e = check_trial(&s, &slower, "6.1", Some("6.1"), Accel::Tcg, art.path()).unwrap_err();
+        let e = check_trial(
+            &s,
+            &slower,
+            "6.1",
+            Some("6.1"),
+            Accel::Tcg,
+            false,
+            art.path(),
+        )
+        .unwrap_err();
         assert!(e.contains("2 figure(s) left their band"), "{e}");
         assert!(
             e.contains("basic/load/L0") && e.contains("basic/load/L1:L0"),
@@ -188,7 +194,16 @@ mod tests {
         // Missing iterations are a failure of their own.
         let mut short = ev;
         short.timings[1].unload_ns.pop();
-        let e = check_trial(&s, &short, "6.1", Some("6.1"), Accel::Tcg, art.path()).unwrap_err();
+        let e = check_trial(
+            &s,
+            &short,
+            "6.1",
+            Some("6.1"),
+            Accel::Tcg,
+            false,
+            art.path(),
+        )
+        .unwrap_err();
         assert!(e.contains("measure steps"), "{e}");
     }
 
@@ -203,6 +218,7 @@ mod tests {
             "6.1",
             Some("6.1"),
             Accel::Tcg,
+            false,
             art.path(),
         )
         .unwrap();
