@@ -6,6 +6,7 @@
 //! This file lives in `scenarios/` on purpose: it makes the folder a target
 //! root, which is where `cargo insta review` looks for pending `.snap.new`
 //! files.
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a test binary reports on the terminal
 
 use std::collections::BTreeSet;
 use std::path::Path;

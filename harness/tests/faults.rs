@@ -10,6 +10,7 @@
 //!
 //! Trials run one at a time (`--test-threads 1` unless given): the cleanup
 //! checks look at this process's children, and the machine has few cores.
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a test binary reports on the terminal
 
 use std::collections::BTreeSet;
 use std::ffi::OsStr;

@@ -2,6 +2,7 @@
 //! cycle between the modules of any crate (the guest's layers, the
 //! library's rooms, the focused crates under `crates/`), at the depth of
 //! their folders. And every test target is in a CI tier.
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a test binary reports on the terminal
 
 use std::path::Path;
 use std::process::Command;

@@ -7,6 +7,7 @@
 //! wait-unloaded, drain. The kernel is the cached 6.1 image with no snapshot
 //! to compare: the verdict is the invariants (LOST included) and the agent's
 //! own success. Prints one `load:` line.
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a test binary reports on the terminal
 
 use std::time::{Duration, Instant};
 

@@ -6,6 +6,7 @@
 //! `.deb`s, so nothing is answered from an earlier run's module cache.
 //! Packages missing from the shared kernel cache are fetched into it, as
 //! the VM trials would.
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a test binary reports on the terminal
 
 use std::path::Path;
 

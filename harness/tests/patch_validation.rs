@@ -8,6 +8,7 @@
 //! ```text
 //! cargo test -p kloop --test patch_validation -- --ignored --test-threads 1
 //! ```
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a test binary reports on the terminal
 
 use kloop::judge::ab::{AbClass, AbOutcome};
 use kloop::run::suite::{self, EnvOptions, Layout, PlannedTrial};

@@ -1,6 +1,7 @@
 //! Parser, checks and normalisation over byte streams recorded from real
 //! kernels (see `src/testdata/real/README.md`): no VM needed, and the result
 //! must equal the golden snapshot the VM suite compares against.
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a test binary reports on the terminal
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -4,6 +4,7 @@
 //! trial in its own process. Real kernels under real QEMU: the first trial to
 //! run builds the guest agent, fetches its kernel and decides the accelerator
 //! (`KLOOP_ACCEL=kvm|tcg|auto`, default auto).
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a test binary reports on the terminal
 
 use std::sync::OnceLock;
 

@@ -452,7 +452,7 @@ impl KernelCache {
 /// A corrupt cache entry is repaired, not fatal, but the user should know
 /// their cache (or disk) lost data.
 fn report_repair(path: &Path, actual: &str) {
-    eprintln!(
+    tracing::warn!(
         "kloop: cached file {} was corrupt (sha256 {actual}); removed it, fetching again",
         path.display()
     );

@@ -642,7 +642,7 @@ impl KernelCache {
         for m in &set.modules {
             let path = dir.join(&m.sha256);
             if sha256_file(&path).ok()? != m.sha256 {
-                eprintln!(
+                tracing::warn!(
                     "kloop: cached module {} was corrupt; extracting it again",
                     path.display()
                 );
