@@ -79,7 +79,7 @@ pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
             return Ok(kloop::run::trial::KernelUnderTest::Pin(p.clone()));
         }
         lock.ensure(&cache, &layout.kernels(), b, &fetch)
-            .map(|pin| kloop::run::trial::KernelUnderTest::build(pin, &catalog))
+            .map(|pin| kloop::run::trial::KernelUnderTest::distro_build(pin, &catalog))
             .map_err(|e| {
                 kloop::run::bisect::KernelUnavailable::Infrastructure(format!(
                     "pinning {}: {e}",

@@ -404,6 +404,7 @@ mod tests {
             scenarios_run: 1,
             confirmed_figures: false,
             killed_by: None,
+            killed_in: None,
             code_digest: None,
         }
     }

@@ -140,7 +140,7 @@ pub fn write(layout: &Layout, trial: &Path, out: &Path) -> Result<Reproducer, Re
     let snapshot_name = match &kernel {
         KernelUnderTest::Pin(pin) => Some(pin.id.clone()),
         KernelUnderTest::Image(k) => k.snapshot_as.clone(),
-        KernelUnderTest::Build { .. } => None,
+        KernelUnderTest::DistroBuild { .. } => None,
     };
     let expected = snapshot_name.and_then(|name| {
         crate::run::trial::snapshot::read_snapshot_body(
@@ -241,7 +241,7 @@ fn provenance(kernel: &KernelUnderTest, file: &Path, image: &[u8]) -> String {
     let sha = hex::encode(sha2::Sha256::digest(image));
     let mut s = String::new();
     match kernel {
-        KernelUnderTest::Pin(pin) | KernelUnderTest::Build { pin, .. } => {
+        KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => {
             let _ = writeln!(
                 s,
                 "Debian package {} version {} (suite {}), release {}",

@@ -133,6 +133,9 @@ pub struct MutantResult {
     /// kill's kind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub killed_by: Option<KillKind>,
+    /// The scenario whose verdict killed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub killed_in: Option<String>,
     /// sha256 of the mutated file's object code, when it was compared
     /// (Trivial Compiler Equivalence).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -164,6 +167,7 @@ impl MutantResult {
             scenarios_run: 0,
             confirmed_figures: false,
             killed_by: None,
+            killed_in: None,
             code_digest: None,
         }
     }
@@ -602,7 +606,8 @@ pub fn judge_all(
                     kernel: KernelUnderTest::Image(lk),
                     switch: Some(switch),
                 };
-                judge_on(&env, (subject, sides), &mutant, &chosen, jobs, &mut r);
+                let order = learned_order(&chosen, m, &results);
+                judge_on(&env, (subject, sides), &mutant, &order, jobs, &mut r);
             }
             r
         } else {
@@ -636,6 +641,41 @@ pub fn judge_all(
         forget_kernel(&cache, k);
     }
     Ok((base, results))
+}
+
+/// The order to try `chosen` in for `m`: first the scenarios that killed
+/// mutants of the same function by a rule (most recent first), then those
+/// that killed mutants of the same file, then the rest as `chosen` has
+/// them (cheap first). A killed mutant stops at its first rule kill, so
+/// a scenario that already reaches this code saves the ones before it; a
+/// survivor runs every scenario whatever the order, so no kill is lost.
+fn learned_order(chosen: &[Scenario], m: &Mutant, judged: &[MutantResult]) -> Vec<Scenario> {
+    let mut first: Vec<&str> = Vec::new();
+    for same_function in [true, false] {
+        for r in judged.iter().rev() {
+            let near = if same_function {
+                r.mutant.file == m.file && r.mutant.function == m.function
+            } else {
+                r.mutant.file == m.file
+            };
+            if let (true, Some(KillKind::Rule), Some(s)) = (near, r.killed_by, &r.killed_in) {
+                if !first.contains(&s.as_str()) {
+                    first.push(s);
+                }
+            }
+        }
+    }
+    let mut order: Vec<Scenario> = first
+        .iter()
+        .filter_map(|name| chosen.iter().find(|s| s.name == *name).cloned())
+        .collect();
+    order.extend(
+        chosen
+            .iter()
+            .filter(|s| !first.contains(&s.name.as_str()))
+            .cloned(),
+    );
+    order
 }
 
 /// Per mutant: its outcome when its code decides it (`None`: it must be
@@ -1030,6 +1070,7 @@ fn judge_on(
                 // only goes on looking for a rule.
                 if result.killed_by.is_none_or(|k| kind < k) {
                     result.killed_by = Some(kind);
+                    result.killed_in = Some(r.scenario.clone());
                     result.outcome = Outcome::Killed(text);
                 }
                 if kind == KillKind::Rule {
@@ -1096,6 +1137,7 @@ mod tests {
             scenarios_run: 1,
             confirmed_figures: false,
             killed_by: Some(KillKind::Diff),
+            killed_in: None,
             code_digest: None,
         };
         write_saved(&data, &base, std::slice::from_ref(&result)).unwrap();
@@ -1114,5 +1156,76 @@ mod tests {
             err.contains("not the data a mutants report is written from"),
             "{err}"
         );
+    }
+
+    fn killed(file: &str, function: &str, kind: KillKind, scenario: &str) -> MutantResult {
+        let mut r = MutantResult::new(&Mutant {
+            id: format!("{file}:{function}"),
+            file: file.into(),
+            function: function.into(),
+            line: 1,
+            operator: Operator::DropCall,
+            what: String::new(),
+            patch: String::new(),
+        });
+        r.outcome = Outcome::Killed(format!("{scenario}: BROKEN"));
+        r.killed_by = Some(kind);
+        r.killed_in = Some(scenario.into());
+        r
+    }
+
+    /// Scenarios that killed the same function by a rule come first (most
+    /// recent first), then those of the same file; diff kills teach
+    /// nothing; every scenario is still tried, once.
+    #[test]
+    fn scenarios_that_killed_nearby_mutants_go_first() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
+        let chosen = judging_order(crate::scenario::load_all(&root).unwrap());
+        let judged = vec![
+            killed(
+                "kernel/bpf/core.c",
+                "bpf_ksym_add",
+                KillKind::Rule,
+                "subprogs",
+            ),
+            killed(
+                "kernel/events/core.c",
+                "perf_event_ksymbol",
+                KillKind::Rule,
+                "kprobes",
+            ),
+            killed(
+                "kernel/events/core.c",
+                "perf_event_bpf_event",
+                KillKind::Diff,
+                "overflow",
+            ),
+            killed(
+                "kernel/events/core.c",
+                "perf_event_bpf_event",
+                KillKind::Rule,
+                "ksymbol-only",
+            ),
+            killed(
+                "kernel/events/core.c",
+                "perf_event_bpf_event",
+                KillKind::Rule,
+                "task-only",
+            ),
+        ];
+        let m = &judged[3].mutant;
+        let order: Vec<String> = learned_order(&chosen, m, &judged)
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(order[..3], ["task-only", "ksymbol-only", "kprobes"]);
+        assert_eq!(order.len(), chosen.len());
+        let rest: Vec<&String> = order[3..].iter().collect();
+        let expected: Vec<&String> = chosen
+            .iter()
+            .map(|s| &s.name)
+            .filter(|n| !["task-only", "ksymbol-only", "kprobes"].contains(&n.as_str()))
+            .collect();
+        assert_eq!(rest, expected);
     }
 }

@@ -305,7 +305,7 @@ pub fn prepare_env(
     // fetched fails its own trials later, with its own message.
     let mut probe = || {
         probe_kernels.iter().find_map(|k| match k {
-            KernelUnderTest::Pin(pin) | KernelUnderTest::Build { pin, .. } => {
+            KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => {
                 cache.ensure_image(pin, &opts.fetch).ok()
             }
             KernelUnderTest::Image(k) => k.path.is_file().then(|| k.path.clone()),
@@ -363,7 +363,7 @@ pub fn prefetch(env: &TrialEnv, trials: &[PlannedTrial]) {
             .iter()
             .any(|o| o.kernel.id() == id && !o.scenario.modules.is_empty());
         let image = match &t.kernel {
-            KernelUnderTest::Pin(pin) | KernelUnderTest::Build { pin, .. } => {
+            KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => {
                 let fetched = env.cache.ensure_image(pin, &env.fetch).and_then(|image| {
                     // A pin without a `.config` in its package is said
                     // once by `config_notes`; its trials still run.

@@ -370,7 +370,7 @@ fn twins(ev: &RunEvidence, analysis: &Analysis, recorded: &[&PerfRecord]) -> Twi
 /// Text for the trial's normalised stream (appended after kloop's own):
 /// perf's view with addresses, ids and tags named after the agent's
 /// programs. Empty when the run has no perf output.
-pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
+pub fn perf_view(ev: &RunEvidence, analysis: &Analysis) -> String {
     let Some(script) = ev.perf_scripts.first() else {
         return String::new();
     };

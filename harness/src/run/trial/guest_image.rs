@@ -198,7 +198,7 @@ pub(crate) fn prepare_guest(
         )));
     }
     let image = match kernel {
-        KernelUnderTest::Pin(pin) | KernelUnderTest::Build { pin, .. } => {
+        KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => {
             match env.cache.ensure_image(pin, &env.fetch) {
                 Ok(p) => p,
                 Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
@@ -216,7 +216,7 @@ pub(crate) fn prepare_guest(
     };
     let modules = match (kernel, scenario.modules.is_empty()) {
         (_, true) => None,
-        (KernelUnderTest::Pin(pin) | KernelUnderTest::Build { pin, .. }, false) => {
+        (KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. }, false) => {
             match env.cache.ensure_modules(pin, &scenario.modules, &env.fetch) {
                 Ok(set) => Some(set),
                 Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
@@ -225,7 +225,7 @@ pub(crate) fn prepare_guest(
         (KernelUnderTest::Image(k), false) => Some(builtin_modules(k, scenario)?),
     };
     let verified_sha = match kernel {
-        KernelUnderTest::Pin(pin) | KernelUnderTest::Build { pin, .. } => {
+        KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => {
             Some(pin.image_sha256.as_str())
         }
         KernelUnderTest::Image(_) => None,

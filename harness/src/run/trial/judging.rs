@@ -58,7 +58,7 @@ pub(super) fn judge(
         );
     }
     let normalised = crate::judge::normalise::normalise(&evidence, &analysis)
-        + &crate::judge::perf_script::normalise(&evidence, &analysis);
+        + &crate::judge::perf_script::perf_view(&evidence, &analysis);
     let normalised_path = artefacts.join("normalised.txt");
     let _ = std::fs::write(&normalised_path, &normalised);
     // A pin is judged by its ledger entries. A local kernel is judged by
@@ -67,7 +67,7 @@ pub(super) fn judge(
     // is what a developer fixing that bug boots to see.
     let (ledger_pin, report_fixed) = match kernel {
         KernelUnderTest::Pin(p) => (Some(p.id.as_str()), true),
-        KernelUnderTest::Build { series_pin, .. } => (series_pin.as_deref(), false),
+        KernelUnderTest::DistroBuild { series_pin, .. } => (series_pin.as_deref(), false),
         KernelUnderTest::Image(k) => (k.ledger_pin.as_deref(), false),
     };
     result.violations = rule_hits(
@@ -76,7 +76,7 @@ pub(super) fn judge(
         &scenario.name,
         &analysis.violations,
     );
-    if let (KernelUnderTest::Image(_) | KernelUnderTest::Build { .. }, Some(pin)) =
+    if let (KernelUnderTest::Image(_) | KernelUnderTest::DistroBuild { .. }, Some(pin)) =
         (kernel, ledger_pin)
     {
         let j = env
@@ -221,7 +221,7 @@ pub(super) fn rule_hits(
 /// How a user names `kernel` on the command line.
 fn kernel_spec(kernel: &KernelUnderTest) -> String {
     match kernel {
-        KernelUnderTest::Pin(p) | KernelUnderTest::Build { pin: p, .. } => p.id.clone(),
+        KernelUnderTest::Pin(p) | KernelUnderTest::DistroBuild { pin: p, .. } => p.id.clone(),
         KernelUnderTest::Image(k) => match k.name.strip_prefix("built-") {
             Some(id) => format!("built:{id}"),
             None => k.path.display().to_string(),

@@ -45,7 +45,7 @@ pub enum KernelUnderTest {
     /// image, config and modules, but no golden snapshot of its own, and
     /// judged by the ledger entries of `series_pin`, the catalog pin of its
     /// series (an entry that does not show is not `FIXED?`).
-    Build {
+    DistroBuild {
         pin: KernelPin,
         series_pin: Option<String>,
     },
@@ -128,20 +128,21 @@ impl LocalKernel {
 }
 
 impl KernelUnderTest {
-    /// A bisection build of `catalog`'s series pin.
-    pub fn build(pin: KernelPin, catalog: &kloop_kernels::Catalog) -> KernelUnderTest {
+    /// A Debian build outside the catalog (pinned on demand for a
+    /// bisection), judged with the ledger of `catalog`'s pin of its series.
+    pub fn distro_build(pin: KernelPin, catalog: &kloop_kernels::Catalog) -> KernelUnderTest {
         let series_pin = catalog
             .pins()
             .iter()
             .find(|p| p.series == pin.series)
             .map(|p| p.id.clone());
-        KernelUnderTest::Build { pin, series_pin }
+        KernelUnderTest::DistroBuild { pin, series_pin }
     }
 
     /// The Debian pin behind this kernel (a catalog pin or a bisection build).
     pub fn pin(&self) -> Option<&KernelPin> {
         match self {
-            KernelUnderTest::Pin(p) | KernelUnderTest::Build { pin: p, .. } => Some(p),
+            KernelUnderTest::Pin(p) | KernelUnderTest::DistroBuild { pin: p, .. } => Some(p),
             KernelUnderTest::Image(_) => None,
         }
     }
@@ -150,7 +151,7 @@ impl KernelUnderTest {
     /// bisection build), `image`, or `built-<id>`.
     pub fn id(&self) -> String {
         match self {
-            KernelUnderTest::Pin(p) | KernelUnderTest::Build { pin: p, .. } => p.id.clone(),
+            KernelUnderTest::Pin(p) | KernelUnderTest::DistroBuild { pin: p, .. } => p.id.clone(),
             KernelUnderTest::Image(k) => k.name.clone(),
         }
     }
@@ -158,7 +159,7 @@ impl KernelUnderTest {
     fn snapshot_name(&self) -> Option<String> {
         match self {
             KernelUnderTest::Pin(p) => Some(p.id.clone()),
-            KernelUnderTest::Build { .. } => None,
+            KernelUnderTest::DistroBuild { .. } => None,
             KernelUnderTest::Image(k) => k.snapshot_as.clone(),
         }
     }
@@ -167,7 +168,7 @@ impl KernelUnderTest {
     /// the one found with the image. `Err`: why there is none.
     pub fn config(&self, env: &TrialEnv) -> Result<Arc<KernelConfig>, String> {
         match self {
-            KernelUnderTest::Pin(pin) | KernelUnderTest::Build { pin, .. } => env
+            KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => env
                 .cache
                 .ensure_config(pin, &env.fetch)
                 .map(Arc::new)
