@@ -42,10 +42,7 @@ pub(crate) fn run_ab(
     opts: &EnvOptions,
     jobs: usize,
 ) -> Result<ExitCode> {
-    kloop::run::signals::install();
-    if std::env::var_os("INSTA_OUTPUT").is_none() {
-        std::env::set_var("INSTA_OUTPUT", "none");
-    }
+    start_trials();
     let started = std::time::Instant::now();
     let ab = kloop::run::ab::run(
         layout,

@@ -43,8 +43,7 @@ pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
     let names: Vec<String> = range.iter().map(|b| b.version.clone()).collect();
     let all = kloop::scenario::load_all(&layout.scenarios())?;
     let scenario = kloop::scenario::select(&all, std::slice::from_ref(&a.scenario))?.remove(0);
-    kloop::run::signals::install();
-    std::env::set_var("INSTA_OUTPUT", "none");
+    start_trials();
     let opts = EnvOptions {
         accel: a.accel,
         fetch: a.fetch.options(),
@@ -221,8 +220,7 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
     // One worktree location for every bisection: its output directory
     // (keyed by the tree's path) then serves the next bisection too.
     let wt_dir = cache.root().join("build/bisect/worktree");
-    kloop::run::signals::install();
-    std::env::set_var("INSTA_OUTPUT", "none");
+    start_trials();
     let worktree = Worktree::add(&repo, &wt_dir, &old)?;
     let opts = EnvOptions {
         accel: a.accel,
@@ -400,7 +398,7 @@ pub(crate) fn bisect_step(a: BisectStepArgs) -> Result<ExitCode> {
     };
     let kernel = tree_kernel(&layout, &built)?;
     let env = suite::prepare_env(&layout, &opts, std::slice::from_ref(&kernel))?;
-    std::env::set_var("INSTA_OUTPUT", "none");
+    start_trials();
     let t = std::time::Instant::now();
     let (obs, _) = kloop::run::bisect::observe_kernel(
         &env,

@@ -40,6 +40,18 @@ pub(crate) fn accel_line(d: &kloop_qemu::accel::AccelDecision) -> String {
     }
 }
 
+/// What every command that runs trials does first: SIGINT/SIGTERM stop
+/// every wait, and insta prints no diff of its own (`INSTA_OUTPUT`, which
+/// insta reads, unless the user set it): each failing trial prints its
+/// own short diff, and insta's full one would interleave between parallel
+/// trials (`cargo insta review` shows it on demand).
+pub(crate) fn start_trials() {
+    kloop::run::signals::install();
+    if std::env::var_os("INSTA_OUTPUT").is_none() {
+        std::env::set_var("INSTA_OUTPUT", "none");
+    }
+}
+
 pub(crate) fn layout() -> Layout {
     Layout::from_root(kloop::run::agent::workspace_root())
 }

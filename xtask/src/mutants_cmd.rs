@@ -7,14 +7,11 @@ use kloop::mutate::{self, Targets};
 use kloop::run::mutants::Outcome;
 use kloop::run::suite::{self, EnvOptions};
 
-use crate::{layout, BuildArgs, MutantsArgs};
+use crate::{layout, start_trials, BuildArgs, MutantsArgs};
 
 pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     let layout = layout();
-    kloop::run::signals::install();
-    if std::env::var_os("INSTA_OUTPUT").is_none() {
-        std::env::set_var("INSTA_OUTPUT", "none");
-    }
+    start_trials();
     let build = BuildArgs {
         source: a.source.clone(),
         patches: Vec::new(),

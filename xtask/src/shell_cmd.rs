@@ -21,7 +21,7 @@ pub(crate) fn vm_shell(a: VmShellArgs) -> Result<ExitCode> {
         .with_context(|| format!("no scenario {}", a.scenario))?;
     // SIGTERM (or a Ctrl-C before QEMU's console has the terminal) kills
     // the VM; inside the shell Ctrl-C is the guest's.
-    kloop::run::signals::install();
+    start_trials();
     let opts = EnvOptions {
         accel: a.accel,
         fetch: a.fetch.options(),

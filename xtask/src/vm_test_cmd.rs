@@ -17,7 +17,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
         ..Selection::default()
     };
     let planned = suite::plan(&layout, &sel)?;
-    kloop::run::signals::install();
+    start_trials();
     let opts = EnvOptions {
         accel: a.accel,
         extra_cmdline: a.append.clone(),
@@ -333,13 +333,7 @@ pub(crate) fn vm_test(
     if trials.is_empty() {
         bail!("no trials selected");
     }
-    kloop::run::signals::install();
-    if std::env::var_os("INSTA_OUTPUT").is_none() {
-        // Each failing trial prints its own short diff; insta's full diff
-        // would interleave between parallel trials (`cargo insta review`
-        // shows it on demand).
-        std::env::set_var("INSTA_OUTPUT", "none");
-    }
+    start_trials();
     let opts = EnvOptions {
         bless,
         ..a.env_options()
