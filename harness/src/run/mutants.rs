@@ -702,10 +702,8 @@ fn compile_phase(
         .map_err(|e| e.to_string())?;
     let tmp = cache.root().join("tmp");
     std::fs::create_dir_all(&tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
-    let work = tempfile::Builder::new()
-        .prefix("compile-alone-")
-        .tempdir_in(&tmp)
-        .map_err(|e| format!("a directory in {}: {e}", tmp.display()))?;
+    // One path for every run (ccache keys on it; see compile_alone).
+    let work = tmp.join("compile-alone");
     let started = Instant::now();
     let mut originals: BTreeMap<String, (String, String)> = BTreeMap::new();
     for m in mutants {
@@ -715,7 +713,7 @@ fn compile_phase(
         let path = tree.join(&m.file);
         let text = std::fs::read_to_string(&path)
             .map_err(|e| format!("reading {}: {e}", path.display()))?;
-        let digest = compile_alone(&out, &m.file, &text, work.path())
+        let digest = compile_alone(&out, &m.file, &text, &work)
             .map_err(|e| format!("compiling the unmutated {} alone: {e}", m.file))?;
         originals.insert(m.file.clone(), (text, digest));
     }
@@ -738,7 +736,7 @@ fn compile_phase(
                 let t = Instant::now();
                 let (original, _) = &originals[&m.file];
                 let r = match schema::mutated_text(original, m) {
-                    Ok(text) => compile_alone(out, &m.file, &text, work.path()),
+                    Ok(text) => compile_alone(out, &m.file, &text, work),
                     Err(e) => Err(CompileError::Refused(format!("kloop's own patch: {e}"))),
                 };
                 compiled.lock().unwrap_or_else(|p| p.into_inner())[n] =

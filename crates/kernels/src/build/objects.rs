@@ -125,8 +125,10 @@ pub enum CompileError {
 /// (`-fmacro-prefix-map`), so the strings WARN_ON puts in loaded sections
 /// are those of a real build; objtool, which kbuild runs after the
 /// compiler, is left out (it rewrites both objects alike). Through ccache
-/// when installed, keyed by the text, so a second run of the same
-/// mutants compiles nothing.
+/// when installed: the copy's path is `work/<digest of the text>/`, the
+/// same in every run (ccache hashes the command line, paths included), so
+/// a second run of the same mutants with the same `work` compiles nothing;
+/// an `flock` beside it keeps two processes from sharing one copy.
 pub fn compile_alone(
     out: &Path,
     file: &str,
@@ -171,6 +173,21 @@ pub fn compile_alone(
     let key = hex::encode(&Sha256::digest(format!("{file}\0{text}"))[..8]);
     let copy_dir = work.join(&key);
     let io = |what: String| move |source| CompileError::Io { what, source };
+    std::fs::create_dir_all(work).map_err(io(format!("creating {}", work.display())))?;
+    let lock_path = work.join(format!("{key}.lock"));
+    let lock = std::fs::File::create(&lock_path)
+        .map_err(io(format!("creating {}", lock_path.display())))?;
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid fd owned by `lock`, held until this returns. A
+        // blocking lock: the other process compiles the same text, briefly.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(CompileError::Io {
+                what: format!("locking {}", lock_path.display()),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+    }
     std::fs::create_dir_all(&copy_dir).map_err(io(format!("creating {}", copy_dir.display())))?;
     let copy = copy_dir.join(name);
     std::fs::write(&copy, text).map_err(io(format!("writing {}", copy.display())))?;
@@ -224,6 +241,9 @@ pub fn compile_alone(
         }
     });
     let _ = std::fs::remove_dir_all(&copy_dir);
+    // The lock file stays: removing it could let a third process lock a new
+    // file while a second still waits on this one.
+    drop(lock);
     outcome
 }
 
@@ -315,8 +335,12 @@ mod tests {
             compile_alone(&out, "kernel/events/core.c", &other, &work).unwrap(),
             kbuild
         );
-        // The copies are gone, the tree and its object untouched.
-        assert_eq!(std::fs::read_dir(&work).unwrap().count(), 0);
+        // The copies are gone (their lock files stay), the tree untouched.
+        assert!(std::fs::read_dir(&work).unwrap().all(|e| e
+            .unwrap()
+            .path()
+            .extension()
+            .is_some_and(|x| x == "lock")));
         assert_eq!(
             std::fs::read_to_string(tree.join("kernel/events/core.c")).unwrap(),
             src
