@@ -1,10 +1,12 @@
 //! `mutants`: what kloop's suite would miss in the kernel's emission paths.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
+use kloop::mutate::Mutant;
 use kloop::mutate::{self, Targets};
-use kloop::run::mutants::Outcome;
+use kloop::run::mutants::{MutantResult, MutantsBaseline, Outcome};
 use kloop::run::suite::{self, EnvOptions};
 
 use crate::{layout, start_trials, BuildArgs, MutantsArgs};
@@ -12,15 +14,15 @@ use crate::{layout, start_trials, BuildArgs, MutantsArgs};
 pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     let layout = layout();
     start_trials();
-    let build = BuildArgs {
+    let base_req = BuildArgs {
         source: a.source.clone(),
         patches: Vec::new(),
         fragments: a.fragments.clone(),
         base: a.base,
         jobs: a.jobs,
         fetch: a.fetch.clone(),
-    };
-    let base_req = build.request(&layout)?;
+    }
+    .request(&layout)?;
     let cache = kloop_kernels::KernelCache::default_location()?;
     let tree = kloop_kernels::build::source_tree(&cache, &base_req.source, &base_req.fetch)
         .context("unpacking the source")?;
@@ -29,22 +31,7 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     for m in &generated.missing {
         eprintln!("kloop: not in this tree: {m}");
     }
-    let chosen = if a.mutants.is_empty() {
-        mutate::sample(&generated.mutants, a.max)
-    } else {
-        let picked: Vec<_> = generated
-            .mutants
-            .iter()
-            .filter(|m| a.mutants.contains(&m.id))
-            .cloned()
-            .collect();
-        for id in &a.mutants {
-            if !picked.iter().any(|m| &m.id == id) {
-                anyhow::bail!("no mutant {id} in this tree (see --list --max 1000)");
-            }
-        }
-        picked
-    };
+    let chosen = choose(&a, &generated.mutants)?;
     println!(
         "kloop: {} mutants of {} file(s) in {}; {}",
         generated.mutants.len(),
@@ -61,70 +48,15 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let opts = EnvOptions {
-        accel: a.accel,
-        fetch: a.fetch.options(),
-        ..EnvOptions::default()
+    let sink = Sink {
+        report: a.report.clone(),
+        generated: generated.mutants.len(),
+        missing: generated.missing.clone(),
+        notes: kloop::report::mutants::Notes::load(&layout.kernels().join("mutation-notes.toml"))
+            .map_err(anyhow::Error::msg)?,
+        command: command_line(&a),
     };
-    let jobs = a.jobs.unwrap_or_else(suite::default_jobs);
-    let total = chosen.len();
-    let started = std::time::Instant::now();
-    let notes = kloop::report::mutants::Notes::load(&layout.kernels().join("mutation-notes.toml"))
-        .map_err(anyhow::Error::msg)?;
-    let mut command = format!("cargo xtask mutants --source {} --max {}", a.source, a.max);
-    for f in &a.only {
-        command.push_str(&format!(" --only {f}"));
-    }
-    for m in &a.mutants {
-        command.push_str(&format!(" --mutant {m}"));
-    }
-    let report_path = |base: &kloop::run::mutants::MutantsBaseline| {
-        a.report
-            .clone()
-            .unwrap_or_else(|| base.run_dir.join("mutation-score.md"))
-    };
-    // The data that outlives the run directory: beside a --report, else
-    // the run directory's own mutants.json.
-    let data_path = |base: &kloop::run::mutants::MutantsBaseline| match &a.report {
-        Some(report) => kloop::run::mutants::data_beside(report),
-        None => base.run_dir.join(kloop::run::mutants::RESULTS_FILE),
-    };
-    // Made before any mutant is judged: a report that cannot be written
-    // is found now, not after the run.
-    if let Some(parent) = a
-        .report
-        .as_deref()
-        .and_then(std::path::Path::parent)
-        .filter(|p| !p.as_os_str().is_empty())
-    {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}, where --report goes", parent.display()))?;
-    }
-    // The report and the data, rewritten after every mutant.
-    let write = |base: &kloop::run::mutants::MutantsBaseline,
-                 results: &[kloop::run::mutants::MutantResult]|
-     -> Result<()> {
-        let md = kloop::report::mutants::markdown(
-            base,
-            results,
-            generated.mutants.len(),
-            &generated.missing,
-            &notes,
-            &command,
-        );
-        // A run directory is there while its run judges; --from a
-        // report's data file may name one long pruned.
-        if base.run_dir.is_dir() {
-            let json = base.run_dir.join(kloop::run::mutants::RESULTS_FILE);
-            std::fs::write(&json, serde_json::to_vec_pretty(results)?)
-                .with_context(|| format!("writing {}", json.display()))?;
-        }
-        if a.report.is_some() {
-            kloop::run::mutants::write_saved(&data_path(base), base, results)?;
-        }
-        let report = report_path(base);
-        std::fs::write(&report, md).with_context(|| format!("writing {}", report.display()))
-    };
+    sink.prepare()?;
     if let Some(run_dir) = &a.from {
         let (base, results) = kloop::run::mutants::read_run(&layout, &base_req, run_dir)
             .with_context(|| {
@@ -137,89 +69,224 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
                     run_dir.display()
                 )
             })?;
-        write(&base, &results)?;
-        return Ok(summarise(
-            &results,
-            &notes,
-            &report_path(&base),
-            &data_path(&base),
-            None,
-        ));
+        sink.write(&base, &results)?;
+        return Ok(sink.summarise(&base, &results, None));
     }
-    // The live line of the kernel being built (the unmutated one, then
-    // each mutant's), ended when its mutant is decided.
-    let building: std::cell::RefCell<Option<(String, crate::build_progress::BuildProgress)>> =
-        std::cell::RefCell::new(None);
+    let opts = EnvOptions {
+        accel: a.accel,
+        fetch: a.fetch.options(),
+        ..EnvOptions::default()
+    };
+    let total = chosen.len();
+    let started = std::time::Instant::now();
+    let building = BuildLines::new(base_req.source.label());
     let (base, results) = kloop::run::mutants::judge_all(
         &layout,
         &base_req,
         &chosen,
         &a.scenarios,
         &opts,
-        jobs,
+        a.jobs.unwrap_or_else(suite::default_jobs),
         if a.build_each {
             kloop::run::mutants::Strategy::BuildEach
         } else {
             kloop::run::mutants::Strategy::Schemata
         },
-        &mut |what, e| {
-            let mut current = building.borrow_mut();
-            if current.as_ref().is_none_or(|(w, _)| w != what) {
-                if let Some((_, done)) = current.take() {
-                    done.finish();
-                }
-                let label = if what == "unmutated" {
-                    format!("the unmutated {}", base_req.source.label())
-                } else if what == "compile-alone" {
-                    "every mutated file, compiled alone".to_string()
-                } else if what == "schema" {
-                    "the schema kernel (every mutant behind its switch)".to_string()
-                } else {
-                    format!("mutant {what}")
-                };
-                *current = Some((
-                    what.to_string(),
-                    crate::build_progress::BuildProgress::new(&label),
-                ));
-            }
-            if let Some((_, progress)) = current.as_mut() {
-                progress.event(e);
-            }
-        },
+        &mut |what, e| building.event(what, e),
         &mut |base, results| {
-            if let Some((_, done)) = building.borrow_mut().take() {
-                done.finish();
+            building.finish();
+            if let Some(r) = results.last() {
+                crate::ui::line(progress_line(r, results, total, started));
             }
-            let Some(r) = results.last() else { return };
-            crate::ui::line(format!(
-                "[{}/{total} {:>5.0} s] {} ... {}{} (build {:.0} s, judge {:.0} s)",
-                results.len(),
-                started.elapsed().as_secs_f64(),
-                r.mutant.id,
-                r.outcome.label(),
-                match &r.outcome {
-                    Outcome::Killed(why) | Outcome::BuildFailed(why) | Outcome::NotJudged(why) =>
-                        format!(": {why}"),
-                    Outcome::Survived | Outcome::CompilerEquivalent =>
-                        format!(": {}", r.mutant.what),
-                    Outcome::Duplicate(of) => format!(" of {of}: {}", r.resolved(results).label()),
-                },
-                r.build_secs,
-                r.judge_secs
-            ));
-            if let Err(e) = write(base, results) {
+            if let Err(e) = sink.write(base, results) {
                 eprintln!("kloop: {e:#}");
             }
         },
     )?;
-    write(&base, &results)?;
-    Ok(summarise(
-        &results,
-        &notes,
-        &report_path(&base),
-        &data_path(&base),
-        Some(started.elapsed().as_secs_f64()),
-    ))
+    sink.write(&base, &results)?;
+    Ok(sink.summarise(&base, &results, Some(started.elapsed().as_secs_f64())))
+}
+
+/// The mutants to judge: those named with `--mutant` (each must exist),
+/// else a balanced sample of at most `--max`.
+fn choose(a: &MutantsArgs, generated: &[Mutant]) -> Result<Vec<Mutant>> {
+    if a.mutants.is_empty() {
+        return Ok(mutate::sample(generated, a.max));
+    }
+    for id in &a.mutants {
+        if !generated.iter().any(|m| &m.id == id) {
+            anyhow::bail!("no mutant {id} in this tree (see --list --max 1000)");
+        }
+    }
+    Ok(generated
+        .iter()
+        .filter(|m| a.mutants.contains(&m.id))
+        .cloned()
+        .collect())
+}
+
+/// The command line the report names as its source.
+fn command_line(a: &MutantsArgs) -> String {
+    let mut command = format!("cargo xtask mutants --source {} --max {}", a.source, a.max);
+    for f in &a.only {
+        command.push_str(&format!(" --only {f}"));
+    }
+    for m in &a.mutants {
+        command.push_str(&format!(" --mutant {m}"));
+    }
+    command
+}
+
+/// One decided mutant's line.
+fn progress_line(
+    r: &MutantResult,
+    results: &[MutantResult],
+    total: usize,
+    started: std::time::Instant,
+) -> String {
+    format!(
+        "[{}/{total} {:>5.0} s] {} ... {}{} (build {:.0} s, judge {:.0} s)",
+        results.len(),
+        started.elapsed().as_secs_f64(),
+        r.mutant.id,
+        r.outcome.label(),
+        match &r.outcome {
+            Outcome::Killed(why) | Outcome::BuildFailed(why) | Outcome::NotJudged(why) =>
+                format!(": {why}"),
+            Outcome::Survived | Outcome::CompilerEquivalent => format!(": {}", r.mutant.what),
+            Outcome::Duplicate(of) => format!(" of {of}: {}", r.resolved(results).label()),
+        },
+        r.build_secs,
+        r.judge_secs
+    )
+}
+
+/// The live line of the kernel being built (the unmutated one, the
+/// compile-alone phase, the schema kernel, a mutant built alone), ended
+/// when the next begins or a mutant is decided.
+struct BuildLines {
+    source: String,
+    current: std::cell::RefCell<Option<(String, crate::build_progress::BuildProgress)>>,
+}
+
+impl BuildLines {
+    fn new(source: String) -> BuildLines {
+        BuildLines {
+            source,
+            current: std::cell::RefCell::new(None),
+        }
+    }
+
+    fn event(&self, what: &str, e: kloop_kernels::build::BuildEvent) {
+        let mut current = self.current.borrow_mut();
+        if current.as_ref().is_none_or(|(w, _)| w != what) {
+            if let Some((_, done)) = current.take() {
+                done.finish();
+            }
+            let label = match what {
+                "unmutated" => format!("the unmutated {}", self.source),
+                "compile-alone" => "every mutated file, compiled alone".to_string(),
+                "schema" => "the schema kernel (every mutant behind its switch)".to_string(),
+                _ => format!("mutant {what}"),
+            };
+            *current = Some((
+                what.to_string(),
+                crate::build_progress::BuildProgress::new(&label),
+            ));
+        }
+        if let Some((_, progress)) = current.as_mut() {
+            progress.event(e);
+        }
+    }
+
+    fn finish(&self) {
+        if let Some((_, done)) = self.current.borrow_mut().take() {
+            done.finish();
+        }
+    }
+}
+
+/// Where the report and its data go, and what the report says besides the
+/// results.
+struct Sink {
+    /// `--report`: the Markdown file (its data beside it); none: the run
+    /// directory's `mutation-score.md` and `mutants.json`.
+    report: Option<PathBuf>,
+    generated: usize,
+    missing: Vec<String>,
+    notes: kloop::report::mutants::Notes,
+    command: String,
+}
+
+impl Sink {
+    /// Made before any mutant is judged: a report that cannot be written
+    /// is found now, not after the run.
+    fn prepare(&self) -> Result<()> {
+        if let Some(parent) = self
+            .report
+            .as_deref()
+            .and_then(std::path::Path::parent)
+            .filter(|p| !p.as_os_str().is_empty())
+        {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}, where --report goes", parent.display()))?;
+        }
+        Ok(())
+    }
+
+    fn report_path(&self, base: &MutantsBaseline) -> PathBuf {
+        self.report
+            .clone()
+            .unwrap_or_else(|| base.run_dir.join("mutation-score.md"))
+    }
+
+    /// The data that outlives the run directory: beside a --report, else
+    /// the run directory's own mutants.json.
+    fn data_path(&self, base: &MutantsBaseline) -> PathBuf {
+        match &self.report {
+            Some(report) => kloop::run::mutants::data_beside(report),
+            None => base.run_dir.join(kloop::run::mutants::RESULTS_FILE),
+        }
+    }
+
+    /// The report and the data, rewritten after every mutant.
+    fn write(&self, base: &MutantsBaseline, results: &[MutantResult]) -> Result<()> {
+        let md = kloop::report::mutants::markdown(
+            base,
+            results,
+            self.generated,
+            &self.missing,
+            &self.notes,
+            &self.command,
+        );
+        // A run directory is there while its run judges; --from a
+        // report's data file may name one long pruned.
+        if base.run_dir.is_dir() {
+            let json = base.run_dir.join(kloop::run::mutants::RESULTS_FILE);
+            std::fs::write(&json, serde_json::to_vec_pretty(results)?)
+                .with_context(|| format!("writing {}", json.display()))?;
+        }
+        if self.report.is_some() {
+            kloop::run::mutants::write_saved(&self.data_path(base), base, results)?;
+        }
+        let report = self.report_path(base);
+        std::fs::write(&report, md).with_context(|| format!("writing {}", report.display()))
+    }
+
+    fn summarise(
+        &self,
+        base: &MutantsBaseline,
+        results: &[MutantResult],
+        secs: Option<f64>,
+    ) -> ExitCode {
+        summarise(
+            results,
+            &self.notes,
+            &self.report_path(base),
+            &self.data_path(base),
+            secs,
+        )
+    }
 }
 
 /// Prints the totals and the survivors without a note; the exit code:

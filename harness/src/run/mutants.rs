@@ -355,8 +355,9 @@ pub enum Strategy {
     BuildEach,
 }
 
-/// What a run's phases took, for the report.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// What a run's phases took, for the report. A run from before schemata
+/// has none in its data: it built each mutant ([`Phases::default`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Phases {
     pub strategy: Strategy,
     /// Compiling each mutated file alone (both cores).
@@ -371,6 +372,19 @@ pub struct Phases {
     /// Mutants built on their own, and why (`id: why`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub built_alone: Vec<String>,
+}
+
+impl Default for Phases {
+    fn default() -> Phases {
+        Phases {
+            strategy: Strategy::BuildEach,
+            compile_secs: 0.0,
+            schema_build_secs: 0.0,
+            schema_kernel: None,
+            in_schema: 0,
+            built_alone: Vec::new(),
+        }
+    }
 }
 
 /// A kernel as a trial runs it: a schema kernel carries the switch value
