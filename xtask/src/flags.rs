@@ -345,6 +345,12 @@ pub(crate) struct MutantsArgs {
     /// switching the rest inside one schema kernel.
     #[arg(long)]
     pub(crate) build_each: bool,
+    /// Go on from the data beside --report (a run stopped or cut short):
+    /// the mutants it decided whose patch is unchanged (the same source)
+    /// are kept as they are, the rest are judged, and the report covers
+    /// both (its phase times are this run's).
+    #[arg(long, requires = "report")]
+    pub(crate) resume: bool,
     /// List the mutants that would be judged and exit.
     #[arg(long)]
     pub(crate) list: bool,

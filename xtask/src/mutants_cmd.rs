@@ -31,7 +31,24 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     for m in &generated.missing {
         eprintln!("kloop: not in this tree: {m}");
     }
-    let chosen = choose(&a, &generated.mutants)?;
+    let mut chosen = choose(&a, &generated.mutants)?;
+    // --resume: what the data beside the report decided stays decided.
+    let carried: Vec<MutantResult> = match (&a.report, a.resume) {
+        (Some(report), true) => carried_over(report, &chosen)?,
+        _ => Vec::new(),
+    };
+    if !carried.is_empty() {
+        chosen.retain(|m| !carried.iter().any(|r| r.mutant.id == m.id));
+        println!(
+            "kloop: resuming: {} mutant(s) decided in {}, {} left",
+            carried.len(),
+            kloop::run::mutants::data_beside(
+                a.report.as_deref().expect("--resume requires --report")
+            )
+            .display(),
+            chosen.len()
+        );
+    }
     println!(
         "kloop: {} mutants of {} file(s) in {}; {}",
         generated.mutants.len(),
@@ -77,8 +94,12 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
         fetch: a.fetch.options(),
         ..EnvOptions::default()
     };
-    let total = chosen.len();
+    let total = chosen.len() + carried.len();
     let started = std::time::Instant::now();
+    // The carried-over results first, then this run's, in every write.
+    let with_carried = |results: &[MutantResult]| -> Vec<MutantResult> {
+        carried.iter().chain(results).cloned().collect()
+    };
     let building = BuildLines::new(base_req.source.label());
     let (base, results) = kloop::run::mutants::judge_all(
         &layout,
@@ -95,14 +116,16 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
         &mut |what, e| building.event(what, e),
         &mut |base, results| {
             building.finish();
-            if let Some(r) = results.last() {
-                crate::ui::line(progress_line(r, results, total, started));
+            let all = with_carried(results);
+            if let Some(r) = all.last() {
+                crate::ui::line(progress_line(r, &all, total, started));
             }
-            if let Err(e) = sink.write(base, results) {
+            if let Err(e) = sink.write(base, &all) {
                 eprintln!("kloop: {e:#}");
             }
         },
     )?;
+    let results = with_carried(&results);
     sink.write(&base, &results)?;
     Ok(sink.summarise(&base, &results, Some(started.elapsed().as_secs_f64())))
 }
@@ -122,6 +145,26 @@ fn choose(a: &MutantsArgs, generated: &[Mutant]) -> Result<Vec<Mutant>> {
         .iter()
         .filter(|m| a.mutants.contains(&m.id))
         .cloned()
+        .collect())
+}
+
+/// The results in the data beside `report` that decided a mutant among
+/// `chosen` (not those left not judged); none when there is no data yet.
+fn carried_over(report: &std::path::Path, chosen: &[Mutant]) -> Result<Vec<MutantResult>> {
+    let data = kloop::run::mutants::data_beside(report);
+    if !data.is_file() {
+        return Ok(Vec::new());
+    }
+    let (_, results) = kloop::run::mutants::read_saved(&data)
+        .with_context(|| format!("--resume reads {}", data.display()))?;
+    Ok(results
+        .into_iter()
+        .filter(|r| !matches!(r.outcome, Outcome::NotJudged(_)))
+        .filter(|r| {
+            chosen
+                .iter()
+                .any(|m| m.id == r.mutant.id && m.patch == r.mutant.patch)
+        })
         .collect())
 }
 
