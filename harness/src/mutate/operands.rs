@@ -44,8 +44,9 @@ pub struct Scope {
 /// What one file's targets have in scope.
 #[derive(Debug, Default, Clone)]
 pub struct FileScope {
-    /// Identifiers declared at file scope (brace depth 0).
-    file_level: BTreeSet<String>,
+    /// Identifiers declared at file scope (brace depth 0), with where
+    /// they first appear: C needs a declaration before a use.
+    file_level: BTreeMap<String, usize>,
     /// Identifiers used in the file's code in scope.
     used: BTreeSet<String>,
     /// Fields read in the file's code in scope, by the last name of their
@@ -272,12 +273,13 @@ fn base_expr(s: &str) -> &str {
     }
 }
 
-/// Names declared at brace depth 0: file-scope variables (and functions,
-/// which never take a variable's place because called names are skipped).
-fn file_level_names(text: &str, mask: &[bool]) -> BTreeSet<String> {
+/// Names declared at brace depth 0, each with the offset where it first
+/// appears: file-scope variables (and functions, which never take a
+/// variable's place because called names are skipped).
+fn file_level_names(text: &str, mask: &[bool]) -> BTreeMap<String, usize> {
     let b = text.as_bytes();
     let mut depth = 0i32;
-    let mut out = BTreeSet::new();
+    let mut out = BTreeMap::new();
     let mut i = 0;
     while i < b.len() {
         if !mask[i] {
@@ -292,7 +294,7 @@ fn file_level_names(text: &str, mask: &[bool]) -> BTreeSet<String> {
                 while i < b.len() && is_ident(b[i]) {
                     i += 1;
                 }
-                out.insert(text[start..i].to_string());
+                out.entry(text[start..i].to_string()).or_insert(start);
                 continue;
             }
             _ => {}
@@ -606,11 +608,16 @@ pub fn edits(
             let tag = ["struct", "union", "enum"]
                 .iter()
                 .any(|k| text[..tok.at].trim_end().ends_with(k));
-            if file.file_level.contains(tok.name) && !tag {
+            if file.file_level.contains_key(tok.name) && !tag {
+                // Only a name declared above this use: one declared further
+                // down (`perf_event_bpf_output` in `perf_event_ksymbol`)
+                // only fails to build.
+                let declared_above =
+                    |o: &String| file.file_level.get(o).is_some_and(|&at| at < tok.at);
                 for other in file
                     .used
                     .iter()
-                    .filter(|o| file.file_level.contains(*o) && same_name_family(tok.name, o))
+                    .filter(|o| declared_above(o) && same_name_family(tok.name, o))
                 {
                     push(Operator::ReplaceGlobal, other);
                 }
@@ -986,6 +993,20 @@ enum { A_ONE, A_TWO = (1 << 2), };
         let d = declarations(CORE, &mask, body);
         assert_eq!(d["prog"], "struct bpf_prog *");
         assert_eq!(d["subprog"], "struct bpf_prog *");
+    }
+
+    /// A file-scope name is known from where it is first declared, so a
+    /// use above it is never replaced by it.
+    #[test]
+    fn file_level_names_know_where_they_are_declared() {
+        let text = "static int nr_a_events;\nvoid f(void)\n{\n\tnr_a_events++;\n}\nstatic int nr_b_events;\n";
+        let mask = code_mask(text);
+        let names = file_level_names(text, &mask);
+        assert_eq!(names["nr_a_events"], text.find("nr_a_events").unwrap());
+        assert_eq!(names["nr_b_events"], text.rfind("nr_b_events").unwrap());
+        let use_at = text.find("\tnr_a_events++").unwrap();
+        assert!(names["nr_b_events"] > use_at, "declared below the use");
+        assert!(!names.contains_key("f") || names["f"] < use_at);
     }
 
     #[test]

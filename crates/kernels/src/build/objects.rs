@@ -228,10 +228,13 @@ pub fn compile_alone(
             Ok(code_digest(&obj)?)
         } else {
             let stderr = String::from_utf8_lossy(&o.stderr);
-            let errors: Vec<&str> = stderr
+            // The copy's path named as the file's own.
+            let copy_path = copy.display().to_string();
+            let errors: Vec<String> = stderr
                 .lines()
                 .filter(|l| l.contains("error:"))
                 .take(3)
+                .map(|l| l.replace(&copy_path, file))
                 .collect();
             Err(CompileError::Refused(if errors.is_empty() {
                 format!("the compiler failed ({})", o.status)
