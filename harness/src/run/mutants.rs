@@ -659,8 +659,9 @@ pub fn judge_all(
 
 /// The order to try `chosen` in for `m`: first the scenarios that killed
 /// mutants of the same function by a rule (most recent first), then those
-/// that killed mutants of the same file, then the rest as `chosen` has
-/// them (cheap first). A killed mutant stops at its first rule kill, so
+/// that killed mutants of the same file, then those that killed any by a
+/// rule (most kills first), then the rest as `chosen` has them (cheap
+/// first). A killed mutant stops at its first rule kill, so
 /// a scenario that already reaches this code saves the ones before it; a
 /// survivor runs every scenario whatever the order, so no kill is lost.
 fn learned_order(chosen: &[Scenario], m: &Mutant, judged: &[MutantResult]) -> Vec<Scenario> {
@@ -677,6 +678,25 @@ fn learned_order(chosen: &[Scenario], m: &Mutant, judged: &[MutantResult]) -> Ve
                     first.push(s);
                 }
             }
+        }
+    }
+    // Then, for code no mutant of its file reached yet, the scenarios that
+    // killed most by a rule anywhere (cheap ones first among equals).
+    let mut kills: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in judged {
+        if let (Some(KillKind::Rule), Some(s)) = (r.killed_by, &r.killed_in) {
+            *kills.entry(s.as_str()).or_default() += 1;
+        }
+    }
+    let mut by_kills: Vec<(&str, usize)> = chosen
+        .iter()
+        .filter_map(|s| kills.get(s.name.as_str()).map(|&k| (s.name.as_str(), k)))
+        .collect();
+    // A stable sort keeps `chosen`'s order among equal counts.
+    by_kills.sort_by_key(|&(_, k)| std::cmp::Reverse(k));
+    for (name, _) in by_kills {
+        if !first.contains(&name) {
+            first.push(name);
         }
     }
     let mut order: Vec<Scenario> = first
@@ -1187,13 +1207,26 @@ mod tests {
     }
 
     /// Scenarios that killed the same function by a rule come first (most
-    /// recent first), then those of the same file; diff kills teach
-    /// nothing; every scenario is still tried, once.
+    /// recent first), then those of the same file, then the other rule
+    /// killers by count; diff kills teach nothing; every scenario is still
+    /// tried, once.
     #[test]
     fn scenarios_that_killed_nearby_mutants_go_first() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
         let chosen = judging_order(crate::scenario::load_all(&root).unwrap());
         let judged = vec![
+            killed(
+                "kernel/bpf/core.c",
+                "bpf_ksym_del",
+                KillKind::Rule,
+                "subprogs",
+            ),
+            killed(
+                "kernel/bpf/syscall.c",
+                "bpf_prog_load",
+                KillKind::Rule,
+                "basic",
+            ),
             killed(
                 "kernel/bpf/core.c",
                 "bpf_ksym_add",
@@ -1225,18 +1258,19 @@ mod tests {
                 "task-only",
             ),
         ];
-        let m = &judged[3].mutant;
+        let m = &judged[6].mutant;
         let order: Vec<String> = learned_order(&chosen, m, &judged)
             .into_iter()
             .map(|s| s.name)
             .collect();
-        assert_eq!(order[..3], ["task-only", "ksymbol-only", "kprobes"]);
+        let learned = ["task-only", "ksymbol-only", "kprobes", "subprogs", "basic"];
+        assert_eq!(order[..5], learned);
         assert_eq!(order.len(), chosen.len());
-        let rest: Vec<&String> = order[3..].iter().collect();
+        let rest: Vec<&String> = order[5..].iter().collect();
         let expected: Vec<&String> = chosen
             .iter()
             .map(|s| &s.name)
-            .filter(|n| !["task-only", "ksymbol-only", "kprobes"].contains(&n.as_str()))
+            .filter(|n| !learned.contains(&n.as_str()))
             .collect();
         assert_eq!(rest, expected);
     }
