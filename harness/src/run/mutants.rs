@@ -393,6 +393,9 @@ impl Default for Phases {
 struct Subject {
     kernel: KernelUnderTest,
     switch: Option<u32>,
+    /// Per scenario, the deadline of a whole trial (seconds): a few times
+    /// the unmutated kernel's run of it. Empty: the accelerator's default.
+    deadlines: BTreeMap<String, u64>,
 }
 
 impl Subject {
@@ -400,11 +403,15 @@ impl Subject {
         Subject {
             kernel,
             switch: None,
+            deadlines: BTreeMap::new(),
         }
     }
 
     fn trial(&self, s: &Scenario) -> PlannedTrial {
         let mut scenario = s.clone();
+        if let Some(&secs) = self.deadlines.get(&s.name) {
+            scenario.vm.total_secs = Some(secs);
+        }
         if let Some(n) = self.switch {
             scenario.plan.params.push(kloop_protocol::ParamWrite {
                 module: "kernel".into(),
@@ -419,7 +426,12 @@ impl Subject {
     }
 }
 
-/// Runs `chosen` on `subject`, each kernel's side in `sides`; the first
+/// Per scenario: the reference run's side, and the deadline (seconds) of a
+/// mutant's run of it.
+type References = (BTreeMap<String, Side>, BTreeMap<String, u64>);
+
+/// Runs `chosen` on `subject`: each scenario's side and a deadline for a
+/// mutant's run of it; the first
 /// that fails the run is an error (a mutant cannot be judged against it).
 fn reference_sides(
     env: &TrialEnv,
@@ -427,9 +439,10 @@ fn reference_sides(
     chosen: &[Scenario],
     jobs: usize,
     id: &str,
-) -> Result<BTreeMap<String, Side>, MutantsError> {
+) -> Result<References, MutantsError> {
     let trials: Vec<PlannedTrial> = chosen.iter().map(|s| subject.trial(s)).collect();
     let mut sides = BTreeMap::new();
+    let mut deadlines = BTreeMap::new();
     for r in suite::run_all(env, &trials, jobs, &|_| {}) {
         if r.verdict.fails_run() {
             return Err(MutantsError::BaselineFails {
@@ -439,8 +452,12 @@ fn reference_sides(
             });
         }
         sides.insert(r.scenario.clone(), crate::run::ab::side_of(&r));
+        // Six times the unmutated run and half a minute: a mutant that
+        // hangs its kernel times out here, killed by the rule that a
+        // scenario the baseline completes completes.
+        deadlines.insert(r.scenario.clone(), (r.wall_secs * 6.0) as u64 + 30);
     }
-    Ok(sides)
+    Ok((sides, deadlines))
 }
 
 /// Builds the unmutated kernel, then judges each mutant in turn
@@ -557,14 +574,18 @@ pub fn judge_all(
         Subject {
             kernel: KernelUnderTest::Image(lk),
             switch: Some(0),
+            deadlines: BTreeMap::new(),
         }
     });
     // The reference runs: on the schema kernel (a saved VM per shape, since
     // it serves every trial), and on the unmutated kernel when any mutant is
     // built alone (cold boots: a mutant kernel boots a handful of trials).
-    let schema_sides = match (&schema_subject, &schema_kernel) {
-        (Some(s), Some(k)) => Some(reference_sides(&env, s, &chosen, jobs, &k.record.id)?),
-        _ => None,
+    let (schema_sides, deadlines) = match (&schema_subject, &schema_kernel) {
+        (Some(s), Some(k)) => {
+            let (sides, deadlines) = reference_sides(&env, s, &chosen, jobs, &k.record.id)?;
+            (Some(sides), deadlines)
+        }
+        _ => (None, BTreeMap::new()),
     };
     let alone_needed =
         (0..mutants.len()).any(|n| !decided.contains_key(&n) && !in_schema.contains_key(&n));
@@ -577,6 +598,7 @@ pub fn judge_all(
             jobs,
             &baseline.record.id,
         )?
+        .0
     } else {
         BTreeMap::new()
     };
@@ -619,6 +641,7 @@ pub fn judge_all(
                 let mutant = Subject {
                     kernel: KernelUnderTest::Image(lk),
                     switch: Some(switch),
+                    deadlines: deadlines.clone(),
                 };
                 let order = learned_order(&chosen, m, &results);
                 judge_on(&env, (subject, sides), &mutant, &order, jobs, &mut r);

@@ -76,6 +76,11 @@ pub struct VmOptions {
     /// Extra kernel command line words.
     #[serde(default)]
     pub cmdline: Vec<String>,
+    /// The whole run's deadline in seconds, when shorter than the
+    /// accelerator's default (a mutant's trial is held to a few times its
+    /// unmutated run: a kernel that hangs is decided in a minute, not six).
+    #[serde(default)]
+    pub total_secs: Option<u64>,
 }
 
 /// One scenario, ready to run.

@@ -251,7 +251,13 @@ pub(crate) fn prepare_guest(
             .cloned()
             .collect(),
         artefacts: artefacts.to_path_buf(),
-        deadlines: env.deadlines.unwrap_or_else(|| Deadlines::for_accel(accel)),
+        deadlines: {
+            let mut d = env.deadlines.unwrap_or_else(|| Deadlines::for_accel(accel));
+            if let Some(secs) = scenario.vm.total_secs {
+                d.total = d.total.min(std::time::Duration::from_secs(secs));
+            }
+            d
+        },
         data_channel: true,
         icount: scenario.vm.icount,
         channel_limit: kloop_qemu::channel_limit(),
