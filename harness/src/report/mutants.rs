@@ -98,6 +98,61 @@ fn table(rows: &BTreeMap<String, BTreeMap<&'static str, usize>>, first: &str) ->
 }
 
 /// Killed over the non-equivalent mutants that were built and judged.
+/// Which scenario killed what: per scenario, its kills per file (the
+/// scenario whose verdict decided each killed mutant; a duplicate counts
+/// with the mutant it duplicates).
+fn killers(results: &[MutantResult]) -> String {
+    let mut files: Vec<String> = Vec::new();
+    let mut by_scenario: BTreeMap<&str, BTreeMap<String, usize>> = BTreeMap::new();
+    for r in results {
+        let decided = match &r.outcome {
+            Outcome::Duplicate(of) => results.iter().find(|o| &o.mutant.id == of),
+            Outcome::Killed(_) => Some(r),
+            _ => None,
+        };
+        let Some(scenario) = decided.and_then(|d| d.killed_in.as_deref()) else {
+            continue;
+        };
+        // `bpf/core.c` and `events/core.c` apart.
+        let parts: Vec<&str> = r.mutant.file.rsplit('/').take(2).collect();
+        let file = parts.into_iter().rev().collect::<Vec<_>>().join("/");
+        if !files.contains(&file) {
+            files.push(file.clone());
+        }
+        *by_scenario
+            .entry(scenario)
+            .or_default()
+            .entry(file)
+            .or_default() += 1;
+    }
+    if by_scenario.is_empty() {
+        return String::new();
+    }
+    files.sort();
+    let mut s = String::from(
+        "## Which scenario killed what\n\nThe scenario whose verdict decided each killed \
+         mutant (tried in the learned order: the killers of the same function first), per file.\n\n",
+    );
+    let _ = writeln!(s, "| scenario | {} | all |", files.join(" | "));
+    let _ = writeln!(s, "|---|{}---|", "---|".repeat(files.len()));
+    let mut rows: Vec<(&str, &BTreeMap<String, usize>)> =
+        by_scenario.iter().map(|(k, v)| (*k, v)).collect();
+    rows.sort_by_key(|(_, v)| std::cmp::Reverse(v.values().sum::<usize>()));
+    for (scenario, per_file) in rows {
+        let cells: Vec<String> = files
+            .iter()
+            .map(|f| per_file.get(f).map_or("–".to_string(), |n| n.to_string()))
+            .collect();
+        let _ = writeln!(
+            s,
+            "| `{scenario}` | {} | {} |",
+            cells.join(" | "),
+            per_file.values().sum::<usize>()
+        );
+    }
+    s
+}
+
 fn score(counts: &BTreeMap<&str, usize>) -> String {
     let killed = counts.get("killed").copied().unwrap_or(0);
     let survived = counts.get("survived").copied().unwrap_or(0);
@@ -312,6 +367,7 @@ pub fn markdown(
         "| **all** | **{}** | **{}** | **{}** |\n",
         total[0], total[1], total[2]
     );
+    let _ = writeln!(s, "{}", killers(results));
     let _ = writeln!(s, "## Survivors\n");
     let survivors: Vec<&MutantResult> = results
         .iter()
@@ -543,5 +599,43 @@ mod tests {
         );
         assert_eq!(back[0].outcome, Outcome::Killed("basic: CHANGED: x".into()));
         assert_eq!(back[1].mutant.operator, Operator::DropReturn);
+    }
+
+    /// Each killed mutant counts for the scenario that decided it, by
+    /// file, and a duplicate with the mutant it duplicates.
+    #[test]
+    fn killers_are_counted_per_scenario_and_file() {
+        let mut a = result(
+            "a:1",
+            "kernel/bpf/core.c",
+            Operator::DropCall,
+            Outcome::Killed("x".into()),
+        );
+        a.killed_in = Some("symbol-state".into());
+        let mut b = result(
+            "b:1",
+            "kernel/events/core.c",
+            Operator::DropCall,
+            Outcome::Killed("y".into()),
+        );
+        b.killed_in = Some("symbol-state".into());
+        let c = result(
+            "c:1",
+            "kernel/events/core.c",
+            Operator::SwapCalls,
+            Outcome::Duplicate("b:1".into()),
+        );
+        let d = result(
+            "d:1",
+            "kernel/events/core.c",
+            Operator::SwapCalls,
+            Outcome::Survived,
+        );
+        let table = killers(&[a, b, c, d]);
+        assert!(
+            table.contains("| scenario | bpf/core.c | events/core.c | all |"),
+            "{table}"
+        );
+        assert!(table.contains("| `symbol-state` | 1 | 2 | 3 |"), "{table}");
     }
 }
