@@ -53,7 +53,8 @@ pub fn code_mask(text: &str) -> Vec<bool> {
     mask
 }
 
-fn is_ident(c: u8) -> bool {
+/// A byte of a C identifier.
+pub(crate) fn is_ident(c: u8) -> bool {
     c.is_ascii_alphanumeric() || c == b'_'
 }
 

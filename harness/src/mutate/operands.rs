@@ -27,7 +27,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
-use super::c_source::{headers, statements};
+use super::c_source::{headers, is_ident, statements};
 use super::operators::{shorten, squash, Edit, Operator};
 
 /// What the targets of a run have in scope, computed once over every
@@ -180,10 +180,6 @@ const NOT_OPERANDS: &[&str] = &[
     "s64", "__u8", "__u16", "__u32", "__u64", "true", "false", "NULL", "typeof", "volatile",
     "inline", "size_t",
 ];
-
-fn is_ident(c: u8) -> bool {
-    c.is_ascii_alphanumeric() || c == b'_'
-}
 
 /// Identifiers in `span` that are code (not numbers, not in comments or
 /// strings).

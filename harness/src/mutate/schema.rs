@@ -24,7 +24,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use super::c_source;
+use super::c_source::{self, is_ident};
 use super::Mutant;
 
 /// The kernel parameter the agent writes: a `core_param`, so it sits under
@@ -189,10 +189,6 @@ fn has_static_local(body: &str) -> bool {
         // `static_branch_unlikely(...)`, `static_call(...)` are not locals.
         mask[at] && before && after
     })
-}
-
-fn is_ident(c: u8) -> bool {
-    c.is_ascii_alphanumeric() || c == b'_'
 }
 
 /// The labels a body defines (`out:` at the start of a statement), which
