@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use kloop::mutate::Mutant;
 use kloop::mutate::{self, Targets};
-use kloop::run::mutants::{MutantResult, MutantsBaseline, Outcome};
+use kloop::run::mutants::{KillKind, MutantResult, MutantsBaseline, Outcome};
 use kloop::run::suite::{self, EnvOptions};
 
 use crate::{layout, start_trials, BuildArgs, MutantsArgs};
@@ -160,6 +160,9 @@ fn carried_over(report: &std::path::Path, chosen: &[Mutant]) -> Result<Vec<Mutan
     Ok(results
         .into_iter()
         .filter(|r| !matches!(r.outcome, Outcome::NotJudged(_)))
+        // A kill by the diff only from before diffs were confirmed may be
+        // a scenario's own noise: judged again.
+        .filter(|r| r.killed_by != Some(KillKind::Diff) || r.confirmed_diff)
         .filter(|r| {
             chosen
                 .iter()

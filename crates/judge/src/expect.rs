@@ -6,7 +6,7 @@
 //!
 //! | kind | what it checks |
 //! |------|----------------|
-//! | `symbol` | KSYMBOL registers whose name starts with `prefix` (of `ksym_type`, if given): at least `min_registers` (default 1), at most `max_registers`; with `unregistered = true` each of them is unregistered later in the run |
+//! | `symbol` | KSYMBOL registers whose name starts with `prefix` (of `ksym_type`, if given): at least `min_registers` (default 1), at most `max_registers`; with `unregistered = true` each of them is unregistered later in the run, with `kept = true` none of them is |
 //! | `file` | the `read-file` snapshot `label` contains every string of `contains` and none of `lacks` |
 //! | `counter` | the `read-counter` value(s) for `label`/`map`/`key`: each at least `min`, at most `max`, equal to `equals` |
 //! | `attached` | the `attach` of `link` was reported, its detail containing every string of `contains` |
@@ -62,14 +62,14 @@ pub fn check(
                 min_registers,
                 max_registers,
                 unregistered,
+                kept,
                 ..
             } => check_symbol(
                 &model,
                 prefix,
                 *ksym_type,
-                *min_registers,
-                *max_registers,
-                *unregistered,
+                (*min_registers, *max_registers),
+                (*unregistered, *kept),
                 &mut out,
             ),
             Expectation::File {
@@ -172,9 +172,8 @@ fn check_symbol(
     model: &Model<'_>,
     prefix: &str,
     ksym_type: Option<KsymKind>,
-    min: u32,
-    max: Option<u32>,
-    unregistered: bool,
+    (min, max): (u32, Option<u32>),
+    (unregistered, kept): (bool, bool),
     out: &mut Vec<Violation>,
 ) {
     let recs = model.recs;
@@ -230,6 +229,25 @@ fn check_symbol(
             )
             .quoting(others.iter().copied()),
         );
+    }
+    if kept {
+        for &i in &regs {
+            let unreg = model
+                .syms
+                .iter()
+                .find(|s| s.reg == Some(i))
+                .and_then(|s| s.unreg)
+                .and_then(|u| recs.get(u));
+            if let (Some(r), Some(u)) = (recs.get(i), unreg) {
+                out.push(
+                    v(
+                        rule::SYMBOL,
+                        format!("{r} is unregistered in the run ({u}), though the kernel keeps it"),
+                    )
+                    .quoting([r, u]),
+                );
+            }
+        }
     }
     if unregistered {
         for i in regs {
@@ -499,6 +517,22 @@ step = { op = "detach", link = "clock" }
             "{}",
             got[0].message
         );
+        // The synthetic page is unregistered, so `kept` finds it, quoting
+        // both records; a symbol never unregistered would pass.
+        let kept =
+            parse("[[expect]]\nkind = \"symbol\"\nprefix = \"kprobe_insn_page\"\nkept = true\n");
+        let got = check(&kept, &plan(vec![]), &ev, &a, None);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(
+            got[0].message.contains("though the kernel keeps it"),
+            "{}",
+            got[0].message
+        );
+        assert_eq!(got[0].records.len(), 2, "{got:?}");
+        let both = parse(
+            "[[expect]]\nkind = \"symbol\"\nprefix = \"x\"\nkept = true\nunregistered = true\n",
+        );
+        assert!(both[0].validate(&[]).unwrap_err().contains("contradict"));
     }
 
     #[test]

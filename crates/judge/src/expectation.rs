@@ -24,6 +24,10 @@ pub enum Expectation {
         max_registers: Option<u32>,
         #[serde(default)]
         unregistered: bool,
+        /// Each register stays: no unregister of it in the run (a symbol
+        /// the kernel keeps for good, such as the XDP dispatcher's image).
+        #[serde(default)]
+        kept: bool,
         #[serde(default)]
         pins: Vec<String>,
     },
@@ -112,10 +116,15 @@ impl Expectation {
                 prefix,
                 min_registers,
                 max_registers,
+                unregistered,
+                kept,
                 ..
             } => {
                 if prefix.is_empty() {
                     return Err("symbol: empty prefix matches every symbol".into());
+                }
+                if *unregistered && *kept {
+                    return Err("symbol: unregistered and kept contradict each other".into());
                 }
                 if max_registers.is_some_and(|m| m < *min_registers) {
                     return Err("symbol: max_registers < min_registers".into());

@@ -60,6 +60,13 @@ impl VmConfig {
             // exit, so a panicking guest never sits until a deadline.
             "panic=-1".to_string(),
             "oops=panic".to_string(),
+            // A WARN is the kernel saying it is in a state its authors
+            // call a bug (include/asm-generic/bug.h: "WARN_ON() ... for
+            // conditions that should never happen"), and at loglevel=4 its
+            // pr_warn line never reaches the console: panicking turns it
+            // into a PANIC verdict with the warning's stack, as syzkaller
+            // runs its kernels.
+            "panic_on_warn=1".to_string(),
             "loglevel=4".to_string(),
             // The crypto manager's self-tests of every registered algorithm
             // (crypto_algapi_init → crypto_start_tests) are the largest

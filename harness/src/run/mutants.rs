@@ -34,6 +34,8 @@ pub enum MutantsError {
         verdict: String,
         id: String,
     },
+    #[error("interrupted while the unmutated kernel ran its scenarios: nothing judged")]
+    Interrupted,
     #[error("reading {path}: {why}")]
     Read { path: PathBuf, why: String },
     #[error("writing {path}: {source}")]
@@ -127,6 +129,12 @@ pub struct MutantResult {
     /// Overhead figures out of band were measured again on both kernels
     /// (the verdict is the second comparison's).
     pub confirmed_figures: bool,
+    /// A kill by the diff only was confirmed: the unmutated kernel ran the
+    /// scenario again and matched its first run, and the mutant ran it
+    /// again and still differed. Results from before this check are judged
+    /// again by `--resume`.
+    #[serde(default)]
+    pub confirmed_diff: bool,
     /// How it was killed: by a rule when any scenario broke one (judging
     /// goes on past a kill by the diff or by overhead figures, looking for
     /// a rule that sees the mutant without a baseline), else the first
@@ -166,6 +174,7 @@ impl MutantResult {
             judge_secs: 0.0,
             scenarios_run: 0,
             confirmed_figures: false,
+            confirmed_diff: false,
             killed_by: None,
             killed_in: None,
             code_digest: None,
@@ -372,6 +381,11 @@ pub struct Phases {
     /// Mutants built on their own, and why (`id: why`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub built_alone: Vec<String>,
+    /// Scenarios whose unmutated runs differed from each other (scenario:
+    /// the first differing line): their diff kills nothing, only their
+    /// rules do.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub noisy: BTreeMap<String, String>,
 }
 
 impl Default for Phases {
@@ -383,6 +397,7 @@ impl Default for Phases {
             schema_kernel: None,
             in_schema: 0,
             built_alone: Vec::new(),
+            noisy: BTreeMap::new(),
         }
     }
 }
@@ -444,6 +459,9 @@ fn reference_sides(
     let mut sides = BTreeMap::new();
     let mut deadlines = BTreeMap::new();
     for r in suite::run_all(env, &trials, jobs, &|_| {}) {
+        if matches!(r.verdict, crate::run::trial::Verdict::Interrupted(_)) {
+            return Err(MutantsError::Interrupted);
+        }
         if r.verdict.fails_run() {
             return Err(MutantsError::BaselineFails {
                 scenario: r.scenario.clone(),
@@ -603,7 +621,7 @@ pub fn judge_all(
         BTreeMap::new()
     };
     env.boot = opts.boot;
-    let base = MutantsBaseline {
+    let mut base = MutantsBaseline {
         source: baseline.record.source.clone(),
         kernel_id: baseline.record.id.clone(),
         release: baseline.record.release.clone(),
@@ -644,7 +662,14 @@ pub fn judge_all(
                     deadlines: deadlines.clone(),
                 };
                 let order = learned_order(&chosen, m, &results);
-                judge_on(&env, (subject, sides), &mutant, &order, jobs, &mut r);
+                judge_on(
+                    &env,
+                    (subject, sides),
+                    &mutant,
+                    (&order, &mut base.phases.noisy),
+                    jobs,
+                    &mut r,
+                );
             }
             r
         } else {
@@ -657,7 +682,7 @@ pub fn judge_all(
                 n,
                 &patch_dir,
                 (&base_kernel, &base_sides),
-                &chosen,
+                (&chosen, &mut base.phases.noisy),
                 jobs,
                 &mut tce,
                 on_build,
@@ -980,6 +1005,65 @@ fn confirm_figures(
     Some(ab::compare(&scenario.name, &side(base)?, &side(subject)?))
 }
 
+/// What running a scenario again said of a kill by the diff only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DiffCheck {
+    /// The unmutated kernel repeated its run, the mutant its difference.
+    Confirmed,
+    /// The unmutated kernel's two runs differ: this scenario's diff is no
+    /// evidence (recorded in `noisy`, so it is not asked again).
+    Noisy,
+    /// The mutant's second run matched the unmutated kernel's.
+    NotAgain,
+}
+
+/// Confirms a kill by the diff only in `scenario`: a scenario whose
+/// stream can legitimately differ between runs (how many attempts a
+/// fault-injection sweep takes depends on what else allocates, say) must
+/// not kill by one differing run. Both kernels run it again; the kill
+/// stands when the unmutated kernel matches its first run and the mutant
+/// still differs from it.
+fn confirm_diff(
+    env: &TrialEnv,
+    reference: &Subject,
+    subject: &Subject,
+    scenario: &Scenario,
+    base: &Side,
+    noisy: &mut BTreeMap<String, String>,
+    jobs: usize,
+) -> DiffCheck {
+    if noisy.contains_key(&scenario.name) {
+        return DiffCheck::Noisy;
+    }
+    let trials = [reference, subject].map(|k| k.trial(scenario));
+    let results = suite::run_all(env, &trials, jobs, &|_| {});
+    let side = |k: &Subject| {
+        results
+            .iter()
+            .find(|r| r.kernel == k.kernel.id())
+            .map(crate::run::ab::side_of)
+    };
+    let (Some(again), Some(mutant)) = (side(reference), side(subject)) else {
+        return DiffCheck::NotAgain;
+    };
+    let itself = ab::compare(&scenario.name, base, &again);
+    if itself.class.rejects() {
+        let why = itself.diff.first().or(itself.details.first());
+        noisy.insert(
+            scenario.name.clone(),
+            why.and_then(|d| d.lines().find(|l| l.starts_with(['-', '+'])))
+                .unwrap_or("the verdict differs")
+                .to_string(),
+        );
+        return DiffCheck::Noisy;
+    }
+    if ab::compare(&scenario.name, base, &mutant).class.rejects() {
+        DiffCheck::Confirmed
+    } else {
+        DiffCheck::NotAgain
+    }
+}
+
 #[allow(clippy::too_many_arguments)] // everything judge_all shares with each mutant
 fn judge_one(
     env: &TrialEnv,
@@ -989,7 +1073,7 @@ fn judge_one(
     n: usize,
     patch_dir: &Path,
     (base_kernel, base_sides): (&KernelUnderTest, &BTreeMap<String, Side>),
-    chosen: &[Scenario],
+    (chosen, noisy): (&[Scenario], &mut BTreeMap<String, String>),
     jobs: usize,
     tce: &mut Tce,
     on_build: &mut dyn FnMut(&str, kloop_kernels::build::BuildEvent),
@@ -1061,7 +1145,7 @@ fn judge_one(
         env,
         (&Subject::plain(base_kernel.clone()), base_sides),
         &kernel,
-        chosen,
+        (chosen, noisy),
         jobs,
         &mut result,
     );
@@ -1075,7 +1159,7 @@ fn judge_on(
     env: &TrialEnv,
     (reference, base_sides): (&Subject, &BTreeMap<String, Side>),
     subject: &Subject,
-    chosen: &[Scenario],
+    (chosen, noisy): (&[Scenario], &mut BTreeMap<String, String>),
     jobs: usize,
     result: &mut MutantResult,
 ) {
@@ -1100,6 +1184,16 @@ fn judge_on(
                         outcome = again;
                     }
                 }
+            }
+            if outcome.class.rejects() && KillKind::of(&outcome) == KillKind::Diff {
+                let Some(scenario) = chosen.iter().find(|s| s.name == r.scenario) else {
+                    continue;
+                };
+                match confirm_diff(env, reference, subject, scenario, base, noisy, jobs) {
+                    DiffCheck::Confirmed => result.confirmed_diff = true,
+                    DiffCheck::Noisy | DiffCheck::NotAgain => continue,
+                }
+                result.scenarios_run += 2;
             }
             if outcome.class.rejects() {
                 let kind = KillKind::of(&outcome);
