@@ -459,6 +459,7 @@ mod tests {
             judge_secs: 10.0,
             scenarios_run: 1,
             confirmed_figures: false,
+            confirmed_diff: false,
             killed_by: None,
             killed_in: None,
             code_digest: None,

@@ -1285,6 +1285,7 @@ mod tests {
             judge_secs: 12.5,
             scenarios_run: 1,
             confirmed_figures: false,
+            confirmed_diff: false,
             killed_by: Some(KillKind::Diff),
             killed_in: None,
             code_digest: None,
