@@ -351,6 +351,10 @@ pub(crate) struct MutantsArgs {
     /// both (its phase times are this run's).
     #[arg(long, requires = "report")]
     pub(crate) resume: bool,
+    /// With --resume: judge the carried-over survivors again too (after a
+    /// new scenario, rule or kernel command line that may kill them).
+    #[arg(long, requires = "resume")]
+    pub(crate) again_survivors: bool,
     /// List the mutants that would be judged and exit.
     #[arg(long)]
     pub(crate) list: bool,

@@ -34,7 +34,10 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     let mut chosen = choose(&a, &generated.mutants)?;
     // --resume: what the data beside the report decided stays decided.
     let carried: Vec<MutantResult> = match (&a.report, a.resume) {
-        (Some(report), true) => carried_over(report, &chosen)?,
+        (Some(report), true) => carried_over(report, &chosen)?
+            .into_iter()
+            .filter(|r| !(a.again_survivors && r.outcome == Outcome::Survived))
+            .collect(),
         _ => Vec::new(),
     };
     if !carried.is_empty() {
@@ -100,6 +103,11 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     let with_carried = |results: &[MutantResult]| -> Vec<MutantResult> {
         carried.iter().chain(results).cloned().collect()
     };
+    let stretch = |base: &MutantsBaseline| -> MutantsBaseline {
+        let mut base = base.clone();
+        base.phases.carried = carried.len();
+        base
+    };
     let building = BuildLines::new(base_req.source.label());
     let (base, results) = kloop::run::mutants::judge_all(
         &layout,
@@ -120,12 +128,13 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
             if let Some(r) = all.last() {
                 crate::ui::line(progress_line(r, &all, total, started));
             }
-            if let Err(e) = sink.write(base, &all) {
+            if let Err(e) = sink.write(&stretch(base), &all) {
                 eprintln!("kloop: {e:#}");
             }
         },
     )?;
     let results = with_carried(&results);
+    let base = stretch(&base);
     sink.write(&base, &results)?;
     Ok(sink.summarise(&base, &results, Some(started.elapsed().as_secs_f64())))
 }

@@ -171,6 +171,26 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 }
 
 /// The Markdown report.
+/// The cost of a stretch per mutant it decided, saying what it leaves out.
+fn amortised(secs: f64, decided: usize, carried: usize) -> String {
+    let each = if decided == 0 {
+        "nothing decided in this stretch".to_string()
+    } else {
+        format!(
+            "{:.1} s a mutant over the {decided} this stretch decided",
+            secs / decided as f64
+        )
+    };
+    if carried == 0 {
+        each
+    } else {
+        format!(
+            "{each} (the {carried} carried over from earlier stretches with `--resume` paid \
+             their phases there, and are not counted)"
+        )
+    }
+}
+
 pub fn markdown(
     base: &MutantsBaseline,
     results: &[MutantResult],
@@ -255,10 +275,17 @@ pub fn markdown(
         judge.map_or("–".into(), |j| format!("{j:.0} s"))
     );
     let p = &base.phases;
-    let judged_secs: f64 = results.iter().map(|r| r.judge_secs).sum();
+    // The phases are this stretch's; results carried over from earlier
+    // stretches (`--resume`) come first and paid for their phases there.
+    let here = &results[p.carried.min(results.len())..];
+    let decided_here = here
+        .iter()
+        .filter(|r| !matches!(r.outcome, Outcome::NotJudged(_)))
+        .count();
+    let judged_secs: f64 = here.iter().map(|r| r.judge_secs).sum();
     // The builds of mutants the schema could not hold (all of them when
     // there was no schema kernel).
-    let alone_secs: f64 = results
+    let alone_secs: f64 = here
         .iter()
         .filter(|r| {
             p.schema_kernel.is_none()
@@ -276,7 +303,7 @@ pub fn markdown(
                  alone first ({:.0} s on both cores), then the {} mutants left in one \
                  schema kernel{} ({:.0} s to build), each chosen per trial by the \
                  `kloop_mutant` switch on a saved VM; {} built alone{}. Trials took {:.0} s \
-                 in all. Amortised: {:.1} s a mutant.\n",
+                 in all. Amortised: {}.\n",
                 p.compile_secs,
                 p.in_schema,
                 p.schema_kernel
@@ -290,8 +317,11 @@ pub fn markdown(
                     format!(" ({})", p.built_alone.join("; "))
                 },
                 judged_secs,
-                (p.compile_secs + p.schema_build_secs + judged_secs + alone_secs)
-                    / results.len().max(1) as f64,
+                amortised(
+                    p.compile_secs + p.schema_build_secs + judged_secs + alone_secs,
+                    decided_here,
+                    p.carried
+                ),
             );
         }
         crate::run::mutants::Strategy::BuildEach => {
@@ -302,6 +332,26 @@ pub fn markdown(
             );
         }
     }
+    let confirmed_diffs = results.iter().filter(|r| r.confirmed_diff).count();
+    let _ = writeln!(
+        s,
+        "A kill by the diff only stands when both kernels ran the scenario again, the \
+         unmutated one matched its first run and the mutant still differed ({confirmed_diffs} \
+         confirmed here). {}\n",
+        if p.noisy.is_empty() {
+            "No scenario's unmutated runs differed from each other.".to_string()
+        } else {
+            format!(
+                "Scenarios whose unmutated runs differed from each other, so that only their \
+                 rules kill: {}.",
+                p.noisy
+                    .iter()
+                    .map(|(k, why)| format!("`{k}` (`{}`)", why.replace('`', "'")))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+    );
     let (tce, dups) = crate::run::mutants::decided_by_code(results);
     let compared = results.iter().filter(|r| r.code_digest.is_some()).count();
     // The hand-argued equivalents the object code can check.
@@ -638,5 +688,23 @@ mod tests {
             "{table}"
         );
         assert!(table.contains("| `symbol-state` | 1 | 2 | 3 |"), "{table}");
+    }
+
+    #[test]
+    fn amortised_counts_only_what_the_stretch_decided() {
+        assert_eq!(
+            amortised(100.0, 4, 0),
+            "25.0 s a mutant over the 4 this stretch decided"
+        );
+        let resumed = amortised(100.0, 4, 190);
+        assert!(
+            resumed.starts_with("25.0 s a mutant over the 4"),
+            "{resumed}"
+        );
+        assert!(resumed.contains("190 carried over"), "{resumed}");
+        assert_eq!(
+            amortised(100.0, 0, 3).split(" (").next(),
+            Some("nothing decided in this stretch")
+        );
     }
 }

@@ -386,6 +386,10 @@ pub struct Phases {
     /// rules do.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub noisy: BTreeMap<String, String>,
+    /// How many results, first in the run's list, were carried over from
+    /// an earlier stretch (`--resume`): the figures above are not theirs.
+    #[serde(default)]
+    pub carried: usize,
 }
 
 impl Default for Phases {
@@ -398,6 +402,7 @@ impl Default for Phases {
             in_schema: 0,
             built_alone: Vec::new(),
             noisy: BTreeMap::new(),
+            carried: 0,
         }
     }
 }
