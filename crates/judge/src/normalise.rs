@@ -479,6 +479,9 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
             RecordBody::BpfEvent { event_type, .. } if *event_type == BPF_EVENT_PROG_UNLOAD => 3,
             RecordBody::BpfEvent { .. } => 4,
             RecordBody::Lost { .. } => 5,
+            // Kernel text is patched for reasons of its own (static keys,
+            // call sites); trampoline-pokes holds the pokes that matter.
+            RecordBody::TextPoke { .. } => continue,
             RecordBody::Unknown { .. } => 6,
         };
         if let Some(c) = counts.get_mut(k) {
@@ -503,6 +506,14 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
     for (i, r) in recs.iter().enumerate() {
         if analysis.accounted.contains(&i) {
             continue;
+        }
+        // Only the pokes of a live symbol's text (an ftrace trampoline's
+        // whole text as it comes and goes): call sites and static keys are
+        // patched whenever the kernel likes.
+        if let RecordBody::TextPoke { addr, .. } = &r.body {
+            if !addr_label.contains_key(addr) {
+                continue;
+            }
         }
         out.push_str("  ");
         match &r.body {
@@ -568,6 +579,14 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
             }
             RecordBody::Lost { lost, .. } => {
                 let _ = write!(out, "LOST lost={lost}");
+            }
+            RecordBody::TextPoke {
+                addr,
+                old_len,
+                new_len,
+            } => {
+                let label = addr_label.get(addr).map_or("addr#?", String::as_str);
+                let _ = write!(out, "TEXT_POKE {label} old_len={old_len} new_len={new_len}");
             }
             RecordBody::Unknown { type_ } => {
                 let _ = write!(

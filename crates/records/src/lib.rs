@@ -30,6 +30,9 @@ pub const PERF_RECORD_KSYMBOL: u32 = 17;
 /// `PERF_RECORD_BPF_EVENT` (Linux 5.1+).
 pub const PERF_RECORD_BPF_EVENT: u32 = 18;
 
+/// `PERF_RECORD_TEXT_POKE` (Linux 5.9+).
+pub const PERF_RECORD_TEXT_POKE: u32 = 20;
+
 /// `PERF_RECORD_KSYMBOL_TYPE_UNKNOWN`.
 pub const KSYM_TYPE_UNKNOWN: u16 = 0;
 /// `PERF_RECORD_KSYMBOL_TYPE_BPF`.
@@ -253,6 +256,15 @@ pub enum RecordBody {
         id: u64,
         lost: u64,
     },
+    /// A change of kernel text (`attr.text_poke`): `old_len` bytes at
+    /// `addr` replaced by `new_len` bytes; either may be 0 for a trampoline
+    /// added or removed (include/uapi/linux/perf_event.h). The bytes are
+    /// checked for their padding and not kept.
+    TextPoke {
+        addr: u64,
+        old_len: u16,
+        new_len: u16,
+    },
     /// A record type kloop does not interpret; its body and trailer are
     /// skipped (only the header size is checked).
     Unknown {
@@ -444,6 +456,14 @@ impl fmt::Display for Record {
                 }
             }
             RecordBody::Lost { id, lost } => write!(f, "LOST id={id} lost={lost}")?,
+            RecordBody::TextPoke {
+                addr,
+                old_len,
+                new_len,
+            } => write!(
+                f,
+                "TEXT_POKE addr={addr:#x} old_len={old_len} new_len={new_len}"
+            )?,
             RecordBody::Unknown { type_ } => match record_type_name(*type_) {
                 Some(n) => write!(f, "{n}(type {type_}) size={}", self.header.size)?,
                 None => write!(f, "type {type_} size={}", self.header.size)?,
@@ -605,6 +625,36 @@ fn parse_record(
             let id = r.u64().ok_or_else(|| short("LOST body"))?;
             let lost = r.u64().ok_or_else(|| short("LOST body"))?;
             RecordBody::Lost { id, lost }
+        }
+        PERF_RECORD_TEXT_POKE => {
+            let addr = r.u64().ok_or_else(|| short("TEXT_POKE body"))?;
+            let old_len = r.u16().ok_or_else(|| short("TEXT_POKE body"))?;
+            let new_len = r.u16().ok_or_else(|| short("TEXT_POKE body"))?;
+            // perf_event_text_poke(): the lengths and both byte strings,
+            // zero-padded to a multiple of 8 (tot, pad).
+            let tot = 4 + usize::from(old_len) + usize::from(new_len);
+            let pad = tot.div_ceil(8) * 8 - tot;
+            r.take(usize::from(old_len) + usize::from(new_len))
+                .ok_or_else(|| {
+                    format!(
+                        "TEXT_POKE bytes (old_len {old_len} + new_len {new_len}) run past the record end"
+                    )
+                })?;
+            let start = r.pos;
+            let padding = r.take(pad).ok_or_else(|| {
+                format!("TEXT_POKE padding ({pad} bytes) runs past the record end")
+            })?;
+            if let Some(i) = padding.iter().position(|b| *b != 0) {
+                return Err(format!(
+                    "TEXT_POKE padding byte {i} (record offset {}) is not zero",
+                    start + i
+                ));
+            }
+            RecordBody::TextPoke {
+                addr,
+                old_len,
+                new_len,
+            }
         }
         other => {
             // Unknown layout: the header size is all we can check.
@@ -908,6 +958,20 @@ pub mod testutil {
         with_header(type_, body)
     }
 
+    /// A TEXT_POKE as perf_event_text_poke_output() writes it: the bytes
+    /// (0xcc here), zero padding to 8, the trailer.
+    pub fn text_poke(l: &ListenerInfo, addr: u64, old_len: u16, new_len: u16, t: Tr) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&addr.to_le_bytes());
+        b.extend_from_slice(&old_len.to_le_bytes());
+        b.extend_from_slice(&new_len.to_le_bytes());
+        let n = usize::from(old_len) + usize::from(new_len);
+        b.extend(std::iter::repeat_n(0xcc, n));
+        b.extend(std::iter::repeat_n(0, (4 + n).div_ceil(8) * 8 - (4 + n)));
+        b.extend_from_slice(&trailer(l, t));
+        with_header(PERF_RECORD_TEXT_POKE, b)
+    }
+
     /// Sets header.size of the record at `off`.
     pub fn set_size(bytes: &mut [u8], off: usize, size: u16) {
         bytes[off + 6..off + 8].copy_from_slice(&size.to_le_bytes());
@@ -1034,6 +1098,33 @@ mod tests {
         // The same bytes read by a listener that expects a trailer are short.
         let l2 = listener(0, 0, TTC);
         assert!(parse_stream(&l2, &s).is_err());
+    }
+
+    #[test]
+    fn text_poke_parses_with_its_padding_and_trailer() {
+        let l = listener(0, 0, TTC);
+        // 4 + 0 + 5 bytes: 3 of padding; 4 + 200 + 0: 4.
+        let mut s = text_poke(&l, 0xffff_ffff_c000_0000, 0, 5, tr(5, 0));
+        s.extend(text_poke(&l, 0xffff_ffff_c000_1000, 200, 0, tr(6, 0)));
+        let recs = parse_stream(&l, &s).unwrap();
+        assert_eq!(
+            recs[0].body,
+            RecordBody::TextPoke {
+                addr: 0xffff_ffff_c000_0000,
+                old_len: 0,
+                new_len: 5
+            }
+        );
+        assert_eq!(recs[1].sample.time, Some(tr(6, 0).time));
+        assert_eq!(recs[0].header.size % 8, 0);
+        // A non-zero padding byte is refused, as for a KSYMBOL name.
+        let mut bad = text_poke(&l, 0xffff_ffff_c000_0000, 0, 5, tr(5, 0));
+        bad[HEADER_LEN + 12 + 5] = 1;
+        expect_err(&l, &bad, 0, "TEXT_POKE padding byte 0");
+        // Lengths that run past the record.
+        let mut long = text_poke(&l, 0xffff_ffff_c000_0000, 0, 5, tr(5, 0));
+        long[HEADER_LEN + 10] = 200;
+        expect_err(&l, &long, 0, "run past the record end");
     }
 
     #[test]

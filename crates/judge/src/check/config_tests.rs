@@ -465,8 +465,13 @@ fn other_side_band_listeners_get_no_ksymbol_or_bpf_event() {
     let mut ev = routed(ls.clone(), &BTreeMap::new(), &main_task_script());
     let fork = testutil::raw(7, vec![0; 24]);
     // TEXT_POKE with PERF_RECORD_MISC_KERNEL, as 6.12 and 7.2 sent one
-    // (misc 0x1) while programs loaded.
-    let mut poke = testutil::raw(20, vec![0; 48]);
+    // (misc 0x1) while programs loaded: a 5-byte call site rewritten.
+    let t = Tr {
+        cpu: 1,
+        time: 1,
+        ..Tr::default()
+    };
+    let mut poke = testutil::text_poke(&side(3, 1), 0xffff_ffff_8100_0000, 5, 5, t);
     poke[4] = 1;
     let namespaces = testutil::raw(16, vec![0; 16]);
     ev.streams.get_mut(&2).unwrap().extend(fork.clone());
@@ -623,4 +628,142 @@ fn a_ksymbol_only_set_counts_batch_registers_at_reused_addresses() {
     let a = analyse(&ev);
     assert!(rules(&a).contains(rule::PROGRAMS_ACCOUNTED), "{}", dump(&a));
     assert!(rules(&a).contains(rule::LOAD_CPU), "{}", dump(&a));
+}
+
+/// `trampoline-pokes` on a set that asked for KSYMBOL and TEXT_POKE: the
+/// order ftrace.c writes (register, poke of the whole text; a retarget
+/// inside it; poke of the whole text, unregister) holds; each mutant the
+/// catching-power run left alive breaks it: the removal poke dropped
+/// (ftrace_trampoline_free:3035 drop-call), written after the unregister
+/// (its swap-calls), or one byte long (3037 / 7949 off-by-one).
+#[test]
+fn ftrace_trampolines_are_poked_in_the_order_ftrace_promises() {
+    use kloop_protocol::SideBand;
+    use kloop_records::{RecordBody, KSYM_TYPE_OOL};
+    const A: u64 = 0xffff_ffff_c010_0000;
+    const L: u32 = 330;
+    let poking = |index, cpu| ListenerInfo {
+        side_band: vec![SideBand::TextPoke],
+        ..listener(index, cpu, true, false)
+    };
+    let ls = vec![poking(0, 0), poking(1, 1)];
+    #[derive(Clone, Copy)]
+    enum P {
+        Reg,
+        Unreg,
+        Poke(u64, u16, u16),
+    }
+    let run = |seq: &[P]| {
+        let l = &ls[0];
+        let mut bytes = Vec::new();
+        for (n, p) in seq.iter().enumerate() {
+            let t = Tr {
+                time: 10 + n as u64,
+                cpu: 0,
+                pid: MAIN,
+                tid: MAIN,
+                ..Tr::default()
+            };
+            bytes.extend(match *p {
+                P::Reg => testutil::ksymbol(l, A, L, KSYM_TYPE_OOL, false, "ftrace_trampoline", t),
+                P::Unreg => testutil::ksymbol(l, A, L, KSYM_TYPE_OOL, true, "ftrace_trampoline", t),
+                P::Poke(a, o, n) => testutil::text_poke(l, a, o, n, t),
+            });
+        }
+        let ev = RunEvidence {
+            listeners: ls.clone(),
+            streams: BTreeMap::from([(0, bytes), (1, Vec::new())]),
+            progs: Vec::new(),
+            ..evidence(&Vec::new())
+        };
+        analyse(&ev)
+    };
+    let len = L as u16;
+    let good = [
+        P::Reg,
+        P::Poke(A, 0, len),
+        P::Poke(A + 0x40, 5, 5),
+        P::Poke(A, len, 0),
+        P::Unreg,
+    ];
+    let a = run(&good);
+    assert!(a.violations.is_empty(), "{}", dump(&a));
+    assert!(a
+        .merged
+        .iter()
+        .any(|r| matches!(r.body, RecordBody::TextPoke { new_len: 330, .. })));
+    let dropped = [
+        P::Reg,
+        P::Poke(A, 0, len),
+        P::Poke(A + 0x40, 5, 5),
+        P::Unreg,
+    ];
+    let swapped = [P::Reg, P::Poke(A, 0, len), P::Unreg, P::Poke(A, len, 0)];
+    let longer_free = [P::Reg, P::Poke(A, 0, len), P::Poke(A, len + 1, 0), P::Unreg];
+    let longer_new = [P::Reg, P::Poke(A, 0, len + 1), P::Poke(A, len, 0), P::Unreg];
+    for (what, seq, needle) in [
+        (
+            "removal poke dropped",
+            &dropped[..],
+            "not the TEXT_POKE old_len=330 new_len=0",
+        ),
+        (
+            "removal poke after the unregister",
+            &swapped[..],
+            "not the TEXT_POKE old_len=330 new_len=0",
+        ),
+        (
+            "removal poke one byte long",
+            &longer_free[..],
+            "old_len=331",
+        ),
+        (
+            "creation poke one byte long",
+            &longer_new[..],
+            "new_len=331",
+        ),
+    ] {
+        let a = run(seq);
+        assert_eq!(
+            rules(&a),
+            BTreeSet::from([rule::TRAMPOLINE_POKES]),
+            "{what}: {}",
+            dump(&a)
+        );
+        assert!(
+            a.of_rule(rule::TRAMPOLINE_POKES)
+                .any(|v| v.message.contains(needle)),
+            "{what}: {}",
+            dump(&a)
+        );
+    }
+    // A set that did not ask for TEXT_POKE is not held to it.
+    let plain = vec![listener(0, 0, true, false), listener(1, 1, true, false)];
+    let mut bytes = Vec::new();
+    for (n, unregister) in [false, true].into_iter().enumerate() {
+        let t = Tr {
+            time: 10 + n as u64,
+            cpu: 0,
+            pid: MAIN,
+            tid: MAIN,
+            ..Tr::default()
+        };
+        bytes.extend(testutil::ksymbol(
+            &plain[0],
+            A,
+            L,
+            KSYM_TYPE_OOL,
+            unregister,
+            "ftrace_trampoline",
+            t,
+        ));
+    }
+    let ev = RunEvidence {
+        listeners: plain,
+        streams: BTreeMap::from([(0, bytes), (1, Vec::new())]),
+        progs: Vec::new(),
+        ..evidence(&Vec::new())
+    };
+    let a = analyse(&ev);
+    assert!(a.violations.is_empty(), "{}", dump(&a));
 }

@@ -38,7 +38,11 @@ pub(super) fn check_listener(l: &ListenerInfo, recs: &[Record], out: &mut Vec<Vi
     for r in recs {
         // The types other side-band bits ask for carry their own misc
         // flags (TEXT_POKE: PERF_RECORD_MISC_KERNEL; COMM: COMM_EXEC, ...).
-        let theirs = matches!(r.body, RecordBody::Unknown { type_ } if asked_for(l, type_));
+        let theirs = match r.body {
+            RecordBody::Unknown { type_ } => asked_for(l, type_),
+            RecordBody::TextPoke { .. } => asked_for(l, kloop_records::PERF_RECORD_TEXT_POKE),
+            _ => false,
+        };
         if r.header.misc != 0 && !theirs {
             types.push(quoting(
                 format!("{r}: header.misc is not 0 (the kernel writes 0 for side-band records)"),
@@ -47,6 +51,11 @@ pub(super) fn check_listener(l: &ListenerInfo, recs: &[Record], out: &mut Vec<Vi
         }
         match &r.body {
             RecordBody::Unknown { type_ } if asked_for(l, *type_) => {}
+            RecordBody::TextPoke { .. } if theirs => {}
+            RecordBody::TextPoke { .. } => types.push(quoting(
+                format!("{r}: TEXT_POKE on a listener that did not ask for attr.text_poke"),
+                [r],
+            )),
             RecordBody::Unknown { type_ } => {
                 types.push(quoting(
                     format!(

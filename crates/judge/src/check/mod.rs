@@ -24,6 +24,7 @@
 //! | `inventory` | programs loaded before recording (`preexisting`) are in the inventory; each inventoried program unloaded in the stream unregisters exactly its inventoried functions (addr, len, kallsyms name) before a PROG_UNLOAD with its tag |
 //! | `lookups` | a side-band reader looked up at least every PROG_LOAD of its storm, and got nothing but success or ENOENT |
 //! | `announced` | every generated symbol in `/proc/kallsyms` at the end of the run (read before the last drain) that was not there before the listeners opened has a KSYMBOL register in the first CPU-wide set ([`announced`]) |
+//! | `trampoline-pokes` | in a CPU-wide set that asked for `ksymbol` and `text_poke`: an ftrace trampoline's KSYMBOL register is followed by a TEXT_POKE of its whole text at its address (old_len 0, new_len its length), and its unregister preceded by one (old_len its length, new_len 0), as `ftrace_update_trampoline()` / `ftrace_trampoline_free()` promise ([`pokes`]) |
 //! | `symbol-state` | with a `watch-ksymbols` step: every KSYMBOL of the first set matches an observed `perf_event_ksymbol` call, and each kind's symbol was resolvable (or gone) at emission as the source promises ([`emission`]) |
 //!
 //! # Listener sets and merging
@@ -99,6 +100,7 @@ mod emission;
 mod inventory;
 mod listener;
 mod model;
+mod pokes;
 mod programs;
 
 use agreement::*;
@@ -132,6 +134,7 @@ pub mod rule {
     pub const LOOKUPS: &str = "lookups";
     pub const SYMBOL_STATE: &str = "symbol-state";
     pub const ANNOUNCED: &str = "announced";
+    pub const TRAMPOLINE_POKES: &str = "trampoline-pokes";
 
     pub const ALL: &[&str] = &[
         LISTENERS,
@@ -154,6 +157,7 @@ pub mod rule {
         LOOKUPS,
         SYMBOL_STATE,
         ANNOUNCED,
+        TRAMPOLINE_POKES,
     ];
 }
 
@@ -306,6 +310,7 @@ impl QuotedRecord {
                 q.tag = Some(hex::encode(tag));
             }
             RecordBody::Lost { lost, .. } => q.lost = Some(*lost),
+            RecordBody::TextPoke { addr, .. } => q.addr = Some(*addr),
             RecordBody::Unknown { .. } => {}
         }
         q
@@ -811,6 +816,18 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             if k == 0 {
                 a.accounted = accounted;
             }
+        }
+        let pokes = set
+            .iter()
+            .filter_map(|i| listeners.get(i))
+            .all(|l| l.ksymbol && l.side_band.contains(&kloop_protocol::SideBand::TextPoke));
+        if pokes && !is_task && !ev.provoked_loss && !set.iter().any(|i| cut.contains(i)) {
+            push_capped(
+                &mut v,
+                rule::TRAMPOLINE_POKES,
+                "trampolines",
+                pokes::check_trampoline_pokes(&merged, &label),
+            );
         }
         if k == 0 {
             a.merged = merged;
