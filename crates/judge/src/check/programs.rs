@@ -289,6 +289,7 @@ pub(super) fn check_set(
                         prefixes.join(" or ")
                     ));
                 }
+                diffs.extend(name_suffix_diff(name, fi, &facts.name));
                 let ks: Vec<&KallsymsEntry> =
                     facts.kallsyms.iter().filter(|e| e.addr == addr).collect();
                 if !ks.is_empty() && !ks.iter().any(|e| e.name == *name) {
@@ -704,5 +705,75 @@ pub(super) fn check_facts(progs: &[ProgFacts], out: &mut Vec<Violation>) {
                 ),
             ));
         }
+    }
+}
+
+/// What is wrong with the part of function `fi`'s symbol name after
+/// `bpf_prog_<16 hex digits>`, if anything. bpf_prog_ksym_set_name()
+/// (kernel/bpf/core.c) appends `_` and the function's BTF name when the
+/// program has func_info (BTF FUNC names are identifiers), else `_` and
+/// `aux->name` when that is set (bpf_obj_name_cpy() admits only
+/// alphanumerics, `_` and `.`), else nothing; jit_subprogs()
+/// (kernel/bpf/verifier.c) names every subprogram, `F` without BTF. So the
+/// rest is empty or `_` and such characters, a subprogram's never empty,
+/// and the main function's not empty when the program has a name.
+pub(super) fn name_suffix_diff(name: &str, fi: usize, prog_name: &str) -> Option<String> {
+    let rest = name.get(25..).filter(|_| has_some_tag_prefix(name))?;
+    if rest.is_empty() {
+        return if fi > 0 {
+            Some("a subprogram's name ends at its tag (jit_subprogs names every subprogram)".into())
+        } else if !prog_name.is_empty() {
+            Some(format!(
+                "name ends at the tag though the program is named {prog_name:?}"
+            ))
+        } else {
+            None
+        };
+    }
+    let word = rest.strip_prefix('_').unwrap_or("");
+    if word.is_empty()
+        || !word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+    {
+        return Some(format!(
+            "{rest:?} after the tag is not `_` and a BTF function name or program name"
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::name_suffix_diff;
+
+    const TAG: &str = "bpf_prog_0123456789abcdef";
+
+    #[test]
+    fn names_after_the_tag_follow_bpf_prog_ksym_set_name() {
+        let n = |s: &str| format!("{TAG}{s}");
+        // The kernel's own shapes: a BTF name, aux->name with a dot, a
+        // subprogram without BTF ("F"), a nameless main function.
+        assert_eq!(
+            name_suffix_diff(&n("_kloop_subprogs"), 0, "kloop_subprogs"),
+            None
+        );
+        assert_eq!(name_suffix_diff(&n("_sub.isra.0"), 1, "p"), None);
+        assert_eq!(name_suffix_diff(&n("_F"), 2, ""), None);
+        assert_eq!(name_suffix_diff(&n(""), 0, ""), None);
+        // What the mutants of bpf_prog_ksym_set_name wrote.
+        assert!(name_suffix_diff(&n(""), 0, "kloop_subprogs")
+            .unwrap()
+            .contains("named \"kloop_subprogs\""));
+        assert!(name_suffix_diff(&n("_(null)"), 1, "kloop_subprogs")
+            .unwrap()
+            .contains("\"_(null)\""));
+        assert!(name_suffix_diff(&n(""), 1, "")
+            .unwrap()
+            .contains("subprogram"));
+        assert!(name_suffix_diff(&n("_"), 0, "x").is_some());
+        assert!(name_suffix_diff(&n("junk"), 0, "x").is_some());
+        // Not a tag name at all: the prefix check says so, not this one.
+        assert_eq!(name_suffix_diff("", 0, "x"), None);
     }
 }
