@@ -78,7 +78,7 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     };
     sink.prepare()?;
     if let Some(run_dir) = &a.from {
-        let (base, results) = kloop::run::mutants::read_run(&layout, &base_req, run_dir)
+        let (base, mut results) = kloop::run::mutants::read_run(&layout, &base_req, run_dir)
             .with_context(|| {
                 format!(
                     "reading the mutants run in {} (a run directory past the newest \
@@ -89,6 +89,7 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
                     run_dir.display()
                 )
             })?;
+        kloop::run::mutants::settle_schema_overhead(&base, &mut results);
         sink.write(&base, &results)?;
         return Ok(sink.summarise(&base, &results, None));
     }
@@ -164,8 +165,9 @@ fn carried_over(report: &std::path::Path, chosen: &[Mutant]) -> Result<Vec<Mutan
     if !data.is_file() {
         return Ok(Vec::new());
     }
-    let (_, results) = kloop::run::mutants::read_saved(&data)
+    let (base, mut results) = kloop::run::mutants::read_saved(&data)
         .with_context(|| format!("--resume reads {}", data.display()))?;
+    kloop::run::mutants::settle_schema_overhead(&base, &mut results);
     Ok(results
         .into_iter()
         .filter(|r| !matches!(r.outcome, Outcome::NotJudged(_)))

@@ -426,6 +426,20 @@ pub fn markdown(
     if survivors.is_empty() {
         let _ = writeln!(s, "None.\n");
     }
+    let schema_overhead = survivors
+        .iter()
+        .filter(|r| r.schema_overhead.is_some())
+        .count();
+    if schema_overhead > 0 {
+        let _ = writeln!(
+            s,
+            "{schema_overhead} of them moved only overhead figures, and only on the schema \
+             kernel, whose copies of a function are compiled side by side: the compiler \
+             inlines and lays out a mutant's copy of a hot function differently from the \
+             unmutated one, so such figures are no evidence of the mutation and do not kill \
+             (a kernel built alone, `--build-each --mutant ID`, could tell).\n"
+        );
+    }
     for r in survivors {
         let m = &r.mutant;
         let _ = writeln!(s, "### `{}`\n", m.id);
@@ -434,6 +448,9 @@ pub fn markdown(
             "{} in `{}` ({}:{}).\n",
             m.what, m.function, m.file, m.line
         );
+        if let Some(o) = &r.schema_overhead {
+            let _ = writeln!(s, "Schema kernel's overhead only: {o}\n");
+        }
         match notes.get(&m.id) {
             Some(n) => {
                 if let Some(e) = &n.equivalent {
@@ -510,6 +527,7 @@ mod tests {
             scenarios_run: 1,
             confirmed_figures: false,
             confirmed_diff: false,
+            schema_overhead: None,
             killed_by: None,
             killed_in: None,
             code_digest: None,

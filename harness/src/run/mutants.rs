@@ -135,6 +135,16 @@ pub struct MutantResult {
     /// again by `--resume`.
     #[serde(default)]
     pub confirmed_diff: bool,
+    /// Overhead figures left their band on the schema kernel, and nothing
+    /// else differed: no kill. A schema kernel's copies of a function are
+    /// compiled side by side in one body, so the compiler inlines and lays
+    /// out the mutant's copy differently from the unmutated one (its
+    /// inlining budget is the whole switch's): on a hot path
+    /// (`__perf_output_begin`, `perf_event_ksymbol`) that moves the
+    /// `-icount` figures whatever the mutation, so only a kernel built
+    /// alone could tell. The first such finding, for the report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_overhead: Option<String>,
     /// How it was killed: by a rule when any scenario broke one (judging
     /// goes on past a kill by the diff or by overhead figures, looking for
     /// a rule that sees the mutant without a baseline), else the first
@@ -148,6 +158,31 @@ pub struct MutantResult {
     /// (Trivial Compiler Equivalence).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code_digest: Option<String>,
+}
+
+/// Results judged before a schema kernel's overhead figures stopped
+/// killing (see [`MutantResult::schema_overhead`]), settled as they would be
+/// judged now: a mutant of the schema kernel killed by overhead figures
+/// alone ran every scenario (such a kill goes on looking for a rule) and
+/// no rule or diff saw it, so it survived.
+pub fn settle_schema_overhead(base: &MutantsBaseline, results: &mut [MutantResult]) {
+    if base.phases.strategy != Strategy::Schemata {
+        return;
+    }
+    for r in results.iter_mut() {
+        let alone =
+            base.phases.built_alone.iter().any(|a| {
+                a.split(": ").next() == Some(r.mutant.id.as_str()) || a.starts_with("all: ")
+            });
+        if r.killed_by == Some(KillKind::Overhead) && !alone {
+            if let Outcome::Killed(why) = &r.outcome {
+                r.schema_overhead = Some(why.clone());
+            }
+            r.outcome = Outcome::Survived;
+            r.killed_by = None;
+            r.killed_in = None;
+        }
+    }
 }
 
 /// How many of `results` their object code decided without a run: the
@@ -175,6 +210,7 @@ impl MutantResult {
             scenarios_run: 0,
             confirmed_figures: false,
             confirmed_diff: false,
+            schema_overhead: None,
             killed_by: None,
             killed_in: None,
             code_digest: None,
@@ -1200,6 +1236,22 @@ fn judge_on(
                 }
                 result.scenarios_run += 2;
             }
+            if outcome.class.rejects()
+                && subject.switch.is_some()
+                && KillKind::of(&outcome) == KillKind::Overhead
+            {
+                if result.schema_overhead.is_none() {
+                    result.schema_overhead = Some(format!(
+                        "{}: {}",
+                        r.scenario,
+                        outcome
+                            .details
+                            .first()
+                            .map_or("", |d| d.lines().next().unwrap_or(""))
+                    ));
+                }
+                continue;
+            }
             if outcome.class.rejects() {
                 let kind = KillKind::of(&outcome);
                 let why = outcome
@@ -1291,6 +1343,7 @@ mod tests {
             scenarios_run: 1,
             confirmed_figures: false,
             confirmed_diff: false,
+            schema_overhead: None,
             killed_by: Some(KillKind::Diff),
             killed_in: None,
             code_digest: None,
@@ -1333,6 +1386,60 @@ mod tests {
     /// recent first), then those of the same file, then the other rule
     /// killers by count; diff kills teach nothing; every scenario is still
     /// tried, once.
+    #[test]
+    fn schema_overhead_kills_settle_as_survivors() {
+        let m = |id: &str| Mutant {
+            id: id.into(),
+            file: "kernel/events/ring_buffer.c".into(),
+            function: "__perf_output_begin".into(),
+            line: 1,
+            operator: crate::mutate::Operator::DropCall,
+            what: "drop".into(),
+            patch: String::new(),
+        };
+        let killed = |id: &str, kind: KillKind| MutantResult {
+            outcome: Outcome::Killed(format!("overhead: CHANGED: {id}")),
+            killed_by: Some(kind),
+            killed_in: Some("overhead".into()),
+            ..MutantResult::new(&m(id))
+        };
+        let mut base = MutantsBaseline {
+            source: "linux-source-6.12".into(),
+            kernel_id: "k".into(),
+            release: "6.12.117".into(),
+            scenarios: vec!["overhead".into()],
+            accel: "tcg".into(),
+            run_dir: PathBuf::from("/nonexistent"),
+            phases: Phases {
+                strategy: Strategy::Schemata,
+                built_alone: vec!["alone: a static local".into()],
+                ..Phases::default()
+            },
+        };
+        let fresh = vec![
+            killed("schema", KillKind::Overhead),
+            killed("alone", KillKind::Overhead),
+            killed("rule", KillKind::Rule),
+        ];
+        let mut results = fresh.clone();
+        settle_schema_overhead(&base, &mut results);
+        assert_eq!(results[0].outcome, Outcome::Survived);
+        assert_eq!(results[0].killed_by, None);
+        assert!(results[0]
+            .schema_overhead
+            .as_deref()
+            .unwrap()
+            .contains("schema"));
+        // Built alone, its figures are the mutation's; a rule kill stands.
+        assert_eq!(results[1].killed_by, Some(KillKind::Overhead));
+        assert_eq!(results[2].killed_by, Some(KillKind::Rule));
+        // Kernels built one per mutant: every figure is the mutation's.
+        base.phases.strategy = Strategy::BuildEach;
+        let mut results = fresh.clone();
+        settle_schema_overhead(&base, &mut results);
+        assert_eq!(results[0].killed_by, Some(KillKind::Overhead));
+    }
+
     #[test]
     fn scenarios_that_killed_nearby_mutants_go_first() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
