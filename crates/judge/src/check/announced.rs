@@ -61,6 +61,73 @@ pub(super) fn check_announced(
     }
 }
 
+/// Rule `withdrawn`, the other half: a generated symbol that was in
+/// `/proc/kallsyms` when the set began (the initial snapshot) or that the
+/// set saw registered, and is gone from the final read, must have had its
+/// KSYMBOL unregister in the set's stream. The removal paths announce
+/// first and remove after: `perf_event_bpf_event(PROG_UNLOAD)` unregisters
+/// a program's functions before `__bpf_prog_put_noref` →
+/// `bpf_prog_kallsyms_del_all`; `collect_one_slot` "Record[s] perf ksymbol
+/// unregister event before removing the page"; `ftrace_trampoline_free`
+/// removes from kallsyms "after the perf events". So a symbol gone at the
+/// final read had its unregister emitted before the read, and the last
+/// drain (after the read) holds it. `bpf_image_ksym_del` (BPF trampolines,
+/// the XDP dispatcher) removes first and unregisters right after, so a
+/// concurrent free could fall between the read and the drain: those names
+/// are left to `unload`-side rules and the scenarios' own waits.
+pub(super) fn check_withdrawn(
+    initial: &[KallsymsEntry],
+    final_read: &[KallsymsEntry],
+    merged: &[Record],
+    out: &mut Vec<Violation>,
+) {
+    let after: BTreeSet<(u64, &str)> = final_read
+        .iter()
+        .map(|e| (e.addr, e.name.as_str()))
+        .collect();
+    let mut unregistered: BTreeSet<(u64, &str)> = BTreeSet::new();
+    let mut known: BTreeMap<(u64, &str), Option<&Record>> = initial
+        .iter()
+        .map(|e| ((e.addr, e.name.as_str()), None))
+        .collect();
+    for r in merged {
+        if let RecordBody::Ksymbol {
+            addr, flags, name, ..
+        } = &r.body
+        {
+            if flags & KSYMBOL_FLAGS_UNREGISTER == 0 {
+                known.entry((*addr, name.as_str())).or_insert(Some(r));
+            } else {
+                unregistered.insert((*addr, name.as_str()));
+            }
+        }
+    }
+    for (key @ (addr, name), reg) in known {
+        let image = name.starts_with("bpf_trampoline_") || name.starts_with("bpf_dispatcher_");
+        if after.contains(&key) || unregistered.contains(&key) || image {
+            continue;
+        }
+        let v = Violation::new(
+            rule::WITHDRAWN,
+            format!(
+                "{name} at {addr:#x} ({}) left /proc/kallsyms during the run without a KSYMBOL \
+                 unregister: the kernel announces the removal of generated code before it \
+                 removes it (perf_event_bpf_event before bpf_prog_kallsyms_del_all, \
+                 collect_one_slot, ftrace_trampoline_free)",
+                if reg.is_some() {
+                    "registered in the run"
+                } else {
+                    "there when the listeners opened"
+                }
+            ),
+        );
+        out.push(match reg {
+            Some(r) => v.quoting([r]),
+            None => v,
+        });
+    }
+}
+
 /// Whether the listeners of `set` saw the whole run after the initial
 /// snapshot: never closed, and opened with nothing but other
 /// `open-listeners` steps between the last `snapshot-kallsyms` before

@@ -24,6 +24,7 @@
 //! | `inventory` | programs loaded before recording (`preexisting`) are in the inventory; each inventoried program unloaded in the stream unregisters exactly its inventoried functions (addr, len, kallsyms name) before a PROG_UNLOAD with its tag |
 //! | `lookups` | a side-band reader looked up at least every PROG_LOAD of its storm, and got nothing but success or ENOENT |
 //! | `announced` | every generated symbol in `/proc/kallsyms` at the end of the run (read before the last drain) that was not there before the listeners opened has a KSYMBOL register in the first CPU-wide set ([`announced`]) |
+//! | `withdrawn` | the other half of `announced`: every generated symbol there when the set opened or registered in its stream, and gone from `/proc/kallsyms` at the end, has a KSYMBOL unregister in the set (`bpf_trampoline_*` / `bpf_dispatcher_*` aside: `bpf_image_ksym_del` removes before it announces) ([`announced`]) |
 //! | `trampoline-pokes` | in a CPU-wide set that asked for `ksymbol` and `text_poke`: an ftrace trampoline's KSYMBOL register is followed by a TEXT_POKE of its whole text at its address (old_len 0, new_len its length), and its unregister preceded by one (old_len its length, new_len 0), as `ftrace_update_trampoline()` / `ftrace_trampoline_free()` promise ([`pokes`]) |
 //! | `symbol-state` | with a `watch-ksymbols` step: every KSYMBOL of the first set matches an observed `perf_event_ksymbol` call, and each kind's symbol was resolvable (or gone) at emission as the source promises ([`emission`]) |
 //!
@@ -135,6 +136,7 @@ pub mod rule {
     pub const SYMBOL_STATE: &str = "symbol-state";
     pub const ANNOUNCED: &str = "announced";
     pub const TRAMPOLINE_POKES: &str = "trampoline-pokes";
+    pub const WITHDRAWN: &str = "withdrawn";
 
     pub const ALL: &[&str] = &[
         LISTENERS,
@@ -158,6 +160,7 @@ pub mod rule {
         SYMBOL_STATE,
         ANNOUNCED,
         TRAMPOLINE_POKES,
+        WITHDRAWN,
     ];
 }
 
@@ -860,6 +863,7 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             && whole_run(ev, set)
         {
             check_announced(&ev.initial_kallsyms, final_read, &a.merged, &mut v);
+            check_withdrawn(&ev.initial_kallsyms, final_read, &a.merged, &mut v);
         }
     }
     check_agreement(ev, &a, &listeners, &cut, &mut v);

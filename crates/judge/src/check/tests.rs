@@ -383,3 +383,55 @@ fn a_symbol_that_appeared_without_a_register_is_not_announced() {
     ev.initial_snapshot = false;
     assert!(!rules(&analyse(&ev)).contains(rule::ANNOUNCED));
 }
+
+/// Rule `withdrawn`: a symbol the set saw registered (or that was there
+/// when it opened) and that is gone from the final read needs its
+/// unregister; a mutant that drops collect_one_slot's unregister of a
+/// kprobe page, or a program whose unload forgot its functions, fails only
+/// this rule. BPF images (removed before they are announced) are left out.
+#[test]
+fn a_symbol_that_left_kallsyms_without_an_unregister_is_not_withdrawn() {
+    // collect_one_slot's unregister of the kprobe page dropped.
+    let mut script = good_script();
+    script.retain(|(_, _, e)| !matches!(e, Ev::Unreg(a, ..) if *a == A_OOL));
+    let mut ev = evidence(&script);
+    ev.initial_snapshot = true;
+    let kept = |addr: u64, name: &str| KallsymsEntry {
+        addr,
+        kind: 't',
+        name: name.into(),
+        module: Some("bpf".into()),
+    };
+    let all = vec![kept(A_OLD, &name_old()), kept(A_OOL, "kprobe_insn_page")];
+    ev.final_kallsyms = Some(all.clone());
+    // The page kept, as the kernel keeps its last one: nothing to say.
+    assert!(
+        analyse(&ev).violations.is_empty(),
+        "{}",
+        dump(&analyse(&ev))
+    );
+    // The page gone without its unregister.
+    ev.final_kallsyms = Some(vec![all[0].clone()]);
+    let a = analyse(&ev);
+    assert_eq!(rules(&a), BTreeSet::from([rule::WITHDRAWN]), "{}", dump(&a));
+    assert!(
+        dump(&a).contains("kprobe_insn_page") && dump(&a).contains("registered in the run"),
+        "{}",
+        dump(&a)
+    );
+    // A symbol there before the listeners opened and gone at the end; a BPF
+    // image is left out.
+    let mut initial = ev.initial_kallsyms.clone();
+    initial.push(kept(0xffff_ffff_c000_a000, "kprobe_optinsn_page"));
+    initial.push(kept(0xffff_ffff_c000_b000, "bpf_trampoline_6442468932"));
+    ev.initial_kallsyms = initial;
+    ev.final_kallsyms = Some(all);
+    let a = analyse(&ev);
+    assert_eq!(rules(&a), BTreeSet::from([rule::WITHDRAWN]), "{}", dump(&a));
+    let d = dump(&a);
+    assert!(
+        d.contains("kprobe_optinsn_page") && d.contains("there when the listeners opened"),
+        "{d}"
+    );
+    assert!(!d.contains("bpf_trampoline_"), "{d}");
+}
