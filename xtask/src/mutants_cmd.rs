@@ -90,6 +90,7 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
                 )
             })?;
         kloop::run::mutants::settle_schema_overhead(&base, &mut results);
+        kloop::run::mutants::unsettle_interrupted(&mut results);
         sink.write(&base, &results)?;
         return Ok(sink.summarise(&base, &results, None));
     }
@@ -168,6 +169,7 @@ fn carried_over(report: &std::path::Path, chosen: &[Mutant]) -> Result<Vec<Mutan
     let (base, mut results) = kloop::run::mutants::read_saved(&data)
         .with_context(|| format!("--resume reads {}", data.display()))?;
     kloop::run::mutants::settle_schema_overhead(&base, &mut results);
+    kloop::run::mutants::unsettle_interrupted(&mut results);
     Ok(results
         .into_iter()
         .filter(|r| !matches!(r.outcome, Outcome::NotJudged(_)))

@@ -185,6 +185,23 @@ pub fn settle_schema_overhead(base: &MutantsBaseline, results: &mut [MutantResul
     }
 }
 
+/// Results that an interruption decided, from before interrupted trials
+/// stopped the judging (an interrupted candidate counted as "did not
+/// complete where the baseline did"): not judged, so `--resume` judges them
+/// again. Such data holds the verdict only as the outcome's text, so the
+/// text is what is read.
+pub fn unsettle_interrupted(results: &mut [MutantResult]) {
+    for r in results.iter_mut() {
+        let interrupted =
+            matches!(&r.outcome, Outcome::Killed(why) if why.contains(": INTERRUPTED: "));
+        if interrupted {
+            r.outcome = Outcome::NotJudged("interrupted (judged again)".into());
+            r.killed_by = None;
+            r.killed_in = None;
+        }
+    }
+}
+
 /// How many of `results` their object code decided without a run: the
 /// unmutated build's code, and an earlier mutant's.
 pub fn decided_by_code(results: &[MutantResult]) -> (usize, usize) {
@@ -1209,6 +1226,17 @@ fn judge_on(
         let trials: Vec<PlannedTrial> = batch.iter().map(|s| subject.trial(s)).collect();
         let results = suite::run_all(env, &trials, jobs, &|_| {});
         result.scenarios_run += results.len();
+        // A trial cut short by Ctrl-C or SIGTERM says nothing of the
+        // mutant: it is not judged, whatever came before.
+        if results
+            .iter()
+            .any(|r| matches!(r.verdict, crate::run::trial::Verdict::Interrupted(_)))
+        {
+            result.outcome = Outcome::NotJudged("interrupted".into());
+            result.killed_by = None;
+            result.killed_in = None;
+            break 'batches;
+        }
         for r in &results {
             let Some(base) = base_sides.get(&r.scenario) else {
                 continue;
@@ -1438,6 +1466,33 @@ mod tests {
         let mut results = fresh.clone();
         settle_schema_overhead(&base, &mut results);
         assert_eq!(results[0].killed_by, Some(KillKind::Overhead));
+    }
+
+    #[test]
+    fn kills_by_an_interruption_are_judged_again() {
+        let m = Mutant {
+            id: "x".into(),
+            file: "kernel/bpf/dispatcher.c".into(),
+            function: "f".into(),
+            line: 1,
+            operator: crate::mutate::Operator::DropCall,
+            what: "drop".into(),
+            patch: String::new(),
+        };
+        let kill = |why: &str| MutantResult {
+            outcome: Outcome::Killed(why.into()),
+            killed_by: Some(KillKind::Rule),
+            killed_in: Some("concurrent-load".into()),
+            ..MutantResult::new(&m)
+        };
+        let mut results = vec![
+            kill("concurrent-load: BROKEN: the candidate did not complete where the baseline did: INTERRUPTED: interrupted by SIGINT/SIGTERM during the trial"),
+            kill("basic: BROKEN: 1 violation(s) of rule(s) that hold on the baseline:"),
+        ];
+        unsettle_interrupted(&mut results);
+        assert!(matches!(results[0].outcome, Outcome::NotJudged(_)));
+        assert_eq!(results[0].killed_by, None);
+        assert!(matches!(results[1].outcome, Outcome::Killed(_)));
     }
 
     #[test]
