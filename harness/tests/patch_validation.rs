@@ -34,20 +34,22 @@ fn opts() -> EnvOptions {
 
 fn built(patches: &[&str], fragments: &[&str]) -> BuiltKernel {
     let layout = layout();
+    let plain = BuildRequest::new(
+        SourceSpec::parse(SOURCE, &layout.kernels()).expect("source pin"),
+        &layout.kernels(),
+    );
     let req = BuildRequest {
-        source: SourceSpec::parse(SOURCE, &layout.kernels()).expect("source pin"),
-        patches: patches
-            .iter()
-            .map(|p| layout.kernels().join("patches").join(p))
-            .collect(),
-        kloop_fragment: layout.kernels().join("configs/kloop.config"),
         fragments: fragments
             .iter()
             .map(|f| layout.kernels().join("configs").join(f))
             .collect(),
         base: ConfigBase::Tinyconfig,
-        jobs: suite::default_jobs(),
-        fetch: Default::default(),
+        ..plain.with_patches(
+            patches
+                .iter()
+                .map(|p| layout.kernels().join("patches").join(p))
+                .collect(),
+        )
     };
     let cache = KernelCache::default_location().expect("cache");
     let mut last = std::time::Instant::now();

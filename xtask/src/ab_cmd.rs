@@ -101,10 +101,7 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
         fetch: a.fetch.clone(),
     };
     let base_req = build.request(&layout)?;
-    let cand_req = kloop_kernels::build::BuildRequest {
-        patches: a.patches.clone(),
-        ..base_req.clone()
-    };
+    let cand_req = base_req.with_patches(a.patches.clone());
     let what = base_req.source.label();
     let baseline = match build_kernel(&base_req, &format!("baseline: {what}")) {
         Ok(k) => k,

@@ -168,13 +168,11 @@ pub(crate) fn build_tree(
     fragments: &[PathBuf],
 ) -> std::result::Result<kloop_kernels::build::BuiltKernel, kloop_kernels::build::BuildError> {
     let req = kloop_kernels::build::BuildRequest {
-        source: kloop_kernels::build::SourceSpec::Tree(dir.to_path_buf()),
-        patches: Vec::new(),
-        kloop_fragment: layout.kernels().join("configs/kloop.config"),
         fragments: fragments.to_vec(),
-        base: Default::default(),
-        jobs: suite::default_jobs(),
-        fetch: Default::default(),
+        ..kloop_kernels::build::BuildRequest::new(
+            kloop_kernels::build::SourceSpec::Tree(dir.to_path_buf()),
+            &layout.kernels(),
+        )
     };
     let cache = KernelCache::default_location()?;
     let mut progress = build_progress::BuildProgress::new(&dir.display().to_string());

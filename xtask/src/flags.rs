@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
-use kloop::run::suite::{self, EnvOptions, Layout};
+use kloop::run::suite::{EnvOptions, Layout};
 use kloop_kernels::FetchOptions;
 use kloop_qemu::accel::AccelChoice;
 
@@ -523,14 +523,14 @@ pub(crate) struct BuildArgs {
 
 impl BuildArgs {
     pub(crate) fn request(&self, layout: &Layout) -> Result<kloop_kernels::build::BuildRequest> {
+        let source = kloop_kernels::build::SourceSpec::parse(&self.source, &layout.kernels())?;
+        let plain = kloop_kernels::build::BuildRequest::new(source, &layout.kernels());
         Ok(kloop_kernels::build::BuildRequest {
-            source: kloop_kernels::build::SourceSpec::parse(&self.source, &layout.kernels())?,
-            patches: self.patches.clone(),
-            kloop_fragment: layout.kernels().join("configs/kloop.config"),
             fragments: self.fragments.clone(),
             base: self.base,
-            jobs: self.jobs.unwrap_or_else(suite::default_jobs),
+            jobs: self.jobs.unwrap_or(plain.jobs),
             fetch: self.fetch.options(),
+            ..plain.with_patches(self.patches.clone())
         })
     }
 }

@@ -974,10 +974,7 @@ fn schema_build(
     }
     let path = patch_dir.join("schema.patch");
     std::fs::write(&path, &patch).map_err(|e| format!("writing {}: {e}", path.display()))?;
-    let req = BuildRequest {
-        patches: vec![path],
-        ..req.clone()
-    };
+    let req = req.with_patches(vec![path]);
     let started = Instant::now();
     let built = kloop_kernels::build::build(cache, &req, &mut |e| on_build("schema", e))
         .map_err(|e| format!("building the schema kernel: {e}"))?;
@@ -1146,10 +1143,7 @@ fn judge_one(
         result.outcome = Outcome::NotJudged(format!("writing {}: {e}", patch.display()));
         return result;
     }
-    let req = BuildRequest {
-        patches: vec![patch],
-        ..base_req.clone()
-    };
+    let req = base_req.with_patches(vec![patch]);
     let started = Instant::now();
     let built = kloop_kernels::build::build(cache, &req, &mut |e| on_build(&m.id, e));
     result.build_secs = started.elapsed().as_secs_f64();

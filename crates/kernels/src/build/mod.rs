@@ -156,6 +156,32 @@ pub struct BuildRequest {
     pub fetch: FetchOptions,
 }
 
+impl BuildRequest {
+    /// `source` with kloop's fragment (`kernels/configs/kloop.config` under
+    /// `kernels`) on tinyconfig, no patches nor other fragments, a job per
+    /// core, the default fetch: the one place a request starts from.
+    pub fn new(source: SourceSpec, kernels: &std::path::Path) -> BuildRequest {
+        BuildRequest {
+            source,
+            patches: Vec::new(),
+            kloop_fragment: kernels.join("configs/kloop.config"),
+            fragments: Vec::new(),
+            base: ConfigBase::default(),
+            jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            fetch: FetchOptions::default(),
+        }
+    }
+
+    /// The same build with `patches` applied (a candidate, a mutant, a
+    /// schema kernel).
+    pub fn with_patches(&self, patches: Vec<PathBuf>) -> BuildRequest {
+        BuildRequest {
+            patches,
+            ..self.clone()
+        }
+    }
+}
+
 /// A file and its sha256, as recorded in `kernel.toml`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HashedFile {
