@@ -1049,7 +1049,19 @@ fn confirm_figures(
     scenario: &Scenario,
     jobs: usize,
 ) -> Option<ab::AbOutcome> {
-    let trials = [base, subject].map(|k| k.trial(scenario));
+    let (base_side, mutant) = run_again(env, base, subject, scenario, jobs)?;
+    Some(ab::compare(&scenario.name, &base_side, &mutant))
+}
+
+/// Both kernels run `scenario` once more, side by side: their sides.
+fn run_again(
+    env: &TrialEnv,
+    reference: &Subject,
+    subject: &Subject,
+    scenario: &Scenario,
+    jobs: usize,
+) -> Option<(Side, Side)> {
+    let trials = [reference, subject].map(|k| k.trial(scenario));
     let results = suite::run_all(env, &trials, jobs, &|_| {});
     let side = |k: &Subject| {
         results
@@ -1057,7 +1069,7 @@ fn confirm_figures(
             .find(|r| r.kernel == k.kernel.id())
             .map(crate::run::ab::side_of)
     };
-    Some(ab::compare(&scenario.name, &side(base)?, &side(subject)?))
+    Some((side(reference)?, side(subject)?))
 }
 
 /// What running a scenario again said of a kill by the diff only.
@@ -1090,15 +1102,7 @@ fn confirm_diff(
     if noisy.contains_key(&scenario.name) {
         return DiffCheck::Noisy;
     }
-    let trials = [reference, subject].map(|k| k.trial(scenario));
-    let results = suite::run_all(env, &trials, jobs, &|_| {});
-    let side = |k: &Subject| {
-        results
-            .iter()
-            .find(|r| r.kernel == k.kernel.id())
-            .map(crate::run::ab::side_of)
-    };
-    let (Some(again), Some(mutant)) = (side(reference), side(subject)) else {
+    let Some((again, mutant)) = run_again(env, reference, subject, scenario, jobs) else {
         return DiffCheck::NotAgain;
     };
     let itself = ab::compare(&scenario.name, base, &again);
