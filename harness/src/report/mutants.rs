@@ -287,12 +287,7 @@ pub fn markdown(
     // there was no schema kernel).
     let alone_secs: f64 = here
         .iter()
-        .filter(|r| {
-            p.schema_kernel.is_none()
-                || p.built_alone
-                    .iter()
-                    .any(|a| a.split(": ").next() == Some(r.mutant.id.as_str()))
-        })
+        .filter(|r| p.was_built_alone(&r.mutant.id))
         .map(|r| r.build_secs)
         .sum();
     match p.strategy {

@@ -170,10 +170,7 @@ pub fn settle_schema_overhead(base: &MutantsBaseline, results: &mut [MutantResul
         return;
     }
     for r in results.iter_mut() {
-        let alone =
-            base.phases.built_alone.iter().any(|a| {
-                a.split(": ").next() == Some(r.mutant.id.as_str()) || a.starts_with("all: ")
-            });
+        let alone = base.phases.was_built_alone(&r.mutant.id);
         if r.killed_by == Some(KillKind::Overhead) && !alone {
             if let Outcome::Killed(why) = &r.outcome {
                 r.schema_overhead = Some(why.clone());
@@ -443,6 +440,18 @@ pub struct Phases {
     /// an earlier stretch (`--resume`): the figures above are not theirs.
     #[serde(default)]
     pub carried: usize,
+}
+
+impl Phases {
+    /// Whether mutant `id` was built on its own kernel: no schema kernel
+    /// was built, or the schema could not hold it (`built_alone`).
+    pub fn was_built_alone(&self, id: &str) -> bool {
+        self.schema_kernel.is_none()
+            || self
+                .built_alone
+                .iter()
+                .any(|a| a.split(": ").next() == Some(id))
+    }
 }
 
 impl Default for Phases {
@@ -1438,6 +1447,7 @@ mod tests {
             run_dir: PathBuf::from("/nonexistent"),
             phases: Phases {
                 strategy: Strategy::Schemata,
+                schema_kernel: Some("b153c3773b45".into()),
                 built_alone: vec!["alone: a static local".into()],
                 ..Phases::default()
             },
