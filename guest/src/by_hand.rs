@@ -235,6 +235,8 @@ mod tests {
                         inherit: false,
                         cpus: None,
                         side_band: Vec::new(),
+                        disabled: false,
+                        sample_id_all: true,
                     },
                 },
                 Step::Load {

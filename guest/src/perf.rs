@@ -81,6 +81,8 @@ pub struct Ring {
     data_size: usize,
     /// Bytes of this listener already sent (the next chunk's stream offset).
     pub sent: u64,
+    /// Opened with `PERF_FORMAT_LOST`: [`Ring::lost_samples`] can read it.
+    lost_format: bool,
 }
 
 // The mapping is only touched by the thread that owns the Ring.
@@ -91,20 +93,70 @@ fn page_size() -> usize {
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
 }
 
+/// `PERF_FORMAT_LOST` (include/uapi/linux/perf_event.h, Linux 6.0): a
+/// read returns the event's `lost_samples` after its value.
+const PERF_FORMAT_LOST: u64 = 1 << 4;
+
+/// Whether the kernel refused `PERF_FORMAT_LOST` once (older than 6.0:
+/// perf_copy_attr() refuses read_format bits it does not know), so that
+/// later listeners do not ask again.
+static NO_FORMAT_LOST: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// The side-band `PERF_COUNT_SW_DUMMY` event `spec` describes, opened for
 /// `pid` on `cpu`; a listener maps its ring, an unmapped one
 /// (`ring_pages = 0`) never does, so the kernel matches it for every
-/// record and finds no buffer to write to.
-pub fn open_side_band(pid: libc::pid_t, cpu: i32, spec: &ListenerSpec) -> Result<OwnedFd> {
+/// record and finds no buffer to write to. It asks for `PERF_FORMAT_LOST`
+/// where the kernel has it; returns the fd and whether it has the format.
+pub fn open_side_band(pid: libc::pid_t, cpu: i32, spec: &ListenerSpec) -> Result<(OwnedFd, bool)> {
+    use std::sync::atomic::Ordering;
+    let what = || {
+        format!(
+            "perf_event_open(dummy{}{}, sample_type={:#x}, ksymbol={}, bpf_event={}, inherit={}, side_band={:?}, pid={pid}, cpu={cpu})",
+            if spec.ring_pages == 0 { " without a ring" } else { "" },
+            if spec.disabled { ", disabled" } else { "" },
+            spec.sample_type,
+            spec.ksymbol,
+            spec.bpf_event,
+            spec.inherit,
+            spec.side_band
+        )
+    };
+    if !NO_FORMAT_LOST.load(Ordering::Relaxed) {
+        match open_side_band_with(pid, cpu, spec, PERF_FORMAT_LOST) {
+            Ok(fd) => return Ok((fd, true)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                // Either the format or something else of the spec; the
+                // open without it says which.
+                let fd = open_side_band_with(pid, cpu, spec, 0).os_ctx(what())?;
+                NO_FORMAT_LOST.store(true, Ordering::Relaxed);
+                return Ok((fd, false));
+            }
+            Err(e) => return Err(e).os_ctx(what()),
+        }
+    }
+    Ok((
+        open_side_band_with(pid, cpu, spec, 0).os_ctx(what())?,
+        false,
+    ))
+}
+
+fn open_side_band_with(
+    pid: libc::pid_t,
+    cpu: i32,
+    spec: &ListenerSpec,
+    read_format: u64,
+) -> io::Result<OwnedFd> {
     let mut attr = event_attr(
         perf_type_id::PERF_TYPE_SOFTWARE as u32,
         perf_sw_ids::PERF_COUNT_SW_DUMMY as u64,
     );
     attr.sample_type = spec.sample_type;
-    attr.set_sample_id_all(1);
+    attr.read_format = read_format;
+    attr.set_sample_id_all(spec.sample_id_all.into());
     attr.set_ksymbol(spec.ksymbol.into());
     attr.set_bpf_event(spec.bpf_event.into());
     attr.set_inherit(spec.inherit.into());
+    attr.set_disabled(spec.disabled.into());
     for bit in &spec.side_band {
         match bit {
             SideBand::Mmap => attr.set_mmap(1),
@@ -115,15 +167,7 @@ pub fn open_side_band(pid: libc::pid_t, cpu: i32, spec: &ListenerSpec) -> Result
             SideBand::TextPoke => attr.set_text_poke(1),
         }
     }
-    perf_event_open(&attr, pid, cpu as libc::c_int).os_ctx(format!(
-        "perf_event_open(dummy{}, sample_type={:#x}, ksymbol={}, bpf_event={}, inherit={}, side_band={:?}, pid={pid}, cpu={cpu})",
-        if spec.ring_pages == 0 { " without a ring" } else { "" },
-        spec.sample_type,
-        spec.ksymbol,
-        spec.bpf_event,
-        spec.inherit,
-        spec.side_band
-    ))
+    perf_event_open(&attr, pid, cpu as libc::c_int)
 }
 
 impl Ring {
@@ -150,7 +194,7 @@ impl Ring {
         if spec.ring_pages == 0 || !spec.ring_pages.is_power_of_two() {
             bail!("ring_pages must be a power of two, got {}", spec.ring_pages);
         }
-        let fd = open_side_band(pid, cpu, spec)?;
+        let (fd, lost_format) = open_side_band(pid, cpu, spec)?;
         let psz = page_size();
         let map_len = (1 + spec.ring_pages as usize) * psz;
         // SAFETY: mapping a perf fd; checked below.
@@ -180,6 +224,7 @@ impl Ring {
             data_offset: psz,
             data_size: spec.ring_pages as usize * psz,
             sent: 0,
+            lost_format,
         };
         // data_offset/data_size exist since 4.1; fall back to the classic layout.
         let (off, size) = (ring.read_u64(DATA_OFFSET), ring.read_u64(DATA_SIZE));
@@ -270,6 +315,32 @@ pub fn drain_ring(ring: &mut Ring) -> Result<Vec<u8>> {
     ring.sent += bytes.len() as u64;
     ring.commit(head);
     Ok(bytes)
+}
+
+impl Ring {
+    /// The event's `lost_samples`, read with `PERF_FORMAT_LOST` (`value`,
+    /// then `lost`: perf_read_one()); `None` without the format.
+    pub fn lost_samples(&self) -> Result<Option<u64>> {
+        if !self.lost_format {
+            return Ok(None);
+        }
+        let mut buf = [0u64; 2];
+        // SAFETY: reading at most 16 bytes into a 16-byte buffer.
+        let n = unsafe {
+            libc::read(
+                std::os::fd::AsRawFd::as_raw_fd(&self._fd),
+                buf.as_mut_ptr().cast(),
+                std::mem::size_of_val(&buf),
+            )
+        };
+        if n != 16 {
+            return Err(io::Error::last_os_error()).os_ctx(format!(
+                "read(PERF_FORMAT_LOST) of listener {} returned {n} bytes, not 16",
+                self.index
+            ));
+        }
+        Ok(Some(buf[1]))
+    }
 }
 
 /// [`drain_ring`] for every ring; returns the number of bytes sent.

@@ -162,6 +162,14 @@ pub fn read_trimmed(path: impl AsRef<Path>) -> io::Result<String> {
     Ok(fs::read_to_string(path)?.trim().to_owned())
 }
 
+/// The calling thread's id (`gettid(2)`; the libc wrapper needs glibc 2.30,
+/// the syscall works everywhere).
+pub fn gettid() -> u32 {
+    // SAFETY: gettid has no arguments and cannot fail.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    u32::try_from(tid).unwrap_or(0)
+}
+
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

@@ -177,6 +177,7 @@ pub fn records_listener(selector: u8) -> ListenerInfo {
         pid: None,
         cpus: None,
         side_band: Vec::new(),
+        disabled: false,
     }
 }
 
@@ -278,6 +279,26 @@ pub fn encode_record(
             (PERF_RECORD_LOST, b)
         }
         // The poked bytes are not kept, so a TEXT_POKE cannot be rebuilt.
+        RecordBody::Task {
+            exit,
+            pid,
+            ppid,
+            tid,
+            ptid,
+            time,
+        } => {
+            let mut b = Vec::new();
+            for v in [pid, ppid, tid, ptid] {
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+            b.extend_from_slice(&time.to_le_bytes());
+            let t = if *exit {
+                kloop_records::PERF_RECORD_EXIT
+            } else {
+                kloop_records::PERF_RECORD_FORK
+            };
+            (t, b)
+        }
         RecordBody::TextPoke { .. } | RecordBody::Unknown { .. } => return None,
     };
     b.extend(encode_trailer(l, s));

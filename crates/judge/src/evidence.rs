@@ -36,6 +36,9 @@ pub struct RunEvidence {
     pub attached: Vec<Attachment>,
     /// `read-counter` results, in plan order.
     pub counters: Vec<CounterValue>,
+    /// Per listener, its last `LostSamples` count (kernels that take
+    /// `PERF_FORMAT_LOST`: 6.0 on; the 5.10 pin, 5.10.223, does too).
+    pub lost_samples: BTreeMap<u32, u64>,
     /// Bytes received per listener stream when each step started (step
     /// index, listener index → length), from the order of frames on the
     /// channel: the records before a mark were drained before that step.
@@ -194,6 +197,8 @@ pub struct Batch {
     pub ids: Vec<u32>,
     /// For a `concurrent` thread: the CPU it was pinned to (and ran on).
     pub cpu: Option<u32>,
+    /// For a `concurrent` thread: its tid (agents before it was sent: none).
+    pub tid: Option<u32>,
     /// For a `storm` with `lookup`: its side-band thread's lookups.
     pub lookups: Option<Lookups>,
     /// The plan step that ran it (`None` when the agent did not say).
@@ -218,6 +223,7 @@ impl Batch {
             functions,
             ids: ids.to_vec(),
             cpu,
+            tid: None,
             lookups,
             step,
         }
@@ -338,6 +344,9 @@ impl RunEvidence {
                     link: link.clone(),
                     detail: detail.clone(),
                 }),
+                Message::LostSamples { listener, lost } => {
+                    ev.lost_samples.insert(*listener, *lost);
+                }
                 Message::Counter {
                     label,
                     map,
@@ -380,15 +389,20 @@ impl RunEvidence {
                     program,
                     functions,
                     ids,
-                } => ev.batches.push(Batch::new(
-                    fixture,
-                    program,
-                    *functions,
-                    ids,
-                    Some(*cpu),
-                    None,
-                    current_step,
-                )),
+                    tid,
+                } => {
+                    let mut b = Batch::new(
+                        fixture,
+                        program,
+                        *functions,
+                        ids,
+                        Some(*cpu),
+                        None,
+                        current_step,
+                    );
+                    b.tid = *tid;
+                    ev.batches.push(b);
+                }
                 Message::Lookups {
                     seen,
                     found,

@@ -58,6 +58,7 @@ pub fn check(
         match e {
             Expectation::Symbol {
                 prefix,
+                suffix,
                 ksym_type,
                 min_registers,
                 max_registers,
@@ -66,7 +67,7 @@ pub fn check(
                 ..
             } => check_symbol(
                 &model,
-                prefix,
+                (prefix, suffix.as_deref().unwrap_or("")),
                 *ksym_type,
                 (*min_registers, *max_registers),
                 (*unregistered, *kept),
@@ -170,7 +171,7 @@ fn v(rule: &'static str, message: String) -> Violation {
 
 fn check_symbol(
     model: &Model<'_>,
-    prefix: &str,
+    (prefix, suffix): (&str, &str),
     ksym_type: Option<KsymKind>,
     (min, max): (u32, Option<u32>),
     (unregistered, kept): (bool, bool),
@@ -180,11 +181,15 @@ fn check_symbol(
     let fits = |r: &Record| match &r.body {
         RecordBody::Ksymbol {
             name, ksym_type: t, ..
-        } => name.starts_with(prefix) && ksym_type.is_none_or(|k| k.raw() == *t),
+        } => {
+            name.starts_with(prefix)
+                && name.ends_with(suffix)
+                && ksym_type.is_none_or(|k| k.raw() == *t)
+        }
         _ => false,
     };
     let what = format!(
-        "KSYMBOL {}register(s) named {prefix}*",
+        "KSYMBOL {}register(s) named {prefix}*{suffix}",
         ksym_type
             .map(|k| format!("{} ", kloop_records::ksym_type_name(k.raw())))
             .unwrap_or_default()
@@ -529,6 +534,24 @@ step = { op = "detach", link = "clock" }
             got[0].message
         );
         assert_eq!(got[0].records.len(), 2, "{got:?}");
+        // A suffix holds the name's end: the whole function name passes,
+        // a name cut short (as a smaller KSYM_NAME_LEN would) does not.
+        let whole = parse(
+            "[[expect]]\nkind = \"symbol\"\nprefix = \"bpf_prog_\"\nsuffix = \"_kloop_basic\"\nmax_registers = 1\nunregistered = true\n",
+        );
+        assert_eq!(check(&whole, &plan(vec![]), &ev, &a, None), vec![]);
+        let longer = parse(
+            "[[expect]]\nkind = \"symbol\"\nprefix = \"bpf_prog_\"\nsuffix = \"_kloop_basic_and_more\"\n",
+        );
+        let got = check(&longer, &plan(vec![]), &ev, &a, None);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(
+            got[0]
+                .message
+                .contains("named bpf_prog_*_kloop_basic_and_more"),
+            "{}",
+            got[0].message
+        );
         let both = parse(
             "[[expect]]\nkind = \"symbol\"\nprefix = \"x\"\nkept = true\nunregistered = true\n",
         );

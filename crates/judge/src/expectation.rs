@@ -15,6 +15,11 @@ fn one() -> u32 {
 pub enum Expectation {
     Symbol {
         prefix: String,
+        /// The name also ends with this (a program's symbol is
+        /// `bpf_prog_<tag>_<function>`: the tag is not known in advance,
+        /// the function name is).
+        #[serde(default)]
+        suffix: Option<String>,
         /// `bpf` or `ool`.
         #[serde(default)]
         ksym_type: Option<KsymKind>,

@@ -189,6 +189,10 @@ pub struct ListenerInfo {
     /// arrive besides KSYMBOL / BPF_EVENT / LOST.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub side_band: Vec<SideBand>,
+    /// Opened disabled and never enabled (`ListenerSpec::disabled`): it
+    /// must stay empty.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disabled: bool,
 }
 
 /// Messages from the guest agent.
@@ -298,6 +302,15 @@ pub enum Message {
         key: u32,
         value: u64,
     },
+    /// A listener's `lost_samples` count, read (`read(2)` with
+    /// `PERF_FORMAT_LOST`, Linux 6.0+) right after a drain: how many of
+    /// its records the kernel could not write (`__perf_output_begin()`
+    /// counts them where it counts `rb->lost`). Not sent where the kernel
+    /// refuses the read format.
+    LostSamples {
+        listener: u32,
+        lost: u64,
+    },
     /// One `concurrent` loader thread: the CPU it was pinned to (and ran
     /// on, checked with `getcpu` around every load) and the ids it loaded,
     /// in order; each was unloaded right after.
@@ -307,6 +320,10 @@ pub enum Message {
         program: String,
         functions: u32,
         ids: Vec<u32>,
+        /// The loader thread's tid; the step ends only once the thread is
+        /// gone from /proc/self/task, so its EXIT has been emitted.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tid: Option<u32>,
     },
     /// A storm's end: how many programs it loaded and unloaded, their ids,
     /// and the JITed function count of each.

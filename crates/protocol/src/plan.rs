@@ -39,6 +39,21 @@ pub struct ListenerSpec {
     /// context_switch, text_poke) even without `ksymbol` / `bpf_event`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub side_band: Vec<SideBand>,
+    /// `attr.disabled`, never enabled: the event stays OFF, and the kernel
+    /// writes no side-band record to it (`perf_iterate_sb_cpu()` and
+    /// `perf_iterate_ctx()` skip events below PERF_EVENT_STATE_INACTIVE).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disabled: bool,
+    /// `attr.sample_id_all` (default on): off, the records carry no
+    /// sample_id trailer, as `perf record` on kernels before 2.6.38 wrote
+    /// them; the kernel must then reserve no trailer either (the LOST
+    /// record `__perf_output_begin()` prepends included).
+    #[serde(default = "yes", skip_serializing_if = "is_yes")]
+    pub sample_id_all: bool,
+}
+
+fn is_yes(b: &bool) -> bool {
+    *b
 }
 
 /// A side-band attribute bit of `perf_event_attr` other than `ksymbol` and
@@ -480,6 +495,11 @@ pub enum Requirement {
     /// `bpf_snprintf` (5.13) can symbolize an address with `%ps` in a
     /// kprobe program: the `watch-ksymbols` step needs it.
     BpfSnprintf,
+    /// Kernel symbols may be 511 bytes long: `KSYM_NAME_LEN` is 512 from
+    /// 6.1 on (128 before), and a BTF function name may be as long
+    /// (`btf_name_valid_identifier()` in kernel/bpf/btf.c), so a program's
+    /// `bpf_prog_<tag>_<function>` symbol can pass 256 bytes.
+    LongSymbolNames,
 }
 
 impl Step {

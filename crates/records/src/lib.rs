@@ -32,6 +32,10 @@ pub const PERF_RECORD_BPF_EVENT: u32 = 18;
 
 /// `PERF_RECORD_TEXT_POKE` (Linux 5.9+).
 pub const PERF_RECORD_TEXT_POKE: u32 = 20;
+/// `PERF_RECORD_EXIT`: a task exited (attr.task, comm or mmap).
+pub const PERF_RECORD_EXIT: u32 = 4;
+/// `PERF_RECORD_FORK`: a task was created (attr.task, comm or mmap).
+pub const PERF_RECORD_FORK: u32 = 7;
 
 /// `PERF_RECORD_KSYMBOL_TYPE_UNKNOWN`.
 pub const KSYM_TYPE_UNKNOWN: u16 = 0;
@@ -265,6 +269,17 @@ pub enum RecordBody {
         old_len: u16,
         new_len: u16,
     },
+    /// A task created (FORK) or gone (EXIT), as perf_event_task_output()
+    /// writes it (kernel/events/core.c): the task's pid and tid, its
+    /// parent's (for EXIT: the task itself, `current`), and the time.
+    Task {
+        exit: bool,
+        pid: u32,
+        ppid: u32,
+        tid: u32,
+        ptid: u32,
+        time: u64,
+    },
     /// A record type kloop does not interpret; its body and trailer are
     /// skipped (only the header size is checked).
     Unknown {
@@ -464,6 +479,18 @@ impl fmt::Display for Record {
                 f,
                 "TEXT_POKE addr={addr:#x} old_len={old_len} new_len={new_len}"
             )?,
+            RecordBody::Task {
+                exit,
+                pid,
+                ppid,
+                tid,
+                ptid,
+                time,
+            } => write!(
+                f,
+                "{} pid={pid} tid={tid} ppid={ppid} ptid={ptid} time={time}",
+                if *exit { "EXIT" } else { "FORK" }
+            )?,
             RecordBody::Unknown { type_ } => match record_type_name(*type_) {
                 Some(n) => write!(f, "{n}(type {type_}) size={}", self.header.size)?,
                 None => write!(f, "type {type_} size={}", self.header.size)?,
@@ -654,6 +681,26 @@ fn parse_record(
                 addr,
                 old_len,
                 new_len,
+            }
+        }
+        PERF_RECORD_FORK | PERF_RECORD_EXIT => {
+            let what = if type_ == PERF_RECORD_EXIT {
+                "EXIT body"
+            } else {
+                "FORK body"
+            };
+            let pid = r.u32().ok_or_else(|| short(what))?;
+            let ppid = r.u32().ok_or_else(|| short(what))?;
+            let tid = r.u32().ok_or_else(|| short(what))?;
+            let ptid = r.u32().ok_or_else(|| short(what))?;
+            let time = r.u64().ok_or_else(|| short(what))?;
+            RecordBody::Task {
+                exit: type_ == PERF_RECORD_EXIT,
+                pid,
+                ppid,
+                tid,
+                ptid,
+                time,
             }
         }
         other => {
@@ -854,6 +901,7 @@ pub mod testutil {
             pid: None,
             cpus: None,
             side_band: Vec::new(),
+            disabled: false,
         }
     }
 
@@ -972,6 +1020,25 @@ pub mod testutil {
         with_header(PERF_RECORD_TEXT_POKE, b)
     }
 
+    /// A FORK or EXIT as perf_event_task_output() writes it: pid, ppid,
+    /// tid, ptid, time, the trailer.
+    pub fn task(l: &ListenerInfo, exit: bool, (pid, tid): (u32, u32), t: Tr) -> Vec<u8> {
+        let mut b = Vec::new();
+        for v in [pid, 1, tid, 1] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.extend_from_slice(&t.time.to_le_bytes());
+        b.extend_from_slice(&trailer(l, t));
+        with_header(
+            if exit {
+                PERF_RECORD_EXIT
+            } else {
+                PERF_RECORD_FORK
+            },
+            b,
+        )
+    }
+
     /// Sets header.size of the record at `off`.
     pub fn set_size(bytes: &mut [u8], off: usize, size: u16) {
         bytes[off + 6..off + 8].copy_from_slice(&size.to_le_bytes());
@@ -1029,6 +1096,41 @@ mod tests {
         s.extend(bpf_event(l, BPF_EVENT_PROG_LOAD, 7, TAG, tr(11, 0)));
         s.extend(lost(l, 77, 3, tr(12, 0)));
         s
+    }
+
+    /// FORK / EXIT as perf_event_task_output() writes them: 8 header + 24
+    /// body + the trailer; a size that leaves bytes over is refused.
+    #[test]
+    fn task_records_parse_strictly() {
+        let l = listener(0, 0, TTC);
+        let t = tr(7, 0);
+        let mut s = testutil::task(&l, false, (40, 41), t);
+        s.extend(testutil::task(&l, true, (40, 41), t));
+        let recs = parse_stream(&l, &s).unwrap();
+        assert_eq!(recs.len(), 2);
+        assert_eq!(recs[0].header.size, 8 + 24 + 24);
+        assert_eq!(
+            recs[1].body,
+            RecordBody::Task {
+                exit: true,
+                pid: 40,
+                ppid: 1,
+                tid: 41,
+                ptid: 1,
+                time: 7
+            }
+        );
+        assert_eq!(recs[1].sample.time, Some(7));
+        assert!(
+            recs[0].to_string().contains(" FORK pid=40 tid=41"),
+            "{}",
+            recs[0]
+        );
+        let mut long = testutil::task(&l, true, (40, 41), t);
+        long.extend([0; 8]);
+        testutil::set_size(&mut long, 0, 64);
+        let e = parse_stream(&l, &long).unwrap_err();
+        assert!(e.what.contains("unexplained bytes"), "{}", e.what);
     }
 
     #[test]

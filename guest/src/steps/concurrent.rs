@@ -11,7 +11,9 @@
 //! unloaded right after its load) as one `Loads` message.
 
 use std::os::fd::AsFd;
+use std::path::Path;
 use std::sync::Barrier;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use kloop_protocol::Message;
@@ -47,8 +49,37 @@ pub fn run(fixture: &str, program: &str, cycles: u32) -> Result<()> {
             })
             .collect()
     });
-    for r in results {
-        send(&r?)?;
+    let messages: Vec<Message> = results.into_iter().collect::<Result<_>>()?;
+    for m in &messages {
+        if let Message::Loads { tid: Some(tid), .. } = m {
+            wait_gone(*tid)?;
+        }
+    }
+    for m in &messages {
+        send(m)?;
+    }
+    Ok(())
+}
+
+/// How long a joined thread may take to leave /proc/self/task.
+const GONE_WITHIN: Duration = Duration::from_secs(5);
+
+/// Waits until thread `tid` is gone from /proc/self/task. A join returns
+/// once the thread has cleared its tid word (exit_mm() -> mm_release(),
+/// early in do_exit()), before perf_event_exit_task() emits its EXIT; the
+/// /proc entry goes only in release_task(), after it. Waiting for that lets
+/// the host hold every listener set to the thread's EXIT.
+fn wait_gone(tid: u32) -> Result<()> {
+    let path = format!("/proc/self/task/{tid}");
+    let start = Instant::now();
+    while Path::new(&path).exists() {
+        if start.elapsed() > GONE_WITHIN {
+            bail!(
+                "loader thread {tid} was joined but is still in /proc/self/task after {:?}",
+                GONE_WITHIN
+            );
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
     Ok(())
 }
@@ -94,6 +125,7 @@ fn loader(
         program: program.to_owned(),
         functions: functions.unwrap_or(0),
         ids,
+        tid: Some(sys::gettid()),
     })
 }
 

@@ -54,7 +54,9 @@ pub fn open(context: &mut StepContext, spec: &ListenerSpec, step: u32) -> Result
             } else {
                 cpu as i32
             };
-            context.unmapped.push(perf::open_side_band(pid, cpu, spec)?);
+            context
+                .unmapped
+                .push(perf::open_side_band(pid, cpu, spec)?.0);
             continue;
         }
         let index = context.next_listener;
@@ -68,7 +70,7 @@ pub fn open(context: &mut StepContext, spec: &ListenerSpec, step: u32) -> Result
             index,
             cpu: ring.cpu,
             sample_type: spec.sample_type,
-            sample_id_all: true,
+            sample_id_all: spec.sample_id_all,
             ksymbol: spec.ksymbol,
             bpf_event: spec.bpf_event,
             ring_bytes: ring.ring_bytes(),
@@ -77,6 +79,7 @@ pub fn open(context: &mut StepContext, spec: &ListenerSpec, step: u32) -> Result
             pid: (spec.scope == ListenerScope::Task).then(|| unsafe { libc::getpid() } as u32),
             cpus: spec.cpus.clone(),
             side_band: spec.side_band.clone(),
+            disabled: spec.disabled,
         }))?;
         context.rings.push(ring);
         opened.push(index);
@@ -106,6 +109,16 @@ pub fn close(context: &mut StepContext, step: u32) -> Result<()> {
 /// Sends every ring's unread bytes to the host.
 pub fn drain(context: &mut StepContext) -> Result<()> {
     context.records_bytes += perf::drain_all(&mut context.rings)?;
+    // After the drain: every LOST record drained reports losses the count
+    // already holds, so the host can hold the records to it.
+    for ring in &context.rings {
+        if let Some(lost) = ring.lost_samples()? {
+            send(&Message::LostSamples {
+                listener: ring.index,
+                lost,
+            })?;
+        }
+    }
     Ok(())
 }
 

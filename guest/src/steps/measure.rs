@@ -56,6 +56,8 @@ const LISTENER: ListenerSpec = ListenerSpec {
     inherit: false,
     cpus: None,
     side_band: Vec::new(),
+    disabled: false,
+    sample_id_all: true,
 };
 
 /// Untimed pause after each iteration: long enough (5 ticks at HZ=250) for

@@ -71,6 +71,7 @@ const PROBED_BEFORE_SAVE: &[Requirement] = &[
     Requirement::SyscallTracepoints,
     Requirement::FaultInjection,
     Requirement::BpfSnprintf,
+    Requirement::LongSymbolNames,
 ];
 
 /// Runs every probe of [`PROBED_BEFORE_SAVE`] once, in a guest about to be
@@ -137,6 +138,7 @@ fn probe(r: Requirement) -> Result<Probe> {
         Requirement::SyscallTracepoints => Ok(syscall_tracepoints()),
         Requirement::FaultInjection => Ok(fault_injection()),
         Requirement::BpfSnprintf => Ok(bpf_snprintf()),
+        Requirement::LongSymbolNames => Ok(long_symbol_names()),
     }
 }
 
@@ -150,6 +152,23 @@ fn bpf_snprintf() -> Probe {
         Some(_) => Err(format!(
             "kernel {release} predates 5.13, which added the bpf_snprintf helper \
              (%ps symbolization in BPF programs) that the ksymbol watch needs"
+        )),
+        None => Err(format!(
+            "cannot read a version from kernel release {release:?}"
+        )),
+    }
+}
+
+/// KSYM_NAME_LEN went from 128 to 512 in 6.1 ("kallsyms: increase maximum
+/// kernel symbol length to 512", include/linux/kallsyms.h); before it the
+/// kernel refuses a BTF function name of 128 bytes or more.
+fn long_symbol_names() -> Probe {
+    let release = sys::uname().release;
+    match kernel_version(&release) {
+        Some(v) if v >= (6, 1) => Ok(()),
+        Some(_) => Err(format!(
+            "kernel {release} predates 6.1, where KSYM_NAME_LEN grew from 128 to 512 \
+             (include/linux/kallsyms.h): its symbols and BTF names stay under 128 bytes"
         )),
         None => Err(format!(
             "cannot read a version from kernel release {release:?}"

@@ -29,6 +29,11 @@ pub struct Note {
     pub equivalent: Option<String>,
     /// What was done about it.
     pub action: Option<String>,
+    /// With `equivalent`: the mutant is still a defect, of this kind
+    /// (`memory`, `accounting`, `speed`, `race`, `wakeups`), that no record
+    /// shows. Kept apart so that the report says how many of the
+    /// equivalents are the records' blind spot rather than no change at all.
+    pub defect: Option<String>,
 }
 
 impl Notes {
@@ -372,6 +377,27 @@ pub fn markdown(
          compile to the unmutated code; the others rest on their argument.\n",
         argued.len()
     );
+    let mut defects: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in &argued {
+        if let Some(d) = notes.get(&r.mutant.id).and_then(|n| n.defect.as_deref()) {
+            *defects.entry(d).or_default() += 1;
+        }
+    }
+    if !defects.is_empty() {
+        let _ = writeln!(
+            s,
+            "Of the argued equivalents, {} change no record but are still defects of another \
+             kind, which kloop's oracles (the records, kallsyms, bpf_prog_info, the kernel's own \
+             WARNs) cannot see: {}. They are outside the score as equivalents are, and listed \
+             with their argument below.\n",
+            defects.values().sum::<usize>(),
+            defects
+                .iter()
+                .map(|(d, n)| format!("{n} {d}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     let _ = writeln!(s, "## Per file\n\n{}", table(&by_file, "file"));
     let _ = writeln!(s, "## Per operator\n\n{}", table(&by_op, "operator"));
 
@@ -448,8 +474,17 @@ pub fn markdown(
         }
         match notes.get(&m.id) {
             Some(n) => {
-                if let Some(e) = &n.equivalent {
-                    let _ = writeln!(s, "**Equivalent:** {e}\n");
+                match (&n.equivalent, &n.defect) {
+                    (Some(e), Some(d)) => {
+                        let _ = writeln!(
+                            s,
+                            "**Equivalent for the records, a {d} defect none shows:** {e}\n"
+                        );
+                    }
+                    (Some(e), None) => {
+                        let _ = writeln!(s, "**Equivalent:** {e}\n");
+                    }
+                    _ => {}
                 }
                 if let Some(a) = &n.action {
                     let _ = writeln!(s, "**Done:** {a}\n");

@@ -42,6 +42,8 @@ pub fn storm_scenario(
                 inherit: false,
                 cpus: None,
                 side_band: Vec::new(),
+                disabled: false,
+                sample_id_all: true,
             },
         },
         Step::Storm {

@@ -114,6 +114,8 @@ pub fn requirement_needs(r: Requirement) -> Vec<ConfigNeed> {
         )],
         Requirement::Veth => vec![on("CONFIG_VETH", "veth pairs")],
         Requirement::PerfTool => vec![],
+        // A kernel version, not an option: the guest's probe decides.
+        Requirement::LongSymbolNames => vec![],
         Requirement::Threads => vec![builtin(
             "CONFIG_FUTEX",
             "the agent's threads wait on futexes (kernel/futex/)",

@@ -185,7 +185,7 @@ pub(super) fn check_agreement(
     let mut inherited: BTreeMap<(u64, bool, bool, u32), Vec<u32>> = BTreeMap::new();
     for l in listeners
         .values()
-        .filter(|l| l.inherit && !cut.contains(&l.index))
+        .filter(|l| l.inherit && !l.disabled && !cut.contains(&l.index))
     {
         if let Some(pid) = l.pid {
             inherited
@@ -238,7 +238,7 @@ pub(super) fn check_agreement(
     // restricted to the task its records name.
     for l in listeners
         .values()
-        .filter(|l| l.cpu < 0 && !l.inherit && !cut.contains(&l.index))
+        .filter(|l| l.cpu < 0 && !l.inherit && !l.disabled && !cut.contains(&l.index))
     {
         // Its KSYMBOL / BPF_EVENT records (other side-band bits bring other
         // tasks' FORK, COMM, ... records). One task's, with or without a set

@@ -454,6 +454,7 @@ fn other_side_band_listeners_get_no_ksymbol_or_bpf_event() {
     use kloop_protocol::SideBand;
     let side = |index, cpu| ListenerInfo {
         side_band: vec![SideBand::Mmap, SideBand::Namespaces, SideBand::TextPoke],
+        disabled: false,
         ..listener(index, cpu, false, false)
     };
     let ls = vec![
@@ -463,7 +464,16 @@ fn other_side_band_listeners_get_no_ksymbol_or_bpf_event() {
         side(3, 1),
     ];
     let mut ev = routed(ls.clone(), &BTreeMap::new(), &main_task_script());
-    let fork = testutil::raw(7, vec![0; 24]);
+    let fork = testutil::task(
+        &side(2, 0),
+        false,
+        (300, 301),
+        Tr {
+            cpu: 0,
+            time: 1,
+            ..Tr::default()
+        },
+    );
     // TEXT_POKE with PERF_RECORD_MISC_KERNEL, as 6.12 and 7.2 sent one
     // (misc 0x1) while programs loaded: a 5-byte call site rewritten.
     let t = Tr {
@@ -526,6 +536,8 @@ fn windows_follow_the_agents_step_order() {
         inherit: false,
         cpus: None,
         side_band: Vec::new(),
+        disabled: false,
+        sample_id_all: true,
     };
     let load = Step::Load {
         fixture: "basic".into(),
@@ -644,6 +656,7 @@ fn ftrace_trampolines_are_poked_in_the_order_ftrace_promises() {
     const L: u32 = 330;
     let poking = |index, cpu| ListenerInfo {
         side_band: vec![SideBand::TextPoke],
+        disabled: false,
         ..listener(index, cpu, true, false)
     };
     let ls = vec![poking(0, 0), poking(1, 1)];
@@ -766,4 +779,139 @@ fn ftrace_trampolines_are_poked_in_the_order_ftrace_promises() {
     };
     let a = analyse(&ev);
     assert!(a.violations.is_empty(), "{}", dump(&a));
+}
+
+/// Task records (`task-records`): two loader threads, one pinned to each
+/// CPU, fork from the main task on CPU 0 and exit on their own CPUs. A
+/// CPU-wide set with attr.task gets both FORKs on CPU 0 and each EXIT on
+/// the thread's CPU; an inherited task set the same (the FORKs through the
+/// parent's context, the EXITs through the thread's inherited copy); a
+/// task listener without inherit only the FORKs.
+#[test]
+fn task_records_follow_fork_and_exit_routing() {
+    use kloop_protocol::SideBand;
+    let tasky = |l: ListenerInfo| ListenerInfo {
+        side_band: vec![SideBand::Task],
+        ..l
+    };
+    let ls = vec![
+        tasky(listener(0, 0, true, true)),
+        tasky(listener(1, 1, true, true)),
+        tasky(task_listener(2, 0, true)),
+        tasky(task_listener(3, 1, true)),
+        tasky(ListenerInfo {
+            pid: Some(MAIN),
+            ..listener(4, -1, false, false)
+        }),
+    ];
+    let tr = |cpu: u32, time: u64, tid: u32| Tr {
+        pid: MAIN,
+        tid,
+        time,
+        cpu,
+        ..Tr::default()
+    };
+    // (listener, exit, thread, cpu, time)
+    let good: Vec<(u32, bool, u32, u32, u64)> = vec![
+        (0, false, 501, 0, 1),
+        (2, false, 501, 0, 1),
+        (4, false, 501, 0, 1),
+        (0, false, 502, 0, 2),
+        (2, false, 502, 0, 2),
+        (4, false, 502, 0, 2),
+        (0, true, 501, 0, 3),
+        (2, true, 501, 0, 3),
+        (1, true, 502, 1, 4),
+        (3, true, 502, 1, 4),
+    ];
+    let build = |recs: &[(u32, bool, u32, u32, u64)]| {
+        let mut ev = routed(ls.clone(), &BTreeMap::new(), &[]);
+        for (li, exit, tid, cpu, time) in recs {
+            let l = &ls[*li as usize];
+            // A thread's record carries its own tid; a FORK is emitted by
+            // the parent.
+            let by = if *exit { *tid } else { MAIN };
+            ev.streams.get_mut(li).unwrap().extend(testutil::task(
+                l,
+                *exit,
+                (MAIN, *tid),
+                tr(*cpu, *time, by),
+            ));
+        }
+        for (tid, cpu) in [(501, 0), (502, 1)] {
+            let mut b = batch(Vec::new(), Some(cpu));
+            b.tid = Some(tid);
+            ev.batches.push(b);
+        }
+        analyse(&ev)
+    };
+    let a = build(&good);
+    assert!(!rules(&a).contains(rule::TASK_RECORDS), "{}", dump(&a));
+    // perf_iterate_sb() without its `goto done`: the CPU-wide pass after
+    // the task context's sends the EXIT twice.
+    let mut twice = good.clone();
+    twice.push((0, true, 501, 0, 5));
+    let a = build(&twice);
+    assert!(
+        a.of_rule(rule::TASK_RECORDS)
+            .any(|v| v.message.contains("2 EXIT records of tid 501")),
+        "{}",
+        dump(&a)
+    );
+    // Without the task context's pass the inherited set has no EXIT.
+    let no_task_ctx: Vec<_> = good
+        .iter()
+        .copied()
+        .filter(|r| r.0 != 2 && r.0 != 3 || !r.1)
+        .collect();
+    let a = build(&no_task_ctx);
+    assert!(
+        a.of_rule(rule::TASK_RECORDS)
+            .any(|v| v.message.contains("0 EXIT records of loader thread 501")),
+        "{}",
+        dump(&a)
+    );
+    // A listener without inherit is not in the thread's context.
+    let mut leaked = good.clone();
+    leaked.push((4, true, 502, 1, 4));
+    let a = build(&leaked);
+    assert!(
+        a.of_rule(rule::TASK_RECORDS).any(|v| v
+            .message
+            .contains("1 EXIT records of loader thread 502")
+            && v.message.contains("expected 0")),
+        "{}",
+        dump(&a)
+    );
+}
+
+/// A listener opened disabled and never enabled receives nothing
+/// (`disabled-silent`), and is in no set, so its silence breaks no set rule.
+#[test]
+fn disabled_listeners_stay_silent() {
+    let off = |index, cpu| ListenerInfo {
+        disabled: true,
+        ..listener(index, cpu, true, true)
+    };
+    let ls = vec![
+        listener(0, 0, true, true),
+        listener(1, 1, true, true),
+        off(2, 0),
+        off(3, 1),
+    ];
+    let mut ev = routed(ls[..2].to_vec(), &BTreeMap::new(), &main_task_script());
+    ev.listeners = ls.clone();
+    ev.streams.insert(2, Vec::new());
+    ev.streams.insert(3, Vec::new());
+    let a = analyse(&ev);
+    assert!(a.violations.is_empty(), "{}", dump(&a));
+    // A kernel that wrote side-band records to an OFF event.
+    let ev = routed(ls, &BTreeMap::new(), &main_task_script());
+    let a = analyse(&ev);
+    assert!(
+        a.of_rule(rule::DISABLED_SILENT)
+            .any(|v| v.message.contains("opened disabled and never enabled")),
+        "{}",
+        dump(&a)
+    );
 }

@@ -11,7 +11,7 @@ use super::*;
 /// TEXT_POKE go to their own bits). kloop parses none of them: such a
 /// record is counted by its header and otherwise left alone, so a
 /// listener with these bits is held only to KSYMBOL / BPF_EVENT.
-fn asked_for(l: &ListenerInfo, type_: u32) -> bool {
+pub(super) fn asked_for(l: &ListenerInfo, type_: u32) -> bool {
     use kloop_protocol::SideBand;
     // PERF_RECORD_MMAP 1, COMM 3, EXIT 4, FORK 7, MMAP2 10, NAMESPACES 16,
     // CGROUP 19, TEXT_POKE 20 (include/uapi/linux/perf_event.h).
@@ -40,6 +40,7 @@ pub(super) fn check_listener(l: &ListenerInfo, recs: &[Record], out: &mut Vec<Vi
         // flags (TEXT_POKE: PERF_RECORD_MISC_KERNEL; COMM: COMM_EXEC, ...).
         let theirs = match r.body {
             RecordBody::Unknown { type_ } => asked_for(l, type_),
+            RecordBody::Task { .. } => asked_for(l, r.header.type_),
             RecordBody::TextPoke { .. } => asked_for(l, kloop_records::PERF_RECORD_TEXT_POKE),
             _ => false,
         };
@@ -51,7 +52,14 @@ pub(super) fn check_listener(l: &ListenerInfo, recs: &[Record], out: &mut Vec<Vi
         }
         match &r.body {
             RecordBody::Unknown { type_ } if asked_for(l, *type_) => {}
-            RecordBody::TextPoke { .. } if theirs => {}
+            RecordBody::TextPoke { .. } | RecordBody::Task { .. } if theirs => {}
+            RecordBody::Task { .. } => types.push(quoting(
+                format!(
+                    "{r}: a FORK / EXIT on a listener that asked for none of attr.task, comm, \
+                     mmap (perf_event_task_match)"
+                ),
+                [r],
+            )),
             RecordBody::TextPoke { .. } => types.push(quoting(
                 format!("{r}: TEXT_POKE on a listener that did not ask for attr.text_poke"),
                 [r],

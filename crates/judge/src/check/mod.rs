@@ -103,6 +103,7 @@ mod listener;
 mod model;
 mod pokes;
 mod programs;
+mod tasks;
 
 use agreement::*;
 use announced::*;
@@ -137,6 +138,9 @@ pub mod rule {
     pub const ANNOUNCED: &str = "announced";
     pub const TRAMPOLINE_POKES: &str = "trampoline-pokes";
     pub const WITHDRAWN: &str = "withdrawn";
+    pub const TASK_RECORDS: &str = "task-records";
+    pub const DISABLED_SILENT: &str = "disabled-silent";
+    pub const LOST_SAMPLES: &str = "lost-samples";
 
     pub const ALL: &[&str] = &[
         LISTENERS,
@@ -161,6 +165,9 @@ pub mod rule {
         ANNOUNCED,
         TRAMPOLINE_POKES,
         WITHDRAWN,
+        TASK_RECORDS,
+        DISABLED_SILENT,
+        LOST_SAMPLES,
     ];
 }
 
@@ -314,7 +321,7 @@ impl QuotedRecord {
             }
             RecordBody::Lost { lost, .. } => q.lost = Some(*lost),
             RecordBody::TextPoke { addr, .. } => q.addr = Some(*addr),
-            RecordBody::Unknown { .. } => {}
+            RecordBody::Unknown { .. } | RecordBody::Task { .. } => {}
         }
         q
     }
@@ -527,13 +534,13 @@ fn task_listener_sets(ev: &RunEvidence, listeners: &BTreeMap<u32, &ListenerInfo>
         ev,
         listeners
             .values()
-            .filter(|l| l.cpu >= 0 && l.pid.is_some())
+            .filter(|l| l.cpu >= 0 && l.pid.is_some() && !l.disabled)
             .copied(),
     );
     out.extend(
         listeners
             .values()
-            .filter(|l| l.cpu < 0)
+            .filter(|l| l.cpu < 0 && !l.disabled)
             .map(|l| vec![l.index]),
     );
     out
@@ -546,7 +553,7 @@ fn listener_sets(ev: &RunEvidence, listeners: &BTreeMap<u32, &ListenerInfo>) -> 
         ev,
         listeners
             .values()
-            .filter(|l| l.cpu >= 0 && l.pid.is_none())
+            .filter(|l| l.cpu >= 0 && l.pid.is_none() && !l.disabled)
             .copied(),
     )
 }
@@ -652,6 +659,22 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             );
         }
         check_listener(l, &recs, &mut v);
+        // A disabled listener is in no set: it is held to silence alone.
+        if l.disabled && !recs.is_empty() {
+            v.push(
+                Violation::new(
+                    rule::DISABLED_SILENT,
+                    format!(
+                        "listener {idx}, opened disabled and never enabled, received {} record(s), \
+                         first {}: perf_iterate_sb_cpu() and perf_iterate_ctx() skip events below \
+                         PERF_EVENT_STATE_INACTIVE",
+                        recs.len(),
+                        recs[0]
+                    ),
+                )
+                .quoting(recs.iter().take(3)),
+            );
+        }
         let lost: u64 = recs
             .iter()
             .map(|r| match r.body {
@@ -672,6 +695,26 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             lost_parts.push(format!(
                 "listener {idx}: {n} LOST record(s), {lost} lost (first: {first})"
             ));
+        }
+        // __perf_output_begin() counts every record it cannot write in
+        // both rb->lost and the event's lost_samples (the paused branch
+        // and the no-space one alike), and a LOST record hands on rb->lost
+        // (local_xchg) when the next write succeeds. So the LOST records
+        // drained before the count was read never report more than it.
+        if let Some(&count) = ev.lost_samples.get(idx) {
+            if lost > count {
+                v.push(
+                    Violation::new(
+                        rule::LOST_SAMPLES,
+                        format!(
+                            "listener {idx}: its LOST records report {lost} lost, but the \
+                             event's lost_samples (read with PERF_FORMAT_LOST after the drain) \
+                             is {count}: __perf_output_begin() counts each loss in both"
+                        ),
+                    )
+                    .at(*idx, None),
+                );
+            }
         }
         lost_by.insert(*idx, lost);
         a.lost = a.lost.saturating_add(lost);
@@ -830,6 +873,51 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
                 rule::TRAMPOLINE_POKES,
                 "trampolines",
                 pokes::check_trampoline_pokes(&merged, &label),
+            );
+        }
+        let members: Vec<&ListenerInfo> = set
+            .iter()
+            .filter_map(|i| listeners.get(i).copied())
+            .collect();
+        if tasks::asks_for_tasks(&members)
+            && !ev.provoked_loss
+            && !set.iter().any(|i| cut.contains(i))
+        {
+            let audience = if !is_task {
+                tasks::Audience::CpuWide
+            } else if members.iter().all(|l| l.inherit) {
+                tasks::Audience::Inherited
+            } else {
+                tasks::Audience::TaskOnly
+            };
+            // Only a set open through the whole run saw the threads come
+            // and go.
+            let loaders: Vec<tasks::Loader> = if whole_run(ev, set) {
+                ev.batches
+                    .iter()
+                    .filter_map(|b| {
+                        Some(tasks::Loader {
+                            tid: b.tid?,
+                            cpu: b.cpu?,
+                        })
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let set_cpus: Vec<i64> = cpus.iter().copied().collect();
+            let all_cpus = cpus.contains(&-1) || (!online.is_empty() && online.is_subset(&cpus));
+            push_capped(
+                &mut v,
+                rule::TASK_RECORDS,
+                "task record problems",
+                tasks::check_task_records(
+                    &merged,
+                    &label,
+                    audience,
+                    (&set_cpus, all_cpus),
+                    &loaders,
+                ),
             );
         }
         if k == 0 {

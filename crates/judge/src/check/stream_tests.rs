@@ -76,6 +76,7 @@ pub fn batch(ids: Vec<u32>, cpu: Option<u32>) -> Batch {
         functions: 1,
         ids,
         cpu,
+        tid: None,
         lookups: None,
         step: None,
     }

@@ -142,6 +142,34 @@ fn lost_records() {
         .starts_with("3 records lost in total"));
 }
 
+/// The LOST records of a listener never report more than the event's
+/// lost_samples read after the drain; as many or fewer is fine (losses not
+/// yet handed on by a LOST record).
+#[test]
+fn lost_records_never_exceed_lost_samples() {
+    let mut s = good_script();
+    s.insert(3, (0, 103, Ev::Lost(3)));
+    let mut ev = evidence(&s);
+    ev.lost_samples.insert(0, 3);
+    ev.lost_samples.insert(1, 0);
+    let a = analyse(&ev);
+    assert_eq!(
+        a.of_rule(rule::LOST_SAMPLES).count(),
+        0,
+        "{:?}",
+        a.violations
+    );
+    ev.lost_samples.insert(0, 5);
+    assert_eq!(analyse(&ev).of_rule(rule::LOST_SAMPLES).count(), 0);
+    // A kernel that dropped a loss from lost_samples but not from rb->lost.
+    ev.lost_samples.insert(0, 2);
+    let a = analyse(&ev);
+    let v: Vec<_> = a.of_rule(rule::LOST_SAMPLES).collect();
+    assert_eq!(v.len(), 1, "{:?}", a.violations);
+    assert!(v[0].message.contains("report 3 lost"), "{}", v[0].message);
+    assert!(v[0].message.contains("is 2"), "{}", v[0].message);
+}
+
 #[test]
 fn register_after_load_is_causal_order() {
     let mut s = good_script();

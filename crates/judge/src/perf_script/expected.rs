@@ -163,6 +163,7 @@ pub(super) fn perf_records(dump: &PerfDump, bad: &mut Vec<String>) -> Vec<PerfRe
         pid: None,
         cpus: None,
         side_band: Vec::new(),
+        disabled: false,
     };
     for e in &dump.events {
         if !matches!(
