@@ -84,6 +84,9 @@ pub struct ProgInfo {
     pub jited_ksyms: Vec<u64>,
     pub jited_func_lens: Vec<u32>,
     pub func_tags: Vec<[u8; 8]>,
+    /// The BTF FUNC name of each function, in func_info order (the order
+    /// of jited_ksyms); empty without func_info.
+    pub func_names: Vec<String>,
 }
 
 impl ProgInfo {
@@ -106,6 +109,7 @@ impl ProgInfo {
             jited_ksyms: self.jited_ksyms.clone(),
             jited_func_lens: self.jited_func_lens.clone(),
             func_tags: self.func_tags.clone(),
+            func_names: self.func_names.clone(),
             kallsyms: kallsyms
                 .iter()
                 .filter(|e| self.jited_ksyms.contains(&e.addr))
@@ -151,12 +155,71 @@ pub fn prog_info(fd: BorrowedFd<'_>) -> Result<ProgInfo> {
             jited_ksyms.iter_mut().for_each(|a| *a = 0);
         }
     }
+    let func_names = func_names(fd, &info)?;
     Ok(ProgInfo {
         info,
         jited_ksyms,
         jited_func_lens,
         func_tags,
+        func_names,
     })
+}
+
+/// `sizeof(struct bpf_func_info)`: `insn_off`, `type_id`.
+const FUNC_INFO_REC_SIZE: u32 = 8;
+
+/// The BTF FUNC name of each of the program's functions: its func_info
+/// records (one per function, in the order of its subprograms) name FUNC
+/// types of the program's BTF, which the kernel hands out by `btf_id`. The
+/// kernel names a function's symbol after exactly this name
+/// (bpf_prog_ksym_set_name()), so the host can hold the symbol to it.
+fn func_names(fd: BorrowedFd<'_>, info: &bpf_prog_info) -> Result<Vec<String>> {
+    if info.nr_func_info == 0 || info.btf_id == 0 {
+        return Ok(Vec::new());
+    }
+    let mut records = vec![[0u32; 2]; info.nr_func_info as usize];
+    let mut second = zeroed_prog_info();
+    second.nr_func_info = records.len() as u32;
+    second.func_info_rec_size = FUNC_INFO_REC_SIZE;
+    second.func_info = records.as_mut_ptr() as u64;
+    info_by_fd(fd, &mut second).os_ctx("BPF_OBJ_GET_INFO_BY_FD (func_info)")?;
+    records.truncate(second.nr_func_info as usize);
+    let btf = btf_by_id(info.btf_id)?;
+    records
+        .iter()
+        .map(|[_, type_id]| {
+            crate::btf::type_name(&btf, *type_id)
+                .map_err(|e| anyhow::anyhow!("BTF {} of program {}: {e}", info.btf_id, info.id))
+        })
+        .collect()
+}
+
+/// The raw BTF the kernel holds as object `id` (`BPF_BTF_GET_FD_BY_ID`,
+/// then `BPF_OBJ_GET_INFO_BY_FD` for its size and then its bytes).
+fn btf_by_id(id: u32) -> Result<Vec<u8>> {
+    use aya_obj::generated::bpf_btf_info;
+    let mut attr = zeroed_attr();
+    attr.__bindgen_anon_6.__bindgen_anon_1.btf_id = id;
+    let btf = sys_bpf_fd(bpf_cmd::BPF_BTF_GET_FD_BY_ID, &mut attr, GET_ID_SIZE)
+        .os_ctx(format!("BPF_BTF_GET_FD_BY_ID {id}"))?;
+    let get = |info: &mut bpf_btf_info| {
+        let mut attr = zeroed_attr();
+        attr.info.bpf_fd = btf.as_raw_fd() as u32;
+        attr.info.info_len = std::mem::size_of::<bpf_btf_info>() as u32;
+        attr.info.info = info as *mut bpf_btf_info as u64;
+        sys_bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut attr, INFO_BY_FD_SIZE).map(|_| ())
+    };
+    // SAFETY: bpf_btf_info is plain integers; all zeroes is valid.
+    let mut info: bpf_btf_info = unsafe { std::mem::zeroed() };
+    get(&mut info).os_ctx(format!("BPF_OBJ_GET_INFO_BY_FD of BTF {id} (size)"))?;
+    let mut bytes = vec![0u8; info.btf_size as usize];
+    // SAFETY: as above.
+    let mut second: bpf_btf_info = unsafe { std::mem::zeroed() };
+    second.btf = bytes.as_mut_ptr() as u64;
+    second.btf_size = bytes.len() as u32;
+    get(&mut second).os_ctx(format!("BPF_OBJ_GET_INFO_BY_FD of BTF {id} (bytes)"))?;
+    bytes.truncate(second.btf_size as usize);
+    Ok(bytes)
 }
 
 /// Every program id currently visible (`BPF_PROG_GET_NEXT_ID` walk).

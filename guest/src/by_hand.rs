@@ -236,6 +236,7 @@ mod tests {
                         cpus: None,
                         side_band: Vec::new(),
                         disabled: false,
+                        backward: false,
                         sample_id_all: true,
                     },
                 },

@@ -123,6 +123,9 @@ pub struct StepContext {
     /// step index, while they are open.
     pub opened_by: std::collections::BTreeMap<u32, Vec<u32>>,
     pub loaded: HashMap<String, Loaded>,
+    /// Programs a `load-unnamed` step loaded with the bpf syscall, by
+    /// label: the fd (closing it unloads) and the id.
+    pub raw_loaded: HashMap<String, (std::os::fd::OwnedFd, u32)>,
     /// Links taken out of aya by `attach` steps, by link name: they keep
     /// the program attached (and alive) until `detach`.
     pub links: HashMap<String, HeldLink>,

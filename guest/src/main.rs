@@ -24,6 +24,7 @@
 //! that imports it back.
 
 mod bpf;
+mod btf;
 mod by_hand;
 mod channel;
 mod context;

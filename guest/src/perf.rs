@@ -83,6 +83,11 @@ pub struct Ring {
     pub sent: u64,
     /// Opened with `PERF_FORMAT_LOST`: [`Ring::lost_samples`] can read it.
     lost_format: bool,
+    /// A backward overwrite ring (`attr.write_backward`, mapped read-only).
+    backward: bool,
+    /// For a backward ring: the data_head of the last read (the kernel
+    /// writes each new record just below the previous one).
+    read_to: u64,
 }
 
 // The mapping is only touched by the thread that owns the Ring.
@@ -157,6 +162,7 @@ fn open_side_band_with(
     attr.set_bpf_event(spec.bpf_event.into());
     attr.set_inherit(spec.inherit.into());
     attr.set_disabled(spec.disabled.into());
+    attr.set_write_backward(spec.backward.into());
     for bit in &spec.side_band {
         match bit {
             SideBand::Mmap => attr.set_mmap(1),
@@ -202,7 +208,14 @@ impl Ring {
             libc::mmap(
                 std::ptr::null_mut(),
                 map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
+                // A read-only mapping makes the ring an overwrite ring
+                // (rb->overwrite: the kernel ignores data_tail), as
+                // `perf record --overwrite` maps its backward rings.
+                if spec.backward {
+                    libc::PROT_READ
+                } else {
+                    libc::PROT_READ | libc::PROT_WRITE
+                },
                 libc::MAP_SHARED,
                 std::os::fd::AsRawFd::as_raw_fd(&fd),
                 0,
@@ -225,6 +238,8 @@ impl Ring {
             data_size: spec.ring_pages as usize * psz,
             sent: 0,
             lost_format,
+            backward: spec.backward,
+            read_to: 0,
         };
         // data_offset/data_size exist since 4.1; fall back to the classic layout.
         let (off, size) = (ring.read_u64(DATA_OFFSET), ring.read_u64(DATA_SIZE));
@@ -270,9 +285,65 @@ impl Ring {
         self.atomic(offset).load(Ordering::Relaxed)
     }
 
+    /// A backward ring's records written since the last read, oldest
+    /// first, and the head they start at. The kernel moves data_head down
+    /// by each record's size and writes the record at the new head
+    /// (__perf_output_begin with `backward`), so the new records lie in
+    /// `[head, read_to)`, newest first; they are reordered here so that the
+    /// host reads one forward stream. Bytes that do not split into records
+    /// are sent as they lie, for the host's parser to judge.
+    fn unread_backward(&self) -> Result<(Vec<u8>, u64)> {
+        let head = self.atomic(DATA_HEAD).load(Ordering::Acquire);
+        let len = self.read_to.wrapping_sub(head);
+        if len > self.data_size as u64 {
+            bail!(
+                "backward ring of listener {} (cpu {}): {len} bytes written since the last read, \
+                 more than the {}-byte ring holds: it overwrote records before they were read \
+                 (give the listener more ring_pages)",
+                self.index,
+                self.cpu,
+                self.data_size
+            );
+        }
+        let len = len as usize;
+        let start = (head % self.data_size as u64) as usize;
+        let first = len.min(self.data_size - start);
+        let mut raw = Vec::with_capacity(len);
+        // SAFETY: both ranges lie inside the data area of the mapping.
+        unsafe {
+            let data = self.base.add(self.data_offset);
+            raw.extend_from_slice(std::slice::from_raw_parts(data.add(start), first));
+            raw.extend_from_slice(std::slice::from_raw_parts(data, len - first));
+        }
+        let mut records = Vec::new();
+        let mut off = 0usize;
+        while off + 8 <= raw.len() {
+            let size = usize::from(u16::from_le_bytes([raw[off + 6], raw[off + 7]]));
+            if size < 8 || off + size > raw.len() {
+                break;
+            }
+            records.push(&raw[off..off + size]);
+            off += size;
+        }
+        if off != raw.len() {
+            return Ok((raw, head));
+        }
+        Ok((
+            records
+                .iter()
+                .rev()
+                .flat_map(|r| r.iter().copied())
+                .collect(),
+            head,
+        ))
+    }
+
     /// Copies the unread bytes `[data_tail, data_head)`; returns them and the
     /// head to commit with [`Ring::commit`] once they are sent.
     pub fn unread(&self) -> Result<(Vec<u8>, u64)> {
+        if self.backward {
+            return self.unread_backward();
+        }
         // Acquire pairs with the kernel's smp_wmb before it publishes data_head.
         let head = self.atomic(DATA_HEAD).load(Ordering::Acquire);
         let tail = self.atomic(DATA_TAIL).load(Ordering::Relaxed);
@@ -313,7 +384,12 @@ pub fn drain_ring(ring: &mut Ring) -> Result<Vec<u8>> {
         channel::send_frame(&frame).os_ctx("writing records to the data port")?;
     }
     ring.sent += bytes.len() as u64;
-    ring.commit(head);
+    if ring.backward {
+        // Read-only: the kernel overwrites without looking at data_tail.
+        ring.read_to = head;
+    } else {
+        ring.commit(head);
+    }
     Ok(bytes)
 }
 

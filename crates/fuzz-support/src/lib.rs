@@ -178,6 +178,7 @@ pub fn records_listener(selector: u8) -> ListenerInfo {
         cpus: None,
         side_band: Vec::new(),
         disabled: false,
+        backward: false,
     }
 }
 
@@ -748,6 +749,7 @@ pub fn analyse_evidence(data: &[u8]) -> RunEvidence {
             jited_ksyms: Vec::new(),
             jited_func_lens: Vec::new(),
             func_tags: Vec::new(),
+            func_names: Vec::new(),
             kallsyms: Vec::new(),
         };
         for _ in 0..nf {

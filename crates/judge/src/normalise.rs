@@ -282,6 +282,8 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
             (l.sample_id_all, "sample_id_all"),
             (l.ksymbol, "ksymbol"),
             (l.bpf_event, "bpf_event"),
+            (l.disabled, "disabled"),
+            (l.backward, "backward"),
         ] {
             if on {
                 let _ = write!(out, " {what}");

@@ -126,6 +126,11 @@ pub struct ProgFacts {
     /// (subprogram symbols are named after these, not after `tag`).
     #[serde(default)]
     pub func_tags: Vec<[u8; 8]>,
+    /// The BTF FUNC name of each function, same order as `jited_ksyms`,
+    /// read from the program's func_info and its BTF object; empty when it
+    /// was loaded without func_info.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub func_names: Vec<String>,
     /// `/proc/kallsyms` lines whose address is one of `jited_ksyms`.
     pub kallsyms: Vec<KallsymsEntry>,
 }
@@ -193,6 +198,10 @@ pub struct ListenerInfo {
     /// must stay empty.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub disabled: bool,
+    /// A backward overwrite ring (`ListenerSpec::backward`): its stream is
+    /// the agent's forward reordering of what the kernel wrote downwards.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub backward: bool,
 }
 
 /// Messages from the guest agent.

@@ -50,6 +50,13 @@ pub struct ListenerSpec {
     /// record `__perf_output_begin()` prepends included).
     #[serde(default = "yes", skip_serializing_if = "is_yes")]
     pub sample_id_all: bool,
+    /// `attr.write_backward` with the ring mapped read-only: an overwrite
+    /// ring the kernel fills downwards, as `perf record --overwrite` uses.
+    /// The agent reads the records written since its last read and sends
+    /// them oldest first, so the host sees one forward stream; the ring
+    /// must hold everything between two drains.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub backward: bool,
 }
 
 fn is_yes(b: &bool) -> bool {
@@ -270,6 +277,14 @@ pub enum Step {
         fixture: String,
         program: String,
         cycles: u32,
+    },
+    /// Load `r0 = 0; exit` as a socket filter with the bpf syscall alone:
+    /// no program name and no BTF, which no loader library sends (aya, like
+    /// libbpf, names every program after its function). The kernel names
+    /// its symbol `bpf_prog_<tag>` with nothing after the tag
+    /// (bpf_prog_ksym_set_name: no func_info, empty aux->name).
+    LoadUnnamed {
+        label: String,
     },
     /// Drop every reference the agent holds on the program `label`.
     Unload {

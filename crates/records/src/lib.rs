@@ -902,6 +902,7 @@ pub mod testutil {
             cpus: None,
             side_band: Vec::new(),
             disabled: false,
+            backward: false,
         }
     }
 

@@ -29,6 +29,7 @@ pub(super) fn run_step(context: &mut StepContext, index: u32, step: &Step) -> Re
             label,
             btf_target: Some(target),
         } => load::load_against_btf(context, fixture, program, label, target),
+        Step::LoadUnnamed { label } => load::load_unnamed(context, label),
         Step::Unload { label } => load::unload(context, label),
         Step::WaitUnloaded { timeout_ms } => load::wait_unloaded(context, *timeout_ms),
         Step::Fault { fault } => fault::inject(*fault),

@@ -80,6 +80,7 @@ pub fn open(context: &mut StepContext, spec: &ListenerSpec, step: u32) -> Result
             cpus: spec.cpus.clone(),
             side_band: spec.side_band.clone(),
             disabled: spec.disabled,
+            backward: spec.backward,
         }))?;
         context.rings.push(ring);
         opened.push(index);

@@ -135,7 +135,44 @@ fn load_btf(prog: &mut Program, target: &str) -> Result<(), ProgramError> {
 
 /// Drops the program (and, for a `load-object`, its siblings and links)
 /// held under `label`; `wait-unloaded` later waits for their ids to go.
+/// `load-unnamed`: `r0 = 0; exit` as a socket filter, loaded without a
+/// name and without BTF; its facts are reported under `label`.
+pub fn load_unnamed(context: &mut StepContext, label: &str) -> Result<()> {
+    use crate::bpf::{bpf_cmd, sys_bpf_fd, zeroed_attr};
+    use crate::steps::probes::PROG_LOAD_SIZE;
+    use crate::sys::OsContext;
+    use aya_obj::generated::bpf_prog_type;
+    if context.loaded.contains_key(label) || context.raw_loaded.contains_key(label) {
+        bail!("label {label:?} is already loaded");
+    }
+    let insns: [u64; 2] = [
+        0x0000_0000_0000_00b7, // BPF_ALU64 | BPF_MOV | BPF_K: r0 = 0
+        0x0000_0000_0000_0095, // BPF_JMP | BPF_EXIT
+    ];
+    let license = b"GPL\0";
+    let mut attr = zeroed_attr();
+    // The prog-load member of the union; prog_name stays all zero.
+    attr.__bindgen_anon_3.prog_type = bpf_prog_type::BPF_PROG_TYPE_SOCKET_FILTER as u32;
+    attr.__bindgen_anon_3.insn_cnt = insns.len() as u32;
+    attr.__bindgen_anon_3.insns = insns.as_ptr() as u64;
+    attr.__bindgen_anon_3.license = license.as_ptr() as u64;
+    let fd = sys_bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr, PROG_LOAD_SIZE).os_ctx(format!(
+        "BPF_PROG_LOAD of an unnamed socket filter (label {label:?})"
+    ))?;
+    let info = bpf::prog_info(fd.as_fd())
+        .with_context(|| format!("bpf_prog_info of the unnamed program {label:?}"))?;
+    let id = info.info.id;
+    context.pending_facts.push((label.to_owned(), info));
+    context.raw_loaded.insert(label.to_owned(), (fd, id));
+    Ok(())
+}
+
 pub fn unload(context: &mut StepContext, label: &str) -> Result<()> {
+    if let Some((fd, id)) = context.raw_loaded.remove(label) {
+        context.unloaded.push((label.to_owned(), id));
+        drop(fd);
+        return Ok(());
+    }
     let prog = context
         .loaded
         .remove(label)

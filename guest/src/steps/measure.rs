@@ -57,6 +57,7 @@ const LISTENER: ListenerSpec = ListenerSpec {
     cpus: None,
     side_band: Vec::new(),
     disabled: false,
+    backward: false,
     sample_id_all: true,
 };
 

@@ -512,7 +512,7 @@ fn fentry() -> Result<Probe> {
             )))
         }
     };
-    let btf_id = match btf_func_id(&raw, FENTRY_TARGET) {
+    let btf_id = match crate::btf::func_id(&raw, FENTRY_TARGET) {
         Ok(Some(id)) => id,
         Ok(None) => {
             return Ok(Err(format!(
@@ -606,95 +606,4 @@ fn fentry_load_attach(btf_id: u32) -> Probe {
     drop(link);
     drop(prog);
     outcome
-}
-
-/// The BTF type id of the FUNC named `name` in raw BTF, without building a
-/// full type graph (the agent runs under TCG, where parsing vmlinux BTF
-/// properly takes seconds).
-fn btf_func_id(raw: &[u8], name: &str) -> std::result::Result<Option<u32>, String> {
-    let u32_at = |off: usize| -> std::result::Result<u32, String> {
-        raw.get(off..off + 4)
-            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-            .ok_or_else(|| format!("truncated at byte {off}"))
-    };
-    if raw.get(..2) != Some(&[0x9f, 0xeb][..]) {
-        return Err("not little-endian BTF (magic 0xeb9f)".into());
-    }
-    let hdr_len = u32_at(4)? as usize;
-    let (type_off, type_len) = (u32_at(8)? as usize, u32_at(12)? as usize);
-    let (str_off, str_len) = (u32_at(16)? as usize, u32_at(20)? as usize);
-    let strings = raw
-        .get(hdr_len + str_off..hdr_len + str_off + str_len)
-        .ok_or("string section out of bounds")?;
-    // Strings are deduplicated: the name has one offset, if any.
-    let needle = [&[0u8][..], name.as_bytes(), &[0u8][..]].concat();
-    let Some(pos) = strings.windows(needle.len()).position(|w| w == needle) else {
-        return Ok(None);
-    };
-    let name_off = (pos + 1) as u32;
-    let types = hdr_len + type_off;
-    let end = types + type_len;
-    let (mut off, mut id) = (types, 1u32);
-    while off < end {
-        let (name_at, info) = (u32_at(off)?, u32_at(off + 4)?);
-        let kind = (info >> 24) & 0x1f;
-        let vlen = (info & 0xffff) as usize;
-        if kind == 12 && name_at == name_off {
-            return Ok(Some(id));
-        }
-        let extra = match kind {
-            1 | 14 | 17 => 4,             // INT, VAR, DECL_TAG
-            3 => 12,                      // ARRAY
-            4 | 5 | 15 | 19 => 12 * vlen, // STRUCT, UNION, DATASEC, ENUM64
-            6 | 13 => 8 * vlen,           // ENUM, FUNC_PROTO
-            2 | 7..=12 | 16 | 18 => 0,    // PTR, FWD, TYPEDEF, qualifiers, FUNC, FLOAT, TYPE_TAG
-            k => return Err(format!("unknown BTF kind {k} at type {id}")),
-        };
-        off += 12 + extra;
-        id += 1;
-    }
-    Ok(None)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Raw BTF with: 1 INT "int", 2 FUNC_PROTO (1 param), 3 FUNC "f".
-    fn tiny_btf() -> Vec<u8> {
-        let strings = b"\0int\0f\0".to_vec();
-        let mut types = Vec::new();
-        let mut push = |words: &[u32]| {
-            for w in words {
-                types.extend_from_slice(&w.to_le_bytes());
-            }
-        };
-        push(&[1, 1 << 24, 4, 0x20]); // INT "int", size 4, 32 bits
-        push(&[0, (13 << 24) | 1, 1, 0, 1]); // FUNC_PROTO returning int, one int param
-        push(&[5, 12 << 24, 2]); // FUNC "f" of proto 2
-        let mut raw = Vec::new();
-        raw.extend_from_slice(&[0x9f, 0xeb, 1, 0]);
-        for w in [
-            24u32,
-            0,
-            types.len() as u32,
-            types.len() as u32,
-            strings.len() as u32,
-        ] {
-            raw.extend_from_slice(&w.to_le_bytes());
-        }
-        raw.extend(types);
-        raw.extend(strings);
-        raw
-    }
-
-    #[test]
-    fn finds_a_func_by_name() {
-        let raw = tiny_btf();
-        assert_eq!(btf_func_id(&raw, "f"), Ok(Some(3)));
-        assert_eq!(btf_func_id(&raw, "int"), Ok(None), "an INT is not a FUNC");
-        assert_eq!(btf_func_id(&raw, "g"), Ok(None));
-        assert!(btf_func_id(&raw[..10], "f").is_err());
-        assert!(btf_func_id(b"nope", "f").is_err());
-    }
 }

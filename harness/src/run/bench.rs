@@ -43,6 +43,7 @@ pub fn storm_scenario(
                 cpus: None,
                 side_band: Vec::new(),
                 disabled: false,
+                backward: false,
                 sample_id_all: true,
             },
         },

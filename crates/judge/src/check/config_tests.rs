@@ -455,6 +455,7 @@ fn other_side_band_listeners_get_no_ksymbol_or_bpf_event() {
     let side = |index, cpu| ListenerInfo {
         side_band: vec![SideBand::Mmap, SideBand::Namespaces, SideBand::TextPoke],
         disabled: false,
+        backward: false,
         ..listener(index, cpu, false, false)
     };
     let ls = vec![
@@ -537,6 +538,7 @@ fn windows_follow_the_agents_step_order() {
         cpus: None,
         side_band: Vec::new(),
         disabled: false,
+        backward: false,
         sample_id_all: true,
     };
     let load = Step::Load {
@@ -657,6 +659,7 @@ fn ftrace_trampolines_are_poked_in_the_order_ftrace_promises() {
     let poking = |index, cpu| ListenerInfo {
         side_band: vec![SideBand::TextPoke],
         disabled: false,
+        backward: false,
         ..listener(index, cpu, true, false)
     };
     let ls = vec![poking(0, 0), poking(1, 1)];

@@ -17,6 +17,7 @@ fn interpreted(label: &str, id: u32, tag: [u8; 8]) -> ProgFacts {
         jited_ksyms: vec![A_INTERP],
         jited_func_lens: vec![0],
         func_tags: vec![tag],
+        func_names: Vec::new(),
         kallsyms: vec![KallsymsEntry {
             addr: A_INTERP,
             kind: 't',

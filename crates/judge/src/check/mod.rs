@@ -141,6 +141,8 @@ pub mod rule {
     pub const TASK_RECORDS: &str = "task-records";
     pub const DISABLED_SILENT: &str = "disabled-silent";
     pub const LOST_SAMPLES: &str = "lost-samples";
+    pub const KPROBE_SLOTS: &str = "kprobe-slots";
+    pub const PAUSED_SILENT: &str = "paused-silent";
 
     pub const ALL: &[&str] = &[
         LISTENERS,
@@ -168,6 +170,8 @@ pub mod rule {
         TASK_RECORDS,
         DISABLED_SILENT,
         LOST_SAMPLES,
+        KPROBE_SLOTS,
+        PAUSED_SILENT,
     ];
 }
 
@@ -874,6 +878,12 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
                 "trampolines",
                 pokes::check_trampoline_pokes(&merged, &label),
             );
+            push_capped(
+                &mut v,
+                rule::KPROBE_SLOTS,
+                "kprobe slot pokes",
+                pokes::check_kprobe_slots(&merged, &label),
+            );
         }
         let members: Vec<&ListenerInfo> = set
             .iter()
@@ -955,10 +965,73 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
         }
     }
     check_agreement(ev, &a, &listeners, &cut, &mut v);
+    check_paused_silent(ev, &a.records_per_listener, &mut v);
     let notes = check_lookups(ev, &a, &mut v);
     a.notes.extend(notes);
     a.violations = v;
     a
+}
+
+/// `paused-silent`: a `pause-output` step pauses every open ring, and
+/// __perf_output_begin() (kernel/events/ring_buffer.c) writes nothing to a
+/// paused ring (`if (unlikely(rb->paused)) { ... goto out; }`, counting the
+/// record lost). So a program that a batch step (storm, concurrent) loaded
+/// and unloaded between the pause and the resume, with the plan waiting
+/// for its unload before the resume, has no BPF_EVENT in any ring.
+fn check_paused_silent(
+    ev: &RunEvidence,
+    per_listener: &BTreeMap<u32, Vec<Record>>,
+    out: &mut Vec<Violation>,
+) {
+    use kloop_protocol::Step;
+    let mut paused_from = None;
+    let mut windows = Vec::new();
+    for (&i, step) in &ev.steps {
+        match step {
+            Step::PauseOutput { paused: true } => paused_from = paused_from.or(Some(i)),
+            Step::PauseOutput { paused: false } => {
+                if let Some(p) = paused_from.take() {
+                    windows.push((p, i));
+                }
+            }
+            _ => {}
+        }
+    }
+    for (from, to) in windows {
+        // The resume must come after a wait for the unloads.
+        if !ev
+            .steps
+            .range(from..to)
+            .any(|(_, s)| matches!(s, Step::WaitUnloaded { .. }))
+        {
+            continue;
+        }
+        let ids: BTreeSet<u32> = ev
+            .batches
+            .iter()
+            .filter(|b| b.step.is_some_and(|s| s > from && s < to))
+            .flat_map(|b| b.ids.iter().copied())
+            .collect();
+        let seen: Vec<&Record> = per_listener
+            .values()
+            .flatten()
+            .filter(|r| matches!(&r.body, RecordBody::BpfEvent { id, .. } if ids.contains(id)))
+            .collect();
+        if let Some(first) = seen.first() {
+            out.push(
+                Violation::new(
+                    rule::PAUSED_SILENT,
+                    format!(
+                        "{} BPF_EVENT record(s) of programs loaded and unloaded while every ring \
+                         was paused (steps {from} to {to}) reached a ring, first {first}: \
+                         __perf_output_begin() writes nothing to a paused ring",
+                        seen.len()
+                    ),
+                )
+                .quoting(seen.iter().copied().take(3)),
+            );
+        }
+    }
 }
 
 /// Runs under the interpreter (`scenarios/interpreter`), synthetic: no

@@ -290,6 +290,12 @@ pub(super) fn check_set(
                     ));
                 }
                 diffs.extend(name_suffix_diff(name, fi, &facts.name));
+                diffs.extend(btf_name_diff(
+                    name,
+                    fi,
+                    &facts.func_names,
+                    facts.jited_ksyms.len(),
+                ));
                 let ks: Vec<&KallsymsEntry> =
                     facts.kallsyms.iter().filter(|e| e.addr == addr).collect();
                 if !ks.is_empty() && !ks.iter().any(|e| e.name == *name) {
@@ -743,9 +749,62 @@ pub(super) fn name_suffix_diff(name: &str, fi: usize, prog_name: &str) -> Option
     None
 }
 
+/// The longest symbol name: KSYM_NAME_LEN (512 since 6.1) less its NUL.
+/// Before 6.1 it was 127, but the kernel refuses longer BTF names there.
+const MAX_SYMBOL: usize = 511;
+
+/// What is wrong with function `fi`'s symbol name given the BTF FUNC
+/// names of the program's functions (read from its func_info and BTF), if
+/// anything. With func_info, bpf_prog_ksym_set_name() writes `_` and the
+/// function's own BTF name after the tag ("prog->aux->name will be ignored
+/// if full btf name is available"), cut only at KSYM_NAME_LEN.
+pub(super) fn btf_name_diff(
+    name: &str,
+    fi: usize,
+    names: &[String],
+    functions: usize,
+) -> Option<String> {
+    if names.len() != functions || !has_some_tag_prefix(name) {
+        return None;
+    }
+    let fname = names.get(fi)?;
+    let want = format!("_{fname}");
+    let rest = name.get(25..).unwrap_or("");
+    let ok = if 25 + want.len() <= MAX_SYMBOL {
+        rest == want
+    } else {
+        name.len() == MAX_SYMBOL && want.starts_with(rest)
+    };
+    (!ok).then(|| {
+        format!(
+            "{rest:?} after the tag is not `_` and the function's BTF name {fname:?} \
+             (bpf_prog_ksym_set_name() uses the BTF name when the program has func_info)"
+        )
+    })
+}
+
 #[cfg(test)]
 mod name_tests {
-    use super::name_suffix_diff;
+    use super::{btf_name_diff, name_suffix_diff};
+
+    #[test]
+    fn names_follow_the_btf_names_when_there_are_some() {
+        let n = |s: &str| format!("bpf_prog_0123456789abcdef{s}");
+        let names = vec!["main_fn".to_string(), "helper".to_string()];
+        assert_eq!(btf_name_diff(&n("_main_fn"), 0, &names, 2), None);
+        assert_eq!(btf_name_diff(&n("_helper"), 1, &names, 2), None);
+        // The aux->name branch: a subprogram called F, a main cut at 15.
+        assert!(btf_name_diff(&n("_F"), 1, &names, 2).is_some());
+        assert!(btf_name_diff(&n("_main"), 0, &names, 2).is_some());
+        // No func_info (or not one per function): nothing to hold it to.
+        assert_eq!(btf_name_diff(&n("_F"), 1, &[], 2), None);
+        // A name cut at KSYM_NAME_LEN is whole up to 511 bytes.
+        let long = vec!["x".repeat(600)];
+        let cut = n(&format!("_{}", "x".repeat(511 - 26)));
+        assert_eq!(cut.len(), 511);
+        assert_eq!(btf_name_diff(&cut, 0, &long, 1), None);
+        assert!(btf_name_diff(&n(&format!("_{}", "x".repeat(200))), 0, &long, 1).is_some());
+    }
 
     const TAG: &str = "bpf_prog_0123456789abcdef";
 

@@ -358,6 +358,7 @@ fn inventoried_program_unload_must_match_the_inventory() {
         jited_ksyms: vec![addr],
         jited_func_lens: vec![0x40],
         func_tags: vec![tag],
+        func_names: Vec::new(),
         kallsyms: vec![KallsymsEntry {
             addr,
             kind: 't',

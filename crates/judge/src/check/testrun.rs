@@ -161,6 +161,7 @@ pub fn evidence(script: &Script) -> RunEvidence {
                 jited_ksyms: vec![A_F0, A_F1],
                 jited_func_lens: vec![0x90, 0x38],
                 func_tags: vec![hex_tag(T_MAIN_F0), hex_tag(T_MAIN_F1)],
+                func_names: Vec::new(),
                 kallsyms: vec![entry(A_F0, name_main_f0()), entry(A_F1, name_main_f1())],
             },
             ProgFacts {
@@ -172,6 +173,7 @@ pub fn evidence(script: &Script) -> RunEvidence {
                 jited_ksyms: vec![A_BASIC],
                 jited_func_lens: vec![0x48],
                 func_tags: vec![T_BASIC],
+                func_names: Vec::new(),
                 kallsyms: vec![entry(A_BASIC, name_basic())],
             },
         ],

@@ -170,6 +170,37 @@ fn lost_records_never_exceed_lost_samples() {
     assert!(v[0].message.contains("is 2"), "{}", v[0].message);
 }
 
+/// `paused-silent`: a program a batch loaded and unloaded between a pause
+/// and a resume (with a wait for the unloads in between) has no BPF_EVENT.
+#[test]
+fn paused_rings_stay_silent() {
+    use kloop_protocol::Step;
+    let mut ev = evidence(&good_script());
+    ev.steps.insert(1, Step::PauseOutput { paused: true });
+    ev.steps.insert(
+        2,
+        Step::Storm {
+            fixture: "subprogs".into(),
+            program: "kloop_subprogs".into(),
+            cycles: 1,
+            drain_every: 0,
+            lookup: false,
+        },
+    );
+    ev.steps.insert(3, Step::WaitUnloaded { timeout_ms: 5000 });
+    ev.steps.insert(4, Step::PauseOutput { paused: false });
+    let mut b = super::stream_tests::batch(vec![999], None);
+    b.step = Some(2);
+    ev.batches.push(b);
+    assert_eq!(analyse(&ev).of_rule(rule::PAUSED_SILENT).count(), 0);
+    // A kernel that wrote to the paused rings: program 42's records came.
+    ev.batches[0].ids = vec![42];
+    let a = analyse(&ev);
+    let v: Vec<_> = a.of_rule(rule::PAUSED_SILENT).collect();
+    assert_eq!(v.len(), 1, "{:?}", a.violations);
+    assert!(v[0].message.contains("steps 1 to 4"), "{}", v[0].message);
+}
+
 #[test]
 fn register_after_load_is_causal_order() {
     let mut s = good_script();

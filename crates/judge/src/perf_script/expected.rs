@@ -164,6 +164,7 @@ pub(super) fn perf_records(dump: &PerfDump, bad: &mut Vec<String>) -> Vec<PerfRe
         cpus: None,
         side_band: Vec::new(),
         disabled: false,
+        backward: false,
     };
     for e in &dump.events {
         if !matches!(

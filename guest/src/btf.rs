@@ -1,0 +1,141 @@
+//! Just enough of the BTF format (include/uapi/linux/btf.h) to find a
+//! FUNC by name and a type's name by id, without building a type graph
+//! (the agent runs under TCG, where parsing vmlinux BTF properly takes
+//! seconds).
+
+/// The byte length of each type's record after its 12-byte header.
+fn extra_len(kind: u32, vlen: usize, id: u32) -> Result<usize, String> {
+    Ok(match kind {
+        1 | 14 | 17 => 4,             // INT, VAR, DECL_TAG
+        3 => 12,                      // ARRAY
+        4 | 5 | 15 | 19 => 12 * vlen, // STRUCT, UNION, DATASEC, ENUM64
+        6 | 13 => 8 * vlen,           // ENUM, FUNC_PROTO
+        2 | 7..=12 | 16 | 18 => 0,    // PTR, FWD, TYPEDEF, qualifiers, FUNC, FLOAT, TYPE_TAG
+        k => return Err(format!("unknown BTF kind {k} at type {id}")),
+    })
+}
+
+/// The header of raw little-endian BTF: where the types and the strings are.
+struct Layout<'a> {
+    raw: &'a [u8],
+    types: usize,
+    types_end: usize,
+    strings: &'a [u8],
+}
+
+fn u32_at(raw: &[u8], off: usize) -> Result<u32, String> {
+    raw.get(off..off + 4)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+        .ok_or_else(|| format!("truncated at byte {off}"))
+}
+
+fn layout(raw: &[u8]) -> Result<Layout<'_>, String> {
+    if raw.get(..2) != Some(&[0x9f, 0xeb][..]) {
+        return Err("not little-endian BTF (magic 0xeb9f)".into());
+    }
+    let hdr_len = u32_at(raw, 4)? as usize;
+    let (type_off, type_len) = (u32_at(raw, 8)? as usize, u32_at(raw, 12)? as usize);
+    let (str_off, str_len) = (u32_at(raw, 16)? as usize, u32_at(raw, 20)? as usize);
+    let strings = raw
+        .get(hdr_len + str_off..hdr_len + str_off + str_len)
+        .ok_or("string section out of bounds")?;
+    Ok(Layout {
+        raw,
+        types: hdr_len + type_off,
+        types_end: hdr_len + type_off + type_len,
+        strings,
+    })
+}
+
+/// Walks the types: `visit(id, name_off, kind)` until it returns `Some`.
+fn walk<T>(
+    l: &Layout<'_>,
+    mut visit: impl FnMut(u32, u32, u32) -> Option<T>,
+) -> Result<Option<T>, String> {
+    let (mut off, mut id) = (l.types, 1u32);
+    while off < l.types_end {
+        let (name_at, info) = (u32_at(l.raw, off)?, u32_at(l.raw, off + 4)?);
+        let kind = (info >> 24) & 0x1f;
+        if let Some(t) = visit(id, name_at, kind) {
+            return Ok(Some(t));
+        }
+        off += 12 + extra_len(kind, (info & 0xffff) as usize, id)?;
+        id += 1;
+    }
+    Ok(None)
+}
+
+/// The BTF type id of the FUNC named `name` in raw BTF.
+pub fn func_id(raw: &[u8], name: &str) -> Result<Option<u32>, String> {
+    let l = layout(raw)?;
+    // Strings are deduplicated: the name has one offset, if any.
+    let needle = [&[0u8][..], name.as_bytes(), &[0u8][..]].concat();
+    let Some(pos) = l.strings.windows(needle.len()).position(|w| w == needle) else {
+        return Ok(None);
+    };
+    let name_off = (pos + 1) as u32;
+    walk(&l, |id, at, kind| {
+        (kind == 12 && at == name_off).then_some(id)
+    })
+}
+
+/// The name of type `type_id` of standalone raw BTF (a program's own: type
+/// ids start at 1 after the void type 0).
+pub fn type_name(raw: &[u8], type_id: u32) -> Result<String, String> {
+    let l = layout(raw)?;
+    let Some(name_off) = walk(&l, |id, at, _| (id == type_id).then_some(at))? else {
+        return Err(format!("no type {type_id}"));
+    };
+    let rest = l
+        .strings
+        .get(name_off as usize..)
+        .ok_or_else(|| format!("type {type_id}'s name offset {name_off} is past the strings"))?;
+    let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+    Ok(String::from_utf8_lossy(&rest[..end]).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Raw BTF with: 1 INT "int", 2 FUNC_PROTO (1 param), 3 FUNC "f".
+    fn tiny_btf() -> Vec<u8> {
+        let strings = b"\0int\0f\0".to_vec();
+        let mut types = Vec::new();
+        let mut push = |words: &[u32]| {
+            for w in words {
+                types.extend_from_slice(&w.to_le_bytes());
+            }
+        };
+        push(&[1, 1 << 24, 4, 0x20]); // INT "int", size 4, 32 bits
+        push(&[0, (13 << 24) | 1, 1, 0, 1]); // FUNC_PROTO returning int, one int param
+        push(&[5, 12 << 24, 2]); // FUNC "f" of proto 2
+        let mut raw = Vec::new();
+        raw.extend_from_slice(&[0x9f, 0xeb, 1, 0]);
+        for w in [
+            24u32,
+            0,
+            types.len() as u32,
+            types.len() as u32,
+            strings.len() as u32,
+        ] {
+            raw.extend_from_slice(&w.to_le_bytes());
+        }
+        raw.extend(types);
+        raw.extend(strings);
+        raw
+    }
+
+    #[test]
+    fn finds_funcs_and_names_types() {
+        let raw = tiny_btf();
+        assert_eq!(func_id(&raw, "f"), Ok(Some(3)));
+        assert_eq!(func_id(&raw, "int"), Ok(None));
+        assert_eq!(func_id(&raw, "g"), Ok(None));
+        assert_eq!(type_name(&raw, 3).as_deref(), Ok("f"));
+        assert_eq!(type_name(&raw, 1).as_deref(), Ok("int"));
+        assert_eq!(type_name(&raw, 2).as_deref(), Ok(""));
+        assert!(type_name(&raw, 4).is_err());
+        assert!(func_id(&raw[..3], "f").is_err());
+    }
+}
