@@ -416,6 +416,13 @@ pub enum SweepTarget {
     /// `kprobe_insn_page` (`__get_insn_slot`). A successful attempt's event
     /// is closed again (the kernel keeps the page).
     KprobeSlot { function: String },
+    /// Attach the loaded XDP program `label` to `interface` in native mode
+    /// with `BPF_LINK_CREATE` (`BPF_XDP`, `XDP_FLAGS_DRV_MODE`): the
+    /// boot's first XDP attach builds the XDP dispatcher
+    /// (`bpf_dispatcher_change_prog`: its image from a program pack, its
+    /// read-write copy from `bpf_jit_alloc_exec`). A successful attempt's
+    /// link is closed again; the kernel keeps the dispatcher.
+    XdpAttach { label: String, interface: String },
 }
 
 /// A fault the agent can inject on request.

@@ -95,6 +95,9 @@ pub fn run(
     let outcome = match target {
         SweepTarget::Attach { label } => sweep_attach(context, label, max_attempts),
         SweepTarget::KprobeSlot { function } => sweep_kprobe_slot(context, function, max_attempts),
+        SweepTarget::XdpAttach { label, interface } => {
+            sweep_xdp_attach(context, label, interface, max_attempts)
+        }
     };
     let restored = knobs.restore();
     let (what, summary, detail) = outcome?;
@@ -375,6 +378,72 @@ fn sweep_attach(context: &mut StepContext, label: &str, max_attempts: u32) -> Re
     }
     context.records_bytes += perf::drain_all(&mut context.rings)?;
     Ok((what, summary, format!("program {label:?}")))
+}
+
+/// `BPF_LINK_CREATE` up to `flags`: the fields an XDP link uses.
+const LINK_CREATE_XDP_SIZE: u32 =
+    crate::bpf::attr_size(std::mem::offset_of!(crate::bpf::bpf_attr, link_create.flags) + 4);
+
+/// Attaches the loaded XDP program `label` to `interface` in native mode
+/// with `BPF_LINK_CREATE`; a success's link is closed again (the program
+/// leaves the device, the dispatcher stays).
+fn sweep_xdp_attach(
+    context: &mut StepContext,
+    label: &str,
+    interface: &str,
+    max_attempts: u32,
+) -> Result<Swept> {
+    use aya_obj::generated::{bpf_attach_type, XDP_FLAGS_DRV_MODE};
+    let prog = context
+        .loaded_mut(label)?
+        .program_mut()
+        .with_context(|| format!("label {label:?}"))?;
+    let prog_fd = prog
+        .fd()
+        .with_context(|| format!("the fd of program {label:?}"))?
+        .as_fd()
+        .try_clone_to_owned()
+        .with_context(|| format!("duplicating the fd of program {label:?}"))?;
+    let name = CString::new(interface).context("interface name")?;
+    // SAFETY: a NUL-terminated name that outlives the call.
+    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if ifindex == 0 {
+        return Err(io::Error::last_os_error()).os_ctx(format!("if_nametoindex({interface})"));
+    }
+    let what = format!("xdp-attach {label} to {interface} (BPF_LINK_CREATE, native)");
+    let mut attr = zeroed_attr();
+    attr.link_create.__bindgen_anon_1.prog_fd = prog_fd.as_raw_fd() as u32;
+    attr.link_create.__bindgen_anon_2.target_ifindex = ifindex;
+    attr.link_create.attach_type = bpf_attach_type::BPF_XDP as u32;
+    attr.link_create.flags = XDP_FLAGS_DRV_MODE;
+    // Warm the call path unarmed with an fd that is no program (EBADF).
+    let mut bad = attr;
+    bad.link_create.__bindgen_anon_1.prog_fd = u32::MAX;
+    let _ = sys_bpf_fd(bpf_cmd::BPF_LINK_CREATE, &mut bad, LINK_CREATE_XDP_SIZE);
+    let fail_nth = FailNth::open()?;
+    let summary = sweep(max_attempts, |n| {
+        attempt_fd(
+            context,
+            &fail_nth,
+            n,
+            || sys_bpf_fd(bpf_cmd::BPF_LINK_CREATE, &mut attr, LINK_CREATE_XDP_SIZE),
+            || Ok(()),
+        )
+    })
+    .with_context(|| format!("sweeping {what}"))?;
+    if let Some(errno) = summary.last_errno {
+        bail!(
+            "{what}: the attempt without an injected fault (attempt {}) failed with {}",
+            summary.attempts,
+            errno_label(errno)
+        );
+    }
+    context.records_bytes += perf::drain_all(&mut context.rings)?;
+    Ok((
+        what,
+        summary,
+        format!("program {label:?}, ifindex {ifindex}"),
+    ))
 }
 
 /// Waits until kallsyms holds no trampoline image. Closing an attached

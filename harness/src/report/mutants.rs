@@ -163,7 +163,12 @@ fn score(counts: &BTreeMap<&str, usize>) -> String {
     let survived = counts.get("survived").copied().unwrap_or(0);
     match killed + survived {
         0 => "–".into(),
-        n => format!("{:.0} % ({killed}/{n})", 100.0 * killed as f64 / n as f64),
+        // Rounded down to a tenth: a score just under a target must not
+        // print as the target (367/376 is 97.6 %, not 98 %).
+        n => format!(
+            "{:.1} % ({killed}/{n})",
+            (1000.0 * killed as f64 / n as f64).floor() / 10.0
+        ),
     }
 }
 
@@ -597,7 +602,7 @@ mod tests {
         let md = markdown(&base, &results, 10, &[], &notes, "cargo xtask mutants");
         // a.c: 1 killed of 2 non-equivalent judged.
         assert!(
-            md.contains("| `kernel/a.c` | 1 | 1 | 1 | 0 | 0 | 50 % (1/2) |"),
+            md.contains("| `kernel/a.c` | 1 | 1 | 1 | 0 | 0 | 50.0 % (1/2) |"),
             "{md}"
         );
         assert!(
@@ -660,7 +665,7 @@ mod tests {
         let md = markdown(&base, &results, 4, &[], &Notes::default(), "cmd");
         // 2 killed (one a duplicate), 1 survived, 1 equivalent: 2/3.
         assert!(
-            md.contains("| `kernel/a.c` | 2 | 1 | 1 | 0 | 0 | 67 % (2/3) |"),
+            md.contains("| `kernel/a.c` | 2 | 1 | 1 | 0 | 0 | 66.6 % (2/3) |"),
             "{md}"
         );
         assert!(
