@@ -294,18 +294,22 @@ impl Ring {
     /// are sent as they lie, for the host's parser to judge.
     fn unread_backward(&self) -> Result<(Vec<u8>, u64)> {
         let head = self.atomic(DATA_HEAD).load(Ordering::Acquire);
-        let len = self.read_to.wrapping_sub(head);
-        if len > self.data_size as u64 {
+        let written = self.read_to.wrapping_sub(head);
+        // A head that moved up instead of down is no backward ring.
+        if written > (i64::MAX as u64) {
             bail!(
-                "backward ring of listener {} (cpu {}): {len} bytes written since the last read, \
-                 more than the {}-byte ring holds: it overwrote records before they were read \
-                 (give the listener more ring_pages)",
+                "backward ring of listener {} (cpu {}): data_head {head:#x} moved up from \
+                 {:#x} since the last read: the kernel wrote it forwards",
                 self.index,
                 self.cpu,
-                self.data_size
+                self.read_to
             );
         }
-        let len = len as usize;
+        // More than the ring holds: the kernel overwrote the oldest records,
+        // as an overwrite ring does (perf record --overwrite keeps the
+        // newest ring-full). Only the records lying wholly in the ring-full
+        // above head are intact.
+        let len = written.min(self.data_size as u64) as usize;
         let start = (head % self.data_size as u64) as usize;
         let first = len.min(self.data_size - start);
         let mut raw = Vec::with_capacity(len);
@@ -325,7 +329,8 @@ impl Ring {
             records.push(&raw[off..off + size]);
             off += size;
         }
-        if off != raw.len() {
+        let wrapped = written > self.data_size as u64;
+        if off != raw.len() && !wrapped {
             return Ok((raw, head));
         }
         Ok((

@@ -162,7 +162,8 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
     // A run that provoked loss with task listeners alone has no set
     // accounting; what survived is as much a matter of timing.
     let lossy = analysis.loss.iter().any(|l| l.set == 0 && l.lost > 0)
-        || (ev.provoked_loss && analysis.sets.is_empty() && analysis.lost > 0);
+        || (ev.provoked_loss && analysis.sets.is_empty() && analysis.lost > 0)
+        || (ev.provoked_loss && ev.listeners.iter().any(|l| l.backward));
 
     // Program ordinals.
     let mut ordinal: BTreeMap<u32, usize> = BTreeMap::new();

@@ -143,6 +143,7 @@ pub mod rule {
     pub const LOST_SAMPLES: &str = "lost-samples";
     pub const KPROBE_SLOTS: &str = "kprobe-slots";
     pub const PAUSED_SILENT: &str = "paused-silent";
+    pub const OVERWRITE_NEVER_FULL: &str = "overwrite-never-full";
 
     pub const ALL: &[&str] = &[
         LISTENERS,
@@ -172,6 +173,7 @@ pub mod rule {
         LOST_SAMPLES,
         KPROBE_SLOTS,
         PAUSED_SILENT,
+        OVERWRITE_NEVER_FULL,
     ];
 }
 
@@ -720,6 +722,32 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
                 );
             }
         }
+        // An overwrite ring (mapped read-only: the backward listeners)
+        // never refuses a record for want of space: __perf_output_begin()
+        // checks for space only `if (!rb->overwrite)`, so it loses nothing
+        // (no LOST, lost_samples 0) unless its output was paused.
+        if l.backward
+            && !ev
+                .steps
+                .values()
+                .any(|s| matches!(s, kloop_protocol::Step::PauseOutput { paused: true }))
+        {
+            let counted = ev.lost_samples.get(idx).copied().unwrap_or(0);
+            if lost > 0 || n > 0 || counted > 0 {
+                v.push(
+                    Violation::new(
+                        rule::OVERWRITE_NEVER_FULL,
+                        format!(
+                            "listener {idx}, an overwrite ring (backward, mapped read-only), lost \
+                             records: {n} LOST record(s) reporting {lost}, lost_samples {counted}; \
+                             __perf_output_begin() checks for space only `if (!rb->overwrite)`, \
+                             so an overwrite ring overwrites its oldest records instead"
+                        ),
+                    )
+                    .at(*idx, None),
+                );
+            }
+        }
         lost_by.insert(*idx, lost);
         a.lost = a.lost.saturating_add(lost);
         a.records_per_listener.insert(*idx, recs);
@@ -799,7 +827,16 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             .collect();
         let merged = merge_by_time(streams);
         let set_lost: u64 = set.iter().filter_map(|i| lost_by.get(i)).sum();
-        if ev.provoked_loss && !is_task {
+        // An overwrite set drops its oldest records by design, uncounted,
+        // when a run writes more than its rings hold: no loss accounting
+        // and no completeness rules then, only the per-record ones and
+        // overwrite-never-full.
+        let overwritten = ev.provoked_loss
+            && set
+                .iter()
+                .filter_map(|i| listeners.get(i))
+                .any(|l| l.backward);
+        if ev.provoked_loss && !is_task && !overwritten {
             let account = loss_account(ev, k, &merged, scope.has_ksym, scope.has_bpf, set_lost);
             if account.received + account.lost != account.caused {
                 v.push(m_find(
@@ -854,7 +891,7 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
         // A set that asked for neither kind (other side-band bits only) is
         // held by record-type alone: no KSYMBOL, no BPF_EVENT.
         let no_kind = !scope.has_ksym && !scope.has_bpf;
-        if !set.iter().any(|i| cut.contains(i)) && !skip_task && !no_kind {
+        if !set.iter().any(|i| cut.contains(i)) && !skip_task && !no_kind && !overwritten {
             let (found, accounted) = check_set(
                 ev,
                 &merged,
@@ -953,7 +990,15 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             .map(|l| i64::from(l.cpu))
             .collect();
         let lost: u64 = set.iter().filter_map(|i| lost_by.get(i)).sum();
+        // An overwrite set in a run that wrote more than it holds kept only
+        // the newest records.
+        let overwritten = ev.provoked_loss
+            && set
+                .iter()
+                .filter_map(|i| listeners.get(i))
+                .any(|l| l.backward);
         if ev.initial_snapshot
+            && !overwritten
             && first.is_some_and(|l| l.ksymbol)
             && online.is_subset(&cpus)
             && lost == 0

@@ -201,6 +201,35 @@ fn paused_rings_stay_silent() {
     assert!(v[0].message.contains("steps 1 to 4"), "{}", v[0].message);
 }
 
+/// `overwrite-never-full`: an overwrite (backward, read-only) ring loses
+/// nothing it counts unless paused.
+#[test]
+fn overwrite_rings_never_lose() {
+    let overwrite = |mut ev: RunEvidence| {
+        for l in &mut ev.listeners {
+            l.backward = true;
+        }
+        ev
+    };
+    let ev = overwrite(evidence(&good_script()));
+    assert!(analyse(&ev).violations.is_empty());
+    let mut counted = ev.clone();
+    counted.lost_samples.insert(1, 4);
+    let a = analyse(&counted);
+    let v: Vec<_> = a.of_rule(rule::OVERWRITE_NEVER_FULL).collect();
+    assert_eq!(v.len(), 1, "{:?}", a.violations);
+    assert!(v[0].message.contains("lost_samples 4"), "{}", v[0].message);
+    let mut s = good_script();
+    s.insert(3, (0, 103, Ev::Lost(3)));
+    let a = analyse(&overwrite(evidence(&s)));
+    assert!(
+        a.of_rule(rule::OVERWRITE_NEVER_FULL)
+            .any(|v| v.message.contains("1 LOST record(s) reporting 3")),
+        "{:?}",
+        a.violations
+    );
+}
+
 #[test]
 fn register_after_load_is_causal_order() {
     let mut s = good_script();
