@@ -6,7 +6,7 @@
 //! (one line: why no record can show it) counts as equivalent, one with an
 //! `action` note says which scenario now kills it or why it is left.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -248,6 +248,26 @@ pub fn markdown(
         base.accel,
         base.scenarios.join(", ")
     );
+    // Mutants judged again after the run, in a run of their own with new
+    // scenarios, and merged into this data: their scenarios are not in
+    // the list above.
+    let later: BTreeSet<&str> = results
+        .iter()
+        .filter_map(|r| r.killed_in.as_deref())
+        .filter(|k| !base.scenarios.iter().any(|b| b == k))
+        .collect();
+    if !later.is_empty() {
+        let n = results
+            .iter()
+            .filter(|r| r.killed_in.as_deref().is_some_and(|k| later.contains(k)))
+            .count();
+        let _ = writeln!(
+            s,
+            "{n} mutants were killed by scenarios added after this run (judged again with \
+             `--mutant … --scenario …`, their results merged into this data): {}.\n",
+            later.iter().copied().collect::<Vec<_>>().join(", ")
+        );
+    }
     let _ = writeln!(
         s,
         "{} mutants generated, {} judged here{}.{}\n",
