@@ -1338,7 +1338,8 @@ fn kvm_probe_decides_and_caches() -> TestResult {
         &mut || Some(image.clone()),
         cache.path(),
         scratch.path(),
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     let took = started.elapsed();
     ensure!(
         took < kloop_qemu::accel::PROBE_DEADLINE * 2,
@@ -1348,7 +1349,7 @@ fn kvm_probe_decides_and_caches() -> TestResult {
     ensure!(!first.from_cache, "an empty cache cannot hold a verdict");
     match &device {
         Err(why) => ensure!(
-            first.accel == "tcg" && first.reason.contains(why.as_str()),
+            first.accel == "tcg" && first.reason.contains(&why.to_string()),
             "without a usable /dev/kvm the decision must be TCG naming why: {first:?}"
         ),
         Ok(()) => {
@@ -1372,7 +1373,8 @@ fn kvm_probe_decides_and_caches() -> TestResult {
         &mut never,
         cache.path(),
         scratch.path(),
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     let cached_took = started.elapsed();
     if device.is_ok() {
         ensure!(

@@ -88,19 +88,45 @@ pub const PROBE_DEADLINE: Duration = Duration::from_secs(6);
 const KVM_API_VERSION: i32 = 12;
 vmm_sys_util::ioctl_io_nr!(KVM_GET_API_VERSION, 0xAE, 0x00);
 
+/// Why `/dev/kvm` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum KvmError {
+    #[error("cannot open /dev/kvm: {0}")]
+    Open(#[source] std::io::Error),
+    #[error("/dev/kvm answers KVM_GET_API_VERSION with {0}, expected {KVM_API_VERSION}")]
+    ApiVersion(i32),
+}
+
+/// Why no accelerator could be chosen (`auto` always ends with one: TCG
+/// when KVM does not work).
+#[derive(Debug, thiserror::Error)]
+pub enum AccelError {
+    #[error("--accel kvm was requested but {0}; use --accel auto or tcg")]
+    KvmRequested(#[source] KvmError),
+}
+
+/// Why the probe guest did not show that KVM works.
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    #[error("{0}")]
+    Spawn(#[from] crate::config::VmError),
+    #[error("QEMU exited ({0}) before early boot finished")]
+    Exited(std::process::ExitStatus),
+    #[error("probe guest still {} after {secs} s", if *.decompressing { "decompressing" } else { "silent" })]
+    Stuck { decompressing: bool, secs: u64 },
+}
+
 /// Whether `/dev/kvm` can be opened and speaks the stable API.
-pub fn kvm_device_usable() -> Result<(), String> {
+pub fn kvm_device_usable() -> Result<(), KvmError> {
     let dev = OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/kvm")
-        .map_err(|e| format!("cannot open /dev/kvm: {e}"))?;
+        .map_err(KvmError::Open)?;
     // SAFETY: KVM_GET_API_VERSION takes no argument and only returns an int.
     let v = unsafe { vmm_sys_util::ioctl::ioctl(&dev, KVM_GET_API_VERSION()) };
     if v != KVM_API_VERSION {
-        return Err(format!(
-            "/dev/kvm answers KVM_GET_API_VERSION with {v}, expected {KVM_API_VERSION}"
-        ));
+        return Err(KvmError::ApiVersion(v));
     }
     Ok(())
 }
@@ -151,7 +177,7 @@ pub fn choose(
     probe_kernel: &mut dyn FnMut() -> Option<PathBuf>,
     cache_dir: &Path,
     scratch: &Path,
-) -> Result<AccelDecision, String> {
+) -> Result<AccelDecision, AccelError> {
     match choice {
         AccelChoice::Tcg => {
             return Ok(AccelDecision::new(
@@ -160,9 +186,7 @@ pub fn choose(
             ))
         }
         AccelChoice::Kvm => {
-            kvm_device_usable().map_err(|e| {
-                format!("--accel kvm was requested but {e}; use --accel auto or tcg")
-            })?;
+            kvm_device_usable().map_err(AccelError::KvmRequested)?;
             return Ok(AccelDecision::new(
                 Accel::Kvm,
                 "KVM (requested with --accel kvm, not probed)",
@@ -221,7 +245,7 @@ pub fn choose(
 /// "unable to mount root" panic, which with `panic=-1` and `-no-reboot` makes
 /// QEMU exit: that exit (or the panic line) within the deadline means KVM
 /// executes guest code at a useful speed.
-fn probe_boot(qemu: &Path, kernel: &Path, scratch: &Path) -> Result<(), String> {
+fn probe_boot(qemu: &Path, kernel: &Path, scratch: &Path) -> Result<(), ProbeError> {
     let config = VmConfig {
         qemu: qemu.to_path_buf(),
         kernel: kernel.to_path_buf(),
@@ -242,7 +266,7 @@ fn probe_boot(qemu: &Path, kernel: &Path, scratch: &Path) -> Result<(), String> 
         start: Default::default(),
         console: Default::default(),
     };
-    let mut vm = Vm::spawn(config).map_err(|e| e.to_string())?;
+    let mut vm = Vm::spawn(config)?;
     let console = vm.console_path();
     let end = Instant::now() + PROBE_DEADLINE;
     loop {
@@ -256,21 +280,16 @@ fn probe_boot(qemu: &Path, kernel: &Path, scratch: &Path) -> Result<(), String> 
             return if text.contains("Kernel panic") {
                 Ok(())
             } else {
-                Err(format!("QEMU exited ({status}) before early boot finished"))
+                Err(ProbeError::Exited(status))
             };
         }
         if Instant::now() >= end {
             let decompressing = text.contains("Decompressing");
             vm.kill();
-            return Err(format!(
-                "probe guest still {} after {} s",
-                if decompressing {
-                    "decompressing"
-                } else {
-                    "silent"
-                },
-                PROBE_DEADLINE.as_secs()
-            ));
+            return Err(ProbeError::Stuck {
+                decompressing,
+                secs: PROBE_DEADLINE.as_secs(),
+            });
         }
         std::thread::sleep(Duration::from_millis(50));
     }

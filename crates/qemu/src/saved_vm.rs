@@ -30,6 +30,68 @@ pub const SAVE_WAIT: Duration = Duration::from_secs(60);
 /// How long a restoring QEMU gets to load the saved VM and run it.
 pub const RESTORE_WAIT: Duration = Duration::from_secs(30);
 
+/// Why saving a guest or resuming a restored one did not work. The
+/// messages are what the runner reports; [`SavedVmError::Interrupted`] is
+/// the user's Ctrl-C, not a failure of the saved VM.
+#[derive(Debug, thiserror::Error)]
+pub enum SavedVmError {
+    #[error("save_when_awaiting on a VM that was not started to be saved")]
+    NotToBeSaved,
+    #[error("interrupted")]
+    Interrupted,
+    /// The data channel ended before the agent awaited its plan (the
+    /// session end, as `Debug` shows it).
+    #[error("before the agent awaited its plan: {0}")]
+    BeforeAwaiting(String),
+    #[error("QEMU {0} before the agent awaited its plan")]
+    QemuExited(String),
+    #[error("the agent did not await its plan within the boot deadline ({0} s)")]
+    BootDeadline(u64),
+    /// The agent broke the boot protocol (records, too many bytes, a frame
+    /// that does not decode, a hello, writing after awaiting).
+    #[error("{0}")]
+    Protocol(String),
+    #[error("the agent failed during boot: {0}")]
+    AgentFailed(String),
+    /// A QMP command (`step`) failed.
+    #[error("{step}: {reason}")]
+    Qmp { step: String, reason: String },
+    #[error("saving the VM {status}: {reason}")]
+    MigrationFailed { status: String, reason: String },
+    #[error("saving the VM did not complete within {0} s")]
+    SaveDeadline(u64),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    /// QEMU exited while loading the saved VM, with its stderr's last line.
+    #[error("{0}")]
+    RestoreExited(String),
+    #[error(
+        "the saved VM was not running {secs} s after QEMU started (run state {state}, \
+         incoming migration {incoming})"
+    )]
+    NotRunning {
+        secs: u64,
+        state: String,
+        incoming: String,
+    },
+}
+
+fn qmp_err(step: &str) -> impl FnOnce(qapi::ExecuteError) -> SavedVmError + '_ {
+    move |e| SavedVmError::Qmp {
+        step: step.to_string(),
+        reason: e.to_string(),
+    }
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> SavedVmError {
+    let what = what.into();
+    move |source| SavedVmError::Io { what, source }
+}
+
 /// What saving a guest took.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SaveReport {
@@ -52,7 +114,7 @@ impl Vm {
     pub fn save_when_awaiting(
         &mut self,
         interrupted: &dyn Fn() -> bool,
-    ) -> Result<SaveReport, String> {
+    ) -> Result<SaveReport, SavedVmError> {
         let result = self.save_inner(interrupted);
         if result.is_ok() {
             // `quit` was sent; the saved file is complete either way.
@@ -62,15 +124,15 @@ impl Vm {
         result
     }
 
-    fn save_inner(&mut self, interrupted: &dyn Fn() -> bool) -> Result<SaveReport, String> {
+    fn save_inner(&mut self, interrupted: &dyn Fn() -> bool) -> Result<SaveReport, SavedVmError> {
         let GuestStart::BootAndSave { vmstate } = &self.config.start else {
-            return Err("save_when_awaiting on a VM that was not started to be saved".into());
+            return Err(SavedVmError::NotToBeSaved);
         };
         let vmstate = vmstate.clone();
         let deadline = self.started + self.config.deadlines.boot;
         let stream = self
             .accept_data(deadline, interrupted)
-            .map_err(|end| format!("before the agent awaited its plan: {end:?}"))?;
+            .map_err(|end| SavedVmError::BeforeAwaiting(format!("{end:?}")))?;
         let (awaiting, early_messages) = self.read_until_awaiting(stream, deadline, interrupted)?;
         let boot_to_ready = self.started.elapsed();
         let Message::AwaitingPlan {
@@ -96,10 +158,11 @@ impl Vm {
         mut stream: UnixStream,
         deadline: Instant,
         interrupted: &dyn Fn() -> bool,
-    ) -> Result<(Message, Vec<Message>), String> {
+    ) -> Result<(Message, Vec<Message>), SavedVmError> {
         stream
             .set_read_timeout(Some(Duration::from_millis(50)))
-            .map_err(|e| format!("data socket: {e}"))?;
+            .map_err(io_err("data socket"))?;
+        let protocol = |why: &str| SavedVmError::Protocol(why.to_string());
         let mut decoder = FrameDecoder::new();
         let mut early = Vec::new();
         let mut buf = vec![0u8; 16 * 1024];
@@ -108,22 +171,20 @@ impl Vm {
         let mut taken = 0usize;
         loop {
             if interrupted() {
-                return Err("interrupted".into());
+                return Err(SavedVmError::Interrupted);
             }
             if let Some(status) = self.try_wait() {
-                return Err(format!(
-                    "QEMU {} before the agent awaited its plan",
-                    crate::process::describe_exit(&status)
-                ));
+                return Err(SavedVmError::QemuExited(crate::process::describe_exit(
+                    &status,
+                )));
             }
             if Instant::now() >= deadline {
-                return Err(format!(
-                    "the agent did not await its plan within the boot deadline ({} s)",
-                    self.config.deadlines.boot.as_secs()
+                return Err(SavedVmError::BootDeadline(
+                    self.config.deadlines.boot.as_secs(),
                 ));
             }
             let n = match stream.read(&mut buf) {
-                Ok(0) => return Err("QEMU closed the data channel during boot".into()),
+                Ok(0) => return Err(protocol("QEMU closed the data channel during boot")),
                 Ok(n) => n,
                 Err(e)
                     if e.kind() == io::ErrorKind::WouldBlock
@@ -131,40 +192,42 @@ impl Vm {
                 {
                     continue
                 }
-                Err(e) => return Err(format!("reading the data channel: {e}")),
+                Err(e) => return Err(io_err("reading the data channel")(e)),
             };
             taken += n;
             if taken > MOST_BYTES {
-                return Err(format!(
+                return Err(protocol(&format!(
                     "the agent sent more than {MOST_BYTES} bytes before awaiting its plan"
-                ));
+                )));
             }
             decoder.push(&buf[..n]);
             while let Some(frame) = decoder
                 .next_frame()
-                .map_err(|e| format!("data channel during boot: {e}"))?
+                .map_err(|e| protocol(&format!("data channel during boot: {e}")))?
             {
                 if frame.kind != FrameKind::Message {
-                    return Err("the agent sent records before awaiting its plan".into());
+                    return Err(protocol("the agent sent records before awaiting its plan"));
                 }
-                let msg: Message = serde_json::from_slice(&frame.payload)
-                    .map_err(|e| format!("a message frame during boot does not decode: {e}"))?;
+                let msg: Message = serde_json::from_slice(&frame.payload).map_err(|e| {
+                    protocol(&format!("a message frame during boot does not decode: {e}"))
+                })?;
                 match msg {
                     Message::AwaitingPlan { .. } => {
                         if decoder.pending() > 0 {
-                            return Err("the agent kept writing after it awaited its plan".into());
+                            return Err(protocol(
+                                "the agent kept writing after it awaited its plan",
+                            ));
                         }
                         return Ok((msg, early));
                     }
                     Message::AgentError { message, .. } => {
-                        return Err(format!("the agent failed during boot: {message}"))
+                        return Err(SavedVmError::AgentFailed(message))
                     }
                     Message::Hello { .. } => {
-                        return Err(
+                        return Err(protocol(
                             "the agent said hello: its initramfs carried a plan, so it will not \
-                             wait to be saved"
-                                .into(),
-                        )
+                             wait to be saved",
+                        ))
                     }
                     other => early.push(other),
                 }
@@ -174,14 +237,12 @@ impl Vm {
 
     /// `getfd` (the file, over the socket), `stop`, `migrate` to it, wait
     /// for the migration, `quit`.
-    fn qmp_save(&self, vmstate: &std::path::Path) -> Result<(), String> {
+    fn qmp_save(&self, vmstate: &std::path::Path) -> Result<(), SavedVmError> {
         let file = std::fs::File::create(vmstate)
-            .map_err(|e| format!("creating {}: {e}", vmstate.display()))?;
-        let stream = self
-            .qmp_connect()
-            .map_err(|e| format!("QMP connect: {e}"))?;
+            .map_err(io_err(format!("creating {}", vmstate.display())))?;
+        let stream = self.qmp_connect().map_err(io_err("QMP connect"))?;
         let mut qmp = qapi::Qmp::from_stream(&stream);
-        qmp.handshake().map_err(|e| format!("QMP handshake: {e}"))?;
+        qmp.handshake().map_err(qmp_err("QMP handshake"))?;
         // The descriptor travels as SCM_RIGHTS with the command's bytes;
         // qapi writes plain bytes, so this one command is sent by hand and
         // its answer read through qapi.
@@ -189,46 +250,49 @@ impl Vm {
             "execute": <qapi::qmp::getfd as qapi::Command>::NAME,
             "arguments": qapi::qmp::getfd { fdname: SAVE_FD_NAME.into() },
         });
-        let mut line = serde_json::to_vec(&getfd).map_err(|e| e.to_string())?;
+        let mut line = serde_json::to_vec(&getfd).map_err(|e| SavedVmError::Qmp {
+            step: "QMP getfd".into(),
+            reason: e.to_string(),
+        })?;
         line.push(b'\n');
         stream
             .send_with_fd(&line[..], file.as_raw_fd())
-            .map_err(|e| format!("QMP getfd: sending the descriptor: {e}"))?;
+            .map_err(|e| SavedVmError::Qmp {
+                step: "QMP getfd: sending the descriptor".into(),
+                reason: e.to_string(),
+            })?;
         drop(file);
         qmp.read_response::<qapi::qmp::getfd>()
-            .map_err(|e| format!("QMP getfd: {e}"))?;
+            .map_err(qmp_err("QMP getfd"))?;
         qmp.execute(&qapi::qmp::stop {})
-            .map_err(|e| format!("QMP stop: {e}"))?;
+            .map_err(qmp_err("QMP stop"))?;
         qmp.execute(&qapi::qmp::migrate {
             uri: Some(format!("fd:{SAVE_FD_NAME}")),
             channels: None,
             detach: None,
             resume: None,
         })
-        .map_err(|e| format!("QMP migrate: {e}"))?;
+        .map_err(qmp_err("QMP migrate"))?;
         let deadline = Instant::now() + SAVE_WAIT;
         loop {
             let info = qmp
                 .execute(&qapi::qmp::query_migrate {})
-                .map_err(|e| format!("QMP query-migrate: {e}"))?;
+                .map_err(qmp_err("QMP query-migrate"))?;
             match info.status {
                 Some(qapi::qmp::MigrationStatus::completed) => break,
                 Some(
                     s
                     @ (qapi::qmp::MigrationStatus::failed | qapi::qmp::MigrationStatus::cancelled),
                 ) => {
-                    return Err(format!(
-                        "saving the VM {s:?}: {}",
-                        info.error_desc.unwrap_or_else(|| "no reason given".into())
-                    ))
+                    return Err(SavedVmError::MigrationFailed {
+                        status: format!("{s:?}"),
+                        reason: info.error_desc.unwrap_or_else(|| "no reason given".into()),
+                    })
                 }
                 _ => {}
             }
             if Instant::now() >= deadline {
-                return Err(format!(
-                    "saving the VM did not complete within {} s",
-                    SAVE_WAIT.as_secs()
-                ));
+                return Err(SavedVmError::SaveDeadline(SAVE_WAIT.as_secs()));
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -242,7 +306,7 @@ impl Vm {
         &mut self,
         stream: &mut UnixStream,
         interrupted: &dyn Fn() -> bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), SavedVmError> {
         let GuestStart::Restore { to_guest, .. } = &self.config.start else {
             return Ok(());
         };
@@ -255,21 +319,25 @@ impl Vm {
                     if let Some(status) = self.try_wait() {
                         return Err(restore_exit(self, &status));
                     }
-                    if Instant::now() >= deadline || interrupted() {
-                        return Err(format!("QMP connect: {e}"));
+                    if interrupted() {
+                        return Err(SavedVmError::Interrupted);
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(io_err("QMP connect")(e));
                     }
                     std::thread::sleep(Duration::from_millis(5));
                 }
             }
         };
         let mut qmp = qapi::Qmp::from_stream(&stream_qmp);
-        qmp.handshake()
-            .map_err(qmp_io)
-            .map_err(|e| format!("QMP handshake: {e}"))?;
+        qmp.handshake().map_err(|e| SavedVmError::Qmp {
+            step: "QMP handshake".into(),
+            reason: qmp_io(e).to_string(),
+        })?;
         let mut last_status;
         loop {
             if interrupted() {
-                return Err("interrupted".into());
+                return Err(SavedVmError::Interrupted);
             }
             match qmp.execute(&qapi::qmp::query_status {}) {
                 Ok(info) if info.running => break,
@@ -277,7 +345,7 @@ impl Vm {
                 // state says so: QEMU does not start it by itself.
                 Ok(info) if info.status == qapi::qmp::RunState::paused => {
                     qmp.execute(&qapi::qmp::cont {})
-                        .map_err(|e| format!("QMP cont after loading the saved VM: {e}"))?;
+                        .map_err(qmp_err("QMP cont after loading the saved VM"))?;
                     last_status = "paused, then cont".into();
                 }
                 Ok(info) => last_status = format!("{:?}", info.status),
@@ -285,7 +353,7 @@ impl Vm {
                     if let Some(status) = self.try_wait() {
                         return Err(restore_exit(self, &status));
                     }
-                    return Err(format!("QMP query-status: {e}"));
+                    return Err(qmp_err("QMP query-status")(e));
                 }
             }
             if let Some(status) = self.try_wait() {
@@ -296,29 +364,29 @@ impl Vm {
                     .execute(&qapi::qmp::query_migrate {})
                     .map(|m| format!("{:?} {}", m.status, m.error_desc.unwrap_or_default()))
                     .unwrap_or_else(|e| e.to_string());
-                return Err(format!(
-                    "the saved VM was not running {} s after QEMU started (run state \
-                     {last_status}, incoming migration {incoming})",
-                    RESTORE_WAIT.as_secs()
-                ));
+                return Err(SavedVmError::NotRunning {
+                    secs: RESTORE_WAIT.as_secs(),
+                    state: last_status,
+                    incoming,
+                });
             }
             std::thread::sleep(Duration::from_millis(2));
         }
         stream
             .write_all(&to_guest)
-            .map_err(|e| format!("writing the plan to the data channel: {e}"))
+            .map_err(io_err("writing the plan to the data channel"))
     }
 }
 
 /// Why a restoring QEMU exited, with its stderr's last line (where QEMU
 /// says what did not match).
-fn restore_exit(vm: &Vm, status: &std::process::ExitStatus) -> String {
+fn restore_exit(vm: &Vm, status: &std::process::ExitStatus) -> SavedVmError {
     let stderr =
         std::fs::read_to_string(vm.config.artefacts.join("qemu.stderr")).unwrap_or_default();
     let last = stderr.lines().rev().find(|l| !l.trim().is_empty());
-    format!(
+    SavedVmError::RestoreExited(format!(
         "QEMU {} while loading the saved VM{}",
         crate::process::describe_exit(status),
         last.map(|l| format!(": {}", l.trim())).unwrap_or_default()
-    )
+    ))
 }

@@ -116,7 +116,10 @@ impl Vm {
         let end = match self.accept_data(self.started + deadlines.boot, interrupted) {
             Ok(mut stream) => match self.resume_restored(&mut stream, interrupted) {
                 Ok(()) => self.pump(stream, &mut session, interrupted, total_end),
-                Err(why) => SessionEnd::RestoreFailed(why),
+                // Ctrl-C while the saved VM loads is the user's, not the
+                // saved VM's failure.
+                Err(crate::saved_vm::SavedVmError::Interrupted) => SessionEnd::Interrupted,
+                Err(why) => SessionEnd::RestoreFailed(why.to_string()),
             },
             Err(end) => end,
         };

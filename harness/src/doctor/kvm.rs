@@ -73,7 +73,7 @@ pub(super) fn check_kvm(
         scratch.path(),
     ) {
         Ok(d) => d,
-        Err(e) => return Check::warn("kvm", e, "cargo xtask doctor --recheck"),
+        Err(e) => return Check::warn("kvm", e.to_string(), "cargo xtask doctor --recheck"),
     };
     let verdict_path = accel::verdict_file(cache.root(), qemu);
     let verdict = match (decision.from_cache, decision.probe_ms) {

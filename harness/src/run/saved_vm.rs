@@ -268,7 +268,10 @@ impl SavedVms {
         );
         let result = Vm::spawn(config)
             .map_err(|e| e.to_string())
-            .and_then(|mut vm| vm.save_when_awaiting(interrupted));
+            .and_then(|mut vm| {
+                vm.save_when_awaiting(interrupted)
+                    .map_err(|e| e.to_string())
+            });
         let report = match result {
             Ok(r) => {
                 crate::run::status::done(

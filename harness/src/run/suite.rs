@@ -323,6 +323,7 @@ pub fn prepare_env(
         cache.root(),
         &run_dir.join("kvm-probe"),
     )
+    .map_err(|e| e.to_string())
     .inspect_err(|e| crate::run::status::failed(accel_task, e))
     .map_err(SuiteError::Accel)?;
     crate::run::status::done(accel_task, "");
