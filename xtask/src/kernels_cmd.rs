@@ -7,202 +7,237 @@ use kloop_kernels::{Catalog, KernelCache};
 
 use crate::*;
 
+/// `cargo xtask kernels …`: one function per subcommand.
 pub(crate) fn kernels(cmd: KernelsCmd) -> Result<ExitCode> {
     let layout = layout();
     match cmd {
-        KernelsCmd::List => {
-            let catalog = Catalog::load(&layout.kernels())?;
-            let cache = KernelCache::default_location()?;
-            println!(
-                "{:<8} {:<7} {:<40} {:<28} {:<16} cached",
-                "id", "series", "package", "version", "image sha256"
-            );
-            for p in catalog.pins() {
-                println!(
-                    "{:<8} {:<7} {:<40} {:<28} {:<16} {}",
-                    p.id,
-                    p.series,
-                    p.package,
-                    p.version,
-                    &p.image_sha256[..16.min(p.image_sha256.len())],
-                    if cache.is_cached(p) { "yes" } else { "no" }
-                );
-            }
-            println!("cache: {}", cache.root().display());
-        }
-        KernelsCmd::Fetch { ids, fetch } => {
-            let catalog = Catalog::load(&layout.kernels())?;
-            let cache = KernelCache::default_location()?;
-            let pins: Vec<_> = if ids.is_empty() {
-                catalog.pins().to_vec()
-            } else {
-                ids.iter()
-                    .map(|id| catalog.get(id).cloned())
-                    .collect::<Result<_, _>>()?
-            };
-            for p in pins {
-                let t = std::time::Instant::now();
-                let path = cache.ensure_image(&p, &fetch.options())?;
-                println!(
-                    "{} {} {}: {} ({:.1} s)",
-                    p.id,
-                    p.package,
-                    p.version,
-                    path.display(),
-                    t.elapsed().as_secs_f64()
-                );
-                // The .config (its own package from 7.x on), for the
-                // preflight that skips a trial before booting; and the
-                // modules package, for scenarios with `modules`: fetched now
-                // so that later runs work offline.
-                if let Some(package) = &p.config_package {
-                    let t = std::time::Instant::now();
-                    let config = cache.ensure_config(&p, &fetch.options())?;
-                    println!(
-                        "{} {package} {}: {} ({:.1} s)",
-                        p.id,
-                        p.version,
-                        config.source,
-                        t.elapsed().as_secs_f64()
-                    );
-                }
-                if let Some(package) = &p.modules_package {
-                    let t = std::time::Instant::now();
-                    let path = cache.ensure_modules_deb(&p, &fetch.options())?;
-                    println!(
-                        "{} {package} {}: {} ({:.1} s)",
-                        p.id,
-                        p.version,
-                        path.display(),
-                        t.elapsed().as_secs_f64()
-                    );
-                }
-            }
-        }
-        KernelsCmd::Build(a) => {
-            let req = a.request(&layout)?;
-            let what = req.source.label();
-            return Ok(match build_kernel(&req, &what) {
-                Ok(k) => {
-                    println!(
-                        "kloop: run it with `cargo xtask vm-test --kernel built:{}`",
-                        k.record.id
-                    );
-                    ExitCode::SUCCESS
-                }
-                Err(code) => code,
-            });
-        }
-        KernelsCmd::Built => {
-            let cache = KernelCache::default_location()?;
-            let all = kloop_kernels::build::list(&cache);
-            if all.is_empty() {
-                println!("no built kernels; build one with `cargo xtask kernels build --source linux-source-6.12`");
-            }
-            for k in all {
-                let r = &k.record;
-                println!(
-                    "built:{}  {:<28} {}{}  config {}",
-                    r.id,
-                    r.release,
-                    r.source,
-                    r.patches
-                        .iter()
-                        .map(|p| format!(" +{}", p.path.display()))
-                        .collect::<String>(),
-                    &r.config_sha256[..12]
-                );
-            }
-        }
+        KernelsCmd::List => list(&layout),
+        KernelsCmd::Fetch { ids, fetch } => fetch_pins(&layout, &ids, &fetch),
+        KernelsCmd::Build(a) => build(&layout, a),
+        KernelsCmd::Built => built(),
         KernelsCmd::Available {
             series,
             refresh,
             fetch,
-        } => {
-            let cache = KernelCache::default_location()?;
-            let (builds, notes) = available_builds(&cache, &fetch, refresh)?;
-            let catalog = Catalog::load(&layout.kernels())?;
-            let lock = kloop_kernels::available::BisectLock::load(&layout.kernels())?;
-            println!(
-                "{:<26} {:<7} {:<20} {:<44} pinned",
-                "version", "series", "suite", "package"
-            );
-            let mut shown = 0;
-            for b in builds
-                .iter()
-                .filter(|b| series.as_ref().is_none_or(|s| &b.series == s))
-            {
-                shown += 1;
-                let pin = catalog.pins().iter().find(|p| p.version == b.version);
-                let mark = match (pin, lock.get(&b.version)) {
-                    (Some(p), _) => format!(
-                        "pin {}{}",
-                        p.id,
-                        if cache.is_cached(p) { ", cached" } else { "" }
-                    ),
-                    (None, Some(p)) => format!(
-                        "bisect.lock{}",
-                        if cache.is_cached(p) { ", cached" } else { "" }
-                    ),
-                    (None, None) => "-".into(),
-                };
-                println!(
-                    "{:<26} {:<7} {:<20} {:<44} {mark}",
-                    b.version, b.series, b.suite, b.package
-                );
-            }
-            println!("{shown} build(s)");
-            for n in notes {
-                println!("note: {n}");
-            }
-        }
-        KernelsCmd::PinBuild { versions, fetch } => {
-            let cache = KernelCache::default_location()?;
-            let (builds, _) = available_builds(&cache, &fetch, false)?;
-            let mut lock = kloop_kernels::available::BisectLock::load(&layout.kernels())?;
-            for v in versions {
-                let b = builds
-                    .iter()
-                    .find(|b| b.version == v)
-                    .with_context(|| format!("no build {v} in `cargo xtask kernels available`"))?;
-                let pin = lock.ensure(&cache, &layout.kernels(), b, &fetch.options())?;
-                println!(
-                    "{}: {} {} (deb sha256 {}, image sha256 {}) in kernels/bisect.lock",
-                    pin.id, pin.package, pin.suite, pin.deb_sha256, pin.image_sha256
-                );
-            }
-        }
+        } => available(&layout, series.as_deref(), refresh, &fetch),
+        KernelsCmd::PinBuild { versions, fetch } => pin_build(&layout, versions, &fetch),
         KernelsCmd::PinSource {
             package,
             suite,
             fetch,
-        } => {
-            let cache = KernelCache::default_location()?;
-            let pin = kloop_kernels::build::pin_source(
-                &cache,
-                &layout.kernels(),
-                &package,
-                &suite,
-                &fetch.options(),
-            )?;
-            println!(
-                "{}: pinned {} from {} (deb sha256 {})",
-                pin.package, pin.version, pin.suite, pin.deb_sha256
-            );
-        }
+        } => pin_source(&layout, &package, &suite, &fetch),
         KernelsCmd::Update {
             id,
             same_version,
             fetch,
-        } => {
-            let pin =
-                kloop_kernels::update_pin(&layout.kernels(), &id, same_version, &fetch.options())?;
+        } => update(&layout, &id, same_version, &fetch),
+    }
+}
+
+/// `kernels list`: the pins and whether they are cached.
+fn list(layout: &Layout) -> Result<ExitCode> {
+    let catalog = Catalog::load(&layout.kernels())?;
+    let cache = KernelCache::default_location()?;
+    println!(
+        "{:<8} {:<7} {:<40} {:<28} {:<16} cached",
+        "id", "series", "package", "version", "image sha256"
+    );
+    for p in catalog.pins() {
+        println!(
+            "{:<8} {:<7} {:<40} {:<28} {:<16} {}",
+            p.id,
+            p.series,
+            p.package,
+            p.version,
+            &p.image_sha256[..16.min(p.image_sha256.len())],
+            if cache.is_cached(p) { "yes" } else { "no" }
+        );
+    }
+    println!("cache: {}", cache.root().display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `kernels fetch`: the images (and .config and modules packages) of the pins.
+fn fetch_pins(layout: &Layout, ids: &[String], fetch: &FetchArgs) -> Result<ExitCode> {
+    let catalog = Catalog::load(&layout.kernels())?;
+    let cache = KernelCache::default_location()?;
+    let pins: Vec<_> = if ids.is_empty() {
+        catalog.pins().to_vec()
+    } else {
+        ids.iter()
+            .map(|id| catalog.get(id).cloned())
+            .collect::<Result<_, _>>()?
+    };
+    for p in pins {
+        let t = std::time::Instant::now();
+        let path = cache.ensure_image(&p, &fetch.options())?;
+        println!(
+            "{} {} {}: {} ({:.1} s)",
+            p.id,
+            p.package,
+            p.version,
+            path.display(),
+            t.elapsed().as_secs_f64()
+        );
+        // The .config (its own package from 7.x on), for the
+        // preflight that skips a trial before booting; and the
+        // modules package, for scenarios with `modules`: fetched now
+        // so that later runs work offline.
+        if let Some(package) = &p.config_package {
+            let t = std::time::Instant::now();
+            let config = cache.ensure_config(&p, &fetch.options())?;
             println!(
-                "{}: pinned {} {} (deb sha256 {}, image sha256 {})",
-                pin.id, pin.package, pin.version, pin.deb_sha256, pin.image_sha256
+                "{} {package} {}: {} ({:.1} s)",
+                p.id,
+                p.version,
+                config.source,
+                t.elapsed().as_secs_f64()
+            );
+        }
+        if let Some(package) = &p.modules_package {
+            let t = std::time::Instant::now();
+            let path = cache.ensure_modules_deb(&p, &fetch.options())?;
+            println!(
+                "{} {package} {}: {} ({:.1} s)",
+                p.id,
+                p.version,
+                path.display(),
+                t.elapsed().as_secs_f64()
             );
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `kernels build`: a kernel from source.
+fn build(layout: &Layout, a: BuildArgs) -> Result<ExitCode> {
+    let req = a.request(layout)?;
+    let what = req.source.label();
+    Ok(match build_kernel(&req, &what) {
+        Ok(k) => {
+            println!(
+                "kloop: run it with `cargo xtask vm-test --kernel built:{}`",
+                k.record.id
+            );
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
+    })
+}
+
+/// `kernels built`: the kernels built so far.
+fn built() -> Result<ExitCode> {
+    let cache = KernelCache::default_location()?;
+    let all = kloop_kernels::build::list(&cache);
+    if all.is_empty() {
+        println!("no built kernels; build one with `cargo xtask kernels build --source linux-source-6.12`");
+    }
+    for k in all {
+        let r = &k.record;
+        println!(
+            "built:{}  {:<28} {}{}  config {}",
+            r.id,
+            r.release,
+            r.source,
+            r.patches
+                .iter()
+                .map(|p| format!(" +{}", p.path.display()))
+                .collect::<String>(),
+            &r.config_sha256[..12]
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `kernels available`: every build the Debian suites serve.
+fn available(
+    layout: &Layout,
+    series: Option<&str>,
+    refresh: bool,
+    fetch: &FetchArgs,
+) -> Result<ExitCode> {
+    let cache = KernelCache::default_location()?;
+    let (builds, notes) = available_builds(&cache, fetch, refresh)?;
+    let catalog = Catalog::load(&layout.kernels())?;
+    let lock = kloop_kernels::available::BisectLock::load(&layout.kernels())?;
+    println!(
+        "{:<26} {:<7} {:<20} {:<44} pinned",
+        "version", "series", "suite", "package"
+    );
+    let mut shown = 0;
+    for b in builds
+        .iter()
+        .filter(|b| series.as_ref().is_none_or(|s| &b.series == s))
+    {
+        shown += 1;
+        let pin = catalog.pins().iter().find(|p| p.version == b.version);
+        let mark = match (pin, lock.get(&b.version)) {
+            (Some(p), _) => format!(
+                "pin {}{}",
+                p.id,
+                if cache.is_cached(p) { ", cached" } else { "" }
+            ),
+            (None, Some(p)) => format!(
+                "bisect.lock{}",
+                if cache.is_cached(p) { ", cached" } else { "" }
+            ),
+            (None, None) => "-".into(),
+        };
+        println!(
+            "{:<26} {:<7} {:<20} {:<44} {mark}",
+            b.version, b.series, b.suite, b.package
+        );
+    }
+    println!("{shown} build(s)");
+    for n in notes {
+        println!("note: {n}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `kernels pin-build`: builds into the bisection lock.
+fn pin_build(layout: &Layout, versions: Vec<String>, fetch: &FetchArgs) -> Result<ExitCode> {
+    let cache = KernelCache::default_location()?;
+    let (builds, _) = available_builds(&cache, fetch, false)?;
+    let mut lock = kloop_kernels::available::BisectLock::load(&layout.kernels())?;
+    for v in versions {
+        let b = builds
+            .iter()
+            .find(|b| b.version == v)
+            .with_context(|| format!("no build {v} in `cargo xtask kernels available`"))?;
+        let pin = lock.ensure(&cache, &layout.kernels(), b, &fetch.options())?;
+        println!(
+            "{}: {} {} (deb sha256 {}, image sha256 {}) in kernels/bisect.lock",
+            pin.id, pin.package, pin.suite, pin.deb_sha256, pin.image_sha256
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `kernels pin-source`: a kernel source package.
+fn pin_source(layout: &Layout, package: &str, suite: &str, fetch: &FetchArgs) -> Result<ExitCode> {
+    let cache = KernelCache::default_location()?;
+    let pin = kloop_kernels::build::pin_source(
+        &cache,
+        &layout.kernels(),
+        package,
+        suite,
+        &fetch.options(),
+    )?;
+    println!(
+        "{}: pinned {} from {} (deb sha256 {})",
+        pin.package, pin.version, pin.suite, pin.deb_sha256
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `kernels update`: moves a pin.
+fn update(layout: &Layout, id: &str, same_version: bool, fetch: &FetchArgs) -> Result<ExitCode> {
+    let pin = kloop_kernels::update_pin(&layout.kernels(), id, same_version, &fetch.options())?;
+    println!(
+        "{}: pinned {} {} (deb sha256 {}, image sha256 {})",
+        pin.id, pin.package, pin.version, pin.deb_sha256, pin.image_sha256
+    );
     Ok(ExitCode::SUCCESS)
 }
 
