@@ -342,9 +342,26 @@ pub(crate) fn vm_test(
     let kernels: Vec<_> = trials.iter().map(|t| t.kernel.clone()).collect();
     let env =
         suite::prepare_env(&layout, &opts, &kernels).context("preparing the test environment")?;
+    let ledger_warnings = announce(&env, &trials, a.repeat as usize);
+    let all_runs = run_rounds(&env, &trials, a.repeat as usize, a.jobs);
+    let artefacts: Vec<PathBuf> = all_runs.iter().map(|r| r.artefacts.clone()).collect();
+    let results = combine_repeats(&env, all_runs, a.repeat as usize)?;
+    report::write_files(&env.run_dir, &results)
+        .with_context(|| format!("writing reports into {}", env.run_dir.display()))?;
+    write_overhead_report(&layout, &env, &artefacts);
+    Ok(print_summary(&env, &results, &ledger_warnings, started))
+}
+
+/// The accelerator, configuration notes, the ledger's warnings and what
+/// is about to run; returns the warnings, repeated at the end.
+fn announce(
+    env: &kloop::run::trial::TrialEnv,
+    trials: &[suite::PlannedTrial],
+    repeat: usize,
+) -> Vec<String> {
     crate::ui::line(format!("kloop: accelerator: {}", accel_line(&env.accel)));
-    suite::prefetch(&env, &trials);
-    for note in suite::config_notes(&env, &trials) {
+    suite::prefetch(env, trials);
+    for note in suite::config_notes(env, trials) {
         crate::ui::line(format!("kloop: {note}"));
     }
     let ledger_warnings = env
@@ -353,7 +370,6 @@ pub(crate) fn vm_test(
     for w in &ledger_warnings {
         println!("kloop: {w}");
     }
-    let repeat = a.repeat as usize;
     if repeat > 1 {
         println!(
             "kloop: running {} trial(s) {repeat} times each ({} runs), artefacts in {}",
@@ -368,10 +384,20 @@ pub(crate) fn vm_test(
             env.run_dir.display()
         );
     }
+    ledger_warnings
+}
+
+/// Runs every trial `repeat` times, printing each trial's line as it ends.
+fn run_rounds(
+    env: &kloop::run::trial::TrialEnv,
+    trials: &[suite::PlannedTrial],
+    repeat: usize,
+    jobs: Option<usize>,
+) -> Vec<kloop::run::trial::TrialResult> {
     // Round after round, so each trial's runs meet different neighbours
     // and host load.
     let runs: Vec<_> = (0..repeat).flat_map(|_| trials.iter().cloned()).collect();
-    let jobs = a.jobs.unwrap_or_else(suite::default_jobs);
+    let jobs = jobs.unwrap_or_else(suite::default_jobs);
     crate::ui::trials_started(runs.len());
     // One round: longest trials first, by the last runs' times, so that the
     // parallel VMs finish together. Rounds of a repeat keep their order.
@@ -384,7 +410,7 @@ pub(crate) fn vm_test(
             &kloop::run::run_dirs::past_wall_times(runs_root, &env.run_dir),
         )
     };
-    let all_runs = suite::run_in_order(&env, &runs, &order, jobs, &|r| {
+    let all_runs = suite::run_in_order(env, &runs, &order, jobs, &|r| {
         let mut text = report::trial_line(r);
         if let Some(d) = report::failure_details(r) {
             text = format!("{text}\n{d}");
@@ -393,38 +419,54 @@ pub(crate) fn vm_test(
         crate::ui::trial_ended(r.verdict.fails_run());
     });
     crate::ui::trials_finished();
-    let artefacts: Vec<PathBuf> = all_runs.iter().map(|r| r.artefacts.clone()).collect();
-    let results = if repeat > 1 {
-        report::write_runs(&env.run_dir, &all_runs)
-            .with_context(|| format!("writing runs.jsonl into {}", env.run_dir.display()))?;
-        let grouped = kloop::run::repeat::group(all_runs);
-        kloop::run::repeat::write_report(&env.run_dir, &grouped)
-            .with_context(|| format!("writing repeat.json into {}", env.run_dir.display()))?;
-        println!();
-        println!("{}", kloop::run::repeat::table(&grouped));
-        let combined: Vec<_> = grouped.iter().filter_map(|t| t.combined()).collect();
-        for r in combined
-            .iter()
-            .filter(|r| matches!(r.verdict, kloop::run::trial::Verdict::Flaky(_)))
-        {
-            println!("{}", report::trial_line(r));
-            if let Some(d) = report::failure_details(r) {
-                println!("{d}");
-            }
+    all_runs
+}
+
+/// With `--repeat`: writes every run and the per-trial comparison, prints
+/// the table and the FLAKY trials, and returns one combined result per
+/// trial; otherwise the runs as they are.
+fn combine_repeats(
+    env: &kloop::run::trial::TrialEnv,
+    all_runs: Vec<kloop::run::trial::TrialResult>,
+    repeat: usize,
+) -> Result<Vec<kloop::run::trial::TrialResult>> {
+    if repeat <= 1 {
+        return Ok(all_runs);
+    }
+    report::write_runs(&env.run_dir, &all_runs)
+        .with_context(|| format!("writing runs.jsonl into {}", env.run_dir.display()))?;
+    let grouped = kloop::run::repeat::group(all_runs);
+    kloop::run::repeat::write_report(&env.run_dir, &grouped)
+        .with_context(|| format!("writing repeat.json into {}", env.run_dir.display()))?;
+    println!();
+    println!("{}", kloop::run::repeat::table(&grouped));
+    let combined: Vec<_> = grouped.iter().filter_map(|t| t.combined()).collect();
+    for r in combined
+        .iter()
+        .filter(|r| matches!(r.verdict, kloop::run::trial::Verdict::Flaky(_)))
+    {
+        println!("{}", report::trial_line(r));
+        if let Some(d) = report::failure_details(r) {
+            println!("{d}");
         }
-        combined
-    } else {
-        all_runs
-    };
-    report::write_files(&env.run_dir, &results)
-        .with_context(|| format!("writing reports into {}", env.run_dir.display()))?;
+    }
+    Ok(combined)
+}
+
+/// The run's overhead table and plot under target/kloop/report, if it
+/// measured any; a failure to write them is reported, not fatal.
+fn write_overhead_report(
+    layout: &Layout,
+    env: &kloop::run::trial::TrialEnv,
+    artefacts: &[PathBuf],
+) {
     let run_name = env
         .run_dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let report_dir = layout.root.join("target/kloop/report");
-    match kloop::report::overhead::write_run_report(&report_dir, &run_name, &artefacts) {
+    match kloop::report::overhead::write_run_report(&report_dir, &run_name, artefacts) {
         Ok(Some((md, svg))) => println!(
             "kloop: overhead table {} and plot {}",
             md.display(),
@@ -436,14 +478,24 @@ pub(crate) fn vm_test(
             report_dir.display()
         ),
     }
-    let summary = Summary::of(&results);
+}
+
+/// The closing lines (trials that did not pass, the ledger's warnings, the
+/// summary) and the exit code.
+fn print_summary(
+    env: &kloop::run::trial::TrialEnv,
+    results: &[kloop::run::trial::TrialResult],
+    ledger_warnings: &[String],
+    started: std::time::Instant,
+) -> ExitCode {
+    let summary = Summary::of(results);
     println!();
     // Skipped and known-bug trials do not fail the run: list them at the end
     // so they are seen anyway.
-    for line in report::not_passed_lines(&results) {
+    for line in report::not_passed_lines(results) {
         println!("kloop: {line}");
     }
-    for w in &ledger_warnings {
+    for w in ledger_warnings {
         println!("kloop: {w}");
     }
     println!(
@@ -457,9 +509,9 @@ pub(crate) fn vm_test(
         env.accel.accel,
         env.run_dir.display()
     );
-    Ok(if summary.all_ok() {
+    if summary.all_ok() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    })
+    }
 }
