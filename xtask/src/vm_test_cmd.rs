@@ -33,15 +33,49 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
             a.append.join(" ")
         );
     }
-    let show = |s: &Option<kloop::run::bench::Spread>| {
-        s.map(|s| s.to_string()).unwrap_or_else(|| "-".into())
-    };
-    let mut boot_rows = Vec::new();
-    let mut phase_rows = Vec::new();
-    for t in &planned {
-        let repeated = vec![t.clone(); a.runs];
-        let results = suite::run_all(&env, &repeated, a.jobs, &|_| {});
-        let failed = results.iter().filter(|r| r.verdict.fails_run()).count();
+    let rows: Vec<BenchRow> = planned
+        .iter()
+        .map(|t| BenchRow::measure(&env, t, a.runs, a.jobs))
+        .collect();
+    print_bench_rows(&rows, a.runs);
+    if a.channel_cycles > 0 {
+        if let Some(t) = planned.first() {
+            channel_bench(&env, t, a.channel_cycles)?;
+        }
+    }
+    if a.matrix {
+        println!();
+        matrix_bench(&a)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+type Spread = Option<kloop::run::bench::Spread>;
+
+fn show(s: &Spread) -> String {
+    s.map(|s| s.to_string()).unwrap_or_else(|| "-".into())
+}
+
+/// One trial's figures over its runs.
+struct BenchRow {
+    id: String,
+    hello: Spread,
+    wall: Spread,
+    rss_mib: Spread,
+    failed: usize,
+    phases: kloop::run::bench::PhaseSpreads,
+}
+
+impl BenchRow {
+    /// Runs `t` `runs` times and takes the spreads of its figures.
+    fn measure(
+        env: &kloop::run::trial::TrialEnv,
+        t: &suite::PlannedTrial,
+        runs: usize,
+        jobs: usize,
+    ) -> BenchRow {
+        let repeated = vec![t.clone(); runs];
+        let results = suite::run_all(env, &repeated, jobs, &|_| {});
         let hello: Vec<f64> = results
             .iter()
             .filter_map(|r| r.boot_to_hello_secs)
@@ -52,15 +86,19 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
             .filter_map(|r| r.qemu_peak_rss_kib)
             .map(|k| k as f64 / 1024.0)
             .collect();
-        boot_rows.push((
-            t.id(),
-            kloop::run::bench::Spread::of(&hello),
-            kloop::run::bench::Spread::of(&wall),
-            kloop::run::bench::Spread::of(&rss_mib),
-            failed,
-        ));
-        phase_rows.push((t.id(), kloop::run::bench::PhaseSpreads::of(&results)));
+        BenchRow {
+            id: t.id(),
+            hello: kloop::run::bench::Spread::of(&hello),
+            wall: kloop::run::bench::Spread::of(&wall),
+            rss_mib: kloop::run::bench::Spread::of(&rss_mib),
+            failed: results.iter().filter(|r| r.verdict.fails_run()).count(),
+            phases: kloop::run::bench::PhaseSpreads::of(&results),
+        }
     }
+}
+
+/// The bench's three tables: boot and wall time, QEMU CPU time, phases.
+fn print_bench_rows(rows: &[BenchRow], runs: usize) {
     println!(
         "{:<16} {:>5} {:>26} {:>26} {:>30} {:>6}",
         "trial",
@@ -70,13 +108,15 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
         "QEMU peak RSS MiB (med min-max)",
         "failed"
     );
-    for (id, hello, wall, rss, failed) in &boot_rows {
+    for r in rows {
         println!(
-            "{id:<16} {:>5} {:>26} {:>26} {:>30} {failed:>6}",
-            a.runs,
-            show(hello),
-            show(wall),
-            show(rss)
+            "{:<16} {:>5} {:>26} {:>26} {:>30} {:>6}",
+            r.id,
+            runs,
+            show(&r.hello),
+            show(&r.wall),
+            show(&r.rss_mib),
+            r.failed
         );
     }
     println!(
@@ -88,11 +128,12 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
         "QEMU CPU seconds (user+sys; steady on a busy host, unlike wall time), median (min-max):"
     );
     println!("{:<16} {:>22} {:>22}", "trial", "start→hello", "hello→done");
-    for (id, p) in &phase_rows {
+    for r in rows {
         println!(
-            "{id:<16} {:>22} {:>22}",
-            show(&p.qemu_cpu_to_hello),
-            show(&p.qemu_cpu_agent)
+            "{:<16} {:>22} {:>22}",
+            r.id,
+            show(&r.phases.qemu_cpu_to_hello),
+            show(&r.phases.qemu_cpu_agent)
         );
     }
     println!();
@@ -107,9 +148,11 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
         "power-off",
         "host checks"
     );
-    for (id, p) in &phase_rows {
+    for r in rows {
+        let p = &r.phases;
         println!(
-            "{id:<16} {:>22} {:>22} {:>22} {:>22} {:>22} {:>22}",
+            "{:<16} {:>22} {:>22} {:>22} {:>22} {:>22} {:>22}",
+            r.id,
             show(&p.prepare),
             show(&p.before_kernel_clock),
             show(&p.kernel_to_hello),
@@ -118,69 +161,65 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
             show(&p.host_checks)
         );
     }
+}
 
-    if a.channel_cycles > 0 {
-        if let Some(t) = planned.first() {
-            let storm = kloop::run::bench::storm_scenario(
-                &t.scenario,
-                "bench-channel",
-                &env.run_dir.join("no-snapshots"),
-                a.channel_cycles,
-                4,
-            );
-            // The pin's image without its snapshots: the storm has none,
-            // its verdict is the invariants alone.
-            let kernel = match &t.kernel {
-                kloop::run::trial::KernelUnderTest::Pin(pin) => {
-                    kloop::run::trial::KernelUnderTest::Image(
-                        kloop::run::trial::LocalKernel::from_pin_image(
-                            env.cache.ensure_image(pin, &env.fetch)?,
-                            env.cache.ensure_config(pin, &env.fetch).ok(),
-                        ),
-                    )
-                }
-                other => other.clone(),
-            };
-            let trial = suite::PlannedTrial {
-                scenario: storm,
-                kernel,
-            };
-            let r = suite::run_all(&env, &[trial], 1, &|_| {});
-            println!();
-            match r.first() {
-                Some(r) if r.verdict == kloop::run::trial::Verdict::Ok => {
-                    match kloop::run::bench::TrialArtefacts::read(&r.artefacts)
-                        .and_then(|t| kloop::run::bench::Throughput::of(&t))
-                    {
-                        Ok(tp) => println!(
-                            "channel ({}): {} records, {} bytes, {} lost in {:.2} s of guest time \
-                             (storm of funcs32 + final drain): {:.0} records/s, {:.2} MB/s",
-                            t.kernel.id(),
-                            tp.records,
-                            tp.bytes,
-                            tp.lost,
-                            tp.secs,
-                            tp.records_per_sec(),
-                            tp.mb_per_sec()
-                        ),
-                        Err(e) => println!("channel: cannot read the storm's artefacts: {e}"),
-                    }
-                }
-                Some(r) => println!(
-                    "channel: storm trial {}: {}",
-                    r.verdict.label(),
-                    r.verdict.message().unwrap_or_default()
+/// The data channel's throughput: a storm of `cycles` programs on `t`'s
+/// kernel, its pin's image without snapshots (the storm has none, its
+/// verdict is the invariants alone).
+fn channel_bench(
+    env: &kloop::run::trial::TrialEnv,
+    t: &suite::PlannedTrial,
+    cycles: u32,
+) -> Result<()> {
+    let storm = kloop::run::bench::storm_scenario(
+        &t.scenario,
+        "bench-channel",
+        &env.run_dir.join("no-snapshots"),
+        cycles,
+        4,
+    );
+    let kernel = match &t.kernel {
+        kloop::run::trial::KernelUnderTest::Pin(pin) => kloop::run::trial::KernelUnderTest::Image(
+            kloop::run::trial::LocalKernel::from_pin_image(
+                env.cache.ensure_image(pin, &env.fetch)?,
+                env.cache.ensure_config(pin, &env.fetch).ok(),
+            ),
+        ),
+        other => other.clone(),
+    };
+    let trial = suite::PlannedTrial {
+        scenario: storm,
+        kernel,
+    };
+    let r = suite::run_all(env, &[trial], 1, &|_| {});
+    println!();
+    match r.first() {
+        Some(r) if r.verdict == kloop::run::trial::Verdict::Ok => {
+            match kloop::run::bench::TrialArtefacts::read(&r.artefacts)
+                .and_then(|t| kloop::run::bench::Throughput::of(&t))
+            {
+                Ok(tp) => println!(
+                    "channel ({}): {} records, {} bytes, {} lost in {:.2} s of guest time \
+                     (storm of funcs32 + final drain): {:.0} records/s, {:.2} MB/s",
+                    t.kernel.id(),
+                    tp.records,
+                    tp.bytes,
+                    tp.lost,
+                    tp.secs,
+                    tp.records_per_sec(),
+                    tp.mb_per_sec()
                 ),
-                None => {}
+                Err(e) => println!("channel: cannot read the storm's artefacts: {e}"),
             }
         }
+        Some(r) => println!(
+            "channel: storm trial {}: {}",
+            r.verdict.label(),
+            r.verdict.message().unwrap_or_default()
+        ),
+        None => {}
     }
-
-    if a.matrix {
-        println!();
-        matrix_bench(&a)?;
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// Times `cargo xtask vm-test` over the whole matrix (all pins × scenarios,
