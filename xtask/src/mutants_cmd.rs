@@ -32,26 +32,7 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
         eprintln!("kloop: not in this tree: {m}");
     }
     let mut chosen = choose(&a, &generated.mutants)?;
-    // --resume: what the data beside the report decided stays decided.
-    let carried: Vec<MutantResult> = match (&a.report, a.resume) {
-        (Some(report), true) => carried_over(report, &chosen)?
-            .into_iter()
-            .filter(|r| !(a.again_survivors && r.outcome == Outcome::Survived))
-            .collect(),
-        _ => Vec::new(),
-    };
-    if !carried.is_empty() {
-        chosen.retain(|m| !carried.iter().any(|r| r.mutant.id == m.id));
-        println!(
-            "kloop: resuming: {} mutant(s) decided in {}, {} left",
-            carried.len(),
-            kloop::run::mutants::data_beside(
-                a.report.as_deref().expect("--resume requires --report")
-            )
-            .display(),
-            chosen.len()
-        );
-    }
+    let carried = resume(&a, &mut chosen)?;
     println!(
         "kloop: {} mutants of {} file(s) in {}; {}",
         generated.mutants.len(),
@@ -78,22 +59,72 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     };
     sink.prepare()?;
     if let Some(run_dir) = &a.from {
-        let (base, mut results) = kloop::run::mutants::read_run(&layout, &base_req, run_dir)
-            .with_context(|| {
-                format!(
-                    "reading the mutants run in {} (a run directory past the newest \
-                     KLOOP_KEEP_RUNS, default 10, is removed when a run starts; a run \
-                     given --report left its data beside the report, e.g. \
-                     docs/mutation-score.json for docs/mutation-score.md: pass that \
-                     to --from, or judge the mutants again without --from)",
-                    run_dir.display()
-                )
-            })?;
-        kloop::run::mutants::settle_schema_overhead(&base, &mut results);
-        kloop::run::mutants::unsettle_interrupted(&mut results);
-        sink.write(&base, &results)?;
-        return Ok(sink.summarise(&base, &results, None));
+        return report_from(&layout, &base_req, run_dir, &sink);
     }
+    judge(&a, &layout, &base_req, &chosen, &carried, &sink)
+}
+
+/// `--resume`: what the data beside the report decided stays decided
+/// (with `--again-survivors`, but for its survivors); those are taken out
+/// of `chosen` and returned.
+fn resume(a: &MutantsArgs, chosen: &mut Vec<Mutant>) -> Result<Vec<MutantResult>> {
+    let carried: Vec<MutantResult> = match (&a.report, a.resume) {
+        (Some(report), true) => carried_over(report, chosen)?
+            .into_iter()
+            .filter(|r| !(a.again_survivors && r.outcome == Outcome::Survived))
+            .collect(),
+        _ => Vec::new(),
+    };
+    if !carried.is_empty() {
+        chosen.retain(|m| !carried.iter().any(|r| r.mutant.id == m.id));
+        println!(
+            "kloop: resuming: {} mutant(s) decided in {}, {} left",
+            carried.len(),
+            kloop::run::mutants::data_beside(
+                a.report.as_deref().expect("--resume requires --report")
+            )
+            .display(),
+            chosen.len()
+        );
+    }
+    Ok(carried)
+}
+
+/// `--from`: the report of an earlier run (its directory, or the data
+/// beside its report) written again, without judging.
+fn report_from(
+    layout: &suite::Layout,
+    base_req: &kloop_kernels::build::BuildRequest,
+    run_dir: &std::path::Path,
+    sink: &Sink,
+) -> Result<ExitCode> {
+    let (base, mut results) = kloop::run::mutants::read_run(layout, base_req, run_dir)
+        .with_context(|| {
+            format!(
+                "reading the mutants run in {} (a run directory past the newest \
+                 KLOOP_KEEP_RUNS, default 10, is removed when a run starts; a run \
+                 given --report left its data beside the report, e.g. \
+                 docs/mutation-score.json for docs/mutation-score.md: pass that \
+                 to --from, or judge the mutants again without --from)",
+                run_dir.display()
+            )
+        })?;
+    kloop::run::mutants::settle_schema_overhead(&base, &mut results);
+    kloop::run::mutants::unsettle_interrupted(&mut results);
+    sink.write(&base, &results)?;
+    Ok(sink.summarise(&base, &results, None))
+}
+
+/// Judges `chosen`, writing the report after every mutant with the
+/// `carried` results first.
+fn judge(
+    a: &MutantsArgs,
+    layout: &suite::Layout,
+    base_req: &kloop_kernels::build::BuildRequest,
+    chosen: &[Mutant],
+    carried: &[MutantResult],
+    sink: &Sink,
+) -> Result<ExitCode> {
     let opts = EnvOptions {
         accel: a.accel,
         fetch: a.fetch.options(),
@@ -112,9 +143,9 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     };
     let building = BuildLines::new(base_req.source.label());
     let (base, results) = kloop::run::mutants::judge_all(
-        &layout,
-        &base_req,
-        &chosen,
+        layout,
+        base_req,
+        chosen,
         &a.scenarios,
         &opts,
         a.jobs.unwrap_or_else(suite::default_jobs),
