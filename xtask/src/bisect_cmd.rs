@@ -206,14 +206,13 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
         Predicate::parse(&a.predicate, a.label.as_deref()).map_err(anyhow::Error::msg)?;
     let all = kloop::scenario::load_all(&layout.scenarios())?;
     let scenario = kloop::scenario::select(&all, std::slice::from_ref(&a.scenario))?.remove(0);
-    let old = git(
-        &repo,
-        &["rev-parse", "--verify", &format!("{}^{{commit}}", a.old)],
-    )?;
-    let new = git(
-        &repo,
-        &["rev-parse", "--verify", &format!("{}^{{commit}}", a.new)],
-    )?;
+    let commit = |rev: &str| {
+        git(
+            &repo,
+            &["rev-parse", "--verify", &format!("{rev}^{{commit}}")],
+        )
+    };
+    let (old, new) = (commit(&a.old)?, commit(&a.new)?);
     let cache = KernelCache::default_location()?;
     // One worktree location for every bisection: its output directory
     // (keyed by the tree's path) then serves the next bisection too.
@@ -237,40 +236,24 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
         a.repeat
     );
     let band = overhead_band(&env, &scenario);
-    let jobs = a.jobs.unwrap_or_else(suite::default_jobs);
     let started = std::time::Instant::now();
-    let observe_end = |rev: &str| -> Result<Vec<Observation>> {
-        git(&worktree.dir, &["checkout", "--quiet", "--detach", rev])?;
-        let t = std::time::Instant::now();
-        let built = build_tree(&layout, &worktree.dir, &a.fragments)
-            .map_err(|e| anyhow::anyhow!("the end {rev} must build: {e}"))?;
-        println!(
-            "kloop: {} built as built:{} in {:.0} s",
-            &rev[..12],
-            built.record.id,
-            t.elapsed().as_secs_f64()
-        );
-        let kernel = tree_kernel(&layout, &built)?;
-        let (obs, results) = kloop::run::bisect::observe_kernel(
-            &env,
-            &scenario,
-            &kernel,
-            &predicate,
-            a.repeat as usize,
-            jobs,
-        );
-        for r in &results {
-            println!("{}", report::trial_line(r));
-        }
-        Ok(obs)
+    let end = TreeEnd {
+        layout: &layout,
+        env: &env,
+        worktree: &worktree.dir,
+        fragments: &a.fragments,
+        scenario: &scenario,
+        predicate: &predicate,
+        repeat: a.repeat as usize,
+        jobs: a.jobs.unwrap_or_else(suite::default_jobs),
     };
-    let old_obs = observe_end(&old)?;
+    let old_obs = end.observe(&old)?;
     let reference = old_obs
         .iter()
         .find(|o| !matches!(o, Observation::NoVerdict(_)))
         .cloned()
         .with_context(|| format!("the old end {} reached no verdict", &old[..12]))?;
-    let new_obs = observe_end(&new)?;
+    let new_obs = end.observe(&new)?;
     if !new_obs
         .iter()
         .any(|o| classify(&reference, o, band) == RunClass::New)
@@ -281,30 +264,102 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
             a.predicate
         );
     }
+    run_git_bisect(&a, &repo, &end, (&old, &new), &reference, band)?;
+    println!(
+        "kloop: {:.0} s; steps in {}, git's log in {}",
+        started.elapsed().as_secs_f64(),
+        env.run_dir.join("bisect-steps.log").display(),
+        env.run_dir.join("bisect.log").display()
+    );
+    drop(worktree);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What observing one end of a tree bisection needs.
+struct TreeEnd<'a> {
+    layout: &'a suite::Layout,
+    env: &'a kloop::run::trial::TrialEnv,
+    worktree: &'a std::path::Path,
+    fragments: &'a [PathBuf],
+    scenario: &'a kloop::scenario::Scenario,
+    predicate: &'a kloop::judge::bisect::Predicate,
+    repeat: usize,
+    jobs: usize,
+}
+
+impl TreeEnd<'_> {
+    /// Checks `rev` out in the worktree, builds it (an end must build) and
+    /// runs the scenario on it `repeat` times.
+    fn observe(&self, rev: &str) -> Result<Vec<kloop::judge::bisect::Observation>> {
+        use kloop_kernels::build::git::git;
+        git(self.worktree, &["checkout", "--quiet", "--detach", rev])?;
+        let t = std::time::Instant::now();
+        let built = build_tree(self.layout, self.worktree, self.fragments)
+            .map_err(|e| anyhow::anyhow!("the end {rev} must build: {e}"))?;
+        println!(
+            "kloop: {} built as built:{} in {:.0} s",
+            &rev[..12],
+            built.record.id,
+            t.elapsed().as_secs_f64()
+        );
+        let kernel = tree_kernel(self.layout, &built)?;
+        let (obs, results) = kloop::run::bisect::observe_kernel(
+            self.env,
+            self.scenario,
+            &kernel,
+            self.predicate,
+            self.repeat,
+            self.jobs,
+        );
+        for r in &results {
+            println!("{}", report::trial_line(r));
+        }
+        Ok(obs)
+    }
+}
+
+/// Writes the reference observation, drives `git bisect run` with
+/// `bisect-step` between `old` and `new` in the worktree, keeps git's log
+/// and prints the first new commit.
+fn run_git_bisect(
+    a: &BisectArgs,
+    repo: &std::path::Path,
+    end: &TreeEnd<'_>,
+    (old, new): (&str, &str),
+    reference: &kloop::judge::bisect::Observation,
+    band: f64,
+) -> Result<()> {
+    use kloop_kernels::build::git::git;
+    let env = end.env;
     let reference_path = env.run_dir.join("bisect-reference.json");
-    std::fs::write(&reference_path, serde_json::to_string(&reference)?)?;
+    std::fs::write(&reference_path, serde_json::to_string(reference)?)?;
     let steps_log = env.run_dir.join("bisect-steps.log");
     git(
-        &worktree.dir,
+        end.worktree,
         &[
             "bisect",
             "start",
             "--term-old=old",
             "--term-new=new",
-            &new,
-            &old,
+            new,
+            old,
         ],
     )?;
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new("git");
     cmd.arg("-C")
-        .arg(&worktree.dir)
+        .arg(end.worktree)
         .args(["bisect", "run"])
         .arg(&exe)
         .arg("bisect-step")
         .arg("--tree")
-        .arg(&worktree.dir)
-        .args(["--scenario", &scenario.name, "--predicate", &a.predicate])
+        .arg(end.worktree)
+        .args([
+            "--scenario",
+            &end.scenario.name,
+            "--predicate",
+            &a.predicate,
+        ])
         .args([
             "--repeat",
             &a.repeat.to_string(),
@@ -324,9 +379,9 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
             .arg(f.canonicalize().unwrap_or_else(|_| f.clone()));
     }
     let status = cmd.status().context("running git bisect run")?;
-    let log = git(&worktree.dir, &["bisect", "log"]).unwrap_or_default();
+    let log = git(end.worktree, &["bisect", "log"]).unwrap_or_default();
     std::fs::write(env.run_dir.join("bisect.log"), &log)?;
-    let first = git(&worktree.dir, &["rev-parse", "refs/bisect/new"]).ok();
+    let first = git(end.worktree, &["rev-parse", "refs/bisect/new"]).ok();
     println!();
     if !status.success() {
         println!(
@@ -336,19 +391,12 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
     }
     if let Some(first) = first {
         let subject = git(
-            &repo,
+            repo,
             &["log", "-1", "--abbrev=12", "--format=%h %s", &first],
         )?;
         println!("first new commit: {subject}");
     }
-    println!(
-        "kloop: {:.0} s; steps in {}, git's log in {}",
-        started.elapsed().as_secs_f64(),
-        steps_log.display(),
-        env.run_dir.join("bisect.log").display()
-    );
-    drop(worktree);
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// `bisect-step`: what `git bisect run` calls. Exit 0 old, 1 new, 125 skip.
