@@ -12,34 +12,13 @@ use crate::*;
 
 /// `bisect` over the builds the mirror serves.
 pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
-    use kloop::judge::bisect::{Predicate, StepVerdict};
+    use kloop::judge::bisect::Predicate;
     let layout = layout();
     let predicate =
         Predicate::parse(&a.predicate, a.label.as_deref()).map_err(anyhow::Error::msg)?;
     let cache = KernelCache::default_location()?;
     let catalog = Catalog::load(&layout.kernels())?;
-    let (builds, _) = available_builds(&cache, &a.fetch, false)?;
-    // A pin id names its build.
-    let version_of = |end: &str| -> String {
-        catalog
-            .get(end)
-            .map(|p| p.version.clone())
-            .unwrap_or_else(|_| end.to_string())
-    };
-    let (old, new) = (version_of(&a.old), version_of(&a.new));
-    let index_of = |v: &str| {
-        builds.iter().position(|b| b.version == v).with_context(|| {
-            format!("{v} is not a build the mirror serves; see `cargo xtask kernels available`")
-        })
-    };
-    let (i_old, i_new) = (index_of(&old)?, index_of(&new)?);
-    let range: Vec<_> = if i_old <= i_new {
-        builds[i_old..=i_new].to_vec()
-    } else {
-        // Old may be the later build (a fix searched backwards): the
-        // search runs from old to new either way.
-        builds[i_new..=i_old].iter().rev().cloned().collect()
-    };
+    let (old, new, range) = build_range(&a, &cache, &catalog)?;
     let names: Vec<String> = range.iter().map(|b| b.version.clone()).collect();
     let all = kloop::scenario::load_all(&layout.scenarios())?;
     let scenario = kloop::scenario::select(&all, std::slice::from_ref(&a.scenario))?.remove(0);
@@ -99,21 +78,7 @@ pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
         band,
         &mut |s| {
             step_no += 1;
-            let verdict = match &s.verdict {
-                StepVerdict::Old => "old".to_string(),
-                StepVerdict::New => "new".to_string(),
-                StepVerdict::Skip(why) => format!("skip ({why})"),
-            };
-            println!(
-                "step {step_no}: {} → {verdict} ({:.1} s; {})",
-                s.kernel,
-                s.secs,
-                s.runs
-                    .iter()
-                    .map(|r| r.1.split('\n').next().unwrap_or("").to_string())
-                    .collect::<Vec<_>>()
-                    .join(" | ")
-            );
+            println!("{}", step_line(step_no, s));
         },
     );
     let outcome = match outcome {
@@ -123,6 +88,77 @@ pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
+    print_outcome(&outcome, &names, &range, started);
+    let path = env.run_dir.join("bisect.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&outcome)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!("kloop: report {}", path.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The builds from `--old` to `--new` (pin ids name their builds), in
+/// search order: old first, also when old is the later build (a fix
+/// searched backwards). Returns the two versions and the range.
+fn build_range(
+    a: &BisectArgs,
+    cache: &KernelCache,
+    catalog: &Catalog,
+) -> Result<(
+    String,
+    String,
+    Vec<kloop_kernels::available::AvailableBuild>,
+)> {
+    let (builds, _) = available_builds(cache, &a.fetch, false)?;
+    let version_of = |end: &str| -> String {
+        catalog
+            .get(end)
+            .map(|p| p.version.clone())
+            .unwrap_or_else(|_| end.to_string())
+    };
+    let (old, new) = (version_of(&a.old), version_of(&a.new));
+    let index_of = |v: &str| {
+        builds.iter().position(|b| b.version == v).with_context(|| {
+            format!("{v} is not a build the mirror serves; see `cargo xtask kernels available`")
+        })
+    };
+    let (i_old, i_new) = (index_of(&old)?, index_of(&new)?);
+    let range: Vec<_> = if i_old <= i_new {
+        builds[i_old..=i_new].to_vec()
+    } else {
+        builds[i_new..=i_old].iter().rev().cloned().collect()
+    };
+    Ok((old, new, range))
+}
+
+/// One step's line: the build, its verdict, its time and its runs' first
+/// lines.
+fn step_line(step_no: usize, s: &kloop::run::bisect::StepReport) -> String {
+    use kloop::judge::bisect::StepVerdict;
+    let verdict = match &s.verdict {
+        StepVerdict::Old => "old".to_string(),
+        StepVerdict::New => "new".to_string(),
+        StepVerdict::Skip(why) => format!("skip ({why})"),
+    };
+    format!(
+        "step {step_no}: {} → {verdict} ({:.1} s; {})",
+        s.kernel,
+        s.secs,
+        s.runs
+            .iter()
+            .map(|r| r.1.split('\n').next().unwrap_or("").to_string())
+            .collect::<Vec<_>>()
+            .join(" | ")
+    )
+}
+
+/// The answer: first new and last old build, what is ambiguous, the
+/// difference, and the cost.
+fn print_outcome(
+    outcome: &kloop::run::bisect::BisectOutcome,
+    names: &[String],
+    range: &[kloop_kernels::available::AvailableBuild],
+    started: std::time::Instant,
+) {
     let s = &outcome.search;
     println!();
     println!(
@@ -153,11 +189,6 @@ pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
         started.elapsed().as_secs_f64(),
         outcome.confidence * 100.0
     );
-    let path = env.run_dir.join("bisect.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&outcome)?)
-        .with_context(|| format!("writing {}", path.display()))?;
-    println!("kloop: report {}", path.display());
-    Ok(ExitCode::SUCCESS)
 }
 
 /// Builds the tree at `dir` (kloop.config + fragments) quietly, printing
