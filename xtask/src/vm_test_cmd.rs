@@ -231,6 +231,7 @@ fn channel_bench(
 pub(crate) fn matrix_bench(a: &BenchArgs) -> Result<()> {
     use kloop::run::bench::{MatrixRun, Spread};
     let exe = std::env::current_exe().context("locating the xtask binary")?;
+    let runs_root = layout().runs();
     let jobs = if a.jobs > 1 {
         a.jobs
     } else {
@@ -253,18 +254,15 @@ pub(crate) fn matrix_bench(a: &BenchArgs) -> Result<()> {
         for w in &a.append {
             cmd.arg("--append").arg(w);
         }
-        cmd.stdout(std::process::Stdio::piped());
+        cmd.stdout(std::process::Stdio::null());
         println!("kloop bench: matrix, {label} (--boot {boot} --jobs {jobs}) …");
         let started = std::time::Instant::now();
-        let out = cmd.output().context("running vm-test")?;
+        let mut child = cmd.spawn().context("running vm-test")?;
+        let pid = child.id();
+        let status = child.wait().context("waiting for vm-test")?;
         let secs = started.elapsed().as_secs_f64();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        // vm-test's last line names the run directory: `…; reports: DIR`.
-        let run = stdout
-            .lines()
-            .rev()
-            .find_map(|l| l.split_once("reports: ").map(|(_, d)| d.trim().to_string()))
-            .map(|d| MatrixRun::read(std::path::Path::new(&d)));
+        // The child's run directory is named after its pid.
+        let run = kloop::run::run_dirs::of_process(&runs_root, pid).map(|d| MatrixRun::read(&d));
         let run = match run {
             Some(Ok(r)) => Some(r),
             Some(Err(e)) => {
@@ -272,11 +270,14 @@ pub(crate) fn matrix_bench(a: &BenchArgs) -> Result<()> {
                 None
             }
             None => {
-                println!("kloop bench: vm-test named no run directory");
+                println!(
+                    "kloop bench: vm-test (pid {pid}) left no run directory under {}",
+                    runs_root.display()
+                );
                 None
             }
         };
-        rows.push((label, secs, out.status.code(), run));
+        rows.push((label, secs, status.code(), run));
     }
     println!();
     println!(

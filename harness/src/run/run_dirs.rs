@@ -97,6 +97,21 @@ pub fn list(root: &Path) -> Vec<RunDir> {
     dirs
 }
 
+/// The newest run directory process `pid` made under `root` (run
+/// directories are named `<seconds>-<pid>`): how a command that ran
+/// `vm-test` as a child finds its run without reading its output.
+pub fn of_process(root: &Path, pid: u32) -> Option<PathBuf> {
+    let suffix = format!("-{pid}");
+    list(root)
+        .into_iter()
+        .find(|r| {
+            r.path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().ends_with(&suffix))
+        })
+        .map(|r| r.path)
+}
+
 /// Removes all but the newest `keep` run directories under `root` (0
 /// keeps none), never one that is live, and the overhead reports named
 /// after them in `report_dir`.
@@ -216,6 +231,19 @@ mod tests {
         assert!(newer.is_dir() && live_renamed.is_dir() && root.join("notes").is_dir());
         assert!(!reports.join("overhead-50-1.md").exists());
         assert!(!old.exists() && !older.exists());
+    }
+
+    #[test]
+    fn a_process_finds_its_newest_run() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("runs");
+        for name in ["100-7", "200-7", "300-17", "150-70"] {
+            std::fs::create_dir_all(root.join(name)).unwrap();
+        }
+        assert_eq!(of_process(&root, 7), Some(root.join("200-7")));
+        assert_eq!(of_process(&root, 17), Some(root.join("300-17")));
+        assert_eq!(of_process(&root, 70), Some(root.join("150-70")));
+        assert_eq!(of_process(&root, 8), None);
     }
 
     #[test]
