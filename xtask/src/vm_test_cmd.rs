@@ -229,7 +229,24 @@ fn channel_bench(
 /// warm figure). The cold/saved ratio is what counts on a noisy machine: both
 /// runs meet the same host.
 pub(crate) fn matrix_bench(a: &BenchArgs) -> Result<()> {
-    use kloop::run::bench::{MatrixRun, Spread};
+    let rows = run_matrix_rounds(a)?;
+    print_matrix_rows(&rows);
+    Ok(())
+}
+
+/// One whole-matrix round's figures: its label, wall seconds, exit code
+/// and the run it left (if it could be read).
+type MatrixRow = (
+    &'static str,
+    f64,
+    Option<i32>,
+    Option<kloop::run::bench::MatrixRun>,
+);
+
+/// Runs `vm-test` over the whole matrix three times: cold boots, saved VMs
+/// made on the way, saved VMs warm.
+fn run_matrix_rounds(a: &BenchArgs) -> Result<Vec<MatrixRow>> {
+    use kloop::run::bench::MatrixRun;
     let exe = std::env::current_exe().context("locating the xtask binary")?;
     let runs_root = layout().runs();
     let jobs = if a.jobs > 1 {
@@ -237,7 +254,7 @@ pub(crate) fn matrix_bench(a: &BenchArgs) -> Result<()> {
     } else {
         suite::default_jobs()
     };
-    let mut rows: Vec<(&str, f64, Option<i32>, Option<MatrixRun>)> = Vec::new();
+    let mut rows: Vec<MatrixRow> = Vec::new();
     for (label, boot) in [
         ("cold boots", "cold"),
         ("saved VMs, first", "saved"),
@@ -279,6 +296,13 @@ pub(crate) fn matrix_bench(a: &BenchArgs) -> Result<()> {
         };
         rows.push((label, secs, status.code(), run));
     }
+    Ok(rows)
+}
+
+/// The matrix table, the cold/warm ratio, restore→hello per pin and the
+/// agent phase per scenario.
+fn print_matrix_rows(rows: &[MatrixRow]) {
+    use kloop::run::bench::Spread;
     println!();
     println!(
         "{:<18} {:>8} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
@@ -294,7 +318,7 @@ pub(crate) fn matrix_bench(a: &BenchArgs) -> Result<()> {
         "checks",
         "QEMU CPU"
     );
-    for (label, secs, code, run) in &rows {
+    for (label, secs, code, run) in rows {
         let r = run.clone().unwrap_or_default();
         println!(
             "{label:<18} {secs:>8.1} {:>6} {:>7} {:>9} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
@@ -341,7 +365,6 @@ pub(crate) fn matrix_bench(a: &BenchArgs) -> Result<()> {
             }
         }
     }
-    Ok(())
 }
 
 /// `vm-test`; `new_snapshot_set`: `bless --as`, whose `--snapshot-as`
