@@ -145,73 +145,8 @@ impl Ctx {
 
 // ---------------------------------------------------------------- /proc
 
-#[derive(Debug, Clone)]
-struct Proc {
-    pid: i32,
-    ppid: i32,
-    state: char,
-    cmdline: Vec<String>,
-}
-
-fn read_proc(pid: i32) -> Option<Proc> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // "pid (comm) S ppid ...": comm may hold spaces and parentheses.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let mut f = rest.split(' ');
-    let state = f.next()?.chars().next()?;
-    let ppid = f.next()?.parse().ok()?;
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let cmdline = cmdline
-        .split(|b| *b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect();
-    Some(Proc {
-        pid,
-        ppid,
-        state,
-        cmdline,
-    })
-}
-
-/// QEMU guests (not `qemu --version` probes) whose parent is `parent`.
-fn qemu_guests(parent: i32) -> Vec<Proc> {
-    qemu_children(parent)
-        .into_iter()
-        .filter(|p| p.cmdline.iter().any(|a| a == "-kernel"))
-        .collect()
-}
-
-/// QEMU processes whose parent is `parent`, zombies included.
-fn qemu_children(parent: i32) -> Vec<Proc> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(read_proc)
-        .filter(|p| p.ppid == parent)
-        // A zombie has no cmdline left: it was QEMU if its comm says so.
-        .filter(|p| {
-            p.cmdline.first().is_some_and(|a| a.contains("qemu-system"))
-                || (p.state == 'Z'
-                    && std::fs::read_to_string(format!("/proc/{}/comm", p.pid))
-                        .is_ok_and(|c| c.starts_with("qemu-system")))
-        })
-        .collect()
-}
-
-fn alive(pid: i32) -> bool {
-    read_proc(pid).is_some()
-}
-
-/// The private socket directory (`kloop-vm-*`) in a QEMU command line.
-fn socket_dir(cmdline: &[String]) -> Option<PathBuf> {
-    let at = cmdline.iter().position(|a| a == "-qmp")?;
-    let spec = cmdline.get(at + 1)?.strip_prefix("unix:")?;
-    let sock = spec.split(",server").next()?;
-    Path::new(sock).parent().map(Path::to_path_buf)
-}
+// Reading /proc for QEMU processes: shared with xtask's tests.
+use kloop_test_support::{alive, qemu_children, qemu_guests, read_proc, socket_dir, Proc};
 
 /// Whether the raw channel bytes hold the agent's complete hello frame.
 fn said_hello(data: &[u8]) -> bool {

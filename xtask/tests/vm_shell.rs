@@ -48,21 +48,11 @@ fn ensure_kernel() {
 
 /// QEMU processes whose command line holds `marker`.
 fn qemus_with(marker: &str) -> Vec<u32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&cmdline);
-        let is_qemu = cmdline.starts_with("qemu-system") || cmdline.contains("/qemu-system");
-        if is_qemu && cmdline.contains(marker) {
-            out.push(pid);
-        }
-    }
-    out
+    kloop_test_support::qemu_processes()
+        .into_iter()
+        .filter(|p| p.cmdline.iter().any(|a| a.contains(marker)))
+        .map(|p| p.pid as u32)
+        .collect()
 }
 
 fn expect(session: &mut PtySession, what: &str) -> String {

@@ -1,0 +1,115 @@
+//! Test support shared by the tests that drive kloop as a process
+//! (`harness/tests/faults.rs`, `xtask/tests/vm_shell.rs`): what `/proc`
+//! says about the QEMU processes a run started and left.
+
+use std::path::{Path, PathBuf};
+
+/// One process as `/proc/<pid>/stat` and `cmdline` describe it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proc {
+    pub pid: i32,
+    pub ppid: i32,
+    /// The state letter (`R`, `S`, `Z`, …).
+    pub state: char,
+    /// The arguments; empty for a zombie or a kernel thread.
+    pub cmdline: Vec<String>,
+}
+
+/// Process `pid`, or `None` once it is gone.
+pub fn read_proc(pid: i32) -> Option<Proc> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) S ppid ...": comm may hold spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut f = rest.split(' ');
+    let state = f.next()?.chars().next()?;
+    let ppid = f.next()?.parse().ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let cmdline = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    Some(Proc {
+        pid,
+        ppid,
+        state,
+        cmdline,
+    })
+}
+
+/// Whether process `pid` still exists (a zombie does).
+pub fn alive(pid: i32) -> bool {
+    read_proc(pid).is_some()
+}
+
+/// Every QEMU process (`qemu-system-*`), zombies included: a zombie has
+/// no command line left, its `comm` says what it was.
+pub fn qemu_processes() -> Vec<Proc> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(read_proc)
+        .filter(|p| {
+            p.cmdline.first().is_some_and(|a| a.contains("qemu-system"))
+                || (p.state == 'Z'
+                    && std::fs::read_to_string(format!("/proc/{}/comm", p.pid))
+                        .is_ok_and(|c| c.starts_with("qemu-system")))
+        })
+        .collect()
+}
+
+/// QEMU processes whose parent is `parent`, zombies included.
+pub fn qemu_children(parent: i32) -> Vec<Proc> {
+    qemu_processes()
+        .into_iter()
+        .filter(|p| p.ppid == parent)
+        .collect()
+}
+
+/// QEMU guests (not `qemu --version` probes) whose parent is `parent`.
+pub fn qemu_guests(parent: i32) -> Vec<Proc> {
+    qemu_children(parent)
+        .into_iter()
+        .filter(|p| p.cmdline.iter().any(|a| a == "-kernel"))
+        .collect()
+}
+
+/// The private socket directory (`kloop-vm-*`) in a QEMU command line.
+pub fn socket_dir(cmdline: &[String]) -> Option<PathBuf> {
+    let at = cmdline.iter().position(|a| a == "-qmp")?;
+    let spec = cmdline.get(at + 1)?.strip_prefix("unix:")?;
+    let sock = spec.split(",server").next()?;
+    Path::new(sock).parent().map(Path::to_path_buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_this_process_and_its_parent() {
+        let me = std::process::id() as i32;
+        let p = read_proc(me).expect("this process is in /proc");
+        assert_eq!(p.pid, me);
+        assert!(p.ppid > 0);
+        assert!(!p.cmdline.is_empty());
+        assert!(alive(me));
+        assert!(!alive(i32::MAX));
+    }
+
+    #[test]
+    fn finds_the_socket_directory_of_a_qemu_command_line() {
+        let args: Vec<String> = [
+            "qemu-system-x86_64",
+            "-qmp",
+            "unix:/tmp/kloop-vm-x/qmp.sock,server=on,wait=off",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(socket_dir(&args), Some(PathBuf::from("/tmp/kloop-vm-x")));
+        assert_eq!(socket_dir(&args[..1]), None);
+    }
+}
