@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! The perf record parser: `perf_event_header`, `PERF_RECORD_KSYMBOL`,
 //! `PERF_RECORD_BPF_EVENT`, `PERF_RECORD_LOST` and the `sample_id_all`
 //! trailer.
@@ -53,12 +54,19 @@ pub const BPF_EVENT_PROG_LOAD: u16 = 1;
 /// `PERF_BPF_EVENT_PROG_UNLOAD`.
 pub const BPF_EVENT_PROG_UNLOAD: u16 = 2;
 
-/// `PERF_SAMPLE_*` bits that select `sample_id` trailer fields.
+// `PERF_SAMPLE_*` bits that select `sample_id` trailer fields, in the
+// trailer's order.
+/// `PERF_SAMPLE_TID`: the trailer's `{pid, tid}`.
 pub const PERF_SAMPLE_TID: u64 = 1 << 1;
+/// `PERF_SAMPLE_TIME`: the trailer's `time`.
 pub const PERF_SAMPLE_TIME: u64 = 1 << 2;
+/// `PERF_SAMPLE_ID`: the trailer's `id`.
 pub const PERF_SAMPLE_ID: u64 = 1 << 6;
+/// `PERF_SAMPLE_CPU`: the trailer's `{cpu, res}`.
 pub const PERF_SAMPLE_CPU: u64 = 1 << 7;
+/// `PERF_SAMPLE_STREAM_ID`: the trailer's `stream_id`.
 pub const PERF_SAMPLE_STREAM_ID: u64 = 1 << 9;
+/// `PERF_SAMPLE_IDENTIFIER`: the trailer's last `identifier`.
 pub const PERF_SAMPLE_IDENTIFIER: u64 = 1 << 16;
 
 /// Size of `struct perf_event_header`.
@@ -73,12 +81,16 @@ pub const LOST_FIXED_LEN: usize = 16;
 /// `enum perf_record_ksymbol_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum KsymType {
+    /// `PERF_RECORD_KSYMBOL_TYPE_UNKNOWN` (0), which no emitter passes.
     Unknown,
+    /// `PERF_RECORD_KSYMBOL_TYPE_BPF`: programs, trampolines, dispatchers.
     Bpf,
+    /// `PERF_RECORD_KSYMBOL_TYPE_OOL`: kprobe slots, ftrace trampolines.
     Ool,
 }
 
 impl KsymType {
+    /// The type of a record's `ksym_type`, if it is one.
     pub fn from_raw(v: u16) -> Option<KsymType> {
         match v {
             KSYM_TYPE_UNKNOWN => Some(KsymType::Unknown),
@@ -88,6 +100,7 @@ impl KsymType {
         }
     }
 
+    /// The name after `PERF_RECORD_KSYMBOL_TYPE_`.
     pub fn name(self) -> &'static str {
         match self {
             KsymType::Unknown => "UNKNOWN",
@@ -100,12 +113,16 @@ impl KsymType {
 /// `enum perf_bpf_event_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BpfEventType {
+    /// `PERF_BPF_EVENT_UNKNOWN` (0), which the kernel never emits.
     Unknown,
+    /// `PERF_BPF_EVENT_PROG_LOAD`.
     ProgLoad,
+    /// `PERF_BPF_EVENT_PROG_UNLOAD`.
     ProgUnload,
 }
 
 impl BpfEventType {
+    /// The type of a record's `type`, if it is one.
     pub fn from_raw(v: u16) -> Option<BpfEventType> {
         match v {
             BPF_EVENT_UNKNOWN => Some(BpfEventType::Unknown),
@@ -115,6 +132,7 @@ impl BpfEventType {
         }
     }
 
+    /// The name after `PERF_BPF_EVENT_`.
     pub fn name(self) -> &'static str {
         match self {
             BpfEventType::Unknown => "UNKNOWN",
@@ -218,8 +236,11 @@ pub fn sample_type_names(sample_type: u64) -> String {
 /// `struct perf_event_header`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PerfHeader {
+    /// `PERF_RECORD_*`.
     pub type_: u32,
+    /// `PERF_RECORD_MISC_*` bits; 0 for KSYMBOL, BPF_EVENT and LOST.
     pub misc: u16,
+    /// The whole record's length, header and trailer included.
     pub size: u16,
 }
 
@@ -227,37 +248,58 @@ pub struct PerfHeader {
 /// selected are `Some`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SampleId {
+    /// The emitting task's process id (`PERF_SAMPLE_TID`).
     pub pid: Option<u32>,
+    /// The emitting task's thread id (`PERF_SAMPLE_TID`).
     pub tid: Option<u32>,
+    /// The event clock at emission (`PERF_SAMPLE_TIME`).
     pub time: Option<u64>,
+    /// The listener's (its parent's, if inherited) id (`PERF_SAMPLE_ID`).
     pub id: Option<u64>,
+    /// The id of the event that wrote it (`PERF_SAMPLE_STREAM_ID`).
     pub stream_id: Option<u64>,
+    /// The CPU it was emitted on (`PERF_SAMPLE_CPU`).
     pub cpu: Option<u32>,
     /// The `res` half of `{cpu, res}`; the kernel writes 0.
     pub cpu_res: Option<u32>,
+    /// The listener's id again, last (`PERF_SAMPLE_IDENTIFIER`).
     pub identifier: Option<u64>,
 }
 
 /// The body of one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RecordBody {
+    /// `PERF_RECORD_KSYMBOL`: a kernel symbol registered or unregistered
+    /// (`flags` has `PERF_RECORD_KSYMBOL_FLAGS_UNREGISTER`).
     Ksymbol {
+        /// The symbol's start.
         addr: u64,
+        /// Its length in bytes.
         len: u32,
+        /// `PERF_RECORD_KSYMBOL_TYPE_*`.
         ksym_type: u16,
+        /// `PERF_RECORD_KSYMBOL_FLAGS_*`.
         flags: u16,
         /// The name without its NUL and padding (lossy UTF-8; kernel symbol
         /// names are ASCII).
         name: String,
     },
+    /// `PERF_RECORD_BPF_EVENT`: a program loaded or unloaded.
     BpfEvent {
+        /// `PERF_BPF_EVENT_*`.
         event_type: u16,
+        /// Always 0 so far.
         flags: u16,
+        /// The program's id.
         id: u32,
+        /// The program's tag.
         tag: [u8; 8],
     },
+    /// `PERF_RECORD_LOST`: records the ring could not take.
     Lost {
+        /// The id of the event that lost them.
         id: u64,
+        /// How many.
         lost: u64,
     },
     /// A change of kernel text (`attr.text_poke`): `old_len` bytes at
@@ -265,24 +307,34 @@ pub enum RecordBody {
     /// added or removed (include/uapi/linux/perf_event.h). The bytes are
     /// checked for their padding and not kept.
     TextPoke {
+        /// The first byte changed.
         addr: u64,
+        /// How many bytes were there before.
         old_len: u16,
+        /// How many bytes are there now.
         new_len: u16,
     },
     /// A task created (FORK) or gone (EXIT), as perf_event_task_output()
     /// writes it (kernel/events/core.c): the task's pid and tid, its
     /// parent's (for EXIT: the task itself, `current`), and the time.
     Task {
+        /// EXIT rather than FORK.
         exit: bool,
+        /// The task's process id.
         pid: u32,
+        /// Its parent's process id.
         ppid: u32,
+        /// The task's thread id.
         tid: u32,
+        /// Its parent's thread id.
         ptid: u32,
+        /// The event clock when it was written.
         time: u64,
     },
     /// A record type kloop does not interpret; its body and trailer are
     /// skipped (only the header size is checked).
     Unknown {
+        /// Its `PERF_RECORD_*`.
         type_: u32,
     },
 }
@@ -294,12 +346,16 @@ pub struct Record {
     pub listener: u32,
     /// Offset of the record's header in that listener's stream.
     pub offset: u64,
+    /// Its header as written.
     pub header: PerfHeader,
+    /// What it says.
     pub body: RecordBody,
+    /// Its `sample_id` trailer.
     pub sample: SampleId,
 }
 
 impl Record {
+    /// The trailer's time, if the listener asked for it.
     pub fn time(&self) -> Option<u64> {
         self.sample.time
     }
@@ -344,24 +400,35 @@ pub fn ksymbol_action(flags: u16) -> &'static str {
 /// listeners of the same event must agree on.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum RecordContent {
+    /// A KSYMBOL's fields ([`RecordBody::Ksymbol`]).
     Ksymbol {
+        /// The symbol's start.
         addr: u64,
+        /// Its length.
         len: u32,
+        /// `PERF_RECORD_KSYMBOL_TYPE_*`.
         ksym_type: u16,
+        /// `PERF_RECORD_KSYMBOL_FLAGS_*`.
         flags: u16,
+        /// Its name.
         name: String,
     },
     /// `tag` is `None` only where a reader printed the event without it
     /// (perf's summary line); a parsed record always has it.
     BpfEvent {
+        /// `PERF_BPF_EVENT_*`.
         event_type: u16,
+        /// Always 0 so far.
         flags: u16,
+        /// The program's id.
         id: u32,
+        /// The program's tag, when the reader printed it.
         tag: Option<[u8; 8]>,
     },
 }
 
 impl RecordContent {
+    /// What a KSYMBOL or BPF_EVENT record says; `None` for other records.
     pub fn of_record(r: &Record) -> Option<RecordContent> {
         match &r.body {
             RecordBody::Ksymbol {
@@ -513,9 +580,11 @@ impl fmt::Display for Record {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("listener {listener}, stream offset {offset}: {what}; bytes at offset: [{bytes_hex}]")]
 pub struct ParseError {
+    /// The listener whose stream it is.
     pub listener: u32,
     /// Offset of the offending record's header in the listener's stream.
     pub offset: u64,
+    /// What does not parse, and why.
     pub what: String,
     /// Up to 64 bytes from `offset`, hex, in groups of 8.
     pub bytes_hex: String,
@@ -888,6 +957,7 @@ pub mod testutil {
     //! `build`).
     use super::*;
 
+    /// A CPU-bound KSYMBOL + BPF_EVENT listener with `sample_id_all`.
     pub fn listener(index: u32, cpu: i32, sample_type: u64) -> ListenerInfo {
         ListenerInfo {
             index,
@@ -910,14 +980,21 @@ pub mod testutil {
     /// listener's sample_type are written.
     #[derive(Clone, Copy, Default)]
     pub struct Tr {
+        /// `pid` of `{pid, tid}`.
         pub pid: u32,
+        /// `tid` of `{pid, tid}`.
         pub tid: u32,
+        /// `time`.
         pub time: u64,
+        /// `id`, and `identifier` too.
         pub id: u64,
+        /// `stream_id`.
         pub stream_id: u64,
+        /// `cpu` of `{cpu, res}`.
         pub cpu: u32,
     }
 
+    /// The `sample_id` trailer `l`'s sample_type selects, with `t`'s values.
     pub fn trailer(l: &ListenerInfo, t: Tr) -> Vec<u8> {
         let mut v = Vec::new();
         if !l.sample_id_all {
@@ -957,6 +1034,7 @@ pub mod testutil {
         v
     }
 
+    /// A KSYMBOL as perf_event_ksymbol_output() writes it.
     pub fn ksymbol(
         l: &ListenerInfo,
         addr: u64,
@@ -985,6 +1063,7 @@ pub mod testutil {
         with_header(PERF_RECORD_KSYMBOL, b)
     }
 
+    /// A BPF_EVENT as perf_event_bpf_output() writes it.
     pub fn bpf_event(l: &ListenerInfo, ty: u16, id: u32, tag: [u8; 8], t: Tr) -> Vec<u8> {
         let mut b = Vec::new();
         b.extend_from_slice(&ty.to_le_bytes());
@@ -995,6 +1074,7 @@ pub mod testutil {
         with_header(PERF_RECORD_BPF_EVENT, b)
     }
 
+    /// A LOST as __perf_output_begin() writes it.
     pub fn lost(l: &ListenerInfo, id: u64, lost: u64, t: Tr) -> Vec<u8> {
         let mut b = Vec::new();
         b.extend_from_slice(&id.to_le_bytes());
@@ -1003,6 +1083,7 @@ pub mod testutil {
         with_header(PERF_RECORD_LOST, b)
     }
 
+    /// A record of type `type_` with `body` as it is (no trailer).
     pub fn raw(type_: u32, body: Vec<u8>) -> Vec<u8> {
         with_header(type_, body)
     }
