@@ -26,7 +26,12 @@ pub enum Predicate {
     Rule(String),
     /// A raw field of program `label`'s records (`fields.json` key, e.g.
     /// `bpf_event.tag`, `ksymbol.name`, `ksymbol.len`, `info.tag`) differs.
-    Field { key: String, label: String },
+    Field {
+        /// The `fields.json` key.
+        key: String,
+        /// The program's label in the scenario.
+        label: String,
+    },
     /// An overhead figure (`basic/unload/L1`) leaves the old end's band.
     Overhead(String),
 }
@@ -148,8 +153,12 @@ pub enum Observation {
 /// One run of a step, against the old end's observation.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub enum RunClass {
+    /// Like the old end.
     Old,
+    /// Unlike the old end.
     New,
+    /// The run reached no verdict (infrastructure, timeout, a kernel that
+    /// did not boot): why.
     NoVerdict(String),
 }
 
@@ -173,8 +182,11 @@ pub fn classify(reference: &Observation, obs: &Observation, band: f64) -> RunCla
 /// A step's decision.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub enum StepVerdict {
+    /// The step's build behaves like the old end.
     Old,
+    /// It behaves like the new end.
     New,
+    /// Its runs did not agree or reached no verdict: why.
     Skip(String),
 }
 
@@ -230,6 +242,7 @@ pub fn confidence(steps: &[(StepVerdict, usize, usize)], ambiguous: usize) -> f6
 pub struct SearchResult {
     /// Index of the last build that is old and the first that is new.
     pub last_old: usize,
+    /// See `last_old`.
     pub first_new: usize,
     /// Builds between them that were skipped: the change is in one of
     /// them or in `first_new`.

@@ -29,13 +29,20 @@ use kloop_records::{Record, RecordBody, BPF_EVENT_PROG_UNLOAD};
 
 /// Rule names of expectation violations.
 pub mod rule {
+    /// A `symbol` expectation: KSYMBOL counts and lifetimes by name.
     pub const SYMBOL: &str = "expect-symbol";
+    /// A `file` expectation: what a read-file snapshot holds.
     pub const FILE: &str = "expect-file";
+    /// A `counter` expectation: a BPF map counter's value.
     pub const COUNTER: &str = "expect-counter";
+    /// An `attached` expectation: how an attach step went.
     pub const ATTACHED: &str = "expect-attached";
+    /// An `unload-after` expectation: a program's unload records come after a step.
     pub const UNLOAD_AFTER: &str = "expect-unload-after";
+    /// A `fail-nth` expectation: a fault sweep's attempts and failures.
     pub const FAIL_NTH: &str = "expect-fail-nth";
 
+    /// Every expectation rule name.
     pub const ALL: &[&str] = &[SYMBOL, FILE, COUNTER, ATTACHED, UNLOAD_AFTER, FAIL_NTH];
 }
 

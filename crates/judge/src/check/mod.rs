@@ -116,35 +116,64 @@ pub use programs::*;
 
 /// Rule names.
 pub mod rule {
+    /// Every listener a set asked for was opened, and some set recorded the programs.
     pub const LISTENERS: &str = "listeners";
+    /// Every stream parses exactly, record by record (crates/records).
     pub const PARSE: &str = "parse";
+    /// A listener receives only the record types it asked for, with the misc bits the kernel writes.
     pub const RECORD_TYPE: &str = "record-type";
+    /// The sample_id trailer agrees with the listener (its CPU, its id).
     pub const SAMPLE_ID: &str = "sample-id";
+    /// The agent's bpf_prog_info facts are whole (addresses shown, none twice).
     pub const FACTS: &str = "facts";
+    /// A load registers one KSYMBOL per JITed function, at its address, length and name.
     pub const LOAD_SYMBOLS: &str = "load-symbols";
+    /// A PROG_LOAD carries the id and tag bpf_prog_info gives.
     pub const LOAD_MATCHES_INFO: &str = "load-matches-info";
+    /// An unload unregisters every symbol its load registered.
     pub const UNLOAD_SYMBOLS: &str = "unload-symbols";
+    /// Every PROG_UNLOAD follows its PROG_LOAD, and every loaded program is unloaded.
     pub const UNLOAD_MATCHES_LOAD: &str = "unload-matches-load";
+    /// No symbol is unregistered that was not registered (or there before).
     pub const UNREGISTER_WITHOUT_REGISTER: &str = "unregister-without-register";
+    /// No record is lost, except in runs that provoke it, where received + lost = caused.
     pub const LOST: &str = "lost";
+    /// Time never goes backwards within one listener's stream.
     pub const TIME_ORDER: &str = "time-order";
+    /// A program's registers come before its PROG_LOAD, its unregisters with its PROG_UNLOAD.
     pub const CAUSAL_ORDER: &str = "causal-order";
+    /// Sets that saw the same events hold the same records.
     pub const LISTENERS_AGREE: &str = "listeners-agree";
+    /// Every program a batch step loaded has its records.
     pub const PROGRAMS_ACCOUNTED: &str = "programs-accounted";
+    /// A pinned loader's records are on its CPU's listener.
     pub const LOAD_CPU: &str = "load-cpu";
+    /// Programs loaded before recording are reconciled with the inventory.
     pub const INVENTORY: &str = "inventory";
+    /// A storm's side-band lookups of PROG_LOAD ids come out as the kernel allows.
     pub const LOOKUPS: &str = "lookups";
+    /// Each KSYMBOL matches its perf_event_ksymbol call and the symbol state at emission.
     pub const SYMBOL_STATE: &str = "symbol-state";
+    /// A generated symbol that appeared in /proc/kallsyms had its KSYMBOL register.
     pub const ANNOUNCED: &str = "announced";
+    /// An ftrace trampoline's KSYMBOLs are paired with TEXT_POKEs of its whole text.
     pub const TRAMPOLINE_POKES: &str = "trampoline-pokes";
+    /// A generated symbol that left /proc/kallsyms had its KSYMBOL unregister.
     pub const WITHDRAWN: &str = "withdrawn";
+    /// FORK / EXIT reach exactly the sets perf_iterate_sb routes them to, once.
     pub const TASK_RECORDS: &str = "task-records";
+    /// A listener opened disabled and never enabled receives nothing.
     pub const DISABLED_SILENT: &str = "disabled-silent";
+    /// LOST records never report more than the event's lost_samples.
     pub const LOST_SAMPLES: &str = "lost-samples";
+    /// A kprobe's out-of-line copy is poked at a slot start of its kprobe_insn_page.
     pub const KPROBE_SLOTS: &str = "kprobe-slots";
+    /// No BPF_EVENT of a program loaded and unloaded while every ring was paused.
     pub const PAUSED_SILENT: &str = "paused-silent";
+    /// An overwrite (backward, read-only) ring never loses a record it counts.
     pub const OVERWRITE_NEVER_FULL: &str = "overwrite-never-full";
 
+    /// Every rule name, in the order reports list them.
     pub const ALL: &[&str] = &[
         LISTENERS,
         PARSE,
@@ -185,7 +214,9 @@ const MAX_PER_KIND: usize = 5;
 /// it quotes), so reports can carry that as data rather than only as text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
+    /// The rule's name (one of [`rule::ALL`] or an expectation's).
     pub rule: &'static str,
+    /// What a reader sees.
     pub message: String,
     /// The listener the violation is about: the first quoted record's, or
     /// the stream's for a finding about a whole stream (a parse error,
@@ -236,6 +267,7 @@ impl Violation {
 /// `sample_type` does not have are `None`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct QuotedRecord {
+    /// The listener whose stream holds it.
     pub listener: u32,
     /// Offset of the record's header in the listener's stream.
     pub offset: u64,
@@ -243,10 +275,13 @@ pub struct QuotedRecord {
     /// (`type <n>` when it has none).
     #[serde(rename = "type")]
     pub type_name: String,
+    /// The trailer's time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub time: Option<u64>,
+    /// The trailer's CPU.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu: Option<u32>,
+    /// The trailer's thread id.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tid: Option<u32>,
     /// KSYMBOL: `register` / `unregister`; BPF_EVENT: `PROG_LOAD` /
@@ -256,15 +291,19 @@ pub struct QuotedRecord {
     /// KSYMBOL fields.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub addr: Option<u64>,
+    /// KSYMBOL: the symbol's length.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub len: Option<u32>,
+    /// KSYMBOL: `BPF`, `OOL` (or the raw type).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ksym_type: Option<String>,
+    /// KSYMBOL: the symbol's name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// BPF_EVENT fields: the program id and its tag in hex.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<u32>,
+    /// BPF_EVENT: the program's tag in hex.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
     /// LOST: how many records the ring dropped.
@@ -275,6 +314,7 @@ pub struct QuotedRecord {
 }
 
 impl QuotedRecord {
+    /// How a violation quotes `r`.
     pub fn of(r: &Record) -> QuotedRecord {
         let mut q = QuotedRecord {
             listener: r.listener,
@@ -365,6 +405,7 @@ pub struct Analysis {
     pub loss: Vec<LossAccount>,
     /// One-line facts for the trial report (lookup rates, loss accounting).
     pub notes: Vec<String>,
+    /// Every broken rule, in the order the checks found them.
     pub violations: Vec<Violation>,
 }
 

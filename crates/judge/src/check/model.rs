@@ -21,18 +21,22 @@ pub(crate) fn before(recs: &[Record], i: usize, j: usize) -> Option<bool> {
 /// Lifetime of one symbol at one address: register … unregister.
 #[derive(Debug, Clone)]
 pub struct SymLife {
+    /// The symbol's address.
     pub addr: u64,
     /// Index of the register record; `None` for symbols that predate the run.
     pub reg: Option<usize>,
+    /// Index of the unregister record; `None` while it lives.
     pub unreg: Option<usize>,
 }
 
 /// Lifetime of one program id: PROG_LOAD … PROG_UNLOAD.
 #[derive(Debug, Clone)]
 pub struct ProgLife {
+    /// The program's id.
     pub id: u32,
     /// `None` for programs that predate the run.
     pub load: Option<usize>,
+    /// Index of its PROG_UNLOAD; `None` while it is loaded.
     pub unload: Option<usize>,
 }
 
