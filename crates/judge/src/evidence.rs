@@ -7,11 +7,15 @@ use kloop_protocol::{KallsymsEntry, ListenerInfo, Message, ProgFacts, Requiremen
 /// Everything the guest agent reported in one run, as received.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunEvidence {
+    /// The guest kernel's `uname`.
     pub uname: Uname,
+    /// The CPUs online in the guest.
     pub online_cpus: Vec<u32>,
     /// `(sysctl path, value)` pairs the agent read.
     pub sysctls: Vec<(String, String)>,
+    /// The guest kernel's command line.
     pub cmdline: String,
+    /// Every listener the agent announced, in index order.
     pub listeners: Vec<ListenerInfo>,
     /// Raw bytes of each listener's ring, concatenated in stream order,
     /// keyed by `ListenerInfo::index`.
@@ -81,7 +85,9 @@ pub struct RunEvidence {
 /// closed during step `closed` (`None`: open to the end).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Window {
+    /// The step that opened it.
     pub opened: Option<u32>,
+    /// The step that closed it.
     pub closed: Option<u32>,
 }
 
@@ -143,6 +149,7 @@ impl RunEvidence {
 /// What the `watch-ksymbols` kprobe saw of `perf_event_ksymbol` calls.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KsymbolWatchEvidence {
+    /// Every call, in the order they were seen.
     pub observations: Vec<kloop_protocol::KsymbolObservation>,
     /// Calls it could not keep (its ring was full).
     pub dropped: u64,
@@ -151,37 +158,50 @@ pub struct KsymbolWatchEvidence {
 /// A `FailNthSweep` message: one `fail-nth` step's attempts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FailNthSweep {
+    /// What was swept (`attach fentry (BPF_RAW_TRACEPOINT_OPEN)`, …).
     pub target: String,
+    /// Attempts made, the last one without an injected fault.
     pub attempts: u32,
     /// Attempts with an injected fault whose syscall failed.
     pub failed: u32,
     /// Their errnos by name, with counts.
     pub errnos: Vec<(String, u32)>,
+    /// The agent's note on the sweep (the program, the probe's site).
     pub detail: String,
 }
 
 /// A file the guest read for a `read-file` step.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FileSnapshot {
+    /// The step's label.
     pub label: String,
+    /// The file read.
     pub path: String,
+    /// Its contents.
     pub text: String,
 }
 
 /// Where an `attach` step hooked a program.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Attachment {
+    /// The program's label.
     pub label: String,
+    /// The link's name.
     pub link: String,
+    /// How it was attached (the kprobe offset the kernel took, …).
     pub detail: String,
 }
 
 /// One `read-counter` result.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CounterValue {
+    /// The program's label.
     pub label: String,
+    /// Its map.
     pub map: String,
+    /// The key read.
     pub key: u32,
+    /// The value.
     pub value: u64,
 }
 
@@ -189,7 +209,9 @@ pub struct CounterValue {
 /// unloaded (each unloaded before the next load).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Batch {
+    /// The fixture its programs came from.
     pub fixture: String,
+    /// The program of the fixture.
     pub program: String,
     /// JITed functions of every program of the batch.
     pub functions: u32,
@@ -229,6 +251,7 @@ impl Batch {
         }
     }
 
+    /// `storm <fixture>/<program>` or `concurrent … on CPU <n>`.
     pub fn what(&self) -> String {
         match self.cpu {
             Some(c) => format!("concurrent {}/{} on CPU {c}", self.fixture, self.program),
@@ -240,17 +263,24 @@ impl Batch {
 /// A side-band reader's lookups (`Message::Lookups`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Lookups {
+    /// PROG_LOAD records the reader saw.
     pub seen: u32,
+    /// Ids it could open (`BPF_PROG_GET_FD_BY_ID`).
     pub found: u32,
+    /// Ids already gone (ENOENT).
     pub enoent: u32,
+    /// Any other errors, as the agent wrote them.
     pub other_errors: Vec<String>,
 }
 
 /// A `PerfScript` message: the command the agent ran, its text and stderr.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PerfScript {
+    /// The command line.
     pub command: String,
+    /// Its standard output.
     pub text: String,
+    /// Its standard error.
     pub stderr: String,
 }
 
@@ -258,12 +288,17 @@ pub struct PerfScript {
 /// iteration, warm-up excluded).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Timings {
+    /// The fixture measured.
     pub fixture: String,
+    /// Its program.
     pub program: String,
     /// JITed functions of the program (`nr_jited_ksyms`).
     pub functions: u32,
+    /// Listeners open on each CPU while it was measured.
     pub listeners_per_cpu: u32,
+    /// Each timed load, in ns.
     pub load_ns: Vec<u64>,
+    /// Each timed unload, in ns.
     pub unload_ns: Vec<u64>,
 }
 

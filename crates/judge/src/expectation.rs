@@ -13,7 +13,9 @@ fn one() -> u32 {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Expectation {
+    /// KSYMBOL registers whose name starts with `prefix`.
     Symbol {
+        /// The names' start.
         prefix: String,
         /// The name also ends with this (a program's symbol is
         /// `bpf_prog_<tag>_<function>`: the tag is not known in advance,
@@ -23,62 +25,91 @@ pub enum Expectation {
         /// `bpf` or `ool`.
         #[serde(default)]
         ksym_type: Option<KsymKind>,
+        /// At least this many registers (default 1).
         #[serde(default = "one")]
         min_registers: u32,
+        /// At most this many.
         #[serde(default)]
         max_registers: Option<u32>,
+        /// Each register is unregistered later in the run.
         #[serde(default)]
         unregistered: bool,
         /// Each register stays: no unregister of it in the run (a symbol
         /// the kernel keeps for good, such as the XDP dispatcher's image).
         #[serde(default)]
         kept: bool,
+        /// Checked only on these kernel pins (empty: all).
         #[serde(default)]
         pins: Vec<String>,
     },
+    /// A `read-file` snapshot's contents.
     File {
+        /// The snapshot's label.
         label: String,
+        /// Strings it must hold.
         #[serde(default)]
         contains: Vec<String>,
+        /// Strings it must not hold.
         #[serde(default)]
         lacks: Vec<String>,
+        /// Checked only on these kernel pins (empty: all).
         #[serde(default)]
         pins: Vec<String>,
     },
+    /// The value(s) a `read-counter` step read.
     Counter {
+        /// The program's label.
         label: String,
+        /// Its map.
         map: String,
+        /// The map key.
         #[serde(default)]
         key: u32,
+        /// At least this.
         #[serde(default)]
         min: Option<u64>,
+        /// At most this.
         #[serde(default)]
         max: Option<u64>,
+        /// Exactly this.
         #[serde(default)]
         equals: Option<u64>,
+        /// Checked only on these kernel pins (empty: all).
         #[serde(default)]
         pins: Vec<String>,
     },
+    /// An `attach` step was reported.
     Attached {
+        /// The link's name.
         link: String,
+        /// Strings its detail must hold.
         #[serde(default)]
         contains: Vec<String>,
+        /// Checked only on these kernel pins (empty: all).
         #[serde(default)]
         pins: Vec<String>,
     },
+    /// A program's unload records come only after a step started.
     UnloadAfter {
+        /// The program's label.
         label: String,
+        /// The step, as a partial table (`{ op = "detach", link = "clock" }`).
         step: toml::Table,
+        /// Checked only on these kernel pins (empty: all).
         #[serde(default)]
         pins: Vec<String>,
     },
+    /// A `fail-nth` sweep was reported.
     FailNth {
         /// A substring of the sweep's target (`attach fentry`, `kprobe`).
         target: String,
+        /// At least this many attempts.
         #[serde(default)]
         min_attempts: u32,
+        /// At least this many of them failed by the injected fault.
         #[serde(default)]
         min_failed: u32,
+        /// Checked only on these kernel pins (empty: all).
         #[serde(default)]
         pins: Vec<String>,
     },
@@ -88,7 +119,9 @@ pub enum Expectation {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum KsymKind {
+    /// `PERF_RECORD_KSYMBOL_TYPE_BPF`.
     Bpf,
+    /// `PERF_RECORD_KSYMBOL_TYPE_OOL`.
     Ool,
 }
 
