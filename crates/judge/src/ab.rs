@@ -22,6 +22,7 @@ use crate::overhead::{FigureKind, TrialOverhead};
 pub struct Side {
     /// `ok`, `FAILED`, `KNOWN`, `SKIPPED`, `PANIC`, … and its first line.
     pub label: String,
+    /// The verdict's line as the trial printed it.
     pub headline: String,
     /// The agent's plan ran to its end and the records were judged.
     pub judged: bool,
@@ -31,21 +32,30 @@ pub struct Side {
     pub rules: Vec<(String, String)>,
     /// The normalised stream.
     pub normalised: Option<String>,
+    /// Its overhead figures, for a scenario that measures.
     pub overhead: Option<TrialOverhead>,
 }
 
+/// What a scenario comes to between the baseline and the candidate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AbClass {
+    /// The same verdict, rules, stream and figures.
     Same,
+    /// Both judged, no new broken rule, but the stream or a figure differs.
     Changed,
+    /// The candidate breaks a rule the baseline holds, or did not finish.
     Broken,
+    /// Only the baseline broke rules (the candidate fixed something).
     BaselineOnly,
+    /// Skipped on one side or both.
     Skipped,
+    /// The baseline did not finish: nothing to compare with.
     Incomparable,
 }
 
 impl AbClass {
+    /// How reports print it (`SAME`, `CHANGED`, …).
     pub fn label(self) -> &'static str {
         match self {
             AbClass::Same => "SAME",
@@ -69,25 +79,32 @@ impl AbClass {
 /// One overhead figure on both sides.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FigureChange {
+    /// The figure's name (`basic/unload/L1`).
     pub figure: String,
+    /// Its value on the baseline.
     pub baseline: f64,
+    /// Its value on the candidate.
     pub candidate: f64,
     /// candidate / baseline.
     pub ratio: f64,
     /// Allowed relative distance.
     pub band: f64,
+    /// The candidate lies within the band.
     pub within: bool,
 }
 
 /// The comparison of one scenario.
 #[derive(Debug, Clone, Serialize)]
 pub struct AbOutcome {
+    /// The scenario compared.
     pub scenario: String,
+    /// What it comes to.
     pub class: AbClass,
     /// Why: broken rules with their messages, the stream diff, figures.
     pub details: Vec<String>,
     /// Diff lines of the normalised streams: `-` baseline, `+` candidate.
     pub diff: Vec<String>,
+    /// Every overhead figure on both sides.
     pub figures: Vec<FigureChange>,
     /// What the baseline itself broke, shown apart.
     pub baseline_issues: Vec<String>,
@@ -96,6 +113,7 @@ pub struct AbOutcome {
 const MAX_DIFF_LINES: usize = 40;
 const MAX_RULE_LINES: usize = 8;
 
+/// Compares one scenario's trial on the baseline with the candidate's.
 pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
     let mut out = AbOutcome {
         scenario: scenario.to_string(),

@@ -71,19 +71,33 @@ pub fn rule_names() -> Vec<&'static str> {
         .collect()
 }
 
+/// Why the ledger cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
+    /// The file could not be read.
     #[error("reading the known-issues ledger {path}: {source}")]
     Read {
+        /// The ledger's path.
         path: PathBuf,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
+    /// It is not TOML of the ledger's shape.
     #[error("{path}: {message}")]
-    Parse { path: PathBuf, message: String },
+    Parse {
+        /// The ledger's path.
+        path: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+    /// It refers to pins, rules or scenarios that do not exist, or repeats
+    /// an id, or has a malformed date.
     #[error("{path}: invalid known-issues ledger:\n  {}", problems.join("\n  "))]
     Invalid {
+        /// The ledger's path.
         path: PathBuf,
+        /// Every problem found.
         problems: Vec<String>,
     },
 }
@@ -92,19 +106,27 @@ pub enum LedgerError {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Issue {
+    /// The entry's id (`ksymbol-bpf-event-header-size-accumulates`).
     pub id: String,
+    /// The rule its violations break.
     pub rule: String,
+    /// The scenarios that must show it (empty: it may show in any).
     #[serde(default)]
     pub scenarios: Vec<String>,
+    /// The pins it shows on.
     pub pins: Vec<String>,
     /// Whose bug it is: `kernel` (the default) or the userspace tool a
     /// scenario runs next to kloop (`perf`). Reports name it.
     #[serde(default = "default_component")]
     pub component: String,
+    /// What happens and why, from the source.
     pub summary: String,
+    /// The violations seen, quoted from runs.
     pub evidence: String,
+    /// The fix upstream, if one is known.
     #[serde(default)]
     pub upstream_fix: String,
+    /// When the entry must be looked at again (`YYYY-MM-DD`).
     pub review_by: String,
 }
 
@@ -138,7 +160,9 @@ struct LedgerFile {
 /// What the ledger may refer to.
 #[derive(Debug, Clone, Default)]
 pub struct Vocabulary {
+    /// Known pin ids.
     pub pins: Vec<String>,
+    /// Known rule names.
     pub rules: Vec<String>,
     /// Known scenario names; empty: scenario names are not checked.
     pub scenarios: Vec<String>,
@@ -147,6 +171,7 @@ pub struct Vocabulary {
 /// The parsed ledger.
 #[derive(Debug, Clone, Default)]
 pub struct Ledger {
+    /// Its entries, in file order.
     pub issues: Vec<Issue>,
     /// Where it was read from (none: empty, no file).
     pub path: Option<PathBuf>,
@@ -155,12 +180,16 @@ pub struct Ledger {
 /// A civil date, `YYYY-MM-DD`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Date {
+    /// The year.
     pub year: i32,
+    /// 1 to 12.
     pub month: u32,
+    /// 1 to 31.
     pub day: u32,
 }
 
 impl Date {
+    /// A `YYYY-MM-DD` date, if it is a real one.
     pub fn parse(s: &str) -> Option<Date> {
         let mut it = s.split('-');
         let (y, m, d) = (it.next()?, it.next()?, it.next()?);

@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! Judging: from what the guest sent to findings. Knows nothing of QEMU, of
 //! kernel builds or of how a trial is run, and does no I/O: files'
 //! contents (budgets, the ledger) come in as values, and what is written

@@ -7,14 +7,18 @@ use super::*;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Budget {
+    /// The pin it is for.
     pub pin: String,
     /// `uname -r` of the guest the budget was blessed from.
     #[serde(default)]
     pub guest_release: String,
+    /// The figures under TCG with `-icount` (instruction counts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub icount: Option<ClockBudget>,
+    /// The figures under KVM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kvm: Option<ClockBudget>,
+    /// The figures under TCG without `-icount`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tcg: Option<ClockBudget>,
 }
@@ -36,14 +40,17 @@ pub struct ClockBudget {
 }
 
 impl Budget {
+    /// Where a scenario keeps `pin`'s budget.
     pub fn path(scenario_dir: &Path, pin: &str) -> PathBuf {
         scenario_dir.join("budgets").join(format!("{pin}.toml"))
     }
 
+    /// A budget file's contents.
     pub fn parse(text: &str) -> Result<Budget, String> {
         toml::from_str(text).map_err(|e| e.to_string())
     }
 
+    /// The figures for `clock`, if blessed.
     pub fn for_clock(&self, clock: Clock) -> Option<&ClockBudget> {
         match clock {
             Clock::Icount => self.icount.as_ref(),
@@ -96,6 +103,7 @@ impl Budget {
         b
     }
 
+    /// The file, with its explaining header.
     pub fn to_toml(&self) -> String {
         let body = toml::to_string(self).expect("a budget always serialises");
         format!(
@@ -120,11 +128,15 @@ pub(super) fn round_figure(f: &Figure) -> f64 {
 /// One line of the comparison table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
+    /// The figure's name.
     pub figure: String,
+    /// Its golden value, if the budget has one.
     pub golden: Option<f64>,
+    /// Its value in this trial, if measured.
     pub now: Option<f64>,
     /// Relative band (0 for exact figures).
     pub tolerance: f64,
+    /// Within its band.
     pub ok: bool,
 }
 

@@ -39,6 +39,7 @@ pub const ICOUNT_TOLERANCE: f64 = 0.01;
 /// Default bands for real-time clocks (KVM, TCG without icount): medians
 /// move with the host, ratios to 0 listeners much less.
 pub const REAL_TIME_MEDIAN_TOLERANCE: f64 = 0.30;
+/// The band for ratios to 0 listeners under a real-time clock.
 pub const REAL_TIME_RATIO_TOLERANCE: f64 = 0.10;
 
 mod budget;
@@ -58,13 +59,19 @@ pub struct TrialOverhead {
     pub kernel: String,
     /// The pin whose budget applies, if any.
     pub budget_pin: Option<String>,
+    /// The guest kernel's release.
     pub guest_release: String,
+    /// The clock the timings were taken with.
     pub clock: Clock,
+    /// Every measured point (fixture, operation, listeners).
     pub points: Vec<Point>,
+    /// The figures derived from them (medians, ratios).
     pub figures: Vec<Figure>,
     /// The comparison with the budget (empty when not compared).
     pub rows: Vec<Row>,
+    /// The band medians were held to.
     pub median_tolerance: f64,
+    /// Whether the figures move with the listeners as they must.
     pub sensitivity: Vec<Sensitivity>,
     /// What the trial line should say about how the figures were judged
     /// (a clock without a budget).
@@ -154,8 +161,11 @@ pub fn clock_independent(budget: &Budget, figures: &[Figure]) -> Vec<String> {
 /// What judging one trial's timings needs besides its evidence.
 #[derive(Debug, Clone)]
 pub struct TrialInputs<'a> {
+    /// The scenario's name.
     pub scenario: &'a str,
+    /// Its plan's steps (the `measure` steps among them).
     pub steps: &'a [Step],
+    /// The clock the guest's timings ran on.
     pub clock: Clock,
     /// The trial's kernel (pin id, or `image`).
     pub kernel: &'a str,

@@ -6,7 +6,9 @@ use super::*;
 /// How far one extra listener per CPU moves a median, against the band.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sensitivity {
+    /// The fixture measured.
     pub fixture: String,
+    /// `load` or `unload`.
     pub op: String,
     /// median(L1) / median(L0) - 1.
     pub first_listener: f64,
@@ -26,6 +28,8 @@ impl Sensitivity {
     }
 }
 
+/// The sensitivity of every fixture × operation measured with and
+/// without listeners.
 pub fn sensitivity(points: &[Point], tolerance: f64) -> Vec<Sensitivity> {
     let mut out = Vec::new();
     for b in points.iter().filter(|p| p.listeners_per_cpu == 0) {

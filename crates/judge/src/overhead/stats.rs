@@ -6,14 +6,19 @@ use super::*;
 /// Summary of one series of durations.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
+    /// How many values.
     pub n: usize,
+    /// Their median.
     pub median: f64,
     /// First and third quartile (linear interpolation between order statistics).
     pub q1: f64,
+    /// See `q1`.
     pub q3: f64,
     /// Median absolute deviation from the median (unscaled).
     pub mad: f64,
+    /// The smallest value.
     pub min: u64,
+    /// The largest value.
     pub max: u64,
 }
 
@@ -27,6 +32,7 @@ pub(super) fn quantile(v: &[f64], p: f64) -> f64 {
 }
 
 impl Stats {
+    /// The summary of `values`; `None` when there are none.
     pub fn of(values: &[u64]) -> Option<Stats> {
         if values.is_empty() {
             return None;
@@ -47,6 +53,7 @@ impl Stats {
         })
     }
 
+    /// The interquartile range.
     pub fn iqr(&self) -> f64 {
         self.q3 - self.q1
     }
@@ -55,15 +62,22 @@ impl Stats {
 /// One `measure` step, summarised.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Point {
+    /// The fixture measured.
     pub fixture: String,
+    /// Its program.
     pub program: String,
+    /// Its JITed functions.
     pub functions: u32,
+    /// Listeners open on each CPU.
     pub listeners_per_cpu: u32,
+    /// The load durations.
     pub load: Stats,
+    /// The unload durations.
     pub unload: Stats,
 }
 
 impl Point {
+    /// The point of one `Timings` message; `None` without durations.
     pub fn of(t: &Timings) -> Option<Point> {
         Some(Point {
             fixture: t.fixture.clone(),
@@ -91,6 +105,7 @@ pub enum Clock {
 }
 
 impl Clock {
+    /// Its key in budget files (`icount`, `kvm`, `tcg`).
     pub fn key(self) -> &'static str {
         match self {
             Clock::Icount => "icount",
@@ -120,6 +135,7 @@ impl Clock {
 
 // ---------------------------------------------------------------- figures
 
+/// What a figure is, which decides how it is compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum FigureKind {
@@ -131,23 +147,31 @@ pub enum FigureKind {
     Count,
 }
 
+/// One named figure (`basic/unload/L1`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Figure {
+    /// `<fixture>/<op>/L<listeners>` (or `…/functions`).
     pub name: String,
+    /// What it is.
     pub kind: FigureKind,
+    /// Its value.
     pub value: f64,
 }
 
 /// Which duration of a point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
+    /// `BPF_PROG_LOAD`.
     Load,
+    /// Closing the last reference.
     Unload,
 }
 
 impl Op {
+    /// Both, in report order.
     pub const ALL: [Op; 2] = [Op::Load, Op::Unload];
 
+    /// `load` or `unload`, as figure names have it.
     pub fn name(self) -> &'static str {
         match self {
             Op::Load => "load",
@@ -155,6 +179,7 @@ impl Op {
         }
     }
 
+    /// The point's durations of this operation.
     pub fn of(self, p: &Point) -> &Stats {
         match self {
             Op::Load => &p.load,

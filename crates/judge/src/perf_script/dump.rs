@@ -7,18 +7,24 @@ use super::*;
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("perf report -D output, line {line}: {what}")]
 pub struct PerfTextError {
+    /// The line it stopped at (1-based).
     pub line: usize,
+    /// What was wrong with it.
     pub what: String,
 }
 
 /// What perf printed after `PERF_RECORD_<NAME>` on a summary line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Printed {
+    /// `PERF_RECORD_KSYMBOL`'s fields.
     Ksymbol(RecordContent),
+    /// `PERF_RECORD_BPF_EVENT`'s fields.
     BpfEvent(RecordContent),
     /// Any other record type: its name and the rest of the line.
     Other {
+        /// The name after `PERF_RECORD_`.
         name: String,
+        /// The rest of the line.
         rest: String,
     },
 }
@@ -29,6 +35,7 @@ pub struct Summary {
     /// The numbers before the offset (`cpu`, `time` when the events sample
     /// them; `-1 -1` without `sample_id_all`).
     pub stamps: Vec<i64>,
+    /// What perf printed of the record.
     pub printed: Printed,
     /// The text line, for messages.
     pub line: String,
@@ -39,16 +46,22 @@ pub struct Summary {
 pub struct DumpEvent {
     /// Offset in perf.data (pairs the raw dump with its summary line).
     pub offset: u64,
+    /// Its header's size.
     pub size: u32,
+    /// Its header's type.
     pub type_: u32,
+    /// Its bytes as perf dumped them.
     pub raw: Vec<u8>,
+    /// perf's summary line of it, if printed.
     pub summary: Option<Summary>,
 }
 
 /// A parsed `perf report -D --header` text.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PerfDump {
+    /// `# perf version :`.
     pub perf_version: Option<String>,
+    /// `# os release :`.
     pub os_release: Option<String>,
     /// `sample_type` of each `# event :` line.
     pub sample_types: Vec<u64>,
