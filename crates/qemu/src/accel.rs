@@ -233,7 +233,9 @@ pub fn choose(
         let _ = std::fs::create_dir_all(parent);
     }
     if let Ok(text) = serde_json::to_string_pretty(&decision) {
-        let tmp = cache_file.with_extension("tmp");
+        // A name of this process's own: two kloop processes probing at
+        // once must not write into one temporary file.
+        let tmp = cache_file.with_extension(format!("{}.tmp", std::process::id()));
         if std::fs::write(&tmp, text).is_ok() {
             let _ = std::fs::rename(&tmp, &cache_file);
         }

@@ -294,7 +294,9 @@ pub fn write_saved(
     let json = serde_json::to_vec_pretty(&saved).expect("the run serialises");
     // Rewritten after every mutant: a run killed while writing must leave
     // the previous version, never half of one.
-    let tmp = path.with_extension("json.tmp");
+    // A temporary name of this process's own, so that two runs writing
+    // the same report never write into one file.
+    let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
     std::fs::write(&tmp, json)
         .and_then(|()| std::fs::rename(&tmp, path))
         .map_err(|source| MutantsError::Write {
