@@ -326,46 +326,39 @@ fn attempt_fd(
 
 type Swept = (String, Summary, String);
 
-/// Attaches the loaded program `label` with `BPF_RAW_TRACEPOINT_OPEN`
-/// (no name: a tracing or LSM program attaches where it was loaded for).
-fn sweep_attach(context: &mut StepContext, label: &str, max_attempts: u32) -> Result<Swept> {
-    let prog = context
+/// A duplicate of the fd of the loaded program `label`, so that the
+/// context can be lent to the attempts (the program is the same).
+fn loaded_prog_fd(context: &mut StepContext, label: &str) -> Result<OwnedFd> {
+    context
         .loaded_mut(label)?
         .program_mut()
-        .with_context(|| format!("label {label:?}"))?;
-    // A dup, so that the context can be lent to the attempts; the program
-    // is the same.
-    let prog_fd = prog
+        .with_context(|| format!("label {label:?}"))?
         .fd()
         .with_context(|| format!("the fd of program {label:?}"))?
         .as_fd()
         .try_clone_to_owned()
-        .with_context(|| format!("duplicating the fd of program {label:?}"))?;
-    let what = format!("attach {label} (BPF_RAW_TRACEPOINT_OPEN)");
-    let mut attr = zeroed_attr();
-    attr.raw_tracepoint.prog_fd = prog_fd.as_raw_fd() as u32;
-    // Warm the call path unarmed with an fd that is no program (EBADF).
-    let mut bad = zeroed_attr();
-    bad.raw_tracepoint.prog_fd = u32::MAX;
-    let _ = sys_bpf_fd(
-        bpf_cmd::BPF_RAW_TRACEPOINT_OPEN,
-        &mut bad,
-        RAW_TRACEPOINT_OPEN_SIZE,
-    );
+        .with_context(|| format!("duplicating the fd of program {label:?}"))
+}
+
+/// Sweeps the `bpf(cmd, attr)` that returns a new fd (the caller has
+/// warmed its call path unarmed); a success's fd is closed again, then
+/// `settle` runs. The attempt without an injected fault must succeed; the
+/// rings are drained at the end.
+fn sweep_bpf_fd(
+    context: &mut StepContext,
+    what: &str,
+    (cmd, attr, size): (bpf_cmd, &mut crate::bpf::bpf_attr, u32),
+    max_attempts: u32,
+    settle: impl Fn() -> Result<()>,
+) -> Result<Summary> {
     let fail_nth = FailNth::open()?;
     let summary = sweep(max_attempts, |n| {
         attempt_fd(
             context,
             &fail_nth,
             n,
-            || {
-                sys_bpf_fd(
-                    bpf_cmd::BPF_RAW_TRACEPOINT_OPEN,
-                    &mut attr,
-                    RAW_TRACEPOINT_OPEN_SIZE,
-                )
-            },
-            trampolines_gone,
+            || sys_bpf_fd(cmd, attr, size),
+            &settle,
         )
     })
     .with_context(|| format!("sweeping {what}"))?;
@@ -377,6 +370,35 @@ fn sweep_attach(context: &mut StepContext, label: &str, max_attempts: u32) -> Re
         );
     }
     context.records_bytes += perf::drain_all(&mut context.rings)?;
+    Ok(summary)
+}
+
+/// Attaches the loaded program `label` with `BPF_RAW_TRACEPOINT_OPEN`
+/// (no name: a tracing or LSM program attaches where it was loaded for).
+fn sweep_attach(context: &mut StepContext, label: &str, max_attempts: u32) -> Result<Swept> {
+    let prog_fd = loaded_prog_fd(context, label)?;
+    let what = format!("attach {label} (BPF_RAW_TRACEPOINT_OPEN)");
+    let mut attr = zeroed_attr();
+    attr.raw_tracepoint.prog_fd = prog_fd.as_raw_fd() as u32;
+    // Warm the call path unarmed with an fd that is no program (EBADF).
+    let mut bad = zeroed_attr();
+    bad.raw_tracepoint.prog_fd = u32::MAX;
+    let _ = sys_bpf_fd(
+        bpf_cmd::BPF_RAW_TRACEPOINT_OPEN,
+        &mut bad,
+        RAW_TRACEPOINT_OPEN_SIZE,
+    );
+    let summary = sweep_bpf_fd(
+        context,
+        &what,
+        (
+            bpf_cmd::BPF_RAW_TRACEPOINT_OPEN,
+            &mut attr,
+            RAW_TRACEPOINT_OPEN_SIZE,
+        ),
+        max_attempts,
+        trampolines_gone,
+    )?;
     Ok((what, summary, format!("program {label:?}")))
 }
 
@@ -394,16 +416,7 @@ fn sweep_xdp_attach(
     max_attempts: u32,
 ) -> Result<Swept> {
     use aya_obj::generated::{bpf_attach_type, XDP_FLAGS_DRV_MODE};
-    let prog = context
-        .loaded_mut(label)?
-        .program_mut()
-        .with_context(|| format!("label {label:?}"))?;
-    let prog_fd = prog
-        .fd()
-        .with_context(|| format!("the fd of program {label:?}"))?
-        .as_fd()
-        .try_clone_to_owned()
-        .with_context(|| format!("duplicating the fd of program {label:?}"))?;
+    let prog_fd = loaded_prog_fd(context, label)?;
     let name = CString::new(interface).context("interface name")?;
     // SAFETY: a NUL-terminated name that outlives the call.
     let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
@@ -420,25 +433,13 @@ fn sweep_xdp_attach(
     let mut bad = attr;
     bad.link_create.__bindgen_anon_1.prog_fd = u32::MAX;
     let _ = sys_bpf_fd(bpf_cmd::BPF_LINK_CREATE, &mut bad, LINK_CREATE_XDP_SIZE);
-    let fail_nth = FailNth::open()?;
-    let summary = sweep(max_attempts, |n| {
-        attempt_fd(
-            context,
-            &fail_nth,
-            n,
-            || sys_bpf_fd(bpf_cmd::BPF_LINK_CREATE, &mut attr, LINK_CREATE_XDP_SIZE),
-            || Ok(()),
-        )
-    })
-    .with_context(|| format!("sweeping {what}"))?;
-    if let Some(errno) = summary.last_errno {
-        bail!(
-            "{what}: the attempt without an injected fault (attempt {}) failed with {}",
-            summary.attempts,
-            errno_label(errno)
-        );
-    }
-    context.records_bytes += perf::drain_all(&mut context.rings)?;
+    let summary = sweep_bpf_fd(
+        context,
+        &what,
+        (bpf_cmd::BPF_LINK_CREATE, &mut attr, LINK_CREATE_XDP_SIZE),
+        max_attempts,
+        || Ok(()),
+    )?;
     Ok((
         what,
         summary,

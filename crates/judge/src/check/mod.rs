@@ -445,6 +445,16 @@ impl From<String> for Found<'_> {
     }
 }
 
+/// `<label>: ` to start a set's messages with, or nothing for an unnamed
+/// (the only) set.
+pub(super) fn label_prefix(label: &str) -> String {
+    if label.is_empty() {
+        String::new()
+    } else {
+        format!("{label}: ")
+    }
+}
+
 /// `message`, which quotes `records`.
 pub(crate) fn quoting<'r>(
     message: String,
@@ -683,6 +693,20 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
         }
     }
 
+    // An overwrite set in a run that provoked loss drops its oldest records
+    // by design, uncounted: it keeps only the newest.
+    let overwritten = |set: &[u32]| {
+        ev.provoked_loss
+            && set
+                .iter()
+                .filter_map(|i| listeners.get(i))
+                .any(|l| l.backward)
+    };
+    let paused = ev
+        .steps
+        .values()
+        .any(|s| matches!(s, kloop_protocol::Step::PauseOutput { paused: true }));
+
     // Per listener: parse, record-type, sample-id, time-order, lost.
     let mut lost_parts = Vec::new();
     let mut first_losts: Vec<Record> = Vec::new();
@@ -767,12 +791,7 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
         // never refuses a record for want of space: __perf_output_begin()
         // checks for space only `if (!rb->overwrite)`, so it loses nothing
         // (no LOST, lost_samples 0) unless its output was paused.
-        if l.backward
-            && !ev
-                .steps
-                .values()
-                .any(|s| matches!(s, kloop_protocol::Step::PauseOutput { paused: true }))
-        {
+        if l.backward && !paused {
             let counted = ev.lost_samples.get(idx).copied().unwrap_or(0);
             if lost > 0 || n > 0 || counted > 0 {
                 v.push(
@@ -868,16 +887,11 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             .collect();
         let merged = merge_by_time(streams);
         let set_lost: u64 = set.iter().filter_map(|i| lost_by.get(i)).sum();
-        // An overwrite set drops its oldest records by design, uncounted,
-        // when a run writes more than its rings hold: no loss accounting
-        // and no completeness rules then, only the per-record ones and
-        // overwrite-never-full.
-        let overwritten = ev.provoked_loss
-            && set
-                .iter()
-                .filter_map(|i| listeners.get(i))
-                .any(|l| l.backward);
-        if ev.provoked_loss && !is_task && !overwritten {
+        // An overwrite set that wrote more than its rings hold gets no loss
+        // accounting and no completeness rules, only the per-record ones
+        // and overwrite-never-full.
+        let overwrite_set = overwritten(set);
+        if ev.provoked_loss && !is_task && !overwrite_set {
             let account = loss_account(ev, k, &merged, scope.has_ksym, scope.has_bpf, set_lost);
             if account.received + account.lost != account.caused {
                 v.push(m_find(
@@ -932,7 +946,7 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
         // A set that asked for neither kind (other side-band bits only) is
         // held by record-type alone: no KSYMBOL, no BPF_EVENT.
         let no_kind = !scope.has_ksym && !scope.has_bpf;
-        if !set.iter().any(|i| cut.contains(i)) && !skip_task && !no_kind && !overwritten {
+        if !set.iter().any(|i| cut.contains(i)) && !skip_task && !no_kind && !overwrite_set {
             let (found, accounted) = check_set(
                 ev,
                 &merged,
@@ -993,19 +1007,12 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             } else {
                 Vec::new()
             };
-            let set_cpus: Vec<i64> = cpus.iter().copied().collect();
             let all_cpus = cpus.contains(&-1) || (!online.is_empty() && online.is_subset(&cpus));
             push_capped(
                 &mut v,
                 rule::TASK_RECORDS,
                 "task record problems",
-                tasks::check_task_records(
-                    &merged,
-                    &label,
-                    audience,
-                    (&set_cpus, all_cpus),
-                    &loaders,
-                ),
+                tasks::check_task_records(&merged, &label, audience, (&cpus, all_cpus), &loaders),
             );
         }
         if k == 0 {
@@ -1031,15 +1038,8 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             .map(|l| i64::from(l.cpu))
             .collect();
         let lost: u64 = set.iter().filter_map(|i| lost_by.get(i)).sum();
-        // An overwrite set in a run that wrote more than it holds kept only
-        // the newest records.
-        let overwritten = ev.provoked_loss
-            && set
-                .iter()
-                .filter_map(|i| listeners.get(i))
-                .any(|l| l.backward);
         if ev.initial_snapshot
-            && !overwritten
+            && !overwritten(set)
             && first.is_some_and(|l| l.ksymbol)
             && online.is_subset(&cpus)
             && lost == 0

@@ -20,13 +20,14 @@
 
 use kloop_records::{Record, RecordBody, KSYM_TYPE_OOL};
 
-use super::{quoting, Found};
+use super::{label_prefix, quoting, Found};
 
 /// The name ftrace gives its trampolines (`FTRACE_TRAMPOLINE_SYM`).
 const FTRACE_TRAMPOLINE: &str = "ftrace_trampoline";
 
-/// An ftrace trampoline's KSYMBOL: (addr, len, unregister).
-fn trampoline(r: &Record) -> Option<(u64, u32, bool)> {
+/// An OOL KSYMBOL named `sym` (an ftrace trampoline, a kprobe page):
+/// (addr, len, unregister).
+fn ool_symbol(r: &Record, sym: &str) -> Option<(u64, u32, bool)> {
     match &r.body {
         RecordBody::Ksymbol {
             addr,
@@ -34,7 +35,7 @@ fn trampoline(r: &Record) -> Option<(u64, u32, bool)> {
             ksym_type,
             flags,
             name,
-        } if *ksym_type == KSYM_TYPE_OOL && name == FTRACE_TRAMPOLINE => Some((
+        } if *ksym_type == KSYM_TYPE_OOL && name == sym => Some((
             *addr,
             *len,
             flags & kloop_records::KSYMBOL_FLAGS_UNREGISTER != 0,
@@ -60,13 +61,9 @@ fn is_poke(r: &Record, addr: u64, want: (u32, u32)) -> bool {
 /// Checks `merged`, one set's time-merged stream, against the pairing above.
 pub(super) fn check_trampoline_pokes<'r>(merged: &'r [Record], label: &str) -> Vec<Found<'r>> {
     let mut found = Vec::new();
-    let at = if label.is_empty() {
-        String::new()
-    } else {
-        format!("{label}: ")
-    };
+    let at = label_prefix(label);
     for (i, r) in merged.iter().enumerate() {
-        let Some((addr, len, unregister)) = trampoline(r) else {
+        let Some((addr, len, unregister)) = ool_symbol(r, FTRACE_TRAMPOLINE) else {
             continue;
         };
         if unregister {
@@ -119,48 +116,37 @@ const KPROBE_INSN_SLOT: u64 = 16;
 /// a live `kprobe_insn_page` (between its OOL register and unregister)
 /// starts a whole number of slots into the page.
 pub(super) fn check_kprobe_slots<'r>(merged: &'r [Record], label: &str) -> Vec<Found<'r>> {
-    let at = if label.is_empty() {
-        String::new()
-    } else {
-        format!("{label}: ")
-    };
+    let at = label_prefix(label);
     let mut live: Vec<(u64, u32, &Record)> = Vec::new();
     let mut found = Vec::new();
     for r in merged {
-        match &r.body {
-            RecordBody::Ksymbol {
-                addr,
-                len,
-                ksym_type,
-                flags,
-                name,
-            } if *ksym_type == KSYM_TYPE_OOL && name == KPROBE_INSN_PAGE => {
-                if flags & kloop_records::KSYMBOL_FLAGS_UNREGISTER == 0 {
-                    live.push((*addr, *len, r));
-                } else {
-                    live.retain(|(a, _, _)| a != addr);
-                }
+        if let Some((addr, len, unregister)) = ool_symbol(r, KPROBE_INSN_PAGE) {
+            if unregister {
+                live.retain(|(a, _, _)| *a != addr);
+            } else {
+                live.push((addr, len, r));
             }
-            RecordBody::TextPoke { addr, .. } => {
-                let page = live
-                    .iter()
-                    .find(|(a, len, _)| *addr >= *a && *addr < a.saturating_add(u64::from(*len)));
-                if let Some((start, _, reg)) = page {
-                    let off = addr - start;
-                    if off % KPROBE_INSN_SLOT != 0 {
-                        found.push(quoting(
-                            format!(
-                                "{at}{r}: {off} bytes into the kprobe_insn_page registered by \
-                                 {reg}, not at the start of a {KPROBE_INSN_SLOT}-byte slot \
-                                 (__get_insn_slot hands out kip->insns + i * insn_size, and the \
-                                 copy is recorded at its slot's start)"
-                            ),
-                            [r, *reg],
-                        ));
-                    }
-                }
+            continue;
+        }
+        let RecordBody::TextPoke { addr, .. } = &r.body else {
+            continue;
+        };
+        let page = live
+            .iter()
+            .find(|(a, len, _)| *addr >= *a && *addr < a.saturating_add(u64::from(*len)));
+        if let Some((start, _, reg)) = page {
+            let off = addr - start;
+            if off % KPROBE_INSN_SLOT != 0 {
+                found.push(quoting(
+                    format!(
+                        "{at}{r}: {off} bytes into the kprobe_insn_page registered by \
+                         {reg}, not at the start of a {KPROBE_INSN_SLOT}-byte slot \
+                         (__get_insn_slot hands out kip->insns + i * insn_size, and the \
+                         copy is recorded at its slot's start)"
+                    ),
+                    [r, *reg],
+                ));
             }
-            _ => {}
         }
     }
     found

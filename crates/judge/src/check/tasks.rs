@@ -25,12 +25,12 @@
 //! (the thread has no context of its own), and exactly one FORK in every
 //! set that covers all online CPUs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kloop_protocol::ListenerInfo;
 use kloop_records::{Record, RecordBody, PERF_RECORD_EXIT};
 
-use super::{quoting, Found};
+use super::{label_prefix, quoting, Found};
 
 /// One thread of a `concurrent` step: its tid and the CPU it was pinned to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,14 +65,10 @@ pub(super) fn check_task_records<'r>(
     merged: &'r [Record],
     label: &str,
     audience: Audience,
-    (set_cpus, all_cpus): (&[i64], bool),
+    (set_cpus, all_cpus): (&BTreeSet<i64>, bool),
     loaders: &[Loader],
 ) -> Vec<Found<'r>> {
-    let at = if label.is_empty() {
-        String::new()
-    } else {
-        format!("{label}: ")
-    };
+    let at = label_prefix(label);
     let mut forks: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
     let mut exits: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
     for r in merged {
