@@ -1,10 +1,11 @@
 //! `bisect` over Debian builds or a git tree, and `bisect-step`.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
+use kloop::judge::bisect::Predicate;
 use kloop::report;
+use kloop::run::bisect::tree::{self, TreeEvent};
 use kloop::run::suite::{self, EnvOptions, Layout};
 use kloop_kernels::{Catalog, KernelCache};
 
@@ -12,7 +13,6 @@ use crate::*;
 
 /// `bisect` over the builds the mirror serves.
 pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
-    use kloop::judge::bisect::Predicate;
     let layout = layout();
     let predicate =
         Predicate::parse(&a.predicate, a.label.as_deref()).map_err(anyhow::Error::msg)?;
@@ -191,42 +191,37 @@ fn print_outcome(
     );
 }
 
-/// Builds the tree at `dir` (kloop.config + fragments) quietly, printing
-/// phases.
-pub(crate) fn build_tree(
-    layout: &Layout,
-    dir: &std::path::Path,
-    fragments: &[PathBuf],
-) -> std::result::Result<kloop_kernels::build::BuiltKernel, kloop_kernels::build::BuildError> {
-    let req = kloop_kernels::build::BuildRequest {
-        fragments: fragments.to_vec(),
-        ..kloop_kernels::build::BuildRequest::new(
-            kloop_kernels::build::SourceSpec::Tree(dir.to_path_buf()),
-            &layout.kernels(),
-        )
-    };
-    let cache = KernelCache::default_location()?;
-    let mut progress = build_progress::BuildProgress::new(&dir.display().to_string());
-    let r = kloop_kernels::build::build(&cache, &req, &mut |e| progress.event(e));
-    progress.finish();
-    r
-}
-
-pub(crate) fn tree_kernel(
-    layout: &Layout,
-    k: &kloop_kernels::build::BuiltKernel,
-) -> Result<kloop::run::trial::KernelUnderTest> {
-    let catalog = Catalog::load(&layout.kernels())?;
-    Ok(kloop::run::trial::KernelUnderTest::Image(
-        kloop::run::trial::LocalKernel::built(k, None, &catalog),
-    ))
+/// Draws a tree bisection's events: the build's live line, the end's
+/// build time, each run's trial line.
+fn tree_events() -> impl FnMut(TreeEvent<'_>) {
+    let mut progress: Option<build_progress::BuildProgress> = None;
+    move |e| match e {
+        TreeEvent::BuildStarted { dir } => {
+            progress = Some(build_progress::BuildProgress::new(
+                &dir.display().to_string(),
+            ))
+        }
+        TreeEvent::Build(e) => {
+            if let Some(p) = progress.as_mut() {
+                p.event(e)
+            }
+        }
+        TreeEvent::BuildEnded => {
+            if let Some(p) = progress.take() {
+                p.finish()
+            }
+        }
+        TreeEvent::Built { rev, id, secs } => {
+            println!("kloop: {rev} built as built:{id} in {secs:.0} s")
+        }
+        TreeEvent::Trial(r) => println!("{}", report::trial_line(r)),
+    }
 }
 
 /// `bisect --tree`: the ends evaluated here, then `git bisect run` with
 /// `bisect-step` in a worktree.
 pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
-    use kloop::judge::bisect::{classify, Observation, Predicate, RunClass};
-    use kloop_kernels::build::git::{git, Worktree};
+    use kloop_kernels::build::git::Worktree;
     let layout = layout();
     let repo = a
         .tree
@@ -235,19 +230,13 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
         .canonicalize()?;
     let predicate =
         Predicate::parse(&a.predicate, a.label.as_deref()).map_err(anyhow::Error::msg)?;
-    let all = kloop::scenario::load_all(&layout.scenarios())?;
-    let scenario = kloop::scenario::select(&all, std::slice::from_ref(&a.scenario))?.remove(0);
-    let commit = |rev: &str| {
-        git(
-            &repo,
-            &["rev-parse", "--verify", &format!("{rev}^{{commit}}")],
-        )
-    };
-    let (old, new) = (commit(&a.old)?, commit(&a.new)?);
-    let cache = KernelCache::default_location()?;
+    let scenario = one_scenario(&layout, &a.scenario)?;
+    let (old, new) = (tree::commit(&repo, &a.old)?, tree::commit(&repo, &a.new)?);
     // One worktree location for every bisection: its output directory
     // (keyed by the tree's path) then serves the next bisection too.
-    let wt_dir = cache.root().join("build/bisect/worktree");
+    let wt_dir = KernelCache::default_location()?
+        .root()
+        .join("build/bisect/worktree");
     start_trials();
     let worktree = Worktree::add(&repo, &wt_dir, &old)?;
     let opts = EnvOptions {
@@ -266,241 +255,128 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
         a.predicate,
         a.repeat
     );
-    let band = overhead_band(&env, &scenario);
-    let started = std::time::Instant::now();
-    let end = TreeEnd {
-        layout: &layout,
-        env: &env,
-        worktree: &worktree.dir,
+    let bisection = tree::TreeBisection {
+        repo: &repo,
+        old: &old,
+        new: &new,
         fragments: &a.fragments,
         scenario: &scenario,
         predicate: &predicate,
+        predicate_text: &a.predicate,
         repeat: a.repeat as usize,
         jobs: a.jobs.unwrap_or_else(suite::default_jobs),
+        band: overhead_band(&env, &scenario),
     };
-    let old_obs = end.observe(&old)?;
-    let reference = old_obs
-        .iter()
-        .find(|o| !matches!(o, Observation::NoVerdict(_)))
-        .cloned()
-        .with_context(|| format!("the old end {} reached no verdict", &old[..12]))?;
-    let new_obs = end.observe(&new)?;
-    if !new_obs
-        .iter()
-        .any(|o| classify(&reference, o, band) == RunClass::New)
-    {
-        bail!(
-            "the new end {} is not new under {}: nothing to bisect",
-            &new[..12],
-            a.predicate
-        );
-    }
-    run_git_bisect(&a, &repo, &end, (&old, &new), &reference, band)?;
-    println!(
-        "kloop: {:.0} s; steps in {}, git's log in {}",
-        started.elapsed().as_secs_f64(),
-        env.run_dir.join("bisect-steps.log").display(),
-        env.run_dir.join("bisect.log").display()
-    );
-    drop(worktree);
-    Ok(ExitCode::SUCCESS)
-}
-
-/// What observing one end of a tree bisection needs.
-struct TreeEnd<'a> {
-    layout: &'a suite::Layout,
-    env: &'a kloop::run::trial::TrialEnv,
-    worktree: &'a std::path::Path,
-    fragments: &'a [PathBuf],
-    scenario: &'a kloop::scenario::Scenario,
-    predicate: &'a kloop::judge::bisect::Predicate,
-    repeat: usize,
-    jobs: usize,
-}
-
-impl TreeEnd<'_> {
-    /// Checks `rev` out in the worktree, builds it (an end must build) and
-    /// runs the scenario on it `repeat` times.
-    fn observe(&self, rev: &str) -> Result<Vec<kloop::judge::bisect::Observation>> {
-        use kloop_kernels::build::git::git;
-        git(self.worktree, &["checkout", "--quiet", "--detach", rev])?;
-        let t = std::time::Instant::now();
-        let built = build_tree(self.layout, self.worktree, self.fragments)
-            .map_err(|e| anyhow::anyhow!("the end {rev} must build: {e}"))?;
-        println!(
-            "kloop: {} built as built:{} in {:.0} s",
-            &rev[..12],
-            built.record.id,
-            t.elapsed().as_secs_f64()
-        );
-        let kernel = tree_kernel(self.layout, &built)?;
-        let (obs, results) = kloop::run::bisect::observe_kernel(
-            self.env,
-            self.scenario,
-            &kernel,
-            self.predicate,
-            self.repeat,
-            self.jobs,
-        );
-        for r in &results {
-            println!("{}", report::trial_line(r));
-        }
-        Ok(obs)
-    }
-}
-
-/// Writes the reference observation, drives `git bisect run` with
-/// `bisect-step` between `old` and `new` in the worktree, keeps git's log
-/// and prints the first new commit.
-fn run_git_bisect(
-    a: &BisectArgs,
-    repo: &std::path::Path,
-    end: &TreeEnd<'_>,
-    (old, new): (&str, &str),
-    reference: &kloop::judge::bisect::Observation,
-    band: f64,
-) -> Result<()> {
-    use kloop_kernels::build::git::git;
-    let env = end.env;
-    let reference_path = env.run_dir.join("bisect-reference.json");
-    std::fs::write(&reference_path, serde_json::to_string(reference)?)?;
-    let steps_log = env.run_dir.join("bisect-steps.log");
-    git(
-        end.worktree,
-        &[
-            "bisect",
-            "start",
-            "--term-old=old",
-            "--term-new=new",
-            new,
-            old,
-        ],
+    let started = std::time::Instant::now();
+    let outcome = bisection.run(
+        &layout,
+        &env,
+        &worktree,
+        &step_command(&a)?,
+        &mut tree_events(),
     )?;
-    let exe = std::env::current_exe()?;
-    let mut cmd = std::process::Command::new("git");
-    cmd.arg("-C")
-        .arg(end.worktree)
-        .args(["bisect", "run"])
-        .arg(&exe)
-        .arg("bisect-step")
-        .arg("--tree")
-        .arg(end.worktree)
-        .args([
-            "--scenario",
-            &end.scenario.name,
-            "--predicate",
-            &a.predicate,
-        ])
-        .args([
-            "--repeat",
-            &a.repeat.to_string(),
-            "--band",
-            &band.to_string(),
-        ])
-        .arg("--reference")
-        .arg(&reference_path)
-        .arg("--steps-log")
-        .arg(&steps_log)
-        .args(["--accel", &a.accel.to_string()]);
-    if let Some(l) = &a.label {
-        cmd.args(["--label", l]);
-    }
-    for f in &a.fragments {
-        cmd.arg("--config")
-            .arg(f.canonicalize().unwrap_or_else(|_| f.clone()));
-    }
-    let status = cmd.status().context("running git bisect run")?;
-    let log = git(end.worktree, &["bisect", "log"]).unwrap_or_default();
-    std::fs::write(env.run_dir.join("bisect.log"), &log)?;
-    let first = git(end.worktree, &["rev-parse", "refs/bisect/new"]).ok();
     println!();
-    if !status.success() {
+    if let Some(status) = outcome.git_failed {
         println!(
             "kloop: git bisect run ended with {status}; see {}",
             env.run_dir.display()
         );
     }
-    if let Some(first) = first {
-        let subject = git(
-            repo,
-            &["log", "-1", "--abbrev=12", "--format=%h %s", &first],
-        )?;
-        println!("first new commit: {subject}");
+    if let Some(first) = &outcome.first_new {
+        println!("first new commit: {first}");
     }
-    Ok(())
+    println!(
+        "kloop: {:.0} s; steps in {}, git's log in {}",
+        started.elapsed().as_secs_f64(),
+        outcome.steps_log.display(),
+        outcome.git_log.display()
+    );
+    drop(worktree);
+    Ok(ExitCode::SUCCESS)
 }
 
-/// `bisect-step`: what `git bisect run` calls. Exit 0 old, 1 new, 125 skip.
+/// This program as `git bisect run` calls it for a step (the library adds
+/// the worktree, the reference, the band and the steps log).
+fn step_command(a: &BisectArgs) -> Result<tree::StepCommand> {
+    let mut args: Vec<String> = [
+        "bisect-step",
+        "--scenario",
+        &a.scenario,
+        "--predicate",
+        &a.predicate,
+    ]
+    .map(String::from)
+    .into();
+    args.extend([
+        "--repeat".into(),
+        a.repeat.to_string(),
+        "--accel".into(),
+        a.accel.to_string(),
+    ]);
+    if let Some(l) = &a.label {
+        args.extend(["--label".into(), l.clone()]);
+    }
+    for f in &a.fragments {
+        let f = f.canonicalize().unwrap_or_else(|_| f.clone());
+        args.extend(["--config".into(), f.display().to_string()]);
+    }
+    Ok(tree::StepCommand {
+        program: std::env::current_exe()?,
+        args,
+    })
+}
+
+fn one_scenario(layout: &Layout, name: &str) -> Result<kloop::scenario::Scenario> {
+    let all = kloop::scenario::load_all(&layout.scenarios())?;
+    Ok(kloop::scenario::select(&all, &[name.to_string()])?.remove(0))
+}
+
+/// `bisect-step`: what `git bisect run` calls. Exit 0 old, 1 new, 125 skip;
+/// a step that cannot run at all exits 128, which makes git abort the
+/// search (any other code from 1 to 127 would mark the commit new).
 pub(crate) fn bisect_step(a: BisectStepArgs) -> Result<ExitCode> {
-    use kloop::judge::bisect::{classify, decide, Observation, Predicate, StepVerdict};
-    use kloop_kernels::build::git::git;
-    let layout = layout();
-    let head = git(&a.tree, &["log", "-1", "--abbrev=12", "--format=%h %s"])?;
-    let log_line = |line: &str| {
-        use std::io::Write;
-        println!("kloop: step {line}");
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&a.steps_log)
-        {
-            let _ = writeln!(f, "{line}");
-        }
-    };
-    let t = std::time::Instant::now();
-    let built = match build_tree(&layout, &a.tree, &a.fragments) {
-        Ok(k) => k,
+    match try_bisect_step(a) {
+        Ok(code) => Ok(code),
         Err(e) => {
-            log_line(&format!(
-                "{head} → skip ({}: {})",
-                if e.is_build_failure() {
-                    "build failed"
-                } else {
-                    "build"
-                },
-                e.to_string().lines().next().unwrap_or("")
-            ));
-            return Ok(ExitCode::from(125));
+            eprintln!("error: {e:#}\nkloop: the step could not run; git bisect stops here");
+            Ok(ExitCode::from(128))
         }
-    };
-    let build_secs = t.elapsed().as_secs_f64();
+    }
+}
+
+fn try_bisect_step(a: BisectStepArgs) -> Result<ExitCode> {
+    use kloop::judge::bisect::Observation;
+    let layout = layout();
     let predicate =
         Predicate::parse(&a.predicate, a.label.as_deref()).map_err(anyhow::Error::msg)?;
     let reference: Observation = serde_json::from_str(&std::fs::read_to_string(&a.reference)?)?;
-    let all = kloop::scenario::load_all(&layout.scenarios())?;
-    let scenario = kloop::scenario::select(&all, std::slice::from_ref(&a.scenario))?.remove(0);
+    let scenario = one_scenario(&layout, &a.scenario)?;
     let opts = EnvOptions {
         accel: a.accel,
         ..EnvOptions::default()
     };
-    let kernel = tree_kernel(&layout, &built)?;
-    let env = suite::prepare_env(&layout, &opts, std::slice::from_ref(&kernel))?;
     start_trials();
-    let t = std::time::Instant::now();
-    let (obs, _) = kloop::run::bisect::observe_kernel(
-        &env,
-        &scenario,
-        &kernel,
-        &predicate,
-        a.repeat as usize,
-        suite::default_jobs(),
-    );
-    let classes: Vec<_> = obs
-        .iter()
-        .map(|o| classify(&reference, o, a.band))
-        .collect();
-    let verdict = decide(&classes);
-    let (word, code) = match &verdict {
-        StepVerdict::Old => ("old".to_string(), 0),
-        StepVerdict::New => ("new".to_string(), 1),
-        StepVerdict::Skip(why) => (format!("skip ({why})"), 125),
+    let step = tree::Step {
+        tree: &a.tree,
+        fragments: &a.fragments,
+        scenario: &scenario,
+        predicate: &predicate,
+        reference: &reference,
+        repeat: a.repeat as usize,
+        band: a.band,
     };
-    log_line(&format!(
-        "{head} → {word} (build {build_secs:.0} s, built:{}; runs {:.1} s)",
-        built.record.id,
-        t.elapsed().as_secs_f64()
-    ));
-    Ok(ExitCode::from(code))
+    let mut env_for = |k: &kloop::run::trial::KernelUnderTest| {
+        suite::prepare_env(&layout, &opts, std::slice::from_ref(k))
+    };
+    let outcome = tree::step(&layout, &step, &mut env_for, &mut tree_events())?;
+    println!("kloop: step {}", outcome.line);
+    use std::io::Write;
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&a.steps_log)?;
+    writeln!(log, "{}", outcome.line)?;
+    Ok(ExitCode::from(outcome.exit_code()))
 }
 
 /// The band an overhead figure of `scenario` may move in on this run's

@@ -17,6 +17,8 @@ use crate::scenario::Scenario;
 
 pub use crate::judge::bisect::FIELDS_FILE;
 
+pub mod tree;
+
 /// What one run showed for `pred`.
 pub fn observe(pred: &Predicate, r: &TrialResult) -> Observation {
     let normalised = read(&r.artefacts.join("normalised.txt"));
