@@ -185,7 +185,7 @@ fn print_report(run: &kloop::run::ab::AbRun) {
 fn the_unpatched_source_is_same_against_itself() {
     let run = ab(&[]);
     print_report(&run);
-    assert!(run.accepted);
+    assert!(run.acceptance(&[]).accepted);
     for o in &run.outcomes {
         assert!(
             matches!(
@@ -204,7 +204,7 @@ fn the_unpatched_source_is_same_against_itself() {
 fn validate_rejects_a_patch_that_breaks_the_stream() {
     let run = ab(&["subprog-ksymbol-len.patch"]);
     print_report(&run);
-    assert!(!run.accepted);
+    assert!(!run.acceptance(&[]).accepted);
     let subprogs = outcome(&run, "subprogs");
     assert_eq!(subprogs.class, AbClass::Broken);
     assert!(
@@ -222,7 +222,7 @@ fn validate_rejects_a_patch_that_breaks_the_stream() {
 fn validate_rejects_a_patch_that_only_slows_the_emission_path() {
     let run = ab(&["ksymbol-kallsyms-check.patch"]);
     print_report(&run);
-    assert!(!run.accepted);
+    assert!(!run.acceptance(&[]).accepted);
     let overhead = outcome(&run, "overhead");
     assert_eq!(overhead.class, AbClass::Changed, "{overhead:?}");
     assert!(

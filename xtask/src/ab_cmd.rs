@@ -42,6 +42,30 @@ pub(crate) fn run_ab(
     opts: &EnvOptions,
     jobs: usize,
 ) -> Result<ExitCode> {
+    let ab = run_and_print_ab(layout, baseline, candidate, scenarios, opts, jobs)?;
+    Ok(exit_of(&ab.acceptance(&[])))
+}
+
+fn exit_of(acceptance: &kloop::judge::ab::Acceptance) -> ExitCode {
+    for r in &acceptance.reasons {
+        println!("kloop: not accepted: {r}");
+    }
+    if acceptance.accepted {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Runs the A/B, writes its reports, prints the per-scenario report.
+fn run_and_print_ab(
+    layout: &Layout,
+    baseline: &kloop::run::trial::KernelUnderTest,
+    candidate: &kloop::run::trial::KernelUnderTest,
+    scenarios: &[String],
+    opts: &EnvOptions,
+    jobs: usize,
+) -> Result<kloop::run::ab::AbRun> {
     start_trials();
     let started = std::time::Instant::now();
     let ab = kloop::run::ab::run(
@@ -81,11 +105,31 @@ pub(crate) fn run_ab(
         ab.accel,
         json.display()
     );
-    Ok(if ab.accepted {
-        ExitCode::SUCCESS
+    Ok(ab)
+}
+
+/// `--fix` resolved against the source and the ledger, and the ids the
+/// run must fix.
+fn resolve_fix(
+    layout: &Layout,
+    a: &ValidateArgs,
+    source: &kloop_kernels::build::SourceSpec,
+) -> Result<(Option<kloop::run::fixes::Fix>, Vec<String>)> {
+    let ledger = suite::load_ledger(layout)?;
+    kloop::run::fixes::check_ids(&ledger, &a.expect_fixed)?;
+    let Some(name) = &a.fix else {
+        return Ok((None, a.expect_fixed.clone()));
+    };
+    let kloop_kernels::build::SourceSpec::Package(pin) = source else {
+        bail!("--fix takes the fix's patch for a pinned source (linux-source-X.Y); for a tree, pass the patch with --patch and the ids with --expect-fixed");
+    };
+    let fix = kloop::run::fixes::resolve(&layout.kernels(), &ledger, name, &pin.package)?;
+    let expected = if a.expect_fixed.is_empty() {
+        fix.ids.clone()
     } else {
-        ExitCode::FAILURE
-    })
+        a.expect_fixed.clone()
+    };
+    Ok((Some(fix), expected))
 }
 
 /// `validate`: the source built without and with the patches (both
@@ -101,22 +145,22 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
         fetch: a.fetch.clone(),
     };
     let base_req = build.request(&layout)?;
-    let cand_req = base_req.with_patches(a.patches.clone());
+    let (fix, expected) = resolve_fix(&layout, &a, &base_req.source)?;
+    let mut patches = a.patches.clone();
+    patches.extend(fix.as_ref().map(|f| f.patch.clone()));
+    if !expected.is_empty() {
+        println!("kloop: validate: expecting fixed: {}", expected.join(", "));
+    }
+    let cand_req = base_req.with_patches(patches.clone());
     let what = base_req.source.label();
     let baseline = match build_kernel(&base_req, &format!("baseline: {what}")) {
         Ok(k) => k,
         Err(code) => return Ok(code),
     };
+    let names: Vec<String> = patches.iter().map(|p| p.display().to_string()).collect();
     let candidate = match build_kernel(
         &cand_req,
-        &format!(
-            "candidate: {what} + {}",
-            a.patches
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(" + ")
-        ),
+        &format!("candidate: {what} + {}", names.join(" + ")),
     ) {
         Ok(k) => k,
         Err(code) => return Ok(code),
@@ -133,7 +177,7 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
         ..EnvOptions::default()
     };
     let jobs = a.jobs.unwrap_or_else(suite::default_jobs);
-    let code = run_ab(
+    let ab = run_and_print_ab(
         &layout,
         &local(&baseline),
         &local(&candidate),
@@ -141,12 +185,54 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
         &opts,
         jobs,
     )?;
-    let verdict = match (code == ExitCode::SUCCESS, a.patches.is_empty()) {
-        (true, false) => "the patches change nothing kloop checks",
-        (false, false) => "REJECTED: the patches change or break the records (see above)",
-        (true, true) => "no patches: the source against itself is the same (the A/B's noise floor holds)",
-        (false, true) => "no patches, yet the source differs from itself: runs of this kernel are not reproducible (see above)",
+    let acceptance = ab.acceptance(&expected);
+    let verdict = match (acceptance.accepted, patches.is_empty(), expected.is_empty()) {
+        (true, false, false) => format!("FIXED: the patches fix {} and change nothing else kloop checks", expected.join(", ")),
+        (true, false, true) => "the patches change nothing kloop checks".to_string(),
+        (false, false, _) => "REJECTED: the patches do not do what was expected (see above)".to_string(),
+        (true, true, _) => "no patches: the source against itself is the same (the A/B's noise floor holds)".to_string(),
+        (false, true, _) => "no patches, yet the source differs from itself: runs of this kernel are not reproducible (see above)".to_string(),
     };
+    let code = exit_of(&acceptance);
     println!("kloop: validate: {verdict}");
+    if a.record {
+        let fix = fix.as_ref().expect("clap: --record requires --fix");
+        record_fix(&layout, fix, &expected, &what, &acceptance, &ab)?;
+    }
     Ok(code)
+}
+
+/// `validate --record`: the result under each expected ledger entry.
+fn record_fix(
+    layout: &Layout,
+    fix: &kloop::run::fixes::Fix,
+    expected: &[String],
+    source: &str,
+    acceptance: &kloop::judge::ab::Acceptance,
+    ab: &kloop::run::ab::AbRun,
+) -> Result<()> {
+    let rel = |p: &std::path::Path| {
+        p.strip_prefix(&layout.root)
+            .unwrap_or(p)
+            .display()
+            .to_string()
+    };
+    let ledger = layout.kernels().join(kloop::judge::known_issues::FILE_NAME);
+    let v = kloop::run::fixes::Validated {
+        patch: rel(&fix.patch),
+        source: source.to_string(),
+        accepted: acceptance.accepted,
+        outcomes: &ab.outcomes,
+        date: kloop::judge::known_issues::Date::today().to_string(),
+        run_dir: rel(&ab.run_dir),
+    };
+    kloop::run::fixes::record(&ledger, expected, &v)?;
+    println!(
+        "kloop: recorded in {}: {} {} for {}",
+        ledger.display(),
+        v.patch,
+        if v.accepted { "FIXED" } else { "REJECTED" },
+        expected.join(", ")
+    );
+    Ok(())
 }

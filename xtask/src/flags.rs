@@ -232,6 +232,21 @@ pub(crate) struct ValidateArgs {
     /// noise floor of the A/B (every scenario must come out SAME).
     #[arg(long = "patch", value_name = "FILE")]
     pub(crate) patches: Vec<PathBuf>,
+    /// A fix of known bugs: a folder under kernels/fixes/ (named after the
+    /// ledger id it fixes, or the common prefix of the ids) or a path to
+    /// one. Its patch for --source is applied after --patch's, and the ids
+    /// it names are expected fixed (unless --expect-fixed names them).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) fix: Option<String>,
+    /// A ledger entry the patches must fix (repeatable): exit 0 requires
+    /// FIXED for each, in at least one scenario, and no other scenario
+    /// changed, broken or fixed.
+    #[arg(long = "expect-fixed", value_name = "ID")]
+    pub(crate) expect_fixed: Vec<String>,
+    /// Write the result into the ledger (kernels/known-issues.toml) under
+    /// each expected entry: patch, source, FIXED or REJECTED, run.
+    #[arg(long, requires = "fix")]
+    pub(crate) record: bool,
     /// Config fragments for both builds, merged after kernels/configs/kloop.config.
     #[arg(long = "config", value_name = "FRAGMENT")]
     pub(crate) fragments: Vec<PathBuf>,

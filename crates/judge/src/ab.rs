@@ -8,6 +8,12 @@
 //! - `CHANGED`: the normalised streams differ (a minimal diff, baseline
 //!   `-`, candidate `+`), an overhead figure left the band around the
 //!   baseline's, or the scenario ran on one side only.
+//! - `FIXED`: a ledger entry (`kernels/known-issues.toml`) shows on the
+//!   baseline and no longer on the candidate, no rule that holds on the
+//!   baseline breaks and no overhead figure left its band. The stream may
+//!   differ (a fix removes or adds the records the bug got wrong); the
+//!   diff is shown, and the rules, not the diff, judge the rest of the
+//!   scenario's stream.
 //! - `BASELINE-ONLY`: the same on both sides, but the baseline itself
 //!   breaks rules (known bugs, say): shown apart, not the patch's doing.
 //! - `SAME`, `SKIPPED` (on both, same reason), `INCOMPARABLE` (the
@@ -30,6 +36,8 @@ pub struct Side {
     pub skipped: Option<String>,
     /// Every (rule, message) the records broke.
     pub rules: Vec<(String, String)>,
+    /// The ledger entries those violations are known bugs of.
+    pub ledger_ids: Vec<String>,
     /// The normalised stream.
     pub normalised: Option<String>,
     /// Its overhead figures, for a scenario that measures.
@@ -46,7 +54,10 @@ pub enum AbClass {
     Changed,
     /// The candidate breaks a rule the baseline holds, or did not finish.
     Broken,
-    /// Only the baseline broke rules (the candidate fixed something).
+    /// Ledger entries that show on the baseline no longer show on the
+    /// candidate, and nothing else broke or left its band.
+    Fixed,
+    /// Only the baseline broke rules, and the same on the candidate.
     BaselineOnly,
     /// Skipped on one side or both.
     Skipped,
@@ -61,6 +72,7 @@ impl AbClass {
             AbClass::Same => "SAME",
             AbClass::Changed => "CHANGED",
             AbClass::Broken => "BROKEN",
+            AbClass::Fixed => "FIXED",
             AbClass::BaselineOnly => "BASELINE-ONLY",
             AbClass::Skipped => "SKIPPED",
             AbClass::Incomparable => "INCOMPARABLE",
@@ -68,11 +80,18 @@ impl AbClass {
     }
 
     /// Does this outcome reject the candidate (`validate`'s exit status)?
+    /// A fix does not; which fixes were expected is [`accept`]'s to judge.
     pub fn rejects(self) -> bool {
         matches!(
             self,
             AbClass::Changed | AbClass::Broken | AbClass::Incomparable
         )
+    }
+
+    /// Did the candidate behave differently at all (a mutant, which is
+    /// meant to fix nothing, is caught by a fix as much as by a break)?
+    pub fn differs(self) -> bool {
+        self.rejects() || self == AbClass::Fixed
     }
 }
 
@@ -108,6 +127,12 @@ pub struct AbOutcome {
     pub figures: Vec<FigureChange>,
     /// What the baseline itself broke, shown apart.
     pub baseline_issues: Vec<String>,
+    /// The ledger entries the baseline's violations are known bugs of.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub baseline_known: Vec<String>,
+    /// With [`AbClass::Fixed`]: those that no longer show on the candidate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fixed: Vec<String>,
 }
 
 const MAX_DIFF_LINES: usize = 40;
@@ -126,6 +151,8 @@ pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
             .iter()
             .map(|(r, m)| format!("[{r}] {m}"))
             .collect(),
+        baseline_known: base.ledger_ids.clone(),
+        fixed: Vec::new(),
     };
     match (&base.skipped, &cand.skipped) {
         (Some(b), Some(c)) => {
@@ -226,10 +253,83 @@ pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
             }
         }
     }
+    let fixed: Vec<String> = base
+        .ledger_ids
+        .iter()
+        .filter(|id| !cand.ledger_ids.contains(id))
+        .cloned()
+        .collect();
+    let figures_moved = out.figures.iter().any(|f| !f.within);
+    if !fixed.is_empty() && out.class != AbClass::Broken && !figures_moved {
+        out.class = AbClass::Fixed;
+        out.details.insert(
+            0,
+            format!(
+                "known bug(s) of the baseline no longer show: {}",
+                fixed.join(", ")
+            ),
+        );
+        out.fixed = fixed;
+    }
     if out.class == AbClass::Same && !out.baseline_issues.is_empty() {
         out.class = AbClass::BaselineOnly;
     }
     out
+}
+
+/// Whether an A/B run accepts the candidate, and why not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Acceptance {
+    /// Exit 0.
+    pub accepted: bool,
+    /// One line per reason it is not (empty when accepted).
+    pub reasons: Vec<String>,
+}
+
+/// Judges a whole A/B run: every scenario compared (`compared` of
+/// `planned`), none rejecting, and, with `expect_fixed` (`validate
+/// --expect-fixed`), exactly those ledger entries fixed: each in at least
+/// one scenario, and no other entry (a fix that ends more than it says is
+/// a change to look at, not a bonus).
+pub fn accept(outcomes: &[AbOutcome], planned: usize, expect_fixed: &[String]) -> Acceptance {
+    let mut reasons = Vec::new();
+    if outcomes.len() != planned {
+        reasons.push(format!(
+            "{} of {planned} scenario(s) compared: a trial of the other(s) is missing",
+            outcomes.len()
+        ));
+    }
+    for o in outcomes.iter().filter(|o| o.class.rejects()) {
+        reasons.push(format!("{}: {}", o.scenario, o.class.label()));
+    }
+    if !expect_fixed.is_empty() {
+        for id in expect_fixed {
+            if !outcomes.iter().any(|o| o.fixed.contains(id)) {
+                let showed: Vec<String> = outcomes
+                    .iter()
+                    .filter(|o| o.baseline_known.contains(id))
+                    .map(|o| format!("{} ({})", o.scenario, o.class.label()))
+                    .collect();
+                reasons.push(if showed.is_empty() {
+                    format!("{id} is not fixed: it never showed on the baseline (run the scenarios its ledger entry names)")
+                } else {
+                    format!("{id} is not fixed: it showed on the baseline in {} and the candidate did not end it there", showed.join(", "))
+                });
+            }
+        }
+        for o in outcomes {
+            for id in o.fixed.iter().filter(|id| !expect_fixed.contains(id)) {
+                reasons.push(format!(
+                    "{}: {id} no longer shows either, which --expect-fixed does not name (add --expect-fixed {id} if the fix is meant to end it)",
+                    o.scenario
+                ));
+            }
+        }
+    }
+    Acceptance {
+        accepted: reasons.is_empty(),
+        reasons,
+    }
 }
 
 /// A median in whole instructions or ns, a ratio to four places.
@@ -321,7 +421,164 @@ mod tests {
                 .collect(),
             normalised: Some(stream.into()),
             overhead: None,
+            ledger_ids: Vec::new(),
         }
+    }
+
+    /// A side whose violations are all the known bug `id`.
+    fn known(id: &str, rules: &[(&str, &str)], stream: &str) -> Side {
+        Side {
+            ledger_ids: vec![id.to_string()],
+            ..side(rules, stream)
+        }
+    }
+
+    // The interpreter scenario as 6.12.117 built without and with the
+    // interpreted-prog-ksymbol fix gave it: the baseline's two nameless
+    // KSYMBOLs at __bpf_prog_run32 are known bugs, the candidate has none.
+    const INTERP_BASE: &str = "PROG_LOAD interpreted\nKSYMBOL register BPF len=0 name=\"\"\nPROG_UNLOAD interpreted\nKSYMBOL unregister BPF len=0 name=\"\"\n";
+    const INTERP_FIXED: &str = "PROG_LOAD interpreted\nPROG_UNLOAD interpreted\n";
+
+    fn interpreter_base() -> Side {
+        Side {
+            ledger_ids: vec![
+                "interpreted-prog-ksymbol-register".into(),
+                "interpreted-prog-ksymbol-unregister".into(),
+            ],
+            ..side(
+                &[
+                    ("load-symbols", "KSYMBOL register with len 0"),
+                    (
+                        "unload-symbols",
+                        "KSYMBOL unregister of an unregistered address",
+                    ),
+                ],
+                INTERP_BASE,
+            )
+        }
+    }
+
+    #[test]
+    fn a_known_bug_gone_on_the_candidate_is_fixed_with_the_diff_shown() {
+        let o = compare("interpreter", &interpreter_base(), &side(&[], INTERP_FIXED));
+        assert_eq!(o.class, AbClass::Fixed);
+        assert_eq!(
+            o.fixed,
+            vec![
+                "interpreted-prog-ksymbol-register",
+                "interpreted-prog-ksymbol-unregister"
+            ]
+        );
+        assert!(!o.class.rejects() && o.class.differs());
+        let removed = o.diff.iter().filter(|l| l.starts_with("- ")).count();
+        let added = o.diff.iter().filter(|l| l.starts_with("+ ")).count();
+        assert_eq!(removed - added, 2, "{o:?}");
+        assert!(
+            !o.diff
+                .iter()
+                .any(|l| l.starts_with("+ ") && l.contains("KSYMBOL")),
+            "{o:?}"
+        );
+    }
+
+    #[test]
+    fn one_entry_gone_and_another_still_showing_fixes_only_the_gone_one() {
+        let base = interpreter_base();
+        let cand = known(
+            "interpreted-prog-ksymbol-unregister",
+            &[(
+                "unload-symbols",
+                "KSYMBOL unregister of an unregistered address",
+            )],
+            INTERP_BASE,
+        );
+        let o = compare("interpreter", &base, &cand);
+        assert_eq!(o.class, AbClass::Fixed);
+        assert_eq!(o.fixed, vec!["interpreted-prog-ksymbol-register"]);
+    }
+
+    #[test]
+    fn a_fix_that_breaks_another_rule_is_broken_not_fixed() {
+        let cand = side(
+            &[("ksymbol-len", "len 0 for a JITed program")],
+            INTERP_FIXED,
+        );
+        let o = compare("interpreter", &interpreter_base(), &cand);
+        assert_eq!(o.class, AbClass::Broken);
+        assert!(o.fixed.is_empty());
+    }
+
+    #[test]
+    fn a_fix_whose_figures_leave_the_band_is_changed() {
+        use crate::overhead::Figure;
+        let oh = |v: f64| TrialOverhead {
+            kernel: "k".into(),
+            budget_pin: None,
+            guest_release: "r".into(),
+            clock: Clock::Icount,
+            points: vec![],
+            figures: vec![Figure {
+                name: "interpreter/load/L1".into(),
+                kind: FigureKind::Median,
+                value: v,
+            }],
+            rows: vec![],
+            median_tolerance: 0.01,
+            sensitivity: vec![],
+            note: None,
+        };
+        let mut base = interpreter_base();
+        base.overhead = Some(oh(4930.0));
+        let mut cand = side(&[], INTERP_FIXED);
+        cand.overhead = Some(oh(4940.0));
+        assert_eq!(compare("interpreter", &base, &cand).class, AbClass::Fixed);
+        cand.overhead = Some(oh(9860.0));
+        let o = compare("interpreter", &base, &cand);
+        assert_eq!(o.class, AbClass::Changed, "{o:?}");
+        assert!(o.fixed.is_empty());
+    }
+
+    #[test]
+    fn expect_fixed_accepts_exactly_the_named_entries() {
+        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let fixed = compare("interpreter", &interpreter_base(), &side(&[], INTERP_FIXED));
+        let same = compare("basic", &side(&[], "a\n"), &side(&[], "a\n"));
+        let outcomes = vec![fixed, same];
+        let both = ids(&[
+            "interpreted-prog-ksymbol-register",
+            "interpreted-prog-ksymbol-unregister",
+        ]);
+        assert!(accept(&outcomes, 2, &both).accepted);
+        // Without --expect-fixed a fix is no rejection.
+        assert!(accept(&outcomes, 2, &[]).accepted);
+        // Naming one of the two: the other ended too, unannounced.
+        let one = accept(&outcomes, 2, &ids(&["interpreted-prog-ksymbol-register"]));
+        assert!(!one.accepted);
+        assert!(
+            one.reasons[0].contains("interpreted-prog-ksymbol-unregister no longer shows either"),
+            "{one:?}"
+        );
+        // An entry the run never showed cannot be proven fixed.
+        let other = accept(
+            &outcomes,
+            2,
+            &ids(&["ksymbol-bpf-event-header-size-accumulates"]),
+        );
+        assert!(!other.accepted);
+        assert!(
+            other
+                .reasons
+                .iter()
+                .any(|r| r.contains("never showed on the baseline")),
+            "{other:?}"
+        );
+        // A scenario that changed rejects whatever was fixed.
+        let changed = compare("basic", &side(&[], "a\n"), &side(&[], "b\n"));
+        let with_change = vec![outcomes[0].clone(), changed];
+        let r = accept(&with_change, 2, &both);
+        assert_eq!(r.reasons, vec!["basic: CHANGED"]);
+        // A missing comparison rejects.
+        assert!(!accept(&outcomes[..1], 2, &both).accepted);
     }
 
     #[test]

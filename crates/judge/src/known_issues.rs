@@ -128,6 +128,32 @@ pub struct Issue {
     pub upstream_fix: String,
     /// When the entry must be looked at again (`YYYY-MM-DD`).
     pub review_by: String,
+    /// Fixes proven with `validate --fix … --record` (written by that
+    /// command, never by hand): which patch, on which source, with what
+    /// result.
+    #[serde(default, rename = "fix")]
+    pub fixes: Vec<FixRecord>,
+}
+
+/// One `validate` of a fix, as `[[issue.fix]]` in the ledger.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FixRecord {
+    /// The patch, relative to the workspace
+    /// (`kernels/fixes/<id>/linux-source-6.12.patch`).
+    pub patch: String,
+    /// The source it was applied to, with its version.
+    pub source: String,
+    /// `FIXED` (validate accepted it: the entry's scenarios FIXED, every
+    /// other scenario SAME) or `REJECTED`.
+    pub result: String,
+    /// The scenarios that came out FIXED for this entry.
+    #[serde(default)]
+    pub scenarios: Vec<String>,
+    /// When (`YYYY-MM-DD`).
+    pub validated: String,
+    /// The run directory holding the A/B report (`ab.json`).
+    pub run: String,
 }
 
 /// Components a ledger entry may blame.

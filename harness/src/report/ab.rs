@@ -38,11 +38,14 @@ pub fn render(baseline: &str, candidate: &str, outcomes: &[AbOutcome], colour: C
     let mut out = String::new();
     let _ = writeln!(out, "A/B: baseline {baseline} vs candidate {candidate}");
     for o in outcomes {
-        let label = o.class.label();
+        let label = match o.class {
+            AbClass::Fixed => format!("FIXED ({})", o.fixed.join(", ")),
+            c => c.label().to_string(),
+        };
         let painted = match o.class {
-            AbClass::Same | AbClass::Skipped => colour.paint("32", label),
-            AbClass::BaselineOnly => colour.paint("33", label),
-            _ => colour.paint("1;31", label),
+            AbClass::Same | AbClass::Skipped | AbClass::Fixed => colour.paint("32", &label),
+            AbClass::BaselineOnly => colour.paint("33", &label),
+            _ => colour.paint("1;31", &label),
         };
         let _ = writeln!(out, "  {:<20} {painted}", o.scenario);
         if o.class == AbClass::Same {
@@ -88,8 +91,9 @@ pub fn render(baseline: &str, candidate: &str, outcomes: &[AbOutcome], colour: C
     let count = |c: AbClass| outcomes.iter().filter(|o| o.class == c).count();
     let _ = write!(
         out,
-        "{} same, {} changed, {} broken, {} baseline-only, {} skipped, {} incomparable",
+        "{} same, {} fixed, {} changed, {} broken, {} baseline-only, {} skipped, {} incomparable",
         count(AbClass::Same),
+        count(AbClass::Fixed),
         count(AbClass::Changed),
         count(AbClass::Broken),
         count(AbClass::BaselineOnly),
@@ -121,6 +125,18 @@ mod tests {
                 diff: vec![],
                 figures: vec![],
                 baseline_issues: vec![],
+                baseline_known: vec![],
+                fixed: vec![],
+            },
+            AbOutcome {
+                scenario: "interpreter".into(),
+                class: AbClass::Fixed,
+                details: vec!["known bug(s) of the baseline no longer show: interp-reg".into()],
+                diff: vec!["- KSYMBOL register BPF len=0".into()],
+                figures: vec![],
+                baseline_issues: vec!["[load-symbols] len 0".into()],
+                baseline_known: vec!["interp-reg".into()],
+                fixed: vec!["interp-reg".into()],
             },
             AbOutcome {
                 scenario: "subprogs".into(),
@@ -129,19 +145,26 @@ mod tests {
                 diff: vec!["- a".into(), "+ b".into()],
                 figures: vec![],
                 baseline_issues: vec!["[parse] x".into(), "[lost] y".into(), "[parse] z".into()],
+                baseline_known: vec![],
+                fixed: vec![],
             },
         ];
         let text = render("built:a", "built:b", &o, Colour::Never);
         assert!(text.contains("basic                SAME"), "{text}");
         assert!(text.contains("subprogs             BROKEN"), "{text}");
+        assert!(
+            text.contains("interpreter          FIXED (interp-reg)"),
+            "{text}"
+        );
         assert!(text.contains("[ksymbol-len] len 45"), "{text}");
         assert!(text.contains("        - a\n        + b"), "{text}");
         assert!(
             text.contains("subprogs             3 violation(s): parse, lost"),
             "{text}"
         );
-        assert!(text
-            .ends_with("1 same, 0 changed, 1 broken, 0 baseline-only, 0 skipped, 0 incomparable"));
+        assert!(text.ends_with(
+            "1 same, 1 fixed, 0 changed, 1 broken, 0 baseline-only, 0 skipped, 0 incomparable"
+        ));
         assert!(render("a", "b", &o, Colour::Ansi).contains("\x1b[1;31mBROKEN\x1b[0m"));
     }
 }

@@ -66,6 +66,16 @@ pub fn side_of(r: &TrialResult) -> Side {
             .iter()
             .map(|v| (v.rule.clone(), v.message.clone()))
             .collect(),
+        ledger_ids: {
+            let mut ids: Vec<String> = r
+                .violations
+                .iter()
+                .filter_map(|v| v.known_issue.clone())
+                .collect();
+            ids.sort();
+            ids.dedup();
+            ids
+        },
         normalised,
         overhead,
     }
@@ -109,9 +119,17 @@ pub struct AbRun {
     pub outcomes: Vec<AbOutcome>,
     pub run_dir: std::path::PathBuf,
     pub accel: String,
-    /// Every scenario was compared and none changed, broke or could not
-    /// be compared.
-    pub accepted: bool,
+    /// How many scenarios were to be compared.
+    pub planned: usize,
+}
+
+impl AbRun {
+    /// Whether the run accepts the candidate: every scenario compared,
+    /// none changed, broke or could not be compared, and with
+    /// `expect_fixed` exactly those ledger entries fixed ([`ab::accept`]).
+    pub fn acceptance(&self, expect_fixed: &[String]) -> ab::Acceptance {
+        ab::accept(&self.outcomes, self.planned, expect_fixed)
+    }
 }
 
 /// Runs `scenarios` (names; empty = all) on both kernels and compares
@@ -138,7 +156,6 @@ pub fn run(
     on_start(&env, &base_name, &cand_name);
     let results = suite::run_all(&env, &trials, jobs, on_result);
     let outcomes = compare(&trials, &results);
-    let accepted = outcomes.len() == chosen.len() && !outcomes.iter().any(|o| o.class.rejects());
     Ok(AbRun {
         baseline: base_name,
         candidate: cand_name,
@@ -146,6 +163,6 @@ pub fn run(
         outcomes,
         run_dir: env.run_dir.clone(),
         accel: env.accel.accel.clone(),
-        accepted,
+        planned: chosen.len(),
     })
 }

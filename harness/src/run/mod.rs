@@ -13,7 +13,10 @@
 //! - [`signals`]: SIGINT/SIGTERM for every wait loop;
 //! - [`bench`]: what `cargo xtask bench` measures;
 //! - [`ab`]: A/B runs of a baseline and a candidate kernel;
-//! - [`bisect`]: bisection steps over an ordered list of kernels;
+//! - [`bisect`]: bisection steps over an ordered list of kernels, and over
+//!   a git tree's commits ([`bisect::tree`]);
+//! - [`fixes`]: `kernels/fixes/`: which ledger entries a fix ends, its
+//!   patch per source, `validate --record`;
 //! - [`doctor`]: whether this machine has what runs need, with the fix
 //!   for each problem.
 //! - [`shell`]: `vm-shell`, a guest's console on the user's terminal, with
@@ -22,6 +25,7 @@ pub mod ab;
 pub mod agent;
 pub mod bench;
 pub mod bisect;
+pub mod fixes;
 
 pub mod initramfs;
 pub mod mutants;

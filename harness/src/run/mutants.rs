@@ -98,7 +98,8 @@ pub enum KillKind {
 impl KillKind {
     /// How `o`, a rejecting A/B outcome, rejects.
     pub fn of(o: &ab::AbOutcome) -> KillKind {
-        if o.class == ab::AbClass::Broken {
+        // A fix flips a ledger rule's state: a rule saw it, not the diff.
+        if matches!(o.class, ab::AbClass::Broken | ab::AbClass::Fixed) {
             KillKind::Rule
         } else if o.diff.is_empty() && o.figures.iter().any(|f| !f.within) {
             KillKind::Overhead
@@ -1117,7 +1118,7 @@ fn confirm_diff(
         return DiffCheck::NotAgain;
     };
     let itself = ab::compare(&scenario.name, base, &again);
-    if itself.class.rejects() {
+    if itself.class.differs() {
         let why = itself.diff.first().or(itself.details.first());
         noisy.insert(
             scenario.name.clone(),
@@ -1127,7 +1128,7 @@ fn confirm_diff(
         );
         return DiffCheck::Noisy;
     }
-    if ab::compare(&scenario.name, base, &mutant).class.rejects() {
+    if ab::compare(&scenario.name, base, &mutant).class.differs() {
         DiffCheck::Confirmed
     } else {
         DiffCheck::NotAgain
@@ -1251,7 +1252,7 @@ fn judge_on(
                 continue;
             };
             let mut outcome = ab::compare(&r.scenario, base, &crate::run::ab::side_of(r));
-            if outcome.class.rejects() && figures_only(&outcome) {
+            if outcome.class.differs() && figures_only(&outcome) {
                 // A figure a hair outside its band in one pair of runs is
                 // as likely noise as a change: both kernels measure again,
                 // and only a change that shows twice kills.
@@ -1263,7 +1264,7 @@ fn judge_on(
                     }
                 }
             }
-            if outcome.class.rejects() && KillKind::of(&outcome) == KillKind::Diff {
+            if outcome.class.differs() && KillKind::of(&outcome) == KillKind::Diff {
                 let Some(scenario) = chosen.iter().find(|s| s.name == r.scenario) else {
                     continue;
                 };
@@ -1273,7 +1274,7 @@ fn judge_on(
                 }
                 result.scenarios_run += 2;
             }
-            if outcome.class.rejects()
+            if outcome.class.differs()
                 && subject.switch.is_some()
                 && KillKind::of(&outcome) == KillKind::Overhead
             {
@@ -1289,7 +1290,7 @@ fn judge_on(
                 }
                 continue;
             }
-            if outcome.class.rejects() {
+            if outcome.class.differs() {
                 let kind = KillKind::of(&outcome);
                 let why = outcome
                     .details

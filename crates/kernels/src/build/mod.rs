@@ -172,6 +172,24 @@ impl BuildRequest {
         }
     }
 
+    /// Every fragment merged, in order: kloop's, the source package's own
+    /// (`configs/<package>.config` beside kloop's, when there is one:
+    /// what an older series needs for kloop's options to survive, such as
+    /// 6.1's BPF_JIT depending on MODULES), then the user's.
+    pub fn fragment_paths(&self) -> Vec<PathBuf> {
+        let mut paths = vec![self.kloop_fragment.clone()];
+        if let SourceSpec::Package(pin) = &self.source {
+            let own = self
+                .kloop_fragment
+                .with_file_name(format!("{}.config", pin.package));
+            if own.is_file() {
+                paths.push(own);
+            }
+        }
+        paths.extend(self.fragments.iter().cloned());
+        paths
+    }
+
     /// The same build with `patches` applied (a candidate, a mutant, a
     /// schema kernel).
     pub fn with_patches(&self, patches: Vec<PathBuf>) -> BuildRequest {
@@ -362,8 +380,7 @@ pub fn objects_of(
     req: &BuildRequest,
     kernel: &BuiltKernel,
 ) -> Result<Option<PathBuf>, BuildError> {
-    let mut fragment_paths = vec![req.kloop_fragment.clone()];
-    fragment_paths.extend(req.fragments.iter().cloned());
+    let fragment_paths = req.fragment_paths();
     let fragments = fragment_paths
         .iter()
         .map(|p| {
@@ -411,8 +428,7 @@ pub fn build(
             .collect()
     };
     let patches = hashed(&req.patches)?;
-    let mut fragment_paths = vec![req.kloop_fragment.clone()];
-    fragment_paths.extend(req.fragments.iter().cloned());
+    let fragment_paths = req.fragment_paths();
     let fragments = hashed(&fragment_paths)?;
     if which("gcc").is_none() {
         return Err(BuildError::ToolMissing {

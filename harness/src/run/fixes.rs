@@ -1,0 +1,388 @@
+//! Fixes of known kernel bugs (`kernels/fixes/<name>/`): which ledger
+//! entries a fix folder ends, which of its patches applies to a source,
+//! and `validate --record` writing the result into the ledger.
+//!
+//! A folder is named after the ledger id it fixes, or after the common
+//! prefix of the ids it fixes (`interpreted-prog-ksymbol` ends
+//! `interpreted-prog-ksymbol-register` and `-unregister`: one fix in
+//! `perf_event_bpf_emit_ksymbols()` ends both). It holds one patch per
+//! source it applies to, named after the source package
+//! (`linux-source-6.12.patch`), in upstream submission form.
+
+use std::path::{Path, PathBuf};
+
+use crate::judge::ab::AbOutcome;
+use crate::judge::known_issues::Ledger;
+
+/// Where fix folders live, under the catalog directory (`kernels/`).
+pub const FIXES_DIR: &str = "fixes";
+
+/// Why a fix or an expected id could not be resolved, or recorded.
+#[derive(Debug, thiserror::Error)]
+pub enum FixError {
+    #[error("no fix `{name}` in {dir}; the fixes there: {known}")]
+    UnknownFix {
+        name: String,
+        dir: PathBuf,
+        known: String,
+    },
+    #[error("fix {dir} has no patch for {source_package} ({dir}/{source_package}.patch); it has patches for: {known}")]
+    NoPatchFor {
+        dir: PathBuf,
+        source_package: String,
+        known: String,
+    },
+    #[error("no ledger entry is `{name}` or starts with `{name}-`; the ledger's ids: {known}")]
+    NoEntry { name: String, known: String },
+    #[error("--expect-fixed {id}: no such ledger entry; the ledger's ids: {known}")]
+    UnknownId { id: String, known: String },
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not TOML the ledger's writer can edit: {message}")]
+    Edit { path: PathBuf, message: String },
+}
+
+/// A fix folder resolved for one source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fix {
+    /// The folder (`kernels/fixes/interpreted-prog-ksymbol`).
+    pub dir: PathBuf,
+    /// Its patch for the source.
+    pub patch: PathBuf,
+    /// The ledger ids it ends.
+    pub ids: Vec<String>,
+}
+
+/// The ledger ids a folder named `name` ends: the one with that id, or
+/// every id starting with `name-`.
+pub fn ids_named(ledger: &Ledger, name: &str) -> Result<Vec<String>, FixError> {
+    let ids: Vec<String> = ledger
+        .issues
+        .iter()
+        .map(|i| i.id.clone())
+        .filter(|id| id == name || id.starts_with(&format!("{name}-")))
+        .collect();
+    if ids.is_empty() {
+        return Err(FixError::NoEntry {
+            name: name.to_string(),
+            known: known_ids(ledger),
+        });
+    }
+    Ok(ids)
+}
+
+/// Checks that every `--expect-fixed` id is a ledger entry.
+pub fn check_ids(ledger: &Ledger, ids: &[String]) -> Result<(), FixError> {
+    match ids
+        .iter()
+        .find(|id| !ledger.issues.iter().any(|i| &i.id == *id))
+    {
+        Some(id) => Err(FixError::UnknownId {
+            id: id.clone(),
+            known: known_ids(ledger),
+        }),
+        None => Ok(()),
+    }
+}
+
+fn known_ids(ledger: &Ledger) -> String {
+    let ids: Vec<&str> = ledger.issues.iter().map(|i| i.id.as_str()).collect();
+    ids.join(", ")
+}
+
+/// Resolves `--fix NAME` (a folder under `kernels/fixes/`, or a path to
+/// one) for the source package `source_package`.
+pub fn resolve(
+    kernels: &Path,
+    ledger: &Ledger,
+    name: &str,
+    source_package: &str,
+) -> Result<Fix, FixError> {
+    let root = kernels.join(FIXES_DIR);
+    let given = Path::new(name);
+    let dir = if given.is_dir() {
+        given.to_path_buf()
+    } else {
+        root.join(name)
+    };
+    if !dir.is_dir() {
+        return Err(FixError::UnknownFix {
+            name: name.to_string(),
+            dir: root.clone(),
+            known: list(&root, |p| p.is_dir()).join(", "),
+        });
+    }
+    let folder = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let patch = dir.join(format!("{source_package}.patch"));
+    if !patch.is_file() {
+        let known: Vec<String> = list(&dir, |p| p.extension().is_some_and(|e| e == "patch"))
+            .into_iter()
+            .map(|f| f.trim_end_matches(".patch").to_string())
+            .collect();
+        return Err(FixError::NoPatchFor {
+            dir,
+            source_package: source_package.to_string(),
+            known: if known.is_empty() {
+                "none".into()
+            } else {
+                known.join(", ")
+            },
+        });
+    }
+    Ok(Fix {
+        ids: ids_named(ledger, &folder)?,
+        dir,
+        patch,
+    })
+}
+
+/// The names of `dir`'s entries that pass `keep`, sorted.
+fn list(dir: &Path, keep: impl Fn(&Path) -> bool) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| keep(&e.path()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// What `validate --record` writes for one ledger entry.
+#[derive(Debug, Clone)]
+pub struct Validated<'a> {
+    /// The patch, as the ledger names it (relative to the workspace).
+    pub patch: String,
+    /// `linux-source-6.12 6.12.117-1~deb12u1`.
+    pub source: String,
+    /// validate accepted the candidate with this entry expected fixed.
+    pub accepted: bool,
+    pub outcomes: &'a [AbOutcome],
+    /// `YYYY-MM-DD`.
+    pub date: String,
+    pub run_dir: String,
+}
+
+/// Records `v` under every entry in `ids` in the ledger file at `path`,
+/// replacing an earlier record of the same patch, keeping the file's
+/// comments and layout, and writing it atomically.
+pub fn record(path: &Path, ids: &[String], v: &Validated<'_>) -> Result<(), FixError> {
+    let io = |what, source| FixError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| io("reading", e))?;
+    let edited = record_in(&text, ids, v).map_err(|message| FixError::Edit {
+        path: path.to_path_buf(),
+        message,
+    })?;
+    let tmp = path.with_extension(format!("toml.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, edited).map_err(|e| io("writing", e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io("replacing", e))
+}
+
+/// [`record`] on the file's text.
+fn record_in(text: &str, ids: &[String], v: &Validated<'_>) -> Result<String, String> {
+    use toml_edit::{value, Array, ArrayOfTables, DocumentMut, Item, Table};
+    let mut doc: DocumentMut = text.parse().map_err(|e| format!("{e}"))?;
+    let issues = doc
+        .get_mut("issue")
+        .and_then(Item::as_array_of_tables_mut)
+        .ok_or("no [[issue]] tables")?;
+    for id in ids {
+        let entry = issues
+            .iter_mut()
+            .find(|t| t.get("id").and_then(|i| i.as_str()) == Some(id.as_str()))
+            .ok_or_else(|| format!("no entry {id}"))?;
+        let mut fix = Table::new();
+        fix["patch"] = value(&v.patch);
+        fix["source"] = value(&v.source);
+        fix["result"] = value(if v.accepted { "FIXED" } else { "REJECTED" });
+        let mut scenarios = Array::new();
+        for o in v.outcomes.iter().filter(|o| o.fixed.contains(id)) {
+            scenarios.push(o.scenario.as_str());
+        }
+        fix["scenarios"] = value(scenarios);
+        fix["validated"] = value(&v.date);
+        fix["run"] = value(&v.run_dir);
+        if !entry.contains_key("fix") {
+            entry.insert("fix", Item::ArrayOfTables(ArrayOfTables::new()));
+        }
+        let fixes = entry
+            .get_mut("fix")
+            .and_then(Item::as_array_of_tables_mut)
+            .ok_or_else(|| format!("{id}: `fix` is not an array of tables"))?;
+        fixes.retain(|t| t.get("patch").and_then(|p| p.as_str()) != Some(v.patch.as_str()));
+        fixes.push(fix);
+    }
+    Ok(doc.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::judge::ab::AbClass;
+
+    const LEDGER: &str = r#"# a comment that must survive
+[[issue]]
+id = "interpreted-prog-ksymbol-register"
+rule = "load-symbols"
+scenarios = ["interpreter"]
+pins = ["6.12"]
+summary = "s"
+evidence = "e"
+review_by = "2027-05-21"
+
+[[issue]]
+id = "interpreted-prog-ksymbol-unregister"
+rule = "unload-symbols"
+scenarios = ["interpreter"]
+pins = ["6.12"]
+summary = "s"
+evidence = "e"
+review_by = "2027-05-21"
+
+[[issue]]
+id = "other"
+rule = "parse"
+scenarios = []
+pins = ["6.12"]
+summary = "s"
+evidence = "e"
+review_by = "2027-05-21"
+"#;
+
+    fn ledger() -> Ledger {
+        let vocab = crate::judge::known_issues::Vocabulary {
+            pins: vec!["6.12".into()],
+            rules: vec![
+                "load-symbols".into(),
+                "unload-symbols".into(),
+                "parse".into(),
+            ],
+            scenarios: vec!["interpreter".into()],
+        };
+        Ledger::parse(LEDGER, Path::new("known-issues.toml"), &vocab)
+            .expect("the test ledger parses")
+    }
+
+    #[test]
+    fn a_folder_named_after_a_prefix_ends_every_id_under_it() {
+        let l = ledger();
+        assert_eq!(
+            ids_named(&l, "interpreted-prog-ksymbol").unwrap(),
+            vec![
+                "interpreted-prog-ksymbol-register",
+                "interpreted-prog-ksymbol-unregister"
+            ]
+        );
+        assert_eq!(ids_named(&l, "other").unwrap(), vec!["other"]);
+        // A prefix is whole words: `interpreted-prog-ksym` names nothing.
+        let e = ids_named(&l, "interpreted-prog-ksym")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("ledger's ids: interpreted-prog-ksymbol-register"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_expected_id_is_an_error_listing_the_ids() {
+        let e = check_ids(&ledger(), &["nope".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("--expect-fixed nope: no such ledger entry; the ledger's ids: interpreted-prog-ksymbol-register, interpreted-prog-ksymbol-unregister, other"), "{e}");
+        assert!(check_ids(&ledger(), &["other".into()]).is_ok());
+    }
+
+    #[test]
+    fn resolving_finds_the_sources_patch_or_names_the_ones_there() {
+        let kernels = tempfile::tempdir().unwrap();
+        let dir = kernels.path().join("fixes/interpreted-prog-ksymbol");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("linux-source-6.12.patch"), "x").unwrap();
+        let l = ledger();
+        let fix = resolve(
+            kernels.path(),
+            &l,
+            "interpreted-prog-ksymbol",
+            "linux-source-6.12",
+        )
+        .unwrap();
+        assert_eq!(fix.patch, dir.join("linux-source-6.12.patch"));
+        assert_eq!(fix.ids.len(), 2);
+        let e = resolve(
+            kernels.path(),
+            &l,
+            "interpreted-prog-ksymbol",
+            "linux-source-6.1",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("has patches for: linux-source-6.12"), "{e}");
+        let e = resolve(kernels.path(), &l, "nope", "linux-source-6.12")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the fixes there: interpreted-prog-ksymbol"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn recording_adds_a_fix_table_per_entry_replaces_the_same_patch_and_keeps_comments() {
+        let outcomes = vec![AbOutcome {
+            scenario: "interpreter".into(),
+            class: AbClass::Fixed,
+            details: vec![],
+            diff: vec![],
+            figures: vec![],
+            baseline_issues: vec![],
+            baseline_known: vec![],
+            fixed: vec![
+                "interpreted-prog-ksymbol-register".into(),
+                "interpreted-prog-ksymbol-unregister".into(),
+            ],
+        }];
+        let v = Validated {
+            patch: "kernels/fixes/interpreted-prog-ksymbol/linux-source-6.12.patch".into(),
+            source: "linux-source-6.12 6.12.117-1~deb12u1".into(),
+            accepted: true,
+            outcomes: &outcomes,
+            date: "2026-11-26".into(),
+            run_dir: "target/kloop/runs/1".into(),
+        };
+        let ids = ids_named(&ledger(), "interpreted-prog-ksymbol").unwrap();
+        let once = record_in(LEDGER, &ids, &v).unwrap();
+        let twice = record_in(&once, &ids, &v).unwrap();
+        assert_eq!(once, twice, "the same patch is recorded once");
+        assert!(once.starts_with("# a comment that must survive"));
+        let vocab = crate::judge::known_issues::Vocabulary {
+            pins: vec!["6.12".into()],
+            rules: vec![
+                "load-symbols".into(),
+                "unload-symbols".into(),
+                "parse".into(),
+            ],
+            scenarios: vec!["interpreter".into()],
+        };
+        let l =
+            Ledger::parse(&once, Path::new("k.toml"), &vocab).expect("the edited ledger parses");
+        for i in &l.issues[..2] {
+            assert_eq!(i.fixes.len(), 1, "{once}");
+            assert_eq!(i.fixes[0].result, "FIXED");
+            assert_eq!(i.fixes[0].scenarios, vec!["interpreter"]);
+        }
+        assert!(l.issues[2].fixes.is_empty());
+    }
+}
