@@ -84,13 +84,8 @@ pub(crate) enum Cmd {
     /// under target/kloop/runs, `latest/KERNEL/SCENARIO`, or a trial
     /// directory): the kernel, the initramfs, the QEMU command as run.sh,
     /// a record decoder, expected and actual streams, a plain-text report.
-    Repro {
-        /// The trial, e.g. `latest/6.1/many-listeners`.
-        trial: String,
-        /// Where to write it (default: target/kloop/repro/RUN-KERNEL-SCENARIO).
-        #[arg(long)]
-        out: Option<PathBuf>,
-    },
+    /// With --standalone ID: the known bug's stand-alone C reproducer.
+    Repro(ReproArgs),
     /// Check this machine: QEMU, firmware, KVM, clang, perf, apt tools, the
     /// mirror, the cache; one OK/WARN/FAIL line each, with the fix.
     Doctor(crate::doctor_cmd::DoctorArgs),
@@ -106,6 +101,34 @@ pub(crate) enum Cmd {
         #[command(subcommand)]
         cmd: KernelsCmd,
     },
+}
+
+#[derive(Args)]
+pub(crate) struct ReproArgs {
+    /// The trial, e.g. `latest/6.1/many-listeners`.
+    #[arg(required_unless_present = "standalone", conflicts_with = "standalone")]
+    pub(crate) trial: Option<String>,
+    /// A ledger id (kernels/known-issues.toml): write its stand-alone C
+    /// reproducer (perf_event_open and bpf system calls only; exit 0 no
+    /// bug, 1 bug, 77 cannot run here) as one file.
+    #[arg(long, value_name = "LEDGER_ID")]
+    pub(crate) standalone: Option<String>,
+    /// With --standalone: build it (gcc -static) and run it in the guest on
+    /// every pin and on the builds of the entry's fix (kernels/fixes/):
+    /// it must reproduce on every affected pin and unpatched build and not
+    /// on the others or on a build carrying the fix.
+    #[arg(long, requires = "standalone")]
+    pub(crate) prove: bool,
+    /// With --prove: only these kernels (pins, built:ID, bzImage paths).
+    #[arg(long = "kernel", value_name = "KERNEL", requires = "prove")]
+    pub(crate) kernels: Vec<String>,
+    /// Where to write it (default: target/kloop/repro/…).
+    #[arg(long)]
+    pub(crate) out: Option<PathBuf>,
+    #[arg(long, default_value = "auto", value_parser = accel_parser())]
+    pub(crate) accel: AccelChoice,
+    #[command(flatten)]
+    pub(crate) fetch: FetchArgs,
 }
 
 #[derive(Args, Clone)]

@@ -114,7 +114,7 @@ fn run() -> Result<ExitCode> {
         Cmd::Bench(a) => bench(a),
         Cmd::Clean(a) => clean_cmd::clean(a),
         Cmd::Mutants(a) => mutants_cmd::mutants(a),
-        Cmd::Repro { trial, out } => repro_cmd::repro(trial, out),
+        Cmd::Repro(a) => repro_cmd::repro(a),
         Cmd::Doctor(a) => doctor_cmd::doctor(a),
         Cmd::VmShell(a) => shell_cmd::vm_shell(a),
     }

@@ -1,16 +1,30 @@
-//! `repro RUN/TRIAL`: a reproducer directory for one trial.
+//! `repro RUN/TRIAL`: a reproducer directory for one trial;
+//! `repro --standalone ID [--prove]`: a known bug's stand-alone C
+//! reproducer, and its proof in the guest on each kernel.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use kloop::report::repro;
+use kloop::run::standalone::{self, ReproOutcome, Reproducer};
+use kloop::run::suite::{self, EnvOptions, Layout};
+use kloop::run::trial::KernelUnderTest;
+use kloop_kernels::Catalog;
 
-use crate::layout;
+use crate::{accel_line, layout, start_trials, BuildArgs, ReproArgs};
 
-pub(crate) fn repro(trial: String, out: Option<PathBuf>) -> Result<ExitCode> {
+pub(crate) fn repro(a: ReproArgs) -> Result<ExitCode> {
+    match (&a.trial, &a.standalone) {
+        (_, Some(id)) => standalone_repro(&a, id),
+        (Some(trial), None) => trial_repro(trial, a.out.clone()),
+        (None, None) => unreachable!("clap requires a trial or --standalone"),
+    }
+}
+
+fn trial_repro(trial: &str, out: Option<PathBuf>) -> Result<ExitCode> {
     let layout = layout();
-    let dir = repro::trial_dir(&layout, &trial)?;
+    let dir = repro::trial_dir(&layout, trial)?;
     let out = out.unwrap_or_else(|| {
         let name: Vec<String> = dir
             .components()
@@ -36,4 +50,211 @@ pub(crate) fn repro(trial: String, out: Option<PathBuf>) -> Result<ExitCode> {
         written.dir.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the single C file; with --prove, runs it on every kernel.
+fn standalone_repro(a: &ReproArgs, id: &str) -> Result<ExitCode> {
+    let layout = layout();
+    let ledger = suite::load_ledger(&layout)?;
+    let r = standalone::find(&layout.kernels(), &ledger, id)?;
+    let out = a.out.clone().unwrap_or_else(|| {
+        layout
+            .root
+            .join("target/kloop/repro")
+            .join(format!("{}.c", r.name))
+    });
+    let text = r.single_file()?;
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let tmp = out.with_extension(format!("c.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &out).with_context(|| format!("writing {}", out.display()))?;
+    println!(
+        "kloop: stand-alone reproducer of {} in {}",
+        r.issues
+            .iter()
+            .map(|i| i.id.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        out.display()
+    );
+    println!(
+        "kloop: build it with `gcc -static -O2 -Wall -o {0} {1}`, run it as root: exit 0 no bug, 1 bug, 77 cannot run here",
+        r.name,
+        out.display()
+    );
+    if !a.prove {
+        return Ok(ExitCode::SUCCESS);
+    }
+    prove(&layout, a, &r, &out)
+}
+
+/// What a kernel must do with the reproducer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    Reproduce,
+    Pass,
+}
+
+/// The kernels a proof runs on: every pin (affected ones must reproduce,
+/// the others not), and for each patch of the reproducer's fix folder the
+/// source built without it (must reproduce) and with it (must not).
+fn proof_kernels(
+    layout: &Layout,
+    a: &ReproArgs,
+    r: &Reproducer,
+) -> Result<Option<Vec<(KernelUnderTest, Expect, String)>>> {
+    let catalog = Catalog::load(&layout.kernels())?;
+    let affected = r.affected_pins();
+    let pin_expect = |id: &str| {
+        if affected.iter().any(|p| p == id) {
+            Expect::Reproduce
+        } else {
+            Expect::Pass
+        }
+    };
+    let mut kernels = Vec::new();
+    if !a.kernels.is_empty() {
+        for spec in &a.kernels {
+            let k = suite::resolve_kernel(&catalog, spec, None)?;
+            let expect = pin_expect(spec);
+            kernels.push((k, expect, spec.clone()));
+        }
+        return Ok(Some(kernels));
+    }
+    for p in catalog.pins() {
+        kernels.push((
+            KernelUnderTest::Pin(p.clone()),
+            pin_expect(&p.id),
+            p.id.clone(),
+        ));
+    }
+    let fixes = layout
+        .kernels()
+        .join(kloop::run::fixes::FIXES_DIR)
+        .join(&r.name);
+    let mut patches: Vec<PathBuf> = std::fs::read_dir(&fixes)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "patch"))
+        .collect();
+    patches.sort();
+    for patch in patches {
+        let source = patch
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let build = BuildArgs {
+            source: source.clone(),
+            patches: Vec::new(),
+            fragments: Vec::new(),
+            base: Default::default(),
+            jobs: None,
+            fetch: a.fetch.clone(),
+        };
+        let base_req = build.request(layout)?;
+        let fixed_req = base_req.with_patches(vec![patch.clone()]);
+        for (req, expect, what) in [
+            (base_req, Expect::Reproduce, format!("{source} (unpatched)")),
+            (fixed_req, Expect::Pass, format!("{source} + the fix")),
+        ] {
+            let built = match crate::build_kernel(&req, &what) {
+                Ok(k) => k,
+                Err(_) => return Ok(None),
+            };
+            let k = KernelUnderTest::Image(kloop::run::trial::LocalKernel::built(
+                &built, None, &catalog,
+            ));
+            kernels.push((k, expect, format!("{what}, built:{}", built.record.id)));
+        }
+    }
+    Ok(Some(kernels))
+}
+
+/// Runs the reproducer in the guest on each kernel and checks the answers.
+fn prove(
+    layout: &Layout,
+    a: &ReproArgs,
+    r: &Reproducer,
+    file: &std::path::Path,
+) -> Result<ExitCode> {
+    // Built on the host first, so a compile error is told as one.
+    let cache = kloop_kernels::KernelCache::default_location()?;
+    let binary = kloop::run::payload::c_program(file, &cache.root().join("programs"))?;
+    println!("kloop: built {}", binary.display());
+    let Some(kernels) = proof_kernels(layout, a, r)? else {
+        return Ok(ExitCode::from(crate::EXIT_BUILD));
+    };
+    start_trials();
+    let opts = EnvOptions {
+        accel: a.accel,
+        fetch: a.fetch.options(),
+        ..EnvOptions::default()
+    };
+    let ks: Vec<KernelUnderTest> = kernels.iter().map(|(k, _, _)| k.clone()).collect();
+    let env = suite::prepare_env(layout, &opts, &ks)?;
+    println!("kloop: accelerator: {}", accel_line(&env.accel));
+    let scenario = r
+        .scenario(file, &env.run_dir)
+        .map_err(|e| anyhow::anyhow!("the reproducer's scenario: {e}"))?;
+    let trials: Vec<suite::PlannedTrial> = ks
+        .iter()
+        .map(|k| suite::PlannedTrial {
+            kernel: k.clone(),
+            scenario: scenario.clone(),
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let results = suite::run_all(&env, &trials, suite::default_jobs(), &|r| {
+        println!("{}", kloop::report::trial_line(r));
+    });
+    kloop::report::write_files(&env.run_dir, &results)?;
+    println!();
+    let mut all_as_expected = true;
+    for ((k, expect, label), result) in kernels.iter().zip(&results) {
+        let outcome = ReproOutcome::of(result);
+        let ok = matches!(
+            (expect, &outcome),
+            (Expect::Reproduce, ReproOutcome::Reproduces(_))
+                | (Expect::Pass, ReproOutcome::DoesNotReproduce)
+        );
+        all_as_expected &= ok;
+        println!(
+            "  {:<58} {:<19} (must {}){}",
+            label,
+            outcome.label(),
+            match expect {
+                Expect::Reproduce => "reproduce",
+                Expect::Pass => "not reproduce",
+            },
+            if ok { "" } else { "  ← NOT AS EXPECTED" }
+        );
+        if let ReproOutcome::Reproduces(m)
+        | ReproOutcome::CannotRun(m)
+        | ReproOutcome::NoAnswer(m) = &outcome
+        {
+            for line in m.lines().skip(1).take(4) {
+                println!("      {line}");
+            }
+        }
+        let _ = k;
+    }
+    println!(
+        "kloop: {} in {:.0} s; trials in {}",
+        if all_as_expected {
+            "the reproducer answers as the ledger and the fix say on every kernel"
+        } else {
+            "the reproducer does NOT answer as expected on every kernel (see above)"
+        },
+        started.elapsed().as_secs_f64(),
+        env.run_dir.display()
+    );
+    Ok(if all_as_expected {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

@@ -70,6 +70,8 @@ pub struct RunEvidence {
     pub perf_scripts: Vec<PerfScript>,
     /// What each `fail-nth` step's sweep came to, in plan order.
     pub fail_nth: Vec<FailNthSweep>,
+    /// What each `run-program` step's program did, in plan order.
+    pub program_runs: Vec<ProgramRun>,
     /// The last `read-ksymbol-watch` (each sends every observation so far).
     pub ksymbol_watch: Option<KsymbolWatchEvidence>,
     /// Every step the agent started, by plan index, as it echoed it.
@@ -271,6 +273,47 @@ pub struct Lookups {
     pub enoent: u32,
     /// Any other errors, as the agent wrote them.
     pub other_errors: Vec<String>,
+}
+
+/// A `ProgramRun` message: a shipped program's exit and output.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProgramRun {
+    /// Its path in the guest.
+    pub path: String,
+    /// Its exit status, when it exited.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, when one did.
+    pub signal: Option<i32>,
+    /// The agent killed it at the step's timeout.
+    pub timed_out: bool,
+    /// stdout, then stderr after a `[stderr]` line.
+    pub output: String,
+}
+
+/// Exit status a program uses to say it could not run here (automake's
+/// convention); the trial is skipped with the program's words.
+pub const PROGRAM_SKIP: i32 = 77;
+
+impl ProgramRun {
+    /// It exited 77: it could not run on this kernel.
+    pub fn skipped(&self) -> bool {
+        self.exit_code == Some(PROGRAM_SKIP) && !self.timed_out
+    }
+
+    /// It exited 0.
+    pub fn passed(&self) -> bool {
+        self.exit_code == Some(0) && !self.timed_out
+    }
+
+    /// How it ended, in words: `exited 1`, `killed by signal 9 after the timeout`.
+    pub fn ending(&self) -> String {
+        match (self.exit_code, self.signal, self.timed_out) {
+            (_, _, true) => "was killed at the step's timeout".to_string(),
+            (Some(c), _, _) => format!("exited {c}"),
+            (None, Some(s), _) => format!("was killed by signal {s}"),
+            (None, None, _) => "ended without a status".to_string(),
+        }
+    }
 }
 
 /// A `PerfScript` message: the command the agent ran, its text and stderr.
@@ -495,6 +538,20 @@ impl RunEvidence {
                         dropped: *dropped,
                     })
                 }
+                Message::ProgramRun {
+                    path,
+                    exit_code,
+                    signal,
+                    timed_out,
+                    output,
+                    ..
+                } => ev.program_runs.push(ProgramRun {
+                    path: path.clone(),
+                    exit_code: *exit_code,
+                    signal: *signal,
+                    timed_out: *timed_out,
+                    output: output.clone(),
+                }),
                 Message::PerfScript {
                     command,
                     text,

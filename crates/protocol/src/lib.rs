@@ -38,7 +38,10 @@ pub use plan::{
 /// incompatibly (4: the ksymbol watch's steps and messages, kprobe-fill,
 /// fail-nth and failed-load; 5: a listener's CPU subset and other
 /// side-band attributes, and `close-listeners`; 6: `FinalKallsyms`; 7: the plan's `params`).
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
+
+/// What a `ProgramRun` carries of a program's output.
+pub const MAX_PROGRAM_OUTPUT: usize = 64 * 1024;
 
 /// Where the agent finds its plan inside the initramfs.
 pub const PLAN_PATH: &str = "/kloop/plan.json";
@@ -363,6 +366,18 @@ pub enum Message {
         found: u32,
         enoent: u32,
         other_errors: Vec<String>,
+    },
+    /// What a `run-program` step's program did.
+    ProgramRun {
+        path: String,
+        /// Its exit status, when it exited.
+        exit_code: Option<i32>,
+        /// The signal that ended it, when one did (SIGKILL after a timeout).
+        signal: Option<i32>,
+        timed_out: bool,
+        /// stdout then stderr, at most [`MAX_PROGRAM_OUTPUT`] bytes.
+        output: String,
+        elapsed_ns: u64,
     },
     /// perf's dump (`perf report -D --header`) of the plan's `perf record`
     /// run.

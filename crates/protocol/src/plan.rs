@@ -343,6 +343,18 @@ pub enum Step {
     PerfRecordStart {
         args: Vec<String>,
     },
+    /// Run the program at `path` (shipped in the initramfs: a scenario's
+    /// `[[programs]]`, such as a stand-alone reproducer) with `args`, its
+    /// stdout and stderr captured, killed after `timeout_ms`; reports a
+    /// `ProgramRun`. Exit 0 passes, 77 skips (automake's convention: the
+    /// program could not run here), anything else fails the trial.
+    RunProgram {
+        path: String,
+        #[serde(default)]
+        args: Vec<String>,
+        #[serde(default = "default_program_timeout_ms")]
+        timeout_ms: u64,
+    },
     /// Stop `perf record` (SIGINT), wait for it, run
     /// `perf report -D --header` on its data (the only perf output with every
     /// field: `perf script --show-bpf-events` prints no BPF_EVENT tag) and
@@ -546,4 +558,8 @@ impl Step {
         }
         line
     }
+}
+
+fn default_program_timeout_ms() -> u64 {
+    60_000
 }

@@ -6,7 +6,7 @@ use kloop_protocol::Step;
 use crate::context::StepContext;
 use crate::steps::{
     concurrent, fail_nth, fault, files, hooks, inventory, kallsyms, ksymwatch, listeners, load,
-    measure, net, perf_tool, storm,
+    measure, net, perf_tool, program, storm,
 };
 
 /// Runs one step of the plan against the plan's shared `context`.
@@ -111,5 +111,10 @@ pub(super) fn run_step(context: &mut StepContext, index: u32, step: &Step) -> Re
         } => concurrent::run(fixture, program, *cycles),
         Step::PerfRecordStart { args } => perf_tool::start(args),
         Step::PerfRecordStop => perf_tool::stop(),
+        Step::RunProgram {
+            path,
+            args,
+            timeout_ms,
+        } => program::run(path, args, *timeout_ms),
     }
 }

@@ -17,4 +17,5 @@ pub mod measure;
 pub mod net;
 pub mod perf_tool;
 pub mod probes;
+pub mod program;
 pub mod storm;

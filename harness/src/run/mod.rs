@@ -19,6 +19,8 @@
 //!   patch per source, `validate --record`;
 //! - [`doctor`]: whether this machine has what runs need, with the fix
 //!   for each problem.
+//! - [`standalone`]: stand-alone C reproducers of known bugs, written as
+//!   one file and proven in the guest per kernel;
 //! - [`shell`]: `vm-shell`, a guest's console on the user's terminal, with
 //!   `kloop-run` reports parsed on the host.
 pub mod ab;
@@ -35,6 +37,7 @@ pub mod run_dirs;
 pub mod saved_vm;
 pub mod shell;
 pub mod signals;
+pub mod standalone;
 pub mod suite;
 pub mod trial;
 

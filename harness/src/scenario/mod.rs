@@ -60,6 +60,28 @@ struct ScenarioFile {
     /// rules of every run (`expect.rs`).
     #[serde(default)]
     expect: Vec<Expectation>,
+    /// C programs built on the host (`gcc -static`) and shipped in the
+    /// initramfs, for `run-program` steps.
+    #[serde(default)]
+    programs: Vec<GuestProgram>,
+    /// Compare the normalised stream with golden snapshots (the default).
+    /// `false` for a scenario whose verdict is its program's exit status
+    /// and its rules, not its stream (a stand-alone reproducer's).
+    #[serde(default = "yes")]
+    snapshot: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `[[programs]]`: a C source (relative to the scenario's folder, or
+/// absolute) built statically and placed at `guest` in the initramfs.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuestProgram {
+    pub source: PathBuf,
+    pub guest: String,
 }
 
 /// `[vm]` in scenario.toml: how the scenario's guest is run.
@@ -94,6 +116,10 @@ pub struct Scenario {
     pub plan: Plan,
     /// Scenario-specific expectations, checked after the rules.
     pub expect: Vec<Expectation>,
+    /// C programs shipped in the guest (sources resolved against `dir`).
+    pub programs: Vec<GuestProgram>,
+    /// Whether the stream is compared with golden snapshots.
+    pub snapshot: bool,
 }
 
 impl Scenario {
@@ -110,7 +136,9 @@ impl Scenario {
         Self::parse(&name, dir, &text).map_err(|message| ScenarioError::Invalid { path, message })
     }
 
-    fn parse(name: &str, dir: &Path, text: &str) -> Result<Scenario, String> {
+    /// A scenario from its TOML text, as if it were `dir/scenario.toml`
+    /// (`repro --standalone --prove` builds one around a reproducer).
+    pub fn parse(name: &str, dir: &Path, text: &str) -> Result<Scenario, String> {
         let file: ScenarioFile = toml::from_str(text).map_err(|e| e.to_string())?;
         let steps = file
             .steps
@@ -125,6 +153,23 @@ impl Scenario {
             e.validate(&steps)
                 .map_err(|m| format!("expect {}: {m}", i + 1))?;
         }
+        let programs: Vec<GuestProgram> = file
+            .programs
+            .into_iter()
+            .map(|p| GuestProgram {
+                source: dir.join(&p.source),
+                guest: p.guest,
+            })
+            .collect();
+        for step in &steps {
+            if let Step::RunProgram { path, .. } = step {
+                if !programs.iter().any(|p| &p.guest == path) {
+                    return Err(format!(
+                        "run-program runs {path}, which no [[programs]] table ships"
+                    ));
+                }
+            }
+        }
         Ok(Scenario {
             name: name.to_string(),
             dir: dir.to_path_buf(),
@@ -132,6 +177,8 @@ impl Scenario {
             vm: file.vm,
             modules: file.modules,
             expect: file.expect,
+            programs,
+            snapshot: file.snapshot,
             plan: Plan {
                 scenario: name.to_string(),
                 requires: with_implied(file.requires, &steps),

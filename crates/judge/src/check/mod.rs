@@ -172,6 +172,9 @@ pub mod rule {
     pub const PAUSED_SILENT: &str = "paused-silent";
     /// An overwrite (backward, read-only) ring never loses a record it counts.
     pub const OVERWRITE_NEVER_FULL: &str = "overwrite-never-full";
+    /// A program a `run-program` step ran (a stand-alone reproducer, a
+    /// scenario's own test program) exited 0 (or 77: it could not run).
+    pub const PROGRAM_EXIT: &str = "program-exit";
 
     /// Every rule name, in the order reports list them.
     pub const ALL: &[&str] = &[
@@ -202,6 +205,7 @@ pub mod rule {
         LOST_SAMPLES,
         KPROBE_SLOTS,
         PAUSED_SILENT,
+        PROGRAM_EXIT,
         OVERWRITE_NEVER_FULL,
     ];
 }
@@ -659,6 +663,24 @@ fn group_sets<'l>(ev: &RunEvidence, ls: impl Iterator<Item = &'l ListenerInfo>) 
 pub fn analyse(ev: &RunEvidence) -> Analysis {
     let mut a = Analysis::default();
     let mut v: Vec<Violation> = Vec::new();
+
+    // What a shipped program says is its own verdict; 77 (it could not run
+    // here) is the harness's to turn into a skip.
+    for p in ev
+        .program_runs
+        .iter()
+        .filter(|p| !p.passed() && !p.skipped())
+    {
+        v.push(m_find(
+            rule::PROGRAM_EXIT,
+            format!(
+                "{} {}; its output:\n{}",
+                p.path,
+                p.ending(),
+                p.output.trim_end()
+            ),
+        ));
+    }
 
     let mut listeners: BTreeMap<u32, &ListenerInfo> = BTreeMap::new();
     for l in &ev.listeners {

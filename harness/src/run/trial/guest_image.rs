@@ -231,7 +231,7 @@ pub(crate) fn prepare_guest(
         KernelUnderTest::Image(_) => None,
     };
     let (image, boot_note) = boot_file(env, &image, verified_sha);
-    let payload = match scenario_payload(scenario) {
+    let payload = match scenario_payload(scenario, &env.cache.root().join("programs")) {
         Ok(p) => p,
         Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
     };
@@ -331,10 +331,18 @@ pub(super) fn boot_file(
 }
 
 /// Host programs the scenario needs in the guest: perf and its libraries
-/// when it requires `perf-tool` or runs perf.
+/// when it requires `perf-tool` or runs perf, and its `[[programs]]`
+/// (built into `programs_cache`).
 pub(super) fn scenario_payload(
     scenario: &Scenario,
+    programs_cache: &Path,
 ) -> Result<Payload, crate::run::payload::PayloadError> {
+    let mut payload = crate::run::payload::programs_payload(&scenario.programs, programs_cache)?;
+    payload.files.extend(perf_payload_of(scenario)?.files);
+    Ok(payload)
+}
+
+fn perf_payload_of(scenario: &Scenario) -> Result<Payload, crate::run::payload::PayloadError> {
     let plan = &scenario.plan;
     if plan
         .requires

@@ -138,7 +138,7 @@ pub(super) fn judge(
         Err(e) => Verdict::Failed(format!("{e}{ledger_suffix}")),
         Ok(_) => ledger_verdict.clone().unwrap_or(Verdict::Ok),
     };
-    let Some(snap_name) = kernel.snapshot_name() else {
+    let Some(snap_name) = kernel.snapshot_name().filter(|_| scenario.snapshot) else {
         return overhead_verdict();
     };
     // A local kernel's stream is compared read-only (pending stream into
@@ -232,6 +232,14 @@ fn kernel_spec(kernel: &KernelUnderTest) -> String {
 /// `Skipped` when the agent reported an unmet requirement the scenario
 /// asked for; `Failed` when it reported one the scenario did not ask for.
 pub(super) fn unsupported_verdict(scenario: &Scenario, evidence: &RunEvidence) -> Option<Verdict> {
+    // A shipped program that could not run here (exit 77) said why.
+    if let Some(p) = evidence.program_runs.iter().find(|p| p.skipped()) {
+        return Some(Verdict::Skipped(format!(
+            "program {}: {}",
+            p.path,
+            one_line(&p.output)
+        )));
+    }
     let (requirement, reason) = evidence.unsupported.as_ref()?;
     let name = requirement_name(*requirement);
     if !scenario.plan.requires.contains(requirement) {

@@ -126,6 +126,8 @@ fn scenario(requires: Vec<Requirement>) -> Scenario {
         vm: Default::default(),
         modules: vec![],
         expect: vec![],
+        programs: Vec::new(),
+        snapshot: true,
         plan: kloop_protocol::Plan {
             scenario: "interpreter".into(),
             requires,

@@ -1,0 +1,298 @@
+//! Stand-alone reproducers of known kernel bugs (`kernels/repros/`): one
+//! C file per bug family using only the perf_event_open and bpf system
+//! calls, written out as a single file (`repro --standalone`), and proven
+//! by running it inside the guest on each kernel (`--prove`).
+//!
+//! A reproducer is named like a fix folder: after the ledger id it
+//! reproduces, or the common prefix of the ids (`interpreted-prog-ksymbol`
+//! covers `-register` and `-unregister`). Its exit status is the verdict:
+//! 0 the bug does not show, 1 it shows (the offending records printed),
+//! 77 it could not run on this kernel (the reason printed).
+
+use std::path::{Path, PathBuf};
+
+use crate::judge::check::rule;
+use crate::judge::known_issues::{Issue, Ledger};
+use crate::run::trial::{TrialResult, Verdict};
+use crate::scenario::Scenario;
+
+/// Where reproducers live, under the catalog directory (`kernels/`).
+pub const REPROS_DIR: &str = "repros";
+/// The header every reproducer includes; pasted into the single file.
+pub const SHARED_HEADER: &str = "repro.h";
+/// Where the guest finds the reproducer.
+pub const GUEST_PATH: &str = "/usr/bin/kloop-repro";
+
+/// Why a reproducer could not be found or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StandaloneError {
+    #[error("no ledger entry `{id}`; the ledger's ids: {known}")]
+    UnknownId { id: String, known: String },
+    #[error("no reproducer for {id} in {dir} (a `<id>.c`, or `<prefix>.c` for a prefix of it); the reproducers there: {known}")]
+    NoReproducer {
+        id: String,
+        dir: PathBuf,
+        known: String,
+    },
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// A reproducer found for a ledger id.
+#[derive(Debug, Clone)]
+pub struct Reproducer {
+    /// Its name (the file's stem): an id, or the prefix of the ids.
+    pub name: String,
+    pub source: PathBuf,
+    /// The ledger entries it reproduces (every id it names or prefixes).
+    pub issues: Vec<Issue>,
+}
+
+/// Finds the reproducer of ledger entry `id`.
+pub fn find(kernels: &Path, ledger: &Ledger, id: &str) -> Result<Reproducer, StandaloneError> {
+    let ids: Vec<&str> = ledger.issues.iter().map(|i| i.id.as_str()).collect();
+    if !ids.contains(&id) {
+        return Err(StandaloneError::UnknownId {
+            id: id.to_string(),
+            known: ids.join(", "),
+        });
+    }
+    let dir = kernels.join(REPROS_DIR);
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let p = e.path();
+            (p.extension().is_some_and(|x| x == "c"))
+                .then(|| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+                .flatten()
+        })
+        .collect();
+    names.sort();
+    let name = names
+        .iter()
+        .find(|n| id == n.as_str() || id.starts_with(&format!("{n}-")))
+        .cloned()
+        .ok_or_else(|| StandaloneError::NoReproducer {
+            id: id.to_string(),
+            dir: dir.clone(),
+            known: if names.is_empty() {
+                "none".into()
+            } else {
+                names.join(", ")
+            },
+        })?;
+    let issues = ledger
+        .issues
+        .iter()
+        .filter(|i| i.id == name || i.id.starts_with(&format!("{name}-")))
+        .cloned()
+        .collect();
+    Ok(Reproducer {
+        source: dir.join(format!("{name}.c")),
+        name,
+        issues,
+    })
+}
+
+impl Reproducer {
+    /// The pins the ledger says the bug shows on (every entry's).
+    pub fn affected_pins(&self) -> Vec<String> {
+        let mut pins: Vec<String> = self
+            .issues
+            .iter()
+            .flat_map(|i| i.pins.iter().cloned())
+            .collect();
+        pins.sort();
+        pins.dedup();
+        pins
+    }
+
+    /// The single C file: a header naming the bug and how to run it, the
+    /// shared header pasted where the source includes it.
+    pub fn single_file(&self) -> Result<String, StandaloneError> {
+        let read = |path: &Path| {
+            std::fs::read_to_string(path).map_err(|source| StandaloneError::Io {
+                what: "reading",
+                path: path.to_path_buf(),
+                source,
+            })
+        };
+        let source = read(&self.source)?;
+        let header_path = self.source.with_file_name(SHARED_HEADER);
+        let header = read(&header_path)?;
+        let include = format!("#include \"{SHARED_HEADER}\"");
+        let body = source.replace(
+            &include,
+            &format!(
+                "/* ---- {SHARED_HEADER}, pasted ---- */\n{}\n/* ---- end of {SHARED_HEADER} ---- */",
+                header.trim_end()
+            ),
+        );
+        let mut out = String::new();
+        out.push_str(&format!(
+            "/*\n * Stand-alone reproducer, written by kloop (`cargo xtask repro --standalone {}`).\n",
+            self.issues.first().map_or(self.name.as_str(), |i| i.id.as_str())
+        ));
+        for i in &self.issues {
+            out.push_str(&format!(
+                " * Ledger entry {} ({} bug; affected pins: {}).\n",
+                i.id,
+                i.component,
+                i.pins.join(", ")
+            ));
+        }
+        out.push_str(&format!(
+            " *\n * Build: gcc -static -O2 -Wall -o {0} {0}.c\n * Run as root: ./{0}; echo $?\n *   0  the bug does not show\n *   1  it shows (the offending records are printed)\n *  77  it cannot run on this kernel (the reason is printed)\n */\n",
+            self.name
+        ));
+        out.push_str(&body);
+        Ok(out)
+    }
+
+    /// The scenario that runs the single file `file` in the guest.
+    pub fn scenario(&self, file: &Path, dir: &Path) -> Result<Scenario, String> {
+        let text = format!(
+            "description = \"stand-alone reproducer {name}\"\nsnapshot = false\n\
+             [[programs]]\nsource = {source:?}\nguest = \"{GUEST_PATH}\"\n\
+             [[steps]]\nop = \"run-program\"\npath = \"{GUEST_PATH}\"\ntimeout_ms = 120000\n",
+            name = self.name,
+            source = file.display().to_string(),
+        );
+        Scenario::parse(&format!("repro-{}", self.name), dir, &text)
+    }
+}
+
+/// What a reproducer did on one kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReproOutcome {
+    /// It exited 1: the bug shows. Its output.
+    Reproduces(String),
+    /// It exited 0.
+    DoesNotReproduce,
+    /// It exited 77, with its reason.
+    CannotRun(String),
+    /// The trial reached no answer from the program (boot failure,
+    /// timeout, panic, another exit status): its verdict's headline.
+    NoAnswer(String),
+}
+
+impl ReproOutcome {
+    /// From the trial that ran the reproducer: its `program-exit`
+    /// violation (exit 1) or its verdict.
+    pub fn of(r: &TrialResult) -> ReproOutcome {
+        let exit = r.violations.iter().find(|v| v.rule == rule::PROGRAM_EXIT);
+        match (&r.verdict, exit) {
+            (_, Some(v)) if v.message.contains(" exited 1;") => {
+                ReproOutcome::Reproduces(v.message.clone())
+            }
+            (Verdict::Ok, None) => ReproOutcome::DoesNotReproduce,
+            (Verdict::Skipped(m), None) => ReproOutcome::CannotRun(m.clone()),
+            (v, _) => ReproOutcome::NoAnswer(v.headline()),
+        }
+    }
+
+    /// `reproduces`, `does not reproduce`, …
+    pub fn label(&self) -> &'static str {
+        match self {
+            ReproOutcome::Reproduces(_) => "reproduces",
+            ReproOutcome::DoesNotReproduce => "does not reproduce",
+            ReproOutcome::CannotRun(_) => "cannot run",
+            ReproOutcome::NoAnswer(_) => "no answer",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::trial::RuleHit;
+
+    fn result(verdict: Verdict, exit_message: Option<&str>) -> TrialResult {
+        TrialResult {
+            violations: exit_message
+                .map(|m| RuleHit {
+                    rule: rule::PROGRAM_EXIT.into(),
+                    message: m.into(),
+                    listener: None,
+                    offset: None,
+                    records: vec![],
+                    known_issue: None,
+                })
+                .into_iter()
+                .collect(),
+            ..TrialResult::for_test("6.1", "repro-x", verdict, "/tmp")
+        }
+    }
+
+    #[test]
+    fn the_exit_status_decides_the_outcome() {
+        let bug = "/usr/bin/kloop-repro exited 1; its output:\nKSYMBOL register BPF addr=0xffffffff84df6230 len=0 name=\"\"";
+        assert!(matches!(
+            ReproOutcome::of(&result(Verdict::Failed("x".into()), Some(bug))),
+            ReproOutcome::Reproduces(m) if m.contains("len=0")
+        ));
+        assert_eq!(
+            ReproOutcome::of(&result(Verdict::Ok, None)),
+            ReproOutcome::DoesNotReproduce
+        );
+        assert!(matches!(
+            ReproOutcome::of(&result(
+                Verdict::Skipped("program …: CANNOT RUN: JIT always on".into()),
+                None
+            )),
+            ReproOutcome::CannotRun(_)
+        ));
+        // Exit 2, a crash of the reproducer: no answer about the bug.
+        let crashed = "/usr/bin/kloop-repro was killed by signal 11; its output:\n";
+        assert!(matches!(
+            ReproOutcome::of(&result(Verdict::Failed("x".into()), Some(crashed))),
+            ReproOutcome::NoAnswer(_)
+        ));
+        assert!(matches!(
+            ReproOutcome::of(&result(Verdict::Timeout("t".into()), None)),
+            ReproOutcome::NoAnswer(_)
+        ));
+    }
+
+    #[test]
+    fn the_single_file_pastes_the_header_and_builds() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels");
+        let ledger_text = std::fs::read_to_string(root.join("known-issues.toml")).unwrap();
+        let ledger: Ledger = Ledger {
+            issues: toml::from_str::<toml::Table>(&ledger_text)
+                .unwrap()
+                .get("issue")
+                .and_then(|v| v.as_array())
+                .unwrap()
+                .iter()
+                .map(|v| v.clone().try_into().unwrap())
+                .collect(),
+            path: None,
+        };
+        let r = find(&root, &ledger, "interpreted-prog-ksymbol-unregister").unwrap();
+        assert_eq!(r.name, "interpreted-prog-ksymbol");
+        assert_eq!(r.issues.len(), 2);
+        let text = r.single_file().unwrap();
+        assert!(!text.contains("#include \"repro.h\""));
+        assert!(text.contains("static void listener_open"));
+        assert!(text.contains("Ledger entry interpreted-prog-ksymbol-register"));
+        let e = find(&root, &ledger, "no-such-id").unwrap_err().to_string();
+        assert!(
+            e.contains("the ledger's ids: interpreted-prog-ksymbol-register"),
+            "{e}"
+        );
+        let e = find(&root, &ledger, "perf-synthesised-main-function-name")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no reproducer for perf-synthesised-main-function-name"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,311 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * What every kloop reproducer shares: the two system calls, CPU-wide
+ * side-band listeners and a reader of their rings. Only the kernel's uapi
+ * headers; no libbpf, no libperf. `cargo xtask repro --standalone` pastes
+ * this file into the reproducer it writes, so the result is one C file.
+ *
+ * Exit status of a reproducer: 0 the bug does not show, 1 it shows (the
+ * offending records are printed), 77 the reproducer could not run here
+ * (the reason is printed; nothing is known about the bug).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/bpf.h>
+#include <linux/perf_event.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define REPRO_OK 0
+#define REPRO_BUG 1
+#define REPRO_CANNOT 77
+
+#define RING_PAGES 16
+#define MAX_CPUS 256
+#define MAX_RECORD 4096
+
+static void cannot(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	printf("CANNOT RUN: ");
+	vprintf(fmt, ap);
+	printf("\n");
+	va_end(ap);
+	exit(REPRO_CANNOT);
+}
+
+static long sys_perf_event_open(struct perf_event_attr *attr, pid_t pid,
+				int cpu, int group_fd, unsigned long flags)
+{
+	return syscall(__NR_perf_event_open, attr, pid, cpu, group_fd, flags);
+}
+
+static long sys_bpf(int cmd, union bpf_attr *attr, unsigned int size)
+{
+	return syscall(__NR_bpf, cmd, attr, size);
+}
+
+/* One listener: a dummy software event per CPU with a ring each. */
+struct listener {
+	const char *name;
+	uint64_t sample_type;
+	int ncpu;
+	int fd[MAX_CPUS];
+	int cpu[MAX_CPUS];
+	void *ring[MAX_CPUS];
+	uint64_t tail[MAX_CPUS];
+};
+
+static size_t page_size(void)
+{
+	return (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/*
+ * Opens `l` on every CPU that takes an event (offline and absent CPUs
+ * refuse with ENODEV / EINVAL and are skipped).
+ */
+static void listener_open(struct listener *l, const char *name,
+			  uint64_t sample_type, int ksymbol, int bpf_event)
+{
+	long ncpus = sysconf(_SC_NPROCESSORS_CONF);
+	int cpu;
+
+	memset(l, 0, sizeof(*l));
+	l->name = name;
+	l->sample_type = sample_type;
+	for (cpu = 0; cpu < ncpus && cpu < MAX_CPUS; cpu++) {
+		struct perf_event_attr attr;
+		size_t len = (1 + RING_PAGES) * page_size();
+		void *ring;
+		long fd;
+
+		memset(&attr, 0, sizeof(attr));
+		attr.size = sizeof(attr);
+		attr.type = PERF_TYPE_SOFTWARE;
+		attr.config = PERF_COUNT_SW_DUMMY;
+		attr.sample_type = sample_type;
+		attr.sample_id_all = 1;
+		attr.ksymbol = ksymbol;
+		attr.bpf_event = bpf_event;
+		attr.watermark = 1;
+		attr.wakeup_watermark = 1;
+		fd = sys_perf_event_open(&attr, -1, cpu, -1, PERF_FLAG_FD_CLOEXEC);
+		if (fd < 0 && (errno == ENODEV || errno == EINVAL) && cpu > 0)
+			continue;
+		if (fd < 0)
+			cannot("perf_event_open(dummy, ksymbol=%d, bpf_event=%d, cpu %d): %s "
+			       "(root, CONFIG_PERF_EVENTS and a 5.1+ kernel are needed)",
+			       ksymbol, bpf_event, cpu, strerror(errno));
+		ring = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, (int)fd, 0);
+		if (ring == MAP_FAILED)
+			cannot("mmap of the ring of cpu %d: %s", cpu, strerror(errno));
+		l->fd[l->ncpu] = (int)fd;
+		l->cpu[l->ncpu] = cpu;
+		l->ring[l->ncpu] = ring;
+		l->ncpu++;
+	}
+	if (l->ncpu == 0)
+		cannot("no CPU took a perf event");
+}
+
+/*
+ * Calls `fn` for every record written to `l` since the last call, in ring
+ * order, with the record copied out (it may wrap around the ring's end).
+ */
+static void listener_read(struct listener *l,
+			  void (*fn)(struct listener *l, int cpu,
+				     const struct perf_event_header *h,
+				     const uint8_t *rec, void *arg),
+			  void *arg)
+{
+	size_t data_size = RING_PAGES * page_size();
+	int i;
+
+	for (i = 0; i < l->ncpu; i++) {
+		struct perf_event_mmap_page *meta = l->ring[i];
+		uint8_t *data = (uint8_t *)l->ring[i] + page_size();
+		uint64_t head = __atomic_load_n(&meta->data_head, __ATOMIC_ACQUIRE);
+		uint64_t tail = l->tail[i];
+		uint8_t rec[MAX_RECORD];
+
+		while (tail < head) {
+			struct perf_event_header h;
+			size_t k;
+
+			for (k = 0; k < sizeof(h); k++)
+				((uint8_t *)&h)[k] = data[(tail + k) % data_size];
+			if (h.size < sizeof(h) || h.size > MAX_RECORD || tail + h.size > head) {
+				printf("listener %s cpu %d: unreadable record header at ring offset %llu (size %u)\n",
+				       l->name, l->cpu[i], (unsigned long long)tail, h.size);
+				exit(REPRO_BUG);
+			}
+			for (k = 0; k < h.size; k++)
+				rec[k] = data[(tail + k) % data_size];
+			fn(l, l->cpu[i], &h, rec, arg);
+			tail += h.size;
+		}
+		l->tail[i] = tail;
+		__atomic_store_n(&meta->data_tail, tail, __ATOMIC_RELEASE);
+	}
+}
+
+static void listener_close(struct listener *l)
+{
+	size_t len = (1 + RING_PAGES) * page_size();
+	int i;
+
+	for (i = 0; i < l->ncpu; i++) {
+		munmap(l->ring[i], len);
+		close(l->fd[i]);
+	}
+	l->ncpu = 0;
+}
+
+/* The smallest program: `r0 = 0; exit` as a socket filter named `name`. */
+static int load_trivial_prog(const char *name)
+{
+	struct bpf_insn insns[2];
+	union bpf_attr attr;
+	char log[4096];
+	long fd;
+
+	memset(insns, 0, sizeof(insns));
+	insns[0].code = BPF_ALU64 | BPF_MOV | BPF_K; /* r0 = 0 */
+	insns[0].dst_reg = BPF_REG_0;
+	insns[1].code = BPF_JMP | BPF_EXIT;
+	memset(&attr, 0, sizeof(attr));
+	attr.prog_type = BPF_PROG_TYPE_SOCKET_FILTER;
+	attr.insns = (uint64_t)(unsigned long)insns;
+	attr.insn_cnt = 2;
+	attr.license = (uint64_t)(unsigned long)"GPL";
+	attr.log_buf = (uint64_t)(unsigned long)log;
+	attr.log_size = sizeof(log);
+	attr.log_level = 1;
+	strncpy(attr.prog_name, name, sizeof(attr.prog_name) - 1);
+	log[0] = 0;
+	fd = sys_bpf(BPF_PROG_LOAD, &attr, sizeof(attr));
+	if (fd < 0)
+		cannot("BPF_PROG_LOAD of a two-instruction socket filter: %s "
+		       "(root and CONFIG_BPF_SYSCALL are needed)%s%s",
+		       strerror(errno), log[0] ? "; verifier: " : "", log);
+	return (int)fd;
+}
+
+/* bpf_prog_info of `fd`: its id and the length of its JITed code. */
+static void prog_info(int fd, uint32_t *id, uint32_t *jited_len)
+{
+	struct bpf_prog_info info;
+	union bpf_attr attr;
+
+	memset(&info, 0, sizeof(info));
+	memset(&attr, 0, sizeof(attr));
+	attr.info.bpf_fd = fd;
+	attr.info.info_len = sizeof(info);
+	attr.info.info = (uint64_t)(unsigned long)&info;
+	if (sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &attr, sizeof(attr)) < 0)
+		cannot("BPF_OBJ_GET_INFO_BY_FD: %s", strerror(errno));
+	*id = info.id;
+	*jited_len = info.jited_prog_len;
+}
+
+/* Whether program `id` can still be found (unloads may finish later). */
+static int prog_alive(uint32_t id)
+{
+	union bpf_attr attr;
+	long fd;
+
+	memset(&attr, 0, sizeof(attr));
+	attr.prog_id = id;
+	fd = sys_bpf(BPF_PROG_GET_FD_BY_ID, &attr, sizeof(attr));
+	if (fd >= 0) {
+		close((int)fd);
+		return 1;
+	}
+	return 0;
+}
+
+/* Waits up to 5 s for program `id` to be gone. */
+static void wait_unloaded(uint32_t id)
+{
+	int i;
+
+	for (i = 0; i < 500 && prog_alive(id); i++)
+		usleep(10000);
+	if (prog_alive(id))
+		cannot("program %u is still loaded 5 s after its last fd was closed", id);
+}
+
+/* Reads a one-line sysctl; returns -1 when it is absent. */
+static inline int read_sysctl(const char *path)
+{
+	char buf[32];
+	ssize_t n;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return -1;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return -1;
+	buf[n] = 0;
+	return atoi(buf);
+}
+
+/* Writes a one-line sysctl; returns 0 or the errno. */
+static inline int write_sysctl(const char *path, int value)
+{
+	char buf[32];
+	int len = snprintf(buf, sizeof(buf), "%d\n", value);
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	int err = 0;
+
+	if (fd < 0)
+		return errno;
+	if (write(fd, buf, (size_t)len) != len)
+		err = errno;
+	close(fd);
+	return err;
+}
+
+/* The sample_id trailer's length for `sample_type` (perf_event_open(2)). */
+static inline unsigned int id_trailer_len(uint64_t sample_type)
+{
+	unsigned int n = 0;
+
+	n += (sample_type & PERF_SAMPLE_TID) ? 8 : 0;
+	n += (sample_type & PERF_SAMPLE_TIME) ? 8 : 0;
+	n += (sample_type & PERF_SAMPLE_ID) ? 8 : 0;
+	n += (sample_type & PERF_SAMPLE_STREAM_ID) ? 8 : 0;
+	n += (sample_type & PERF_SAMPLE_CPU) ? 8 : 0;
+	n += (sample_type & PERF_SAMPLE_IDENTIFIER) ? 8 : 0;
+	return n;
+}
+
+/* PERF_RECORD_KSYMBOL's body after the header (uapi perf_event.h). */
+struct ksymbol_body {
+	uint64_t addr;
+	uint32_t len;
+	uint16_t ksym_type;
+	uint16_t flags;
+	char name[];
+};
+
+/* PERF_RECORD_BPF_EVENT's body after the header. */
+struct bpf_event_body {
+	uint16_t type;
+	uint16_t flags;
+	uint32_t id;
+	uint8_t tag[8];
+};
