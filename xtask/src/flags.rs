@@ -86,6 +86,11 @@ pub(crate) enum Cmd {
     /// a record decoder, expected and actual streams, a plain-text report.
     /// With --standalone ID: the known bug's stand-alone C reproducer.
     Repro(ReproArgs),
+    /// The mail for a known kernel bug with its fix (kernels/fixes/),
+    /// ready for `git send-email`: the patch, and below its `---` the
+    /// affected builds, validate's result, the reproducer and where it
+    /// reproduces.
+    ReportBug(ReportBugArgs),
     /// Check this machine: QEMU, firmware, KVM, clang, perf, apt tools, the
     /// mirror, the cache; one OK/WARN/FAIL line each, with the fix.
     Doctor(crate::doctor_cmd::DoctorArgs),
@@ -101,6 +106,19 @@ pub(crate) enum Cmd {
         #[command(subcommand)]
         cmd: KernelsCmd,
     },
+}
+
+#[derive(Args)]
+pub(crate) struct ReportBugArgs {
+    /// The ledger id (kernels/known-issues.toml).
+    pub(crate) id: String,
+    /// The source whose patch to send (default: the newest series the fix
+    /// has a patch for).
+    #[arg(long)]
+    pub(crate) source: Option<String>,
+    /// Where to write it (default: target/kloop/report-bug/<fix>-<source>.mail).
+    #[arg(long)]
+    pub(crate) out: Option<PathBuf>,
 }
 
 #[derive(Args)]

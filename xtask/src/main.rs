@@ -15,6 +15,7 @@ mod doctor_cmd;
 mod flags;
 mod kernels_cmd;
 mod mutants_cmd;
+mod report_bug_cmd;
 mod repro_cmd;
 mod shell_cmd;
 mod ui;
@@ -115,6 +116,7 @@ fn run() -> Result<ExitCode> {
         Cmd::Clean(a) => clean_cmd::clean(a),
         Cmd::Mutants(a) => mutants_cmd::mutants(a),
         Cmd::Repro(a) => repro_cmd::repro(a),
+        Cmd::ReportBug(a) => report_bug_cmd::report_bug(a),
         Cmd::Doctor(a) => doctor_cmd::doctor(a),
         Cmd::VmShell(a) => shell_cmd::vm_shell(a),
     }

@@ -214,6 +214,7 @@ fn prove(
     kloop::report::write_files(&env.run_dir, &results)?;
     println!();
     let mut all_as_expected = true;
+    let mut proofs = Vec::new();
     for ((k, expect, label), result) in kernels.iter().zip(&results) {
         let outcome = ReproOutcome::of(result);
         let ok = matches!(
@@ -222,6 +223,17 @@ fn prove(
                 | (Expect::Pass, ReproOutcome::DoesNotReproduce)
         );
         all_as_expected &= ok;
+        proofs.push(standalone::KernelProof {
+            kernel: label.clone(),
+            release: result.guest_release.clone(),
+            outcome: outcome.label().to_string(),
+            expected: match expect {
+                Expect::Reproduce => "reproduce",
+                Expect::Pass => "not reproduce",
+            }
+            .to_string(),
+            as_expected: ok,
+        });
         println!(
             "  {:<58} {:<19} (must {}){}",
             label,
@@ -242,6 +254,15 @@ fn prove(
         }
         let _ = k;
     }
+    let proof = standalone::ReproProof {
+        reproducer: r.name.clone(),
+        kernels: proofs,
+        as_expected: all_as_expected,
+    };
+    std::fs::write(
+        env.run_dir.join(standalone::PROOF_FILE),
+        serde_json::to_string_pretty(&proof)?,
+    )?;
     println!(
         "kloop: {} in {:.0} s; trials in {}",
         if all_as_expected {

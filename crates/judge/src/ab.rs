@@ -19,7 +19,7 @@
 //! - `SAME`, `SKIPPED` (on both, same reason), `INCOMPARABLE` (the
 //!   baseline did not complete, so there is nothing to compare with).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::overhead::{FigureKind, TrialOverhead};
 
@@ -45,7 +45,7 @@ pub struct Side {
 }
 
 /// What a scenario comes to between the baseline and the candidate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AbClass {
     /// The same verdict, rules, stream and figures.
@@ -96,7 +96,7 @@ impl AbClass {
 }
 
 /// One overhead figure on both sides.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FigureChange {
     /// The figure's name (`basic/unload/L1`).
     pub figure: String,
@@ -113,7 +113,7 @@ pub struct FigureChange {
 }
 
 /// The comparison of one scenario.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AbOutcome {
     /// The scenario compared.
     pub scenario: String,
@@ -126,6 +126,7 @@ pub struct AbOutcome {
     /// Every overhead figure on both sides.
     pub figures: Vec<FigureChange>,
     /// What the baseline itself broke, shown apart.
+    #[serde(default)]
     pub baseline_issues: Vec<String>,
     /// The ledger entries the baseline's violations are known bugs of.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

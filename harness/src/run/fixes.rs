@@ -143,6 +143,36 @@ pub fn resolve(
     })
 }
 
+/// The fix folder of ledger entry `id`: the one named `id`, or a prefix of
+/// it; `None` when no fix was written for it.
+pub fn folder_of(kernels: &Path, id: &str) -> Option<PathBuf> {
+    let root = kernels.join(FIXES_DIR);
+    list(&root, |p| p.is_dir())
+        .into_iter()
+        .find(|n| id == n || id.starts_with(&format!("{n}-")))
+        .map(|n| root.join(n))
+}
+
+/// The patches of a fix folder, by source package, oldest series first
+/// (`linux-source-6.1` before `linux-source-6.12`).
+pub fn patches_of(dir: &Path) -> Vec<(String, PathBuf)> {
+    let mut out: Vec<(String, PathBuf)> =
+        list(dir, |p| p.extension().is_some_and(|e| e == "patch"))
+            .into_iter()
+            .map(|f| (f.trim_end_matches(".patch").to_string(), dir.join(&f)))
+            .collect();
+    let series = |name: &str| -> Vec<u32> {
+        name.rsplit('-')
+            .next()
+            .unwrap_or("")
+            .split('.')
+            .filter_map(|n| n.parse().ok())
+            .collect()
+    };
+    out.sort_by_key(|(name, _)| series(name));
+    out
+}
+
 /// The names of `dir`'s entries that pass `keep`, sorted.
 fn list(dir: &Path, keep: impl Fn(&Path) -> bool) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)

@@ -434,6 +434,96 @@ pub fn parse_ldd(text: &str) -> Result<Vec<String>, String> {
     Ok(libs)
 }
 
+/// Builds the C program `source` statically (`gcc -static -O2 -Wall`, the
+/// source's folder on the include path) into `cache` under the hash of the
+/// source and the headers beside it, once: a cached binary is reused, a new
+/// one is written under a temporary name and renamed into place.
+pub fn c_program(source: &Path, cache: &Path) -> Result<PathBuf, PayloadError> {
+    use sha2::{Digest, Sha256};
+    let read = |path: &Path| {
+        std::fs::read(path).map_err(|e| PayloadError::Read {
+            path: path.to_path_buf(),
+            source: e,
+        })
+    };
+    let dir = source.parent().unwrap_or(Path::new("."));
+    let mut hash = Sha256::new();
+    hash.update(read(source)?);
+    let mut headers: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "h"))
+        .collect();
+    headers.sort();
+    for h in &headers {
+        hash.update(h.to_string_lossy().as_bytes());
+        hash.update(read(h)?);
+    }
+    let key: String = hash
+        .finalize()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let stem = source
+        .file_stem()
+        .map_or("program".into(), |s| s.to_string_lossy().into_owned());
+    let out = cache.join(&key).join(&stem);
+    if out.is_file() {
+        return Ok(out);
+    }
+    let io = |e| PayloadError::Read {
+        path: cache.join(&key),
+        source: e,
+    };
+    std::fs::create_dir_all(cache.join(&key)).map_err(io)?;
+    let tmp = cache
+        .join(&key)
+        .join(format!("{stem}.{}.tmp", std::process::id()));
+    let run = Command::new("gcc")
+        .args(["-static", "-O2", "-Wall", "-Wextra", "-I"])
+        .arg(dir)
+        .arg("-o")
+        .arg(&tmp)
+        .arg(source)
+        .output();
+    let compile_error = |output: String| PayloadError::Compile {
+        source_file: source.to_path_buf(),
+        output,
+    };
+    match run {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(compile_error(
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            ));
+        }
+        Err(e) => return Err(compile_error(format!("running gcc: {e}"))),
+    }
+    std::fs::rename(&tmp, &out).map_err(io)?;
+    Ok(out)
+}
+
+/// A scenario's `[[programs]]`, built and placed where it asks.
+pub fn programs_payload(
+    programs: &[crate::scenario::GuestProgram],
+    cache: &Path,
+) -> Result<Payload, PayloadError> {
+    let mut files = Vec::new();
+    for p in programs {
+        files.push(PayloadFile {
+            guest_path: p.guest.clone(),
+            host_path: c_program(&p.source, cache)?,
+            mode: 0o755,
+        });
+    }
+    Ok(Payload { files })
+}
+
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -529,93 +619,4 @@ mod tests {
             vec!["lib", "lib64", "usr", "lib/x86_64-linux-gnu", "usr/bin"]
         );
     }
-}
-
-/// Builds the C program `source` statically (`gcc -static -O2 -Wall`, the
-/// source's folder on the include path) into `cache` under the hash of the
-/// source and the headers beside it, once: a cached binary is reused, a new
-/// one is written under a temporary name and renamed into place.
-pub fn c_program(source: &Path, cache: &Path) -> Result<PathBuf, PayloadError> {
-    use sha2::{Digest, Sha256};
-    let read = |path: &Path| {
-        std::fs::read(path).map_err(|e| PayloadError::Read {
-            path: path.to_path_buf(),
-            source: e,
-        })
-    };
-    let dir = source.parent().unwrap_or(Path::new("."));
-    let mut hash = Sha256::new();
-    hash.update(read(source)?);
-    let mut headers: Vec<PathBuf> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "h"))
-        .collect();
-    headers.sort();
-    for h in &headers {
-        hash.update(h.to_string_lossy().as_bytes());
-        hash.update(read(h)?);
-    }
-    let key: String = hash
-        .finalize()
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let stem = source
-        .file_stem()
-        .map_or("program".into(), |s| s.to_string_lossy().into_owned());
-    let out = cache.join(&key).join(&stem);
-    if out.is_file() {
-        return Ok(out);
-    }
-    let io = |e| PayloadError::Read {
-        path: cache.join(&key),
-        source: e,
-    };
-    std::fs::create_dir_all(cache.join(&key)).map_err(io)?;
-    let tmp = cache
-        .join(&key)
-        .join(format!("{stem}.{}.tmp", std::process::id()));
-    let run = Command::new("gcc")
-        .args(["-static", "-O2", "-Wall", "-Wextra", "-I"])
-        .arg(dir)
-        .arg("-o")
-        .arg(&tmp)
-        .arg(source)
-        .output();
-    let compile_error = |output: String| PayloadError::Compile {
-        source_file: source.to_path_buf(),
-        output,
-    };
-    match run {
-        Ok(o) if o.status.success() => {}
-        Ok(o) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(compile_error(
-                String::from_utf8_lossy(&o.stderr).into_owned(),
-            ));
-        }
-        Err(e) => return Err(compile_error(format!("running gcc: {e}"))),
-    }
-    std::fs::rename(&tmp, &out).map_err(io)?;
-    Ok(out)
-}
-
-/// A scenario's `[[programs]]`, built and placed where it asks.
-pub fn programs_payload(
-    programs: &[crate::scenario::GuestProgram],
-    cache: &Path,
-) -> Result<Payload, PayloadError> {
-    let mut files = Vec::new();
-    for p in programs {
-        files.push(PayloadFile {
-            guest_path: p.guest.clone(),
-            host_path: c_program(&p.source, cache)?,
-            mode: 0o755,
-        });
-    }
-    Ok(Payload { files })
 }

@@ -168,6 +168,52 @@ impl Reproducer {
     }
 }
 
+/// What `repro --standalone --prove` found, kept as `repro-proof.json` in
+/// its run directory (the bug report quotes it).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReproProof {
+    /// The reproducer's name.
+    pub reproducer: String,
+    pub kernels: Vec<KernelProof>,
+    /// Every kernel answered as expected.
+    pub as_expected: bool,
+}
+
+/// One kernel's answer.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KernelProof {
+    /// `6.1`, `linux-source-6.12 + the fix, built:…`.
+    pub kernel: String,
+    /// The guest's `uname -r`, when it booted.
+    pub release: Option<String>,
+    /// `reproduces`, `does not reproduce`, `cannot run`, `no answer`.
+    pub outcome: String,
+    /// `reproduce` or `not reproduce`.
+    pub expected: String,
+    pub as_expected: bool,
+}
+
+/// The file name of a proof in its run directory.
+pub const PROOF_FILE: &str = "repro-proof.json";
+
+/// The newest proof of reproducer `name` under `runs` (run directories).
+pub fn latest_proof(runs: &Path, name: &str) -> Option<(PathBuf, ReproProof)> {
+    let mut found: Vec<(std::time::SystemTime, PathBuf, ReproProof)> = std::fs::read_dir(runs)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let path = e.path().join(PROOF_FILE);
+            let modified = std::fs::metadata(&path).and_then(|m| m.modified()).ok()?;
+            let proof: ReproProof =
+                serde_json::from_str(&std::fs::read_to_string(&path).ok()?).ok()?;
+            (proof.reproducer == name).then_some((modified, e.path(), proof))
+        })
+        .collect();
+    found.sort_by_key(|(t, _, _)| *t);
+    found.pop().map(|(_, dir, proof)| (dir, proof))
+}
+
 /// What a reproducer did on one kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReproOutcome {
