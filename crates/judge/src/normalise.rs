@@ -148,6 +148,69 @@ fn synthesised_names(
     out
 }
 
+/// In a plan with a `fail-nth` sweep, the records to fold: every
+/// register + unregister pair of a symbol (same name and length, at one
+/// address, back to back) that repeats the pair just before it. Each
+/// attempt that fails after a trampoline image was registered gives one
+/// such pair, and how many attempts get that far depends on how many
+/// allocations the attach path makes after the registration, which varies
+/// from run to run (kfree_rcu batches, per-CPU caches). The rules still
+/// check every pair; the stream keeps the first of each run.
+fn sweep_repeats(ev: &RunEvidence, recs: &[Record]) -> std::collections::BTreeSet<usize> {
+    let mut folded = std::collections::BTreeSet::new();
+    if !ev
+        .steps
+        .values()
+        .any(|s| matches!(s, kloop_protocol::Step::FailNth { .. }))
+    {
+        return folded;
+    }
+    let pair = |i: usize| -> Option<(&str, u32)> {
+        let (
+            RecordBody::Ksymbol {
+                addr: a,
+                len,
+                flags: f1,
+                name,
+                ..
+            },
+            RecordBody::Ksymbol {
+                addr: b,
+                len: len2,
+                flags: f2,
+                name: name2,
+                ..
+            },
+        ) = (&recs.get(i)?.body, &recs.get(i + 1)?.body)
+        else {
+            return None;
+        };
+        let register = f1 & KSYMBOL_FLAGS_UNREGISTER == 0;
+        let unregister = f2 & KSYMBOL_FLAGS_UNREGISTER != 0;
+        (register && unregister && a == b && len == len2 && name == name2)
+            .then_some((name.as_str(), *len))
+    };
+    let mut i = 0;
+    let mut previous: Option<(&str, u32)> = None;
+    while i < recs.len() {
+        match pair(i) {
+            Some(p) => {
+                if previous == Some(p) {
+                    folded.insert(i);
+                    folded.insert(i + 1);
+                }
+                previous = Some(p);
+                i += 2;
+            }
+            None => {
+                previous = None;
+                i += 1;
+            }
+        }
+    }
+    folded
+}
+
 /// The deterministic text form of `analysis.merged`; see the module docs.
 pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
     let recs: &[Record] = &analysis.merged;
@@ -476,8 +539,14 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
         "LOST",
         "other",
     ];
+    let folded = sweep_repeats(ev, recs);
     let mut counts = [0usize; 7];
-    for r in recs {
+    for r in recs
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !folded.contains(i))
+        .map(|(_, r)| r)
+    {
         let k = match &r.body {
             RecordBody::Ksymbol { flags, .. } if flags & KSYMBOL_FLAGS_UNREGISTER == 0 => 0,
             RecordBody::Ksymbol { .. } => 1,
@@ -508,9 +577,14 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
     out.push('\n');
     let _ = writeln!(out, "lost_total: {}", analysis.lost);
 
+    if !folded.is_empty() {
+        out.push_str(
+            "fail-nth: repeated lifetimes of one symbol folded into one (their number follows the sweep's fault points)\n",
+        );
+    }
     out.push_str("records:\n");
     for (i, r) in recs.iter().enumerate() {
-        if analysis.accounted.contains(&i) {
+        if analysis.accounted.contains(&i) || folded.contains(&i) {
             continue;
         }
         // Only the pokes of a live symbol's text (an ftrace trampoline's
@@ -711,6 +785,67 @@ records:
                 "KSYMBOL unregister BPF addr#3 len=4096 name=bpf_trampoline_6442504781",
             ],
             "\n{text}"
+        );
+    }
+
+    /// A fail-nth sweep's attempts that fail after the trampoline image is
+    /// registered give one register + unregister pair each, and how many
+    /// there are varies: two and three such lifetimes normalise alike, and
+    /// without a fail-nth step nothing is folded.
+    #[test]
+    fn a_sweeps_repeated_lifetimes_fold_into_one() {
+        let image = |t: u64, reg: bool| {
+            let n = "bpf_trampoline_6442504781".to_string();
+            let ev = if reg {
+                Ev::Reg(A_OOL, 4096, kloop_records::KSYM_TYPE_BPF, n)
+            } else {
+                Ev::Unreg(A_OOL, 4096, kloop_records::KSYM_TYPE_BPF, n)
+            };
+            (0, t, ev)
+        };
+        let run = |lifetimes: u64, sweep: bool| {
+            let mut script = good_script();
+            script
+                .retain(|(_, _, e)| !matches!(e, Ev::Reg(a, ..) | Ev::Unreg(a, ..) if *a == A_OOL));
+            for k in 0..lifetimes {
+                script.extend([image(300 + 2 * k, true), image(301 + 2 * k, false)]);
+            }
+            let mut ev = evidence(&script);
+            if sweep {
+                ev.steps.insert(
+                    90,
+                    kloop_protocol::Step::FailNth {
+                        target: kloop_protocol::SweepTarget::Attach {
+                            label: "fentry".into(),
+                        },
+                        max_attempts: 64,
+                        page_allocations: false,
+                    },
+                );
+            }
+            let a = analyse(&ev);
+            assert!(a.violations.is_empty(), "{:?}", a.violations);
+            normalise(&ev, &a)
+        };
+        let (two, three) = (run(2, true), run(3, true));
+        assert_eq!(two, three);
+        assert_eq!(
+            two.matches("name=bpf_trampoline_6442504781").count(),
+            2,
+            "\n{two}"
+        );
+        assert!(two.contains("fail-nth: repeated lifetimes of one symbol folded"));
+        assert!(
+            two.contains("KSYMBOL.register=4 KSYMBOL.unregister=5"),
+            "\n{two}"
+        );
+        // Without a sweep every lifetime is a fact of the stream.
+        assert_ne!(run(2, false), run(3, false));
+        assert_eq!(
+            run(3, false)
+                .matches("name=bpf_trampoline_6442504781")
+                .count(),
+            6
         );
     }
 

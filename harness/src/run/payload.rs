@@ -523,7 +523,6 @@ pub fn programs_payload(
     Ok(Payload { files })
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
