@@ -58,6 +58,10 @@ command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
 command -v clang >/dev/null 2>&1 || need+=(clang)
 command -v dpkg-deb >/dev/null 2>&1 || need+=(dpkg)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
+# Stand-alone reproducers and scenario [[programs]]: gcc -static with the
+# kernel's uapi headers.
+command -v gcc >/dev/null 2>&1 || need+=(gcc)
+[ -e /usr/include/linux/perf_event.h ] || need+=(linux-libc-dev)
 [ -x /bin/busybox ] || need+=(busybox-static)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 [ -e /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)

@@ -181,6 +181,7 @@ fn validations(
             source: f.source.clone(),
             result: f.result.clone(),
             run: f.run.clone(),
+            summary: f.summary.clone(),
             outcomes,
         });
     }

@@ -56,6 +56,8 @@ pub struct Validation {
     pub source: String,
     pub result: String,
     pub run: String,
+    /// The counts the ledger kept (the run directory may be pruned).
+    pub summary: String,
     pub outcomes: Option<Vec<AbOutcome>>,
 }
 
@@ -120,8 +122,10 @@ fn notes(m: &BugMail<'_>) -> String {
         );
         for v in &m.validations {
             n.push_str(&format!("  {}: {} (run {})\n", v.source, v.result, v.run));
+            if !v.summary.is_empty() {
+                n.push_str(&format!("    {}\n", v.summary));
+            }
             if let Some(outcomes) = &v.outcomes {
-                n.push_str(&format!("    {}\n", ab_counts(outcomes)));
                 for o in outcomes.iter().filter(|o| o.class != AbClass::Same) {
                     let fixed = if o.fixed.is_empty() {
                         String::new()
@@ -218,6 +222,7 @@ review_by = "2027-05-21""#,
                 source: "linux-source-6.12 6.12.117-1~deb12u1".into(),
                 result: "FIXED".into(),
                 run: "target/kloop/runs/1".into(),
+                summary: "1 scenario(s): 0 same, 1 fixed".into(),
                 outcomes: Some(vec![AbOutcome {
                     scenario: "interpreter".into(),
                     class: AbClass::Fixed,

@@ -328,6 +328,14 @@ mod tests {
         assert!(!text.contains("#include \"repro.h\""));
         assert!(text.contains("static void listener_open"));
         assert!(text.contains("Ledger entry interpreted-prog-ksymbol-register"));
+        // The single file is what a maintainer builds: it must build alone.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("interpreted-prog-ksymbol.c");
+        std::fs::write(&file, &text).unwrap();
+        let binary = crate::run::payload::c_program(&file, &dir.path().join("bin")).expect(
+            "the single file builds with gcc -static (ci/setup.sh installs gcc and libc6-dev)",
+        );
+        assert!(binary.is_file());
         let e = find(&root, &ledger, "no-such-id").unwrap_err().to_string();
         assert!(
             e.contains("the ledger's ids: interpreted-prog-ksymbol-register"),
