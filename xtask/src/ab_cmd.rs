@@ -185,6 +185,10 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
         &opts,
         jobs,
     )?;
+    if ab.interrupted() {
+        println!("kloop: validate: INTERRUPTED: the run was stopped before every trial ended; nothing is judged or recorded");
+        return Ok(ExitCode::FAILURE);
+    }
     let acceptance = ab.acceptance(&expected);
     let verdict = match (acceptance.accepted, patches.is_empty(), expected.is_empty()) {
         (true, false, false) => format!("FIXED: the patches fix {} and change nothing else kloop checks", expected.join(", ")),

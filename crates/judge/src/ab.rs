@@ -38,6 +38,9 @@ pub struct Side {
     pub rules: Vec<(String, String)>,
     /// The ledger entries those violations are known bugs of.
     pub ledger_ids: Vec<String>,
+    /// The run was interrupted (Ctrl-C, SIGTERM): it says nothing about
+    /// the kernel.
+    pub interrupted: bool,
     /// The normalised stream.
     pub normalised: Option<String>,
     /// Its overhead figures, for a scenario that measures.
@@ -184,6 +187,14 @@ pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
             return out;
         }
         _ => {}
+    }
+    if base.interrupted || cand.interrupted {
+        out.class = AbClass::Incomparable;
+        out.details.push(format!(
+            "interrupted: baseline {}, candidate {}",
+            base.headline, cand.headline
+        ));
+        return out;
     }
     if !base.judged {
         out.class = AbClass::Incomparable;
@@ -423,6 +434,7 @@ mod tests {
             normalised: Some(stream.into()),
             overhead: None,
             ledger_ids: Vec::new(),
+            interrupted: false,
         }
     }
 
@@ -638,6 +650,20 @@ mod tests {
         };
         assert_eq!(compare("s", &ok, &panic).class, AbClass::Broken);
         assert_eq!(compare("s", &panic, &ok).class, AbClass::Incomparable);
+    }
+
+    #[test]
+    fn an_interrupted_side_is_incomparable_never_broken() {
+        let cand = Side {
+            judged: false,
+            interrupted: true,
+            headline: "INTERRUPTED: interrupted by SIGINT/SIGTERM".into(),
+            ..side(&[], "a\n")
+        };
+        assert_eq!(
+            compare("s", &side(&[], "a\n"), &cand).class,
+            AbClass::Incomparable
+        );
     }
 
     #[test]

@@ -66,6 +66,7 @@ pub fn side_of(r: &TrialResult) -> Side {
             .iter()
             .map(|v| (v.rule.clone(), v.message.clone()))
             .collect(),
+        interrupted: matches!(r.verdict, Verdict::Interrupted(_)),
         ledger_ids: {
             let mut ids: Vec<String> = r
                 .violations
@@ -121,6 +122,15 @@ pub struct AbRun {
     pub accel: String,
     /// How many scenarios were to be compared.
     pub planned: usize,
+}
+
+impl AbRun {
+    /// Ctrl-C or SIGTERM stopped some trial: the run proves nothing.
+    pub fn interrupted(&self) -> bool {
+        self.results
+            .iter()
+            .any(|r| matches!(r.verdict, Verdict::Interrupted(_)))
+    }
 }
 
 impl AbRun {
