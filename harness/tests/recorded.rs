@@ -299,3 +299,82 @@ fn recorded_symbol_state_sees_the_symbol_tree_emptied_by_a_failed_load() {
         "{v:#?}"
     );
 }
+
+/// The A/B of a real fix, from recorded streams: the unfixed build's
+/// interpreter trial breaks load-symbols and unload-symbols, which the
+/// ledger (series 6.12) knows as the two interpreted-prog entries; the fixed
+/// build's breaks nothing; the judge calls it FIXED for exactly those two.
+#[test]
+fn recorded_interpreter_fix_is_fixed() {
+    use kloop::judge::ab::{accept, compare, AbClass, Side};
+    use kloop::judge::known_issues::{rule_names, Ledger, Vocabulary};
+    let scenarios = kloop::scenario::load_all(&root().join("../scenarios")).unwrap();
+    let vocab = Vocabulary {
+        pins: ["5.10", "6.1", "6.12", "7.2", "7.3"]
+            .map(String::from)
+            .to_vec(),
+        rules: rule_names().into_iter().map(String::from).collect(),
+        scenarios: scenarios.iter().map(|s| s.name.clone()).collect(),
+    };
+    let path = root().join("../kernels/known-issues.toml");
+    let ledger = Ledger::parse(&std::fs::read_to_string(&path).unwrap(), &path, &vocab).unwrap();
+    let side = |dir: &str| {
+        let ev = recorded(&root().join("src/testdata/real").join(dir));
+        let analysis = kloop::judge::check::analyse(&ev);
+        let judgement = ledger.judge("6.12", "interpreter", &analysis.violations);
+        assert!(
+            judgement.uncovered.is_empty(),
+            "{dir}: {:#?}",
+            judgement.uncovered
+        );
+        let mut ledger_ids: Vec<String> =
+            judgement.known.iter().map(|(i, _)| i.id.clone()).collect();
+        ledger_ids.sort();
+        Side {
+            label: if analysis.violations.is_empty() {
+                "ok"
+            } else {
+                "KNOWN"
+            }
+            .into(),
+            headline: String::new(),
+            judged: true,
+            skipped: None,
+            rules: analysis
+                .violations
+                .iter()
+                .map(|v| (v.rule.to_string(), v.message.clone()))
+                .collect(),
+            ledger_ids,
+            interrupted: false,
+            normalised: Some(kloop::judge::normalise::normalise(&ev, &analysis)),
+            overhead: None,
+        }
+    };
+    let (base, cand) = (
+        side("6.12-built-interpreter-unfixed"),
+        side("6.12-built-interpreter-fixed"),
+    );
+    assert_eq!(
+        base.ledger_ids,
+        [
+            "interpreted-prog-ksymbol-register",
+            "interpreted-prog-ksymbol-unregister"
+        ]
+    );
+    assert!(cand.rules.is_empty(), "{:#?}", cand.rules);
+    let o = compare("interpreter", &base, &cand);
+    assert_eq!(o.class, AbClass::Fixed, "{o:#?}");
+    assert_eq!(o.fixed, base.ledger_ids);
+    // Every removed line is a nameless zero-length KSYMBOL; nothing is added
+    // but the counts line.
+    for line in &o.diff {
+        assert!(
+            line.contains("len=0 name=") || line.contains("counts:"),
+            "a fix of the interpreter's KSYMBOLs changed more: {line}"
+        );
+    }
+    let ids = base.ledger_ids.clone();
+    assert!(accept(std::slice::from_ref(&o), 1, &ids).accepted);
+    assert!(!accept(std::slice::from_ref(&o), 1, &ids[..1]).accepted);
+}
