@@ -77,6 +77,9 @@ pub(crate) enum Cmd {
     /// worktree, run, exit 0 old, 1 new, 125 skip.
     #[command(hide = true)]
     BisectStep(BisectStepArgs),
+    /// Join the run directories of the shards of one run (`vm-test
+    /// --shard K/N`) into one run directory with the whole run's reports.
+    Merge(MergeArgs),
     /// Remove old run directories (never a running one); with
     /// --saved-vms / --kernels also those parts of the kernel cache.
     Clean(CleanArgs),
@@ -106,6 +109,17 @@ pub(crate) enum Cmd {
         #[command(subcommand)]
         cmd: KernelsCmd,
     },
+}
+
+#[derive(Args)]
+pub(crate) struct MergeArgs {
+    /// The shards' run directories.
+    #[arg(required = true)]
+    pub(crate) dirs: Vec<PathBuf>,
+    /// Where the merged run goes (default: a new run directory under
+    /// target/kloop/runs).
+    #[arg(long)]
+    pub(crate) out: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -221,6 +235,15 @@ pub(crate) struct VmTestArgs {
     /// time; a trial whose runs disagree is FLAKY and fails the run.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) repeat: u32,
+    /// Run only shard K of N of the trials (1 <= K <= N), for N machines
+    /// (a CI matrix); `cargo xtask merge` joins the shards' run
+    /// directories. Every shard must get the same --durations (or none).
+    #[arg(long, value_name = "K/N")]
+    pub(crate) shard: Option<kloop::run::shard::Shard>,
+    /// With --shard: balance the shards by the trial times in this
+    /// results.jsonl of an earlier run (default: by count).
+    #[arg(long, value_name = "FILE", requires = "shard")]
+    pub(crate) durations: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) fetch: FetchArgs,
 }

@@ -113,6 +113,7 @@ fn run() -> Result<ExitCode> {
         Cmd::Bisect(a) => bisect(a),
         Cmd::BisectStep(a) => bisect_step(a),
         Cmd::Bench(a) => bench(a),
+        Cmd::Merge(a) => vm_test_cmd::merge(a),
         Cmd::Clean(a) => clean_cmd::clean(a),
         Cmd::Mutants(a) => mutants_cmd::mutants(a),
         Cmd::Repro(a) => repro_cmd::repro(a),

@@ -386,7 +386,8 @@ pub(crate) fn vm_test(
     if let Some(baseline) = &a.baseline {
         return ab_test(&layout, &a, &sel, baseline);
     }
-    let trials = suite::plan(&layout, &sel)?;
+    let planned = suite::plan(&layout, &sel)?;
+    let (trials, manifest) = shard_of(&layout, &a, planned)?;
     if a.list {
         for t in &trials {
             println!("{}", t.id());
@@ -405,6 +406,11 @@ pub(crate) fn vm_test(
     let kernels: Vec<_> = trials.iter().map(|t| t.kernel.clone()).collect();
     let env =
         suite::prepare_env(&layout, &opts, &kernels).context("preparing the test environment")?;
+    if let Some(m) = &manifest {
+        let path = env.run_dir.join(kloop::report::merge::MANIFEST);
+        std::fs::write(&path, serde_json::to_string_pretty(m)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     let ledger_warnings = announce(&env, &trials, a.repeat as usize);
     let all_runs = run_rounds(&env, &trials, a.repeat as usize, a.jobs);
     let artefacts: Vec<PathBuf> = all_runs.iter().map(|r| r.artefacts.clone()).collect();
@@ -413,6 +419,103 @@ pub(crate) fn vm_test(
         .with_context(|| format!("writing reports into {}", env.run_dir.display()))?;
     write_overhead_report(&layout, &env, &artefacts);
     Ok(print_summary(&env, &results, &ledger_warnings, started))
+}
+
+/// With `--shard K/N`: this shard's part of the planned trials, announced,
+/// and the manifest `merge` checks; otherwise every trial.
+fn shard_of(
+    layout: &Layout,
+    a: &VmTestArgs,
+    planned: Vec<suite::PlannedTrial>,
+) -> Result<(
+    Vec<suite::PlannedTrial>,
+    Option<kloop::report::merge::ShardManifest>,
+)> {
+    let Some(shard) = a.shard else {
+        return Ok((planned, None));
+    };
+    let durations = match &a.durations {
+        Some(f) => kloop::run::shard::durations_from_results(
+            &std::fs::read_to_string(f)
+                .with_context(|| format!("reading --durations {}", f.display()))?,
+        ),
+        None => Default::default(),
+    };
+    let ids: Vec<String> = planned.iter().map(|t| t.id()).collect();
+    let (mine, expected) = kloop::run::shard::select(&ids, shard, &durations);
+    println!(
+        "kloop: shard {shard}: {} of {} trial(s){}",
+        mine.len(),
+        ids.len(),
+        match expected {
+            Some(s) => format!(
+                ", ~{s:.0} s expected (durations from {})",
+                a.durations
+                    .as_ref()
+                    .map_or(String::new(), |d| d.display().to_string())
+            ),
+            None => ", balanced by count".to_string(),
+        }
+    );
+    let manifest = kloop::report::merge::ShardManifest {
+        kloop_commit: kloop_commit(&layout.root),
+        shard,
+        mine: mine.iter().map(|&i| ids[i].clone()).collect(),
+        trials: ids,
+    };
+    let trials = planned
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| mine.contains(i))
+        .map(|(_, t)| t)
+        .collect();
+    Ok((trials, Some(manifest)))
+}
+
+/// The checkout's commit, `+dirty` with uncommitted changes, `unknown`
+/// outside git: shards of different kloop code must not merge.
+pub(crate) fn kloop_commit(root: &std::path::Path) -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "HEAD"]) {
+        Some(head) => match git(&["status", "--porcelain", "--untracked-files=no"]) {
+            Some(s) if !s.is_empty() => format!("{head}+dirty"),
+            _ => head,
+        },
+        None => "unknown".to_string(),
+    }
+}
+
+/// `merge DIR…`: the shards' run directories as one run directory.
+pub(crate) fn merge(a: MergeArgs) -> Result<ExitCode> {
+    let layout = layout();
+    let out = match &a.out {
+        Some(o) => o.clone(),
+        None => kloop::run::trial::new_run_dir(&layout.runs())?,
+    };
+    let merged = kloop::report::merge::merge(&a.dirs, &out)?;
+    report::write_files(&out, &merged.results)
+        .with_context(|| format!("writing reports into {}", out.display()))?;
+    let summary = Summary::of(&merged.results);
+    println!(
+        "kloop: merged {} shard(s) into {}: {}",
+        merged.shards.len(),
+        out.display(),
+        summary.line()
+    );
+    Ok(if summary.all_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// The accelerator, configuration notes, the ledger's warnings and what

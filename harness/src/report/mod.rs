@@ -11,6 +11,7 @@ pub mod bug_mail;
 pub mod junit;
 pub mod kcidb;
 pub mod markdown;
+pub mod merge;
 pub mod mutants;
 pub mod overhead;
 pub mod repro;

@@ -10,6 +10,7 @@
 //! - [`suite`]: planning and running many trials;
 //! - [`repeat`]: `--repeat N` and the FLAKY verdict;
 //! - [`run_dirs`]: run directories, locked while live, pruned to the newest;
+//! - [`shard`]: `--shard K/N`, the partition of a run among N machines;
 //! - [`signals`]: SIGINT/SIGTERM for every wait loop;
 //! - [`bench`]: what `cargo xtask bench` measures;
 //! - [`ab`]: A/B runs of a baseline and a candidate kernel;
@@ -35,6 +36,7 @@ pub mod payload;
 pub mod repeat;
 pub mod run_dirs;
 pub mod saved_vm;
+pub mod shard;
 pub mod shell;
 pub mod signals;
 pub mod standalone;

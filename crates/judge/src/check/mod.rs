@@ -269,7 +269,7 @@ impl Violation {
 /// A record as a violation quotes it: its place, its fields, and the text
 /// the message shows. Fields a record's type or its listener's
 /// `sample_type` does not have are `None`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QuotedRecord {
     /// The listener whose stream holds it.
     pub listener: u32,

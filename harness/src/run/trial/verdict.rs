@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{KernelUnderTest, TrialEnv};
 use crate::judge::check::{QuotedRecord, Violation};
@@ -10,7 +10,7 @@ use crate::scenario::Scenario;
 
 /// How a trial ended. Only `Ok` is a pass; `Skipped` and `Known` are not
 /// passes either, but they do not fail a run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "class", content = "message", rename_all = "kebab-case")]
 pub enum Verdict {
     Ok,
@@ -106,7 +106,7 @@ impl Verdict {
 pub const KNOWN_PREFIX: &str = "known bug: ";
 
 /// The result of one trial, with its environment.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TrialResult {
     pub id: String,
     pub kernel: String,
@@ -145,7 +145,7 @@ pub struct TrialResult {
 }
 
 /// A trial's use of a saved VM.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SavedVmUse {
     /// Its key: the directory `saved-vms/<key>/` in the kernel cache.
     pub key: String,
@@ -158,7 +158,7 @@ pub struct SavedVmUse {
 
 /// One broken rule: its message, and as data what the judge knew when it
 /// wrote it (`judge::check::Violation`), for machine-readable reports.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RuleHit {
     pub rule: String,
     pub message: String,
@@ -193,7 +193,7 @@ impl RuleHit {
 }
 
 /// The normalised stream differed from its golden snapshot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotDrift {
     /// The golden snapshot compared with.
     pub snapshot: PathBuf,
@@ -211,7 +211,7 @@ pub struct SnapshotDrift {
 /// agent's first frame, so `to_hello - guest_uptime_at_hello` is QEMU
 /// start-up, firmware and the kernel's decompression (before the guest
 /// clock starts).
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct Phases {
     /// Host: before QEMU's spawn (initramfs, argv).
     pub prepare: f64,
