@@ -87,6 +87,12 @@ fn run_and_print_ab(
     .context("preparing the A/B run")?;
     report::write_files(&ab.run_dir, &ab.results)
         .with_context(|| format!("writing reports into {}", ab.run_dir.display()))?;
+    write_kcidb(
+        &ab.run_dir,
+        &[baseline.clone(), candidate.clone()],
+        &ab.results,
+        None,
+    );
     let json = kloop::report::ab::write_json(&ab.run_dir, &ab.outcomes)
         .with_context(|| format!("writing ab.json into {}", ab.run_dir.display()))?;
     println!();

@@ -244,6 +244,10 @@ pub(crate) struct VmTestArgs {
     /// results.jsonl of an earlier run (default: by count).
     #[arg(long, value_name = "FILE", requires = "shard")]
     pub(crate) durations: Option<PathBuf>,
+    /// Also write the run's KCIDB document (every run directory holds one,
+    /// kcidb.json) here.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) kcidb: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) fetch: FetchArgs,
 }

@@ -53,6 +53,43 @@ pub(crate) fn start_trials() {
     }
 }
 
+/// Writes the run's KCIDB document into its run directory (and to
+/// `extra`, `--kcidb FILE`); a failure is reported, not fatal.
+pub(crate) fn write_kcidb(
+    run_dir: &std::path::Path,
+    kernels: &[kloop::run::trial::KernelUnderTest],
+    results: &[kloop::run::trial::TrialResult],
+    extra: Option<&std::path::Path>,
+) {
+    use kloop::report::kcidb;
+    let Ok(cache) = kloop_kernels::KernelCache::default_location() else {
+        return;
+    };
+    let provenance: std::collections::BTreeMap<String, kcidb::Provenance> = kernels
+        .iter()
+        .map(|k| (k.id(), k.provenance(&cache)))
+        .collect();
+    let ctx = kcidb::RunContext {
+        kloop_commit: vm_test_cmd::kloop_commit(&layout().root),
+        run: run_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    };
+    let doc = kcidb::document(results, &provenance, &ctx);
+    let text = match serde_json::to_string_pretty(&doc) {
+        Ok(t) => t,
+        Err(e) => return eprintln!("kloop: the KCIDB document: {e}"),
+    };
+    for path in
+        std::iter::once(run_dir.join(kcidb::DOCUMENT_FILE)).chain(extra.map(|p| p.to_path_buf()))
+    {
+        if let Err(e) = std::fs::write(&path, &text) {
+            eprintln!("kloop: writing the KCIDB document {}: {e}", path.display());
+        }
+    }
+}
+
 pub(crate) fn layout() -> Layout {
     Layout::from_root(kloop::run::agent::workspace_root())
 }

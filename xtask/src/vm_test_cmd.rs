@@ -417,6 +417,7 @@ pub(crate) fn vm_test(
     let results = combine_repeats(&env, all_runs, a.repeat as usize)?;
     report::write_files(&env.run_dir, &results)
         .with_context(|| format!("writing reports into {}", env.run_dir.display()))?;
+    write_kcidb(&env.run_dir, &kernels, &results, a.kcidb.as_deref());
     write_overhead_report(&layout, &env, &artefacts);
     Ok(print_summary(&env, &results, &ledger_warnings, started))
 }
@@ -504,6 +505,33 @@ pub(crate) fn merge(a: MergeArgs) -> Result<ExitCode> {
     let merged = kloop::report::merge::merge(&a.dirs, &out)?;
     report::write_files(&out, &merged.results)
         .with_context(|| format!("writing reports into {}", out.display()))?;
+    let docs: Vec<kloop::report::kcidb::Document> = merged
+        .shards
+        .iter()
+        .filter_map(|d| std::fs::read_to_string(d.join(kloop::report::kcidb::DOCUMENT_FILE)).ok())
+        .filter_map(|t| serde_json::from_str(&t).ok())
+        .collect();
+    if docs.len() == merged.shards.len() {
+        let doc = kloop::report::kcidb::merge_documents(&docs);
+        let mut text = serde_json::to_string_pretty(&doc)?;
+        // The tests' logs were copied with their trials: point at the copies.
+        for d in &merged.shards {
+            let from = format!(
+                "file://{}/",
+                d.canonicalize().unwrap_or(d.clone()).display()
+            );
+            text = text.replace(
+                &from,
+                &format!(
+                    "file://{}/",
+                    out.canonicalize().unwrap_or(out.clone()).display()
+                ),
+            );
+        }
+        std::fs::write(out.join(kloop::report::kcidb::DOCUMENT_FILE), text)?;
+    } else {
+        eprintln!("kloop: a shard has no kcidb.json: the merged run has none");
+    }
     let summary = Summary::of(&merged.results);
     println!(
         "kloop: merged {} shard(s) into {}: {}",

@@ -79,3 +79,455 @@ impl<'a> JsonLine<'a> {
         }
     }
 }
+
+/// Where a kernel under test came from, as a KCIDB checkout and build say.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Provenance {
+    /// A Debian binary package (a pin, or a build pinned for bisection).
+    DebianBuild {
+        package: String,
+        version: String,
+        suite: String,
+        deb_sha256: String,
+        image_sha256: String,
+        release: String,
+    },
+    /// Built by kloop from a source package or tree, with patches.
+    SourceBuild {
+        /// `built:<id>`'s id.
+        id: String,
+        /// `linux-source-6.12 6.12.117-1~deb12u1`, or the tree's path.
+        source: String,
+        source_identity: String,
+        /// (file name, absolute path, sha256).
+        patches: Vec<(String, String, String)>,
+        config_sha256: String,
+        compiler: String,
+        image_sha256: String,
+        release: String,
+    },
+    /// A bzImage the user gave.
+    Image { path: String, sha256: String },
+}
+
+/// The run around the tests: what the document's ids and environment need.
+#[derive(Debug, Clone)]
+pub struct RunContext {
+    /// `git rev-parse HEAD` of kloop (`+dirty`), part of every test id.
+    pub kloop_commit: String,
+    /// The run directory's name.
+    pub run: String,
+}
+
+/// A KCIDB I/O document of schema v5.3 (`kcidb-io`'s latest major).
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct Document {
+    pub version: SchemaVersion,
+    pub checkouts: Vec<serde_json::Value>,
+    pub builds: Vec<serde_json::Value>,
+    pub tests: Vec<serde_json::Value>,
+}
+
+/// `{"major": 5, "minor": 3}`.
+#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize, PartialEq)]
+pub struct SchemaVersion {
+    pub major: u32,
+    pub minor: u32,
+}
+
+/// Objects of KCIDB are told apart by `<origin>:<id>`.
+pub const ORIGIN: &str = "kloop";
+
+fn id_of(parts: &[&str]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update([0]);
+    }
+    format!("{ORIGIN}:{}", &hex::encode(h.finalize())[..24])
+}
+
+fn file_url(path: &std::path::Path) -> String {
+    // Absolute paths only: a URI needs them; percent-encode what a path
+    // may hold that a URI may not.
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir().unwrap_or_default().join(path)
+    };
+    let mut out = String::from("file://");
+    for b in abs.to_string_lossy().bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'/' | b'-' | b'.' | b'_' | b'~' | b'+' => {
+                out.push(b as char)
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+impl Provenance {
+    /// The checkout's id: the source (a Debian binary package's source is
+    /// the package itself: the only identity kloop knows of it).
+    fn checkout_id(&self) -> String {
+        match self {
+            Provenance::DebianBuild { deb_sha256, .. } => id_of(&["debian-package", deb_sha256]),
+            Provenance::SourceBuild {
+                source_identity,
+                patches,
+                ..
+            } => {
+                let mut parts = vec!["source", source_identity.as_str()];
+                parts.extend(patches.iter().map(|(_, _, h)| h.as_str()));
+                id_of(&parts)
+            }
+            Provenance::Image { sha256, .. } => id_of(&["image", sha256]),
+        }
+    }
+
+    fn build_id(&self) -> String {
+        match self {
+            Provenance::DebianBuild { image_sha256, .. }
+            | Provenance::SourceBuild { image_sha256, .. } => id_of(&["build", image_sha256]),
+            Provenance::Image { sha256, .. } => id_of(&["build", sha256]),
+        }
+    }
+
+    fn checkout(&self) -> serde_json::Value {
+        use serde_json::json;
+        let mut c = json!({"id": self.checkout_id(), "origin": ORIGIN, "valid": true});
+        match self {
+            Provenance::DebianBuild {
+                package,
+                version,
+                suite,
+                deb_sha256,
+                ..
+            } => {
+                c["tree_name"] = json!("debian");
+                c["comment"] = json!(format!(
+                    "Debian's {package} {version} ({suite}), sha256-verified"
+                ));
+                c["misc"] = json!({"package": package, "version": version, "suite": suite, "deb_sha256": deb_sha256});
+            }
+            Provenance::SourceBuild {
+                source,
+                source_identity,
+                patches,
+                ..
+            } => {
+                c["tree_name"] = json!(source.split_whitespace().next().unwrap_or("tree"));
+                c["comment"] = json!(format!("{source}, built by kloop"));
+                if !patches.is_empty() {
+                    // KCIDB: the sha256 of the patches' sha256s, in order.
+                    use sha2::{Digest, Sha256};
+                    let mut h = Sha256::new();
+                    for (_, _, sha) in patches {
+                        h.update(sha.as_bytes());
+                        h.update(b"\n");
+                    }
+                    c["patchset_hash"] = json!(hex::encode(h.finalize()));
+                    c["patchset_files"] = json!(patches
+                        .iter()
+                        .map(|(name, path, _)| json!({"name": name, "url": file_url(std::path::Path::new(path))}))
+                        .collect::<Vec<_>>());
+                }
+                c["misc"] = json!({"source": source, "source_identity": source_identity});
+            }
+            Provenance::Image { path, sha256 } => {
+                c["comment"] = json!(format!("a bzImage given to kloop: {path}"));
+                c["misc"] = json!({"image": path, "image_sha256": sha256});
+            }
+        }
+        c
+    }
+
+    fn build(&self) -> serde_json::Value {
+        use serde_json::json;
+        let mut b = json!({
+            "id": self.build_id(),
+            "checkout_id": self.checkout_id(),
+            "origin": ORIGIN,
+            "architecture": "x86_64",
+            "status": "PASS",
+        });
+        match self {
+            Provenance::DebianBuild {
+                image_sha256,
+                release,
+                ..
+            } => {
+                b["config_name"] = json!("debian cloud-amd64");
+                b["comment"] = json!(format!("Debian's build, uname -r {release}"));
+                b["misc"] = json!({"image_sha256": image_sha256, "release": release});
+            }
+            Provenance::SourceBuild {
+                id,
+                config_sha256,
+                compiler,
+                image_sha256,
+                release,
+                ..
+            } => {
+                b["config_name"] = json!("tinyconfig+kloop.config");
+                b["compiler"] = json!(compiler);
+                b["comment"] = json!(format!("built:{id}, uname -r {release}"));
+                b["misc"] = json!({"built": id, "config_sha256": config_sha256, "image_sha256": image_sha256, "release": release});
+            }
+            Provenance::Image { sha256, .. } => {
+                b["misc"] = json!({"image_sha256": sha256});
+            }
+        }
+        b
+    }
+}
+
+/// The KCIDB document of `results`, each trial's kernel described by
+/// `provenance` (by the trial's kernel id). Ids are stable: the same
+/// kernel gives the same checkout and build ids in every run and shard, and
+/// a test's id is its build, scenario and kloop commit.
+pub fn document(
+    results: &[TrialResult],
+    provenance: &std::collections::BTreeMap<String, Provenance>,
+    ctx: &RunContext,
+) -> Document {
+    use serde_json::json;
+    let mut doc = Document {
+        version: SchemaVersion { major: 5, minor: 3 },
+        checkouts: Vec::new(),
+        builds: Vec::new(),
+        tests: Vec::new(),
+    };
+    for r in results {
+        // An A/B of two builds with one name prefixes the baseline's.
+        let Some(p) = provenance.get(&r.kernel).or_else(|| {
+            r.kernel
+                .strip_prefix("baseline-")
+                .and_then(|k| provenance.get(k))
+        }) else {
+            continue;
+        };
+        let (checkout, build) = (p.checkout(), p.build());
+        if !doc.checkouts.iter().any(|c| c["id"] == checkout["id"]) {
+            doc.checkouts.push(checkout);
+        }
+        if !doc.builds.iter().any(|b| b["id"] == build["id"]) {
+            doc.builds.push(build);
+        }
+        let (status, known) = status(r);
+        let ledger_ids: std::collections::BTreeSet<&str> = r
+            .violations
+            .iter()
+            .filter_map(|v| v.known_issue.as_deref())
+            .collect();
+        let mut t = json!({
+            "id": id_of(&["test", &p.build_id(), &r.scenario, &ctx.kloop_commit]),
+            "build_id": p.build_id(),
+            "origin": ORIGIN,
+            "path": format!("kloop.{}", r.scenario.replace(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'), "_")),
+            "status": status,
+            "duration": r.wall_secs,
+            "environment": {
+                "comment": format!("QEMU ({}) on {}", r.accel, r.host_release),
+                "misc": {"qemu": r.qemu_version, "accel": r.accel, "host_release": r.host_release},
+            },
+            "misc": {
+                "kloop_verdict": r.verdict.label(),
+                "kloop_headline": r.verdict.headline(),
+                "known": known,
+                "ledger_ids": ledger_ids,
+                "kloop_commit": ctx.kloop_commit,
+                "run": ctx.run,
+                "trial": r.id,
+            },
+        });
+        let console = r.artefacts.join("console.log");
+        if console.is_file() {
+            t["log_url"] = json!(file_url(&console));
+        }
+        let outputs: Vec<serde_json::Value> = ["result.json", "normalised.txt", "messages.jsonl", "data.bin"]
+            .iter()
+            .map(|f| r.artefacts.join(f))
+            .filter(|p| p.is_file())
+            .map(|p| {
+                json!({"name": p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(), "url": file_url(&p)})
+            })
+            .collect();
+        if !outputs.is_empty() {
+            t["output_files"] = json!(outputs);
+        }
+        doc.tests.push(t);
+    }
+    doc
+}
+
+/// Several documents as one (the shards of a run): objects with the same
+/// id are the same object and kept once.
+pub fn merge_documents(docs: &[Document]) -> Document {
+    let mut out = Document {
+        version: SchemaVersion { major: 5, minor: 3 },
+        checkouts: Vec::new(),
+        builds: Vec::new(),
+        tests: Vec::new(),
+    };
+    for d in docs {
+        for (from, to) in [
+            (&d.checkouts, &mut out.checkouts),
+            (&d.builds, &mut out.builds),
+            (&d.tests, &mut out.tests),
+        ] {
+            for o in from {
+                if !to.iter().any(|x| x["id"] == o["id"]) {
+                    to.push(o.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The file every run directory holds.
+pub const DOCUMENT_FILE: &str = "kcidb.json";
+
+#[cfg(test)]
+mod document_tests {
+    use super::*;
+    use crate::run::trial::{RuleHit, Verdict};
+
+    fn fix_patch() -> (String, String, String) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../kernels/fixes/interpreted-prog-ksymbol/linux-source-6.12.patch");
+        let bytes = std::fs::read(&path).unwrap();
+        use sha2::{Digest, Sha256};
+        (
+            "linux-source-6.12.patch".into(),
+            path.display().to_string(),
+            hex::encode(Sha256::digest(&bytes)),
+        )
+    }
+
+    fn built(id: &str, patches: Vec<(String, String, String)>) -> Provenance {
+        Provenance::SourceBuild {
+            id: id.into(),
+            source: "linux-source-6.12 6.12.117-1~deb12u1".into(),
+            source_identity: "e849faf31ca3555757f3a8877cb01af92122f744f75d1f3102734651c4e14703"
+                .into(),
+            patches,
+            config_sha256: "0".repeat(64),
+            compiler: "gcc (Debian 12.2.0-14+deb12u1) 12.2.0".into(),
+            image_sha256: format!("{id:0>64}"),
+            release: "6.12.117".into(),
+        }
+    }
+
+    /// The document of a `validate` A/B (the interpreter fix's, as run on
+    /// linux-source-6.12): two builds of one source, the candidate's
+    /// checkout with the fix as its patchset; ids stable across calls.
+    /// Written to target/kloop/kcidb-samples/ for `.ci/run`, which checks
+    /// it with kcidb-io's validator.
+    #[test]
+    fn a_validate_runs_document_has_both_builds_and_the_patchset() {
+        let base = TrialResult {
+            violations: vec![RuleHit {
+                rule: "load-symbols".into(),
+                message: "m".into(),
+                listener: None,
+                offset: None,
+                records: vec![],
+                known_issue: Some("interpreted-prog-ksymbol-register".into()),
+            }],
+            ..TrialResult::for_test(
+                "built-53e347db1de9",
+                "interpreter",
+                Verdict::Known("known bug: x".into()),
+                "/nonexistent",
+            )
+        };
+        let cand = TrialResult::for_test(
+            "built-e1623823759d",
+            "interpreter",
+            Verdict::Ok,
+            "/nonexistent",
+        );
+        let provenance = std::collections::BTreeMap::from([
+            (
+                "built-53e347db1de9".to_string(),
+                built("53e347db1de9", vec![]),
+            ),
+            (
+                "built-e1623823759d".to_string(),
+                built("e1623823759d", vec![fix_patch()]),
+            ),
+        ]);
+        let ctx = RunContext {
+            kloop_commit: "0123456789abcdef0123456789abcdef01234567".into(),
+            run: "1795663955-19724".into(),
+        };
+        let doc = document(&[base.clone(), cand.clone()], &provenance, &ctx);
+        assert_eq!(
+            doc,
+            document(&[base, cand], &provenance, &ctx),
+            "same inputs, same ids"
+        );
+        assert_eq!(
+            (doc.checkouts.len(), doc.builds.len(), doc.tests.len()),
+            (2, 2, 2)
+        );
+        assert_ne!(doc.checkouts[0]["id"], doc.checkouts[1]["id"]);
+        assert_eq!(
+            doc.checkouts[1]["patchset_files"][0]["name"],
+            "linux-source-6.12.patch"
+        );
+        assert_eq!(doc.tests[0]["status"], "FAIL");
+        assert_eq!(
+            doc.tests[0]["misc"]["ledger_ids"][0],
+            "interpreted-prog-ksymbol-register"
+        );
+        assert_eq!(doc.tests[1]["status"], "PASS");
+        assert_eq!(doc.tests[1]["path"], "kloop.interpreter");
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/kloop/kcidb-samples");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("validate.json"),
+            serde_json::to_string_pretty(&doc).unwrap(),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn shard_documents_merge_without_duplicates() {
+        let p = std::collections::BTreeMap::from([(
+            "6.1".to_string(),
+            Provenance::DebianBuild {
+                package: "linux-image-6.1.0-50-cloud-amd64".into(),
+                version: "6.1.176-1".into(),
+                suite: "bookworm".into(),
+                deb_sha256: "a".repeat(64),
+                image_sha256: "b".repeat(64),
+                release: "6.1.0-50-cloud-amd64".into(),
+            },
+        )]);
+        let ctx = RunContext {
+            kloop_commit: "c".into(),
+            run: "r".into(),
+        };
+        let one = document(
+            &[TrialResult::for_test("6.1", "basic", Verdict::Ok, "/x")],
+            &p,
+            &ctx,
+        );
+        let two = document(
+            &[TrialResult::for_test("6.1", "subprogs", Verdict::Ok, "/x")],
+            &p,
+            &ctx,
+        );
+        let m = merge_documents(&[one, two]);
+        assert_eq!(
+            (m.checkouts.len(), m.builds.len(), m.tests.len()),
+            (1, 1, 2)
+        );
+    }
+}

@@ -128,6 +128,64 @@ impl LocalKernel {
 }
 
 impl KernelUnderTest {
+    /// Where this kernel came from, for the KCIDB document: the Debian
+    /// package, the source build's record (from the kernel cache), or the
+    /// image file and its sha256.
+    pub fn provenance(
+        &self,
+        cache: &kloop_kernels::KernelCache,
+    ) -> crate::report::kcidb::Provenance {
+        use crate::report::kcidb::Provenance;
+        match self {
+            KernelUnderTest::Pin(p) | KernelUnderTest::DistroBuild { pin: p, .. } => {
+                Provenance::DebianBuild {
+                    package: p.package.clone(),
+                    version: p.version.clone(),
+                    suite: p.suite.clone(),
+                    deb_sha256: p.deb_sha256.clone(),
+                    image_sha256: p.image_sha256.clone(),
+                    release: p.release.clone(),
+                }
+            }
+            KernelUnderTest::Image(k) => {
+                let built = k
+                    .name
+                    .strip_prefix("built-")
+                    .and_then(|id| kloop_kernels::build::lookup(cache, id).ok());
+                match built {
+                    Some(b) => Provenance::SourceBuild {
+                        id: b.record.id.clone(),
+                        source: b.record.source.clone(),
+                        source_identity: b.record.source_identity.clone(),
+                        patches: b
+                            .record
+                            .patches
+                            .iter()
+                            .map(|f| {
+                                (
+                                    f.path
+                                        .file_name()
+                                        .map(|n| n.to_string_lossy().into_owned())
+                                        .unwrap_or_default(),
+                                    f.path.display().to_string(),
+                                    f.sha256.clone(),
+                                )
+                            })
+                            .collect(),
+                        config_sha256: b.record.config_sha256.clone(),
+                        compiler: b.record.compiler.clone(),
+                        image_sha256: b.record.image_sha256.clone(),
+                        release: b.record.release.clone(),
+                    },
+                    None => Provenance::Image {
+                        path: k.path.display().to_string(),
+                        sha256: image_sha256(&k.path),
+                    },
+                }
+            }
+        }
+    }
+
     /// A Debian build outside the catalog (pinned on demand for a
     /// bisection), judged with the ledger of `catalog`'s pin of its series.
     pub fn distro_build(pin: KernelPin, catalog: &kloop_kernels::Catalog) -> KernelUnderTest {
@@ -502,3 +560,11 @@ pub fn new_run_dir(root: &Path) -> std::io::Result<PathBuf> {
 
 #[cfg(test)]
 mod tests;
+
+/// The sha256 of a file, empty when it cannot be read.
+fn image_sha256(path: &std::path::Path) -> String {
+    use sha2::{Digest, Sha256};
+    std::fs::read(path)
+        .map(|b| hex::encode(Sha256::digest(&b)))
+        .unwrap_or_default()
+}
