@@ -512,23 +512,12 @@ pub(crate) fn merge(a: MergeArgs) -> Result<ExitCode> {
         .filter_map(|t| serde_json::from_str(&t).ok())
         .collect();
     if docs.len() == merged.shards.len() {
-        let doc = kloop::report::kcidb::merge_documents(&docs);
-        let mut text = serde_json::to_string_pretty(&doc)?;
-        // The tests' logs were copied with their trials: point at the copies.
-        for d in &merged.shards {
-            let from = format!(
-                "file://{}/",
-                d.canonicalize().unwrap_or(d.clone()).display()
-            );
-            text = text.replace(
-                &from,
-                &format!(
-                    "file://{}/",
-                    out.canonicalize().unwrap_or(out.clone()).display()
-                ),
-            );
-        }
-        std::fs::write(out.join(kloop::report::kcidb::DOCUMENT_FILE), text)?;
+        let mut doc = kloop::report::kcidb::merge_documents(&docs);
+        kloop::report::kcidb::relocate(&mut doc, &std::path::absolute(&out)?);
+        std::fs::write(
+            out.join(kloop::report::kcidb::DOCUMENT_FILE),
+            serde_json::to_string_pretty(&doc)?,
+        )?;
     } else {
         eprintln!("kloop: a shard has no kcidb.json: the merged run has none");
     }

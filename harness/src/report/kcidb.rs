@@ -391,6 +391,31 @@ pub fn merge_documents(docs: &[Document]) -> Document {
 /// The file every run directory holds.
 pub const DOCUMENT_FILE: &str = "kcidb.json";
 
+/// Points each test's log and output URLs into `run_dir/<trial id>/`,
+/// where `merge` copied the trials (the shards' own directories are on
+/// other machines).
+pub fn relocate(doc: &mut Document, run_dir: &std::path::Path) {
+    for t in &mut doc.tests {
+        let Some(trial) = t["misc"]["trial"].as_str().map(str::to_string) else {
+            continue;
+        };
+        let moved = |url: &str| -> Option<String> {
+            let file = url.rsplit('/').next()?;
+            Some(file_url(&run_dir.join(&trial).join(file)))
+        };
+        if let Some(new) = t["log_url"].as_str().and_then(moved) {
+            t["log_url"] = serde_json::Value::String(new);
+        }
+        if let Some(files) = t["output_files"].as_array_mut() {
+            for f in files {
+                if let Some(new) = f["url"].as_str().and_then(moved) {
+                    f["url"] = serde_json::Value::String(new);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod document_tests {
     use super::*;
