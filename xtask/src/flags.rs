@@ -471,6 +471,14 @@ pub(crate) struct MutantsArgs {
     pub(crate) jobs: Option<usize>,
     #[arg(long, default_value = "auto", value_parser = accel_parser())]
     pub(crate) accel: AccelChoice,
+    /// Judge only shard K of N of the chosen mutants (by count, in id
+    /// order), for N machines; `--merge` joins their data into one report.
+    #[arg(long, value_name = "K/N")]
+    pub(crate) shard: Option<kloop::run::shard::Shard>,
+    /// Join the data files (`<report>.json`, beside each shard's --report)
+    /// of every shard of one mutation run into --report, with one score.
+    #[arg(long = "merge", value_name = "DATA.json", requires = "report", num_args = 1..)]
+    pub(crate) merge: Vec<PathBuf>,
     #[command(flatten)]
     pub(crate) fetch: FetchArgs,
 }

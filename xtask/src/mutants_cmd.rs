@@ -32,6 +32,16 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
         eprintln!("kloop: not in this tree: {m}");
     }
     let mut chosen = choose(&a, &generated.mutants)?;
+    if let Some(shard) = a.shard {
+        let ids: Vec<String> = chosen.iter().map(|m| m.id.clone()).collect();
+        let (mine, _) = kloop::run::shard::select(&ids, shard, &Default::default());
+        println!(
+            "kloop: shard {shard}: {} of {} mutant(s)",
+            mine.len(),
+            ids.len()
+        );
+        chosen = mine.into_iter().map(|i| chosen[i].clone()).collect();
+    }
     let carried = resume(&a, &mut chosen)?;
     println!(
         "kloop: {} mutants of {} file(s) in {}; {}",
@@ -58,6 +68,9 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
         command: command_line(&a),
     };
     sink.prepare()?;
+    if !a.merge.is_empty() {
+        return merge_shards(&a.merge, &sink);
+    }
     if let Some(run_dir) = &a.from {
         return report_from(&layout, &base_req, run_dir, &sink);
     }
@@ -113,6 +126,53 @@ fn report_from(
     kloop::run::mutants::unsettle_interrupted(&mut results);
     sink.write(&base, &results)?;
     Ok(sink.summarise(&base, &results, None))
+}
+
+/// `--merge`: the shards' data as one report. The shards must have judged
+/// against one baseline (same source, same unmutated kernel, same
+/// scenarios) and no mutant twice.
+fn merge_shards(data: &[PathBuf], sink: &Sink) -> Result<ExitCode> {
+    let mut base: Option<MutantsBaseline> = None;
+    let mut all: Vec<MutantResult> = Vec::new();
+    for path in data {
+        let (b, results) = kloop::run::mutants::read_saved(path)
+            .with_context(|| format!("reading the shard data {}", path.display()))?;
+        if let Some(first) = &base {
+            if (&first.source, &first.kernel_id, &first.scenarios)
+                != (&b.source, &b.kernel_id, &b.scenarios)
+            {
+                anyhow::bail!(
+                    "{} judged against {} ({}), the first shard against {} ({}): not one mutation run",
+                    path.display(),
+                    b.kernel_id,
+                    b.source,
+                    first.kernel_id,
+                    first.source
+                );
+            }
+        }
+        for r in results {
+            if all.iter().any(|x| x.mutant.id == r.mutant.id) {
+                anyhow::bail!(
+                    "mutant {} is in two shards ({} and an earlier one)",
+                    r.mutant.id,
+                    path.display()
+                );
+            }
+            all.push(r);
+        }
+        base.get_or_insert(b);
+    }
+    // Shard order, as given: a report's "carried" count and its phases
+    // are the first shard's (each shard built its own schema kernel).
+    let base = base.context("no shard data given")?;
+    println!(
+        "kloop: merged {} shard(s): {} mutant(s)",
+        data.len(),
+        all.len()
+    );
+    sink.write(&base, &all)?;
+    Ok(sink.summarise(&base, &all, None))
 }
 
 /// Judges `chosen`, writing the report after every mutant with the
