@@ -420,7 +420,40 @@ impl Sink {
             kloop::run::mutants::write_saved(&self.data_path(base), base, results)?;
         }
         let report = self.report_path(base);
-        std::fs::write(&report, md).with_context(|| format!("writing {}", report.display()))
+        std::fs::write(&report, md).with_context(|| format!("writing {}", report.display()))?;
+        self.write_kcidb(base, results, &report);
+        Ok(())
+    }
+
+    /// The run's KCIDB document beside the report (`<report>.kcidb.json`);
+    /// a failure is told, not fatal.
+    fn write_kcidb(
+        &self,
+        base: &MutantsBaseline,
+        results: &[MutantResult],
+        report: &std::path::Path,
+    ) {
+        let identity = kloop_kernels::KernelCache::default_location()
+            .ok()
+            .and_then(|c| kloop_kernels::build::lookup(&c, &base.kernel_id).ok())
+            .map(|k| k.record.source_identity)
+            .unwrap_or_else(|| base.source.clone());
+        let ctx = kloop::report::kcidb::RunContext {
+            kloop_commit: crate::vm_test_cmd::kloop_commit(&crate::layout().root),
+            run: base
+                .run_dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        };
+        let doc = kloop::run::mutants::kcidb_document(base, results, &identity, &ctx);
+        let path = report.with_extension("kcidb.json");
+        let written = serde_json::to_string(&doc)
+            .map_err(std::io::Error::other)
+            .and_then(|t| std::fs::write(&path, t));
+        if let Err(e) = written {
+            eprintln!("kloop: writing {}: {e}", path.display());
+        }
     }
 
     fn summarise(

@@ -363,6 +363,81 @@ pub fn document(
     doc
 }
 
+/// One mutant as the mutation run's KCIDB document says it.
+#[derive(Debug, Clone)]
+pub struct MutantEntry<'a> {
+    /// `core.c:perf_event_ksymbol:9431:drop-call`.
+    pub id: &'a str,
+    pub what: &'a str,
+    /// Its unified diff (the checkout's patchset).
+    pub patch: &'a str,
+    /// `killed`, `survived`, … and the first line of why.
+    pub outcome: &'a str,
+    pub detail: String,
+    /// Killed: the suite found the fault (FAIL); survived: it did not
+    /// (PASS); failed to build: the build FAILs and the test MISSes;
+    /// equivalent or duplicate: SKIP; not judged: MISS.
+    pub status: Status,
+    pub build_failed: bool,
+    pub secs: f64,
+}
+
+/// The KCIDB document of a mutation run: the unmutated source as one
+/// checkout, each mutant a checkout of its own (the source with the
+/// mutant as its patchset) with its build, and one test per mutant,
+/// `kloop.mutant`, whose status says whether kloop's suite told the mutant
+/// kernel from the unmutated one.
+pub fn mutation_document(
+    source: &str,
+    source_identity: &str,
+    baseline_kernel: &str,
+    mutants: &[MutantEntry<'_>],
+    ctx: &RunContext,
+) -> Document {
+    use serde_json::json;
+    use sha2::{Digest, Sha256};
+    let mut doc = Document {
+        version: SchemaVersion { major: 5, minor: 3 },
+        checkouts: Vec::new(),
+        builds: Vec::new(),
+        tests: Vec::new(),
+    };
+    for m in mutants {
+        let patch_sha = hex::encode(Sha256::digest(m.patch.as_bytes()));
+        let checkout_id = id_of(&["source", source_identity, &patch_sha]);
+        let build_id = id_of(&["mutant-build", source_identity, &patch_sha]);
+        doc.checkouts.push(json!({
+            "id": checkout_id,
+            "origin": ORIGIN,
+            "tree_name": source.split_whitespace().next().unwrap_or("tree"),
+            "patchset_hash": hex::encode(Sha256::digest(format!("{patch_sha}\n").as_bytes())),
+            "comment": format!("{source} with mutant {}", m.id),
+            "valid": true,
+            "misc": {"source": source, "source_identity": source_identity, "mutant": m.id, "what": m.what},
+        }));
+        doc.builds.push(json!({
+            "id": build_id,
+            "checkout_id": checkout_id,
+            "origin": ORIGIN,
+            "architecture": "x86_64",
+            "config_name": "tinyconfig+kloop.config",
+            "status": if m.build_failed { "FAIL" } else { "PASS" },
+            "misc": {"mutant": m.id, "baseline": baseline_kernel},
+        }));
+        doc.tests.push(json!({
+            "id": id_of(&["mutant-test", &build_id, &ctx.kloop_commit]),
+            "build_id": build_id,
+            "origin": ORIGIN,
+            "path": "kloop.mutant",
+            "status": m.status,
+            "duration": m.secs,
+            "comment": format!("{}: {}", m.outcome, m.detail),
+            "misc": {"mutant": m.id, "outcome": m.outcome, "kloop_commit": ctx.kloop_commit, "run": ctx.run},
+        }));
+    }
+    doc
+}
+
 /// Several documents as one (the shards of a run): objects with the same
 /// id are the same object and kept once.
 pub fn merge_documents(docs: &[Document]) -> Document {
