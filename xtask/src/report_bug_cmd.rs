@@ -1,11 +1,11 @@
 //! `report-bug ID`: the mail for a known kernel bug with its fix, from the
 //! ledger, the fix folder, validate's and the reproducer's runs.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use kloop::report::bug_mail::{self, BugMail, Recipients, Validation};
+use kloop::report::bug_mail::{self, BugMail, Recipients};
 use kloop::run::{fixes, standalone, suite};
 
 use crate::{layout, ReportBugArgs};
@@ -70,7 +70,14 @@ pub(crate) fn report_bug(a: ReportBugArgs) -> Result<ExitCode> {
         recipients: recipients(&layout, &source, &patch, &parts.subject),
         patch: parts,
         patch_source: source.clone(),
-        validations: validations(&layout.root, &issues, &rel),
+        // Every source the fix has a patch for: the backports' proofs too.
+        validations: patches
+            .iter()
+            .flat_map(|(_, p)| {
+                let rel = p.strip_prefix(&layout.root).unwrap_or(p).display().to_string();
+                bug_mail::validations(&layout.root, &issues, &rel)
+            })
+            .collect(),
         reproducer: reproducer.as_ref().map(|r| r.single_file()).transpose()?,
         proof: reproducer
             .as_ref()
@@ -112,78 +119,22 @@ fn write_atomically(path: &Path, text: &str) -> Result<()> {
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
 }
 
-/// The recipients `scripts/get_maintainer.pl` of the source's own tree
-/// names for the patch: people To, lists Cc; a stable backport
-/// (`[PATCH 6.1.y]`) goes to the stable list with everyone else Cc.
+/// The source's pristine tree, then its get_maintainer.pl's recipients;
+/// a warning when there are none.
 fn recipients(layout: &suite::Layout, source: &str, patch: &Path, subject: &str) -> Recipients {
     let tree =
         kloop_kernels::build::SourceSpec::parse(source, &layout.kernels()).and_then(|spec| {
             let cache = kloop_kernels::KernelCache::default_location()?;
             kloop_kernels::build::source_tree(&cache, &spec, &Default::default())
         });
-    let lines = tree.ok().and_then(|tree| {
-        let out = std::process::Command::new("perl")
-            .arg(tree.join("scripts/get_maintainer.pl"))
-            .args(["--no-git", "--no-git-fallback", "--no-rolestats"])
-            .arg(patch)
-            .current_dir(&tree)
-            .output()
-            .ok()?;
-        out.status.success().then(|| {
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .map(str::to_string)
-                .collect::<Vec<_>>()
-        })
-    });
-    let Some(lines) = lines else {
-        eprintln!("kloop: warning: scripts/get_maintainer.pl of {source} gave no recipients; add To: and Cc: by hand");
-        return Recipients::default();
-    };
-    let (people, lists): (Vec<String>, Vec<String>) =
-        lines.into_iter().partition(|l| l.contains('<'));
-    if subject.contains(".y]") {
-        Recipients {
-            to: vec!["stable@vger.kernel.org".into()],
-            cc: people.into_iter().chain(lists).collect(),
-        }
-    } else {
-        Recipients {
-            to: people,
-            cc: lists,
-        }
-    }
-}
-
-/// The ledger's records of validate runs of this patch (one per run, though
-/// each entry the fix ends carries it), with each run's ab.json.
-fn validations(
-    root: &Path,
-    issues: &[kloop::judge::known_issues::Issue],
-    patch: &str,
-) -> Vec<Validation> {
-    let mut seen: Vec<String> = Vec::new();
-    let mut out = Vec::new();
-    for f in issues
-        .iter()
-        .flat_map(|i| &i.fixes)
-        .filter(|f| f.patch == patch)
+    match tree
+        .ok()
+        .and_then(|t| bug_mail::recipients(&t, patch, subject))
     {
-        if seen.contains(&f.run) {
-            continue;
+        Some(r) => r,
+        None => {
+            eprintln!("kloop: warning: scripts/get_maintainer.pl of {source} gave no recipients; add To: and Cc: by hand");
+            Recipients::default()
         }
-        seen.push(f.run.clone());
-        let ab: PathBuf = root.join(&f.run).join("ab.json");
-        let outcomes = std::fs::read_to_string(&ab)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok());
-        out.push(Validation {
-            source: f.source.clone(),
-            result: f.result.clone(),
-            run: f.run.clone(),
-            summary: f.summary.clone(),
-            outcomes,
-        });
     }
-    out
 }

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use kloop::report::repro;
-use kloop::run::standalone::{self, ReproOutcome, Reproducer};
+use kloop::run::standalone::{self, Expect, ProofKernel, ReproOutcome, Reproducer};
 use kloop::run::suite::{self, EnvOptions, Layout};
 use kloop::run::trial::KernelUnderTest;
 use kloop_kernels::Catalog;
@@ -90,13 +90,6 @@ fn standalone_repro(a: &ReproArgs, id: &str) -> Result<ExitCode> {
     prove(&layout, a, &r, &out)
 }
 
-/// What a kernel must do with the reproducer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Expect {
-    Reproduce,
-    Pass,
-}
-
 /// The kernels a proof runs on: every pin (affected ones must reproduce,
 /// the others not), and for each patch of the reproducer's fix folder the
 /// source built without it (must reproduce) and with it (must not).
@@ -104,7 +97,7 @@ fn proof_kernels(
     layout: &Layout,
     a: &ReproArgs,
     r: &Reproducer,
-) -> Result<Option<Vec<(KernelUnderTest, Expect, String)>>> {
+) -> Result<Option<Vec<ProofKernel>>> {
     let catalog = Catalog::load(&layout.kernels())?;
     let affected = r.affected_pins();
     let pin_expect = |id: &str| {
@@ -118,17 +111,20 @@ fn proof_kernels(
     if !a.kernels.is_empty() {
         for spec in &a.kernels {
             let k = suite::resolve_kernel(&catalog, spec, None)?;
-            let expect = pin_expect(spec);
-            kernels.push((k, expect, spec.clone()));
+            kernels.push(ProofKernel {
+                kernel: k,
+                expect: pin_expect(spec),
+                label: spec.clone(),
+            });
         }
         return Ok(Some(kernels));
     }
     for p in catalog.pins() {
-        kernels.push((
-            KernelUnderTest::Pin(p.clone()),
-            pin_expect(&p.id),
-            p.id.clone(),
-        ));
+        kernels.push(ProofKernel {
+            kernel: KernelUnderTest::Pin(p.clone()),
+            expect: pin_expect(&p.id),
+            label: p.id.clone(),
+        });
     }
     let fixes = layout
         .kernels()
@@ -168,7 +164,11 @@ fn proof_kernels(
             let k = KernelUnderTest::Image(kloop::run::trial::LocalKernel::built(
                 &built, None, &catalog,
             ));
-            kernels.push((k, expect, format!("{what}, built:{}", built.record.id)));
+            kernels.push(ProofKernel {
+                kernel: k,
+                expect,
+                label: format!("{what}, built:{}", built.record.id),
+            });
         }
     }
     Ok(Some(kernels))
@@ -194,75 +194,37 @@ fn prove(
         fetch: a.fetch.options(),
         ..EnvOptions::default()
     };
-    let ks: Vec<KernelUnderTest> = kernels.iter().map(|(k, _, _)| k.clone()).collect();
+    let ks: Vec<KernelUnderTest> = kernels.iter().map(|k| k.kernel.clone()).collect();
     let env = suite::prepare_env(layout, &opts, &ks)?;
     println!("kloop: accelerator: {}", accel_line(&env.accel));
-    let scenario = r
-        .scenario(file, &env.run_dir)
-        .map_err(|e| anyhow::anyhow!("the reproducer's scenario: {e}"))?;
-    let trials: Vec<suite::PlannedTrial> = ks
-        .iter()
-        .map(|k| suite::PlannedTrial {
-            kernel: k.clone(),
-            scenario: scenario.clone(),
-        })
-        .collect();
     let started = std::time::Instant::now();
-    let results = suite::run_all(&env, &trials, suite::default_jobs(), &|r| {
+    let (proof, outcomes, results) = standalone::prove(r, file, &env, &kernels, &|r| {
         println!("{}", kloop::report::trial_line(r));
-    });
+    })?;
     kloop::report::write_files(&env.run_dir, &results)?;
     println!();
-    let mut all_as_expected = true;
-    let mut proofs = Vec::new();
-    for ((k, expect, label), result) in kernels.iter().zip(&results) {
-        let outcome = ReproOutcome::of(result);
-        let ok = matches!(
-            (expect, &outcome),
-            (Expect::Reproduce, ReproOutcome::Reproduces(_))
-                | (Expect::Pass, ReproOutcome::DoesNotReproduce)
-        );
-        all_as_expected &= ok;
-        proofs.push(standalone::KernelProof {
-            kernel: label.clone(),
-            release: result.guest_release.clone(),
-            outcome: outcome.label().to_string(),
-            expected: match expect {
-                Expect::Reproduce => "reproduce",
-                Expect::Pass => "not reproduce",
-            }
-            .to_string(),
-            as_expected: ok,
-        });
+    for (k, outcome) in proof.kernels.iter().zip(&outcomes) {
         println!(
             "  {:<58} {:<19} (must {}){}",
-            label,
-            outcome.label(),
-            match expect {
-                Expect::Reproduce => "reproduce",
-                Expect::Pass => "not reproduce",
-            },
-            if ok { "" } else { "  ← NOT AS EXPECTED" }
+            k.kernel,
+            k.outcome,
+            k.expected,
+            if k.as_expected {
+                ""
+            } else {
+                "  ← NOT AS EXPECTED"
+            }
         );
         if let ReproOutcome::Reproduces(m)
         | ReproOutcome::CannotRun(m)
-        | ReproOutcome::NoAnswer(m) = &outcome
+        | ReproOutcome::NoAnswer(m) = outcome
         {
             for line in m.lines().skip(1).take(4) {
                 println!("      {line}");
             }
         }
-        let _ = k;
     }
-    let proof = standalone::ReproProof {
-        reproducer: r.name.clone(),
-        kernels: proofs,
-        as_expected: all_as_expected,
-    };
-    std::fs::write(
-        env.run_dir.join(standalone::PROOF_FILE),
-        serde_json::to_string_pretty(&proof)?,
-    )?;
+    let all_as_expected = proof.as_expected;
     println!(
         "kloop: {} in {:.0} s; trials in {}",
         if all_as_expected {

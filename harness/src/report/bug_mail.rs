@@ -77,6 +77,71 @@ pub struct BugMail<'a> {
     pub proof: Option<ReproProof>,
 }
 
+/// The recipients `scripts/get_maintainer.pl` of the source tree `tree`
+/// names for `patch`: people To, lists Cc; a stable backport
+/// (`[PATCH 6.1.y]`) goes to the stable list with everyone else Cc.
+/// `None` when the script cannot say.
+pub fn recipients(
+    tree: &std::path::Path,
+    patch: &std::path::Path,
+    subject: &str,
+) -> Option<Recipients> {
+    let out = std::process::Command::new("perl")
+        .arg(tree.join("scripts/get_maintainer.pl"))
+        .args(["--no-git", "--no-git-fallback", "--no-rolestats"])
+        .arg(patch)
+        .current_dir(tree)
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let (people, lists): (Vec<String>, Vec<String>) = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .partition(|l| l.contains('<'));
+    Some(if subject.contains(".y]") {
+        Recipients {
+            to: vec!["stable@vger.kernel.org".into()],
+            cc: people.into_iter().chain(lists).collect(),
+        }
+    } else {
+        Recipients {
+            to: people,
+            cc: lists,
+        }
+    })
+}
+
+/// The ledger's records of `validate` runs of `patch` (one per run, though
+/// each entry the fix ends carries it), with each run's `ab.json` when the
+/// run directory under `root` is still there.
+pub fn validations(root: &std::path::Path, issues: &[Issue], patch: &str) -> Vec<Validation> {
+    let mut seen: Vec<&str> = Vec::new();
+    let mut out = Vec::new();
+    for f in issues
+        .iter()
+        .flat_map(|i| &i.fixes)
+        .filter(|f| f.patch == patch)
+    {
+        if seen.contains(&f.run.as_str()) {
+            continue;
+        }
+        seen.push(&f.run);
+        let outcomes = std::fs::read_to_string(root.join(&f.run).join("ab.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok());
+        out.push(Validation {
+            source: f.source.clone(),
+            result: f.result.clone(),
+            run: f.run.clone(),
+            summary: f.summary.clone(),
+            outcomes,
+        });
+    }
+    out
+}
+
 /// The mail, in the form `git send-email` takes.
 pub fn render(m: &BugMail<'_>) -> String {
     let mut out = String::new();

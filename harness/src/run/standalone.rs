@@ -34,6 +34,8 @@ pub enum StandaloneError {
         dir: PathBuf,
         known: String,
     },
+    #[error("the reproducer's scenario: {message}")]
+    Scenario { message: String },
     #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,
@@ -212,6 +214,92 @@ pub fn latest_proof(runs: &Path, name: &str) -> Option<(PathBuf, ReproProof)> {
         .collect();
     found.sort_by_key(|(t, _, _)| *t);
     found.pop().map(|(_, dir, proof)| (dir, proof))
+}
+
+/// What a kernel must do with the reproducer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// An affected pin, or a source without the fix.
+    Reproduce,
+    /// An unaffected pin, or a build carrying the fix.
+    Pass,
+}
+
+impl Expect {
+    /// `reproduce` / `not reproduce`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Expect::Reproduce => "reproduce",
+            Expect::Pass => "not reproduce",
+        }
+    }
+
+    fn met_by(self, o: &ReproOutcome) -> bool {
+        matches!(
+            (self, o),
+            (Expect::Reproduce, ReproOutcome::Reproduces(_))
+                | (Expect::Pass, ReproOutcome::DoesNotReproduce)
+        )
+    }
+}
+
+/// One kernel of a proof: the kernel, what it must do, how reports name it.
+#[derive(Debug, Clone)]
+pub struct ProofKernel {
+    pub kernel: crate::run::trial::KernelUnderTest,
+    pub expect: Expect,
+    pub label: String,
+}
+
+/// Runs the single file `file` on every kernel of `kernels` (in the guest,
+/// in parallel VMs), judges each answer against its expectation, and keeps
+/// the proof as `repro-proof.json` in the run directory. `on_result` sees
+/// each trial as it ends.
+pub fn prove(
+    r: &Reproducer,
+    file: &Path,
+    env: &crate::run::trial::TrialEnv,
+    kernels: &[ProofKernel],
+    on_result: &(dyn Fn(&TrialResult) + Sync),
+) -> Result<(ReproProof, Vec<ReproOutcome>, Vec<TrialResult>), StandaloneError> {
+    let scenario = r
+        .scenario(file, &env.run_dir)
+        .map_err(|message| StandaloneError::Scenario { message })?;
+    let trials: Vec<crate::run::suite::PlannedTrial> = kernels
+        .iter()
+        .map(|k| crate::run::suite::PlannedTrial {
+            kernel: k.kernel.clone(),
+            scenario: scenario.clone(),
+        })
+        .collect();
+    let results =
+        crate::run::suite::run_all(env, &trials, crate::run::suite::default_jobs(), on_result);
+    let outcomes: Vec<ReproOutcome> = results.iter().map(ReproOutcome::of).collect();
+    let proofs: Vec<KernelProof> = kernels
+        .iter()
+        .zip(&results)
+        .zip(&outcomes)
+        .map(|((k, result), outcome)| KernelProof {
+            kernel: k.label.clone(),
+            release: result.guest_release.clone(),
+            outcome: outcome.label().to_string(),
+            expected: k.expect.label().to_string(),
+            as_expected: k.expect.met_by(outcome),
+        })
+        .collect();
+    let proof = ReproProof {
+        reproducer: r.name.clone(),
+        as_expected: proofs.iter().all(|p| p.as_expected),
+        kernels: proofs,
+    };
+    let path = env.run_dir.join(PROOF_FILE);
+    let json = serde_json::to_string_pretty(&proof).expect("a proof serialises");
+    std::fs::write(&path, json).map_err(|source| StandaloneError::Io {
+        what: "writing",
+        path,
+        source,
+    })?;
+    Ok((proof, outcomes, results))
 }
 
 /// What a reproducer did on one kernel.
