@@ -183,7 +183,7 @@ fn notes(m: &BugMail<'_>) -> String {
     }
     if !m.validations.is_empty() {
         n.push_str(
-            "\nvalidate (the source built without and with this patch, every scenario on both):\n",
+            "\nvalidate (each source built without and with the fix's patch for it, every scenario on both):\n",
         );
         for v in &m.validations {
             n.push_str(&format!("  {}: {} (run {})\n", v.source, v.result, v.run));
