@@ -74,7 +74,11 @@ pub(crate) fn report_bug(a: ReportBugArgs) -> Result<ExitCode> {
         validations: patches
             .iter()
             .flat_map(|(_, p)| {
-                let rel = p.strip_prefix(&layout.root).unwrap_or(p).display().to_string();
+                let rel = p
+                    .strip_prefix(&layout.root)
+                    .unwrap_or(p)
+                    .display()
+                    .to_string();
                 bug_mail::validations(&layout.root, &issues, &rel)
             })
             .collect(),

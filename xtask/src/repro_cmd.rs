@@ -101,11 +101,13 @@ fn proof_kernels(
     let catalog = Catalog::load(&layout.kernels())?;
     let affected = r.affected_pins();
     let pin_expect = |id: &str| {
-        if affected.iter().any(|p| p == id) {
-            Expect::Reproduce
-        } else {
-            Expect::Pass
-        }
+        catalog.get(id).ok().map(|_| {
+            if affected.iter().any(|p| p == id) {
+                Expect::Reproduce
+            } else {
+                Expect::Pass
+            }
+        })
     };
     let mut kernels = Vec::new();
     if !a.kernels.is_empty() {
@@ -166,7 +168,7 @@ fn proof_kernels(
             ));
             kernels.push(ProofKernel {
                 kernel: k,
-                expect,
+                expect: Some(expect),
                 label: format!("{what}, built:{}", built.record.id),
             });
         }
@@ -205,10 +207,14 @@ fn prove(
     println!();
     for (k, outcome) in proof.kernels.iter().zip(&outcomes) {
         println!(
-            "  {:<58} {:<19} (must {}){}",
+            "  {:<58} {:<19} ({}){}",
             k.kernel,
             k.outcome,
-            k.expected,
+            if k.expected.starts_with('(') {
+                k.expected.clone()
+            } else {
+                format!("must {}", k.expected)
+            },
             if k.as_expected {
                 ""
             } else {

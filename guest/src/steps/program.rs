@@ -24,7 +24,9 @@ pub fn run(path: &str, args: &[String], timeout_ms: u64) -> Result<()> {
         .args(args)
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
-        .current_dir("/tmp")
+        // No current_dir: with one, std cannot use posix_spawn and forks
+        // through a path that opens an AF_UNIX socket pair, which a
+        // tinyconfig kernel without CONFIG_UNIX refuses (EAFNOSUPPORT).
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
