@@ -384,6 +384,9 @@ pub(crate) fn vm_test(
         new_snapshot_set,
     };
     if let Some(baseline) = &a.baseline {
+        if a.shard.is_some() {
+            bail!("--shard does not split an A/B (--baseline) yet: `merge` joins vm-test runs, not A/B reports; split it by scenario instead (--scenario …) and read each ab.json");
+        }
         return ab_test(&layout, &a, &sel, baseline);
     }
     let planned = suite::plan(&layout, &sel)?;
