@@ -446,7 +446,7 @@ impl Sink {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
         };
-        let doc = kloop::run::mutants::kcidb_document(base, results, &identity, &ctx);
+        let doc = kloop::report::kcidb::mutation_run_document(base, results, &identity, &ctx);
         let path = report.with_extension("kcidb.json");
         let written = serde_json::to_string(&doc)
             .map_err(std::io::Error::other)

@@ -289,6 +289,22 @@ pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
     out
 }
 
+/// `40 scenario(s): 38 same, 1 fixed, 0 changed, …` of an A/B run.
+pub fn counts(outcomes: &[AbOutcome]) -> String {
+    let count = |c: AbClass| outcomes.iter().filter(|o| o.class == c).count();
+    format!(
+        "{} scenario(s): {} same, {} fixed, {} changed, {} broken, {} baseline-only, {} skipped, {} incomparable",
+        outcomes.len(),
+        count(AbClass::Same),
+        count(AbClass::Fixed),
+        count(AbClass::Changed),
+        count(AbClass::Broken),
+        count(AbClass::BaselineOnly),
+        count(AbClass::Skipped),
+        count(AbClass::Incomparable)
+    )
+}
+
 /// Whether an A/B run accepts the candidate, and why not.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Acceptance {

@@ -232,22 +232,6 @@ fn notes(m: &BugMail<'_>) -> String {
     n
 }
 
-/// `38 same, 1 fixed, 0 changed, …` of an A/B run.
-pub fn ab_counts(outcomes: &[AbOutcome]) -> String {
-    let count = |c: AbClass| outcomes.iter().filter(|o| o.class == c).count();
-    format!(
-        "{} scenario(s): {} same, {} fixed, {} changed, {} broken, {} baseline-only, {} skipped, {} incomparable",
-        outcomes.len(),
-        count(AbClass::Same),
-        count(AbClass::Fixed),
-        count(AbClass::Changed),
-        count(AbClass::Broken),
-        count(AbClass::BaselineOnly),
-        count(AbClass::Skipped),
-        count(AbClass::Incomparable)
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

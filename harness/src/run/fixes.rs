@@ -244,7 +244,7 @@ fn record_in(text: &str, ids: &[String], v: &Validated<'_>) -> Result<String, St
         fix["scenarios"] = value(scenarios);
         fix["validated"] = value(&v.date);
         fix["run"] = value(&v.run_dir);
-        fix["summary"] = value(crate::report::bug_mail::ab_counts(v.outcomes));
+        fix["summary"] = value(crate::judge::ab::counts(v.outcomes));
         if !entry.contains_key("fix") {
             entry.insert("fix", Item::ArrayOfTables(ArrayOfTables::new()));
         }

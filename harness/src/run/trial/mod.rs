@@ -127,15 +127,42 @@ impl LocalKernel {
     }
 }
 
+/// Where a kernel under test came from, as a KCIDB checkout and build say
+/// (`report::kcidb` renders it).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Provenance {
+    /// A Debian binary package (a pin, or a build pinned for bisection).
+    DebianBuild {
+        package: String,
+        version: String,
+        suite: String,
+        deb_sha256: String,
+        image_sha256: String,
+        release: String,
+    },
+    /// Built by kloop from a source package or tree, with patches.
+    SourceBuild {
+        /// `built:<id>`'s id.
+        id: String,
+        /// `linux-source-6.12 6.12.117-1~deb12u1`, or the tree's path.
+        source: String,
+        source_identity: String,
+        /// (file name, absolute path, sha256).
+        patches: Vec<(String, String, String)>,
+        config_sha256: String,
+        compiler: String,
+        image_sha256: String,
+        release: String,
+    },
+    /// A bzImage the user gave.
+    Image { path: String, sha256: String },
+}
+
 impl KernelUnderTest {
     /// Where this kernel came from, for the KCIDB document: the Debian
     /// package, the source build's record (from the kernel cache), or the
     /// image file and its sha256.
-    pub fn provenance(
-        &self,
-        cache: &kloop_kernels::KernelCache,
-    ) -> crate::report::kcidb::Provenance {
-        use crate::report::kcidb::Provenance;
+    pub fn provenance(&self, cache: &kloop_kernels::KernelCache) -> Provenance {
         match self {
             KernelUnderTest::Pin(p) | KernelUnderTest::DistroBuild { pin: p, .. } => {
                 Provenance::DebianBuild {
