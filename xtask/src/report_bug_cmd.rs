@@ -22,28 +22,7 @@ pub(crate) fn report_bug(a: ReportBugArgs) -> Result<ExitCode> {
         );
     };
     let patches = fixes::patches_of(&folder);
-    let (source, patch) = match &a.source {
-        Some(s) => patches
-            .iter()
-            .find(|(p, _)| p == s)
-            .cloned()
-            .with_context(|| {
-                format!(
-                    "{} has no patch for {s}; it has: {}",
-                    folder.display(),
-                    patches
-                        .iter()
-                        .map(|(p, _)| p.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            })?,
-        // The newest series: closest to what maintainers apply.
-        None => patches
-            .last()
-            .cloned()
-            .with_context(|| format!("{} holds no patch", folder.display()))?,
-    };
+    let (source, patch) = choose_patch(&folder, &patches, a.source.as_deref())?;
     let name = folder
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -88,12 +67,7 @@ pub(crate) fn report_bug(a: ReportBugArgs) -> Result<ExitCode> {
             .and_then(|r| standalone::latest_proof(&layout.root.join("target/kloop/runs"), &r.name))
             .map(|(_, p)| p),
     };
-    if mail.validations.is_empty() {
-        eprintln!("kloop: warning: the ledger records no validate of {rel}; run `cargo xtask validate --source {source} --fix {name} --record` so the mail can say how it was proven");
-    }
-    if mail.proof.is_none() {
-        eprintln!("kloop: warning: the reproducer was never proven; run `cargo xtask repro --standalone {} --prove`", a.id);
-    }
+    warn_unproven(&mail, &rel, &source, &name, &a.id);
     let out = a.out.clone().unwrap_or_else(|| {
         layout
             .root
@@ -112,6 +86,49 @@ pub(crate) fn report_bug(a: ReportBugArgs) -> Result<ExitCode> {
         out.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The patch for `--source`, else the newest series' (closest to what
+/// maintainers apply).
+fn choose_patch(
+    folder: &Path,
+    patches: &[(String, std::path::PathBuf)],
+    source: Option<&str>,
+) -> Result<(String, std::path::PathBuf)> {
+    let names = || {
+        patches
+            .iter()
+            .map(|(p, _)| p.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match source {
+        Some(s) => patches
+            .iter()
+            .find(|(p, _)| p == s)
+            .cloned()
+            .with_context(|| {
+                format!(
+                    "{} has no patch for {s}; it has: {}",
+                    folder.display(),
+                    names()
+                )
+            }),
+        None => patches
+            .last()
+            .cloned()
+            .with_context(|| format!("{} holds no patch", folder.display())),
+    }
+}
+
+/// Says what the mail cannot claim yet, and the command that would prove it.
+fn warn_unproven(mail: &BugMail<'_>, rel: &str, source: &str, name: &str, id: &str) {
+    if mail.validations.is_empty() {
+        eprintln!("kloop: warning: the ledger records no validate of {rel}; run `cargo xtask validate --source {source} --fix {name} --record` so the mail can say how it was proven");
+    }
+    if mail.proof.is_none() {
+        eprintln!("kloop: warning: the reproducer was never proven; run `cargo xtask repro --standalone {id} --prove`");
+    }
 }
 
 fn write_atomically(path: &Path, text: &str) -> Result<()> {
