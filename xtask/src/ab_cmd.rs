@@ -29,7 +29,40 @@ pub(crate) fn ab_test(
     let baseline = suite::resolve_kernel(&catalog, baseline, None)?;
     let opts = a.env_options();
     let jobs = a.jobs.unwrap_or_else(suite::default_jobs);
-    run_ab(layout, &baseline, &candidate, &a.scenarios, &opts, jobs)
+    let Some(shard) = a.shard else {
+        return run_ab(layout, &baseline, &candidate, &a.scenarios, &opts, jobs);
+    };
+    // A shard of an A/B is a part of its scenarios, both kernels each.
+    let all = kloop::scenario::load_all(&layout.scenarios())?;
+    let chosen = kloop::scenario::select(&all, &a.scenarios)?;
+    let planned: Vec<String> = kloop::run::ab::trials(&baseline, &candidate, &chosen)
+        .iter()
+        .map(|t| t.id())
+        .collect();
+    let names: Vec<String> = chosen.iter().map(|s| s.name.clone()).collect();
+    let (mine, _) = kloop::run::shard::select(&names, shard, &Default::default());
+    let mine: Vec<String> = mine.into_iter().map(|i| names[i].clone()).collect();
+    println!(
+        "kloop: shard {shard}: {} of {} scenario(s) of the A/B",
+        mine.len(),
+        names.len()
+    );
+    let ab = run_and_print_ab(layout, &baseline, &candidate, &mine, &opts, jobs)?;
+    let manifest = kloop::report::merge::ShardManifest {
+        kloop_commit: crate::vm_test_cmd::kloop_commit(&layout.root),
+        shard,
+        mine: planned
+            .iter()
+            .filter(|id| mine.iter().any(|s| id.ends_with(&format!("/{s}"))))
+            .cloned()
+            .collect(),
+        trials: planned,
+    };
+    std::fs::write(
+        ab.run_dir.join(kloop::report::merge::MANIFEST),
+        serde_json::to_string_pretty(&manifest)?,
+    )?;
+    Ok(exit_of(&ab.acceptance(&[])))
 }
 
 /// Runs an A/B and prints its report; exit 0 only when no scenario

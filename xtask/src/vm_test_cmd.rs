@@ -384,9 +384,6 @@ pub(crate) fn vm_test(
         new_snapshot_set,
     };
     if let Some(baseline) = &a.baseline {
-        if a.shard.is_some() {
-            bail!("--shard does not split an A/B (--baseline) yet: `merge` joins vm-test runs, not A/B reports; split it by scenario instead (--scenario …) and read each ab.json");
-        }
         return ab_test(&layout, &a, &sel, baseline);
     }
     let planned = suite::plan(&layout, &sel)?;
@@ -524,6 +521,7 @@ pub(crate) fn merge(a: MergeArgs) -> Result<ExitCode> {
     } else {
         eprintln!("kloop: a shard has no kcidb.json: the merged run has none");
     }
+    merge_ab(&merged.shards, &out, &merged.results)?;
     let summary = Summary::of(&merged.results);
     println!(
         "kloop: merged {} shard(s) into {}: {}",
@@ -536,6 +534,46 @@ pub(crate) fn merge(a: MergeArgs) -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Shards of an A/B (`vm-test --baseline … --shard`): their `ab.json`
+/// outcomes as one, in the merged trials' scenario order, and the report.
+fn merge_ab(
+    shards: &[PathBuf],
+    out: &std::path::Path,
+    results: &[kloop::run::trial::TrialResult],
+) -> Result<()> {
+    let docs: Vec<Vec<kloop::judge::ab::AbOutcome>> = shards
+        .iter()
+        .filter_map(|d| std::fs::read_to_string(d.join("ab.json")).ok())
+        .map(|t| serde_json::from_str(&t))
+        .collect::<std::result::Result<_, _>>()?;
+    if docs.is_empty() {
+        return Ok(());
+    }
+    if docs.len() != shards.len() {
+        bail!("some shards are A/B runs (ab.json) and some are not: not parts of one run");
+    }
+    let mut outcomes: Vec<kloop::judge::ab::AbOutcome> = docs.into_iter().flatten().collect();
+    let order = |s: &str| {
+        results
+            .iter()
+            .position(|r| r.scenario == s)
+            .unwrap_or(usize::MAX)
+    };
+    outcomes.sort_by_key(|o| order(&o.scenario));
+    kloop::report::ab::write_json(out, &outcomes)?;
+    let kernels = |i: usize| results.get(i).map(|r| r.kernel.clone()).unwrap_or_default();
+    println!(
+        "{}",
+        kloop::report::ab::render(
+            &kernels(0),
+            &kernels(1),
+            &outcomes,
+            kloop::report::ab::Colour::for_stdout()
+        )
+    );
+    Ok(())
 }
 
 /// The accelerator, configuration notes, the ledger's warnings and what
