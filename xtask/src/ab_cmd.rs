@@ -229,20 +229,27 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     }
     let acceptance = ab.acceptance(&expected);
-    let verdict = match (acceptance.accepted, patches.is_empty(), expected.is_empty()) {
-        (true, false, false) => format!("FIXED: the patches fix {} and change nothing else kloop checks", expected.join(", ")),
-        (true, false, true) => "the patches change nothing kloop checks".to_string(),
-        (false, false, _) => "REJECTED: the patches do not do what was expected (see above)".to_string(),
-        (true, true, _) => "no patches: the source against itself is the same (the A/B's noise floor holds)".to_string(),
-        (false, true, _) => "no patches, yet the source differs from itself: runs of this kernel are not reproducible (see above)".to_string(),
-    };
     let code = exit_of(&acceptance);
-    println!("kloop: validate: {verdict}");
+    println!(
+        "kloop: validate: {}",
+        validate_verdict(acceptance.accepted, patches.is_empty(), &expected)
+    );
     if a.record {
         let fix = fix.as_ref().expect("clap: --record requires --fix");
         record_fix(&layout, fix, &expected, &what, &acceptance, &ab)?;
     }
     Ok(code)
+}
+
+/// validate's closing line.
+fn validate_verdict(accepted: bool, no_patches: bool, expected: &[String]) -> String {
+    match (accepted, no_patches, expected.is_empty()) {
+        (true, false, false) => format!("FIXED: the patches fix {} and change nothing else kloop checks", expected.join(", ")),
+        (true, false, true) => "the patches change nothing kloop checks".to_string(),
+        (false, false, _) => "REJECTED: the patches do not do what was expected (see above)".to_string(),
+        (true, true, _) => "no patches: the source against itself is the same (the A/B's noise floor holds)".to_string(),
+        (false, true, _) => "no patches, yet the source differs from itself: runs of this kernel are not reproducible (see above)".to_string(),
+    }
 }
 
 /// `validate --record`: the result under each expected ledger entry.

@@ -128,23 +128,28 @@ fn proof_kernels(
             label: p.id.clone(),
         });
     }
-    let fixes = layout
+    match fix_builds(layout, a, r, &catalog)? {
+        Some(builds) => kernels.extend(builds),
+        None => return Ok(None),
+    }
+    Ok(Some(kernels))
+}
+
+/// For each patch of the reproducer's fix folder, its source built without
+/// it (must reproduce) and with it (must not); `None` when a build failed
+/// (it said why).
+fn fix_builds(
+    layout: &Layout,
+    a: &ReproArgs,
+    r: &Reproducer,
+    catalog: &Catalog,
+) -> Result<Option<Vec<ProofKernel>>> {
+    let folder = layout
         .kernels()
         .join(kloop::run::fixes::FIXES_DIR)
         .join(&r.name);
-    let mut patches: Vec<PathBuf> = std::fs::read_dir(&fixes)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "patch"))
-        .collect();
-    patches.sort();
-    for patch in patches {
-        let source = patch
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
+    let mut kernels = Vec::new();
+    for (source, patch) in kloop::run::fixes::patches_of(&folder) {
         let build = BuildArgs {
             source: source.clone(),
             patches: Vec::new(),
@@ -159,15 +164,13 @@ fn proof_kernels(
             (base_req, Expect::Reproduce, format!("{source} (unpatched)")),
             (fixed_req, Expect::Pass, format!("{source} + the fix")),
         ] {
-            let built = match crate::build_kernel(&req, &what) {
-                Ok(k) => k,
-                Err(_) => return Ok(None),
+            let Ok(built) = crate::build_kernel(&req, &what) else {
+                return Ok(None);
             };
-            let k = KernelUnderTest::Image(kloop::run::trial::LocalKernel::built(
-                &built, None, &catalog,
-            ));
             kernels.push(ProofKernel {
-                kernel: k,
+                kernel: KernelUnderTest::Image(kloop::run::trial::LocalKernel::built(
+                    &built, None, catalog,
+                )),
                 expect: Some(expect),
                 label: format!("{what}, built:{}", built.record.id),
             });
