@@ -21,6 +21,7 @@
 pub use kloop_judge as judge;
 pub mod doctor;
 pub mod mutate;
+pub mod perf_data;
 pub mod report;
 pub mod run;
 pub mod scenario;

@@ -77,6 +77,16 @@ pub(crate) enum Cmd {
     /// worktree, run, exit 0 old, 1 new, 125 skip.
     #[command(hide = true)]
     BisectStep(BisectStepArgs),
+    /// Judge the KSYMBOL, BPF_EVENT and LOST records of a perf.data from
+    /// any host (strict layout, BPF symbol shape, register/unregister
+    /// pairing): exit 0 clean, 1 findings, 2 unreadable.
+    CheckPerfData {
+        /// The perf.data file.
+        file: PathBuf,
+        /// The result as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
     /// Join the run directories of the shards of one run (`vm-test
     /// --shard K/N`) into one run directory with the whole run's reports.
     Merge(MergeArgs),

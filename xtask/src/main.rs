@@ -90,6 +90,48 @@ pub(crate) fn write_kcidb(
     }
 }
 
+/// `check-perf-data FILE`: exit 0 clean, 1 findings, 2 unreadable.
+fn check_perf_data(file: &std::path::Path, json: bool) -> Result<ExitCode> {
+    let c = match kloop::perf_data::check(file) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&c)?);
+    } else {
+        println!(
+            "kloop: {}: kernel {}, written by perf {}; {} record(s): {} KSYMBOL, {} BPF_EVENT, {} LOST; {} event(s) asked for them",
+            file.display(),
+            c.os_release.as_deref().unwrap_or("(unknown)"),
+            c.perf_version.as_deref().unwrap_or("(unknown)"),
+            c.records,
+            c.ksymbol,
+            c.bpf_event,
+            c.lost,
+            c.side_band_attrs
+        );
+        for f in &c.findings {
+            println!("  [{}] {}", f.rule, f.message);
+        }
+        println!(
+            "kloop: {}",
+            if c.clean() {
+                "clean".to_string()
+            } else {
+                format!("{} finding(s)", c.findings.len())
+            }
+        );
+    }
+    Ok(if c.clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
 pub(crate) fn layout() -> Layout {
     Layout::from_root(kloop::run::agent::workspace_root())
 }
@@ -151,6 +193,7 @@ fn run() -> Result<ExitCode> {
         Cmd::BisectStep(a) => bisect_step(a),
         Cmd::Bench(a) => bench(a),
         Cmd::Merge(a) => vm_test_cmd::merge(a),
+        Cmd::CheckPerfData { file, json } => check_perf_data(&file, json),
         Cmd::Clean(a) => clean_cmd::clean(a),
         Cmd::Mutants(a) => mutants_cmd::mutants(a),
         Cmd::Repro(a) => repro_cmd::repro(a),
