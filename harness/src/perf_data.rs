@@ -76,11 +76,17 @@ pub fn check(path: &Path) -> Result<PerfDataCheck, PerfDataError> {
         path: path.to_path_buf(),
         source,
     })?;
+    let pipe = is_pipe_mode(path).map_err(|e| unreadable(e.to_string()))?;
     let reader = std::io::BufReader::new(file);
+    let parsed = if pipe {
+        PerfFileReader::parse_pipe(reader)
+    } else {
+        PerfFileReader::parse_file(reader)
+    };
     let PerfFileReader {
         mut perf_file,
         mut record_iter,
-    } = PerfFileReader::parse_file(reader).map_err(|e| unreadable(e.to_string()))?;
+    } = parsed.map_err(|e| unreadable(e.to_string()))?;
     let mut out = PerfDataCheck {
         os_release: perf_file.os_release().ok().flatten().map(str::to_string),
         perf_version: perf_file.perf_version().ok().flatten().map(str::to_string),
@@ -176,6 +182,17 @@ pub fn check(path: &Path) -> Result<PerfDataCheck, PerfDataError> {
     Ok(out)
 }
 
+/// `perf record -o -` writes the pipe form: the same magic, then a header
+/// of 16 bytes (magic and size) instead of the file header's 104, and the
+/// attributes and features as records in the stream.
+fn is_pipe_mode(path: &Path) -> std::io::Result<bool> {
+    use std::io::Read;
+    let mut head = [0u8; 16];
+    std::fs::File::open(path)?.read_exact(&mut head)?;
+    Ok(&head[..8] == b"PERFILE2"
+        && u64::from_le_bytes(head[8..16].try_into().expect("8 bytes")) == 16)
+}
+
 /// A BPF symbol has a length and a name, is registered once while live and
 /// unregistered only while live (perf synthesises the programs alive when
 /// it starts, so every BPF symbol has its register in the file).
@@ -257,6 +274,19 @@ mod tests {
                 .contains("unexplained bytes after the sample_id trailer"),
             "{:#?}",
             parse
+        );
+    }
+
+    /// The same recording as a pipe (`perf record -o - … > file`).
+    #[test]
+    fn the_pipe_form_is_read_too() {
+        let c = check(&testdata("host-6.18.44-perf-6.1.187-header-size.pipe.data")).unwrap();
+        assert_eq!((c.ksymbol, c.bpf_event), (2, 2), "{c:?}");
+        assert_eq!(
+            c.findings.iter().filter(|f| f.rule == "parse").count(),
+            4,
+            "{:#?}",
+            c.findings
         );
     }
 
