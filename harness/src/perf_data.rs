@@ -112,13 +112,7 @@ pub fn check(path: &Path) -> Result<PerfDataCheck, PerfDataError> {
                 .attr
                 .flags
                 .contains(linux_perf_data::linux_perf_event_reader::AttrFlags::BPF_EVENT),
-            ring_bytes: 0,
-            inherit: false,
-            pid: None,
-            cpus: None,
-            side_band: Vec::new(),
-            disabled: false,
-            backward: false,
+            ..ListenerInfo::default()
         })
         .collect();
     out.side_band_attrs = listeners

@@ -74,7 +74,7 @@ pub(crate) fn report_bug(a: ReportBugArgs) -> Result<ExitCode> {
             .join("target/kloop/report-bug")
             .join(format!("{name}-{source}.mail"))
     });
-    write_atomically(&out, &bug_mail::render(&mail))?;
+    crate::write_atomically(&out, &bug_mail::render(&mail))?;
     println!(
         "kloop: the mail for {} ({}) is in {}",
         ids.join(", "),
@@ -129,15 +129,6 @@ fn warn_unproven(mail: &BugMail<'_>, rel: &str, source: &str, name: &str, id: &s
     if mail.proof.is_none() {
         eprintln!("kloop: warning: the reproducer was never proven; run `cargo xtask repro --standalone {id} --prove`");
     }
-}
-
-fn write_atomically(path: &Path, text: &str) -> Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
-    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
 }
 
 /// The source's pristine tree, then its get_maintainer.pl's recipients;

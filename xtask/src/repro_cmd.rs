@@ -63,13 +63,7 @@ fn standalone_repro(a: &ReproArgs, id: &str) -> Result<ExitCode> {
             .join("target/kloop/repro")
             .join(format!("{}.c", r.name))
     });
-    let text = r.single_file()?;
-    if let Some(dir) = out.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let tmp = out.with_extension(format!("c.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, &out).with_context(|| format!("writing {}", out.display()))?;
+    crate::write_atomically(&out, &r.single_file()?)?;
     println!(
         "kloop: stand-alone reproducer of {} in {}",
         r.issues

@@ -291,10 +291,14 @@ pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
 
 /// `40 scenario(s): 38 same, 1 fixed, 0 changed, …` of an A/B run.
 pub fn counts(outcomes: &[AbOutcome]) -> String {
+    format!("{} scenario(s): {}", outcomes.len(), class_counts(outcomes))
+}
+
+/// `38 same, 1 fixed, 0 changed, …`: how many outcomes of each class.
+pub fn class_counts(outcomes: &[AbOutcome]) -> String {
     let count = |c: AbClass| outcomes.iter().filter(|o| o.class == c).count();
     format!(
-        "{} scenario(s): {} same, {} fixed, {} changed, {} broken, {} baseline-only, {} skipped, {} incomparable",
-        outcomes.len(),
+        "{} same, {} fixed, {} changed, {} broken, {} baseline-only, {} skipped, {} incomparable",
         count(AbClass::Same),
         count(AbClass::Fixed),
         count(AbClass::Changed),

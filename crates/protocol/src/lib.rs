@@ -168,7 +168,7 @@ pub struct KsymbolObservation {
 }
 
 /// One perf listener the agent opened.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ListenerInfo {
     /// Index used by `RecordsHeader::listener`.
     pub index: u32,

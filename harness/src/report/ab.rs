@@ -88,18 +88,7 @@ pub fn render(baseline: &str, candidate: &str, outcomes: &[AbOutcome], colour: C
             );
         }
     }
-    let count = |c: AbClass| outcomes.iter().filter(|o| o.class == c).count();
-    let _ = write!(
-        out,
-        "{} same, {} fixed, {} changed, {} broken, {} baseline-only, {} skipped, {} incomparable",
-        count(AbClass::Same),
-        count(AbClass::Fixed),
-        count(AbClass::Changed),
-        count(AbClass::Broken),
-        count(AbClass::BaselineOnly),
-        count(AbClass::Skipped),
-        count(AbClass::Incomparable)
-    );
+    out.push_str(&crate::judge::ab::class_counts(outcomes));
     out
 }
 

@@ -100,6 +100,18 @@ pub struct Document {
     pub tests: Vec<serde_json::Value>,
 }
 
+impl Document {
+    /// A document of the schema kloop writes, with nothing in it yet.
+    pub fn empty() -> Document {
+        Document {
+            version: SchemaVersion { major: 5, minor: 3 },
+            checkouts: Vec::new(),
+            builds: Vec::new(),
+            tests: Vec::new(),
+        }
+    }
+}
+
 /// `{"major": 5, "minor": 3}`.
 #[derive(Debug, Clone, Copy, Serialize, serde::Deserialize, PartialEq)]
 pub struct SchemaVersion {
@@ -266,12 +278,7 @@ pub fn document(
     ctx: &RunContext,
 ) -> Document {
     use serde_json::json;
-    let mut doc = Document {
-        version: SchemaVersion { major: 5, minor: 3 },
-        checkouts: Vec::new(),
-        builds: Vec::new(),
-        tests: Vec::new(),
-    };
+    let mut doc = Document::empty();
     for r in results {
         // An A/B of two builds with one name prefixes the baseline's.
         let Some(p) = provenance.get(&r.kernel).or_else(|| {
@@ -368,12 +375,7 @@ pub fn mutation_document(
 ) -> Document {
     use serde_json::json;
     use sha2::{Digest, Sha256};
-    let mut doc = Document {
-        version: SchemaVersion { major: 5, minor: 3 },
-        checkouts: Vec::new(),
-        builds: Vec::new(),
-        tests: Vec::new(),
-    };
+    let mut doc = Document::empty();
     for m in mutants {
         let patch_sha = hex::encode(Sha256::digest(m.patch.as_bytes()));
         let checkout_id = id_of(&["source", source_identity, &patch_sha]);
@@ -463,12 +465,7 @@ pub fn mutation_run_document(
 /// Several documents as one (the shards of a run): objects with the same
 /// id are the same object and kept once.
 pub fn merge_documents(docs: &[Document]) -> Document {
-    let mut out = Document {
-        version: SchemaVersion { major: 5, minor: 3 },
-        checkouts: Vec::new(),
-        builds: Vec::new(),
-        tests: Vec::new(),
-    };
+    let mut out = Document::empty();
     for d in docs {
         for (from, to) in [
             (&d.checkouts, &mut out.checkouts),

@@ -57,6 +57,15 @@ pub struct Fix {
     pub ids: Vec<String>,
 }
 
+/// The naming rule of fix folders and reproducers: `name` stands for
+/// ledger entry `id` when it is the id or a prefix of it up to a `-`.
+pub fn names_entry(name: &str, id: &str) -> bool {
+    id == name
+        || id
+            .strip_prefix(name)
+            .is_some_and(|rest| rest.starts_with('-'))
+}
+
 /// The ledger ids a folder named `name` ends: the one with that id, or
 /// every id starting with `name-`.
 pub fn ids_named(ledger: &Ledger, name: &str) -> Result<Vec<String>, FixError> {
@@ -64,7 +73,7 @@ pub fn ids_named(ledger: &Ledger, name: &str) -> Result<Vec<String>, FixError> {
         .issues
         .iter()
         .map(|i| i.id.clone())
-        .filter(|id| id == name || id.starts_with(&format!("{name}-")))
+        .filter(|id| names_entry(name, id))
         .collect();
     if ids.is_empty() {
         return Err(FixError::NoEntry {
@@ -149,7 +158,7 @@ pub fn folder_of(kernels: &Path, id: &str) -> Option<PathBuf> {
     let root = kernels.join(FIXES_DIR);
     list(&root, |p| p.is_dir())
         .into_iter()
-        .find(|n| id == n || id.starts_with(&format!("{n}-")))
+        .find(|n| names_entry(n, id))
         .map(|n| root.join(n))
 }
 
@@ -174,7 +183,7 @@ pub fn patches_of(dir: &Path) -> Vec<(String, PathBuf)> {
 }
 
 /// The names of `dir`'s entries that pass `keep`, sorted.
-fn list(dir: &Path, keep: impl Fn(&Path) -> bool) -> Vec<String> {
+pub(crate) fn list(dir: &Path, keep: impl Fn(&Path) -> bool) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()

@@ -64,21 +64,14 @@ pub fn find(kernels: &Path, ledger: &Ledger, id: &str) -> Result<Reproducer, Sta
         });
     }
     let dir = kernels.join(REPROS_DIR);
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let p = e.path();
-            (p.extension().is_some_and(|x| x == "c"))
-                .then(|| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
-                .flatten()
-        })
-        .collect();
-    names.sort();
+    let names: Vec<String> =
+        crate::run::fixes::list(&dir, |p| p.extension().is_some_and(|x| x == "c"))
+            .into_iter()
+            .map(|f| f.trim_end_matches(".c").to_string())
+            .collect();
     let name = names
         .iter()
-        .find(|n| id == n.as_str() || id.starts_with(&format!("{n}-")))
+        .find(|n| crate::run::fixes::names_entry(n, id))
         .cloned()
         .ok_or_else(|| StandaloneError::NoReproducer {
             id: id.to_string(),
@@ -92,7 +85,7 @@ pub fn find(kernels: &Path, ledger: &Ledger, id: &str) -> Result<Reproducer, Sta
     let issues = ledger
         .issues
         .iter()
-        .filter(|i| i.id == name || i.id.starts_with(&format!("{name}-")))
+        .filter(|i| crate::run::fixes::names_entry(&name, &i.id))
         .cloned()
         .collect();
     Ok(Reproducer {

@@ -158,13 +158,7 @@ pub(super) fn perf_records(dump: &PerfDump, bad: &mut Vec<String>) -> Vec<PerfRe
         sample_id_all: dump.sample_id_all,
         ksymbol: true,
         bpf_event: true,
-        ring_bytes: 0,
-        inherit: false,
-        pid: None,
-        cpus: None,
-        side_band: Vec::new(),
-        disabled: false,
-        backward: false,
+        ..ListenerInfo::default()
     };
     for e in &dump.events {
         if !matches!(
