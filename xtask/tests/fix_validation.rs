@@ -12,7 +12,6 @@
 //! ```
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -22,19 +21,7 @@ fn root() -> PathBuf {
 }
 
 fn xtask(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .args(args)
-        .current_dir(root())
-        .env("KLOOP_PROGRESS", "plain")
-        .output()
-        .expect("running xtask");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("$ xtask {}\n{text}", args.join(" "));
-    (out.status.code().unwrap_or(-1), text)
+    kloop_test_support::run_plain(env!("CARGO_BIN_EXE_xtask"), &root(), args)
 }
 
 #[test]

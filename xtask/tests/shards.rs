@@ -9,7 +9,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -18,21 +17,9 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Runs xtask; returns its exit code and the run directory it named.
+/// Runs xtask; its exit code and what it printed.
 fn xtask(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .args(args)
-        .current_dir(root())
-        .env("KLOOP_PROGRESS", "plain")
-        .output()
-        .expect("running xtask");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("$ xtask {}\n{text}", args.join(" "));
-    (out.status.code().unwrap_or(-1), text)
+    kloop_test_support::run_plain(env!("CARGO_BIN_EXE_xtask"), &root(), args)
 }
 
 fn run_dir_of(text: &str) -> PathBuf {

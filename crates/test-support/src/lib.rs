@@ -84,6 +84,28 @@ pub fn socket_dir(cmdline: &[String]) -> Option<PathBuf> {
     Path::new(sock).parent().map(Path::to_path_buf)
 }
 
+/// Runs `binary` (a test's `CARGO_BIN_EXE_xtask`) in `root` with plain
+/// progress lines; its exit code and stdout then stderr, echoed to the
+/// test's stderr so a failing assertion shows what the command said.
+pub fn run_plain(binary: &str, root: &std::path::Path, args: &[&str]) -> (i32, String) {
+    let out = std::process::Command::new(binary)
+        .args(args)
+        .current_dir(root)
+        .env("KLOOP_PROGRESS", "plain")
+        .output()
+        .expect("running the binary under test");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    #[allow(clippy::print_stderr)] // test support: the test's own output
+    {
+        eprintln!("$ {binary} {}\n{text}", args.join(" "));
+    }
+    (out.status.code().unwrap_or(-1), text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
