@@ -190,18 +190,9 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
     if !expected.is_empty() {
         println!("kloop: validate: expecting fixed: {}", expected.join(", "));
     }
-    let cand_req = base_req.with_patches(patches.clone());
     let what = base_req.source.label();
-    let baseline = match build_kernel(&base_req, &format!("baseline: {what}")) {
-        Ok(k) => k,
-        Err(code) => return Ok(code),
-    };
-    let names: Vec<String> = patches.iter().map(|p| p.display().to_string()).collect();
-    let candidate = match build_kernel(
-        &cand_req,
-        &format!("candidate: {what} + {}", names.join(" + ")),
-    ) {
-        Ok(k) => k,
+    let (baseline, candidate) = match build_pair(&base_req, &patches) {
+        Ok(pair) => pair,
         Err(code) => return Ok(code),
     };
     let catalog = Catalog::load(&layout.kernels())?;
@@ -239,6 +230,28 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
         record_fix(&layout, fix, &expected, &what, &acceptance, &ab)?;
     }
     Ok(code)
+}
+
+/// The source built without and with `patches` (each cached by its
+/// inputs); `Err`: the exit code of the build that failed.
+fn build_pair(
+    base_req: &kloop_kernels::build::BuildRequest,
+    patches: &[std::path::PathBuf],
+) -> std::result::Result<
+    (
+        kloop_kernels::build::BuiltKernel,
+        kloop_kernels::build::BuiltKernel,
+    ),
+    ExitCode,
+> {
+    let what = base_req.source.label();
+    let baseline = build_kernel(base_req, &format!("baseline: {what}"))?;
+    let names: Vec<String> = patches.iter().map(|p| p.display().to_string()).collect();
+    let candidate = build_kernel(
+        &base_req.with_patches(patches.to_vec()),
+        &format!("candidate: {what} + {}", names.join(" + ")),
+    )?;
+    Ok((baseline, candidate))
 }
 
 /// validate's closing line.

@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 use kloop::judge::bisect::Predicate;
 use kloop::report;
 use kloop::run::bisect::tree::{self, TreeEvent};
+use kloop::run::bisect::Search;
 use kloop::run::suite::{self, EnvOptions, Layout};
 use kloop_kernels::{Catalog, KernelCache};
 
@@ -20,8 +21,7 @@ pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
     let catalog = Catalog::load(&layout.kernels())?;
     let (old, new, range) = build_range(&a, &cache, &catalog)?;
     let names: Vec<String> = range.iter().map(|b| b.version.clone()).collect();
-    let all = kloop::scenario::load_all(&layout.scenarios())?;
-    let scenario = kloop::scenario::select(&all, std::slice::from_ref(&a.scenario))?.remove(0);
+    let scenario = one_scenario(&layout, &a.scenario)?;
     start_trials();
     let opts = EnvOptions {
         accel: a.accel,
@@ -36,7 +36,6 @@ pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
         .cloned()
         .map(kloop::run::trial::KernelUnderTest::Pin);
     let env = suite::prepare_env(&layout, &opts, first.as_slice())?;
-    let band = overhead_band(&env, &scenario);
     println!("kloop: accelerator: {}", accel_line(&env.accel));
     println!(
         "kloop: bisect {} over {} build(s) from {old} (old) to {new} (new), predicate {}, {} run(s) per step; artefacts in {}",
@@ -46,41 +45,24 @@ pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
         a.repeat,
         env.run_dir.display()
     );
-    let mut lock = kloop_kernels::available::BisectLock::load(&layout.kernels())?;
-    let fetch = a.fetch.options();
-    let mut kernel_at = |i: usize| -> std::result::Result<
-        kloop::run::trial::KernelUnderTest,
-        kloop::run::bisect::KernelUnavailable,
-    > {
-        let b = &range[i];
-        if let Some(p) = catalog.pins().iter().find(|p| p.version == b.version) {
-            return Ok(kloop::run::trial::KernelUnderTest::Pin(p.clone()));
-        }
-        lock.ensure(&cache, &layout.kernels(), b, &fetch)
-            .map(|pin| kloop::run::trial::KernelUnderTest::distro_build(pin, &catalog))
-            .map_err(|e| {
-                kloop::run::bisect::KernelUnavailable::Infrastructure(format!(
-                    "pinning {}: {e}",
-                    b.version
-                ))
-            })
+    let kernels_dir = layout.kernels();
+    let mut builds = kloop::run::bisect::DistroBuilds {
+        builds: &range,
+        catalog: &catalog,
+        cache: &cache,
+        kernels_dir: &kernels_dir,
+        lock: kloop_kernels::available::BisectLock::load(&kernels_dir)?,
+        fetch: a.fetch.options(),
     };
+    let jobs = a.jobs.unwrap_or_else(suite::default_jobs);
+    let search = Search::new(&env, &scenario, &predicate, a.repeat as usize, jobs);
     let started = std::time::Instant::now();
     let mut step_no = 0;
-    let outcome = kloop::run::bisect::bisect(
-        &env,
-        &scenario,
-        &names,
-        &mut kernel_at,
-        &predicate,
-        a.repeat as usize,
-        a.jobs.unwrap_or_else(suite::default_jobs),
-        band,
-        &mut |s| {
+    let outcome =
+        kloop::run::bisect::bisect(&search, &names, &mut |i| builds.kernel_at(i), &mut |s| {
             step_no += 1;
             println!("{}", step_line(step_no, s));
-        },
-    );
+        });
     let outcome = match outcome {
         Ok(o) => o,
         Err(e) => {
@@ -90,8 +72,7 @@ pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
     };
     print_outcome(&outcome, &names, &range, started);
     let path = env.run_dir.join("bisect.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&outcome)?)
-        .with_context(|| format!("writing {}", path.display()))?;
+    write_atomically(&path, &serde_json::to_string_pretty(&outcome)?)?;
     println!("kloop: report {}", path.display());
     Ok(ExitCode::SUCCESS)
 }
@@ -265,7 +246,7 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
         predicate_text: &a.predicate,
         repeat: a.repeat as usize,
         jobs: a.jobs.unwrap_or_else(suite::default_jobs),
-        band: overhead_band(&env, &scenario),
+        band: kloop::run::bisect::overhead_band(&env, &scenario),
     };
     let started = std::time::Instant::now();
     let outcome = bisection.run(
@@ -275,11 +256,23 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
         &step_command(&a)?,
         &mut tree_events(),
     )?;
+    print_tree_outcome(&outcome, &env.run_dir, started);
+    drop(worktree);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The end of a tree bisection: git's complaint if any, the first new
+/// commit, where the logs are.
+fn print_tree_outcome(
+    outcome: &tree::TreeOutcome,
+    run_dir: &std::path::Path,
+    started: std::time::Instant,
+) {
     println!();
     if let Some(status) = outcome.git_failed {
         println!(
             "kloop: git bisect run ended with {status}; see {}",
-            env.run_dir.display()
+            run_dir.display()
         );
     }
     if let Some(first) = &outcome.first_new {
@@ -291,8 +284,6 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
         outcome.steps_log.display(),
         outcome.git_log.display()
     );
-    drop(worktree);
-    Ok(ExitCode::SUCCESS)
 }
 
 /// This program as `git bisect run` calls it for a step (the library adds
@@ -377,12 +368,4 @@ fn try_bisect_step(a: BisectStepArgs) -> Result<ExitCode> {
         .open(&a.steps_log)?;
     writeln!(log, "{}", outcome.line)?;
     Ok(ExitCode::from(outcome.exit_code()))
-}
-
-/// The band an overhead figure of `scenario` may move in on this run's
-/// clock (1 % under TCG -icount, the real-time band otherwise).
-fn overhead_band(env: &kloop::run::trial::TrialEnv, scenario: &kloop::scenario::Scenario) -> f64 {
-    kloop::run::trial::overhead::clock(env.accel.accel(), scenario.vm.icount)
-        .default_tolerances()
-        .0
 }

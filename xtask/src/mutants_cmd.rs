@@ -31,17 +31,7 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     for m in &generated.missing {
         eprintln!("kloop: not in this tree: {m}");
     }
-    let mut chosen = choose(&a, &generated.mutants)?;
-    if let Some(shard) = a.shard {
-        let ids: Vec<String> = chosen.iter().map(|m| m.id.clone()).collect();
-        let (mine, _) = kloop::run::shard::select(&ids, shard, &Default::default());
-        println!(
-            "kloop: shard {shard}: {} of {} mutant(s)",
-            mine.len(),
-            ids.len()
-        );
-        chosen = mine.into_iter().map(|i| chosen[i].clone()).collect();
-    }
+    let mut chosen = shard_of(&a, choose(&a, &generated.mutants)?);
     let carried = resume(&a, &mut chosen)?;
     println!(
         "kloop: {} mutants of {} file(s) in {}; {}",
@@ -75,6 +65,21 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
         return report_from(&layout, &base_req, run_dir, &sink);
     }
     judge(&a, &layout, &base_req, &chosen, &carried, &sink)
+}
+
+/// `--shard K/N`: this shard's part of `chosen`.
+fn shard_of(a: &MutantsArgs, chosen: Vec<Mutant>) -> Vec<Mutant> {
+    let Some(shard) = a.shard else {
+        return chosen;
+    };
+    let ids: Vec<String> = chosen.iter().map(|m| m.id.clone()).collect();
+    let (mine, _) = kloop::run::shard::select(&ids, shard, &Default::default());
+    println!(
+        "kloop: shard {shard}: {} of {} mutant(s)",
+        mine.len(),
+        ids.len()
+    );
+    mine.into_iter().map(|i| chosen[i].clone()).collect()
 }
 
 /// `--resume`: what the data beside the report decided stays decided

@@ -14,13 +14,7 @@ pub(crate) fn report_bug(a: ReportBugArgs) -> Result<ExitCode> {
     let layout = layout();
     let ledger = suite::load_ledger(&layout)?;
     fixes::check_ids(&ledger, std::slice::from_ref(&a.id))?;
-    let Some(folder) = fixes::folder_of(&layout.kernels(), &a.id) else {
-        bail!(
-            "no fix for {} under {}: write one (kernels/fixes/<id or prefix>/<source>.patch) and prove it with `cargo xtask validate --fix …` first",
-            a.id,
-            layout.kernels().join(fixes::FIXES_DIR).display()
-        );
-    };
+    let folder = fix_folder(&layout, &a.id)?;
     let patches = fixes::patches_of(&folder);
     let (source, patch) = choose_patch(&folder, &patches, a.source.as_deref())?;
     let name = folder
@@ -50,17 +44,7 @@ pub(crate) fn report_bug(a: ReportBugArgs) -> Result<ExitCode> {
         patch: parts,
         patch_source: source.clone(),
         // Every source the fix has a patch for: the backports' proofs too.
-        validations: patches
-            .iter()
-            .flat_map(|(_, p)| {
-                let rel = p
-                    .strip_prefix(&layout.root)
-                    .unwrap_or(p)
-                    .display()
-                    .to_string();
-                bug_mail::validations(&layout.root, &issues, &rel)
-            })
-            .collect(),
+        validations: validations(&layout, &issues, &patches),
         reproducer: reproducer.as_ref().map(|r| r.single_file()).transpose()?,
         proof: reproducer
             .as_ref()
@@ -86,6 +70,36 @@ pub(crate) fn report_bug(a: ReportBugArgs) -> Result<ExitCode> {
         out.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The fix folder `id` belongs to.
+fn fix_folder(layout: &suite::Layout, id: &str) -> Result<std::path::PathBuf> {
+    match fixes::folder_of(&layout.kernels(), id) {
+        Some(folder) => Ok(folder),
+        None => bail!(
+            "no fix for {id} under {}: write one (kernels/fixes/<id or prefix>/<source>.patch) and prove it with `cargo xtask validate --fix …` first",
+            layout.kernels().join(fixes::FIXES_DIR).display()
+        ),
+    }
+}
+
+/// Every source the fix has a patch for: the backports' proofs too.
+fn validations(
+    layout: &suite::Layout,
+    issues: &[kloop::judge::known_issues::Issue],
+    patches: &[(String, std::path::PathBuf)],
+) -> Vec<bug_mail::Validation> {
+    patches
+        .iter()
+        .flat_map(|(_, p)| {
+            let rel = p
+                .strip_prefix(&layout.root)
+                .unwrap_or(p)
+                .display()
+                .to_string();
+            bug_mail::validations(&layout.root, issues, &rel)
+        })
+        .collect()
 }
 
 /// The patch for `--source`, else the newest series' (closest to what

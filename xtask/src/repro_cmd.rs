@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use kloop::report::repro;
-use kloop::run::standalone::{self, Expect, ProofKernel, ReproOutcome, Reproducer};
+use kloop::run::standalone::{self, Expect, ProofKernel, Reproducer};
 use kloop::run::suite::{self, EnvOptions, Layout};
 use kloop::run::trial::KernelUnderTest;
 use kloop_kernels::Catalog;
@@ -201,32 +201,7 @@ fn prove(
         println!("{}", kloop::report::trial_line(r));
     })?;
     kloop::report::write_files(&env.run_dir, &results)?;
-    println!();
-    for (k, outcome) in proof.kernels.iter().zip(&outcomes) {
-        println!(
-            "  {:<58} {:<19} ({}){}",
-            k.kernel,
-            k.outcome,
-            if k.expected.starts_with('(') {
-                k.expected.clone()
-            } else {
-                format!("must {}", k.expected)
-            },
-            if k.as_expected {
-                ""
-            } else {
-                "  ← NOT AS EXPECTED"
-            }
-        );
-        if let ReproOutcome::Reproduces(m)
-        | ReproOutcome::CannotRun(m)
-        | ReproOutcome::NoAnswer(m) = outcome
-        {
-            for line in m.lines().skip(1).take(4) {
-                println!("      {line}");
-            }
-        }
-    }
+    print!("\n{}", repro::proof_table(&proof, &outcomes));
     let all_as_expected = proof.as_expected;
     println!(
         "kloop: {} in {:.0} s; trials in {}",

@@ -169,64 +169,9 @@ impl Ui {
 
     fn event(&self, ev: StatusEvent) {
         let mut st = self.state();
-        // Trials have their own lines, printed by the command when they end.
-        let is_trial = ev.task.starts_with("trial ");
         match ev.state.as_str() {
-            "start" => {
-                let bar = self.live.as_ref().map(|multi| {
-                    let bar = match &st.overall {
-                        Some(overall) => multi.insert_before(overall, ProgressBar::new_spinner()),
-                        None => multi.add(ProgressBar::new_spinner()),
-                    };
-                    bar.set_style(spinner_style());
-                    bar.set_message(ev.message.clone());
-                    bar.enable_steady_tick(Duration::from_millis(200));
-                    bar
-                });
-                if bar.is_none() && !is_trial {
-                    self.status_line(&mut st, &ev.message);
-                }
-                st.tasks.insert(
-                    ev.task.clone(),
-                    Task {
-                        message: ev.message,
-                        started: Instant::now(),
-                        bar,
-                        last_progress_line: None,
-                    },
-                );
-            }
-            "progress" => {
-                let Some(task) = st.tasks.get_mut(&ev.task) else {
-                    return;
-                };
-                let bytes = ev.bytes.unwrap_or(0);
-                match &task.bar {
-                    Some(bar) => {
-                        if let Some(total) = ev.total {
-                            bar.set_length(total);
-                            bar.set_style(bytes_style());
-                        }
-                        bar.set_position(bytes);
-                    }
-                    None => {
-                        if task
-                            .last_progress_line
-                            .is_some_and(|t| t.elapsed() < PLAIN_PROGRESS_EVERY)
-                        {
-                            return;
-                        }
-                        task.last_progress_line = Some(Instant::now());
-                        let secs = task.started.elapsed().as_secs_f64().max(0.001);
-                        let mut text = format!("{}: {:.1}", ev.task, bytes as f64 / 1e6);
-                        if let Some(total) = ev.total {
-                            let _ = write!(text, " of {:.1}", total as f64 / 1e6);
-                        }
-                        let _ = write!(text, " MB ({:.1} MB/s)", bytes as f64 / 1e6 / secs);
-                        self.status_line(&mut st, &text);
-                    }
-                }
-            }
+            "start" => self.task_started(&mut st, ev),
+            "progress" => self.task_progressed(&mut st, &ev),
             "update" => {
                 if let Some(task) = st.tasks.get_mut(&ev.task) {
                     task.message = ev.message.clone();
@@ -236,21 +181,81 @@ impl Ui {
                     }
                 }
             }
-            _ => {
-                if let Some(task) = st.tasks.remove(&ev.task) {
-                    if let Some(bar) = task.bar {
-                        bar.finish_and_clear();
-                    }
-                }
-                if !ev.message.is_empty() {
-                    let text = if ev.state == "failed" {
-                        format!("{} failed: {}", ev.task, ev.message)
-                    } else {
-                        ev.message
-                    };
-                    self.status_line(&mut st, &text);
-                }
+            _ => self.task_ended(&mut st, ev),
+        }
+    }
+
+    fn task_started(&self, st: &mut State, ev: StatusEvent) {
+        // Trials have their own lines, printed by the command when they end.
+        let is_trial = ev.task.starts_with("trial ");
+        let bar = self.live.as_ref().map(|multi| {
+            let bar = match &st.overall {
+                Some(overall) => multi.insert_before(overall, ProgressBar::new_spinner()),
+                None => multi.add(ProgressBar::new_spinner()),
+            };
+            bar.set_style(spinner_style());
+            bar.set_message(ev.message.clone());
+            bar.enable_steady_tick(Duration::from_millis(200));
+            bar
+        });
+        if bar.is_none() && !is_trial {
+            self.status_line(st, &ev.message);
+        }
+        st.tasks.insert(
+            ev.task.clone(),
+            Task {
+                message: ev.message,
+                started: Instant::now(),
+                bar,
+                last_progress_line: None,
+            },
+        );
+    }
+
+    /// Bytes moved: the bar's position, or without bars a line at most
+    /// every [`PLAIN_PROGRESS_EVERY`].
+    fn task_progressed(&self, st: &mut State, ev: &StatusEvent) {
+        let Some(task) = st.tasks.get_mut(&ev.task) else {
+            return;
+        };
+        let bytes = ev.bytes.unwrap_or(0);
+        if let Some(bar) = &task.bar {
+            if let Some(total) = ev.total {
+                bar.set_length(total);
+                bar.set_style(bytes_style());
             }
+            bar.set_position(bytes);
+            return;
+        }
+        if task
+            .last_progress_line
+            .is_some_and(|t| t.elapsed() < PLAIN_PROGRESS_EVERY)
+        {
+            return;
+        }
+        task.last_progress_line = Some(Instant::now());
+        let secs = task.started.elapsed().as_secs_f64().max(0.001);
+        let mut text = format!("{}: {:.1}", ev.task, bytes as f64 / 1e6);
+        if let Some(total) = ev.total {
+            let _ = write!(text, " of {:.1}", total as f64 / 1e6);
+        }
+        let _ = write!(text, " MB ({:.1} MB/s)", bytes as f64 / 1e6 / secs);
+        self.status_line(st, &text);
+    }
+
+    fn task_ended(&self, st: &mut State, ev: StatusEvent) {
+        if let Some(task) = st.tasks.remove(&ev.task) {
+            if let Some(bar) = task.bar {
+                bar.finish_and_clear();
+            }
+        }
+        if !ev.message.is_empty() {
+            let text = if ev.state == "failed" {
+                format!("{} failed: {}", ev.task, ev.message)
+            } else {
+                ev.message
+            };
+            self.status_line(st, &text);
         }
     }
 }

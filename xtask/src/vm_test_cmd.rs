@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use kloop::report::{self, Summary};
+use kloop::run::bench;
 use kloop::run::suite::{self, EnvOptions, Selection};
 
 use crate::*;
@@ -33,14 +34,16 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
             a.append.join(" ")
         );
     }
-    let rows: Vec<BenchRow> = planned
+    let rows: Vec<_> = planned
         .iter()
-        .map(|t| BenchRow::measure(&env, t, a.runs, a.jobs))
+        .map(|t| bench::BenchRow::measure(&env, t, a.runs, a.jobs))
         .collect();
-    print_bench_rows(&rows, a.runs);
+    print!("{}", report::bench::trial_tables(&rows, a.runs));
     if a.channel_cycles > 0 {
         if let Some(t) = planned.first() {
-            channel_bench(&env, t, a.channel_cycles)?;
+            if let Some(outcome) = bench::channel(&env, t, a.channel_cycles)? {
+                println!("\n{}", report::bench::channel_line(&outcome));
+            }
         }
     }
     if a.matrix {
@@ -50,321 +53,36 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-type Spread = Option<kloop::run::bench::Spread>;
-
-fn show(s: &Spread) -> String {
-    s.map(|s| s.to_string()).unwrap_or_else(|| "-".into())
-}
-
-/// One trial's figures over its runs.
-struct BenchRow {
-    id: String,
-    hello: Spread,
-    wall: Spread,
-    rss_mib: Spread,
-    failed: usize,
-    phases: kloop::run::bench::PhaseSpreads,
-}
-
-impl BenchRow {
-    /// Runs `t` `runs` times and takes the spreads of its figures.
-    fn measure(
-        env: &kloop::run::trial::TrialEnv,
-        t: &suite::PlannedTrial,
-        runs: usize,
-        jobs: usize,
-    ) -> BenchRow {
-        let repeated = vec![t.clone(); runs];
-        let results = suite::run_all(env, &repeated, jobs, &|_| {});
-        let hello: Vec<f64> = results
-            .iter()
-            .filter_map(|r| r.boot_to_hello_secs)
-            .collect();
-        let wall: Vec<f64> = results.iter().map(|r| r.wall_secs).collect();
-        let rss_mib: Vec<f64> = results
-            .iter()
-            .filter_map(|r| r.qemu_peak_rss_kib)
-            .map(|k| k as f64 / 1024.0)
-            .collect();
-        BenchRow {
-            id: t.id(),
-            hello: kloop::run::bench::Spread::of(&hello),
-            wall: kloop::run::bench::Spread::of(&wall),
-            rss_mib: kloop::run::bench::Spread::of(&rss_mib),
-            failed: results.iter().filter(|r| r.verdict.fails_run()).count(),
-            phases: kloop::run::bench::PhaseSpreads::of(&results),
-        }
-    }
-}
-
-/// The bench's three tables: boot and wall time, QEMU CPU time, phases.
-fn print_bench_rows(rows: &[BenchRow], runs: usize) {
-    println!(
-        "{:<16} {:>5} {:>26} {:>26} {:>30} {:>6}",
-        "trial",
-        "runs",
-        "start→hello s (med min-max)",
-        "trial wall s (med min-max)",
-        "QEMU peak RSS MiB (med min-max)",
-        "failed"
-    );
-    for r in rows {
-        println!(
-            "{:<16} {:>5} {:>26} {:>26} {:>30} {:>6}",
-            r.id,
-            runs,
-            show(&r.hello),
-            show(&r.wall),
-            show(&r.rss_mib),
-            r.failed
-        );
-    }
-    println!(
-        "(start→hello: QEMU's start to the agent's hello; restore→hello for trials restored from a \
-         saved VM, whose kernel-boot columns below then show -)"
-    );
-    println!();
-    println!(
-        "QEMU CPU seconds (user+sys; steady on a busy host, unlike wall time), median (min-max):"
-    );
-    println!("{:<16} {:>22} {:>22}", "trial", "start→hello", "hello→done");
-    for r in rows {
-        println!(
-            "{:<16} {:>22} {:>22}",
-            r.id,
-            show(&r.phases.qemu_cpu_to_hello),
-            show(&r.phases.qemu_cpu_agent)
-        );
-    }
-    println!();
-    println!("where the time goes, seconds, median (min-max):");
-    println!(
-        "{:<16} {:>22} {:>22} {:>22} {:>22} {:>22} {:>22}",
-        "trial",
-        "host prepare",
-        "QEMU+fw+decompress",
-        "kernel boot→hello",
-        "agent plan",
-        "power-off",
-        "host checks"
-    );
-    for r in rows {
-        let p = &r.phases;
-        println!(
-            "{:<16} {:>22} {:>22} {:>22} {:>22} {:>22} {:>22}",
-            r.id,
-            show(&p.prepare),
-            show(&p.before_kernel_clock),
-            show(&p.kernel_to_hello),
-            show(&p.agent),
-            show(&p.shutdown),
-            show(&p.host_checks)
-        );
-    }
-}
-
-/// The data channel's throughput: a storm of `cycles` programs on `t`'s
-/// kernel, its pin's image without snapshots (the storm has none, its
-/// verdict is the invariants alone).
-fn channel_bench(
-    env: &kloop::run::trial::TrialEnv,
-    t: &suite::PlannedTrial,
-    cycles: u32,
-) -> Result<()> {
-    let storm = kloop::run::bench::storm_scenario(
-        &t.scenario,
-        "bench-channel",
-        &env.run_dir.join("no-snapshots"),
-        cycles,
-        4,
-    );
-    let kernel = match &t.kernel {
-        kloop::run::trial::KernelUnderTest::Pin(pin) => kloop::run::trial::KernelUnderTest::Image(
-            kloop::run::trial::LocalKernel::from_pin_image(
-                env.cache.ensure_image(pin, &env.fetch)?,
-                env.cache.ensure_config(pin, &env.fetch).ok(),
-            ),
-        ),
-        other => other.clone(),
-    };
-    let trial = suite::PlannedTrial {
-        scenario: storm,
-        kernel,
-    };
-    let r = suite::run_all(env, &[trial], 1, &|_| {});
-    println!();
-    match r.first() {
-        Some(r) if r.verdict == kloop::run::trial::Verdict::Ok => {
-            match kloop::run::bench::TrialArtefacts::read(&r.artefacts)
-                .and_then(|t| kloop::run::bench::Throughput::of(&t))
-            {
-                Ok(tp) => println!(
-                    "channel ({}): {} records, {} bytes, {} lost in {:.2} s of guest time \
-                     (storm of funcs32 + final drain): {:.0} records/s, {:.2} MB/s",
-                    t.kernel.id(),
-                    tp.records,
-                    tp.bytes,
-                    tp.lost,
-                    tp.secs,
-                    tp.records_per_sec(),
-                    tp.mb_per_sec()
-                ),
-                Err(e) => println!("channel: cannot read the storm's artefacts: {e}"),
-            }
-        }
-        Some(r) => println!(
-            "channel: storm trial {}: {}",
-            r.verdict.label(),
-            r.verdict.message().unwrap_or_default()
-        ),
-        None => {}
-    }
-    Ok(())
-}
-
 /// Times `cargo xtask vm-test` over the whole matrix (all pins × scenarios,
 /// `--jobs` from the bench's own flag or one VM per core) as a user runs
-/// it, on the kernel cache as it is: with cold boots, then from saved VMs
-/// twice (the first makes whatever saved VM is missing, the second is the
-/// warm figure). The cold/saved ratio is what counts on a noisy machine: both
-/// runs meet the same host.
+/// it, on the kernel cache as it is: cold boots, then saved VMs twice (the
+/// first makes whatever saved VM is missing, the second is the warm figure).
 pub(crate) fn matrix_bench(a: &BenchArgs) -> Result<()> {
-    let rows = run_matrix_rounds(a)?;
-    print_matrix_rows(&rows);
-    Ok(())
-}
-
-/// One whole-matrix round's figures: its label, wall seconds, exit code
-/// and the run it left (if it could be read).
-type MatrixRow = (
-    &'static str,
-    f64,
-    Option<i32>,
-    Option<kloop::run::bench::MatrixRun>,
-);
-
-/// Runs `vm-test` over the whole matrix three times: cold boots, saved VMs
-/// made on the way, saved VMs warm.
-fn run_matrix_rounds(a: &BenchArgs) -> Result<Vec<MatrixRow>> {
-    use kloop::run::bench::MatrixRun;
-    let exe = std::env::current_exe().context("locating the xtask binary")?;
-    let runs_root = layout().runs();
-    let jobs = if a.jobs > 1 {
-        a.jobs
-    } else {
-        suite::default_jobs()
+    let m = bench::MatrixBench {
+        exe: std::env::current_exe().context("locating the xtask binary")?,
+        runs_root: layout().runs(),
+        accel: a.accel.to_string(),
+        jobs: if a.jobs > 1 {
+            a.jobs
+        } else {
+            suite::default_jobs()
+        },
+        append: a.append.clone(),
     };
-    let mut rows: Vec<MatrixRow> = Vec::new();
-    for (label, boot) in [
-        ("cold boots", "cold"),
-        ("saved VMs, first", "saved"),
-        ("saved VMs, warm", "saved"),
-    ] {
-        let mut cmd = std::process::Command::new(&exe);
-        cmd.arg("vm-test")
-            .arg("--accel")
-            .arg(a.accel.to_string())
-            .arg("--jobs")
-            .arg(jobs.to_string())
-            .arg("--boot")
-            .arg(boot);
-        for w in &a.append {
-            cmd.arg("--append").arg(w);
-        }
-        cmd.stdout(std::process::Stdio::null());
-        println!("kloop bench: matrix, {label} (--boot {boot} --jobs {jobs}) …");
-        let started = std::time::Instant::now();
-        let mut child = cmd.spawn().context("running vm-test")?;
-        let pid = child.id();
-        let status = child.wait().context("waiting for vm-test")?;
-        let secs = started.elapsed().as_secs_f64();
-        // The child's run directory is named after its pid.
-        let run = kloop::run::run_dirs::of_process(&runs_root, pid).map(|d| MatrixRun::read(&d));
-        let run = match run {
-            Some(Ok(r)) => Some(r),
-            Some(Err(e)) => {
-                println!("kloop bench: {e}");
-                None
-            }
-            None => {
-                println!(
-                    "kloop bench: vm-test (pid {pid}) left no run directory under {}",
-                    runs_root.display()
-                );
-                None
-            }
-        };
-        rows.push((label, secs, status.code(), run));
-    }
-    Ok(rows)
-}
-
-/// The matrix table, the cold/warm ratio, restore→hello per pin and the
-/// agent phase per scenario.
-fn print_matrix_rows(rows: &[MatrixRow]) {
-    use kloop::run::bench::Spread;
-    println!();
-    println!(
-        "{:<18} {:>8} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "whole matrix",
-        "wall s",
-        "exit",
-        "trials",
-        "restored",
-        "prepare",
-        "to hello",
-        "agent",
-        "power-off",
-        "checks",
-        "QEMU CPU"
-    );
-    for (label, secs, code, run) in rows {
-        let r = run.clone().unwrap_or_default();
+    let mut rounds = Vec::new();
+    for (label, boot) in bench::MATRIX_ROUNDS {
         println!(
-            "{label:<18} {secs:>8.1} {:>6} {:>7} {:>9} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
-            code.map_or("signal".into(), |c| c.to_string()),
-            r.trials,
-            format!("{} ({} new)", r.restored, r.saved_now),
-            r.prepare,
-            r.to_hello,
-            r.agent,
-            r.shutdown,
-            r.host_checks,
-            r.qemu_cpu
+            "kloop bench: matrix, {label} (--boot {boot} --jobs {}) …",
+            m.jobs
         );
-    }
-    println!(
-        "(phase columns: seconds summed over the trials; wall: the whole command; QEMU CPU: \
-         its user+sys seconds to the agent's done, summed, which a busy host stretches far \
-         less than wall time)"
-    );
-    if let (Some(cold), Some(warm)) = (rows.first(), rows.get(2)) {
-        println!(
-            "cold / saved-warm wall-time ratio: {:.2} ({:.1} s / {:.1} s)",
-            cold.1 / warm.1,
-            cold.1,
-            warm.1
-        );
-    }
-    if let Some((_, _, _, Some(warm))) = rows.get(2) {
-        println!();
-        println!(
-            "restore→hello per pin (host: QEMU start to the agent's hello), s, median (min-max):"
-        );
-        for (pin, v) in &warm.restore_to_hello {
-            if let Some(spread) = Spread::of(v) {
-                println!("  {pin:<8} {spread} over {} trials", spread.n);
-            }
+        let round = m.round(label, boot).context("running vm-test")?;
+        if let Err(e) = &round.run {
+            println!("kloop bench: {e}");
         }
-        if let Some((_, _, _, Some(cold))) = rows.first() {
-            println!();
-            println!("agent phase per scenario, s summed over pins (cold / saved-warm):");
-            for (scenario, secs) in &warm.agent_by_scenario {
-                let c = cold.agent_by_scenario.get(scenario).copied().unwrap_or(0.0);
-                println!("  {scenario:<18} {c:>7.1} {secs:>7.1}");
-            }
-        }
+        rounds.push(round);
     }
+    print!("\n{}", report::bench::matrix_tables(&rounds));
+    Ok(())
 }
 
 /// `vm-test`; `new_snapshot_set`: `bless --as`, whose `--snapshot-as`

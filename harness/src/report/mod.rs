@@ -7,6 +7,7 @@ use std::path::Path;
 use crate::run::trial::{TrialResult, Verdict};
 
 pub mod ab;
+pub mod bench;
 pub mod bug_mail;
 pub mod junit;
 pub mod kcidb;

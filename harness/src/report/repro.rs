@@ -364,6 +364,38 @@ fn report_text(
     s
 }
 
+/// A reproducer's proof, one line per kernel (its outcome, what was
+/// expected, whether it was met) and the first lines of any message.
+pub fn proof_table(
+    proof: &crate::run::standalone::ReproProof,
+    outcomes: &[crate::run::standalone::ReproOutcome],
+) -> String {
+    use crate::run::standalone::ReproOutcome;
+    let mut o = String::new();
+    for (k, outcome) in proof.kernels.iter().zip(outcomes) {
+        let expected = if k.expected.starts_with('(') {
+            k.expected.clone()
+        } else {
+            format!("must {}", k.expected)
+        };
+        let flag = if k.as_expected {
+            ""
+        } else {
+            "  ← NOT AS EXPECTED"
+        };
+        let _ = writeln!(o, "  {:<58} {:<19} ({expected}){flag}", k.kernel, k.outcome);
+        if let ReproOutcome::Reproduces(m)
+        | ReproOutcome::CannotRun(m)
+        | ReproOutcome::NoAnswer(m) = outcome
+        {
+            for line in m.lines().skip(1).take(4) {
+                let _ = writeln!(o, "      {line}");
+            }
+        }
+    }
+    o
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,13 +3,14 @@
 //! (`harness/tests/load.rs`) asserts on the same storm at a larger size.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use kloop_protocol::{ListenerSpec, Message, Plan, Step};
 
 use crate::judge::evidence::RunEvidence;
 
-use crate::run::trial::TrialResult;
+use crate::run::suite::{self, PlannedTrial};
+use crate::run::trial::{KernelUnderTest, LocalKernel, TrialEnv, TrialResult};
 use crate::scenario::Scenario;
 
 /// `PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU`, the recording
@@ -323,6 +324,169 @@ impl MatrixRun {
                 .or_default()
                 .push(to_hello);
         }
+    }
+}
+
+/// One trial's figures over `cargo xtask bench`'s runs of it.
+#[derive(Debug, Clone)]
+pub struct BenchRow {
+    pub id: String,
+    /// QEMU start (or restore) to the agent's hello, seconds.
+    pub hello: Option<Spread>,
+    pub wall: Option<Spread>,
+    pub rss_mib: Option<Spread>,
+    /// Runs whose verdict fails a run.
+    pub failed: usize,
+    pub phases: PhaseSpreads,
+}
+
+impl BenchRow {
+    /// Runs `t` `runs` times (`jobs` at once) and takes the spreads of its
+    /// figures.
+    pub fn measure(env: &TrialEnv, t: &PlannedTrial, runs: usize, jobs: usize) -> BenchRow {
+        let repeated = vec![t.clone(); runs];
+        let results = suite::run_all(env, &repeated, jobs, &|_| {});
+        BenchRow::of(t.id(), &results)
+    }
+
+    /// The figures of `results`, runs of one trial.
+    pub fn of(id: String, results: &[TrialResult]) -> BenchRow {
+        let hello: Vec<f64> = results
+            .iter()
+            .filter_map(|r| r.boot_to_hello_secs)
+            .collect();
+        let wall: Vec<f64> = results.iter().map(|r| r.wall_secs).collect();
+        let rss_mib: Vec<f64> = results
+            .iter()
+            .filter_map(|r| r.qemu_peak_rss_kib)
+            .map(|k| k as f64 / 1024.0)
+            .collect();
+        BenchRow {
+            id,
+            hello: Spread::of(&hello),
+            wall: Spread::of(&wall),
+            rss_mib: Spread::of(&rss_mib),
+            failed: results.iter().filter(|r| r.verdict.fails_run()).count(),
+            phases: PhaseSpreads::of(results),
+        }
+    }
+}
+
+/// What the channel bench's storm came to.
+#[derive(Debug, Clone)]
+pub enum ChannelOutcome {
+    /// The storm passed; its throughput on `kernel`.
+    Measured { kernel: String, tp: Throughput },
+    /// The storm passed but its artefacts could not be read.
+    Unreadable(String),
+    /// The storm trial did not pass: its verdict.
+    TrialFailed(crate::run::trial::Verdict),
+}
+
+/// The data channel's throughput: a storm of `cycles` programs on `t`'s
+/// kernel, its pin's image without snapshots (the storm has none, its
+/// verdict is the invariants alone). `None`: the trial gave no result.
+pub fn channel(
+    env: &TrialEnv,
+    t: &PlannedTrial,
+    cycles: u32,
+) -> Result<Option<ChannelOutcome>, kloop_kernels::KernelError> {
+    let storm = storm_scenario(
+        &t.scenario,
+        "bench-channel",
+        &env.run_dir.join("no-snapshots"),
+        cycles,
+        4,
+    );
+    let kernel = match &t.kernel {
+        KernelUnderTest::Pin(pin) => KernelUnderTest::Image(LocalKernel::from_pin_image(
+            env.cache.ensure_image(pin, &env.fetch)?,
+            env.cache.ensure_config(pin, &env.fetch).ok(),
+        )),
+        other => other.clone(),
+    };
+    let trial = PlannedTrial {
+        scenario: storm,
+        kernel,
+    };
+    let results = suite::run_all(env, &[trial], 1, &|_| {});
+    Ok(results.first().map(|r| {
+        if r.verdict != crate::run::trial::Verdict::Ok {
+            return ChannelOutcome::TrialFailed(r.verdict.clone());
+        }
+        match TrialArtefacts::read(&r.artefacts).and_then(|a| Throughput::of(&a)) {
+            Ok(tp) => ChannelOutcome::Measured {
+                kernel: t.kernel.id(),
+                tp,
+            },
+            Err(e) => ChannelOutcome::Unreadable(e),
+        }
+    }))
+}
+
+/// How `bench --matrix` runs `vm-test` over the whole matrix.
+#[derive(Debug, Clone)]
+pub struct MatrixBench {
+    /// The xtask binary to run `vm-test` with (the bench's own).
+    pub exe: PathBuf,
+    /// Where the runs' directories appear.
+    pub runs_root: PathBuf,
+    pub accel: String,
+    pub jobs: usize,
+    /// `--append` words for the kernel command line.
+    pub append: Vec<String>,
+}
+
+/// One whole-matrix round: its label, wall seconds, exit code (`None`:
+/// a signal) and the run it left, or why that could not be read.
+#[derive(Debug, Clone)]
+pub struct MatrixRound {
+    pub label: &'static str,
+    pub secs: f64,
+    pub exit: Option<i32>,
+    pub run: Result<MatrixRun, String>,
+}
+
+/// The three rounds `bench --matrix` runs: cold boots, saved VMs made on
+/// the way, saved VMs warm. The cold/saved ratio is what counts on a noisy
+/// machine: both runs meet the same host.
+pub const MATRIX_ROUNDS: [(&str, &str); 3] = [
+    ("cold boots", "cold"),
+    ("saved VMs, first", "saved"),
+    ("saved VMs, warm", "saved"),
+];
+
+impl MatrixBench {
+    /// Runs `vm-test` over the whole matrix once with `--boot boot`, as a
+    /// user runs it, and reads the run it left back from its directory.
+    pub fn round(&self, label: &'static str, boot: &str) -> std::io::Result<MatrixRound> {
+        let mut cmd = std::process::Command::new(&self.exe);
+        cmd.args(["vm-test", "--accel", &self.accel, "--jobs"])
+            .arg(self.jobs.to_string())
+            .args(["--boot", boot]);
+        for w in &self.append {
+            cmd.arg("--append").arg(w);
+        }
+        cmd.stdout(std::process::Stdio::null());
+        let started = std::time::Instant::now();
+        let mut child = cmd.spawn()?;
+        let pid = child.id();
+        let status = child.wait()?;
+        let secs = started.elapsed().as_secs_f64();
+        // The child's run directory is named after its pid.
+        let run = match crate::run::run_dirs::of_process(&self.runs_root, pid) {
+            Some(dir) => MatrixRun::read(&dir),
+            None => Err(format!(
+                "vm-test (pid {pid}) left no run directory under {}",
+                self.runs_root.display()
+            )),
+        };
+        Ok(MatrixRound {
+            label,
+            secs,
+            exit: status.code(),
+            run,
+        })
     }
 }
 

@@ -139,21 +139,94 @@ pub enum KernelUnavailable {
     Build(String),
 }
 
+/// The distro builds a bisection walks, in search order, each obtained
+/// when a step needs it: a pin's build as that pin, any other build pinned
+/// on the way (`kernels/bisect.lock`).
+pub struct DistroBuilds<'a> {
+    pub builds: &'a [kloop_kernels::available::AvailableBuild],
+    pub catalog: &'a kloop_kernels::Catalog,
+    pub cache: &'a kloop_kernels::KernelCache,
+    /// Where the catalog and the lock live (`kernels/`).
+    pub kernels_dir: &'a Path,
+    pub lock: kloop_kernels::available::BisectLock,
+    pub fetch: kloop_kernels::FetchOptions,
+}
+
+impl DistroBuilds<'_> {
+    /// The `i`th build as a kernel under test.
+    pub fn kernel_at(&mut self, i: usize) -> Result<KernelUnderTest, KernelUnavailable> {
+        let b = &self.builds[i];
+        if let Some(p) = self.catalog.pins().iter().find(|p| p.version == b.version) {
+            return Ok(KernelUnderTest::Pin(p.clone()));
+        }
+        self.lock
+            .ensure(self.cache, self.kernels_dir, b, &self.fetch)
+            .map(|pin| KernelUnderTest::distro_build(pin, self.catalog))
+            .map_err(|e| KernelUnavailable::Infrastructure(format!("pinning {}: {e}", b.version)))
+    }
+}
+
+/// The band an overhead figure of `scenario` may move in on this run's
+/// clock (1 % under TCG -icount, the real-time band otherwise).
+pub fn overhead_band(env: &TrialEnv, scenario: &Scenario) -> f64 {
+    crate::run::trial::overhead::clock(env.accel.accel(), scenario.vm.icount)
+        .default_tolerances()
+        .0
+}
+
+/// What one bisection searches with: the scenario on the run's
+/// environment, the predicate, runs per step and their parallelism, and
+/// the band an overhead figure may move in.
+#[derive(Clone, Copy)]
+pub struct Search<'a> {
+    pub env: &'a TrialEnv,
+    pub scenario: &'a Scenario,
+    pub pred: &'a Predicate,
+    /// Runs per step.
+    pub repeat: usize,
+    pub jobs: usize,
+    /// Relative band of an overhead figure.
+    pub band: f64,
+}
+
+impl<'a> Search<'a> {
+    /// A search whose overhead band is the default of `scenario`'s clock on
+    /// this run (1 % under TCG -icount, the real-time band otherwise).
+    pub fn new(
+        env: &'a TrialEnv,
+        scenario: &'a Scenario,
+        pred: &'a Predicate,
+        repeat: usize,
+        jobs: usize,
+    ) -> Search<'a> {
+        Search {
+            env,
+            scenario,
+            pred,
+            repeat,
+            jobs,
+            band: overhead_band(env, scenario),
+        }
+    }
+}
+
 /// Bisects `names.len()` kernels (index 0 the old end, the last the new
 /// end), obtaining each with `kernel_at` when a step needs it (a fetch
-/// that fails is a skip). `band`: relative band of an overhead figure.
-#[allow(clippy::too_many_arguments)] // the search's inputs and its two hooks
+/// that fails is a skip).
 pub fn bisect(
-    env: &TrialEnv,
-    scenario: &Scenario,
+    search: &Search<'_>,
     names: &[String],
     kernel_at: &mut dyn FnMut(usize) -> Result<KernelUnderTest, KernelUnavailable>,
-    pred: &Predicate,
-    repeat: usize,
-    jobs: usize,
-    band: f64,
     on_step: &mut dyn FnMut(&StepReport),
 ) -> Result<BisectOutcome, BisectError> {
+    let Search {
+        env,
+        scenario,
+        pred,
+        repeat,
+        jobs,
+        band,
+    } = *search;
     let n = names.len();
     if n < 2 {
         return Err(BisectError::TooFew(n));

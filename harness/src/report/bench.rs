@@ -1,0 +1,235 @@
+//! `cargo xtask bench`'s tables, rendered from the figures
+//! [`crate::run::bench`] measured.
+
+use std::fmt::Write as _;
+
+use crate::run::bench::{BenchRow, ChannelOutcome, MatrixRound, Spread};
+
+fn show(s: &Option<Spread>) -> String {
+    s.map(|s| s.to_string()).unwrap_or_else(|| "-".into())
+}
+
+/// The bench's three tables: boot and wall time, QEMU CPU time, phases.
+pub fn trial_tables(rows: &[BenchRow], runs: usize) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{:<16} {:>5} {:>26} {:>26} {:>30} {:>6}",
+        "trial",
+        "runs",
+        "start→hello s (med min-max)",
+        "trial wall s (med min-max)",
+        "QEMU peak RSS MiB (med min-max)",
+        "failed"
+    );
+    for r in rows {
+        let _ = writeln!(
+            o,
+            "{:<16} {:>5} {:>26} {:>26} {:>30} {:>6}",
+            r.id,
+            runs,
+            show(&r.hello),
+            show(&r.wall),
+            show(&r.rss_mib),
+            r.failed
+        );
+    }
+    o.push_str(
+        "(start→hello: QEMU's start to the agent's hello; restore→hello for trials restored from \
+         a saved VM, whose kernel-boot columns below then show -)\n\n",
+    );
+    o.push_str(
+        "QEMU CPU seconds (user+sys; steady on a busy host, unlike wall time), median (min-max):\n",
+    );
+    let _ = writeln!(
+        o,
+        "{:<16} {:>22} {:>22}",
+        "trial", "start→hello", "hello→done"
+    );
+    for r in rows {
+        let _ = writeln!(
+            o,
+            "{:<16} {:>22} {:>22}",
+            r.id,
+            show(&r.phases.qemu_cpu_to_hello),
+            show(&r.phases.qemu_cpu_agent)
+        );
+    }
+    o.push_str("\nwhere the time goes, seconds, median (min-max):\n");
+    let heads = [
+        "trial",
+        "host prepare",
+        "QEMU+fw+decompress",
+        "kernel boot→hello",
+        "agent plan",
+        "power-off",
+        "host checks",
+    ];
+    row7(&mut o, &heads.map(str::to_string));
+    for r in rows {
+        let p = &r.phases;
+        row7(
+            &mut o,
+            &[
+                r.id.clone(),
+                show(&p.prepare),
+                show(&p.before_kernel_clock),
+                show(&p.kernel_to_hello),
+                show(&p.agent),
+                show(&p.shutdown),
+                show(&p.host_checks),
+            ],
+        );
+    }
+    o
+}
+
+fn row7(o: &mut String, c: &[String; 7]) {
+    let _ = writeln!(
+        o,
+        "{:<16} {:>22} {:>22} {:>22} {:>22} {:>22} {:>22}",
+        c[0], c[1], c[2], c[3], c[4], c[5], c[6]
+    );
+}
+
+/// The channel bench's line.
+pub fn channel_line(outcome: &ChannelOutcome) -> String {
+    match outcome {
+        ChannelOutcome::Measured { kernel, tp } => format!(
+            "channel ({kernel}): {} records, {} bytes, {} lost in {:.2} s of guest time \
+             (storm of funcs32 + final drain): {:.0} records/s, {:.2} MB/s",
+            tp.records,
+            tp.bytes,
+            tp.lost,
+            tp.secs,
+            tp.records_per_sec(),
+            tp.mb_per_sec()
+        ),
+        ChannelOutcome::Unreadable(e) => format!("channel: cannot read the storm's artefacts: {e}"),
+        ChannelOutcome::TrialFailed(v) => format!(
+            "channel: storm trial {}: {}",
+            v.label(),
+            v.message().unwrap_or_default()
+        ),
+    }
+}
+
+/// The matrix table, the cold/warm ratio, restore→hello per pin and the
+/// agent phase per scenario.
+pub fn matrix_tables(rounds: &[MatrixRound]) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{:<18} {:>8} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "whole matrix",
+        "wall s",
+        "exit",
+        "trials",
+        "restored",
+        "prepare",
+        "to hello",
+        "agent",
+        "power-off",
+        "checks",
+        "QEMU CPU"
+    );
+    for round in rounds {
+        let r = round.run.clone().unwrap_or_default();
+        let _ = writeln!(
+            o,
+            "{:<18} {:>8.1} {:>6} {:>7} {:>9} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+            round.label,
+            round.secs,
+            round.exit.map_or("signal".into(), |c| c.to_string()),
+            r.trials,
+            format!("{} ({} new)", r.restored, r.saved_now),
+            r.prepare,
+            r.to_hello,
+            r.agent,
+            r.shutdown,
+            r.host_checks,
+            r.qemu_cpu
+        );
+    }
+    o.push_str(
+        "(phase columns: seconds summed over the trials; wall: the whole command; QEMU CPU: \
+         its user+sys seconds to the agent's done, summed, which a busy host stretches far \
+         less than wall time)\n",
+    );
+    if let (Some(cold), Some(warm)) = (rounds.first(), rounds.get(2)) {
+        let _ = writeln!(
+            o,
+            "cold / saved-warm wall-time ratio: {:.2} ({:.1} s / {:.1} s)",
+            cold.secs / warm.secs,
+            cold.secs,
+            warm.secs
+        );
+    }
+    let Some(Ok(warm)) = rounds.get(2).map(|r| &r.run) else {
+        return o;
+    };
+    o.push_str(
+        "\nrestore→hello per pin (host: QEMU start to the agent's hello), s, median (min-max):\n",
+    );
+    for (pin, v) in &warm.restore_to_hello {
+        if let Some(spread) = Spread::of(v) {
+            let _ = writeln!(o, "  {pin:<8} {spread} over {} trials", spread.n);
+        }
+    }
+    if let Some(Ok(cold)) = rounds.first().map(|r| &r.run) {
+        o.push_str("\nagent phase per scenario, s summed over pins (cold / saved-warm):\n");
+        for (scenario, secs) in &warm.agent_by_scenario {
+            let c = cold.agent_by_scenario.get(scenario).copied().unwrap_or(0.0);
+            let _ = writeln!(o, "  {scenario:<18} {c:>7.1} {secs:>7.1}");
+        }
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::bench::MatrixRun;
+
+    #[test]
+    fn matrix_tables_give_the_ratio_and_leave_out_unread_rounds() {
+        let run = |agent: f64| MatrixRun {
+            trials: 2,
+            agent,
+            agent_by_scenario: [("basic".to_string(), agent)].into(),
+            restore_to_hello: [("6.1".to_string(), vec![0.2, 0.4])].into(),
+            ..MatrixRun::default()
+        };
+        let rounds = [
+            MatrixRound {
+                label: "cold boots",
+                secs: 300.0,
+                exit: Some(0),
+                run: Ok(run(9.0)),
+            },
+            MatrixRound {
+                label: "saved VMs, first",
+                secs: 250.0,
+                exit: None,
+                run: Err("x".into()),
+            },
+            MatrixRound {
+                label: "saved VMs, warm",
+                secs: 200.0,
+                exit: Some(1),
+                run: Ok(run(3.0)),
+            },
+        ];
+        let t = matrix_tables(&rounds);
+        assert!(
+            t.contains("cold / saved-warm wall-time ratio: 1.50 (300.0 s / 200.0 s)"),
+            "{t}"
+        );
+        assert!(t.contains("signal"), "{t}");
+        assert!(
+            t.contains("  6.1      0.30 (0.20-0.40) over 2 trials"),
+            "{t}"
+        );
+        assert!(t.contains("  basic                  9.0     3.0"), "{t}");
+    }
+}
