@@ -7,9 +7,11 @@
 //! together (header and body) and parsed by `kloop-records` against the
 //! attribute it belongs to, so a `header.size` that does not match the body
 //! and that attribute's `sample_id` trailer is a finding, as in kloop's own
-//! rings. First slice of issue 30: strict layout, BPF symbol shape and
-//! register/unregister pairing over the time-ordered stream; the
-//! `HEADER_BPF_PROG_INFO` agreement and the ledger's recognition are next.
+//! rings. A record whose `header.size` is larger than its body and trailer
+//! by zero bytes is a `header-size` finding (and is judged further at its
+//! true size); BPF symbol shape and register/unregister pairing are judged
+//! over the time-ordered stream. [`recognise`] marks the findings the
+//! ledger explains for the file's kernel release (`[issue.perf_data]`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -33,6 +35,8 @@ pub enum PerfDataError {
     },
     #[error("{path} is not a readable perf.data file: {why}")]
     Unreadable { path: PathBuf, why: String },
+    #[error("{path}: no event in this file asked for KSYMBOL or BPF_EVENT records, so there is nothing to judge; it was written by a perf or on a kernel older than 5.1 (perf switches ksymbol off when the kernel refuses it). Record again with perf 5.1 or later on a 5.1+ kernel: `perf record -e dummy -a`")]
+    NoSideBand { path: PathBuf },
 }
 
 /// One finding: the rule and what broke it.
@@ -40,7 +44,30 @@ pub enum PerfDataError {
 pub struct Finding {
     pub rule: &'static str,
     pub message: String,
+    /// The ledger entry that explains it on this file's kernel, when one
+    /// does: a known bug, not news.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub known_issue: Option<String>,
 }
+
+impl Finding {
+    fn new(rule: &'static str, message: String) -> Finding {
+        Finding {
+            rule,
+            message,
+            known_issue: None,
+        }
+    }
+}
+
+/// The rules `check-perf-data` holds a file to.
+pub const RULES: &[&str] = &[
+    "parse",
+    "header-size",
+    "bpf-symbol-shape",
+    "unregister-without-register",
+    "register-twice",
+];
 
 /// What the check found.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -51,6 +78,14 @@ pub struct PerfDataCheck {
     pub perf_version: Option<String>,
     /// Attributes that asked for KSYMBOL / BPF_EVENT records.
     pub side_band_attrs: usize,
+    /// Did any event ask for BPF_EVENT records? Not with
+    /// `perf record --no-bpf-event`: then the file has the KSYMBOLs of BPF
+    /// programs but not their ids and tags.
+    pub bpf_event_requested: bool,
+    /// The records stop early: the file was cut short (a full disk, a
+    /// killed perf). What was read is judged; the check exits 2.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub truncated: Option<String>,
     /// Records read, and KSYMBOL / BPF_EVENT / LOST among them.
     pub records: u64,
     pub ksymbol: u64,
@@ -60,9 +95,67 @@ pub struct PerfDataCheck {
 }
 
 impl PerfDataCheck {
-    /// 0 clean, 1 findings.
+    /// No finding the ledger does not explain (exit 0).
     pub fn clean(&self) -> bool {
-        self.findings.is_empty()
+        self.news().next().is_none()
+    }
+
+    /// `check-perf-data`'s exit status: 2 when the file was cut short
+    /// (whatever was read), 1 for news, 0 clean or known bugs only.
+    pub fn exit_code(&self) -> u8 {
+        match (&self.truncated, self.clean()) {
+            (Some(_), _) => 2,
+            (None, false) => 1,
+            (None, true) => 0,
+        }
+    }
+
+    /// The findings no ledger entry explains.
+    pub fn news(&self) -> impl Iterator<Item = &Finding> {
+        self.findings.iter().filter(|f| f.known_issue.is_none())
+    }
+
+    /// The ledger entries that explain findings, once each, in order.
+    pub fn known_issues(&self) -> Vec<&str> {
+        let mut ids: Vec<&str> = Vec::new();
+        for id in self
+            .findings
+            .iter()
+            .filter_map(|f| f.known_issue.as_deref())
+        {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        ids
+    }
+}
+
+/// Marks the findings a ledger entry's `[issue.perf_data]` sign explains
+/// on the file's kernel release. A finding with an entry's sign on a
+/// release outside its ranges stays news, and says whose pattern it has.
+pub fn recognise(check: &mut PerfDataCheck, ledger: &crate::judge::known_issues::Ledger) {
+    let release = check.os_release.clone().unwrap_or_default();
+    for f in &mut check.findings {
+        match ledger.perf_data_sign(f.rule, &release) {
+            Some((issue, Some(true))) => f.known_issue = Some(issue.id.clone()),
+            Some((issue, affects)) => {
+                let kernels = issue
+                    .perf_data
+                    .as_ref()
+                    .map(|s| s.kernels.join(", "))
+                    .unwrap_or_default();
+                f.message.push_str(&format!(
+                    " (the sign of ledger entry {}, known on kernels {kernels}; {}: news for the ledger)",
+                    issue.id,
+                    match affects {
+                        Some(_) => format!("kernel {release} is outside them"),
+                        None => format!("kernel release {release:?} does not read as a version"),
+                    }
+                ));
+            }
+            None => {}
+        }
     }
 }
 
@@ -120,21 +213,21 @@ pub fn check(path: &Path) -> Result<PerfDataCheck, PerfDataError> {
         .filter(|l| l.ksymbol || l.bpf_event)
         .count();
     if out.side_band_attrs == 0 {
-        out.findings.push(Finding {
-            rule: "no-side-band",
-            message: "no event in this file asked for KSYMBOL or BPF_EVENT records: it was recorded with `perf record --no-bpf-event` (or by a perf before 5.1); record again without it".into(),
+        return Err(PerfDataError::NoSideBand {
+            path: path.to_path_buf(),
         });
     }
+    out.bpf_event_requested = listeners.iter().any(|l| l.bpf_event);
     let mut live: BTreeMap<u64, (u32, String)> = BTreeMap::new();
     loop {
         let record = match record_iter.next_record(&mut perf_file) {
             Ok(Some(r)) => r,
             Ok(None) => break,
             Err(e) => {
-                out.findings.push(Finding {
-                    rule: "parse",
-                    message: format!("the file ends in a record that cannot be read: {e}"),
-                });
+                out.truncated = Some(format!(
+                    "after record {} the file ends in a record that cannot be read: {e}",
+                    out.records
+                ));
                 break;
             }
         };
@@ -161,19 +254,51 @@ pub fn check(path: &Path) -> Result<PerfDataCheck, PerfDataError> {
             BPF_EVENT => out.bpf_event += 1,
             _ => out.lost += 1,
         }
-        match parse_stream(listener, &bytes) {
-            Err(e) => out.findings.push(Finding {
-                rule: "parse",
-                message: format!("record {} (event {attr_index}): {}", out.records, e.what),
-            }),
-            Ok(recs) => {
-                for r in recs {
-                    judge_symbol(&r.body, &mut live, &mut out.findings);
+        let recs = match parse_stream(listener, &bytes) {
+            Ok(recs) => recs,
+            Err(e) => match oversized(listener, &bytes) {
+                Some((true_size, recs)) => {
+                    out.findings.push(Finding::new(
+                        "header-size",
+                        format!(
+                            "record {} (event {attr_index}, {}): header.size {size} is {} bytes more than its body and sample_id trailer ({true_size}); the extra bytes are zero",
+                            out.records,
+                            recs.first().and_then(kloop_records::RecordContent::of_record).map(|c| c.to_string()).unwrap_or_default(),
+                            size - true_size
+                        ),
+                    ));
+                    recs
                 }
-            }
+                None => {
+                    out.findings.push(Finding::new(
+                        "parse",
+                        format!("record {} (event {attr_index}): {}", out.records, e.what),
+                    ));
+                    continue;
+                }
+            },
+        };
+        for r in recs {
+            judge_symbol(&r.body, &mut live, &mut out.findings);
         }
     }
     Ok(out)
+}
+
+/// A record that parses once its `header.size` is cut back to a smaller
+/// multiple of 8 with only zero bytes cut off: the kernel's accumulated
+/// `header.size` (ledger entry ksymbol-bpf-event-header-size-accumulates).
+/// The smallest such size is the true one: any smaller cut would take the
+/// trailer's time with it, which is never all zero.
+fn oversized(listener: &ListenerInfo, bytes: &[u8]) -> Option<(usize, Vec<kloop_records::Record>)> {
+    (16..bytes.len()).step_by(8).find_map(|size| {
+        if bytes[size..].iter().any(|b| *b != 0) {
+            return None;
+        }
+        let mut cut = bytes[..size].to_vec();
+        cut[6..8].copy_from_slice(&(size as u16).to_le_bytes());
+        parse_stream(listener, &cut).ok().map(|recs| (size, recs))
+    })
 }
 
 /// `perf record -o -` writes the pipe form: the same magic, then a header
@@ -210,27 +335,27 @@ fn judge_symbol(
     }
     let unregister = flags & 1 != 0;
     if *len == 0 || name.is_empty() {
-        findings.push(Finding {
-            rule: "bpf-symbol-shape",
-            message: format!(
+        findings.push(Finding::new(
+            "bpf-symbol-shape",
+            format!(
                 "KSYMBOL {} BPF addr={addr:#x} len={len} name=\"{name}\": a BPF symbol with no length or no name (an interpreted program's, see kloop's ledger entry interpreted-prog-ksymbol-register)",
                 if unregister { "unregister" } else { "register" }
             ),
-        });
+        ));
         return;
     }
     if unregister {
         if live.remove(addr).is_none() {
-            findings.push(Finding {
-                rule: "unregister-without-register",
-                message: format!("KSYMBOL unregister BPF addr={addr:#x} len={len} name={name}: no live symbol there"),
-            });
+            findings.push(Finding::new(
+                "unregister-without-register",
+                format!("KSYMBOL unregister BPF addr={addr:#x} len={len} name={name}: no live symbol there"),
+            ));
         }
     } else if let Some((l, n)) = live.insert(*addr, (*len, name.clone())) {
-        findings.push(Finding {
-            rule: "register-twice",
-            message: format!("KSYMBOL register BPF addr={addr:#x} name={name} while {n} (len {l}) is still registered there"),
-        });
+        findings.push(Finding::new(
+            "register-twice",
+            format!("KSYMBOL register BPF addr={addr:#x} name={name} while {n} (len {l}) is still registered there"),
+        ));
     }
 }
 
@@ -260,14 +385,47 @@ mod tests {
             "{c:?}"
         );
         assert_eq!((c.ksymbol, c.bpf_event), (2, 2), "{c:?}");
-        let parse: Vec<&Finding> = c.findings.iter().filter(|f| f.rule == "parse").collect();
-        assert_eq!(parse.len(), 4, "{:#?}", c.findings);
+        // Every record is 64 bytes too long (the reproducer's two listeners'
+        // trailers, 24 + 40), and judged further at its true size: the
+        // register/unregister pairs match.
+        let rules: Vec<&str> = c.findings.iter().map(|f| f.rule).collect();
+        assert_eq!(rules, ["header-size"; 4], "{:#?}", c.findings);
         assert!(
-            parse[0]
-                .message
-                .contains("unexplained bytes after the sample_id trailer"),
+            c.findings[0].message.contains("KSYMBOL register BPF")
+                && c.findings[0].message.contains("is 64 bytes more than"),
             "{:#?}",
-            parse
+            c.findings
+        );
+        assert!(!c.clean());
+    }
+
+    /// The ledger knows the header-size bug on 6.18.44 (its
+    /// `[issue.perf_data]` ranges), so the same file is KNOWN, not news;
+    /// a release outside the ranges keeps the findings news and names the
+    /// entry whose sign they have.
+    #[test]
+    fn the_ledger_recognises_the_header_size_bug_by_kernel_release() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let layout = crate::run::suite::Layout::from_root(root);
+        let ledger = crate::run::suite::load_ledger(&layout).unwrap();
+        let mut c = check(&testdata("host-6.18.44-perf-6.1.187-header-size.data")).unwrap();
+        recognise(&mut c, &ledger);
+        assert!(c.clean(), "{:#?}", c.findings);
+        assert_eq!(
+            c.known_issues(),
+            ["ksymbol-bpf-event-header-size-accumulates"]
+        );
+        let mut c = check(&testdata("host-6.18.44-perf-6.1.187-header-size.data")).unwrap();
+        c.os_release = Some("6.12.117+deb13-cloud-amd64".into());
+        recognise(&mut c, &ledger);
+        assert!(!c.clean());
+        assert!(
+            c.findings[0]
+                .message
+                .contains("the sign of ledger entry ksymbol-bpf-event-header-size-accumulates")
+                && c.findings[0].message.contains("news for the ledger"),
+            "{:#?}",
+            c.findings
         );
     }
 
@@ -277,7 +435,10 @@ mod tests {
         let c = check(&testdata("host-6.18.44-perf-6.1.187-header-size.pipe.data")).unwrap();
         assert_eq!((c.ksymbol, c.bpf_event), (2, 2), "{c:?}");
         assert_eq!(
-            c.findings.iter().filter(|f| f.rule == "parse").count(),
+            c.findings
+                .iter()
+                .filter(|f| f.rule == "header-size")
+                .count(),
             4,
             "{:#?}",
             c.findings

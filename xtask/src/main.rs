@@ -90,46 +90,23 @@ pub(crate) fn write_kcidb(
     }
 }
 
-/// `check-perf-data FILE`: exit 0 clean, 1 findings, 2 unreadable.
+/// `check-perf-data FILE`: exit 0 clean (or known bugs only), 1 news,
+/// 2 unreadable, cut short or nothing to judge.
 fn check_perf_data(file: &std::path::Path, json: bool) -> Result<ExitCode> {
-    let c = match kloop::perf_data::check(file) {
+    let mut c = match kloop::perf_data::check(file) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
             return Ok(ExitCode::from(2));
         }
     };
+    kloop::perf_data::recognise(&mut c, &kloop::run::suite::load_ledger(&layout())?);
     if json {
         println!("{}", serde_json::to_string_pretty(&c)?);
     } else {
-        println!(
-            "kloop: {}: kernel {}, written by perf {}; {} record(s): {} KSYMBOL, {} BPF_EVENT, {} LOST; {} event(s) asked for them",
-            file.display(),
-            c.os_release.as_deref().unwrap_or("(unknown)"),
-            c.perf_version.as_deref().unwrap_or("(unknown)"),
-            c.records,
-            c.ksymbol,
-            c.bpf_event,
-            c.lost,
-            c.side_band_attrs
-        );
-        for f in &c.findings {
-            println!("  [{}] {}", f.rule, f.message);
-        }
-        println!(
-            "kloop: {}",
-            if c.clean() {
-                "clean".to_string()
-            } else {
-                format!("{} finding(s)", c.findings.len())
-            }
-        );
+        print!("{}", kloop::report::perf_data::text(file, &c));
     }
-    Ok(if c.clean() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok(ExitCode::from(c.exit_code()))
 }
 
 /// Writes `text` to `path` through a temporary file named after this

@@ -133,6 +133,70 @@ pub struct Issue {
     /// result.
     #[serde(default, rename = "fix")]
     pub fixes: Vec<FixRecord>,
+    /// How the bug shows in a perf.data a host recorded
+    /// (`check-perf-data`), where there is no pin, only a kernel release.
+    #[serde(default)]
+    pub perf_data: Option<PerfDataSign>,
+}
+
+/// A ledger entry's sign in a host's perf.data: the `check-perf-data`
+/// rule its findings break and the kernel releases known to have it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PerfDataSign {
+    /// The `check-perf-data` rule (`header-size`).
+    pub rule: String,
+    /// Kernel version ranges `A..B` (A ≤ version < B, `x.y[.z]`), or `A..`
+    /// for no known end, with the bug.
+    pub kernels: Vec<String>,
+    /// Where the bounds come from (the source, a bisection, pins, hosts).
+    pub bounds: String,
+}
+
+/// A kernel version `x.y.z` as numbers (`6.12.107+deb13-cloud-amd64` is
+/// 6.12.107, `6.1.0-50-cloud-amd64` is 6.1.0: Debian's ABI name, the series
+/// is what counts there); `None` if it does not start with `x.y`.
+pub fn kernel_version(release: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let rest = release.get(release.find('.')? + 1..)?;
+    let mut nums = rest
+        .split(|c: char| !c.is_ascii_digit() && c != '.')
+        .next()?
+        .split('.');
+    let minor = nums.next()?.parse().ok()?;
+    let patch = nums.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    Some((major, minor, patch))
+}
+
+impl PerfDataSign {
+    /// Is `release` (`uname -r`) inside one of the ranges? `None`: a range
+    /// or the release does not read as a version.
+    pub fn affects(&self, release: &str) -> Option<bool> {
+        let v = kernel_version(release)?;
+        let mut hit = false;
+        for r in &self.kernels {
+            let (lo, hi) = r.split_once("..")?;
+            let lo = kernel_version(lo.trim())?;
+            let hi = match hi.trim() {
+                "" => None,
+                h => Some(kernel_version(h)?),
+            };
+            hit |= lo <= v && hi.is_none_or(|h| v < h);
+        }
+        Some(hit)
+    }
+}
+
+impl Ledger {
+    /// The entry whose perf.data sign has `rule`, and whether the ledger
+    /// says `release` has that bug.
+    pub fn perf_data_sign(&self, rule: &str, release: &str) -> Option<(&Issue, Option<bool>)> {
+        self.issues.iter().find_map(|i| {
+            let sign = i.perf_data.as_ref().filter(|s| s.rule == rule)?;
+            Some((i, sign.affects(release)))
+        })
+    }
 }
 
 /// One `validate` of a fix, as `[[issue.fix]]` in the ledger.
@@ -427,6 +491,13 @@ fn validate(issues: &[Issue], vocab: &Vocabulary) -> Vec<String> {
                 }
             }
         }
+        if let Some(sign) = &i.perf_data {
+            if sign.kernels.is_empty() || sign.affects("1.0").is_none() {
+                problems.push(format!(
+                    "{who}: perf_data.kernels must be ranges `A..B` or `A..` of versions x.y[.z]"
+                ));
+            }
+        }
         if Date::parse(&i.review_by).is_none() {
             problems.push(format!(
                 "{who}: review_by {:?} is not a date YYYY-MM-DD",
@@ -502,6 +573,35 @@ review_by = "2020-01-01"
             Err(e @ LedgerError::Invalid { .. }) => e.to_string(),
             other => panic!("expected invalid, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_perf_data_sign_reads_releases_as_versions() {
+        assert_eq!(
+            kernel_version("6.12.107+deb13-cloud-amd64"),
+            Some((6, 12, 107))
+        );
+        assert_eq!(kernel_version("6.1.0-50-cloud-amd64"), Some((6, 1, 0)));
+        assert_eq!(kernel_version("6.18.44-fc-v657"), Some((6, 18, 44)));
+        assert_eq!(kernel_version("7.3"), Some((7, 3, 0)));
+        assert_eq!(kernel_version("linux"), None);
+        let sign = PerfDataSign {
+            rule: "header-size".into(),
+            kernels: vec!["5.1..6.12.113".into(), "6.13..7.2".into()],
+            bounds: String::new(),
+        };
+        assert_eq!(sign.affects("5.10.0-32-cloud-amd64"), Some(true));
+        assert_eq!(sign.affects("6.12.111+deb13-cloud-amd64"), Some(true));
+        assert_eq!(sign.affects("6.12.113+deb13-cloud-amd64"), Some(false));
+        assert_eq!(sign.affects("6.18.44-fc-v657"), Some(true));
+        assert_eq!(sign.affects("7.2.0"), Some(false));
+        assert_eq!(sign.affects("4.19.0"), Some(false));
+        assert_eq!(sign.affects("?"), None);
+        let open = PerfDataSign {
+            kernels: vec!["6.1..".into()],
+            ..sign
+        };
+        assert_eq!(open.affects("9.0"), Some(true));
     }
 
     #[test]

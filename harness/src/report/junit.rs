@@ -114,8 +114,13 @@ pub fn junit(results: &[TrialResult]) -> String {
             x.push_str(&props);
             match &r.verdict {
                 Verdict::Ok => {}
-                Verdict::Failed(m) => {
-                    let _ = write!(x, "<failure message=\"test failure\">{}</failure>", text(m));
+                Verdict::Failed(f) => {
+                    let _ = write!(
+                        x,
+                        "<failure message=\"{}\">{}</failure>",
+                        attr(&f.cause.summary()),
+                        text(&f.message)
+                    );
                 }
                 // JUnit has no "expected failure": a known bug is
                 // skipped with the reason, so CI shows it without failing.
@@ -179,7 +184,7 @@ mod tests {
             result(
                 "6.1",
                 "basic",
-                Verdict::Failed("agent said \u{0}nul \u{1b}[31mred\u{1b}[0m bell\u{7}\r\nend \u{fffe}\u{ffff} <&>".into()),
+                Verdict::failed(crate::run::trial::FailureCause::AgentError, "agent said \u{0}nul \u{1b}[31mred\u{1b}[0m bell\u{7}\r\nend \u{fffe}\u{ffff} <&>"),
             ),
             result("6.12", "basic", Verdict::Ok),
             result(
@@ -208,7 +213,7 @@ mod tests {
             .children()
             .find(|n| n.has_tag_name("failure"))
             .unwrap();
-        assert_eq!(failure.attribute("message"), Some("test failure"));
+        assert_eq!(failure.attribute("message"), Some("guest agent error"));
         assert_eq!(
             failure.text(),
             Some("agent said \\u{0}nul \\u{1b}[31mred\\u{1b}[0m bell\\u{7}\r\nend \\u{fffe}\\u{ffff} <&>")

@@ -235,7 +235,12 @@ mod tests {
             dir.path(),
             "6.1",
             "basic",
-            Verdict::Failed("2 invariant violation(s) …".into()),
+            Verdict::failed(
+                crate::run::trial::FailureCause::Rules {
+                    rules: vec!["lost".into()],
+                },
+                "2 invariant violation(s) …",
+            ),
         );
         failed.violations = vec![
             RuleHit {

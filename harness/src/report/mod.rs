@@ -15,6 +15,7 @@ pub mod markdown;
 pub mod merge;
 pub mod mutants;
 pub mod overhead;
+pub mod perf_data;
 pub mod repro;
 
 pub use junit::junit;
@@ -217,7 +218,13 @@ mod tests {
             (result("6.1", Verdict::Known(m())), (Fail, true)),
             (result("6.1", Verdict::Fixed(m())), (Pass, false)),
             (known_left, (Fail, true)),
-            (result("6.1", Verdict::Failed(m())), (Fail, false)),
+            (
+                result(
+                    "6.1",
+                    Verdict::failed(crate::run::trial::FailureCause::SnapshotDrift, m()),
+                ),
+                (Fail, false),
+            ),
             (result("6.1", Verdict::Skipped(m())), (Skip, false)),
             (result("6.1", Verdict::Panic(m())), (Fail, false)),
             (result("6.1", Verdict::Timeout(m())), (Error, false)),

@@ -320,7 +320,10 @@ mod tests {
         let mut bad = run(
             d.path(),
             "bad",
-            Verdict::Failed("1 violation\n[programs-accounted] id 137: only 0 record(s)".into()),
+            Verdict::failed(
+                crate::run::trial::FailureCause::Unstated,
+                "1 violation\n[programs-accounted] id 137: only 0 record(s)",
+            ),
             Some("a\nc\n"),
         );
         // The key comes from the violations as data, not from the message.
@@ -367,13 +370,19 @@ mod tests {
             run(
                 d.path(),
                 "a",
-                Verdict::Failed("x\n[lost] 3 at 0xffff1".into()),
+                Verdict::failed(
+                    crate::run::trial::FailureCause::Unstated,
+                    "x\n[lost] 3 at 0xffff1",
+                ),
                 None,
             ),
             run(
                 d.path(),
                 "b",
-                Verdict::Failed("x\n[lost] 3 at 0xffff2".into()),
+                Verdict::failed(
+                    crate::run::trial::FailureCause::Unstated,
+                    "x\n[lost] 3 at 0xffff2",
+                ),
                 None,
             ),
         ];

@@ -366,7 +366,7 @@ mod tests {
     fn the_exit_status_decides_the_outcome() {
         let bug = "/usr/bin/kloop-repro exited 1; its output:\nKSYMBOL register BPF addr=0xffffffff84df6230 len=0 name=\"\"";
         assert!(matches!(
-            ReproOutcome::of(&result(Verdict::Failed("x".into()), Some(bug))),
+            ReproOutcome::of(&result(Verdict::failed(crate::run::trial::FailureCause::Rules { rules: vec![] }, "x"), Some(bug))),
             ReproOutcome::Reproduces(m) if m.contains("len=0")
         ));
         assert_eq!(
@@ -383,7 +383,13 @@ mod tests {
         // Exit 2, a crash of the reproducer: no answer about the bug.
         let crashed = "/usr/bin/kloop-repro was killed by signal 11; its output:\n";
         assert!(matches!(
-            ReproOutcome::of(&result(Verdict::Failed("x".into()), Some(crashed))),
+            ReproOutcome::of(&result(
+                Verdict::failed(
+                    crate::run::trial::FailureCause::Rules { rules: vec![] },
+                    "x"
+                ),
+                Some(crashed)
+            )),
             ReproOutcome::NoAnswer(_)
         ));
         assert!(matches!(

@@ -7,7 +7,7 @@ use std::path::Path;
 use kloop_protocol::Message;
 use kloop_qemu::{GuestSession, SessionEnd};
 
-use super::Verdict;
+use super::{FailureCause, Verdict};
 
 /// The verdict of a session that did not end with `Done` (or that the user
 /// interrupted); `None` when the evidence is to be judged.
@@ -80,7 +80,9 @@ pub(super) fn session_verdict(session: &GuestSession, artefacts: &Path) -> Optio
     match end {
         SessionEnd::Done => None,
         SessionEnd::AgentError(m) => {
-            Some(Verdict::Failed(format!(
+            Some(Verdict::failed(
+                FailureCause::AgentError,
+                format!(
                 "the guest agent failed: {m}\n{}\n{}",
                 last_report(&session.messages),
                 tail()
@@ -191,7 +193,9 @@ pub(super) fn agent_crashed(line: &str, messages: &[Message], console: &Path) ->
     } else {
         own[own.len().saturating_sub(5)..].join("\n  ")
     };
-    Verdict::Failed(format!(
+    Verdict::failed(
+        FailureCause::AgentCrash,
+        format!(
         "the guest agent crashed: PID 1 {how} and the kernel stopped with `{line}`\n\
          a kloop agent bug, not a finding about the kernel; its last report and console output say where it was:\n\
          {}\nagent output on the console:\n  {own}\nconsole: {}",

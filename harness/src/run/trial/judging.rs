@@ -7,6 +7,7 @@ use std::path::Path;
 use kloop_qemu::GuestSession;
 
 use super::snapshot::{self, SnapshotOutcome};
+use super::FailureCause;
 use super::{evidence_from, KernelUnderTest, TrialEnv, TrialResult, Verdict, KNOWN_PREFIX};
 use crate::judge::evidence::RunEvidence;
 pub use crate::scenario::requirement_name;
@@ -135,7 +136,7 @@ pub(super) fn judge(
         result.notes.push(note.clone());
     }
     let overhead_verdict = || match overhead.clone() {
-        Err(e) => Verdict::Failed(format!("{e}{ledger_suffix}")),
+        Err(e) => Verdict::failed(FailureCause::OverheadBudget, format!("{e}{ledger_suffix}")),
         Ok(_) => ledger_verdict.clone().unwrap_or(Verdict::Ok),
     };
     let Some(snap_name) = kernel.snapshot_name().filter(|_| scenario.snapshot) else {
@@ -170,7 +171,9 @@ pub(super) fn judge(
                 pending: pending.clone(),
                 diff: diff.clone(),
             });
-            Verdict::Failed(format!(
+            Verdict::failed(
+                FailureCause::SnapshotDrift,
+                format!(
             "snapshot drift against {}:\n{diff}\n{}{}",
             snapshot.display(),
             match pending {
@@ -243,7 +246,9 @@ pub(super) fn unsupported_verdict(scenario: &Scenario, evidence: &RunEvidence) -
     let (requirement, reason) = evidence.unsupported.as_ref()?;
     let name = requirement_name(*requirement);
     if !scenario.plan.requires.contains(requirement) {
-        return Some(Verdict::Failed(format!(
+        return Some(Verdict::failed(
+            FailureCause::AgentBug,
+            format!(
             "the guest agent reported requirement `{name}` unmet ({reason}), but scenario {} does not require it: an agent bug",
             scenario.name
         )));
@@ -288,7 +293,17 @@ pub(super) fn ledger_outcome(
         if !fixed_note.is_empty() {
             msg.push_str(&format!("\n{fixed_note}"));
         }
-        return Err(Verdict::Failed(msg));
+        let rules: std::collections::BTreeSet<String> = judgement
+            .uncovered
+            .iter()
+            .map(|v| v.rule.to_string())
+            .collect();
+        return Err(Verdict::failed(
+            FailureCause::Rules {
+                rules: rules.into_iter().collect(),
+            },
+            msg,
+        ));
     }
     if !fixed_note.is_empty() {
         return Ok(Some(Verdict::Fixed(if known_note.is_empty() {

@@ -54,9 +54,17 @@ fn only_covered_violations_are_known() {
 #[test]
 fn an_uncovered_violation_fails_and_names_the_known_ones() {
     let vs = [v(rule::LOAD_SYMBOLS), v(rule::LOST)];
-    let Err(Verdict::Failed(m)) = outcome(Some("6.1"), &vs) else {
+    let Err(Verdict::Failed(f)) = outcome(Some("6.1"), &vs) else {
         panic!()
     };
+    // Only the uncovered rule is the cause; the known one is named in text.
+    assert_eq!(
+        f.cause,
+        FailureCause::Rules {
+            rules: vec!["lost".into()]
+        }
+    );
+    let m = f.message;
     assert!(m.starts_with("1 invariant violation(s)"), "{m}");
     assert!(m.contains("[lost]"), "{m}");
     assert!(
@@ -64,10 +72,16 @@ fn an_uncovered_violation_fails_and_names_the_known_ones() {
         "{m}"
     );
     // Another pin: the entry does not apply, both violations fail.
-    let Err(Verdict::Failed(m)) = outcome(Some("6.12"), &vs) else {
+    let Err(Verdict::Failed(f)) = outcome(Some("6.12"), &vs) else {
         panic!()
     };
-    assert!(m.starts_with("2 invariant violation(s)"), "{m}");
+    assert_eq!(
+        f.cause,
+        FailureCause::Rules {
+            rules: vec!["load-symbols".into(), "lost".into()]
+        }
+    );
+    assert!(f.message.starts_with("2 invariant violation(s)"), "{f:?}");
 }
 
 #[test]
@@ -101,7 +115,8 @@ fn a_clean_trial_the_ledger_expects_to_fail_is_fixed() {
     assert!(f.message().unwrap().contains("kernels/known-issues.toml"));
     assert!(f.fails_run());
     // Uncovered violations win over FIXED?, which is still mentioned.
-    let Err(Verdict::Failed(m)) = outcome(Some("6.1"), &[v(rule::LOST)]) else {
+    let Err(Verdict::Failed(Failure { message: m, .. })) = outcome(Some("6.1"), &[v(rule::LOST)])
+    else {
         panic!()
     };
     assert!(
@@ -162,11 +177,49 @@ fn unsupported_requirements() {
     assert!(!s.fails_run());
     // The guest claiming a requirement the plan never asked for is a bug.
     let f = unsupported_verdict(&scenario(vec![Requirement::Btf]), &ev).unwrap();
-    assert!(matches!(&f, Verdict::Failed(m) if m.contains("does not require it")));
+    assert!(
+        matches!(&f, Verdict::Failed(Failure { cause: FailureCause::AgentBug, message })
+        if message.contains("does not require it"))
+    );
     assert!(unsupported_verdict(&scenario(vec![]), &RunEvidence::default()).is_none());
     assert_eq!(
         requirement_name(Requirement::FtraceInstances),
         "ftrace-instances"
     );
     assert_eq!(one_line(&"x".repeat(500)).chars().count(), 401);
+}
+
+#[test]
+fn verdicts_keep_their_json_form_and_a_failure_its_cause() {
+    let f = Verdict::failed(
+        FailureCause::Rules {
+            rules: vec!["lost".into()],
+        },
+        "1 invariant violation(s)",
+    );
+    let json = serde_json::to_string(&f).unwrap();
+    assert_eq!(
+        json,
+        r#"{"class":"failed","message":"1 invariant violation(s)","cause":{"kind":"rules","rules":["lost"]}}"#
+    );
+    assert_eq!(serde_json::from_str::<Verdict>(&json).unwrap(), f);
+    assert_eq!(
+        serde_json::to_string(&Verdict::Ok).unwrap(),
+        r#"{"class":"ok"}"#
+    );
+    let s = Verdict::Skipped("btf: none".into());
+    assert_eq!(
+        serde_json::to_string(&s).unwrap(),
+        r#"{"class":"skipped","message":"btf: none"}"#
+    );
+    // A failure written before causes were recorded still reads.
+    let old: Verdict = serde_json::from_str(r#"{"class":"failed","message":"x"}"#).unwrap();
+    assert!(matches!(
+        old,
+        Verdict::Failed(Failure {
+            cause: FailureCause::Unstated,
+            ..
+        })
+    ));
+    assert!(serde_json::from_str::<Verdict>(r#"{"class":"maybe"}"#).is_err());
 }

@@ -10,13 +10,18 @@ use crate::scenario::Scenario;
 
 /// How a trial ended. Only `Ok` is a pass; `Skipped` and `Known` are not
 /// passes either, but they do not fail a run.
+///
+/// In JSON a verdict is `{"class": "failed", "message": "…", "cause": …}`:
+/// the class in kebab case, the message for all but `ok`, the cause for
+/// `failed` only.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "class", content = "message", rename_all = "kebab-case")]
+#[serde(into = "VerdictRepr", try_from = "VerdictRepr")]
 pub enum Verdict {
     Ok,
     /// The kernel's records broke a rule, the snapshot drifted, or the agent
-    /// reported an error: a finding about the kernel (or a kloop bug).
-    Failed(String),
+    /// reported an error: a finding about the kernel (or a kloop bug). What
+    /// failed it is data ([`FailureCause`]); the message is for people.
+    Failed(Failure),
     /// The kernel lacks a feature the scenario `requires` (the guest's probe
     /// said which and why): `<requirement>: <reason>`, one line. Nothing ran.
     Skipped(String),
@@ -38,7 +43,61 @@ pub enum Verdict {
     Flaky(String),
 }
 
+/// Why a trial failed, with the message a reader gets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    pub cause: FailureCause,
+    pub message: String,
+}
+
+/// What failed a trial.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum FailureCause {
+    /// The records broke rules no ledger entry covers: their names, sorted
+    /// and once each. The hits themselves are the trial's
+    /// [`TrialResult::violations`] without a `known_issue`.
+    Rules { rules: Vec<String> },
+    /// The normalised stream differs from its golden snapshot
+    /// ([`TrialResult::snapshot_drift`]).
+    SnapshotDrift,
+    /// An overhead figure left its budget.
+    OverheadBudget,
+    /// The guest agent reported an error and stopped the plan.
+    AgentError,
+    /// PID 1 died: a kloop agent bug.
+    AgentCrash,
+    /// The agent said something the scenario makes impossible (an unmet
+    /// requirement the scenario does not have): a kloop agent bug.
+    AgentBug,
+    /// A result written by a kloop that did not record causes.
+    Unstated,
+}
+
+impl FailureCause {
+    /// One line for a report's failure title: `broke lost, programs-accounted`.
+    pub fn summary(&self) -> String {
+        match self {
+            FailureCause::Rules { rules } => format!("broke {}", rules.join(", ")),
+            FailureCause::SnapshotDrift => "snapshot drift".into(),
+            FailureCause::OverheadBudget => "overhead over budget".into(),
+            FailureCause::AgentError => "guest agent error".into(),
+            FailureCause::AgentCrash => "guest agent crashed (kloop bug)".into(),
+            FailureCause::AgentBug => "guest agent bug".into(),
+            FailureCause::Unstated => "test failure".into(),
+        }
+    }
+}
+
 impl Verdict {
+    /// A failure for `cause`.
+    pub fn failed(cause: FailureCause, message: impl Into<String>) -> Verdict {
+        Verdict::Failed(Failure {
+            cause,
+            message: message.into(),
+        })
+    }
+
     pub fn label(&self) -> &'static str {
         match self {
             Verdict::Ok => "ok",
@@ -57,8 +116,8 @@ impl Verdict {
     pub fn message(&self) -> Option<&str> {
         match self {
             Verdict::Ok => None,
-            Verdict::Failed(m)
-            | Verdict::Skipped(m)
+            Verdict::Failed(f) => Some(&f.message),
+            Verdict::Skipped(m)
             | Verdict::Known(m)
             | Verdict::Fixed(m)
             | Verdict::Infrastructure(m)
@@ -99,6 +158,66 @@ impl Verdict {
     /// known-bug trials do not; they are not passes either.
     pub fn fails_run(&self) -> bool {
         !matches!(self, Verdict::Ok | Verdict::Skipped(_) | Verdict::Known(_))
+    }
+}
+
+/// [`Verdict`] as JSON has it.
+#[derive(Serialize, Deserialize)]
+struct VerdictRepr {
+    class: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cause: Option<FailureCause>,
+}
+
+impl From<Verdict> for VerdictRepr {
+    fn from(v: Verdict) -> VerdictRepr {
+        let class = match &v {
+            Verdict::Ok => "ok",
+            Verdict::Failed(_) => "failed",
+            Verdict::Skipped(_) => "skipped",
+            Verdict::Known(_) => "known",
+            Verdict::Fixed(_) => "fixed",
+            Verdict::Infrastructure(_) => "infrastructure",
+            Verdict::Timeout(_) => "timeout",
+            Verdict::Panic(_) => "panic",
+            Verdict::Interrupted(_) => "interrupted",
+            Verdict::Flaky(_) => "flaky",
+        };
+        let cause = match &v {
+            Verdict::Failed(f) => Some(f.cause.clone()),
+            _ => None,
+        };
+        VerdictRepr {
+            class: class.to_string(),
+            message: v.message().map(str::to_string),
+            cause,
+        }
+    }
+}
+
+impl TryFrom<VerdictRepr> for Verdict {
+    type Error = String;
+
+    fn try_from(r: VerdictRepr) -> Result<Verdict, String> {
+        let m = r.message.unwrap_or_default();
+        Ok(match r.class.as_str() {
+            "ok" => Verdict::Ok,
+            "failed" => Verdict::Failed(Failure {
+                cause: r.cause.unwrap_or(FailureCause::Unstated),
+                message: m,
+            }),
+            "skipped" => Verdict::Skipped(m),
+            "known" => Verdict::Known(m),
+            "fixed" => Verdict::Fixed(m),
+            "infrastructure" => Verdict::Infrastructure(m),
+            "timeout" => Verdict::Timeout(m),
+            "panic" => Verdict::Panic(m),
+            "interrupted" => Verdict::Interrupted(m),
+            "flaky" => Verdict::Flaky(m),
+            other => return Err(format!("unknown verdict class `{other}`")),
+        })
     }
 }
 
