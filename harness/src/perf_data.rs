@@ -35,6 +35,8 @@ pub enum PerfDataError {
     },
     #[error("{path} is not a readable perf.data file: {why}")]
     Unreadable { path: PathBuf, why: String },
+    #[error("{path} is cut short: {why} (was perf killed, or the disk full?)")]
+    Truncated { path: PathBuf, why: String },
     #[error("{path}: no event in this file asked for KSYMBOL or BPF_EVENT records, so there is nothing to judge; it was written by a perf or on a kernel older than 5.1 (perf switches ksymbol off when the kernel refuses it). Record again with perf 5.1 or later on a 5.1+ kernel: `perf record -e dummy -a`")]
     NoSideBand { path: PathBuf },
 }
@@ -170,6 +172,15 @@ pub fn check(path: &Path) -> Result<PerfDataCheck, PerfDataError> {
         source,
     })?;
     let pipe = is_pipe_mode(path).map_err(|e| unreadable(e.to_string()))?;
+    let cut = if pipe { pipe_cut(path) } else { file_cut(path) };
+    let cut = cut.map_err(|e| unreadable(e.to_string()))?;
+    if let (false, Some(why)) = (pipe, &cut) {
+        // The feature sections follow the records: nothing reads.
+        return Err(PerfDataError::Truncated {
+            path: path.to_path_buf(),
+            why: why.clone(),
+        });
+    }
     let reader = std::io::BufReader::new(file);
     let parsed = if pipe {
         PerfFileReader::parse_pipe(reader)
@@ -282,7 +293,77 @@ pub fn check(path: &Path) -> Result<PerfDataCheck, PerfDataError> {
             judge_symbol(&r.body, &mut live, &mut out.findings);
         }
     }
+    // linux-perf-data ends a pipe stream quietly at a partial record.
+    if out.truncated.is_none() {
+        out.truncated = cut;
+    }
     Ok(out)
+}
+
+/// A file-mode perf.data whose records section (header offset 40: offset
+/// and size) reaches past the end of the file.
+fn file_cut(path: &Path) -> std::io::Result<Option<String>> {
+    use std::io::Read;
+    let mut head = [0u8; 56];
+    let mut f = std::fs::File::open(path)?;
+    let len = f.metadata()?.len();
+    if f.read_exact(&mut head).is_err() {
+        return Ok(None); // too short for a header: the reader says so
+    }
+    let at = |o: usize| u64::from_le_bytes(head[o..o + 8].try_into().expect("8 bytes"));
+    let end = at(40).saturating_add(at(48));
+    Ok((end > len).then(|| {
+        format!("its header says the records end at byte {end}, the file has {len} bytes")
+    }))
+}
+
+/// A pipe-mode perf.data whose last record reaches past the end of the
+/// file: its records are walked header to header. Two records carry a
+/// payload after `header.size` (tools/perf/util/session.c): tracing data
+/// (`u32 size` after the header, padded to 8) and AUX trace data (`u64 size`).
+fn pipe_cut(path: &Path) -> std::io::Result<Option<String>> {
+    const TRACING_DATA: u32 = 66;
+    const AUXTRACE: u32 = 71;
+    use std::io::{Read, Seek};
+    let mut f = std::io::BufReader::new(std::fs::File::open(path)?);
+    let len = f.get_ref().metadata()?.len();
+    let mut at = 16u64;
+    f.seek(std::io::SeekFrom::Start(at))?;
+    let mut head = [0u8; 8];
+    while at < len {
+        if len - at < 8 || f.read_exact(&mut head).is_err() {
+            return Ok(Some(format!(
+                "{} byte(s) at offset {at} are less than a record header",
+                len - at
+            )));
+        }
+        let type_ = u32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
+        let mut size = u16::from_le_bytes([head[6], head[7]]) as u64;
+        if (type_ == TRACING_DATA || type_ == AUXTRACE) && size >= 16 {
+            let mut payload = [0u8; 8];
+            f.read_exact(&mut payload)?;
+            f.seek_relative(-8)?;
+            size += if type_ == TRACING_DATA {
+                (u32::from_le_bytes(payload[..4].try_into().expect("4 bytes")) as u64)
+                    .next_multiple_of(8)
+            } else {
+                u64::from_le_bytes(payload)
+            };
+        }
+        if size < 8 {
+            return Ok(Some(format!(
+                "the record at offset {at} has header.size {size}, less than its header"
+            )));
+        }
+        if at + size > len {
+            return Ok(Some(format!(
+                "the record at offset {at} (type {type_}, {size} bytes) ends past the file's {len} bytes"
+            )));
+        }
+        f.seek_relative(size as i64 - 8)?;
+        at += size;
+    }
+    Ok(None)
 }
 
 /// A record that parses once its `header.size` is cut back to a smaller

@@ -62,6 +62,13 @@ pub fn text(file: &Path, c: &PerfDataCheck) -> String {
             "  TRUNCATED: {why}; the records before it are judged above (was perf killed, or the disk full?)"
         );
     }
-    let _ = writeln!(o, "kloop: {verdict}");
+    match c.truncated {
+        Some(_) => {
+            let _ = writeln!(o, "kloop: cut short; {verdict} up to the cut");
+        }
+        None => {
+            let _ = writeln!(o, "kloop: {verdict}");
+        }
+    }
     o
 }
