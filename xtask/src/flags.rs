@@ -541,6 +541,11 @@ pub(crate) struct BenchArgs {
     /// where the trials' time went.
     #[arg(long)]
     pub(crate) matrix: bool,
+    /// Only time `check-perf-data` on a perf.data of this many GiB (made
+    /// once from a real recording under target/kloop/bench/): records/s,
+    /// MB/s and the check's peak memory. No VM boots.
+    #[arg(long, value_name = "GIB")]
+    pub(crate) perf_data_gib: Option<f64>,
 }
 
 #[derive(Subcommand)]

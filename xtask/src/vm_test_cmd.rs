@@ -11,6 +11,9 @@ use kloop::run::suite::{self, EnvOptions, Selection};
 use crate::*;
 
 pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
+    if let Some(gib) = a.perf_data_gib {
+        return perf_data_bench(gib);
+    }
     let layout = layout();
     let sel = Selection {
         kernels: a.kernels.clone(),
@@ -50,6 +53,46 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
         println!();
         matrix_bench(&a)?;
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `bench --perf-data-gib N`: a real recording stretched to N GiB (kept
+/// for the next bench), then `check-perf-data` on it in a process of its
+/// own.
+fn perf_data_bench(gib: f64) -> Result<ExitCode> {
+    let layout = layout();
+    let dir = layout.root.join("target/kloop/bench");
+    std::fs::create_dir_all(&dir)?;
+    let target = (gib * (1u64 << 30) as f64) as u64;
+    let file = dir.join(format!("perf-data-{gib}gib.pipe.data"));
+    if std::fs::metadata(&file).map_or(true, |m| m.len() < target) {
+        let template = layout
+            .root
+            .join("harness/src/testdata/perf-data/host-6.18.44-perf-6.1.187-header-size.pipe.data");
+        println!(
+            "kloop bench: writing {} from {} …",
+            file.display(),
+            template.display()
+        );
+        let g = kloop::perf_data::generate::stretch(&template, &file, target)?;
+        println!(
+            "kloop bench: {} bytes, {} KSYMBOL/BPF_EVENT records in {} rounds",
+            g.bytes, g.side_band_records, g.rounds
+        );
+    }
+    let exe = std::env::current_exe().context("locating the xtask binary")?;
+    let r = bench::check_perf_data(&exe, &file).map_err(anyhow::Error::msg)?;
+    println!(
+        "check-perf-data: {:.2} GB, {} records ({} KSYMBOL/BPF_EVENT) in {:.1} s: {:.0} records/s, {:.0} MB/s; peak RSS {:.1} MiB; exit {}",
+        r.file_bytes as f64 / 1e9,
+        r.records,
+        r.side_band,
+        r.secs,
+        r.records_per_sec(),
+        r.mb_per_sec(),
+        r.max_rss_kib as f64 / 1024.0,
+        r.exit.map_or("signal".into(), |c| c.to_string())
+    );
     Ok(ExitCode::SUCCESS)
 }
 

@@ -48,7 +48,14 @@ pub fn text(file: &Path, c: &PerfDataCheck) -> String {
             let _ = writeln!(o, "    … and {} more", hits.len() - 3);
         }
     }
-    let news = c.news().count();
+    for (rule, n) in &c.more_findings {
+        let _ = writeln!(
+            o,
+            "  … and {n} more [{rule}] finding(s), counted, not kept (the first {} of each rule are)",
+            crate::perf_data::KEPT_PER_RULE
+        );
+    }
+    let news = c.news_count();
     let known = c.known_issues();
     let verdict = match (news, known.is_empty()) {
         (0, true) => "clean".to_string(),

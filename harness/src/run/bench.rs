@@ -490,6 +490,67 @@ impl MatrixBench {
     }
 }
 
+/// `check-perf-data` on a big file, run as a user runs it (a process of
+/// its own, so its peak memory is its own).
+#[derive(Debug, Clone)]
+pub struct PerfDataRun {
+    pub file_bytes: u64,
+    pub secs: f64,
+    /// Records read, and KSYMBOL + BPF_EVENT among them.
+    pub records: u64,
+    pub side_band: u64,
+    /// The check process's peak resident memory (`getrusage`'s
+    /// `RUSAGE_CHILDREN` after it was reaped: the largest child so far).
+    pub max_rss_kib: u64,
+    pub exit: Option<i32>,
+}
+
+impl PerfDataRun {
+    pub fn records_per_sec(&self) -> f64 {
+        self.records as f64 / self.secs
+    }
+    pub fn mb_per_sec(&self) -> f64 {
+        self.file_bytes as f64 / 1e6 / self.secs
+    }
+}
+
+/// Runs `<exe> check-perf-data <file> --json` and reads its counts back
+/// from its JSON.
+pub fn check_perf_data(exe: &Path, file: &Path) -> Result<PerfDataRun, String> {
+    let file_bytes = std::fs::metadata(file)
+        .map_err(|e| format!("{}: {e}", file.display()))?
+        .len();
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(exe)
+        .arg("check-perf-data")
+        .arg(file)
+        .arg("--json")
+        .output()
+        .map_err(|e| format!("running {}: {e}", exe.display()))?;
+    let secs = started.elapsed().as_secs_f64();
+    // SAFETY: getrusage fills the struct it is given.
+    let max_rss_kib = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut u);
+        u.ru_maxrss as u64
+    };
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!(
+            "check-perf-data printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    let n = |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+    Ok(PerfDataRun {
+        file_bytes,
+        secs,
+        records: n("records"),
+        side_band: n("ksymbol") + n("bpf_event"),
+        max_rss_kib,
+        exit: out.status.code(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

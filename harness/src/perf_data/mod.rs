@@ -20,6 +20,8 @@ use kloop_protocol::ListenerInfo;
 use kloop_records::{parse_stream, RecordBody, KSYM_TYPE_BPF};
 use linux_perf_data::{PerfFileReader, PerfFileRecord};
 
+pub mod generate;
+
 /// `PERF_RECORD_*` types this check reads.
 const KSYMBOL: u32 = 17;
 const BPF_EVENT: u32 = 18;
@@ -93,7 +95,30 @@ pub struct PerfDataCheck {
     pub ksymbol: u64,
     pub bpf_event: u64,
     pub lost: u64,
+    /// The findings kept: the first [`KEPT_PER_RULE`] of each rule, so a
+    /// file of any size is judged in bounded memory.
     pub findings: Vec<Finding>,
+    /// Findings past that cap, counted per rule.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub more_findings: BTreeMap<&'static str, u64>,
+    /// Findings kept per rule.
+    #[serde(skip)]
+    kept: BTreeMap<&'static str, usize>,
+}
+
+/// Findings kept per rule; the rest are counted.
+pub const KEPT_PER_RULE: usize = 1000;
+
+impl PerfDataCheck {
+    fn push(&mut self, f: Finding) {
+        let kept = self.kept.entry(f.rule).or_default();
+        if *kept < KEPT_PER_RULE {
+            *kept += 1;
+            self.findings.push(f);
+        } else {
+            *self.more_findings.entry(f.rule).or_default() += 1;
+        }
+    }
 }
 
 impl PerfDataCheck {
@@ -110,6 +135,20 @@ impl PerfDataCheck {
             (None, false) => 1,
             (None, true) => 0,
         }
+    }
+
+    /// How many findings no ledger entry explains, those past the cap
+    /// included (a rule's findings are all known or all news: the ledger's
+    /// sign is per rule and kernel).
+    pub fn news_count(&self) -> u64 {
+        let kept = self.news().count() as u64;
+        let more: u64 = self
+            .more_findings
+            .iter()
+            .filter(|(rule, _)| self.news().any(|f| f.rule == **rule))
+            .map(|(_, n)| n)
+            .sum();
+        kept + more
     }
 
     /// The findings no ledger entry explains.
@@ -196,29 +235,7 @@ pub fn check(path: &Path) -> Result<PerfDataCheck, PerfDataError> {
         perf_version: perf_file.perf_version().ok().flatten().map(str::to_string),
         ..PerfDataCheck::default()
     };
-    let listeners: Vec<ListenerInfo> = perf_file
-        .event_attributes()
-        .iter()
-        .enumerate()
-        .map(|(i, a)| ListenerInfo {
-            index: i as u32,
-            cpu: -1,
-            sample_type: a.attr.sample_format.bits(),
-            sample_id_all: a
-                .attr
-                .flags
-                .contains(linux_perf_data::linux_perf_event_reader::AttrFlags::SAMPLE_ID_ALL),
-            ksymbol: a
-                .attr
-                .flags
-                .contains(linux_perf_data::linux_perf_event_reader::AttrFlags::KSYMBOL),
-            bpf_event: a
-                .attr
-                .flags
-                .contains(linux_perf_data::linux_perf_event_reader::AttrFlags::BPF_EVENT),
-            ..ListenerInfo::default()
-        })
-        .collect();
+    let listeners = listeners(&perf_file);
     out.side_band_attrs = listeners
         .iter()
         .filter(|l| l.ksymbol || l.bpf_event)
@@ -269,7 +286,7 @@ pub fn check(path: &Path) -> Result<PerfDataCheck, PerfDataError> {
             Ok(recs) => recs,
             Err(e) => match oversized(listener, &bytes) {
                 Some((true_size, recs)) => {
-                    out.findings.push(Finding::new(
+                    out.push(Finding::new(
                         "header-size",
                         format!(
                             "record {} (event {attr_index}, {}): header.size {size} is {} bytes more than its body and sample_id trailer ({true_size}); the extra bytes are zero",
@@ -281,7 +298,7 @@ pub fn check(path: &Path) -> Result<PerfDataCheck, PerfDataError> {
                     recs
                 }
                 None => {
-                    out.findings.push(Finding::new(
+                    out.push(Finding::new(
                         "parse",
                         format!("record {} (event {attr_index}): {}", out.records, e.what),
                     ));
@@ -290,7 +307,11 @@ pub fn check(path: &Path) -> Result<PerfDataCheck, PerfDataError> {
             },
         };
         for r in recs {
-            judge_symbol(&r.body, &mut live, &mut out.findings);
+            let mut found = Vec::new();
+            judge_symbol(&r.body, &mut live, &mut found);
+            for f in found {
+                out.push(f);
+            }
         }
     }
     // linux-perf-data ends a pipe stream quietly at a partial record.
@@ -364,6 +385,33 @@ fn pipe_cut(path: &Path) -> std::io::Result<Option<String>> {
         at += size;
     }
     Ok(None)
+}
+
+/// Each event attribute of the file as kloop's parser knows a listener.
+fn listeners(perf_file: &linux_perf_data::PerfFile) -> Vec<ListenerInfo> {
+    perf_file
+        .event_attributes()
+        .iter()
+        .enumerate()
+        .map(|(i, a)| ListenerInfo {
+            index: i as u32,
+            cpu: -1,
+            sample_type: a.attr.sample_format.bits(),
+            sample_id_all: a
+                .attr
+                .flags
+                .contains(linux_perf_data::linux_perf_event_reader::AttrFlags::SAMPLE_ID_ALL),
+            ksymbol: a
+                .attr
+                .flags
+                .contains(linux_perf_data::linux_perf_event_reader::AttrFlags::KSYMBOL),
+            bpf_event: a
+                .attr
+                .flags
+                .contains(linux_perf_data::linux_perf_event_reader::AttrFlags::BPF_EVENT),
+            ..ListenerInfo::default()
+        })
+        .collect()
 }
 
 /// A record that parses once its `header.size` is cut back to a smaller
