@@ -181,6 +181,6 @@ mod tests {
         let c = super::super::check(&out).unwrap();
         assert_eq!(c.ksymbol + c.bpf_event, g.side_band_records, "{c:?}");
         assert!(c.findings.is_empty(), "{:#?}", c.findings);
-        assert!(c.truncated.is_none());
+        assert!(c.stopped.is_none());
     }
 }

@@ -86,10 +86,10 @@ pub struct PerfDataCheck {
     /// `perf record --no-bpf-event`: then the file has the KSYMBOLs of BPF
     /// programs but not their ids and tags.
     pub bpf_event_requested: bool,
-    /// The records stop early: the file was cut short (a full disk, a
-    /// killed perf). What was read is judged; the check exits 2.
+    /// The records stop before the file's end. What was read is judged;
+    /// the check exits 2.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub truncated: Option<String>,
+    pub stopped: Option<Stopped>,
     /// Records read, and KSYMBOL / BPF_EVENT / LOST among them.
     pub records: u64,
     pub ksymbol: u64,
@@ -104,6 +104,17 @@ pub struct PerfDataCheck {
     /// Findings kept per rule.
     #[serde(skip)]
     kept: BTreeMap<&'static str, usize>,
+}
+
+/// Why the records stopped before the file's end.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "kind", content = "why", rename_all = "kebab-case")]
+pub enum Stopped {
+    /// The last record reaches past the end: a killed perf, a full disk.
+    CutShort(String),
+    /// A record the reader cannot make sense of, inside the file: a file
+    /// damaged, or written by a tool that gets the format wrong.
+    Unreadable(String),
 }
 
 /// Findings kept per rule; the rest are counted.
@@ -130,7 +141,7 @@ impl PerfDataCheck {
     /// `check-perf-data`'s exit status: 2 when the file was cut short
     /// (whatever was read), 1 for news, 0 clean or known bugs only.
     pub fn exit_code(&self) -> u8 {
-        match (&self.truncated, self.clean()) {
+        match (&self.stopped, self.clean()) {
             (Some(_), _) => 2,
             (None, false) => 1,
             (None, true) => 0,
@@ -252,10 +263,10 @@ pub fn check(path: &Path) -> Result<PerfDataCheck, PerfDataError> {
             Ok(Some(r)) => r,
             Ok(None) => break,
             Err(e) => {
-                out.truncated = Some(format!(
-                    "after record {} the file ends in a record that cannot be read: {e}",
+                out.stopped = Some(Stopped::Unreadable(format!(
+                    "after record {} a record cannot be read: {e}",
                     out.records
-                ));
+                )));
                 break;
             }
         };
@@ -314,9 +325,10 @@ pub fn check(path: &Path) -> Result<PerfDataCheck, PerfDataError> {
             }
         }
     }
-    // linux-perf-data ends a pipe stream quietly at a partial record.
-    if out.truncated.is_none() {
-        out.truncated = cut;
+    // linux-perf-data ends a pipe stream quietly at a partial record; a
+    // cut also explains a record that cannot be read.
+    if let Some(why) = cut {
+        out.stopped = Some(Stopped::CutShort(why));
     }
     Ok(out)
 }

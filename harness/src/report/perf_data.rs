@@ -63,15 +63,21 @@ pub fn text(file: &Path, c: &PerfDataCheck) -> String {
         (n, true) => format!("{n} finding(s)"),
         (n, false) => format!("{n} finding(s); also KNOWN ({})", known.join(", ")),
     };
-    if let Some(why) = &c.truncated {
-        let _ = writeln!(
-            o,
-            "  TRUNCATED: {why}; the records before it are judged above (was perf killed, or the disk full?)"
-        );
-    }
-    match c.truncated {
-        Some(_) => {
+    use crate::perf_data::Stopped;
+    match &c.stopped {
+        Some(Stopped::CutShort(why)) => {
+            let _ = writeln!(
+                o,
+                "  TRUNCATED: {why}; the records before it are judged above (was perf killed, or the disk full?)"
+            );
             let _ = writeln!(o, "kloop: cut short; {verdict} up to the cut");
+        }
+        Some(Stopped::Unreadable(why)) => {
+            let _ = writeln!(
+                o,
+                "  UNREADABLE: {why}; the records before it are judged above (does `perf report -D -i` read the file? If not, the tool that wrote it got the format wrong)"
+            );
+            let _ = writeln!(o, "kloop: stopped early; {verdict} up to there");
         }
         None => {
             let _ = writeln!(o, "kloop: {verdict}");
