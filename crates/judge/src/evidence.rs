@@ -68,6 +68,9 @@ pub struct RunEvidence {
     pub provoked_loss: bool,
     /// perf's own output for the plan's `perf record` run (perf_script.rs).
     pub perf_scripts: Vec<PerfScript>,
+    /// The `perf.data` the plan's `perf record` wrote, put together from
+    /// its `PerfData` pieces; `Err`: the pieces did not make the file.
+    pub perf_data: Option<Result<Vec<u8>, String>>,
     /// What each `fail-nth` step's sweep came to, in plan order.
     pub fail_nth: Vec<FailNthSweep>,
     /// What each `run-program` step's program did, in plan order.
@@ -552,6 +555,29 @@ impl RunEvidence {
                     timed_out: *timed_out,
                     output: output.clone(),
                 }),
+                Message::PerfData { offset, total, hex } => {
+                    let file = ev.perf_data.get_or_insert_with(|| Ok(Vec::new()));
+                    if let Ok(bytes) = file {
+                        let piece = match ::hex::decode(hex) {
+                            Ok(p) if *offset == bytes.len() as u64 => p,
+                            Ok(_) => {
+                                *file = Err(format!(
+                                    "a piece at offset {offset} after {} bytes",
+                                    bytes.len()
+                                ));
+                                continue;
+                            }
+                            Err(e) => {
+                                *file = Err(format!("the piece at {offset} is not hex: {e}"));
+                                continue;
+                            }
+                        };
+                        bytes.extend_from_slice(&piece);
+                        if bytes.len() as u64 > *total {
+                            *file = Err(format!("more than the {total} bytes announced"));
+                        }
+                    }
+                }
                 Message::PerfScript {
                     command,
                     text,

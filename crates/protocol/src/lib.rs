@@ -37,8 +37,12 @@ pub use plan::{
 /// Bumped whenever a frame layout, a message or a plan step changes
 /// incompatibly (4: the ksymbol watch's steps and messages, kprobe-fill,
 /// fail-nth and failed-load; 5: a listener's CPU subset and other
-/// side-band attributes, and `close-listeners`; 6: `FinalKallsyms`; 7: the plan's `params`).
-pub const PROTOCOL_VERSION: u32 = 8;
+/// side-band attributes, and `close-listeners`; 6: `FinalKallsyms`; 7: the plan's `params`;
+/// 8: `ProgramRun`; 9: `PerfData`).
+pub const PROTOCOL_VERSION: u32 = 9;
+
+/// Raw bytes of one [`Message::PerfData`] piece: its hex fits a frame.
+pub const PERF_DATA_PIECE: usize = 384 * 1024;
 
 /// What a `ProgramRun` carries of a program's output.
 pub const MAX_PROGRAM_OUTPUT: usize = 64 * 1024;
@@ -378,6 +382,14 @@ pub enum Message {
         /// stdout then stderr, at most [`MAX_PROGRAM_OUTPUT`] bytes.
         output: String,
         elapsed_ns: u64,
+    },
+    /// One piece of the `perf.data` the plan's `perf record` wrote, sent
+    /// before its dump: `offset` into the file of `total` bytes, the piece's
+    /// bytes in hex (at most [`PERF_DATA_PIECE`] of them).
+    PerfData {
+        offset: u64,
+        total: u64,
+        hex: String,
     },
     /// perf's dump (`perf report -D --header`) of the plan's `perf record`
     /// run.

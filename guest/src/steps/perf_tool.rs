@@ -69,6 +69,32 @@ fn perf_command(args: &[&str]) -> Command {
     cmd
 }
 
+/// perf's file as it wrote it, in pieces: the host keeps it in the
+/// trial's artefacts and reads it with `check-perf-data`'s reader, a
+/// second reader of the same bytes perf's dump shows.
+fn send_data() -> Result<()> {
+    let data = std::fs::read(DATA).os_ctx(format!("reading {DATA}"))?;
+    if data.len() > MAX_DATA {
+        log(format!(
+            "perf.data is {} bytes, more than the {MAX_DATA} sent to the host: not sent",
+            data.len()
+        ))?;
+        return Ok(());
+    }
+    for (i, piece) in data.chunks(kloop_protocol::PERF_DATA_PIECE).enumerate() {
+        send(&Message::PerfData {
+            offset: (i * kloop_protocol::PERF_DATA_PIECE) as u64,
+            total: data.len() as u64,
+            hex: hex::encode(piece),
+        })?;
+    }
+    Ok(())
+}
+
+/// The largest perf.data sent to the host (the scenarios' files are a few
+/// hundred KiB).
+const MAX_DATA: usize = 16 << 20;
+
 fn mkfifo(path: &str) -> Result<()> {
     let _ = std::fs::remove_file(path);
     let c = std::ffi::CString::new(path).expect("fifo paths have no NUL");
@@ -285,6 +311,7 @@ pub fn stop() -> Result<()> {
             describe(status)
         );
     }
+    send_data()?;
     let text = std::fs::read(REPORT_OUT).os_ctx(format!("reading {REPORT_OUT}"))?;
     if text.len() > MAX_TEXT {
         bail!(

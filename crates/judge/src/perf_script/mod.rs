@@ -52,9 +52,11 @@ use thiserror::Error;
 
 mod dump;
 mod expected;
+mod file;
 
 pub use dump::*;
 use expected::*;
+pub use file::{agree, FileReading, FILE_RULE};
 
 use crate::check::{Analysis, Violation};
 use crate::evidence::RunEvidence;
@@ -69,7 +71,7 @@ use kloop_records::{
 pub const RULE: &str = "second-reader";
 
 /// Every rule this module reports (for the known-issues ledger's list).
-pub const RULES: &[&str] = &[RULE];
+pub const RULES: &[&str] = &[RULE, FILE_RULE];
 
 /// At most this many violations of one kind are spelled out.
 const MAX_PER_KIND: usize = 8;

@@ -52,6 +52,24 @@ pub(super) fn judge(
         &analysis,
         &scenario.plan.steps,
     ));
+    // A pin is judged by its ledger entries. A local kernel is judged by
+    // the entries of the pin of its series (same code, same known bugs),
+    // but an entry that no longer shows there is news, not a failure: it
+    // is what a developer fixing that bug boots to see.
+    let (ledger_pin, report_fixed) = match kernel {
+        KernelUnderTest::Pin(p) => (Some(p.id.as_str()), true),
+        KernelUnderTest::DistroBuild { series_pin, .. } => (series_pin.as_deref(), false),
+        KernelUnderTest::Image(k) => (k.ledger_pin.as_deref(), false),
+    };
+    if let Some(note) = perf_file(
+        &evidence,
+        env,
+        (ledger_pin, &scenario.name),
+        artefacts,
+        &mut analysis.violations,
+    ) {
+        result.notes.push(note);
+    }
     for (i, p) in evidence.perf_scripts.iter().enumerate() {
         let _ = std::fs::write(
             artefacts.join(format!("perf-{i}.txt")),
@@ -62,15 +80,6 @@ pub(super) fn judge(
         + &crate::judge::perf_script::perf_view(&evidence, &analysis);
     let normalised_path = artefacts.join("normalised.txt");
     let _ = std::fs::write(&normalised_path, &normalised);
-    // A pin is judged by its ledger entries. A local kernel is judged by
-    // the entries of the pin of its series (same code, same known bugs),
-    // but an entry that no longer shows there is news, not a failure: it
-    // is what a developer fixing that bug boots to see.
-    let (ledger_pin, report_fixed) = match kernel {
-        KernelUnderTest::Pin(p) => (Some(p.id.as_str()), true),
-        KernelUnderTest::DistroBuild { series_pin, .. } => (series_pin.as_deref(), false),
-        KernelUnderTest::Image(k) => (k.ledger_pin.as_deref(), false),
-    };
     result.violations = rule_hits(
         &env.known_issues,
         ledger_pin,
@@ -219,6 +228,110 @@ pub(super) fn rule_hits(
             super::RuleHit::of(v, issue)
         })
         .collect()
+}
+
+/// The `perf.data` the guest's perf wrote, kept as `perf.data` in the
+/// artefacts and read with `check-perf-data`'s reader, held to perf's own
+/// dump of it and to kloop's own judging of perf's records (rule
+/// `perf-data`): the ledger entries with a perf.data sign the file reader
+/// recognises must be those kloop's second-reader violations are known
+/// as. The note says what the reader read.
+fn perf_file(
+    evidence: &RunEvidence,
+    env: &TrialEnv,
+    (pin, scenario): (Option<&str>, &str),
+    artefacts: &Path,
+    violations: &mut Vec<crate::judge::check::Violation>,
+) -> Option<String> {
+    use crate::judge::perf_script::{self, FileReading, FILE_RULE};
+    let file = evidence.perf_data.as_ref()?;
+    let bytes = match file {
+        Ok(b) => b,
+        Err(why) => {
+            violations.push(crate::judge::check::Violation::new(
+                FILE_RULE,
+                format!("perf.data did not arrive whole: {why}"),
+            ));
+            return None;
+        }
+    };
+    let path = artefacts.join("perf.data");
+    if let Err(e) = std::fs::write(&path, bytes) {
+        violations.push(crate::judge::check::Violation::new(
+            FILE_RULE,
+            format!("writing {}: {e}", path.display()),
+        ));
+        return None;
+    }
+    let dump = perf_script::parse(&evidence.perf_scripts.first()?.text).ok()?;
+    let mut file_knows: Vec<String> = Vec::new();
+    let reading = match crate::perf_data::check_with(&path, true) {
+        Ok(mut c) => {
+            crate::perf_data::recognise(&mut c, &env.known_issues);
+            file_knows = c.known_issues().into_iter().map(str::to_string).collect();
+            FileReading {
+                news: c
+                    .news()
+                    .map(|f| format!("[{}] {}", f.rule, f.message))
+                    .collect(),
+                stopped: c.stopped.as_ref().map(|s| format!("{s:?}")),
+                side_band: std::mem::take(&mut c.side_band),
+            }
+        }
+        Err(e) => FileReading {
+            stopped: Some(e.to_string()),
+            ..FileReading::default()
+        },
+    };
+    violations.extend(perf_script::agree(&dump, &reading));
+    // kloop's own verdict on perf's records: its second-reader violations
+    // as the ledger knows them. Compared: perf's bugs a perf.data can show
+    // (component perf, a perf_data sign); the kernel's bugs in this
+    // scenario hit kloop's listeners, not perf's copy, which is exact
+    // (perf's events are iterated first) and checked by the rules above.
+    let perf_bug =
+        |i: &crate::judge::known_issues::Issue| i.component != "kernel" && i.perf_data.is_some();
+    let second: Vec<crate::judge::check::Violation> = violations
+        .iter()
+        .filter(|v| v.rule == perf_script::RULE)
+        .cloned()
+        .collect();
+    let judgement = env.known_issues.judge(pin.unwrap_or(""), scenario, &second);
+    let kloop_knows: Vec<String> = judgement
+        .known
+        .iter()
+        .filter(|(i, _)| perf_bug(i))
+        .map(|(i, _)| i.id.clone())
+        .collect();
+    let file_knows: Vec<String> = file_knows
+        .into_iter()
+        .filter(|id| {
+            env.known_issues
+                .issues
+                .iter()
+                .any(|i| i.id == *id && perf_bug(i))
+        })
+        .collect();
+    if pin.is_some() && file_knows != kloop_knows {
+        violations.push(crate::judge::check::Violation::new(
+            FILE_RULE,
+            format!(
+                "check-perf-data on perf's file knows [{}], kloop's second reader of the same records knows [{}]",
+                file_knows.join(", "),
+                kloop_knows.join(", ")
+            ),
+        ));
+    }
+    Some(format!(
+        "perf.data: {} bytes, {} KSYMBOL/BPF_EVENT read by check-perf-data{}",
+        bytes.len(),
+        reading.side_band.len(),
+        if file_knows.is_empty() {
+            String::new()
+        } else {
+            format!(", known: {}", file_knows.join(", "))
+        }
+    ))
 }
 
 /// How a user names `kernel` on the command line.

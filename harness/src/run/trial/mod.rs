@@ -538,6 +538,19 @@ fn note_timings(session: &GuestSession, prepare: f64, restored: bool, result: &m
 fn save_messages(dir: &Path, messages: &[Message]) {
     if let Ok(mut f) = std::fs::File::create(dir.join("messages.jsonl")) {
         for m in messages {
+            // perf's file is kept whole as perf.data, not as hex here.
+            let piece;
+            let m = match m {
+                Message::PerfData { offset, total, .. } => {
+                    piece = Message::PerfData {
+                        offset: *offset,
+                        total: *total,
+                        hex: String::new(),
+                    };
+                    &piece
+                }
+                other => other,
+            };
             if let Ok(line) = serde_json::to_string(m) {
                 let _ = writeln!(f, "{line}");
             }
