@@ -707,6 +707,52 @@ mod tests {
         }
     }
 
+    /// perf's own files from kernels with and without the header-size bug
+    /// (perf-tool-late-listener): 24 bytes too long on 5.10 and 6.1,
+    /// KNOWN by kernel release; exact on 7.3.
+    #[test]
+    fn the_header_size_bug_in_perfs_own_file_is_known_on_5_10_and_6_1() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let ledger =
+            crate::run::suite::load_ledger(&crate::run::suite::Layout::from_root(root)).unwrap();
+        for (release, buggy) in [
+            ("5.10.0-32-cloud-amd64", true),
+            ("6.1.0-50-cloud-amd64", true),
+            ("7.3-cloud-amd64", false),
+        ] {
+            let mut c = check(&testdata(&format!(
+                "guest-{release}-perf-6.1.187-late-listener.data"
+            )))
+            .unwrap();
+            assert_eq!((c.ksymbol, c.bpf_event), (2, 2), "{release}");
+            let rules: Vec<&str> = c.findings.iter().map(|f| f.rule).collect();
+            assert_eq!(
+                rules,
+                if buggy {
+                    vec!["header-size"; 4]
+                } else {
+                    vec![]
+                },
+                "{release}"
+            );
+            assert!(
+                c.findings
+                    .iter()
+                    .all(|f| f.message.contains("is 24 bytes more than")),
+                "{:#?}",
+                c.findings
+            );
+            recognise(&mut c, &ledger);
+            assert!(c.clean(), "{release}: {:#?}", c.findings);
+            let known: Vec<&str> = if buggy {
+                vec!["ksymbol-bpf-event-header-size-accumulates"]
+            } else {
+                vec![]
+            };
+            assert_eq!(c.known_issues(), known, "{release}");
+        }
+    }
+
     /// The same recording as a pipe (`perf record -o - … > file`).
     #[test]
     fn the_pipe_form_is_read_too() {
