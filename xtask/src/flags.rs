@@ -130,6 +130,10 @@ pub(crate) struct MergeArgs {
     /// target/kloop/runs).
     #[arg(long)]
     pub(crate) out: Option<PathBuf>,
+    /// Succeed even when every trial of every shard was skipped (by
+    /// default a run that tested nothing fails).
+    #[arg(long)]
+    pub(crate) allow_skipped: bool,
 }
 
 #[derive(Args)]
@@ -198,6 +202,11 @@ pub(crate) struct VmTestArgs {
     /// Only these kernel pins (repeatable).
     #[arg(long = "kernel", value_name = "ID")]
     pub(crate) kernels: Vec<String>,
+    /// Succeed even when every trial was skipped (by default a run that
+    /// tested nothing fails: a kernel lacking what the scenarios need is
+    /// not a pass).
+    #[arg(long)]
+    pub(crate) allow_skipped: bool,
     /// Only these scenarios (repeatable).
     #[arg(long = "scenario", value_name = "NAME")]
     pub(crate) scenarios: Vec<String>,

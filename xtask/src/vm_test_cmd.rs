@@ -173,6 +173,8 @@ pub(crate) fn vm_test(
             .with_context(|| format!("writing {}", path.display()))?;
     }
     let ledger_warnings = announce(&env, &trials, a.repeat as usize);
+    // A shard may hold only trials its kernels skip; `merge` judges the run.
+    let allow_skipped = a.allow_skipped || a.shard.is_some();
     let all_runs = run_rounds(&env, &trials, a.repeat as usize, a.jobs);
     let artefacts: Vec<PathBuf> = all_runs.iter().map(|r| r.artefacts.clone()).collect();
     let results = combine_repeats(&env, all_runs, a.repeat as usize)?;
@@ -180,7 +182,13 @@ pub(crate) fn vm_test(
         .with_context(|| format!("writing reports into {}", env.run_dir.display()))?;
     write_kcidb(&env.run_dir, &kernels, &results, a.kcidb.as_deref());
     write_overhead_report(&layout, &env, &artefacts);
-    Ok(print_summary(&env, &results, &ledger_warnings, started))
+    Ok(print_summary(
+        &env,
+        &results,
+        &ledger_warnings,
+        started,
+        allow_skipped,
+    ))
 }
 
 /// With `--shard K/N`: this shard's part of the planned trials, announced,
@@ -290,7 +298,10 @@ pub(crate) fn merge(a: MergeArgs) -> Result<ExitCode> {
         out.display(),
         summary.line()
     );
-    Ok(if summary.all_ok() {
+    if summary.nothing_ran() && !a.allow_skipped {
+        println!("kloop: {}", Summary::NOTHING_RAN);
+    }
+    Ok(if summary.success(a.allow_skipped) {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -472,6 +483,7 @@ fn print_summary(
     results: &[kloop::run::trial::TrialResult],
     ledger_warnings: &[String],
     started: std::time::Instant,
+    allow_skipped: bool,
 ) -> ExitCode {
     let summary = Summary::of(results);
     println!();
@@ -494,7 +506,10 @@ fn print_summary(
         env.accel.accel,
         env.run_dir.display()
     );
-    if summary.all_ok() {
+    if summary.nothing_ran() && !allow_skipped {
+        println!("kloop: {}", Summary::NOTHING_RAN);
+    }
+    if summary.success(allow_skipped) {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

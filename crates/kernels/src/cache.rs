@@ -10,6 +10,7 @@
 //! only after its sha256 matched, and every hit is re-hashed before it is
 //! returned, so a truncated or altered file is never handed out.
 
+use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
 use crate::apt::{AptState, Trust};
@@ -352,6 +353,21 @@ impl KernelCache {
             return Err(missing(self.root.join("debs").join(format!("{sha}.deb"))));
         }
         let mut found_at = None;
+        // The extracted config is trusted only with the hash written beside
+        // it: one cut short or damaged would make the preflight skip every
+        // trial for options that are really set. Remaking it from the
+        // (verified) package is cheap.
+        let sum = dir.join(format!("{sha}.config.sha256"));
+        if dest.is_file() && !config_intact(&dest, &sum) {
+            crate::status::done(
+                &format!("config-check {sha}"),
+                &format!(
+                    "the cached config {} does not match its recorded hash: extracting it again",
+                    dest.display()
+                ),
+            );
+            let _ = std::fs::remove_file(&dest);
+        }
         if !dest.is_file() {
             let deb = self.ensure_package(pin, package, sha, opts)?;
             let mut text = None;
@@ -377,8 +393,13 @@ impl KernelCache {
                 return Err(missing(deb));
             };
             let tmp = dir.join(format!(".partial-{}", std::process::id()));
+            let digest = hex::encode(Sha256::digest(text.as_bytes()));
+            // The config first, then its hash: a kill between the two leaves
+            // a config without a hash, extracted again next time.
             std::fs::write(&tmp, &text)
                 .and_then(|()| std::fs::rename(&tmp, &dest))
+                .and_then(|()| std::fs::write(&tmp, format!("{digest}\n")))
+                .and_then(|()| std::fs::rename(&tmp, &sum))
                 .map_err(|source| KernelError::CacheWrite {
                     path: dest.clone(),
                     source,
@@ -497,6 +518,14 @@ fn lookup(path: &Path, expected: &str) -> Result<Lookup, KernelError> {
     }
 }
 
+/// Does the config at `path` have the sha256 recorded beside it at `sum`?
+fn config_intact(path: &Path, sum: &Path) -> bool {
+    let (Ok(text), Ok(recorded)) = (std::fs::read(path), std::fs::read_to_string(sum)) else {
+        return false;
+    };
+    hex::encode(Sha256::digest(&text)) == recorded.trim()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -558,6 +587,55 @@ mod tests {
             assert_eq!(std::fs::read(&got).unwrap(), image);
         }
         assert_eq!(got_layout(&cache), ["images"]);
+    }
+
+    /// A config cut short after extraction (a full disk, a crash in an
+    /// older kloop) is noticed by its recorded hash and extracted again
+    /// from the verified package: trusted on sight, it made the preflight
+    /// skip every trial and the run exit 0 having tested nothing. The
+    /// package is a real .deb built with dpkg-deb.
+    #[test]
+    fn a_damaged_config_is_extracted_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = dir.path().join("tree");
+        std::fs::create_dir_all(tree.join("DEBIAN")).unwrap();
+        std::fs::create_dir_all(tree.join("boot")).unwrap();
+        std::fs::write(
+            tree.join("DEBIAN/control"),
+            "Package: kloop-test-image\nVersion: 1\nArchitecture: all\nMaintainer: kloop <kloop@invalid>\nDescription: test\n",
+        )
+        .unwrap();
+        let config = "#\n# Automatically generated file; DO NOT EDIT.\nCONFIG_BLK_DEV_INITRD=y\nCONFIG_BPF_JIT=y\n";
+        std::fs::write(tree.join("boot/config-6.1.0-1-cloud-amd64"), config).unwrap();
+        let built = dir.path().join("x.deb");
+        let ok = std::process::Command::new("dpkg-deb")
+            .args(["--root-owner-group", "-Zgzip", "--build"])
+            .arg(&tree)
+            .arg(&built)
+            .output()
+            .expect("dpkg-deb runs (Debian's dpkg)");
+        assert!(ok.status.success(), "{ok:?}");
+        let deb = std::fs::read(&built).unwrap();
+        let cache = KernelCache::at(dir.path().join("cache"));
+        let pin = pin_for(b"image", &deb);
+        let debs = cache.root().join("debs");
+        std::fs::create_dir_all(&debs).unwrap();
+        std::fs::write(debs.join(format!("{}.deb", pin.deb_sha256)), &deb).unwrap();
+        let offline = dead_mirror(true);
+        let c = cache.ensure_config(&pin, &offline).unwrap();
+        assert_eq!(c.state("BLK_DEV_INITRD"), crate::OptionState::BuiltIn);
+        let path = cache
+            .root()
+            .join(format!("configs/{}.config", pin.deb_sha256));
+        // Cut short: the option the preflight needs is gone from the file.
+        std::fs::write(&path, &config[..50]).unwrap();
+        let c = cache.ensure_config(&pin, &offline).unwrap();
+        assert_eq!(c.state("BLK_DEV_INITRD"), crate::OptionState::BuiltIn);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), config);
+        // A config from before hashes were recorded is extracted again too.
+        std::fs::remove_file(path.with_extension("config.sha256")).unwrap();
+        assert!(cache.ensure_config(&pin, &offline).is_ok());
+        assert!(path.with_extension("config.sha256").is_file());
     }
 
     fn got_layout(cache: &KernelCache) -> Vec<String> {

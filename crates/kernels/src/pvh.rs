@@ -61,14 +61,14 @@ pub fn ensure_pvh(
     let dir = cache_root.join("vmlinux");
     if let Some(sha) = image_sha256 {
         let dest = dir.join(sha);
-        if dest.is_file() {
+        if cached(&dest) {
             return Ok(dest);
         }
     }
     let bytes = std::fs::read(image).map_err(|e| bad(format!("cannot read: {e}")))?;
     let sha = hex::encode(Sha256::digest(&bytes));
     let dest = dir.join(&sha);
-    if dest.is_file() {
+    if cached(&dest) {
         return Ok(dest);
     }
     let task = format!("pvh {}", &sha[..12]);
@@ -114,6 +114,72 @@ pub fn ensure_pvh(
     }
     tmp.persist(&dest).map_err(|e| write_err(&dest, e.error))?;
     Ok(dest)
+}
+
+/// Is a cached PVH ELF there and whole? It is cheap to make again from its
+/// image, so one that is not (cut short by a full disk, damaged on disk,
+/// left by an older kloop) is removed, said, and remade instead of handed
+/// to QEMU, which would fail every trial with "Error while loading elf
+/// kernel".
+fn cached(dest: &Path) -> bool {
+    if !dest.is_file() {
+        return false;
+    }
+    match verify_elf(dest) {
+        Ok(()) => true,
+        Err(why) => {
+            crate::status::done(
+                &format!("pvh-check {}", dest.display()),
+                &format!(
+                    "the cached PVH ELF {} is damaged ({why}): removed, making it again",
+                    dest.display()
+                ),
+            );
+            let _ = std::fs::remove_file(dest);
+            false
+        }
+    }
+}
+
+/// The ELF's header and program headers read (without reading the whole
+/// file): every segment lies inside the file and the PVH entry note is
+/// there.
+pub fn verify_elf(path: &Path) -> Result<(), String> {
+    use object::elf::{FileHeader64, PT_LOAD};
+    use object::read::elf::{FileHeader, ProgramHeader};
+    use object::LittleEndian;
+
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let len = file.metadata().map_err(|e| e.to_string())?.len();
+    let data = object::ReadCache::new(file);
+    let header = FileHeader64::<LittleEndian>::parse(&data).map_err(|e| e.to_string())?;
+    let endian = header.endian().map_err(|e| e.to_string())?;
+    let headers = header
+        .program_headers(endian, &data)
+        .map_err(|e| e.to_string())?;
+    let mut pvh = false;
+    for ph in headers {
+        let end = ph.p_offset(endian).saturating_add(ph.p_filesz(endian));
+        if end > len {
+            return Err(format!(
+                "a segment ends at byte {end}, the file has {len} bytes"
+            ));
+        }
+        if ph.p_type(endian) == PT_LOAD {
+            continue;
+        }
+        if let Ok(Some(mut notes)) = ph.notes(endian, &data) {
+            while let Ok(Some(note)) = notes.next() {
+                pvh |= note.n_type(endian) == XEN_ELFNOTE_PHYS32_ENTRY
+                    && note.name().starts_with(b"Xen");
+            }
+        }
+    }
+    if pvh {
+        Ok(())
+    } else {
+        Err("no PVH entry note".into())
+    }
 }
 
 /// The compressed payload of a bzImage (boot protocol 2.08+:
@@ -335,6 +401,38 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         assert_eq!(ensure_pvh(dir.path(), &path, Some(&sha)).unwrap(), first);
         assert!(ensure_pvh(dir.path(), &path, None).is_err());
+    }
+
+    /// A cached ELF cut short (a full disk, a crash in an older kloop) is
+    /// noticed on use and made again from the image, not handed to QEMU.
+    #[test]
+    fn a_damaged_cached_elf_is_made_again() {
+        let elf = elf_with_note(b"Xen\0", 18);
+        let block = lz4_flex::block::compress(&elf);
+        let mut payload = LZ4_LEGACY_MAGIC.to_vec();
+        payload.extend_from_slice(&(block.len() as u32).to_le_bytes());
+        payload.extend_from_slice(&block);
+        payload.extend_from_slice(&(elf.len() as u32).to_le_bytes());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bz");
+        std::fs::write(&path, bzimage(&payload)).unwrap();
+        let cached = ensure_pvh(dir.path(), &path, None).unwrap();
+        assert_eq!(verify_elf(&cached), Ok(()));
+        let sha = cached.file_name().unwrap().to_str().unwrap().to_string();
+        std::fs::write(&cached, &elf[..elf.len() - 6]).unwrap();
+        let e = verify_elf(&cached).unwrap_err();
+        assert!(e.contains("a segment ends at byte"), "{e}");
+        // Found damaged by its hash (the pin's path), remade from the image.
+        assert_eq!(ensure_pvh(dir.path(), &path, Some(&sha)).unwrap(), cached);
+        assert_eq!(std::fs::read(&cached).unwrap(), elf);
+        // Not an ELF at all: the same.
+        std::fs::write(&cached, b"garbage").unwrap();
+        assert!(verify_elf(&cached).is_err());
+        assert_eq!(ensure_pvh(dir.path(), &path, None).unwrap(), cached);
+        assert_eq!(std::fs::read(&cached).unwrap(), elf);
+        // An ELF without the PVH note is not one QEMU can boot.
+        std::fs::write(&cached, elf_with_note(b"Xen\0", 17)).unwrap();
+        assert_eq!(verify_elf(&cached), Err("no PVH entry note".into()));
     }
 
     #[test]

@@ -104,6 +104,23 @@ impl Summary {
         self.not_ok() == 0
     }
 
+    /// Trials were planned and every one was skipped: the run tested
+    /// nothing. Not a success unless the user said so (`--allow-skipped`):
+    /// a CI job must not go green having tested nothing.
+    pub fn nothing_ran(&self) -> bool {
+        self.skipped > 0 && self.skipped == self.ok + self.not_ok() + self.known + self.skipped
+    }
+
+    /// Did the run succeed: nothing failed and, unless `allow_skipped`,
+    /// something ran.
+    pub fn success(&self, allow_skipped: bool) -> bool {
+        self.all_ok() && (allow_skipped || !self.nothing_ran())
+    }
+
+    /// Why a run that tested nothing is not a success, for its closing
+    /// lines.
+    pub const NOTHING_RAN: &'static str = "no trial ran: every trial was SKIPPED (each line above says which kernel feature was missing); a run that tests nothing is not a success. Choose kernels that have the feature, or pass --allow-skipped if skipping all is what you want";
+
     /// `8 passed, 0 failed` plus the classes that are not zero; skipped and
     /// known bugs are counted apart from both.
     pub fn line(&self) -> String {
@@ -303,6 +320,12 @@ mod tests {
         );
         let ok = Summary::of(&rs[..2]);
         assert!(ok.all_ok(), "skipped and known do not fail the run");
+        assert!(ok.success(false));
+        // Only skipped: nothing was tested, not a success unless allowed.
+        let none = Summary::of(&rs[..1]);
+        assert!(none.all_ok() && none.nothing_ran());
+        assert!(!none.success(false) && none.success(true));
+        assert!(!Summary::of(&[]).nothing_ran());
         assert_eq!(ok.line(), "0 passed, 0 failed, 1 known bug, 1 skipped");
         let lines = not_passed_lines(&rs);
         assert_eq!(lines.len(), 3);

@@ -38,6 +38,12 @@ pub enum SuiteError {
     Build(#[from] kloop_kernels::build::BuildError),
     #[error("`{spec}` is neither a kernel pin ({pins}), nor `built:<id>` (see `cargo xtask kernels built`), nor a bzImage file")]
     UnknownKernel { spec: String, pins: String },
+    #[error("{path} is not a kernel QEMU can boot: not a bzImage ({bzimage}), not a vmlinux ELF with a PVH entry ({elf}); pass arch/x86/boot/bzImage of a kernel build, a distribution's /boot/vmlinuz-*, or a pin id")]
+    NotAKernel {
+        path: PathBuf,
+        bzimage: String,
+        elf: String,
+    },
 }
 
 /// Which trials to run.
@@ -122,7 +128,7 @@ pub fn resolve_kernels(
             &catalog,
             path.clone(),
             sel.snapshot_as.clone(),
-        ))]);
+        )?)]);
     }
     if sel.kernels.is_empty() {
         return Ok(catalog
@@ -162,7 +168,7 @@ pub fn resolve_kernel(
             catalog,
             path,
             snapshot_as,
-        )));
+        )?));
     }
     Err(SuiteError::UnknownKernel {
         spec: spec.to_string(),
@@ -171,14 +177,31 @@ pub fn resolve_kernel(
 }
 
 /// A bzImage, judged by the ledger of the pin of its series (read from
-/// its boot header).
-fn image_kernel(catalog: &Catalog, path: PathBuf, snapshot_as: Option<String>) -> LocalKernel {
-    let release = kloop_kernels::bzimage_release(&path).ok();
+/// its boot header), or a vmlinux with a PVH entry. Anything else is
+/// refused before a VM starts: it would only end as INFRA.
+fn image_kernel(
+    catalog: &Catalog,
+    path: PathBuf,
+    snapshot_as: Option<String>,
+) -> Result<LocalKernel, SuiteError> {
+    let release = match kloop_kernels::bzimage_release(&path) {
+        Ok(r) => Some(r),
+        Err(bz) => match kloop_kernels::pvh::verify_elf(&path) {
+            Ok(()) => None,
+            Err(elf) => {
+                let bzimage = match bz {
+                    kloop_kernels::KernelError::BadImage { reason, .. } => reason,
+                    other => other.to_string(),
+                };
+                return Err(SuiteError::NotAKernel { path, bzimage, elf });
+            }
+        },
+    };
     let k = LocalKernel::image(path, snapshot_as);
-    match release {
+    Ok(match release {
         Some(r) => k.with_series_of(&r, catalog),
         None => k,
-    }
+    })
 }
 
 /// `--snapshot-as NAME` must name a pin or a snapshot set blessed with
