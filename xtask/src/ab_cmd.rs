@@ -183,6 +183,9 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
         jobs: a.jobs,
         fetch: a.fetch.clone(),
     };
+    for p in &a.patches {
+        kloop_kernels::build::check_patch(p)?;
+    }
     let base_req = build.request(&layout)?;
     let (fix, expected) = resolve_fix(&layout, &a, &base_req.source)?;
     let mut patches = a.patches.clone();

@@ -638,6 +638,11 @@ pub(crate) struct BuildArgs {
 
 impl BuildArgs {
     pub(crate) fn request(&self, layout: &Layout) -> Result<kloop_kernels::build::BuildRequest> {
+        // A file that cannot be a patch is a usage error, found before any
+        // build: not a BUILD FAILED after the baseline.
+        for p in &self.patches {
+            kloop_kernels::build::check_patch(p)?;
+        }
         let source = kloop_kernels::build::SourceSpec::parse(&self.source, &layout.kernels())?;
         let plain = kloop_kernels::build::BuildRequest::new(source, &layout.kernels());
         Ok(kloop_kernels::build::BuildRequest {

@@ -48,3 +48,79 @@ fn a_file_that_is_not_a_kernel_is_refused_before_booting() {
         }
     }
 }
+
+/// A patch file that cannot be one (empty, binary, not a unified diff) is
+/// a usage error before anything is fetched or built, exit 2: it used to
+/// build the baseline first and end as BUILD FAILED (exit 3) as if the
+/// kernel had not built.
+#[test]
+fn a_file_that_is_not_a_patch_is_refused_before_building() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&str, &[u8], &str); 4] = [
+        ("empty.patch", b"\n \n", "it is empty"),
+        (
+            "nul.patch",
+            b"--- a/x\n+++ b/x\n\0\0",
+            "it is binary (NUL bytes)",
+        ),
+        (
+            "latin1.patch",
+            b"\xff\xfe caf\xe9",
+            "it is binary (not UTF-8 text)",
+        ),
+        (
+            "prose.patch",
+            b"Please change the kernel.\n",
+            "it is not a unified diff",
+        ),
+    ];
+    for (name, bytes, why) in cases {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        let p = p.to_str().unwrap();
+        for args in [
+            vec!["validate", "--source", "linux-source-6.12", "--patch", p],
+            vec![
+                "kernels",
+                "build",
+                "--source",
+                "linux-source-6.12",
+                "--patch",
+                p,
+            ],
+        ] {
+            let (code, out) = xtask(&args);
+            assert_eq!(code, 2, "{out}");
+            assert!(
+                out.contains(&format!("error: {p} is not a patch: {why}")),
+                "{out}"
+            );
+            assert!(!out.contains("BUILD FAILED"), "{out}");
+        }
+    }
+}
+
+/// Names kloop does not know are listed with the ones it does.
+#[test]
+fn unknown_names_list_the_known_ones() {
+    let (code, out) = xtask(&["vm-test", "--scenario", "no-such-scenario"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("unknown scenario `no-such-scenario`; known scenarios: alloc-failures, "),
+        "{out}"
+    );
+    let (code, out) = xtask(&["vm-test", "--kernel", "9.9"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("`9.9` is neither a kernel pin (5.10, 6.1, 6.12, 7.2, 7.3)"),
+        "{out}"
+    );
+    let (code, out) = xtask(&["report-bug", "no-such-bug"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains(
+            "`no-such-bug` is no ledger entry; the ledger's ids: interpreted-prog-ksymbol-register"
+        ),
+        "{out}"
+    );
+}

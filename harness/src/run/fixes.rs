@@ -34,7 +34,7 @@ pub enum FixError {
     },
     #[error("no ledger entry is `{name}` or starts with `{name}-`; the ledger's ids: {known}")]
     NoEntry { name: String, known: String },
-    #[error("--expect-fixed {id}: no such ledger entry; the ledger's ids: {known}")]
+    #[error("`{id}` is no ledger entry; the ledger's ids: {known}")]
     UnknownId { id: String, known: String },
     #[error("{what} {path}: {source}")]
     Io {
@@ -341,7 +341,7 @@ review_by = "2027-05-21"
         let e = check_ids(&ledger(), &["nope".into()])
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("--expect-fixed nope: no such ledger entry; the ledger's ids: interpreted-prog-ksymbol-register, interpreted-prog-ksymbol-unregister, other"), "{e}");
+        assert!(e.starts_with("`nope` is no ledger entry; the ledger's ids: interpreted-prog-ksymbol-register, interpreted-prog-ksymbol-unregister, other"), "{e}");
         assert!(check_ids(&ledger(), &["other".into()]).is_ok());
     }
 

@@ -24,7 +24,7 @@ pub mod objects;
 mod source;
 
 pub use kconfig::{Dropped, Requested};
-pub use source::{patch_files, pin_source, SourcePin, SourceSpec};
+pub use source::{check_patch, patch_files, pin_source, SourcePin, SourceSpec};
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -62,6 +62,8 @@ pub enum BuildError {
     },
     #[error("patch {patch} does not apply:\n{output}")]
     PatchFailed { patch: PathBuf, output: String },
+    #[error("{patch} is not a patch: {why}")]
+    NotAPatch { patch: PathBuf, why: String },
     #[error("the resolved config ({config}) lost {} option(s) the fragments asked for:\n  {}\nenable what they depend on in a fragment (--config FILE), or drop them", dropped.len(), dropped.join("\n  "))]
     ConfigDropped {
         dropped: Vec<String>,

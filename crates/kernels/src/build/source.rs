@@ -489,6 +489,34 @@ pub fn patch_files(text: &str) -> Vec<String> {
     out.into_iter().collect()
 }
 
+/// Refuses a file that cannot be a patch before anything is built: empty,
+/// binary (not UTF-8, or NUL bytes), or text without a unified diff's
+/// `--- a/…` / `+++ b/…` lines. Returns the files it names.
+pub fn check_patch(patch: &Path) -> Result<Vec<String>, BuildError> {
+    let not = |why: &str| BuildError::NotAPatch {
+        patch: patch.to_path_buf(),
+        why: why.to_string(),
+    };
+    let bytes = std::fs::read(patch)
+        .map_err(|e| BuildError::io(format!("reading patch {}", patch.display()), e))?;
+    if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(not("it is empty"));
+    }
+    let Ok(text) = std::str::from_utf8(&bytes) else {
+        return Err(not("it is binary (not UTF-8 text)"));
+    };
+    if text.contains('\0') {
+        return Err(not("it is binary (NUL bytes)"));
+    }
+    let files = patch_files(text);
+    if files.is_empty() {
+        return Err(not(
+            "it is not a unified diff (no `--- a/…` / `+++ b/…` lines); make one with `git diff` or `git format-patch`",
+        ));
+    }
+    Ok(files)
+}
+
 /// Applies one patch with `patch -p1` (works in any tree, git or not,
 /// and names the hunk that failed). Returns the files it names.
 fn apply_patch(tree: &Path, patch: &Path) -> Result<Vec<String>, BuildError> {
