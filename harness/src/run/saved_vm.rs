@@ -9,8 +9,10 @@
 //! CPUs, memory, command line, firmware, `KLOOP_QEMU_ARGS`) — and rebuilt
 //! when any of them changes. They live in the kernel cache
 //! (`saved-vms/<key>/`: `vmstate`, `initramfs.cpio`, `meta.json`, and
-//! `boot/` with the saved boot's console), the least recently used pruned
-//! past [`KEEP_ENV`] (default [`DEFAULT_KEEP`]).
+//! `boot/` with the saved boot's console), pruned past [`KEEP_ENV`]
+//! (default [`DEFAULT_KEEP`]): throwaway kernels' (validate's candidates,
+//! bisection steps, mutants) before pins', least recently used first, each
+//! removal said.
 //!
 //! When saving or restoring fails, the trial boots cold and says why; a
 //! shape whose save failed is not tried again in the same run.
@@ -55,6 +57,10 @@ pub struct SavedVmMeta {
     pub save_secs: f64,
     pub guest_uptime_secs: f64,
     pub vmstate_bytes: u64,
+    /// Made for a kernel pin: kept over the saved VMs of throwaway kernels
+    /// (validate's candidates, bisection steps, mutants), which go first.
+    #[serde(default)]
+    pub pin: bool,
 }
 
 /// A saved VM on disk, complete.
@@ -114,9 +120,11 @@ impl SavedVms {
     /// now if there is none. `initramfs_inputs` names what the plan-less
     /// initramfs is built from (equal inputs, equal bytes within one run),
     /// `initramfs` builds it. `Err`: why the trial must boot cold.
+    /// `kernel`: its label and whether it is a pin (pins' saved VMs are
+    /// pruned last).
     pub fn ensure(
         &self,
-        kernel_label: &str,
+        (kernel_label, pin): (&str, bool),
         shape: &VmConfig,
         qemu_version: &str,
         initramfs_inputs: &str,
@@ -158,7 +166,14 @@ impl SavedVms {
                     None => initramfs().map_err(|e| format!("building the initramfs: {e}")),
                 };
                 bytes.and_then(|b| {
-                    self.create(&key, kernel_label, shape, qemu_version, &b, interrupted)
+                    self.create(
+                        &key,
+                        (kernel_label, pin),
+                        shape,
+                        qemu_version,
+                        &b,
+                        interrupted,
+                    )
                 })
             }
         };
@@ -224,7 +239,7 @@ impl SavedVms {
     fn create(
         &self,
         key: &str,
-        kernel_label: &str,
+        (kernel_label, pin): (&str, bool),
         shape: &VmConfig,
         qemu_version: &str,
         initramfs: &[u8],
@@ -314,6 +329,7 @@ impl SavedVms {
             save_secs: report.save.as_secs_f64(),
             guest_uptime_secs: report.guest_uptime_ns as f64 / 1e9,
             vmstate_bytes: std::fs::metadata(&vmstate).map(|m| m.len()).unwrap_or(0),
+            pin,
         };
         let json = serde_json::to_vec_pretty(&meta).map_err(|e| e.to_string())?;
         let tmp = dir.join("meta.json.partial");
@@ -328,7 +344,9 @@ impl SavedVms {
         })
     }
 
-    /// Keeps the [`KEEP_ENV`] most recently used saved VMs (never `keep`).
+    /// Keeps [`KEEP_ENV`] saved VMs (never `keep`): past that, throwaway
+    /// kernels' go first, least recently used first, then pins' the same
+    /// way; each removal is said.
     fn prune(&self, keep: &str) {
         let limit = std::env::var(KEEP_ENV)
             .ok()
@@ -338,7 +356,7 @@ impl SavedVms {
         let Ok(entries) = std::fs::read_dir(&self.root) else {
             return;
         };
-        let mut saved: Vec<(SystemTime, PathBuf)> = entries
+        let saved: Vec<Candidate> = entries
             .flatten()
             .filter(|e| e.path().is_dir() && e.file_name() != keep)
             .map(|e| {
@@ -346,23 +364,35 @@ impl SavedVms {
                     .or_else(|_| e.metadata())
                     .and_then(|m| m.modified())
                     .unwrap_or(SystemTime::UNIX_EPOCH);
-                (used, e.path())
+                let meta = read_complete(&e.path()).map(|vm| vm.meta);
+                Candidate {
+                    pin: meta.as_ref().is_some_and(|m| m.pin),
+                    label: meta
+                        .map(|m| m.kernel.display().to_string())
+                        .unwrap_or_else(|| "(incomplete)".into()),
+                    used,
+                    dir: e.path(),
+                }
             })
             .collect();
-        if saved.len() < limit {
-            return;
-        }
-        saved.sort();
-        let excess = saved.len() + 1 - limit;
-        for (_, dir) in saved.into_iter().take(excess) {
+        for c in eviction_order(saved, limit) {
             // A saved VM being made or restored right now by another process
             // holds its lock; skip it.
-            let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+            let name = c.dir.file_name().map(|n| n.to_string_lossy().into_owned());
             let lock_path = self.root.join(format!("{}.lock", name.unwrap_or_default()));
             if let Ok(lock) = ProcessLock::try_take(&lock_path) {
-                let _ = std::fs::remove_dir_all(&dir);
+                let _ = std::fs::remove_dir_all(&c.dir);
                 let _ = std::fs::remove_file(&lock_path);
                 drop(lock);
+                crate::run::status::done(
+                    &format!("saved-vm-prune {}", c.dir.display()),
+                    &format!(
+                        "removed the saved VM {} ({} of {}, least recently used past {KEEP_ENV}={limit})",
+                        c.dir.display(),
+                        if c.pin { "a pin" } else { "a throwaway kernel" },
+                        c.label
+                    ),
+                );
             }
         }
     }
@@ -380,6 +410,28 @@ impl SavedVms {
         lock(&self.file_digests).insert(id, sha.clone());
         Ok(sha)
     }
+}
+
+/// A saved VM pruning may remove.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Candidate {
+    pin: bool,
+    used: SystemTime,
+    label: String,
+    dir: PathBuf,
+}
+
+/// What to remove so that `limit` remain with the one being kept: the
+/// throwaway kernels' saved VMs before any pin's, least recently used first
+/// within each.
+fn eviction_order(mut saved: Vec<Candidate>, limit: usize) -> Vec<Candidate> {
+    if saved.len() < limit {
+        return Vec::new();
+    }
+    let excess = saved.len() + 1 - limit;
+    saved.sort_by_key(|c| (c.pin, c.used));
+    saved.truncate(excess);
+    saved
 }
 
 /// The key: sha256 over the format, QEMU's version, the kernel's and the
@@ -544,6 +596,40 @@ mod tests {
         }
     }
 
+    /// Validate's candidates, bisection steps and mutants make saved VMs
+    /// too; past the limit theirs go before any pin's, so the next
+    /// `vm-test` still restores every pin.
+    #[test]
+    fn throwaway_kernels_are_evicted_before_pins() {
+        let t = |s: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+        let c = |name: &str, pin: bool, used: u64| Candidate {
+            pin,
+            used: t(used),
+            label: name.into(),
+            dir: PathBuf::from(name),
+        };
+        let saved = vec![
+            c("pin-old", true, 1),
+            c("cand-new", false, 9),
+            c("pin-new", true, 8),
+            c("cand-old", false, 2),
+            c("step", false, 5),
+        ];
+        let names = |v: Vec<Candidate>| v.into_iter().map(|c| c.label).collect::<Vec<_>>();
+        // 5 + the one being kept, limit 4: two go, the oldest throwaway
+        // ones, although pin-old was used longer ago.
+        assert_eq!(
+            names(eviction_order(saved.clone(), 4)),
+            ["cand-old", "step"]
+        );
+        // Limit 2: every throwaway, then the least recently used pin.
+        assert_eq!(
+            names(eviction_order(saved.clone(), 2)),
+            ["cand-old", "step", "cand-new", "pin-old"]
+        );
+        assert!(eviction_order(saved, 6).is_empty());
+    }
+
     #[test]
     fn only_complete_saved_vms_are_found() {
         let dir = tempfile::tempdir().unwrap();
@@ -562,6 +648,7 @@ mod tests {
             save_secs: 0.5,
             guest_uptime_secs: 1.0,
             vmstate_bytes: 6,
+            pin: true,
         };
         std::fs::write(d.join("meta.json"), serde_json::to_vec(&meta).unwrap()).unwrap();
         assert!(

@@ -379,7 +379,15 @@ fn run_inner(
     let mut boot_lines = vec![parts.boot_note.clone()];
     let mut session = None;
     if env.boot == BootMode::Saved {
-        match restore(env, &parts, scenario, artefacts, trial_started, result) {
+        let pin = matches!(kernel, KernelUnderTest::Pin(_));
+        match restore(
+            env,
+            (&parts, pin),
+            scenario,
+            artefacts,
+            trial_started,
+            result,
+        ) {
             Ok((restored, line)) => {
                 boot_lines.push(line);
                 session = Some(restored);
@@ -434,7 +442,7 @@ fn boot(config: VmConfig, trial_started: Instant) -> Result<(GuestSession, f64),
 /// `result`. `Err`: why it boots cold instead.
 fn restore(
     env: &TrialEnv,
-    parts: &guest_image::GuestParts,
+    (parts, pin): (&guest_image::GuestParts, bool),
     scenario: &Scenario,
     artefacts: &Path,
     trial_started: Instant,
@@ -454,7 +462,7 @@ fn restore(
     let saved = env
         .saved_vms
         .ensure(
-            &result.kernel.clone(),
+            (&result.kernel.clone(), pin),
             &parts.vm,
             &env.qemu_version,
             &inputs,
