@@ -112,10 +112,24 @@ fn kill_after(cache: &Path, after: Duration) -> String {
     }
     child.kill().unwrap();
     child.wait().unwrap();
+    // Status lines go to stderr; the trial's start and its verdict line to
+    // stdout: the furthest of them says where the run was.
+    let out = std::fs::read_to_string(&log).unwrap_or_default();
+    if out.lines().any(|l| l.starts_with("6.1/basic ... ")) {
+        return "writing the reports (the verdict line was out)".into();
+    }
     let err = std::fs::read_to_string(cache.join("killed.err")).unwrap_or_default();
-    err.lines()
-        .rev()
-        .find(|l| l.starts_with("kloop:"))
+    let status = err.lines().rev().find(|l| l.starts_with("kloop:"));
+    // Before the trial these two are the last status lines; once it runs,
+    // the cache's phases (unpacking, the PVH ELF, the saved VM) print theirs.
+    let before_trial = status.is_none_or(|l| {
+        l.starts_with("kloop: choosing the accelerator")
+            || l.starts_with("kloop: building the guest agent")
+    });
+    if before_trial && out.lines().any(|l| l.starts_with("kloop: running 1 trial")) {
+        return "in the trial (restoring the guest, its plan, the checks)".into();
+    }
+    status
         .unwrap_or("(before its first status line)")
         .chars()
         .take(100)
