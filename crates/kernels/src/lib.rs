@@ -26,6 +26,7 @@ mod cache;
 pub mod config;
 mod error;
 mod extract;
+pub mod lock;
 mod mirror;
 mod modules;
 mod pin;

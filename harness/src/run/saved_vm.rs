@@ -19,7 +19,6 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -487,35 +486,52 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// An exclusive `flock` on a saved VM's lock file, so two kloop processes
-/// never save the same VM at once; released when dropped.
+/// never save the same VM at once; released when dropped. The file names
+/// its holder ([`kloop_kernels::lock`]), which a waiter says.
 struct ProcessLock {
-    _file: std::fs::File,
+    _lock: kloop_kernels::lock::HolderLock,
 }
 
 impl ProcessLock {
     fn try_take(path: &Path) -> io::Result<ProcessLock> {
-        let f = std::fs::File::create(path)?;
-        // SAFETY: a valid fd owned by `f`.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(io::Error::last_os_error());
+        match kloop_kernels::lock::HolderLock::try_take(path)? {
+            Some(l) => Ok(ProcessLock { _lock: l }),
+            None => Err(io::Error::from_raw_os_error(libc::EWOULDBLOCK)),
         }
-        Ok(ProcessLock { _file: f })
     }
 
     fn take(path: &Path, interrupted: &dyn Fn() -> bool) -> Result<ProcessLock, String> {
         let deadline = Instant::now() + OTHER_PROCESS_WAIT;
+        let mut said = false;
         loop {
             match Self::try_take(path) {
-                Ok(l) => return Ok(l),
+                Ok(l) => {
+                    if said {
+                        crate::run::status::done(&format!("lock {}", path.display()), "");
+                    }
+                    return Ok(l);
+                }
                 Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {}
                 Err(e) => return Err(format!("locking {}: {e}", path.display())),
+            }
+            let who =
+                kloop_kernels::lock::holder(path).unwrap_or_else(|| "another kloop process".into());
+            if !said {
+                said = true;
+                crate::run::status::start(
+                    &format!("lock {}", path.display()),
+                    &format!(
+                        "waiting for the lock on {}, held by {who}, which is saving the same VM",
+                        path.display()
+                    ),
+                );
             }
             if interrupted() {
                 return Err("interrupted".into());
             }
             if Instant::now() >= deadline {
                 return Err(format!(
-                    "another kloop process held {} for {} s while saving the same VM",
+                    "{who} held {} for {} s while saving the same VM",
                     path.display(),
                     OTHER_PROCESS_WAIT.as_secs()
                 ));

@@ -617,25 +617,49 @@ pub(crate) fn which(tool: &str) -> Option<PathBuf> {
 
 /// An exclusive `flock` on one slot, so two builds never share a tree or
 /// an output directory; released when dropped (or when the process dies).
+/// The lock file names its holder, which a refused build says.
 struct SlotLock {
-    _file: std::fs::File,
+    _lock: crate::lock::HolderLock,
 }
 
 impl SlotLock {
     fn take(dir: &Path, slot: &str) -> Result<SlotLock, BuildError> {
-        use std::os::fd::AsRawFd;
         std::fs::create_dir_all(dir)
             .map_err(|e| BuildError::io(format!("creating {}", dir.display()), e))?;
         let path = dir.join(slot);
-        let f = std::fs::File::create(&path)
-            .map_err(|e| BuildError::io(format!("creating {}", path.display()), e))?;
-        // SAFETY: a valid fd owned by `f`.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(BuildError::Invalid(format!(
-                "another kloop build is using this source's build directory (lock {}); wait for it to finish",
+        match crate::lock::HolderLock::try_take(&path)
+            .map_err(|e| BuildError::io(format!("locking {}", path.display()), e))?
+        {
+            Some(l) => Ok(SlotLock { _lock: l }),
+            None => Err(BuildError::Invalid(format!(
+                "another kloop build is using this source's build directory: {} holds its lock {}; wait for it to finish",
+                crate::lock::holder(&path).unwrap_or_else(|| "another process".into()),
                 path.display()
-            )));
+            ))),
         }
-        Ok(SlotLock { _file: f })
+    }
+}
+
+#[cfg(test)]
+mod slot_lock_tests {
+    use super::*;
+
+    /// A second build of the same source is refused naming the build that
+    /// holds the directory (here this very process, through another open).
+    #[test]
+    fn a_busy_build_directory_names_its_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let _held = SlotLock::take(dir.path(), "linux-source-6.1.lock").unwrap();
+        let e = SlotLock::take(dir.path(), "linux-source-6.1.lock")
+            .err()
+            .expect("the slot is held")
+            .to_string();
+        assert!(
+            e.contains(&format!(
+                "another kloop build is using this source's build directory: pid {} (",
+                std::process::id()
+            )),
+            "{e}"
+        );
     }
 }
