@@ -44,6 +44,16 @@ pub(crate) fn clean(a: CleanArgs) -> Result<ExitCode> {
         // unpacked sources (hours of compiling) stay.
         cache_dirs.extend(["debs", "images", "vmlinux", "configs", "tmp", "rejected"]);
     }
+    let users = kloop_kernels::lock::live_users(cache.root());
+    if !cache_dirs.is_empty() && !users.is_empty() {
+        eprintln!(
+            "kloop: not removing {} from {}: in use by {}; run `cargo xtask clean` again when they end",
+            cache_dirs.join(", "),
+            cache.root().display(),
+            users.join(", ")
+        );
+        return Ok(ExitCode::FAILURE);
+    }
     for d in cache_dirs {
         let path = cache.root().join(d);
         if !path.exists() {

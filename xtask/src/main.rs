@@ -48,6 +48,15 @@ pub(crate) fn accel_line(d: &kloop_qemu::accel::AccelDecision) -> String {
 /// trials (`cargo insta review` shows it on demand).
 pub(crate) fn start_trials() {
     kloop::run::signals::install();
+    // Registered as a user of the kernel cache for the rest of the
+    // process, so that `clean` leaves alone what this run may be using.
+    static CACHE_USER: std::sync::OnceLock<Option<kloop_kernels::lock::HolderLock>> =
+        std::sync::OnceLock::new();
+    CACHE_USER.get_or_init(|| {
+        kloop_kernels::KernelCache::default_location()
+            .ok()
+            .and_then(|c| kloop_kernels::lock::register_user(c.root()).ok())
+    });
     if std::env::var_os("INSTA_OUTPUT").is_none() {
         std::env::set_var("INSTA_OUTPUT", "none");
     }

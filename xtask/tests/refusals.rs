@@ -124,3 +124,43 @@ fn unknown_names_list_the_known_ones() {
         "{out}"
     );
 }
+
+/// `clean --saved-vms` / `--kernels` leave the cache alone while another
+/// kloop process uses it (every trial-running command registers), naming
+/// it; once it is gone they clean.
+#[test]
+fn clean_leaves_a_cache_in_use_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path();
+    std::fs::create_dir_all(cache.join("saved-vms/0123456789abcdef")).unwrap();
+    let user = kloop_kernels::lock::register_user(cache).unwrap();
+    let clean = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_xtask"))
+            .args(["clean", "--keep", "1000", "--saved-vms"])
+            .current_dir(root())
+            .env("KLOOP_CACHE_DIR", cache)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code().unwrap_or(-1), text)
+    };
+    let (code, out) = clean();
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "kloop: not removing saved-vms from {}: in use by pid {} (",
+            cache.display(),
+            std::process::id()
+        )),
+        "{out}"
+    );
+    assert!(cache.join("saved-vms/0123456789abcdef").is_dir());
+    drop(user);
+    let (code, out) = clean();
+    assert_eq!(code, 0, "{out}");
+    assert!(!cache.join("saved-vms").exists(), "{out}");
+}

@@ -47,6 +47,42 @@ impl HolderLock {
     }
 }
 
+/// Where the processes using a kernel cache register.
+const USERS_DIR: &str = "users";
+
+/// Registers this process as a user of the kernel cache at `cache_root`
+/// until the returned lock is dropped (or the process dies): `clean` does
+/// not remove what a registered process may be using.
+pub fn register_user(cache_root: &Path) -> std::io::Result<HolderLock> {
+    let dir = cache_root.join(USERS_DIR);
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join(format!("{}.lock", std::process::id()));
+    HolderLock::try_take(&path)?
+        .ok_or_else(|| std::io::Error::other(format!("{} is held already", path.display())))
+}
+
+/// The processes using the cache at `cache_root` now (`pid N (command
+/// line)` each); the registrations of processes that are gone are removed.
+pub fn live_users(cache_root: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(cache_root.join(USERS_DIR)) else {
+        return Vec::new();
+    };
+    let mut users = Vec::new();
+    for e in entries.flatten() {
+        let path = e.path();
+        match HolderLock::try_take(&path) {
+            Ok(Some(free)) => {
+                drop(free);
+                let _ = std::fs::remove_file(&path);
+            }
+            Ok(None) => users.push(holder(&path).unwrap_or_else(|| path.display().to_string())),
+            Err(_) => {}
+        }
+    }
+    users.sort();
+    users
+}
+
 /// Who holds (or last held) the lock at `path`: `pid N (command line)`.
 pub fn holder(path: &Path) -> Option<String> {
     let mut s = String::new();
@@ -99,5 +135,23 @@ mod tests {
         assert_eq!(holder(&path).unwrap(), who);
         drop(first);
         assert!(HolderLock::try_take(&path).unwrap().is_some());
+    }
+
+    /// A registered user is listed while registered; a registration whose
+    /// process is gone (its lock free) is removed, not listed.
+    #[test]
+    fn cache_users_are_listed_while_they_live() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(live_users(dir.path()).is_empty());
+        let me = register_user(dir.path()).unwrap();
+        let users = live_users(dir.path());
+        assert_eq!(users.len(), 1, "{users:?}");
+        assert!(users[0].starts_with(&format!("pid {} (", std::process::id())));
+        // A dead process's file: its lock is free.
+        std::fs::write(dir.path().join("users/999999.lock"), "pid 999999 (gone)").unwrap();
+        assert_eq!(live_users(dir.path()).len(), 1);
+        assert!(!dir.path().join("users/999999.lock").exists());
+        drop(me);
+        assert!(live_users(dir.path()).is_empty());
     }
 }
