@@ -11,17 +11,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
+use kloop_test_support::workspace_root;
 
 fn xtask(args: &[&str]) -> std::process::Output {
     let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
         .args(args)
-        .current_dir(root())
+        .current_dir(workspace_root())
         .output()
         .expect("running xtask");
     eprintln!(
@@ -55,7 +50,8 @@ fn git(dir: &Path, args: &[&str]) -> String {
 /// The unpacked pristine tree of the source pin (unpacking it if needed).
 fn pristine() -> PathBuf {
     let pin: toml::Value = toml::from_str(
-        &std::fs::read_to_string(root().join("kernels/sources/linux-source-6.12.toml")).unwrap(),
+        &std::fs::read_to_string(workspace_root().join("kernels/sources/linux-source-6.12.toml"))
+            .unwrap(),
     )
     .unwrap();
     let sha = pin["deb_sha256"].as_str().unwrap();
@@ -95,7 +91,7 @@ fn bisect_tree_names_the_planted_commit() {
         &repo,
         &["commit", "-q", "-m", "import linux-source-6.12 6.12.117"],
     );
-    let patch = root().join("kernels/patches/subprog-ksymbol-len.patch");
+    let patch = workspace_root().join("kernels/patches/subprog-ksymbol-len.patch");
     let mut planted = String::new();
     for n in 1..=7 {
         if n == 4 {

@@ -8,15 +8,12 @@
 
 use std::path::{Path, PathBuf};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
+use kloop_test_support::workspace_root;
 
 fn testdata(name: &str) -> PathBuf {
-    root().join("harness/src/testdata/perf-data").join(name)
+    workspace_root()
+        .join("harness/src/testdata/perf-data")
+        .join(name)
 }
 
 const FILE: &str = "host-6.18.44-perf-6.1.187-header-size.data";
@@ -26,7 +23,7 @@ const KNOWN: &str = "KNOWN (ksymbol-bpf-event-header-size-accumulates)";
 fn check(file: &Path, extra: &[&str]) -> (i32, String) {
     let mut args = vec!["check-perf-data", file.to_str().unwrap()];
     args.extend_from_slice(extra);
-    kloop_test_support::run_plain(env!("CARGO_BIN_EXE_xtask"), &root(), &args)
+    kloop_test_support::run_plain(env!("CARGO_BIN_EXE_xtask"), &workspace_root(), &args)
 }
 
 fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {

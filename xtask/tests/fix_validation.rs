@@ -11,17 +11,10 @@
 //! cargo test -p xtask --test fix_validation -- --ignored --nocapture
 //! ```
 
-use std::path::{Path, PathBuf};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
+use kloop_test_support::workspace_root;
 
 fn xtask(args: &[&str]) -> (i32, String) {
-    kloop_test_support::run_plain(env!("CARGO_BIN_EXE_xtask"), &root(), args)
+    kloop_test_support::run_plain(env!("CARGO_BIN_EXE_xtask"), &workspace_root(), args)
 }
 
 #[test]

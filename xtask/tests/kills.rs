@@ -21,22 +21,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kloop_test_support::workspace_root;
 use sha2::{Digest, Sha256};
 
 const PIN_DEB: &str = "efe19f605b6f54a8352e68d85a629abb2d30b72a085faef603a9152590baa791";
 const ARGS: [&str; 5] = ["vm-test", "--kernel", "6.1", "--scenario", "basic"];
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
-
 fn xtask(cache: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_xtask"));
     c.args(ARGS)
-        .current_dir(root())
+        .current_dir(workspace_root())
         .env("KLOOP_CACHE_DIR", cache)
         .env("KLOOP_PROGRESS", "plain")
         .stdin(Stdio::null());

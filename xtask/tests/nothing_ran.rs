@@ -4,17 +4,10 @@
 //! preflight before any VM starts. Needs pin 5.10's package (the kernel
 //! cache or the mirror): the `packages` tier.
 
-use std::path::{Path, PathBuf};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
+use kloop_test_support::workspace_root;
 
 fn xtask(args: &[&str]) -> (i32, String) {
-    kloop_test_support::run_plain(env!("CARGO_BIN_EXE_xtask"), &root(), args)
+    kloop_test_support::run_plain(env!("CARGO_BIN_EXE_xtask"), &workspace_root(), args)
 }
 
 #[test]

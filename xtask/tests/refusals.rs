@@ -1,17 +1,10 @@
 //! Inputs `vm-test` refuses before any VM starts, each with its message
 //! and exit status 2 (issue 28): no network, no kernel cache needed.
 
-use std::path::{Path, PathBuf};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
+use kloop_test_support::workspace_root;
 
 fn xtask(args: &[&str]) -> (i32, String) {
-    kloop_test_support::run_plain(env!("CARGO_BIN_EXE_xtask"), &root(), args)
+    kloop_test_support::run_plain(env!("CARGO_BIN_EXE_xtask"), &workspace_root(), args)
 }
 
 /// A file that is neither a bzImage nor a vmlinux with a PVH entry used to
@@ -137,7 +130,7 @@ fn clean_leaves_a_cache_in_use_alone() {
     let clean = || {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_xtask"))
             .args(["clean", "--keep", "1000", "--saved-vms"])
-            .current_dir(root())
+            .current_dir(workspace_root())
             .env("KLOOP_CACHE_DIR", cache)
             .output()
             .unwrap();

@@ -10,16 +10,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
+use kloop_test_support::workspace_root;
 
 /// Runs xtask; its exit code and what it printed.
 fn xtask(args: &[&str]) -> (i32, String) {
-    kloop_test_support::run_plain(env!("CARGO_BIN_EXE_xtask"), &root(), args)
+    kloop_test_support::run_plain(env!("CARGO_BIN_EXE_xtask"), &workspace_root(), args)
 }
 
 fn run_dir_of(text: &str) -> PathBuf {

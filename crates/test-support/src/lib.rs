@@ -1,8 +1,19 @@
 //! Test support shared by the tests that drive kloop as a process
-//! (`harness/tests/faults.rs`, `xtask/tests/vm_shell.rs`): what `/proc`
-//! says about the QEMU processes a run started and left.
+//! (`harness/tests/faults.rs`, `xtask/tests/*.rs`): the workspace they run
+//! in, running the binary, and what `/proc` says about the QEMU processes a
+//! run started and left.
 
 use std::path::{Path, PathBuf};
+
+/// The workspace's root (this crate sits at `crates/test-support`): where
+/// the binaries under test run, as a user runs them.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("crates/test-support sits two levels below the workspace root")
+        .to_path_buf()
+}
 
 /// One process as `/proc/<pid>/stat` and `cmdline` describe it.
 #[derive(Debug, Clone, PartialEq, Eq)]
