@@ -520,10 +520,10 @@ fn lookup(path: &Path, expected: &str) -> Result<Lookup, KernelError> {
 
 /// Does the config at `path` have the sha256 recorded beside it at `sum`?
 fn config_intact(path: &Path, sum: &Path) -> bool {
-    let (Ok(text), Ok(recorded)) = (std::fs::read(path), std::fs::read_to_string(sum)) else {
+    let (Ok(actual), Ok(recorded)) = (sha256_file(path), std::fs::read_to_string(sum)) else {
         return false;
     };
-    hex::encode(Sha256::digest(&text)) == recorded.trim()
+    actual == recorded.trim()
 }
 
 #[cfg(test)]

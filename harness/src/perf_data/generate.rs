@@ -10,18 +10,13 @@ use std::io::Write;
 use std::path::Path;
 
 use kloop_protocol::ListenerInfo;
-use kloop_records::parse_stream;
+use kloop_records::{parse_stream, sample_id_len, PERF_SAMPLE_TID, PERF_SAMPLE_TIME};
 
 use super::{oversized, BPF_EVENT, KSYMBOL};
 
 /// `PERF_RECORD_FINISHED_ROUND`: perf's "everything before this is in
 /// time order" marker.
 const FINISHED_ROUND: u32 = 68;
-
-/// `sample_type` bits of a `sample_id` trailer, in the order the kernel
-/// writes them (`perf_event__output_id_sample`).
-const TID: u64 = 1 << 1;
-const TIME: u64 = 1 << 2;
 
 /// Why a file could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -59,13 +54,14 @@ pub fn stretch(template: &Path, out: &Path, target: u64) -> Result<Generated, Ge
     };
     let bytes = std::fs::read(template)?;
     let listener = side_band_listener(template).map_err(|e| bad(&e))?;
-    let trailer = trailer_len(listener.sample_type);
-    let time_in_trailer = if listener.sample_type & TID != 0 {
+    let trailer = sample_id_len(&listener);
+    // The trailer's order (perf_event__output_id_sample): TID, then TIME.
+    let time_in_trailer = if listener.sample_type & PERF_SAMPLE_TID != 0 {
         8
     } else {
         0
     };
-    if !listener.sample_id_all || listener.sample_type & TIME == 0 {
+    if !listener.sample_id_all || listener.sample_type & PERF_SAMPLE_TIME == 0 {
         return Err(bad(
             "its side-band event has no timestamp in a sample_id trailer",
         ));
@@ -150,16 +146,6 @@ fn side_band_listener(template: &Path) -> Result<ListenerInfo, String> {
         1 => Ok(side.remove(0)),
         n => Err(format!("{n} events asked for side-band records, not one")),
     }
-}
-
-/// The `sample_id` trailer's length for `sample_type`: TID, TIME, ID,
-/// STREAM_ID, CPU and IDENTIFIER take 8 bytes each.
-fn trailer_len(sample_type: u64) -> usize {
-    [1u64 << 1, 1 << 2, 1 << 6, 1 << 9, 1 << 7, 1 << 16]
-        .iter()
-        .filter(|b| sample_type & **b != 0)
-        .count()
-        * 8
 }
 
 #[cfg(test)]
