@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use kloop_kernels::lock::HolderLock;
 use kloop_protocol::{Plan, ToGuest};
 use kloop_qemu::{GuestStart, Vm, VmConfig};
 use serde::{Deserialize, Serialize};
@@ -247,7 +248,7 @@ impl SavedVms {
         let dir = self.root.join(key);
         std::fs::create_dir_all(&self.root)
             .map_err(|e| format!("creating {}: {e}", self.root.display()))?;
-        let _lock = ProcessLock::take(&self.root.join(format!("{key}.lock")), interrupted)?;
+        let _lock = wait_for_lock(&self.root.join(format!("{key}.lock")), interrupted)?;
         // Another process may have made it while this one waited.
         if let Some(vm) = read_complete(&dir) {
             return Ok(vm);
@@ -379,7 +380,7 @@ impl SavedVms {
             // holds its lock; skip it.
             let name = c.dir.file_name().map(|n| n.to_string_lossy().into_owned());
             let lock_path = self.root.join(format!("{}.lock", name.unwrap_or_default()));
-            if let Ok(lock) = ProcessLock::try_take(&lock_path) {
+            if let Ok(Some(lock)) = HolderLock::try_take(&lock_path) {
                 let _ = std::fs::remove_dir_all(&c.dir);
                 let _ = std::fs::remove_file(&lock_path);
                 drop(lock);
@@ -485,59 +486,48 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// An exclusive `flock` on a saved VM's lock file, so two kloop processes
-/// never save the same VM at once; released when dropped. The file names
-/// its holder ([`kloop_kernels::lock`]), which a waiter says.
-struct ProcessLock {
-    _lock: kloop_kernels::lock::HolderLock,
-}
-
-impl ProcessLock {
-    fn try_take(path: &Path) -> io::Result<ProcessLock> {
-        match kloop_kernels::lock::HolderLock::try_take(path)? {
-            Some(l) => Ok(ProcessLock { _lock: l }),
-            None => Err(io::Error::from_raw_os_error(libc::EWOULDBLOCK)),
-        }
-    }
-
-    fn take(path: &Path, interrupted: &dyn Fn() -> bool) -> Result<ProcessLock, String> {
-        let deadline = Instant::now() + OTHER_PROCESS_WAIT;
-        let mut said = false;
-        loop {
-            match Self::try_take(path) {
-                Ok(l) => {
-                    if said {
-                        crate::run::status::done(&format!("lock {}", path.display()), "");
-                    }
-                    return Ok(l);
+/// Takes the `flock` on a saved VM's lock file, so two kloop processes
+/// never save the same VM at once (released when the lock is dropped),
+/// waiting for another process that holds it and saying whom it waits for
+/// (the file names its holder, [`kloop_kernels::lock`]).
+fn wait_for_lock(path: &Path, interrupted: &dyn Fn() -> bool) -> Result<HolderLock, String> {
+    let deadline = Instant::now() + OTHER_PROCESS_WAIT;
+    let task = format!("lock {}", path.display());
+    let mut said = false;
+    loop {
+        match HolderLock::try_take(path) {
+            Ok(Some(l)) => {
+                if said {
+                    crate::run::status::done(&task, "");
                 }
-                Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {}
-                Err(e) => return Err(format!("locking {}: {e}", path.display())),
+                return Ok(l);
             }
-            let who =
-                kloop_kernels::lock::holder(path).unwrap_or_else(|| "another kloop process".into());
-            if !said {
-                said = true;
-                crate::run::status::start(
-                    &format!("lock {}", path.display()),
-                    &format!(
-                        "waiting for the lock on {}, held by {who}, which is saving the same VM",
-                        path.display()
-                    ),
-                );
-            }
-            if interrupted() {
-                return Err("interrupted".into());
-            }
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "{who} held {} for {} s while saving the same VM",
-                    path.display(),
-                    OTHER_PROCESS_WAIT.as_secs()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(50));
+            Ok(None) => {}
+            Err(e) => return Err(format!("locking {}: {e}", path.display())),
         }
+        let who =
+            kloop_kernels::lock::holder(path).unwrap_or_else(|| "another kloop process".into());
+        if !said {
+            said = true;
+            crate::run::status::start(
+                &task,
+                &format!(
+                    "waiting for the lock on {}, held by {who}, which is saving the same VM",
+                    path.display()
+                ),
+            );
+        }
+        if interrupted() {
+            return Err("interrupted".into());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "{who} held {} for {} s while saving the same VM",
+                path.display(),
+                OTHER_PROCESS_WAIT.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

@@ -47,7 +47,7 @@ fn run(dir: &Path, args: &[&str]) -> Result<Output, BuildError> {
 pub struct Worktree {
     repo: PathBuf,
     pub dir: PathBuf,
-    _lock: std::fs::File,
+    _lock: crate::lock::HolderLock,
 }
 
 impl Worktree {
@@ -88,24 +88,22 @@ impl Worktree {
     }
 }
 
-fn lock_beside(dir: &Path) -> Result<std::fs::File, BuildError> {
-    use std::os::fd::AsRawFd;
+fn lock_beside(dir: &Path) -> Result<crate::lock::HolderLock, BuildError> {
     let path = dir.with_extension("lock");
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)
             .map_err(|e| BuildError::io(format!("creating {}", parent.display()), e))?;
     }
-    let f = std::fs::File::create(&path)
-        .map_err(|e| BuildError::io(format!("creating {}", path.display()), e))?;
-    // SAFETY: a valid fd owned by `f`.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(BuildError::Invalid(format!(
-            "another `bisect --tree` is using {} (lock {}); wait for it to finish",
-            dir.display(),
-            path.display()
-        )));
-    }
-    Ok(f)
+    crate::lock::HolderLock::try_take(&path)
+        .map_err(|e| BuildError::io(format!("locking {}", path.display()), e))?
+        .ok_or_else(|| {
+            BuildError::Invalid(format!(
+                "another `bisect --tree` is using {}: {} holds its lock {}; wait for it to finish",
+                dir.display(),
+                crate::lock::holder(&path).unwrap_or_else(|| "another process".into()),
+                path.display()
+            ))
+        })
 }
 
 impl Drop for Worktree {
