@@ -49,7 +49,7 @@ pub(crate) fn ab_test(
     );
     let ab = run_and_print_ab(layout, &baseline, &candidate, &mine, &opts, jobs)?;
     let manifest = kloop::report::merge::ShardManifest {
-        kloop_commit: crate::vm_test_cmd::kloop_commit(&layout.root),
+        kloop_commit: kloop::run::agent::kloop_commit(&layout.root),
         shard,
         mine: planned
             .iter()
@@ -109,7 +109,7 @@ fn run_and_print_ab(
         opts,
         jobs,
         &|env, base, cand| {
-            println!("kloop: accelerator: {}", accel_line(&env.accel));
+            println!("kloop: accelerator: {}", env.accel);
             println!(
                 "kloop: A/B: baseline {base}, candidate {cand}; artefacts in {}",
                 env.run_dir.display()
@@ -120,12 +120,15 @@ fn run_and_print_ab(
     .context("preparing the A/B run")?;
     report::write_files(&ab.run_dir, &ab.results)
         .with_context(|| format!("writing reports into {}", ab.run_dir.display()))?;
-    write_kcidb(
+    for problem in kloop::report::kcidb::write_run_document(
+        &layout.root,
         &ab.run_dir,
         &[baseline.clone(), candidate.clone()],
         &ab.results,
         None,
-    );
+    ) {
+        eprintln!("kloop: {problem}");
+    }
     let json = kloop::report::ab::write_json(&ab.run_dir, &ab.outcomes)
         .with_context(|| format!("writing ab.json into {}", ab.run_dir.display()))?;
     println!();

@@ -36,7 +36,7 @@ pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
         .cloned()
         .map(kloop::run::trial::KernelUnderTest::Pin);
     let env = suite::prepare_env(&layout, &opts, first.as_slice())?;
-    println!("kloop: accelerator: {}", accel_line(&env.accel));
+    println!("kloop: accelerator: {}", env.accel);
     println!(
         "kloop: bisect {} over {} build(s) from {old} (old) to {new} (new), predicate {}, {} run(s) per step; artefacts in {}",
         scenario.name,
@@ -225,7 +225,7 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
         ..EnvOptions::default()
     };
     let env = suite::prepare_env(&layout, &opts, &[])?;
-    println!("kloop: accelerator: {}", accel_line(&env.accel));
+    println!("kloop: accelerator: {}", env.accel);
     println!(
         "kloop: bisect {} over {}..{} in a worktree of {} ({}); predicate {}, {} run(s) per step",
         scenario.name,

@@ -284,6 +284,38 @@ impl VmTestArgs {
             bless: Default::default(),
         }
     }
+
+    /// The trials these arguments select.
+    pub(crate) fn selection(&self, new_snapshot_set: bool) -> kloop::run::suite::Selection {
+        kloop::run::suite::Selection {
+            kernels: self.kernels.clone(),
+            scenarios: self.scenarios.clone(),
+            kernel_image: self.kernel_image.clone(),
+            snapshot_as: self.snapshot_as.clone(),
+            new_snapshot_set,
+        }
+    }
+
+    /// The run these arguments ask for (`bless`: what the trials write).
+    pub(crate) fn vm_test_options(
+        &self,
+        new_snapshot_set: bool,
+        bless: kloop::run::trial::Bless,
+    ) -> kloop::run::vm_test::VmTestOptions {
+        kloop::run::vm_test::VmTestOptions {
+            selection: self.selection(new_snapshot_set),
+            env: EnvOptions {
+                bless,
+                ..self.env_options()
+            },
+            repeat: self.repeat as usize,
+            jobs: self.jobs,
+            shard: self.shard,
+            durations: self.durations.clone(),
+            kcidb: self.kcidb.clone(),
+            allow_skipped: self.allow_skipped,
+        }
+    }
 }
 
 #[derive(Args, Clone)]

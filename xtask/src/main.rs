@@ -32,12 +32,12 @@ use vm_test_cmd::{bench, vm_test};
 /// 2: kloop could not run).
 pub(crate) const EXIT_BUILD: u8 = 3;
 
-/// The accelerator decision, and how long the KVM probe took if one ran.
-pub(crate) fn accel_line(d: &kloop_qemu::accel::AccelDecision) -> String {
-    match d.probe_ms {
-        Some(ms) => format!("{} [KVM probe took {:.1} s]", d.reason, ms as f64 / 1000.0),
-        None if d.from_cache => format!("{} [cached verdict]", d.reason),
-        None => d.reason.clone(),
+/// 0 for a run that passed, 1 for one that did not.
+pub(crate) fn exit_code(passed: bool) -> ExitCode {
+    if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 
@@ -59,43 +59,6 @@ pub(crate) fn start_trials() {
     });
     if std::env::var_os("INSTA_OUTPUT").is_none() {
         std::env::set_var("INSTA_OUTPUT", "none");
-    }
-}
-
-/// Writes the run's KCIDB document into its run directory (and to
-/// `extra`, `--kcidb FILE`); a failure is reported, not fatal.
-pub(crate) fn write_kcidb(
-    run_dir: &std::path::Path,
-    kernels: &[kloop::run::trial::KernelUnderTest],
-    results: &[kloop::run::trial::TrialResult],
-    extra: Option<&std::path::Path>,
-) {
-    use kloop::report::kcidb;
-    let Ok(cache) = kloop_kernels::KernelCache::default_location() else {
-        return;
-    };
-    let provenance: std::collections::BTreeMap<String, kcidb::Provenance> = kernels
-        .iter()
-        .map(|k| (k.id(), k.provenance(&cache)))
-        .collect();
-    let ctx = kcidb::RunContext {
-        kloop_commit: vm_test_cmd::kloop_commit(&layout().root),
-        run: run_dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-    };
-    let doc = kcidb::document(results, &provenance, &ctx);
-    let text = match serde_json::to_string_pretty(&doc) {
-        Ok(t) => t,
-        Err(e) => return eprintln!("kloop: the KCIDB document: {e}"),
-    };
-    for path in
-        std::iter::once(run_dir.join(kcidb::DOCUMENT_FILE)).chain(extra.map(|p| p.to_path_buf()))
-    {
-        if let Err(e) = std::fs::write(&path, &text) {
-            eprintln!("kloop: writing the KCIDB document {}: {e}", path.display());
-        }
     }
 }
 

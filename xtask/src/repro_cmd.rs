@@ -12,7 +12,7 @@ use kloop::run::suite::{self, EnvOptions, Layout};
 use kloop::run::trial::KernelUnderTest;
 use kloop_kernels::Catalog;
 
-use crate::{accel_line, layout, start_trials, BuildArgs, ReproArgs};
+use crate::{layout, start_trials, BuildArgs, ReproArgs};
 
 pub(crate) fn repro(a: ReproArgs) -> Result<ExitCode> {
     match (&a.trial, &a.standalone) {
@@ -195,7 +195,7 @@ fn prove(
     };
     let ks: Vec<KernelUnderTest> = kernels.iter().map(|k| k.kernel.clone()).collect();
     let env = suite::prepare_env(layout, &opts, &ks)?;
-    println!("kloop: accelerator: {}", accel_line(&env.accel));
+    println!("kloop: accelerator: {}", env.accel);
     let started = std::time::Instant::now();
     let (proof, outcomes, results) = standalone::prove(r, file, &env, &kernels, &|r| {
         println!("{}", kloop::report::trial_line(r));

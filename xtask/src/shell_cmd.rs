@@ -31,7 +31,7 @@ pub(crate) fn vm_shell(a: VmShellArgs) -> Result<ExitCode> {
         ..EnvOptions::default()
     };
     let env = suite::prepare_env(&layout, &opts, std::slice::from_ref(&kernel))?;
-    eprintln!("kloop vm-shell: accelerator: {}", accel_line(&env.accel));
+    eprintln!("kloop vm-shell: accelerator: {}", env.accel);
     let say = |line: &str| eprintln!("kloop vm-shell: {line}");
     let ended = kloop::run::shell::run_shell(&env, &kernel, &scenario, &say);
     // The guest's last line may lack its newline.

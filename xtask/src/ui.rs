@@ -108,8 +108,26 @@ pub fn line(text: impl std::fmt::Display) {
     }
 }
 
+/// What `vm-test` tells while it runs: notes above the live view, a
+/// trial's line (and what failed under it) as it ends, the live bar of
+/// trials done.
+pub fn vm_test_event(e: kloop::run::vm_test::Event<'_>) {
+    use kloop::run::vm_test::Event;
+    match e {
+        Event::Note(text) => line(format!("kloop: {text}")),
+        Event::TrialsStarted(n) => trials_started(n),
+        Event::TrialEnded(r) => {
+            line(kloop::report::trial_lines(r));
+            trial_ended(r.verdict.fails_run());
+        }
+        Event::TrialsFinished => trials_finished(),
+        Event::RepeatTable(table) => line(format!("\n{table}")),
+        Event::Flaky(r) => line(kloop::report::trial_lines(r)),
+    }
+}
+
 /// The run has `total` trials: a live bar of those done.
-pub fn trials_started(total: usize) {
+fn trials_started(total: usize) {
     let Some(ui) = UI.get() else { return };
     let mut st = ui.state();
     st.trials = Some((0, total as u64, 0));
@@ -125,7 +143,7 @@ pub fn trials_started(total: usize) {
 }
 
 /// One more trial ended.
-pub fn trial_ended(failed: bool) {
+fn trial_ended(failed: bool) {
     let Some(ui) = UI.get() else { return };
     let mut st = ui.state();
     if let Some((done, _, f)) = st.trials.as_mut() {
@@ -142,7 +160,7 @@ pub fn trial_ended(failed: bool) {
 }
 
 /// The run's trials are over: the live bars go away.
-pub fn trials_finished() {
+fn trials_finished() {
     let Some(ui) = UI.get() else { return };
     let mut st = ui.state();
     st.trials = None;

@@ -62,6 +62,23 @@ pub struct AccelDecision {
     pub from_cache: bool,
 }
 
+/// The decision for the user: its reason, and how long the KVM probe took
+/// if one ran (or that the verdict was cached).
+impl std::fmt::Display for AccelDecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.probe_ms {
+            Some(ms) => write!(
+                f,
+                "{} [KVM probe took {:.1} s]",
+                self.reason,
+                ms as f64 / 1000.0
+            ),
+            None if self.from_cache => write!(f, "{} [cached verdict]", self.reason),
+            None => f.write_str(&self.reason),
+        }
+    }
+}
+
 impl AccelDecision {
     pub fn accel(&self) -> Accel {
         if self.accel == "kvm" {

@@ -485,6 +485,52 @@ pub fn merge_documents(docs: &[Document]) -> Document {
 /// The file every run directory holds.
 pub const DOCUMENT_FILE: &str = "kcidb.json";
 
+impl RunContext {
+    /// The context of the run in `run_dir`, by the kloop checkout at `root`.
+    pub fn of_run(root: &std::path::Path, run_dir: &std::path::Path) -> RunContext {
+        RunContext {
+            kloop_commit: crate::run::agent::kloop_commit(root),
+            run: run_dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// Writes a run's KCIDB document into its run directory (and to `extra`,
+/// `--kcidb FILE`). Returns what could not be written: the document is a
+/// by-product of the run, its failure is told, not fatal.
+pub fn write_run_document(
+    root: &std::path::Path,
+    run_dir: &std::path::Path,
+    kernels: &[crate::run::trial::KernelUnderTest],
+    results: &[TrialResult],
+    extra: Option<&std::path::Path>,
+) -> Vec<String> {
+    let cache = match kloop_kernels::KernelCache::default_location() {
+        Ok(c) => c,
+        Err(e) => return vec![format!("the KCIDB document: the kernel cache: {e}")],
+    };
+    let provenance: std::collections::BTreeMap<String, Provenance> = kernels
+        .iter()
+        .map(|k| (k.id(), k.provenance(&cache)))
+        .collect();
+    let doc = document(results, &provenance, &RunContext::of_run(root, run_dir));
+    let text = match serde_json::to_string_pretty(&doc) {
+        Ok(t) => t,
+        Err(e) => return vec![format!("the KCIDB document: {e}")],
+    };
+    std::iter::once(run_dir.join(DOCUMENT_FILE))
+        .chain(extra.map(|p| p.to_path_buf()))
+        .filter_map(|path| {
+            std::fs::write(&path, &text)
+                .err()
+                .map(|e| format!("writing the KCIDB document {}: {e}", path.display()))
+        })
+        .collect()
+}
+
 /// Points each test's log and output URLs into `run_dir/<trial id>/`,
 /// where `merge` copied the trials (the shards' own directories are on
 /// other machines).

@@ -123,6 +123,93 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged, MergeError> {
     })
 }
 
+/// A merged run with its reports written.
+#[derive(Debug)]
+pub struct MergedRun {
+    pub merged: Merged,
+    /// The shards' A/B outcomes as one (`vm-test --baseline … --shard`).
+    pub ab: Option<Vec<crate::judge::ab::AbOutcome>>,
+    /// What was not written (a shard without a KCIDB document): told, not
+    /// fatal.
+    pub notes: Vec<String>,
+}
+
+/// [`merge`], then the whole run's reports in `out`: results, JUnit,
+/// summary, the shards' KCIDB documents as one (its URLs pointing into
+/// `out`) and, when the shards are parts of an A/B, their outcomes as one
+/// `ab.json`.
+pub fn merge_run(dirs: &[PathBuf], out: &Path) -> Result<MergedRun, MergeError> {
+    let merged = merge(dirs, out)?;
+    let io = |what: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| MergeError::Io { what, path, source }
+    };
+    crate::report::write_files(out, &merged.results).map_err(io("writing reports into", out))?;
+    let mut notes = Vec::new();
+    let docs: Vec<crate::report::kcidb::Document> = merged
+        .shards
+        .iter()
+        .filter_map(|d| std::fs::read_to_string(d.join(crate::report::kcidb::DOCUMENT_FILE)).ok())
+        .filter_map(|t| serde_json::from_str(&t).ok())
+        .collect();
+    if docs.len() == merged.shards.len() {
+        let mut doc = crate::report::kcidb::merge_documents(&docs);
+        let absolute = std::path::absolute(out).map_err(io("resolving", out))?;
+        crate::report::kcidb::relocate(&mut doc, &absolute);
+        let path = out.join(crate::report::kcidb::DOCUMENT_FILE);
+        let text = serde_json::to_string_pretty(&doc).expect("a document serialises");
+        std::fs::write(&path, text).map_err(io("writing", &path))?;
+    } else {
+        notes.push("a shard has no kcidb.json: the merged run has none".to_string());
+    }
+    let ab = merge_ab(&merged, out)?;
+    Ok(MergedRun { merged, ab, notes })
+}
+
+/// Shards of an A/B: their `ab.json` outcomes as one, in the merged
+/// trials' scenario order, written into `out`.
+fn merge_ab(
+    merged: &Merged,
+    out: &Path,
+) -> Result<Option<Vec<crate::judge::ab::AbOutcome>>, MergeError> {
+    let mut docs: Vec<Vec<crate::judge::ab::AbOutcome>> = Vec::new();
+    for d in &merged.shards {
+        let path = d.join("ab.json");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        docs.push(
+            serde_json::from_str(&text).map_err(|e| MergeError::Invalid {
+                path,
+                message: e.to_string(),
+            })?,
+        );
+    }
+    if docs.is_empty() {
+        return Ok(None);
+    }
+    if docs.len() != merged.shards.len() {
+        return Err(MergeError::Mismatch(
+            "some shards are A/B runs (ab.json) and some are not".to_string(),
+        ));
+    }
+    let mut outcomes: Vec<_> = docs.into_iter().flatten().collect();
+    let order = |s: &str| {
+        merged
+            .results
+            .iter()
+            .position(|r| r.scenario == s)
+            .unwrap_or(usize::MAX)
+    };
+    outcomes.sort_by_key(|o| order(&o.scenario));
+    crate::report::ab::write_json(out, &outcomes).map_err(|source| MergeError::Io {
+        what: "writing ab.json into",
+        path: out.to_path_buf(),
+        source,
+    })?;
+    Ok(Some(outcomes))
+}
+
 /// Same commit, same N, same trial list; each K once; every trial in
 /// exactly one shard.
 fn check(shards: &[(PathBuf, ShardManifest)]) -> Result<(), MergeError> {

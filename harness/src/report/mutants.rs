@@ -36,13 +36,36 @@ pub struct Note {
     pub defect: Option<String>,
 }
 
+/// Why `kernels/mutation-notes.toml` could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum NotesError {
+    #[error("{path}: {source}")]
+    Parse {
+        path: std::path::PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("reading {path}: {source}")]
+    Read {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 impl Notes {
     /// The notes file, or none when it does not exist.
-    pub fn load(path: &Path) -> Result<Notes, String> {
+    pub fn load(path: &Path) -> Result<Notes, NotesError> {
         match std::fs::read_to_string(path) {
-            Ok(text) => toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display())),
+            Ok(text) => toml::from_str(&text).map_err(|source| NotesError::Parse {
+                path: path.to_path_buf(),
+                source,
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Notes::default()),
-            Err(e) => Err(format!("{}: {e}", path.display())),
+            Err(source) => Err(NotesError::Read {
+                path: path.to_path_buf(),
+                source,
+            }),
         }
     }
 

@@ -31,6 +31,29 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// The checkout's commit, `+dirty` with uncommitted changes, `unknown`
+/// outside git: what a KCIDB document and a shard's manifest name as the
+/// kloop that ran (shards of different kloop code must not merge).
+pub fn kloop_commit(root: &Path) -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "HEAD"]) {
+        Some(head) => match git(&["status", "--porcelain", "--untracked-files=no"]) {
+            Some(s) if !s.is_empty() => format!("{head}+dirty"),
+            _ => head,
+        },
+        None => "unknown".to_string(),
+    }
+}
+
 static BUILD_LOCK: Mutex<Option<PathBuf>> = Mutex::new(None);
 
 /// Builds the agent once per process (cargo makes it a no-op when nothing

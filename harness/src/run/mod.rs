@@ -8,6 +8,8 @@
 //! - [`saved_vm`]: one boot per kernel × VM shape, saved and restored for
 //!   every trial;
 //! - [`suite`]: planning and running many trials;
+//! - [`vm_test`]: `vm-test` as one entry point: plan, shard, rounds,
+//!   repeats and the run's files, with typed events on the way;
 //! - [`repeat`]: `--repeat N` and the FLAKY verdict;
 //! - [`run_dirs`]: run directories, locked while live, pruned to the newest;
 //! - [`shard`]: `--shard K/N`, the partition of a run among N machines;
@@ -18,8 +20,6 @@
 //!   a git tree's commits ([`bisect::tree`]);
 //! - [`fixes`]: `kernels/fixes/`: which ledger entries a fix ends, its
 //!   patch per source, `validate --record`;
-//! - [`doctor`]: whether this machine has what runs need, with the fix
-//!   for each problem.
 //! - [`standalone`]: stand-alone C reproducers of known bugs, written as
 //!   one file and proven in the guest per kernel;
 //! - [`shell`]: `vm-shell`, a guest's console on the user's terminal, with
@@ -42,6 +42,7 @@ pub mod signals;
 pub mod standalone;
 pub mod suite;
 pub mod trial;
+pub mod vm_test;
 
 /// Status events for the person waiting (see [`kloop_kernels::status`]).
 pub use kloop_kernels::status;

@@ -1,0 +1,323 @@
+//! `vm-test` (and `bless`) as one entry point: the planned trials (a
+//! shard's part of them), the shared environment, the rounds of trials on
+//! parallel VMs, `--repeat`'s comparison, and every file the run leaves
+//! (results, JUnit, summary, KCIDB, the overhead report).
+//!
+//! What happens along the way reaches the caller as [`Event`]s, typed, for
+//! it to draw; what the run decided comes back as a [`VmTestRun`].
+
+use std::path::{Path, PathBuf};
+
+use crate::report::merge::ShardManifest;
+use crate::run::suite::{self, EnvOptions, Layout, PlannedTrial, Selection, SuiteError};
+use crate::run::trial::{TrialEnv, TrialResult, Verdict};
+
+/// What `vm-test` is asked to do.
+#[derive(Debug, Clone, Default)]
+pub struct VmTestOptions {
+    pub selection: Selection,
+    pub env: EnvOptions,
+    /// Every trial this many times, round after round (`--repeat`).
+    pub repeat: usize,
+    /// Parallel VMs; none: one per core.
+    pub jobs: Option<usize>,
+    /// `--shard K/N`: only this shard's part of the planned trials.
+    pub shard: Option<crate::run::shard::Shard>,
+    /// `--durations`: the results.jsonl the shards are balanced by.
+    pub durations: Option<PathBuf>,
+    /// `--kcidb`: a second place for the run's KCIDB document.
+    pub kcidb: Option<PathBuf>,
+    /// `--allow-skipped`: a run in which every trial was skipped passes.
+    pub allow_skipped: bool,
+}
+
+/// What the caller hears while the run goes on.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// A line for the person running kloop (the accelerator, configuration
+    /// notes, the ledger's warnings, what is about to run, the files
+    /// written): for reading, never parsed.
+    Note(String),
+    /// The trials start: this many runs in all.
+    TrialsStarted(usize),
+    /// One run of a trial ended.
+    TrialEnded(&'a TrialResult),
+    /// Every run ended.
+    TrialsFinished,
+    /// `--repeat`: the table of each trial's runs.
+    RepeatTable(String),
+    /// `--repeat`: a trial whose runs disagreed, combined (FLAKY).
+    Flaky(&'a TrialResult),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmTestError {
+    #[error(transparent)]
+    Suite(#[from] SuiteError),
+    #[error("no trials selected")]
+    NoTrials,
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("preparing the test environment: {0}")]
+    Environment(#[source] SuiteError),
+}
+
+impl VmTestError {
+    fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> VmTestError {
+        let path = path.to_path_buf();
+        move |source| VmTestError::Io { what, path, source }
+    }
+}
+
+/// The planned trials and, with a shard, this shard's part and the
+/// manifest `merge` checks.
+#[derive(Debug)]
+pub struct Planned {
+    pub trials: Vec<PlannedTrial>,
+    pub manifest: Option<ShardManifest>,
+    /// How the shard was chosen, for the user.
+    pub shard_line: Option<String>,
+}
+
+/// A finished run.
+#[derive(Debug)]
+pub struct VmTestRun {
+    /// One result per trial (with `--repeat`, the runs combined).
+    pub results: Vec<TrialResult>,
+    pub run_dir: PathBuf,
+    /// The ledger's warnings (entries past their review date, …), said
+    /// before the trials and again at the end.
+    pub ledger_warnings: Vec<String>,
+    pub secs: f64,
+    /// `kvm` or `tcg`.
+    pub accel: String,
+    pub allow_skipped: bool,
+}
+
+impl VmTestRun {
+    pub fn summary(&self) -> crate::report::Summary {
+        crate::report::Summary::of(&self.results)
+    }
+
+    /// Whether the run passes: no failure, and (unless allowed) not every
+    /// trial skipped.
+    pub fn success(&self) -> bool {
+        self.summary().success(self.allow_skipped)
+    }
+}
+
+/// The trials `opts` selects: the plan, cut to the shard when one is asked.
+pub fn plan(layout: &Layout, opts: &VmTestOptions) -> Result<Planned, VmTestError> {
+    let planned = suite::plan(layout, &opts.selection)?;
+    let Some(shard) = opts.shard else {
+        return Ok(Planned {
+            trials: planned,
+            manifest: None,
+            shard_line: None,
+        });
+    };
+    let durations = match &opts.durations {
+        Some(f) => crate::run::shard::durations_from_results(
+            &std::fs::read_to_string(f).map_err(VmTestError::io("reading --durations", f))?,
+        ),
+        None => Default::default(),
+    };
+    let ids: Vec<String> = planned.iter().map(PlannedTrial::id).collect();
+    let (mine, expected) = crate::run::shard::select(&ids, shard, &durations);
+    let balance = match (expected, &opts.durations) {
+        (Some(s), Some(d)) => format!(", ~{s:.0} s expected (durations from {})", d.display()),
+        _ => ", balanced by count".to_string(),
+    };
+    let shard_line = format!(
+        "shard {shard}: {} of {} trial(s){balance}",
+        mine.len(),
+        ids.len()
+    );
+    let manifest = ShardManifest {
+        kloop_commit: crate::run::agent::kloop_commit(&layout.root),
+        shard,
+        mine: mine.iter().map(|&i| ids[i].clone()).collect(),
+        trials: ids,
+    };
+    let trials = planned
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| mine.contains(i))
+        .map(|(_, t)| t)
+        .collect();
+    Ok(Planned {
+        trials,
+        manifest: Some(manifest),
+        shard_line: Some(shard_line),
+    })
+}
+
+/// Runs `planned`: prepares the environment, runs every trial
+/// `opts.repeat` times and writes the run's files.
+pub fn run(
+    layout: &Layout,
+    opts: &VmTestOptions,
+    planned: Planned,
+    on: &(dyn Fn(Event<'_>) + Sync),
+) -> Result<VmTestRun, VmTestError> {
+    if planned.trials.is_empty() {
+        return Err(VmTestError::NoTrials);
+    }
+    let trials = planned.trials;
+    let repeat = opts.repeat.max(1);
+    let started = std::time::Instant::now();
+    let kernels: Vec<_> = trials.iter().map(|t| t.kernel.clone()).collect();
+    let env = suite::prepare_env(layout, &opts.env, &kernels).map_err(VmTestError::Environment)?;
+    if let Some(m) = &planned.manifest {
+        let path = env.run_dir.join(crate::report::merge::MANIFEST);
+        let text = serde_json::to_string_pretty(m).expect("a manifest serialises");
+        std::fs::write(&path, text).map_err(VmTestError::io("writing", &path))?;
+    }
+    let ledger_warnings = announce(&env, &trials, repeat, on);
+    let all_runs = run_rounds(&env, &trials, repeat, opts.jobs, on);
+    let artefacts: Vec<PathBuf> = all_runs.iter().map(|r| r.artefacts.clone()).collect();
+    let results = combine_repeats(&env, all_runs, repeat, on)?;
+    crate::report::write_files(&env.run_dir, &results)
+        .map_err(VmTestError::io("writing reports into", &env.run_dir))?;
+    for problem in crate::report::kcidb::write_run_document(
+        &layout.root,
+        &env.run_dir,
+        &kernels,
+        &results,
+        opts.kcidb.as_deref(),
+    ) {
+        on(Event::Note(problem));
+    }
+    if let Some(note) = overhead_report(layout, &env, &artefacts) {
+        on(Event::Note(note));
+    }
+    Ok(VmTestRun {
+        results,
+        run_dir: env.run_dir.clone(),
+        ledger_warnings,
+        secs: started.elapsed().as_secs_f64(),
+        accel: env.accel.accel.clone(),
+        // A shard may hold only trials its kernels skip; `merge` judges the run.
+        allow_skipped: opts.allow_skipped || opts.shard.is_some(),
+    })
+}
+
+/// The accelerator, configuration notes, the ledger's warnings and what
+/// is about to run; returns the warnings, repeated at the end.
+fn announce(
+    env: &TrialEnv,
+    trials: &[PlannedTrial],
+    repeat: usize,
+    on: &(dyn Fn(Event<'_>) + Sync),
+) -> Vec<String> {
+    on(Event::Note(format!("accelerator: {}", env.accel)));
+    suite::prefetch(env, trials);
+    for note in suite::config_notes(env, trials) {
+        on(Event::Note(note));
+    }
+    let ledger_warnings = env
+        .known_issues
+        .warnings(crate::judge::known_issues::Date::today());
+    for w in &ledger_warnings {
+        on(Event::Note(w.clone()));
+    }
+    on(Event::Note(if repeat > 1 {
+        format!(
+            "running {} trial(s) {repeat} times each ({} runs), artefacts in {}",
+            trials.len(),
+            trials.len() * repeat,
+            env.run_dir.display()
+        )
+    } else {
+        format!(
+            "running {} trial(s), artefacts in {}",
+            trials.len(),
+            env.run_dir.display()
+        )
+    }));
+    ledger_warnings
+}
+
+/// Runs every trial `repeat` times, round after round, so each trial's
+/// runs meet different neighbours and host load.
+fn run_rounds(
+    env: &TrialEnv,
+    trials: &[PlannedTrial],
+    repeat: usize,
+    jobs: Option<usize>,
+    on: &(dyn Fn(Event<'_>) + Sync),
+) -> Vec<TrialResult> {
+    let runs: Vec<_> = (0..repeat).flat_map(|_| trials.iter().cloned()).collect();
+    let jobs = jobs.unwrap_or_else(suite::default_jobs);
+    on(Event::TrialsStarted(runs.len()));
+    // One round: longest trials first, by the last runs' times, so that the
+    // parallel VMs finish together. Rounds of a repeat keep their order.
+    let order = if repeat > 1 {
+        (0..runs.len()).collect()
+    } else {
+        let runs_root = env.run_dir.parent().unwrap_or(&env.run_dir);
+        suite::longest_first(
+            &runs,
+            &crate::run::run_dirs::past_wall_times(runs_root, &env.run_dir),
+        )
+    };
+    let all_runs = suite::run_in_order(env, &runs, &order, jobs, &|r| on(Event::TrialEnded(r)));
+    on(Event::TrialsFinished);
+    all_runs
+}
+
+/// With `--repeat`: writes every run and the per-trial comparison, tells
+/// the table and the FLAKY trials, and returns one combined result per
+/// trial; otherwise the runs as they are.
+fn combine_repeats(
+    env: &TrialEnv,
+    all_runs: Vec<TrialResult>,
+    repeat: usize,
+    on: &(dyn Fn(Event<'_>) + Sync),
+) -> Result<Vec<TrialResult>, VmTestError> {
+    if repeat <= 1 {
+        return Ok(all_runs);
+    }
+    crate::report::write_runs(&env.run_dir, &all_runs)
+        .map_err(VmTestError::io("writing runs.jsonl into", &env.run_dir))?;
+    let grouped = crate::run::repeat::group(all_runs);
+    crate::run::repeat::write_report(&env.run_dir, &grouped)
+        .map_err(VmTestError::io("writing repeat.json into", &env.run_dir))?;
+    on(Event::RepeatTable(crate::run::repeat::table(&grouped)));
+    let combined: Vec<_> = grouped.iter().filter_map(|t| t.combined()).collect();
+    for r in combined
+        .iter()
+        .filter(|r| matches!(r.verdict, Verdict::Flaky(_)))
+    {
+        on(Event::Flaky(r));
+    }
+    Ok(combined)
+}
+
+/// The run's overhead table and plot under target/kloop/report, if it
+/// measured any; a failure to write them is told, not fatal.
+fn overhead_report(layout: &Layout, env: &TrialEnv, artefacts: &[PathBuf]) -> Option<String> {
+    let run_name = env
+        .run_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let report_dir = layout.root.join("target/kloop/report");
+    match crate::report::overhead::write_run_report(&report_dir, &run_name, artefacts) {
+        Ok(Some((md, svg))) => Some(format!(
+            "overhead table {} and plot {}",
+            md.display(),
+            svg.display()
+        )),
+        Ok(None) => None,
+        Err(e) => Some(format!(
+            "writing the overhead report into {}: {e}",
+            report_dir.display()
+        )),
+    }
+}
