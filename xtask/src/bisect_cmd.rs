@@ -2,174 +2,50 @@
 
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use kloop::judge::bisect::Predicate;
 use kloop::report;
 use kloop::run::bisect::tree::{self, TreeEvent};
-use kloop::run::bisect::Search;
-use kloop::run::suite::{self, EnvOptions, Layout};
-use kloop_kernels::{Catalog, KernelCache};
+use kloop::run::bisect::distro::{self, DistroBisect};
+use kloop::run::suite::{self, EnvOptions};
+use kloop_kernels::KernelCache;
 
 use crate::*;
 
 /// `bisect` over the builds the mirror serves.
 pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
     let layout = layout();
-    let predicate =
-        Predicate::parse(&a.predicate, a.label.as_deref()).map_err(anyhow::Error::msg)?;
-    let cache = KernelCache::default_location()?;
-    let catalog = Catalog::load(&layout.kernels())?;
-    let (old, new, range) = build_range(&a, &cache, &catalog)?;
-    let names: Vec<String> = range.iter().map(|b| b.version.clone()).collect();
-    let scenario = one_scenario(&layout, &a.scenario)?;
     start_trials();
-    let opts = EnvOptions {
-        accel: a.accel,
-        fetch: a.fetch.options(),
-        ..EnvOptions::default()
+    let opts = DistroBisect {
+        old: a.old.clone(),
+        new: a.new.clone(),
+        scenario: a.scenario.clone(),
+        predicate: a.predicate.clone(),
+        label: a.label.clone(),
+        repeat: a.repeat as usize,
+        jobs: a.jobs.unwrap_or_else(suite::default_jobs),
+        env: EnvOptions {
+            accel: a.accel,
+            fetch: a.fetch.options(),
+            ..EnvOptions::default()
+        },
     };
-    // The first end that can be had probes KVM.
-    let first = catalog
-        .pins()
-        .iter()
-        .find(|p| p.version == old)
-        .cloned()
-        .map(kloop::run::trial::KernelUnderTest::Pin);
-    let env = suite::prepare_env(&layout, &opts, first.as_slice())?;
-    println!("kloop: accelerator: {}", env.accel);
-    println!(
-        "kloop: bisect {} over {} build(s) from {old} (old) to {new} (new), predicate {}, {} run(s) per step; artefacts in {}",
-        scenario.name,
-        names.len(),
-        a.predicate,
-        a.repeat,
-        env.run_dir.display()
-    );
-    let kernels_dir = layout.kernels();
-    let mut builds = kloop::run::bisect::DistroBuilds {
-        builds: &range,
-        catalog: &catalog,
-        cache: &cache,
-        kernels_dir: &kernels_dir,
-        lock: kloop_kernels::available::BisectLock::load(&kernels_dir)?,
-        fetch: a.fetch.options(),
-    };
-    let jobs = a.jobs.unwrap_or_else(suite::default_jobs);
-    let search = Search::new(&env, &scenario, &predicate, a.repeat as usize, jobs);
-    let started = std::time::Instant::now();
     let mut step_no = 0;
-    let outcome =
-        kloop::run::bisect::bisect(&search, &names, &mut |i| builds.kernel_at(i), &mut |s| {
+    let b = kloop::run::bisect::distro::run(&layout, &opts, &mut |e| match e {
+        distro::Event::Note(text) => println!("kloop: {text}"),
+        distro::Event::Step(s) => {
             step_no += 1;
-            println!("{}", step_line(step_no, s));
-        });
-    let outcome = match outcome {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("bisect: {e}");
-            return Ok(ExitCode::from(2));
+            println!("{}", report::bisect::step_line(step_no, s));
         }
-    };
-    print_outcome(&outcome, &names, &range, started);
-    let path = env.run_dir.join("bisect.json");
-    write_atomically(&path, &serde_json::to_string_pretty(&outcome)?)?;
-    println!("kloop: report {}", path.display());
-    Ok(ExitCode::SUCCESS)
-}
-
-/// The builds from `--old` to `--new` (pin ids name their builds), in
-/// search order: old first, also when old is the later build (a fix
-/// searched backwards). Returns the two versions and the range.
-fn build_range(
-    a: &BisectArgs,
-    cache: &KernelCache,
-    catalog: &Catalog,
-) -> Result<(
-    String,
-    String,
-    Vec<kloop_kernels::available::AvailableBuild>,
-)> {
-    let (builds, _) = available_builds(cache, &a.fetch, false)?;
-    let version_of = |end: &str| -> String {
-        catalog
-            .get(end)
-            .map(|p| p.version.clone())
-            .unwrap_or_else(|_| end.to_string())
-    };
-    let (old, new) = (version_of(&a.old), version_of(&a.new));
-    let index_of = |v: &str| {
-        builds.iter().position(|b| b.version == v).with_context(|| {
-            format!("{v} is not a build the mirror serves; see `cargo xtask kernels available`")
-        })
-    };
-    let (i_old, i_new) = (index_of(&old)?, index_of(&new)?);
-    let range: Vec<_> = if i_old <= i_new {
-        builds[i_old..=i_new].to_vec()
-    } else {
-        builds[i_new..=i_old].iter().rev().cloned().collect()
-    };
-    Ok((old, new, range))
-}
-
-/// One step's line: the build, its verdict, its time and its runs' first
-/// lines.
-fn step_line(step_no: usize, s: &kloop::run::bisect::StepReport) -> String {
-    use kloop::judge::bisect::StepVerdict;
-    let verdict = match &s.verdict {
-        StepVerdict::Old => "old".to_string(),
-        StepVerdict::New => "new".to_string(),
-        StepVerdict::Skip(why) => format!("skip ({why})"),
-    };
-    format!(
-        "step {step_no}: {} → {verdict} ({:.1} s; {})",
-        s.kernel,
-        s.secs,
-        s.runs
-            .iter()
-            .map(|r| r.1.split('\n').next().unwrap_or("").to_string())
-            .collect::<Vec<_>>()
-            .join(" | ")
-    )
-}
-
-/// The answer: first new and last old build, what is ambiguous, the
-/// difference, and the cost.
-fn print_outcome(
-    outcome: &kloop::run::bisect::BisectOutcome,
-    names: &[String],
-    range: &[kloop_kernels::available::AvailableBuild],
-    started: std::time::Instant,
-) {
-    let s = &outcome.search;
+    })?;
+    let (lines, cost) = report::bisect::outcome_lines(&b);
     println!();
-    println!(
-        "first new build: {} ({})",
-        names[s.first_new], range[s.first_new].package
-    );
-    println!(
-        "last old build:  {} ({})",
-        names[s.last_old], range[s.last_old].package
-    );
-    if !s.skipped_between.is_empty() {
-        println!(
-            "ambiguous: skipped build(s) between them: {}",
-            s.skipped_between
-                .iter()
-                .map(|&i| names[i].clone())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+    for line in lines {
+        println!("{line}");
     }
-    for line in &outcome.difference {
-        println!("  {line}");
-    }
-    println!(
-        "kloop: {} step(s) ({} runs), {:.0} s, confidence {:.0}%",
-        outcome.steps.len(),
-        outcome.steps.iter().map(|s| s.runs.len()).sum::<usize>(),
-        started.elapsed().as_secs_f64(),
-        outcome.confidence * 100.0
-    );
+    println!("kloop: {cost}");
+    println!("kloop: report {}", b.report.display());
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Draws a tree bisection's events: the build's live line, the end's
@@ -210,8 +86,8 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
         .expect("checked by the caller")
         .canonicalize()?;
     let predicate =
-        Predicate::parse(&a.predicate, a.label.as_deref()).map_err(anyhow::Error::msg)?;
-    let scenario = one_scenario(&layout, &a.scenario)?;
+        Predicate::parse(&a.predicate, a.label.as_deref())?;
+    let scenario = kloop::scenario::load_one(&layout.scenarios(), &a.scenario)?;
     let (old, new) = (tree::commit(&repo, &a.old)?, tree::commit(&repo, &a.new)?);
     // One worktree location for every bisection: its output directory
     // (keyed by the tree's path) then serves the next bisection too.
@@ -317,10 +193,6 @@ fn step_command(a: &BisectArgs) -> Result<tree::StepCommand> {
     })
 }
 
-fn one_scenario(layout: &Layout, name: &str) -> Result<kloop::scenario::Scenario> {
-    let all = kloop::scenario::load_all(&layout.scenarios())?;
-    Ok(kloop::scenario::select(&all, &[name.to_string()])?.remove(0))
-}
 
 /// `bisect-step`: what `git bisect run` calls. Exit 0 old, 1 new, 125 skip;
 /// a step that cannot run at all exits 128, which makes git abort the
@@ -339,9 +211,9 @@ fn try_bisect_step(a: BisectStepArgs) -> Result<ExitCode> {
     use kloop::judge::bisect::Observation;
     let layout = layout();
     let predicate =
-        Predicate::parse(&a.predicate, a.label.as_deref()).map_err(anyhow::Error::msg)?;
+        Predicate::parse(&a.predicate, a.label.as_deref())?;
     let reference: Observation = serde_json::from_str(&std::fs::read_to_string(&a.reference)?)?;
-    let scenario = one_scenario(&layout, &a.scenario)?;
+    let scenario = kloop::scenario::load_one(&layout.scenarios(), &a.scenario)?;
     let opts = EnvOptions {
         accel: a.accel,
         ..EnvOptions::default()

@@ -38,22 +38,7 @@ pub(crate) fn kernels(cmd: KernelsCmd) -> Result<ExitCode> {
 fn list(layout: &Layout) -> Result<ExitCode> {
     let catalog = Catalog::load(&layout.kernels())?;
     let cache = KernelCache::default_location()?;
-    println!(
-        "{:<8} {:<7} {:<40} {:<28} {:<16} cached",
-        "id", "series", "package", "version", "image sha256"
-    );
-    for p in catalog.pins() {
-        println!(
-            "{:<8} {:<7} {:<40} {:<28} {:<16} {}",
-            p.id,
-            p.series,
-            p.package,
-            p.version,
-            &p.image_sha256[..16.min(p.image_sha256.len())],
-            if cache.is_cached(p) { "yes" } else { "no" }
-        );
-    }
-    println!("cache: {}", cache.root().display());
+    print!("{}", kloop::report::kernels::pins_table(&catalog, &cache));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -129,23 +114,7 @@ fn build(layout: &Layout, a: BuildArgs) -> Result<ExitCode> {
 fn built() -> Result<ExitCode> {
     let cache = KernelCache::default_location()?;
     let all = kloop_kernels::build::list(&cache);
-    if all.is_empty() {
-        println!("no built kernels; build one with `cargo xtask kernels build --source linux-source-6.12`");
-    }
-    for k in all {
-        let r = &k.record;
-        println!(
-            "built:{}  {:<28} {}{}  config {}",
-            r.id,
-            r.release,
-            r.source,
-            r.patches
-                .iter()
-                .map(|p| format!(" +{}", p.path.display()))
-                .collect::<String>(),
-            &r.config_sha256[..12]
-        );
-    }
+    print!("{}", kloop::report::kernels::built_table(&all));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -157,38 +126,12 @@ fn available(
     fetch: &FetchArgs,
 ) -> Result<ExitCode> {
     let cache = KernelCache::default_location()?;
-    let (builds, notes) = available_builds(&cache, fetch, refresh)?;
+    let (builds, notes) =
+        kloop_kernels::available::list_cloud_builds(&cache, &fetch.options(), refresh)?;
     let catalog = Catalog::load(&layout.kernels())?;
     let lock = kloop_kernels::available::BisectLock::load(&layout.kernels())?;
-    println!(
-        "{:<26} {:<7} {:<20} {:<44} pinned",
-        "version", "series", "suite", "package"
-    );
-    let mut shown = 0;
-    for b in builds
-        .iter()
-        .filter(|b| series.as_ref().is_none_or(|s| &b.series == s))
-    {
-        shown += 1;
-        let pin = catalog.pins().iter().find(|p| p.version == b.version);
-        let mark = match (pin, lock.get(&b.version)) {
-            (Some(p), _) => format!(
-                "pin {}{}",
-                p.id,
-                if cache.is_cached(p) { ", cached" } else { "" }
-            ),
-            (None, Some(p)) => format!(
-                "bisect.lock{}",
-                if cache.is_cached(p) { ", cached" } else { "" }
-            ),
-            (None, None) => "-".into(),
-        };
-        println!(
-            "{:<26} {:<7} {:<20} {:<44} {mark}",
-            b.version, b.series, b.suite, b.package
-        );
-    }
-    println!("{shown} build(s)");
+    let table = kloop::report::kernels::available_table(&builds, series, &catalog, &lock, &cache);
+    print!("{table}");
     for n in notes {
         println!("note: {n}");
     }
@@ -198,7 +141,8 @@ fn available(
 /// `kernels pin-build`: builds into the bisection lock.
 fn pin_build(layout: &Layout, versions: Vec<String>, fetch: &FetchArgs) -> Result<ExitCode> {
     let cache = KernelCache::default_location()?;
-    let (builds, _) = available_builds(&cache, fetch, false)?;
+    let (builds, _) =
+        kloop_kernels::available::list_cloud_builds(&cache, &fetch.options(), false)?;
     let mut lock = kloop_kernels::available::BisectLock::load(&layout.kernels())?;
     for v in versions {
         let b = builds
@@ -259,35 +203,8 @@ pub(crate) fn build_kernel(
     progress.finish();
     match result {
         Ok(k) => {
-            let r = &k.record;
-            println!(
-                "kloop: built:{} {} ({}){}: {}",
-                r.id,
-                r.release,
-                r.source,
-                if r.patches.is_empty() {
-                    String::new()
-                } else {
-                    format!(" + {} patch(es)", r.patches.len())
-                },
-                if k.cached {
-                    "already built, from the cache".to_string()
-                } else {
-                    format!(
-                        "{} build in {:.0} s",
-                        if r.incremental { "incremental" } else { "full" },
-                        r.build_secs
-                    )
-                }
-            );
-            println!(
-                "kloop:   image {}, config {}, log {}",
-                k.image().display(),
-                k.config_path().display(),
-                k.log().display()
-            );
-            for n in &r.notes {
-                println!("kloop:   note: {n}");
+            for line in kloop::report::kernels::built_lines(&k) {
+                println!("kloop: {line}");
             }
             Ok(k)
         }
@@ -300,23 +217,4 @@ pub(crate) fn build_kernel(
             Err(ExitCode::from(2))
         }
     }
-}
-
-/// Every build the Debian suites serve (cached listing unless `refresh`).
-pub(crate) fn available_builds(
-    cache: &KernelCache,
-    fetch: &FetchArgs,
-    refresh: bool,
-) -> Result<(Vec<kloop_kernels::available::AvailableBuild>, Vec<String>)> {
-    let suites: Vec<String> = kloop_kernels::available::DEBIAN_SUITES
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    Ok(kloop_kernels::available::list_available(
-        cache,
-        &suites,
-        "cloud-amd64",
-        &fetch.options(),
-        refresh,
-    )?)
 }

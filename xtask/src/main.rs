@@ -25,7 +25,7 @@ pub(crate) use flags::*;
 
 use ab_cmd::{ab_test, validate};
 use bisect_cmd::{bisect, bisect_step, bisect_tree};
-use kernels_cmd::{available_builds, build_kernel, kernels};
+use kernels_cmd::{build_kernel, kernels};
 use vm_test_cmd::{bench, vm_test};
 
 /// Exit status of a run whose kernel did not build (vs 1: a trial failed,

@@ -36,10 +36,27 @@ pub enum Predicate {
     Overhead(String),
 }
 
+/// Why a predicate's text names no predicate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PredicateError {
+    /// `field:` names no key of `fields.json`.
+    #[error("unknown field `{key}`; known: {}", FIELD_KEYS.join(", "))]
+    UnknownField {
+        /// The key given.
+        key: String,
+    },
+    /// A field predicate without the program it is about.
+    #[error("a field predicate needs --label <program label>")]
+    NoLabel,
+    /// No known form.
+    #[error("unknown predicate `{0}`: use snapshot, rule:NAME, field:<record>.<field> or overhead:<figure>")]
+    Unknown(String),
+}
+
 impl Predicate {
     /// `snapshot`, `rule:NAME`, `field:<record>.<field>` (with `label`),
     /// `overhead:<figure>`.
-    pub fn parse(text: &str, label: Option<&str>) -> Result<Predicate, String> {
+    pub fn parse(text: &str, label: Option<&str>) -> Result<Predicate, PredicateError> {
         if text == "snapshot" {
             return Ok(Predicate::Snapshot);
         }
@@ -48,12 +65,11 @@ impl Predicate {
         }
         if let Some(key) = text.strip_prefix("field:") {
             if !FIELD_KEYS.contains(&key) {
-                return Err(format!(
-                    "unknown field `{key}`; known: {}",
-                    FIELD_KEYS.join(", ")
-                ));
+                return Err(PredicateError::UnknownField {
+                    key: key.to_string(),
+                });
             }
-            let label = label.ok_or("a field predicate needs --label <program label>")?;
+            let label = label.ok_or(PredicateError::NoLabel)?;
             return Ok(Predicate::Field {
                 key: key.to_string(),
                 label: label.to_string(),
@@ -62,9 +78,7 @@ impl Predicate {
         if let Some(fig) = text.strip_prefix("overhead:") {
             return Ok(Predicate::Overhead(fig.to_string()));
         }
-        Err(format!(
-            "unknown predicate `{text}`: use snapshot, rule:NAME, field:<record>.<field> or overhead:<figure>"
-        ))
+        Err(PredicateError::Unknown(text.to_string()))
     }
 }
 

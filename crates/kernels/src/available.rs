@@ -145,6 +145,17 @@ pub fn series_of(release: &str) -> String {
         .join(".")
 }
 
+/// Every `cloud-amd64` build the Debian suites serve (what bisection and
+/// `kernels available` walk), and the suites that could not be asked.
+pub fn list_cloud_builds(
+    cache: &KernelCache,
+    fetch: &FetchOptions,
+    refresh: bool,
+) -> Result<(Vec<AvailableBuild>, Vec<String>), KernelError> {
+    let suites: Vec<String> = DEBIAN_SUITES.iter().map(|s| s.to_string()).collect();
+    list_available(cache, &suites, "cloud-amd64", fetch, refresh)
+}
+
 /// Every build of `flavour` the suites serve, oldest first, and one note
 /// per suite that could not be asked (gone from the mirror, say).
 /// `refresh`: ask the mirror even if the cached listing is fresh.

@@ -20,7 +20,9 @@
 //! an unverified index.
 
 mod apt;
+mod atomic;
 pub mod available;
+pub use atomic::write_atomically;
 pub mod build;
 mod cache;
 pub mod config;

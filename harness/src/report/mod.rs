@@ -8,8 +8,10 @@ use crate::run::trial::{TrialResult, Verdict};
 
 pub mod ab;
 pub mod bench;
+pub mod bisect;
 pub mod bug_mail;
 pub mod junit;
+pub mod kernels;
 pub mod kcidb;
 pub mod markdown;
 pub mod merge;

@@ -259,6 +259,12 @@ pub fn load_all(root: &Path) -> Result<Vec<Scenario>, ScenarioError> {
 }
 
 /// Picks scenarios by name, erroring with the known names for a typo.
+/// The scenario `name` of those under `root`.
+pub fn load_one(root: &Path, name: &str) -> Result<Scenario, ScenarioError> {
+    let all = load_all(root)?;
+    Ok(select(&all, &[name.to_string()])?.remove(0))
+}
+
 pub fn select(all: &[Scenario], names: &[String]) -> Result<Vec<Scenario>, ScenarioError> {
     if names.is_empty() {
         return Ok(all.to_vec());

@@ -17,6 +17,7 @@ use crate::scenario::Scenario;
 
 pub use crate::judge::bisect::FIELDS_FILE;
 
+pub mod distro;
 pub mod tree;
 
 /// What one run showed for `pred`.
