@@ -148,15 +148,25 @@ fn missing_futex_and_syscall_tracepoints_skip_by_name() {
 fn ab(patches: &[&str]) -> kloop::run::ab::AbRun {
     let base = built(&[], &[]);
     let cand = built(patches, &[]);
+    let opts = kloop::run::ab::AbOptions {
+        env: opts(),
+        jobs: suite::default_jobs(),
+        ..Default::default()
+    };
     kloop::run::ab::run(
         &layout(),
         &local(&base),
         &local(&cand),
-        &[],
-        &opts(),
-        suite::default_jobs(),
-        &|_, b, c| eprintln!("A/B: {b} vs {c}"),
-        &|r| eprintln!("{}", kloop::report::trial_line(r)),
+        &opts,
+        &|e| match e {
+            kloop::run::ab::Event::Started {
+                baseline,
+                candidate,
+                ..
+            } => eprintln!("A/B: {baseline} vs {candidate}"),
+            kloop::run::ab::Event::Note(n) => eprintln!("{n}"),
+            kloop::run::ab::Event::Trial(r) => eprintln!("{}", kloop::report::trial_line(r)),
+        },
     )
     .expect("A/B run")
 }

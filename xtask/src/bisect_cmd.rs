@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use anyhow::Result;
 use kloop::judge::bisect::Predicate;
 use kloop::report;
-use kloop::run::bisect::tree::{self, TreeEvent};
 use kloop::run::bisect::distro::{self, DistroBisect};
+use kloop::run::bisect::tree::{self, TreeEvent};
 use kloop::run::suite::{self, EnvOptions};
 use kloop_kernels::KernelCache;
 
@@ -85,8 +85,7 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
         .clone()
         .expect("checked by the caller")
         .canonicalize()?;
-    let predicate =
-        Predicate::parse(&a.predicate, a.label.as_deref())?;
+    let predicate = Predicate::parse(&a.predicate, a.label.as_deref())?;
     let scenario = kloop::scenario::load_one(&layout.scenarios(), &a.scenario)?;
     let (old, new) = (tree::commit(&repo, &a.old)?, tree::commit(&repo, &a.new)?);
     // One worktree location for every bisection: its output directory
@@ -193,7 +192,6 @@ fn step_command(a: &BisectArgs) -> Result<tree::StepCommand> {
     })
 }
 
-
 /// `bisect-step`: what `git bisect run` calls. Exit 0 old, 1 new, 125 skip;
 /// a step that cannot run at all exits 128, which makes git abort the
 /// search (any other code from 1 to 127 would mark the commit new).
@@ -210,8 +208,7 @@ pub(crate) fn bisect_step(a: BisectStepArgs) -> Result<ExitCode> {
 fn try_bisect_step(a: BisectStepArgs) -> Result<ExitCode> {
     use kloop::judge::bisect::Observation;
     let layout = layout();
-    let predicate =
-        Predicate::parse(&a.predicate, a.label.as_deref())?;
+    let predicate = Predicate::parse(&a.predicate, a.label.as_deref())?;
     let reference: Observation = serde_json::from_str(&std::fs::read_to_string(&a.reference)?)?;
     let scenario = kloop::scenario::load_one(&layout.scenarios(), &a.scenario)?;
     let opts = EnvOptions {

@@ -141,8 +141,7 @@ fn available(
 /// `kernels pin-build`: builds into the bisection lock.
 fn pin_build(layout: &Layout, versions: Vec<String>, fetch: &FetchArgs) -> Result<ExitCode> {
     let cache = KernelCache::default_location()?;
-    let (builds, _) =
-        kloop_kernels::available::list_cloud_builds(&cache, &fetch.options(), false)?;
+    let (builds, _) = kloop_kernels::available::list_cloud_builds(&cache, &fetch.options(), false)?;
     let mut lock = kloop_kernels::available::BisectLock::load(&layout.kernels())?;
     for v in versions {
         let b = builds

@@ -18,6 +18,7 @@
 //! - [`ab`]: A/B runs of a baseline and a candidate kernel;
 //! - [`bisect`]: bisection steps over an ordered list of kernels, and over
 //!   a git tree's commits ([`bisect::tree`]);
+//! - [`validate`]: `validate`'s expected fixes, conclusion and `--record`;
 //! - [`fixes`]: `kernels/fixes/`: which ledger entries a fix ends, its
 //!   patch per source, `validate --record`;
 //! - [`standalone`]: stand-alone C reproducers of known bugs, written as
@@ -42,6 +43,7 @@ pub mod signals;
 pub mod standalone;
 pub mod suite;
 pub mod trial;
+pub mod validate;
 pub mod vm_test;
 
 /// Status events for the person waiting (see [`kloop_kernels::status`]).

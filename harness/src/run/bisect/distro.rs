@@ -110,8 +110,8 @@ pub fn run(
     let (served, _) = kloop_kernels::available::list_cloud_builds(&cache, &opts.env.fetch, false)?;
     let range = range(&served, &old, &new)?;
     let names: Vec<String> = range.iter().map(|b| b.version.clone()).collect();
-    let scenario = crate::scenario::load_one(&layout.scenarios(), &opts.scenario)
-        .map_err(SuiteError::from)?;
+    let scenario =
+        crate::scenario::load_one(&layout.scenarios(), &opts.scenario).map_err(SuiteError::from)?;
     // The first end that can be had probes KVM.
     let first = catalog
         .pins()
@@ -145,9 +145,11 @@ pub fn run(
     })?;
     let report = env.run_dir.join("bisect.json");
     let text = serde_json::to_string_pretty(&outcome).expect("an outcome serialises");
-    kloop_kernels::write_atomically(&report, text.as_bytes()).map_err(|source| DistroError::Write {
-        path: report.clone(),
-        source,
+    kloop_kernels::write_atomically(&report, text.as_bytes()).map_err(|source| {
+        DistroError::Write {
+            path: report.clone(),
+            source,
+        }
     })?;
     Ok(DistroBisection {
         outcome,
