@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Parser;
 use kloop::run::suite::Layout;
 use kloop_kernels::Catalog;
@@ -79,18 +79,6 @@ fn check_perf_data(file: &std::path::Path, json: bool) -> Result<ExitCode> {
         print!("{}", kloop::report::perf_data::text(file, &c));
     }
     Ok(ExitCode::from(c.exit_code()))
-}
-
-/// Writes `text` to `path` through a temporary file named after this
-/// process, so a reader never sees half a file and two kloop processes never
-/// write into one temporary file.
-pub(crate) fn write_atomically(path: &std::path::Path, text: &str) -> Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
-    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
 }
 
 pub(crate) fn layout() -> Layout {

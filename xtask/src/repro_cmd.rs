@@ -7,12 +7,11 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use kloop::report::repro;
-use kloop::run::standalone::{self, Expect, ProofKernel, Reproducer};
+use kloop::run::standalone::{self, Reproducer};
 use kloop::run::suite::{self, EnvOptions, Layout};
 use kloop::run::trial::KernelUnderTest;
-use kloop_kernels::Catalog;
 
-use crate::{layout, start_trials, BuildArgs, ReproArgs};
+use crate::{layout, start_trials, ReproArgs};
 
 pub(crate) fn repro(a: ReproArgs) -> Result<ExitCode> {
     match (&a.trial, &a.standalone) {
@@ -63,7 +62,8 @@ fn standalone_repro(a: &ReproArgs, id: &str) -> Result<ExitCode> {
             .join("target/kloop/repro")
             .join(format!("{}.c", r.name))
     });
-    crate::write_atomically(&out, &r.single_file()?)?;
+    kloop_kernels::write_atomically(&out, r.single_file()?.as_bytes())
+        .with_context(|| format!("writing {}", out.display()))?;
     println!(
         "kloop: stand-alone reproducer of {} in {}",
         r.issues
@@ -84,95 +84,6 @@ fn standalone_repro(a: &ReproArgs, id: &str) -> Result<ExitCode> {
     prove(&layout, a, &r, &out)
 }
 
-/// The kernels a proof runs on: every pin (affected ones must reproduce,
-/// the others not), and for each patch of the reproducer's fix folder the
-/// source built without it (must reproduce) and with it (must not).
-fn proof_kernels(
-    layout: &Layout,
-    a: &ReproArgs,
-    r: &Reproducer,
-) -> Result<Option<Vec<ProofKernel>>> {
-    let catalog = Catalog::load(&layout.kernels())?;
-    let affected = r.affected_pins();
-    let pin_expect = |id: &str| {
-        catalog.get(id).ok().map(|_| {
-            if affected.iter().any(|p| p == id) {
-                Expect::Reproduce
-            } else {
-                Expect::Pass
-            }
-        })
-    };
-    let mut kernels = Vec::new();
-    if !a.kernels.is_empty() {
-        for spec in &a.kernels {
-            let k = suite::resolve_kernel(&catalog, spec, None)?;
-            kernels.push(ProofKernel {
-                kernel: k,
-                expect: pin_expect(spec),
-                label: spec.clone(),
-            });
-        }
-        return Ok(Some(kernels));
-    }
-    for p in catalog.pins() {
-        kernels.push(ProofKernel {
-            kernel: KernelUnderTest::Pin(p.clone()),
-            expect: pin_expect(&p.id),
-            label: p.id.clone(),
-        });
-    }
-    match fix_builds(layout, a, r, &catalog)? {
-        Some(builds) => kernels.extend(builds),
-        None => return Ok(None),
-    }
-    Ok(Some(kernels))
-}
-
-/// For each patch of the reproducer's fix folder, its source built without
-/// it (must reproduce) and with it (must not); `None` when a build failed
-/// (it said why).
-fn fix_builds(
-    layout: &Layout,
-    a: &ReproArgs,
-    r: &Reproducer,
-    catalog: &Catalog,
-) -> Result<Option<Vec<ProofKernel>>> {
-    let folder = layout
-        .kernels()
-        .join(kloop::run::fixes::FIXES_DIR)
-        .join(&r.name);
-    let mut kernels = Vec::new();
-    for (source, patch) in kloop::run::fixes::patches_of(&folder) {
-        let build = BuildArgs {
-            source: source.clone(),
-            patches: Vec::new(),
-            fragments: Vec::new(),
-            base: Default::default(),
-            jobs: None,
-            fetch: a.fetch.clone(),
-        };
-        let base_req = build.request(layout)?;
-        let fixed_req = base_req.with_patches(vec![patch.clone()]);
-        for (req, expect, what) in [
-            (base_req, Expect::Reproduce, format!("{source} (unpatched)")),
-            (fixed_req, Expect::Pass, format!("{source} + the fix")),
-        ] {
-            let Ok(built) = crate::build_kernel(&req, &what) else {
-                return Ok(None);
-            };
-            kernels.push(ProofKernel {
-                kernel: KernelUnderTest::Image(kloop::run::trial::LocalKernel::built(
-                    &built, None, catalog,
-                )),
-                expect: Some(expect),
-                label: format!("{what}, built:{}", built.record.id),
-            });
-        }
-    }
-    Ok(Some(kernels))
-}
-
 /// Runs the reproducer in the guest on each kernel and checks the answers.
 fn prove(
     layout: &Layout,
@@ -184,7 +95,11 @@ fn prove(
     let cache = kloop_kernels::KernelCache::default_location()?;
     let binary = kloop::run::payload::c_program(file, &cache.root().join("programs"))?;
     println!("kloop: built {}", binary.display());
-    let Some(kernels) = proof_kernels(layout, a, r)? else {
+    let mut build =
+        |req: &kloop_kernels::build::BuildRequest, what: &str| crate::build_kernel(req, what).ok();
+    let fetch = a.fetch.options();
+    let Some(kernels) = standalone::proof_kernels(layout, r, &a.kernels, &fetch, &mut build)?
+    else {
         return Ok(ExitCode::from(crate::EXIT_BUILD));
     };
     start_trials();
@@ -213,9 +128,5 @@ fn prove(
         started.elapsed().as_secs_f64(),
         env.run_dir.display()
     );
-    Ok(if all_as_expected {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok(crate::exit_code(all_as_expected))
 }

@@ -22,19 +22,56 @@ pub struct PatchParts {
     pub diff: String,
 }
 
+/// Why a fix patch or a ledger id gives no mail.
+#[derive(Debug, thiserror::Error)]
+pub enum BugMailError {
+    #[error("no `Subject:` line")]
+    NoSubject,
+    #[error("no `---` line between the message and the diff")]
+    NoCut,
+    #[error("{path}: {source}")]
+    Patch {
+        path: std::path::PathBuf,
+        #[source]
+        source: Box<BugMailError>,
+    },
+    #[error("no fix for {id} under {dir}: write one (kernels/fixes/<id or prefix>/<source>.patch) and prove it with `cargo xtask validate --fix …` first")]
+    NoFix { id: String, dir: std::path::PathBuf },
+    #[error("{folder} has no patch for {source_name}; it has: {known}")]
+    NoPatchFor {
+        folder: std::path::PathBuf,
+        source_name: String,
+        known: String,
+    },
+    #[error("{0} holds no patch")]
+    Empty(std::path::PathBuf),
+    #[error("reading {path}: {source}")]
+    Read {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Fix(#[from] crate::run::fixes::FixError),
+    #[error(transparent)]
+    Suite(#[from] crate::run::suite::SuiteError),
+    #[error(transparent)]
+    Standalone(#[from] crate::run::standalone::StandaloneError),
+}
+
 /// Splits a patch in the form the fix folders keep.
-pub fn split_patch(text: &str) -> Result<PatchParts, String> {
+pub fn split_patch(text: &str) -> Result<PatchParts, BugMailError> {
     let mut lines = text.lines();
     let subject = lines
         .by_ref()
         .find_map(|l| l.strip_prefix("Subject: "))
-        .ok_or("no `Subject:` line")?
+        .ok_or(BugMailError::NoSubject)?
         .to_string();
     let rest: Vec<&str> = lines.collect();
     let cut = rest
         .iter()
         .position(|l| *l == "---")
-        .ok_or("no `---` line between the message and the diff")?;
+        .ok_or(BugMailError::NoCut)?;
     Ok(PatchParts {
         subject,
         message: rest[..cut].join("\n").trim().to_string() + "\n",
@@ -301,4 +338,148 @@ review_by = "2027-05-21""#,
         // The diff comes last, after the notes.
         assert!(text.trim_end().ends_with("+x"));
     }
+}
+
+/// A composed mail and what it is about.
+#[derive(Debug, Clone)]
+pub struct Composed {
+    /// The mail, ready for `git send-email` once signed off.
+    pub text: String,
+    /// The ledger ids the fix ends.
+    pub ids: Vec<String>,
+    /// The fix folder's name and the source its patch is for.
+    pub name: String,
+    pub source: String,
+    /// The patch, relative to the workspace.
+    pub patch: String,
+    /// What the mail cannot claim yet, each with the command that would
+    /// prove it.
+    pub warnings: Vec<String>,
+}
+
+/// The mail for ledger entry `id`: its fix folder's patch for `source`
+/// (else the newest series', closest to what maintainers apply), the
+/// ledger's facts, every validate of the fix's patches the ledger records,
+/// the stand-alone reproducer and its latest proof, and the recipients
+/// from the source tree's `get_maintainer.pl`.
+pub fn compose(
+    layout: &crate::run::suite::Layout,
+    id: &str,
+    source: Option<&str>,
+) -> Result<Composed, BugMailError> {
+    use crate::run::{fixes, standalone};
+    let ledger = crate::run::suite::load_ledger(layout)?;
+    fixes::check_ids(&ledger, &[id.to_string()])?;
+    let folder = fixes::folder_of(&layout.kernels(), id).ok_or_else(|| BugMailError::NoFix {
+        id: id.to_string(),
+        dir: layout.kernels().join(fixes::FIXES_DIR),
+    })?;
+    let patches = fixes::patches_of(&folder);
+    let (source, patch) = choose_patch(&folder, &patches, source)?;
+    let name = folder
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let ids = fixes::ids_named(&ledger, &name)?;
+    let issues: Vec<Issue> = ledger
+        .issues
+        .iter()
+        .filter(|i| ids.contains(&i.id))
+        .cloned()
+        .collect();
+    let text = std::fs::read_to_string(&patch).map_err(|source| BugMailError::Read {
+        path: patch.clone(),
+        source,
+    })?;
+    let parts = split_patch(&text).map_err(|e| BugMailError::Patch {
+        path: patch.clone(),
+        source: Box::new(e),
+    })?;
+    let rel = |p: &std::path::Path| {
+        p.strip_prefix(&layout.root)
+            .unwrap_or(p)
+            .display()
+            .to_string()
+    };
+    let reproducer = standalone::find(&layout.kernels(), &ledger, id).ok();
+    let mut warnings = Vec::new();
+    let to = recipients_of(layout, &source, &patch, &parts.subject).unwrap_or_else(|| {
+        warnings.push(format!(
+            "scripts/get_maintainer.pl of {source} gave no recipients; add To: and Cc: by hand"
+        ));
+        Recipients::default()
+    });
+    let mail = BugMail {
+        issues: &issues,
+        recipients: to,
+        patch: parts,
+        patch_source: source.clone(),
+        // Every source the fix has a patch for: the backports' proofs too.
+        validations: patches
+            .iter()
+            .flat_map(|(_, p)| validations(&layout.root, &issues, &rel(p)))
+            .collect(),
+        reproducer: reproducer.as_ref().map(|r| r.single_file()).transpose()?,
+        proof: reproducer
+            .as_ref()
+            .and_then(|r| standalone::latest_proof(&layout.root.join("target/kloop/runs"), &r.name))
+            .map(|(_, p)| p),
+    };
+    let patch = rel(&patch);
+    if mail.validations.is_empty() {
+        warnings.push(format!("the ledger records no validate of {patch}; run `cargo xtask validate --source {source} --fix {name} --record` so the mail can say how it was proven"));
+    }
+    if mail.proof.is_none() {
+        warnings.push(format!(
+            "the reproducer was never proven; run `cargo xtask repro --standalone {id} --prove`"
+        ));
+    }
+    Ok(Composed {
+        text: render(&mail),
+        ids,
+        name,
+        source,
+        patch,
+        warnings,
+    })
+}
+
+/// The patch for `source`, else the newest series'.
+fn choose_patch(
+    folder: &std::path::Path,
+    patches: &[(String, std::path::PathBuf)],
+    source: Option<&str>,
+) -> Result<(String, std::path::PathBuf), BugMailError> {
+    match source {
+        Some(s) => patches
+            .iter()
+            .find(|(p, _)| p == s)
+            .cloned()
+            .ok_or_else(|| BugMailError::NoPatchFor {
+                folder: folder.to_path_buf(),
+                source_name: s.to_string(),
+                known: patches
+                    .iter()
+                    .map(|(p, _)| p.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        None => patches
+            .last()
+            .cloned()
+            .ok_or_else(|| BugMailError::Empty(folder.to_path_buf())),
+    }
+}
+
+/// The source's pristine tree, then its get_maintainer.pl's recipients.
+fn recipients_of(
+    layout: &crate::run::suite::Layout,
+    source: &str,
+    patch: &std::path::Path,
+    subject: &str,
+) -> Option<Recipients> {
+    let spec = kloop_kernels::build::SourceSpec::parse(source, &layout.kernels()).ok()?;
+    let cache = kloop_kernels::KernelCache::default_location().ok()?;
+    let tree = kloop_kernels::build::source_tree(&cache, &spec, &Default::default()).ok()?;
+    recipients(&tree, patch, subject)
 }

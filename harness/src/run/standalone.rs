@@ -42,6 +42,12 @@ pub enum StandaloneError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Suite(#[from] crate::run::suite::SuiteError),
+    #[error(transparent)]
+    Kernel(#[from] kloop_kernels::KernelError),
+    #[error(transparent)]
+    Build(#[from] kloop_kernels::build::BuildError),
 }
 
 /// A reproducer found for a ledger id.
@@ -244,6 +250,86 @@ pub struct ProofKernel {
     /// `--kernel built:ID` the user named): its answer is reported only.
     pub expect: Option<Expect>,
     pub label: String,
+}
+
+/// The kernels a proof of `r` runs on. With `specs` (`--kernel`), those,
+/// expected to reproduce or not when they are pins the ledger speaks of.
+/// Otherwise every pin (affected ones must reproduce, the others not) and,
+/// for each patch of the reproducer's fix folder, its source built without
+/// it (must reproduce) and with it (must not), through `build` (which
+/// draws the build and says why it failed); `None` when a build failed.
+pub fn proof_kernels(
+    layout: &crate::run::suite::Layout,
+    r: &Reproducer,
+    specs: &[String],
+    fetch: &kloop_kernels::FetchOptions,
+    build: &mut dyn FnMut(
+        &kloop_kernels::build::BuildRequest,
+        &str,
+    ) -> Option<kloop_kernels::build::BuiltKernel>,
+) -> Result<Option<Vec<ProofKernel>>, StandaloneError> {
+    use crate::run::trial::KernelUnderTest;
+    let catalog = kloop_kernels::Catalog::load(&layout.kernels())?;
+    let affected = r.affected_pins();
+    let pin_expect = |id: &str| {
+        catalog.get(id).ok().map(|_| {
+            if affected.iter().any(|p| p == id) {
+                Expect::Reproduce
+            } else {
+                Expect::Pass
+            }
+        })
+    };
+    if !specs.is_empty() {
+        return specs
+            .iter()
+            .map(|spec| {
+                Ok(ProofKernel {
+                    kernel: crate::run::suite::resolve_kernel(&catalog, spec, None)?,
+                    expect: pin_expect(spec),
+                    label: spec.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, StandaloneError>>()
+            .map(Some);
+    }
+    let mut kernels: Vec<ProofKernel> = catalog
+        .pins()
+        .iter()
+        .map(|p| ProofKernel {
+            kernel: KernelUnderTest::Pin(p.clone()),
+            expect: pin_expect(&p.id),
+            label: p.id.clone(),
+        })
+        .collect();
+    let folder = layout
+        .kernels()
+        .join(crate::run::fixes::FIXES_DIR)
+        .join(&r.name);
+    for (source, patch) in crate::run::fixes::patches_of(&folder) {
+        let spec = kloop_kernels::build::SourceSpec::parse(&source, &layout.kernels())?;
+        let base_req = kloop_kernels::build::BuildRequest {
+            fetch: fetch.clone(),
+            ..kloop_kernels::build::BuildRequest::new(spec, &layout.kernels())
+        };
+        let fixed_req = base_req.with_patches(vec![patch.clone()]);
+        for (req, expect, what) in [
+            (base_req, Expect::Reproduce, format!("{source} (unpatched)")),
+            (fixed_req, Expect::Pass, format!("{source} + the fix")),
+        ] {
+            let Some(built) = build(&req, &what) else {
+                return Ok(None);
+            };
+            kernels.push(ProofKernel {
+                kernel: KernelUnderTest::Image(crate::run::trial::LocalKernel::built(
+                    &built, None, &catalog,
+                )),
+                expect: Some(expect),
+                label: format!("{what}, built:{}", built.record.id),
+            });
+        }
+    }
+    Ok(Some(kernels))
 }
 
 /// Runs the single file `file` on every kernel of `kernels` (in the guest,
