@@ -2,10 +2,9 @@
 
 use std::process::ExitCode;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Parser;
 use kloop::run::suite::Layout;
-use kloop_kernels::Catalog;
 
 mod ab_cmd;
 mod bisect_cmd;
@@ -100,41 +99,7 @@ fn run() -> Result<ExitCode> {
     ui::init(cli.verbose);
     match cli.cmd {
         Cmd::VmTest(a) => vm_test(a, false, Default::default()),
-        Cmd::Bless(BlessArgs {
-            run: mut a,
-            overhead,
-            as_name,
-        }) => {
-            let catalog = Catalog::load(&layout().kernels())?;
-            let local =
-                a.kernel_image.is_some() || a.kernels.iter().any(|k| catalog.get(k).is_err());
-            match (&as_name, local) {
-                (None, true) => bail!("a kernel that is not a pin is blessed as a snapshot set of its own: add `--as <name>` (then compare with `vm-test --snapshot-as <name>`); it never rewrites a pin's snapshots"),
-                (Some(_), false) => bail!("--as names the snapshot set of a kernel that is not a pin (--kernel built:ID or --kernel-image); a pin is blessed under its own id"),
-                (Some(name), true) => {
-                    if catalog.get(name).is_ok() {
-                        bail!("--as {name} is a pin's id: a local kernel's stream never overwrites a pin's golden snapshots; choose a new name");
-                    }
-                    if a.baseline.is_some() {
-                        bail!("bless does not take --baseline");
-                    }
-                    a.snapshot_as = Some(name.clone());
-                }
-                (None, false) => {}
-            }
-            if a.repeat > 1 {
-                bail!("bless writes each snapshot from one run; check that a trial is stable with `cargo xtask vm-test --repeat N` first, then bless it once");
-            }
-            // insta rewrites the .snap files instead of failing; invariant
-            // violations still fail: only a clean stream can be blessed.
-            // (insta reads that itself).
-            std::env::set_var("INSTA_UPDATE", "always");
-            let bless = kloop::run::trial::Bless {
-                snapshots: true,
-                overhead,
-            };
-            vm_test(a, as_name.is_some(), bless)
-        }
+        Cmd::Bless(a) => vm_test_cmd::bless(a),
         Cmd::Kernels { cmd } => kernels(cmd),
         Cmd::Validate(a) => validate(a),
         Cmd::Bisect(a) if a.tree.is_some() => bisect_tree(a),

@@ -55,43 +55,19 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `bench --perf-data-gib N`: a real recording stretched to N GiB (kept
-/// for the next bench), then `check-perf-data` on it in a process of its
-/// own.
+/// `bench --perf-data-gib N`: a real recording stretched to N GiB, then
+/// `check-perf-data` on it in a process of its own.
 fn perf_data_bench(gib: f64) -> Result<ExitCode> {
-    let layout = layout();
-    let dir = layout.root.join("target/kloop/bench");
-    std::fs::create_dir_all(&dir)?;
-    let target = (gib * (1u64 << 30) as f64) as u64;
-    let file = dir.join(format!("perf-data-{gib}gib.pipe.data"));
-    if std::fs::metadata(&file).map_or(true, |m| m.len() < target) {
-        let template = layout
-            .root
-            .join("harness/src/testdata/perf-data/host-6.18.44-perf-6.1.187-header-size.pipe.data");
-        println!(
-            "kloop bench: writing {} from {} …",
-            file.display(),
-            template.display()
-        );
-        let g = kloop::perf_data::generate::stretch(&template, &file, target)?;
-        println!(
-            "kloop bench: {} bytes, {} KSYMBOL/BPF_EVENT records in {} rounds",
-            g.bytes, g.side_band_records, g.rounds
-        );
-    }
-    let exe = std::env::current_exe().context("locating the xtask binary")?;
-    let r = bench::check_perf_data(&exe, &file).map_err(anyhow::Error::msg)?;
-    println!(
-        "check-perf-data: {:.2} GB, {} records ({} KSYMBOL/BPF_EVENT) in {:.1} s: {:.0} records/s, {:.0} MB/s; peak RSS {:.1} MiB; exit {}",
-        r.file_bytes as f64 / 1e9,
-        r.records,
-        r.side_band,
-        r.secs,
-        r.records_per_sec(),
-        r.mb_per_sec(),
-        r.max_rss_kib as f64 / 1024.0,
-        r.exit.map_or("signal".into(), |c| c.to_string())
-    );
+    let root = layout().root;
+    let r = bench::perf_data(
+        &std::env::current_exe().context("locating the xtask binary")?,
+        &root
+            .join("harness/src/testdata/perf-data/host-6.18.44-perf-6.1.187-header-size.pipe.data"),
+        &root.join("target/kloop/bench"),
+        gib,
+        &mut |note| println!("kloop bench: {note}"),
+    )?;
+    println!("{}", report::bench::perf_data_line(&r));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -157,6 +133,35 @@ pub(crate) fn vm_test(
         println!("kloop: {line}");
     }
     Ok(exit_code(run.success()))
+}
+
+/// `bless`: the trials' streams become their golden snapshots (and, with
+/// `--overhead`, their figures the budgets); only a clean stream can be
+/// blessed, since invariant violations still fail.
+pub(crate) fn bless(
+    BlessArgs {
+        run: mut a,
+        overhead,
+        as_name,
+    }: BlessArgs,
+) -> Result<ExitCode> {
+    let catalog = kloop_kernels::Catalog::load(&layout().kernels())?;
+    let set = kloop::run::vm_test::bless_set(
+        &catalog,
+        &a.selection(false),
+        as_name.as_deref(),
+        a.baseline.is_some(),
+        a.repeat as usize,
+    )?;
+    a.snapshot_as = set.or(a.snapshot_as);
+    // insta rewrites the .snap files instead of failing; its environment is
+    // its only interface, set here once before any trial thread starts.
+    std::env::set_var("INSTA_UPDATE", "always");
+    let bless = kloop::run::trial::Bless {
+        snapshots: true,
+        overhead,
+    };
+    vm_test(a, as_name.is_some(), bless)
 }
 
 /// `merge DIR…`: the shards' run directories as one run directory.

@@ -186,6 +186,22 @@ pub fn matrix_tables(rounds: &[MatrixRound]) -> String {
     o
 }
 
+/// `bench --perf-data-gib`'s line: size, records, throughput, peak memory,
+/// exit code.
+pub fn perf_data_line(r: &crate::run::bench::PerfDataRun) -> String {
+    format!(
+        "check-perf-data: {:.2} GB, {} records ({} KSYMBOL/BPF_EVENT) in {:.1} s: {:.0} records/s, {:.0} MB/s; peak RSS {:.1} MiB; exit {}",
+        r.file_bytes as f64 / 1e9,
+        r.records,
+        r.side_band,
+        r.secs,
+        r.records_per_sec(),
+        r.mb_per_sec(),
+        r.max_rss_kib as f64 / 1024.0,
+        r.exit.map_or("signal".into(), |c| c.to_string())
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,7 +227,7 @@ mod tests {
                 label: "saved VMs, first",
                 secs: 250.0,
                 exit: None,
-                run: Err("x".into()),
+                run: Err(crate::run::bench::BenchError::Process("x".into())),
             },
             MatrixRound {
                 label: "saved VMs, warm",

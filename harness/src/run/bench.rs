@@ -72,6 +72,26 @@ pub fn storm_scenario(
     }
 }
 
+/// Why a measurement could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BenchError {
+    /// A file the measurement reads could not be read.
+    #[error("reading {path}: {why}")]
+    Read { path: PathBuf, why: String },
+    /// A file holds something else than the measurement needs.
+    #[error("{path}: {why}")]
+    Invalid { path: PathBuf, why: String },
+    /// A listener's stream did not parse.
+    #[error("records of listener {listener}: {why}")]
+    Records { listener: u32, why: String },
+    /// A process the bench runs could not be run, or left nothing to read.
+    #[error("{0}")]
+    Process(String),
+    /// The storm trial's messages lack a step the throughput is timed by.
+    #[error("{0}")]
+    Storm(&'static str),
+}
+
 /// A finished trial read back from its artefacts, as a user would:
 /// `messages.jsonl` and every listener's `records-<n>.bin`.
 pub struct TrialArtefacts {
@@ -80,14 +100,20 @@ pub struct TrialArtefacts {
 }
 
 impl TrialArtefacts {
-    pub fn read(dir: &Path) -> Result<TrialArtefacts, String> {
-        let text = std::fs::read_to_string(dir.join("messages.jsonl"))
-            .map_err(|e| format!("reading {}/messages.jsonl: {e}", dir.display()))?;
+    pub fn read(dir: &Path) -> Result<TrialArtefacts, BenchError> {
+        let path = dir.join("messages.jsonl");
+        let text = std::fs::read_to_string(&path).map_err(|e| BenchError::Read {
+            path: path.clone(),
+            why: e.to_string(),
+        })?;
         let messages: Vec<Message> = text
             .lines()
             .map(serde_json::from_str)
             .collect::<Result<_, _>>()
-            .map_err(|e| format!("{}/messages.jsonl: {e}", dir.display()))?;
+            .map_err(|e| BenchError::Invalid {
+                path: path.clone(),
+                why: e.to_string(),
+            })?;
         let listeners = RunEvidence::from_messages(&messages, BTreeMap::new()).listeners;
         let mut streams = BTreeMap::new();
         for l in &listeners {
@@ -120,7 +146,7 @@ impl Throughput {
 
     /// Counts the records of a finished storm trial (every stream must
     /// parse) and times its storm and last steps.
-    pub fn of(trial: &TrialArtefacts) -> Result<Throughput, String> {
+    pub fn of(trial: &TrialArtefacts) -> Result<Throughput, BenchError> {
         let (mut records, mut bytes, mut lost) = (0, 0, 0u64);
         for l in &trial.evidence.listeners {
             let raw = trial
@@ -128,8 +154,10 @@ impl Throughput {
                 .streams
                 .get(&l.index)
                 .map_or(&[][..], Vec::as_slice);
-            let recs = kloop_records::parse_stream(l, raw)
-                .map_err(|e| format!("records of listener {}: {e:?}", l.index))?;
+            let recs = kloop_records::parse_stream(l, raw).map_err(|e| BenchError::Records {
+                listener: l.index,
+                why: format!("{e:?}"),
+            })?;
             lost += recs
                 .iter()
                 .map(|r| match r.body {
@@ -153,14 +181,14 @@ impl Throughput {
                 last_index = last_index.max(*index);
             }
         }
-        let storm_index = storm_index.ok_or("no storm step in the messages")?;
+        let storm_index = storm_index.ok_or(BenchError::Storm("no storm step in the messages"))?;
         let step_ns = |i: u32| {
             messages.iter().find_map(|m| match m {
                 Message::StepDone { index, elapsed_ns } if *index == i => Some(*elapsed_ns),
                 _ => None,
             })
         };
-        let ns = step_ns(storm_index).ok_or("the storm step never finished")?
+        let ns = step_ns(storm_index).ok_or(BenchError::Storm("the storm step never finished"))?
             + step_ns(last_index).unwrap_or(0);
         Ok(Throughput {
             records,
@@ -270,14 +298,19 @@ pub struct MatrixRun {
 
 impl MatrixRun {
     /// Reads `<run_dir>/results.jsonl`.
-    pub fn read(run_dir: &Path) -> Result<MatrixRun, String> {
+    pub fn read(run_dir: &Path) -> Result<MatrixRun, BenchError> {
         let path = run_dir.join("results.jsonl");
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(&path).map_err(|e| BenchError::Read {
+            path: path.clone(),
+            why: e.to_string(),
+        })?;
         let mut run = MatrixRun::default();
         for (n, line) in text.lines().enumerate() {
-            let v: serde_json::Value = serde_json::from_str(line)
-                .map_err(|e| format!("{} line {}: {e}", path.display(), n + 1))?;
+            let v: serde_json::Value =
+                serde_json::from_str(line).map_err(|e| BenchError::Invalid {
+                    path: path.clone(),
+                    why: format!("line {}: {e}", n + 1),
+                })?;
             run.add(&v);
         }
         Ok(run)
@@ -378,7 +411,7 @@ pub enum ChannelOutcome {
     /// The storm passed; its throughput on `kernel`.
     Measured { kernel: String, tp: Throughput },
     /// The storm passed but its artefacts could not be read.
-    Unreadable(String),
+    Unreadable(BenchError),
     /// The storm trial did not pass: its verdict.
     TrialFailed(crate::run::trial::Verdict),
 }
@@ -444,7 +477,7 @@ pub struct MatrixRound {
     pub label: &'static str,
     pub secs: f64,
     pub exit: Option<i32>,
-    pub run: Result<MatrixRun, String>,
+    pub run: Result<MatrixRun, BenchError>,
 }
 
 /// The three rounds `bench --matrix` runs: cold boots, saved VMs made on
@@ -476,10 +509,10 @@ impl MatrixBench {
         // The child's run directory is named after its pid.
         let run = match crate::run::run_dirs::of_process(&self.runs_root, pid) {
             Some(dir) => MatrixRun::read(&dir),
-            None => Err(format!(
+            None => Err(BenchError::Process(format!(
                 "vm-test (pid {pid}) left no run directory under {}",
                 self.runs_root.display()
-            )),
+            ))),
         };
         Ok(MatrixRound {
             label,
@@ -516,9 +549,12 @@ impl PerfDataRun {
 
 /// Runs `<exe> check-perf-data <file> --json` and reads its counts back
 /// from its JSON.
-pub fn check_perf_data(exe: &Path, file: &Path) -> Result<PerfDataRun, String> {
+pub fn check_perf_data(exe: &Path, file: &Path) -> Result<PerfDataRun, BenchError> {
     let file_bytes = std::fs::metadata(file)
-        .map_err(|e| format!("{}: {e}", file.display()))?
+        .map_err(|e| BenchError::Read {
+            path: file.to_path_buf(),
+            why: e.to_string(),
+        })?
         .len();
     let started = std::time::Instant::now();
     let out = std::process::Command::new(exe)
@@ -526,7 +562,7 @@ pub fn check_perf_data(exe: &Path, file: &Path) -> Result<PerfDataRun, String> {
         .arg(file)
         .arg("--json")
         .output()
-        .map_err(|e| format!("running {}: {e}", exe.display()))?;
+        .map_err(|e| BenchError::Process(format!("running {}: {e}", exe.display())))?;
     let secs = started.elapsed().as_secs_f64();
     // SAFETY: getrusage fills the struct it is given.
     let max_rss_kib = unsafe {
@@ -535,10 +571,10 @@ pub fn check_perf_data(exe: &Path, file: &Path) -> Result<PerfDataRun, String> {
         u.ru_maxrss as u64
     };
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
-        format!(
+        BenchError::Process(format!(
             "check-perf-data printed no JSON ({e}): {}",
             String::from_utf8_lossy(&out.stderr)
-        )
+        ))
     })?;
     let n = |k: &str| v.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
     Ok(PerfDataRun {
@@ -549,6 +585,43 @@ pub fn check_perf_data(exe: &Path, file: &Path) -> Result<PerfDataRun, String> {
         max_rss_kib,
         exit: out.status.code(),
     })
+}
+
+/// `bench --perf-data-gib N`: a real recording (`template`, pipe mode)
+/// stretched to `gib` GiB in `dir` (kept for the next bench: made only
+/// when missing or short), then `check-perf-data` on it in a process of
+/// its own (`exe`). `on_note` hears what is being written.
+pub fn perf_data(
+    exe: &Path,
+    template: &Path,
+    dir: &Path,
+    gib: f64,
+    on_note: &mut dyn FnMut(String),
+) -> Result<PerfDataRun, BenchError> {
+    let target = (gib * (1u64 << 30) as f64) as u64;
+    let file = dir.join(format!("perf-data-{gib}gib.pipe.data"));
+    if std::fs::metadata(&file).map_or(true, |m| m.len() < target) {
+        std::fs::create_dir_all(dir).map_err(|e| BenchError::Read {
+            path: dir.to_path_buf(),
+            why: e.to_string(),
+        })?;
+        on_note(format!(
+            "writing {} from {} …",
+            file.display(),
+            template.display()
+        ));
+        let g = crate::perf_data::generate::stretch(template, &file, target).map_err(|e| {
+            BenchError::Invalid {
+                path: template.to_path_buf(),
+                why: e.to_string(),
+            }
+        })?;
+        on_note(format!(
+            "{} bytes, {} KSYMBOL/BPF_EVENT records in {} rounds",
+            g.bytes, g.side_band_records, g.rounds
+        ));
+    }
+    check_perf_data(exe, &file)
 }
 
 #[cfg(test)]

@@ -111,6 +111,50 @@ impl VmTestRun {
     }
 }
 
+/// Why `bless` refuses what it was asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BlessError {
+    #[error("a kernel that is not a pin is blessed as a snapshot set of its own: add `--as <name>` (then compare with `vm-test --snapshot-as <name>`); it never rewrites a pin's snapshots")]
+    LocalNeedsName,
+    #[error("--as names the snapshot set of a kernel that is not a pin (--kernel built:ID or --kernel-image); a pin is blessed under its own id")]
+    PinTakesNoName,
+    #[error("--as {0} is a pin's id: a local kernel's stream never overwrites a pin's golden snapshots; choose a new name")]
+    NameIsAPin(String),
+    #[error("bless does not take --baseline")]
+    Baseline,
+    #[error("bless writes each snapshot from one run; check that a trial is stable with `cargo xtask vm-test --repeat N` first, then bless it once")]
+    Repeat,
+}
+
+/// What `bless` may write: a pin's own snapshots, or (`as_name`) the
+/// snapshot set of a kernel that is not a pin, never a pin's under another
+/// kernel's stream. Returns the snapshot set to compare with (`Some` for
+/// `--as`).
+pub fn bless_set(
+    catalog: &kloop_kernels::Catalog,
+    selection: &Selection,
+    as_name: Option<&str>,
+    baseline: bool,
+    repeat: usize,
+) -> Result<Option<String>, BlessError> {
+    let local = selection.kernel_image.is_some()
+        || selection.kernels.iter().any(|k| catalog.get(k).is_err());
+    let set = match (as_name, local) {
+        (None, true) => return Err(BlessError::LocalNeedsName),
+        (Some(_), false) => return Err(BlessError::PinTakesNoName),
+        (Some(name), true) if catalog.get(name).is_ok() => {
+            return Err(BlessError::NameIsAPin(name.to_string()))
+        }
+        (Some(_), true) if baseline => return Err(BlessError::Baseline),
+        (Some(name), true) => Some(name.to_string()),
+        (None, false) => None,
+    };
+    if repeat > 1 {
+        return Err(BlessError::Repeat);
+    }
+    Ok(set)
+}
+
 /// The trials `opts` selects: the plan, cut to the shard when one is asked.
 pub fn plan(layout: &Layout, opts: &VmTestOptions) -> Result<Planned, VmTestError> {
     let planned = suite::plan(layout, &opts.selection)?;
@@ -319,5 +363,52 @@ fn overhead_report(layout: &Layout, env: &TrialEnv, artefacts: &[PathBuf]) -> Op
             "writing the overhead report into {}: {e}",
             report_dir.display()
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pin is blessed under its own id, a local kernel only under a new
+    /// name of its own; never with --baseline or --repeat.
+    #[test]
+    fn what_bless_may_write() {
+        let root = crate::run::agent::workspace_root();
+        let catalog = kloop_kernels::Catalog::load(&root.join("kernels")).unwrap();
+        let pin = catalog.pins()[0].id.clone();
+        let sel = |kernels: &[&str], image: bool| Selection {
+            kernels: kernels.iter().map(|k| k.to_string()).collect(),
+            kernel_image: image.then(|| "/boot/vmlinuz".into()),
+            ..Selection::default()
+        };
+        assert_eq!(
+            bless_set(&catalog, &sel(&[&pin], false), None, false, 1),
+            Ok(None)
+        );
+        assert_eq!(
+            bless_set(&catalog, &sel(&[&pin], false), Some("mine"), false, 1),
+            Err(BlessError::PinTakesNoName)
+        );
+        assert_eq!(
+            bless_set(&catalog, &sel(&["built:abc"], false), None, false, 1),
+            Err(BlessError::LocalNeedsName)
+        );
+        assert_eq!(
+            bless_set(&catalog, &sel(&[], true), Some("mine"), false, 1),
+            Ok(Some("mine".to_string()))
+        );
+        assert_eq!(
+            bless_set(&catalog, &sel(&[], true), Some(&pin), false, 1),
+            Err(BlessError::NameIsAPin(pin.clone()))
+        );
+        assert_eq!(
+            bless_set(&catalog, &sel(&[], true), Some("mine"), true, 1),
+            Err(BlessError::Baseline)
+        );
+        assert_eq!(
+            bless_set(&catalog, &sel(&[&pin], false), None, false, 3),
+            Err(BlessError::Repeat)
+        );
     }
 }
