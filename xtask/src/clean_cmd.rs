@@ -35,43 +35,28 @@ pub(crate) fn clean(a: CleanArgs) -> Result<ExitCode> {
         eprintln!("kloop: could not remove {}: {e}", path.display());
     }
     let cache = KernelCache::default_location()?;
-    let mut cache_dirs = Vec::new();
-    if a.saved_vms {
-        cache_dirs.push("saved-vms");
-    }
-    if a.kernels {
-        // What a fetch makes again from the mirror; built kernels and
-        // unpacked sources (hours of compiling) stay.
-        cache_dirs.extend(["debs", "images", "vmlinux", "configs", "tmp", "rejected"]);
-    }
-    let users = kloop_kernels::lock::live_users(cache.root());
-    if !cache_dirs.is_empty() && !users.is_empty() {
-        eprintln!(
-            "kloop: not removing {} from {}: in use by {}; run `cargo xtask clean` again when they end",
-            cache_dirs.join(", "),
-            cache.root().display(),
-            users.join(", ")
+    let parts = kloop_kernels::CleanParts {
+        saved_vms: a.saved_vms,
+        kernels: a.kernels,
+    };
+    let cleaned = match cache.clean(parts) {
+        Ok(c) => c,
+        Err(in_use) => {
+            eprintln!("kloop: {in_use}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    for (path, bytes) in &cleaned.removed {
+        println!(
+            "kloop: removed {} ({:.1} MB)",
+            path.display(),
+            *bytes as f64 / 1e6
         );
-        return Ok(ExitCode::FAILURE);
     }
-    for d in cache_dirs {
-        let path = cache.root().join(d);
-        if !path.exists() {
-            continue;
-        }
-        let bytes = run_dirs::dir_bytes(&path);
-        match std::fs::remove_dir_all(&path) {
-            Ok(()) => println!(
-                "kloop: removed {} ({:.1} MB)",
-                path.display(),
-                bytes as f64 / 1e6
-            ),
-            Err(e) => eprintln!("kloop: could not remove {}: {e}", path.display()),
-        }
+    for (path, e) in &cleaned.failed {
+        eprintln!("kloop: could not remove {}: {e}", path.display());
     }
-    Ok(if pruned.failed.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok(crate::exit_code(
+        pruned.failed.is_empty() && cleaned.failed.is_empty(),
+    ))
 }

@@ -95,7 +95,76 @@ enum Lookup {
     },
 }
 
+/// What `clean` removes from the cache (each a directory under its root).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CleanParts {
+    /// `saved-vms/`.
+    pub saved_vms: bool,
+    /// What a fetch makes again from the mirror; built kernels and
+    /// unpacked sources (hours of compiling) stay.
+    pub kernels: bool,
+}
+
+impl CleanParts {
+    fn dirs(self) -> Vec<&'static str> {
+        let mut dirs = Vec::new();
+        if self.saved_vms {
+            dirs.push("saved-vms");
+        }
+        if self.kernels {
+            dirs.extend(["debs", "images", "vmlinux", "configs", "tmp", "rejected"]);
+        }
+        dirs
+    }
+}
+
+/// What [`KernelCache::clean`] did.
+#[derive(Debug, Default)]
+pub struct Cleaned {
+    /// Removed directories and their bytes.
+    pub removed: Vec<(PathBuf, u64)>,
+    /// Directories that could not be removed, and why.
+    pub failed: Vec<(PathBuf, std::io::Error)>,
+}
+
+/// `clean` refused: kloop processes use the cache.
+#[derive(Debug, thiserror::Error)]
+#[error("not removing {parts} from {root}: in use by {}; run `cargo xtask clean` again when they end", users.join(", "))]
+pub struct CacheInUse {
+    pub parts: String,
+    pub root: PathBuf,
+    /// Each user as `pid N (command line)`.
+    pub users: Vec<String>,
+}
+
 impl KernelCache {
+    /// Removes `parts` of the cache, unless a kloop process registered as
+    /// its user lives ([`crate::lock::register_user`]).
+    pub fn clean(&self, parts: CleanParts) -> Result<Cleaned, CacheInUse> {
+        let dirs = parts.dirs();
+        let users = crate::lock::live_users(self.root());
+        if !dirs.is_empty() && !users.is_empty() {
+            return Err(CacheInUse {
+                parts: dirs.join(", "),
+                root: self.root().to_path_buf(),
+                users,
+            });
+        }
+        let mut done = Cleaned::default();
+        for d in dirs {
+            let path = self.root().join(d);
+            if !path.exists() {
+                continue;
+            }
+            let bytes = dir_bytes(&path);
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => done.removed.push((path, bytes)),
+                Err(e) => done.failed.push((path, e)),
+            }
+        }
+        Ok(done)
+    }
+
     /// `$KLOOP_CACHE_DIR`, else `$XDG_CACHE_HOME/kloop`, else `$HOME/.cache/kloop`.
     pub fn default_location() -> Result<KernelCache, KernelError> {
         cache_root_from(|name| std::env::var_os(name)).map(KernelCache::at)
@@ -526,6 +595,21 @@ fn config_intact(path: &Path, sum: &Path) -> bool {
     actual == recorded.trim()
 }
 
+/// The bytes of the files under `dir` (symbolic links not followed).
+pub fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -772,3 +856,4 @@ mod tests {
         ));
     }
 }
+

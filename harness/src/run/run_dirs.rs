@@ -178,20 +178,8 @@ fn is_live(dir: &Path) -> bool {
     unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) != 0 }
 }
 
-/// Bytes in the files under `dir`, recursively (symlinks not followed).
-pub fn dir_bytes(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .filter_map(Result::ok)
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
-            _ => 0,
-        })
-        .sum()
-}
+/// The bytes under a directory (the kernel cache's own count).
+pub use kloop_kernels::dir_bytes;
 
 #[cfg(test)]
 mod tests {
