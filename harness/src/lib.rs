@@ -16,6 +16,8 @@
 //!   initramfs;
 //! - [`report`]: trial lines, summaries, JSON lines, JUnit, the overhead
 //!   report;
+//! - [`session`]: each command's one entry point over `run` and `report`:
+//!   options in, typed events on the way, a typed result out;
 //! - [`mutate`]: mutants of the kernel's emission paths (patches), which
 //!   `run::mutants` builds and judges.
 pub use kloop_judge as judge;
@@ -25,3 +27,4 @@ pub mod perf_data;
 pub mod report;
 pub mod run;
 pub mod scenario;
+pub mod session;

@@ -148,24 +148,24 @@ fn missing_futex_and_syscall_tracepoints_skip_by_name() {
 fn ab(patches: &[&str]) -> kloop::run::ab::AbRun {
     let base = built(&[], &[]);
     let cand = built(patches, &[]);
-    let opts = kloop::run::ab::AbOptions {
+    let opts = kloop::session::ab::AbOptions {
         env: opts(),
         jobs: suite::default_jobs(),
         ..Default::default()
     };
-    kloop::run::ab::run(
+    kloop::session::ab::run(
         &layout(),
         &local(&base),
         &local(&cand),
         &opts,
         &|e| match e {
-            kloop::run::ab::Event::Started {
+            kloop::session::ab::Event::Started {
                 baseline,
                 candidate,
                 ..
             } => eprintln!("A/B: {baseline} vs {candidate}"),
-            kloop::run::ab::Event::Note(n) => eprintln!("{n}"),
-            kloop::run::ab::Event::Trial(r) => eprintln!("{}", kloop::report::trial_line(r)),
+            kloop::session::ab::Event::Note(n) => eprintln!("{n}"),
+            kloop::session::ab::Event::Trial(r) => eprintln!("{}", kloop::report::trial_line(r)),
         },
     )
     .expect("A/B run")

@@ -3,10 +3,11 @@
 use std::process::ExitCode;
 
 use anyhow::{bail, Result};
-use kloop::run::ab::{AbOptions, AbRun, Event};
+use kloop::run::ab::AbRun;
 use kloop::run::suite::{self, EnvOptions, Layout, Selection};
 use kloop::run::trial::{KernelUnderTest, LocalKernel};
 use kloop::run::validate;
+use kloop::session::ab::{AbOptions, Event};
 use kloop_kernels::build::{BuildRequest, BuiltKernel};
 use kloop_kernels::Catalog;
 
@@ -56,7 +57,7 @@ fn run_and_print_ab(
     opts: &AbOptions,
 ) -> Result<AbRun> {
     start_trials();
-    let ab = kloop::run::ab::run(layout, baseline, candidate, opts, &|e| match e {
+    let ab = kloop::session::ab::run(layout, baseline, candidate, opts, &|e| match e {
         Event::Started {
             accel,
             baseline,

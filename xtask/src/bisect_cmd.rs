@@ -51,10 +51,10 @@ pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
 /// Draws a tree bisection's events: the build's live line, the end's
 /// build time, each run's trial line.
 fn tree_events() -> impl FnMut(TreeEvent<'_>) {
-    let mut progress: Option<build_progress::BuildProgress> = None;
+    let mut progress: Option<kloop_terminal::build::BuildProgress> = None;
     move |e| match e {
         TreeEvent::BuildStarted { dir } => {
-            progress = Some(build_progress::BuildProgress::new(
+            progress = Some(kloop_terminal::build::BuildProgress::new(
                 &dir.display().to_string(),
             ))
         }

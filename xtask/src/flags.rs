@@ -301,8 +301,8 @@ impl VmTestArgs {
         &self,
         new_snapshot_set: bool,
         bless: kloop::run::trial::Bless,
-    ) -> kloop::run::vm_test::VmTestOptions {
-        kloop::run::vm_test::VmTestOptions {
+    ) -> kloop::session::vm_test::VmTestOptions {
+        kloop::session::vm_test::VmTestOptions {
             selection: self.selection(new_snapshot_set),
             env: EnvOptions {
                 bless,

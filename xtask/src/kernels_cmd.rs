@@ -197,7 +197,7 @@ pub(crate) fn build_kernel(
             return Err(ExitCode::from(2));
         }
     };
-    let mut progress = build_progress::BuildProgress::new(what);
+    let mut progress = kloop_terminal::build::BuildProgress::new(what);
     let result = kloop_kernels::build::build(&cache, req, &mut |e| progress.event(e));
     progress.finish();
     match result {

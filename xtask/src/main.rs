@@ -8,7 +8,6 @@ use kloop::run::suite::Layout;
 
 mod ab_cmd;
 mod bisect_cmd;
-mod build_progress;
 mod clean_cmd;
 mod doctor_cmd;
 mod flags;
@@ -17,7 +16,6 @@ mod mutants_cmd;
 mod report_bug_cmd;
 mod repro_cmd;
 mod shell_cmd;
-mod ui;
 mod vm_test_cmd;
 
 pub(crate) use flags::*;
@@ -96,7 +94,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
-    ui::init(cli.verbose);
+    kloop_terminal::init(cli.verbose);
     match cli.cmd {
         Cmd::VmTest(a) => vm_test(a, false, Default::default()),
         Cmd::Bless(a) => vm_test_cmd::bless(a),

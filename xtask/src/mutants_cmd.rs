@@ -3,18 +3,18 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use kloop::run::mutants::session::{self, Event, MutantsOptions, Totals};
 use kloop::run::mutants::{MutantResult, Outcome, Strategy};
 use kloop::run::suite::{self, EnvOptions};
+use kloop::session::mutants::{self, Event, MutantsOptions, Totals};
 
-use crate::build_progress::BuildProgress;
 use crate::{layout, start_trials, BuildArgs, MutantsArgs};
+use kloop_terminal::build::BuildProgress;
 
 pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     let layout = layout();
     start_trials();
     let opts = options(&a, &layout)?;
-    let chosen = session::choose(&layout, &opts)?;
+    let chosen = mutants::choose(&layout, &opts)?;
     for m in &chosen.missing {
         eprintln!("kloop: not in this tree: {m}");
     }
@@ -38,7 +38,7 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut lines = Lines::new(opts.base.source.label());
-    let totals = session::run(&layout, &opts, chosen, &mut |e| lines.event(e))?;
+    let totals = mutants::run(&layout, &opts, chosen, &mut |e| lines.event(e))?;
     lines.finish();
     Ok(summarise(&totals))
 }
@@ -121,7 +121,7 @@ impl Lines {
             Event::Decided { results, total } => {
                 self.finish();
                 if let Some(r) = results.last() {
-                    crate::ui::line(self.decided_line(r, results, total));
+                    kloop_terminal::line(self.decided_line(r, results, total));
                 }
             }
         }

@@ -116,7 +116,7 @@ pub(crate) fn vm_test(
     if let Some(baseline) = &a.baseline {
         return ab_test(&layout, &a, &opts.selection, baseline);
     }
-    let planned = kloop::run::vm_test::plan(&layout, &opts)?;
+    let planned = kloop::session::vm_test::plan(&layout, &opts)?;
     if let Some(line) = &planned.shard_line {
         println!("kloop: {line}");
     }
@@ -127,9 +127,10 @@ pub(crate) fn vm_test(
         return Ok(ExitCode::SUCCESS);
     }
     start_trials();
-    let run = kloop::run::vm_test::run(&layout, &opts, planned, &crate::ui::vm_test_event)?;
+    let run =
+        kloop::session::vm_test::run(&layout, &opts, planned, &kloop_terminal::vm_test_event)?;
     println!();
-    for line in report::closing_lines(&run) {
+    for line in kloop::session::vm_test::closing_lines(&run) {
         println!("kloop: {line}");
     }
     Ok(exit_code(run.success()))
@@ -146,7 +147,7 @@ pub(crate) fn bless(
     }: BlessArgs,
 ) -> Result<ExitCode> {
     let catalog = kloop_kernels::Catalog::load(&layout().kernels())?;
-    let set = kloop::run::vm_test::bless_set(
+    let set = kloop::session::vm_test::bless_set(
         &catalog,
         &a.selection(false),
         as_name.as_deref(),

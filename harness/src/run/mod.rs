@@ -8,8 +8,6 @@
 //! - [`saved_vm`]: one boot per kernel × VM shape, saved and restored for
 //!   every trial;
 //! - [`suite`]: planning and running many trials;
-//! - [`vm_test`]: `vm-test` as one entry point: plan, shard, rounds,
-//!   repeats and the run's files, with typed events on the way;
 //! - [`repeat`]: `--repeat N` and the FLAKY verdict;
 //! - [`run_dirs`]: run directories, locked while live, pruned to the newest;
 //! - [`shard`]: `--shard K/N`, the partition of a run among N machines;
@@ -44,7 +42,6 @@ pub mod standalone;
 pub mod suite;
 pub mod trial;
 pub mod validate;
-pub mod vm_test;
 
 /// Status events for the person waiting (see [`kloop_kernels::status`]).
 pub use kloop_kernels::status;

@@ -20,8 +20,6 @@ use crate::run::suite::{self, EnvOptions, Layout, PlannedTrial};
 use crate::run::trial::{BootMode, KernelUnderTest, LocalKernel, TrialEnv};
 use crate::scenario::Scenario;
 
-pub mod session;
-
 #[derive(Debug, thiserror::Error)]
 pub enum MutantsError {
     #[error("building the unmutated kernel: {0}")]

@@ -155,6 +155,31 @@ pub fn bless_set(
     Ok(set)
 }
 
+/// The closing lines of a `vm-test` run (without the `kloop: ` each is
+/// printed with): the trials that did not pass, the ledger's warnings
+/// again, where the step summary and the reports are, the totals, and why
+/// a run of skipped trials alone fails.
+pub fn closing_lines(run: &VmTestRun) -> Vec<String> {
+    let summary = run.summary();
+    let mut lines = crate::report::not_passed_lines(&run.results);
+    lines.extend(run.ledger_warnings.iter().cloned());
+    lines.push(format!(
+        "step summary: {}",
+        run.run_dir.join(crate::report::SUMMARY_FILE).display()
+    ));
+    lines.push(format!(
+        "{} in {:.1} s ({}); reports: {}",
+        summary.line(),
+        run.secs,
+        run.accel,
+        run.run_dir.display()
+    ));
+    if summary.nothing_ran() && !run.allow_skipped {
+        lines.push(crate::report::Summary::NOTHING_RAN.to_string());
+    }
+    lines
+}
+
 /// The trials `opts` selects: the plan, cut to the shard when one is asked.
 pub fn plan(layout: &Layout, opts: &VmTestOptions) -> Result<Planned, VmTestError> {
     let planned = suite::plan(layout, &opts.selection)?;
@@ -369,6 +394,61 @@ fn overhead_report(layout: &Layout, env: &TrialEnv, artefacts: &[PathBuf]) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::run::trial::TrialResult;
+
+    fn result(kernel: &str, verdict: Verdict) -> TrialResult {
+        TrialResult::for_test(kernel, "basic", verdict, "/tmp/a")
+    }
+
+    /// The closing lines name what did not pass, repeat the ledger's
+    /// warnings and give the totals; a run of skipped trials alone ends by
+    /// saying why it fails, unless skipping was allowed.
+    #[test]
+    fn closing_lines_of_a_run() {
+        let run = |results: Vec<TrialResult>, allow_skipped: bool| VmTestRun {
+            results,
+            run_dir: "/tmp/runs/1-2".into(),
+            ledger_warnings: vec!["entry x is past its review date".into()],
+            secs: 12.34,
+            accel: "tcg".into(),
+            allow_skipped,
+        };
+        let mixed = run(
+            vec![
+                result("6.1", Verdict::Ok),
+                result("5.10", Verdict::Skipped("CONFIG_BPF_JIT is not set".into())),
+            ],
+            false,
+        );
+        let lines = closing_lines(&mixed);
+        assert!(lines[0].starts_with("5.10/basic: SKIPPED"), "{lines:?}");
+        assert_eq!(lines[1], "entry x is past its review date");
+        assert_eq!(lines[2], "step summary: /tmp/runs/1-2/summary.md");
+        assert!(
+            lines[3].ends_with("in 12.3 s (tcg); reports: /tmp/runs/1-2"),
+            "{lines:?}"
+        );
+        assert_eq!(lines.len(), 4);
+        assert!(mixed.success());
+        let skipped = || {
+            vec![result(
+                "5.10",
+                Verdict::Skipped("CONFIG_BPF_JIT is not set".into()),
+            )]
+        };
+        let nothing = run(skipped(), false);
+        assert_eq!(
+            closing_lines(&nothing).last().unwrap(),
+            crate::report::Summary::NOTHING_RAN
+        );
+        assert!(!nothing.success());
+        let allowed = run(skipped(), true);
+        assert_ne!(
+            closing_lines(&allowed).last().unwrap(),
+            crate::report::Summary::NOTHING_RAN
+        );
+        assert!(allowed.success());
+    }
 
     /// A pin is blessed under its own id, a local kernel only under a new
     /// name of its own; never with --baseline or --repeat.

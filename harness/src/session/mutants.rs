@@ -1,6 +1,6 @@
 //! `mutants` as one entry point: which mutants (generated from the tree,
 //! sampled or named, a shard's part, less those `--resume` carries over),
-//! judging them ([`super::judge_all`]), and the report with its data and
+//! judging them ([`crate::run::mutants::judge_all`]), and the report with its data and
 //! KCIDB document rewritten after every mutant; or, without judging, an
 //! earlier run's report written again (`--from`) or the shards' data
 //! merged (`--merge`).
@@ -12,12 +12,13 @@ use std::path::{Path, PathBuf};
 
 use kloop_kernels::build::BuildRequest;
 
-use super::{
-    data_beside, read_run, read_saved, settle_schema_overhead, unsettle_interrupted, write_saved,
-    KillKind, MutantResult, MutantsBaseline, MutantsError, Outcome, Strategy, RESULTS_FILE,
-};
 use crate::mutate::{self, Mutant, Targets};
 use crate::report::mutants::Notes;
+use crate::run::mutants::{
+    data_beside, decided_by_code, judge_all, read_run, read_saved, settle_schema_overhead,
+    unsettle_interrupted, write_saved, KillKind, MutantResult, MutantsBaseline, MutantsError,
+    Outcome, Strategy, RESULTS_FILE,
+};
 use crate::run::suite::{EnvOptions, Layout};
 
 /// What `mutants` is asked to do.
@@ -357,7 +358,7 @@ fn judge(
     };
     // Both callbacks tell the caller; judge_all calls one at a time.
     let on = std::cell::RefCell::new(on);
-    let (base, results) = super::judge_all(
+    let (base, results) = judge_all(
         layout,
         &opts.base,
         &chosen.mutants,
@@ -513,7 +514,7 @@ impl Sink<'_> {
             .iter()
             .filter(|r| resolved(r) == Outcome::Survived)
             .collect();
-        let (same_code, duplicates) = super::decided_by_code(results);
+        let (same_code, duplicates) = decided_by_code(results);
         Totals {
             killed: results
                 .iter()

@@ -1,5 +1,7 @@
 //! The terminal: what `cargo xtask` shows while it works.
 //!
+//! [`build::BuildProgress`] is a kernel build's live line.
+//!
 //! The libraries announce long steps as status events
 //! ([`kloop_kernels::status`]); this module draws them. On a terminal
 //! (stderr is a tty) every running step is a live line (`indicatif`): a
@@ -9,6 +11,8 @@
 //! when nothing was printed for a while a heartbeat line names what is
 //! running. `-v` (or `RUST_LOG`) adds `tracing` logs of what kloop runs:
 //! QEMU's argv, apt, cargo.
+
+pub mod build;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -111,8 +115,8 @@ pub fn line(text: impl std::fmt::Display) {
 /// What `vm-test` tells while it runs: notes above the live view, a
 /// trial's line (and what failed under it) as it ends, the live bar of
 /// trials done.
-pub fn vm_test_event(e: kloop::run::vm_test::Event<'_>) {
-    use kloop::run::vm_test::Event;
+pub fn vm_test_event(e: kloop::session::vm_test::Event<'_>) {
+    use kloop::session::vm_test::Event;
     match e {
         Event::Note(text) => line(format!("kloop: {text}")),
         Event::TrialsStarted(n) => trials_started(n),

@@ -1,0 +1,152 @@
+//! An A/B run as `vm-test --baseline` and `validate` make it: the chosen
+//! scenarios (a shard's part of them) on both kernels
+//! ([`crate::run::ab::run`]), then the run's reports: results, JUnit,
+//! summary, the KCIDB document, `ab.json` and, for a shard, the manifest
+//! `merge` checks.
+
+use std::path::Path;
+
+use crate::run::ab::AbRun;
+use crate::run::trial::{KernelUnderTest, TrialResult};
+
+/// What an A/B run is asked to do besides its two kernels.
+#[derive(Debug, Clone, Default)]
+pub struct AbOptions {
+    /// Scenario names; empty: all.
+    pub scenarios: Vec<String>,
+    pub env: crate::run::suite::EnvOptions,
+    pub jobs: usize,
+    /// `--shard K/N` of an A/B: a part of its scenarios, both kernels each.
+    pub shard: Option<crate::run::shard::Shard>,
+}
+
+/// What the caller hears.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// The environment is ready: the accelerator, the two sides' names,
+    /// the run directory.
+    Started {
+        accel: &'a kloop_qemu::accel::AccelDecision,
+        baseline: &'a str,
+        candidate: &'a str,
+        run_dir: &'a Path,
+    },
+    /// A line for the person running kloop (a shard's part, what could not
+    /// be written), for reading only.
+    Note(String),
+    /// A trial ended.
+    Trial(&'a TrialResult),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AbError {
+    #[error(transparent)]
+    Suite(#[from] crate::run::suite::SuiteError),
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Runs every chosen scenario (a shard's part of them) on both kernels,
+/// compares each pair, and writes the run's reports: results, JUnit,
+/// summary, the KCIDB document, `ab.json` and, for a shard, the manifest
+/// `merge` checks.
+pub fn run(
+    layout: &crate::run::suite::Layout,
+    baseline: &KernelUnderTest,
+    candidate: &KernelUnderTest,
+    opts: &AbOptions,
+    on: &(dyn Fn(Event<'_>) + Sync),
+) -> Result<AbRun, AbError> {
+    use crate::run::suite;
+    let all = crate::scenario::load_all(&layout.scenarios()).map_err(suite::SuiteError::from)?;
+    let mut chosen =
+        crate::scenario::select(&all, &opts.scenarios).map_err(suite::SuiteError::from)?;
+    let mut manifest = None;
+    if let Some(shard) = opts.shard {
+        let planned: Vec<String> = crate::run::ab::trials(baseline, candidate, &chosen)
+            .iter()
+            .map(|t| t.id())
+            .collect();
+        let names: Vec<String> = chosen.iter().map(|s| s.name.clone()).collect();
+        let (mine, _) = crate::run::shard::select(&names, shard, &Default::default());
+        on(Event::Note(format!(
+            "shard {shard}: {} of {} scenario(s) of the A/B",
+            mine.len(),
+            names.len()
+        )));
+        chosen = mine.into_iter().map(|i| chosen[i].clone()).collect();
+        manifest = Some(crate::report::merge::ShardManifest {
+            kloop_commit: crate::run::agent::kloop_commit(&layout.root),
+            shard,
+            mine: planned
+                .iter()
+                .filter(|id| chosen.iter().any(|s| id.ends_with(&format!("/{}", s.name))))
+                .cloned()
+                .collect(),
+            trials: planned,
+        });
+    }
+    let ab = crate::run::ab::run(
+        layout,
+        baseline,
+        candidate,
+        &chosen,
+        &opts.env,
+        opts.jobs,
+        &|env, baseline, candidate| {
+            on(Event::Started {
+                accel: &env.accel,
+                baseline,
+                candidate,
+                run_dir: &env.run_dir,
+            })
+        },
+        &|r| on(Event::Trial(r)),
+    )?;
+    write_reports(
+        layout,
+        &ab,
+        &[baseline.clone(), candidate.clone()],
+        manifest,
+        on,
+    )?;
+    Ok(ab)
+}
+
+/// The reports of a finished A/B in its run directory.
+fn write_reports(
+    layout: &crate::run::suite::Layout,
+    ab: &AbRun,
+    kernels: &[KernelUnderTest],
+    manifest: Option<crate::report::merge::ShardManifest>,
+    on: &(dyn Fn(Event<'_>) + Sync),
+) -> Result<(), AbError> {
+    let io = |what: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| AbError::Io { what, path, source }
+    };
+    crate::report::write_files(&ab.run_dir, &ab.results)
+        .map_err(io("writing reports into", &ab.run_dir))?;
+    for problem in crate::report::kcidb::write_run_document(
+        &layout.root,
+        &ab.run_dir,
+        kernels,
+        &ab.results,
+        None,
+    ) {
+        on(Event::Note(problem));
+    }
+    crate::report::ab::write_json(&ab.run_dir, &ab.outcomes)
+        .map_err(io("writing ab.json into", &ab.run_dir))?;
+    if let Some(m) = manifest {
+        let path = ab.run_dir.join(crate::report::merge::MANIFEST);
+        let text = serde_json::to_string_pretty(&m).expect("a manifest serialises");
+        std::fs::write(&path, text).map_err(io("writing", &path))?;
+    }
+    Ok(())
+}
