@@ -6,7 +6,7 @@ use anyhow::Result;
 use kloop::judge::bisect::Predicate;
 use kloop::report;
 use kloop::run::bisect::distro::{self, DistroBisect};
-use kloop::run::bisect::tree::{self, TreeEvent};
+use kloop::run::bisect::tree;
 use kloop::run::suite::{self, EnvOptions};
 use kloop_kernels::KernelCache;
 
@@ -46,33 +46,6 @@ pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
     println!("kloop: {cost}");
     println!("kloop: report {}", b.report.display());
     Ok(ExitCode::SUCCESS)
-}
-
-/// Draws a tree bisection's events: the build's live line, the end's
-/// build time, each run's trial line.
-fn tree_events() -> impl FnMut(TreeEvent<'_>) {
-    let mut progress: Option<kloop_terminal::build::BuildProgress> = None;
-    move |e| match e {
-        TreeEvent::BuildStarted { dir } => {
-            progress = Some(kloop_terminal::build::BuildProgress::new(
-                &dir.display().to_string(),
-            ))
-        }
-        TreeEvent::Build(e) => {
-            if let Some(p) = progress.as_mut() {
-                p.event(e)
-            }
-        }
-        TreeEvent::BuildEnded => {
-            if let Some(p) = progress.take() {
-                p.finish()
-            }
-        }
-        TreeEvent::Built { rev, id, secs } => {
-            println!("kloop: {rev} built as built:{id} in {secs:.0} s")
-        }
-        TreeEvent::Trial(r) => println!("{}", report::trial_line(r)),
-    }
 }
 
 /// `bisect --tree`: the ends evaluated here, then `git bisect run` with
@@ -129,7 +102,7 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
         &env,
         &worktree,
         &step_command(&a)?,
-        &mut tree_events(),
+        &mut kloop_terminal::views::tree_bisection(),
     )?;
     print_tree_outcome(&outcome, &env.run_dir, started);
     drop(worktree);
@@ -228,7 +201,12 @@ fn try_bisect_step(a: BisectStepArgs) -> Result<ExitCode> {
     let mut env_for = |k: &kloop::run::trial::KernelUnderTest| {
         suite::prepare_env(&layout, &opts, std::slice::from_ref(k))
     };
-    let outcome = tree::step(&layout, &step, &mut env_for, &mut tree_events())?;
+    let outcome = tree::step(
+        &layout,
+        &step,
+        &mut env_for,
+        &mut kloop_terminal::views::tree_bisection(),
+    )?;
     println!("kloop: step {}", outcome.line);
     use std::io::Write;
     let mut log = std::fs::OpenOptions::new()

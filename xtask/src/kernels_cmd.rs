@@ -54,40 +54,10 @@ fn fetch_pins(layout: &Layout, ids: &[String], fetch: &FetchArgs) -> Result<Exit
             .collect::<Result<_, _>>()?
     };
     for p in pins {
-        let t = std::time::Instant::now();
-        let path = cache.ensure_image(&p, &fetch.options())?;
-        println!(
-            "{} {} {}: {} ({:.1} s)",
-            p.id,
-            p.package,
-            p.version,
-            path.display(),
-            t.elapsed().as_secs_f64()
-        );
-        // The .config (its own package from 7.x on), for the
-        // preflight that skips a trial before booting; and the
-        // modules package, for scenarios with `modules`: fetched now
-        // so that later runs work offline.
-        if let Some(package) = &p.config_package {
-            let t = std::time::Instant::now();
-            let config = cache.ensure_config(&p, &fetch.options())?;
+        for f in cache.fetch_pin(&p, &fetch.options())? {
             println!(
-                "{} {package} {}: {} ({:.1} s)",
-                p.id,
-                p.version,
-                config.source,
-                t.elapsed().as_secs_f64()
-            );
-        }
-        if let Some(package) = &p.modules_package {
-            let t = std::time::Instant::now();
-            let path = cache.ensure_modules_deb(&p, &fetch.options())?;
-            println!(
-                "{} {package} {}: {} ({:.1} s)",
-                p.id,
-                p.version,
-                path.display(),
-                t.elapsed().as_secs_f64()
+                "{} {} {}: {} ({:.1} s)",
+                p.id, f.package, p.version, f.got, f.secs
             );
         }
     }

@@ -3,12 +3,11 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use kloop::run::mutants::{MutantResult, Outcome, Strategy};
+use kloop::run::mutants::Strategy;
 use kloop::run::suite::{self, EnvOptions};
-use kloop::session::mutants::{self, Event, MutantsOptions, Totals};
+use kloop::session::mutants::{self, MutantsOptions, Totals};
 
 use crate::{layout, start_trials, BuildArgs, MutantsArgs};
-use kloop_terminal::build::BuildProgress;
 
 pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     let layout = layout();
@@ -37,7 +36,7 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let mut lines = Lines::new(opts.base.source.label());
+    let mut lines = kloop_terminal::views::MutantsView::new(opts.base.source.label());
     let totals = mutants::run(&layout, &opts, chosen, &mut |e| lines.event(e))?;
     lines.finish();
     Ok(summarise(&totals))
@@ -78,79 +77,6 @@ fn options(a: &MutantsArgs, layout: &kloop::run::suite::Layout) -> Result<Mutant
             Strategy::Schemata
         },
     })
-}
-
-/// The live line of the kernel being built (the unmutated one, the
-/// compile-alone phase, the schema kernel, a mutant built alone), ended
-/// when the next begins or a mutant is decided; a line per decided mutant.
-struct Lines {
-    source: String,
-    started: std::time::Instant,
-    building: Option<(String, BuildProgress)>,
-}
-
-impl Lines {
-    fn new(source: String) -> Lines {
-        Lines {
-            source,
-            started: std::time::Instant::now(),
-            building: None,
-        }
-    }
-
-    fn event(&mut self, e: Event<'_>) {
-        match e {
-            Event::Note(text) => eprintln!("kloop: {text}"),
-            Event::Build(what, e) => {
-                if self.building.as_ref().is_none_or(|(w, _)| w != what) {
-                    self.finish();
-                    let label = match what {
-                        "unmutated" => format!("the unmutated {}", self.source),
-                        "compile-alone" => "every mutated file, compiled alone".to_string(),
-                        "schema" => {
-                            "the schema kernel (every mutant behind its switch)".to_string()
-                        }
-                        _ => format!("mutant {what}"),
-                    };
-                    self.building = Some((what.to_string(), BuildProgress::new(&label)));
-                }
-                if let Some((_, progress)) = self.building.as_mut() {
-                    progress.event(e);
-                }
-            }
-            Event::Decided { results, total } => {
-                self.finish();
-                if let Some(r) = results.last() {
-                    kloop_terminal::line(self.decided_line(r, results, total));
-                }
-            }
-        }
-    }
-
-    fn finish(&mut self) {
-        if let Some((_, done)) = self.building.take() {
-            done.finish();
-        }
-    }
-
-    /// One decided mutant's line.
-    fn decided_line(&self, r: &MutantResult, results: &[MutantResult], total: usize) -> String {
-        format!(
-            "[{}/{total} {:>5.0} s] {} ... {}{} (build {:.0} s, judge {:.0} s)",
-            results.len(),
-            self.started.elapsed().as_secs_f64(),
-            r.mutant.id,
-            r.outcome.label(),
-            match &r.outcome {
-                Outcome::Killed(why) | Outcome::BuildFailed(why) | Outcome::NotJudged(why) =>
-                    format!(": {why}"),
-                Outcome::Survived | Outcome::CompilerEquivalent => format!(": {}", r.mutant.what),
-                Outcome::Duplicate(of) => format!(" of {of}: {}", r.resolved(results).label()),
-            },
-            r.build_secs,
-            r.judge_secs
-        )
-    }
 }
 
 /// Prints the totals and the survivors without a note; the exit code:

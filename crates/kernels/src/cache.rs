@@ -95,6 +95,15 @@ enum Lookup {
     },
 }
 
+/// One package [`KernelCache::fetch_pin`] made sure of.
+#[derive(Debug, Clone)]
+pub struct Fetched {
+    pub package: String,
+    /// What it gave: the image's path, the config's origin, the `.deb`.
+    pub got: String,
+    pub secs: f64,
+}
+
 /// What `clean` removes from the cache (each a directory under its root).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CleanParts {
@@ -163,6 +172,39 @@ impl KernelCache {
             }
         }
         Ok(done)
+    }
+
+    /// Everything a pin's trials need from the mirror, fetched now so that
+    /// later runs work offline: the image, the `.config` (its own package
+    /// from 7.x on: the preflight that skips a trial before booting) and the
+    /// modules package (scenarios with `modules`). One [`Fetched`] each.
+    pub fn fetch_pin(
+        &self,
+        pin: &KernelPin,
+        opts: &FetchOptions,
+    ) -> Result<Vec<Fetched>, KernelError> {
+        let timed = |package: &str, what: &dyn Fn() -> Result<String, KernelError>| {
+            let t = std::time::Instant::now();
+            what().map(|got| Fetched {
+                package: package.to_string(),
+                got,
+                secs: t.elapsed().as_secs_f64(),
+            })
+        };
+        let mut out = vec![timed(&pin.package, &|| {
+            Ok(self.ensure_image(pin, opts)?.display().to_string())
+        })?];
+        if let Some(package) = &pin.config_package {
+            out.push(timed(package, &|| {
+                Ok(self.ensure_config(pin, opts)?.source.to_string())
+            })?);
+        }
+        if let Some(package) = &pin.modules_package {
+            out.push(timed(package, &|| {
+                Ok(self.ensure_modules_deb(pin, opts)?.display().to_string())
+            })?);
+        }
+        Ok(out)
     }
 
     /// `$KLOOP_CACHE_DIR`, else `$XDG_CACHE_HOME/kloop`, else `$HOME/.cache/kloop`.

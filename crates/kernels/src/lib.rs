@@ -38,7 +38,9 @@ pub mod status;
 mod update;
 mod version;
 
-pub use cache::{dir_bytes, CacheInUse, CleanParts, Cleaned, FetchOptions, KernelCache, PinnedDeb};
+pub use cache::{
+    dir_bytes, CacheInUse, CleanParts, Cleaned, FetchOptions, Fetched, KernelCache, PinnedDeb,
+};
 pub use config::{KernelConfig, OptionState};
 pub use error::KernelError;
 pub use extract::bzimage_release;

@@ -13,6 +13,7 @@
 //! QEMU's argv, apt, cargo.
 
 pub mod build;
+pub mod views;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
