@@ -852,8 +852,12 @@ fn cache_disk_full() -> TestResult {
     };
     let took = started.elapsed();
     ensure!(
-        err.contains(&mount.0.display().to_string()) && err.contains("No space left on device"),
-        "the error must name the cache path and ENOSPC: {err}"
+        err.contains(&format!(
+            "no space left on the device holding {}",
+            mount.0.display()
+        )) && err.contains("MB free there")
+            && err.contains("cargo xtask clean --saved-vms"),
+        "the error must name the cache path, what is free and the command that frees space: {err}"
     );
     let images = mount.0.join("images");
     let left: Vec<String> = std::fs::read_dir(&images)

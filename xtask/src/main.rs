@@ -82,11 +82,28 @@ pub(crate) fn layout() -> Layout {
     Layout::from_root(kloop::run::agent::workspace_root())
 }
 
+/// The error and its causes, each cause said once: many messages already
+/// quote their cause (`cannot write X (Read-only file system)`), and
+/// anyhow's `{:#}` would repeat it.
+fn chain(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if !text.contains(&part) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&part);
+        }
+    }
+    text
+}
+
 fn main() -> ExitCode {
     match run() {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", chain(&e));
             ExitCode::from(2)
         }
     }

@@ -74,13 +74,22 @@ pub enum KernelError {
         source: std::io::Error,
     },
 
-    #[error(
-        "cannot write to the kernel cache at {path}: {source}; make that directory writable \
-         and free disk space there, or set KLOOP_CACHE_DIR to another directory"
-    )]
+    /// A write into the cache failed: the message says whether for want
+    /// of space (with what is free), of permission, or else.
+    #[error("{}", crate::space::write_problem(path, source))]
     CacheWrite {
         path: PathBuf,
         source: std::io::Error,
+    },
+
+    #[error(
+        "the kernel cache at {path} has {} free; a run needs up to {} (a saved VM, a kernel's package, image and ELF): {}",
+        crate::space::mb(*free), crate::space::mb(*needed), crate::space::FREE_SPACE_HINT
+    )]
+    NoRoom {
+        path: PathBuf,
+        free: u64,
+        needed: u64,
     },
 
     #[error(

@@ -34,6 +34,7 @@ mod modules;
 mod pin;
 pub mod pvh;
 mod settings;
+pub mod space;
 pub mod status;
 mod update;
 mod version;

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 /// One perf listener configuration. The host computes the bits; the guest
 /// passes them to `perf_event_open` unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ListenerSpec {
     /// `perf_event_attr.sample_type`.
     pub sample_type: u64,
@@ -100,7 +101,7 @@ pub enum ListenerScope {
 /// How an attach step hooks a loaded program into the kernel. The program's
 /// type must fit the target (aya checks and the agent reports the mismatch).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum AttachTarget {
     /// kprobe on `function` + `offset`. With `offset = "first-insn-after-entry"`
     /// semantics (`after_entry = true`) the agent tries offsets 1.. until the
@@ -147,7 +148,9 @@ pub enum XdpMode {
 
 /// One step. The agent runs them in order and reports each.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "kebab-case")]
+// A misspelt field of a step in scenario.toml (`timout_ms`) is refused,
+// naming it, rather than silently left at its default.
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Step {
     /// Read `/proc/kallsyms` before recording starts.
     SnapshotKallsyms,
@@ -415,7 +418,7 @@ fn yes() -> bool {
 
 /// The one syscall a `fail-nth` step sweeps.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum SweepTarget {
     /// Attach the loaded fentry/fexit/LSM program `label` where it was
     /// loaded for (`BPF_RAW_TRACEPOINT_OPEN` on its fd): the attach builds

@@ -303,6 +303,9 @@ pub fn prepare_env(
     let qemu_version = kloop_qemu::qemu_version(&qemu).unwrap_or_else(|| "unknown".into());
     let agent = crate::run::agent::ensure_built(&layout.root)?;
     let cache = KernelCache::default_location()?;
+    // A read-only or full cache is said now, naming the next step, not as
+    // a failed write halfway through a download or a saved VM.
+    kloop_kernels::space::check_room(cache.root())?;
     let run_dir =
         crate::run::trial::new_run_dir(&layout.runs()).map_err(|source| SuiteError::Io {
             what: format!("creating a run directory under {}", layout.runs().display()),

@@ -294,6 +294,54 @@ mod tests {
         }
     }
 
+    /// Every part of a scenario file that can be wrong is refused with a
+    /// message naming what and where: a misspelt or unknown field anywhere
+    /// (top level, `[vm]`, a step, its listener, an attach target, an
+    /// `[[expect]]`, `[[programs]]`), a wrong type, an unknown step,
+    /// requirement or sample field, no steps, an expectation about a step
+    /// the plan lacks, a program no table ships.
+    #[test]
+    fn hostile_scenario_files_are_refused_naming_the_fault() {
+        let ok_steps = r#"
+[[steps]]
+op = "open-listeners"
+listener = { sample = ["tid", "time"], ksymbol = true, bpf_event = true }
+
+[[steps]]
+op = "load"
+fixture = "basic"
+program = "kloop_basic"
+label = "main"
+"#;
+        let with = |head: &str, steps: &str| format!("description = \"d\"\n{head}\n{steps}");
+        let cases: Vec<(&str, String, &str)> = vec![
+            ("no description", ok_steps.to_string(), "missing field `description`"),
+            ("unknown top-level key", with("descripton = \"x\"", ok_steps), "unknown field `descripton`"),
+            ("no steps", with("steps = []", ""), "a scenario needs at least one step"),
+            ("[vm] field misspelt", with("[vm]\nicoutn = true", ok_steps), "unknown field `icoutn`"),
+            ("[vm] wrong type", with("[vm]\ncpus = \"two\"", ok_steps), "invalid type: string \"two\", expected u32"),
+            ("unknown requirement", with("requires = [\"btf\", \"warp-drive\"]", ok_steps), "unknown variant `warp-drive`"),
+            ("modules not a list", with("modules = \"veth\"", ok_steps), "invalid type: string \"veth\", expected a sequence"),
+            ("unknown step", with("", "[[steps]]\nop = \"teleport\""), "step 1: unknown variant `teleport`"),
+            ("step field misspelt", with("", "[[steps]]\nop = \"wait-unloaded\"\ntimout_ms = 5000"), "step 1: unknown field `timout_ms`"),
+            ("step field wrong type", with("", "[[steps]]\nop = \"wait-unloaded\"\ntimeout_ms = \"soon\""), "step 1: invalid type: string \"soon\""),
+            ("listener field misspelt", with("", "[[steps]]\nop = \"open-listeners\"\nlistener = { ksymbols = true }"), "step 1: unknown field `ksymbols`"),
+            ("unknown sample field", with("", "[[steps]]\nop = \"open-listeners\"\nlistener = { sample = [\"tid\", \"weight\"] }"), "step 1: unknown sample field `weight`; known: tid, time, id, cpu, stream_id, identifier"),
+            ("expect kind unknown", with("[[expect]]\nkind = \"vibes\"", ok_steps), "unknown variant `vibes`"),
+            ("expect field misspelt", with("[[expect]]\nkind = \"symbol\"\nprefx = \"bpf_prog_\"", ok_steps), "unknown field `prefx`"),
+            ("program without source", with("[[programs]]\nguest = \"/usr/bin/x\"", ok_steps), "missing field `source`"),
+            ("run-program not shipped", with("", "[[steps]]\nop = \"run-program\"\npath = \"/usr/bin/x\""), "run-program runs /usr/bin/x, which no [[programs]] table ships"),
+            ("snapshot wrong type", with("snapshot = \"no\"", ok_steps), "invalid type: string \"no\", expected a boolean"),
+            ("not TOML", "description = ".to_string(), "TOML parse error at line 1, column 15"),
+        ];
+        for (what, text, says) in cases {
+            let err = Scenario::parse("x", Path::new("/s/x"), &text)
+                .err()
+                .unwrap_or_else(|| panic!("{what}: accepted:\n{text}"));
+            assert!(err.contains(says), "{what}: {err:?} lacks {says:?}");
+        }
+    }
+
     #[test]
     fn sample_names_become_bits() {
         let text = r#"
