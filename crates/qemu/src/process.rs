@@ -263,6 +263,13 @@ pub(crate) fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
+/// This process's peak resident set (`VmHWM` of `/proc/self/status`), in
+/// kB: what a long run (`--repeat 20`) reports to show its memory stays
+/// bounded.
+pub fn own_peak_rss_kib() -> Option<u64> {
+    parse_vm_hwm(&std::fs::read_to_string("/proc/self/status").ok()?)
+}
+
 /// `VmHWM` in kB from the text of `/proc/<pid>/status`.
 pub(crate) fn parse_vm_hwm(status: &str) -> Option<u64> {
     status

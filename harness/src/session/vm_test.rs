@@ -97,6 +97,8 @@ pub struct VmTestRun {
     /// `kvm` or `tcg`.
     pub accel: String,
     pub allow_skipped: bool,
+    /// kloop's own peak resident memory when the run ended, in KiB.
+    pub peak_rss_kib: Option<u64>,
 }
 
 impl VmTestRun {
@@ -174,10 +176,33 @@ pub fn closing_lines(run: &VmTestRun) -> Vec<String> {
         run.accel,
         run.run_dir.display()
     ));
+    if let Some(memory) = peak_memory(run) {
+        lines.push(memory);
+    }
     if summary.nothing_ran() && !run.allow_skipped {
         lines.push(crate::report::Summary::NOTHING_RAN.to_string());
     }
     lines
+}
+
+/// The run's peak memory: kloop's own and the largest QEMU's (with its
+/// trial), the figures that show a long run stays bounded.
+fn peak_memory(run: &VmTestRun) -> Option<String> {
+    let qemu = run
+        .results
+        .iter()
+        .filter_map(|r| Some((r.qemu_peak_rss_kib?, &r.id)))
+        .max();
+    let mib = |kib: u64| format!("{:.0} MiB", kib as f64 / 1024.0);
+    match (run.peak_rss_kib, qemu) {
+        (Some(own), Some((q, id))) => Some(format!(
+            "peak memory: kloop {}, largest QEMU {} ({id})",
+            mib(own),
+            mib(q)
+        )),
+        (Some(own), None) => Some(format!("peak memory: kloop {}", mib(own))),
+        _ => None,
+    }
 }
 
 /// The trials `opts` selects: the plan, cut to the shard when one is asked.
@@ -273,6 +298,7 @@ pub fn run(
         accel: env.accel.accel.clone(),
         // A shard may hold only trials its kernels skip; `merge` judges the run.
         allow_skipped: opts.allow_skipped || opts.shard.is_some(),
+        peak_rss_kib: kloop_qemu::own_peak_rss_kib(),
     })
 }
 
@@ -412,6 +438,7 @@ mod tests {
             secs: 12.34,
             accel: "tcg".into(),
             allow_skipped,
+            peak_rss_kib: None,
         };
         let mixed = run(
             vec![
