@@ -675,6 +675,9 @@ impl BuildArgs {
         for p in &self.patches {
             kloop_kernels::build::check_patch(p)?;
         }
+        // A fragment line that is no option setting is refused now, not
+        // after the base configuration ran.
+        kloop_kernels::build::read_fragments(&self.fragments)?;
         let source = kloop_kernels::build::SourceSpec::parse(&self.source, &layout.kernels())?;
         let plain = kloop_kernels::build::BuildRequest::new(source, &layout.kernels());
         Ok(kloop_kernels::build::BuildRequest {

@@ -157,3 +157,48 @@ fn clean_leaves_a_cache_in_use_alone() {
     assert_eq!(code, 0, "{out}");
     assert!(!cache.join("saved-vms").exists(), "{out}");
 }
+
+/// A `--source` that is not a kernel tree, and a config fragment with a
+/// line that sets no option, are refused before anything is configured or
+/// built, exit 2, naming the file (and line).
+#[test]
+fn a_source_or_fragment_that_cannot_be_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("README"), "not a kernel\n").unwrap();
+    let tree = dir.path().display().to_string();
+    for cmd in [
+        vec!["kernels", "build", "--source", tree.as_str()],
+        vec!["validate", "--source", tree.as_str(), "--scenario", "basic"],
+    ] {
+        let (code, out) = xtask(&cmd);
+        assert_eq!(code, 2, "{cmd:?}: {out}");
+        assert!(
+            out.contains(&format!(
+                "{tree} is not a kernel source tree (no Makefile and Kconfig at its top)"
+            )),
+            "{cmd:?}: {out}"
+        );
+    }
+    let fragment = dir.path().join("bad.config");
+    std::fs::write(&fragment, "CONFIG_BPF=y\nnot a config line\n").unwrap();
+    let (code, out) = xtask(&[
+        "kernels",
+        "build",
+        "--source",
+        "linux-source-6.12",
+        "--config",
+        fragment.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains(&format!(
+            "{}:2: `not a config line` is neither `CONFIG_X=value` nor `# CONFIG_X is not set`",
+            fragment.display()
+        )),
+        "{out}"
+    );
+    assert!(
+        !out.contains("configuring"),
+        "refused only after configuring began: {out}"
+    );
+}

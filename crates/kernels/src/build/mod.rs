@@ -23,7 +23,7 @@ mod make;
 pub mod objects;
 mod source;
 
-pub use kconfig::{Dropped, Requested};
+pub use kconfig::{read_fragments, Dropped, Requested};
 pub use source::{check_patch, patch_files, pin_source, SourcePin, SourceSpec};
 
 use std::path::{Path, PathBuf};
