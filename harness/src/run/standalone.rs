@@ -197,22 +197,37 @@ pub struct KernelProof {
 /// The file name of a proof in its run directory.
 pub const PROOF_FILE: &str = "repro-proof.json";
 
-/// The newest proof of reproducer `name` under `runs` (run directories).
+/// Where the newest proof of each reproducer is kept beside the run
+/// directories (`target/kloop/proofs/<name>.json`): run directories are
+/// pruned past `KLOOP_KEEP_RUNS`, and a proof must outlive its run for
+/// `report-bug` to quote it.
+pub fn kept_proof_path(runs: &Path, name: &str) -> PathBuf {
+    runs.parent()
+        .unwrap_or(runs)
+        .join("proofs")
+        .join(format!("{name}.json"))
+}
+
+/// The newest proof of reproducer `name`: in the run directories under
+/// `runs`, or the copy kept outside them ([`kept_proof_path`]). Returns
+/// the file and the proof.
 pub fn latest_proof(runs: &Path, name: &str) -> Option<(PathBuf, ReproProof)> {
+    let kept = kept_proof_path(runs, name);
     let mut found: Vec<(std::time::SystemTime, PathBuf, ReproProof)> = std::fs::read_dir(runs)
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|e| {
-            let path = e.path().join(PROOF_FILE);
+        .map(|e| e.path().join(PROOF_FILE))
+        .chain(std::iter::once(kept))
+        .filter_map(|path| {
             let modified = std::fs::metadata(&path).and_then(|m| m.modified()).ok()?;
             let proof: ReproProof =
                 serde_json::from_str(&std::fs::read_to_string(&path).ok()?).ok()?;
-            (proof.reproducer == name).then_some((modified, e.path(), proof))
+            (proof.reproducer == name).then_some((modified, path, proof))
         })
         .collect();
     found.sort_by_key(|(t, _, _)| *t);
-    found.pop().map(|(_, dir, proof)| (dir, proof))
+    found.pop().map(|(_, path, proof)| (path, proof))
 }
 
 /// What a kernel must do with the reproducer.
@@ -376,13 +391,17 @@ pub fn prove(
         as_expected: proofs.iter().all(|p| p.as_expected),
         kernels: proofs,
     };
-    let path = env.run_dir.join(PROOF_FILE);
     let json = serde_json::to_string_pretty(&proof).expect("a proof serialises");
-    std::fs::write(&path, json).map_err(|source| StandaloneError::Io {
-        what: "writing",
-        path,
-        source,
-    })?;
+    let runs = env.run_dir.parent().unwrap_or(&env.run_dir);
+    for path in [env.run_dir.join(PROOF_FILE), kept_proof_path(runs, &r.name)] {
+        kloop_kernels::write_atomically(&path, json.as_bytes()).map_err(|source| {
+            StandaloneError::Io {
+                what: "writing",
+                path,
+                source,
+            }
+        })?;
+    }
     Ok((proof, outcomes, results))
 }
 
@@ -526,5 +545,36 @@ mod tests {
             e.contains("no reproducer for perf-synthesised-main-function-name"),
             "{e}"
         );
+    }
+
+    /// A proof outlives its run directory: once the run is pruned, the
+    /// copy kept beside the runs is found; the newest proof wins.
+    #[test]
+    fn a_proof_outlives_its_pruned_run() {
+        let target = tempfile::tempdir().unwrap();
+        let runs = target.path().join("runs");
+        let proof = |as_expected: bool| ReproProof {
+            reproducer: "x".into(),
+            kernels: Vec::new(),
+            as_expected,
+        };
+        let write = |path: &Path, p: &ReproProof| {
+            kloop_kernels::write_atomically(path, serde_json::to_string(p).unwrap().as_bytes())
+                .unwrap()
+        };
+        let run = runs.join("1-2");
+        write(&run.join(PROOF_FILE), &proof(false));
+        write(&kept_proof_path(&runs, "x"), &proof(false));
+        std::fs::remove_dir_all(&run).unwrap(); // pruned
+        let (path, found) = latest_proof(&runs, "x").unwrap();
+        assert_eq!(path, target.path().join("proofs/x.json"));
+        assert!(!found.as_expected);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let newer = runs.join("3-4");
+        write(&newer.join(PROOF_FILE), &proof(true));
+        let (path, found) = latest_proof(&runs, "x").unwrap();
+        assert_eq!(path, newer.join(PROOF_FILE));
+        assert!(found.as_expected);
+        assert!(latest_proof(&runs, "y").is_none());
     }
 }
