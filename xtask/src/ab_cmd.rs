@@ -36,6 +36,7 @@ pub(crate) fn ab_test(
         env: a.env_options(),
         jobs: a.jobs.unwrap_or_else(suite::default_jobs),
         shard: a.shard,
+        reuse_baseline: !a.rerun_baseline,
     };
     let ab = run_and_print_ab(layout, &baseline, &candidate, &opts)?;
     Ok(exit_of(&ab.acceptance(&[])))
@@ -121,6 +122,7 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
         },
         jobs: a.jobs.unwrap_or_else(suite::default_jobs),
         shard: None,
+        reuse_baseline: !a.rerun_baseline,
     };
     let ab = run_and_print_ab(&layout, &local(&baseline), &local(&candidate), &opts)?;
     if ab.interrupted() {

@@ -269,6 +269,10 @@ pub(crate) struct VmTestArgs {
     pub(crate) kcidb: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) fetch: FetchArgs,
+    /// With --baseline: run the baseline's trials even when a kept result
+    /// of the same kernel, scenario and kloop exists.
+    #[arg(long, requires = "baseline")]
+    pub(crate) rerun_baseline: bool,
 }
 
 impl VmTestArgs {
@@ -381,6 +385,11 @@ pub(crate) struct ValidateArgs {
     pub(crate) accel: AccelChoice,
     #[command(flatten)]
     pub(crate) fetch: FetchArgs,
+    /// Run the baseline's trials even when a kept result of the same
+    /// baseline kernel, scenario and kloop exists (by default such a
+    /// baseline trial is reused and only the candidate runs).
+    #[arg(long)]
+    pub(crate) rerun_baseline: bool,
 }
 
 #[derive(Args, Clone)]

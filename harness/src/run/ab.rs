@@ -146,8 +146,12 @@ impl AbRun {
 }
 
 /// Runs every scenario of `scenarios` on both kernels, interleaved on
-/// `jobs` parallel VMs, and compares each pair. `on_start` hears the
-/// environment and the two sides' names, `on_result` each trial.
+/// `jobs` parallel VMs, and compares each pair. With `reuse_baseline`, a
+/// baseline trial whose kernel, scenario and kloop are unchanged since a
+/// run kept it ([`crate::run::reuse`]) is not run again, and the baseline
+/// trials that run are kept for the next. `on_start` hears the
+/// environment and the two sides' names, `on_result` each trial (a reused
+/// one too, with a note saying so).
 #[allow(clippy::too_many_arguments)] // two kernels, what to run, how, and two callbacks
 pub fn run(
     layout: &crate::run::suite::Layout,
@@ -155,7 +159,7 @@ pub fn run(
     candidate: &KernelUnderTest,
     scenarios: &[Scenario],
     opts: &crate::run::suite::EnvOptions,
-    jobs: usize,
+    (jobs, reuse_baseline): (usize, bool),
     on_start: &dyn Fn(&crate::run::trial::TrialEnv, &str, &str),
     on_result: &(dyn Fn(&TrialResult) + Sync),
 ) -> Result<AbRun, crate::run::suite::SuiteError> {
@@ -165,7 +169,11 @@ pub fn run(
     let env = suite::prepare_env(layout, opts, &[baseline.clone(), candidate.clone()])?;
     let (base_name, cand_name) = (trials[0].kernel.id(), trials[1].kernel.id());
     on_start(&env, &base_name, &cand_name);
-    let results = suite::run_all(&env, &trials, jobs, on_result);
+    let results = if reuse_baseline {
+        run_reusing_baseline(layout, &env, &trials, jobs, on_result)
+    } else {
+        suite::run_all(&env, &trials, jobs, on_result)
+    };
     let outcomes = compare(&trials, &results);
     Ok(AbRun {
         baseline: base_name,
@@ -178,4 +186,50 @@ pub fn run(
         planned: scenarios.len(),
         secs: started.elapsed().as_secs_f64(),
     })
+}
+
+/// [`run`]'s trials with the baseline's kept results reused (the baseline
+/// trials are the even ones of [`trials`]); the results in `trials`' order.
+fn run_reusing_baseline(
+    layout: &crate::run::suite::Layout,
+    env: &crate::run::trial::TrialEnv,
+    trials: &[PlannedTrial],
+    jobs: usize,
+    on_result: &(dyn Fn(&TrialResult) + Sync),
+) -> Vec<TrialResult> {
+    use crate::run::reuse::ReuseStore;
+    let store = ReuseStore::beside(&layout.runs());
+    let ledger = layout.kernels().join(crate::judge::known_issues::FILE_NAME);
+    let ledger_text = std::fs::read_to_string(ledger).unwrap_or_default();
+    let mut done: Vec<Option<TrialResult>> = vec![None; trials.len()];
+    let mut keep: Vec<(usize, String)> = Vec::new();
+    for (i, t) in trials.iter().enumerate().step_by(2) {
+        let Some(key) = ReuseStore::key(env, &ledger_text, &t.kernel, &t.scenario) else {
+            continue;
+        };
+        let artefacts = env.run_dir.join(t.kernel.id()).join(&t.scenario.name);
+        match store.take(&key, &artefacts) {
+            Some(mut r) => {
+                // The kept result may have run under another side's name.
+                r.kernel = t.kernel.id();
+                r.id = t.id();
+                on_result(&r);
+                done[i] = Some(r);
+            }
+            None => keep.push((i, key)),
+        }
+    }
+    let to_run: Vec<usize> = (0..trials.len()).filter(|&i| done[i].is_none()).collect();
+    let planned: Vec<PlannedTrial> = to_run.iter().map(|&i| trials[i].clone()).collect();
+    let ran = crate::run::suite::run_all(env, &planned, jobs, on_result);
+    for (i, r) in to_run.into_iter().zip(ran) {
+        done[i] = Some(r);
+    }
+    let results: Vec<TrialResult> = done.into_iter().flatten().collect();
+    for (i, key) in keep {
+        if let Some(r) = results.get(i) {
+            store.keep(&key, r);
+        }
+    }
+    results
 }

@@ -18,6 +18,9 @@ pub struct AbOptions {
     pub jobs: usize,
     /// `--shard K/N` of an A/B: a part of its scenarios, both kernels each.
     pub shard: Option<crate::run::shard::Shard>,
+    /// Reuse the baseline's kept results whose inputs are unchanged
+    /// ([`crate::run::reuse`]); `--rerun-baseline` turns it off.
+    pub reuse_baseline: bool,
 }
 
 /// What the caller hears.
@@ -97,7 +100,7 @@ pub fn run(
         candidate,
         &chosen,
         &opts.env,
-        opts.jobs,
+        (opts.jobs, opts.reuse_baseline),
         &|env, baseline, candidate| {
             on(Event::Started {
                 accel: &env.accel,
