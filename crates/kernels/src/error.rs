@@ -82,15 +82,9 @@ pub enum KernelError {
         source: std::io::Error,
     },
 
-    #[error(
-        "the kernel cache at {path} has {} free; a run needs up to {} (a saved VM, a kernel's package, image and ELF): {}",
-        crate::space::mb(*free), crate::space::mb(*needed), crate::space::FREE_SPACE_HINT
-    )]
-    NoRoom {
-        path: PathBuf,
-        free: u64,
-        needed: u64,
-    },
+    /// The cache cannot take a run: read-only, or too little free.
+    #[error(transparent)]
+    Room(#[from] crate::space::RoomError),
 
     #[error(
         "cannot read {path} from the kernel cache: {source}; delete it (it will be \

@@ -54,18 +54,39 @@ pub fn write_problem(path: &Path, source: &std::io::Error) -> String {
     }
 }
 
+/// Why the cache cannot take a run.
+#[derive(Debug, thiserror::Error)]
+pub enum RoomError {
+    /// A probe file could not be written (read-only, forbidden, full).
+    #[error("{}", write_problem(path, source))]
+    CannotWrite {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// Less free than a run may need.
+    #[error(
+        "the kernel cache at {} has {} free; a run needs up to {} (a saved VM, a kernel's package, image and ELF): {FREE_SPACE_HINT}",
+        path.display(), mb(*free), mb(*needed)
+    )]
+    NoRoom {
+        path: std::path::PathBuf,
+        free: u64,
+        needed: u64,
+    },
+}
+
 /// Before a run writes anything: the cache can be written (a file made
 /// and removed in its `tmp/`) and has [`RUN_NEEDS`] free.
-pub fn check_room(cache_root: &Path) -> Result<(), crate::KernelError> {
+pub fn check_room(cache_root: &Path) -> Result<(), RoomError> {
     let tmp = cache_root.join("tmp");
     let probe = tmp.join(format!(".write-probe-{}", std::process::id()));
     let written = std::fs::create_dir_all(&tmp).and_then(|()| std::fs::write(&probe, b"kloop"));
     let _ = std::fs::remove_file(&probe);
     if let Err(source) = written {
-        return Err(crate::KernelError::CacheWrite { path: tmp, source });
+        return Err(RoomError::CannotWrite { path: tmp, source });
     }
     match free_bytes(cache_root) {
-        Some(free) if free < RUN_NEEDS => Err(crate::KernelError::NoRoom {
+        Some(free) if free < RUN_NEEDS => Err(RoomError::NoRoom {
             path: cache_root.to_path_buf(),
             free,
             needed: RUN_NEEDS,

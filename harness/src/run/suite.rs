@@ -305,7 +305,7 @@ pub fn prepare_env(
     let cache = KernelCache::default_location()?;
     // A read-only or full cache is said now, naming the next step, not as
     // a failed write halfway through a download or a saved VM.
-    kloop_kernels::space::check_room(cache.root())?;
+    kloop_kernels::space::check_room(cache.root()).map_err(kloop_kernels::KernelError::from)?;
     let run_dir =
         crate::run::trial::new_run_dir(&layout.runs()).map_err(|source| SuiteError::Io {
             what: format!("creating a run directory under {}", layout.runs().display()),

@@ -1,0 +1,222 @@
+//! `kill -9` of `cargo xtask validate` at any moment loses nothing (issue
+//! 28): `validate --source linux-source-6.12 --patch P --scenario basic`
+//! with a one-line patch, its candidate build removed from the kernel cache
+//! before each kill so that every run builds it again (incrementally, in
+//! the patched tree's output directory, through ccache), is killed with
+//! SIGKILL at a seeded random moment (the build, the A/B's trials, the
+//! reports), then run again to the end. The rerun must conclude as the
+//! undisturbed run did (exit status, the A/B's classes from `ab.json`),
+//! and every finished kernel in the cache must be whole (its `kernel.toml`
+//! reads and its `bzImage` hashes to the recorded sha256).
+//!
+//! It runs on the user's kernel cache (the pristine source and the
+//! unpatched build must be there: `cargo xtask kernels build --source
+//! linux-source-6.12`) and is slow (a rebuild per kill):
+//!
+//! ```text
+//! KLOOP_VALIDATE_KILLS=30 cargo test -p xtask --test validate_kills -- --ignored --nocapture
+//! ```
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a test binary reports on the terminal
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kloop_test_support::workspace_root;
+use sha2::{Digest, Sha256};
+
+/// A one-line change that compiles to the same behaviour: the candidate
+/// is a real, different build of the same source.
+const PATCH: &str = "\
+--- a/kernel/events/core.c
++++ b/kernel/events/core.c
+@@ -1,3 +1,4 @@
++/* kloop validate kill test: a comment, built as a candidate */
+ // SPDX-License-Identifier: GPL-2.0
+ /*
+  * Performance events core code:
+";
+
+fn cache_root() -> PathBuf {
+    std::env::var_os("KLOOP_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/kloop")
+        })
+}
+
+fn validate(patch: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_xtask"));
+    c.args([
+        "validate",
+        "--source",
+        "linux-source-6.12",
+        "--scenario",
+        "basic",
+    ])
+    .arg("--patch")
+    .arg(patch)
+    // The baseline's trial runs each time: a reused one would leave
+    // the A/B's first half out of the kill window.
+    .arg("--rerun-baseline")
+    .current_dir(workspace_root())
+    .env("KLOOP_PROGRESS", "plain")
+    .stdin(Stdio::null());
+    c
+}
+
+/// Removes the finished candidate builds (those whose record carries the
+/// patch's sha256, whatever its path was), so the next run builds it again.
+fn remove_candidate() {
+    let sha = hex::encode(Sha256::digest(PATCH.as_bytes()));
+    let dir = cache_root().join("build/kernels");
+    for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let record = std::fs::read_to_string(e.path().join("kernel.toml")).unwrap_or_default();
+        if record.contains(&sha) {
+            std::fs::remove_dir_all(e.path()).unwrap();
+        }
+    }
+}
+
+/// The run's conclusion: its exit status and the A/B's classes, read from
+/// the `ab.json` of the run directory it announced.
+fn conclusion(stdout: &str, code: i32) -> (i32, String) {
+    let dir = stdout.lines().find_map(|l| {
+        l.split_once("artefacts in ")
+            .map(|(_, d)| PathBuf::from(d.trim()))
+    });
+    let classes = dir
+        .and_then(|d| std::fs::read_to_string(d.join("ab.json")).ok())
+        .and_then(|t| serde_json::from_str::<Vec<serde_json::Value>>(&t).ok())
+        .map(|v| {
+            v.iter()
+                .map(|o| format!("{}={}", o["scenario"], o["class"]))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_else(|| format!("(no ab.json)\n{stdout}"));
+    (code, classes)
+}
+
+fn run_to_end(patch: &Path) -> (i32, String) {
+    let out = validate(patch).output().expect("running xtask");
+    conclusion(
+        &String::from_utf8_lossy(&out.stdout),
+        out.status.code().unwrap_or(-1),
+    )
+}
+
+/// Finished kernels whose record does not read or whose image does not
+/// hash to it.
+fn damaged_builds() -> Vec<String> {
+    let mut bad = Vec::new();
+    for e in std::fs::read_dir(cache_root().join("build/kernels"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let dir = e.path();
+        if dir
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        {
+            continue; // a build's temporary directory, never looked up
+        }
+        let record: Option<toml::Value> = std::fs::read_to_string(dir.join("kernel.toml"))
+            .ok()
+            .and_then(|t| toml::from_str(&t).ok());
+        let want = record
+            .as_ref()
+            .and_then(|r| r.get("image_sha256"))
+            .and_then(|v| v.as_str())
+            .map(str::to_string);
+        let have = std::fs::File::open(dir.join("bzImage")).ok().map(|mut f| {
+            let mut h = Sha256::new();
+            std::io::copy(&mut f, &mut h).unwrap();
+            hex::encode(h.finalize())
+        });
+        if want.is_none() || want != have {
+            bad.push(format!(
+                "{}: record {want:?}, image {have:?}",
+                dir.display()
+            ));
+        }
+    }
+    bad
+}
+
+#[test]
+#[ignore = "slow tier: a kernel rebuild per kill; see the module docs"]
+fn validate_killed_at_random_moments_loses_nothing() {
+    let n: usize = std::env::var("KLOOP_VALIDATE_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
+    let seed: u64 = std::env::var("KLOOP_KILL_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    println!("validate kills: seed {seed} (KLOOP_KILL_SEED={seed} replays it), {n} kills");
+    let dir = tempfile::tempdir().unwrap();
+    let patch = dir.path().join("comment.patch");
+    std::fs::write(&patch, PATCH).unwrap();
+
+    remove_candidate();
+    let started = Instant::now();
+    let reference = run_to_end(&patch);
+    let undisturbed = started.elapsed();
+    assert_eq!(reference.0, 0, "the undisturbed run: {}", reference.1);
+    println!(
+        "validate kills: undisturbed run {:.0} s (candidate built): {}",
+        undisturbed.as_secs_f64(),
+        reference.1
+    );
+    let mut x = seed;
+    for i in 0..n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let at = undisturbed.mul_f64((x % 1000) as f64 / 1000.0);
+        remove_candidate();
+        let mut child = validate(&patch)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("killed.err")).unwrap())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while t.elapsed() < at && child.try_wait().unwrap().is_none() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let finished = child.try_wait().unwrap().is_some();
+        let _ = child.kill();
+        child.wait().unwrap();
+        let err = std::fs::read_to_string(dir.path().join("killed.err")).unwrap_or_default();
+        let doing: String = err
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("kloop:"))
+            .unwrap_or("(before its first status line)")
+            .chars()
+            .take(90)
+            .collect();
+        let rerun = run_to_end(&patch);
+        let bad = damaged_builds();
+        println!(
+            "validate kills: #{i:<2} SIGKILL at {:>5.1} s{} while `{doing}` → rerun exit {}, {}; damaged builds: {}",
+            at.as_secs_f64(),
+            if finished { " (it had ended)" } else { "" },
+            rerun.0,
+            rerun.1,
+            bad.len()
+        );
+        assert_eq!(rerun, reference, "kill #{i} at {at:?} while {doing}");
+        assert!(bad.is_empty(), "kill #{i} at {at:?}: {bad:#?}");
+    }
+    remove_candidate();
+}
