@@ -596,6 +596,12 @@ pub(crate) struct BenchArgs {
     /// MB/s and the check's peak memory. No VM boots.
     #[arg(long, value_name = "GIB")]
     pub(crate) perf_data_gib: Option<f64>,
+    /// Only say where a finished run's agent phase went: per scenario, its
+    /// agent seconds summed over the kernels and its steps' seconds by
+    /// step kind (from the run's results.jsonl; default: the newest run
+    /// that is not running). No VM boots.
+    #[arg(long, value_name = "RUN_DIR", num_args = 0..=1, default_missing_value = "latest")]
+    pub(crate) steps: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]

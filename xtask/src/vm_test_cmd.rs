@@ -13,6 +13,9 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
     if let Some(gib) = a.perf_data_gib {
         return perf_data_bench(gib);
     }
+    if let Some(run) = &a.steps {
+        return steps_bench(run);
+    }
     let layout = layout();
     let sel = Selection {
         kernels: a.kernels.clone(),
@@ -52,6 +55,27 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
         println!();
         matrix_bench(&a)?;
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `bench --steps [RUN_DIR]`: where a finished run's agent phase went.
+fn steps_bench(run: &std::path::Path) -> Result<ExitCode> {
+    let run = if run.as_os_str() == "latest" {
+        let runs = kloop::run::run_dirs::list(&layout().runs());
+        match runs
+            .into_iter()
+            .filter(|r| !r.live)
+            .max_by_key(|r| r.started)
+        {
+            Some(r) => r.path,
+            None => anyhow::bail!("no finished run under {}", layout().runs().display()),
+        }
+    } else {
+        run.to_path_buf()
+    };
+    let rows = bench::agent_steps(&run)?;
+    println!("kloop bench: agent phase of the run in {}", run.display());
+    print!("{}", report::bench::steps_table(&rows));
     Ok(ExitCode::SUCCESS)
 }
 

@@ -202,6 +202,40 @@ pub fn perf_data_line(r: &crate::run::bench::PerfDataRun) -> String {
     )
 }
 
+/// `bench --steps`: per scenario, its agent phase summed over the
+/// kernels and the steps that took it (the five longest step kinds), then
+/// the total.
+pub fn steps_table(rows: &[crate::run::bench::ScenarioSteps]) -> String {
+    let mut out = format!(
+        "{:<28} {:>6} {:>9}  steps (guest seconds, summed over the kernels)\n",
+        "scenario", "trials", "agent s"
+    );
+    for r in rows {
+        let steps: Vec<String> = r
+            .steps
+            .iter()
+            .take(5)
+            .map(|(op, s)| format!("{op} {s:.1}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "{:<28} {:>6} {:>9.1}  {}",
+            r.scenario,
+            r.trials,
+            r.agent,
+            steps.join(", ")
+        );
+    }
+    let total: f64 = rows.iter().map(|r| r.agent).sum();
+    let _ = writeln!(
+        out,
+        "{:<28} {:>6} {total:>9.1}",
+        "all",
+        rows.iter().map(|r| r.trials).sum::<usize>()
+    );
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

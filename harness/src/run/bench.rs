@@ -587,6 +587,60 @@ pub fn check_perf_data(exe: &Path, file: &Path) -> Result<PerfDataRun, BenchErro
     })
 }
 
+/// Where one scenario's agent phase went in a run, summed over its
+/// kernels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScenarioSteps {
+    pub scenario: String,
+    /// Trials that reached the agent.
+    pub trials: usize,
+    /// Their agent phases (hello to done, host-measured).
+    pub agent: f64,
+    /// Guest seconds per step kind, the longest first.
+    pub steps: Vec<(String, f64)>,
+}
+
+/// Every scenario's [`ScenarioSteps`] of the run in `run_dir`, the
+/// longest agent phase first.
+pub fn agent_steps(run_dir: &Path) -> Result<Vec<ScenarioSteps>, BenchError> {
+    let path = run_dir.join("results.jsonl");
+    let text = std::fs::read_to_string(&path).map_err(|e| BenchError::Read {
+        path: path.clone(),
+        why: e.to_string(),
+    })?;
+    let mut by: BTreeMap<String, (usize, f64, BTreeMap<String, f64>)> = BTreeMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let r: TrialResult = serde_json::from_str(line).map_err(|e| BenchError::Invalid {
+            path: path.clone(),
+            why: format!("line {}: {e}", n + 1),
+        })?;
+        let Some(agent) = r.phases.and_then(|p| p.agent) else {
+            continue;
+        };
+        let e = by.entry(r.scenario.clone()).or_default();
+        e.0 += 1;
+        e.1 += agent;
+        for s in &r.steps {
+            *e.2.entry(s.op.clone()).or_default() += s.secs;
+        }
+    }
+    let mut out: Vec<ScenarioSteps> = by
+        .into_iter()
+        .map(|(scenario, (trials, agent, steps))| {
+            let mut steps: Vec<(String, f64)> = steps.into_iter().collect();
+            steps.sort_by(|a, b| b.1.total_cmp(&a.1));
+            ScenarioSteps {
+                scenario,
+                trials,
+                agent,
+                steps,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| b.agent.total_cmp(&a.agent));
+    Ok(out)
+}
+
 /// `bench --perf-data-gib N`: a real recording (`template`, pipe mode)
 /// stretched to `gib` GiB in `dir` (kept for the next bench: made only
 /// when missing or short), then `check-perf-data` on it in a process of
@@ -669,5 +723,58 @@ mod tests {
             Spread::of(&[1.0, 2.0]).unwrap().to_string(),
             "1.50 (1.00-2.00)"
         );
+    }
+
+    /// Steps are summed per kind over a scenario's kernels, from the agent
+    /// messages' own times; trials that never reached the agent count for
+    /// nothing; the longest agent phase comes first.
+    #[test]
+    fn agent_steps_sum_by_scenario_and_kind() {
+        use crate::run::trial::{Phases, StepTime, Verdict};
+        use kloop_protocol::Message;
+        let msgs = |load_ns: u64| {
+            vec![
+                Message::StepStart {
+                    index: 0,
+                    what: r#"{"op":"load","fixture":"basic"}"#.into(),
+                },
+                Message::StepDone {
+                    index: 0,
+                    elapsed_ns: load_ns,
+                },
+                Message::StepStart {
+                    index: 1,
+                    what: r#"{"op":"wait-kallsyms"}"#.into(),
+                },
+                Message::StepDone {
+                    index: 1,
+                    elapsed_ns: 2_000_000_000,
+                },
+            ]
+        };
+        let trial = |kernel: &str, scenario: &str, agent: Option<f64>, load_ns: u64| {
+            let mut r = TrialResult::for_test(kernel, scenario, Verdict::Ok, "/tmp/x");
+            r.phases = agent.map(|a| Phases {
+                agent: Some(a),
+                ..Phases::default()
+            });
+            r.steps = StepTime::of_messages(&msgs(load_ns));
+            serde_json::to_string(&r).unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let lines = [
+            trial("6.1", "trampolines", Some(3.0), 500_000_000),
+            trial("6.12", "trampolines", Some(4.0), 1_500_000_000),
+            trial("6.1", "basic", Some(1.0), 100_000_000),
+            trial("5.10", "basic", None, 0),
+        ];
+        std::fs::write(dir.path().join("results.jsonl"), lines.join("\n")).unwrap();
+        let rows = agent_steps(dir.path()).unwrap();
+        assert_eq!(rows[0].scenario, "trampolines");
+        assert_eq!((rows[0].trials, rows[0].agent), (2, 7.0));
+        assert_eq!(rows[0].steps[0].0, "wait-kallsyms");
+        assert!((rows[0].steps[0].1 - 4.0).abs() < 1e-9);
+        assert!((rows[0].steps[1].1 - 2.0).abs() < 1e-9);
+        assert_eq!((rows[1].scenario.as_str(), rows[1].trials), ("basic", 1));
     }
 }

@@ -541,6 +541,7 @@ fn note_timings(session: &GuestSession, prepare: f64, restored: bool, result: &m
         });
     }
     result.qemu_peak_rss_kib = session.qemu_peak_rss_kib;
+    result.steps = crate::run::trial::StepTime::of_messages(&session.messages);
 }
 
 fn save_messages(dir: &Path, messages: &[Message]) {

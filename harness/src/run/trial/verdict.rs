@@ -261,6 +261,50 @@ pub struct TrialResult {
     /// The snapshot comparison's difference, when the stream drifted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_drift: Option<SnapshotDrift>,
+    /// Each step of the plan the agent finished, with its time in the
+    /// guest: where the agent phase goes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<StepTime>,
+}
+
+/// One step of a trial's plan and how long the agent took for it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepTime {
+    /// Its place in the plan, from 0.
+    pub index: u32,
+    /// The step's `op` (`load`, `wait-unloaded`, `perf-record`, …).
+    pub op: String,
+    /// Guest seconds from its start to its end.
+    pub secs: f64,
+}
+
+impl StepTime {
+    /// The steps the agent reported finished, in order, their `op` read
+    /// from the step it announced at their start.
+    pub fn of_messages(messages: &[kloop_protocol::Message]) -> Vec<StepTime> {
+        use kloop_protocol::Message;
+        let mut ops: std::collections::HashMap<u32, String> = std::collections::HashMap::new();
+        let mut out = Vec::new();
+        for m in messages {
+            match m {
+                Message::StepStart { index, what } => {
+                    // `what` is the step as the agent parsed it (JSON).
+                    let op = serde_json::from_str::<serde_json::Value>(what)
+                        .ok()
+                        .and_then(|v| v.get("op")?.as_str().map(str::to_string))
+                        .unwrap_or_else(|| what.clone());
+                    ops.insert(*index, op);
+                }
+                Message::StepDone { index, elapsed_ns } => out.push(StepTime {
+                    index: *index,
+                    op: ops.remove(index).unwrap_or_default(),
+                    secs: *elapsed_ns as f64 / 1e9,
+                }),
+                _ => {}
+            }
+        }
+        out
+    }
 }
 
 /// A trial's use of a saved VM.
@@ -392,6 +436,7 @@ impl TrialResult {
             notes: Vec::new(),
             violations: Vec::new(),
             snapshot_drift: None,
+            steps: Vec::new(),
         }
     }
 }
@@ -425,6 +470,7 @@ impl TrialResult {
             notes: Vec::new(),
             violations: Vec::new(),
             snapshot_drift: None,
+            steps: Vec::new(),
         }
     }
 }
