@@ -89,6 +89,7 @@ fn run_and_print_ab(
 /// `validate`: the source built without and with the patches (both
 /// cached), then the A/B.
 pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
+    let started = std::time::Instant::now();
     let layout = layout();
     let base_req = BuildArgs {
         source: a.source.clone(),
@@ -107,13 +108,47 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
     if !expected.is_empty() {
         println!("kloop: validate: expecting fixed: {}", expected.join(", "));
     }
+    let building = std::time::Instant::now();
     let (baseline, candidate) = match build_pair(&base_req, &patches) {
         Ok(pair) => pair,
         Err(code) => return Ok(code),
     };
+    let builds = (
+        building.elapsed().as_secs_f64(),
+        baseline.cached,
+        candidate.cached,
+    );
     let catalog = Catalog::load(&layout.kernels())?;
     let local = |k: &BuiltKernel| KernelUnderTest::Image(LocalKernel::built(k, None, &catalog));
-    let opts = AbOptions {
+    let ab = run_and_print_ab(
+        &layout,
+        &local(&baseline),
+        &local(&candidate),
+        &validate_ab_options(&a),
+    )?;
+    if ab.interrupted() {
+        println!("kloop: validate: INTERRUPTED: the run was stopped before every trial ended; nothing is judged or recorded");
+        return Ok(ExitCode::FAILURE);
+    }
+    let acceptance = ab.acceptance(&expected);
+    let code = exit_of(&acceptance);
+    let conclusion = validate::conclusion(acceptance.accepted, patches.is_empty(), &expected);
+    println!("kloop: validate: {conclusion}");
+    let took = validate::timing_line(started.elapsed().as_secs_f64(), builds, &ab);
+    println!("kloop: {took}");
+    if a.record {
+        let fix = fix.as_ref().expect("clap: --record requires --fix");
+        let source = base_req.source.label();
+        let line = validate::record(&layout, fix, &expected, &source, &acceptance, &ab)?;
+        println!("kloop: {line}");
+    }
+    Ok(code)
+}
+
+/// The A/B `validate` runs: every scenario asked for, one run per
+/// side, the baseline's kept results reused unless `--rerun-baseline`.
+fn validate_ab_options(a: &ValidateArgs) -> AbOptions {
+    AbOptions {
         scenarios: a.scenarios.clone(),
         env: EnvOptions {
             accel: a.accel,
@@ -123,23 +158,7 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
         jobs: a.jobs.unwrap_or_else(suite::default_jobs),
         shard: None,
         reuse_baseline: !a.rerun_baseline,
-    };
-    let ab = run_and_print_ab(&layout, &local(&baseline), &local(&candidate), &opts)?;
-    if ab.interrupted() {
-        println!("kloop: validate: INTERRUPTED: the run was stopped before every trial ended; nothing is judged or recorded");
-        return Ok(ExitCode::FAILURE);
     }
-    let acceptance = ab.acceptance(&expected);
-    let code = exit_of(&acceptance);
-    let conclusion = validate::conclusion(acceptance.accepted, patches.is_empty(), &expected);
-    println!("kloop: validate: {conclusion}");
-    if a.record {
-        let fix = fix.as_ref().expect("clap: --record requires --fix");
-        let source = base_req.source.label();
-        let line = validate::record(&layout, fix, &expected, &source, &acceptance, &ab)?;
-        println!("kloop: {line}");
-    }
-    Ok(code)
 }
 
 /// The source built without and with `patches` (each cached by its

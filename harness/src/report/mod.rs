@@ -38,6 +38,12 @@ pub fn trial_line(r: &TrialResult) -> String {
     for n in &r.notes {
         let _ = write!(line, "; {n}");
     }
+    if let Some(run) = &r.reused_from {
+        let _ = write!(
+            line,
+            "; reused from run {run} (same kernel, scenario and kloop)"
+        );
+    }
     line
 }
 

@@ -95,9 +95,7 @@ impl ReuseStore {
             .and_then(Path::file_name)
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        r.notes.push(format!(
-            "baseline reused from run {from} (same kernel, scenario and kloop)"
-        ));
+        r.reused_from = Some(from);
         r.artefacts = artefacts.to_path_buf();
         Some(r)
     }
@@ -237,11 +235,7 @@ mod tests {
             "KSYMBOL register\n"
         );
         assert!(into.join("sub/x").is_file());
-        assert!(
-            back.notes.last().unwrap().contains("reused from run 1-2"),
-            "{:?}",
-            back.notes
-        );
+        assert_eq!(back.reused_from.as_deref(), Some("1-2"));
         for (key, verdict) in [
             ("k2", Verdict::Infrastructure("QEMU died".into())),
             ("k3", Verdict::Timeout("silence".into())),

@@ -66,6 +66,32 @@ pub fn conclusion(accepted: bool, no_patches: bool, expected: &[String]) -> Stri
     }
 }
 
+/// Where a `validate`'s wall time went: the two builds (each from the
+/// cache or built now), the A/B, and in it each side's trial-seconds (the
+/// baseline's reused trials cost none).
+pub fn timing_line(total: f64, builds: (f64, bool, bool), ab: &AbRun) -> String {
+    let (build_secs, base_cached, cand_cached) = builds;
+    let how = |cached: bool| if cached { "cached" } else { "built" };
+    let side = |name: &str| {
+        let of: Vec<_> = ab.results.iter().filter(|r| r.kernel == name).collect();
+        let reused = of.iter().filter(|r| r.reused_from.is_some()).count();
+        let secs: f64 = of
+            .iter()
+            .filter(|r| r.reused_from.is_none())
+            .map(|r| r.wall_secs)
+            .sum();
+        (of.len(), reused, secs)
+    };
+    let (bn, breused, bsecs) = side(&ab.baseline);
+    let (cn, _, csecs) = side(&ab.candidate);
+    format!(
+        "validate took {total:.1} s: builds {build_secs:.1} s (baseline {}, candidate {}), A/B {:.1} s (baseline: {breused} of {bn} trials reused, {bsecs:.1} trial-s run; candidate: {cn} trials, {csecs:.1} trial-s)",
+        how(base_cached),
+        how(cand_cached),
+        ab.secs
+    )
+}
+
 /// `validate --record`: the result under each expected ledger entry, in
 /// the ledger file; returns the line that says so.
 pub fn record(

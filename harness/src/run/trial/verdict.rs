@@ -265,6 +265,10 @@ pub struct TrialResult {
     /// guest: where the agent phase goes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<StepTime>,
+    /// Not run here: a baseline's kept result reused from the run named
+    /// ([`crate::run::reuse`]); its artefacts were copied in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reused_from: Option<String>,
 }
 
 /// One step of a trial's plan and how long the agent took for it.
@@ -437,6 +441,7 @@ impl TrialResult {
             violations: Vec::new(),
             snapshot_drift: None,
             steps: Vec::new(),
+            reused_from: None,
         }
     }
 }
@@ -471,6 +476,7 @@ impl TrialResult {
             violations: Vec::new(),
             snapshot_drift: None,
             steps: Vec::new(),
+            reused_from: None,
         }
     }
 }
