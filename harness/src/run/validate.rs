@@ -79,7 +79,8 @@ pub fn timing_line(total: f64, builds: (f64, bool, bool), ab: &AbRun) -> String 
             .iter()
             .filter(|r| r.reused_from.is_none())
             .map(|r| r.wall_secs)
-            .sum();
+            .sum::<f64>()
+            + 0.0; // an empty sum is -0.0
         (of.len(), reused, secs)
     };
     let (bn, breused, bsecs) = side(&ab.baseline);
