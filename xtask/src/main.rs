@@ -99,7 +99,28 @@ fn chain(e: &anyhow::Error) -> String {
     text
 }
 
+/// `cargo xtask vm-test --list | head`: when the reader of stdout goes
+/// away, end quietly as a shell tool does (status 141, SIGPIPE's) instead
+/// of panicking with a backtrace. SIGPIPE itself stays ignored, so that a
+/// write to a QEMU socket that closed is an error kloop handles, not its
+/// death.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .unwrap_or("");
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
 fn main() -> ExitCode {
+    quiet_on_closed_stdout();
     match run() {
         Ok(code) => code,
         Err(e) => {
