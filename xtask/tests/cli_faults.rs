@@ -4,8 +4,9 @@
 //! during boot and during a trial, and a reproducer of a known bug. The
 //! faults injected through the library are `harness/tests/faults.rs`.
 //!
-//! The tests take turns (each watches its own runs' QEMU processes, and
-//! the machine has few cores). Every test prints a `fault-table:` line.
+//! The tests take turns (`--test-threads 1` unless given: each watches its
+//! own runs' QEMU processes, and the machine has few cores). Every test
+//! prints a `fault-table:` line.
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a test binary reports on the terminal
 
 use std::collections::BTreeSet;
@@ -13,7 +14,7 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use kloop::run::suite::{self, EnvOptions, Layout, Selection};
@@ -22,31 +23,10 @@ use kloop_protocol::{FrameDecoder, FrameKind, Message};
 use kloop_qemu::accel::{AccelChoice, AccelDecision};
 use kloop_qemu::Deadlines;
 use kloop_test_support::{alive, qemu_children, qemu_guests, read_proc, socket_dir, Proc};
+use libtest_mimic::{Arguments, Failed, Trial};
 
 const PIN: &str = "6.1";
 const POLL: Duration = Duration::from_millis(10);
-
-/// A test's failure, with what it saw.
-#[derive(Debug)]
-struct Failed(String);
-
-impl From<String> for Failed {
-    fn from(s: String) -> Failed {
-        Failed(s)
-    }
-}
-
-impl From<&str> for Failed {
-    fn from(s: &str) -> Failed {
-        Failed(s.to_string())
-    }
-}
-
-impl Failed {
-    fn message(&self) -> Option<&str> {
-        Some(&self.0)
-    }
-}
 
 type TestResult = Result<(), Failed>;
 
@@ -59,14 +39,6 @@ macro_rules! ensure {
             }
         }
     };
-}
-
-/// One test at a time: each watches the QEMU processes of its own runs,
-/// and parallel boots on a small machine would stretch the timings the
-/// tests bound.
-fn turn() -> MutexGuard<'static, ()> {
-    static TURN: Mutex<()> = Mutex::new(());
-    TURN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn xtask() -> Result<PathBuf, Failed> {
@@ -662,56 +634,33 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-fn run(test: fn() -> TestResult) {
-    let _turn = turn();
-    if let Err(e) = test() {
-        panic!("{}", e.0);
-    }
-}
-
-#[test]
-fn qemu_missing_is_a_setup_error() {
-    run(qemu_missing);
-}
-
-/// Mounting a tmpfs needs root (CI runs as root); elsewhere the test is
-/// reported ignored by its name, not passed.
-#[test]
-fn an_unwritable_or_full_cache_is_refused() {
+fn main() {
+    let mut args = Arguments::from_args();
+    // One test at a time: each watches the QEMU processes of its own runs,
+    // and parallel boots on a small machine would stretch the timings the
+    // tests bound.
+    args.test_threads.get_or_insert(1);
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("an_unwritable_or_full_cache_is_refused: needs root to mount a tmpfs; not run");
-        return;
-    }
-    run(unwritable_or_full_cache);
-}
-
-#[test]
-fn two_vm_test_runs_at_once() {
-    run(two_runs_at_once);
-}
-
-#[test]
-fn a_reproducer_shows_the_known_bug() {
-    run(repro_shows_known_bug);
-}
-
-#[test]
-fn sigint_during_boot() {
-    run(|| interrupt(libc::SIGINT, Phase::Boot));
-}
-
-#[test]
-fn sigint_during_trial() {
-    run(|| interrupt(libc::SIGINT, Phase::Trial));
-}
-
-#[test]
-fn sigterm_during_boot() {
-    run(|| interrupt(libc::SIGTERM, Phase::Boot));
-}
-
-#[test]
-fn sigterm_during_trial() {
-    run(|| interrupt(libc::SIGTERM, Phase::Trial));
+    let root = unsafe { libc::geteuid() } == 0;
+    let trials = vec![
+        Trial::test("qemu-missing", qemu_missing),
+        // Mounting a tmpfs needs root (CI runs as root); elsewhere the
+        // test is reported ignored, not passed.
+        Trial::test("unwritable-or-full-cache", unwritable_or_full_cache).with_ignored_flag(!root),
+        Trial::test("two-runs-at-once", two_runs_at_once),
+        Trial::test("repro-shows-known-bug", repro_shows_known_bug),
+        Trial::test("sigint-during-boot", || {
+            interrupt(libc::SIGINT, Phase::Boot)
+        }),
+        Trial::test("sigint-during-trial", || {
+            interrupt(libc::SIGINT, Phase::Trial)
+        }),
+        Trial::test("sigterm-during-boot", || {
+            interrupt(libc::SIGTERM, Phase::Boot)
+        }),
+        Trial::test("sigterm-during-trial", || {
+            interrupt(libc::SIGTERM, Phase::Trial)
+        }),
+    ];
+    libtest_mimic::run(&args, trials).exit();
 }
