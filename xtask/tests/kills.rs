@@ -196,18 +196,6 @@ fn damaged_entries(cache: &Path) -> Vec<String> {
     bad
 }
 
-/// A small seeded generator (xorshift), so a failing run can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// `n` kills, each at `moment(i, expected)` into a run expected to take
 /// `expected` (a cold run's time on an emptied cache, the last rerun's on
 /// a warm one); the scratch cache is emptied before every `fresh_every`-th
@@ -286,21 +274,8 @@ fn kills_at_random_moments_lose_nothing() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(30);
-    let seed = std::env::var("KLOOP_KILL_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
+    let mut moments = kloop_test_support::KillMoments::from_env();
+    let seed = moments.seed;
     println!("kills: seed {seed} (KLOOP_KILL_SEED={seed} replays it), {n} kills");
-    let mut rng = Rng(seed);
-    kills(
-        &mut |_, cold| cold.mul_f64((rng.next() % 1000) as f64 / 1000.0),
-        n,
-        4,
-    );
+    kills(&mut |_, cold| moments.next(cold), n, 4);
 }

@@ -152,16 +152,8 @@ fn validate_killed_at_random_moments_loses_nothing() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(30);
-    let seed: u64 = std::env::var("KLOOP_KILL_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
+    let mut moments = kloop_test_support::KillMoments::from_env();
+    let seed = moments.seed;
     println!("validate kills: seed {seed} (KLOOP_KILL_SEED={seed} replays it), {n} kills");
     let dir = tempfile::tempdir().unwrap();
     let patch = dir.path().join("comment.patch");
@@ -177,12 +169,8 @@ fn validate_killed_at_random_moments_loses_nothing() {
         undisturbed.as_secs_f64(),
         reference.1
     );
-    let mut x = seed;
     for i in 0..n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let at = undisturbed.mul_f64((x % 1000) as f64 / 1000.0);
+        let at = moments.next(undisturbed);
         remove_candidate();
         let mut child = validate(&patch)
             .stdout(Stdio::null())

@@ -117,6 +117,38 @@ pub fn run_plain(binary: &str, root: &std::path::Path, args: &[&str]) -> (i32, S
     (out.status.code().unwrap_or(-1), text)
 }
 
+/// The seeded moments of the kill tests (xorshift), so a failing run can
+/// be replayed: `KLOOP_KILL_SEED`, else one from the clock.
+pub struct KillMoments {
+    pub seed: u64,
+    state: u64,
+}
+
+impl KillMoments {
+    /// From `KLOOP_KILL_SEED` when set, else from the clock.
+    pub fn from_env() -> KillMoments {
+        let seed = std::env::var("KLOOP_KILL_SEED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64)
+                    | 1
+            });
+        KillMoments { seed, state: seed }
+    }
+
+    /// The next moment into a run expected to take `expected`: a draw in
+    /// [0, 1) of it, in steps of a thousandth.
+    pub fn next(&mut self, expected: std::time::Duration) -> std::time::Duration {
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        expected.mul_f64((self.state % 1000) as f64 / 1000.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -197,14 +197,18 @@ fn run_reusing_baseline(
     jobs: usize,
     on_result: &(dyn Fn(&TrialResult) + Sync),
 ) -> Vec<TrialResult> {
-    use crate::run::reuse::ReuseStore;
+    use crate::run::reuse::{KernelKey, ReuseStore};
     let store = ReuseStore::beside(&layout.runs());
     let ledger = layout.kernels().join(crate::judge::known_issues::FILE_NAME);
     let ledger_text = std::fs::read_to_string(ledger).unwrap_or_default();
     let mut done: Vec<Option<TrialResult>> = vec![None; trials.len()];
     let mut keep: Vec<(usize, String)> = Vec::new();
+    // Every baseline trial has the same kernel: its part of the key once.
+    let base = trials
+        .first()
+        .and_then(|t| KernelKey::of(env, &ledger_text, &t.kernel));
     for (i, t) in trials.iter().enumerate().step_by(2) {
-        let Some(key) = ReuseStore::key(env, &ledger_text, &t.kernel, &t.scenario) else {
+        let Some(key) = base.as_ref().and_then(|b| b.for_scenario(&t.scenario)) else {
             continue;
         };
         let artefacts = env.run_dir.join(t.kernel.id()).join(&t.scenario.name);

@@ -30,29 +30,16 @@ use crate::scenario::Scenario;
 /// The file inside an entry that holds the result.
 const RESULT_FILE: &str = "result.json";
 
-/// Kept baseline results, beside the run directories
-/// (`target/kloop/reuse/<key>/`).
-pub struct ReuseStore {
-    dir: PathBuf,
-}
+/// The part of a key every scenario of one kernel on one run shares:
+/// hashed once, since the kernel image and kloop's executable are the
+/// large inputs.
+pub struct KernelKey(String);
 
-impl ReuseStore {
-    /// The store beside the run directories under `runs_root`.
-    pub fn beside(runs_root: &Path) -> ReuseStore {
-        ReuseStore {
-            dir: runs_root.parent().unwrap_or(runs_root).join("reuse"),
-        }
-    }
-
-    /// The key of `kernel` × `scenario` on `env`, with the ledger's text;
-    /// none when an input cannot be read (then nothing is reused or kept)
-    /// or when the run blesses (it writes what others compare with).
-    pub fn key(
-        env: &TrialEnv,
-        ledger_text: &str,
-        kernel: &KernelUnderTest,
-        scenario: &Scenario,
-    ) -> Option<String> {
+impl KernelKey {
+    /// `kernel` on `env`, with the ledger's text; none when an input cannot
+    /// be read (then nothing is reused or kept) or when the run blesses (it
+    /// writes what others compare with).
+    pub fn of(env: &TrialEnv, ledger_text: &str, kernel: &KernelUnderTest) -> Option<KernelKey> {
         if env.bless.snapshots || env.bless.overhead {
             return None;
         }
@@ -65,7 +52,6 @@ impl ReuseStore {
         part("kloop", executable_sha256()?.as_bytes());
         part("agent", file_sha256(&env.agent)?.as_bytes());
         part("kernel", kernel_identity(kernel)?.as_bytes());
-        part("scenario", tree_sha256(&scenario.dir)?.as_bytes());
         part("ledger", ledger_text.as_bytes());
         part("qemu", env.qemu_version.as_bytes());
         part("accel", env.accel.accel.as_bytes());
@@ -77,7 +63,30 @@ impl ReuseStore {
             )
             .as_bytes(),
         );
+        Some(KernelKey(hex::encode(h.finalize())))
+    }
+
+    /// The key of this kernel × `scenario` (its folder's every file).
+    pub fn for_scenario(&self, scenario: &Scenario) -> Option<String> {
+        let mut h = Sha256::new();
+        h.update(self.0.as_bytes());
+        h.update(tree_sha256(&scenario.dir)?.as_bytes());
         Some(hex::encode(&h.finalize()[..12]))
+    }
+}
+
+/// Kept baseline results, beside the run directories
+/// (`target/kloop/reuse/<key>/`).
+pub struct ReuseStore {
+    dir: PathBuf,
+}
+
+impl ReuseStore {
+    /// The store beside the run directories under `runs_root`.
+    pub fn beside(runs_root: &Path) -> ReuseStore {
+        ReuseStore {
+            dir: runs_root.parent().unwrap_or(runs_root).join("reuse"),
+        }
     }
 
     /// The kept result under `key`, its artefacts copied to `artefacts`
