@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use kloop::run::suite::{self, EnvOptions, Layout, Selection};
 use kloop::run::trial::{KernelUnderTest, TrialEnv, TrialResult, Verdict};
 use kloop::scenario::Scenario;
-use kloop_protocol::{Fault, FrameDecoder, FrameKind, Message, Plan, Step};
+use kloop_protocol::{Fault, Plan, Step};
 use kloop_qemu::accel::AccelChoice;
 use kloop_qemu::Deadlines;
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -146,24 +146,7 @@ impl Ctx {
 // ---------------------------------------------------------------- /proc
 
 // Reading /proc for QEMU processes: shared with xtask's tests.
-use kloop_test_support::{alive, qemu_children, qemu_guests, socket_dir, Proc};
-
-/// Whether the raw channel bytes hold the agent's complete hello frame.
-fn said_hello(data: &[u8]) -> bool {
-    let mut d = FrameDecoder::new();
-    d.push(data);
-    while let Ok(Some(f)) = d.next_frame() {
-        if f.kind == FrameKind::Message
-            && matches!(
-                serde_json::from_slice(&f.payload),
-                Ok(Message::Hello { .. })
-            )
-        {
-            return true;
-        }
-    }
-    false
-}
+use kloop_test_support::{alive, qemu_children, qemu_guests, said_hello, socket_dir, Proc};
 
 fn contains(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)

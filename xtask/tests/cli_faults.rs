@@ -19,10 +19,11 @@ use std::time::{Duration, Instant};
 
 use kloop::run::suite::{self, EnvOptions, Layout, Selection};
 use kloop::run::trial::Verdict;
-use kloop_protocol::{FrameDecoder, FrameKind, Message};
 use kloop_qemu::accel::{AccelChoice, AccelDecision};
 use kloop_qemu::Deadlines;
-use kloop_test_support::{alive, qemu_children, qemu_guests, read_proc, socket_dir, Proc};
+use kloop_test_support::{
+    alive, qemu_children, qemu_guests, read_proc, said_hello, socket_dir, Proc,
+};
 use libtest_mimic::{Arguments, Failed, Trial};
 
 const PIN: &str = "6.1";
@@ -87,23 +88,6 @@ fn expect_contains(msg: &str, needles: &[&str]) -> TestResult {
         ensure!(msg.contains(n), "message lacks {n:?}:\n{msg}");
     }
     Ok(())
-}
-
-/// Whether the raw channel bytes hold the agent's complete hello frame.
-fn said_hello(data: &[u8]) -> bool {
-    let mut d = FrameDecoder::new();
-    d.push(data);
-    while let Ok(Some(f)) = d.next_frame() {
-        if f.kind == FrameKind::Message
-            && matches!(
-                serde_json::from_slice(&f.payload),
-                Ok(Message::Hello { .. })
-            )
-        {
-            return true;
-        }
-    }
-    false
 }
 
 fn qemu_missing() -> TestResult {

@@ -149,6 +149,25 @@ impl KillMoments {
     }
 }
 
+/// Whether the raw channel bytes (a trial's `data.bin`, or what a test
+/// read from the channel) hold the agent's complete hello frame.
+pub fn said_hello(data: &[u8]) -> bool {
+    use kloop_protocol::{FrameDecoder, FrameKind, Message};
+    let mut d = FrameDecoder::new();
+    d.push(data);
+    while let Ok(Some(f)) = d.next_frame() {
+        if f.kind == FrameKind::Message
+            && matches!(
+                serde_json::from_slice(&f.payload),
+                Ok(Message::Hello { .. })
+            )
+        {
+            return true;
+        }
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
