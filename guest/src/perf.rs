@@ -201,8 +201,53 @@ impl Ring {
             bail!("ring_pages must be a power of two, got {}", spec.ring_pages);
         }
         let (fd, lost_format) = open_side_band(pid, cpu, spec)?;
+        Ring::map(
+            index,
+            pid,
+            cpu,
+            fd,
+            lost_format,
+            spec.ring_pages,
+            spec.backward,
+        )
+    }
+
+    /// A bell for [`wait_for_ksymbol`]: a CPU-wide KSYMBOL-only listener
+    /// on `cpu` whose one-page ring wakes a poller at its first record.
+    /// A side-band record wakes no poller before the ring is half full
+    /// (`wakeup_events` counts samples only, perf_output_sample()); a
+    /// `wakeup_watermark` of 1 byte (ring_buffer_init() takes it as the
+    /// ring's watermark) makes every record wake it. No `sample_id_all`:
+    /// on kernels with ksymbol-bpf-event-header-size-accumulates the bell,
+    /// opened last and so written first, would otherwise grow the
+    /// header.size of every record the scenario's own listeners get by
+    /// its trailer's length.
+    pub fn open_bell(cpu: u32) -> Result<Ring> {
+        let mut attr = event_attr(
+            perf_type_id::PERF_TYPE_SOFTWARE as u32,
+            perf_sw_ids::PERF_COUNT_SW_DUMMY as u64,
+        );
+        attr.set_ksymbol(1);
+        attr.set_watermark(1);
+        attr.__bindgen_anon_2.wakeup_watermark = 1;
+        let fd = perf_event_open(&attr, -1, cpu as libc::c_int).os_ctx(format!(
+            "perf_event_open(dummy, ksymbol, wakeup_watermark=1, cpu={cpu})"
+        ))?;
+        Ring::map(u32::MAX, -1, cpu as i32, fd, false, 1, false)
+    }
+
+    /// Maps `ring_pages` data pages of the perf event `fd`.
+    fn map(
+        index: u32,
+        pid: libc::pid_t,
+        cpu: i32,
+        fd: OwnedFd,
+        lost_format: bool,
+        ring_pages: u32,
+        backward: bool,
+    ) -> Result<Ring> {
         let psz = page_size();
-        let map_len = (1 + spec.ring_pages as usize) * psz;
+        let map_len = (1 + ring_pages as usize) * psz;
         // SAFETY: mapping a perf fd; checked below.
         let base = unsafe {
             libc::mmap(
@@ -211,7 +256,7 @@ impl Ring {
                 // A read-only mapping makes the ring an overwrite ring
                 // (rb->overwrite: the kernel ignores data_tail), as
                 // `perf record --overwrite` maps its backward rings.
-                if spec.backward {
+                if backward {
                     libc::PROT_READ
                 } else {
                     libc::PROT_READ | libc::PROT_WRITE
@@ -223,8 +268,7 @@ impl Ring {
         };
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error()).os_ctx(format!(
-                "mmap of {} ring pages for listener (pid {pid}, cpu {cpu})",
-                spec.ring_pages
+                "mmap of {ring_pages} ring pages for listener (pid {pid}, cpu {cpu})"
             ));
         }
         let base = base as *mut u8;
@@ -235,10 +279,10 @@ impl Ring {
             base,
             map_len,
             data_offset: psz,
-            data_size: spec.ring_pages as usize * psz,
+            data_size: ring_pages as usize * psz,
             sent: 0,
             lost_format,
-            backward: spec.backward,
+            backward,
             read_to: 0,
         };
         // data_offset/data_size exist since 4.1; fall back to the classic layout.
@@ -422,6 +466,37 @@ impl Ring {
         }
         Ok(Some(buf[1]))
     }
+}
+
+/// Sleeps until one of `bells` ([`Ring::open_bell`]) holds a record, or
+/// `timeout` passes; empties them and returns each bell's bytes (records
+/// without a sample_id trailer).
+pub fn wait_for_ksymbol(bells: &[Ring], timeout: std::time::Duration) -> Result<Vec<Vec<u8>>> {
+    let mut fds: Vec<libc::pollfd> = bells
+        .iter()
+        .map(|b| libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&b._fd),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let millis = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: `fds` is a valid array of `fds.len()` pollfds.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, millis) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e).os_ctx("poll on the KSYMBOL bells");
+        }
+    }
+    bells
+        .iter()
+        .map(|bell| {
+            let (bytes, head) = bell.unread()?;
+            bell.commit(head);
+            Ok(bytes)
+        })
+        .collect()
 }
 
 /// [`drain_ring`] for every ring; returns the number of bytes sent.

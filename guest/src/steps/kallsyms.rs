@@ -2,6 +2,7 @@
 //! before recording) and `wait-kallsyms` (until a generated symbol appears
 //! or goes). Reading `/proc/kallsyms` itself is [`crate::kallsyms`].
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -9,6 +10,7 @@ use kloop_protocol::{KallsymsEntry, Message};
 
 use crate::channel::{log, send};
 use crate::kallsyms::{is_side_band_symbol, read_filtered};
+use crate::perf::{wait_for_ksymbol, Ring};
 
 /// Sends every symbol that may show up in KSYMBOL records as
 /// `InitialKallsyms`: those read before the save when the runner still has
@@ -34,8 +36,29 @@ pub fn read_side_band() -> Result<Vec<KallsymsEntry>> {
     read_filtered(is_side_band_symbol)
 }
 
+/// Without a KSYMBOL record, how long [`wait`] sleeps before reading
+/// `/proc/kallsyms` again: a record wakes it at once; this bounds the wait
+/// where a symbol came or went without one.
+const RECHECK: Duration = Duration::from_millis(1000);
+
 /// Waits until a generated symbol starting with `prefix` is `present` (or,
-/// with `present` false, until none is left).
+/// with `present` false, until none is left; with `count`, until exactly
+/// that many are). It reads `/proc/kallsyms` once and then follows the
+/// KSYMBOL records of listeners of its own (one per online CPU, opened
+/// before the read), instead of reading the file again every few
+/// milliseconds: a read costs 0.2-0.4 s of a vCPU under TCG, which the
+/// kernel's worker freeing a trampoline image then waits for. The records
+/// are applied on top of what the read showed: for each symbol (address
+/// and name) the last record says whether it is there, and without one
+/// the read does (a record from before the read agrees with it, or a
+/// later one of the same symbol follows). That holds whether the kernel
+/// changes its list before the record (`bpf_ksym_add()`/`bpf_ksym_del()`
+/// for trampoline images) or after (`collect_one_slot()` emits a kprobe
+/// page's unregister, then `list_del_rcu()`s it). The bells' records
+/// carry no time, so records are in order only within one CPU's ring:
+/// when one symbol has records on two CPUs in one wake-up, or a record was
+/// lost or does not parse, or no record came for a second, the file is
+/// read again.
 pub fn wait(prefix: &str, present: bool, count: Option<u32>, timeout_ms: u64) -> Result<()> {
     let started = Instant::now();
     let deadline = started + Duration::from_millis(timeout_ms);
@@ -47,28 +70,51 @@ pub fn wait(prefix: &str, present: bool, count: Option<u32>, timeout_ms: u64) ->
         None if present => "some".to_string(),
         None => "no".to_string(),
     };
+    let bells = open_bells();
+    let (mut reads, mut records) = (0u32, 0usize);
+    let mut symbols: BTreeMap<(u64, String), bool> = BTreeMap::new();
+    let mut read_again = true;
     loop {
-        // Only code the kernel generates (`[bpf]`, `[__builtin__*]`): kernel
-        // functions share the prefixes (bpf_trampoline_link_prog...).
-        let found = read_filtered(|e| is_side_band_symbol(e) && e.name.starts_with(prefix))?;
+        if read_again {
+            // Only code the kernel generates (`[bpf]`, `[__builtin__*]`):
+            // kernel functions share the prefixes (bpf_trampoline_link_prog...).
+            symbols = read_filtered(|e| is_side_band_symbol(e) && e.name.starts_with(prefix))?
+                .into_iter()
+                .map(|e| ((e.addr, e.name), true))
+                .collect();
+            reads += 1;
+            read_again = false;
+        }
+        let found: Vec<&(u64, String)> = symbols
+            .iter()
+            .filter(|(_, there)| **there)
+            .map(|(k, _)| k)
+            .collect();
         let done = match count {
             Some(n) => found.len() == n as usize,
             None => found.is_empty() != present,
         };
         if done {
+            let how = match &bells {
+                Ok(_) => format!("{records} KSYMBOL record(s) followed"),
+                Err(why) => format!("polled every 20 ms: {why}"),
+            };
             return log(format!(
-                "kallsyms: {wanted} symbol(s) starting with {prefix:?} after {} ms",
+                "kallsyms: {wanted} symbol(s) starting with {prefix:?} after {} ms ({reads} read(s) of /proc/kallsyms, {how})",
                 started.elapsed().as_millis()
             ));
         }
-        if Instant::now() >= deadline {
-            let names: Vec<String> = found
-                .iter()
-                .map(|e| format!("{:#x} {}", e.addr, e.name))
-                .collect();
+        let now = Instant::now();
+        if now >= deadline {
+            // The file, not the records, in the failure.
+            let names: Vec<String> =
+                read_filtered(|e| is_side_band_symbol(e) && e.name.starts_with(prefix))?
+                    .iter()
+                    .map(|e| format!("{:#x} {}", e.addr, e.name))
+                    .collect();
             bail!(
                 "after {timeout_ms} ms /proc/kallsyms has {} symbol(s) starting with {prefix:?}, not {wanted}{}",
-                found.len(),
+                names.len(),
                 if names.is_empty() {
                     String::new()
                 } else {
@@ -76,6 +122,136 @@ pub fn wait(prefix: &str, present: bool, count: Option<u32>, timeout_ms: u64) ->
                 }
             );
         }
-        std::thread::sleep(Duration::from_millis(20));
+        match &bells {
+            Ok(bells) => {
+                let rung = wait_for_ksymbol(bells, RECHECK.min(deadline - now))?;
+                match ksymbol_records(&rung) {
+                    Some(seen) if !seen.is_empty() => {
+                        records += seen.len();
+                        for (addr, name, there) in seen {
+                            if name.starts_with(prefix) {
+                                symbols.insert((addr, name), there);
+                            }
+                        }
+                    }
+                    // Nothing for a second, or records that cannot be
+                    // put in order.
+                    _ => read_again = true,
+                }
+            }
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(20));
+                read_again = true;
+            }
+        }
+    }
+}
+
+/// `PERF_RECORD_KSYMBOL` and `PERF_RECORD_LOST` (include/uapi/linux/perf_event.h).
+const RECORD_KSYMBOL: u32 = 17;
+const RECORD_LOST: u32 = 2;
+/// `PERF_RECORD_KSYMBOL_FLAGS_UNREGISTER`.
+const KSYMBOL_UNREGISTER: u16 = 1;
+
+/// The KSYMBOL records of the bells' bytes (one buffer per CPU) as
+/// (address, name, registered), each CPU's in its ring's order; `None`
+/// when one was lost or does not parse, or when one symbol has records
+/// on two CPUs (their order is unknown). The layout (struct
+/// perf_record_ksymbol): header, addr u64, len u32, ksym_type u16, flags
+/// u16, the NUL-padded name; a bell asks for no sample_id trailer.
+fn ksymbol_records(rings: &[Vec<u8>]) -> Option<Vec<(u64, String, bool)>> {
+    let mut out = Vec::new();
+    let mut cpu_of: BTreeMap<(u64, String), usize> = BTreeMap::new();
+    for (cpu, bytes) in rings.iter().enumerate() {
+        let mut off = 0;
+        while off < bytes.len() {
+            let head = bytes.get(off..off + 8)?;
+            let kind = u32::from_le_bytes(head[0..4].try_into().ok()?);
+            let size = usize::from(u16::from_le_bytes(head[6..8].try_into().ok()?));
+            let rec = bytes.get(off..off + size).filter(|_| size >= 8)?;
+            match kind {
+                RECORD_KSYMBOL if size > 8 + 16 => {
+                    let addr = u64::from_le_bytes(rec[8..16].try_into().ok()?);
+                    let flags = u16::from_le_bytes(rec[22..24].try_into().ok()?);
+                    let name = &rec[24..];
+                    let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+                    let name = String::from_utf8_lossy(name).into_owned();
+                    if *cpu_of.entry((addr, name.clone())).or_insert(cpu) != cpu {
+                        return None;
+                    }
+                    out.push((addr, name, flags & KSYMBOL_UNREGISTER == 0));
+                }
+                RECORD_LOST | RECORD_KSYMBOL => return None,
+                _ => {}
+            }
+            off += size;
+        }
+    }
+    Some(out)
+}
+
+/// One bell per online CPU (a side-band record goes only to the listeners
+/// of the CPU it is emitted on); why there are none, if so.
+fn open_bells() -> std::result::Result<Vec<Ring>, String> {
+    let cpus = crate::sys::online_cpus().map_err(|e| format!("online CPUs: {e}"))?;
+    cpus.into_iter()
+        .map(|cpu| Ring::open_bell(cpu).map_err(|e| format!("{e:#}")))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A KSYMBOL record as perf_event_ksymbol_output() writes it for a
+    /// bell: header, addr, len, type, flags, the name padded to 8 bytes
+    /// with NULs (no sample_id trailer).
+    fn ksymbol(addr: u64, name: &str, unregister: bool) -> Vec<u8> {
+        let padded = (name.len() + 1).div_ceil(8) * 8;
+        let size = 8 + 16 + padded;
+        let mut r = Vec::new();
+        r.extend_from_slice(&RECORD_KSYMBOL.to_le_bytes());
+        r.extend_from_slice(&0u16.to_le_bytes());
+        r.extend_from_slice(&(size as u16).to_le_bytes());
+        r.extend_from_slice(&addr.to_le_bytes());
+        r.extend_from_slice(&4096u32.to_le_bytes());
+        r.extend_from_slice(&1u16.to_le_bytes()); // PERF_RECORD_KSYMBOL_TYPE_BPF
+        r.extend_from_slice(&u16::from(unregister).to_le_bytes());
+        r.extend_from_slice(name.as_bytes());
+        r.resize(size, 0);
+        r
+    }
+
+    #[test]
+    fn bell_records_parse_in_ring_order_with_their_direction() {
+        let mut cpu0 = ksymbol(0xffff_a000, "bpf_trampoline_6442", false);
+        cpu0.extend(ksymbol(0xffff_a000, "bpf_trampoline_6442", true));
+        let cpu1 = ksymbol(0xffff_b000, "kprobe_optinsn_page", false);
+        let got = ksymbol_records(&[cpu0, cpu1]).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                (0xffff_a000, "bpf_trampoline_6442".to_string(), true),
+                (0xffff_a000, "bpf_trampoline_6442".to_string(), false),
+                (0xffff_b000, "kprobe_optinsn_page".to_string(), true),
+            ]
+        );
+    }
+
+    #[test]
+    fn records_that_cannot_be_ordered_send_the_wait_back_to_the_file() {
+        // One symbol on two CPUs: which came last is unknown.
+        let cpu0 = ksymbol(0xffff_a000, "bpf_trampoline_6442", false);
+        let cpu1 = ksymbol(0xffff_a000, "bpf_trampoline_6442", true);
+        assert_eq!(ksymbol_records(&[cpu0, cpu1]), None);
+        let mut lost = Vec::new();
+        lost.extend_from_slice(&RECORD_LOST.to_le_bytes());
+        lost.extend_from_slice(&0u16.to_le_bytes());
+        lost.extend_from_slice(&24u16.to_le_bytes());
+        lost.extend_from_slice(&[0u8; 16]);
+        assert_eq!(ksymbol_records(&[lost]), None);
+        let mut cut = ksymbol(0xffff_a000, "bpf_trampoline_6442", false);
+        cut.truncate(20);
+        assert_eq!(ksymbol_records(&[cut]), None);
     }
 }
