@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use kloop::run::ab::AbRun;
 use kloop::run::suite::{self, EnvOptions, Layout, Selection};
 use kloop::run::trial::{KernelUnderTest, LocalKernel};
@@ -120,6 +120,7 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
     );
     let catalog = Catalog::load(&layout.kernels())?;
     let local = |k: &BuiltKernel| KernelUnderTest::Image(LocalKernel::built(k, None, &catalog));
+    let ab_started = std::time::Instant::now();
     let ab = run_and_print_ab(
         &layout,
         &local(&baseline),
@@ -134,14 +135,26 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
     let code = exit_of(&acceptance);
     let conclusion = validate::conclusion(acceptance.accepted, patches.is_empty(), &expected);
     println!("kloop: validate: {conclusion}");
-    let took = validate::timing_line(started.elapsed().as_secs_f64(), builds, &ab);
-    println!("kloop: {took}");
     if a.record {
         let fix = fix.as_ref().expect("clap: --record requires --fix");
         let source = base_req.source.label();
         let line = validate::record(&layout, fix, &expected, &source, &acceptance, &ab)?;
         println!("kloop: {line}");
     }
+    let timing = validate::Timing::of(
+        started.elapsed().as_secs_f64(),
+        builds,
+        ab_started.elapsed().as_secs_f64(),
+        &ab,
+    );
+    timing.write(&ab.run_dir).with_context(|| {
+        format!(
+            "writing {} in {}",
+            validate::Timing::FILE,
+            ab.run_dir.display()
+        )
+    })?;
+    println!("kloop: {}", timing.line());
     Ok(code)
 }
 

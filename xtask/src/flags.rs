@@ -602,6 +602,14 @@ pub(crate) struct BenchArgs {
     /// that is not running). No VM boots.
     #[arg(long, value_name = "RUN_DIR", num_args = 0..=1, default_missing_value = "latest")]
     pub(crate) steps: Option<PathBuf>,
+    /// Only time `validate --source SOURCE --patch P` of a new one-line
+    /// patch (a comment atop kernel/events/core.c, different every run),
+    /// --runs times, with every scenario: each run's wall split into the
+    /// builds, the A/B's trials (each side's trial-seconds, the baseline's
+    /// reused trials) and the reports. Warm figures need the baseline built
+    /// first (`cargo xtask kernels build --source SOURCE`)
+    #[arg(long, value_name = "SOURCE")]
+    pub(crate) validate: Option<String>,
 }
 
 #[derive(Subcommand)]

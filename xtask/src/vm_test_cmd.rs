@@ -16,6 +16,9 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
     if let Some(run) = &a.steps {
         return steps_bench(run);
     }
+    if let Some(source) = &a.validate {
+        return validate_bench(source, a.runs);
+    }
     let layout = layout();
     let sel = Selection {
         kernels: a.kernels.clone(),
@@ -55,6 +58,35 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
         println!();
         matrix_bench(&a)?;
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `bench --validate SOURCE`: `validate` of a new one-line patch, `runs`
+/// times, each run's wall split.
+fn validate_bench(source: &str, runs: usize) -> Result<ExitCode> {
+    let exe = std::env::current_exe().context("locating the xtask binary")?;
+    let runs_root = layout().runs();
+    let dir = tempfile::tempdir().context("a directory for the patches")?;
+    let mut rounds = Vec::new();
+    for i in 0..runs {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let patch = dir.path().join(format!("one-line-{i}.patch"));
+        std::fs::write(&patch, bench::one_line_patch(stamp))
+            .with_context(|| format!("writing {}", patch.display()))?;
+        println!(
+            "kloop bench: validate {}/{runs}: --source {source} --patch <a new one-line patch> …",
+            i + 1
+        );
+        let round =
+            bench::validate_round(&exe, &runs_root, source, &patch).context("running validate")?;
+        if let Ok(t) = &round.timing {
+            println!("kloop bench: {}", t.line());
+        }
+        rounds.push(round);
+    }
+    print!("\n{}", report::bench::validate_table(&rounds));
     Ok(ExitCode::SUCCESS)
 }
 

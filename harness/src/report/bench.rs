@@ -236,6 +236,69 @@ pub fn steps_table(rows: &[crate::run::bench::ScenarioSteps]) -> String {
     out
 }
 
+/// `bench --validate`: each run's wall split (builds, the A/B's trials
+/// and each side's trial-seconds, reports) and the spread of the walls.
+pub fn validate_table(rounds: &[crate::run::bench::ValidateRound]) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{:<4} {:>8} {:>5} {:>8} {:>10} {:>8} {:>10} {:>12} {:>9}",
+        "run",
+        "wall s",
+        "exit",
+        "build s",
+        "candidate",
+        "A/B s",
+        "baseline",
+        "candidate",
+        "report s"
+    );
+    let _ = writeln!(
+        o,
+        "{:<4} {:>8} {:>5} {:>8} {:>10} {:>8} {:>10} {:>12} {:>9}",
+        "", "", "", "", "build", "", "trial-s", "trial-s", ""
+    );
+    for (i, r) in rounds.iter().enumerate() {
+        let exit = r.exit.map_or("signal".to_string(), |c| c.to_string());
+        match &r.timing {
+            Ok(t) => {
+                let _ = writeln!(
+                    o,
+                    "{:<4} {:>8.1} {:>5} {:>8.1} {:>10} {:>8.1} {:>10} {:>12} {:>9.1}",
+                    i + 1,
+                    r.secs,
+                    exit,
+                    t.build_secs,
+                    if t.candidate_cached {
+                        "cached"
+                    } else {
+                        "built"
+                    },
+                    t.ab_secs,
+                    format!(
+                        "{:.1} ({}/{} reused)",
+                        t.baseline.trial_secs, t.baseline.reused, t.baseline.trials
+                    ),
+                    format!("{:.1} ({})", t.candidate.trial_secs, t.candidate.trials),
+                    t.report_secs
+                );
+            }
+            Err(e) => {
+                let _ = writeln!(o, "{:<4} {:>8.1} {:>5} ({e})", i + 1, r.secs, exit);
+            }
+        }
+    }
+    let walls: Vec<f64> = rounds.iter().map(|r| r.secs).collect();
+    if let Some(s) = Spread::of(&walls) {
+        let _ = writeln!(
+            o,
+            "wall over {} run(s): min {:.1} s, median {:.1} s, max {:.1} s",
+            s.n, s.min, s.median, s.max
+        );
+    }
+    o
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

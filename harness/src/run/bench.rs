@@ -523,6 +523,57 @@ impl MatrixBench {
     }
 }
 
+/// One `validate` of a new one-line patch, run as a user runs it: its
+/// wall time seen from outside, its exit code and the timing it left in
+/// its run directory.
+#[derive(Debug, Clone)]
+pub struct ValidateRound {
+    pub secs: f64,
+    pub exit: Option<i32>,
+    pub timing: Result<crate::run::validate::Timing, BenchError>,
+}
+
+/// A one-line patch no earlier run validated: a comment at the top of
+/// kernel/events/core.c naming `stamp`, so the candidate is a real
+/// incremental rebuild of one file every time.
+pub fn one_line_patch(stamp: u128) -> String {
+    format!(
+        "--- a/kernel/events/core.c\n+++ b/kernel/events/core.c\n@@ -1,3 +1,4 @@\n+/* kloop bench: validate of a new one-line patch, {stamp} */\n // SPDX-License-Identifier: GPL-2.0\n /*\n  * Performance events core code:\n"
+    )
+}
+
+/// Runs `<exe> validate --source <source> --patch <patch>` and reads its
+/// [`crate::run::validate::Timing`] back from the run directory it made.
+pub fn validate_round(
+    exe: &Path,
+    runs_root: &Path,
+    source: &str,
+    patch: &Path,
+) -> std::io::Result<ValidateRound> {
+    let started = std::time::Instant::now();
+    let mut child = std::process::Command::new(exe)
+        .args(["validate", "--source", source, "--patch"])
+        .arg(patch)
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    let pid = child.id();
+    let status = child.wait()?;
+    let secs = started.elapsed().as_secs_f64();
+    let timing = match crate::run::run_dirs::of_process(runs_root, pid) {
+        Some(dir) => crate::run::validate::Timing::read(&dir).map_err(BenchError::Process),
+        None => Err(BenchError::Process(format!(
+            "validate (pid {pid}) left no run directory under {}: it ended before its A/B (exit {:?})",
+            runs_root.display(),
+            status.code()
+        ))),
+    };
+    Ok(ValidateRound {
+        secs,
+        exit: status.code(),
+        timing,
+    })
+}
+
 /// `check-perf-data` on a big file, run as a user runs it (a process of
 /// its own, so its peak memory is its own).
 #[derive(Debug, Clone)]

@@ -67,30 +67,102 @@ pub fn conclusion(accepted: bool, no_patches: bool, expected: &[String]) -> Stri
 }
 
 /// Where a `validate`'s wall time went: the two builds (each from the
-/// cache or built now), the A/B, and in it each side's trial-seconds (the
-/// baseline's reused trials cost none).
-pub fn timing_line(total: f64, builds: (f64, bool, bool), ab: &AbRun) -> String {
-    let (build_secs, base_cached, cand_cached) = builds;
-    let how = |cached: bool| if cached { "cached" } else { "built" };
-    let side = |name: &str| {
-        let of: Vec<_> = ab.results.iter().filter(|r| r.kernel == name).collect();
-        let reused = of.iter().filter(|r| r.reused_from.is_some()).count();
-        let secs: f64 = of
-            .iter()
-            .filter(|r| r.reused_from.is_none())
-            .map(|r| r.wall_secs)
-            .sum::<f64>()
-            + 0.0; // an empty sum is -0.0
-        (of.len(), reused, secs)
-    };
-    let (bn, breused, bsecs) = side(&ab.baseline);
-    let (cn, _, csecs) = side(&ab.candidate);
-    format!(
-        "validate took {total:.1} s: builds {build_secs:.1} s (baseline {}, candidate {}), A/B {:.1} s (baseline: {breused} of {bn} trials reused, {bsecs:.1} trial-s run; candidate: {cn} trials, {csecs:.1} trial-s)",
-        how(base_cached),
-        how(cand_cached),
-        ab.secs
-    )
+/// cache or built now), the A/B's trials, its reports, and in the A/B each
+/// side's trial-seconds (the baseline's reused trials cost none). The run
+/// leaves it as [`Timing::FILE`] in its directory, which `cargo xtask bench
+/// --validate` reads back.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Timing {
+    pub total_secs: f64,
+    pub build_secs: f64,
+    pub baseline_cached: bool,
+    pub candidate_cached: bool,
+    /// The A/B's trials and their comparison.
+    pub ab_secs: f64,
+    /// After the trials: the A/B's reports (and the ledger, `--record`).
+    pub report_secs: f64,
+    pub baseline: SideTiming,
+    pub candidate: SideTiming,
+}
+
+/// One side of the A/B: its trials, how many were reused from an earlier
+/// run, and the trial-seconds of the others.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SideTiming {
+    pub trials: usize,
+    pub reused: usize,
+    pub trial_secs: f64,
+}
+
+impl SideTiming {
+    fn of(ab: &AbRun, kernel: &str) -> SideTiming {
+        let of: Vec<_> = ab.results.iter().filter(|r| r.kernel == kernel).collect();
+        SideTiming {
+            trials: of.len(),
+            reused: of.iter().filter(|r| r.reused_from.is_some()).count(),
+            trial_secs: of
+                .iter()
+                .filter(|r| r.reused_from.is_none())
+                .map(|r| r.wall_secs)
+                .sum::<f64>()
+                + 0.0, // an empty sum is -0.0
+        }
+    }
+}
+
+impl Timing {
+    /// The file a `validate` leaves in its run directory.
+    pub const FILE: &'static str = "validate-timing.json";
+
+    /// `total` and `since_ab` (from the A/B's start to now: its trials,
+    /// then its reports) in seconds; `builds`: their seconds and whether
+    /// each side came from the cache.
+    pub fn of(total: f64, builds: (f64, bool, bool), since_ab: f64, ab: &AbRun) -> Timing {
+        let (build_secs, baseline_cached, candidate_cached) = builds;
+        Timing {
+            total_secs: total,
+            build_secs,
+            baseline_cached,
+            candidate_cached,
+            ab_secs: ab.secs,
+            report_secs: (since_ab - ab.secs).max(0.0),
+            baseline: SideTiming::of(ab, &ab.baseline),
+            candidate: SideTiming::of(ab, &ab.candidate),
+        }
+    }
+
+    /// The line `validate` prints.
+    pub fn line(&self) -> String {
+        let how = |cached: bool| if cached { "cached" } else { "built" };
+        format!(
+            "validate took {:.1} s: builds {:.1} s (baseline {}, candidate {}), A/B {:.1} s (baseline: {} of {} trials reused, {:.1} trial-s run; candidate: {} trials, {:.1} trial-s), reports {:.1} s",
+            self.total_secs,
+            self.build_secs,
+            how(self.baseline_cached),
+            how(self.candidate_cached),
+            self.ab_secs,
+            self.baseline.reused,
+            self.baseline.trials,
+            self.baseline.trial_secs,
+            self.candidate.trials,
+            self.candidate.trial_secs,
+            self.report_secs,
+        )
+    }
+
+    /// Writes [`Timing::FILE`] into `run_dir`, atomically.
+    pub fn write(&self, run_dir: &std::path::Path) -> std::io::Result<()> {
+        let text = serde_json::to_string_pretty(self).expect("timings serialise");
+        kloop_kernels::write_atomically(&run_dir.join(Timing::FILE), text.as_bytes())
+    }
+
+    /// Reads [`Timing::FILE`] of `run_dir`.
+    pub fn read(run_dir: &std::path::Path) -> Result<Timing, String> {
+        let path = run_dir.join(Timing::FILE);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{} is not valid: {e}", path.display()))
+    }
 }
 
 /// `validate --record`: the result under each expected ledger entry, in
@@ -141,5 +213,44 @@ mod tests {
         assert!(c(false, false, &ids).starts_with("REJECTED"));
         assert!(c(true, true, &[]).starts_with("no patches: the source against itself is the same"));
         assert!(c(false, true, &[]).contains("not reproducible"));
+    }
+}
+
+#[cfg(test)]
+mod timing_tests {
+    use super::*;
+
+    #[test]
+    fn the_timing_file_reads_back_as_written_and_its_line_names_every_part() {
+        let t = Timing {
+            total_secs: 61.5,
+            build_secs: 30.25,
+            baseline_cached: true,
+            candidate_cached: false,
+            ab_secs: 29.0,
+            report_secs: 1.5,
+            baseline: SideTiming {
+                trials: 41,
+                reused: 41,
+                trial_secs: 0.0,
+            },
+            candidate: SideTiming {
+                trials: 41,
+                reused: 0,
+                trial_secs: 55.5,
+            },
+        };
+        let dir = tempfile::tempdir().unwrap();
+        t.write(dir.path()).unwrap();
+        assert_eq!(Timing::read(dir.path()).unwrap(), t);
+        assert_eq!(
+            t.line(),
+            "validate took 61.5 s: builds 30.2 s (baseline cached, candidate built), A/B 29.0 s \
+             (baseline: 41 of 41 trials reused, 0.0 trial-s run; candidate: 41 trials, 55.5 trial-s), reports 1.5 s"
+        );
+        std::fs::write(dir.path().join(Timing::FILE), "{").unwrap();
+        assert!(Timing::read(dir.path())
+            .unwrap_err()
+            .contains("validate-timing.json is not valid"));
     }
 }
