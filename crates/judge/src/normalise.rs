@@ -567,11 +567,21 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
         "other",
     ];
     let folded = sweep_repeats(ev, recs);
+    // FORK and EXIT of the agent's `concurrent` threads only: a CPU-wide
+    // listener with attr.task also hears every kernel thread that starts
+    // or ends on its CPU (a workqueue adding a kworker when the guest runs
+    // slowly, as with more VMs than host cores), which is the system's
+    // business, not the scenario's. Rule task-records judges the agent's
+    // threads' records; the snapshot keeps those.
+    let loader_tids: std::collections::BTreeSet<u32> =
+        ev.batches.iter().filter_map(|b| b.tid).collect();
+    let foreign_task =
+        |r: &Record| matches!(&r.body, RecordBody::Task { tid, .. } if !loader_tids.contains(tid));
     let mut counts = [0usize; 7];
     for r in recs
         .iter()
         .enumerate()
-        .filter(|(i, _)| !folded.contains(i))
+        .filter(|(i, r)| !folded.contains(i) && !foreign_task(r))
         .map(|(_, r)| r)
     {
         let k = match &r.body {
@@ -611,7 +621,7 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
     }
     out.push_str("records:\n");
     for (i, r) in recs.iter().enumerate() {
-        if analysis.accounted.contains(&i) || folded.contains(&i) {
+        if analysis.accounted.contains(&i) || folded.contains(&i) || foreign_task(r) {
             continue;
         }
         // Only the pokes of a live symbol's text (an ftrace trampoline's

@@ -827,7 +827,7 @@ fn task_records_follow_fork_and_exit_routing() {
         (1, true, 502, 1, 4),
         (3, true, 502, 1, 4),
     ];
-    let build = |recs: &[(u32, bool, u32, u32, u64)]| {
+    let build_ev = |recs: &[(u32, bool, u32, u32, u64)]| {
         let mut ev = routed(ls.clone(), &BTreeMap::new(), &[]);
         for (li, exit, tid, cpu, time) in recs {
             let l = &ls[*li as usize];
@@ -846,8 +846,9 @@ fn task_records_follow_fork_and_exit_routing() {
             b.tid = Some(tid);
             ev.batches.push(b);
         }
-        analyse(&ev)
+        ev
     };
+    let build = |recs: &[(u32, bool, u32, u32, u64)]| analyse(&build_ev(recs));
     let a = build(&good);
     assert!(!rules(&a).contains(rule::TASK_RECORDS), "{}", dump(&a));
     // perf_iterate_sb() without its `goto done`: the CPU-wide pass after
@@ -886,6 +887,32 @@ fn task_records_follow_fork_and_exit_routing() {
         "{}",
         dump(&a)
     );
+    // A kernel thread started on CPU 0 (a kworker, forked by kthreadd, as
+    // a workqueue adds one when the guest runs slowly): the CPU-wide set
+    // hears it, no rule minds, and the normalised stream, which keeps the
+    // loaders' FORK and EXIT records, is the same as without it.
+    let plain = build_ev(&good);
+    let mut kworker = build_ev(&good);
+    kworker.streams.get_mut(&0).unwrap().extend(testutil::task(
+        &ls[0],
+        false,
+        (40, 40),
+        Tr {
+            pid: 2,
+            tid: 2,
+            time: 5,
+            cpu: 0,
+            ..Tr::default()
+        },
+    ));
+    let (a_plain, a_kworker) = (analyse(&plain), analyse(&kworker));
+    assert_eq!(rules(&a_kworker), rules(&a_plain), "{}", dump(&a_kworker));
+    assert!(!rules(&a_kworker).contains(rule::TASK_RECORDS));
+    assert_eq!(
+        crate::normalise::normalise(&kworker, &a_kworker),
+        crate::normalise::normalise(&plain, &a_plain)
+    );
+    assert!(crate::normalise::normalise(&plain, &a_plain).contains("type=7(FORK)"));
 }
 
 /// A listener opened disabled and never enabled receives nothing
