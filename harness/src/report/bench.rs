@@ -242,7 +242,7 @@ pub fn validate_table(rounds: &[crate::run::bench::ValidateRound]) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{:<4} {:>8} {:>5} {:>8} {:>10} {:>8} {:>10} {:>12} {:>9}",
+        "{:<4} {:>8} {:>5} {:>8} {:>10} {:>8} {:>20} {:>12} {:>9}",
         "run",
         "wall s",
         "exit",
@@ -255,7 +255,7 @@ pub fn validate_table(rounds: &[crate::run::bench::ValidateRound]) -> String {
     );
     let _ = writeln!(
         o,
-        "{:<4} {:>8} {:>5} {:>8} {:>10} {:>8} {:>10} {:>12} {:>9}",
+        "{:<4} {:>8} {:>5} {:>8} {:>10} {:>8} {:>20} {:>12} {:>9}",
         "", "", "", "", "build", "", "trial-s", "trial-s", ""
     );
     for (i, r) in rounds.iter().enumerate() {
@@ -264,7 +264,7 @@ pub fn validate_table(rounds: &[crate::run::bench::ValidateRound]) -> String {
             Ok(t) => {
                 let _ = writeln!(
                     o,
-                    "{:<4} {:>8.1} {:>5} {:>8.1} {:>10} {:>8.1} {:>10} {:>12} {:>9.1}",
+                    "{:<4} {:>8.1} {:>5} {:>8.1} {:>10} {:>8.1} {:>20} {:>12} {:>9.1}",
                     i + 1,
                     r.secs,
                     exit,
