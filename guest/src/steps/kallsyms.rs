@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use kloop_protocol::{KallsymsEntry, Message};
+use kloop_protocol::{KallsymsEntry, ListenerInfo, Message};
+use kloop_records::{RecordBody, KSYMBOL_FLAGS_UNREGISTER};
 
 use crate::channel::{log, send};
 use crate::kallsyms::{is_side_band_symbol, read_filtered};
@@ -147,44 +148,46 @@ pub fn wait(prefix: &str, present: bool, count: Option<u32>, timeout_ms: u64) ->
     }
 }
 
-/// `PERF_RECORD_KSYMBOL` and `PERF_RECORD_LOST` (include/uapi/linux/perf_event.h).
-const RECORD_KSYMBOL: u32 = 17;
-const RECORD_LOST: u32 = 2;
-/// `PERF_RECORD_KSYMBOL_FLAGS_UNREGISTER`.
-const KSYMBOL_UNREGISTER: u16 = 1;
+/// What a bell is to the record parser: a KSYMBOL-only CPU-wide listener
+/// without a sample_id trailer ([`Ring::open_bell`]).
+fn bell_listener(cpu: usize) -> ListenerInfo {
+    ListenerInfo {
+        index: u32::MAX,
+        cpu: cpu as i32,
+        sample_type: 0,
+        sample_id_all: false,
+        ksymbol: true,
+        bpf_event: false,
+        ring_bytes: 0,
+        inherit: false,
+        pid: None,
+        cpus: None,
+        side_band: Vec::new(),
+        disabled: false,
+        backward: false,
+    }
+}
 
 /// The KSYMBOL records of the bells' bytes (one buffer per CPU) as
 /// (address, name, registered), each CPU's in its ring's order; `None`
 /// when one was lost or does not parse, or when one symbol has records
-/// on two CPUs (their order is unknown). The layout (struct
-/// perf_record_ksymbol): header, addr u64, len u32, ksym_type u16, flags
-/// u16, the NUL-padded name; a bell asks for no sample_id trailer.
+/// on two CPUs (their order is unknown).
 fn ksymbol_records(rings: &[Vec<u8>]) -> Option<Vec<(u64, String, bool)>> {
     let mut out = Vec::new();
     let mut cpu_of: BTreeMap<(u64, String), usize> = BTreeMap::new();
     for (cpu, bytes) in rings.iter().enumerate() {
-        let mut off = 0;
-        while off < bytes.len() {
-            let head = bytes.get(off..off + 8)?;
-            let kind = u32::from_le_bytes(head[0..4].try_into().ok()?);
-            let size = usize::from(u16::from_le_bytes(head[6..8].try_into().ok()?));
-            let rec = bytes.get(off..off + size).filter(|_| size >= 8)?;
-            match kind {
-                RECORD_KSYMBOL if size > 8 + 16 => {
-                    let addr = u64::from_le_bytes(rec[8..16].try_into().ok()?);
-                    let flags = u16::from_le_bytes(rec[22..24].try_into().ok()?);
-                    let name = &rec[24..];
-                    let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
-                    let name = String::from_utf8_lossy(name).into_owned();
-                    if *cpu_of.entry((addr, name.clone())).or_insert(cpu) != cpu {
-                        return None;
-                    }
-                    out.push((addr, name, flags & KSYMBOL_UNREGISTER == 0));
-                }
-                RECORD_LOST | RECORD_KSYMBOL => return None,
-                _ => {}
+        for r in kloop_records::parse_stream(&bell_listener(cpu), bytes).ok()? {
+            let RecordBody::Ksymbol {
+                addr, flags, name, ..
+            } = r.body
+            else {
+                // LOST: what the ring dropped is unknown.
+                return None;
+            };
+            if *cpu_of.entry((addr, name.clone())).or_insert(cpu) != cpu {
+                return None;
             }
-            off += size;
+            out.push((addr, name, flags & KSYMBOL_FLAGS_UNREGISTER == 0));
         }
     }
     Some(out)
@@ -202,31 +205,27 @@ fn open_bells() -> std::result::Result<Vec<Ring>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kloop_records::testutil::{self, Tr};
 
-    /// A KSYMBOL record as perf_event_ksymbol_output() writes it for a
-    /// bell: header, addr, len, type, flags, the name padded to 8 bytes
-    /// with NULs (no sample_id trailer).
-    fn ksymbol(addr: u64, name: &str, unregister: bool) -> Vec<u8> {
-        let padded = (name.len() + 1).div_ceil(8) * 8;
-        let size = 8 + 16 + padded;
-        let mut r = Vec::new();
-        r.extend_from_slice(&RECORD_KSYMBOL.to_le_bytes());
-        r.extend_from_slice(&0u16.to_le_bytes());
-        r.extend_from_slice(&(size as u16).to_le_bytes());
-        r.extend_from_slice(&addr.to_le_bytes());
-        r.extend_from_slice(&4096u32.to_le_bytes());
-        r.extend_from_slice(&1u16.to_le_bytes()); // PERF_RECORD_KSYMBOL_TYPE_BPF
-        r.extend_from_slice(&u16::from(unregister).to_le_bytes());
-        r.extend_from_slice(name.as_bytes());
-        r.resize(size, 0);
-        r
+    /// A KSYMBOL record as a bell on `cpu` gets it (built from the uapi
+    /// layout, no trailer).
+    fn ksymbol(cpu: usize, addr: u64, name: &str, unregister: bool) -> Vec<u8> {
+        testutil::ksymbol(
+            &bell_listener(cpu),
+            addr,
+            4096,
+            1, // PERF_RECORD_KSYMBOL_TYPE_BPF
+            unregister,
+            name,
+            Tr::default(),
+        )
     }
 
     #[test]
     fn bell_records_parse_in_ring_order_with_their_direction() {
-        let mut cpu0 = ksymbol(0xffff_a000, "bpf_trampoline_6442", false);
-        cpu0.extend(ksymbol(0xffff_a000, "bpf_trampoline_6442", true));
-        let cpu1 = ksymbol(0xffff_b000, "kprobe_optinsn_page", false);
+        let mut cpu0 = ksymbol(0, 0xffff_a000, "bpf_trampoline_6442", false);
+        cpu0.extend(ksymbol(0, 0xffff_a000, "bpf_trampoline_6442", true));
+        let cpu1 = ksymbol(1, 0xffff_b000, "kprobe_optinsn_page", false);
         let got = ksymbol_records(&[cpu0, cpu1]).unwrap();
         assert_eq!(
             got,
@@ -241,16 +240,12 @@ mod tests {
     #[test]
     fn records_that_cannot_be_ordered_send_the_wait_back_to_the_file() {
         // One symbol on two CPUs: which came last is unknown.
-        let cpu0 = ksymbol(0xffff_a000, "bpf_trampoline_6442", false);
-        let cpu1 = ksymbol(0xffff_a000, "bpf_trampoline_6442", true);
+        let cpu0 = ksymbol(0, 0xffff_a000, "bpf_trampoline_6442", false);
+        let cpu1 = ksymbol(1, 0xffff_a000, "bpf_trampoline_6442", true);
         assert_eq!(ksymbol_records(&[cpu0, cpu1]), None);
-        let mut lost = Vec::new();
-        lost.extend_from_slice(&RECORD_LOST.to_le_bytes());
-        lost.extend_from_slice(&0u16.to_le_bytes());
-        lost.extend_from_slice(&24u16.to_le_bytes());
-        lost.extend_from_slice(&[0u8; 16]);
+        let lost = testutil::lost(&bell_listener(0), 0, 3, Tr::default());
         assert_eq!(ksymbol_records(&[lost]), None);
-        let mut cut = ksymbol(0xffff_a000, "bpf_trampoline_6442", false);
+        let mut cut = ksymbol(0, 0xffff_a000, "bpf_trampoline_6442", false);
         cut.truncate(20);
         assert_eq!(ksymbol_records(&[cut]), None);
     }
