@@ -92,28 +92,23 @@ fn run_to_end(cache: &Path) -> (i32, String) {
 /// doing (its last status line).
 fn kill_after(cache: &Path, after: Duration) -> String {
     let log = cache.join("killed.log");
-    let mut child = xtask(cache)
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(std::fs::File::create(cache.join("killed.err")).unwrap())
-        .spawn()
-        .expect("starting xtask");
-    let started = Instant::now();
-    while started.elapsed() < after {
-        if child.try_wait().unwrap().is_some() {
-            return "(finished before the kill)".into();
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let killed = kloop_test_support::kill_after(
+        xtask(cache)
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::create(cache.join("killed.err")).unwrap()),
+        after,
+    );
+    if !killed {
+        return "(finished before the kill)".into();
     }
-    child.kill().unwrap();
-    child.wait().unwrap();
     // Status lines go to stderr; the trial's start and its verdict line to
     // stdout: the furthest of them says where the run was.
     let out = std::fs::read_to_string(&log).unwrap_or_default();
     if out.lines().any(|l| l.starts_with("6.1/basic ... ")) {
         return "writing the reports (the verdict line was out)".into();
     }
-    let err = std::fs::read_to_string(cache.join("killed.err")).unwrap_or_default();
-    let status = err.lines().rev().find(|l| l.starts_with("kloop:"));
+    let status = kloop_test_support::last_status(&cache.join("killed.err"));
+    let status = status.as_deref();
     // Before the trial these two are the last status lines; once it runs,
     // the cache's phases (unpacking, the PVH ELF, the saved VM) print theirs.
     let before_trial = status.is_none_or(|l| {

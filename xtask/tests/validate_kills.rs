@@ -22,7 +22,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kloop_test_support::workspace_root;
 use sha2::{Digest, Sha256};
@@ -190,30 +190,23 @@ fn validate_killed_at_random_moments_loses_nothing() {
         let i = landed;
         let at = moments.next(undisturbed);
         remove_candidate();
-        let mut child = validate(&patch)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("killed.err")).unwrap())
-            .spawn()
-            .unwrap();
-        let t = Instant::now();
-        while t.elapsed() < at && child.try_wait().unwrap().is_none() {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if child.try_wait().unwrap().is_some() {
+        let err = dir.path().join("killed.err");
+        let killed = kloop_test_support::kill_after(
+            validate(&patch)
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&err).unwrap()),
+            at,
+        );
+        if !killed {
             println!(
                 "validate kills: draw {draws}: the run ended before {:.1} s; not a kill",
                 at.as_secs_f64()
             );
             continue;
         }
-        let _ = child.kill();
-        child.wait().unwrap();
         landed += 1;
-        let err = std::fs::read_to_string(dir.path().join("killed.err")).unwrap_or_default();
-        let doing: String = err
-            .lines()
-            .rev()
-            .find(|l| l.starts_with("kloop:"))
+        let doing: String = kloop_test_support::last_status(&err)
+            .as_deref()
             .unwrap_or("(before its first status line)")
             .chars()
             .take(90)

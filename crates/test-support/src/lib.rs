@@ -149,6 +149,31 @@ impl KillMoments {
     }
 }
 
+/// Starts `cmd` and SIGKILLs it `after` into its run; `false` when it
+/// ended on its own before, so there was nothing to kill.
+pub fn kill_after(cmd: &mut std::process::Command, after: std::time::Duration) -> bool {
+    let mut child = cmd.spawn().expect("starting the command to kill");
+    let started = std::time::Instant::now();
+    while started.elapsed() < after {
+        if child.try_wait().unwrap().is_some() {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    true
+}
+
+/// The last `kloop:` status line of a killed run's stderr, in `err`.
+pub fn last_status(err: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(err).unwrap_or_default();
+    text.lines()
+        .rev()
+        .find(|l| l.starts_with("kloop:"))
+        .map(str::to_string)
+}
+
 /// Whether the raw channel bytes (a trial's `data.bin`, or what a test
 /// read from the channel) hold the agent's complete hello frame.
 pub fn said_hello(data: &[u8]) -> bool {
