@@ -11,6 +11,7 @@ use crate::judge::evidence::RunEvidence;
 
 use crate::run::suite::{self, PlannedTrial};
 use crate::run::trial::{KernelUnderTest, LocalKernel, TrialEnv, TrialResult};
+use crate::run::validate::Timing;
 use crate::scenario::Scenario;
 
 /// `PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU`, the recording
@@ -500,25 +501,52 @@ impl MatrixBench {
         for w in &self.append {
             cmd.arg("--append").arg(w);
         }
-        cmd.stdout(std::process::Stdio::null());
-        let started = std::time::Instant::now();
-        let mut child = cmd.spawn()?;
-        let pid = child.id();
-        let status = child.wait()?;
-        let secs = started.elapsed().as_secs_f64();
-        // The child's run directory is named after its pid.
-        let run = match crate::run::run_dirs::of_process(&self.runs_root, pid) {
-            Some(dir) => MatrixRun::read(&dir),
-            None => Err(BenchError::Process(format!(
-                "vm-test (pid {pid}) left no run directory under {}",
-                self.runs_root.display()
-            ))),
-        };
+        let done = Finished::run(&mut cmd, &self.runs_root)?;
         Ok(MatrixRound {
             label,
-            secs,
+            secs: done.secs,
+            exit: done.exit,
+            run: done.run_dir("vm-test").and_then(|d| MatrixRun::read(&d)),
+        })
+    }
+}
+
+/// A kloop command the bench ran as a user runs it (its output to
+/// nowhere): its wall time seen from outside, its exit code, and the run
+/// directory it made, found by its pid (run directories are named
+/// `<seconds>-<pid>`).
+struct Finished {
+    secs: f64,
+    exit: Option<i32>,
+    pid: u32,
+    run_dir: Option<PathBuf>,
+    runs_root: PathBuf,
+}
+
+impl Finished {
+    fn run(cmd: &mut std::process::Command, runs_root: &Path) -> std::io::Result<Finished> {
+        let started = std::time::Instant::now();
+        let mut child = cmd.stdout(std::process::Stdio::null()).spawn()?;
+        let pid = child.id();
+        let status = child.wait()?;
+        Ok(Finished {
+            secs: started.elapsed().as_secs_f64(),
             exit: status.code(),
-            run,
+            pid,
+            run_dir: crate::run::run_dirs::of_process(runs_root, pid),
+            runs_root: runs_root.to_path_buf(),
+        })
+    }
+
+    /// The run directory, or why there is none (`what`: the command).
+    fn run_dir(&self, what: &str) -> Result<PathBuf, BenchError> {
+        self.run_dir.clone().ok_or_else(|| {
+            BenchError::Process(format!(
+                "{what} (pid {}) left no run directory under {} (exit {:?})",
+                self.pid,
+                self.runs_root.display(),
+                self.exit
+            ))
         })
     }
 }
@@ -530,7 +558,7 @@ impl MatrixBench {
 pub struct ValidateRound {
     pub secs: f64,
     pub exit: Option<i32>,
-    pub timing: Result<crate::run::validate::Timing, BenchError>,
+    pub timing: Result<Timing, BenchError>,
 }
 
 /// A one-line patch no earlier run validated: a comment at the top of
@@ -543,34 +571,36 @@ pub fn one_line_patch(stamp: u128) -> String {
 }
 
 /// Runs `<exe> validate --source <source> --patch <patch>` and reads its
-/// [`crate::run::validate::Timing`] back from the run directory it made.
+/// [`Timing`] back from the run directory it made.
 pub fn validate_round(
     exe: &Path,
     runs_root: &Path,
     source: &str,
     patch: &Path,
 ) -> std::io::Result<ValidateRound> {
-    let started = std::time::Instant::now();
-    let mut child = std::process::Command::new(exe)
-        .args(["validate", "--source", source, "--patch"])
-        .arg(patch)
-        .stdout(std::process::Stdio::null())
-        .spawn()?;
-    let pid = child.id();
-    let status = child.wait()?;
-    let secs = started.elapsed().as_secs_f64();
-    let timing = match crate::run::run_dirs::of_process(runs_root, pid) {
-        Some(dir) => crate::run::validate::Timing::read(&dir).map_err(BenchError::Process),
-        None => Err(BenchError::Process(format!(
-            "validate (pid {pid}) left no run directory under {}: it ended before its A/B (exit {:?})",
-            runs_root.display(),
-            status.code()
-        ))),
-    };
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["validate", "--source", source, "--patch"])
+        .arg(patch);
+    let done = Finished::run(&mut cmd, runs_root)?;
     Ok(ValidateRound {
-        secs,
-        exit: status.code(),
-        timing,
+        secs: done.secs,
+        exit: done.exit,
+        timing: done
+            .run_dir("validate (a failed build ends it before its A/B)")
+            .and_then(|d| validate_timing(&d)),
+    })
+}
+
+/// The [`Timing`] a `validate` left in its run directory.
+pub fn validate_timing(run_dir: &Path) -> Result<Timing, BenchError> {
+    let path = run_dir.join(Timing::FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| BenchError::Read {
+        path: path.clone(),
+        why: e.to_string(),
+    })?;
+    serde_json::from_str(&text).map_err(|e| BenchError::Invalid {
+        path,
+        why: e.to_string(),
     })
 }
 

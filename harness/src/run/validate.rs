@@ -155,14 +155,6 @@ impl Timing {
         let text = serde_json::to_string_pretty(self).expect("timings serialise");
         kloop_kernels::write_atomically(&run_dir.join(Timing::FILE), text.as_bytes())
     }
-
-    /// Reads [`Timing::FILE`] of `run_dir`.
-    pub fn read(run_dir: &std::path::Path) -> Result<Timing, String> {
-        let path = run_dir.join(Timing::FILE);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("reading {}: {e}", path.display()))?;
-        serde_json::from_str(&text).map_err(|e| format!("{} is not valid: {e}", path.display()))
-    }
 }
 
 /// `validate --record`: the result under each expected ledger entry, in
@@ -242,15 +234,17 @@ mod timing_tests {
         };
         let dir = tempfile::tempdir().unwrap();
         t.write(dir.path()).unwrap();
-        assert_eq!(Timing::read(dir.path()).unwrap(), t);
+        let read = crate::run::bench::validate_timing;
+        assert_eq!(read(dir.path()).unwrap(), t);
         assert_eq!(
             t.line(),
             "validate took 61.5 s: builds 30.2 s (baseline cached, candidate built), A/B 29.0 s \
              (baseline: 41 of 41 trials reused, 0.0 trial-s run; candidate: 41 trials, 55.5 trial-s), reports 1.5 s"
         );
         std::fs::write(dir.path().join(Timing::FILE), "{").unwrap();
-        assert!(Timing::read(dir.path())
-            .unwrap_err()
-            .contains("validate-timing.json is not valid"));
+        assert!(matches!(
+            read(dir.path()),
+            Err(crate::run::bench::BenchError::Invalid { path, .. }) if path.ends_with(Timing::FILE)
+        ));
     }
 }
