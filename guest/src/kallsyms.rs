@@ -1,6 +1,9 @@
 //! `/proc/kallsyms` reading.
 
-use std::sync::OnceLock;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use anyhow::Result;
 use kloop_protocol::KallsymsEntry;
@@ -29,6 +32,163 @@ pub fn parse_line(line: &str) -> Option<KallsymsEntry> {
     })
 }
 
+/// Guest nanoseconds spent reading /proc/kallsyms since the agent started:
+/// the runner reports each step's share (`StepDone.kallsyms_ns`), since
+/// under TCG one read (the kernel formatting ~150,000 lines) costs 0.2-0.4 s
+/// and is the largest cost of most trials.
+static READ_NS: AtomicU64 = AtomicU64::new(0);
+
+/// [`READ_NS`] now.
+pub fn read_ns() -> u64 {
+    READ_NS.load(Ordering::Relaxed)
+}
+
+/// The whole file, its reading time added to [`READ_NS`].
+fn read_file() -> Result<Vec<u8>> {
+    let started = crate::sys::monotonic_ns();
+    let bytes = std::fs::read("/proc/kallsyms").os_ctx("reading /proc/kallsyms");
+    READ_NS.fetch_add(
+        crate::sys::monotonic_ns().saturating_sub(started),
+        Ordering::Relaxed,
+    );
+    bytes
+}
+
+/// Files of /proc/kallsyms opened before the save, each already positioned
+/// (`lseek`) at the start of the core kernel's last line, and that line:
+/// a restored agent reads one to its end instead of reading the whole file.
+///
+/// Why this is the same file, read from the kernel's source
+/// (kernel/kallsyms.c, fs/seq_file.c, 5.10 to 7.x): the file lists the core
+/// kernel's symbols at positions below `kallsyms_num_syms`, then every
+/// other kind (modules, BPF, kprobe and ftrace pages) from
+/// `update_iter_mod()`, which looks each position up afresh on the current
+/// lists unless the iterator cached where a kind ended (`pos_*_end`, cleared
+/// only by a reset to position 0). `seq_lseek()` to a line's start runs
+/// `traverse()`, which stops with an empty buffer and `m->index` at that
+/// line; stopping at the core's last line (not past it) leaves the
+/// iterator at a core position, so no `pos_*_end` was ever set, and the
+/// next `read()` formats that line and then the other kinds as they are at
+/// the read. The core part costs the kernel all of its formatting (~150,000
+/// lines, 0.2-0.4 s of a TCG vCPU) and never changes after boot, so the
+/// seek is paid once, before the save, and every restored copy has the
+/// files. Each serves one read; more reads go to the whole file.
+struct Positioned {
+    files: Vec<File>,
+    /// The core kernel's last line, with its newline: a positioned read
+    /// must start with exactly it, or it is not trusted.
+    last_core_line: Vec<u8>,
+}
+
+static POSITIONED: Mutex<Option<Positioned>> = Mutex::new(None);
+
+/// Positioned files made before a save: enough for the reads of most
+/// trials (the loads' facts, a wait on symbols, the last drain's read);
+/// each costs one traversal of the core part before the save.
+const POSITIONED_FILES: usize = 4;
+
+/// Where the core kernel's last line starts in a whole read of the file,
+/// and that line: the line before the first that names a module part, or
+/// the last line when none does.
+fn last_core_line(bytes: &[u8]) -> Option<(usize, &[u8])> {
+    let mut start = 0;
+    let mut last = None;
+    while start < bytes.len() {
+        let end = bytes[start..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(bytes.len(), |i| start + i + 1);
+        let line = &bytes[start..end];
+        if line.contains(&b'\t') {
+            break;
+        }
+        last = Some((start, line));
+        start = end;
+    }
+    last
+}
+
+/// Opens /proc/kallsyms and seeks it to `offset`.
+fn open_at(offset: usize) -> std::io::Result<File> {
+    let mut file = File::open("/proc/kallsyms")?;
+    file.seek(SeekFrom::Start(offset as u64))?;
+    Ok(file)
+}
+
+/// Before the save: makes the [`POSITIONED`] files from `whole` (a read of
+/// the whole file made just now, with no module or program change since)
+/// and proves the mechanism on this kernel with one more, read at once: it
+/// must give the core's last line and then exactly the lines of `whole`
+/// after it. Returns a note for the log.
+fn position_files(whole: &[u8]) -> String {
+    let Some((offset, line)) = last_core_line(whole) else {
+        return "kallsyms: no core kernel line found; every read will be whole".into();
+    };
+    let check = || -> std::io::Result<bool> {
+        let mut tail = Vec::new();
+        open_at(offset)?.read_to_end(&mut tail)?;
+        Ok(tail == whole[offset..])
+    };
+    match check() {
+        Ok(true) => {}
+        Ok(false) => {
+            return "kallsyms: a read from the core's last line differed from the whole \
+                    file's end; every read will be whole"
+                .into()
+        }
+        Err(e) => {
+            return format!(
+                "kallsyms: seeking /proc/kallsyms failed ({}); every read will be whole",
+                crate::sys::Errno(&e)
+            )
+        }
+    }
+    let files: std::io::Result<Vec<File>> =
+        (0..POSITIONED_FILES).map(|_| open_at(offset)).collect();
+    match files {
+        Ok(files) => {
+            *POSITIONED.lock().unwrap_or_else(|e| e.into_inner()) = Some(Positioned {
+                files,
+                last_core_line: line.to_vec(),
+            });
+            format!(
+                "kallsyms: {POSITIONED_FILES} files positioned at the core's last line \
+                 (byte {offset}) for the first reads after the restore"
+            )
+        }
+        Err(e) => format!(
+            "kallsyms: positioning /proc/kallsyms failed ({}); every read will be whole",
+            crate::sys::Errno(&e)
+        ),
+    }
+}
+
+/// The lines after the core kernel's (and possibly some of its): from a
+/// positioned file while one is left, else the whole file.
+fn read_after_core() -> Result<Vec<u8>> {
+    let taken = {
+        let mut guard = POSITIONED.lock().unwrap_or_else(|e| e.into_inner());
+        guard
+            .as_mut()
+            .and_then(|p| Some((p.files.pop()?, p.last_core_line.clone())))
+    };
+    if let Some((mut file, line)) = taken {
+        let started = crate::sys::monotonic_ns();
+        let mut bytes = Vec::new();
+        let read = file.read_to_end(&mut bytes);
+        READ_NS.fetch_add(
+            crate::sys::monotonic_ns().saturating_sub(started),
+            Ordering::Relaxed,
+        );
+        // Anything else than the core's last line first means the file
+        // was not where it was put: not trusted, the whole file is read.
+        if read.is_ok() && bytes.starts_with(&line) {
+            return Ok(bytes);
+        }
+    }
+    read_file()
+}
+
 /// Streams every parsable line of /proc/kallsyms that names a module part
 /// (`\t[bpf]`, `\t[__builtin__kprobes]`, a module's `\t[veth]`) through
 /// `keep`. Every reader wants only those: BPF programs, trampolines and
@@ -37,7 +197,7 @@ pub fn parse_line(line: &str) -> Option<KallsymsEntry> {
 /// before parsing them saves the agent most of its share of a read under
 /// TCG (the kernel's own formatting remains).
 pub fn read_filtered(mut keep: impl FnMut(&KallsymsEntry) -> bool) -> Result<Vec<KallsymsEntry>> {
-    let bytes = std::fs::read("/proc/kallsyms").os_ctx("reading /proc/kallsyms")?;
+    let bytes = read_after_core()?;
     Ok(bytes
         .split(|&b| b == b'\n')
         .filter(|line| line.contains(&b'\t'))
@@ -49,14 +209,17 @@ pub fn read_filtered(mut keep: impl FnMut(&KallsymsEntry) -> bool) -> Result<Vec
 
 /// Like [`read_filtered`], but over every line, the core kernel's too:
 /// for the few readers that want kernel functions or data symbols.
-pub fn read_all(mut keep: impl FnMut(&KallsymsEntry) -> bool) -> Result<Vec<KallsymsEntry>> {
-    let bytes = std::fs::read("/proc/kallsyms").os_ctx("reading /proc/kallsyms")?;
-    Ok(bytes
+pub fn read_all(keep: impl FnMut(&KallsymsEntry) -> bool) -> Result<Vec<KallsymsEntry>> {
+    Ok(parse_all(&read_file()?, keep))
+}
+
+fn parse_all(bytes: &[u8], mut keep: impl FnMut(&KallsymsEntry) -> bool) -> Vec<KallsymsEntry> {
+    bytes
         .split(|&b| b == b'\n')
         .filter_map(|line| std::str::from_utf8(line).ok())
         .filter_map(parse_line)
         .filter(|e| keep(e))
-        .collect())
+        .collect()
 }
 
 /// Core-kernel symbols looked up by name before the VM was saved: the
@@ -66,18 +229,21 @@ pub fn read_all(mut keep: impl FnMut(&KallsymsEntry) -> bool) -> Result<Vec<Kall
 static CORE_AT_SAVE: OnceLock<(Vec<String>, Vec<KallsymsEntry>)> = OnceLock::new();
 
 /// One read of /proc/kallsyms before the save: returns the generated
-/// symbols (as [`is_side_band_symbol`] keeps them) and keeps the
+/// symbols (as [`is_side_band_symbol`] keeps them) and a note on the
+/// positioned files it made for the restored copies' reads, and keeps the
 /// core-kernel symbols named `core_names` for [`core_by_name`].
-pub fn read_before_save(core_names: &[&str]) -> Result<Vec<KallsymsEntry>> {
+pub fn read_before_save(core_names: &[&str]) -> Result<(Vec<KallsymsEntry>, String)> {
+    let bytes = read_file()?;
     let mut core = Vec::new();
-    let side_band = read_all(|e| {
+    let side_band = parse_all(&bytes, |e| {
         if e.module.is_none() && core_names.contains(&e.name.as_str()) {
             core.push(e.clone());
         }
         is_side_band_symbol(e)
-    })?;
+    });
     let _ = CORE_AT_SAVE.set((core_names.iter().map(|n| n.to_string()).collect(), core));
-    Ok(side_band)
+    let note = position_files(&bytes);
+    Ok((side_band, note))
 }
 
 /// The core-kernel symbols named `names` (none for a name the kernel lacks):
@@ -110,6 +276,26 @@ pub fn is_side_band_symbol(e: &KallsymsEntry) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The core's last line is the one before the first module-part line
+    /// (a tab), or the file's last when none has one.
+    #[test]
+    fn last_core_line_is_before_the_first_module_part() {
+        let file = b"ffffffff81000000 T _stext\nffffffff81000010 t b\n\
+                     ffffffffc0200000 t bpf_prog_1_x\t[bpf]\nffffffffc0201000 t y\t[veth]\n";
+        let (offset, line) = last_core_line(file).unwrap();
+        assert_eq!(offset, 26);
+        assert_eq!(line, b"ffffffff81000010 t b\n");
+        let core_only = b"ffffffff81000000 T _stext\nffffffff81000010 t b\n";
+        assert_eq!(last_core_line(core_only).unwrap().0, 26);
+        let unterminated = b"ffffffff81000000 T _stext\nffffffff81000010 t b";
+        assert_eq!(
+            last_core_line(unterminated).unwrap().1,
+            b"ffffffff81000010 t b"
+        );
+        assert!(last_core_line(b"").is_none());
+        assert!(last_core_line(b"ffffffffc0200000 t p\t[bpf]\n").is_none());
+    }
 
     #[test]
     fn lines() {

@@ -38,8 +38,9 @@ pub use plan::{
 /// incompatibly (4: the ksymbol watch's steps and messages, kprobe-fill,
 /// fail-nth and failed-load; 5: a listener's CPU subset and other
 /// side-band attributes, and `close-listeners`; 6: `FinalKallsyms`; 7: the plan's `params`;
-/// 8: `ProgramRun`; 9: `PerfData`).
-pub const PROTOCOL_VERSION: u32 = 9;
+/// 8: `ProgramRun`; 9: `PerfData`; 10: `StepDone.kallsyms_ns`, and
+/// `FinalKallsyms` inside the last drain's step).
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// Raw bytes of one [`Message::PerfData`] piece: its hex fits a frame.
 pub const PERF_DATA_PIECE: usize = 384 * 1024;
@@ -244,6 +245,12 @@ pub enum Message {
     StepDone {
         index: u32,
         elapsed_ns: u64,
+        /// Of `elapsed_ns`, the time spent reading `/proc/kallsyms` (the
+        /// facts of loaded programs, waits on symbols, the last drain's
+        /// final read): the kernel's own formatting of the file, which
+        /// dominates short trials under TCG.
+        #[serde(default)]
+        kallsyms_ns: u64,
     },
     Listener(ListenerInfo),
     Prog(ProgFacts),

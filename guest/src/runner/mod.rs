@@ -51,8 +51,10 @@ pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
         // every restored copy starts with it done: the probes, then (last,
         // so that it sees what the probes left) the generated symbols.
         warm_notes.push(probes::probe_before_save());
-        let kallsyms = crate::kallsyms::read_before_save(&crate::steps::ksymwatch::CACHES)
-            .context("reading /proc/kallsyms before the save")?;
+        let (kallsyms, kallsyms_note) =
+            crate::kallsyms::read_before_save(&crate::steps::ksymwatch::CACHES)
+                .context("reading /proc/kallsyms before the save")?;
+        warm_notes.push(kallsyms_note);
         send(&Message::AwaitingPlan {
             monotonic_ns: sys::monotonic_ns(),
             warmed_up: loaded,
@@ -123,11 +125,7 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
         .iter()
         .position(|s| matches!(s, Step::SnapshotKallsyms));
     for (index, step) in plan.steps.iter().enumerate() {
-        if Some(index) == last_drain && snapshots.is_some_and(|s| s < index) {
-            send(&Message::FinalKallsyms {
-                entries: crate::steps::kallsyms::read_side_band()?,
-            })?;
-        }
+        let final_read = Some(index) == last_drain && snapshots.is_some_and(|s| s < index);
         let index = index as u32;
         init::set_current_step(Some(index));
         send(&Message::StepStart {
@@ -135,6 +133,14 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
             what: serde_json::to_string(step).expect("steps serialise"),
         })?;
         let started = Instant::now();
+        let kallsyms_before = crate::kallsyms::read_ns();
+        // Inside the drain's window, so that every second of the agent
+        // phase is some step's (the benchmark's per-step split adds up).
+        if final_read {
+            send(&Message::FinalKallsyms {
+                entries: crate::steps::kallsyms::read_side_band()?,
+            })?;
+        }
         dispatch::run_step(&mut context, index, step)?;
         context.kallsyms_at_save = None;
         // The facts of a run of loads wait for its last load, read from
@@ -149,6 +155,7 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
         send(&Message::StepDone {
             index,
             elapsed_ns: started.elapsed().as_nanos() as u64,
+            kallsyms_ns: crate::kallsyms::read_ns() - kallsyms_before,
         })?;
         init::set_current_step(None);
     }

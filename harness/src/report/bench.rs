@@ -203,12 +203,12 @@ pub fn perf_data_line(r: &crate::run::bench::PerfDataRun) -> String {
 }
 
 /// `bench --steps`: per scenario, its agent phase summed over the
-/// kernels and the steps that took it (the five longest step kinds), then
-/// the total.
+/// kernels, the guest seconds of it spent reading /proc/kallsyms and the
+/// steps that took it (the five longest step kinds), then the total.
 pub fn steps_table(rows: &[crate::run::bench::ScenarioSteps]) -> String {
     let mut out = format!(
-        "{:<28} {:>6} {:>9}  steps (guest seconds, summed over the kernels)\n",
-        "scenario", "trials", "agent s"
+        "{:<28} {:>6} {:>9} {:>10}  steps (guest seconds, summed over the kernels)\n",
+        "scenario", "trials", "agent s", "kallsyms s"
     );
     for r in rows {
         let steps: Vec<String> = r
@@ -219,19 +219,22 @@ pub fn steps_table(rows: &[crate::run::bench::ScenarioSteps]) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "{:<28} {:>6} {:>9.1}  {}",
+            "{:<28} {:>6} {:>9.1} {:>10.1}  {}",
             r.scenario,
             r.trials,
             r.agent,
+            r.kallsyms,
             steps.join(", ")
         );
     }
     let total: f64 = rows.iter().map(|r| r.agent).sum();
+    let kallsyms: f64 = rows.iter().map(|r| r.kallsyms).sum();
     let _ = writeln!(
         out,
-        "{:<28} {:>6} {total:>9.1}",
+        "{:<28} {:>6} {total:>9.1} {kallsyms:>10.1}  ({:.0}% of the agent phase read /proc/kallsyms)",
         "all",
-        rows.iter().map(|r| r.trials).sum::<usize>()
+        rows.iter().map(|r| r.trials).sum::<usize>(),
+        if total > 0.0 { 100.0 * kallsyms / total } else { 0.0 }
     );
     out
 }

@@ -185,7 +185,13 @@ impl Throughput {
         let storm_index = storm_index.ok_or(BenchError::Storm("no storm step in the messages"))?;
         let step_ns = |i: u32| {
             messages.iter().find_map(|m| match m {
-                Message::StepDone { index, elapsed_ns } if *index == i => Some(*elapsed_ns),
+                // The channel's time: a drain's final read of
+                // /proc/kallsyms is not the storm's.
+                Message::StepDone {
+                    index,
+                    elapsed_ns,
+                    kallsyms_ns,
+                } if *index == i => Some(elapsed_ns.saturating_sub(*kallsyms_ns)),
                 _ => None,
             })
         };
@@ -679,6 +685,9 @@ pub struct ScenarioSteps {
     pub agent: f64,
     /// Guest seconds per step kind, the longest first.
     pub steps: Vec<(String, f64)>,
+    /// Of the steps' guest seconds, those spent reading `/proc/kallsyms`
+    /// (whichever step read it).
+    pub kallsyms: f64,
 }
 
 /// Every scenario's [`ScenarioSteps`] of the run in `run_dir`, the
@@ -689,7 +698,7 @@ pub fn agent_steps(run_dir: &Path) -> Result<Vec<ScenarioSteps>, BenchError> {
         path: path.clone(),
         why: e.to_string(),
     })?;
-    let mut by: BTreeMap<String, (usize, f64, BTreeMap<String, f64>)> = BTreeMap::new();
+    let mut by: BTreeMap<String, (usize, f64, BTreeMap<String, f64>, f64)> = BTreeMap::new();
     for (n, line) in text.lines().enumerate() {
         let r: TrialResult = serde_json::from_str(line).map_err(|e| BenchError::Invalid {
             path: path.clone(),
@@ -703,11 +712,12 @@ pub fn agent_steps(run_dir: &Path) -> Result<Vec<ScenarioSteps>, BenchError> {
         e.1 += agent;
         for s in &r.steps {
             *e.2.entry(s.op.clone()).or_default() += s.secs;
+            e.3 += s.kallsyms_secs;
         }
     }
     let mut out: Vec<ScenarioSteps> = by
         .into_iter()
-        .map(|(scenario, (trials, agent, steps))| {
+        .map(|(scenario, (trials, agent, steps, kallsyms))| {
             let mut steps: Vec<(String, f64)> = steps.into_iter().collect();
             steps.sort_by(|a, b| b.1.total_cmp(&a.1));
             ScenarioSteps {
@@ -715,6 +725,7 @@ pub fn agent_steps(run_dir: &Path) -> Result<Vec<ScenarioSteps>, BenchError> {
                 trials,
                 agent,
                 steps,
+                kallsyms,
             }
         })
         .collect();
@@ -822,6 +833,7 @@ mod tests {
                 Message::StepDone {
                     index: 0,
                     elapsed_ns: load_ns,
+                    kallsyms_ns: load_ns / 2,
                 },
                 Message::StepStart {
                     index: 1,
@@ -830,6 +842,7 @@ mod tests {
                 Message::StepDone {
                     index: 1,
                     elapsed_ns: 2_000_000_000,
+                    kallsyms_ns: 0,
                 },
             ]
         };
@@ -856,6 +869,9 @@ mod tests {
         assert_eq!(rows[0].steps[0].0, "wait-kallsyms");
         assert!((rows[0].steps[0].1 - 4.0).abs() < 1e-9);
         assert!((rows[0].steps[1].1 - 2.0).abs() < 1e-9);
+        // Half of each load step was its read of /proc/kallsyms.
+        assert!((rows[0].kallsyms - 1.0).abs() < 1e-9);
         assert_eq!((rows[1].scenario.as_str(), rows[1].trials), ("basic", 1));
+        assert!((rows[1].kallsyms - 0.05).abs() < 1e-9);
     }
 }

@@ -175,7 +175,9 @@ fn steps(run: &ByHandRun) -> Vec<(u32, String, Option<u64>)> {
                     .map_or_else(|_| what.clone(), |s| s.one_line());
                 out.push((*index, what, None));
             }
-            Message::StepDone { index, elapsed_ns } => {
+            Message::StepDone {
+                index, elapsed_ns, ..
+            } => {
                 if let Some(s) = out.iter_mut().rev().find(|s| s.0 == *index) {
                     s.2 = Some(*elapsed_ns);
                 }
@@ -346,6 +348,7 @@ mod tests {
         run.message(Message::StepDone {
             index: 0,
             elapsed_ns: 1_500_000,
+            kallsyms_ns: 0,
         });
         run.message(Message::Listener(ListenerInfo { ..l.clone() }));
         let mut bytes = Vec::new();

@@ -280,6 +280,9 @@ pub struct StepTime {
     pub op: String,
     /// Guest seconds from its start to its end.
     pub secs: f64,
+    /// Of `secs`, the guest seconds spent reading `/proc/kallsyms`.
+    #[serde(default)]
+    pub kallsyms_secs: f64,
 }
 
 impl StepTime {
@@ -299,10 +302,15 @@ impl StepTime {
                         .unwrap_or_else(|| what.clone());
                     ops.insert(*index, op);
                 }
-                Message::StepDone { index, elapsed_ns } => out.push(StepTime {
+                Message::StepDone {
+                    index,
+                    elapsed_ns,
+                    kallsyms_ns,
+                } => out.push(StepTime {
                     index: *index,
                     op: ops.remove(index).unwrap_or_default(),
                     secs: *elapsed_ns as f64 / 1e9,
+                    kallsyms_secs: *kallsyms_ns as f64 / 1e9,
                 }),
                 _ => {}
             }
