@@ -29,6 +29,24 @@ use kloop_qemu::{GuestStart, Vm, VmConfig};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+/// Whether a trial makes its shape's saved VM when there is none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MakeSavedVm {
+    Always,
+    /// No: the run has only this many trials of a throwaway kernel (a
+    /// validate candidate, a bisection step) on this VM shape, and a saved
+    /// VM costs a boot and a save that no later run reuses, more than the
+    /// few cold boots it would spare. One already saved is still restored.
+    NotForFew(usize),
+}
+
+/// Fewer trials than this of a throwaway kernel on one VM shape boot cold
+/// rather than make a saved VM. Under TCG making one (a boot to the agent's
+/// plan request, the pre-save reads, the save) takes 8-10 s, and each
+/// restore saves a 1.5-2 s boot and about 0.5 s of /proc/kallsyms reads
+/// (see the guest's `kallsyms.rs`): about four trials pay for it.
+pub const FEW_TRIALS_FOR_A_SAVED_VM: usize = 4;
+
 /// How many saved VMs the cache keeps (least recently used go first).
 pub const KEEP_ENV: &str = "KLOOP_SAVED_VMS_KEEP";
 /// About 70–110 MB each for a 512 MiB guest: a full matrix needs 25.
@@ -129,6 +147,7 @@ impl SavedVms {
         qemu_version: &str,
         initramfs_inputs: &str,
         initramfs: &dyn Fn() -> io::Result<Vec<u8>>,
+        make: MakeSavedVm,
         interrupted: &dyn Fn() -> bool,
     ) -> Result<SavedVm, String> {
         let mut bytes = None;
@@ -158,9 +177,18 @@ impl SavedVms {
             });
         }
         let dir = self.root.join(&key);
-        let found = match read_complete(&dir) {
-            Some(vm) => Ok(vm),
-            None => {
+        let found = match (read_complete(&dir), make) {
+            (Some(vm), _) => Ok(vm),
+            // Left unrecorded in the slot: a trial of the same shape that
+            // may make it still does.
+            (None, MakeSavedVm::NotForFew(n)) => {
+                return Err(format!(
+                    "this throwaway kernel has {n} trial(s) of this VM shape in the run, and \
+                     a cold boot each costs less than a saved VM (a boot and a save) that no \
+                     later run restores"
+                ));
+            }
+            (None, MakeSavedVm::Always) => {
                 let bytes = match bytes {
                     Some(b) => Ok(b),
                     None => initramfs().map_err(|e| format!("building the initramfs: {e}")),

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use crate::run::trial::{BootMode, KernelUnderTest, LocalKernel, TrialEnv};
+use crate::run::trial::{BootMode, KernelUnderTest, LocalKernel, MakeSavedVm, TrialEnv};
 use crate::scenario::{self, Scenario};
 use kloop_kernels::{Catalog, FetchOptions, KernelCache};
 use kloop_qemu::accel::{self, AccelChoice};
@@ -465,6 +465,7 @@ pub fn run_in_order(
 ) -> Vec<crate::run::trial::TrialResult> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
+    let make = saved_vm_hints(env.cpus, trials);
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<(usize, crate::run::trial::TrialResult)>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
@@ -479,7 +480,8 @@ pub fn run_in_order(
                     } else {
                         let task = format!("trial {}", t.id());
                         crate::run::status::start(&task, &t.id());
-                        let r = crate::run::trial::run_trial(env, &t.kernel, &t.scenario);
+                        let r =
+                            crate::run::trial::run_trial_with(env, &t.kernel, &t.scenario, make[i]);
                         // The trial's line is the caller's to print (`on_result`).
                         crate::run::status::done(&task, "");
                         r
@@ -496,6 +498,46 @@ pub fn run_in_order(
     let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
     results.sort_by_key(|(i, _)| *i);
     results.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Per trial, whether it may make its shape's saved VM: not when its
+/// kernel is a throwaway one (not a pin, so no later run restores what is
+/// saved) with fewer than [`FEW_TRIALS_FOR_A_SAVED_VM`] trials in `trials`
+/// on what will be one saved VM. The grouping is by what the scenario sets
+/// of the VM shape (its `[vm]`, modules and programs) rather than by the
+/// saved VM's key, which needs the guest image built: a grouping that
+/// differs from the keys only costs time, never a verdict.
+///
+/// [`FEW_TRIALS_FOR_A_SAVED_VM`]: crate::run::saved_vm::FEW_TRIALS_FOR_A_SAVED_VM
+fn saved_vm_hints(cpus: u32, trials: &[PlannedTrial]) -> Vec<MakeSavedVm> {
+    let shape = |t: &PlannedTrial| {
+        let vm = &t.scenario.vm;
+        format!(
+            "{} | icount {} | cpus {} | cmdline {:?} | modules {:?} | programs {:?}",
+            t.kernel.id(),
+            vm.icount,
+            vm.cpus.unwrap_or(cpus),
+            vm.cmdline,
+            t.scenario.modules,
+            t.scenario.programs
+        )
+    };
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for t in trials {
+        *counts.entry(shape(t)).or_default() += 1;
+    }
+    trials
+        .iter()
+        .map(|t| {
+            let n = counts[&shape(t)];
+            let pin = matches!(t.kernel, KernelUnderTest::Pin(_));
+            if pin || n >= crate::run::saved_vm::FEW_TRIALS_FOR_A_SAVED_VM {
+                MakeSavedVm::Always
+            } else {
+                MakeSavedVm::NotForFew(n)
+            }
+        })
+        .collect()
 }
 
 fn interrupted_result(env: &TrialEnv, t: &PlannedTrial) -> crate::run::trial::TrialResult {
@@ -518,6 +560,47 @@ pub fn default_jobs() -> usize {
 #[cfg(test)]
 mod order_tests {
     use super::*;
+    use std::path::Path;
+
+    /// A validate candidate's shapes with fewer than four trials boot cold
+    /// (told how many); its larger shape and every pin's make saved VMs.
+    #[test]
+    fn only_a_throwaway_kernels_small_shapes_skip_the_saved_vm() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let catalog = kloop_kernels::Catalog::load(&root.join("kernels")).unwrap();
+        let pin = KernelUnderTest::Pin(catalog.pins()[0].clone());
+        let built = KernelUnderTest::Image(LocalKernel {
+            name: "built-0123".into(),
+            path: "/nonexistent/bzImage".into(),
+            snapshot_as: None,
+            config: None,
+            ledger_pin: None,
+        });
+        let scenario = |name: &str, vm: &str| {
+            let text = format!("description = \"x\"\n{vm}\n[[steps]]\nop = \"drain\"\n");
+            crate::scenario::Scenario::parse(name, Path::new("/s"), &text).unwrap()
+        };
+        let plain = ["a", "b", "c", "d"].map(|n| scenario(n, ""));
+        // `cpus = 2` is the run's default: the same shape as no [vm].
+        let two = scenario("e", "[vm]\ncpus = 2");
+        let icount = scenario("f", "[vm]\nicount = true");
+        let one_cpu = ["g", "h"].map(|n| scenario(n, "[vm]\ncpus = 1"));
+        let mut trials = Vec::new();
+        for kernel in [&built, &pin] {
+            for s in plain.iter().chain([&two, &icount]).chain(&one_cpu) {
+                trials.push(PlannedTrial {
+                    kernel: kernel.clone(),
+                    scenario: s.clone(),
+                });
+            }
+        }
+        let hints = saved_vm_hints(2, &trials);
+        let (built_hints, pin_hints) = hints.split_at(8);
+        assert_eq!(built_hints[..5], [MakeSavedVm::Always; 5]);
+        assert_eq!(built_hints[5], MakeSavedVm::NotForFew(1));
+        assert_eq!(built_hints[6..], [MakeSavedVm::NotForFew(2); 2]);
+        assert_eq!(pin_hints, [MakeSavedVm::Always; 8]);
+    }
 
     #[test]
     fn longest_first_puts_untimed_trials_first_then_the_slowest() {

@@ -342,10 +342,22 @@ impl std::str::FromStr for BootMode {
 /// Runs one trial to its verdict. Never panics on guest input; never leaves
 /// QEMU running.
 pub fn run_trial(env: &TrialEnv, kernel: &KernelUnderTest, scenario: &Scenario) -> TrialResult {
+    run_trial_with(env, kernel, scenario, MakeSavedVm::Always)
+}
+
+pub use crate::run::saved_vm::MakeSavedVm;
+
+/// [`run_trial`], told whether to make a missing saved VM.
+pub fn run_trial_with(
+    env: &TrialEnv,
+    kernel: &KernelUnderTest,
+    scenario: &Scenario,
+    make: MakeSavedVm,
+) -> TrialResult {
     let artefacts = claim_dir(&env.run_dir.join(kernel.id()).join(&scenario.name));
     let started = Instant::now();
     let mut result = TrialResult::new(env, kernel, scenario, Verdict::Ok, artefacts.clone());
-    result.verdict = run_inner(env, kernel, scenario, &artefacts, &mut result);
+    result.verdict = run_inner(env, (kernel, make), scenario, &artefacts, &mut result);
     result.wall_secs = started.elapsed().as_secs_f64();
     if let Some(p) = result.phases.as_mut() {
         p.host_checks = (result.wall_secs - p.prepare - p.qemu_total()).max(0.0);
@@ -358,7 +370,7 @@ pub fn run_trial(env: &TrialEnv, kernel: &KernelUnderTest, scenario: &Scenario) 
 
 fn run_inner(
     env: &TrialEnv,
-    kernel: &KernelUnderTest,
+    (kernel, make): (&KernelUnderTest, MakeSavedVm),
     scenario: &Scenario,
     artefacts: &Path,
     result: &mut TrialResult,
@@ -382,7 +394,7 @@ fn run_inner(
         let pin = matches!(kernel, KernelUnderTest::Pin(_));
         match restore(
             env,
-            (&parts, pin),
+            (&parts, pin, make),
             scenario,
             artefacts,
             trial_started,
@@ -442,7 +454,7 @@ fn boot(config: VmConfig, trial_started: Instant) -> Result<(GuestSession, f64),
 /// `result`. `Err`: why it boots cold instead.
 fn restore(
     env: &TrialEnv,
-    (parts, pin): (&guest_image::GuestParts, bool),
+    (parts, pin, make): (&guest_image::GuestParts, bool, MakeSavedVm),
     scenario: &Scenario,
     artefacts: &Path,
     trial_started: Instant,
@@ -467,6 +479,7 @@ fn restore(
             &env.qemu_version,
             &inputs,
             &initramfs,
+            make,
             &crate::run::signals::interrupted,
         )
         .map_err(|e| format!("no saved VM: {e}"))?;
