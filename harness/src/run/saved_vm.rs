@@ -138,16 +138,15 @@ impl SavedVms {
     /// now if there is none. `initramfs_inputs` names what the plan-less
     /// initramfs is built from (equal inputs, equal bytes within one run),
     /// `initramfs` builds it. `Err`: why the trial must boot cold.
-    /// `kernel`: its label and whether it is a pin (pins' saved VMs are
-    /// pruned last).
+    /// `kernel`: its label, whether it is a pin (pins' saved VMs are
+    /// pruned last) and whether a missing saved VM is made (else `Err`).
     pub fn ensure(
         &self,
-        (kernel_label, pin): (&str, bool),
+        (kernel_label, pin, make): (&str, bool, MakeSavedVm),
         shape: &VmConfig,
         qemu_version: &str,
         initramfs_inputs: &str,
         initramfs: &dyn Fn() -> io::Result<Vec<u8>>,
-        make: MakeSavedVm,
         interrupted: &dyn Fn() -> bool,
     ) -> Result<SavedVm, String> {
         let mut bytes = None;

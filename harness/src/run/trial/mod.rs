@@ -474,12 +474,11 @@ fn restore(
     let saved = env
         .saved_vms
         .ensure(
-            (&result.kernel.clone(), pin),
+            (&result.kernel.clone(), pin, make),
             &parts.vm,
             &env.qemu_version,
             &inputs,
             &initramfs,
-            make,
             &crate::run::signals::interrupted,
         )
         .map_err(|e| format!("no saved VM: {e}"))?;
