@@ -40,6 +40,30 @@ pub enum MakeSavedVm {
     NotForFew(usize),
 }
 
+/// Why a trial has no saved VM to restore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoSavedVm {
+    /// None is saved, and the trial was told not to make one
+    /// ([`MakeSavedVm::NotForFew`]): booting cold is the plan, not a fault.
+    NotMade { trials: usize },
+    /// Finding, making or restoring one failed: why.
+    Failed(String),
+}
+
+impl std::fmt::Display for NoSavedVm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoSavedVm::NotMade { trials } => write!(
+                f,
+                "this throwaway kernel has {trials} trial(s) of this VM shape in the run, and a \
+                 cold boot each costs less than a saved VM (a boot and a save) that no later \
+                 run restores"
+            ),
+            NoSavedVm::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
 /// Fewer trials than this of a throwaway kernel on one VM shape boot cold
 /// rather than make a saved VM. Under TCG making one (a boot to the agent's
 /// plan request, the pre-save reads, the save) takes 8-10 s, and each
@@ -148,14 +172,16 @@ impl SavedVms {
         initramfs_inputs: &str,
         initramfs: &dyn Fn() -> io::Result<Vec<u8>>,
         interrupted: &dyn Fn() -> bool,
-    ) -> Result<SavedVm, String> {
+    ) -> Result<SavedVm, NoSavedVm> {
+        let failed = |why: String| NoSavedVm::Failed(format!("no saved VM: {why}"));
         let mut bytes = None;
         let initramfs_sha = {
             let known = lock(&self.initramfs_digests).get(initramfs_inputs).cloned();
             match known {
                 Some(sha) => sha,
                 None => {
-                    let b = initramfs().map_err(|e| format!("building the initramfs: {e}"))?;
+                    let b =
+                        initramfs().map_err(|e| failed(format!("building the initramfs: {e}")))?;
                     let sha = hex::encode(Sha256::digest(&b));
                     lock(&self.initramfs_digests).insert(initramfs_inputs.to_string(), sha.clone());
                     bytes = Some(b);
@@ -165,28 +191,25 @@ impl SavedVms {
         };
         let kernel_sha = self
             .file_sha256(&shape.kernel)
-            .map_err(|e| format!("hashing {}: {e}", shape.kernel.display()))?;
+            .map_err(|e| failed(format!("hashing {}: {e}", shape.kernel.display())))?;
         let key = key_of(shape, qemu_version, &kernel_sha, &initramfs_sha);
         let slot = lock(&self.slots).entry(key.clone()).or_default().clone();
         let mut slot = lock(&slot);
         if let Some(known) = slot.as_ref() {
-            return known.clone().map(|mut vm| {
-                vm.created_now = false;
-                vm
-            });
+            return known
+                .clone()
+                .map(|mut vm| {
+                    vm.created_now = false;
+                    vm
+                })
+                .map_err(failed);
         }
         let dir = self.root.join(&key);
         let found = match (read_complete(&dir), make) {
             (Some(vm), _) => Ok(vm),
             // Left unrecorded in the slot: a trial of the same shape that
             // may make it still does.
-            (None, MakeSavedVm::NotForFew(n)) => {
-                return Err(format!(
-                    "this throwaway kernel has {n} trial(s) of this VM shape in the run, and \
-                     a cold boot each costs less than a saved VM (a boot and a save) that no \
-                     later run restores"
-                ));
-            }
+            (None, MakeSavedVm::NotForFew(trials)) => return Err(NoSavedVm::NotMade { trials }),
             (None, MakeSavedVm::Always) => {
                 let bytes = match bytes {
                     Some(b) => Ok(b),
@@ -208,7 +231,7 @@ impl SavedVms {
             touch(&vm.dir);
         }
         *slot = Some(found.clone());
-        found
+        found.map_err(failed)
     }
 
     /// A restore of `saved` running `plan`, its artefacts in `artefacts`
@@ -579,6 +602,62 @@ mod tests {
             start: GuestStart::Boot,
             console: Default::default(),
         }
+    }
+
+    /// Told not to make one, `ensure` makes none (no QEMU runs, nothing
+    /// is written) and says so as `NotMade`; a complete saved VM of the
+    /// same key is still found.
+    #[test]
+    fn a_trial_told_not_to_make_one_restores_only_what_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let kernel = dir.path().join("vmlinux");
+        std::fs::write(&kernel, b"kernel bytes").unwrap();
+        let shape = VmConfig {
+            kernel: kernel.clone(),
+            ..shape()
+        };
+        let cache = dir.path().join("cache");
+        let vms = SavedVms::in_cache(&cache);
+        let initramfs = || Ok(b"initramfs bytes".to_vec());
+        let ensure = |vms: &SavedVms| {
+            vms.ensure(
+                ("built-0123", false, MakeSavedVm::NotForFew(2)),
+                &shape,
+                "QEMU 7.2",
+                "inputs",
+                &initramfs,
+                &|| false,
+            )
+        };
+        assert_eq!(ensure(&vms).err(), Some(NoSavedVm::NotMade { trials: 2 }));
+        let saved = std::fs::read_dir(vms.root()).map_or(0, |d| d.count());
+        assert_eq!(saved, 0, "nothing may be made");
+
+        let key = key_of(
+            &shape,
+            "QEMU 7.2",
+            &hex::encode(Sha256::digest(b"kernel bytes")),
+            &hex::encode(Sha256::digest(b"initramfs bytes")),
+        );
+        let d = vms.root().join(&key);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("vmstate"), b"state").unwrap();
+        let meta = SavedVmMeta {
+            key: key.clone(),
+            kernel: kernel.clone(),
+            kernel_bytes: 12,
+            qemu_version: "QEMU 7.2".into(),
+            created: 0,
+            boot_to_ready_secs: 1.0,
+            save_secs: 0.5,
+            guest_uptime_secs: 1.0,
+            vmstate_bytes: 5,
+            pin: false,
+        };
+        std::fs::write(d.join("meta.json"), serde_json::to_vec(&meta).unwrap()).unwrap();
+        // The same handle: the refusal was not remembered for the key.
+        let found = ensure(&vms).unwrap();
+        assert_eq!((found.key(), found.created_now), (key.as_str(), false));
     }
 
     #[test]

@@ -404,6 +404,10 @@ fn run_inner(
                 boot_lines.push(line);
                 session = Some(restored);
             }
+            // Chosen: said in boot.txt only.
+            Err(why @ crate::run::saved_vm::NoSavedVm::NotMade { .. }) => {
+                boot_lines.push(format!("cold boot, because {why}"));
+            }
             Err(why) => {
                 // On the trial's line too: a run that silently lost its
                 // saved VMs would only be slower, and nobody would know why.
@@ -459,7 +463,8 @@ fn restore(
     artefacts: &Path,
     trial_started: Instant,
     result: &mut TrialResult,
-) -> Result<((GuestSession, f64), String), String> {
+) -> Result<((GuestSession, f64), String), crate::run::saved_vm::NoSavedVm> {
+    use crate::run::saved_vm::NoSavedVm::Failed;
     let inputs = format!(
         "agent {} | modules {:?} | payload {:?}",
         env.agent.display(),
@@ -471,17 +476,14 @@ fn restore(
             .initramfs(&env.agent, None)
             .and_then(|i| i.write_to(Vec::new()))
     };
-    let saved = env
-        .saved_vms
-        .ensure(
-            (&result.kernel.clone(), pin, make),
-            &parts.vm,
-            &env.qemu_version,
-            &inputs,
-            &initramfs,
-            &crate::run::signals::interrupted,
-        )
-        .map_err(|e| format!("no saved VM: {e}"))?;
+    let saved = env.saved_vms.ensure(
+        (&result.kernel.clone(), pin, make),
+        &parts.vm,
+        &env.qemu_version,
+        &inputs,
+        &initramfs,
+        &crate::run::signals::interrupted,
+    )?;
     let mut used = SavedVmUse {
         key: saved.key().to_string(),
         made_now: saved.created_now,
@@ -490,9 +492,9 @@ fn restore(
     let config = env
         .saved_vms
         .restore_config(&saved, &parts.vm, &scenario.plan, artefacts)
-        .map_err(|e| format!("saved VM {} unusable: {e}", saved.key()))?;
+        .map_err(|e| Failed(format!("saved VM {} unusable: {e}", saved.key())))?;
     let (session, prepare) = boot(config, trial_started)
-        .map_err(|v| v.message().unwrap_or("QEMU did not start").to_string())?;
+        .map_err(|v| Failed(v.message().unwrap_or("QEMU did not start").to_string()))?;
     if let Some(SessionEnd::RestoreFailed(why)) = &session.end {
         result.saved_vm = Some(used);
         env.saved_vms.forget(&saved, why);
@@ -503,7 +505,10 @@ fn restore(
                 artefacts.join(format!("restore-failed-{f}")),
             );
         }
-        return Err(format!("restoring saved VM {} failed: {why}", saved.key()));
+        return Err(Failed(format!(
+            "restoring saved VM {} failed: {why}",
+            saved.key()
+        )));
     }
     let line = format!(
         "restored: saved VM {} ({}){}",
