@@ -43,15 +43,20 @@ pub fn read_ns() -> u64 {
     READ_NS.load(Ordering::Relaxed)
 }
 
-/// The whole file, its reading time added to [`READ_NS`].
-fn read_file() -> Result<Vec<u8>> {
+/// `read`, its time added to [`READ_NS`].
+fn timed<T>(read: impl FnOnce() -> T) -> T {
     let started = crate::sys::monotonic_ns();
-    let bytes = std::fs::read("/proc/kallsyms").os_ctx("reading /proc/kallsyms");
+    let out = read();
     READ_NS.fetch_add(
         crate::sys::monotonic_ns().saturating_sub(started),
         Ordering::Relaxed,
     );
-    bytes
+    out
+}
+
+/// The whole file.
+fn read_file() -> Result<Vec<u8>> {
+    timed(|| std::fs::read("/proc/kallsyms").os_ctx("reading /proc/kallsyms"))
 }
 
 /// Files of /proc/kallsyms opened before the save, each already positioned
@@ -173,13 +178,8 @@ fn read_after_core() -> Result<Vec<u8>> {
             .and_then(|p| Some((p.files.pop()?, p.last_core_line.clone())))
     };
     if let Some((mut file, line)) = taken {
-        let started = crate::sys::monotonic_ns();
         let mut bytes = Vec::new();
-        let read = file.read_to_end(&mut bytes);
-        READ_NS.fetch_add(
-            crate::sys::monotonic_ns().saturating_sub(started),
-            Ordering::Relaxed,
-        );
+        let read = timed(|| file.read_to_end(&mut bytes));
         // Anything else than the core's last line first means the file
         // was not where it was put: not trusted, the whole file is read.
         if read.is_ok() && bytes.starts_with(&line) {

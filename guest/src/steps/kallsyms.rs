@@ -154,17 +154,10 @@ fn bell_listener(cpu: usize) -> ListenerInfo {
     ListenerInfo {
         index: u32::MAX,
         cpu: cpu as i32,
-        sample_type: 0,
-        sample_id_all: false,
         ksymbol: true,
-        bpf_event: false,
-        ring_bytes: 0,
-        inherit: false,
-        pid: None,
-        cpus: None,
-        side_band: Vec::new(),
-        disabled: false,
-        backward: false,
+        // Named although it is the default: the parser reads no trailer.
+        sample_id_all: false,
+        ..ListenerInfo::default()
     }
 }
 
