@@ -522,14 +522,16 @@ fn saved_vm_hints(cpus: u32, trials: &[PlannedTrial]) -> Vec<MakeSavedVm> {
             t.scenario.programs
         )
     };
-    let mut counts: HashMap<String, usize> = HashMap::new();
-    for t in trials {
-        *counts.entry(shape(t)).or_default() += 1;
+    let shapes: Vec<String> = trials.iter().map(shape).collect();
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for s in &shapes {
+        *counts.entry(s).or_default() += 1;
     }
     trials
         .iter()
-        .map(|t| {
-            let n = counts[&shape(t)];
+        .zip(&shapes)
+        .map(|(t, s)| {
+            let n = counts[s.as_str()];
             let pin = matches!(t.kernel, KernelUnderTest::Pin(_));
             if pin || n >= crate::run::saved_vm::FEW_TRIALS_FOR_A_SAVED_VM {
                 MakeSavedVm::Always

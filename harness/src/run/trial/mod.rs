@@ -14,6 +14,8 @@ mod verdict;
 pub use guest_image::{standalone_guest, StandaloneGuest};
 pub use judging::requirement_name;
 pub use verdict::*;
+// Callers choosing per trial (`suite::run_in_order`) name it from here.
+pub use crate::run::saved_vm::MakeSavedVm;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -24,7 +26,7 @@ use kloop_protocol::Message;
 use kloop_qemu::{Deadlines, GuestSession, SessionEnd, Vm, VmConfig};
 
 use crate::judge::evidence::RunEvidence;
-use crate::run::saved_vm::SavedVms;
+use crate::run::saved_vm::{NoSavedVm, SavedVms};
 use crate::scenario::Scenario;
 use kloop_kernels::{KernelCache, KernelConfig, KernelPin};
 use kloop_qemu::accel::AccelDecision;
@@ -345,8 +347,6 @@ pub fn run_trial(env: &TrialEnv, kernel: &KernelUnderTest, scenario: &Scenario) 
     run_trial_with(env, kernel, scenario, MakeSavedVm::Always)
 }
 
-pub use crate::run::saved_vm::MakeSavedVm;
-
 /// [`run_trial`], told whether to make a missing saved VM.
 pub fn run_trial_with(
     env: &TrialEnv,
@@ -405,7 +405,7 @@ fn run_inner(
                 session = Some(restored);
             }
             // Chosen: said in boot.txt only.
-            Err(why @ crate::run::saved_vm::NoSavedVm::NotMade { .. }) => {
+            Err(why @ NoSavedVm::NotMade { .. }) => {
                 boot_lines.push(format!("cold boot, because {why}"));
             }
             Err(why) => {
@@ -463,8 +463,8 @@ fn restore(
     artefacts: &Path,
     trial_started: Instant,
     result: &mut TrialResult,
-) -> Result<((GuestSession, f64), String), crate::run::saved_vm::NoSavedVm> {
-    use crate::run::saved_vm::NoSavedVm::Failed;
+) -> Result<((GuestSession, f64), String), NoSavedVm> {
+    use NoSavedVm::Failed;
     let inputs = format!(
         "agent {} | modules {:?} | payload {:?}",
         env.agent.display(),
