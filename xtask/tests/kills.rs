@@ -173,19 +173,21 @@ fn damaged_entries(cache: &Path) -> Vec<String> {
         }
     }
     for d in files("saved-vms").into_iter().filter(|d| d.is_dir()) {
-        // Complete (meta.json and a vmstate of its size) or without
-        // meta.json, which no run restores.
+        // Complete (meta.json, a vmstate and a RAM file of the sizes it
+        // names) or without meta.json, which no run restores.
         let Ok(meta) = std::fs::read(d.join("meta.json")) else {
             continue;
         };
         let meta: serde_json::Value = serde_json::from_slice(&meta).unwrap_or_default();
-        let want = meta["vmstate_bytes"].as_u64();
-        let have = std::fs::metadata(d.join("vmstate")).map(|m| m.len()).ok();
-        if want.is_none() || want != have {
-            bad.push(format!(
-                "{}: meta.json says {want:?} bytes, vmstate has {have:?}",
-                d.display()
-            ));
+        for (file, field) in [("vmstate", "vmstate_bytes"), ("ram", "ram_bytes")] {
+            let want = meta[field].as_u64();
+            let have = std::fs::metadata(d.join(file)).map(|m| m.len()).ok();
+            if want.is_none() || want != have {
+                bad.push(format!(
+                    "{}: meta.json says {want:?} bytes, {file} has {have:?}",
+                    d.display()
+                ));
+            }
         }
     }
     bad

@@ -115,15 +115,24 @@ pub enum GuestStart {
     /// A cold boot: firmware (or PVH entry), kernel, initramfs, agent.
     #[default]
     Boot,
-    /// A cold boot of an initramfs without a plan, saved to `vmstate` (QMP
-    /// `getfd` with the file, `stop`, `migrate`) when the agent says it
-    /// awaits its plan ([`crate::Vm::save_when_awaiting`]).
-    BootAndSave { vmstate: PathBuf },
-    /// QEMU restores `vmstate` (`-incoming`, same argv as the save) and,
-    /// once the guest runs again, the host writes `to_guest` (the plan
-    /// frame) to the data channel. The console log is appended to, so the
-    /// trial's `console.log` can start with the saved boot's.
-    Restore { vmstate: PathBuf, to_guest: Vec<u8> },
+    /// A cold boot of an initramfs without a plan, saved when the agent
+    /// says it awaits its plan ([`crate::Vm::save_when_awaiting`]): the
+    /// guest's RAM is the file `ram` (created, mapped shared, so it holds
+    /// the memory as the guest left it), `vmstate` the device state (QMP
+    /// `getfd` with the file, `stop`, `migrate` with `x-ignore-shared`,
+    /// which leaves the shared RAM out of the stream).
+    BootAndSave { vmstate: PathBuf, ram: PathBuf },
+    /// QEMU maps `ram` private (the guest's writes stay in this QEMU, the
+    /// file is never written) and loads `vmstate` (`-incoming defer`, then
+    /// `migrate-incoming` with `x-ignore-shared`, same argv otherwise as
+    /// the save's); once the guest runs again, the host writes `to_guest`
+    /// (the plan frame) to the data channel. The console log is appended
+    /// to, so the trial's `console.log` can start with the saved boot's.
+    Restore {
+        vmstate: PathBuf,
+        ram: PathBuf,
+        to_guest: Vec<u8>,
+    },
 }
 
 impl GuestStart {}

@@ -125,7 +125,7 @@ impl Vm {
     }
 
     fn save_inner(&mut self, interrupted: &dyn Fn() -> bool) -> Result<SaveReport, SavedVmError> {
-        let GuestStart::BootAndSave { vmstate } = &self.config.start else {
+        let GuestStart::BootAndSave { vmstate, .. } = &self.config.start else {
             return Err(SavedVmError::NotToBeSaved);
         };
         let vmstate = vmstate.clone();
@@ -266,6 +266,7 @@ impl Vm {
             .map_err(qmp_err("QMP getfd"))?;
         qmp.execute(&qapi::qmp::stop {})
             .map_err(qmp_err("QMP stop"))?;
+        ignore_shared_ram(&mut qmp)?;
         qmp.execute(&qapi::qmp::migrate {
             uri: Some(format!("fd:{SAVE_FD_NAME}")),
             channels: None,
@@ -334,6 +335,13 @@ impl Vm {
             step: "QMP handshake".into(),
             reason: qmp_io(e).to_string(),
         })?;
+        ignore_shared_ram(&mut qmp)?;
+        qmp.execute(&qapi::qmp::migrate_incoming {
+            uri: Some(format!("fd:{VMSTATE_FD}")),
+            channels: None,
+            exit_on_error: None,
+        })
+        .map_err(qmp_err("QMP migrate-incoming"))?;
         let mut last_status;
         loop {
             if interrupted() {
@@ -376,6 +384,24 @@ impl Vm {
             .write_all(&to_guest)
             .map_err(io_err("writing the plan to the data channel"))
     }
+}
+
+/// Sets `x-ignore-shared`: the saved VM's RAM is its own file (mapped
+/// shared by the save, private by a restore, see [`GuestStart`]), so the
+/// stream carries only the device state. Both sides need it: it also
+/// changes the stream's RAM section header.
+fn ignore_shared_ram<S>(qmp: &mut qapi::Qmp<S>) -> Result<(), SavedVmError>
+where
+    S: io::BufRead + io::Write,
+{
+    qmp.execute(&qapi::qmp::migrate_set_capabilities {
+        capabilities: vec![qapi::qmp::MigrationCapabilityStatus {
+            capability: qapi::qmp::MigrationCapability::x_ignore_shared,
+            state: true,
+        }],
+    })
+    .map(drop)
+    .map_err(qmp_err("QMP migrate-set-capabilities x-ignore-shared"))
 }
 
 /// Why a restoring QEMU exited, with its stderr's last line (where QEMU

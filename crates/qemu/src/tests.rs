@@ -69,6 +69,85 @@ fn argv_has_no_shell_and_escapes_commas() {
     assert!(!on_terminal.iter().any(|a| a.starts_with("file,id=console")));
 }
 
+/// A save and its restores must describe the same machine to QEMU (the
+/// RAM block's name and size are in the stream): the one RAM backend,
+/// shared for the save (the file gets the memory), private for a restore
+/// (the file is never written), nothing of it on a cold boot.
+#[test]
+fn saved_vms_keep_their_ram_in_a_file_mapped_shared_then_private() {
+    let cfg = |start: GuestStart| VmConfig {
+        qemu: "/usr/bin/qemu-system-x86_64".into(),
+        kernel: "/k/vmlinuz".into(),
+        initramfs: Some("/k/init.cpio".into()),
+        accel: Accel::Tcg,
+        cpus: 2,
+        memory_mib: 512,
+        cmdline: vec![],
+        artefacts: "/runs/a".into(),
+        deadlines: Deadlines::for_accel(Accel::Tcg),
+        data_channel: true,
+        icount: false,
+        channel_limit: DEFAULT_CHANNEL_LIMIT,
+        start,
+        console: Default::default(),
+    };
+    let argv = |start: GuestStart| -> Vec<String> {
+        cfg(start)
+            .argv(Path::new("/s/qmp.sock"), Path::new("/s/data.sock"))
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect()
+    };
+    let save = argv(GuestStart::BootAndSave {
+        vmstate: "/c/vm/vmstate.partial".into(),
+        ram: "/c/v,m/ram.partial".into(),
+    });
+    let restore = argv(GuestStart::Restore {
+        vmstate: "/c/vm/vmstate".into(),
+        ram: "/c/v,m/ram".into(),
+        to_guest: vec![1, 2],
+    });
+    let boot = argv(GuestStart::Boot);
+    let after =
+        |a: &[String], flag: &str| a.iter().position(|x| x == flag).map(|i| a[i + 1].clone());
+    assert_eq!(
+        after(&save, "-object").as_deref(),
+        Some("memory-backend-file,id=kloop-ram,size=512M,mem-path=/c/v,,m/ram.partial,share=on")
+    );
+    assert_eq!(
+        after(&restore, "-object").as_deref(),
+        Some("memory-backend-file,id=kloop-ram,size=512M,mem-path=/c/v,,m/ram,share=off")
+    );
+    for a in [&save, &restore] {
+        assert_eq!(
+            after(a, "-machine").as_deref(),
+            Some("pc,memory-backend=kloop-ram")
+        );
+        assert_eq!(after(a, "-m").as_deref(), Some("512"));
+    }
+    assert_eq!(after(&restore, "-incoming").as_deref(), Some("defer"));
+    assert_eq!(after(&save, "-incoming"), None);
+    assert_eq!(after(&boot, "-object"), None);
+    assert_eq!(after(&boot, "-machine").as_deref(), Some("pc"));
+    // Apart from the backend's file, share mode and the restore's
+    // -incoming (and the console appended to), the save and the restore
+    // are the same command line.
+    let strip = |a: &[String]| -> Vec<String> {
+        let mut out = Vec::new();
+        let mut it = a.iter();
+        while let Some(x) = it.next() {
+            match x.as_str() {
+                "-object" | "-incoming" => {
+                    it.next();
+                }
+                _ => out.push(x.replace(",append=on", "")),
+            }
+        }
+        out
+    };
+    assert_eq!(strip(&save), strip(&restore));
+}
+
 #[test]
 fn standalone_argv_needs_no_kloop() {
     let cfg = VmConfig {

@@ -73,12 +73,13 @@ pub const FEW_TRIALS_FOR_A_SAVED_VM: usize = 4;
 
 /// How many saved VMs the cache keeps (least recently used go first).
 pub const KEEP_ENV: &str = "KLOOP_SAVED_VMS_KEEP";
-/// About 70–110 MB each for a 512 MiB guest: a full matrix needs 25.
+/// About 100 MB of disk each for a 512 MiB guest (the RAM file is sparse:
+/// only the pages the guest touched take space): a full matrix needs 25.
 pub const DEFAULT_KEEP: usize = 40;
 
 /// Bumped when what a saved VM holds changes meaning (the agent's waiting
 /// protocol, the layout of the directory).
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
 
 /// How long a trial waits for another kloop process that is saving the
 /// same VM before it boots cold.
@@ -99,6 +100,8 @@ pub struct SavedVmMeta {
     pub save_secs: f64,
     pub guest_uptime_secs: f64,
     pub vmstate_bytes: u64,
+    /// The guest's RAM file (`ram`): its length, the guest's memory size.
+    pub ram_bytes: u64,
     /// Made for a kernel pin: kept over the saved VMs of throwaway kernels
     /// (validate's candidates, bisection steps, mutants), which go first.
     #[serde(default)]
@@ -121,6 +124,9 @@ impl SavedVm {
     }
     fn vmstate(&self) -> PathBuf {
         self.dir.join("vmstate")
+    }
+    fn ram(&self) -> PathBuf {
+        self.dir.join("ram")
     }
     fn initramfs(&self) -> PathBuf {
         self.dir.join("initramfs.cpio")
@@ -269,6 +275,7 @@ impl SavedVms {
             artefacts: artefacts.to_path_buf(),
             start: GuestStart::Restore {
                 vmstate: saved.vmstate(),
+                ram: saved.ram(),
                 to_guest: ToGuest::Plan { plan: plan.clone() }.to_frame(),
             },
             ..shape.clone()
@@ -311,6 +318,7 @@ impl SavedVms {
         std::fs::write(&initramfs_path, initramfs)
             .map_err(|e| format!("writing {}: {e}", initramfs_path.display()))?;
         let partial = dir.join("vmstate.partial");
+        let ram_partial = dir.join("ram.partial");
         let config = VmConfig {
             initramfs: Some(initramfs_path),
             artefacts: boot_dir,
@@ -319,6 +327,7 @@ impl SavedVms {
             deadlines: kloop_qemu::Deadlines::for_accel(shape.accel),
             start: GuestStart::BootAndSave {
                 vmstate: partial.clone(),
+                ram: ram_partial.clone(),
             },
             ..shape.clone()
         };
@@ -355,6 +364,7 @@ impl SavedVms {
                 crate::run::status::failed(&task, &format!("saving a VM failed: {why}"));
                 // Keep the boot's artefacts for the user, not the state.
                 let _ = std::fs::remove_file(&partial);
+                let _ = std::fs::remove_file(&ram_partial);
                 return Err(format!(
                     "saving a VM failed ({why}); its boot's console: {}",
                     dir.join("boot").join("console.log").display()
@@ -362,8 +372,10 @@ impl SavedVms {
             }
         };
         let vmstate = dir.join("vmstate");
-        std::fs::rename(&partial, &vmstate)
-            .map_err(|e| format!("renaming {}: {e}", partial.display()))?;
+        let ram = dir.join("ram");
+        for (from, to) in [(&partial, &vmstate), (&ram_partial, &ram)] {
+            std::fs::rename(from, to).map_err(|e| format!("renaming {}: {e}", from.display()))?;
+        }
         let meta = SavedVmMeta {
             key: key.to_string(),
             kernel: shape.kernel.clone(),
@@ -379,6 +391,7 @@ impl SavedVms {
             save_secs: report.save.as_secs_f64(),
             guest_uptime_secs: report.guest_uptime_ns as f64 / 1e9,
             vmstate_bytes: std::fs::metadata(&vmstate).map(|m| m.len()).unwrap_or(0),
+            ram_bytes: std::fs::metadata(&ram).map(|m| m.len()).unwrap_or(0),
             pin,
         };
         let json = serde_json::to_vec_pretty(&meta).map_err(|e| e.to_string())?;
@@ -417,9 +430,14 @@ impl SavedVms {
                 let meta = read_complete(&e.path()).map(|vm| vm.meta);
                 Candidate {
                     pin: meta.as_ref().is_some_and(|m| m.pin),
-                    label: meta
-                        .map(|m| m.kernel.display().to_string())
-                        .unwrap_or_else(|| "(incomplete)".into()),
+                    label: match meta {
+                        Some(m) => format!(
+                            "{} of {}",
+                            if m.pin { "a pin" } else { "a throwaway kernel" },
+                            m.kernel.display()
+                        ),
+                        None => "incomplete, or made by an older kloop".into(),
+                    },
                     used,
                     dir: e.path(),
                 }
@@ -437,9 +455,8 @@ impl SavedVms {
                 crate::run::status::done(
                     &format!("saved-vm-prune {}", c.dir.display()),
                     &format!(
-                        "removed the saved VM {} ({} of {}, least recently used past {KEEP_ENV}={limit})",
+                        "removed the saved VM {} ({}, least recently used past {KEEP_ENV}={limit})",
                         c.dir.display(),
-                        if c.pin { "a pin" } else { "a throwaway kernel" },
                         c.label
                     ),
                 );
@@ -520,11 +537,14 @@ fn read_complete(dir: &Path) -> Option<SavedVm> {
     let meta: SavedVmMeta =
         serde_json::from_slice(&std::fs::read(dir.join("meta.json")).ok()?).ok()?;
     let state = std::fs::metadata(dir.join("vmstate")).ok()?;
-    (state.len() == meta.vmstate_bytes).then(|| SavedVm {
-        dir: dir.to_path_buf(),
-        meta,
-        created_now: false,
-    })
+    let ram = std::fs::metadata(dir.join("ram")).ok()?;
+    (state.len() == meta.vmstate_bytes && ram.len() == meta.ram_bytes && meta.ram_bytes > 0).then(
+        || SavedVm {
+            dir: dir.to_path_buf(),
+            meta,
+            created_now: false,
+        },
+    )
 }
 
 /// Marks a saved VM used now (pruning goes by this file's mtime).
@@ -642,6 +662,7 @@ mod tests {
         let d = vms.root().join(&key);
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(d.join("vmstate"), b"state").unwrap();
+        std::fs::write(d.join("ram"), b"guest memory").unwrap();
         let meta = SavedVmMeta {
             key: key.clone(),
             kernel: kernel.clone(),
@@ -652,6 +673,7 @@ mod tests {
             save_secs: 0.5,
             guest_uptime_secs: 1.0,
             vmstate_bytes: 5,
+            ram_bytes: 12,
             pin: false,
         };
         std::fs::write(d.join("meta.json"), serde_json::to_vec(&meta).unwrap()).unwrap();
@@ -760,14 +782,24 @@ mod tests {
             save_secs: 0.5,
             guest_uptime_secs: 1.0,
             vmstate_bytes: 6,
+            ram_bytes: 4,
             pin: true,
         };
         std::fs::write(d.join("meta.json"), serde_json::to_vec(&meta).unwrap()).unwrap();
+        std::fs::write(d.join("ram"), b"1234").unwrap();
         assert!(
             read_complete(&d).is_none(),
             "vmstate shorter than meta says"
         );
         std::fs::write(d.join("vmstate"), b"123456").unwrap();
+        std::fs::remove_file(d.join("ram")).unwrap();
+        assert!(read_complete(&d).is_none(), "no RAM file");
+        std::fs::write(d.join("ram"), b"12").unwrap();
+        assert!(
+            read_complete(&d).is_none(),
+            "RAM file shorter than meta says"
+        );
+        std::fs::write(d.join("ram"), b"1234").unwrap();
         assert_eq!(read_complete(&d).map(|v| v.meta), Some(meta));
     }
 }
