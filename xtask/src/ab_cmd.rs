@@ -8,7 +8,7 @@ use kloop::run::suite::{self, EnvOptions, Layout, Selection};
 use kloop::run::trial::{KernelUnderTest, LocalKernel};
 use kloop::run::validate;
 use kloop::session::ab::{AbOptions, Event};
-use kloop_kernels::build::{BuildRequest, BuiltKernel};
+use kloop_kernels::build::BuiltKernel;
 use kloop_kernels::Catalog;
 
 use crate::*;
@@ -58,7 +58,22 @@ fn run_and_print_ab(
     opts: &AbOptions,
 ) -> Result<AbRun> {
     start_trials();
-    let ab = kloop::session::ab::run(layout, baseline, candidate, opts, &|e| match e {
+    let ab = kloop::session::ab::run(layout, baseline, candidate, opts, &print_event)?;
+    let colour = kloop::report::ab::Colour::for_stdout();
+    let table = kloop::report::ab::render(&ab.baseline, &ab.candidate, &ab.outcomes, colour);
+    println!("\n{table}");
+    println!(
+        "kloop: A/B in {:.1} s ({}); report {}",
+        ab.secs,
+        ab.accel,
+        ab.json.display()
+    );
+    Ok(ab)
+}
+
+/// What an A/B run says, as lines on stdout.
+fn print_event(e: Event<'_>) {
+    match e {
         Event::Started {
             accel,
             baseline,
@@ -73,21 +88,13 @@ fn run_and_print_ab(
         }
         Event::Note(text) => println!("kloop: {text}"),
         Event::Trial(r) => println!("{}", kloop::report::trial_line(r)),
-    })?;
-    let colour = kloop::report::ab::Colour::for_stdout();
-    let table = kloop::report::ab::render(&ab.baseline, &ab.candidate, &ab.outcomes, colour);
-    println!("\n{table}");
-    println!(
-        "kloop: A/B in {:.1} s ({}); report {}",
-        ab.secs,
-        ab.accel,
-        ab.json.display()
-    );
-    Ok(ab)
+    }
 }
 
 /// `validate`: the source built without and with the patches (both
-/// cached), then the A/B.
+/// cached), then the A/B. While the candidate builds, the baseline's
+/// trials that no earlier run kept run and are kept, so the A/B runs only
+/// the candidate's.
 pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
     let started = std::time::Instant::now();
     let layout = layout();
@@ -109,24 +116,49 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
         println!("kloop: validate: expecting fixed: {}", expected.join(", "));
     }
     let building = std::time::Instant::now();
-    let (baseline, candidate) = match build_pair(&base_req, &patches) {
-        Ok(pair) => pair,
+    let what = base_req.source.label();
+    let baseline = match build_kernel(&base_req, &format!("baseline: {what}")) {
+        Ok(k) => k,
         Err(code) => return Ok(code),
     };
+    let catalog = Catalog::load(&layout.kernels())?;
+    let local = |k: &BuiltKernel| KernelUnderTest::Image(LocalKernel::built(k, None, &catalog));
+    let opts = validate_ab_options(&a);
+    let baseline_kernel = local(&baseline);
+    let names: Vec<String> = patches.iter().map(|p| p.display().to_string()).collect();
+    let cand_req = base_req.with_patches(patches.clone());
+    let (candidate, early) = std::thread::scope(|s| {
+        let early = opts.reuse_baseline.then(|| {
+            s.spawn(|| {
+                start_trials();
+                kloop::session::ab::keep_baseline(&layout, &baseline_kernel, &opts, &print_event)
+            })
+        });
+        let candidate = build_kernel(
+            &cand_req,
+            &format!("candidate: {what} + {}", names.join(" + ")),
+        );
+        if candidate.is_err() && early.is_some() {
+            println!(
+                "kloop: validate: waiting for the baseline's trials to end (kept for the next \
+                 validate) before reporting the candidate's build"
+            );
+        }
+        let early = early.map(|h| h.join().expect("the baseline's trials do not panic"));
+        (candidate, early)
+    });
+    let candidate = match candidate {
+        Ok(k) => k,
+        Err(code) => return Ok(code),
+    };
+    let early = early.transpose()?.unwrap_or_default();
     let builds = (
         building.elapsed().as_secs_f64(),
         baseline.cached,
         candidate.cached,
     );
-    let catalog = Catalog::load(&layout.kernels())?;
-    let local = |k: &BuiltKernel| KernelUnderTest::Image(LocalKernel::built(k, None, &catalog));
     let ab_started = std::time::Instant::now();
-    let ab = run_and_print_ab(
-        &layout,
-        &local(&baseline),
-        &local(&candidate),
-        &validate_ab_options(&a),
-    )?;
+    let ab = run_and_print_ab(&layout, &baseline_kernel, &local(&candidate), &opts)?;
     if ab.interrupted() {
         println!("kloop: validate: INTERRUPTED: the run was stopped before every trial ended; nothing is judged or recorded");
         return Ok(ExitCode::FAILURE);
@@ -146,7 +178,8 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
         builds,
         ab_started.elapsed().as_secs_f64(),
         &ab,
-    );
+    )
+    .with_early_baseline(early);
     timing.write(&ab.run_dir).with_context(|| {
         format!(
             "writing {} in {}",
@@ -172,20 +205,4 @@ fn validate_ab_options(a: &ValidateArgs) -> AbOptions {
         shard: None,
         reuse_baseline: !a.rerun_baseline,
     }
-}
-
-/// The source built without and with `patches` (each cached by its
-/// inputs); `Err`: the exit code of the build that failed.
-fn build_pair(
-    base_req: &BuildRequest,
-    patches: &[std::path::PathBuf],
-) -> std::result::Result<(BuiltKernel, BuiltKernel), ExitCode> {
-    let what = base_req.source.label();
-    let baseline = build_kernel(base_req, &format!("baseline: {what}"))?;
-    let names: Vec<String> = patches.iter().map(|p| p.display().to_string()).collect();
-    let candidate = build_kernel(
-        &base_req.with_patches(patches.to_vec()),
-        &format!("candidate: {what} + {}", names.join(" + ")),
-    )?;
-    Ok((baseline, candidate))
 }

@@ -245,12 +245,13 @@ pub fn validate_table(rounds: &[crate::run::bench::ValidateRound]) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{:<4} {:>8} {:>5} {:>8} {:>10} {:>8} {:>20} {:>12} {:>9}",
+        "{:<4} {:>8} {:>5} {:>8} {:>10} {:>14} {:>8} {:>20} {:>12} {:>9}",
         "run",
         "wall s",
         "exit",
         "build s",
         "candidate",
+        "baseline",
         "A/B s",
         "baseline",
         "candidate",
@@ -258,8 +259,8 @@ pub fn validate_table(rounds: &[crate::run::bench::ValidateRound]) -> String {
     );
     let _ = writeln!(
         o,
-        "{:<4} {:>8} {:>5} {:>8} {:>10} {:>8} {:>20} {:>12} {:>9}",
-        "", "", "", "", "build", "", "trial-s", "trial-s", ""
+        "{:<4} {:>8} {:>5} {:>8} {:>10} {:>14} {:>8} {:>20} {:>12} {:>9}",
+        "", "", "", "", "build", "during build", "", "trial-s", "trial-s", ""
     );
     for (i, r) in rounds.iter().enumerate() {
         let exit = r.exit.map_or("signal".to_string(), |c| c.to_string());
@@ -267,7 +268,7 @@ pub fn validate_table(rounds: &[crate::run::bench::ValidateRound]) -> String {
             Ok(t) => {
                 let _ = writeln!(
                     o,
-                    "{:<4} {:>8.1} {:>5} {:>8.1} {:>10} {:>8.1} {:>20} {:>12} {:>9.1}",
+                    "{:<4} {:>8.1} {:>5} {:>8.1} {:>10} {:>14} {:>8.1} {:>20} {:>12} {:>9.1}",
                     i + 1,
                     r.secs,
                     exit,
@@ -277,6 +278,7 @@ pub fn validate_table(rounds: &[crate::run::bench::ValidateRound]) -> String {
                     } else {
                         "built"
                     },
+                    format!("{} in {:.1} s", t.early_baseline.ran, t.early_baseline.secs),
                     t.ab_secs,
                     format!(
                         "{:.1} ({}/{} reused)",

@@ -188,6 +188,76 @@ pub fn run(
     })
 }
 
+/// What [`keep_baseline`] did: how many of the baseline's trials were
+/// kept already, how many ran now (and were kept when settled), and their
+/// wall time.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+pub struct KeptBaseline {
+    pub already: usize,
+    pub ran: usize,
+    pub secs: f64,
+}
+
+/// Runs the trials of `scenarios` on `baseline` whose results are not kept
+/// yet ([`crate::run::reuse`]) and keeps the settled ones, so that an A/B
+/// started afterwards with the same kloop, kernel and scenarios reuses
+/// them. `validate` calls it while the candidate compiles: the baseline's
+/// trials need only the baseline's kernel, and its serial link steps leave
+/// a core free. The trials run in a run directory of their own; `on_start`
+/// hears its environment when there is anything to run.
+pub fn keep_baseline(
+    layout: &crate::run::suite::Layout,
+    baseline: &KernelUnderTest,
+    scenarios: &[Scenario],
+    opts: &crate::run::suite::EnvOptions,
+    jobs: usize,
+    on_start: &dyn Fn(&crate::run::trial::TrialEnv),
+    on_result: &(dyn Fn(&TrialResult) + Sync),
+) -> Result<KeptBaseline, crate::run::suite::SuiteError> {
+    use crate::run::reuse::{KernelKey, ReuseStore};
+    let started = std::time::Instant::now();
+    let env = crate::run::suite::prepare_env(layout, opts, std::slice::from_ref(baseline))?;
+    let store = ReuseStore::beside(&layout.runs());
+    let ledger = layout.kernels().join(crate::judge::known_issues::FILE_NAME);
+    let ledger_text = std::fs::read_to_string(ledger).unwrap_or_default();
+    let Some(base) = KernelKey::of(&env, &ledger_text, baseline) else {
+        // Nothing can be kept (a blessing run, an unreadable input): the
+        // A/B runs the baseline itself.
+        return Ok(KeptBaseline::default());
+    };
+    let mut to_run = Vec::new();
+    let mut already = 0;
+    for s in scenarios {
+        let Some(key) = base.for_scenario(s) else {
+            continue;
+        };
+        if store.holds(&key) {
+            already += 1;
+        } else {
+            to_run.push((
+                PlannedTrial {
+                    kernel: baseline.clone(),
+                    scenario: s.clone(),
+                },
+                key,
+            ));
+        }
+    }
+    if !to_run.is_empty() {
+        on_start(&env);
+        let planned: Vec<PlannedTrial> = to_run.iter().map(|(t, _)| t.clone()).collect();
+        let ran = crate::run::suite::run_all(&env, &planned, jobs, on_result);
+        for ((_, key), r) in to_run.iter().zip(&ran) {
+            store.keep(key, r);
+        }
+    }
+    Ok(KeptBaseline {
+        already,
+        ran: to_run.len(),
+        secs: started.elapsed().as_secs_f64(),
+    })
+}
+
 /// [`run`]'s trials with the baseline's kept results reused (the baseline
 /// trials are the even ones of [`trials`]); the results in `trials`' order.
 fn run_reusing_baseline(
@@ -225,7 +295,21 @@ fn run_reusing_baseline(
     }
     let to_run: Vec<usize> = (0..trials.len()).filter(|&i| done[i].is_none()).collect();
     let planned: Vec<PlannedTrial> = to_run.iter().map(|&i| trials[i].clone()).collect();
-    let ran = crate::run::suite::run_all(env, &planned, jobs, on_result);
+    // The slowest first, so that two VMs end together: a candidate has no
+    // past of its own, and its scenario's reused baseline trial is the
+    // best guess of its length (trials without one go first).
+    let past: std::collections::HashMap<String, f64> = planned
+        .iter()
+        .filter_map(|t| {
+            let reused = done
+                .iter()
+                .flatten()
+                .find(|r| r.scenario == t.scenario.name)?;
+            Some((t.id(), reused.wall_secs))
+        })
+        .collect();
+    let order = crate::run::suite::longest_first(&planned, &past);
+    let ran = crate::run::suite::run_in_order(env, &planned, &order, jobs, on_result);
     for (i, r) in to_run.into_iter().zip(ran) {
         done[i] = Some(r);
     }

@@ -109,6 +109,11 @@ impl ReuseStore {
         Some(r)
     }
 
+    /// Whether a result is kept under `key`.
+    pub fn holds(&self, key: &str) -> bool {
+        self.dir.join(key).join(RESULT_FILE).is_file()
+    }
+
     /// Keeps `r` under `key` when its outcome is settled; a failure to keep
     /// it costs only the next run's time, so it is logged, not returned.
     pub fn keep(&self, key: &str, r: &TrialResult) {
@@ -253,6 +258,9 @@ mod tests {
             assert!(store.take(key, &runs.join("7-8/x")).is_none(), "{key} kept");
         }
         assert!(store.take("never", &runs.join("9/x")).is_none());
+        // What `keep_baseline` asks before running a trial: kept or not.
+        assert!(store.holds("k1"));
+        assert!(!store.holds("k2") && !store.holds("k3") && !store.holds("never"));
         // Nothing half-written is left beside the entries.
         let names: Vec<_> = std::fs::read_dir(target.path().join("reuse"))
             .unwrap()

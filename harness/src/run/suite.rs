@@ -4,7 +4,7 @@
 //! can enumerate trials without touching QEMU; preparing the environment
 //! builds the agent, finds QEMU and decides the accelerator once per run.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use crate::run::trial::{BootMode, KernelUnderTest, LocalKernel, MakeSavedVm, TrialEnv};
@@ -463,17 +463,17 @@ pub fn run_in_order(
     jobs: usize,
     on_result: &(dyn Fn(&crate::run::trial::TrialResult) + Sync),
 ) -> Vec<crate::run::trial::TrialResult> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
-    let make = saved_vm_hints(env.cpus, trials);
-    let next = AtomicUsize::new(0);
+    let shapes = shape_keys(env.cpus, trials);
+    let make = saved_vm_hints(trials, &shapes);
+    let queue = Mutex::new(Queue::new(order, &shapes, &make));
     let results: Mutex<Vec<(usize, crate::run::trial::TrialResult)>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..jobs.max(1).min(trials.len().max(1)) {
             s.spawn(|| {
-                while let Some((i, t)) = order
-                    .get(next.fetch_add(1, Ordering::SeqCst))
-                    .and_then(|&i| Some((i, trials.get(i)?)))
+                while let Some((i, t)) = locked(&queue)
+                    .next()
+                    .and_then(|i| Some((i, trials.get(i)?)))
                 {
                     let r = if crate::run::signals::interrupted() {
                         interrupted_result(env, t)
@@ -486,6 +486,7 @@ pub fn run_in_order(
                         crate::run::status::done(&task, "");
                         r
                     };
+                    locked(&queue).ended(i);
                     on_result(&r);
                     results
                         .lock()
@@ -500,16 +501,74 @@ pub fn run_in_order(
     results.into_iter().map(|(_, r)| r).collect()
 }
 
-/// Per trial, whether it may make its shape's saved VM: not when its
-/// kernel is a throwaway one (not a pin, so no later run restores what is
-/// saved) with fewer than [`FEW_TRIALS_FOR_A_SAVED_VM`] trials in `trials`
-/// on what will be one saved VM. The grouping is by what the scenario sets
-/// of the VM shape (its `[vm]`, modules and programs) rather than by the
+/// `m`, also after a thread panicked holding it (what it guards stays
+/// consistent: every change is one call).
+fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The trials not started yet, in the order asked for, except that a
+/// trial does not start while the first trial of its VM shape, which may
+/// be making the shape's saved VM, still runs, as long as another trial
+/// can start instead: otherwise a second VM would sit in the saved VM's
+/// lock for the whole boot and save (4-15 s under TCG) that the first one
+/// pays, which is most of a fresh kernel's first trials (a `validate`
+/// candidate's, a first matrix's). Only order changes, never a trial.
+struct Queue<'a> {
+    waiting: Vec<usize>,
+    shapes: &'a [String],
+    /// Shapes whose first trial has started.
+    seen: HashSet<&'a str>,
+    /// Shapes whose first trial runs now, which may be making their saved
+    /// VM (only those whose trials may make one: [`MakeSavedVm::Always`]).
+    making: HashMap<&'a str, usize>,
+    make: &'a [MakeSavedVm],
+}
+
+impl<'a> Queue<'a> {
+    fn new(order: &[usize], shapes: &'a [String], make: &'a [MakeSavedVm]) -> Queue<'a> {
+        Queue {
+            waiting: order.to_vec(),
+            shapes,
+            seen: HashSet::new(),
+            making: HashMap::new(),
+            make,
+        }
+    }
+
+    /// The trial to start next: the first waiting one whose shape is not
+    /// being made, else the first waiting one.
+    fn next(&mut self) -> Option<usize> {
+        let free = |i: &usize| {
+            self.shapes
+                .get(*i)
+                .is_none_or(|s| !self.making.contains_key(s.as_str()))
+        };
+        let at = self.waiting.iter().position(free).or_else(|| {
+            // Everything left waits for a saved VM being made: one more
+            // waiter costs no more than an idle VM.
+            (!self.waiting.is_empty()).then_some(0)
+        })?;
+        let i = self.waiting.remove(at);
+        if let Some(shape) = self.shapes.get(i) {
+            if self.seen.insert(shape) && self.make.get(i) == Some(&MakeSavedVm::Always) {
+                self.making.insert(shape, i);
+            }
+        }
+        Some(i)
+    }
+
+    /// Trial `i` ended: its shape's saved VM is made (or will not be).
+    fn ended(&mut self, i: usize) {
+        self.making.retain(|_, first| *first != i);
+    }
+}
+
+/// Per trial, what the scenario sets of its VM shape (its kernel, `[vm]`,
+/// modules and programs): trials with equal keys share a saved VM. Not the
 /// saved VM's key, which needs the guest image built: a grouping that
 /// differs from the keys only costs time, never a verdict.
-///
-/// [`FEW_TRIALS_FOR_A_SAVED_VM`]: crate::run::saved_vm::FEW_TRIALS_FOR_A_SAVED_VM
-fn saved_vm_hints(cpus: u32, trials: &[PlannedTrial]) -> Vec<MakeSavedVm> {
+fn shape_keys(cpus: u32, trials: &[PlannedTrial]) -> Vec<String> {
     let shape = |t: &PlannedTrial| {
         let vm = &t.scenario.vm;
         format!(
@@ -522,14 +581,24 @@ fn saved_vm_hints(cpus: u32, trials: &[PlannedTrial]) -> Vec<MakeSavedVm> {
             t.scenario.programs
         )
     };
-    let shapes: Vec<String> = trials.iter().map(shape).collect();
+    trials.iter().map(shape).collect()
+}
+
+/// Per trial, whether it may make its shape's saved VM (`shapes` from
+/// [`shape_keys`]): not when its kernel is a throwaway one (not a pin, so
+/// no later run restores what is saved) with fewer than
+/// [`FEW_TRIALS_FOR_A_SAVED_VM`] trials in `trials` on what will be one
+/// saved VM.
+///
+/// [`FEW_TRIALS_FOR_A_SAVED_VM`]: crate::run::saved_vm::FEW_TRIALS_FOR_A_SAVED_VM
+fn saved_vm_hints(trials: &[PlannedTrial], shapes: &[String]) -> Vec<MakeSavedVm> {
     let mut counts: HashMap<&str, usize> = HashMap::new();
-    for s in &shapes {
+    for s in shapes {
         *counts.entry(s).or_default() += 1;
     }
     trials
         .iter()
-        .zip(&shapes)
+        .zip(shapes)
         .map(|(t, s)| {
             let n = counts[s.as_str()];
             let pin = matches!(t.kernel, KernelUnderTest::Pin(_));
@@ -596,12 +665,38 @@ mod order_tests {
                 });
             }
         }
-        let hints = saved_vm_hints(2, &trials);
+        let hints = saved_vm_hints(&trials, &shape_keys(2, &trials));
         let (built_hints, pin_hints) = hints.split_at(8);
         assert_eq!(built_hints[..5], [MakeSavedVm::Always; 5]);
         assert_eq!(built_hints[5], MakeSavedVm::NotForFew(1));
         assert_eq!(built_hints[6..], [MakeSavedVm::NotForFew(2); 2]);
         assert_eq!(pin_hints, [MakeSavedVm::Always; 8]);
+    }
+
+    /// A second VM does not queue behind a saved VM being made while
+    /// trials of other shapes wait; with nothing else left it does; a
+    /// shape whose trials may not make one (a throwaway kernel's few) and a
+    /// shape whose first trial ended hold nothing back.
+    #[test]
+    fn trials_do_not_wait_on_a_saved_vm_being_made_while_others_can_start() {
+        let shapes: Vec<String> = ["a", "a", "b", "a", "c", "c"].map(String::from).to_vec();
+        let mut make = vec![MakeSavedVm::Always; 6];
+        make[4] = MakeSavedVm::NotForFew(2);
+        make[5] = MakeSavedVm::NotForFew(2);
+        let mut q = Queue::new(&[0, 1, 2, 3, 4, 5], &shapes, &make);
+        assert_eq!(q.next(), Some(0), "a's first trial may make a's saved VM");
+        assert_eq!(q.next(), Some(2), "not 1: a is being made; b's first");
+        assert_eq!(q.next(), Some(4), "c boots cold: nothing to wait for");
+        assert_eq!(q.next(), Some(5), "and its second does not wait either");
+        assert_eq!(q.next(), Some(1), "only a's trials are left: one waits");
+        q.ended(0);
+        assert_eq!(q.next(), Some(3));
+        assert_eq!(q.next(), None);
+        // Once a shape's first trial ended, its others go in order.
+        let mut q = Queue::new(&[1, 0, 3], &shapes, &make);
+        assert_eq!(q.next(), Some(1));
+        q.ended(1);
+        assert_eq!((q.next(), q.next()), (Some(0), Some(3)));
     }
 
     #[test]

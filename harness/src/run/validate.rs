@@ -83,6 +83,10 @@ pub struct Timing {
     pub report_secs: f64,
     pub baseline: SideTiming,
     pub candidate: SideTiming,
+    /// The baseline's trials that ran while the candidate built (part of
+    /// `build_secs`), kept for the A/B, which then reused them.
+    #[serde(default)]
+    pub early_baseline: crate::run::ab::KeptBaseline,
 }
 
 /// One side of the A/B: its trials, how many were reused from an earlier
@@ -128,6 +132,15 @@ impl Timing {
             report_secs: (since_ab - ab.secs).max(0.0),
             baseline: SideTiming::of(ab, &ab.baseline),
             candidate: SideTiming::of(ab, &ab.candidate),
+            early_baseline: Default::default(),
+        }
+    }
+
+    /// With what ran of the baseline while the candidate built.
+    pub fn with_early_baseline(self, early: crate::run::ab::KeptBaseline) -> Timing {
+        Timing {
+            early_baseline: early,
+            ..self
         }
     }
 
@@ -135,11 +148,13 @@ impl Timing {
     pub fn line(&self) -> String {
         let how = |cached: bool| if cached { "cached" } else { "built" };
         format!(
-            "validate took {:.1} s: builds {:.1} s (baseline {}, candidate {}), A/B {:.1} s (baseline: {} of {} trials reused, {:.1} trial-s run; candidate: {} trials, {:.1} trial-s), reports {:.1} s",
+            "validate took {:.1} s: builds {:.1} s (baseline {}, candidate {}; meanwhile {} baseline trial(s) ran, {:.1} s), A/B {:.1} s (baseline: {} of {} trials reused, {:.1} trial-s run; candidate: {} trials, {:.1} trial-s), reports {:.1} s",
             self.total_secs,
             self.build_secs,
             how(self.baseline_cached),
             how(self.candidate_cached),
+            self.early_baseline.ran,
+            self.early_baseline.secs,
             self.ab_secs,
             self.baseline.reused,
             self.baseline.trials,
@@ -231,6 +246,11 @@ mod timing_tests {
                 reused: 0,
                 trial_secs: 55.5,
             },
+            early_baseline: crate::run::ab::KeptBaseline {
+                already: 38,
+                ran: 3,
+                secs: 4.25,
+            },
         };
         let dir = tempfile::tempdir().unwrap();
         t.write(dir.path()).unwrap();
@@ -238,9 +258,15 @@ mod timing_tests {
         assert_eq!(read(dir.path()).unwrap(), t);
         assert_eq!(
             t.line(),
-            "validate took 61.5 s: builds 30.2 s (baseline cached, candidate built), A/B 29.0 s \
+            "validate took 61.5 s: builds 30.2 s (baseline cached, candidate built; meanwhile 3 \
+             baseline trial(s) ran, 4.2 s), A/B 29.0 s \
              (baseline: 41 of 41 trials reused, 0.0 trial-s run; candidate: 41 trials, 55.5 trial-s), reports 1.5 s"
         );
+        // A file from before the early baseline reads with none.
+        let mut old: serde_json::Value = serde_json::to_value(&t).unwrap();
+        old.as_object_mut().unwrap().remove("early_baseline");
+        std::fs::write(dir.path().join(Timing::FILE), old.to_string()).unwrap();
+        assert_eq!(read(dir.path()).unwrap().early_baseline, Default::default());
         std::fs::write(dir.path().join(Timing::FILE), "{").unwrap();
         assert!(matches!(
             read(dir.path()),

@@ -121,6 +121,37 @@ pub fn run(
     Ok(ab)
 }
 
+/// The baseline's trials of the chosen scenarios that are not kept yet,
+/// run and kept ([`crate::run::ab::keep_baseline`]) so that the A/B started
+/// next reuses them; `validate` runs this while the candidate compiles.
+/// Ignores `opts.shard` and `opts.reuse_baseline` (the caller asks only
+/// when reusing).
+pub fn keep_baseline(
+    layout: &crate::run::suite::Layout,
+    baseline: &KernelUnderTest,
+    opts: &AbOptions,
+    on: &(dyn Fn(Event<'_>) + Sync),
+) -> Result<crate::run::ab::KeptBaseline, AbError> {
+    use crate::run::suite;
+    let all = crate::scenario::load_all(&layout.scenarios()).map_err(suite::SuiteError::from)?;
+    let chosen = crate::scenario::select(&all, &opts.scenarios).map_err(suite::SuiteError::from)?;
+    let name = baseline.id();
+    Ok(crate::run::ab::keep_baseline(
+        layout,
+        baseline,
+        &chosen,
+        &opts.env,
+        opts.jobs,
+        &|env| {
+            on(Event::Note(format!(
+                "running the baseline's trials that no earlier run kept while the candidate                  builds ({name}; artefacts in {})",
+                env.run_dir.display()
+            )))
+        },
+        &|r| on(Event::Trial(r)),
+    )?)
+}
+
 /// The reports of a finished A/B in its run directory.
 fn write_reports(
     layout: &crate::run::suite::Layout,
