@@ -471,10 +471,14 @@ pub fn run_in_order(
     std::thread::scope(|s| {
         for _ in 0..jobs.max(1).min(trials.len().max(1)) {
             s.spawn(|| {
-                while let Some((i, t)) = locked(&queue)
-                    .next()
-                    .and_then(|i| Some((i, trials.get(i)?)))
-                {
+                loop {
+                    // Its own statement: the queue's guard must be dropped
+                    // before the trial runs (a `while let` would hold it for
+                    // the whole body, and `ended` below would deadlock).
+                    let next = locked(&queue).next();
+                    let Some((i, t)) = next.and_then(|i| Some((i, trials.get(i)?))) else {
+                        break;
+                    };
                     let r = if crate::run::signals::interrupted() {
                         interrupted_result(env, t)
                     } else {
