@@ -307,8 +307,125 @@ pub fn check_survival(
     out
 }
 
+/// The files of `tree` that decide what `make <base>` and `olddefconfig`
+/// write into `.config` for x86: every `Kconfig*` file outside other
+/// architectures, `Documentation/` and `tools/`, kconfig itself
+/// (`scripts/kconfig/`), the configuration fragments the base targets
+/// merge (`kernel/configs/`, `arch/x86/configs/`) and the top `Makefile`
+/// (the version in `.config`'s header). Sorted by path.
+fn kconfig_inputs(tree: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![(tree.to_path_buf(), false)];
+    while let Some((dir, all)) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            let Ok(ft) = e.file_type() else { continue };
+            if ft.is_dir() {
+                let skip = name.starts_with('.')
+                    || name == "Documentation"
+                    || name == "tools"
+                    || (dir.ends_with("arch") && name != "x86");
+                let whole = all
+                    || path.ends_with("scripts/kconfig")
+                    || path.ends_with("kernel/configs")
+                    || path.ends_with("arch/x86/configs");
+                if !skip {
+                    todo.push((path, whole));
+                }
+            } else if ft.is_file()
+                && (all || name.starts_with("Kconfig") || (dir == tree && name == "Makefile"))
+            {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// What a configured output directory was configured from: `tree`'s
+/// kconfig inputs ([`kconfig_inputs`], paths relative to the tree and
+/// contents) and `settings` (the base target, the fragments' hashes, the
+/// versions of the tools whose answers Kconfig records). Equal stamps
+/// give the same `.config` (kconfig reads nothing else), so `build` need
+/// not run the two configuring `make`s again in that directory; a patch
+/// that touches a Kconfig file changes the stamp.
+pub(super) fn config_stamp(tree: &Path, settings: &[&str]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for s in settings {
+        h.update((s.len() as u64).to_le_bytes());
+        h.update(s.as_bytes());
+    }
+    for path in kconfig_inputs(tree) {
+        let rel = path.strip_prefix(tree).unwrap_or(&path);
+        let bytes = std::fs::read(&path).unwrap_or_default();
+        h.update(rel.to_string_lossy().as_bytes());
+        h.update([0]);
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(&bytes);
+    }
+    hex::encode(h.finalize())
+}
+
 #[cfg(test)]
 mod tests {
+    /// The stamp follows every input kconfig reads and nothing else: a
+    /// Kconfig anywhere (but another architecture's), kconfig's own
+    /// sources, the base fragments, the top Makefile and the settings.
+    #[test]
+    fn the_config_stamp_follows_what_kconfig_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path();
+        let write = |rel: &str, text: &str| {
+            let p = t.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        };
+        write("Kconfig", "source \"kernel/Kconfig.x\"");
+        write("Makefile", "VERSION = 6");
+        write("kernel/Kconfig.x", "config A");
+        write("kernel/events/core.c", "int x;");
+        write("scripts/kconfig/conf.c", "int main;");
+        write("kernel/configs/tiny.config", "CONFIG_A=y");
+        write("arch/x86/Kconfig", "config X86");
+        write("arch/arm64/Kconfig", "config ARM64");
+        write("Documentation/Kconfig", "doc");
+        let base = config_stamp(t, &["tinyconfig", "gcc 12"]);
+        assert_eq!(base, config_stamp(t, &["tinyconfig", "gcc 12"]));
+        // Not read by an x86 configure: no change.
+        for (rel, text) in [
+            ("kernel/events/core.c", "int y;"),
+            ("arch/arm64/Kconfig", "config ARM64_2"),
+            ("Documentation/Kconfig", "doc 2"),
+            ("kernel/Makefile", "obj-y += x.o"),
+        ] {
+            write(rel, text);
+            assert_eq!(config_stamp(t, &["tinyconfig", "gcc 12"]), base, "{rel}");
+        }
+        assert_ne!(config_stamp(t, &["defconfig", "gcc 12"]), base);
+        assert_ne!(config_stamp(t, &["tinyconfig", "gcc 13"]), base);
+        let mut seen = vec![base];
+        for (rel, text) in [
+            ("kernel/Kconfig.x", "config B"),
+            ("arch/x86/Kconfig", "config X86_64"),
+            ("scripts/kconfig/conf.c", "int main2;"),
+            ("kernel/configs/tiny.config", "CONFIG_A=n"),
+            ("Makefile", "VERSION = 7"),
+            ("net/Kconfig.new", "config NEW"),
+        ] {
+            write(rel, text);
+            let now = config_stamp(t, &["tinyconfig", "gcc 12"]);
+            assert!(!seen.contains(&now), "{rel} did not change the stamp");
+            seen.push(now);
+        }
+    }
+
     use super::*;
 
     const KCONFIG: &str = "config FTRACE_SYSCALLS\n\tbool \"Trace syscalls\"\n\tdepends on HAVE_SYSCALL_TRACEPOINTS\n\tselect GENERIC_TRACER\n\nconfig GENERIC_TRACER\n\tbool\n\nconfig VETH\n\ttristate \"Virtual ethernet pair device\"\n\tdepends on NET && \\\n\t\tNETDEVICES\n";
