@@ -16,7 +16,8 @@
 # With --kernel-build it also installs what `cargo xtask kernels build` and
 # `cargo xtask validate` need to compile kernels from source: gcc, make,
 # flex, bison, bc, libelf-dev, libssl-dev, pahole (dwarves, for BTF), patch,
-# xz-utils, zstd and ccache (optional; cached objects make rebuilds cheap).
+# xz-utils, zstd, lz4 (kloop.config compresses its kernels with lz4) and
+# ccache (optional; cached objects make rebuilds cheap).
 # Idempotent: packages already installed are left alone.
 #
 # The kernels themselves come from a Debian mirror: on Debian the host's own
@@ -48,7 +49,7 @@ have_perf() {
 
 need=()
 if [ "${1:-}" = "--kernel-build" ]; then
-  for tool_pkg in gcc:gcc make:make flex:flex bison:bison bc:bc pahole:dwarves patch:patch xz:xz-utils zstd:zstd ccache:ccache cpio:cpio; do
+  for tool_pkg in gcc:gcc make:make flex:flex bison:bison bc:bc pahole:dwarves patch:patch xz:xz-utils zstd:zstd lz4:lz4 ccache:ccache cpio:cpio; do
     command -v "${tool_pkg%%:*}" >/dev/null 2>&1 || need+=("${tool_pkg#*:}")
   done
   [ -e /usr/include/libelf.h ] || need+=(libelf-dev)

@@ -444,6 +444,7 @@ pub fn build(
         ("bc", "bc"),
         ("pahole", "dwarves"),
         ("zstd", "zstd"),
+        ("lz4", "lz4"),
         ("patch", "patch"),
     ] {
         if which(tool).is_none() {
