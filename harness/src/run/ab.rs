@@ -214,13 +214,10 @@ pub fn keep_baseline(
     on_start: &dyn Fn(&crate::run::trial::TrialEnv),
     on_result: &(dyn Fn(&TrialResult) + Sync),
 ) -> Result<KeptBaseline, crate::run::suite::SuiteError> {
-    use crate::run::reuse::{KernelKey, ReuseStore};
     let started = std::time::Instant::now();
     let env = crate::run::suite::prepare_env(layout, opts, std::slice::from_ref(baseline))?;
-    let store = ReuseStore::beside(&layout.runs());
-    let ledger = layout.kernels().join(crate::judge::known_issues::FILE_NAME);
-    let ledger_text = std::fs::read_to_string(ledger).unwrap_or_default();
-    let Some(base) = KernelKey::of(&env, &ledger_text, baseline) else {
+    let (store, base) = reuse_of(layout, &env, baseline);
+    let Some(base) = base else {
         // Nothing can be kept (a blessing run, an unreadable input): the
         // A/B runs the baseline itself.
         return Ok(KeptBaseline::default());
@@ -258,6 +255,24 @@ pub fn keep_baseline(
     })
 }
 
+/// The store of kept baseline results and `kernel`'s part of their keys on
+/// `env` (none when nothing can be kept: a blessing run, an unreadable
+/// input), with the ledger as it is now.
+fn reuse_of(
+    layout: &crate::run::suite::Layout,
+    env: &crate::run::trial::TrialEnv,
+    kernel: &KernelUnderTest,
+) -> (
+    crate::run::reuse::ReuseStore,
+    Option<crate::run::reuse::KernelKey>,
+) {
+    let store = crate::run::reuse::ReuseStore::beside(&layout.runs());
+    let ledger = layout.kernels().join(crate::judge::known_issues::FILE_NAME);
+    let ledger_text = std::fs::read_to_string(ledger).unwrap_or_default();
+    let key = crate::run::reuse::KernelKey::of(env, &ledger_text, kernel);
+    (store, key)
+}
+
 /// [`run`]'s trials with the baseline's kept results reused (the baseline
 /// trials are the even ones of [`trials`]); the results in `trials`' order.
 fn run_reusing_baseline(
@@ -267,16 +282,13 @@ fn run_reusing_baseline(
     jobs: usize,
     on_result: &(dyn Fn(&TrialResult) + Sync),
 ) -> Vec<TrialResult> {
-    use crate::run::reuse::{KernelKey, ReuseStore};
-    let store = ReuseStore::beside(&layout.runs());
-    let ledger = layout.kernels().join(crate::judge::known_issues::FILE_NAME);
-    let ledger_text = std::fs::read_to_string(ledger).unwrap_or_default();
     let mut done: Vec<Option<TrialResult>> = vec![None; trials.len()];
     let mut keep: Vec<(usize, String)> = Vec::new();
     // Every baseline trial has the same kernel: its part of the key once.
-    let base = trials
-        .first()
-        .and_then(|t| KernelKey::of(env, &ledger_text, &t.kernel));
+    let Some(first) = trials.first() else {
+        return Vec::new();
+    };
+    let (store, base) = reuse_of(layout, env, &first.kernel);
     for (i, t) in trials.iter().enumerate().step_by(2) {
         let Some(key) = base.as_ref().and_then(|b| b.for_scenario(&t.scenario)) else {
             continue;

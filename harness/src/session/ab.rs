@@ -65,10 +65,7 @@ pub fn run(
     opts: &AbOptions,
     on: &(dyn Fn(Event<'_>) + Sync),
 ) -> Result<AbRun, AbError> {
-    use crate::run::suite;
-    let all = crate::scenario::load_all(&layout.scenarios()).map_err(suite::SuiteError::from)?;
-    let mut chosen =
-        crate::scenario::select(&all, &opts.scenarios).map_err(suite::SuiteError::from)?;
+    let mut chosen = chosen_scenarios(layout, &opts.scenarios)?;
     let mut manifest = None;
     if let Some(shard) = opts.shard {
         let planned: Vec<String> = crate::run::ab::trials(baseline, candidate, &chosen)
@@ -132,9 +129,7 @@ pub fn keep_baseline(
     opts: &AbOptions,
     on: &(dyn Fn(Event<'_>) + Sync),
 ) -> Result<crate::run::ab::KeptBaseline, AbError> {
-    use crate::run::suite;
-    let all = crate::scenario::load_all(&layout.scenarios()).map_err(suite::SuiteError::from)?;
-    let chosen = crate::scenario::select(&all, &opts.scenarios).map_err(suite::SuiteError::from)?;
+    let chosen = chosen_scenarios(layout, &opts.scenarios)?;
     let name = baseline.id();
     Ok(crate::run::ab::keep_baseline(
         layout,
@@ -144,12 +139,23 @@ pub fn keep_baseline(
         opts.jobs,
         &|env| {
             on(Event::Note(format!(
-                "running the baseline's trials that no earlier run kept while the candidate                  builds ({name}; artefacts in {})",
+                "running the baseline's trials that no earlier run kept while the candidate \
+                 builds ({name}; artefacts in {})",
                 env.run_dir.display()
             )))
         },
         &|r| on(Event::Trial(r)),
     )?)
+}
+
+/// The scenarios `names` asks for (empty: all), from the layout's folder.
+fn chosen_scenarios(
+    layout: &crate::run::suite::Layout,
+    names: &[String],
+) -> Result<Vec<crate::scenario::Scenario>, AbError> {
+    use crate::run::suite::SuiteError;
+    let all = crate::scenario::load_all(&layout.scenarios()).map_err(SuiteError::from)?;
+    Ok(crate::scenario::select(&all, names).map_err(SuiteError::from)?)
 }
 
 /// The reports of a finished A/B in its run directory.

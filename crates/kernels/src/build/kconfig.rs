@@ -109,32 +109,15 @@ pub struct KconfigIndex {
 }
 
 impl KconfigIndex {
-    /// Scans every `Kconfig*` file under `tree` (arch/ only for x86).
-    pub fn scan(tree: &Path) -> KconfigIndex {
+    /// Indexes every `Kconfig*` file among `inputs` (arch/ only for x86).
+    pub fn of(inputs: &KconfigInputs) -> KconfigIndex {
         let mut index = KconfigIndex::default();
-        let mut todo = vec![tree.to_path_buf()];
-        while let Some(dir) = todo.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for e in entries.flatten() {
-                let path = e.path();
-                let name = e.file_name();
-                let name = name.to_string_lossy();
-                let Ok(ft) = e.file_type() else { continue };
-                if ft.is_dir() {
-                    let skip = name.starts_with('.')
-                        || name == "Documentation"
-                        || name == "tools"
-                        || (dir.ends_with("arch") && name != "x86" && name != "Kconfig");
-                    if !skip {
-                        todo.push(path);
-                    }
-                } else if name.starts_with("Kconfig") {
-                    if let Ok(text) = std::fs::read_to_string(&path) {
-                        index.add(&text);
-                    }
-                }
+        for (path, bytes) in &inputs.files {
+            let is_kconfig = path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("Kconfig"));
+            if let (true, Ok(text)) = (is_kconfig, std::str::from_utf8(bytes)) {
+                index.add(text);
             }
         }
         index
@@ -308,69 +291,85 @@ pub fn check_survival(
 }
 
 /// The files of `tree` that decide what `make <base>` and `olddefconfig`
-/// write into `.config` for x86: every `Kconfig*` file outside other
-/// architectures, `Documentation/` and `tools/`, kconfig itself
+/// write into `.config` for x86, read once: every `Kconfig*` file outside
+/// other architectures, `Documentation/` and `tools/`, kconfig itself
 /// (`scripts/kconfig/`), the configuration fragments the base targets
 /// merge (`kernel/configs/`, `arch/x86/configs/`) and the top `Makefile`
-/// (the version in `.config`'s header). Sorted by path.
-fn kconfig_inputs(tree: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut todo = vec![(tree.to_path_buf(), false)];
-    while let Some((dir, all)) = todo.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let path = e.path();
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            let Ok(ft) = e.file_type() else { continue };
-            if ft.is_dir() {
-                let skip = name.starts_with('.')
-                    || name == "Documentation"
-                    || name == "tools"
-                    || (dir.ends_with("arch") && name != "x86");
-                let whole = all
-                    || path.ends_with("scripts/kconfig")
-                    || path.ends_with("kernel/configs")
-                    || path.ends_with("arch/x86/configs");
-                if !skip {
-                    todo.push((path, whole));
-                }
-            } else if ft.is_file()
-                && (all || name.starts_with("Kconfig") || (dir == tree && name == "Makefile"))
-            {
-                out.push(path);
-            }
-        }
-    }
-    out.sort();
-    out
+/// (the version in `.config`'s header), sorted by path. `build` hashes
+/// them into its configure stamp ([`KconfigInputs::stamp`]) and indexes
+/// the `Kconfig*` ones for the survival check ([`KconfigIndex::of`]);
+/// configuring changes none of them.
+pub struct KconfigInputs {
+    tree: PathBuf,
+    files: Vec<(PathBuf, Vec<u8>)>,
 }
 
-/// What a configured output directory was configured from: `tree`'s
-/// kconfig inputs ([`kconfig_inputs`], paths relative to the tree and
-/// contents) and `settings` (the base target, the fragments' hashes, the
-/// versions of the tools whose answers Kconfig records). Equal stamps
-/// give the same `.config` (kconfig reads nothing else), so `build` need
-/// not run the two configuring `make`s again in that directory; a patch
-/// that touches a Kconfig file changes the stamp.
-pub(super) fn config_stamp(tree: &Path, settings: &[&str]) -> String {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    for s in settings {
-        h.update((s.len() as u64).to_le_bytes());
-        h.update(s.as_bytes());
+impl KconfigInputs {
+    pub fn read(tree: &Path) -> KconfigInputs {
+        let mut paths = Vec::new();
+        let mut todo = vec![(tree.to_path_buf(), false)];
+        while let Some((dir, all)) = todo.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let path = e.path();
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                let Ok(ft) = e.file_type() else { continue };
+                if ft.is_dir() {
+                    let skip = name.starts_with('.')
+                        || name == "Documentation"
+                        || name == "tools"
+                        || (dir.ends_with("arch") && name != "x86");
+                    let whole = all
+                        || path.ends_with("scripts/kconfig")
+                        || path.ends_with("kernel/configs")
+                        || path.ends_with("arch/x86/configs");
+                    if !skip {
+                        todo.push((path, whole));
+                    }
+                } else if all || name.starts_with("Kconfig") || (dir == tree && name == "Makefile")
+                {
+                    paths.push(path);
+                }
+            }
+        }
+        paths.sort();
+        let files = paths
+            .into_iter()
+            .filter_map(|p| Some((std::fs::read(&p).ok()?, p)))
+            .map(|(bytes, p)| (p, bytes))
+            .collect();
+        KconfigInputs {
+            tree: tree.to_path_buf(),
+            files,
+        }
     }
-    for path in kconfig_inputs(tree) {
-        let rel = path.strip_prefix(tree).unwrap_or(&path);
-        let bytes = std::fs::read(&path).unwrap_or_default();
-        h.update(rel.to_string_lossy().as_bytes());
-        h.update([0]);
-        h.update((bytes.len() as u64).to_le_bytes());
-        h.update(&bytes);
+
+    /// What a configured output directory was configured from: these
+    /// files (paths relative to the tree, and contents) and `settings`
+    /// (the base target, the fragments' hashes, the versions of the tools
+    /// whose answers Kconfig records). Equal stamps give the same
+    /// `.config` (kconfig reads nothing else), so `build` need not run the
+    /// two configuring `make`s again in that directory; a patch that
+    /// touches a Kconfig file changes the stamp.
+    pub fn stamp(&self, settings: &[&str]) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        for s in settings {
+            h.update((s.len() as u64).to_le_bytes());
+            h.update(s.as_bytes());
+        }
+        for (path, bytes) in &self.files {
+            let rel = path.strip_prefix(&self.tree).unwrap_or(path);
+            h.update(rel.to_string_lossy().as_bytes());
+            h.update([0]);
+            h.update((bytes.len() as u64).to_le_bytes());
+            h.update(bytes);
+        }
+        hex::encode(h.finalize())
     }
-    hex::encode(h.finalize())
 }
 
 #[cfg(test)]
@@ -396,8 +395,11 @@ mod tests {
         write("arch/x86/Kconfig", "config X86");
         write("arch/arm64/Kconfig", "config ARM64");
         write("Documentation/Kconfig", "doc");
-        let base = config_stamp(t, &["tinyconfig", "gcc 12"]);
-        assert_eq!(base, config_stamp(t, &["tinyconfig", "gcc 12"]));
+        let base = KconfigInputs::read(t).stamp(&["tinyconfig", "gcc 12"]);
+        assert_eq!(
+            base,
+            KconfigInputs::read(t).stamp(&["tinyconfig", "gcc 12"])
+        );
         // Not read by an x86 configure: no change.
         for (rel, text) in [
             ("kernel/events/core.c", "int y;"),
@@ -406,10 +408,17 @@ mod tests {
             ("kernel/Makefile", "obj-y += x.o"),
         ] {
             write(rel, text);
-            assert_eq!(config_stamp(t, &["tinyconfig", "gcc 12"]), base, "{rel}");
+            assert_eq!(
+                KconfigInputs::read(t).stamp(&["tinyconfig", "gcc 12"]),
+                base,
+                "{rel}"
+            );
         }
-        assert_ne!(config_stamp(t, &["defconfig", "gcc 12"]), base);
-        assert_ne!(config_stamp(t, &["tinyconfig", "gcc 13"]), base);
+        assert_ne!(KconfigInputs::read(t).stamp(&["defconfig", "gcc 12"]), base);
+        assert_ne!(
+            KconfigInputs::read(t).stamp(&["tinyconfig", "gcc 13"]),
+            base
+        );
         let mut seen = vec![base];
         for (rel, text) in [
             ("kernel/Kconfig.x", "config B"),
@@ -420,7 +429,7 @@ mod tests {
             ("net/Kconfig.new", "config NEW"),
         ] {
             write(rel, text);
-            let now = config_stamp(t, &["tinyconfig", "gcc 12"]);
+            let now = KconfigInputs::read(t).stamp(&["tinyconfig", "gcc 12"]);
             assert!(!seen.contains(&now), "{rel} did not change the stamp");
             seen.push(now);
         }

@@ -541,7 +541,8 @@ pub fn build(
         rustc.as_str(),
     ];
     settings.extend(fragment_hashes);
-    let inputs = kconfig::config_stamp(&src, &settings);
+    let kconfig_inputs = kconfig::KconfigInputs::read(&src);
+    let inputs = kconfig_inputs.stamp(&settings);
     let stamp_of = |inputs: &str| -> Option<String> {
         Some(format!(
             "{inputs} {}",
@@ -575,7 +576,7 @@ pub fn build(
         }
     }
     let resolved = KernelConfig::from_file(&config_path)?;
-    let index = kconfig::KconfigIndex::scan(&src);
+    let index = kconfig::KconfigIndex::of(&kconfig_inputs);
     let mut notes = Vec::new();
     let mut dropped = Vec::new();
     for d in kconfig::check_survival(&requested, &resolved, &index) {
