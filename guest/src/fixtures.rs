@@ -2,9 +2,11 @@
 //! `build.rs`): finding one by stem, parsing it with aya, finding a program
 //! in it, and loading or unloading the program types the fixtures use.
 
+use std::sync::Mutex;
+
 use anyhow::{anyhow, Context, Result};
 use aya::programs::{Program, ProgramError};
-use aya::{Ebpf, EbpfLoader};
+use aya::{Btf, Ebpf, EbpfLoader};
 
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/fixtures.rs"));
@@ -27,12 +29,29 @@ pub fn all_stems() -> Vec<&'static str> {
     embedded::FIXTURES.iter().map(|(stem, _)| *stem).collect()
 }
 
+/// The one loader every object goes through. aya's `EbpfLoader::new()`
+/// reads and parses the kernel's BTF (`/sys/kernel/btf/vmlinux`, several
+/// MB) before `.btf(None)` can say it is not wanted: made anew per object,
+/// that was most of a `load` step (~100 ms of the agent's CPU under TCG,
+/// 25 ms natively). Made once instead, by the aya warm-up, so a saved VM
+/// already holds it; `load` changes none of its settings, and `.btf()` is
+/// set for each object under the lock.
+static LOADER: Mutex<Option<EbpfLoader<'static>>> = Mutex::new(None);
+
+/// Parses `bytes` with aya and creates its maps; `kernel_btf` for objects
+/// whose programs are CO-RE or attach by BTF id, `None` otherwise (the
+/// fixtures need no CO-RE, and relocating against vmlinux BTF is slow
+/// under TCG).
+pub fn load_object(what: &str, bytes: &[u8], kernel_btf: Option<&'static Btf>) -> Result<Ebpf> {
+    let mut slot = LOADER.lock().unwrap_or_else(|e| e.into_inner());
+    slot.get_or_insert_with(EbpfLoader::new)
+        .btf(kernel_btf)
+        .load(bytes)
+        .with_context(|| format!("aya could not load the object of {what}"))
+}
+
 pub fn parse_fixture(name: &str) -> Result<Ebpf> {
-    // No kernel BTF: the fixtures need no CO-RE, and parsing vmlinux BTF is slow under TCG.
-    EbpfLoader::new()
-        .btf(None)
-        .load(object_bytes(name)?)
-        .with_context(|| format!("aya could not load the object of fixture {name:?}"))
+    load_object(&format!("fixture {name:?}"), object_bytes(name)?, None)
 }
 
 /// The program `program` of a parsed fixture, or an error naming those it has.

@@ -273,3 +273,70 @@ mod tests {
         assert_eq!(Errno(&e).to_string(), "EPERM (Operation not permitted)");
     }
 }
+
+/// A reading of the clocks a step's [`kloop_protocol::StepCpu`] is the
+/// difference of.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuClocks {
+    user_ns: u64,
+    sys_ns: u64,
+    idle_ns: u64,
+    cpus: u32,
+}
+
+impl CpuClocks {
+    /// Now, or `None` when `/proc` cannot tell (then the step reports no
+    /// split rather than a wrong one).
+    pub fn now() -> Option<CpuClocks> {
+        let tv_ns = |tv: libc::timeval| tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1000;
+        let usage = |who| {
+            // SAFETY: rusage is plain data that getrusage fills.
+            let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: a valid pointer to a rusage.
+            (unsafe { libc::getrusage(who, &mut ru) } == 0).then_some(ru)
+        };
+        // RUSAGE_CHILDREN counts the children reaped so far: perf's time
+        // lands in the step that waits for it.
+        let own = usage(libc::RUSAGE_SELF)?;
+        let children = usage(libc::RUSAGE_CHILDREN)?;
+        let uptime = fs::read_to_string("/proc/uptime").ok()?;
+        Some(CpuClocks {
+            user_ns: tv_ns(own.ru_utime) + tv_ns(children.ru_utime),
+            sys_ns: tv_ns(own.ru_stime) + tv_ns(children.ru_stime),
+            idle_ns: parse_uptime_idle_ns(&uptime)?,
+            cpus: online_cpus().ok()?.len() as u32,
+        })
+    }
+
+    /// What happened between `self` and `later`.
+    pub fn until(&self, later: &CpuClocks) -> kloop_protocol::StepCpu {
+        kloop_protocol::StepCpu {
+            user_ns: later.user_ns.saturating_sub(self.user_ns),
+            sys_ns: later.sys_ns.saturating_sub(self.sys_ns),
+            idle_ns: later.idle_ns.saturating_sub(self.idle_ns),
+            cpus: later.cpus.max(self.cpus),
+        }
+    }
+}
+
+/// The second field of `/proc/uptime`: seconds every CPU spent idle, summed,
+/// with two decimals (fs/proc/uptime.c).
+fn parse_uptime_idle_ns(text: &str) -> Option<u64> {
+    let idle = text.split_whitespace().nth(1)?;
+    let (secs, frac) = idle.split_once('.').unwrap_or((idle, "0"));
+    let frac_ns: u64 = format!("{frac:0<9}").get(..9)?.parse().ok()?;
+    Some(secs.parse::<u64>().ok()? * 1_000_000_000 + frac_ns)
+}
+
+#[cfg(test)]
+mod cpu_clock_tests {
+    use super::*;
+
+    #[test]
+    fn uptime_idle_is_the_second_field_in_ns() {
+        assert_eq!(parse_uptime_idle_ns("12.34 20.05\n"), Some(20_050_000_000));
+        assert_eq!(parse_uptime_idle_ns("0.50 0.07\n"), Some(70_000_000));
+        assert_eq!(parse_uptime_idle_ns("12.34\n"), None);
+        assert_eq!(parse_uptime_idle_ns("1.0 x.5\n"), None);
+    }
+}

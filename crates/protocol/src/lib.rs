@@ -97,6 +97,23 @@ pub const DATA_PORT: &str = "/dev/ttyS1";
 pub const HEARTBEAT_INTERVAL_MS: u64 = 250;
 
 /// `uname(2)` of the guest.
+/// Where a step's guest time went, beside its wall time (`elapsed_ns`):
+/// the agent's own CPU time and that of the children it reaped during the
+/// step (`perf`), and the idle time of the guest's CPUs (summed over them,
+/// from `/proc/uptime`, 10 ms resolution). Under TCG a vCPU that idles
+/// leaves its host core unused, so idle time is waiting (RCU grace periods,
+/// deferred frees, timers), not work; what is neither is the kernel's own
+/// threads and interrupts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepCpu {
+    pub user_ns: u64,
+    pub sys_ns: u64,
+    pub idle_ns: u64,
+    /// The CPUs online during the step: `elapsed_ns × cpus` is the guest
+    /// CPU time the other three share.
+    pub cpus: u32,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Uname {
     pub sysname: String,
@@ -251,6 +268,10 @@ pub enum Message {
         /// dominates short trials under TCG.
         #[serde(default)]
         kallsyms_ns: u64,
+        /// What the guest's CPUs did during the step, when the agent could
+        /// read it: tells a step that computes from one that waits.
+        #[serde(default)]
+        cpu: Option<StepCpu>,
     },
     Listener(ListenerInfo),
     Prog(ProgFacts),

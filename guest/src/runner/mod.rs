@@ -134,6 +134,7 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
         })?;
         let started = Instant::now();
         let kallsyms_before = crate::kallsyms::read_ns();
+        let clocks_before = crate::sys::CpuClocks::now();
         // Inside the drain's window, so that every second of the agent
         // phase is some step's (the benchmark's per-step split adds up).
         if final_read {
@@ -156,6 +157,9 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
             index,
             elapsed_ns: started.elapsed().as_nanos() as u64,
             kallsyms_ns: crate::kallsyms::read_ns() - kallsyms_before,
+            cpu: clocks_before
+                .zip(crate::sys::CpuClocks::now())
+                .map(|(before, after)| before.until(&after)),
         })?;
         init::set_current_step(None);
     }

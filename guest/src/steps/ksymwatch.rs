@@ -9,14 +9,14 @@
 use anyhow::{anyhow, bail, Context, Result};
 use aya::maps::Array;
 use aya::programs::{KProbe, ProbeKind, Program};
-use aya::{Ebpf, EbpfLoader};
+use aya::Ebpf;
 use aya_obj::generated::{bpf_cmd, bpf_prog_type};
 use kloop_protocol::Message;
 
 use crate::bpf::{sys_bpf_fd, zeroed_attr};
 use crate::channel::{log, send};
 use crate::context::{KsymbolWatch, StepContext};
-use crate::fixtures::{fixture_program, object_bytes};
+use crate::fixtures::{fixture_program, load_object, object_bytes};
 use crate::kallsyms;
 use crate::steps::hooks::kprobe_event;
 use crate::steps::load::kernel_btf;
@@ -33,10 +33,11 @@ pub fn watch(context: &mut StepContext) -> Result<()> {
         bail!("watch-ksymbols ran twice: the watch is already attached");
     }
     // With the kernel's BTF: the kprobe page structs are CO-RE.
-    let mut ebpf = EbpfLoader::new()
-        .btf(Some(kernel_btf()?))
-        .load(object_bytes(FIXTURE)?)
-        .with_context(|| format!("aya could not load the object of fixture {FIXTURE:?}"))?;
+    let mut ebpf = load_object(
+        &format!("fixture {FIXTURE:?}"),
+        object_bytes(FIXTURE)?,
+        Some(kernel_btf()?),
+    )?;
     write_caches(&mut ebpf)?;
     let prog = fixture_program(&mut ebpf, FIXTURE, PROGRAM)?;
     let p: &mut KProbe = match prog {

@@ -203,13 +203,24 @@ pub fn perf_data_line(r: &crate::run::bench::PerfDataRun) -> String {
 }
 
 /// `bench --steps`: per scenario, its agent phase summed over the
-/// kernels, the guest seconds of it spent reading /proc/kallsyms and the
+/// kernels, the guest seconds of it spent reading /proc/kallsyms, where the
+/// guest CPUs' time went (the agent's user and system time, the kernel's
+/// own threads, idle: CPU-seconds, summed over each VM's CPUs) and the
 /// steps that took it (the five longest step kinds), then the total.
 pub fn steps_table(rows: &[crate::run::bench::ScenarioSteps]) -> String {
     let mut out = format!(
-        "{:<28} {:>6} {:>9} {:>10}  steps (guest seconds, summed over the kernels)\n",
-        "scenario", "trials", "agent s", "kallsyms s"
+        "{:<28} {:>6} {:>9} {:>10} {:>7} {:>7} {:>7} {:>7}  steps (guest seconds, summed over the kernels)\n",
+        "scenario", "trials", "agent s", "kallsyms s", "user", "sys", "other", "idle"
     );
+    let cpu_cols = |c: &crate::run::bench::CpuSplit| {
+        format!(
+            "{:>7.1} {:>7.1} {:>7.1} {:>7.1}",
+            c.user,
+            c.sys,
+            c.other(),
+            c.idle
+        )
+    };
     for r in rows {
         let steps: Vec<String> = r
             .steps
@@ -219,21 +230,30 @@ pub fn steps_table(rows: &[crate::run::bench::ScenarioSteps]) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "{:<28} {:>6} {:>9.1} {:>10.1}  {}",
+            "{:<28} {:>6} {:>9.1} {:>10.1} {}  {}",
             r.scenario,
             r.trials,
             r.agent,
             r.kallsyms,
+            cpu_cols(&r.cpu),
             steps.join(", ")
         );
     }
     let total: f64 = rows.iter().map(|r| r.agent).sum();
     let kallsyms: f64 = rows.iter().map(|r| r.kallsyms).sum();
+    let cpu = rows
+        .iter()
+        .fold(crate::run::bench::CpuSplit::default(), |a, r| {
+            a.plus(&r.cpu)
+        });
     let _ = writeln!(
         out,
-        "{:<28} {:>6} {total:>9.1} {kallsyms:>10.1}  ({:.0}% of the agent phase read /proc/kallsyms)",
+        "{:<28} {:>6} {total:>9.1} {kallsyms:>10.1} {}  ({:.0}% of the agent phase read /proc/kallsyms; \
+         user/sys: the agent and perf, other: the kernel's threads and interrupts, idle: waiting; \
+         CPU-seconds over each VM's CPUs)",
         "all",
         rows.iter().map(|r| r.trials).sum::<usize>(),
+        cpu_cols(&cpu),
         if total > 0.0 { 100.0 * kallsyms / total } else { 0.0 }
     );
     out

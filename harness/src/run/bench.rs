@@ -191,6 +191,7 @@ impl Throughput {
                     index,
                     elapsed_ns,
                     kallsyms_ns,
+                    ..
                 } if *index == i => Some(elapsed_ns.saturating_sub(*kallsyms_ns)),
                 _ => None,
             })
@@ -688,6 +689,45 @@ pub struct ScenarioSteps {
     /// Of the steps' guest seconds, those spent reading `/proc/kallsyms`
     /// (whichever step read it).
     pub kallsyms: f64,
+    /// Where the steps' guest CPU time went, summed over the steps that
+    /// reported it.
+    pub cpu: CpuSplit,
+}
+
+/// Guest CPU-seconds of a set of steps: `capacity` is each step's wall
+/// time times its online CPUs; `user` and `sys` the agent's (and perf's),
+/// `idle` the CPUs' idle time; the rest is the kernel's own threads and
+/// interrupts.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuSplit {
+    pub capacity: f64,
+    pub user: f64,
+    pub sys: f64,
+    pub idle: f64,
+}
+
+impl CpuSplit {
+    fn add(&mut self, secs: f64, cpu: &kloop_protocol::StepCpu) {
+        self.capacity += secs * f64::from(cpu.cpus);
+        self.user += cpu.user_ns as f64 / 1e9;
+        self.sys += cpu.sys_ns as f64 / 1e9;
+        self.idle += cpu.idle_ns as f64 / 1e9;
+    }
+
+    /// Neither the agent's nor idle: kernel threads, interrupts, softirqs
+    /// (never below 0: the idle clock has 10 ms steps).
+    pub fn other(&self) -> f64 {
+        (self.capacity - self.user - self.sys - self.idle).max(0.0)
+    }
+
+    pub fn plus(&self, o: &CpuSplit) -> CpuSplit {
+        CpuSplit {
+            capacity: self.capacity + o.capacity,
+            user: self.user + o.user,
+            sys: self.sys + o.sys,
+            idle: self.idle + o.idle,
+        }
+    }
 }
 
 /// Every scenario's [`ScenarioSteps`] of the run in `run_dir`, the
@@ -698,7 +738,8 @@ pub fn agent_steps(run_dir: &Path) -> Result<Vec<ScenarioSteps>, BenchError> {
         path: path.clone(),
         why: e.to_string(),
     })?;
-    let mut by: BTreeMap<String, (usize, f64, BTreeMap<String, f64>, f64)> = BTreeMap::new();
+    type Sums = (usize, f64, BTreeMap<String, f64>, f64, CpuSplit);
+    let mut by: BTreeMap<String, Sums> = BTreeMap::new();
     for (n, line) in text.lines().enumerate() {
         let r: TrialResult = serde_json::from_str(line).map_err(|e| BenchError::Invalid {
             path: path.clone(),
@@ -713,11 +754,14 @@ pub fn agent_steps(run_dir: &Path) -> Result<Vec<ScenarioSteps>, BenchError> {
         for s in &r.steps {
             *e.2.entry(s.op.clone()).or_default() += s.secs;
             e.3 += s.kallsyms_secs;
+            if let Some(cpu) = &s.cpu {
+                e.4.add(s.secs, cpu);
+            }
         }
     }
     let mut out: Vec<ScenarioSteps> = by
         .into_iter()
-        .map(|(scenario, (trials, agent, steps, kallsyms))| {
+        .map(|(scenario, (trials, agent, steps, kallsyms, cpu))| {
             let mut steps: Vec<(String, f64)> = steps.into_iter().collect();
             steps.sort_by(|a, b| b.1.total_cmp(&a.1));
             ScenarioSteps {
@@ -726,6 +770,7 @@ pub fn agent_steps(run_dir: &Path) -> Result<Vec<ScenarioSteps>, BenchError> {
                 agent,
                 steps,
                 kallsyms,
+                cpu,
             }
         })
         .collect();
@@ -834,6 +879,7 @@ mod tests {
                     index: 0,
                     elapsed_ns: load_ns,
                     kallsyms_ns: load_ns / 2,
+                    cpu: None,
                 },
                 Message::StepStart {
                     index: 1,
@@ -843,6 +889,13 @@ mod tests {
                     index: 1,
                     elapsed_ns: 2_000_000_000,
                     kallsyms_ns: 0,
+                    // Two CPUs for 2 s: 4 CPU-seconds, 1.5 of them idle.
+                    cpu: Some(kloop_protocol::StepCpu {
+                        user_ns: 1_000_000_000,
+                        sys_ns: 500_000_000,
+                        idle_ns: 1_500_000_000,
+                        cpus: 2,
+                    }),
                 },
             ]
         };
@@ -871,6 +924,11 @@ mod tests {
         assert!((rows[0].steps[1].1 - 2.0).abs() < 1e-9);
         // Half of each load step was its read of /proc/kallsyms.
         assert!((rows[0].kallsyms - 1.0).abs() < 1e-9);
+        // The wait-kallsyms steps' split, twice; the loads reported none.
+        let cpu = rows[0].cpu;
+        assert!((cpu.capacity - 8.0).abs() < 1e-9);
+        assert!((cpu.user - 2.0).abs() < 1e-9 && (cpu.sys - 1.0).abs() < 1e-9);
+        assert!((cpu.idle - 3.0).abs() < 1e-9 && (cpu.other() - 2.0).abs() < 1e-9);
         assert_eq!((rows[1].scenario.as_str(), rows[1].trials), ("basic", 1));
         assert!((rows[1].kallsyms - 0.05).abs() < 1e-9);
     }

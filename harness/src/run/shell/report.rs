@@ -349,6 +349,7 @@ mod tests {
             index: 0,
             elapsed_ns: 1_500_000,
             kallsyms_ns: 0,
+            cpu: None,
         });
         run.message(Message::Listener(ListenerInfo { ..l.clone() }));
         let mut bytes = Vec::new();

@@ -283,6 +283,10 @@ pub struct StepTime {
     /// Of `secs`, the guest seconds spent reading `/proc/kallsyms`.
     #[serde(default)]
     pub kallsyms_secs: f64,
+    /// Where the step's guest time went (the agent's CPU, the guest's idle
+    /// time), when the agent could read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<kloop_protocol::StepCpu>,
 }
 
 impl StepTime {
@@ -306,11 +310,13 @@ impl StepTime {
                     index,
                     elapsed_ns,
                     kallsyms_ns,
+                    cpu,
                 } => out.push(StepTime {
                     index: *index,
                     op: ops.remove(index).unwrap_or_default(),
                     secs: *elapsed_ns as f64 / 1e9,
                     kallsyms_secs: *kallsyms_ns as f64 / 1e9,
+                    cpu: *cpu,
                 }),
                 _ => {}
             }
