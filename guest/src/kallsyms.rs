@@ -87,10 +87,12 @@ struct Positioned {
 
 static POSITIONED: Mutex<Option<Positioned>> = Mutex::new(None);
 
-/// Positioned files made before a save: enough for the reads of most
-/// trials (the loads' facts, a wait on symbols, the last drain's read);
-/// each costs one traversal of the core part before the save.
-const POSITIONED_FILES: usize = 4;
+/// Positioned files made before a save: enough for the reads of every
+/// scenario but `symbol-state` (trampolines makes 6: the loads' facts, four
+/// waits on symbols, the last drain's read; symbol-state 7 or more); each
+/// costs one traversal of the core part before the save (0.3-0.5 s of a
+/// TCG vCPU, once per saved VM), each spares a restored trial one.
+const POSITIONED_FILES: usize = 8;
 
 /// Where the core kernel's last line starts in a whole read of the file,
 /// and that line: the line before the first that names a module part, or
