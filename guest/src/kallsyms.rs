@@ -87,12 +87,31 @@ struct Positioned {
 
 static POSITIONED: Mutex<Option<Positioned>> = Mutex::new(None);
 
-/// Positioned files made before a save: enough for the reads of every
-/// scenario but `symbol-state` (trampolines makes 6: the loads' facts, four
-/// waits on symbols, the last drain's read; symbol-state 7 or more); each
+/// Positioned files made before a save when the kernel command line does
+/// not say (`kloop.kallsyms_files=N`): enough for the reads of every
+/// scenario whose VM shape does not ask for more (the loads' facts, a wait
+/// on symbols, the last drain's read: at most 3 per trial in kloop's). Each
 /// costs one traversal of the core part before the save (0.3-0.5 s of a
-/// TCG vCPU, once per saved VM), each spares a restored trial one.
-const POSITIONED_FILES: usize = 8;
+/// TCG vCPU, once per saved VM) and spares a restored trial one, so a shape
+/// whose scenarios read more (trampolines: 6, symbol-state: 8) asks for
+/// them in its `cmdline`; the word is part of the shape, so of the saved
+/// VM's key, and the kernel ignores it as an unused module parameter.
+const POSITIONED_FILES: usize = 4;
+
+/// The most positioned files a command line may ask for: each holds a
+/// seq_file buffer in the saved guest.
+const MAX_POSITIONED_FILES: usize = 32;
+
+/// How many files to position: `kloop.kallsyms_files=N` on the command line
+/// (the last such word), else [`POSITIONED_FILES`].
+fn positioned_files(cmdline: &str) -> usize {
+    cmdline
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("kloop.kallsyms_files="))
+        .filter_map(|n| n.parse::<usize>().ok())
+        .last()
+        .map_or(POSITIONED_FILES, |n| n.min(MAX_POSITIONED_FILES))
+}
 
 /// Where the core kernel's last line starts in a whole read of the file,
 /// and that line: the line before the first that names a module part, or
@@ -150,8 +169,8 @@ fn position_files(whole: &[u8]) -> String {
             )
         }
     }
-    let files: std::io::Result<Vec<File>> =
-        (0..POSITIONED_FILES).map(|_| open_at(offset)).collect();
+    let count = positioned_files(&std::fs::read_to_string("/proc/cmdline").unwrap_or_default());
+    let files: std::io::Result<Vec<File>> = (0..count).map(|_| open_at(offset)).collect();
     match files {
         Ok(files) => {
             *POSITIONED.lock().unwrap_or_else(|e| e.into_inner()) = Some(Positioned {
@@ -159,7 +178,7 @@ fn position_files(whole: &[u8]) -> String {
                 last_core_line: line.to_vec(),
             });
             format!(
-                "kallsyms: {POSITIONED_FILES} files positioned at the core's last line \
+                "kallsyms: {count} files positioned at the core's last line \
                  (byte {offset}) for the first reads after the restore"
             )
         }
@@ -278,6 +297,23 @@ pub fn is_side_band_symbol(e: &KallsymsEntry) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_command_line_sets_how_many_files_are_positioned() {
+        assert_eq!(positioned_files("console=ttyS0 panic=-1"), POSITIONED_FILES);
+        assert_eq!(positioned_files("lsm=bpf kloop.kallsyms_files=8 quiet"), 8);
+        // The last word wins, as the kernel's own parameters do; nonsense
+        // is ignored and a huge count is capped.
+        assert_eq!(
+            positioned_files("kloop.kallsyms_files=2 kloop.kallsyms_files=6"),
+            6
+        );
+        assert_eq!(positioned_files("kloop.kallsyms_files=x"), POSITIONED_FILES);
+        assert_eq!(
+            positioned_files("kloop.kallsyms_files=100000"),
+            MAX_POSITIONED_FILES
+        );
+    }
 
     /// The core's last line is the one before the first module-part line
     /// (a tab), or the file's last when none has one.
