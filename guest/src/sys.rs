@@ -256,24 +256,6 @@ pub fn set_affinity(mask: &CpuSet) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cpu_lists() {
-        assert_eq!(parse_cpu_list("0\n"), Some(vec![0]));
-        assert_eq!(parse_cpu_list("0-3,6,8-9"), Some(vec![0, 1, 2, 3, 6, 8, 9]));
-        assert_eq!(parse_cpu_list("x"), None);
-    }
-
-    #[test]
-    fn errno_formatting() {
-        let e = io::Error::from_raw_os_error(libc::EPERM);
-        assert_eq!(Errno(&e).to_string(), "EPERM (Operation not permitted)");
-    }
-}
-
 /// A reading of the clocks a step's [`kloop_protocol::StepCpu`] is the
 /// difference of.
 #[derive(Debug, Clone, Copy)]
@@ -329,7 +311,7 @@ fn parse_uptime_idle_ns(text: &str) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod cpu_clock_tests {
+mod tests {
     use super::*;
 
     #[test]
@@ -338,5 +320,18 @@ mod cpu_clock_tests {
         assert_eq!(parse_uptime_idle_ns("0.50 0.07\n"), Some(70_000_000));
         assert_eq!(parse_uptime_idle_ns("12.34\n"), None);
         assert_eq!(parse_uptime_idle_ns("1.0 x.5\n"), None);
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0\n"), Some(vec![0]));
+        assert_eq!(parse_cpu_list("0-3,6,8-9"), Some(vec![0, 1, 2, 3, 6, 8, 9]));
+        assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    #[test]
+    fn errno_formatting() {
+        let e = io::Error::from_raw_os_error(libc::EPERM);
+        assert_eq!(Errno(&e).to_string(), "EPERM (Operation not permitted)");
     }
 }

@@ -96,7 +96,6 @@ pub const DATA_PORT: &str = "/dev/ttyS1";
 /// Interval between guest heartbeats; the host allows several missed ones.
 pub const HEARTBEAT_INTERVAL_MS: u64 = 250;
 
-/// `uname(2)` of the guest.
 /// Where a step's guest time went, beside its wall time (`elapsed_ns`):
 /// the agent's own CPU time and that of the children it reaped during the
 /// step (`perf`), and the idle time of the guest's CPUs (summed over them,
@@ -114,6 +113,7 @@ pub struct StepCpu {
     pub cpus: u32,
 }
 
+/// `uname(2)` of the guest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Uname {
     pub sysname: String,

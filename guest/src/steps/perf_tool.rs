@@ -231,34 +231,14 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-/// Waits for `child` until `deadline`; kills it after.
-fn wait_until(child: &mut Child, deadline: Duration) -> Result<Option<ExitStatus>> {
-    let started = Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().os_ctx("waiting for perf")? {
-            return Ok(Some(s));
-        }
-        if started.elapsed() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Ok(None);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Waits for a `perf record` that was sent SIGINT, sending SIGINT every
-/// 10 ms to each of its threads but the main one. perf record's side-band
-/// thread (tools/perf/util/sideband_evlist.c, the one that reads the
-/// BPF_EVENT side band for perf's own BPF program info) loops on
-/// `evlist__poll(evlist, 1000)` and only looks at its `done` flag between
-/// polls, while the main thread, on its way out, sets that flag and joins
-/// it: up to a second idle per stop (980 ms of the step's 1.39 s measured
-/// on 6.12). A signal ends the poll early (EINTR); perf's handler for
-/// SIGINT only sets the flags the first SIGINT already set. Threads the
-/// signal reaches before the flag is set simply poll again. A perf without
-/// the thread has no other thread to signal.
-fn wait_nudging_side_band(child: &mut Child, deadline: Duration) -> Result<Option<ExitStatus>> {
+/// Waits for `child` until `deadline` (kills it after), checking every
+/// `every` and calling `between` with its pid between checks.
+fn wait_until(
+    child: &mut Child,
+    deadline: Duration,
+    every: Duration,
+    mut between: impl FnMut(libc::pid_t),
+) -> Result<Option<ExitStatus>> {
     let pid = child.id() as libc::pid_t;
     let started = Instant::now();
     loop {
@@ -270,19 +250,36 @@ fn wait_nudging_side_band(child: &mut Child, deadline: Duration) -> Result<Optio
             let _ = child.wait();
             return Ok(None);
         }
-        // Not reaped yet, so the pid (and its tids) are still perf's.
-        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-            for tid in tasks
-                .flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse::<libc::pid_t>().ok())
-                .filter(|&tid| tid != pid)
-            {
-                // SAFETY: tgkill on a thread of our own unreaped child; a
-                // thread that has exited meanwhile makes it fail (ESRCH).
-                unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, libc::SIGINT) };
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
+        between(pid);
+        std::thread::sleep(every);
+    }
+}
+
+/// Sends SIGINT to each thread of the `perf record` `pid` (already sent
+/// SIGINT) but the main one; its waiter calls this every 10 ms. perf
+/// record's side-band thread (tools/perf/util/sideband_evlist.c, the one
+/// that reads the BPF_EVENT side band for perf's own BPF program info)
+/// loops on `evlist__poll(evlist, 1000)` and only looks at its `done` flag
+/// between polls, while the main thread, on its way out, sets that flag and
+/// joins it: up to a second idle per stop (980 ms of the step's 1.39 s
+/// measured on 6.12). A signal ends the poll early (EINTR); perf's handler
+/// for SIGINT only sets the flags the first SIGINT already set. Threads the
+/// signal reaches before the flag is set simply poll again. A perf without
+/// the thread has no other thread to signal.
+fn nudge_side_band(pid: libc::pid_t) {
+    // Not reaped yet (the waiter checked), so the pid and its tids are
+    // still perf's.
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return;
+    };
+    for tid in tasks
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter(|&tid| tid != pid)
+    {
+        // SAFETY: tgkill on a thread of our own unreaped child; a thread
+        // that has exited meanwhile makes it fail (ESRCH).
+        unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, libc::SIGINT) };
     }
 }
 
@@ -303,7 +300,13 @@ pub fn stop() -> Result<()> {
         return Err(crate::sys::last_os_error()).os_ctx(format!("SIGINT to perf record {pid}"));
     }
     let started = Instant::now();
-    let status = wait_nudging_side_band(&mut child, STOP_DEADLINE)?.ok_or_else(|| {
+    let status = wait_until(
+        &mut child,
+        STOP_DEADLINE,
+        Duration::from_millis(10),
+        nudge_side_band,
+    )?
+    .ok_or_else(|| {
         anyhow!(
             "`{command}` did not exit within {} s of SIGINT (killed); its stderr:\n{}",
             STOP_DEADLINE.as_secs(),
@@ -336,7 +339,13 @@ pub fn stop() -> Result<()> {
         .stderr(stderr)
         .spawn()
         .with_context(|| format!("starting `{report}`"))?;
-    let status = wait_until(&mut child, REPORT_DEADLINE)?.ok_or_else(|| {
+    let status = wait_until(
+        &mut child,
+        REPORT_DEADLINE,
+        Duration::from_millis(20),
+        |_| {},
+    )?
+    .ok_or_else(|| {
         anyhow!(
             "`{report}` did not finish within {} s (killed); its stderr:\n{}",
             REPORT_DEADLINE.as_secs(),
