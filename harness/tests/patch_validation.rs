@@ -80,7 +80,7 @@ fn run_every_scenario(kernel: KernelUnderTest) -> Vec<TrialResult> {
         })
         .collect();
     let env = suite::prepare_env(&layout, &opts(), &[kernel]).expect("environment");
-    suite::run_all(&env, &trials, suite::default_jobs(), &|r| {
+    suite::run_all(&env, &trials, suite::Parallel::host_default(), &|r| {
         eprintln!("{}", kloop::report::trial_line(r))
     })
 }
@@ -150,7 +150,7 @@ fn ab(patches: &[&str]) -> kloop::run::ab::AbRun {
     let cand = built(patches, &[]);
     let opts = kloop::session::ab::AbOptions {
         env: opts(),
-        jobs: suite::default_jobs(),
+        jobs: suite::Parallel::host_default(),
         ..Default::default()
     };
     kloop::session::ab::run(

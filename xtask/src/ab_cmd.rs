@@ -34,7 +34,7 @@ pub(crate) fn ab_test(
     let opts = AbOptions {
         scenarios: a.scenarios.clone(),
         env: a.env_options(),
-        jobs: a.jobs.unwrap_or_else(suite::default_jobs),
+        jobs: suite::Parallel::from_flag(a.jobs),
         shard: a.shard,
         reuse_baseline: !a.rerun_baseline,
     };
@@ -201,7 +201,7 @@ fn validate_ab_options(a: &ValidateArgs) -> AbOptions {
             fetch: a.fetch.options(),
             ..EnvOptions::default()
         },
-        jobs: a.jobs.unwrap_or_else(suite::default_jobs),
+        jobs: suite::Parallel::from_flag(a.jobs),
         shard: None,
         reuse_baseline: !a.rerun_baseline,
     }

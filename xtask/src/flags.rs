@@ -227,7 +227,8 @@ pub(crate) struct VmTestArgs {
     /// (the verdict is cached per host, kernel and QEMU), else TCG.
     #[arg(long, default_value = "auto", value_parser = accel_parser())]
     pub(crate) accel: AccelChoice,
-    /// Parallel VMs (default: number of cores).
+    /// Parallel VMs, exactly (default: one per core, and up to half as
+    /// many again while the host idles).
     #[arg(long, short)]
     pub(crate) jobs: Option<usize>,
     /// vCPUs per guest.
@@ -378,7 +379,8 @@ pub(crate) struct ValidateArgs {
     /// Only these scenarios (repeatable; default all).
     #[arg(long = "scenario", value_name = "NAME")]
     pub(crate) scenarios: Vec<String>,
-    /// Parallel VMs and make -j (default: number of cores).
+    /// Parallel VMs and make -j, exactly (default: make -j one per core;
+    /// VMs one per core and up to half as many again while the host idles).
     #[arg(long, short)]
     pub(crate) jobs: Option<usize>,
     #[arg(long, default_value = "auto", value_parser = accel_parser())]
@@ -526,7 +528,8 @@ pub(crate) struct MutantsArgs {
     pub(crate) fragments: Vec<PathBuf>,
     #[arg(long, default_value = "tinyconfig")]
     pub(crate) base: kloop_kernels::build::ConfigBase,
-    /// Parallel VMs and make -j (default: number of cores).
+    /// Parallel VMs and make -j, exactly (default: make -j one per core;
+    /// VMs one per core and up to half as many again while the host idles).
     #[arg(long, short)]
     pub(crate) jobs: Option<usize>,
     #[arg(long, default_value = "auto", value_parser = accel_parser())]

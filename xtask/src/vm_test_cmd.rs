@@ -128,7 +128,7 @@ fn perf_data_bench(gib: f64) -> Result<ExitCode> {
 }
 
 /// Times `cargo xtask vm-test` over the whole matrix (all pins × scenarios,
-/// `--jobs` from the bench's own flag or one VM per core) as a user runs
+/// `--jobs` from the bench's own flag or vm-test's default) as a user runs
 /// it, on the kernel cache as it is: cold boots, then saved VMs twice (the
 /// first makes whatever saved VM is missing, the second is the warm figure).
 pub(crate) fn matrix_bench(a: &BenchArgs) -> Result<()> {
@@ -136,19 +136,18 @@ pub(crate) fn matrix_bench(a: &BenchArgs) -> Result<()> {
         exe: std::env::current_exe().context("locating the xtask binary")?,
         runs_root: layout().runs(),
         accel: a.accel.to_string(),
-        jobs: if a.jobs > 1 {
-            a.jobs
-        } else {
-            suite::default_jobs()
-        },
+        // The bench's `--jobs` defaults to 1 for single scenarios; the
+        // matrix is timed as a user runs it unless asked otherwise.
+        jobs: (a.jobs > 1).then_some(a.jobs),
         append: a.append.clone(),
     };
     let mut rounds = Vec::new();
     for (label, boot) in bench::MATRIX_ROUNDS {
-        println!(
-            "kloop bench: matrix, {label} (--boot {boot} --jobs {}) …",
-            m.jobs
+        let jobs = m.jobs.map_or_else(
+            || suite::Parallel::host_default().to_string(),
+            |n| format!("--jobs {n}"),
         );
+        println!("kloop bench: matrix, {label} (--boot {boot}, {jobs}) …");
         let round = m.round(label, boot).context("running vm-test")?;
         if let Err(e) = &round.run {
             println!("kloop bench: {e}");

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use crate::judge::ab::{self, AbOutcome, Side};
-use crate::run::suite::PlannedTrial;
+use crate::run::suite::{self, PlannedTrial};
 use crate::run::trial::{KernelUnderTest, TrialResult, Verdict};
 use crate::scenario::Scenario;
 
@@ -159,7 +159,7 @@ pub fn run(
     candidate: &KernelUnderTest,
     scenarios: &[Scenario],
     opts: &crate::run::suite::EnvOptions,
-    (jobs, reuse_baseline): (usize, bool),
+    (jobs, reuse_baseline): (suite::Parallel, bool),
     on_start: &dyn Fn(&crate::run::trial::TrialEnv, &str, &str),
     on_result: &(dyn Fn(&TrialResult) + Sync),
 ) -> Result<AbRun, crate::run::suite::SuiteError> {
@@ -210,7 +210,7 @@ pub fn keep_baseline(
     baseline: &KernelUnderTest,
     scenarios: &[Scenario],
     opts: &crate::run::suite::EnvOptions,
-    jobs: usize,
+    jobs: suite::Parallel,
     on_start: &dyn Fn(&crate::run::trial::TrialEnv),
     on_result: &(dyn Fn(&TrialResult) + Sync),
 ) -> Result<KeptBaseline, crate::run::suite::SuiteError> {
@@ -279,7 +279,7 @@ fn run_reusing_baseline(
     layout: &crate::run::suite::Layout,
     env: &crate::run::trial::TrialEnv,
     trials: &[PlannedTrial],
-    jobs: usize,
+    jobs: suite::Parallel,
     on_result: &(dyn Fn(&TrialResult) + Sync),
 ) -> Vec<TrialResult> {
     let mut done: Vec<Option<TrialResult>> = vec![None; trials.len()];

@@ -386,7 +386,7 @@ impl BenchRow {
     /// figures.
     pub fn measure(env: &TrialEnv, t: &PlannedTrial, runs: usize, jobs: usize) -> BenchRow {
         let repeated = vec![t.clone(); runs];
-        let results = suite::run_all(env, &repeated, jobs, &|_| {});
+        let results = suite::run_all(env, &repeated, suite::Parallel::jobs(jobs), &|_| {});
         BenchRow::of(t.id(), &results)
     }
 
@@ -450,7 +450,7 @@ pub fn channel(
         scenario: storm,
         kernel,
     };
-    let results = suite::run_all(env, &[trial], 1, &|_| {});
+    let results = suite::run_all(env, &[trial], suite::Parallel::jobs(1), &|_| {});
     Ok(results.first().map(|r| {
         if r.verdict != crate::run::trial::Verdict::Ok {
             return ChannelOutcome::TrialFailed(r.verdict.clone());
@@ -473,7 +473,9 @@ pub struct MatrixBench {
     /// Where the runs' directories appear.
     pub runs_root: PathBuf,
     pub accel: String,
-    pub jobs: usize,
+    /// `--jobs N`, or `None` for vm-test's own default (one VM per core,
+    /// more while the host idles).
+    pub jobs: Option<usize>,
     /// `--append` words for the kernel command line.
     pub append: Vec<String>,
 }
@@ -502,9 +504,10 @@ impl MatrixBench {
     /// user runs it, and reads the run it left back from its directory.
     pub fn round(&self, label: &'static str, boot: &str) -> std::io::Result<MatrixRound> {
         let mut cmd = std::process::Command::new(&self.exe);
-        cmd.args(["vm-test", "--accel", &self.accel, "--jobs"])
-            .arg(self.jobs.to_string())
-            .args(["--boot", boot]);
+        cmd.args(["vm-test", "--accel", &self.accel, "--boot", boot]);
+        if let Some(jobs) = self.jobs {
+            cmd.arg("--jobs").arg(jobs.to_string());
+        }
         for w in &self.append {
             cmd.arg("--append").arg(w);
         }

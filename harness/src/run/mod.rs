@@ -32,6 +32,7 @@ pub mod fixes;
 
 pub mod initramfs;
 pub mod mutants;
+pub mod parallel;
 pub mod payload;
 pub mod repeat;
 pub mod reuse;

@@ -368,8 +368,12 @@ pub fn prove(
             scenario: scenario.clone(),
         })
         .collect();
-    let results =
-        crate::run::suite::run_all(env, &trials, crate::run::suite::default_jobs(), on_result);
+    let results = crate::run::suite::run_all(
+        env,
+        &trials,
+        crate::run::suite::Parallel::host_default(),
+        on_result,
+    );
     let outcomes: Vec<ReproOutcome> = results.iter().map(ReproOutcome::of).collect();
     let proofs: Vec<KernelProof> = kernels
         .iter()

@@ -7,6 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
+pub use crate::run::parallel::Parallel;
 use crate::run::trial::{BootMode, KernelUnderTest, LocalKernel, MakeSavedVm, TrialEnv};
 use crate::scenario::{self, Scenario};
 use kloop_kernels::{Catalog, FetchOptions, KernelCache};
@@ -441,16 +442,16 @@ fn longest_first_by_id(ids: &[String], past: &HashMap<String, f64>) -> Vec<usize
     order
 }
 
-/// Runs `trials` on `jobs` parallel VMs, calling `on_result` as each ends.
+/// Runs `trials` on parallel VMs (`par`), calling `on_result` as each ends.
 /// Trials not started when an interrupt arrives are reported interrupted.
 pub fn run_all(
     env: &TrialEnv,
     trials: &[PlannedTrial],
-    jobs: usize,
+    par: Parallel,
     on_result: &(dyn Fn(&crate::run::trial::TrialResult) + Sync),
 ) -> Vec<crate::run::trial::TrialResult> {
     let order: Vec<usize> = (0..trials.len()).collect();
-    run_in_order(env, trials, &order, jobs, on_result)
+    run_in_order(env, trials, &order, par, on_result)
 }
 
 /// [`run_all`], starting the trials in `order` (indices into `trials`,
@@ -460,49 +461,133 @@ pub fn run_in_order(
     env: &TrialEnv,
     trials: &[PlannedTrial],
     order: &[usize],
-    jobs: usize,
+    par: Parallel,
     on_result: &(dyn Fn(&crate::run::trial::TrialResult) + Sync),
 ) -> Vec<crate::run::trial::TrialResult> {
-    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Condvar, Mutex};
     let shapes = shape_keys(env.cpus, trials);
     let make = saved_vm_hints(trials, &shapes);
-    let queue = Mutex::new(Queue::new(order, &shapes, &make));
+    let schedule = Mutex::new(Schedule {
+        queue: Queue::new(order, &shapes, &make),
+        running: 0,
+        last_extra: None,
+    });
+    // Signalled when a trial ends (a slot frees) and on every idle sample.
+    let changed = Condvar::new();
+    let idle = Mutex::new(crate::run::parallel::IdleSampler::new());
+    let workers_left = AtomicBool::new(true);
     let results: Mutex<Vec<(usize, crate::run::trial::TrialResult)>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
-        for _ in 0..jobs.max(1).min(trials.len().max(1)) {
+        if par.extra > 0 {
             s.spawn(|| {
-                loop {
-                    // Its own statement: the queue's guard must be dropped
-                    // before the trial runs (a `while let` would hold it for
-                    // the whole body, and `ended` below would deadlock).
-                    let next = locked(&queue).next();
-                    let Some((i, t)) = next.and_then(|i| Some((i, trials.get(i)?))) else {
-                        break;
-                    };
-                    let r = if crate::run::signals::interrupted() {
-                        interrupted_result(env, t)
-                    } else {
-                        let task = format!("trial {}", t.id());
-                        crate::run::status::start(&task, &t.id());
-                        let r =
-                            crate::run::trial::run_trial_with(env, &t.kernel, &t.scenario, make[i]);
-                        // The trial's line is the caller's to print (`on_result`).
-                        crate::run::status::done(&task, "");
-                        r
-                    };
-                    locked(&queue).ended(i);
-                    on_result(&r);
-                    results
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push((i, r));
+                while workers_left.load(Ordering::Relaxed) {
+                    locked(&idle).sample();
+                    changed.notify_all();
+                    std::thread::sleep(crate::run::parallel::TICK);
                 }
             });
+        }
+        let workers: Vec<_> = (0..par.max_vms().min(trials.len().max(1)))
+            .map(|_| {
+                s.spawn(|| {
+                    while let Some((i, t)) = admit(&schedule, &changed, &idle, par)
+                        .and_then(|i| Some((i, trials.get(i)?)))
+                    {
+                        let r = if crate::run::signals::interrupted() {
+                            interrupted_result(env, t)
+                        } else {
+                            let task = format!("trial {}", t.id());
+                            crate::run::status::start(&task, &t.id());
+                            let r = crate::run::trial::run_trial_with(
+                                env,
+                                &t.kernel,
+                                &t.scenario,
+                                make[i],
+                            );
+                            // The trial's line is the caller's to print (`on_result`).
+                            crate::run::status::done(&task, "");
+                            r
+                        };
+                        {
+                            let mut sched = locked(&schedule);
+                            sched.queue.ended(i);
+                            sched.running -= 1;
+                        }
+                        changed.notify_all();
+                        on_result(&r);
+                        results
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push((i, r));
+                    }
+                })
+            })
+            .collect();
+        let mut panicked = None;
+        for w in workers {
+            if let Err(payload) = w.join() {
+                panicked.get_or_insert(payload);
+            }
+        }
+        workers_left.store(false, Ordering::Relaxed);
+        // As an unjoined worker's would: the run does not go on as if
+        // its trial had ended.
+        if let Some(payload) = panicked {
+            std::panic::resume_unwind(payload);
         }
     });
     let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
     results.sort_by_key(|(i, _)| *i);
     results.into_iter().map(|(_, r)| r).collect()
+}
+
+/// The queue and how many of its trials run.
+struct Schedule<'a> {
+    queue: Queue<'a>,
+    running: usize,
+    /// When the last trial beyond `par.vms` started.
+    last_extra: Option<std::time::Instant>,
+}
+
+/// Blocks until a trial may start ([`crate::run::parallel::may_start`]) and
+/// takes it from the queue; `None` once the queue is empty. A trial beyond
+/// `par.vms` is never one that would wait for a saved VM being made.
+fn admit(
+    schedule: &std::sync::Mutex<Schedule<'_>>,
+    changed: &std::sync::Condvar,
+    idle: &std::sync::Mutex<crate::run::parallel::IdleSampler>,
+    par: Parallel,
+) -> Option<usize> {
+    let mut sched = locked(schedule);
+    loop {
+        if sched.queue.is_empty() {
+            return None;
+        }
+        let idle_cores = (sched.running >= par.vms)
+            .then(|| locked(idle).idle_cores())
+            .flatten();
+        let last_extra = sched.last_extra.map(|at| at.elapsed());
+        if crate::run::parallel::may_start(sched.running, par, idle_cores, last_extra) {
+            let extra = sched.running >= par.vms;
+            let next = if extra {
+                sched.queue.next_without_waiting()
+            } else {
+                sched.queue.next()
+            };
+            if let Some(i) = next {
+                sched.running += 1;
+                if extra {
+                    sched.last_extra = Some(std::time::Instant::now());
+                }
+                return Some(i);
+            }
+        }
+        sched = changed
+            .wait_timeout(sched, crate::run::parallel::TICK)
+            .map(|(g, _)| g)
+            .unwrap_or_else(|e| e.into_inner().0);
+    }
 }
 
 /// `m`, also after a thread panicked holding it (what it guards stays
@@ -543,29 +628,54 @@ impl<'a> Queue<'a> {
     /// The trial to start next: the first waiting one whose shape is not
     /// being made, else the first waiting one.
     fn next(&mut self) -> Option<usize> {
-        let free = |i: &usize| {
-            self.shapes
-                .get(*i)
-                .is_none_or(|s| !self.making.contains_key(s.as_str()))
-        };
-        let at = self.waiting.iter().position(free).or_else(|| {
+        let at = self.first_free().or_else(|| {
             // Everything left waits for a saved VM being made: one more
             // waiter costs no more than an idle VM.
             (!self.waiting.is_empty()).then_some(0)
         })?;
+        Some(self.take(at))
+    }
+
+    /// [`Queue::next`] without the waiting one: for a VM beyond one per
+    /// core, which should add work, not another waiter.
+    fn next_without_waiting(&mut self) -> Option<usize> {
+        let at = self.first_free()?;
+        Some(self.take(at))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+
+    fn first_free(&self) -> Option<usize> {
+        self.waiting.iter().position(|i| {
+            self.shapes
+                .get(*i)
+                .is_none_or(|s| !self.making.contains_key(s.as_str()))
+        })
+    }
+
+    fn take(&mut self, at: usize) -> usize {
         let i = self.waiting.remove(at);
         if let Some(shape) = self.shapes.get(i) {
             if self.seen.insert(shape) && self.make.get(i) == Some(&MakeSavedVm::Always) {
                 self.making.insert(shape, i);
             }
         }
-        Some(i)
+        i
     }
 
     /// Trial `i` ended: its shape's saved VM is made (or will not be).
     fn ended(&mut self, i: usize) {
         self.making.retain(|_, first| *first != i);
     }
+}
+
+/// One VM per core, at least one: for runs that keep a fixed count
+/// (mutants, bisection steps); a matrix fills idle time too
+/// ([`Parallel::host_default`]).
+pub fn default_jobs() -> usize {
+    Parallel::host_default().vms
 }
 
 /// Per trial, what the scenario sets of its VM shape (its kernel, `[vm]`,
@@ -623,13 +733,6 @@ fn interrupted_result(env: &TrialEnv, t: &PlannedTrial) -> crate::run::trial::Tr
         crate::run::trial::Verdict::Interrupted("not started: interrupted".into()),
         env.run_dir.clone(),
     )
-}
-
-/// Default parallelism: one VM per core, at least one.
-pub fn default_jobs() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ pub struct AbOptions {
     /// Scenario names; empty: all.
     pub scenarios: Vec<String>,
     pub env: crate::run::suite::EnvOptions,
-    pub jobs: usize,
+    pub jobs: crate::run::suite::Parallel,
     /// `--shard K/N` of an A/B: a part of its scenarios, both kernels each.
     pub shard: Option<crate::run::shard::Shard>,
     /// Reuse the baseline's kept results whose inputs are unchanged

@@ -348,7 +348,7 @@ fn run_rounds(
     on: &(dyn Fn(Event<'_>) + Sync),
 ) -> Vec<TrialResult> {
     let runs: Vec<_> = (0..repeat).flat_map(|_| trials.iter().cloned()).collect();
-    let jobs = jobs.unwrap_or_else(suite::default_jobs);
+    let jobs = suite::Parallel::from_flag(jobs);
     on(Event::TrialsStarted(runs.len()));
     // One round: longest trials first, by the last runs' times, so that the
     // parallel VMs finish together. Rounds of a repeat keep their order.

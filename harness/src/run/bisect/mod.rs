@@ -76,7 +76,12 @@ pub fn observe_kernel(
             scenario: scenario.clone(),
         })
         .collect();
-    let results = run_all(env, &trials, jobs, &|_| {});
+    let results = run_all(
+        env,
+        &trials,
+        crate::run::suite::Parallel::jobs(jobs),
+        &|_| {},
+    );
     (results.iter().map(|r| observe(pred, r)).collect(), results)
 }
 

@@ -528,7 +528,7 @@ fn reference_sides(
     let trials: Vec<PlannedTrial> = chosen.iter().map(|s| subject.trial(s)).collect();
     let mut sides = BTreeMap::new();
     let mut deadlines = BTreeMap::new();
-    for r in suite::run_all(env, &trials, jobs, &|_| {}) {
+    for r in suite::run_all(env, &trials, suite::Parallel::jobs(jobs), &|_| {}) {
         if matches!(r.verdict, crate::run::trial::Verdict::Interrupted(_)) {
             return Err(MutantsError::Interrupted);
         }
@@ -1074,7 +1074,7 @@ fn run_again(
     jobs: usize,
 ) -> Option<(Side, Side)> {
     let trials = [reference, subject].map(|k| k.trial(scenario));
-    let results = suite::run_all(env, &trials, jobs, &|_| {});
+    let results = suite::run_all(env, &trials, suite::Parallel::jobs(jobs), &|_| {});
     let side = |k: &Subject| {
         results
             .iter()
@@ -1234,7 +1234,7 @@ fn judge_on(
     let started = Instant::now();
     'batches: for batch in chosen.chunks(jobs.max(1)) {
         let trials: Vec<PlannedTrial> = batch.iter().map(|s| subject.trial(s)).collect();
-        let results = suite::run_all(env, &trials, jobs, &|_| {});
+        let results = suite::run_all(env, &trials, suite::Parallel::jobs(jobs), &|_| {});
         result.scenarios_run += results.len();
         // A trial cut short by Ctrl-C or SIGTERM says nothing of the
         // mutant: it is not judged, whatever came before.
