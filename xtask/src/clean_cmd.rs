@@ -12,7 +12,7 @@ pub(crate) fn clean(a: CleanArgs) -> Result<ExitCode> {
     let layout = layout();
     let report_dir = layout.root.join("target/kloop/report");
     let before = run_dirs::list(&layout.runs());
-    let pruned = run_dirs::prune(&layout.runs(), a.keep, &report_dir);
+    let pruned = run_dirs::prune(&layout.runs(), a.keep, &report_dir, run_dirs::Removal::Now);
     let live = before.iter().filter(|r| r.live).count();
     println!(
         "kloop: removed {} run director{} ({:.1} MB) under {}; kept {}{}",

@@ -39,7 +39,27 @@ pub struct Pruned {
     pub bytes: u64,
     /// Directories that could not be removed, and why.
     pub failed: Vec<(PathBuf, io::Error)>,
+    /// With [`Removal::Background`]: the thread deleting what was moved
+    /// aside (joined by tests; a run lets it finish on its own).
+    pub deleting: Option<std::thread::JoinHandle<()>>,
 }
+
+/// How [`prune`] removes the directories it prunes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// Deleted before `prune` returns (`clean`).
+    Now,
+    /// Renamed aside at once (`.removing-<name>`, which no listing takes
+    /// for a run) and deleted by a thread while the run goes on: deleting
+    /// a whole matrix's directory (thousands of files) took ~1.5-3 s of the
+    /// start of every warm `vm-test` once the newest ten were kept. A
+    /// directory left aside by a process that exited first is deleted by
+    /// the next prune.
+    Background,
+}
+
+/// The prefix of a pruned run directory not yet deleted.
+const REMOVING: &str = ".removing-";
 
 /// `KLOOP_KEEP_RUNS`, else [`DEFAULT_KEEP`]; 0 keeps every run.
 pub fn keep_from_env() -> usize {
@@ -115,13 +135,23 @@ pub fn of_process(root: &Path, pid: u32) -> Option<PathBuf> {
 /// Removes all but the newest `keep` run directories under `root` (0
 /// keeps none), never one that is live, and the overhead reports named
 /// after them in `report_dir`.
-pub fn prune(root: &Path, keep: usize, report_dir: &Path) -> Pruned {
+pub fn prune(root: &Path, keep: usize, report_dir: &Path, removal: Removal) -> Pruned {
     let mut pruned = Pruned::default();
     for run in list(root).into_iter().skip(keep) {
         if run.live {
             continue;
         }
-        match std::fs::remove_dir_all(&run.path) {
+        let removed = match removal {
+            Removal::Now => std::fs::remove_dir_all(&run.path),
+            Removal::Background => match run.path.file_name() {
+                Some(name) => std::fs::rename(
+                    &run.path,
+                    root.join(format!("{REMOVING}{}", name.to_string_lossy())),
+                ),
+                None => continue,
+            },
+        };
+        match removed {
             Ok(()) => {
                 pruned.bytes += run.bytes;
                 if let Some(name) = run.path.file_name().and_then(|n| n.to_str()) {
@@ -136,7 +166,30 @@ pub fn prune(root: &Path, keep: usize, report_dir: &Path) -> Pruned {
             Err(e) => pruned.failed.push((run.path, e)),
         }
     }
+    let root = root.to_path_buf();
+    match removal {
+        Removal::Now => delete_set_aside(&root),
+        Removal::Background => {
+            pruned.deleting = std::thread::Builder::new()
+                .name("kloop-prune".into())
+                .spawn(move || delete_set_aside(&root))
+                .ok();
+        }
+    }
     pruned
+}
+
+/// Deletes the directories pruning renamed aside under `root`. Best
+/// effort: what stays is tried again by the next prune.
+fn delete_set_aside(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with(REMOVING) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// How long each trial took (wall seconds, by trial id such as
@@ -213,12 +266,43 @@ mod tests {
         assert_eq!(listed, [200, 100, 50, 10]);
         assert!(list(&root).iter().any(|r| r.started == 10 && r.live));
 
-        let pruned = prune(&root, 1, &reports);
+        // A directory a process set aside and did not delete before it
+        // exited goes with this prune.
+        let leftover = root.join(format!("{REMOVING}5-1"));
+        std::fs::create_dir_all(leftover.join("6.1/basic")).unwrap();
+        let pruned = prune(&root, 1, &reports, Removal::Now);
         assert_eq!(pruned.removed, [old.clone(), older.clone()]);
         assert_eq!(pruned.bytes, 10 + 20 + 1);
         assert!(newer.is_dir() && live_renamed.is_dir() && root.join("notes").is_dir());
         assert!(!reports.join("overhead-50-1.md").exists());
-        assert!(!old.exists() && !older.exists());
+        assert!(!old.exists() && !older.exists() && !leftover.exists());
+    }
+
+    /// In the background, the pruned directories leave the listing before
+    /// `prune` returns and are gone once its thread ends; the newest and
+    /// what is not a run stay.
+    #[test]
+    fn background_pruning_sets_aside_then_deletes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("runs");
+        let reports = tmp.path().join("report");
+        let old = make_run(&root, 100, 10);
+        let newer = make_run(&root, 200, 20);
+        std::fs::create_dir_all(root.join("notes")).unwrap();
+        let pruned = prune(&root, 1, &reports, Removal::Background);
+        assert_eq!(pruned.removed, std::slice::from_ref(&old));
+        assert_eq!(pruned.bytes, 10);
+        assert!(!old.exists(), "renamed aside before prune returned");
+        let listed: Vec<u64> = list(&root).iter().map(|r| r.started).collect();
+        assert_eq!(listed, [200]);
+        pruned.deleting.expect("a deleting thread").join().unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["200-1", "notes"]);
+        assert!(newer.is_dir());
     }
 
     #[test]

@@ -318,6 +318,7 @@ pub fn prepare_env(
             &layout.runs(),
             keep,
             &layout.root.join("target/kloop/report"),
+            crate::run::run_dirs::Removal::Background,
         );
         if !pruned.removed.is_empty() {
             tracing::info!(
