@@ -9,10 +9,11 @@ use sha2::{Digest, Sha256};
 use crate::error::KernelError;
 
 /// sha256 of a file, lowercase hex. Every trial verifies its kernel
-/// image (and modules) before booting: remembered per process for the
-/// file's identity, a warm matrix hashes each image once instead of ~40
-/// times (~1.5 s of host CPU over 200 trials).
-pub(crate) fn sha256_file(path: &Path) -> std::io::Result<String> {
+/// image (and modules) before booting and keys its saved VM by the kernel
+/// it boots: remembered per process for the file's identity, a warm
+/// matrix hashes each file once instead of ~40 times (~1.5 s of host CPU
+/// over 200 trials).
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
     let mut file = std::fs::File::open(path)?;
     let identity = FileIdentity::of(&file.metadata()?, std::time::SystemTime::now());
     if let Some(sha) = identity

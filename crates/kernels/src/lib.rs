@@ -44,7 +44,7 @@ pub use cache::{
 };
 pub use config::{KernelConfig, OptionState};
 pub use error::KernelError;
-pub use extract::bzimage_release;
+pub use extract::{bzimage_release, sha256_file};
 pub use mirror::{
     host_mirror, locate_host_mirror, mirror_from_apt_sources, AptSourceFile, HostOs, Mirror,
     MirrorOrigin,

@@ -143,8 +143,6 @@ type Slot = Arc<Mutex<Option<Result<SavedVm, String>>>>;
 pub struct SavedVms {
     root: PathBuf,
     slots: Mutex<HashMap<String, Slot>>,
-    /// Identity of a file (path, length, mtime) → its sha256.
-    file_digests: Mutex<HashMap<(PathBuf, u64, SystemTime), String>>,
     /// The caller's description of an initramfs's inputs → its sha256.
     initramfs_digests: Mutex<HashMap<String, String>>,
 }
@@ -155,7 +153,6 @@ impl SavedVms {
         SavedVms {
             root: cache_root.join("saved-vms"),
             slots: Mutex::default(),
-            file_digests: Mutex::default(),
             initramfs_digests: Mutex::default(),
         }
     }
@@ -195,8 +192,7 @@ impl SavedVms {
                 }
             }
         };
-        let kernel_sha = self
-            .file_sha256(&shape.kernel)
+        let kernel_sha = kloop_kernels::sha256_file(&shape.kernel)
             .map_err(|e| failed(format!("hashing {}: {e}", shape.kernel.display())))?;
         let key = key_of(shape, qemu_version, &kernel_sha, &initramfs_sha);
         let slot = lock(&self.slots).entry(key.clone()).or_default().clone();
@@ -462,20 +458,6 @@ impl SavedVms {
                 );
             }
         }
-    }
-
-    /// sha256 of a file, remembered for its (path, length, mtime).
-    fn file_sha256(&self, path: &Path) -> io::Result<String> {
-        let meta = std::fs::metadata(path)?;
-        let id = (path.to_path_buf(), meta.len(), meta.modified()?);
-        if let Some(sha) = lock(&self.file_digests).get(&id) {
-            return Ok(sha.clone());
-        }
-        let mut hasher = Sha256::new();
-        io::copy(&mut std::fs::File::open(path)?, &mut hasher)?;
-        let sha = hex::encode(hasher.finalize());
-        lock(&self.file_digests).insert(id, sha.clone());
-        Ok(sha)
     }
 }
 
