@@ -99,12 +99,14 @@ pub(crate) fn may_start(
         && last_extra.is_none_or(|ago| ago >= EXTRA_SETTLE)
 }
 
-/// The host's idle CPU time, from /proc/stat's first line (idle and iowait
-/// jiffies against all of them, times the CPUs counted).
+/// The host's idle CPU time, from /proc/stat: its first line's idle and
+/// iowait jiffies against all of them, over the CPUs it sums (its `cpuN`
+/// lines: every online CPU, which may be more than this process may use).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct CpuTimes {
     idle: u64,
     total: u64,
+    cpus: usize,
 }
 
 impl CpuTimes {
@@ -120,25 +122,29 @@ impl CpuTimes {
         // guest time is already inside user and nice.
         let idle = values.get(3)? + values.get(4)?;
         let total = values.iter().take(8).sum();
-        Some(CpuTimes { idle, total })
+        let cpus = stat
+            .lines()
+            .skip(1)
+            .take_while(|l| l.starts_with("cpu"))
+            .count();
+        (cpus > 0).then_some(CpuTimes { idle, total, cpus })
     }
 
     fn read() -> Option<CpuTimes> {
         CpuTimes::parse(&std::fs::read_to_string("/proc/stat").ok()?)
     }
 
-    /// Idle cores' worth between `earlier` and `self`, on `cpus` CPUs.
-    pub(crate) fn idle_cores_since(&self, earlier: &CpuTimes, cpus: usize) -> Option<f64> {
+    /// Idle cores' worth between `earlier` and `self`.
+    pub(crate) fn idle_cores_since(&self, earlier: &CpuTimes) -> Option<f64> {
         let total = self.total.checked_sub(earlier.total)?;
         let idle = self.idle.checked_sub(earlier.idle)?;
-        (total > 0).then(|| idle as f64 / total as f64 * cpus as f64)
+        (total > 0).then(|| idle as f64 / total as f64 * self.cpus as f64)
     }
 }
 
 /// The host's idle cores over roughly the last [`WINDOW`], sampled by
 /// [`IdleSampler::sample`] every [`TICK`].
 pub(crate) struct IdleSampler {
-    cpus: usize,
     samples: std::collections::VecDeque<(Instant, CpuTimes)>,
 }
 
@@ -148,9 +154,6 @@ const WINDOW: Duration = Duration::from_millis(500);
 impl IdleSampler {
     pub(crate) fn new() -> IdleSampler {
         IdleSampler {
-            cpus: std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
             samples: Default::default(),
         }
     }
@@ -178,7 +181,7 @@ impl IdleSampler {
         if last_at.duration_since(*first_at) < WINDOW * 3 / 4 {
             return None;
         }
-        last.idle_cores_since(first, self.cpus)
+        last.idle_cores_since(first)
     }
 }
 
@@ -225,16 +228,19 @@ mod tests {
         )
         .unwrap();
         // 100 jiffies pass on each of 2 CPUs: 50 user, 120 idle, 30 iowait.
-        let after =
-            CpuTimes::parse("cpu  1853874 6927 389624 1664490 26778 0 2534 5657 0 0\n").unwrap();
-        let idle = after.idle_cores_since(&before, 2).unwrap();
+        let after = CpuTimes::parse(
+            "cpu  1853874 6927 389624 1664490 26778 0 2534 5657 0 0\ncpu0 1\ncpu1 1\nintr 5\n",
+        )
+        .unwrap();
+        let idle = after.idle_cores_since(&before).unwrap();
         assert!((idle - 1.5).abs() < 1e-9, "{idle}");
-        assert_eq!(
-            before.idle_cores_since(&after, 2),
-            None,
-            "time ran backwards"
-        );
+        assert_eq!(before.idle_cores_since(&after), None, "time ran backwards");
         assert_eq!(CpuTimes::parse("intr 1 2\n"), None);
         assert_eq!(CpuTimes::parse("cpu 1 2\n"), None);
+        assert_eq!(
+            CpuTimes::parse("cpu  1 2 3 4 5 6 7 8 0 0\n"),
+            None,
+            "no CPU counted"
+        );
     }
 }

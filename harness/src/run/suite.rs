@@ -565,12 +565,10 @@ fn admit(
         if sched.queue.is_empty() {
             return None;
         }
-        let idle_cores = (sched.running >= par.vms)
-            .then(|| locked(idle).idle_cores())
-            .flatten();
+        let extra = sched.running >= par.vms;
+        let idle_cores = extra.then(|| locked(idle).idle_cores()).flatten();
         let last_extra = sched.last_extra.map(|at| at.elapsed());
         if crate::run::parallel::may_start(sched.running, par, idle_cores, last_extra) {
-            let extra = sched.running >= par.vms;
             let next = if extra {
                 sched.queue.next_without_waiting()
             } else {
