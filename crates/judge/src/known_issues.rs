@@ -16,28 +16,46 @@
 //! evidence = """records quoted from a real run"""
 //! upstream_fix = "commit subject / id, or empty"
 //! review_by = "2027-05-21"
+//!
+//! [[issue.signature]]
+//! fault = "oversized-record"
+//! record_types = ["KSYMBOL", "BPF_EVENT"]
+//! readers = ["kloop"]
+//! excess = "accumulated-trailers"
 //! ```
+//!
+//! Each entry also says what its violations look like: one or more
+//! `[[issue.signature]]` tables ([`Signature`]) naming a fault class and
+//! the typed fields a violation of it must show ([`Detail`]). A known bug
+//! excuses only itself: another violation of the same rule is news.
 //!
 //! How a trial on a pin is judged ([`Ledger::judge`]):
 //!
 //! - a violation is *covered* when an entry for that pin (and scenario, if
-//!   the entry lists any) names its rule;
-//! - any violation not covered: `FAILED`, as without a ledger;
+//!   the entry lists any) names its rule and one of the entry's
+//!   signatures matches its typed fields ([`Issue::covers`]);
+//! - any violation not covered: `FAILED`, as without a ledger, with the
+//!   covered ones printed beside it;
 //! - only covered violations: `KNOWN (<ids>)`, a known bug: never ok,
 //!   but it does not fail the exit status;
-//! - an entry that lists the trial's scenario whose rule the trial did *not*
-//!   break: `FIXED? <id> no longer shows on <pin>`, a failure, like a strict
+//! - an entry that lists the trial's scenario that no violation matches:
+//!   `FIXED? <id> no longer shows on <pin>`, a failure, like a strict
 //!   xfail: the ledger must be updated (the bug was fixed, or the scenario no
 //!   longer provokes it). An entry without scenarios only excuses; it cannot
 //!   be confirmed fixed, because not every scenario provokes every bug.
 //!
-//! A user-built kernel (`--kernel-image`) is never judged by the ledger: it
-//! is what one builds to see whether a fix works, so every violation counts.
+//! A kernel that is not a pin (`--kernel-image`, a distro build a
+//! bisection boots) is judged by the entries of the pin of its series
+//! (same code, same known bugs), but an entry that does not show there is
+//! a note, not a failure: that is what a developer fixing the bug boots to
+//! see (`run::trial::judging` in the harness).
 //!
 //! Snapshots of a KNOWN trial are still compared (and `bless` writes them):
-//! the normalised stream is built from the records that parsed, which is
-//! what this kernel deterministically sends today; a ledger entry excuses one
-//! rule, not a drift anywhere else. When the kernel is fixed the trial turns
+//! the normalised stream is built from every record read — a record whose
+//! only fault is the zero-filled excess a signature can name is read past
+//! (`kloop_records::parse_reading_on`), so a known bug does not cut a
+//! stream short; a ledger entry excuses its signature, not a drift
+//! anywhere else. When the kernel is fixed the trial turns
 //! `FIXED?` and its snapshot drifts, and both are updated together.
 //!
 //! Validation refuses unknown pins, unknown rules, unknown scenarios,
@@ -49,7 +67,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::check::Violation;
+use crate::check::{Detail, Violation};
 
 /// The ledger's file name inside the kernels directory.
 pub const FILE_NAME: &str = "known-issues.toml";
@@ -137,18 +155,190 @@ pub struct Issue {
     /// (`check-perf-data`), where there is no pin, only a kernel release.
     #[serde(default)]
     pub perf_data: Option<PerfDataSign>,
+    /// What its violations look like (`[[issue.signature]]`, at least
+    /// one): a violation of the entry's rule is the entry's only if its
+    /// typed fields match one of them.
+    #[serde(default, rename = "signature")]
+    pub signatures: Vec<Signature>,
+}
+
+/// What a known bug's violations look like, as the typed fields
+/// ([`Detail`]) the judge checks: `fault` names the fault class, the
+/// other fields (each required for its class, refused for the others)
+/// what a violation of that class must show to be this bug.
+///
+/// | fault | field | a violation matches when |
+/// |---|---|---|
+/// | `oversized-record` | `record_types` | its record type is one of these (`KSYMBOL`, `BPF_EVENT`, …) |
+/// | | `readers` | its reader is one of these: `kloop` (a listener), `perf` (perf's file) |
+/// | | `excess` | `accumulated-trailers`: the excess is exactly the trailers of the same write's copies written before it, plus events with no copy to show ([`crate::check::detail::Accumulation::explained`]) |
+/// | `interpreted-symbol` | `len` | the KSYMBOL's len |
+/// | | `name` | the KSYMBOL's name |
+/// | | `kernel_text` | its address is in the kernel image's text (true) or not (false) |
+/// | `synthesised-ksymbol` | `fields` | perf's synthesised KSYMBOL differs from the kernel's in exactly these fields |
+/// | | `first_function_tag` | perf's name is built from `prog_tags[0]` (true) or not (false) |
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Signature {
+    /// The fault class: [`Detail`]'s variant, kebab-case.
+    pub fault: String,
+    /// `oversized-record`: record types.
+    #[serde(default)]
+    pub record_types: Option<Vec<String>>,
+    /// `oversized-record`: readers.
+    #[serde(default)]
+    pub readers: Option<Vec<String>>,
+    /// `oversized-record`: the excess's shape.
+    #[serde(default)]
+    pub excess: Option<String>,
+    /// `interpreted-symbol`: the record's len.
+    #[serde(default)]
+    pub len: Option<u32>,
+    /// `interpreted-symbol`: the record's name.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// `interpreted-symbol`: whether the address is the kernel's own text.
+    #[serde(default)]
+    pub kernel_text: Option<bool>,
+    /// `synthesised-ksymbol`: the fields that differ.
+    #[serde(default)]
+    pub fields: Option<Vec<String>>,
+    /// `synthesised-ksymbol`: whether perf's name uses `prog_tags[0]`.
+    #[serde(default)]
+    pub first_function_tag: Option<bool>,
+}
+
+/// The fault classes a signature may name, with the fields each needs.
+pub const FAULTS: &[(&str, &[&str])] = &[
+    ("oversized-record", &["record_types", "readers", "excess"]),
+    ("interpreted-symbol", &["len", "name", "kernel_text"]),
+    ("synthesised-ksymbol", &["fields", "first_function_tag"]),
+];
+
+/// The one excess shape `oversized-record` knows.
+pub const ACCUMULATED_TRAILERS: &str = "accumulated-trailers";
+
+impl Signature {
+    fn given(&self) -> Vec<&'static str> {
+        [
+            ("record_types", self.record_types.is_some()),
+            ("readers", self.readers.is_some()),
+            ("excess", self.excess.is_some()),
+            ("len", self.len.is_some()),
+            ("name", self.name.is_some()),
+            ("kernel_text", self.kernel_text.is_some()),
+            ("fields", self.fields.is_some()),
+            ("first_function_tag", self.first_function_tag.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(f, given)| given.then_some(f))
+        .collect()
+    }
+
+    /// What is wrong with it, if anything.
+    fn problems(&self) -> Vec<String> {
+        let Some((_, needs)) = FAULTS.iter().find(|(f, _)| *f == self.fault) else {
+            return vec![format!(
+                "signature fault `{}` is unknown; faults: {}",
+                self.fault,
+                FAULTS
+                    .iter()
+                    .map(|(f, _)| *f)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )];
+        };
+        let given = self.given();
+        let mut out = Vec::new();
+        for n in *needs {
+            if !given.contains(n) {
+                out.push(format!("signature `{}` needs `{n}`", self.fault));
+            }
+        }
+        for g in &given {
+            if !needs.contains(g) {
+                out.push(format!(
+                    "signature `{}` has no field `{g}` (it has {})",
+                    self.fault,
+                    needs.join(", ")
+                ));
+            }
+        }
+        if let Some(e) = &self.excess {
+            if e != ACCUMULATED_TRAILERS {
+                out.push(format!(
+                    "signature excess `{e}` is unknown; the one shape is `{ACCUMULATED_TRAILERS}`"
+                ));
+            }
+        }
+        for r in self.readers.iter().flatten() {
+            if r != "kloop" && r != "perf" {
+                out.push(format!(
+                    "signature reader `{r}` is neither `kloop` nor `perf`"
+                ));
+            }
+        }
+        for l in [&self.record_types, &self.readers, &self.fields]
+            .into_iter()
+            .flatten()
+        {
+            if l.is_empty() {
+                out.push(format!("signature `{}` has an empty list", self.fault));
+            }
+        }
+        out
+    }
+
+    /// Does a violation with these typed fields look like this bug?
+    pub fn matches(&self, detail: Option<&Detail>) -> bool {
+        let Some(detail) = detail else {
+            return false;
+        };
+        match detail {
+            Detail::OversizedRecord(o) if self.fault == "oversized-record" => {
+                let reader = if o.reader == "perf" { "perf" } else { "kloop" };
+                self.record_types
+                    .as_ref()
+                    .is_some_and(|t| t.contains(&o.record_type))
+                    && self
+                        .readers
+                        .as_ref()
+                        .is_some_and(|r| r.iter().any(|x| x == reader))
+                    && self.excess.as_deref() == Some(ACCUMULATED_TRAILERS)
+                    && o.accumulation.as_ref().is_some_and(|a| a.explained)
+            }
+            Detail::InterpretedSymbol(i) if self.fault == "interpreted-symbol" => {
+                self.len == Some(i.len)
+                    && self.name.as_deref() == Some(i.name.as_str())
+                    && self.kernel_text == Some(i.kernel_text)
+            }
+            Detail::SynthesisedKsymbol(s) if self.fault == "synthesised-ksymbol" => {
+                self.fields.as_ref() == Some(&s.fields)
+                    && self.first_function_tag == Some(s.first_function_tag)
+            }
+            _ => false,
+        }
+    }
 }
 
 /// A ledger entry's sign in a host's perf.data: the `check-perf-data`
-/// rule its findings break and the kernel releases known to have it.
+/// rule its findings break and where the bug lives — the kernel releases
+/// known to have it (a kernel bug), the perf versions (a perf bug), or
+/// both (a perf bug that shows only on kernels that emit what it
+/// misreads). Each list given must hold the file's version.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PerfDataSign {
     /// The `check-perf-data` rule (`header-size`).
     pub rule: String,
     /// Kernel version ranges `A..B` (A ≤ version < B, `x.y[.z]`), or `A..`
-    /// for no known end, with the bug.
+    /// for no known end, with the bug; empty: any kernel.
+    #[serde(default)]
     pub kernels: Vec<String>,
+    /// The same for the perf that wrote the file (its `HEADER_VERSION`);
+    /// empty: any perf.
+    #[serde(default)]
+    pub perf: Vec<String>,
     /// Where the bounds come from (the source, a bisection, pins, hosts).
     pub bounds: String,
 }
@@ -169,32 +359,67 @@ pub fn kernel_version(release: &str) -> Option<(u32, u32, u32)> {
     Some((major, minor, patch))
 }
 
+/// Is `version` inside one of `ranges`? `None`: a range or the version
+/// does not read as a version.
+fn in_ranges(ranges: &[String], version: &str) -> Option<bool> {
+    let v = kernel_version(version)?;
+    let mut hit = false;
+    for r in ranges {
+        let (lo, hi) = r.split_once("..")?;
+        let lo = kernel_version(lo.trim())?;
+        let hi = match hi.trim() {
+            "" => None,
+            h => Some(kernel_version(h)?),
+        };
+        hit |= lo <= v && hi.is_none_or(|h| v < h);
+    }
+    Some(hit)
+}
+
 impl PerfDataSign {
-    /// Is `release` (`uname -r`) inside one of the ranges? `None`: a range
-    /// or the release does not read as a version.
-    pub fn affects(&self, release: &str) -> Option<bool> {
-        let v = kernel_version(release)?;
-        let mut hit = false;
-        for r in &self.kernels {
-            let (lo, hi) = r.split_once("..")?;
-            let lo = kernel_version(lo.trim())?;
-            let hi = match hi.trim() {
-                "" => None,
-                h => Some(kernel_version(h)?),
-            };
-            hit |= lo <= v && hi.is_none_or(|h| v < h);
+    /// Is a file of kernel `release` (`uname -r`) written by perf
+    /// `perf_version` inside the sign's ranges? `None`: a range or a
+    /// version it needs does not read as a version (or is unknown).
+    pub fn affects(&self, release: &str, perf_version: Option<&str>) -> Option<bool> {
+        let kernel = if self.kernels.is_empty() {
+            true
+        } else {
+            in_ranges(&self.kernels, release)?
+        };
+        let perf = if self.perf.is_empty() {
+            true
+        } else {
+            in_ranges(&self.perf, perf_version?)?
+        };
+        Some(kernel && perf)
+    }
+
+    /// Its ranges as a reader sees them (`kernels 5.1..6.12.113; perf 5.1..`).
+    pub fn ranges(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.kernels.is_empty() {
+            parts.push(format!("kernels {}", self.kernels.join(", ")));
         }
-        Some(hit)
+        if !self.perf.is_empty() {
+            parts.push(format!("perf {}", self.perf.join(", ")));
+        }
+        parts.join("; ")
     }
 }
 
 impl Ledger {
     /// The entry whose perf.data sign has `rule`, and whether the ledger
-    /// says `release` has that bug.
-    pub fn perf_data_sign(&self, rule: &str, release: &str) -> Option<(&Issue, Option<bool>)> {
+    /// says a file of kernel `release` written by `perf_version` has that
+    /// bug.
+    pub fn perf_data_sign(
+        &self,
+        rule: &str,
+        release: &str,
+        perf_version: Option<&str>,
+    ) -> Option<(&Issue, Option<bool>)> {
         self.issues.iter().find_map(|i| {
             let sign = i.perf_data.as_ref().filter(|s| s.rule == rule)?;
-            Some((i, sign.affects(release)))
+            Some((i, sign.affects(release, perf_version)))
         })
     }
 }
@@ -236,6 +461,12 @@ impl Issue {
     pub fn applies(&self, pin: &str, scenario: &str) -> bool {
         self.pins.iter().any(|p| p == pin)
             && (self.scenarios.is_empty() || self.scenarios.iter().any(|s| s == scenario))
+    }
+
+    /// Is `v` this bug: its rule, and typed fields one of the entry's
+    /// signatures names? Another violation of the same rule is not.
+    pub fn covers(&self, v: &Violation) -> bool {
+        self.rule == v.rule && self.signatures.iter().any(|s| s.matches(v.detail.as_ref()))
     }
 
     /// Must `pin` × `scenario` reproduce it (the entry names the scenario)?
@@ -422,12 +653,12 @@ impl Ledger {
             .collect();
         let mut j = Judgement::default();
         for v in violations {
-            if !applicable.iter().any(|i| i.rule == v.rule) {
+            if !applicable.iter().any(|i| i.covers(v)) {
                 j.uncovered.push(v);
             }
         }
         for i in applicable {
-            let hits: Vec<&Violation> = violations.iter().filter(|v| v.rule == i.rule).collect();
+            let hits: Vec<&Violation> = violations.iter().filter(|v| i.covers(v)).collect();
             if !hits.is_empty() {
                 j.known.push((i, hits));
             } else if i.expected(pin, scenario) {
@@ -491,11 +722,28 @@ fn validate(issues: &[Issue], vocab: &Vocabulary) -> Vec<String> {
                 }
             }
         }
+        if i.signatures.is_empty() {
+            problems.push(format!(
+                "{who}: no [[issue.signature]] (say what its violations look like: a signature's fault and fields)"
+            ));
+        }
+        for sig in &i.signatures {
+            for p in sig.problems() {
+                problems.push(format!("{who}: {p}"));
+            }
+        }
         if let Some(sign) = &i.perf_data {
-            if sign.kernels.is_empty() || sign.affects("1.0").is_none() {
+            if sign.kernels.is_empty() && sign.perf.is_empty() {
                 problems.push(format!(
-                    "{who}: perf_data.kernels must be ranges `A..B` or `A..` of versions x.y[.z]"
+                    "{who}: perf_data names neither kernels nor perf versions"
                 ));
+            }
+            for (what, ranges) in [("kernels", &sign.kernels), ("perf", &sign.perf)] {
+                if !ranges.is_empty() && in_ranges(ranges, "1.0").is_none() {
+                    problems.push(format!(
+                        "{who}: perf_data.{what} must be ranges `A..B` or `A..` of versions x.y[.z]"
+                    ));
+                }
             }
         }
         if Date::parse(&i.review_by).is_none() {
@@ -551,13 +799,25 @@ evidence = """KSYMBOL size 0x58"""
 upstream_fix = ""
 review_by = "2027-05-21"
 
+[[issue.signature]]
+fault = "oversized-record"
+record_types = ["KSYMBOL", "BPF_EVENT"]
+readers = ["kloop"]
+excess = "accumulated-trailers"
+
 [[issue]]
 id = "lost-anywhere"
-rule = "lost"
+rule = "load-symbols"
 pins = ["6.12"]
-summary = "loses records"
-evidence = "LOST 3"
+summary = "registers the interpreter"
+evidence = "KSYMBOL len 0"
 review_by = "2020-01-01"
+
+[[issue.signature]]
+fault = "interpreted-symbol"
+len = 0
+name = ""
+kernel_text = true
 "#;
 
     fn ledger() -> Ledger {
@@ -566,6 +826,45 @@ review_by = "2020-01-01"
 
     fn v(rule: &'static str) -> Violation {
         Violation::new(rule, format!("a {rule} violation"))
+    }
+
+    /// An oversized KSYMBOL of listener `l` with `excess`, explained or not.
+    fn grown(l: u32, excess: u32, explained: bool) -> Violation {
+        let mut v = Violation::new(rule::PARSE, format!("L{l} KSYMBOL {excess} bytes too long"))
+            .at(l, Some(0))
+            .with(Detail::OversizedRecord(
+                crate::check::detail::OversizedRecord {
+                    reader: format!("L{l}"),
+                    record_type: "KSYMBOL".into(),
+                    size: 96 + excess,
+                    trailer_len: 24,
+                    excess,
+                    accumulation: Some(crate::check::detail::Accumulation {
+                        before: vec![("L5".into(), 24)],
+                        unseen: Vec::new(),
+                        explained,
+                    }),
+                },
+            ));
+        v.offset = Some(u64::from(excess));
+        v
+    }
+
+    fn interpreted(len: u32, name: &str, kernel_text: bool) -> Violation {
+        Violation::new(
+            rule::LOAD_SYMBOLS,
+            "KSYMBOL register of an interpreted program",
+        )
+        .with(Detail::InterpretedSymbol(
+            crate::check::detail::InterpretedSymbol {
+                event: "register".into(),
+                addr: 0xffff_ffff_84df_6230,
+                len,
+                name: name.into(),
+                kernel_text,
+                kernel_symbol: None,
+            },
+        ))
     }
 
     fn invalid(text: &str) -> String {
@@ -588,20 +887,34 @@ review_by = "2020-01-01"
         let sign = PerfDataSign {
             rule: "header-size".into(),
             kernels: vec!["5.1..6.12.113".into(), "6.13..7.2".into()],
+            perf: Vec::new(),
             bounds: String::new(),
         };
-        assert_eq!(sign.affects("5.10.0-32-cloud-amd64"), Some(true));
-        assert_eq!(sign.affects("6.12.111+deb13-cloud-amd64"), Some(true));
-        assert_eq!(sign.affects("6.12.113+deb13-cloud-amd64"), Some(false));
-        assert_eq!(sign.affects("6.18.44-fc-v657"), Some(true));
-        assert_eq!(sign.affects("7.2.0"), Some(false));
-        assert_eq!(sign.affects("4.19.0"), Some(false));
-        assert_eq!(sign.affects("?"), None);
+        let any_perf = |r: &str| sign.affects(r, None);
+        assert_eq!(any_perf("5.10.0-32-cloud-amd64"), Some(true));
+        assert_eq!(any_perf("6.12.111+deb13-cloud-amd64"), Some(true));
+        assert_eq!(any_perf("6.12.113+deb13-cloud-amd64"), Some(false));
+        assert_eq!(any_perf("6.18.44-fc-v657"), Some(true));
+        assert_eq!(any_perf("7.2.0"), Some(false));
+        assert_eq!(any_perf("4.19.0"), Some(false));
+        assert_eq!(any_perf("?"), None);
         let open = PerfDataSign {
             kernels: vec!["6.1..".into()],
+            ..sign.clone()
+        };
+        assert_eq!(open.affects("9.0", None), Some(true));
+        // A perf bug: keyed on perf's version, and the kernel's too when
+        // both are given; an unknown perf version is no match.
+        let perf_bug = PerfDataSign {
+            kernels: vec!["6.1..".into()],
+            perf: vec!["5.1..6.20".into()],
             ..sign
         };
-        assert_eq!(open.affects("9.0"), Some(true));
+        assert_eq!(perf_bug.affects("6.12.107", Some("6.1.192")), Some(true));
+        assert_eq!(perf_bug.affects("6.12.107", Some("6.20.1")), Some(false));
+        assert_eq!(perf_bug.affects("5.10.0-32", Some("6.1.192")), Some(false));
+        assert_eq!(perf_bug.affects("6.12.107", None), None);
+        assert_eq!(perf_bug.ranges(), "kernels 6.1..; perf 5.1..6.20");
     }
 
     #[test]
@@ -617,7 +930,7 @@ review_by = "2020-01-01"
     fn validation_names_every_problem() {
         let bad = ENTRY
             .replace("\"5.10\", \"6.1\"", "\"5.10\", \"4.19\"")
-            .replace("rule = \"lost\"", "rule = \"lots\"")
+            .replace("rule = \"load-symbols\"", "rule = \"lots\"")
             .replace("2027-05-21", "2027-02-30")
             .replace("many-listeners\"]", "many-listener\"]");
         let msg = invalid(&bad);
@@ -628,7 +941,9 @@ review_by = "2020-01-01"
         let dup = ENTRY.replace("lost-anywhere", "sideband-size-grows");
         assert!(invalid(&dup).contains("id used twice"));
         assert!(invalid(&ENTRY.replace("lost-anywhere", "Lost_Anywhere")).contains("kebab-case"));
-        assert!(invalid(&ENTRY.replace("\"LOST 3\"", "\"  \"")).contains("evidence is empty"));
+        assert!(
+            invalid(&ENTRY.replace("\"KSYMBOL len 0\"", "\"  \"")).contains("evidence is empty")
+        );
         let gcc = ENTRY.replace(
             "pins = [\"6.12\"]",
             "pins = [\"6.12\"]\ncomponent = \"gcc\"",
@@ -655,7 +970,7 @@ review_by = "2020-01-01"
             assert!(names.contains(r));
         }
         let mut vocab = vocab();
-        let text = ENTRY.replace("rule = \"lost\"", "rule = \"perf-script\"");
+        let text = ENTRY.replace("rule = \"load-symbols\"", "rule = \"perf-script\"");
         assert!(Ledger::parse(&text, Path::new("k.toml"), &vocab).is_err());
         vocab.rules.push("perf-script".into());
         assert!(Ledger::parse(&text, Path::new("k.toml"), &vocab).is_ok());
@@ -672,27 +987,64 @@ review_by = "2020-01-01"
     }
 
     #[test]
-    fn matching_covers_only_listed_pin_scenario_and_rule() {
+    fn matching_covers_only_listed_pin_scenario_rule_and_signature() {
         let l = ledger();
-        let vs = [v(rule::PARSE), v(rule::PARSE)];
+        let vs = [grown(1, 24, true), grown(3, 64, true)];
         let j = l.judge("6.1", "many-listeners", &vs);
         assert!(j.uncovered.is_empty() && j.fixed.is_empty());
         assert_eq!(j.known.len(), 1);
         assert_eq!(j.known[0].0.id, "sideband-size-grows");
         assert_eq!(j.known[0].1.len(), 2);
-        // Another pin, another scenario, another rule: not covered.
+        // Another pin, another scenario: not covered.
         assert_eq!(l.judge("6.12", "many-listeners", &vs).uncovered.len(), 2);
         assert_eq!(l.judge("6.1", "basic", &vs).uncovered.len(), 2);
-        let mixed = [v(rule::PARSE), v(rule::LOAD_SYMBOLS)];
+        // The same rule, another fault: not covered, and shown beside the
+        // known one.
+        let second = [grown(1, 24, true), v(rule::PARSE), grown(8, 96, false)];
+        let j = l.judge("6.1", "many-listeners", &second);
+        assert_eq!(j.uncovered.len(), 2, "{:?}", j.uncovered);
+        assert!(j.uncovered[0].detail.is_none());
+        assert_eq!(j.uncovered[1].listener, Some(8));
+        assert_eq!(j.known.len(), 1);
+        assert_eq!(j.known[0].1.len(), 1);
+        // Another rule beside it: not covered.
+        let mixed = [grown(1, 24, true), v(rule::LOAD_SYMBOLS)];
         let j = l.judge("6.1", "many-listeners", &mixed);
         assert_eq!(j.uncovered.len(), 1);
         assert_eq!(j.uncovered[0].rule, rule::LOAD_SYMBOLS);
-        assert_eq!(j.known.len(), 1);
-        // An entry without scenarios covers its rule in any scenario.
-        let lost = [v(rule::LOST)];
-        let j = l.judge("6.12", "basic", &lost);
+        // An entry without scenarios covers its signature in any scenario,
+        // and only its signature.
+        let interp = [interpreted(0, "", true)];
+        let j = l.judge("6.12", "basic", &interp);
         assert!(j.uncovered.is_empty());
         assert_eq!(j.known[0].0.id, "lost-anywhere");
+        for other in [
+            interpreted(8, "", true),
+            interpreted(0, "bpf_prog_x", true),
+            interpreted(0, "", false),
+        ] {
+            let j = l.judge("6.12", "basic", std::slice::from_ref(&other));
+            assert_eq!(j.uncovered.len(), 1, "{:?}", other.detail);
+        }
+    }
+
+    #[test]
+    fn signatures_are_validated() {
+        let no_sig = ENTRY.replace(
+            "[[issue.signature]]\nfault = \"interpreted-symbol\"\nlen = 0\nname = \"\"\nkernel_text = true\n",
+            "",
+        );
+        assert!(invalid(&no_sig).contains("`lost-anywhere`: no [[issue.signature]]"));
+        let unknown = ENTRY.replace("fault = \"interpreted-symbol\"", "fault = \"bad-symbol\"");
+        assert!(invalid(&unknown).contains("signature fault `bad-symbol` is unknown"));
+        let missing = ENTRY.replace("kernel_text = true\n", "");
+        assert!(invalid(&missing).contains("signature `interpreted-symbol` needs `kernel_text`"));
+        let foreign = ENTRY.replace("len = 0\n", "len = 0\nexcess = \"accumulated-trailers\"\n");
+        assert!(invalid(&foreign).contains("signature `interpreted-symbol` has no field `excess`"));
+        let shape = ENTRY.replace("excess = \"accumulated-trailers\"", "excess = \"any\"");
+        assert!(invalid(&shape).contains("signature excess `any` is unknown"));
+        let reader = ENTRY.replace("readers = [\"kloop\"]", "readers = [\"bpftrace\"]");
+        assert!(invalid(&reader).contains("signature reader `bpftrace`"));
     }
 
     #[test]
@@ -701,11 +1053,13 @@ review_by = "2020-01-01"
         let j = l.judge("5.10", "many-listeners", &[]);
         assert_eq!(j.fixed.len(), 1);
         assert_eq!(j.fixed[0].id, "sideband-size-grows");
-        // Other rules failing do not count as the bug showing.
-        let lost = [v(rule::LOST)];
-        let j = l.judge("5.10", "many-listeners", &lost);
-        assert_eq!(j.fixed.len(), 1);
-        assert_eq!(j.uncovered.len(), 1);
+        // Other rules failing do not count as the bug showing, nor does
+        // the same rule failing another way.
+        for other in [v(rule::LOST), grown(1, 32, false)] {
+            let j = l.judge("5.10", "many-listeners", std::slice::from_ref(&other));
+            assert_eq!(j.fixed.len(), 1);
+            assert_eq!(j.uncovered.len(), 1);
+        }
         // Not listed there: nothing to confirm.
         assert!(l.judge("6.12", "many-listeners", &[]).fixed.is_empty());
         assert!(l.judge("5.10", "basic", &[]).fixed.is_empty());

@@ -7,6 +7,8 @@
 //!
 //! - [`evidence`]: the guest's messages and raw streams, before interpretation;
 //! - [`check`]: the invariants every run obeys, one module per rule family;
+//! - [`emissions`]: one kernel write's copies across listeners and perf,
+//!   and whether an oversized copy's excess is the others' trailers;
 //! - [`expectation`]: a scenario's `[[expect]]` tables as data;
 //! - [`expect`]: checking them against a run;
 //! - [`perf_script`]: the real perf as a second reader (`second-reader`);
@@ -19,6 +21,7 @@
 pub mod ab;
 pub mod bisect;
 pub mod check;
+pub mod emissions;
 pub mod evidence;
 pub mod expect;
 pub mod expectation;

@@ -649,10 +649,7 @@ impl<'a> Reader<'a> {
 }
 
 /// Parses one record whose bytes (header included) are exactly `rec`.
-fn parse_record(
-    listener: &ListenerInfo,
-    rec: &[u8],
-) -> Result<(PerfHeader, RecordBody, SampleId), String> {
+fn parse_record(listener: &ListenerInfo, rec: &[u8]) -> Result<Parts, String> {
     let mut r = Reader { rec, pos: 0 };
     let short = |what: &str| format!("record too short for {what}");
     let type_ = r.u32().ok_or_else(|| short("header"))?;
@@ -774,11 +771,13 @@ fn parse_record(
         }
         other => {
             // Unknown layout: the header size is all we can check.
-            return Ok((
+            return Ok(Parts {
                 header,
-                RecordBody::Unknown { type_: other },
-                SampleId::default(),
-            ));
+                body: RecordBody::Unknown { type_: other },
+                sample: SampleId::default(),
+                body_end: rec.len(),
+                end: rec.len(),
+            });
         }
     };
 
@@ -814,22 +813,102 @@ fn parse_record(
             s.identifier = Some(r.u64().ok_or_else(trailer_err)?);
         }
     }
-    if r.pos != rec.len() {
-        return Err(format!(
-            "{} unexplained bytes after the {} (body ends at {body_end}, trailer of {} bytes ends at {}, header.size is {size})",
-            rec.len() - r.pos,
+    Ok(Parts {
+        header,
+        body,
+        sample: s,
+        body_end,
+        end: r.pos,
+    })
+}
+
+/// A record's fields as [`parse_record`] read them, and where its body and
+/// its sample_id trailer end (`end` < the record's length: bytes follow
+/// that nothing explains).
+struct Parts {
+    header: PerfHeader,
+    body: RecordBody,
+    sample: SampleId,
+    body_end: usize,
+    end: usize,
+}
+
+impl Parts {
+    /// The strict reading: every byte of the record explained.
+    fn exact(self, listener: &ListenerInfo, rec: &[u8]) -> Result<Self, String> {
+        if self.end == rec.len() {
+            return Ok(self);
+        }
+        Err(format!(
+            "{} unexplained bytes after the {} (body ends at {}, trailer of {} bytes ends at {}, header.size is {})",
+            rec.len() - self.end,
             if listener.sample_id_all { "sample_id trailer" } else { "body (no sample_id_all)" },
-            r.pos - body_end,
-            r.pos
-        ));
+            self.body_end,
+            self.end - self.body_end,
+            self.end,
+            self.header.size
+        ))
     }
-    Ok((header, body, s))
 }
 
 /// Parses as much of a stream as is well-formed: the records up to the first
 /// error, and that error if there is one.
 pub fn parse_prefix(listener: &ListenerInfo, bytes: &[u8]) -> (Vec<Record>, Option<ParseError>) {
-    let mut out = Vec::new();
+    let p = walk(listener, bytes, false);
+    (p.records, p.error)
+}
+
+/// A record laid out whole — its body, then its `sample_id` trailer, every
+/// field where the uapi puts it — whose `header.size` claims more bytes
+/// after the trailer, all of them zero. The kernel reserved `size` bytes in
+/// the ring (`perf_output_begin()` advances the head by `header.size`), so
+/// the next record starts there; what it wrote into the record ends at
+/// `end`. This is the shape of a header that was grown and not restored
+/// (ksymbol-bpf-event-header-size-accumulates in the ledger); it is still a
+/// parse fault, which [`parse_reading_on`] reports and reads past.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Oversized {
+    /// The listener whose stream holds it.
+    pub listener: u32,
+    /// Offset of its header in the stream.
+    pub offset: u64,
+    /// `header.type`.
+    pub record_type: u32,
+    /// `header.size`.
+    pub size: u16,
+    /// Where its body ends (record offset).
+    pub body_end: u32,
+    /// Length of its `sample_id` trailer ([`sample_id_len`]).
+    pub trailer_len: u32,
+    /// Bytes after the trailer: `size` − body − trailer.
+    pub excess: u32,
+}
+
+/// What [`parse_reading_on`] read.
+#[derive(Debug, Clone, Default)]
+pub struct Parsed {
+    /// Every record read, oversized ones included (with their trailer read
+    /// where the kernel wrote it, right after the body).
+    pub records: Vec<Record>,
+    /// The oversized records read past, in stream order.
+    pub oversized: Vec<Oversized>,
+    /// The first fault that could not be read past: reading stopped there.
+    pub error: Option<ParseError>,
+}
+
+/// Parses a stream like [`parse_prefix`], except that an [`Oversized`]
+/// record — body and trailer whole, then only zero bytes up to
+/// `header.size` — is kept, reported in [`Parsed::oversized`], and reading
+/// goes on at `header.size`, the boundary the kernel reserved. Any other
+/// fault, and excess bytes that are not all zero (another record's bytes
+/// may hide there, so `header.size` is not trusted), stop reading as in
+/// [`parse_prefix`].
+pub fn parse_reading_on(listener: &ListenerInfo, bytes: &[u8]) -> Parsed {
+    walk(listener, bytes, true)
+}
+
+fn walk(listener: &ListenerInfo, bytes: &[u8], read_on: bool) -> Parsed {
+    let mut out = Parsed::default();
     let mut pos = 0usize;
     let err = |pos: usize, what: String| ParseError {
         listener: listener.index,
@@ -840,63 +919,73 @@ pub fn parse_prefix(listener: &ListenerInfo, bytes: &[u8]) -> (Vec<Record>, Opti
     while pos < bytes.len() {
         let avail = bytes.len() - pos;
         let Some(hdr) = bytes.get(pos..pos.saturating_add(HEADER_LEN)) else {
-            return (
-                out,
-                Some(err(
-                    pos,
-                    format!("truncated header: {avail} bytes left, need {HEADER_LEN}"),
-                )),
-            );
+            out.error = Some(err(
+                pos,
+                format!("truncated header: {avail} bytes left, need {HEADER_LEN}"),
+            ));
+            return out;
         };
         let size = usize::from(u16::from_le_bytes([
             hdr.get(6).copied().unwrap_or(0),
             hdr.get(7).copied().unwrap_or(0),
         ]));
-        if size < HEADER_LEN {
-            return (
-                out,
-                Some(err(
-                    pos,
-                    format!("header.size {size} is smaller than the header"),
-                )),
-            );
-        }
-        if size % 8 != 0 {
-            return (
-                out,
-                Some(err(
-                    pos,
-                    format!("header.size {size} is not a multiple of 8"),
-                )),
-            );
-        }
-        if size > avail {
-            return (
-                out,
-                Some(err(
-                    pos,
-                    format!(
-                        "header.size {size} runs past the end of the stream ({avail} bytes left)"
-                    ),
-                )),
-            );
+        let fault = if size < HEADER_LEN {
+            Some(format!("header.size {size} is smaller than the header"))
+        } else if size % 8 != 0 {
+            Some(format!("header.size {size} is not a multiple of 8"))
+        } else if size > avail {
+            Some(format!(
+                "header.size {size} runs past the end of the stream ({avail} bytes left)"
+            ))
+        } else {
+            None
+        };
+        if let Some(what) = fault {
+            out.error = Some(err(pos, what));
+            return out;
         }
         let Some(rec) = bytes.get(pos..pos + size) else {
-            return (out, Some(err(pos, "record out of bounds".to_string())));
+            out.error = Some(err(pos, "record out of bounds".to_string()));
+            return out;
         };
-        match parse_record(listener, rec) {
-            Ok((header, body, sample)) => out.push(Record {
+        let parts = match parse_record(listener, rec) {
+            Ok(p) => p,
+            Err(what) => {
+                out.error = Some(err(pos, what));
+                return out;
+            }
+        };
+        let padding = rec.get(parts.end..).unwrap_or(&[]);
+        let parts = if read_on && !padding.is_empty() && padding.iter().all(|b| *b == 0) {
+            out.oversized.push(Oversized {
                 listener: listener.index,
                 offset: pos as u64,
-                header,
-                body,
-                sample,
-            }),
-            Err(what) => return (out, Some(err(pos, what))),
-        }
+                record_type: parts.header.type_,
+                size: parts.header.size,
+                body_end: parts.body_end as u32,
+                trailer_len: (parts.end - parts.body_end) as u32,
+                excess: padding.len() as u32,
+            });
+            parts
+        } else {
+            match parts.exact(listener, rec) {
+                Ok(p) => p,
+                Err(what) => {
+                    out.error = Some(err(pos, what));
+                    return out;
+                }
+            }
+        };
+        out.records.push(Record {
+            listener: listener.index,
+            offset: pos as u64,
+            header: parts.header,
+            body: parts.body,
+            sample: parts.sample,
+        });
         pos += size;
     }
-    (out, None)
+    out
 }
 
 /// Parses one listener's whole stream strictly; see the module docs.
@@ -1309,6 +1398,117 @@ mod tests {
         let mut long = text_poke(&l, 0xffff_ffff_c000_0000, 0, 5, tr(5, 0));
         long[HEADER_LEN + 10] = 200;
         expect_err(&l, &long, 0, "run past the record end");
+    }
+
+    /// `rec` grown by `excess` zero bytes, its header.size with it: the
+    /// header-size bug's shape (perf_event_header__init_id() adding another
+    /// event's id_header_size to the shared record).
+    fn grown(mut rec: Vec<u8>, excess: usize) -> Vec<u8> {
+        let size = rec.len() + excess;
+        rec.resize(size, 0);
+        set_size(&mut rec, 0, size as u16);
+        rec
+    }
+
+    #[test]
+    fn an_oversized_zero_padded_record_is_read_past_and_reported() {
+        let l = listener(3, 1, TTC);
+        let first = grown(
+            ksymbol(
+                &l,
+                0xffff_ffff_c000_1000,
+                44,
+                1,
+                false,
+                "bpf_prog_a",
+                tr(5, 1),
+            ),
+            24,
+        );
+        let mut s = first.clone();
+        s.extend(grown(bpf_event(&l, 1, 7, [1; 8], tr(6, 1)), 64));
+        s.extend(good_stream(&l));
+        // The strict reading stops at the first record.
+        let e = expect_err(
+            &l,
+            &s,
+            0,
+            "24 unexplained bytes after the sample_id trailer",
+        );
+        assert!(
+            e.what.contains(&format!("header.size is {}", first.len())),
+            "{e}"
+        );
+        // Reading on keeps every record, each trailer read after its body.
+        let p = parse_reading_on(&l, &s);
+        assert!(p.error.is_none(), "{:?}", p.error);
+        assert_eq!(
+            p.records.len(),
+            2 + parse_stream(&l, &good_stream(&l)).unwrap().len()
+        );
+        assert_eq!(p.records[0].sample.time, Some(5));
+        assert_eq!(p.records[1].sample.time, Some(6));
+        assert_eq!(p.records[1].offset, first.len() as u64);
+        assert_eq!(
+            p.oversized,
+            vec![
+                Oversized {
+                    listener: 3,
+                    offset: 0,
+                    record_type: PERF_RECORD_KSYMBOL,
+                    size: first.len() as u16,
+                    body_end: (first.len() - 24 - 24) as u32,
+                    trailer_len: 24,
+                    excess: 24,
+                },
+                Oversized {
+                    listener: 3,
+                    offset: first.len() as u64,
+                    record_type: PERF_RECORD_BPF_EVENT,
+                    size: (HEADER_LEN + 16 + 24 + 64) as u16,
+                    body_end: (HEADER_LEN + 16) as u32,
+                    trailer_len: 24,
+                    excess: 64,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn excess_bytes_that_are_not_zero_stop_reading() {
+        // A record whose size was grown over the next record's bytes: the
+        // excess is not padding, so header.size is not trusted.
+        let l = listener(0, 0, TTC);
+        let a = ksymbol(
+            &l,
+            0xffff_ffff_c000_1000,
+            44,
+            1,
+            false,
+            "bpf_prog_a",
+            tr(5, 0),
+        );
+        let b = bpf_event(&l, 1, 7, [1; 8], tr(6, 0));
+        let mut s = a.clone();
+        s.extend(&b);
+        set_size(&mut s, 0, (a.len() + b.len()) as u16);
+        let p = parse_reading_on(&l, &s);
+        assert!(p.records.is_empty() && p.oversized.is_empty());
+        let e = p.error.expect("a fault");
+        assert_eq!(e.offset, 0);
+        assert!(
+            e.what.contains(&format!("{} unexplained bytes", b.len())),
+            "{e}"
+        );
+        // Any other fault stops it too, after the records before it.
+        let mut t = good_stream(&l);
+        let n = parse_stream(&l, &t).unwrap().len();
+        let at = t.len();
+        t.extend(grown(bpf_event(&l, 1, 7, [1; 8], tr(9, 0)), 4));
+        let p = parse_reading_on(&l, &t);
+        assert_eq!(p.records.len(), n);
+        assert!(p.error.unwrap().what.contains("not a multiple of 8"));
+        assert_eq!(at as u64, parse_prefix(&l, &t).1.unwrap().offset);
     }
 
     #[test]

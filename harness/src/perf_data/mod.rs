@@ -197,21 +197,27 @@ impl PerfDataCheck {
 /// release outside its ranges stays news, and says whose pattern it has.
 pub fn recognise(check: &mut PerfDataCheck, ledger: &crate::judge::known_issues::Ledger) {
     let release = check.os_release.clone().unwrap_or_default();
+    let perf = check.perf_version.clone();
     for f in &mut check.findings {
-        match ledger.perf_data_sign(f.rule, &release) {
+        match ledger.perf_data_sign(f.rule, &release, perf.as_deref()) {
             Some((issue, Some(true))) => f.known_issue = Some(issue.id.clone()),
             Some((issue, affects)) => {
-                let kernels = issue
+                let ranges = issue
                     .perf_data
                     .as_ref()
-                    .map(|s| s.kernels.join(", "))
+                    .map(|s| s.ranges())
                     .unwrap_or_default();
                 f.message.push_str(&format!(
-                    " (the sign of ledger entry {}, known on kernels {kernels}; {}: news for the ledger)",
+                    " (the sign of ledger entry {}, known on {ranges}; {}: news for the ledger)",
                     issue.id,
                     match affects {
-                        Some(_) => format!("kernel {release} is outside them"),
-                        None => format!("kernel release {release:?} does not read as a version"),
+                        Some(_) => format!(
+                            "kernel {release}, perf {} is outside them",
+                            perf.as_deref().unwrap_or("(unknown)")
+                        ),
+                        None => format!(
+                            "kernel release {release:?} or perf version {perf:?} does not read as a version"
+                        ),
                     }
                 ));
             }

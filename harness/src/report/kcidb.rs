@@ -602,6 +602,7 @@ mod document_tests {
                 offset: None,
                 records: vec![],
                 known_issue: Some("interpreted-prog-ksymbol-register".into()),
+                detail: None,
             }],
             ..TrialResult::for_test(
                 "built-53e347db1de9",

@@ -250,6 +250,7 @@ mod tests {
                 offset: Some(128),
                 records: Vec::new(),
                 known_issue: None,
+                detail: None,
             },
             RuleHit {
                 rule: "load-symbols".into(),
@@ -258,6 +259,7 @@ mod tests {
                 offset: None,
                 records: Vec::new(),
                 known_issue: Some("size-grows".into()),
+                detail: None,
             },
         ];
         failed.snapshot_drift = Some(SnapshotDrift {

@@ -241,6 +241,7 @@ mod tests {
             offset: None,
             records: Vec::new(),
             known_issue: Some("x".into()),
+            detail: None,
         });
         let mut infra_after_hello = result("6.1", Verdict::Infrastructure(m()));
         infra_after_hello.boot_to_hello_secs = Some(1.0);

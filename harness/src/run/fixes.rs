@@ -282,6 +282,11 @@ summary = "s"
 evidence = "e"
 review_by = "2027-05-21"
 
+[[issue.signature]]
+fault = "interpreted-symbol"
+len = 0
+name = ""
+kernel_text = true
 [[issue]]
 id = "interpreted-prog-ksymbol-unregister"
 rule = "unload-symbols"
@@ -291,6 +296,11 @@ summary = "s"
 evidence = "e"
 review_by = "2027-05-21"
 
+[[issue.signature]]
+fault = "interpreted-symbol"
+len = 0
+name = ""
+kernel_text = true
 [[issue]]
 id = "other"
 rule = "parse"
@@ -299,6 +309,12 @@ pins = ["6.12"]
 summary = "s"
 evidence = "e"
 review_by = "2027-05-21"
+
+[[issue.signature]]
+fault = "oversized-record"
+record_types = ["KSYMBOL"]
+readers = ["kloop"]
+excess = "accumulated-trailers"
 "#;
 
     fn ledger() -> Ledger {

@@ -334,6 +334,7 @@ mod tests {
             offset: None,
             records: Vec::new(),
             known_issue: None,
+            detail: None,
         }];
         rs.insert(2, bad);
         let g = group(rs);

@@ -464,6 +464,7 @@ mod tests {
                     offset: None,
                     records: vec![],
                     known_issue: None,
+                    detail: None,
                 })
                 .into_iter()
                 .collect(),

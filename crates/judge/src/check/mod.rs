@@ -90,13 +90,15 @@ use kloop_protocol::{KallsymsEntry, ListenerInfo, ProgFacts};
 
 use crate::evidence::{Batch, RunEvidence, Window};
 use kloop_records::{
-    self, merge_by_time, parse_prefix, Record, RecordBody, RecordContent, BPF_EVENT_PROG_LOAD,
-    BPF_EVENT_PROG_UNLOAD, KSYMBOL_FLAGS_UNREGISTER, KSYM_TYPE_BPF, KSYM_TYPE_OOL,
+    self, merge_by_time, parse_reading_on, Oversized, Record, RecordBody, RecordContent,
+    BPF_EVENT_PROG_LOAD, BPF_EVENT_PROG_UNLOAD, KSYMBOL_FLAGS_UNREGISTER, KSYM_TYPE_BPF,
+    KSYM_TYPE_OOL,
 };
 
 mod agreement;
 mod announced;
 mod batches;
+pub mod detail;
 mod emission;
 mod inventory;
 mod listener;
@@ -108,6 +110,7 @@ mod tasks;
 use agreement::*;
 use announced::*;
 use batches::*;
+pub use detail::Detail;
 use emission::*;
 use inventory::*;
 use listener::*;
@@ -231,6 +234,9 @@ pub struct Violation {
     pub offset: Option<u64>,
     /// The records the message quotes, in the order it quotes them.
     pub records: Vec<QuotedRecord>,
+    /// The fault's typed fields, for the rules that report a fault class
+    /// a ledger entry can name ([`Detail`]); `None` for the others.
+    pub detail: Option<Detail>,
 }
 
 impl Violation {
@@ -242,7 +248,14 @@ impl Violation {
             listener: None,
             offset: None,
             records: Vec::new(),
+            detail: None,
         }
+    }
+
+    /// Gives the violation its typed fields.
+    pub fn with(mut self, detail: Detail) -> Violation {
+        self.detail = Some(detail);
+        self
     }
 
     /// Adds the records the message quotes; the first one places the
@@ -431,6 +444,40 @@ impl Analysis {
     pub fn of_rule<'a>(&'a self, rule: &'a str) -> impl Iterator<Item = &'a Violation> + 'a {
         self.violations.iter().filter(move |v| v.rule == rule)
     }
+}
+
+/// The `parse` violation of a record read past ([`Oversized`]): the
+/// stream's other records are judged in full, and a ledger entry can excuse
+/// this one only by its [`Detail::OversizedRecord`] fields.
+fn oversized_violation(l: &ListenerInfo, o: &Oversized, recs: &[Record]) -> Violation {
+    let type_name = kloop_records::record_type_name(o.record_type)
+        .map_or_else(|| format!("type {}", o.record_type), str::to_string);
+    let rec = recs.iter().find(|r| r.offset == o.offset);
+    Violation::new(
+        rule::PARSE,
+        format!(
+            "listener {} ({}), stream offset {}: {type_name} header.size {} is {} bytes more than its body \
+             ({} bytes) and sample_id trailer ({} bytes) take, and those bytes are zero; read on at \
+             header.size, where the kernel's next record starts",
+            o.listener,
+            if l.cpu < 0 { "task-bound".to_string() } else { format!("cpu {}", l.cpu) },
+            o.offset,
+            o.size,
+            o.excess,
+            o.body_end,
+            o.trailer_len,
+        ),
+    )
+    .at(o.listener, Some(o.offset))
+    .quoting(rec)
+    .with(Detail::OversizedRecord(detail::OversizedRecord {
+        reader: format!("L{}", o.listener),
+        record_type: type_name,
+        size: u32::from(o.size),
+        trailer_len: o.trailer_len,
+        excess: o.excess,
+        accumulation: None,
+    }))
 }
 
 /// A message and the records it quotes, before it gets its rule
@@ -736,8 +783,12 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
     let mut cut: BTreeSet<u32> = BTreeSet::new();
     for (idx, l) in &listeners {
         let bytes = ev.streams.get(idx).map(Vec::as_slice).unwrap_or(&[]);
-        let (recs, err) = parse_prefix(l, bytes);
-        if let Some(e) = err {
+        let parsed = parse_reading_on(l, bytes);
+        let recs = parsed.records;
+        for o in &parsed.oversized {
+            v.push(oversized_violation(l, o, &recs));
+        }
+        if let Some(e) = parsed.error {
             cut.insert(*idx);
             v.push(
                 m_find(

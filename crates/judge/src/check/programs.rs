@@ -101,7 +101,26 @@ pub(super) fn check_set(
         .filter(|(_, l, u)| *l && !*u)
         .map(|(f, _, _)| f.id)
         .collect();
+    // A KSYMBOL at an interpreted program's address must not exist at all,
+    // and interpreted_symbols() reports each one as such (below); pairing
+    // two of them (registered again, unregistered again) would report the
+    // same records a second time as a fault of another shape.
+    let interpreted_addrs: BTreeSet<u64> = ev
+        .progs
+        .iter()
+        .filter(|f| is_interpreted(f))
+        .flat_map(|f| f.jited_ksyms.iter().copied())
+        .collect();
+    let only_interpreted = |f: &Violation| {
+        !f.records.is_empty()
+            && f.records.iter().all(|q| {
+                q.type_name == "KSYMBOL" && q.addr.is_some_and(|a| interpreted_addrs.contains(&a))
+            })
+    };
     for f in &m.findings {
+        if only_interpreted(f) {
+            continue;
+        }
         let keep = if f.rule == rule::UNLOAD_MATCHES_LOAD {
             has_bpf
                 && !(f.records.len() == 1
@@ -371,7 +390,7 @@ pub(super) fn check_set(
         }
     }
     if has_ksym {
-        out.extend(interpreted_symbols(&ev.progs, merged));
+        out.extend(interpreted_symbols(&ev.progs, &ev.initial_kallsyms, merged));
     }
     // A task listener without inherit follows the agent's main task alone,
     // which runs no batch: no batch program may show in it.
@@ -635,11 +654,22 @@ pub fn is_interpreted(facts: &ProgFacts) -> bool {
 /// kallsyms either); their BPF_EVENTs are checked like any other. Every
 /// KSYMBOL at an interpreted program's address is a violation: a register
 /// of `load-symbols`, an unregister of `unload-symbols`.
-pub(super) fn interpreted_symbols(progs: &[ProgFacts], merged: &[Record]) -> Vec<Violation> {
+pub(super) fn interpreted_symbols(
+    progs: &[ProgFacts],
+    kallsyms: &[KallsymsEntry],
+    merged: &[Record],
+) -> Vec<Violation> {
     let interpreted: Vec<&ProgFacts> = progs.iter().filter(|f| is_interpreted(f)).collect();
     let mut out = Vec::new();
     for r in merged {
-        let RecordBody::Ksymbol { addr, flags, .. } = &r.body else {
+        let RecordBody::Ksymbol {
+            addr,
+            len,
+            flags,
+            name,
+            ..
+        } = &r.body
+        else {
             continue;
         };
         let whose: Vec<String> = interpreted
@@ -655,15 +685,33 @@ pub(super) fn interpreted_symbols(progs: &[ProgFacts], merged: &[Record]) -> Vec
         } else {
             (rule::LOAD_SYMBOLS, "register")
         };
+        // The kernel's own text at that address, as a /proc/kallsyms read
+        // names it (a vmlinux symbol: no module column), when one did.
+        let kernel_symbol = kallsyms
+            .iter()
+            .chain(interpreted.iter().flat_map(|f| &f.kallsyms))
+            .find(|e| e.addr == *addr && e.module.is_none())
+            .map(|e| e.name.clone());
+        let kernel_text = detail::KERNEL_IMAGE.contains(addr);
         out.push(
             Violation::new(
                 rule,
                 format!(
-                    "KSYMBOL {what} at {addr:#x}, where interpreted program(s) {} run (jited_func_lens all 0: not JIT-compiled, no symbol of their own): {r}",
+                    "KSYMBOL {what} at {addr:#x}{}{}, where interpreted program(s) {} run (jited_func_lens all 0: not JIT-compiled, no symbol of their own): {r}",
+                    if kernel_text { " (kernel text)" } else { "" },
+                    kernel_symbol.as_deref().map(|s| format!(" ({s} in /proc/kallsyms)")).unwrap_or_default(),
                     whose.join(", ")
                 ),
             )
-            .quoting([r]),
+            .quoting([r])
+            .with(Detail::InterpretedSymbol(detail::InterpretedSymbol {
+                event: what.to_string(),
+                addr: *addr,
+                len: *len,
+                name: name.clone(),
+                kernel_text,
+                kernel_symbol,
+            })),
         );
     }
     out

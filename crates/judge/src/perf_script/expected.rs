@@ -147,8 +147,57 @@ pub(super) fn expected_records(f: &ProgFacts, unregister: bool) -> Vec<RecordCon
     out
 }
 
+/// The `sample_id` trailer fields perf prints (cpu, time), read from the
+/// last `sample_id_len` bytes of `raw` as perf reads them
+/// (`perf_evsel__parse_id_sample()` walks the trailer backwards from the
+/// record's end).
+fn stamps_from_end(raw: &[u8], sample_type: u64, trailer_len: usize) -> (Option<u32>, Option<u64>) {
+    let Some(t) = raw
+        .len()
+        .checked_sub(trailer_len)
+        .and_then(|s| raw.get(s..))
+    else {
+        return (None, None);
+    };
+    let u64_at = |o: usize| {
+        t.get(o..o + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    let mut at = 0usize;
+    let mut time = None;
+    let mut cpu = None;
+    for (bit, field) in [
+        (kloop_records::PERF_SAMPLE_TID, "tid"),
+        (PERF_SAMPLE_TIME, "time"),
+        (kloop_records::PERF_SAMPLE_ID, "id"),
+        (kloop_records::PERF_SAMPLE_STREAM_ID, "stream_id"),
+        (PERF_SAMPLE_CPU, "cpu"),
+    ] {
+        if sample_type & bit == 0 {
+            continue;
+        }
+        match field {
+            "time" => time = u64_at(at),
+            "cpu" => cpu = u64_at(at).map(|v| v as u32),
+            _ => {}
+        }
+        at += 8;
+    }
+    (cpu, time)
+}
+
 /// Reads perf's side-band records, comparing its parse with kloop's.
-pub(super) fn perf_records(dump: &PerfDump, bad: &mut Vec<String>) -> Vec<PerfRecord> {
+/// A copy kloop reads past as oversized ([`kloop_records::Oversized`])
+/// becomes one violation in `faults`, with its typed fields; its cpu and
+/// time are then the trailer's (where the kernel wrote it), not what perf
+/// printed when that is what perf reads from the record's end.
+pub(super) fn perf_records(
+    dump: &PerfDump,
+    bad: &mut Vec<String>,
+    faults: &mut Vec<Violation>,
+) -> Vec<PerfRecord> {
+    let faults_before = faults.len();
     let mut out = Vec::new();
     let sample_type = dump.sample_types.first().copied().unwrap_or(0);
     let listener = ListenerInfo {
@@ -160,6 +209,7 @@ pub(super) fn perf_records(dump: &PerfDump, bad: &mut Vec<String>) -> Vec<PerfRe
         bpf_event: true,
         ..ListenerInfo::default()
     };
+    let trailer_len = kloop_records::sample_id_len(&listener);
     for e in &dump.events {
         if !matches!(
             e.type_,
@@ -167,17 +217,17 @@ pub(super) fn perf_records(dump: &PerfDump, bad: &mut Vec<String>) -> Vec<PerfRe
         ) {
             continue;
         }
-        let parsed = match kloop_records::parse_stream(&listener, &e.raw) {
-            Ok(mut v) if v.len() == 1 => v.pop(),
-            Ok(v) => {
+        let read = kloop_records::parse_reading_on(&listener, &e.raw);
+        let parsed = match (read.error, read.records.len()) {
+            (None, 1) => read.records.into_iter().next(),
+            (None, n) => {
                 bad.push(format!(
-                    "perf@{:#x}: kloop's parser reads {} records in perf's raw dump of one",
+                    "perf@{:#x}: kloop's parser reads {n} records in perf's raw dump of one",
                     e.offset,
-                    v.len()
                 ));
                 None
             }
-            Err(pe) => {
+            (Some(pe), _) => {
                 bad.push(format!(
                     "perf@{:#x}: kloop's parser rejects the record perf wrote: {pe}",
                     e.offset
@@ -185,6 +235,7 @@ pub(super) fn perf_records(dump: &PerfDump, bad: &mut Vec<String>) -> Vec<PerfRe
                 None
             }
         };
+        let oversized = read.oversized.first().filter(|_| parsed.is_some());
         let Some(summary) = &e.summary else {
             continue;
         };
@@ -208,12 +259,12 @@ pub(super) fn perf_records(dump: &PerfDump, bad: &mut Vec<String>) -> Vec<PerfRe
         };
         // perf prints the cpu first, then the time, when the events sample them.
         let mut stamps = summary.stamps.iter().copied();
-        let cpu = if sample_type & PERF_SAMPLE_CPU != 0 && dump.sample_id_all {
+        let mut cpu = if sample_type & PERF_SAMPLE_CPU != 0 && dump.sample_id_all {
             stamps.next().and_then(|c| u32::try_from(c).ok())
         } else {
             None
         };
-        let time = if sample_type & PERF_SAMPLE_TIME != 0 && dump.sample_id_all {
+        let mut time = if sample_type & PERF_SAMPLE_TIME != 0 && dump.sample_id_all {
             stamps.next().and_then(|t| u64::try_from(t).ok())
         } else {
             None
@@ -235,6 +286,51 @@ pub(super) fn perf_records(dump: &PerfDump, bad: &mut Vec<String>) -> Vec<PerfRe
             } else if let Some(s) = ours {
                 side = s;
             }
+            // An oversized copy: perf took the record's last bytes for
+            // its trailer. What it printed is then explained by that, and
+            // the record belongs where its real trailer puts it.
+            let from_end = stamps_from_end(&e.raw, sample_type, trailer_len);
+            let explained_stamps = oversized.is_some()
+                && cpu.is_none_or(|c| from_end.0 == Some(c))
+                && time.is_none_or(|t| from_end.1 == Some(t));
+            if let Some(o) = oversized {
+                let record_type = kloop_records::record_type_name(o.record_type)
+                    .map_or_else(|| format!("type {}", o.record_type), str::to_string);
+                let mut fault = Violation::new(
+                        RULE,
+                        format!(
+                            "perf@{:#x}: perf's copy of {r} is {} bytes longer (header.size {}) than its body and \
+                             {}-byte sample_id trailer, zero-filled; perf reads the trailer from the record's end, \
+                             so it printed cpu {cpu:?} time {time:?}{}",
+                            e.offset,
+                            o.excess,
+                            o.size,
+                            o.trailer_len,
+                            if explained_stamps {
+                                " (the zero bytes there); kloop reads the trailer after the body"
+                            } else {
+                                ", which is not what the record's last bytes say either"
+                            }
+                        ),
+                    )
+                    .with(crate::check::Detail::OversizedRecord(
+                        crate::check::detail::OversizedRecord {
+                            reader: "perf".into(),
+                            record_type,
+                            size: u32::from(o.size),
+                            trailer_len: o.trailer_len,
+                            excess: o.excess,
+                            accumulation: None,
+                        },
+                    ));
+                // Placed by perf.data offset: perf's copies have no listener.
+                fault.offset = Some(e.offset);
+                faults.push(fault);
+            }
+            if explained_stamps {
+                cpu = cpu.and(r.sample.cpu);
+                time = time.and(r.sample.time);
+            }
             if cpu.is_some() && r.sample.cpu != cpu {
                 bad.push(format!(
                     "perf@{:#x}: perf printed cpu {cpu:?}, the trailer says {:?} ({r})",
@@ -255,6 +351,12 @@ pub(super) fn perf_records(dump: &PerfDump, bad: &mut Vec<String>) -> Vec<PerfRe
             time,
             line: summary.line.clone(),
         });
+    }
+    // perf delivers records in time order; an oversized copy's time as
+    // perf read it (0) put it among the synthesised ones. Ordered by the
+    // times the trailers hold, as perf would have delivered them.
+    if faults.len() > faults_before {
+        out.sort_by_key(|r| r.time.unwrap_or(0));
     }
     out
 }

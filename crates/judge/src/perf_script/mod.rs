@@ -139,7 +139,7 @@ pub fn check(ev: &RunEvidence, analysis: &Analysis, steps: &[Step]) -> Vec<Viola
     }
 
     let mut parse_bad = Vec::new();
-    let recs = perf_records(&dump, &mut parse_bad);
+    let recs = perf_records(&dump, &mut parse_bad, &mut v);
     push_capped(&mut v, parse_bad, "disagreements between perf and kloop");
 
     let mut plan_bad = Vec::new();
@@ -168,14 +168,22 @@ pub fn check(ev: &RunEvidence, analysis: &Analysis, steps: &[Step]) -> Vec<Viola
         }
     };
     let mut synth_bad = Vec::new();
+    let mut synth_typed = Vec::new();
     let (mine, foreign): (Vec<&PerfRecord>, Vec<&PerfRecord>) =
         synth.iter().copied().partition(|r| ours(r));
     for i in 0..mine.len().max(expected.len()) {
         match (mine.get(i), expected.get(i)) {
             (Some(r), Some((e, _))) if same(e, &r.side) => {}
-            (Some(r), Some((e, label))) => synth_bad.push(format!(
-                "perf synthesised {r} where the kernel's facts for {label:?} (alive when perf started) give {e}"
-            )),
+            (Some(r), Some((e, label))) => {
+                let msg = format!(
+                    "perf synthesised {r} where the kernel's facts for {label:?} (alive when perf started) give {e}"
+                );
+                let facts = ev.progs.iter().find(|f| f.label == *label);
+                match synthesised_ksymbol(&r.side, e, facts) {
+                    Some(d) => synth_typed.push(Violation::new(RULE, msg).with(d)),
+                    None => synth_bad.push(msg),
+                }
+            }
             (Some(r), None) => synth_bad.push(format!(
                 "perf synthesised {r}, beyond the records of the programs alive when it started"
             )),
@@ -201,6 +209,7 @@ pub fn check(ev: &RunEvidence, analysis: &Analysis, steps: &[Step]) -> Vec<Viola
         }
     }
     push_capped(&mut v, synth_bad, "synthesis differences");
+    v.extend(synth_typed);
 
     // 3. Recording.
     let recorded: Vec<&PerfRecord> = recs.iter().filter(|r| !r.synthesised()).collect();
@@ -244,6 +253,61 @@ pub fn check(ev: &RunEvidence, analysis: &Analysis, steps: &[Step]) -> Vec<Viola
     let twin_bad = twins(ev, analysis, &recorded).violations;
     push_capped(&mut v, twin_bad, "twin mismatches");
     v
+}
+
+/// The typed fields of a synthesised KSYMBOL that differs from the
+/// kernel's: which fields, and whether perf's name is the one
+/// `synthesize_bpf_prog_name()` (tools/perf/util/bpf-event.c) builds from
+/// `prog_tags[0]` where the kernel named the symbol after the program's tag.
+fn synthesised_ksymbol(
+    perf: &RecordContent,
+    kernel: &RecordContent,
+    facts: Option<&ProgFacts>,
+) -> Option<crate::check::Detail> {
+    let (
+        RecordContent::Ksymbol {
+            addr: pa,
+            len: pl,
+            ksym_type: pt,
+            flags: pf,
+            name: pn,
+        },
+        RecordContent::Ksymbol {
+            addr: ka,
+            len: kl,
+            ksym_type: kt,
+            flags: kf,
+            name: kn,
+        },
+    ) = (perf, kernel)
+    else {
+        return None;
+    };
+    let fields: Vec<String> = [
+        ("addr", pa != ka),
+        ("len", pl != kl),
+        ("type", pt != kt),
+        ("flags", pf != kf),
+        ("name", pn != kn),
+    ]
+    .iter()
+    .filter(|(_, differ)| *differ)
+    .map(|(f, _)| f.to_string())
+    .collect();
+    // bpf_prog_<16 hex digits>_<rest>
+    let rest = kn.strip_prefix("bpf_prog_").and_then(|t| t.get(16..));
+    let first_function_tag = match (facts.and_then(|f| f.func_tags.first()), rest) {
+        (Some(tag), Some(rest)) => *pn == format!("bpf_prog_{}{rest}", hex::encode(tag)),
+        _ => false,
+    };
+    Some(crate::check::Detail::SynthesisedKsymbol(
+        crate::check::detail::SynthesisedKsymbol {
+            fields,
+            perf_name: pn.clone(),
+            kernel_name: kn.clone(),
+            first_function_tag,
+        },
+    ))
 }
 
 /// Equal content; a tag missing on either side is not compared.
@@ -444,8 +508,8 @@ pub fn perf_view(ev: &RunEvidence, analysis: &Analysis) -> String {
             (RecordContent::BpfEvent { .. }, None) => "prog#?".into(),
         }
     };
-    let mut ignored = Vec::new();
-    let recs = perf_records(&dump, &mut ignored);
+    let (mut ignored, mut faults) = (Vec::new(), Vec::new());
+    let recs = perf_records(&dump, &mut ignored, &mut faults);
     for (title, synth) in [("synthesised", true), ("recorded", false)] {
         let _ = writeln!(out, "  {title}:");
         for r in recs.iter().filter(|r| r.synthesised() == synth) {

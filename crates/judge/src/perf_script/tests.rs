@@ -56,7 +56,7 @@ fn reads_a_real_dump() {
 fn kloop_reads_every_raw_record_as_perf_printed_it() {
     let d = parse(REAL_6_1).unwrap();
     let mut bad = Vec::new();
-    let recs = perf_records(&d, &mut bad);
+    let recs = perf_records(&d, &mut bad, &mut Vec::new());
     assert!(bad.is_empty(), "{bad:#?}");
     assert_eq!(recs.len(), 18);
     assert_eq!(recs.iter().filter(|r| r.synthesised()).count(), 6);
@@ -96,7 +96,7 @@ fn a_summary_that_disagrees_with_its_bytes_is_reported() {
     );
     let d = parse(&text).unwrap();
     let mut bad = Vec::new();
-    perf_records(&d, &mut bad);
+    perf_records(&d, &mut bad, &mut Vec::new());
     assert_eq!(bad.len(), 1, "{bad:#?}");
     assert!(
         bad[0].contains("len 37") && bad[0].contains("len=36"),
@@ -271,7 +271,7 @@ fn every_prefix_of_a_real_dump_parses_or_errs_without_panicking() {
         let text = &REAL_6_1[..end];
         if let Ok(d) = parse(text) {
             let mut bad = Vec::new();
-            perf_records(&d, &mut bad);
+            perf_records(&d, &mut bad, &mut Vec::new());
         }
     }
 }

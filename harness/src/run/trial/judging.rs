@@ -52,6 +52,11 @@ pub(super) fn judge(
         &analysis,
         &scenario.plan.steps,
     ));
+    // Oversized copies, kloop's and perf's: does the write's other copies'
+    // accumulated trailers account for each one's excess?
+    let mut violations = std::mem::take(&mut analysis.violations);
+    crate::judge::emissions::annotate(&evidence, &analysis, &mut violations);
+    analysis.violations = violations;
     // A pin is judged by its ledger entries. A local kernel is judged by
     // the entries of the pin of its series (same code, same known bugs),
     // but an entry that no longer shows there is news, not a failure: it
@@ -447,8 +452,17 @@ pub(super) fn known_note(j: &crate::judge::known_issues::Judgement) -> String {
             issue.rule,
             one_line(&issue.summary)
         ));
-        for v in hits {
+        // Each hit matched the entry's signature; a few say what it
+        // looks like, results.jsonl holds them all with their fields.
+        const SHOWN: usize = 4;
+        for v in hits.iter().take(SHOWN) {
             out.push_str(&format!("    [{}] {}\n", v.rule, v.message));
+        }
+        if hits.len() > SHOWN {
+            out.push_str(&format!(
+                "    ... and {} more matching its signature\n",
+                hits.len() - SHOWN
+            ));
         }
     }
     out.trim_end().to_string()

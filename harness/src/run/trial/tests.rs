@@ -14,6 +14,12 @@ pins = ["6.1"]
 summary = "registers a symbol\nfor interpreted programs"
 evidence = "KSYMBOL len=0"
 review_by = "2027-05-21"
+
+[[issue.signature]]
+fault = "interpreted-symbol"
+len = 0
+name = ""
+kernel_text = true
 "#;
     let vocab = Vocabulary {
         pins: vec!["6.1".into(), "6.12".into()],
@@ -26,8 +32,23 @@ review_by = "2027-05-21"
     Ledger::parse(text, Path::new("kernels/known-issues.toml"), &vocab).unwrap()
 }
 
+/// A violation of `rule`; a `load-symbols` one has the typed fields of
+/// the interpreter's symbol, which the test ledger's signature names.
 fn v(rule: &'static str) -> Violation {
-    Violation::new(rule, format!("{rule} broken: L0@0 KSYMBOL"))
+    let v = Violation::new(rule, format!("{rule} broken: L0@0 KSYMBOL"));
+    if rule != rule::LOAD_SYMBOLS {
+        return v;
+    }
+    v.with(crate::judge::check::Detail::InterpretedSymbol(
+        crate::judge::check::detail::InterpretedSymbol {
+            event: "register".into(),
+            addr: 0xffff_ffff_8100_0000,
+            len: 0,
+            name: String::new(),
+            kernel_text: true,
+            kernel_symbol: None,
+        },
+    ))
 }
 
 fn outcome(pin: Option<&str>, vs: &[Violation]) -> Result<Option<Verdict>, Verdict> {
@@ -99,10 +120,16 @@ fn rule_hits_name_the_entry_that_covers_them() {
     // No ledger pin (a kernel of no known series): nothing is known.
     let hits = rule_hits(&ledger(), None, "interpreter", &vs);
     assert!(hits.iter().all(|h| h.known_issue.is_none()));
+    // The typed fields travel with the hit (results.jsonl).
     let json = serde_json::to_string(&hits[0]).unwrap();
     assert_eq!(
         json,
-        r#"{"rule":"load-symbols","message":"load-symbols broken: L0@0 KSYMBOL"}"#
+        r#"{"rule":"load-symbols","message":"load-symbols broken: L0@0 KSYMBOL","detail":{"fault":"interpreted-symbol","event":"register","addr":18446744071578845184,"len":0,"name":"","kernel_text":true}}"#
+    );
+    let json = serde_json::to_string(&hits[1]).unwrap();
+    assert_eq!(
+        json,
+        r#"{"rule":"lost","message":"lost broken: L0@0 KSYMBOL"}"#
     );
 }
 

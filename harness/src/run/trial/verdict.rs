@@ -356,6 +356,9 @@ pub struct RuleHit {
     /// violation as a known bug; `None`: nothing does, it is news.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub known_issue: Option<String>,
+    /// The fault's typed fields, which the ledger's signatures match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<crate::judge::check::Detail>,
 }
 
 impl RuleHit {
@@ -369,6 +372,7 @@ impl RuleHit {
             offset: v.offset,
             records: v.records.clone(),
             known_issue: known_issue.map(str::to_string),
+            detail: v.detail.clone(),
         }
     }
 }

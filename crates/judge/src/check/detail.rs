@@ -1,0 +1,104 @@
+//! A violation's typed fields: what a ledger signature
+//! ([`crate::known_issues::Signature`]) is matched against, so a known bug
+//! excuses only violations that look like it, never everything its rule
+//! reports. Each variant is one fault class a rule can report; a violation
+//! without a detail can be excused by no entry.
+
+use serde::{Deserialize, Serialize};
+
+/// The typed fields of one violation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "fault", rename_all = "kebab-case")]
+pub enum Detail {
+    /// `parse` (kloop's listener) or `second-reader` (perf's copy): a
+    /// record read whole — body, then its `sample_id` trailer — whose
+    /// `header.size` claims `excess` more bytes, all zero
+    /// ([`kloop_records::Oversized`]); reading went on after it.
+    OversizedRecord(OversizedRecord),
+    /// `load-symbols` / `unload-symbols`: a KSYMBOL at the address
+    /// `bpf_prog_info` gives for a program the kernel did not JIT-compile.
+    InterpretedSymbol(InterpretedSymbol),
+    /// `second-reader`: a KSYMBOL perf synthesised at start for a program
+    /// alive then, differing from the kernel's own record of it.
+    SynthesisedKsymbol(SynthesisedKsymbol),
+}
+
+/// See [`Detail::OversizedRecord`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OversizedRecord {
+    /// Who read it: `L<n>` (kloop's listener n) or `perf`.
+    pub reader: String,
+    /// `KSYMBOL`, `BPF_EVENT`, … (perf's name of the record type).
+    pub record_type: String,
+    /// `header.size`.
+    pub size: u32,
+    /// The reader's `sample_id` trailer length.
+    pub trailer_len: u32,
+    /// Bytes after the trailer.
+    pub excess: u32,
+    /// How the other copies of the same kernel write account for the
+    /// excess; `None` until [`crate::emissions::annotate`] looked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accumulation: Option<Accumulation>,
+}
+
+/// One kernel write's copies (the same record the kernel wrote to every
+/// matching event, `perf_iterate_sb()`), as they bear on one oversized copy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Accumulation {
+    /// The copies with less excess (written before it, if the excess
+    /// accumulates), as `(reader, trailer length)`, in that order.
+    pub before: Vec<(String, u32)>,
+    /// Trailer lengths of events that asked for this record on its CPU but
+    /// have no copy to show (no ring, a ring nobody reads).
+    pub unseen: Vec<u32>,
+    /// Every copy's excess is the sum of the trailers of the copies before
+    /// it, plus trailers of `unseen` events, each used once per write and
+    /// never fewer than before: what `perf_event_header__init_id()`
+    /// growing one shared header produces, and nothing else does.
+    pub explained: bool,
+}
+
+/// See [`Detail::InterpretedSymbol`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InterpretedSymbol {
+    /// `register` or `unregister`.
+    pub event: String,
+    /// The record's `addr`.
+    pub addr: u64,
+    /// The record's `len`.
+    pub len: u32,
+    /// The record's `name`.
+    pub name: String,
+    /// `addr` lies in the x86-64 kernel image mapping
+    /// ([`KERNEL_IMAGE`]), below the module area where JITed code lives:
+    /// the kernel's own text (`__bpf_prog_run32`), not code of its own.
+    pub kernel_text: bool,
+    /// The `/proc/kallsyms` symbol the agent read at `addr`, when it read
+    /// one that is no module's (most readings skip the core kernel's lines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_symbol: Option<String>,
+}
+
+/// The x86-64 kernel image mapping, `__START_KERNEL_map` to
+/// `__START_KERNEL_map + KERNEL_IMAGE_SIZE` (1 GiB with
+/// CONFIG_RANDOMIZE_BASE; arch/x86/include/asm/page_64_types.h):
+/// vmlinux's text; modules, BPF JIT images and trampolines come from the
+/// module area above it (`MODULES_VADDR`).
+pub const KERNEL_IMAGE: std::ops::Range<u64> = 0xffff_ffff_8000_0000..0xffff_ffff_c000_0000;
+
+/// See [`Detail::SynthesisedKsymbol`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SynthesisedKsymbol {
+    /// The fields perf's record differs in (`addr`, `len`, `type`,
+    /// `flags`, `name`).
+    pub fields: Vec<String>,
+    /// perf's name.
+    pub perf_name: String,
+    /// The kernel's name (its `/proc/kallsyms` line).
+    pub kernel_name: String,
+    /// perf's name is `bpf_prog_<prog_tags[0]>_<rest of the kernel's
+    /// name>`: the first function's tag where the kernel used the
+    /// program's (perf's synthesize_bpf_prog_name()).
+    pub first_function_tag: bool,
+}

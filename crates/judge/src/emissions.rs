@@ -1,0 +1,334 @@
+//! One kernel write, all its copies: `perf_event_ksymbol()` and
+//! `perf_event_bpf_event()` (kernel/events/core.c) build one record and
+//! hand it to `perf_iterate_sb()`, which writes it to every matching
+//! side-band event in turn: first the CPU's `pmu_sb` list, newest event
+//! first, then the current task's contexts. Each output function calls
+//! `perf_event_header__init_id()`, which adds that event's
+//! `id_header_size` to the shared header. Where the kernel does not
+//! restore `header.size` (ksymbol-bpf-event-header-size-accumulates), the
+//! n-th copy written is too long by the trailers of the n−1 written before
+//! it — whether or not those events had a ring to receive them.
+//!
+//! [`annotate`] gathers, for each KSYMBOL / BPF_EVENT the kernel wrote, the
+//! copies kloop's listeners received and the copy perf's file holds, and
+//! says of each oversized copy whether that accumulation accounts for its
+//! excess byte for byte ([`Accumulation::explained`]). A ledger signature
+//! that names this shape excuses only copies it explains: a size fault of
+//! any other shape stays a failure.
+
+use std::collections::BTreeMap;
+
+use kloop_protocol::ListenerInfo;
+use kloop_records::{Record, RecordContent, PERF_RECORD_BPF_EVENT, PERF_RECORD_KSYMBOL};
+
+use crate::check::detail::{Accumulation, OversizedRecord};
+use crate::check::{Analysis, Detail, Violation};
+use crate::evidence::RunEvidence;
+
+/// One copy of a kernel write, as one reader received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Copy {
+    /// `L<n>` or `perf`.
+    reader: String,
+    /// Where it sits in the reader's stream (`perf`: its file offset).
+    offset: u64,
+    /// The CPU it was written on, when known.
+    cpu: Option<i64>,
+    trailer_len: u32,
+    excess: u32,
+}
+
+/// A trial's writes: per record content, its copies in the order each
+/// reader received them.
+type Writes = BTreeMap<(RecordContent, usize), Vec<Copy>>;
+
+/// Fills in [`OversizedRecord::accumulation`] of every oversized-record
+/// violation in `violations` (kloop's `parse` ones, perf's `second-reader`
+/// ones), and adds to its message what the other copies show.
+pub fn annotate(ev: &RunEvidence, analysis: &Analysis, violations: &mut [Violation]) {
+    let excess_at = |reader: &str, offset: u64| {
+        violations.iter().find_map(|v| match &v.detail {
+            Some(Detail::OversizedRecord(o)) if o.reader == reader && v.offset == Some(offset) => {
+                Some(o.excess)
+            }
+            _ => None,
+        })
+    };
+    let mut writes: Writes = BTreeMap::new();
+    let mut seen: BTreeMap<(String, RecordContent), usize> = BTreeMap::new();
+    let mut add = |content: RecordContent, copy: Copy| {
+        let n = seen
+            .entry((copy.reader.clone(), content.clone()))
+            .or_default();
+        writes.entry((content, *n)).or_default().push(copy);
+        *n += 1;
+    };
+    for l in &ev.listeners {
+        let Some(recs) = analysis.records_per_listener.get(&l.index) else {
+            continue;
+        };
+        let reader = format!("L{}", l.index);
+        for r in recs.iter().filter(|r| is_side_band(r)) {
+            let Some(content) = RecordContent::of_record(r) else {
+                continue;
+            };
+            let cpu = (l.cpu >= 0)
+                .then_some(i64::from(l.cpu))
+                .or(r.sample.cpu.map(i64::from));
+            add(
+                content,
+                Copy {
+                    offset: r.offset,
+                    cpu,
+                    trailer_len: kloop_records::sample_id_len(l) as u32,
+                    excess: excess_at(&reader, r.offset).unwrap_or(0),
+                    reader: reader.clone(),
+                },
+            );
+        }
+    }
+    for (content, copy) in perf_copies(ev) {
+        let excess = excess_at("perf", copy.offset).unwrap_or(0);
+        add(content, Copy { excess, ..copy });
+    }
+
+    for v in violations.iter_mut() {
+        let offset = v.offset;
+        let Some(Detail::OversizedRecord(o)) = &mut v.detail else {
+            continue;
+        };
+        let Some(((content, _), copies)) = writes.iter().find(|(_, cs)| {
+            cs.iter()
+                .any(|c| c.reader == o.reader && Some(c.offset) == offset)
+        }) else {
+            continue;
+        };
+        let ksymbol = matches!(content, RecordContent::Ksymbol { .. });
+        let acc = accumulation(o, copies, ev, ksymbol);
+        v.message.push_str(&describe(&acc));
+        o.accumulation = Some(acc);
+    }
+}
+
+fn is_side_band(r: &Record) -> bool {
+    matches!(r.header.type_, PERF_RECORD_KSYMBOL | PERF_RECORD_BPF_EVENT)
+}
+
+/// The copies perf's file holds of records the kernel wrote while perf
+/// recorded (the ones perf synthesised at start carry a zeroed trailer and
+/// are no copies of a kernel write).
+fn perf_copies(ev: &RunEvidence) -> Vec<(RecordContent, Copy)> {
+    let Some(script) = ev.perf_scripts.first() else {
+        return Vec::new();
+    };
+    let Ok(dump) = crate::perf_script::parse(&script.text) else {
+        return Vec::new();
+    };
+    let listener = ListenerInfo {
+        index: u32::MAX,
+        cpu: -1,
+        sample_type: dump.sample_types.first().copied().unwrap_or(0),
+        sample_id_all: dump.sample_id_all,
+        ksymbol: true,
+        bpf_event: true,
+        ..ListenerInfo::default()
+    };
+    let trailer_len = kloop_records::sample_id_len(&listener) as u32;
+    let mut out = Vec::new();
+    for e in &dump.events {
+        if !matches!(e.type_, PERF_RECORD_KSYMBOL | PERF_RECORD_BPF_EVENT) {
+            continue;
+        }
+        let read = kloop_records::parse_reading_on(&listener, &e.raw);
+        let [r] = read.records.as_slice() else {
+            continue;
+        };
+        if r.sample.time == Some(0) || (r.sample.time.is_none() && r.sample.pid == Some(0)) {
+            continue; // synthesised by perf
+        }
+        let Some(content) = RecordContent::of_record(r) else {
+            continue;
+        };
+        out.push((
+            content,
+            Copy {
+                reader: "perf".into(),
+                offset: e.offset,
+                cpu: r.sample.cpu.map(i64::from),
+                trailer_len,
+                excess: 0,
+            },
+        ));
+    }
+    out
+}
+
+/// How `copies` (one write's) account for `o`'s excess.
+fn accumulation(
+    o: &OversizedRecord,
+    copies: &[Copy],
+    ev: &RunEvidence,
+    ksymbol: bool,
+) -> Accumulation {
+    let mut sorted: Vec<&Copy> = copies.iter().collect();
+    sorted.sort_by_key(|c| c.excess);
+    let pos = sorted
+        .iter()
+        .position(|c| c.reader == o.reader && c.excess == o.excess)
+        .unwrap_or(0);
+    let before = sorted[..pos]
+        .iter()
+        .map(|c| (c.reader.clone(), c.trailer_len))
+        .collect();
+    // Events on the write's CPU (or bound to a task) that asked for this
+    // kind and show no copy: unmapped rings, or readers kloop did not get.
+    let cpu = copies.iter().find_map(|c| c.cpu);
+    let has_copy = |l: &ListenerInfo| copies.iter().any(|c| c.reader == format!("L{}", l.index));
+    let unseen: Vec<u32> = ev
+        .listeners
+        .iter()
+        .filter(|l| !l.disabled && if ksymbol { l.ksymbol } else { l.bpf_event })
+        .filter(|l| l.cpu < 0 || cpu.is_none_or(|c| c == i64::from(l.cpu)))
+        .filter(|l| !has_copy(l))
+        .map(|l| kloop_records::sample_id_len(l) as u32)
+        .filter(|t| *t > 0)
+        .collect();
+    Accumulation {
+        before,
+        explained: chain_explained(&sorted, &unseen),
+        unseen,
+    }
+}
+
+/// Copies ordered by excess: the k-th must be too long by exactly the
+/// trailers of the k−1 before it plus a sum of unseen events' trailers,
+/// that part never shrinking along the chain and each unseen event counted
+/// once.
+fn chain_explained(sorted: &[&Copy], unseen: &[u32]) -> bool {
+    let mut before: i64 = 0;
+    let mut gaps = Vec::new();
+    let mut last_unseen: i64 = 0;
+    for c in sorted {
+        let rest = i64::from(c.excess) - before;
+        if rest < last_unseen {
+            return false;
+        }
+        gaps.push(rest - last_unseen);
+        last_unseen = rest;
+        before += i64::from(c.trailer_len);
+    }
+    let mut pool: Vec<u32> = unseen.to_vec();
+    gaps.iter().all(|g| take_sum(&mut pool, *g))
+}
+
+/// Removes from `pool` some elements summing to `want` (any, if several
+/// ways exist); false when none do.
+fn take_sum(pool: &mut Vec<u32>, want: i64) -> bool {
+    if want == 0 {
+        return true;
+    }
+    let n = pool.len().min(20);
+    for mask in 1u32..(1 << n) {
+        let sum: i64 = (0..n)
+            .filter(|i| mask & (1 << i) != 0)
+            .map(|i| i64::from(pool[i]))
+            .sum();
+        if sum == want {
+            let mut i = n;
+            while i > 0 {
+                i -= 1;
+                if mask & (1 << i) != 0 {
+                    pool.remove(i);
+                }
+            }
+            return true;
+        }
+    }
+    false
+}
+
+fn describe(a: &Accumulation) -> String {
+    let before: Vec<String> = a
+        .before
+        .iter()
+        .map(|(r, t)| format!("{r} ({t}-byte trailer)"))
+        .collect();
+    format!(
+        "; copies of the same write with less excess: {}{}; {}",
+        if before.is_empty() {
+            "none".to_string()
+        } else {
+            before.join(", ")
+        },
+        if a.unseen.is_empty() {
+            String::new()
+        } else {
+            format!("; events with no copy to show, trailers {:?}", a.unseen)
+        },
+        if a.explained {
+            "the excess is their trailers, accumulated (perf_event_header__init_id() on one shared header)"
+        } else {
+            "the excess is not the trailers of the copies written before it"
+        }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(reader: &str, trailer_len: u32, excess: u32) -> Copy {
+        Copy {
+            reader: reader.into(),
+            offset: 0,
+            cpu: Some(1),
+            trailer_len,
+            excess,
+        }
+    }
+
+    fn explained(copies: &[Copy], unseen: &[u32]) -> bool {
+        let mut s: Vec<&Copy> = copies.iter().collect();
+        s.sort_by_key(|c| c.excess);
+        chain_explained(&s, unseen)
+    }
+
+    #[test]
+    fn accumulated_trailers_explain_the_excess_and_nothing_else_does() {
+        // 6.1's many-listeners KSYMBOL on the loading CPU (the ledger's
+        // evidence): the ksymbol-only set first (24-byte trailer), then the
+        // 40-byte one, the first set (24), the task-bound listener (16).
+        let ok = [
+            c("L5", 24, 0),
+            c("L3", 40, 24),
+            c("L1", 24, 64),
+            c("L8", 16, 88),
+        ];
+        assert!(explained(&ok, &[]));
+        // Another 8 bytes on one copy: no longer the trailers before it.
+        let plus8 = [
+            c("L5", 24, 0),
+            c("L3", 40, 32),
+            c("L1", 24, 72),
+            c("L8", 16, 96),
+        ];
+        assert!(!explained(&plus8, &[]));
+        // The first copy written grown too: nothing was written before it.
+        assert!(!explained(&[c("L5", 24, 24), c("L3", 40, 48)], &[]));
+        // ... unless an event without a ring was written before it.
+        assert!(explained(&[c("L5", 24, 24), c("L3", 40, 48)], &[24]));
+        // Each unseen event counts once per write.
+        assert!(!explained(&[c("L1", 24, 48)], &[24]));
+        assert!(explained(&[c("L1", 24, 48)], &[24, 24]));
+        // Two copies with the same excess: one cannot precede the other.
+        assert!(!explained(&[c("L1", 24, 24), c("L2", 24, 24)], &[24]));
+        // perf's copy in the chain: perf started second (its copy first,
+        // exact), kloop's 24 too long.
+        assert!(explained(&[c("perf", 24, 0), c("L0", 24, 24)], &[]));
+        // A late listener after perf: L1 exact, perf +24, L0 +48.
+        assert!(explained(
+            &[c("L1", 24, 0), c("perf", 24, 24), c("L0", 24, 48)],
+            &[]
+        ));
+    }
+}
