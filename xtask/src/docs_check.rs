@@ -498,6 +498,7 @@ fn check_paths(doc: &Doc, known: &Known, r: &mut Report<'_>) {
 
 /// A word whose first component is a top-level folder must exist.
 fn check_rooted(raw: &str, n: usize, known: &Known, r: &mut Report<'_>) {
+    let raw = raw.strip_suffix("'s").unwrap_or(raw);
     let word = trim_word(raw.trim_matches('`'));
     let word = word.strip_prefix("./").unwrap_or(word);
     let Some((first, _)) = word.split_once('/') else {
