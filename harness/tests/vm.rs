@@ -4,17 +4,24 @@
 //! trial in its own process. Real kernels under real QEMU: the first trial to
 //! run builds the guest agent, fetches its kernel and decides the accelerator
 //! (`KLOOP_ACCEL=kvm|tcg|auto`, default auto).
+//!
+//! Like `cargo xtask vm-test`, a run in which every trial that ran was
+//! SKIPPED tested nothing and fails (exit 1) unless `KLOOP_ALLOW_SKIPPED=1`
+//! says that is intended; filtered-out trials do not count.
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a test binary reports on the terminal
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
+use kloop::report::Summary;
 use kloop::run::suite::{self, EnvOptions, Layout, Selection};
-use kloop::run::trial::{KernelUnderTest, TrialEnv, Verdict};
+use kloop::run::trial::{KernelUnderTest, TrialEnv, TrialResult, Verdict};
 use kloop_qemu::accel::AccelChoice;
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 static ENV: OnceLock<Result<TrialEnv, String>> = OnceLock::new();
 static KERNELS: OnceLock<Vec<KernelUnderTest>> = OnceLock::new();
+/// Every trial that ran, for the verdict on the whole run.
+static RESULTS: Mutex<Vec<TrialResult>> = Mutex::new(Vec::new());
 
 fn env(layout: &Layout) -> Result<&'static TrialEnv, String> {
     ENV.get_or_init(|| {
@@ -61,7 +68,7 @@ fn main() {
                 let env = env(&layout)?;
                 let r = kloop::run::trial::run_trial(env, &t.kernel, &t.scenario);
                 eprintln!("{}", kloop::report::trial_line(&r));
-                match &r.verdict {
+                let outcome = match &r.verdict {
                     Verdict::Ok => Ok(Completion::Completed),
                     // Not passes and not failures: libtest's "ignored", with
                     // the reason shown next to the trial's name.
@@ -76,10 +83,29 @@ fn main() {
                         v.message().unwrap_or(""),
                         r.artefacts.display()
                     ))),
-                }
+                };
+                RESULTS.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+                outcome
             })
             .with_kind("vm")
         })
         .collect();
-    libtest_mimic::run(&args, trials).exit();
+    let conclusion = libtest_mimic::run(&args, trials);
+    conclusion.exit_if_failed();
+    let results = RESULTS.lock().unwrap_or_else(|e| e.into_inner());
+    if nothing_ran_fails(&Summary::of(&results)) {
+        eprintln!("kloop: {}", Summary::NOTHING_RAN);
+        std::process::exit(1);
+    }
+    conclusion.exit();
+}
+
+/// Whether a run's trials all ended SKIPPED and that fails it, as it
+/// fails `cargo xtask vm-test`: not when `KLOOP_ALLOW_SKIPPED=1`, and not
+/// under nextest, whose processes run one trial each (a single trial's
+/// skip says nothing about the run).
+fn nothing_ran_fails(summary: &Summary) -> bool {
+    summary.nothing_ran()
+        && std::env::var_os("KLOOP_ALLOW_SKIPPED").is_none_or(|v| v != "1")
+        && std::env::var_os("NEXTEST").is_none()
 }

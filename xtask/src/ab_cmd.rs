@@ -1,14 +1,17 @@
 //! `vm-test --baseline` and `validate`: A/B runs.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use kloop::run::ab::AbRun;
+use kloop::run::ab::{AbRun, KeptBaseline};
+use kloop::run::fixes::Fix;
 use kloop::run::suite::{self, EnvOptions, Layout, Selection};
 use kloop::run::trial::{KernelUnderTest, LocalKernel};
 use kloop::run::validate;
 use kloop::session::ab::{AbOptions, Event};
-use kloop_kernels::build::BuiltKernel;
+use kloop_kernels::build::{BuildRequest, BuiltKernel};
 use kloop_kernels::Catalog;
 
 use crate::*;
@@ -96,8 +99,52 @@ fn print_event(e: Event<'_>) {
 /// trials that no earlier run kept run and are kept, so the A/B runs only
 /// the candidate's.
 pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let layout = layout();
+    let plan = validate_plan(&a, &layout)?;
+    let catalog = Catalog::load(&layout.kernels())?;
+    let local = |k: &BuiltKernel| KernelUnderTest::Image(LocalKernel::built(k, None, &catalog));
+    let opts = validate_ab_options(&a);
+    let kernels = match build_both(&layout, &plan, &opts, &local)? {
+        Ok(k) => k,
+        Err(code) => return Ok(code),
+    };
+    let ab_started = Instant::now();
+    let ab = run_and_print_ab(&layout, &kernels.baseline, &kernels.candidate, &opts)?;
+    if ab.interrupted() {
+        println!("kloop: validate: INTERRUPTED: the run was stopped before every trial ended; nothing is judged or recorded");
+        return Ok(ExitCode::FAILURE);
+    }
+    let code = conclude(&layout, &a, &plan, &ab)?;
+    let timing = validate::Timing::of(
+        started.elapsed().as_secs_f64(),
+        kernels.builds,
+        ab_started.elapsed().as_secs_f64(),
+        &ab,
+    )
+    .with_early_baseline(kernels.early);
+    timing.write(&ab.run_dir).with_context(|| {
+        format!(
+            "writing {} in {}",
+            validate::Timing::FILE,
+            ab.run_dir.display()
+        )
+    })?;
+    println!("kloop: {}", timing.line());
+    Ok(code)
+}
+
+/// What `validate` builds and expects: the baseline's build request, the
+/// candidate's patches (`--patch`, then the `--fix` folder's) and the
+/// ledger ids the candidate must show fixed.
+struct ValidatePlan {
+    base_req: BuildRequest,
+    patches: Vec<PathBuf>,
+    fix: Option<Fix>,
+    expected: Vec<String>,
+}
+
+fn validate_plan(a: &ValidateArgs, layout: &Layout) -> Result<ValidatePlan> {
     let base_req = BuildArgs {
         source: a.source.clone(),
         patches: a.patches.clone(),
@@ -106,32 +153,60 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
         jobs: a.jobs,
         fetch: a.fetch.clone(),
     }
-    .request(&layout)?
+    .request(layout)?
     .with_patches(Vec::new());
     let (fix, expected) =
-        validate::expected_fixes(&layout, a.fix.as_deref(), &a.expect_fixed, &base_req.source)?;
+        validate::expected_fixes(layout, a.fix.as_deref(), &a.expect_fixed, &base_req.source)?;
     let mut patches = a.patches.clone();
     patches.extend(fix.as_ref().map(|f| f.patch.clone()));
     if !expected.is_empty() {
         println!("kloop: validate: expecting fixed: {}", expected.join(", "));
     }
-    let building = std::time::Instant::now();
-    let what = base_req.source.label();
-    let baseline = match build_kernel(&base_req, &format!("baseline: {what}")) {
+    Ok(ValidatePlan {
+        base_req,
+        patches,
+        fix,
+        expected,
+    })
+}
+
+/// The two kernels `validate` compares, and what building them took.
+struct ValidateKernels {
+    baseline: KernelUnderTest,
+    candidate: KernelUnderTest,
+    /// The baseline's trials run while the candidate compiled.
+    early: KeptBaseline,
+    /// Build seconds, and whether the baseline and the candidate came
+    /// from the cache, for [`validate::Timing`].
+    builds: (f64, bool, bool),
+}
+
+/// Builds the baseline, then the candidate while the baseline's missing
+/// trials run and are kept; `Err(code)` when a build failed.
+fn build_both(
+    layout: &Layout,
+    plan: &ValidatePlan,
+    opts: &AbOptions,
+    local: &dyn Fn(&BuiltKernel) -> KernelUnderTest,
+) -> Result<std::result::Result<ValidateKernels, ExitCode>> {
+    let building = Instant::now();
+    let what = plan.base_req.source.label();
+    let baseline = match build_kernel(&plan.base_req, &format!("baseline: {what}")) {
         Ok(k) => k,
-        Err(code) => return Ok(code),
+        Err(code) => return Ok(Err(code)),
     };
-    let catalog = Catalog::load(&layout.kernels())?;
-    let local = |k: &BuiltKernel| KernelUnderTest::Image(LocalKernel::built(k, None, &catalog));
-    let opts = validate_ab_options(&a);
     let baseline_kernel = local(&baseline);
-    let names: Vec<String> = patches.iter().map(|p| p.display().to_string()).collect();
-    let cand_req = base_req.with_patches(patches.clone());
+    let names: Vec<String> = plan
+        .patches
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    let cand_req = plan.base_req.with_patches(plan.patches.clone());
     let (candidate, early) = std::thread::scope(|s| {
         let early = opts.reuse_baseline.then(|| {
             s.spawn(|| {
                 start_trials();
-                kloop::session::ab::keep_baseline(&layout, &baseline_kernel, &opts, &print_event)
+                kloop::session::ab::keep_baseline(layout, &baseline_kernel, opts, &print_event)
             })
         });
         let candidate = build_kernel(
@@ -149,45 +224,39 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
     });
     let candidate = match candidate {
         Ok(k) => k,
-        Err(code) => return Ok(code),
+        Err(code) => return Ok(Err(code)),
     };
-    let early = early.transpose()?.unwrap_or_default();
-    let builds = (
-        building.elapsed().as_secs_f64(),
-        baseline.cached,
-        candidate.cached,
-    );
-    let ab_started = std::time::Instant::now();
-    let ab = run_and_print_ab(&layout, &baseline_kernel, &local(&candidate), &opts)?;
-    if ab.interrupted() {
-        println!("kloop: validate: INTERRUPTED: the run was stopped before every trial ended; nothing is judged or recorded");
-        return Ok(ExitCode::FAILURE);
-    }
-    let acceptance = ab.acceptance(&expected);
+    Ok(Ok(ValidateKernels {
+        builds: (
+            building.elapsed().as_secs_f64(),
+            baseline.cached,
+            candidate.cached,
+        ),
+        baseline: baseline_kernel,
+        candidate: local(&candidate),
+        early: early.transpose()?.unwrap_or_default(),
+    }))
+}
+
+/// The A/B judged against the expected fixes: the conclusion printed,
+/// `--record`ed in the ledger when asked, and the exit status.
+fn conclude(
+    layout: &Layout,
+    a: &ValidateArgs,
+    plan: &ValidatePlan,
+    ab: &AbRun,
+) -> Result<ExitCode> {
+    let acceptance = ab.acceptance(&plan.expected);
     let code = exit_of(&acceptance);
-    let conclusion = validate::conclusion(acceptance.accepted, patches.is_empty(), &expected);
+    let conclusion =
+        validate::conclusion(acceptance.accepted, plan.patches.is_empty(), &plan.expected);
     println!("kloop: validate: {conclusion}");
     if a.record {
-        let fix = fix.as_ref().expect("clap: --record requires --fix");
-        let source = base_req.source.label();
-        let line = validate::record(&layout, fix, &expected, &source, &acceptance, &ab)?;
+        let fix = plan.fix.as_ref().expect("clap: --record requires --fix");
+        let source = plan.base_req.source.label();
+        let line = validate::record(layout, fix, &plan.expected, &source, &acceptance, ab)?;
         println!("kloop: {line}");
     }
-    let timing = validate::Timing::of(
-        started.elapsed().as_secs_f64(),
-        builds,
-        ab_started.elapsed().as_secs_f64(),
-        &ab,
-    )
-    .with_early_baseline(early);
-    timing.write(&ab.run_dir).with_context(|| {
-        format!(
-            "writing {} in {}",
-            validate::Timing::FILE,
-            ab.run_dir.display()
-        )
-    })?;
-    println!("kloop: {}", timing.line());
     Ok(code)
 }
 

@@ -46,9 +46,12 @@ Environment:
   KLOOP_QEMU_ARGS        extra QEMU arguments, appended last (experiments)
   KLOOP_FIRMWARE         -bios image, or `seabios` (default: qboot when installed)
   KLOOP_PERF             the perf binary shipped into the guest (default: /usr/bin/perf)
+  KLOOP_BUSYBOX          the busybox vm-shell ships as the guest's shell (default: /bin/busybox)
   KLOOP_CLANG            the clang that compiles the BPF fixtures
   KLOOP_AGENT            a prebuilt guest agent instead of building it
   KLOOP_ACCEL            --accel for the test suites (cargo test)
+  KLOOP_ALLOW_SKIPPED    1: the matrix under cargo test may end with every trial skipped
+  KLOOP_ROOT_TESTS       `require`: root-only tests fail instead of skipping when not root
   KLOOP_DEADLINE_SCALE   integer factor on every boot and session deadline (slow hosts)
   KLOOP_CHANNEL_LIMIT    most bytes a guest may send (e.g. 256M)
   KLOOP_SAVED_VMS_KEEP   saved VMs kept in the cache (default 40)

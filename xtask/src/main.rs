@@ -9,6 +9,8 @@ use kloop::run::suite::Layout;
 mod ab_cmd;
 mod bisect_cmd;
 mod clean_cmd;
+#[cfg(test)]
+mod docs_check;
 mod doctor_cmd;
 mod flags;
 mod kernels_cmd;

@@ -540,7 +540,8 @@ mod tests {
 }
 
 /// Network tests against the real mirror (from the host's apt sources or
-/// `KLOOP_MIRROR`). Run with `cargo test -p kloop --lib kernel -- --ignored`.
+/// `KLOOP_MIRROR`), all `#[ignore]`d: the no-network tier never runs them.
+/// Run with `cargo test -p kloop-kernels --lib network_tests -- --ignored`.
 #[cfg(test)]
 mod network_tests {
     use super::*;
@@ -552,7 +553,8 @@ mod network_tests {
     }
 
     /// Bootstrap tool: creates the pins of the initial catalog that do not
-    /// exist yet, through the same path `cargo xtask kernels update` takes.
+    /// exist yet, through the same path `cargo xtask kernels update` takes,
+    /// and holds every pin of the list, made now or before, to its spec.
     #[test]
     #[ignore = "network; writes kernels/*.toml"]
     fn seed_missing_pins() {
@@ -563,8 +565,8 @@ mod network_tests {
             ("7.2", "sid"),
             ("7.3", "experimental"),
         ];
+        let dir = catalog_dir();
         for (series, suite) in specs {
-            let dir = catalog_dir();
             if dir.join(format!("{series}.toml")).exists() {
                 continue;
             }
@@ -585,6 +587,37 @@ mod network_tests {
                 pin.version,
                 started.elapsed()
             );
+            // What was written reads back as what was resolved.
+            let written = Catalog::load(&dir).unwrap();
+            assert_eq!(written.get(series).unwrap(), &pin);
+        }
+        let catalog = Catalog::load(&dir).unwrap();
+        for (series, suite) in specs {
+            let pin = catalog.get(series).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(
+                (pin.id.as_str(), pin.series.as_str(), pin.suite.as_str()),
+                (series, series, suite)
+            );
+            assert!(
+                pin.package.ends_with("-cloud-amd64") && pin.release.ends_with("-cloud-amd64"),
+                "{}: package {}, release {}",
+                pin.id,
+                pin.package,
+                pin.release
+            );
+            assert!(
+                pin.image_path.contains("vmlinuz") && pin.image_path.contains(&pin.release),
+                "{}: image {}",
+                pin.id,
+                pin.image_path
+            );
+            for sha in [&pin.deb_sha256, &pin.image_sha256] {
+                assert!(
+                    sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()),
+                    "{}: {sha}",
+                    pin.id
+                );
+            }
         }
     }
 
@@ -629,6 +662,7 @@ mod network_tests {
     /// telling the user to re-pin (issue 5, item 6). Needs the Debian mirror,
     /// like the VM suite does on a cold cache.
     #[test]
+    #[ignore = "needs the Debian mirror"]
     fn unserved_version_is_reported_as_vanished() {
         let catalog = Catalog::load(&catalog_dir()).unwrap();
         let mut pin = catalog.get("6.1").unwrap().clone();

@@ -174,6 +174,48 @@ pub fn last_status(err: &std::path::Path) -> Option<String> {
         .map(str::to_string)
 }
 
+/// The environment variable that makes a root-only test fail instead of
+/// skip when not root: `.ci/run` sets it (CI runs as root), so a CI whose
+/// root-only tests did not run cannot pass.
+pub const ROOT_TESTS_ENV: &str = "KLOOP_ROOT_TESTS";
+
+/// Whether this process runs as root (effective uid 0, from
+/// `/proc/self/status`).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().nth(1).map(|e| e == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// What a root-only test does here: `Ok(None)` run it (root);
+/// `Ok(Some(reason))` skip it, reported as ignored with the reason
+/// (`needs root: WHY`); `Err(message)` fail, when not root but
+/// `KLOOP_ROOT_TESTS=require` says the caller needs it run.
+pub fn root_only(why: &str) -> Result<Option<String>, String> {
+    root_only_as(
+        is_root(),
+        std::env::var(ROOT_TESTS_ENV).ok().as_deref(),
+        why,
+    )
+}
+
+fn root_only_as(root: bool, env: Option<&str>, why: &str) -> Result<Option<String>, String> {
+    match (root, env) {
+        (true, _) => Ok(None),
+        (false, Some("require")) => Err(format!(
+            "needs root ({why}), and {ROOT_TESTS_ENV}=require says it must run: run as root"
+        )),
+        (false, _) => Ok(Some(format!(
+            "needs root: {why}; {ROOT_TESTS_ENV}=require makes this a failure"
+        ))),
+    }
+}
+
 /// Whether the raw channel bytes (a trial's `data.bin`, or what a test
 /// read from the channel) hold the agent's complete hello frame.
 pub fn said_hello(data: &[u8]) -> bool {
@@ -196,6 +238,18 @@ pub fn said_hello(data: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_root_only_test_runs_as_root_and_skips_or_fails_otherwise() {
+        assert_eq!(root_only_as(true, Some("require"), "x"), Ok(None));
+        assert_eq!(root_only_as(true, None, "x"), Ok(None));
+        let skip = root_only_as(false, None, "mounts a tmpfs")
+            .unwrap()
+            .unwrap();
+        assert!(skip.starts_with("needs root: mounts a tmpfs"), "{skip}");
+        let fail = root_only_as(false, Some("require"), "mounts a tmpfs").unwrap_err();
+        assert!(fail.contains("KLOOP_ROOT_TESTS=require"), "{fail}");
+    }
 
     #[test]
     fn reads_this_process_and_its_parent() {
