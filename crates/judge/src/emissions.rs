@@ -184,7 +184,7 @@ fn accumulation(
     // kind and show no copy: unmapped rings, or readers kloop did not get.
     let cpu = copies.iter().find_map(|c| c.cpu);
     let has_copy = |l: &ListenerInfo| copies.iter().any(|c| c.reader == format!("L{}", l.index));
-    let unseen: Vec<u32> = ev
+    let mut unseen: Vec<u32> = ev
         .listeners
         .iter()
         .filter(|l| !l.disabled && if ksymbol { l.ksymbol } else { l.bpf_event })
@@ -193,6 +193,35 @@ fn accumulation(
         .map(|l| kloop_records::sample_id_len(l) as u32)
         .filter(|t| *t > 0)
         .collect();
+    // Events opened without a ring are never announced as listeners, but
+    // the kernel matches them (and grows the header) all the same: one per
+    // CPU of a CPU-wide spec that covers the write's CPU, one for a task's.
+    for step in ev.steps.values() {
+        let kloop_protocol::Step::OpenListeners { listener: spec } = step else {
+            continue;
+        };
+        let asked = if ksymbol {
+            spec.ksymbol
+        } else {
+            spec.bpf_event
+        };
+        let on_cpu = match (&spec.cpus, cpu) {
+            (Some(cpus), Some(c)) => cpus.iter().any(|x| i64::from(*x) == c),
+            _ => true,
+        };
+        if spec.ring_pages != 0 || spec.disabled || !asked || !on_cpu {
+            continue;
+        }
+        let info = ListenerInfo {
+            sample_type: spec.sample_type,
+            sample_id_all: spec.sample_id_all,
+            ..ListenerInfo::default()
+        };
+        let t = kloop_records::sample_id_len(&info) as u32;
+        if t > 0 {
+            unseen.push(t);
+        }
+    }
     Accumulation {
         before,
         explained: chain_explained(&sorted, &unseen),

@@ -26,6 +26,7 @@
 //! | `announced` | every generated symbol in `/proc/kallsyms` at the end of the run (read before the last drain) that was not there before the listeners opened has a KSYMBOL register in the first CPU-wide set ([`announced`]) |
 //! | `withdrawn` | the other half of `announced`: every generated symbol there when the set opened or registered in its stream, and gone from `/proc/kallsyms` at the end, has a KSYMBOL unregister in the set (`bpf_trampoline_*` / `bpf_dispatcher_*` aside: `bpf_image_ksym_del` removes before it announces) ([`announced`]) |
 //! | `trampoline-pokes` | in a CPU-wide set that asked for `ksymbol` and `text_poke`: an ftrace trampoline's KSYMBOL register is followed by a TEXT_POKE of its whole text at its address (old_len 0, new_len its length), and its unregister preceded by one (old_len its length, new_len 0), as `ftrace_update_trampoline()` / `ftrace_trampoline_free()` promise ([`pokes`]) |
+//! | `code-lifetime` | in a CPU-wide set that asked for `ksymbol` and `text_poke`: every TEXT_POKE inside an out-of-line range announced in the stream (`ftrace_trampoline`, `kprobe_insn_page`, `kprobe_optinsn_page`) falls while that range is registered — never before its register, never after its unregister until registered again, as `ftrace_update_trampoline()` / `ftrace_trampoline_free()` and `__get_insn_slot()` / `collect_one_slot()` promise; BPF code aside (tail-call pokes may race a program's life) ([`pokes`]) |
 //! | `symbol-state` | with a `watch-ksymbols` step: every KSYMBOL of the first set matches an observed `perf_event_ksymbol` call, and each kind's symbol was resolvable (or gone) at emission as the source promises ([`emission`]) |
 //!
 //! # Listener sets and merging
@@ -173,6 +174,8 @@ pub mod rule {
     pub const KPROBE_SLOTS: &str = "kprobe-slots";
     /// No BPF_EVENT of a program loaded and unloaded while every ring was paused.
     pub const PAUSED_SILENT: &str = "paused-silent";
+    /// A TEXT_POKE into out-of-line code falls while that code is registered.
+    pub const CODE_LIFETIME: &str = "code-lifetime";
     /// An overwrite (backward, read-only) ring never loses a record it counts.
     pub const OVERWRITE_NEVER_FULL: &str = "overwrite-never-full";
     /// A program a `run-program` step ran (a stand-alone reproducer, a
@@ -208,6 +211,7 @@ pub mod rule {
         LOST_SAMPLES,
         KPROBE_SLOTS,
         PAUSED_SILENT,
+        CODE_LIFETIME,
         PROGRAM_EXIT,
         OVERWRITE_NEVER_FULL,
     ];
@@ -456,9 +460,9 @@ fn oversized_violation(l: &ListenerInfo, o: &Oversized, recs: &[Record]) -> Viol
     Violation::new(
         rule::PARSE,
         format!(
-            "listener {} ({}), stream offset {}: {type_name} header.size {} is {} bytes more than its body \
-             ({} bytes) and sample_id trailer ({} bytes) take, and those bytes are zero; read on at \
-             header.size, where the kernel's next record starts",
+            "listener {} ({}), stream offset {}: {type_name} header.size {} is {} bytes more than its header \
+             and body ({} bytes) and sample_id trailer ({} bytes) take, and those bytes are zero; read on \
+             at header.size, where the kernel's next record starts",
             o.listener,
             if l.cpu < 0 { "task-bound".to_string() } else { format!("cpu {}", l.cpu) },
             o.offset,
@@ -1048,6 +1052,12 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
                 rule::KPROBE_SLOTS,
                 "kprobe slot pokes",
                 pokes::check_kprobe_slots(&merged, &label),
+            );
+            push_capped(
+                &mut v,
+                rule::CODE_LIFETIME,
+                "writes outside live code",
+                pokes::check_code_lifetime(&merged, &label),
             );
         }
         let members: Vec<&ListenerInfo> = set

@@ -152,6 +152,193 @@ pub(super) fn check_kprobe_slots<'r>(merged: &'r [Record], label: &str) -> Vec<F
     found
 }
 
+/// The out-of-line code whose lifetime the kernel announces around every
+/// write into it, by its KSYMBOL name:
+///
+/// - `ftrace_trampoline`: `ftrace_update_trampoline()` registers it, then
+///   records the TEXT_POKE of its text; `ftrace_trampoline_free()` records
+///   the poke of its removal, then unregisters it (kernel/trace/ftrace.c);
+/// - `kprobe_insn_page`, `kprobe_optinsn_page`: `__get_insn_slot()`
+///   registers a new page before it hands out its first slot, the
+///   architecture records a slot's copy and its removal as TEXT_POKEs while
+///   the kprobe holds the slot (`arch_copy_kprobe()` / `arch_remove_kprobe()`
+///   on x86, the optprobe buffer likewise), and `collect_one_slot()`
+///   unregisters the page only once its last slot was freed
+///   (kernel/kprobes.c).
+///
+/// BPF code (programs, trampolines, dispatchers, KSYMBOL type BPF) is not
+/// held to this: a prog_array update patches tail-call sites with
+/// `bpf_arch_text_poke()` (`prog_array_map_poke_run()`) on any program the
+/// map tracks, and a program is tracked from its verification until its
+/// free, before its register and after its unregister alike.
+const OOL_LIFETIMES: &[&str] = &[FTRACE_TRAMPOLINE, KPROBE_INSN_PAGE, "kprobe_optinsn_page"];
+
+/// `code-lifetime`: a TEXT_POKE is a write into live code. Every TEXT_POKE
+/// that falls inside an out-of-line range ([`OOL_LIFETIMES`]) announced in
+/// this set's stream must lie, at that moment, inside one registered and not
+/// yet unregistered: never before the range's register (when the stream
+/// shows its register first), never after its unregister until it is
+/// registered again. Pokes at addresses no such range covered (vmlinux
+/// text, a module's, BPF code) are not judged here. Order is the stream's
+/// for one listener; across CPUs a poke is after an unregister only when its
+/// time is later (equal times are no order).
+pub(super) fn check_code_lifetime<'r>(merged: &'r [Record], label: &str) -> Vec<Found<'r>> {
+    let at = label_prefix(label);
+    // Every announced range, with its events in stream order.
+    struct Range<'r> {
+        addr: u64,
+        len: u64,
+        events: Vec<(usize, bool, &'r Record)>,
+    }
+    let mut ranges: Vec<Range<'r>> = Vec::new();
+    for (i, r) in merged.iter().enumerate() {
+        for sym in OOL_LIFETIMES {
+            let Some((addr, len, unregister)) = ool_symbol(r, sym) else {
+                continue;
+            };
+            let len = u64::from(len);
+            match ranges.iter_mut().find(|g| g.addr == addr && g.len == len) {
+                Some(g) => g.events.push((i, unregister, r)),
+                None => ranges.push(Range {
+                    addr,
+                    len,
+                    events: vec![(i, unregister, r)],
+                }),
+            }
+        }
+    }
+    let strictly_after = |a: &Record, b: &Record| {
+        a.listener == b.listener || matches!((a.time(), b.time()), (Some(x), Some(y)) if x > y)
+    };
+    let mut found = Vec::new();
+    for (i, r) in merged.iter().enumerate() {
+        let RecordBody::TextPoke { addr, .. } = &r.body else {
+            continue;
+        };
+        let covering: Vec<&Range> = ranges
+            .iter()
+            .filter(|g| *addr >= g.addr && *addr < g.addr.saturating_add(g.len))
+            .collect();
+        if covering.is_empty() {
+            continue;
+        }
+        // Live in one of them: the last event before the poke is a register,
+        // or the first event after it is an unregister (live since before).
+        let live = covering
+            .iter()
+            .any(|g| match g.events.iter().rev().find(|(j, _, _)| *j < i) {
+                Some((_, unregister, _)) => !unregister,
+                None => g
+                    .events
+                    .first()
+                    .is_some_and(|(_, unregister, _)| *unregister),
+            });
+        if live {
+            continue;
+        }
+        let gone = covering.iter().find_map(|g| {
+            let (_, _, u) = g.events.iter().rev().find(|(j, _, _)| *j < i)?;
+            strictly_after(r, u).then_some(*u)
+        });
+        let coming = covering.iter().find_map(|g| {
+            let (_, _, reg) = g.events.iter().find(|(j, u, _)| *j > i && !*u)?;
+            strictly_after(reg, r).then_some(*reg)
+        });
+        match (gone, coming) {
+            (Some(u), _) => found.push(quoting(
+                format!(
+                    "{at}{r}: a write into code announced gone by {u} and not registered again \
+                     (the kernel unregisters out-of-line code only after its last write)"
+                ),
+                [r, u],
+            )),
+            (None, Some(reg)) => found.push(quoting(
+                format!(
+                    "{at}{r}: a write into code announced only later, by {reg} (the kernel \
+                     registers out-of-line code before its first write)"
+                ),
+                [r, reg],
+            )),
+            (None, None) => {}
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod lifetime_tests {
+    use super::*;
+    use kloop_records::testutil::{self, Tr};
+    use kloop_records::{parse_stream, PERF_SAMPLE_CPU, PERF_SAMPLE_TID, PERF_SAMPLE_TIME};
+
+    const PAGE: u64 = 0xffff_ffff_c000_0000;
+
+    enum E {
+        Reg(&'static str),
+        Unreg(&'static str),
+        Poke(u64),
+    }
+
+    fn stream(events: &[E]) -> Vec<Record> {
+        let l = testutil::listener(0, 0, PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU);
+        let mut b = Vec::new();
+        for (i, e) in events.iter().enumerate() {
+            let t = Tr {
+                time: 10 + i as u64,
+                ..Tr::default()
+            };
+            b.extend(match e {
+                E::Reg(n) => testutil::ksymbol(&l, PAGE, 4096, KSYM_TYPE_OOL, false, n, t),
+                E::Unreg(n) => testutil::ksymbol(&l, PAGE, 4096, KSYM_TYPE_OOL, true, n, t),
+                E::Poke(a) => testutil::text_poke(&l, *a, 0, 6, t),
+            });
+        }
+        parse_stream(&l, &b).unwrap()
+    }
+
+    fn messages(events: &[E]) -> Vec<String> {
+        let recs = stream(events);
+        check_code_lifetime(&recs, "")
+            .into_iter()
+            .map(|f| f.message)
+            .collect()
+    }
+
+    #[test]
+    fn writes_fall_inside_live_out_of_line_code() {
+        use E::*;
+        // A page's life: register, slot copies, removal, unregister; an
+        // int3 in vmlinux text outside it; a new page at the same address.
+        let ok = [
+            Poke(0xffff_ffff_8100_0005),
+            Reg(KPROBE_INSN_PAGE),
+            Poke(PAGE),
+            Poke(PAGE + 16),
+            Unreg(KPROBE_INSN_PAGE),
+            Reg(KPROBE_INSN_PAGE),
+            Poke(PAGE + 32),
+            Unreg(KPROBE_INSN_PAGE),
+        ];
+        assert!(messages(&ok).is_empty(), "{:?}", messages(&ok));
+        // A page there since before the recording: live until its unregister.
+        assert!(messages(&[Poke(PAGE + 16), Unreg(KPROBE_INSN_PAGE)]).is_empty());
+        // Used after it was announced gone.
+        let m = messages(&[
+            Reg(KPROBE_INSN_PAGE),
+            Unreg(KPROBE_INSN_PAGE),
+            Poke(PAGE + 16),
+        ]);
+        assert_eq!(m.len(), 1, "{m:?}");
+        assert!(m[0].contains("announced gone by"), "{m:?}");
+        // Written before it was announced.
+        let m = messages(&[Poke(PAGE), Reg(FTRACE_TRAMPOLINE), Unreg(FTRACE_TRAMPOLINE)]);
+        assert_eq!(m.len(), 1, "{m:?}");
+        assert!(m[0].contains("announced only later"), "{m:?}");
+        // BPF code is not held to it (tail-call pokes may race its life).
+        assert!(messages(&[Reg("bpf_prog_x"), Unreg("bpf_prog_x"), Poke(PAGE)]).is_empty());
+    }
+}
+
 #[cfg(test)]
 mod kprobe_slot_tests {
     use super::*;

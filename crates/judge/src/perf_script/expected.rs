@@ -187,6 +187,10 @@ fn stamps_from_end(raw: &[u8], sample_type: u64, trailer_len: usize) -> (Option<
     (cpu, time)
 }
 
+fn opt<T: fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
 /// Reads perf's side-band records, comparing its parse with kloop's.
 /// A copy kloop reads past as oversized ([`kloop_records::Oversized`])
 /// becomes one violation in `faults`, with its typed fields; its cpu and
@@ -299,18 +303,23 @@ pub(super) fn perf_records(
                 let mut fault = Violation::new(
                         RULE,
                         format!(
-                            "perf@{:#x}: perf's copy of {r} is {} bytes longer (header.size {}) than its body and \
+                            "perf@{:#x} `{}`: perf's copy is {} bytes longer (header.size {}) than its body and \
                              {}-byte sample_id trailer, zero-filled; perf reads the trailer from the record's end, \
-                             so it printed cpu {cpu:?} time {time:?}{}",
+                             so it printed cpu {} time {}{}; kloop reads the trailer after the body: cpu {} time {}",
                             e.offset,
+                            summary.line.trim(),
                             o.excess,
                             o.size,
                             o.trailer_len,
+                            opt(cpu),
+                            opt(time),
                             if explained_stamps {
-                                " (the zero bytes there); kloop reads the trailer after the body"
+                                " (the zero bytes there)"
                             } else {
                                 ", which is not what the record's last bytes say either"
-                            }
+                            },
+                            opt(r.sample.cpu),
+                            opt(r.sample.time),
                         ),
                     )
                     .with(crate::check::Detail::OversizedRecord(

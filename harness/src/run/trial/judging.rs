@@ -435,7 +435,7 @@ pub(super) fn ledger_outcome(
     }
     let ids: Vec<&str> = judgement.known.iter().map(|(i, _)| i.id.as_str()).collect();
     Ok(Some(Verdict::Known(format!(
-        "{KNOWN_PREFIX}{}\n{known_note}\nnormalised stream (from the records that parsed): {}",
+        "{KNOWN_PREFIX}{}\n{known_note}\nnormalised stream (every record read): {}",
         ids.join(", "),
         normalised_path.display()
     ))))
