@@ -740,12 +740,13 @@ fn ftrace_trampolines_are_poked_in_the_order_ftrace_promises() {
         ),
     ] {
         let a = run(seq);
-        assert_eq!(
-            rules(&a),
-            BTreeSet::from([rule::TRAMPOLINE_POKES]),
-            "{what}: {}",
-            dump(&a)
-        );
+        // A removal poke after the unregister also writes into code
+        // announced gone.
+        let mut want = BTreeSet::from([rule::TRAMPOLINE_POKES]);
+        if std::ptr::eq(seq, &swapped[..]) {
+            want.insert(rule::CODE_LIFETIME);
+        }
+        assert_eq!(rules(&a), want, "{what}: {}", dump(&a));
         assert!(
             a.of_rule(rule::TRAMPOLINE_POKES)
                 .any(|v| v.message.contains(needle)),
