@@ -298,6 +298,79 @@ fn recorded_6_1_many_listeners_second_fault_is_not_excused() {
     );
 }
 
+/// The real perf next to a listener opened after it, on 6.1: perf's copy
+/// and kloop's first listener's copy are grown (the known bug), perf read
+/// its trailer from the zero padding (time 0). Read past, perf's records
+/// are the ones it recorded while recording, each the twin of kloop's, and
+/// the only violations are the two entries' signatures.
+#[test]
+fn recorded_6_1_perf_tool_late_listener_is_judged_whole() {
+    use kloop::judge::check::Detail;
+    let ev = recorded(&root().join("src/testdata/known-issues/6.1-perf-tool-late-listener"));
+    let scenarios = kloop::scenario::load_all(&root().join("../scenarios")).unwrap();
+    let plan = &scenarios
+        .iter()
+        .find(|s| s.name == "perf-tool-late-listener")
+        .unwrap()
+        .plan;
+    let a = kloop::judge::check::analyse(&ev);
+    let mut vs = a.violations.clone();
+    vs.extend(kloop::judge::perf_script::check(&ev, &a, &plan.steps));
+    kloop::judge::emissions::annotate(&ev, &a, &mut vs);
+    let readers: Vec<(&str, String, u32, bool)> = vs
+        .iter()
+        .map(|v| match &v.detail {
+            Some(Detail::OversizedRecord(o)) => (
+                v.rule,
+                o.reader.clone(),
+                o.excess,
+                o.accumulation.as_ref().is_some_and(|a| a.explained),
+            ),
+            _ => panic!("a violation that is not an oversized copy: {v:#?}"),
+        })
+        .collect();
+    // perf's four copies 24 bytes long (L1's trailer), L0's four 48 (L1's
+    // and perf's), each explained by the copies written before it.
+    assert_eq!(readers.len(), 8, "{readers:#?}");
+    for (rule, reader, excess, explained) in &readers {
+        assert!(explained, "{readers:#?}");
+        match reader.as_str() {
+            "perf" => assert_eq!((*rule, *excess), ("second-reader", 24)),
+            "L0" => assert_eq!((*rule, *excess), ("parse", 48)),
+            other => panic!("{other}"),
+        }
+    }
+    let ledger = ledger();
+    let j = ledger.judge("6.1", "perf-tool-late-listener", &vs);
+    assert!(j.uncovered.is_empty(), "{:#?}", j.uncovered);
+    let mut ids: Vec<&str> = j.known.iter().map(|(i, _)| i.id.as_str()).collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        [
+            "ksymbol-bpf-event-header-size-accumulates",
+            "ksymbol-bpf-event-header-size-accumulates-perf-copy"
+        ]
+    );
+    // The perf-copy signature is no excuse for a perf copy whose excess is
+    // not explained: without listener L1 (no event the kernel could have
+    // written before perf's), perf's 24 bytes and L0's 48 no longer add up.
+    let mut no_l1 = ev.clone();
+    no_l1.streams.remove(&1);
+    no_l1.listeners.retain(|l| l.index != 1);
+    let a = kloop::judge::check::analyse(&no_l1);
+    let mut vs = a.violations.clone();
+    vs.extend(kloop::judge::perf_script::check(&no_l1, &a, &plan.steps));
+    kloop::judge::emissions::annotate(&no_l1, &a, &mut vs);
+    let j = ledger.judge("6.1", "perf-tool-late-listener", &vs);
+    assert!(
+        j.uncovered.iter().any(|v| v.rule == "second-reader"
+            && matches!(&v.detail, Some(Detail::OversizedRecord(o)) if o.reader == "perf")),
+        "{:#?}",
+        j.uncovered
+    );
+}
+
 /// 7.3 writes exact sizes: every stream parses, every listener set and the
 /// task-bound listener agree, and the result equals the golden snapshot.
 #[test]

@@ -367,6 +367,41 @@ pub fn fuzz_check_records(data: &[u8]) {
             "parse_stream and parse_prefix disagree"
         ),
     }
+    // Reading past zero-filled excess: linear too, the same records where
+    // the strict reading found none, and only whole records read past.
+    let (on, peak) = peak_alloc(|| kloop_records::parse_reading_on(&l, bytes));
+    assert_alloc_bound("parse_reading_on", peak, bytes.len(), 128);
+    if on.oversized.is_empty() {
+        assert_eq!(
+            on.records, recs,
+            "nothing read past, yet the readings differ"
+        );
+        assert_eq!(on.error.as_ref(), err.as_ref());
+    } else {
+        assert!(on.records.len() > recs.len() || on.error.is_none());
+        assert_eq!(
+            on.records.get(..recs.len()),
+            Some(&recs[..]),
+            "the strict prefix is kept"
+        );
+        for o in &on.oversized {
+            let r = on
+                .records
+                .iter()
+                .find(|r| r.offset == o.offset)
+                .expect("a record read past is among the records");
+            assert_eq!(
+                u32::from(r.header.size),
+                o.body_end + o.trailer_len + o.excess
+            );
+            let pad = &bytes[(o.offset as usize + (o.body_end + o.trailer_len) as usize)
+                ..(o.offset as usize + usize::from(o.size))];
+            assert!(
+                o.excess > 0 && pad.iter().all(|b| *b == 0),
+                "only zero excess is read past"
+            );
+        }
+    }
 }
 
 fn check_records_result(
