@@ -54,7 +54,8 @@ Environment:
   KLOOP_ROOT_TESTS       `require`: root-only tests fail instead of skipping when not root
   KLOOP_DEADLINE_SCALE   integer factor on every boot and session deadline (slow hosts)
   KLOOP_CHANNEL_LIMIT    most bytes a guest may send (e.g. 256M)
-  KLOOP_SAVED_VMS_KEEP   saved VMs kept in the cache (default 40)
+  KLOOP_SAVED_VMS_KEEP   saved VMs of kernel pins kept in the cache (default 40)
+  KLOOP_SAVED_VMS_KEEP_OTHERS  saved VMs of other kernels kept apart (default 15)
   KLOOP_KEEP_RUNS        run directories kept under target/kloop/runs (default 10)
   KLOOP_NO_PREFLIGHT     skip the config preflight (the guest's probes decide)
   KLOOP_PROGRESS         `live` or `plain` progress (default: live on a terminal)

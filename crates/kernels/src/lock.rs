@@ -45,6 +45,19 @@ impl HolderLock {
             path: path.to_path_buf(),
         }))
     }
+
+    /// Whether the file this lock holds is still the one at its path. A
+    /// process that removes an entry with its lock file (saved-VM pruning)
+    /// unlinks the file while holding it; a waiter that had opened it
+    /// before then holds a lock nobody else can see, and must take the
+    /// lock again at the path (a new file) instead.
+    pub fn is_current(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match (self._file.metadata(), std::fs::metadata(&self.path)) {
+            (Ok(held), Ok(at_path)) => held.dev() == at_path.dev() && held.ino() == at_path.ino(),
+            _ => false,
+        }
+    }
 }
 
 /// Where the processes using a kernel cache register.
@@ -135,6 +148,23 @@ mod tests {
         assert_eq!(holder(&path).unwrap(), who);
         drop(first);
         assert!(HolderLock::try_take(&path).unwrap().is_some());
+    }
+
+    /// A lock whose file was unlinked (and perhaps made anew) by another
+    /// holder is not current: its holder must take the lock again.
+    #[test]
+    fn a_lock_on_an_unlinked_file_is_not_current() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("entry.lock");
+        let held = HolderLock::try_take(&path).unwrap().expect("free");
+        assert!(held.is_current());
+        std::fs::remove_file(&path).unwrap();
+        assert!(!held.is_current(), "the file is gone");
+        let fresh = HolderLock::try_take(&path)
+            .unwrap()
+            .expect("a new file, free");
+        assert!(fresh.is_current());
+        assert!(!held.is_current(), "another file is at the path now");
     }
 
     /// A registered user is listed while registered; a registration whose

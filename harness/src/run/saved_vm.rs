@@ -9,10 +9,13 @@
 //! CPUs, memory, command line, firmware, `KLOOP_QEMU_ARGS`) — and rebuilt
 //! when any of them changes. They live in the kernel cache
 //! (`saved-vms/<key>/`: `vmstate`, `initramfs.cpio`, `meta.json`, and
-//! `boot/` with the saved boot's console), pruned past [`KEEP_ENV`]
-//! (default [`DEFAULT_KEEP`]): throwaway kernels' (validate's candidates,
-//! bisection steps, mutants) before pins', least recently used first, each
-//! removal said.
+//! `boot/` with the saved boot's console), pruned by [`Budgets`]: the
+//! pins' saved VMs past [`KEEP_ENV`] (default [`DEFAULT_KEEP`]) and, apart
+//! from them, throwaway kernels' (validate's candidates and baselines,
+//! bisection steps, mutants) past [`KEEP_OTHERS_ENV`] (default
+//! [`DEFAULT_KEEP_OTHERS`]), least recently used first within each, each
+//! removal said. Other commands' work therefore never evicts a pin's saved
+//! VM: only more pins' saved VMs than their budget do.
 //!
 //! When saving or restoring fails, the trial boots cold and says why; a
 //! shape whose save failed is not tried again in the same run.
@@ -71,11 +74,73 @@ impl std::fmt::Display for NoSavedVm {
 /// (see the guest's `kallsyms.rs`): about four trials pay for it.
 pub const FEW_TRIALS_FOR_A_SAVED_VM: usize = 4;
 
-/// How many saved VMs the cache keeps (least recently used go first).
+/// How many saved VMs of kernel pins the cache keeps (least recently used
+/// go first).
 pub const KEEP_ENV: &str = "KLOOP_SAVED_VMS_KEEP";
 /// About 100 MB of disk each for a 512 MiB guest (the RAM file is sparse:
-/// only the pages the guest touched take space): a full matrix needs 25.
+/// only the pages the guest touched take space): a full matrix needs 25,
+/// and after a change to the agent the previous 25 stay until these are
+/// used more recently.
 pub const DEFAULT_KEEP: usize = 40;
+/// How many saved VMs of kernels that are not pins (validate's, bisection
+/// steps', mutants') the cache keeps, apart from the pins' budget.
+pub const KEEP_OTHERS_ENV: &str = "KLOOP_SAVED_VMS_KEEP_OTHERS";
+/// A validate's baseline and candidate make at most a few each (a shape
+/// with fewer than [`FEW_TRIALS_FOR_A_SAVED_VM`] trials makes none), so
+/// the baseline's survive from one validate to the next; a bisection's
+/// steps, never restored again, take turns in what is left.
+pub const DEFAULT_KEEP_OTHERS: usize = 15;
+
+/// Prefix of a saved VM's directory renamed aside to be removed: a reader
+/// never sees a saved VM half removed, and a removal a kill interrupted is
+/// finished by the next prune.
+const REMOVING: &str = "removing-";
+
+/// How many saved VMs of each kind the cache keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budgets {
+    /// Kernel pins' (`kernels/*.toml`): what every `vm-test` restores.
+    pub pins: usize,
+    /// Every other kernel's, and entries whose kind cannot be read.
+    pub others: usize,
+}
+
+impl Budgets {
+    /// [`KEEP_ENV`] and [`KEEP_OTHERS_ENV`], or their defaults; at least
+    /// one each.
+    pub fn from_env() -> Budgets {
+        let var = |name: &str, default: usize| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(default)
+                .max(1)
+        };
+        Budgets {
+            pins: var(KEEP_ENV, DEFAULT_KEEP),
+            others: var(KEEP_OTHERS_ENV, DEFAULT_KEEP_OTHERS),
+        }
+    }
+
+    fn of(&self, pin: bool) -> usize {
+        if pin {
+            self.pins
+        } else {
+            self.others
+        }
+    }
+}
+
+/// A saved VM this process made: for the run's phases.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MadeSavedVm {
+    pub key: String,
+    pub kernel: String,
+    pub pin: bool,
+    /// From QEMU's start to `meta.json` written: the boot to the agent's
+    /// plan request, the save, the renames.
+    pub secs: f64,
+}
 
 /// Bumped when what a saved VM holds changes meaning (the agent's waiting
 /// protocol, the layout of the directory).
@@ -102,8 +167,9 @@ pub struct SavedVmMeta {
     pub vmstate_bytes: u64,
     /// The guest's RAM file (`ram`): its length, the guest's memory size.
     pub ram_bytes: u64,
-    /// Made for a kernel pin: kept over the saved VMs of throwaway kernels
-    /// (validate's candidates, bisection steps, mutants), which go first.
+    /// Made for a kernel pin, or restored by one since: counted in the
+    /// pins' budget ([`Budgets::pins`]), which other kernels' saved VMs
+    /// (validate's, bisection steps', mutants') never take from.
     #[serde(default)]
     pub pin: bool,
 }
@@ -145,6 +211,9 @@ pub struct SavedVms {
     slots: Mutex<HashMap<String, Slot>>,
     /// The caller's description of an initramfs's inputs → its sha256.
     initramfs_digests: Mutex<HashMap<String, String>>,
+    /// What this process made, and how many it removed by pruning.
+    made: Mutex<Vec<MadeSavedVm>>,
+    removed: std::sync::atomic::AtomicUsize,
 }
 
 impl SavedVms {
@@ -154,11 +223,23 @@ impl SavedVms {
             root: cache_root.join("saved-vms"),
             slots: Mutex::default(),
             initramfs_digests: Mutex::default(),
+            made: Mutex::default(),
+            removed: Default::default(),
         }
     }
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The saved VMs this process made, in the order they were finished.
+    pub fn made(&self) -> Vec<MadeSavedVm> {
+        lock(&self.made).clone()
+    }
+
+    /// How many saved VMs this process removed past [`Budgets`].
+    pub fn removed(&self) -> usize {
+        self.removed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The saved VM of `shape` (a configuration without initramfs), made
@@ -229,6 +310,7 @@ impl SavedVms {
                 })
             }
         };
+        let found = found.map(|vm| if pin { mark_pin(vm) } else { vm });
         if let Ok(vm) = &found {
             touch(&vm.dir);
         }
@@ -302,6 +384,7 @@ impl SavedVms {
         std::fs::create_dir_all(&self.root)
             .map_err(|e| format!("creating {}: {e}", self.root.display()))?;
         let _lock = wait_for_lock(&self.root.join(format!("{key}.lock")), interrupted)?;
+        let started = Instant::now();
         // Another process may have made it while this one waited.
         if let Some(vm) = read_complete(&dir) {
             return Ok(vm);
@@ -395,7 +478,13 @@ impl SavedVms {
         std::fs::write(&tmp, json)
             .and_then(|()| std::fs::rename(&tmp, dir.join("meta.json")))
             .map_err(|e| format!("writing {}/meta.json: {e}", dir.display()))?;
-        self.prune(key);
+        lock(&self.made).push(MadeSavedVm {
+            key: key.to_string(),
+            kernel: kernel_label.to_string(),
+            pin,
+            secs: started.elapsed().as_secs_f64(),
+        });
+        self.prune(key, pin, Budgets::from_env());
         Ok(SavedVm {
             dir,
             meta,
@@ -403,61 +492,93 @@ impl SavedVms {
         })
     }
 
-    /// Keeps [`KEEP_ENV`] saved VMs (never `keep`): past that, throwaway
-    /// kernels' go first, least recently used first, then pins' the same
-    /// way; each removal is said.
-    fn prune(&self, keep: &str) {
-        let limit = std::env::var(KEEP_ENV)
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(DEFAULT_KEEP)
-            .max(1);
+    /// Keeps each kind of saved VM within its [`Budgets`] (`keep`, just
+    /// made, of kind `keep_pin`, counted but never removed): past a budget
+    /// the least recently used of that kind go, so a throwaway kernel's
+    /// saved VM never removes a pin's. Each removal is said. One held by
+    /// another process (being made) is skipped; a removal renames the
+    /// directory aside first, so no reader sees it half removed.
+    fn prune(&self, keep: &str, keep_pin: bool, budgets: Budgets) {
         let Ok(entries) = std::fs::read_dir(&self.root) else {
             return;
         };
-        let saved: Vec<Candidate> = entries
-            .flatten()
-            .filter(|e| e.path().is_dir() && e.file_name() != keep)
-            .map(|e| {
-                let used = std::fs::metadata(e.path().join("used"))
-                    .or_else(|_| e.metadata())
-                    .and_then(|m| m.modified())
-                    .unwrap_or(SystemTime::UNIX_EPOCH);
-                let meta = read_complete(&e.path()).map(|vm| vm.meta);
-                Candidate {
-                    pin: meta.as_ref().is_some_and(|m| m.pin),
-                    label: match meta {
-                        Some(m) => format!(
-                            "{} of {}",
-                            if m.pin { "a pin" } else { "a throwaway kernel" },
-                            m.kernel.display()
-                        ),
-                        None => "incomplete, or made by an older kloop".into(),
-                    },
-                    used,
-                    dir: e.path(),
-                }
-            })
-            .collect();
-        for c in eviction_order(saved, limit) {
-            // A saved VM being made or restored right now by another process
-            // holds its lock; skip it.
-            let name = c.dir.file_name().map(|n| n.to_string_lossy().into_owned());
-            let lock_path = self.root.join(format!("{}.lock", name.unwrap_or_default()));
-            if let Ok(Some(lock)) = HolderLock::try_take(&lock_path) {
-                let _ = std::fs::remove_dir_all(&c.dir);
-                let _ = std::fs::remove_file(&lock_path);
-                drop(lock);
-                crate::run::status::done(
-                    &format!("saved-vm-prune {}", c.dir.display()),
-                    &format!(
-                        "removed the saved VM {} ({}, least recently used past {KEEP_ENV}={limit})",
-                        c.dir.display(),
-                        c.label
-                    ),
-                );
+        let mut saved = Vec::new();
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !e.path().is_dir() || name == keep {
+                continue;
             }
+            if name.starts_with(REMOVING) {
+                // Another process removing it now, or a removal killed
+                // halfway: either way it is garbage.
+                let _ = std::fs::remove_dir_all(e.path());
+                continue;
+            }
+            saved.push(candidate(&e.path()));
         }
+        for c in eviction_order(saved, keep_pin, budgets) {
+            let name = c.dir.file_name().map(|n| n.to_string_lossy().into_owned());
+            let name = name.unwrap_or_default();
+            let lock_path = self.root.join(format!("{name}.lock"));
+            // A saved VM being made right now by another process holds its
+            // lock; skip it (and a lock whose file another pruner removed).
+            let Ok(Some(lock)) = HolderLock::try_take(&lock_path) else {
+                continue;
+            };
+            if !lock.is_current() {
+                continue;
+            }
+            let aside = self
+                .root
+                .join(format!("{REMOVING}{name}-{}", std::process::id()));
+            if std::fs::rename(&c.dir, &aside).is_err() {
+                continue;
+            }
+            // Removed while held: a waiter on this file sees it is no
+            // longer current and takes the lock again (`wait_for_lock`).
+            let _ = std::fs::remove_file(&lock_path);
+            drop(lock);
+            let _ = std::fs::remove_dir_all(&aside);
+            self.removed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let (kind, budget) = if c.pin {
+                (KEEP_ENV, budgets.pins)
+            } else {
+                (KEEP_OTHERS_ENV, budgets.others)
+            };
+            crate::run::status::done(
+                &format!("saved-vm-prune {}", c.dir.display()),
+                &format!(
+                    "removed the saved VM {} ({}, least recently used past {kind}={budget})",
+                    c.dir.display(),
+                    c.label
+                ),
+            );
+        }
+    }
+}
+
+/// A saved VM's directory as pruning sees it: its kind (from `meta.json`;
+/// an unreadable or incomplete one counts as a throwaway kernel's) and
+/// when it was last used (the `used` file's mtime, else the directory's).
+fn candidate(dir: &Path) -> Candidate {
+    let used = std::fs::metadata(dir.join("used"))
+        .or_else(|_| std::fs::metadata(dir))
+        .and_then(|m| m.modified())
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let meta = read_complete(dir).map(|vm| vm.meta);
+    Candidate {
+        pin: meta.as_ref().is_some_and(|m| m.pin),
+        label: match meta {
+            Some(m) => format!(
+                "{} of {}",
+                if m.pin { "a pin" } else { "a throwaway kernel" },
+                m.kernel.display()
+            ),
+            None => "incomplete, or made by an older kloop".into(),
+        },
+        used,
+        dir: dir.to_path_buf(),
     }
 }
 
@@ -470,17 +591,53 @@ struct Candidate {
     dir: PathBuf,
 }
 
-/// What to remove so that `limit` remain with the one being kept: the
-/// throwaway kernels' saved VMs before any pin's, least recently used first
-/// within each.
-fn eviction_order(mut saved: Vec<Candidate>, limit: usize) -> Vec<Candidate> {
-    if saved.len() < limit {
-        return Vec::new();
+/// What to remove so that each kind keeps at most its budget, counting
+/// the one just made (of kind `kept_pin`, not among `saved`): per kind, the
+/// least recently used first. The pins' saved VMs are counted only against
+/// [`Budgets::pins`], so no number of throwaway kernels' saved VMs removes
+/// one of them.
+fn eviction_order(saved: Vec<Candidate>, kept_pin: bool, budgets: Budgets) -> Vec<Candidate> {
+    let mut out = Vec::new();
+    for pin in [false, true] {
+        let mut kind: Vec<Candidate> = saved.iter().filter(|c| c.pin == pin).cloned().collect();
+        let count = kind.len() + usize::from(kept_pin == pin);
+        let excess = count.saturating_sub(budgets.of(pin)).min(kind.len());
+        kind.sort_by_key(|c| c.used);
+        out.extend(kind.into_iter().take(excess));
     }
-    let excess = saved.len() + 1 - limit;
-    saved.sort_by_key(|c| (c.pin, c.used));
-    saved.truncate(excess);
-    saved
+    out
+}
+
+/// A saved VM a pin restores is the pin's from now on, whoever made it (a
+/// bisection step of the same Debian build, a run of the pin's image as a
+/// plain file): `meta.json` says `pin`, rewritten atomically (a new file
+/// renamed over the old); when that fails it stays as it was.
+fn mark_pin(vm: SavedVm) -> SavedVm {
+    if vm.meta.pin {
+        return vm;
+    }
+    let meta = SavedVmMeta {
+        pin: true,
+        ..vm.meta.clone()
+    };
+    let tmp = vm
+        .dir
+        .join(format!("meta.json.{}.partial", std::process::id()));
+    let written = serde_json::to_vec_pretty(&meta)
+        .map_err(io::Error::other)
+        .and_then(|json| std::fs::write(&tmp, json))
+        .and_then(|()| std::fs::rename(&tmp, vm.dir.join("meta.json")));
+    match written {
+        Ok(()) => SavedVm { meta, ..vm },
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            tracing::debug!(
+                "saved VM {}: marking it a pin's failed: {e}",
+                vm.dir.display()
+            );
+            vm
+        }
+    }
 }
 
 /// The key: sha256 over the format, QEMU's version, the kernel's and the
@@ -548,6 +705,9 @@ fn wait_for_lock(path: &Path, interrupted: &dyn Fn() -> bool) -> Result<HolderLo
     let mut said = false;
     loop {
         match HolderLock::try_take(path) {
+            // Its file was removed by a pruner while this one waited: take
+            // the lock at the path again.
+            Ok(Some(l)) if !l.is_current() => continue,
             Ok(Some(l)) => {
                 if said {
                     crate::run::status::done(&task, "");
@@ -712,38 +872,204 @@ mod tests {
         }
     }
 
-    /// Validate's candidates, bisection steps and mutants make saved VMs
-    /// too; past the limit theirs go before any pin's, so the next
-    /// `vm-test` still restores every pin.
-    #[test]
-    fn throwaway_kernels_are_evicted_before_pins() {
-        let t = |s: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
-        let c = |name: &str, pin: bool, used: u64| Candidate {
+    fn at(s: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(s)
+    }
+
+    fn cand(name: &str, pin: bool, used: u64) -> Candidate {
+        Candidate {
             pin,
-            used: t(used),
+            used: at(used),
             label: name.into(),
             dir: PathBuf::from(name),
-        };
+        }
+    }
+
+    fn names(v: Vec<Candidate>) -> Vec<String> {
+        v.into_iter().map(|c| c.label).collect()
+    }
+
+    /// Each kind keeps its own budget, least recently used first: a pin's
+    /// saved VM is never removed for a throwaway kernel's, however old.
+    #[test]
+    fn each_kind_keeps_its_own_budget() {
         let saved = vec![
-            c("pin-old", true, 1),
-            c("cand-new", false, 9),
-            c("pin-new", true, 8),
-            c("cand-old", false, 2),
-            c("step", false, 5),
+            cand("pin-old", true, 1),
+            cand("cand-new", false, 9),
+            cand("pin-new", true, 8),
+            cand("cand-old", false, 2),
+            cand("step", false, 5),
         ];
-        let names = |v: Vec<Candidate>| v.into_iter().map(|c| c.label).collect::<Vec<_>>();
-        // 5 + the one being kept, limit 4: two go, the oldest throwaway
-        // ones, although pin-old was used longer ago.
+        let budgets = |pins, others| Budgets { pins, others };
+        // A throwaway one just made: 4 throwaway against 2, pins untouched
+        // although pin-old was used longer ago than any.
         assert_eq!(
-            names(eviction_order(saved.clone(), 4)),
+            names(eviction_order(saved.clone(), false, budgets(2, 2))),
             ["cand-old", "step"]
         );
-        // Limit 2: every throwaway, then the least recently used pin.
+        // A pin's just made: 3 pins against 2; the throwaway ones are 3
+        // against 3.
         assert_eq!(
-            names(eviction_order(saved.clone(), 2)),
-            ["cand-old", "step", "cand-new", "pin-old"]
+            names(eviction_order(saved.clone(), true, budgets(2, 3))),
+            ["pin-old"]
         );
-        assert!(eviction_order(saved, 6).is_empty());
+        assert_eq!(
+            names(eviction_order(saved.clone(), true, budgets(1, 1))),
+            ["cand-old", "step", "pin-old", "pin-new"]
+        );
+        assert!(eviction_order(saved, false, budgets(3, 4)).is_empty());
+    }
+
+    /// The matrix's 25 saved VMs, then a bisection's and validates' 40,
+    /// each pruned as it is made (the default budgets): every pin's is
+    /// still there, and the newest throwaway ones fill their budget.
+    #[test]
+    fn forty_throwaway_saved_vms_after_the_pins_evict_no_pin() {
+        let budgets = Budgets {
+            pins: DEFAULT_KEEP,
+            others: DEFAULT_KEEP_OTHERS,
+        };
+        let mut cache: Vec<Candidate> = Vec::new();
+        let make = |c: Candidate, cache: &mut Vec<Candidate>| {
+            for gone in eviction_order(cache.clone(), c.pin, budgets) {
+                cache.retain(|k| k != &gone);
+            }
+            cache.push(c);
+        };
+        for i in 0..25 {
+            make(cand(&format!("pin-{i}"), true, i), &mut cache);
+        }
+        for i in 0..40 {
+            make(cand(&format!("step-{i}"), false, 100 + i), &mut cache);
+        }
+        let pins = cache.iter().filter(|c| c.pin).count();
+        assert_eq!(pins, 25, "no pin's saved VM removed");
+        let others: Vec<_> = cache.iter().filter(|c| !c.pin).map(|c| &c.label).collect();
+        assert_eq!(others.len(), DEFAULT_KEEP_OTHERS);
+        assert_eq!(others[0], &format!("step-{}", 40 - DEFAULT_KEEP_OTHERS));
+        // The pins' budget still holds the previous agent's 25 alongside:
+        // the least recently used pins go, not the ones just made.
+        for i in 0..25 {
+            make(cand(&format!("new-pin-{i}"), true, 200 + i), &mut cache);
+        }
+        let pins: Vec<_> = cache.iter().filter(|c| c.pin).map(|c| &c.label).collect();
+        assert_eq!(pins.len(), DEFAULT_KEEP);
+        assert_eq!(pins[0], "pin-10");
+        assert_eq!(cache.iter().filter(|c| !c.pin).count(), DEFAULT_KEEP_OTHERS);
+    }
+
+    /// A complete saved VM in `root` of kind `pin`, last used at `used`.
+    fn saved_on_disk(root: &Path, key: &str, kernel: &Path, pin: bool, used: u64) -> PathBuf {
+        let d = root.join(key);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("vmstate"), b"state").unwrap();
+        std::fs::write(d.join("ram"), b"guest memory").unwrap();
+        let meta = SavedVmMeta {
+            key: key.into(),
+            kernel: kernel.to_path_buf(),
+            kernel_bytes: 12,
+            qemu_version: "QEMU 7.2".into(),
+            created: 0,
+            boot_to_ready_secs: 1.0,
+            save_secs: 0.5,
+            guest_uptime_secs: 1.0,
+            vmstate_bytes: 5,
+            ram_bytes: 12,
+            pin,
+        };
+        std::fs::write(d.join("meta.json"), serde_json::to_vec(&meta).unwrap()).unwrap();
+        let used_file = std::fs::File::create(d.join("used")).unwrap();
+        used_file.set_modified(at(used)).unwrap();
+        d
+    }
+
+    /// Pruning on disk: past each budget the least recently used of that
+    /// kind go, with their lock files; one whose lock another process
+    /// holds (being made) stays; a removal left halfway is finished; the
+    /// entry just made is never removed.
+    #[test]
+    fn pruning_on_disk_keeps_each_budget_and_skips_what_is_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let vms = SavedVms::in_cache(dir.path());
+        let root = vms.root().to_path_buf();
+        let k = Path::new("/k");
+        for (key, pin, used) in [
+            ("pin-a", true, 1),
+            ("pin-b", true, 2),
+            ("pin-c", true, 3),
+            ("step-a", false, 10),
+            ("step-b", false, 11),
+            ("step-c", false, 12),
+            ("just-made", false, 13),
+        ] {
+            saved_on_disk(&root, key, k, pin, used);
+            std::fs::write(root.join(format!("{key}.lock")), "").unwrap();
+        }
+        std::fs::create_dir_all(root.join("removing-old-1/boot")).unwrap();
+        // Another process holds step-a's lock: it is being made again.
+        let held = HolderLock::try_take(&root.join("step-a.lock"))
+            .unwrap()
+            .unwrap();
+        vms.prune("just-made", false, Budgets { pins: 3, others: 2 });
+        let mut left: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "just-made",
+                "just-made.lock",
+                "pin-a",
+                "pin-a.lock",
+                "pin-b",
+                "pin-b.lock",
+                "pin-c",
+                "pin-c.lock",
+                "step-a",
+                "step-a.lock",
+                "step-c",
+                "step-c.lock",
+            ]
+        );
+        assert_eq!(vms.removed(), 1, "step-b only: step-a is held");
+        drop(held);
+    }
+
+    /// A saved VM a throwaway kernel made becomes the pin's once a pin's
+    /// trial restores it, so a later prune counts it in the pins' budget.
+    #[test]
+    fn a_saved_vm_a_pin_restores_becomes_the_pins() {
+        let dir = tempfile::tempdir().unwrap();
+        let kernel = dir.path().join("vmlinux");
+        std::fs::write(&kernel, b"kernel bytes").unwrap();
+        let shape = VmConfig {
+            kernel: kernel.clone(),
+            ..shape()
+        };
+        let vms = SavedVms::in_cache(&dir.path().join("cache"));
+        let key = key_of(
+            &shape,
+            "QEMU 7.2",
+            &hex::encode(Sha256::digest(b"kernel bytes")),
+            &hex::encode(Sha256::digest(b"initramfs bytes")),
+        );
+        let d = saved_on_disk(vms.root(), &key, &kernel, false, 1);
+        let found = vms
+            .ensure(
+                ("6.1", true, MakeSavedVm::Always),
+                &shape,
+                "QEMU 7.2",
+                "inputs",
+                &|| Ok(b"initramfs bytes".to_vec()),
+                &|| false,
+            )
+            .unwrap();
+        assert!(found.meta.pin);
+        assert!(read_complete(&d).unwrap().meta.pin, "meta.json says so");
+        assert!(vms.made().is_empty(), "restored, not made");
     }
 
     #[test]
