@@ -18,6 +18,7 @@ pub mod merge;
 pub mod mutants;
 pub mod overhead;
 pub mod perf_data;
+pub mod phases;
 pub mod repro;
 
 pub use junit::junit;

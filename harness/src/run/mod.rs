@@ -34,6 +34,7 @@ pub mod initramfs;
 pub mod mutants;
 pub mod parallel;
 pub mod payload;
+pub mod phases;
 pub mod repeat;
 pub mod reuse;
 pub mod run_dirs;

@@ -298,11 +298,24 @@ pub fn prepare_env(
     opts: &EnvOptions,
     probe_kernels: &[KernelUnderTest],
 ) -> Result<TrialEnv, SuiteError> {
+    prepare_env_timed(layout, opts, probe_kernels).map(|(env, _)| env)
+}
+
+/// [`prepare_env`], and how long each of its phases took (for a run's
+/// [`crate::run::phases::Phases`]).
+pub fn prepare_env_timed(
+    layout: &Layout,
+    opts: &EnvOptions,
+    probe_kernels: &[KernelUnderTest],
+) -> Result<(TrialEnv, crate::run::phases::SetupPhases), SuiteError> {
+    let mut laps = crate::run::phases::Laps::new();
     // A broken ledger is a setup error, found before anything is built.
     let known_issues = load_ledger(layout)?;
     let qemu = kloop_qemu::find_qemu()?;
     let qemu_version = kloop_qemu::qemu_version(&qemu).unwrap_or_else(|| "unknown".into());
+    let mut setup_secs = laps.lap();
     let agent = crate::run::agent::ensure_built(&layout.root)?;
+    let agent_build_secs = laps.lap();
     let cache = KernelCache::default_location()?;
     // A read-only or full cache is said now, naming the next step, not as
     // a failed write halfway through a download or a saved VM.
@@ -329,12 +342,21 @@ pub fn prepare_env(
             );
         }
     }
+    setup_secs += laps.lap();
     // The first kernel that can be had probes KVM; a kernel that cannot be
-    // fetched fails its own trials later, with its own message.
+    // fetched fails its own trials later, with its own message. Its fetch
+    // is the kernels' phase, not the accelerator's.
+    let probe_fetch = crate::run::phases::Within::default();
+    let mut probe_fetched = None;
     let mut probe = || {
         probe_kernels.iter().find_map(|k| match k {
             KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => {
-                cache.ensure_image(pin, &opts.fetch).ok()
+                let missing = !cache.image_path(pin).exists();
+                let image = probe_fetch.time(|| cache.ensure_image(pin, &opts.fetch).ok());
+                if missing && image.is_some() {
+                    probe_fetched = Some(pin.id.clone());
+                }
+                image
             }
             KernelUnderTest::Image(k) => k.path.is_file().then(|| k.path.clone()),
         })
@@ -355,8 +377,15 @@ pub fn prepare_env(
     .inspect_err(|e| crate::run::status::failed(accel_task, e))
     .map_err(SuiteError::Accel)?;
     crate::run::status::done(accel_task, "");
+    let phases = crate::run::phases::SetupPhases {
+        setup_secs,
+        agent_build_secs,
+        accel_secs: (laps.lap() - probe_fetch.secs()).max(0.0),
+        probe_fetch_secs: probe_fetch.secs(),
+        probe_fetched,
+    };
     let saved_vms = crate::run::saved_vm::SavedVms::in_cache(cache.root());
-    Ok(TrialEnv {
+    let env = TrialEnv {
         qemu,
         qemu_version,
         accel,
@@ -372,7 +401,8 @@ pub fn prepare_env(
         bless: opts.bless,
         saved_vms,
         known_issues,
-    })
+    };
+    Ok((env, phases))
 }
 
 /// Fetches, verifies and prepares every kernel `trials` need, once and one
@@ -380,7 +410,10 @@ pub fn prepare_env(
 /// then never download it side by side, and the person waiting sees each
 /// download and extraction as it happens. A kernel that cannot be had is
 /// only reported here: its trials fail later with their own message.
-pub fn prefetch(env: &TrialEnv, trials: &[PlannedTrial]) {
+/// Returns the ids of the pins whose image was not in the cache (fetched
+/// or extracted now).
+pub fn prefetch(env: &TrialEnv, trials: &[PlannedTrial]) -> Vec<String> {
+    let mut fetched = Vec::new();
     let mut seen: Vec<String> = Vec::new();
     for t in trials {
         let id = t.kernel.id();
@@ -393,7 +426,10 @@ pub fn prefetch(env: &TrialEnv, trials: &[PlannedTrial]) {
             .any(|o| o.kernel.id() == id && !o.scenario.modules.is_empty());
         let image = match &t.kernel {
             KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => {
-                let fetched = env.cache.ensure_image(pin, &env.fetch).and_then(|image| {
+                if !env.cache.image_path(pin).exists() {
+                    fetched.push(id.clone());
+                }
+                let got = env.cache.ensure_image(pin, &env.fetch).and_then(|image| {
                     // A pin without a `.config` in its package is said
                     // once by `config_notes`; its trials still run.
                     let _ = env.cache.ensure_config(pin, &env.fetch);
@@ -402,9 +438,10 @@ pub fn prefetch(env: &TrialEnv, trials: &[PlannedTrial]) {
                     }
                     Ok(image)
                 });
-                match fetched {
+                match got {
                     Ok(image) => Some((image, Some(pin.image_sha256.clone()))),
                     Err(e) => {
+                        fetched.retain(|f| f != &id);
                         crate::run::status::failed(
                             &format!("kernel {id}"),
                             &format!("{id}: {e}; its trials will fail"),
@@ -423,6 +460,7 @@ pub fn prefetch(env: &TrialEnv, trials: &[PlannedTrial]) {
             }
         }
     }
+    fetched
 }
 
 /// The order to start `trials` in so that `jobs` parallel VMs finish

@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::report::merge::ShardManifest;
+use crate::run::phases::{KernelsPhase, Laps, Phases, SavedVmMade, SetupPhases, TrialsPhase};
 use crate::run::suite::{self, EnvOptions, Layout, PlannedTrial, Selection, SuiteError};
 use crate::run::trial::{TrialEnv, TrialResult, Verdict};
 
@@ -99,6 +100,9 @@ pub struct VmTestRun {
     pub allow_skipped: bool,
     /// kloop's own peak resident memory when the run ended, in KiB.
     pub peak_rss_kib: Option<u64>,
+    /// Where the wall time went (also in the run directory's
+    /// [`Phases::FILE`]).
+    pub phases: Phases,
 }
 
 impl VmTestRun {
@@ -159,8 +163,9 @@ pub fn bless_set(
 
 /// The closing lines of a `vm-test` run (without the `kloop: ` each is
 /// printed with): the trials that did not pass, the ledger's warnings
-/// again, where the step summary and the reports are, the totals, and why
-/// a run of skipped trials alone fails.
+/// again, where the step summary is, where the time went (its phases and
+/// the saved VMs made), the totals and where the reports are, and why a
+/// run of skipped trials alone fails.
 pub fn closing_lines(run: &VmTestRun) -> Vec<String> {
     let summary = run.summary();
     let mut lines = crate::report::not_passed_lines(&run.results);
@@ -169,6 +174,7 @@ pub fn closing_lines(run: &VmTestRun) -> Vec<String> {
         "step summary: {}",
         run.run_dir.join(crate::report::SUMMARY_FILE).display()
     ));
+    lines.extend(crate::report::phases::lines(&run.phases));
     lines.push(format!(
         "{} in {:.1} s ({}); reports: {}",
         summary.line(),
@@ -264,16 +270,36 @@ pub fn run(
     }
     let trials = planned.trials;
     let repeat = opts.repeat.max(1);
-    let started = std::time::Instant::now();
+    let mut laps = Laps::new();
     let kernels: Vec<_> = trials.iter().map(|t| t.kernel.clone()).collect();
-    let env = suite::prepare_env(layout, &opts.env, &kernels).map_err(VmTestError::Environment)?;
+    let (env, setup) =
+        suite::prepare_env_timed(layout, &opts.env, &kernels).map_err(VmTestError::Environment)?;
+    // The setup phases are inside this lap.
+    laps.lap();
     if let Some(m) = &planned.manifest {
         let path = env.run_dir.join(crate::report::merge::MANIFEST);
         let text = serde_json::to_string_pretty(m).expect("a manifest serialises");
         std::fs::write(&path, text).map_err(VmTestError::io("writing", &path))?;
     }
-    let ledger_warnings = announce(&env, &trials, repeat, on);
+    let (ledger_warnings, kernels_phase) = announce(&env, &trials, repeat, on, &setup);
+    laps.lap();
     let all_runs = run_rounds(&env, &trials, repeat, opts.jobs, on);
+    let trials_phase = TrialsPhase {
+        secs: laps.lap(),
+        runs: all_runs.len(),
+        saved_vms: env
+            .saved_vms
+            .made()
+            .into_iter()
+            .map(|m| SavedVmMade {
+                kernel: m.kernel,
+                key: m.key,
+                pin: m.pin,
+                secs: m.secs,
+            })
+            .collect(),
+        saved_vms_removed: env.saved_vms.removed(),
+    };
     let artefacts: Vec<PathBuf> = all_runs.iter().map(|r| r.artefacts.clone()).collect();
     let results = combine_repeats(&env, all_runs, repeat, on)?;
     crate::report::write_files(&env.run_dir, &results)
@@ -290,28 +316,58 @@ pub fn run(
     if let Some(note) = overhead_report(layout, &env, &artefacts) {
         on(Event::Note(note));
     }
+    let reports_secs = laps.lap();
+    let phases = Phases {
+        wall_secs: laps.total(),
+        setup_secs: setup.setup_secs,
+        agent_build_secs: setup.agent_build_secs,
+        accel_secs: setup.accel_secs,
+        kernels: kernels_phase,
+        trials: trials_phase,
+        reports_secs,
+    };
+    if let Err(e) = phases.write(&env.run_dir) {
+        on(Event::Note(format!(
+            "writing {} into {}: {e}",
+            Phases::FILE,
+            env.run_dir.display()
+        )));
+    }
     Ok(VmTestRun {
         results,
         run_dir: env.run_dir.clone(),
         ledger_warnings,
-        secs: started.elapsed().as_secs_f64(),
+        secs: phases.wall_secs,
         accel: env.accel.accel.clone(),
         // A shard may hold only trials its kernels skip; `merge` judges the run.
         allow_skipped: opts.allow_skipped || opts.shard.is_some(),
         peak_rss_kib: kloop_qemu::own_peak_rss_kib(),
+        phases,
     })
 }
 
-/// The accelerator, configuration notes, the ledger's warnings and what
-/// is about to run; returns the warnings, repeated at the end.
+/// The accelerator, the kernels fetched, configuration notes, the
+/// ledger's warnings and what is about to run; returns the warnings,
+/// repeated at the end, and the kernels' phase (with the probe kernel's
+/// fetch, timed in `setup`).
 fn announce(
     env: &TrialEnv,
     trials: &[PlannedTrial],
     repeat: usize,
     on: &(dyn Fn(Event<'_>) + Sync),
-) -> Vec<String> {
+    setup: &SetupPhases,
+) -> (Vec<String>, KernelsPhase) {
     on(Event::Note(format!("accelerator: {}", env.accel)));
-    suite::prefetch(env, trials);
+    let started = std::time::Instant::now();
+    let fetched = suite::prefetch(env, trials);
+    let mut distinct: Vec<String> = trials.iter().map(|t| t.kernel.id()).collect();
+    distinct.sort();
+    distinct.dedup();
+    let kernels = KernelsPhase {
+        secs: started.elapsed().as_secs_f64() + setup.probe_fetch_secs,
+        kernels: distinct.len(),
+        fetched: fetched.len() + usize::from(setup.probe_fetched.is_some()),
+    };
     for note in suite::config_notes(env, trials) {
         on(Event::Note(note));
     }
@@ -335,7 +391,7 @@ fn announce(
             env.run_dir.display()
         )
     }));
-    ledger_warnings
+    (ledger_warnings, kernels)
 }
 
 /// Runs every trial `repeat` times, round after round, so each trial's
@@ -439,6 +495,10 @@ mod tests {
             accel: "tcg".into(),
             allow_skipped,
             peak_rss_kib: None,
+            phases: Phases {
+                wall_secs: 12.34,
+                ..Phases::default()
+            },
         };
         let mixed = run(
             vec![
@@ -451,11 +511,12 @@ mod tests {
         assert!(lines[0].starts_with("5.10/basic: SKIPPED"), "{lines:?}");
         assert_eq!(lines[1], "entry x is past its review date");
         assert_eq!(lines[2], "step summary: /tmp/runs/1-2/summary.md");
+        assert_eq!(lines[3..5], crate::report::phases::lines(&mixed.phases));
         assert!(
-            lines[3].ends_with("in 12.3 s (tcg); reports: /tmp/runs/1-2"),
+            lines[5].ends_with("in 12.3 s (tcg); reports: /tmp/runs/1-2"),
             "{lines:?}"
         );
-        assert_eq!(lines.len(), 4);
+        assert_eq!(lines.len(), 6);
         assert!(mixed.success());
         let skipped = || {
             vec![result(
