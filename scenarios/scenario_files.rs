@@ -108,3 +108,80 @@ fn single_kind_scenarios_hold_only_their_kind() {
         assert!(opened > 0, "{name}: no listener at all");
     }
 }
+
+/// A known bug must not blind a snapshot: where a pin's listener set, task
+/// listener or record list is empty, the newest pin's (which has none of
+/// the ledger's stream faults) must be empty too. Before the parser read
+/// past the header-size bug's zero-filled excess, the 5.10, 6.1 and 6.12
+/// snapshots of many-listeners, perf-tool-late-listener and
+/// unmapped-listeners held empty sets and record lists that 7.3's did not,
+/// and any second fault there went unseen.
+#[test]
+fn no_snapshot_is_blind_where_the_newest_pin_sees_records() {
+    let catalog = Catalog::load(&root().join("kernels")).unwrap();
+    let newest = catalog.pins().last().unwrap().id.clone();
+    let scenarios = scenario::load_all(&root().join("scenarios")).unwrap();
+    // Per snapshot: each set's total record count by its label, and the
+    // number of lines under `records:`.
+    let read = |pin: &str, dir: &Path| {
+        let body = kloop::run::trial::snapshot::read_snapshot_body(
+            &kloop::run::trial::snapshot::snapshot_path(dir, pin),
+        )?;
+        let mut sets = std::collections::BTreeMap::new();
+        let mut records = 0usize;
+        let mut in_records = false;
+        for line in body.lines() {
+            let t = line.trim_start();
+            if line == "records:" {
+                in_records = true;
+                continue;
+            }
+            if in_records {
+                if line.starts_with("  ") {
+                    records += 1;
+                    continue;
+                }
+                in_records = false;
+            }
+            if (t.starts_with("set#") || t.starts_with("task L")) && t.contains("): ") {
+                let label = t.split(" (").next().unwrap_or(t).to_string();
+                let total: u64 = t
+                    .split_whitespace()
+                    .filter_map(|w| w.split_once('=').and_then(|(_, n)| n.parse::<u64>().ok()))
+                    .sum();
+                sets.insert(label, total);
+            }
+        }
+        Some((sets, records))
+    };
+    let mut blind = Vec::new();
+    let mut compared = 0;
+    for s in &scenarios {
+        let dir = s.snapshot_dir();
+        let Some((ref_sets, ref_records)) = read(&newest, &dir) else {
+            continue;
+        };
+        for pin in catalog.pins().iter().map(|p| p.id.as_str()) {
+            let Some((sets, records)) = read(pin, &dir) else {
+                continue;
+            };
+            compared += 1;
+            for (label, n) in &ref_sets {
+                if *n > 0 && sets.get(label).copied().unwrap_or(0) == 0 {
+                    blind.push(format!(
+                        "{}/{pin}: {label} empty, {n} records on {newest}",
+                        s.name
+                    ));
+                }
+            }
+            if ref_records > 0 && records == 0 {
+                blind.push(format!(
+                    "{}/{pin}: no records, {ref_records} on {newest}",
+                    s.name
+                ));
+            }
+        }
+    }
+    assert!(compared > 100, "only {compared} snapshots compared");
+    assert!(blind.is_empty(), "blind snapshots:\n{}", blind.join("\n"));
+}
