@@ -31,6 +31,7 @@ mod context;
 mod fixtures;
 mod init;
 mod kallsyms;
+mod kernel_log;
 mod perf;
 mod runner;
 mod shell;

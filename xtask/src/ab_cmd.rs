@@ -148,6 +148,7 @@ fn validate_plan(a: &ValidateArgs, layout: &Layout) -> Result<ValidatePlan> {
     let base_req = BuildArgs {
         source: a.source.clone(),
         patches: a.patches.clone(),
+        checks: a.checks.clone(),
         fragments: a.fragments.clone(),
         base: a.base,
         jobs: a.jobs,

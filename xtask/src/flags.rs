@@ -375,6 +375,13 @@ pub(crate) struct ValidateArgs {
     /// each expected entry: patch, source, FIXED or REJECTED, run.
     #[arg(long, requires = "fix")]
     pub(crate) record: bool,
+    /// The kernel's own runtime checks to build into both kernels, comma-separated:
+    /// `memory` (KASAN, kmemleak), `locking` (lockdep, atomic-sleep), `ub`
+    /// (UBSAN bounds); each a fragment of kernels/configs/checks/, merged
+    /// before --config's, and its reports judged as rules (kasan, kmemleak,
+    /// lockdep, ubsan).
+    #[arg(long, value_delimiter = ',', value_name = "CHECK")]
+    pub(crate) checks: Vec<kloop_kernels::build::Check>,
     /// Config fragments for both builds, merged after kernels/configs/kloop.config.
     #[arg(long = "config", value_name = "FRAGMENT")]
     pub(crate) fragments: Vec<PathBuf>,
@@ -527,6 +534,13 @@ pub(crate) struct MutantsArgs {
     /// for the report's command line.
     #[arg(long = "from", value_name = "RUN_DIR|DATA.json")]
     pub(crate) from: Option<PathBuf>,
+    /// The kernel's own runtime checks to build in, comma-separated:
+    /// `memory` (KASAN, kmemleak), `locking` (lockdep, atomic-sleep), `ub`
+    /// (UBSAN bounds); each a fragment of kernels/configs/checks/, merged
+    /// before --config's, and its reports judged as rules (kasan, kmemleak,
+    /// lockdep, ubsan).
+    #[arg(long, value_delimiter = ',', value_name = "CHECK")]
+    pub(crate) checks: Vec<kloop_kernels::build::Check>,
     /// Config fragments merged after kernels/configs/kloop.config.
     #[arg(long = "config", value_name = "FRAGMENT")]
     pub(crate) fragments: Vec<PathBuf>,
@@ -685,6 +699,13 @@ pub(crate) struct BuildArgs {
     /// Patches applied in order (`patch -p1`), on a copy: the source is never changed.
     #[arg(long = "patch", value_name = "FILE")]
     pub(crate) patches: Vec<PathBuf>,
+    /// The kernel's own runtime checks to build in, comma-separated:
+    /// `memory` (KASAN, kmemleak), `locking` (lockdep, atomic-sleep), `ub`
+    /// (UBSAN bounds); each a fragment of kernels/configs/checks/, merged
+    /// before --config's, and its reports judged as rules (kasan, kmemleak,
+    /// lockdep, ubsan).
+    #[arg(long, value_delimiter = ',', value_name = "CHECK")]
+    pub(crate) checks: Vec<kloop_kernels::build::Check>,
     /// Config fragments merged after kernels/configs/kloop.config (a later one wins).
     #[arg(long = "config", value_name = "FRAGMENT")]
     pub(crate) fragments: Vec<PathBuf>,
@@ -707,11 +728,20 @@ impl BuildArgs {
         }
         // A fragment line that is no option setting is refused now, not
         // after the base configuration ran.
-        kloop_kernels::build::read_fragments(&self.fragments)?;
+        // The checks' fragments first: a user's --config may still refine them.
+        let mut checks = self.checks.clone();
+        checks.sort();
+        checks.dedup();
+        let fragments: Vec<PathBuf> = checks
+            .iter()
+            .map(|c| c.fragment(&layout.kernels()))
+            .chain(self.fragments.iter().cloned())
+            .collect();
+        kloop_kernels::build::read_fragments(&fragments)?;
         let source = kloop_kernels::build::SourceSpec::parse(&self.source, &layout.kernels())?;
         let plain = kloop_kernels::build::BuildRequest::new(source, &layout.kernels());
         Ok(kloop_kernels::build::BuildRequest {
-            fragments: self.fragments.clone(),
+            fragments,
             base: self.base,
             jobs: self.jobs.unwrap_or(plain.jobs),
             fetch: self.fetch.options(),

@@ -46,6 +46,7 @@ fn options(a: &MutantsArgs, layout: &kloop::run::suite::Layout) -> Result<Mutant
     let base = BuildArgs {
         source: a.source.clone(),
         patches: Vec::new(),
+        checks: a.checks.clone(),
         fragments: a.fragments.clone(),
         base: a.base,
         jobs: a.jobs,

@@ -212,12 +212,23 @@ pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
         ));
         return out;
     }
-    let base_rules: std::collections::BTreeSet<&str> =
-        base.rules.iter().map(|(r, _)| r.as_str()).collect();
+    // A rule is new when the baseline holds it; a kernel check's report
+    // (kmemleak, KASAN, …) is new when the baseline has no report of the
+    // same words, so a leak the baseline already has is not blamed on the
+    // candidate, and one it has not is, whatever else the baseline leaks.
+    let key = |(r, m): &(String, String)| {
+        if crate::kernel_log::RULES.contains(&r.as_str()) {
+            (r.clone(), m.clone())
+        } else {
+            (r.clone(), String::new())
+        }
+    };
+    let base_rules: std::collections::BTreeSet<(String, String)> =
+        base.rules.iter().map(key).collect();
     let new: Vec<&(String, String)> = cand
         .rules
         .iter()
-        .filter(|(r, _)| !base_rules.contains(r.as_str()))
+        .filter(|v| !base_rules.contains(&key(v)))
         .collect();
     if !new.is_empty() {
         out.class = AbClass::Broken;
@@ -489,6 +500,34 @@ mod tests {
                 INTERP_BASE,
             )
         }
+    }
+
+    #[test]
+    fn a_kernel_report_the_baseline_also_has_is_not_blamed_and_a_new_one_is() {
+        let noise = ("kmemleak", "unreferenced object (size 32) ← acpi_os_map");
+        let leak = (
+            "kmemleak",
+            "unreferenced object (size 64) ← perf_event_ksymbol ← bpf_prog_load",
+        );
+        let base = side(&[noise], "s");
+        // The same report on both sides: not the candidate's.
+        let o = compare("basic", &base, &side(&[noise], "s"));
+        assert!(!o.class.rejects(), "{o:?}");
+        // A new report of a rule the baseline breaks too: the candidate's.
+        let o = compare("basic", &base, &side(&[noise, leak], "s"));
+        assert_eq!(o.class, AbClass::Broken, "{o:?}");
+        assert!(
+            o.details.iter().any(|d| d.contains("perf_event_ksymbol")),
+            "{o:?}"
+        );
+        // Other rules still compare by name.
+        let parse = ("parse", "listener 1: 24 bytes");
+        let o = compare(
+            "basic",
+            &side(&[parse], "s"),
+            &side(&[("parse", "listener 3: 64 bytes")], "s"),
+        );
+        assert!(!o.class.rejects(), "{o:?}");
     }
 
     #[test]

@@ -4,6 +4,20 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kloop_protocol::{KallsymsEntry, ListenerInfo, Message, ProgFacts, Requirement, Step, Uname};
 
+/// What the kernel said about itself while a plan ran
+/// ([`kloop_protocol::Message::KernelLog`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelLog {
+    /// The log's messages from the first step on.
+    pub kmsg: Vec<String>,
+    /// Some records were lost or cut.
+    pub truncated: bool,
+    /// kmemleak's list after the final scans; `None` without kmemleak.
+    pub kmemleak: Option<String>,
+    /// Why kmemleak could not be scanned where it exists.
+    pub kmemleak_error: Option<String>,
+}
+
 /// Everything the guest agent reported in one run, as received.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunEvidence {
@@ -30,6 +44,9 @@ pub struct RunEvidence {
     /// The generated symbols the agent read right before the plan's last
     /// drain (rule `announced`).
     pub final_kallsyms: Option<Vec<KallsymsEntry>>,
+    /// What the kernel logged (and kmemleak listed) while the steps ran
+    /// (`crate::kernel_log`); `None` from an agent that sent none.
+    pub kernel_log: Option<KernelLog>,
     /// What each `measure` step timed, in plan order.
     pub timings: Vec<Timings>,
     /// `read-file` results, in plan order.
@@ -392,6 +409,19 @@ impl RunEvidence {
                 }
                 Message::FinalKallsyms { entries } => {
                     ev.final_kallsyms = Some(entries.clone());
+                }
+                Message::KernelLog {
+                    kmsg,
+                    truncated,
+                    kmemleak,
+                    kmemleak_error,
+                } => {
+                    ev.kernel_log = Some(KernelLog {
+                        kmsg: kmsg.clone(),
+                        truncated: *truncated,
+                        kmemleak: kmemleak.clone(),
+                        kmemleak_error: kmemleak_error.clone(),
+                    })
                 }
                 Message::Timings {
                     fixture,

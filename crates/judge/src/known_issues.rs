@@ -79,6 +79,7 @@ pub const RULE_SOURCES: &[&[&str]] = &[
     crate::check::rule::ALL,
     crate::perf_script::RULES,
     crate::expect::rule::ALL,
+    crate::kernel_log::RULES,
 ];
 
 /// Every rule name a ledger entry may use.
@@ -177,6 +178,8 @@ pub struct Issue {
 /// | | `kernel_text` | its address is in the kernel image's text (true) or not (false) |
 /// | `synthesised-ksymbol` | `fields` | perf's synthesised KSYMBOL differs from the kernel's in exactly these fields |
 /// | | `first_function_tag` | perf's name is built from `prog_tags[0]` (true) or not (false) |
+/// | `kernel-report` | `title` | a checked kernel's report has this title (addresses and offsets dropped) |
+/// | | `frames` | and these first frames |
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Signature {
@@ -206,6 +209,12 @@ pub struct Signature {
     /// `synthesised-ksymbol`: whether perf's name uses `prog_tags[0]`.
     #[serde(default)]
     pub first_function_tag: Option<bool>,
+    /// `kernel-report`: the report's title.
+    #[serde(default)]
+    pub title: Option<String>,
+    /// `kernel-report`: its first frames.
+    #[serde(default)]
+    pub frames: Option<Vec<String>>,
 }
 
 /// The fault classes a signature may name, with the fields each needs.
@@ -213,6 +222,7 @@ pub const FAULTS: &[(&str, &[&str])] = &[
     ("oversized-record", &["record_types", "readers", "excess"]),
     ("interpreted-symbol", &["len", "name", "kernel_text"]),
     ("synthesised-ksymbol", &["fields", "first_function_tag"]),
+    ("kernel-report", &["title", "frames"]),
 ];
 
 /// The one excess shape `oversized-record` knows.
@@ -229,6 +239,8 @@ impl Signature {
             ("kernel_text", self.kernel_text.is_some()),
             ("fields", self.fields.is_some()),
             ("first_function_tag", self.first_function_tag.is_some()),
+            ("title", self.title.is_some()),
+            ("frames", self.frames.is_some()),
         ]
         .into_iter()
         .filter_map(|(f, given)| given.then_some(f))
@@ -315,6 +327,9 @@ impl Signature {
             Detail::SynthesisedKsymbol(s) if self.fault == "synthesised-ksymbol" => {
                 self.fields.as_ref() == Some(&s.fields)
                     && self.first_function_tag == Some(s.first_function_tag)
+            }
+            Detail::KernelReport(k) if self.fault == "kernel-report" => {
+                self.title.as_ref() == Some(&k.title) && self.frames.as_ref() == Some(&k.frames)
             }
             _ => false,
         }

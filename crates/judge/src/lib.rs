@@ -14,6 +14,8 @@
 //! - [`perf_script`]: the real perf as a second reader (`second-reader`);
 //! - [`normalise`]: the stream with addresses, ids and times abstracted, for
 //!   snapshots;
+//! - [`kernel_log`]: the reports of a checked kernel's own checks (KASAN,
+//!   UBSAN, lockdep, kmemleak) as violations;
 //! - [`known_issues`]: the ledger of known bugs and the sorting of violations;
 //! - [`overhead`]: the emission path's cost against its budgets;
 //! - [`ab`]: one scenario on a baseline and a candidate kernel, compared;
@@ -25,6 +27,7 @@ pub mod emissions;
 pub mod evidence;
 pub mod expect;
 pub mod expectation;
+pub mod kernel_log;
 pub mod known_issues;
 pub mod normalise;
 pub mod overhead;

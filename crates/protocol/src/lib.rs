@@ -39,8 +39,12 @@ pub use plan::{
 /// fail-nth and failed-load; 5: a listener's CPU subset and other
 /// side-band attributes, and `close-listeners`; 6: `FinalKallsyms`; 7: the plan's `params`;
 /// 8: `ProgramRun`; 9: `PerfData`; 10: `StepDone.kallsyms_ns`, and
-/// `FinalKallsyms` inside the last drain's step).
-pub const PROTOCOL_VERSION: u32 = 10;
+/// `FinalKallsyms` inside the last drain's step; 11: `KernelLog`).
+pub const PROTOCOL_VERSION: u32 = 11;
+
+/// The most bytes of kernel log one [`Message::KernelLog`] carries (its
+/// JSON fits a frame).
+pub const MAX_KERNEL_LOG: usize = 256 * 1024;
 
 /// Raw bytes of one [`Message::PerfData`] piece: its hex fits a frame.
 pub const PERF_DATA_PIECE: usize = 384 * 1024;
@@ -285,6 +289,27 @@ pub enum Message {
     /// appeared was announced).
     FinalKallsyms {
         entries: Vec<KallsymsEntry>,
+    },
+    /// What the kernel said about itself while the plan's steps ran, sent
+    /// after the last step: the kernel log's records from the first step on
+    /// (`/dev/kmsg`, every level, whatever the console shows), and, on a
+    /// kernel with kmemleak, what `/sys/kernel/debug/kmemleak` lists after
+    /// two scans (the leaks it knew of before the first step cleared). The
+    /// host reads the checks' reports out of them (KASAN, UBSAN, lockdep,
+    /// kmemleak); the guest only collects.
+    KernelLog {
+        /// The log's messages, one per record (continuation lines kept
+        /// after a newline), at most [`MAX_KERNEL_LOG`] bytes in all.
+        kmsg: Vec<String>,
+        /// Whether records were lost: the log overwrote some before they
+        /// were read, or the cap cut the rest.
+        truncated: bool,
+        /// kmemleak's list; `None`: the kernel has no kmemleak (or its
+        /// debugfs file could not be used, said in `kmemleak_error`).
+        kmemleak: Option<String>,
+        /// Why kmemleak could not be scanned on a kernel that has it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kmemleak_error: Option<String>,
     },
     /// Durations measured by a `Measure` step, guest `CLOCK_MONOTONIC` ns per
     /// iteration after the warm-up (under `-icount` the clock counts

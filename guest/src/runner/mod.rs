@@ -124,6 +124,9 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
         .steps
         .iter()
         .position(|s| matches!(s, Step::SnapshotKallsyms));
+    // The kernel's own checks (a checked kernel's KASAN, lockdep, UBSAN,
+    // kmemleak) speak in its log: watched from the first step to the last.
+    let kernel_log = crate::kernel_log::Watch::start();
     for (index, step) in plan.steps.iter().enumerate() {
         let final_read = Some(index) == last_drain && snapshots.is_some_and(|s| s < index);
         let index = index as u32;
@@ -163,6 +166,7 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
         })?;
         init::set_current_step(None);
     }
+    send(&kernel_log.finish())?;
     send(&Message::Done {
         records_bytes: context.records_bytes,
     })

@@ -21,6 +21,23 @@ pub enum Detail {
     /// `second-reader`: a KSYMBOL perf synthesised at start for a program
     /// alive then, differing from the kernel's own record of it.
     SynthesisedKsymbol(SynthesisedKsymbol),
+    /// `kasan`, `ubsan`, `lockdep`, `kmemleak`: a report of the kernel's
+    /// own checks ([`crate::kernel_log`]).
+    KernelReport(KernelReport),
+}
+
+/// See [`Detail::KernelReport`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelReport {
+    /// The rule: `kasan`, `ubsan`, `lockdep`, `kmemleak`.
+    pub check: String,
+    /// The report's header without addresses or offsets (`BUG: KASAN:
+    /// slab-use-after-free in perf_event_ksymbol`, `unreferenced object
+    /// (size 64)`).
+    pub title: String,
+    /// The first functions of its stack outside the reporting and
+    /// allocating machinery (for kmemleak, the allocation's backtrace).
+    pub frames: Vec<String>,
 }
 
 /// See [`Detail::OversizedRecord`].

@@ -143,6 +143,57 @@ impl std::str::FromStr for ConfigBase {
     }
 }
 
+/// A kernel's own runtime checks, built in with a config fragment of
+/// `kernels/configs/checks/` (`--checks memory,locking,ub`): their reports
+/// are read by the agent and judged by `kloop_judge::kernel_log`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Check {
+    /// KASAN (generic, with vmalloc shadow) and kmemleak.
+    Memory,
+    /// lockdep (PROVE_LOCKING) and DEBUG_ATOMIC_SLEEP.
+    Locking,
+    /// UBSAN's bounds checks.
+    Ub,
+}
+
+impl Check {
+    /// Every check, in the order `--checks` lists them.
+    pub const ALL: [Check; 3] = [Check::Memory, Check::Locking, Check::Ub];
+
+    /// The name `--checks` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Check::Memory => "memory",
+            Check::Locking => "locking",
+            Check::Ub => "ub",
+        }
+    }
+
+    /// Its fragment under the workspace's `kernels/` directory.
+    pub fn fragment(self, kernels_dir: &std::path::Path) -> PathBuf {
+        kernels_dir
+            .join("configs")
+            .join("checks")
+            .join(format!("{}.config", self.name()))
+    }
+}
+
+impl std::str::FromStr for Check {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Check::ALL
+            .into_iter()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown check `{s}`: use {}",
+                    Check::ALL.map(Check::name).join(", ")
+                )
+            })
+    }
+}
+
 /// What to build.
 #[derive(Debug, Clone)]
 pub struct BuildRequest {

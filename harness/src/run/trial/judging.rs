@@ -52,6 +52,10 @@ pub(super) fn judge(
         &analysis,
         &scenario.plan.steps,
     ));
+    // A checked kernel's own reports (KASAN, UBSAN, lockdep, kmemleak).
+    analysis
+        .violations
+        .extend(crate::judge::kernel_log::check(&evidence));
     // Oversized copies, kloop's and perf's: does the write's other copies'
     // accumulated trailers account for each one's excess?
     let mut violations = std::mem::take(&mut analysis.violations);

@@ -1,0 +1,360 @@
+//! The kernel's own checks as oracles: what a checked kernel (`--checks
+//! memory,locking,ub`: KASAN, kmemleak, lockdep, DEBUG_ATOMIC_SLEEP,
+//! UBSAN) reported while a plan's steps ran, read out of the kernel log and
+//! kmemleak's list the agent sends ([`kloop_protocol::Message::KernelLog`]).
+//! A leak, a use-after-free or a lock-order inversion on the paths a
+//! scenario drives shows in no record, only here.
+//!
+//! | rule | a violation per | the kernel's own words |
+//! |---|---|---|
+//! | `kasan` | KASAN report | `BUG: KASAN: <kind> in <function>` (mm/kasan/report.c, `print_error_description`) |
+//! | `ubsan` | UBSAN report | `UBSAN: <kind> in <file>:<line>:<col>` (lib/ubsan.c, `ubsan_prologue`) |
+//! | `lockdep` | lockdep or atomic-sleep report | `WARNING: possible circular locking dependency detected` and lockdep's other headers (kernel/locking/lockdep.c), `BUG: sleeping function called from invalid context`, `BUG: scheduling while atomic` (kernel/sched/core.c) |
+//! | `kmemleak` | unreferenced object | `unreferenced object 0x… (size N):` with its allocation backtrace (mm/kmemleak.c, `print_unreferenced`) |
+//!
+//! Each violation's message names the report without addresses, ages,
+//! pids or offsets — its title and the first frames of its stack outside
+//! the reporting machinery — so the same report on two kernels reads the
+//! same, and an A/B tells a report the baseline also has from a new one.
+
+use crate::check::detail::KernelReport;
+use crate::check::{Detail, Violation};
+use crate::evidence::RunEvidence;
+
+/// The rules this module reports (for the known-issues ledger's list).
+pub const RULES: &[&str] = &[KASAN, UBSAN, LOCKDEP, KMEMLEAK];
+/// A KASAN report.
+pub const KASAN: &str = "kasan";
+/// A UBSAN report.
+pub const UBSAN: &str = "ubsan";
+/// A lockdep (or atomic-context sleep) report.
+pub const LOCKDEP: &str = "lockdep";
+/// An object kmemleak found unreferenced.
+pub const KMEMLEAK: &str = "kmemleak";
+
+/// How many frames name a report.
+const FRAMES: usize = 4;
+
+/// Report headers in the kernel log, by rule.
+const HEADERS: &[(&str, &str)] = &[
+    ("BUG: KASAN: ", KASAN),
+    ("UBSAN: ", UBSAN),
+    (
+        "WARNING: possible circular locking dependency detected",
+        LOCKDEP,
+    ),
+    ("WARNING: possible recursive locking detected", LOCKDEP),
+    ("WARNING: inconsistent lock state", LOCKDEP),
+    (
+        "WARNING: possible irq lock inversion dependency detected",
+        LOCKDEP,
+    ),
+    (
+        "WARNING: HARDIRQ-safe -> HARDIRQ-unsafe lock order detected",
+        LOCKDEP,
+    ),
+    (
+        "WARNING: SOFTIRQ-safe -> SOFTIRQ-unsafe lock order detected",
+        LOCKDEP,
+    ),
+    ("WARNING: bad unlock balance detected!", LOCKDEP),
+    ("WARNING: bad contention detected!", LOCKDEP),
+    ("WARNING: suspicious RCU usage", LOCKDEP),
+    ("WARNING: lock held when returning to user space!", LOCKDEP),
+    ("WARNING: held lock freed!", LOCKDEP),
+    ("WARNING: Nested lock was not taken", LOCKDEP),
+    ("BUG: held lock freed!", LOCKDEP),
+    (
+        "BUG: sleeping function called from invalid context",
+        LOCKDEP,
+    ),
+    ("BUG: scheduling while atomic", LOCKDEP),
+    ("BUG: workqueue leaked lock or atomic", LOCKDEP),
+];
+
+/// Frames of the reporting machinery itself, which name no culprit.
+const MACHINERY: &[&str] = &[
+    "dump_stack",
+    "dump_stack_lvl",
+    "print_report",
+    "print_address_description",
+    "kasan_report",
+    "kasan_check_range",
+    "__kasan_check_read",
+    "__kasan_check_write",
+    "ubsan_epilogue",
+    "__might_resched",
+    "__might_sleep",
+    "___might_sleep",
+    "lockdep_rcu_suspicious",
+    "print_circular_bug",
+    "check_noncircular",
+    "check_prev_add",
+    "validate_chain",
+    "__lock_acquire",
+    "lock_acquire",
+    "kmemleak_alloc",
+    "slab_post_alloc_hook",
+    "__kmem_cache_alloc_node",
+    "kmem_cache_alloc",
+    "kmem_cache_alloc_trace",
+    "kmalloc_trace",
+    "__kmalloc",
+    "__kmalloc_node",
+    "kmalloc_node_trace",
+    "__kmalloc_node_track_caller",
+    "kmemdup",
+    "kstrdup",
+    "__vmalloc_node_range",
+    "vmalloc",
+    "vzalloc",
+];
+
+/// Every report in the run's kernel log and kmemleak list, as violations.
+pub fn check(ev: &RunEvidence) -> Vec<Violation> {
+    let Some(log) = &ev.kernel_log else {
+        return Vec::new();
+    };
+    let mut out: Vec<Violation> = reports_in_log(&log.kmsg)
+        .into_iter()
+        .chain(
+            log.kmemleak
+                .as_deref()
+                .map(kmemleak_reports)
+                .unwrap_or_default(),
+        )
+        .map(violation)
+        .collect();
+    if let Some(e) = &log.kmemleak_error {
+        out.push(Violation::new(
+            KMEMLEAK,
+            format!("kmemleak is in this kernel but could not be scanned: {e}"),
+        ));
+    }
+    out
+}
+
+fn violation(r: KernelReport) -> Violation {
+    let frames = if r.frames.is_empty() {
+        String::new()
+    } else {
+        format!(" ← {}", r.frames.join(" ← "))
+    };
+    Violation::new(rule_of(&r.check), format!("{}{frames}", r.title)).with(Detail::KernelReport(r))
+}
+
+fn rule_of(check: &str) -> &'static str {
+    RULES
+        .iter()
+        .copied()
+        .find(|r| *r == check)
+        .unwrap_or(LOCKDEP)
+}
+
+/// The function a stack line names (` func+0x1a/0x40 [mod]`, `? func+…`,
+/// `[<ffffffff81000000>] func+0x1a/0x40`), if it is one.
+fn frame(line: &str) -> Option<&str> {
+    let mut l = line.trim_start();
+    if let Some(rest) = l.strip_prefix("[<") {
+        l = rest.split_once(">] ")?.1;
+    }
+    if l.starts_with("? ") {
+        return None; // unreliable, left on the stack
+    }
+    let (name, off) = l.split_once('+')?;
+    let ok = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+        && off.starts_with("0x");
+    // Compiler clones (`func.cold`, `func.isra.0`) are the function.
+    ok.then(|| name.split('.').next().unwrap_or(name))
+}
+
+/// Drops what changes from run to run: ` at addr ffff…`, `+0x…/0x…`.
+fn stable_title(line: &str) -> String {
+    line.split_whitespace()
+        .map(|w| match w.split_once("+0x") {
+            Some((f, _)) => f,
+            None => w,
+        })
+        .take_while(|w| *w != "at" && !w.starts_with("0x") && !w.starts_with("ffff"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The reports in the log's messages: from a header to the next header, a
+/// `====` rule after its first lines, or 80 lines.
+fn reports_in_log(kmsg: &[String]) -> Vec<KernelReport> {
+    let mut out = Vec::new();
+    let lines: Vec<&str> = kmsg.iter().flat_map(|m| m.lines()).collect();
+    let mut i = 0;
+    while i < lines.len() {
+        let Some((_, check)) = HEADERS.iter().find(|(h, _)| lines[i].starts_with(h)) else {
+            i += 1;
+            continue;
+        };
+        let title = stable_title(lines[i]);
+        let mut frames = Vec::new();
+        let mut j = i + 1;
+        while j < lines.len() && j < i + 80 {
+            let l = lines[j];
+            if HEADERS.iter().any(|(h, _)| l.starts_with(h)) || l.starts_with("=====") {
+                break;
+            }
+            if let Some(f) = frame(l) {
+                if frames.len() < FRAMES && !MACHINERY.contains(&f) {
+                    frames.push(f.to_string());
+                }
+            }
+            j += 1;
+        }
+        out.push(KernelReport {
+            check: check.to_string(),
+            title,
+            frames,
+        });
+        i = j.max(i + 1);
+    }
+    out
+}
+
+/// kmemleak's list: a block per `unreferenced object 0x… (size N):`.
+fn kmemleak_reports(text: &str) -> Vec<KernelReport> {
+    let mut out: Vec<KernelReport> = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("unreferenced object ") {
+            let size = rest
+                .split_once("(size ")
+                .and_then(|(_, s)| s.split_once(')'))
+                .map(|(n, _)| n.to_string())
+                .unwrap_or_else(|| "?".into());
+            out.push(KernelReport {
+                check: KMEMLEAK.into(),
+                title: format!("unreferenced object (size {size})"),
+                frames: Vec::new(),
+            });
+            continue;
+        }
+        let Some(r) = out.last_mut() else { continue };
+        if let Some(f) = frame(line) {
+            if r.frames.len() < FRAMES && !MACHINERY.contains(&f) {
+                r.frames.push(f.to_string());
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_and_titles_drop_what_changes() {
+        assert_eq!(
+            frame(" perf_event_ksymbol+0x1a5/0x2c0"),
+            Some("perf_event_ksymbol")
+        );
+        assert_eq!(
+            frame("    [<ffffffff8120f3b2>] bpf_prog_load+0x4e2/0xb40"),
+            Some("bpf_prog_load")
+        );
+        assert_eq!(frame(" ? perf_event_ksymbol+0x1a5/0x2c0"), None);
+        assert_eq!(frame(" kfree.cold+0x1/0x2"), Some("kfree"));
+        assert_eq!(frame("CPU: 0 PID: 1 Comm: kloop-guest"), None);
+        assert_eq!(frame(" <TASK>"), None);
+        assert_eq!(
+            stable_title("BUG: KASAN: slab-use-after-free in perf_event_ksymbol+0x1a5/0x2c0"),
+            "BUG: KASAN: slab-use-after-free in perf_event_ksymbol"
+        );
+    }
+
+    #[test]
+    fn log_reports_are_cut_at_the_next_header_or_rule() {
+        let kmsg: Vec<String> = [
+            "bpf: something harmless",
+            "==================================================================",
+            "BUG: KASAN: slab-out-of-bounds in perf_event_ksymbol+0x1a5/0x2c0",
+            "Read of size 8 at addr ffff888003c4c440 by task kloop-guest/1",
+            "Call Trace:",
+            " <TASK>",
+            " dump_stack_lvl+0x45/0x5d",
+            " print_report+0x17d/0x4a0",
+            " kasan_report+0xb1/0xe0",
+            " perf_event_ksymbol+0x1a5/0x2c0",
+            " ? perf_event_bpf_event+0x10/0x20",
+            " bpf_prog_kallsyms_add+0x1b0/0x210",
+            " bpf_prog_load+0x9e2/0xc40",
+            " __sys_bpf+0x11e/0x2c0",
+            " __x64_sys_bpf+0x1a/0x30",
+            "==================================================================",
+            "WARNING: possible circular locking dependency detected",
+            "6.1.176 #1 Not tainted",
+            "stack backtrace:",
+            " dump_stack_lvl+0x45/0x5d",
+            " check_noncircular+0x1/0x2",
+            " perf_event_ksymbol+0x1a5/0x2c0",
+            "BUG: sleeping function called from invalid context at mm/slab.h:723",
+        ]
+        .map(String::from)
+        .to_vec();
+        let r = reports_in_log(&kmsg);
+        assert_eq!(r.len(), 3, "{r:#?}");
+        assert_eq!(r[0].check, KASAN);
+        assert_eq!(
+            r[0].title,
+            "BUG: KASAN: slab-out-of-bounds in perf_event_ksymbol"
+        );
+        assert_eq!(
+            r[0].frames,
+            [
+                "perf_event_ksymbol",
+                "bpf_prog_kallsyms_add",
+                "bpf_prog_load",
+                "__sys_bpf"
+            ]
+        );
+        assert_eq!(r[1].check, LOCKDEP);
+        assert_eq!(r[1].frames, ["perf_event_ksymbol"]);
+        assert_eq!(r[2].check, LOCKDEP);
+        assert_eq!(
+            r[2].title,
+            "BUG: sleeping function called from invalid context"
+        );
+        // A WARN_ON()'s own line is not a lockdep report (it panics the
+        // guest: panic_on_warn).
+        let warn = vec!["WARNING: CPU: 0 PID: 1 at kernel/x.c:1 f+0x1/0x2".to_string()];
+        assert!(reports_in_log(&warn).is_empty());
+    }
+
+    #[test]
+    fn kmemleak_objects_are_named_by_size_and_allocating_frames() {
+        let text = "\
+unreferenced object 0xffff888005a2b800 (size 64):
+  comm \"kloop-guest\", pid 1, jiffies 4294670092 (age 8.164s)
+  hex dump (first 32 bytes):
+    62 70 66 5f 70 72 6f 67 5f 00 00 00 00 00 00 00  bpf_prog_.......
+  backtrace:
+    [<ffffffff8135a2b0>] __kmem_cache_alloc_node+0x1d0/0x330
+    [<ffffffff812f1b2e>] kmalloc_trace+0x2e/0xb0
+    [<ffffffff8120f3b2>] perf_event_ksymbol+0x72/0x2c0
+    [<ffffffff8120f000>] bpf_prog_load+0x9e2/0xc40
+unreferenced object 0xffff888005a2c000 (size 128):
+  comm \"swapper/0\", pid 0, jiffies 4294670000 (age 9.000s)
+  backtrace:
+    [<ffffffff81000000>] __kmalloc+0x1/0x2
+";
+        let r = kmemleak_reports(text);
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].title, "unreferenced object (size 64)");
+        assert_eq!(r[0].frames, ["perf_event_ksymbol", "bpf_prog_load"]);
+        assert_eq!(r[1].frames, Vec::<String>::new());
+        let v = violation(r[0].clone());
+        assert_eq!(v.rule, KMEMLEAK);
+        assert_eq!(
+            v.message,
+            "unreferenced object (size 64) ← perf_event_ksymbol ← bpf_prog_load"
+        );
+    }
+}
