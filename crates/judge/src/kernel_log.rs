@@ -171,12 +171,16 @@ fn frame(line: &str) -> Option<&str> {
     ok.then(|| name.split('.').next().unwrap_or(name))
 }
 
-/// Drops what changes from run to run: ` at addr ffff…`, `+0x…/0x…`.
+/// Drops what changes from run to run or patch to patch: ` at addr
+/// ffff…`, `+0x…/0x…`, a source position's `:line:col`.
 fn stable_title(line: &str) -> String {
     line.split_whitespace()
         .map(|w| match w.split_once("+0x") {
             Some((f, _)) => f,
-            None => w,
+            None => match w.find(".c:").or_else(|| w.find(".h:")) {
+                Some(i) => &w[..i + 2],
+                None => w,
+            },
         })
         .take_while(|w| *w != "at" && !w.starts_with("0x") && !w.starts_with("ffff"))
         .collect::<Vec<_>>()
@@ -356,5 +360,39 @@ unreferenced object 0xffff888005a2c000 (size 128):
             v.message,
             "unreferenced object (size 64) ← perf_event_ksymbol ← bpf_prog_load"
         );
+    }
+
+    #[test]
+    fn the_agents_message_becomes_violations() {
+        use kloop_protocol::Message;
+        let msg = Message::KernelLog {
+            kmsg: vec![
+                "UBSAN: array-index-out-of-bounds in kernel/events/core.c:9120:7".into(),
+                "index 2 is out of range for type 'char [2]'".into(),
+                " perf_event_ksymbol+0x1a5/0x2c0".into(),
+            ],
+            truncated: false,
+            kmemleak: Some(String::new()),
+            kmemleak_error: None,
+        };
+        let ev = RunEvidence::from_messages(&[msg], Default::default());
+        let v = check(&ev);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].rule, UBSAN);
+        assert_eq!(
+            v[0].message,
+            "UBSAN: array-index-out-of-bounds in kernel/events/core.c ← perf_event_ksymbol"
+        );
+        // No log at all (an agent that sent none): nothing to judge.
+        assert!(check(&RunEvidence::default()).is_empty());
+        // kmemleak there but unusable: said, not silently passed.
+        let broken = Message::KernelLog {
+            kmsg: Vec::new(),
+            truncated: false,
+            kmemleak: None,
+            kmemleak_error: Some("writing \"scan\": EBUSY".into()),
+        };
+        let ev = RunEvidence::from_messages(&[broken], Default::default());
+        assert_eq!(check(&ev)[0].rule, KMEMLEAK);
     }
 }
