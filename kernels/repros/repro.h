@@ -334,14 +334,19 @@ static int load_trivial_prog(const char *name)
 	fd = sys_bpf(BPF_PROG_LOAD, &attr, sizeof(attr));
 	if (fd < 0 && errno == EPERM) {
 		struct rlimit rl;
+		int err = errno;
 
 		getrlimit(RLIMIT_MEMLOCK, &rl);
+		/* __bpf_prog_charge(), kernel/bpf/syscall.c, before 5.11: see raise_memlock(). */
+		if (kernel_before(5, 11) && rl.rlim_cur != RLIM_INFINITY)
+			cannot("BPF_PROG_LOAD of a two-instruction socket filter: %s: before 5.11 "
+			       "a program is charged to RLIMIT_MEMLOCK, %llu KiB here and already "
+			       "filled by the perf rings; raising it needs CAP_SYS_RESOURCE",
+			       strerror(err), (unsigned long long)rl.rlim_cur / 1024);
 		cannot("BPF_PROG_LOAD of a two-instruction socket filter: %s: the caller "
 		       "lacks CAP_BPF (5.8+) or CAP_SYS_ADMIN while "
-		       "kernel.unprivileged_bpf_disabled = %d (run as root), or, before "
-		       "5.11, the program did not fit under RLIMIT_MEMLOCK (now %s)",
-		       strerror(errno), read_sysctl("/proc/sys/kernel/unprivileged_bpf_disabled"),
-		       rl.rlim_cur == RLIM_INFINITY ? "unlimited" : "limited");
+		       "kernel.unprivileged_bpf_disabled = %d (run as root)",
+		       strerror(err), read_sysctl("/proc/sys/kernel/unprivileged_bpf_disabled"));
 	}
 	if (fd < 0 && errno == ENOSYS)
 		cannot("BPF_PROG_LOAD: %s: the kernel has no bpf(): CONFIG_BPF_SYSCALL is needed",
