@@ -41,6 +41,8 @@ pub enum StandaloneError {
     },
     #[error("the reproducer's scenario: {message}")]
     Scenario { message: String },
+    #[error("the plain init (stock environment): {0}")]
+    Stock(String),
     #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,

@@ -152,9 +152,8 @@ fn stock_initramfs(payload: &crate::run::payload::Payload) -> Result<Initramfs, 
         let path = path.to_path_buf();
         move |source| StandaloneError::Io { what, path, source }
     };
-    let (busybox, _) = payload::busybox_payload().map_err(|e| StandaloneError::Scenario {
-        message: format!("the plain init needs busybox: {e}"),
-    })?;
+    let (busybox, _) = payload::busybox_payload()
+        .map_err(|e| StandaloneError::Stock(format!("it needs busybox: {e}")))?;
     let mut i = Initramfs::skeleton();
     i.add_file("init", 0o755, init_script().into_bytes());
     for p in [&busybox, payload] {
@@ -207,9 +206,8 @@ pub fn run(
         ..parts.vm
     };
     let total = config.deadlines.total;
-    let mut vm = Vm::spawn(config).map_err(|e| StandaloneError::Scenario {
-        message: format!("starting QEMU for the plain init: {e}"),
-    })?;
+    let mut vm =
+        Vm::spawn(config).map_err(|e| StandaloneError::Stock(format!("starting QEMU: {e}")))?;
     let console = vm.console_path();
     let until = vm.started + total;
     let ended = loop {
