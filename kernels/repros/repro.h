@@ -7,7 +7,13 @@
  *
  * Exit status of a reproducer: 0 the bug does not show, 1 it shows (the
  * offending records are printed), 77 the reproducer could not run here
- * (the reason is printed; nothing is known about the bug).
+ * (the reason is printed, naming the missing permission or CONFIG_
+ * option; nothing is known about the bug).
+ *
+ * A reproducer needs nothing from whoever starts it but root: it is meant
+ * to run as the only program of a plain initramfs, with the kernel's
+ * default limits. repro_setup() raises what it needs itself (see
+ * raise_memlock() for why RLIMIT_MEMLOCK matters before 5.11).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -20,7 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -44,6 +52,90 @@ static void cannot(const char *fmt, ...)
 	exit(REPRO_CANNOT);
 }
 
+/*
+ * Why RLIMIT_MEMLOCK must be raised, from the kernel's sources:
+ *
+ * - Up to 5.10, a BPF program is charged to RLIMIT_MEMLOCK:
+ *   bpf_prog_load() -> bpf_prog_charge_memlock() -> __bpf_prog_charge()
+ *   (kernel/bpf/syscall.c) adds the program's pages to the user's
+ *   user->locked_vm and fails the load with EPERM when the sum passes
+ *   rlimit(RLIMIT_MEMLOCK) >> PAGE_SHIFT. There is no capability
+ *   exemption: root is refused too. 5.11 removed that charge ("bpf:
+ *   Eliminate rlimit-based memory accounting for bpf progs"); programs
+ *   and maps are charged to the memory cgroup since.
+ * - perf_mmap() (kernel/events/core.c) adds each ring's pages (data pages
+ *   + 1) to the same user->locked_vm, up to kernel.perf_event_mlock_kb
+ *   (516 KiB with 4 KiB pages) times the online CPUs; pages past that
+ *   count against RLIMIT_MEMLOCK through mm->pinned_vm, and fail the
+ *   mmap with EPERM unless the caller has CAP_IPC_LOCK (root has) or
+ *   kernel.perf_event_paranoid is -1.
+ * - The default RLIMIT_MEMLOCK (MLOCK_LIMIT, include/uapi/linux/resource.h)
+ *   is 64 KiB, 16 pages, before 5.16, and 8 MiB from 5.16; init starts
+ *   with it as both soft and hard limit (INIT_RLIMITS,
+ *   include/asm-generic/resource.h), and every process inherits it.
+ *
+ * So on 5.10 the rings of a listener on two CPUs (2 x 17 pages) alone put
+ * user->locked_vm past 16 pages, and the next BPF_PROG_LOAD fails with
+ * EPERM although the caller is root. Raising RLIMIT_MEMLOCK (soft and
+ * hard) to infinity needs CAP_SYS_RESOURCE when the hard limit is lower
+ * (kernel/sys.c do_prlimit(): raising rlim_max needs it), which root has.
+ */
+static int kernel_before(int major, int minor)
+{
+	struct utsname u;
+	int ma = 0, mi = 0;
+
+	if (uname(&u) != 0 || sscanf(u.release, "%d.%d", &ma, &mi) != 2)
+		return 1; /* unknown: assume the old accounting */
+	return ma < major || (ma == major && mi < minor);
+}
+
+static void raise_memlock(void)
+{
+	struct rlimit want = { RLIM_INFINITY, RLIM_INFINITY };
+	struct rlimit had;
+	int err;
+
+	if (getrlimit(RLIMIT_MEMLOCK, &had) == 0 &&
+	    had.rlim_cur == RLIM_INFINITY && had.rlim_max == RLIM_INFINITY)
+		return;
+	if (setrlimit(RLIMIT_MEMLOCK, &want) == 0)
+		return;
+	err = errno;
+	/*
+	 * From 5.11 a program is not charged to RLIMIT_MEMLOCK, and root's
+	 * CAP_IPC_LOCK lets the rings past it: the soft limit raised to the
+	 * hard one (no permission needed) is enough. Before 5.11 it is not.
+	 */
+	if (!kernel_before(5, 11)) {
+		had.rlim_cur = had.rlim_max;
+		setrlimit(RLIMIT_MEMLOCK, &had);
+		return;
+	}
+	cannot("setrlimit(RLIMIT_MEMLOCK, unlimited): %s: raising the hard limit needs "
+	       "CAP_SYS_RESOURCE (run as root, with CAP_SYS_RESOURCE in the bounding set); "
+	       "before 5.11 every BPF program is charged to RLIMIT_MEMLOCK (64 KiB by "
+	       "default before 5.16) and perf rings fill the same account",
+	       strerror(err));
+}
+
+/* Whether /proc is mounted (the reproducers read and write sysctls). */
+static void need_proc(void)
+{
+	if (access("/proc/self/stat", R_OK) != 0)
+		cannot("/proc is not mounted (%s): mount -t proc proc /proc first; the "
+		       "reproducer reads kernel.perf_event_paranoid and net.core sysctls there",
+		       strerror(errno));
+}
+
+/* What every reproducer does first: see raise_memlock() and need_proc(). */
+static void repro_setup(void)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	need_proc();
+	raise_memlock();
+}
+
 static long sys_perf_event_open(struct perf_event_attr *attr, pid_t pid,
 				int cpu, int group_fd, unsigned long flags)
 {
@@ -53,6 +145,44 @@ static long sys_perf_event_open(struct perf_event_attr *attr, pid_t pid,
 static long sys_bpf(int cmd, union bpf_attr *attr, unsigned int size)
 {
 	return syscall(__NR_bpf, cmd, attr, size);
+}
+
+static inline int read_sysctl(const char *path);
+
+/* Says why perf_event_open() of a CPU-wide dummy event failed, and exits. */
+static void perf_open_failed(int ksymbol, int bpf_event, int cpu)
+{
+	int err = errno;
+	const char *why;
+
+	switch (err) {
+	case ENOSYS:
+		why = "the kernel has no perf_event_open(): CONFIG_PERF_EVENTS is needed";
+		break;
+	case EACCES:
+	case EPERM:
+		/* perf_event_open() -> perf_allow_cpu(): CPU-wide events. */
+		why = "a CPU-wide event needs CAP_PERFMON (5.8+) or CAP_SYS_ADMIN (run as "
+		      "root), or kernel.perf_event_paranoid <= 0";
+		break;
+	case EINVAL:
+	case E2BIG:
+		/* perf_copy_attr(): attr.ksymbol and attr.bpf_event are 5.1's. */
+		why = "this kernel does not know attr.ksymbol / attr.bpf_event (they came "
+		      "in 5.1, with PERF_RECORD_KSYMBOL and PERF_RECORD_BPF_EVENT)";
+		break;
+	case ENOENT:
+	case EOPNOTSUPP:
+		why = "the dummy software event is missing: CONFIG_PERF_EVENTS is needed";
+		break;
+	default:
+		why = "unexpected";
+		break;
+	}
+	errno = err;
+	cannot("perf_event_open(dummy, ksymbol=%d, bpf_event=%d, cpu %d): %s: %s "
+	       "(kernel.perf_event_paranoid = %d)", ksymbol, bpf_event, cpu,
+	       strerror(err), why, read_sysctl("/proc/sys/kernel/perf_event_paranoid"));
 }
 
 /* One listener: a dummy software event per CPU with a ring each. */
@@ -104,19 +234,26 @@ static void listener_open(struct listener *l, const char *name,
 		if (fd < 0 && (errno == ENODEV || errno == EINVAL) && cpu > 0)
 			continue;
 		if (fd < 0)
-			cannot("perf_event_open(dummy, ksymbol=%d, bpf_event=%d, cpu %d): %s "
-			       "(root, CONFIG_PERF_EVENTS and a 5.1+ kernel are needed)",
-			       ksymbol, bpf_event, cpu, strerror(errno));
+			perf_open_failed(ksymbol, bpf_event, cpu);
 		ring = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, (int)fd, 0);
+		if (ring == MAP_FAILED && errno == EPERM)
+			cannot("mmap of the %zu KiB ring of cpu %d: %s: the ring's pages past "
+			       "kernel.perf_event_mlock_kb (%d KiB per CPU) count against "
+			       "RLIMIT_MEMLOCK, and past that only CAP_IPC_LOCK (or "
+			       "kernel.perf_event_paranoid = -1) lets it be mapped (perf_mmap(), "
+			       "kernel/events/core.c)", len / 1024, cpu, strerror(errno),
+			       read_sysctl("/proc/sys/kernel/perf_event_mlock_kb"));
 		if (ring == MAP_FAILED)
-			cannot("mmap of the ring of cpu %d: %s", cpu, strerror(errno));
+			cannot("mmap of the %zu KiB ring of cpu %d: %s (out of memory for "
+			       "the ring: give the machine more memory)", len / 1024, cpu,
+			       strerror(errno));
 		l->fd[l->ncpu] = (int)fd;
 		l->cpu[l->ncpu] = cpu;
 		l->ring[l->ncpu] = ring;
 		l->ncpu++;
 	}
 	if (l->ncpu == 0)
-		cannot("no CPU took a perf event");
+		cannot("no CPU took a perf event (CONFIG_PERF_EVENTS with no online CPU?)");
 }
 
 /*
@@ -195,9 +332,28 @@ static int load_trivial_prog(const char *name)
 	strncpy(attr.prog_name, name, sizeof(attr.prog_name) - 1);
 	log[0] = 0;
 	fd = sys_bpf(BPF_PROG_LOAD, &attr, sizeof(attr));
+	if (fd < 0 && errno == EPERM) {
+		struct rlimit rl;
+		int err = errno;
+
+		getrlimit(RLIMIT_MEMLOCK, &rl);
+		/* __bpf_prog_charge(), kernel/bpf/syscall.c, before 5.11: see raise_memlock(). */
+		if (kernel_before(5, 11) && rl.rlim_cur != RLIM_INFINITY)
+			cannot("BPF_PROG_LOAD of a two-instruction socket filter: %s: before 5.11 "
+			       "a program is charged to RLIMIT_MEMLOCK, %llu KiB here and already "
+			       "filled by the perf rings; raising it needs CAP_SYS_RESOURCE",
+			       strerror(err), (unsigned long long)rl.rlim_cur / 1024);
+		cannot("BPF_PROG_LOAD of a two-instruction socket filter: %s: the caller "
+		       "lacks CAP_BPF (5.8+) or CAP_SYS_ADMIN while "
+		       "kernel.unprivileged_bpf_disabled = %d (run as root)",
+		       strerror(err), read_sysctl("/proc/sys/kernel/unprivileged_bpf_disabled"));
+	}
+	if (fd < 0 && errno == ENOSYS)
+		cannot("BPF_PROG_LOAD: %s: the kernel has no bpf(): CONFIG_BPF_SYSCALL is needed",
+		       strerror(errno));
 	if (fd < 0)
-		cannot("BPF_PROG_LOAD of a two-instruction socket filter: %s "
-		       "(root and CONFIG_BPF_SYSCALL are needed)%s%s",
+		cannot("BPF_PROG_LOAD of a two-instruction socket filter: %s (a kernel "
+		       "before 4.15 has no prog_name)%s%s",
 		       strerror(errno), log[0] ? "; verifier: " : "", log);
 	return (int)fd;
 }
@@ -214,7 +370,8 @@ static void prog_info(int fd, uint32_t *id, uint32_t *jited_len)
 	attr.info.info_len = sizeof(info);
 	attr.info.info = (uint64_t)(unsigned long)&info;
 	if (sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &attr, sizeof(attr)) < 0)
-		cannot("BPF_OBJ_GET_INFO_BY_FD: %s", strerror(errno));
+		cannot("BPF_OBJ_GET_INFO_BY_FD: %s (a kernel before 4.13 has no "
+		       "BPF_OBJ_GET_INFO_BY_FD; CONFIG_BPF_SYSCALL is needed)", strerror(errno));
 	*id = info.id;
 	*jited_len = info.jited_prog_len;
 }
@@ -232,6 +389,10 @@ static int prog_alive(uint32_t id)
 		close((int)fd);
 		return 1;
 	}
+	/* bpf_prog_get_fd_by_id() (kernel/bpf/syscall.c) wants CAP_SYS_ADMIN. */
+	if (errno == EPERM)
+		cannot("BPF_PROG_GET_FD_BY_ID: %s: it needs CAP_SYS_ADMIN (run as root)",
+		       strerror(errno));
 	return 0;
 }
 
@@ -243,7 +404,9 @@ static void wait_unloaded(uint32_t id)
 	for (i = 0; i < 500 && prog_alive(id); i++)
 		usleep(10000);
 	if (prog_alive(id))
-		cannot("program %u is still loaded 5 s after its last fd was closed", id);
+		cannot("program %u is still loaded 5 s after its last fd was closed (no "
+		       "permission or CONFIG_ option is missing: the kernel frees a program "
+		       "after an RCU grace period, and this one was slower; run it again)", id);
 }
 
 /* Reads a one-line sysctl; returns -1 when it is absent. */

@@ -84,7 +84,8 @@ fn standalone_repro(a: &ReproArgs, id: &str) -> Result<ExitCode> {
     prove(&layout, a, &r, &out)
 }
 
-/// Runs the reproducer in the guest on each kernel and checks the answers.
+/// Runs the reproducer on each kernel, in kloop's guest and as the only
+/// program of a plain initramfs, and checks the answers.
 fn prove(
     layout: &Layout,
     a: &ReproArgs,
@@ -112,16 +113,35 @@ fn prove(
     let env = suite::prepare_env(layout, &opts, &ks)?;
     println!("kloop: accelerator: {}", env.accel);
     let started = std::time::Instant::now();
-    let (proof, outcomes, results) = standalone::prove(r, file, &env, &kernels, &|r| {
-        println!("{}", kloop::report::trial_line(r));
-    })?;
-    kloop::report::write_files(&env.run_dir, &results)?;
-    print!("\n{}", repro::proof_table(&proof, &outcomes));
+    let run = standalone::prove(
+        r,
+        file,
+        &env,
+        &kernels,
+        &|r| {
+            println!("{}", kloop::report::trial_line(r));
+        },
+        &|k, s| {
+            println!(
+                "kloop: {} in the plain init: {}{} ({})",
+                k.label,
+                s.outcome.label(),
+                s.answer
+                    .status
+                    .map_or(String::new(), |n| format!(", exit {n}")),
+                s.dir.display()
+            );
+        },
+    )?;
+    kloop::report::write_files(&env.run_dir, &run.results)?;
+    let stock: Vec<_> = run.stock.iter().map(|s| s.outcome.clone()).collect();
+    print!("\n{}", repro::proof_table(&run.proof, &run.guest, &stock));
+    let proof = run.proof;
     let all_as_expected = proof.as_expected;
     println!(
         "kloop: {} in {:.0} s; trials in {}",
         if all_as_expected {
-            "the reproducer answers as the ledger and the fix say on every kernel"
+            "the reproducer answers as the ledger and the fix say on every kernel, in kloop's guest and as the only program of a plain init"
         } else {
             "the reproducer does NOT answer as expected on every kernel (see above)"
         },

@@ -61,6 +61,9 @@ fn the_reproducer_reproduces_on_an_affected_pin() {
         out.contains("reproduces          (must reproduce)"),
         "{out}"
     );
+    // Both environments: kloop's guest and the plain init.
+    assert!(out.contains("kloop's guest"), "{out}");
+    assert!(out.contains("plain init (memlock"), "{out}");
 }
 
 #[test]

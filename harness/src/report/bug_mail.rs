@@ -244,7 +244,7 @@ fn notes(m: &BugMail<'_>) -> String {
         }
     }
     if let Some(p) = &m.proof {
-        n.push_str("\nThe reproducer below, run in a QEMU guest on each kernel:\n");
+        n.push_str("\nThe reproducer below, run in a QEMU guest on each kernel (kloop's guest; as the only program of a plain initramfs with default limits):\n");
         for k in &p.kernels {
             n.push_str(&format!(
                 "  {:<56} {}{}\n",
@@ -252,7 +252,10 @@ fn notes(m: &BugMail<'_>) -> String {
                     Some(r) => format!("{} ({r})", k.kernel),
                     None => k.kernel.clone(),
                 },
-                k.outcome,
+                match &k.stock {
+                    Some(s) => format!("{}; plain init: {}", k.outcome, s.outcome),
+                    None => k.outcome.clone(),
+                },
                 if k.as_expected {
                     ""
                 } else {

@@ -364,32 +364,53 @@ fn report_text(
     s
 }
 
-/// A reproducer's proof, one line per kernel (its outcome, what was
-/// expected, whether it was met) and the first lines of any message.
+/// A reproducer's proof: per kernel, a line for each environment (kloop's
+/// guest, then the stock one: the only program of a plain initramfs with
+/// the kernel's default limits) with its outcome, what was expected and
+/// whether it was met, and the first lines of any message.
 pub fn proof_table(
     proof: &crate::run::standalone::ReproProof,
-    outcomes: &[crate::run::standalone::ReproOutcome],
+    guest: &[crate::run::standalone::ReproOutcome],
+    stock: &[crate::run::standalone::ReproOutcome],
 ) -> String {
     use crate::run::standalone::ReproOutcome;
     let mut o = String::new();
-    for (k, outcome) in proof.kernels.iter().zip(outcomes) {
+    for (i, (k, outcome)) in proof.kernels.iter().zip(guest).enumerate() {
         let expected = if k.expected.starts_with('(') {
             k.expected.clone()
         } else {
             format!("must {}", k.expected)
         };
-        let flag = if k.as_expected {
-            ""
-        } else {
-            "  ← NOT AS EXPECTED"
-        };
-        let _ = writeln!(o, "  {:<58} {:<19} ({expected}){flag}", k.kernel, k.outcome);
-        if let ReproOutcome::Reproduces(m)
-        | ReproOutcome::CannotRun(m)
-        | ReproOutcome::NoAnswer(m) = outcome
-        {
-            for line in m.lines().skip(1).take(4) {
-                let _ = writeln!(o, "      {line}");
+        let flag = |ok: bool| if ok { "" } else { "  ← NOT AS EXPECTED" };
+        let _ = writeln!(o, "  {}", k.kernel);
+        let guest_ok = k.expect_met_in_guest();
+        let mut rows: Vec<(String, &str, bool, Option<&ReproOutcome>)> = vec![(
+            "kloop's guest".to_string(),
+            k.outcome.as_str(),
+            guest_ok,
+            Some(outcome),
+        )];
+        if let Some(s) = &k.stock {
+            let env = format!(
+                "plain init{}",
+                s.memlock.as_deref().map_or(String::new(), |m| format!(
+                    " (memlock {m}{})",
+                    if m.parse::<u64>().is_ok() { " KiB" } else { "" }
+                ))
+            );
+            rows.push((env, s.outcome.as_str(), s.as_expected, stock.get(i)));
+        }
+        for (env, label, ok, outcome) in rows {
+            let _ = writeln!(o, "    {env:<32} {label:<19} ({expected}){}", flag(ok));
+            if let Some(
+                ReproOutcome::Reproduces(m)
+                | ReproOutcome::CannotRun(m)
+                | ReproOutcome::NoAnswer(m),
+            ) = outcome
+            {
+                for line in m.lines().skip(1).take(4) {
+                    let _ = writeln!(o, "        {line}");
+                }
             }
         }
     }

@@ -1,13 +1,18 @@
 //! Stand-alone reproducers of known kernel bugs (`kernels/repros/`): one
 //! C file per bug family using only the perf_event_open and bpf system
 //! calls, written out as a single file (`repro --standalone`), and proven
-//! by running it inside the guest on each kernel (`--prove`).
+//! on each kernel (`--prove`) in two environments: inside kloop's guest (a
+//! trial whose step runs it), and in a stock one ([`stock`]: the only
+//! program of a plain busybox initramfs, default limits, no kloop agent),
+//! which is how a maintainer runs it and what shows that it stands alone.
 //!
 //! A reproducer is named like a fix folder: after the ledger id it
 //! reproduces, or the common prefix of the ids (`interpreted-prog-ksymbol`
 //! covers `-register` and `-unregister`). Its exit status is the verdict:
 //! 0 the bug does not show, 1 it shows (the offending records printed),
 //! 77 it could not run on this kernel (the reason printed).
+
+pub mod stock;
 
 use std::path::{Path, PathBuf};
 
@@ -36,6 +41,8 @@ pub enum StandaloneError {
     },
     #[error("the reproducer's scenario: {message}")]
     Scenario { message: String },
+    #[error("the plain init (stock environment): {0}")]
+    Stock(String),
     #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,
@@ -191,6 +198,36 @@ pub struct KernelProof {
     pub outcome: String,
     /// `reproduce` or `not reproduce`.
     pub expected: String,
+    /// Both environments answered as expected (kloop's guest and, when it
+    /// ran, the stock one).
+    pub as_expected: bool,
+    /// The same kernel with the reproducer as the only program of a plain
+    /// initramfs ([`stock`]); absent from proofs made before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stock: Option<StockProof>,
+}
+
+impl KernelProof {
+    /// Whether kloop's guest answered as expected ([`KernelProof::as_expected`]
+    /// covers both environments).
+    pub fn expect_met_in_guest(&self) -> bool {
+        match self.expected.as_str() {
+            "reproduce" => self.outcome == "reproduces",
+            "not reproduce" => self.outcome == "does not reproduce",
+            _ => true,
+        }
+    }
+}
+
+/// One kernel's answer in the stock environment.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StockProof {
+    /// `reproduces`, `does not reproduce`, `cannot run`, `no answer`.
+    pub outcome: String,
+    /// The reproducer's exit status, as `/init` printed it.
+    pub exit_status: Option<i32>,
+    /// `ulimit -l` in `/init` (KiB): the kernel's default.
+    pub memlock: Option<String>,
     pub as_expected: bool,
 }
 
@@ -347,17 +384,28 @@ pub fn proof_kernels(
     Ok(Some(kernels))
 }
 
-/// Runs the single file `file` on every kernel of `kernels` (in the guest,
-/// in parallel VMs), judges each answer against its expectation, and keeps
-/// the proof as `repro-proof.json` in the run directory. `on_result` sees
-/// each trial as it ends.
+/// What a proof ran: the proof, and per kernel (in `kernels`' order) the
+/// outcome in kloop's guest, in the stock environment, and the trial.
+pub struct ProofRun {
+    pub proof: ReproProof,
+    pub guest: Vec<ReproOutcome>,
+    pub stock: Vec<stock::StockRun>,
+    pub results: Vec<TrialResult>,
+}
+
+/// Runs the single file `file` on every kernel of `kernels`, in the guest
+/// (in parallel VMs) and then in the stock environment ([`stock::run`],
+/// as many VMs at once), judges each answer against its expectation, and
+/// keeps the proof as `repro-proof.json` in the run directory.
+/// `on_result` sees each trial as it ends, `on_stock` each stock run.
 pub fn prove(
     r: &Reproducer,
     file: &Path,
     env: &crate::run::trial::TrialEnv,
     kernels: &[ProofKernel],
     on_result: &(dyn Fn(&TrialResult) + Sync),
-) -> Result<(ReproProof, Vec<ReproOutcome>, Vec<TrialResult>), StandaloneError> {
+    on_stock: &(dyn Fn(&ProofKernel, &stock::StockRun) + Sync),
+) -> Result<ProofRun, StandaloneError> {
     let scenario = r
         .scenario(file, &env.run_dir)
         .map_err(|message| StandaloneError::Scenario { message })?;
@@ -368,26 +416,36 @@ pub fn prove(
             scenario: scenario.clone(),
         })
         .collect();
-    let results = crate::run::suite::run_all(
-        env,
-        &trials,
-        crate::run::suite::Parallel::host_default(),
-        on_result,
-    );
+    let parallel = crate::run::suite::Parallel::host_default();
+    let results = crate::run::suite::run_all(env, &trials, parallel, on_result);
     let outcomes: Vec<ReproOutcome> = results.iter().map(ReproOutcome::of).collect();
+    let stock_runs = run_stock(r, file, env, kernels, parallel.vms.max(1), on_stock)?;
     let proofs: Vec<KernelProof> = kernels
         .iter()
         .zip(&results)
-        .zip(&outcomes)
-        .map(|((k, result), outcome)| KernelProof {
-            kernel: k.label.clone(),
-            release: result.guest_release.clone(),
-            outcome: outcome.label().to_string(),
-            expected: k
-                .expect
-                .map_or("(no expectation)", Expect::label)
-                .to_string(),
-            as_expected: k.expect.is_none_or(|e| e.met_by(outcome)),
+        .zip(outcomes.iter().zip(&stock_runs))
+        .map(|((k, result), (outcome, s))| {
+            let guest_ok = k.expect.is_none_or(|e| e.met_by(outcome));
+            let stock_ok = k.expect.is_none_or(|e| e.met_by(&s.outcome));
+            KernelProof {
+                kernel: k.label.clone(),
+                release: result
+                    .guest_release
+                    .clone()
+                    .or_else(|| s.answer.release.clone()),
+                outcome: outcome.label().to_string(),
+                expected: k
+                    .expect
+                    .map_or("(no expectation)", Expect::label)
+                    .to_string(),
+                as_expected: guest_ok && stock_ok,
+                stock: Some(StockProof {
+                    outcome: s.outcome.label().to_string(),
+                    exit_status: s.answer.status,
+                    memlock: s.answer.memlock.clone(),
+                    as_expected: stock_ok,
+                }),
+            }
         })
         .collect();
     let proof = ReproProof {
@@ -406,7 +464,60 @@ pub fn prove(
             }
         })?;
     }
-    Ok((proof, outcomes, results))
+    Ok(ProofRun {
+        proof,
+        guest: outcomes,
+        stock: stock_runs,
+        results,
+    })
+}
+
+/// [`stock::run`] on every kernel, `vms` at a time; each run's files in
+/// `<run>/stock/<n>-<kernel id>/`.
+fn run_stock(
+    r: &Reproducer,
+    file: &Path,
+    env: &crate::run::trial::TrialEnv,
+    kernels: &[ProofKernel],
+    vms: usize,
+    on_stock: &(dyn Fn(&ProofKernel, &stock::StockRun) + Sync),
+) -> Result<Vec<stock::StockRun>, StandaloneError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    let next = AtomicUsize::new(0);
+    let done: Mutex<Vec<Option<Result<stock::StockRun, StandaloneError>>>> =
+        Mutex::new((0..kernels.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..vms.min(kernels.len()) {
+            scope.spawn(|| loop {
+                let n = next.fetch_add(1, Ordering::SeqCst);
+                let Some(k) = kernels.get(n) else { return };
+                let id: String = k
+                    .kernel
+                    .id()
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || c == '.' {
+                            c
+                        } else {
+                            '-'
+                        }
+                    })
+                    .collect();
+                let dir = env.run_dir.join("stock").join(format!("{n}-{id}"));
+                let run = stock::run(env, &k.kernel, r, file, &dir);
+                if let Ok(s) = &run {
+                    on_stock(k, s);
+                }
+                done.lock().expect("no panic holds it")[n] = Some(run);
+            });
+        }
+    });
+    done.into_inner()
+        .expect("no panic holds it")
+        .into_iter()
+        .map(|r| r.expect("every kernel ran"))
+        .collect()
 }
 
 /// What a reproducer did on one kernel.
