@@ -371,6 +371,41 @@ fn recorded_6_1_perf_tool_late_listener_is_judged_whole() {
     );
 }
 
+/// The per-CPU inherited listeners of a checked 6.1 build, where the same
+/// record content was written on both CPUs at different times: every grown
+/// copy is explained by the copies of its own write (same CPU, one pass),
+/// so the trial is the known bug and nothing else, and the kernel's own
+/// checks (KASAN, kmemleak, lockdep, UBSAN) reported nothing.
+#[test]
+fn recorded_checked_6_1_inherited_listener_copies_group_by_cpu_and_time() {
+    use kloop::judge::check::Detail;
+    let ev =
+        recorded(&root().join("src/testdata/known-issues/6.1-built-checked-inherited-listener"));
+    let log = ev
+        .kernel_log
+        .as_ref()
+        .expect("the agent sent the kernel log");
+    assert!(
+        log.kmemleak.is_some(),
+        "kmemleak is built in and was scanned"
+    );
+    assert!(kloop::judge::kernel_log::check(&ev).is_empty());
+    let (_, vs) = violations(&ev);
+    assert!(!vs.is_empty());
+    for v in &vs {
+        let Some(Detail::OversizedRecord(o)) = &v.detail else {
+            panic!("{v:#?}");
+        };
+        assert!(
+            o.accumulation.as_ref().is_some_and(|a| a.explained),
+            "{v:#?}"
+        );
+    }
+    let ledger = ledger();
+    let j = ledger.judge("6.1", "inherited-listener", &vs);
+    assert!(j.uncovered.is_empty(), "{:#?}", j.uncovered);
+}
+
 /// 7.3 writes exact sizes: every stream parses, every listener set and the
 /// task-bound listener agree, and the result equals the golden snapshot.
 #[test]

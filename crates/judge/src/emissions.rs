@@ -32,15 +32,74 @@ struct Copy {
     reader: String,
     /// Where it sits in the reader's stream (`perf`: its file offset).
     offset: u64,
-    /// The CPU it was written on, when known.
+    /// The CPU it was written on, when known (the listener's CPU, or the
+    /// trailer's).
     cpu: Option<i64>,
+    /// Its trailer's time, when sampled.
+    time: Option<u64>,
     trailer_len: u32,
     excess: u32,
 }
 
-/// A trial's writes: per record content, its copies in the order each
-/// reader received them.
-type Writes = BTreeMap<(RecordContent, usize), Vec<Copy>>;
+/// How far apart in time two copies of one write may lie. The kernel
+/// writes them in one `perf_iterate_sb()` pass under `preempt_disable()`
+/// (kernel/events/core.c), each reading the clock in
+/// `perf_event_header__init_id()`: microseconds apart, a little more
+/// under TCG or with an interrupt in between. Two writes of the same record
+/// content on one CPU are a program's load and a later one's, far apart.
+const ONE_PASS_NS: u64 = 20_000_000;
+
+/// One write's copies, with the content they carry.
+struct Write {
+    content: RecordContent,
+    copies: Vec<Copy>,
+}
+
+/// Sorts copies into writes: the same content, on the same CPU (or one a
+/// task-bound reader without a CPU in its trailer cannot name), and either
+/// within [`ONE_PASS_NS`] of the write's first copy or — without times —
+/// the same occurrence of that content in each reader's stream; never two
+/// copies of one reader in one write.
+fn writes_of(mut copies: Vec<(RecordContent, Copy)>) -> Vec<Write> {
+    copies.sort_by_key(|(_, c)| (c.time.is_none(), c.time, c.cpu.is_none()));
+    let mut writes: Vec<Write> = Vec::new();
+    let mut occurrence: BTreeMap<(String, RecordContent, Option<i64>), usize> = BTreeMap::new();
+    let mut first_time: Vec<Option<u64>> = Vec::new();
+    let mut nth: Vec<usize> = Vec::new();
+    for (content, copy) in copies {
+        let n = {
+            let e = occurrence
+                .entry((copy.reader.clone(), content.clone(), copy.cpu))
+                .or_default();
+            *e += 1;
+            *e - 1
+        };
+        let fits = |w: &Write, t0: Option<u64>, wn: usize| {
+            w.content == content
+                && !w.copies.iter().any(|c| c.reader == copy.reader)
+                && match (copy.cpu, w.copies.iter().find_map(|c| c.cpu)) {
+                    (Some(a), Some(b)) => a == b,
+                    _ => true,
+                }
+                && match (copy.time, t0) {
+                    (Some(t), Some(t0)) => t.abs_diff(t0) <= ONE_PASS_NS,
+                    _ => wn == n,
+                }
+        };
+        match (0..writes.len()).find(|&i| fits(&writes[i], first_time[i], nth[i])) {
+            Some(i) => writes[i].copies.push(copy),
+            None => {
+                first_time.push(copy.time);
+                nth.push(n);
+                writes.push(Write {
+                    content: content.clone(),
+                    copies: vec![copy],
+                });
+            }
+        }
+    }
+    writes
+}
 
 /// Fills in [`OversizedRecord::accumulation`] of every oversized-record
 /// violation in `violations` (kloop's `parse` ones, perf's `second-reader`
@@ -54,15 +113,7 @@ pub fn annotate(ev: &RunEvidence, analysis: &Analysis, violations: &mut [Violati
             _ => None,
         })
     };
-    let mut writes: Writes = BTreeMap::new();
-    let mut seen: BTreeMap<(String, RecordContent), usize> = BTreeMap::new();
-    let mut add = |content: RecordContent, copy: Copy| {
-        let n = seen
-            .entry((copy.reader.clone(), content.clone()))
-            .or_default();
-        writes.entry((content, *n)).or_default().push(copy);
-        *n += 1;
-    };
+    let mut copies: Vec<(RecordContent, Copy)> = Vec::new();
     for l in &ev.listeners {
         let Some(recs) = analysis.records_per_listener.get(&l.index) else {
             continue;
@@ -75,34 +126,38 @@ pub fn annotate(ev: &RunEvidence, analysis: &Analysis, violations: &mut [Violati
             let cpu = (l.cpu >= 0)
                 .then_some(i64::from(l.cpu))
                 .or(r.sample.cpu.map(i64::from));
-            add(
+            copies.push((
                 content,
                 Copy {
                     offset: r.offset,
                     cpu,
+                    time: r.sample.time,
                     trailer_len: kloop_records::sample_id_len(l) as u32,
                     excess: excess_at(&reader, r.offset).unwrap_or(0),
                     reader: reader.clone(),
                 },
-            );
+            ));
         }
     }
     for (content, copy) in perf_copies(ev) {
         let excess = excess_at("perf", copy.offset).unwrap_or(0);
-        add(content, Copy { excess, ..copy });
+        copies.push((content, Copy { excess, ..copy }));
     }
+    let writes = writes_of(copies);
 
     for v in violations.iter_mut() {
         let offset = v.offset;
         let Some(Detail::OversizedRecord(o)) = &mut v.detail else {
             continue;
         };
-        let Some(((content, _), copies)) = writes.iter().find(|(_, cs)| {
-            cs.iter()
+        let Some(w) = writes.iter().find(|w| {
+            w.copies
+                .iter()
                 .any(|c| c.reader == o.reader && Some(c.offset) == offset)
         }) else {
             continue;
         };
+        let (content, copies) = (&w.content, &w.copies);
         let ksymbol = matches!(content, RecordContent::Ksymbol { .. });
         let acc = accumulation(o, copies, ev, ksymbol);
         v.message.push_str(&describe(&acc));
@@ -155,6 +210,7 @@ fn perf_copies(ev: &RunEvidence) -> Vec<(RecordContent, Copy)> {
                 reader: "perf".into(),
                 offset: e.offset,
                 cpu: r.sample.cpu.map(i64::from),
+                time: r.sample.time,
                 trailer_len,
                 excess: 0,
             },
@@ -311,6 +367,7 @@ mod tests {
             reader: reader.into(),
             offset: 0,
             cpu: Some(1),
+            time: None,
             trailer_len,
             excess,
         }
@@ -359,5 +416,57 @@ mod tests {
             &[c("L1", 24, 0), c("perf", 24, 24), c("L0", 24, 48)],
             &[]
         ));
+    }
+
+    #[test]
+    fn copies_group_into_writes_by_content_cpu_and_time() {
+        let k = |addr| RecordContent::Ksymbol {
+            addr,
+            len: 8,
+            ksym_type: 1,
+            flags: 0,
+            name: "bpf_prog_x".into(),
+        };
+        let at = |reader: &str, cpu: Option<i64>, time: u64, excess: u32| Copy {
+            reader: reader.into(),
+            offset: time,
+            cpu,
+            time: Some(time),
+            trailer_len: 24,
+            excess,
+        };
+        // The same record content written on CPU 0 and, later, on CPU 1
+        // (a program loaded twice at one reused address): CPU-wide L0/L1,
+        // per-CPU inherited L2/L3, and a task listener L8 with no CPU.
+        let copies = vec![
+            (k(1), at("L0", Some(0), 1_000, 0)),
+            (k(1), at("L2", Some(0), 1_010, 24)),
+            (k(1), at("L8", None, 1_020, 40)),
+            (k(1), at("L1", Some(1), 900_000_000, 0)),
+            (k(1), at("L3", Some(1), 900_000_010, 24)),
+            (k(2), at("L0", Some(0), 1_005, 0)),
+        ];
+        let w = writes_of(copies);
+        let readers: Vec<Vec<&str>> = w
+            .iter()
+            .map(|w| w.copies.iter().map(|c| c.reader.as_str()).collect())
+            .collect();
+        assert_eq!(
+            readers,
+            [vec!["L0", "L2", "L8"], vec!["L0"], vec!["L1", "L3"]]
+        );
+        // Without times, the n-th occurrence in each reader's stream.
+        let untimed = |reader: &str, cpu, n: u64| Copy {
+            time: None,
+            ..at(reader, cpu, n, 0)
+        };
+        let w = writes_of(vec![
+            (k(1), untimed("L0", Some(0), 0)),
+            (k(1), untimed("L0", Some(0), 1)),
+            (k(1), untimed("L2", Some(0), 0)),
+            (k(1), untimed("L2", Some(0), 1)),
+        ]);
+        assert_eq!(w.len(), 2);
+        assert!(w.iter().all(|w| w.copies.len() == 2));
     }
 }

@@ -230,7 +230,14 @@ pub(crate) fn prepare_guest(
         }
         KernelUnderTest::Image(_) => None,
     };
-    let (image, boot_note) = boot_file(env, &image, verified_sha);
+    let kasan = match kernel {
+        KernelUnderTest::Image(k) => k
+            .config
+            .as_ref()
+            .is_some_and(|c| c.is_builtin("CONFIG_KASAN")),
+        _ => false,
+    };
+    let (image, boot_note) = boot_file(env, &image, verified_sha, kasan);
     let payload = match scenario_payload(scenario, &env.cache.root().join("programs")) {
         Ok(p) => p,
         Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
@@ -310,13 +317,26 @@ fn builtin_modules(k: &LocalKernel, scenario: &Scenario) -> Result<ModuleSet, Ve
 /// The file QEMU's `-kernel` gets for `image`, and the line `boot.txt`
 /// says about it. A PVH failure is not the trial's: the bzImage boots
 /// instead, and the line says why.
+///
+/// A KASAN kernel boots from its bzImage: the PVH entry (arch/x86/platform/
+/// pvh/head.S) calls `xen_prepare_pvh()` before `startup_64`, and
+/// arch/x86/platform/pvh/enlighten.c is instrumented (its Makefile has no
+/// `KASAN_SANITIZE := n`), so its first memory access checks shadow memory
+/// that `kasan_early_init()` (head64.c, later) has not mapped yet: the
+/// guest triple-faults with an empty console.
 pub(super) fn boot_file(
     env: &TrialEnv,
     image: &Path,
     image_sha256: Option<&str>,
+    kasan: bool,
 ) -> (PathBuf, String) {
     let note = match env.boot {
         BootMode::BzImage => "bzimage (as asked)".to_string(),
+        BootMode::Saved | BootMode::Cold if kasan => {
+            "bzimage, because a KASAN kernel's PVH entry runs instrumented code before \
+             kasan_early_init() (arch/x86/platform/pvh)"
+                .to_string()
+        }
         BootMode::Saved | BootMode::Cold => {
             match kloop_kernels::pvh::ensure_pvh(env.cache.root(), image, image_sha256) {
                 Ok(elf) => {
