@@ -87,6 +87,15 @@ fn class(r: &MutantResult, all: &[MutantResult], notes: &Notes) -> &'static str 
         Outcome::CompilerEquivalent => "equivalent",
         // A duplicate of a mutant that is missing from the run.
         Outcome::Duplicate(_) => "not judged",
+        // Argued to change no record but still a defect (a leak, a lost
+        // wakeup, …): the records are blind to it, the score must not be.
+        Outcome::Survived
+            if notes
+                .get(id)
+                .is_some_and(|n| n.equivalent.is_some() && n.defect.is_some()) =>
+        {
+            "unseen defect"
+        }
         Outcome::Survived if notes.get(id).is_some_and(|n| n.equivalent.is_some()) => "equivalent",
         Outcome::Survived => "survived",
         Outcome::BuildFailed(_) => "failed to build",
@@ -94,9 +103,10 @@ fn class(r: &MutantResult, all: &[MutantResult], notes: &Notes) -> &'static str 
     }
 }
 
-const CLASSES: [&str; 5] = [
+const CLASSES: [&str; 6] = [
     "killed",
     "survived",
+    "unseen defect",
     "equivalent",
     "failed to build",
     "not judged",
@@ -104,7 +114,7 @@ const CLASSES: [&str; 5] = [
 
 fn table(rows: &BTreeMap<String, BTreeMap<&'static str, usize>>, first: &str) -> String {
     let mut s = format!(
-        "| {first} | killed | survived | equivalent | failed to build | not judged | score |\n|---|---|---|---|---|---|---|\n"
+        "| {first} | killed | survived | unseen defect | equivalent | failed to build | not judged | score |\n|---|---|---|---|---|---|---|---|\n"
     );
     let mut total: BTreeMap<&str, usize> = BTreeMap::new();
     for (name, counts) in rows {
@@ -181,9 +191,14 @@ fn killers(results: &[MutantResult]) -> String {
     s
 }
 
+/// Killed over every mutant that changed the kernel's behaviour and was
+/// built and judged: survivors, and argued equivalents that are still
+/// defects no record shows ("unseen defect"), count against it; only
+/// equivalents that are no defect stay out.
 fn score(counts: &BTreeMap<&str, usize>) -> String {
     let killed = counts.get("killed").copied().unwrap_or(0);
-    let survived = counts.get("survived").copied().unwrap_or(0);
+    let survived = counts.get("survived").copied().unwrap_or(0)
+        + counts.get("unseen defect").copied().unwrap_or(0);
     match killed + survived {
         0 => "–".into(),
         // Rounded down to a tenth: a score just under a target must not
@@ -436,8 +451,10 @@ pub fn markdown(
             s,
             "Of the argued equivalents, {} change no record but are still defects of another \
              kind, which kloop's oracles (the records, kallsyms, bpf_prog_info, the kernel's own \
-             WARNs) cannot see: {}. They are outside the score as equivalents are, and listed \
-             with their argument below.\n",
+             WARNs) cannot see: {}. They count against the score as survivors (column \
+             `unseen defect`) until a rule kills them — a checked kernel's (`--checks`: KASAN, \
+             kmemleak, lockdep, UBSAN) or a behavioural one — and are listed with their argument \
+             below.\n",
             defects.values().sum::<usize>(),
             defects
                 .iter()
@@ -642,14 +659,26 @@ mod tests {
         let notes: Notes =
             toml::from_str("[[note]]\nmutant = \"a:3\"\nequivalent = \"the flag is never read\"\n")
                 .unwrap();
+        // A survivor argued to change no record but still a leak counts
+        // against the score: a.c 1 killed of 2 survived-or-unseen.
+        let defect: Notes = toml::from_str(
+            "[[note]]\nmutant = \"a:3\"\nequivalent = \"no record\"\ndefect = \"memory\"\n",
+        )
+        .unwrap();
+        let md_defect = markdown(&base, &results, 10, &[], &defect, "cargo xtask mutants");
+        assert!(
+            md_defect.contains("| `kernel/a.c` | 1 | 1 | 1 | 0 | 0 | 0 | 33.3 % (1/3) |"),
+            "{md_defect}"
+        );
+        assert!(md_defect.contains("They count against the score as survivors"));
         let md = markdown(&base, &results, 10, &[], &notes, "cargo xtask mutants");
         // a.c: 1 killed of 2 non-equivalent judged.
         assert!(
-            md.contains("| `kernel/a.c` | 1 | 1 | 1 | 0 | 0 | 50.0 % (1/2) |"),
+            md.contains("| `kernel/a.c` | 1 | 1 | 0 | 1 | 0 | 0 | 50.0 % (1/2) |"),
             "{md}"
         );
         assert!(
-            md.contains("| `kernel/b.c` | 0 | 0 | 0 | 1 | 0 | – |"),
+            md.contains("| `kernel/b.c` | 0 | 0 | 0 | 0 | 1 | 0 | – |"),
             "{md}"
         );
         assert!(md.contains("### `a:2`") && md.contains("**Open:**"));
@@ -708,7 +737,7 @@ mod tests {
         let md = markdown(&base, &results, 4, &[], &Notes::default(), "cmd");
         // 2 killed (one a duplicate), 1 survived, 1 equivalent: 2/3.
         assert!(
-            md.contains("| `kernel/a.c` | 2 | 1 | 1 | 0 | 0 | 66.6 % (2/3) |"),
+            md.contains("| `kernel/a.c` | 2 | 1 | 0 | 1 | 0 | 0 | 66.6 % (2/3) |"),
             "{md}"
         );
         assert!(
