@@ -571,17 +571,7 @@ fn recorded_symbol_state_sees_the_symbol_tree_emptied_by_a_failed_load() {
 #[test]
 fn recorded_interpreter_fix_is_fixed() {
     use kloop::judge::ab::{accept, compare, AbClass, Side};
-    use kloop::judge::known_issues::{rule_names, Ledger, Vocabulary};
-    let scenarios = kloop::scenario::load_all(&root().join("../scenarios")).unwrap();
-    let vocab = Vocabulary {
-        pins: ["5.10", "6.1", "6.12", "7.2", "7.3"]
-            .map(String::from)
-            .to_vec(),
-        rules: rule_names().into_iter().map(String::from).collect(),
-        scenarios: scenarios.iter().map(|s| s.name.clone()).collect(),
-    };
-    let path = root().join("../kernels/known-issues.toml");
-    let ledger = Ledger::parse(&std::fs::read_to_string(&path).unwrap(), &path, &vocab).unwrap();
+    let ledger = ledger();
     let side = |dir: &str| {
         let ev = recorded(&root().join("src/testdata/real").join(dir));
         let analysis = kloop::judge::check::analyse(&ev);

@@ -801,24 +801,7 @@ mod tests {
             &hex::encode(Sha256::digest(b"kernel bytes")),
             &hex::encode(Sha256::digest(b"initramfs bytes")),
         );
-        let d = vms.root().join(&key);
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join("vmstate"), b"state").unwrap();
-        std::fs::write(d.join("ram"), b"guest memory").unwrap();
-        let meta = SavedVmMeta {
-            key: key.clone(),
-            kernel: kernel.clone(),
-            kernel_bytes: 12,
-            qemu_version: "QEMU 7.2".into(),
-            created: 0,
-            boot_to_ready_secs: 1.0,
-            save_secs: 0.5,
-            guest_uptime_secs: 1.0,
-            vmstate_bytes: 5,
-            ram_bytes: 12,
-            pin: false,
-        };
-        std::fs::write(d.join("meta.json"), serde_json::to_vec(&meta).unwrap()).unwrap();
+        saved_on_disk(vms.root(), &key, &kernel, false, 0);
         // The same handle: the refusal was not remembered for the key.
         let found = ensure(&vms).unwrap();
         assert_eq!((found.key(), found.created_now), (key.as_str(), false));
