@@ -237,6 +237,7 @@ mod tests {
                         side_band: Vec::new(),
                         disabled: false,
                         backward: false,
+                        poll: false,
                         sample_id_all: true,
                     },
                 },

@@ -163,6 +163,14 @@ fn open_side_band_with(
     attr.set_inherit(spec.inherit.into());
     attr.set_disabled(spec.disabled.into());
     attr.set_write_backward(spec.backward.into());
+    if spec.poll {
+        // Every record wakes the waiter (a 1-byte watermark), and the
+        // records' times are CLOCK_MONOTONIC like the waiter's.
+        attr.set_watermark(1);
+        attr.__bindgen_anon_2.wakeup_watermark = 1;
+        attr.set_use_clockid(1);
+        attr.clockid = libc::CLOCK_MONOTONIC;
+    }
     for bit in &spec.side_band {
         match bit {
             SideBand::Mmap => attr.set_mmap(1),
@@ -318,6 +326,11 @@ impl Ring {
 
     pub fn ring_bytes(&self) -> u64 {
         self.data_size as u64
+    }
+
+    /// The event's fd, for a waiter that polls it while the ring lives.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self._fd)
     }
 
     fn atomic(&self, offset: usize) -> &AtomicU64 {

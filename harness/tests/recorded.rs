@@ -406,6 +406,37 @@ fn recorded_checked_6_1_inherited_listener_copies_group_by_cpu_and_time() {
     assert!(j.uncovered.is_empty(), "{:#?}", j.uncovered);
 }
 
+/// A polled listener on 6.12: every record woke its waiter within the
+/// deadline; without the waiter's last wake-up (the unload's) the rule
+/// names the unload's records.
+#[test]
+fn recorded_6_12_wakeups_follow_every_record() {
+    let ev = recorded(&root().join("src/testdata/real/6.12-wakeups"));
+    assert!(
+        ev.wakeups.values().any(|w| !w.is_empty()),
+        "the waiter woke"
+    );
+    let a = kloop::judge::check::analyse(&ev);
+    assert!(a.violations.is_empty(), "{:#?}", a.violations);
+    let mut lost = ev.clone();
+    for w in lost.wakeups.values_mut() {
+        w.pop();
+    }
+    let a = kloop::judge::check::analyse(&lost);
+    let wake: Vec<&str> = a
+        .of_rule(kloop::judge::check::rule::WAKEUPS)
+        .map(|v| v.message.as_str())
+        .collect();
+    assert!(!wake.is_empty());
+    assert!(
+        wake.iter().all(
+            |m| m.contains("never woke after it") && m.contains("unregister")
+                || m.contains("PROG_UNLOAD")
+        ),
+        "{wake:#?}"
+    );
+}
+
 /// 7.3 writes exact sizes: every stream parses, every listener set and the
 /// task-bound listener agree, and the result equals the golden snapshot.
 #[test]

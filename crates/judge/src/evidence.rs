@@ -47,6 +47,9 @@ pub struct RunEvidence {
     /// What the kernel logged (and kmemleak listed) while the steps ran
     /// (`crate::kernel_log`); `None` from an agent that sent none.
     pub kernel_log: Option<KernelLog>,
+    /// Per polled listener (`ListenerSpec::poll`): when its waiter's
+    /// `poll(2)` returned readable, CLOCK_MONOTONIC ns (rule `wakeups`).
+    pub wakeups: BTreeMap<u32, Vec<u64>>,
     /// What each `measure` step timed, in plan order.
     pub timings: Vec<Timings>,
     /// `read-file` results, in plan order.
@@ -409,6 +412,9 @@ impl RunEvidence {
                 }
                 Message::FinalKallsyms { entries } => {
                     ev.final_kallsyms = Some(entries.clone());
+                }
+                Message::Wakeups { listener, times_ns } => {
+                    ev.wakeups.insert(*listener, times_ns.clone());
                 }
                 Message::KernelLog {
                     kmsg,

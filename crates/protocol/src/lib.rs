@@ -39,8 +39,9 @@ pub use plan::{
 /// fail-nth and failed-load; 5: a listener's CPU subset and other
 /// side-band attributes, and `close-listeners`; 6: `FinalKallsyms`; 7: the plan's `params`;
 /// 8: `ProgramRun`; 9: `PerfData`; 10: `StepDone.kallsyms_ns`, and
-/// `FinalKallsyms` inside the last drain's step; 11: `KernelLog`).
-pub const PROTOCOL_VERSION: u32 = 11;
+/// `FinalKallsyms` inside the last drain's step; 11: `KernelLog`; 12: polled
+/// listeners and `Wakeups`).
+pub const PROTOCOL_VERSION: u32 = 12;
 
 /// The most bytes of kernel log one [`Message::KernelLog`] carries (its
 /// JSON fits a frame).
@@ -289,6 +290,13 @@ pub enum Message {
     /// appeared was announced).
     FinalKallsyms {
         entries: Vec<KallsymsEntry>,
+    },
+    /// When the waiter of a polled listener (`ListenerSpec::poll`) saw its
+    /// ring readable: CLOCK_MONOTONIC ns after each `poll(2)` that returned
+    /// POLLIN for it, sent at the plan's end.
+    Wakeups {
+        listener: u32,
+        times_ns: Vec<u64>,
     },
     /// What the kernel said about itself while the plan's steps ran, sent
     /// after the last step: the kernel log's records from the first step on

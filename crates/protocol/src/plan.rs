@@ -58,6 +58,16 @@ pub struct ListenerSpec {
     /// must hold everything between two drains.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub backward: bool,
+    /// A waiter in `poll(2)` on the listener's rings, from its open to the
+    /// plan's end: the events get `attr.watermark` with a
+    /// `wakeup_watermark` of 1 byte, so that every record wakes the waiter
+    /// (`ring_buffer_init()` takes it as the ring's watermark;
+    /// `perf_output_put_handle()` calls `perf_output_wakeup()` whenever
+    /// the head passed it), and `use_clockid` with CLOCK_MONOTONIC, so the
+    /// records' times and the waiter's wake-ups share one clock. The agent
+    /// sends when each `poll` returned readable (`Wakeups`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub poll: bool,
 }
 
 fn is_yes(b: &bool) -> bool {

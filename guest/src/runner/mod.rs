@@ -166,6 +166,7 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
         })?;
         init::set_current_step(None);
     }
+    crate::steps::listeners::finish_waiters(&mut context)?;
     send(&kernel_log.finish())?;
     send(&Message::Done {
         records_bytes: context.records_bytes,

@@ -85,7 +85,27 @@ pub fn open(context: &mut StepContext, spec: &ListenerSpec, step: u32) -> Result
         context.rings.push(ring);
         opened.push(index);
     }
+    if spec.poll {
+        let fds = context
+            .rings
+            .iter()
+            .filter(|r| opened.contains(&r.index))
+            .map(|r| (r.index, r.raw_fd()))
+            .collect();
+        context
+            .waiters
+            .insert(step, crate::steps::wakeups::Waiter::start(fds)?);
+    }
     context.opened_by.insert(step, opened);
+    Ok(())
+}
+
+/// Stops every waiter and sends what each saw: before the rings it polls
+/// close, and at the plan's end.
+pub fn finish_waiters(context: &mut StepContext) -> Result<()> {
+    for (_, w) in std::mem::take(&mut context.waiters) {
+        w.finish()?;
+    }
     Ok(())
 }
 
@@ -95,6 +115,10 @@ pub fn close(context: &mut StepContext, step: u32) -> Result<()> {
     let Some(indexes) = context.opened_by.remove(&step) else {
         bail!("close-listeners: step {step} opened no listener that is still open");
     };
+    // Its waiter polls the fds about to close.
+    if let Some(w) = context.waiters.remove(&step) {
+        w.finish()?;
+    }
     let (mut closing, keep): (Vec<perf::Ring>, Vec<perf::Ring>) =
         std::mem::take(&mut context.rings)
             .into_iter()

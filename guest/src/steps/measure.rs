@@ -58,6 +58,7 @@ const LISTENER: ListenerSpec = ListenerSpec {
     side_band: Vec::new(),
     disabled: false,
     backward: false,
+    poll: false,
     sample_id_all: true,
 };
 

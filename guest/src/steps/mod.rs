@@ -19,3 +19,4 @@ pub mod perf_tool;
 pub mod probes;
 pub mod program;
 pub mod storm;
+pub mod wakeups;

@@ -46,6 +46,7 @@ pub fn storm_scenario(
                 side_band: Vec::new(),
                 disabled: false,
                 backward: false,
+                poll: false,
                 sample_id_all: true,
             },
         },

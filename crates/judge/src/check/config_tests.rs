@@ -539,6 +539,7 @@ fn windows_follow_the_agents_step_order() {
         side_band: Vec::new(),
         disabled: false,
         backward: false,
+        poll: false,
         sample_id_all: true,
     };
     let load = Step::Load {

@@ -27,6 +27,7 @@
 //! | `withdrawn` | the other half of `announced`: every generated symbol there when the set opened or registered in its stream, and gone from `/proc/kallsyms` at the end, has a KSYMBOL unregister in the set (`bpf_trampoline_*` / `bpf_dispatcher_*` aside: `bpf_image_ksym_del` removes before it announces) ([`announced`]) |
 //! | `trampoline-pokes` | in a CPU-wide set that asked for `ksymbol` and `text_poke`: an ftrace trampoline's KSYMBOL register is followed by a TEXT_POKE of its whole text at its address (old_len 0, new_len its length), and its unregister preceded by one (old_len its length, new_len 0), as `ftrace_update_trampoline()` / `ftrace_trampoline_free()` promise ([`pokes`]) |
 //! | `code-lifetime` | in a CPU-wide set that asked for `ksymbol` and `text_poke`: every TEXT_POKE inside an out-of-line range announced in the stream (`ftrace_trampoline`, `kprobe_insn_page`, `kprobe_optinsn_page`) falls while that range is registered — never before its register, never after its unregister until registered again, as `ftrace_update_trampoline()` / `ftrace_trampoline_free()` and `__get_insn_slot()` / `collect_one_slot()` promise; BPF code aside (tail-call pokes may race a program's life) ([`pokes`]) |
+//! | `wakeups` | a polled listener (`poll`: a 1-byte wakeup watermark, CLOCK_MONOTONIC times) has its waiter's `poll(2)` return readable within 1 s after each record, as `perf_output_put_handle()` → `perf_output_wakeup()` promises ([`wakeups`]) |
 //! | `symbol-state` | with a `watch-ksymbols` step: every KSYMBOL of the first set matches an observed `perf_event_ksymbol` call, and each kind's symbol was resolvable (or gone) at emission as the source promises ([`emission`]) |
 //!
 //! # Listener sets and merging
@@ -107,6 +108,7 @@ mod model;
 mod pokes;
 mod programs;
 mod tasks;
+mod wakeups;
 
 use agreement::*;
 use announced::*;
@@ -176,6 +178,8 @@ pub mod rule {
     pub const PAUSED_SILENT: &str = "paused-silent";
     /// A TEXT_POKE into out-of-line code falls while that code is registered.
     pub const CODE_LIFETIME: &str = "code-lifetime";
+    /// A polled listener's waiter wakes after every record, within a deadline.
+    pub const WAKEUPS: &str = "wakeups";
     /// An overwrite (backward, read-only) ring never loses a record it counts.
     pub const OVERWRITE_NEVER_FULL: &str = "overwrite-never-full";
     /// A program a `run-program` step ran (a stand-alone reproducer, a
@@ -212,6 +216,7 @@ pub mod rule {
         KPROBE_SLOTS,
         PAUSED_SILENT,
         CODE_LIFETIME,
+        WAKEUPS,
         PROGRAM_EXIT,
         OVERWRITE_NEVER_FULL,
     ];
@@ -902,6 +907,8 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             .quoting(&first_losts),
         );
     }
+
+    v.extend(wakeups::check(&a.records_per_listener, &ev.wakeups));
 
     check_facts(&ev.progs, &mut v);
 

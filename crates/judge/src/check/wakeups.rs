@@ -1,0 +1,136 @@
+//! `wakeups`: a polled listener's waiter is woken for every record.
+//!
+//! A listener opened with `watermark` and a `wakeup_watermark` of 1 byte
+//! (`ListenerSpec::poll`) has a ring watermark of 1 (`ring_buffer_init()`,
+//! kernel/events/ring_buffer.c): `__perf_output_begin()` moves `rb->wakeup`
+//! on as soon as the head passed it, so `perf_output_put_handle()` calls
+//! `perf_output_wakeup()` for every record it commits. That sets
+//! `rb->poll` and queues the event's irq_work, whose handler wakes the
+//! event's wait queue (`perf_event_wakeup()`); `perf_poll()` then returns
+//! EPOLLIN once. So after each record's time, the waiter (in `poll(2)`
+//! from the listener's open to the plan's end) returns readable within a
+//! scheduling delay. A wake-up the kernel forgets still ends a wait at the
+//! waiter's timeout (1.5 s: `do_poll()` looks once more when it expires),
+//! so the rule's deadline is below that: 1 s, generous for a TCG guest,
+//! where the agent's other threads share two vCPUs.
+//!
+//! The records' times are CLOCK_MONOTONIC (`use_clockid`), as are the
+//! waiter's; the kernel reads its clock for the trailer before it commits
+//! the record, so a wake-up is never before the record it follows.
+
+use std::collections::BTreeMap;
+
+use kloop_records::Record;
+
+use super::{rule, Violation};
+
+/// How long after a record its wake-up may come.
+pub const DEADLINE_NS: u64 = 1_000_000_000;
+
+/// The violations of one polled listener's `records` against the times its
+/// waiter woke (`woke`, sorted or not).
+pub fn check_listener(listener: u32, records: &[Record], woke: &[u64]) -> Vec<Violation> {
+    let mut woke = woke.to_vec();
+    woke.sort_unstable();
+    let mut out = Vec::new();
+    for r in records {
+        let Some(t) = r.time() else {
+            continue;
+        };
+        let next = woke.iter().find(|w| **w >= t);
+        let late = match next {
+            None => Some(format!(
+                "{r}: its waiter, in poll(2) until the plan's end, never woke after it \
+                 ({} wake-up(s), the last at {:?})",
+                woke.len(),
+                woke.last()
+            )),
+            Some(w) if w - t > DEADLINE_NS => Some(format!(
+                "{r}: its waiter woke only {} ms after it (at {w}): past the {} ms a \
+                 wake-up may take, near the waiter's 1.5 s poll timeout, which ends a wait \
+                 the kernel forgot to wake",
+                (w - t) / 1_000_000,
+                DEADLINE_NS / 1_000_000
+            )),
+            Some(_) => None,
+        };
+        if let Some(m) = late {
+            out.push(
+                Violation::new(
+                    rule::WAKEUPS,
+                    format!(
+                        "listener {listener} (watermark 1 byte: every record wakes its poller, \
+                         perf_output_put_handle() -> perf_output_wakeup()): {m}"
+                    ),
+                )
+                .quoting([r]),
+            );
+        }
+    }
+    out
+}
+
+/// Every polled listener's violations.
+pub fn check(
+    records: &BTreeMap<u32, Vec<Record>>,
+    wakeups: &BTreeMap<u32, Vec<u64>>,
+) -> Vec<Violation> {
+    wakeups
+        .iter()
+        .flat_map(|(l, woke)| {
+            check_listener(*l, records.get(l).map(Vec::as_slice).unwrap_or(&[]), woke)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kloop_records::testutil::{self, Tr};
+    use kloop_records::{parse_stream, PERF_SAMPLE_CPU, PERF_SAMPLE_TID, PERF_SAMPLE_TIME};
+
+    fn records(times: &[u64]) -> Vec<Record> {
+        let l = testutil::listener(0, 0, PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU);
+        let mut b = Vec::new();
+        for t in times {
+            b.extend(testutil::bpf_event(
+                &l,
+                1,
+                7,
+                [1; 8],
+                Tr {
+                    time: *t,
+                    ..Tr::default()
+                },
+            ));
+        }
+        parse_stream(&l, &b).unwrap()
+    }
+
+    #[test]
+    fn every_record_is_followed_by_a_wakeup_within_the_deadline() {
+        let ms = 1_000_000;
+        let recs = records(&[100 * ms, 101 * ms, 900 * ms]);
+        // One wake-up may serve records written before the waiter ran.
+        assert!(check_listener(0, &recs, &[102 * ms, 905 * ms]).is_empty());
+        // The last record never woke it.
+        let v = check_listener(0, &recs, &[102 * ms]);
+        assert_eq!(v.len(), 1);
+        assert!(
+            v[0].message.contains("never woke after it"),
+            "{}",
+            v[0].message
+        );
+        // Woken only at the poll timeout: a lost wake-up.
+        let v = check_listener(0, &recs, &[102 * ms, 2_400 * ms]);
+        assert_eq!(v.len(), 1);
+        assert!(
+            v[0].message.contains("woke only 1500 ms after it"),
+            "{}",
+            v[0].message
+        );
+        // Unpolled listeners are not held to it.
+        let none = BTreeMap::from([(0u32, recs)]);
+        assert!(check(&none, &BTreeMap::new()).is_empty());
+    }
+}
