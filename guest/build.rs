@@ -60,9 +60,17 @@ fn compile(clang: &std::ffi::OsStr, src: &Path, obj: &Path) {
     } else {
         &["-g"]
     };
+    // The objects' DWARF and BTF name the source file and the compile
+    // directory: mapped to one fixed prefix, so that every checkout builds
+    // the same bytes and so the same agent, whose hash keys the saved VMs
+    // (a second clone, e.g. CI's, then shares them instead of making and
+    // pruning its own).
+    let manifest_dir = env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let prefix_map = format!("-ffile-prefix-map={manifest_dir}=/kloop/guest");
     let output = Command::new(clang)
         .args(["-target", "bpf"])
         .args(debug)
+        .arg(&prefix_map)
         .args(["-O2", "-Wall", "-Werror", "-c"])
         .arg(src)
         .arg("-o")
