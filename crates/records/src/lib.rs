@@ -184,6 +184,11 @@ pub fn record_type_name(t: u32) -> Option<&'static str> {
     })
 }
 
+/// [`record_type_name`], or `type <n>` for a type the uapi does not define.
+pub fn record_type_label(t: u32) -> String {
+    record_type_name(t).map_or_else(|| format!("type {t}"), str::to_string)
+}
+
 /// `perf_event_attr.sample_type` in symbolic form, e.g. `TID|TIME|CPU`
 /// (`0` when empty; undefined bits as one hex remainder).
 pub fn sample_type_names(sample_type: u64) -> String {
@@ -782,37 +787,17 @@ fn parse_record(listener: &ListenerInfo, rec: &[u8]) -> Result<Parts, String> {
     };
 
     let body_end = r.pos;
-    let mut s = SampleId::default();
-    if listener.sample_id_all {
-        let st = listener.sample_type;
-        let trailer_err = || {
+    let s = if listener.sample_id_all {
+        read_sample_id(&mut r, listener.sample_type).ok_or_else(|| {
             format!(
                 "sample_id trailer ({} bytes for sample_type {}) does not fit: body ends at {body_end}, header.size is {size}",
                 sample_id_len(listener),
-                sample_type_names(st)
+                sample_type_names(listener.sample_type)
             )
-        };
-        if st & PERF_SAMPLE_TID != 0 {
-            s.pid = Some(r.u32().ok_or_else(trailer_err)?);
-            s.tid = Some(r.u32().ok_or_else(trailer_err)?);
-        }
-        if st & PERF_SAMPLE_TIME != 0 {
-            s.time = Some(r.u64().ok_or_else(trailer_err)?);
-        }
-        if st & PERF_SAMPLE_ID != 0 {
-            s.id = Some(r.u64().ok_or_else(trailer_err)?);
-        }
-        if st & PERF_SAMPLE_STREAM_ID != 0 {
-            s.stream_id = Some(r.u64().ok_or_else(trailer_err)?);
-        }
-        if st & PERF_SAMPLE_CPU != 0 {
-            s.cpu = Some(r.u32().ok_or_else(trailer_err)?);
-            s.cpu_res = Some(r.u32().ok_or_else(trailer_err)?);
-        }
-        if st & PERF_SAMPLE_IDENTIFIER != 0 {
-            s.identifier = Some(r.u64().ok_or_else(trailer_err)?);
-        }
-    }
+        })?
+    } else {
+        SampleId::default()
+    };
     Ok(Parts {
         header,
         body,
@@ -820,6 +805,41 @@ fn parse_record(listener: &ListenerInfo, rec: &[u8]) -> Result<Parts, String> {
         body_end,
         end: r.pos,
     })
+}
+
+/// The `sample_id` trailer `sample_type` selects, read from `r` in the
+/// uapi's order (`__perf_event__output_id_sample()`); `None` if it runs
+/// past the bytes.
+fn read_sample_id(r: &mut Reader<'_>, st: u64) -> Option<SampleId> {
+    let mut s = SampleId::default();
+    if st & PERF_SAMPLE_TID != 0 {
+        s.pid = Some(r.u32()?);
+        s.tid = Some(r.u32()?);
+    }
+    if st & PERF_SAMPLE_TIME != 0 {
+        s.time = Some(r.u64()?);
+    }
+    if st & PERF_SAMPLE_ID != 0 {
+        s.id = Some(r.u64()?);
+    }
+    if st & PERF_SAMPLE_STREAM_ID != 0 {
+        s.stream_id = Some(r.u64()?);
+    }
+    if st & PERF_SAMPLE_CPU != 0 {
+        s.cpu = Some(r.u32()?);
+        s.cpu_res = Some(r.u32()?);
+    }
+    if st & PERF_SAMPLE_IDENTIFIER != 0 {
+        s.identifier = Some(r.u64()?);
+    }
+    Some(s)
+}
+
+/// The `sample_id` trailer of `listener` read from `bytes` (at least
+/// [`sample_id_len`] of them): what a reader that takes the trailer from
+/// wherever it stands — perf reads it from a record's end — finds there.
+pub fn sample_id_of(listener: &ListenerInfo, bytes: &[u8]) -> Option<SampleId> {
+    read_sample_id(&mut Reader { rec: bytes, pos: 0 }, listener.sample_type)
 }
 
 /// A record's fields as [`parse_record`] read them, and where its body and

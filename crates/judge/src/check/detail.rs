@@ -59,6 +59,21 @@ pub struct OversizedRecord {
     pub accumulation: Option<Accumulation>,
 }
 
+impl OversizedRecord {
+    /// The fields of `o` as `reader` (`L<n>`, `perf`) read it; its
+    /// accumulation is for [`crate::emissions::annotate`] to fill in.
+    pub fn of(reader: impl Into<String>, o: &kloop_records::Oversized) -> OversizedRecord {
+        OversizedRecord {
+            reader: reader.into(),
+            record_type: kloop_records::record_type_label(o.record_type),
+            size: u32::from(o.size),
+            trailer_len: o.trailer_len,
+            excess: o.excess,
+            accumulation: None,
+        }
+    }
+}
+
 /// One kernel write's copies (the same record the kernel wrote to every
 /// matching event, `perf_iterate_sb()`), as they bear on one oversized copy.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

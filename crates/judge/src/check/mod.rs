@@ -345,8 +345,7 @@ impl QuotedRecord {
         let mut q = QuotedRecord {
             listener: r.listener,
             offset: r.offset,
-            type_name: kloop_records::record_type_name(r.header.type_)
-                .map_or_else(|| format!("type {}", r.header.type_), str::to_string),
+            type_name: kloop_records::record_type_label(r.header.type_),
             time: r.sample.time,
             cpu: r.sample.cpu,
             tid: r.sample.tid,
@@ -459,18 +458,18 @@ impl Analysis {
 /// stream's other records are judged in full, and a ledger entry can excuse
 /// this one only by its [`Detail::OversizedRecord`] fields.
 fn oversized_violation(l: &ListenerInfo, o: &Oversized, recs: &[Record]) -> Violation {
-    let type_name = kloop_records::record_type_name(o.record_type)
-        .map_or_else(|| format!("type {}", o.record_type), str::to_string);
+    let detail = detail::OversizedRecord::of(format!("L{}", o.listener), o);
     let rec = recs.iter().find(|r| r.offset == o.offset);
     Violation::new(
         rule::PARSE,
         format!(
-            "listener {} ({}), stream offset {}: {type_name} header.size {} is {} bytes more than its header \
+            "listener {} ({}), stream offset {}: {} header.size {} is {} bytes more than its header \
              and body ({} bytes) and sample_id trailer ({} bytes) take, and those bytes are zero; read on \
              at header.size, where the kernel's next record starts",
             o.listener,
             if l.cpu < 0 { "task-bound".to_string() } else { format!("cpu {}", l.cpu) },
             o.offset,
+            detail.record_type,
             o.size,
             o.excess,
             o.body_end,
@@ -479,14 +478,7 @@ fn oversized_violation(l: &ListenerInfo, o: &Oversized, recs: &[Record]) -> Viol
     )
     .at(o.listener, Some(o.offset))
     .quoting(rec)
-    .with(Detail::OversizedRecord(detail::OversizedRecord {
-        reader: format!("L{}", o.listener),
-        record_type: type_name,
-        size: u32::from(o.size),
-        trailer_len: o.trailer_len,
-        excess: o.excess,
-        accumulation: None,
-    }))
+    .with(Detail::OversizedRecord(detail))
 }
 
 /// A message and the records it quotes, before it gets its rule

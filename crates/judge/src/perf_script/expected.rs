@@ -148,43 +148,18 @@ pub(super) fn expected_records(f: &ProgFacts, unregister: bool) -> Vec<RecordCon
 }
 
 /// The `sample_id` trailer fields perf prints (cpu, time), read from the
-/// last `sample_id_len` bytes of `raw` as perf reads them
+/// last `trailer_len` bytes of `raw` as perf reads them
 /// (`perf_evsel__parse_id_sample()` walks the trailer backwards from the
 /// record's end).
-fn stamps_from_end(raw: &[u8], sample_type: u64, trailer_len: usize) -> (Option<u32>, Option<u64>) {
-    let Some(t) = raw
-        .len()
+fn stamps_from_end(
+    listener: &ListenerInfo,
+    raw: &[u8],
+    trailer_len: usize,
+) -> (Option<u32>, Option<u64>) {
+    raw.len()
         .checked_sub(trailer_len)
-        .and_then(|s| raw.get(s..))
-    else {
-        return (None, None);
-    };
-    let u64_at = |o: usize| {
-        t.get(o..o + 8)
-            .and_then(|b| b.try_into().ok())
-            .map(u64::from_le_bytes)
-    };
-    let mut at = 0usize;
-    let mut time = None;
-    let mut cpu = None;
-    for (bit, field) in [
-        (kloop_records::PERF_SAMPLE_TID, "tid"),
-        (PERF_SAMPLE_TIME, "time"),
-        (kloop_records::PERF_SAMPLE_ID, "id"),
-        (kloop_records::PERF_SAMPLE_STREAM_ID, "stream_id"),
-        (PERF_SAMPLE_CPU, "cpu"),
-    ] {
-        if sample_type & bit == 0 {
-            continue;
-        }
-        match field {
-            "time" => time = u64_at(at),
-            "cpu" => cpu = u64_at(at).map(|v| v as u32),
-            _ => {}
-        }
-        at += 8;
-    }
-    (cpu, time)
+        .and_then(|start| kloop_records::sample_id_of(listener, &raw[start..]))
+        .map_or((None, None), |s| (s.cpu, s.time))
 }
 
 fn opt<T: fmt::Display>(v: Option<T>) -> String {
@@ -293,13 +268,11 @@ pub(super) fn perf_records(
             // An oversized copy: perf took the record's last bytes for
             // its trailer. What it printed is then explained by that, and
             // the record belongs where its real trailer puts it.
-            let from_end = stamps_from_end(&e.raw, sample_type, trailer_len);
+            let from_end = stamps_from_end(&listener, &e.raw, trailer_len);
             let explained_stamps = oversized.is_some()
                 && cpu.is_none_or(|c| from_end.0 == Some(c))
                 && time.is_none_or(|t| from_end.1 == Some(t));
             if let Some(o) = oversized {
-                let record_type = kloop_records::record_type_name(o.record_type)
-                    .map_or_else(|| format!("type {}", o.record_type), str::to_string);
                 let mut fault = Violation::new(
                         RULE,
                         format!(
@@ -323,14 +296,7 @@ pub(super) fn perf_records(
                         ),
                     )
                     .with(crate::check::Detail::OversizedRecord(
-                        crate::check::detail::OversizedRecord {
-                            reader: "perf".into(),
-                            record_type,
-                            size: u32::from(o.size),
-                            trailer_len: o.trailer_len,
-                            excess: o.excess,
-                            accumulation: None,
-                        },
+                        crate::check::detail::OversizedRecord::of("perf", o),
                     ));
                 // Placed by perf.data offset: perf's copies have no listener.
                 fault.offset = Some(e.offset);
