@@ -79,6 +79,45 @@ pub fn func_id(raw: &[u8], name: &str) -> Result<Option<u32>, String> {
     })
 }
 
+/// The byte offset of member `member` in the STRUCT named `name` (the
+/// first such struct), `None` when there is no such struct or member.
+pub fn member_offset(raw: &[u8], name: &str, member: &str) -> Result<Option<u32>, String> {
+    let l = layout(raw)?;
+    let offset_of = |s: &str| {
+        let needle = [&[0u8][..], s.as_bytes(), &[0u8][..]].concat();
+        l.strings
+            .windows(needle.len())
+            .position(|w| w == needle)
+            .map(|p| (p + 1) as u32)
+    };
+    let (Some(name_off), Some(member_off)) = (offset_of(name), offset_of(member)) else {
+        return Ok(None);
+    };
+    // The walk gives ids; the struct's record is found by a second pass
+    // over the same layout.
+    let (mut off, mut id) = (l.types, 1u32);
+    while off < l.types_end {
+        let (name_at, info) = (u32_at(l.raw, off)?, u32_at(l.raw, off + 4)?);
+        let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
+        if kind == 4 && name_at == name_off {
+            let kind_flag = info >> 31 == 1;
+            for m in 0..vlen {
+                let rec = off + 12 + 12 * m;
+                if u32_at(l.raw, rec)? == member_off {
+                    let bits = u32_at(l.raw, rec + 8)?;
+                    // With kind_flag the low 24 bits are the bit offset.
+                    let bits = if kind_flag { bits & 0x00ff_ffff } else { bits };
+                    return Ok(Some(bits / 8));
+                }
+            }
+            return Ok(None);
+        }
+        off += 12 + extra_len(kind, vlen, id)?;
+        id += 1;
+    }
+    Ok(None)
+}
+
 /// The name of type `type_id` of standalone raw BTF (a program's own: type
 /// ids start at 1 after the void type 0).
 pub fn type_name(raw: &[u8], type_id: u32) -> Result<String, String> {
@@ -137,5 +176,30 @@ mod tests {
         assert_eq!(type_name(&raw, 2).as_deref(), Ok(""));
         assert!(type_name(&raw, 4).is_err());
         assert!(func_id(&raw[..3], "f").is_err());
+    }
+
+    /// A STRUCT "s" { int f @ bit 64 }: the member's byte offset is 8.
+    #[test]
+    fn finds_a_struct_members_offset() {
+        let strings = b"\0int\0s\0f\0".to_vec();
+        let mut types = Vec::new();
+        for w in [1u32, 1 << 24, 4, 0x20, 5, (4 << 24) | 1, 16, 7, 1, 64] {
+            types.extend_from_slice(&w.to_le_bytes());
+        }
+        let mut raw = vec![0x9f, 0xeb, 1, 0];
+        for w in [
+            24u32,
+            0,
+            types.len() as u32,
+            types.len() as u32,
+            strings.len() as u32,
+        ] {
+            raw.extend_from_slice(&w.to_le_bytes());
+        }
+        raw.extend(types);
+        raw.extend(strings);
+        assert_eq!(member_offset(&raw, "s", "f"), Ok(Some(8)));
+        assert_eq!(member_offset(&raw, "s", "g"), Ok(None));
+        assert_eq!(member_offset(&raw, "int", "f"), Ok(None));
     }
 }

@@ -109,7 +109,7 @@ fn positioned_files(cmdline: &str) -> usize {
         .split_whitespace()
         .filter_map(|w| w.strip_prefix("kloop.kallsyms_files="))
         .filter_map(|n| n.parse::<usize>().ok())
-        .last()
+        .next_back()
         .map_or(POSITIONED_FILES, |n| n.min(MAX_POSITIONED_FILES))
 }
 

@@ -30,6 +30,7 @@ mod channel;
 mod context;
 mod fixtures;
 mod init;
+mod jit_books;
 mod kallsyms;
 mod kernel_log;
 mod perf;

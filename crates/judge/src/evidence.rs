@@ -2,7 +2,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kloop_protocol::{KallsymsEntry, ListenerInfo, Message, ProgFacts, Requirement, Step, Uname};
+use kloop_protocol::{
+    JitReading, KallsymsEntry, ListenerInfo, Message, ProgFacts, Requirement, Step, Uname,
+};
 
 /// What the kernel said about itself while a plan ran
 /// ([`kloop_protocol::Message::KernelLog`]).
@@ -16,6 +18,22 @@ pub struct KernelLog {
     pub kmemleak: Option<String>,
     /// Why kmemleak could not be scanned where it exists.
     pub kmemleak_error: Option<String>,
+}
+
+/// The JIT's books as the agent read them
+/// ([`kloop_protocol::Message::JitBooks`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JitBooks {
+    /// Before the first step.
+    pub start: JitReading,
+    /// After the plan, everything it made closed.
+    pub end: JitReading,
+    /// How long the end reading waited for the counter.
+    pub settle_ns: u64,
+    /// The `[bpf]` symbols in /proc/kallsyms at the end reading.
+    pub live: Vec<u64>,
+    /// Why the books could not be read.
+    pub unreadable: Option<String>,
 }
 
 /// Everything the guest agent reported in one run, as received.
@@ -47,6 +65,9 @@ pub struct RunEvidence {
     /// What the kernel logged (and kmemleak listed) while the steps ran
     /// (`crate::kernel_log`); `None` from an agent that sent none.
     pub kernel_log: Option<KernelLog>,
+    /// The JIT's books before the first step and after the plan
+    /// (`crate::jit_books`); `None` from an agent that sent none.
+    pub jit_books: Option<JitBooks>,
     /// Per polled listener (`ListenerSpec::poll`): when its waiter's
     /// `poll(2)` returned readable, CLOCK_MONOTONIC ns (rule `wakeups`).
     pub wakeups: BTreeMap<u32, Vec<u64>>,
@@ -415,6 +436,21 @@ impl RunEvidence {
                 }
                 Message::Wakeups { listener, times_ns } => {
                     ev.wakeups.insert(*listener, times_ns.clone());
+                }
+                Message::JitBooks {
+                    start,
+                    end,
+                    settle_ns,
+                    live,
+                    unreadable,
+                } => {
+                    ev.jit_books = Some(JitBooks {
+                        start: start.clone(),
+                        end: end.clone(),
+                        settle_ns: *settle_ns,
+                        live: live.clone(),
+                        unreadable: unreadable.clone(),
+                    })
                 }
                 Message::KernelLog {
                     kmsg,

@@ -80,6 +80,7 @@ pub const RULE_SOURCES: &[&[&str]] = &[
     crate::perf_script::RULES,
     crate::expect::rule::ALL,
     crate::kernel_log::RULES,
+    crate::jit_books::RULES,
 ];
 
 /// Every rule name a ledger entry may use.

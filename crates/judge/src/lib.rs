@@ -27,6 +27,7 @@ pub mod emissions;
 pub mod evidence;
 pub mod expect;
 pub mod expectation;
+pub mod jit_books;
 pub mod kernel_log;
 pub mod known_issues;
 pub mod normalise;

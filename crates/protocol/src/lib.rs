@@ -40,8 +40,8 @@ pub use plan::{
 /// side-band attributes, and `close-listeners`; 6: `FinalKallsyms`; 7: the plan's `params`;
 /// 8: `ProgramRun`; 9: `PerfData`; 10: `StepDone.kallsyms_ns`, and
 /// `FinalKallsyms` inside the last drain's step; 11: `KernelLog`; 12: polled
-/// listeners and `Wakeups`).
-pub const PROTOCOL_VERSION: u32 = 12;
+/// listeners and `Wakeups`; 13: `JitBooks`).
+pub const PROTOCOL_VERSION: u32 = 13;
 
 /// The most bytes of kernel log one [`Message::KernelLog`] carries (its
 /// JSON fits a frame).
@@ -128,6 +128,31 @@ pub struct Uname {
 }
 
 /// One line of `/proc/kallsyms`.
+/// One reading of the JIT's books ([`Message::JitBooks`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JitReading {
+    /// `bpf_jit_current`: bytes charged by bpf_jit_charge_modmem() and not
+    /// yet uncharged.
+    pub current: Option<i64>,
+    /// Every `bpf_prog_pack` on `pack_list`, in list order; `None` on a
+    /// kernel without the pack allocator (before 5.18).
+    pub packs: Option<Vec<PackReading>>,
+}
+
+/// One `bpf_prog_pack`: its executable area and which of its chunks the
+/// allocator marks used.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackReading {
+    /// `pack->ptr`, the first chunk's address.
+    pub base: u64,
+    /// Bytes per chunk (`BPF_PROG_CHUNK_SIZE`).
+    pub chunk_size: u32,
+    /// Chunks in the pack (`BPF_PROG_CHUNK_COUNT`).
+    pub chunks: u32,
+    /// Runs of used chunks: (first chunk, how many).
+    pub used: Vec<(u32, u32)>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KallsymsEntry {
     pub addr: u64,
@@ -297,6 +322,27 @@ pub enum Message {
     Wakeups {
         listener: u32,
         times_ns: Vec<u64>,
+    },
+    /// The BPF JIT's own books (kernel/bpf/core.c), read through
+    /// /proc/kcore before the first step and again after the plan, once
+    /// the agent has closed every program, link and listener and the
+    /// kernel's deferred frees have run (or `settle_ns` ran out): the
+    /// charge counter `bpf_jit_current` and the bitmap of every
+    /// `bpf_prog_pack`. Collected only; rules `jit-charge` and
+    /// `jit-chunks` judge them on the host.
+    JitBooks {
+        start: JitReading,
+        end: JitReading,
+        /// How long the agent waited after the plan for the counter to come
+        /// back to its start value (it stops waiting when it does).
+        settle_ns: u64,
+        /// Addresses of the `[bpf]` symbols in /proc/kallsyms at the end
+        /// reading (code that is meant to stay: the XDP dispatcher's image).
+        live: Vec<u64>,
+        /// Why the books could not be read on this kernel (the config
+        /// option or symbol missing); the readings are then empty.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        unreadable: Option<String>,
     },
     /// What the kernel said about itself while the plan's steps ran, sent
     /// after the last step: the kernel log's records from the first step on

@@ -51,10 +51,15 @@ pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
         // every restored copy starts with it done: the probes, then (last,
         // so that it sees what the probes left) the generated symbols.
         warm_notes.push(probes::probe_before_save());
-        let (kallsyms, kallsyms_note) =
-            crate::kallsyms::read_before_save(&crate::steps::ksymwatch::CACHES)
-                .context("reading /proc/kallsyms before the save")?;
+        let core_names: Vec<&str> = crate::steps::ksymwatch::CACHES
+            .iter()
+            .chain(&crate::jit_books::CORE_NAMES)
+            .copied()
+            .collect();
+        let (kallsyms, kallsyms_note) = crate::kallsyms::read_before_save(&core_names)
+            .context("reading /proc/kallsyms before the save")?;
         warm_notes.push(kallsyms_note);
+        crate::jit_books::locate();
         send(&Message::AwaitingPlan {
             monotonic_ns: sys::monotonic_ns(),
             warmed_up: loaded,
@@ -127,6 +132,7 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
     // The kernel's own checks (a checked kernel's KASAN, lockdep, UBSAN,
     // kmemleak) speak in its log: watched from the first step to the last.
     let kernel_log = crate::kernel_log::Watch::start();
+    let jit_books = crate::jit_books::Watch::start();
     for (index, step) in plan.steps.iter().enumerate() {
         let final_read = Some(index) == last_drain && snapshots.is_some_and(|s| s < index);
         let index = index as u32;
@@ -167,10 +173,15 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
         init::set_current_step(None);
     }
     crate::steps::listeners::finish_waiters(&mut context)?;
+    // Everything the plan made goes (programs, links, listeners, the
+    // ksymbol watch) before the books are read again: the kernel is then
+    // owed back every charge and chunk (rules jit-charge, jit-chunks), and
+    // kmemleak's last scans come after the frees it would otherwise miss.
+    let records_bytes = context.records_bytes;
+    drop(context);
+    send(&jit_books.finish())?;
     send(&kernel_log.finish())?;
-    send(&Message::Done {
-        records_bytes: context.records_bytes,
-    })
+    send(&Message::Done { records_bytes })
 }
 
 /// Hello, the kernel's facts and the notes, in that order: the host's

@@ -56,6 +56,13 @@ pub(super) fn judge(
     analysis
         .violations
         .extend(crate::judge::kernel_log::check(&evidence));
+    // The JIT's books: every charge returned, every chunk given back.
+    analysis
+        .violations
+        .extend(crate::judge::jit_books::check(&evidence));
+    result
+        .notes
+        .extend(crate::judge::jit_books::not_read(&evidence));
     // Oversized copies, kloop's and perf's: does the write's other copies'
     // accumulated trailers account for each one's excess?
     let mut violations = std::mem::take(&mut analysis.violations);

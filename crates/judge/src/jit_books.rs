@@ -1,0 +1,251 @@
+//! The BPF JIT's books as oracles: what the agent read of
+//! `bpf_jit_current` and the `bpf_prog_pack` bitmaps before the first step
+//! and after the plan ([`kloop_protocol::Message::JitBooks`]). A charge
+//! not returned or a chunk never given back shows in no record (the
+//! records of a trampoline report PAGE_SIZE whatever its image's size),
+//! only here.
+//!
+//! What the kernel promises, from kernel/bpf/core.c and
+//! kernel/bpf/trampoline.c (5.10 to 7.x):
+//! - every bpf_jit_charge_modmem(size) is matched by a
+//!   bpf_jit_uncharge_modmem() of the same size when the image goes (JIT
+//!   images: bpf_jit_binary_free / bpf_jit_binary_pack_free with the
+//!   header's size; trampolines: bpf_tramp_image_free with `im->size`,
+//!   the size charged; the error paths uncharge what they charged). With
+//!   every program, link and listener the plan made closed and the
+//!   deferred frees run, the counter is back where it started
+//!   (rule `jit-charge`).
+//! - bpf_prog_pack_free(ptr, size) clears exactly the chunks
+//!   bpf_prog_pack_alloc(size) set for that pointer. After the plan no
+//!   chunk is used that was free before it, unless code still listed in
+//!   /proc/kallsyms lies in it (the XDP dispatcher keeps its image for
+//!   good); and no `[bpf]` symbol still listed lies in a free chunk
+//!   (rule `jit-chunks`).
+//!
+//! The chunk check is by runs of used chunks: a leaked chunk right next to
+//! a live image (the dispatcher's) is not told apart from it.
+
+use std::collections::BTreeSet;
+
+use kloop_protocol::PackReading;
+
+use crate::check::Violation;
+use crate::evidence::{JitBooks, RunEvidence};
+
+/// The rules this module reports (for the known-issues ledger's list).
+pub const RULES: &[&str] = &[CHARGE, CHUNKS];
+/// `bpf_jit_current` back at its start value after the plan.
+pub const CHARGE: &str = "jit-charge";
+/// No pack chunk kept that no live code explains, none freed under it.
+pub const CHUNKS: &str = "jit-chunks";
+
+/// Every violation of the books in a run; none when they were not read
+/// (said by [`not_read`]).
+pub fn check(ev: &RunEvidence) -> Vec<Violation> {
+    let Some(books) = &ev.jit_books else {
+        return Vec::new();
+    };
+    if books.unreadable.is_some() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    if let (Some(start), Some(end)) = (books.start.current, books.end.current) {
+        if start != end {
+            out.push(Violation::new(
+                CHARGE,
+                format!(
+                    "bpf_jit_current is {end} bytes after the plan, with everything it made closed, \
+                     and was {start} before its first step ({:+} bytes; the agent waited {} ms for \
+                     the deferred frees): a bpf_jit_charge_modmem() without its uncharge, or an \
+                     uncharge of another size than the charge",
+                    end - start,
+                    books.settle_ns / 1_000_000
+                ),
+            ));
+        }
+    }
+    if let (Some(start), Some(end)) = (&books.start.packs, &books.end.packs) {
+        out.extend(chunks(books, start, end));
+    }
+    out
+}
+
+/// Why the books were not judged in this run, for the trial's notes.
+pub fn not_read(ev: &RunEvidence) -> Option<String> {
+    let books = ev.jit_books.as_ref()?;
+    books
+        .unreadable
+        .as_ref()
+        .map(|why| format!("rules {CHARGE} and {CHUNKS} not checked: {why}"))
+}
+
+fn used_set(p: &PackReading) -> BTreeSet<u32> {
+    p.used
+        .iter()
+        .flat_map(|&(first, len)| first..first + len)
+        .collect()
+}
+
+fn chunks(books: &JitBooks, start: &[PackReading], end: &[PackReading]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for pack in end {
+        let size = u64::from(pack.chunk_size);
+        let before = start
+            .iter()
+            .find(|p| p.base == pack.base)
+            .map(used_set)
+            .unwrap_or_default();
+        let live_in = |first: u32, len: u32| {
+            let lo = pack.base + u64::from(first) * size;
+            let hi = lo + u64::from(len) * size;
+            books.live.iter().any(|&a| a >= lo && a < hi)
+        };
+        let mut kept = Vec::new();
+        for &(first, len) in &pack.used {
+            let new: Vec<u32> = (first..first + len)
+                .filter(|c| !before.contains(c))
+                .collect();
+            if !new.is_empty() && !live_in(first, len) {
+                kept.push((new[0], new.len()));
+            }
+        }
+        if !kept.is_empty() {
+            let listed: Vec<String> = kept
+                .iter()
+                .map(|(c, n)| {
+                    format!(
+                        "{n} from chunk {c} ({:#x})",
+                        pack.base + u64::from(*c) * size
+                    )
+                })
+                .collect();
+            out.push(Violation::new(
+                CHUNKS,
+                format!(
+                    "the bpf_prog_pack at {:#x} keeps chunks used after the plan that were free before \
+                     it and hold no code /proc/kallsyms still lists: {} — an image freed with fewer \
+                     chunks than it was allocated with, or never freed",
+                    pack.base,
+                    listed.join(", ")
+                ),
+            ));
+        }
+        let used = used_set(pack);
+        let area = pack.base..pack.base + u64::from(pack.chunks) * size;
+        for &addr in books.live.iter().filter(|a| area.contains(a)) {
+            let chunk = ((addr - pack.base) / size) as u32;
+            if !used.contains(&chunk) {
+                out.push(Violation::new(
+                    CHUNKS,
+                    format!(
+                        "code at {addr:#x}, still listed in /proc/kallsyms, lies in chunk {chunk} of \
+                         the bpf_prog_pack at {:#x}, which the allocator marks free: another image \
+                         was freed with more chunks than it was allocated with",
+                        pack.base
+                    ),
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use kloop_protocol::JitReading;
+
+    use super::*;
+
+    const BASE: u64 = 0xffff_ffff_c000_0000;
+
+    fn pack(used: &[(u32, u32)]) -> PackReading {
+        PackReading {
+            base: BASE,
+            chunk_size: 64,
+            chunks: 32768,
+            used: used.to_vec(),
+        }
+    }
+
+    fn run(start: JitReading, end: JitReading, live: &[u64]) -> Vec<Violation> {
+        let ev = RunEvidence {
+            jit_books: Some(JitBooks {
+                start,
+                end,
+                settle_ns: 30_000_000,
+                live: live.to_vec(),
+                unreadable: None,
+            }),
+            ..RunEvidence::default()
+        };
+        check(&ev)
+    }
+
+    fn reading(current: i64, packs: Option<Vec<PackReading>>) -> JitReading {
+        JitReading {
+            current: Some(current),
+            packs,
+        }
+    }
+
+    #[test]
+    fn a_counter_back_where_it_started_passes_and_any_difference_fails() {
+        assert!(run(reading(4096, None), reading(4096, None), &[]).is_empty());
+        for end in [4095, 4097, 4096 + (1 << 32)] {
+            let v = run(reading(4096, None), reading(end, None), &[]);
+            assert_eq!(v.len(), 1);
+            assert_eq!(v[0].rule, CHARGE);
+            assert!(
+                v[0].message.contains(&format!("{:+}", end - 4096)),
+                "{}",
+                v[0].message
+            );
+        }
+    }
+
+    #[test]
+    fn a_chunk_kept_with_no_live_code_fails_and_the_dispatchers_image_passes() {
+        let start = reading(0, Some(vec![]));
+        // Everything given back: the pack itself went.
+        assert!(run(start.clone(), reading(0, Some(vec![])), &[]).is_empty());
+        // The dispatcher's 64 chunks, its symbol listed: kept for good.
+        let dispatcher = BASE + 10 * 64;
+        let end = reading(0, Some(vec![pack(&[(10, 64)])]));
+        assert!(run(start.clone(), end.clone(), &[dispatcher]).is_empty());
+        // The same chunks with nothing listed in them: leaked.
+        let v = run(start.clone(), end, &[]);
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].rule, CHUNKS);
+        assert!(
+            v[0].message.contains("64 from chunk 10"),
+            "{}",
+            v[0].message
+        );
+        // A chunk used before the plan and still used is not the plan's.
+        let before = reading(0, Some(vec![pack(&[(0, 2)])]));
+        assert!(run(before, reading(0, Some(vec![pack(&[(0, 2)])])), &[]).is_empty());
+    }
+
+    #[test]
+    fn live_code_in_a_free_chunk_fails() {
+        let start = reading(0, Some(vec![]));
+        let end = reading(0, Some(vec![pack(&[(10, 63)])]));
+        // The dispatcher's first chunk was cleared by another image's free.
+        let v = run(start, end, &[BASE + 10 * 64, BASE + 9 * 64]);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].message.contains("chunk 9 "), "{}", v[0].message);
+    }
+
+    #[test]
+    fn unreadable_books_are_not_judged_and_say_why() {
+        let ev = RunEvidence {
+            jit_books: Some(JitBooks {
+                unreadable: Some("/proc/kcore: No such file (CONFIG_PROC_KCORE)".into()),
+                ..JitBooks::default()
+            }),
+            ..RunEvidence::default()
+        };
+        assert!(check(&ev).is_empty());
+        assert!(not_read(&ev).unwrap().contains("CONFIG_PROC_KCORE"));
+    }
+}

@@ -1,0 +1,279 @@
+//! The BPF JIT's own books, read through /proc/kcore: the charge counter
+//! `bpf_jit_current` and the chunk bitmap of every `bpf_prog_pack`
+//! (kernel/bpf/core.c). No record shows them, yet every JIT image and
+//! trampoline on the side-band paths is charged and carved out of them,
+//! and a charge not returned or a chunk not given back is a leak a kernel
+//! developer wants to hear of. Collected only: read before the first step
+//! and after the plan, when everything the agent made is closed; the host
+//! judges (`kloop_judge::jit_books`).
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use kloop_protocol::{JitReading, Message, PackReading};
+use object::read::elf::ElfFile64;
+use object::{Endianness, Object, ObjectSegment, ReadCache};
+
+/// The core-kernel symbols the books live in; read with the other core
+/// symbols before a save.
+pub const CORE_NAMES: [&str; 2] = [CURRENT, PACK_LIST];
+const CURRENT: &str = "bpf_jit_current";
+const PACK_LIST: &str = "pack_list";
+
+/// `BPF_PROG_CHUNK_SIZE` (1 << BPF_PROG_CHUNK_SHIFT, 6 from 5.18 to 7.x).
+const CHUNK_SIZE: u64 = 64;
+/// `BPF_PROG_PACK_SIZE` per possible NUMA node: `SZ_2M *
+/// num_possible_nodes()` on x86-64 (PMD_SIZE is defined), 6.1 to 7.x.
+const PACK_SIZE_PER_NODE: u64 = 2 << 20;
+/// The most packs one reading follows (each is 2 MiB of executable
+/// memory): a list longer than this is not what the pack allocator makes.
+const MAX_PACKS: usize = 64;
+
+/// How long the end reading waits for the counter to come back: programs
+/// are freed after an RCU grace period from a workqueue
+/// (bpf_prog_free_deferred), trampoline images after an RCU-tasks one
+/// (bpf_tramp_image_put); under TCG both take well under a second, so a
+/// counter still off after this is not late but wrong.
+const SETTLE: Duration = Duration::from_secs(6);
+const POLL: Duration = Duration::from_millis(20);
+
+/// Where the books are in this kernel, found once per boot.
+struct Locator {
+    kcore: File,
+    /// PT_LOAD segments of /proc/kcore: (vaddr, file offset, size).
+    segments: Vec<(u64, u64, u64)>,
+    current: Option<u64>,
+    /// `pack_list` and the byte offsets of `ptr` and `bitmap` in `struct
+    /// bpf_prog_pack` (from the kernel's BTF: a stable backport added a
+    /// field before `bitmap` in 6.12.y), with the chunks per pack.
+    packs: Option<(u64, u64, u64, u32)>,
+}
+
+static LOCATOR: OnceLock<Result<Locator, String>> = OnceLock::new();
+
+/// Finds the books now (before a save, so that restored copies need not).
+pub fn locate() {
+    let _ = locator();
+}
+
+fn locator() -> &'static Result<Locator, String> {
+    LOCATOR.get_or_init(find)
+}
+
+fn find() -> Result<Locator, String> {
+    let kcore = File::open("/proc/kcore")
+        .map_err(|e| format!("/proc/kcore: {e} (a kernel without CONFIG_PROC_KCORE)"))?;
+    let segments = {
+        let cache = ReadCache::new(&kcore);
+        let elf = ElfFile64::<Endianness, _>::parse(&cache)
+            .map_err(|e| format!("/proc/kcore is not ELF64: {e}"))?;
+        elf.segments()
+            .filter_map(|s| {
+                let (offset, size) = s.file_range();
+                (size > 0).then(|| (s.address(), offset, size))
+            })
+            .collect::<Vec<_>>()
+    };
+    let found = crate::kallsyms::core_by_name(&CORE_NAMES)
+        .map_err(|e| format!("reading /proc/kallsyms: {e:#}"))?;
+    let one = |name: &str| -> Result<Option<u64>, String> {
+        let mut at = found.iter().filter(|e| e.name == name).map(|e| e.addr);
+        match (at.next(), at.next()) {
+            (None, _) => Ok(None),
+            (Some(a), None) => Ok(Some(a)),
+            (Some(_), Some(_)) => Err(format!("/proc/kallsyms names {name} more than once")),
+        }
+    };
+    let current = one(CURRENT)?;
+    if current.is_none() {
+        return Err(format!(
+            "/proc/kallsyms has no {CURRENT} (a kernel without CONFIG_KALLSYMS_ALL, \
+             or addresses hidden by kptr_restrict)"
+        ));
+    }
+    let packs = match one(PACK_LIST)? {
+        None => None,
+        Some(list) => {
+            let btf = std::fs::read("/sys/kernel/btf/vmlinux").map_err(|e| {
+                format!("/sys/kernel/btf/vmlinux: {e} (a kernel without CONFIG_DEBUG_INFO_BTF)")
+            })?;
+            let member = |m: &str| {
+                crate::btf::member_offset(&btf, "bpf_prog_pack", m)
+                    .map_err(|e| format!("vmlinux BTF: {e}"))?
+                    .ok_or_else(|| format!("vmlinux BTF has no struct bpf_prog_pack member {m}"))
+            };
+            let (ptr, bitmap) = (member("ptr")?, member("bitmap")?);
+            let nodes = possible_nodes();
+            let chunks = (PACK_SIZE_PER_NODE * nodes / CHUNK_SIZE) as u32;
+            Some((list, u64::from(ptr), u64::from(bitmap), chunks))
+        }
+    };
+    Ok(Locator {
+        kcore,
+        segments,
+        current,
+        packs,
+    })
+}
+
+/// `num_possible_nodes()`: the count of /sys/devices/system/node/possible
+/// (a list such as `0` or `0-3`), 1 on a kernel without NUMA.
+fn possible_nodes() -> u64 {
+    let Ok(text) = std::fs::read_to_string("/sys/devices/system/node/possible") else {
+        return 1;
+    };
+    text.trim()
+        .split(',')
+        .filter_map(|r| match r.split_once('-') {
+            Some((a, b)) => Some(b.parse::<u64>().ok()? - a.parse::<u64>().ok()? + 1),
+            None => r.parse::<u64>().ok().map(|_| 1),
+        })
+        .sum::<u64>()
+        .max(1)
+}
+
+impl Locator {
+    fn read_bytes(&self, addr: u64, len: usize) -> Result<Vec<u8>, String> {
+        let (vaddr, offset, _) = self
+            .segments
+            .iter()
+            .find(|(v, _, size)| addr >= *v && addr + len as u64 <= v + size)
+            .ok_or_else(|| format!("{addr:#x} is in no segment of /proc/kcore"))?;
+        let mut buf = vec![0u8; len];
+        self.kcore
+            .read_exact_at(&mut buf, offset + (addr - vaddr))
+            .map_err(|e| format!("reading {len} bytes at {addr:#x} from /proc/kcore: {e}"))?;
+        Ok(buf)
+    }
+
+    fn u64_at(&self, addr: u64) -> Result<u64, String> {
+        let b = self.read_bytes(addr, 8)?;
+        Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
+    }
+
+    fn read(&self) -> Result<JitReading, String> {
+        let current = match self.current {
+            Some(at) => Some(self.u64_at(at)? as i64),
+            None => None,
+        };
+        let packs = match self.packs {
+            None => None,
+            Some((list, ptr_off, bitmap_off, chunks)) => {
+                let mut packs = Vec::new();
+                // list_head.next is the first member of list_head, and
+                // `list` is the first member of bpf_prog_pack: a node's
+                // address is its pack's.
+                let mut node = self.u64_at(list)?;
+                while node != list {
+                    if packs.len() == MAX_PACKS {
+                        return Err(format!("pack_list has more than {MAX_PACKS} packs"));
+                    }
+                    let base = self.u64_at(node + ptr_off)?;
+                    let words = (chunks as usize).div_ceil(64);
+                    let bits = self.read_bytes(node + bitmap_off, words * 8)?;
+                    packs.push(PackReading {
+                        base,
+                        chunk_size: CHUNK_SIZE as u32,
+                        chunks,
+                        used: runs(&bits, chunks),
+                    });
+                    node = self.u64_at(node)?;
+                }
+                Some(packs)
+            }
+        };
+        Ok(JitReading { current, packs })
+    }
+}
+
+/// Runs of set bits (first, length) in a little-endian bitmap of `n` bits.
+fn runs(bitmap: &[u8], n: u32) -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    for i in 0..n {
+        if bitmap[(i / 8) as usize] & (1 << (i % 8)) == 0 {
+            continue;
+        }
+        match out.last_mut() {
+            Some((first, len)) if *first + *len == i => *len += 1,
+            _ => out.push((i, 1)),
+        }
+    }
+    out
+}
+
+/// The books as they were before the first step.
+pub struct Watch {
+    start: Result<JitReading, String>,
+}
+
+impl Watch {
+    pub fn start() -> Watch {
+        Watch {
+            start: locator()
+                .as_ref()
+                .map_err(Clone::clone)
+                .and_then(Locator::read),
+        }
+    }
+
+    /// Waits (at most [`SETTLE`]) for the counter to come back to its
+    /// start value, then reads the books again with the `[bpf]` symbols
+    /// still in /proc/kallsyms. Call with everything the plan made closed.
+    pub fn finish(self) -> Message {
+        let settle_started = Instant::now();
+        let (start, end, unreadable) = match (locator(), self.start) {
+            (Ok(loc), Ok(start)) => {
+                let mut end = loc.read();
+                while let Ok(e) = &end {
+                    if e.current == start.current || settle_started.elapsed() >= SETTLE {
+                        break;
+                    }
+                    std::thread::sleep(POLL);
+                    end = loc.read();
+                }
+                match end {
+                    Ok(end) => (start, end, None),
+                    Err(e) => (start, JitReading::default(), Some(e)),
+                }
+            }
+            (Err(e), _) => (
+                JitReading::default(),
+                JitReading::default(),
+                Some(e.clone()),
+            ),
+            (_, Err(e)) => (JitReading::default(), JitReading::default(), Some(e)),
+        };
+        let settle_ns = settle_started.elapsed().as_nanos() as u64;
+        let live = if unreadable.is_none() {
+            crate::kallsyms::read_filtered(|e| e.module.as_deref() == Some("bpf"))
+                .map(|v| v.into_iter().map(|e| e.addr).collect())
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        Message::JitBooks {
+            start,
+            end,
+            settle_ns,
+            live,
+            unreadable,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_of_used_chunks() {
+        // bits 0,1,2 and 9, 15 set; bit 16 is past n = 16.
+        assert_eq!(
+            runs(&[0b0000_0111, 0b1000_0010, 0xff], 16),
+            vec![(0, 3), (9, 1), (15, 1)]
+        );
+        assert_eq!(runs(&[0, 0], 16), vec![]);
+    }
+}
