@@ -103,6 +103,11 @@ pub(crate) enum Cmd {
     /// a record decoder, expected and actual streams, a plain-text report.
     /// With --standalone ID: the known bug's stand-alone C reproducer.
     Repro(ReproArgs),
+    /// Which served builds of which series still carry each ledger bug with
+    /// a stand-alone reproducer: the newest build of every series, a
+    /// bisection inside a series whose ends disagree (its first fixed
+    /// build), backport gaps; writes audit.json and kcidb.json.
+    Audit(AuditArgs),
     /// The mail for a known kernel bug with its fix (kernels/fixes/),
     /// ready for `git send-email`: the patch, and below its `---` the
     /// affected builds, validate's result, the reproducer and where it
@@ -138,6 +143,25 @@ pub(crate) struct MergeArgs {
     /// default a run that tested nothing fails).
     #[arg(long)]
     pub(crate) allow_skipped: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct AuditArgs {
+    /// Ledger ids (kernels/known-issues.toml); default: every entry with a
+    /// stand-alone reproducer (kernels/repros/).
+    #[arg(value_name = "ID")]
+    pub(crate) ids: Vec<String>,
+    /// Only this series (`6.12`; repeatable); default: every series the
+    /// mirror serves (`cargo xtask kernels available`).
+    #[arg(long = "series", value_name = "X.Y")]
+    pub(crate) series: Vec<String>,
+    /// VMs at once (default: from the host's cores).
+    #[arg(long, short)]
+    pub(crate) jobs: Option<usize>,
+    #[arg(long, default_value = "auto", value_parser = accel_parser())]
+    pub(crate) accel: AccelChoice,
+    #[command(flatten)]
+    pub(crate) fetch: FetchArgs,
 }
 
 #[derive(Args)]

@@ -7,6 +7,7 @@ use clap::Parser;
 use kloop::run::suite::Layout;
 
 mod ab_cmd;
+mod audit_cmd;
 mod bisect_cmd;
 mod clean_cmd;
 #[cfg(test)]
@@ -149,6 +150,7 @@ fn run() -> Result<ExitCode> {
         Cmd::Clean(a) => clean_cmd::clean(a),
         Cmd::Mutants(a) => mutants_cmd::mutants(a),
         Cmd::Repro(a) => repro_cmd::repro(a),
+        Cmd::Audit(a) => audit_cmd::audit(a),
         Cmd::ReportBug(a) => report_bug_cmd::report_bug(a),
         Cmd::Doctor(a) => doctor_cmd::doctor(a),
         Cmd::VmShell(a) => shell_cmd::vm_shell(a),

@@ -462,6 +462,104 @@ pub fn mutation_run_document(
     )
 }
 
+/// The KCIDB document of an audit: each Debian build asked as a checkout
+/// and a build (the same ids `vm-test` gives it when the image is known),
+/// and one test per (build × reproducer), `kloop.audit.<reproducer>`:
+/// affected FAIL (`known: true`, with the ledger ids: the bug is the
+/// ledger's), clean PASS, cannot run (exit 77) SKIP, no answer ERROR when
+/// the build booted and MISS when it could not be had.
+pub fn audit_document(audit: &crate::run::audit::Audit, ctx: &RunContext) -> Document {
+    use crate::run::audit::plan::Answer;
+    use serde_json::json;
+    let mut doc = Document::empty();
+    for b in &audit.boots {
+        let Some(build) = audit
+            .series
+            .iter()
+            .flat_map(|s| &s.builds)
+            .find(|x| x.version == b.version)
+        else {
+            continue;
+        };
+        let (checkout, kbuild) = match (&build.deb_sha256, &b.image_sha256) {
+            (Some(deb), Some(image)) => {
+                let p = Provenance::DebianBuild {
+                    package: build.package.clone(),
+                    version: build.version.clone(),
+                    suite: build.suite.clone(),
+                    deb_sha256: deb.clone(),
+                    image_sha256: image.clone(),
+                    release: build.release.clone(),
+                };
+                (p.checkout(), p.build())
+            }
+            // Never pinned (its download failed, say): named by package
+            // and version, the only identity known.
+            _ => {
+                let c = id_of(&["debian-package", &build.package, &build.version]);
+                (
+                    json!({"id": c, "origin": ORIGIN, "valid": true, "tree_name": "debian",
+                        "comment": format!("Debian's {} {} ({})", build.package, build.version, build.suite),
+                        "misc": {"package": build.package, "version": build.version, "suite": build.suite}}),
+                    json!({"id": id_of(&["build", &build.package, &build.version]), "checkout_id": c,
+                        "origin": ORIGIN, "architecture": "x86_64", "config_name": "debian cloud-amd64",
+                        "status": "PASS", "misc": {"release": build.release}}),
+                )
+            }
+        };
+        let build_id = kbuild["id"].clone();
+        if !doc.checkouts.iter().any(|c| c["id"] == checkout["id"]) {
+            doc.checkouts.push(checkout);
+        }
+        if !doc.builds.iter().any(|x| x["id"] == build_id) {
+            doc.builds.push(kbuild);
+        }
+        for (name, answer) in &b.answers {
+            let ids: Vec<&str> = audit
+                .reproducers
+                .iter()
+                .find(|r| &r.name == name)
+                .map(|r| r.ids.iter().map(String::as_str).collect())
+                .unwrap_or_default();
+            let (status, known) = match answer {
+                Answer::Affected => (Status::Fail, true),
+                Answer::Clean => (Status::Pass, false),
+                Answer::CannotRun(_) => (Status::Skip, false),
+                Answer::NoAnswer(_) if b.dir.is_some() => (Status::Error, false),
+                Answer::NoAnswer(_) => (Status::Miss, false),
+            };
+            let mut t = json!({
+                "id": id_of(&["audit-test", build_id.as_str().unwrap_or(""), name, &ctx.kloop_commit]),
+                "build_id": build_id,
+                "origin": ORIGIN,
+                "path": format!("kloop.audit.{}", name.replace(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'), "_")),
+                "status": status,
+                "comment": format!("stand-alone reproducer {name} in a plain init: {}", answer.label()),
+                "misc": {
+                    "answer": answer.label(),
+                    "known": known,
+                    "ledger_ids": if known { ids } else { Vec::new() },
+                    "kept": b.kept.contains(name),
+                    "series": b.series,
+                    "version": b.version,
+                    "kloop_commit": ctx.kloop_commit,
+                    "run": ctx.run,
+                },
+            });
+            if !b.kept.contains(name) && b.secs > 0.0 {
+                t["duration"] = json!(b.secs);
+            }
+            if let Some(console) = b.dir.as_ref().map(|d| d.join("console.log")) {
+                if console.is_file() {
+                    t["log_url"] = json!(file_url(&console));
+                }
+            }
+            doc.tests.push(t);
+        }
+    }
+    doc
+}
+
 /// Several documents as one (the shards of a run): objects with the same
 /// id are the same object and kept once.
 pub fn merge_documents(docs: &[Document]) -> Document {

@@ -7,6 +7,7 @@ use std::path::Path;
 use crate::run::trial::{TrialResult, Verdict};
 
 pub mod ab;
+pub mod audit;
 pub mod bench;
 pub mod bisect;
 pub mod bug_mail;

@@ -26,6 +26,7 @@
 //!   `kloop-run` reports parsed on the host.
 pub mod ab;
 pub mod agent;
+pub mod audit;
 pub mod bench;
 pub mod bisect;
 pub mod fixes;

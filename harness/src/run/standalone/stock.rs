@@ -145,9 +145,12 @@ pub struct StockRun {
     pub dir: PathBuf,
 }
 
-/// The initramfs of the stock environment: busybox, the script as
-/// `/init`, and the reproducer built for the trial (`parts`' payload).
-fn stock_initramfs(payload: &crate::run::payload::Payload) -> Result<Initramfs, StandaloneError> {
+/// The initramfs of the stock environment: busybox, `init` as `/init`,
+/// and the programs built for the trial (`payload`).
+pub(crate) fn stock_initramfs(
+    payload: &crate::run::payload::Payload,
+    init: &str,
+) -> Result<Initramfs, StandaloneError> {
     let io = |what: &'static str, path: &Path| {
         let path = path.to_path_buf();
         move |source| StandaloneError::Io { what, path, source }
@@ -155,7 +158,7 @@ fn stock_initramfs(payload: &crate::run::payload::Payload) -> Result<Initramfs, 
     let (busybox, _) = payload::busybox_payload()
         .map_err(|e| StandaloneError::Stock(format!("it needs busybox: {e}")))?;
     let mut i = Initramfs::skeleton();
-    i.add_file("init", 0o755, init_script().into_bytes());
+    i.add_file("init", 0o755, init.as_bytes().to_vec());
     for p in [&busybox, payload] {
         for d in p.dirs() {
             i.add_dir(&d);
@@ -168,31 +171,37 @@ fn stock_initramfs(payload: &crate::run::payload::Payload) -> Result<Initramfs, 
     Ok(i)
 }
 
-/// Boots `kernel` with the reproducer `file` (the single C file, built
-/// as the trial builds it) as the only program of a plain initramfs, and
-/// reads its exit status from the console. `dir` gets the run's files.
-pub fn run(
+/// How a plain-init boot ended: its console, and a line on how QEMU ended
+/// (with the panic or the console's tail when no status was printed).
+pub(crate) enum PlainBoot {
+    /// The guest could not be prepared (the kernel could not be had, a
+    /// program did not build): the trial's verdict headline.
+    NotPrepared(String),
+    Ran {
+        console: String,
+        ended: String,
+    },
+}
+
+/// Boots `kernel` with `scenario`'s programs in a plain initramfs whose
+/// `/init` is `init`, waits for QEMU to end (or the deadline, or an
+/// interruption), and returns the console. `dir` gets the run's files.
+/// `has_status` tells from the console whether `init` printed what it was
+/// meant to (otherwise the console's tail is added to `ended`).
+pub(crate) fn boot_plain(
     env: &TrialEnv,
     kernel: &KernelUnderTest,
-    r: &Reproducer,
-    file: &Path,
+    scenario: &crate::scenario::Scenario,
+    init: &str,
     dir: &Path,
-) -> Result<StockRun, StandaloneError> {
-    let scenario = r
-        .scenario(file, &env.run_dir)
-        .map_err(|message| StandaloneError::Scenario { message })?;
-    let parts = match prepare_guest(env, kernel, &scenario, dir) {
+    has_status: &dyn Fn(&str) -> bool,
+) -> Result<PlainBoot, StandaloneError> {
+    let parts = match prepare_guest(env, kernel, scenario, dir) {
         Ok(p) => p,
-        Err(v) => {
-            return Ok(StockRun {
-                outcome: ReproOutcome::NoAnswer(v.headline()),
-                answer: ConsoleAnswer::default(),
-                dir: dir.to_path_buf(),
-            })
-        }
+        Err(v) => return Ok(PlainBoot::NotPrepared(v.headline())),
     };
     let initramfs = dir.join("initramfs.cpio");
-    stock_initramfs(&parts.payload)?
+    stock_initramfs(&parts.payload, init)?
         .write_file(&initramfs)
         .map_err(|source| StandaloneError::Io {
             what: "writing",
@@ -227,22 +236,51 @@ pub fn run(
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let text = std::fs::read(&console).unwrap_or_default();
-    let answer = parse_console(&String::from_utf8_lossy(&text));
+    let text = String::from_utf8_lossy(&std::fs::read(&console).unwrap_or_default()).into_owned();
     let ended = match kloop_qemu::console_panic(&console) {
         Some(panic) => format!("the kernel panicked ({ended}):\n{panic}"),
-        None if answer.status.is_none() => format!(
+        None if !has_status(&text) => format!(
             "{ended}; the console's last lines ({}):\n{}",
             console.display(),
             kloop_qemu::console_tail(&console, 15)
         ),
         None => ended,
     };
-    Ok(StockRun {
-        outcome: outcome(&answer, &ended),
-        answer,
-        dir: dir.to_path_buf(),
+    Ok(PlainBoot::Ran {
+        console: text,
+        ended,
     })
+}
+
+/// Boots `kernel` with the reproducer `file` (the single C file, built
+/// as the trial builds it) as the only program of a plain initramfs, and
+/// reads its exit status from the console. `dir` gets the run's files.
+pub fn run(
+    env: &TrialEnv,
+    kernel: &KernelUnderTest,
+    r: &Reproducer,
+    file: &Path,
+    dir: &Path,
+) -> Result<StockRun, StandaloneError> {
+    let scenario = r
+        .scenario(file, &env.run_dir)
+        .map_err(|message| StandaloneError::Scenario { message })?;
+    let has_status = |text: &str| parse_console(text).status.is_some();
+    match boot_plain(env, kernel, &scenario, &init_script(), dir, &has_status)? {
+        PlainBoot::NotPrepared(headline) => Ok(StockRun {
+            outcome: ReproOutcome::NoAnswer(headline),
+            answer: ConsoleAnswer::default(),
+            dir: dir.to_path_buf(),
+        }),
+        PlainBoot::Ran { console, ended } => {
+            let answer = parse_console(&console);
+            Ok(StockRun {
+                outcome: outcome(&answer, &ended),
+                answer,
+                dir: dir.to_path_buf(),
+            })
+        }
+    }
 }
 
 #[cfg(test)]

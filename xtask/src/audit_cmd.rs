@@ -1,0 +1,47 @@
+//! `audit [ID…] [--series X.Y]`: which served builds of which series
+//! still carry each ledger bug with a stand-alone reproducer.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use kloop::run::audit::{self, AuditOptions, Event};
+use kloop::run::suite::EnvOptions;
+
+use crate::{layout, start_trials, AuditArgs};
+
+/// Exit 0 when every build asked answered, 1 when some gave no answer
+/// (a panic, a timeout, a download that failed), 2 on bad input (an
+/// unknown id, a series with no served build) or a setup error.
+pub(crate) fn audit(a: AuditArgs) -> Result<ExitCode> {
+    let layout = layout();
+    start_trials();
+    let opts = AuditOptions {
+        ids: a.ids.clone(),
+        series: a.series.clone(),
+        vms: kloop::run::parallel::Parallel::from_flag(a.jobs).vms,
+        env: EnvOptions {
+            accel: a.accel,
+            fetch: a.fetch.options(),
+            ..EnvOptions::default()
+        },
+    };
+    let on = |e: Event<'_>| match e {
+        Event::Note(n) => println!("kloop: {n}"),
+        Event::Boot(b) => println!("{}", kloop::report::audit::boot_line(b)),
+    };
+    let result = match audit::run(&layout, &opts, &on) {
+        Ok(r) => r,
+        Err(e) if e.is_bad_input() => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(2));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    print!("\n{}", kloop::report::audit::table(&result));
+    let ctx = kloop::report::kcidb::RunContext::of_run(&layout.root, &result.run_dir);
+    let doc = kloop::report::kcidb::audit_document(&result, &ctx);
+    let path = result.run_dir.join(kloop::report::kcidb::DOCUMENT_FILE);
+    kloop_kernels::write_atomically(&path, serde_json::to_string_pretty(&doc)?.as_bytes())?;
+    println!("{}", kloop::report::audit::summary(&result));
+    Ok(crate::exit_code(result.unanswered() == 0))
+}
