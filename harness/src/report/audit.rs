@@ -16,6 +16,7 @@ pub fn boot_line(b: &crate::run::audit::BootRecord) -> String {
         .collect();
     let how = match &b.dir {
         Some(_) => format!("booted in {:.1} s", b.secs),
+        None if b.kept.is_empty() => "not booted".to_string(),
         None => "kept answers".to_string(),
     };
     let mut line = format!("{}/{}: {} ({how})", b.series, b.version, answers.join(", "));
@@ -31,7 +32,10 @@ fn row(s: &AuditedSeries, name: &str) -> Option<[String; 9]> {
     let f = s.findings.get(name)?;
     let c = f.counts();
     let version = |i: usize| s.builds.get(i).map_or("-".into(), |b| b.version.clone());
-    let newest = f.builds.checked_sub(1).map_or("-".into(), version);
+    let newest = f
+        .newest_answered
+        .or(f.builds.checked_sub(1))
+        .map_or("-".into(), version);
     let first_fixed = match &f.change {
         Some(ch) if f.first_fixed().is_some() => {
             let mut v = version(ch.first_after);
@@ -61,7 +65,10 @@ pub fn gap_line(g: &Gap, audit: &Audit) -> String {
         .series
         .iter()
         .find(|s| s.series == g.series)
-        .and_then(|s| s.builds.last())
+        .and_then(|s| {
+            let f = s.findings.get(&g.reproducer)?;
+            s.builds.get(f.newest_answered?)
+        })
         .map_or(String::new(), |b| format!(" (newest {})", b.version));
     let fixed: Vec<String> = g
         .fixed_in

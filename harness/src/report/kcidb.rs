@@ -797,6 +797,163 @@ mod document_tests {
 }
 
 #[cfg(test)]
+mod audit_tests {
+    use crate::run::audit::plan::{audit_series, Answer};
+    use crate::run::audit::{Audit, AuditedReproducer, AuditedSeries, BootRecord, BuildRef};
+
+    /// An audit of two 6.12 builds (one booted, one answered from kept
+    /// answers) and a 6.16 build that could not be had: one checkout and
+    /// build per Debian build, one test per (build × reproducer), statuses
+    /// by answer. Written to target/kloop/kcidb-samples/ for `.ci/run`'s
+    /// kcidb-io validation.
+    #[test]
+    fn an_audits_document_has_a_test_per_build_and_reproducer() {
+        let build = |v: &str, deb: Option<&str>| BuildRef {
+            version: v.into(),
+            package: format!("linux-image-{v}-cloud-amd64"),
+            suite: "bookworm-backports".into(),
+            release: format!("{v}-cloud-amd64"),
+            deb_sha256: deb.map(|d| d.repeat(64)),
+        };
+        let boot = |series: &str,
+                    v: &str,
+                    answers: Vec<(&str, Answer)>,
+                    kept: bool,
+                    image: Option<&str>| BootRecord {
+            series: series.into(),
+            version: v.into(),
+            release: None,
+            answers: answers
+                .into_iter()
+                .map(|(n, a)| (n.to_string(), a))
+                .collect(),
+            kept: if kept {
+                vec!["hs".into(), "ip".into()]
+            } else {
+                vec![]
+            },
+            dir: (!kept).then(|| "/nonexistent/boot".into()),
+            secs: 4.5,
+            image_sha256: image.map(|i| i.repeat(64)),
+        };
+        let finding = audit_series(2, &mut |i| {
+            if i == 0 {
+                Answer::Affected
+            } else {
+                Answer::Clean
+            }
+        });
+        let audit = Audit {
+            reproducers: vec![
+                AuditedReproducer {
+                    name: "hs".into(),
+                    ids: vec!["ksymbol-bpf-event-header-size-accumulates".into()],
+                    upstream: Some("b9d1fdc6f4ac".into()),
+                },
+                AuditedReproducer {
+                    name: "ip".into(),
+                    ids: vec!["interpreted-prog-ksymbol-register".into()],
+                    upstream: None,
+                },
+            ],
+            without_reproducer: vec![],
+            series: vec![
+                AuditedSeries {
+                    series: "6.12".into(),
+                    builds: vec![
+                        build("6.12.43-1", Some("a")),
+                        build("6.12.118-1", Some("b")),
+                    ],
+                    findings: [("hs".to_string(), finding)].into_iter().collect(),
+                },
+                AuditedSeries {
+                    series: "6.16".into(),
+                    builds: vec![build("6.16.3-1", None)],
+                    findings: Default::default(),
+                },
+            ],
+            unserved_series: vec![],
+            gaps: vec![],
+            boots: vec![
+                boot(
+                    "6.12",
+                    "6.12.118-1",
+                    vec![("hs", Answer::Clean), ("ip", Answer::Affected)],
+                    false,
+                    Some("c"),
+                ),
+                boot(
+                    "6.12",
+                    "6.12.43-1",
+                    vec![
+                        ("hs", Answer::Affected),
+                        ("ip", Answer::CannotRun("CANNOT RUN: x".into())),
+                    ],
+                    true,
+                    Some("d"),
+                ),
+                boot(
+                    "6.16",
+                    "6.16.3-1",
+                    vec![("hs", Answer::NoAnswer("INFRA: pinning".into()))],
+                    true,
+                    None,
+                ),
+            ],
+            secs: 12.0,
+            run_dir: "/nonexistent".into(),
+            accel: "tcg".into(),
+        };
+        let ctx = super::RunContext {
+            kloop_commit: "0123456789abcdef0123456789abcdef01234567".into(),
+            run: "1795764689-22645".into(),
+        };
+        let doc = super::audit_document(&audit, &ctx);
+        assert_eq!(doc, super::audit_document(&audit, &ctx), "stable ids");
+        assert_eq!(
+            (doc.checkouts.len(), doc.builds.len(), doc.tests.len()),
+            (3, 3, 5)
+        );
+        let status: Vec<&str> = doc
+            .tests
+            .iter()
+            .map(|t| t["status"].as_str().unwrap())
+            .collect();
+        assert_eq!(status, vec!["PASS", "FAIL", "FAIL", "SKIP", "MISS"]);
+        assert_eq!(
+            doc.tests[1]["misc"]["ledger_ids"][0],
+            "interpreted-prog-ksymbol-register"
+        );
+        assert_eq!(doc.tests[1]["misc"]["known"], true);
+        assert_eq!(doc.tests[1]["misc"]["kept"], false);
+        assert_eq!(doc.tests[2]["misc"]["kept"], true);
+        assert_eq!(
+            doc.tests[4]["misc"]["ledger_ids"].as_array().unwrap().len(),
+            0
+        );
+        assert_eq!(doc.tests[0]["path"], "kloop.audit.hs");
+        // The same build ids vm-test gives a Debian build.
+        let p = super::Provenance::DebianBuild {
+            package: "linux-image-6.12.118-1-cloud-amd64".into(),
+            version: "6.12.118-1".into(),
+            suite: "bookworm-backports".into(),
+            deb_sha256: "b".repeat(64),
+            image_sha256: "c".repeat(64),
+            release: "6.12.118-1-cloud-amd64".into(),
+        };
+        assert_eq!(doc.builds[0]["id"], p.build()["id"]);
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/kloop/kcidb-samples");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("audit.json"),
+            serde_json::to_string_pretty(&doc).unwrap(),
+        )
+        .unwrap();
+    }
+}
+
+#[cfg(test)]
 mod mutation_tests {
     /// The KCIDB document of the real mutation run in
     /// docs/mutation-score.json (502 mutants of linux-source-6.12): one test

@@ -75,6 +75,9 @@ pub struct SeriesFinding {
     pub builds: usize,
     /// Every build whose answer was asked for, by index.
     pub probed: BTreeMap<usize, Answer>,
+    /// The newest build that answered (affected, clean or cannot run):
+    /// the series' answer "now".
+    pub newest_answered: Option<usize>,
     /// How the series changes between its ends, when the ends disagree.
     pub change: Option<Change>,
     /// Why the series could not be bisected although its newest build
@@ -98,24 +101,47 @@ pub struct Change {
     pub undecided_between: Vec<usize>,
 }
 
-/// Audits one series of `n` builds for one reproducer: the newest build,
-/// then the oldest, then, when both answered and disagree, `bisect`'s
-/// search between them ([`crate::judge::bisect::search`]), so at most
-/// about `2 + log2(n)` builds are asked.
+/// How many builds below the newest are tried when the newer ones give
+/// no answer (a build the mirror lists but no longer serves whole, say),
+/// before the series is left unanswered.
+pub const NEWEST_FALLBACKS: usize = 3;
+
+/// Audits one series of `n` builds for one reproducer: the newest build
+/// (or, when it gives no answer, the next older, at most
+/// [`NEWEST_FALLBACKS`] times), then the oldest, then, when both answered
+/// and disagree, `bisect`'s search between them
+/// ([`crate::judge::bisect::search`]), so at most about `2 + log2(n)`
+/// builds are asked.
 pub fn audit_series(n: usize, probe: &mut dyn FnMut(usize) -> Answer) -> SeriesFinding {
     let mut probed = BTreeMap::new();
     let mut finding = SeriesFinding {
         builds: n,
         probed: BTreeMap::new(),
+        newest_answered: None,
         change: None,
         note: None,
     };
-    if n == 0 {
-        return finding;
+    let mut top = None;
+    for i in (0..n).rev().take(NEWEST_FALLBACKS + 1) {
+        let a = probe(i);
+        probed.insert(i, a.clone());
+        if a.settled() {
+            top = Some((i, a));
+            break;
+        }
     }
-    let newest = probe(n - 1);
-    probed.insert(n - 1, newest.clone());
-    if n > 1 && newest.decisive() {
+    let Some((top, newest)) = top else {
+        finding.probed = probed;
+        return finding;
+    };
+    finding.newest_answered = Some(top);
+    if top + 1 < n {
+        finding.note = Some(format!(
+            "the newest {} build(s) gave no answer: the series is judged by the newest that did",
+            n - 1 - top
+        ));
+    }
+    if top > 0 && newest.decisive() {
         let oldest = probe(0);
         probed.insert(0, oldest.clone());
         if !oldest.decisive() {
@@ -124,7 +150,7 @@ pub fn audit_series(n: usize, probe: &mut dyn FnMut(usize) -> Answer) -> SeriesF
                 oldest.label()
             ));
         } else if oldest != newest {
-            let result: SearchResult = search(n, |i| {
+            let result: SearchResult = search(top + 1, |i| {
                 let a = probe(i);
                 probed.insert(i, a.clone());
                 if a == oldest {
@@ -162,9 +188,12 @@ pub enum BuildState {
 }
 
 impl SeriesFinding {
-    /// The newest build's answer.
+    /// The answer of the newest build that answered (else the newest's
+    /// own, no answer, when none did).
     pub fn newest(&self) -> Option<&Answer> {
-        self.builds.checked_sub(1).and_then(|i| self.probed.get(&i))
+        self.newest_answered
+            .or(self.builds.checked_sub(1))
+            .and_then(|i| self.probed.get(&i))
     }
 
     /// Every build's state, index 0 the oldest.
@@ -179,6 +208,9 @@ impl SeriesFinding {
             .map(|i| {
                 if let Some(a) = self.probed.get(&i) {
                     return of(a);
+                }
+                if self.newest_answered.is_some_and(|top| i > top) {
+                    return BuildState::Unknown;
                 }
                 match (&self.change, self.probed.get(&0), self.newest()) {
                     (Some(c), _, _) if c.undecided_between.contains(&i) => BuildState::Unknown,
@@ -368,6 +400,31 @@ mod tests {
         let (f, asked) = run(&[no, A, C]);
         assert_eq!(asked, vec![2, 0]);
         assert!(f.note.as_deref().unwrap().contains("cannot run"));
+    }
+
+    /// The newest builds cannot be had (the mirror lists them but no
+    /// longer serves their modules package): the next older answers for
+    /// the series, and the search runs below it.
+    #[test]
+    fn a_newest_build_with_no_answer_falls_back_to_the_next() {
+        let gone = Answer::NoAnswer("INFRA: pinning: the mirror no longer serves it".into());
+        let (f, asked) = run(&[A, A, A, C, C, gone.clone(), gone.clone()]);
+        assert_eq!(&asked[..4], &[6, 5, 4, 0]);
+        assert_eq!(f.newest_answered, Some(4));
+        assert_eq!(f.newest(), Some(&C));
+        assert_eq!(f.first_fixed(), Some(3));
+        assert!(f
+            .note
+            .as_deref()
+            .unwrap()
+            .contains("newest 2 build(s) gave no answer"));
+        let c = f.counts();
+        assert_eq!((c.affected, c.clean, c.unknown), (3, 2, 2));
+        // Every build gone: at most NEWEST_FALLBACKS + 1 are tried.
+        let (f, asked) = run(&vec![gone; 10]);
+        assert_eq!(asked.len(), NEWEST_FALLBACKS + 1);
+        assert_eq!(f.newest_answered, None);
+        assert!(matches!(f.newest(), Some(Answer::NoAnswer(_))));
     }
 
     #[test]
