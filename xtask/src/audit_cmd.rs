@@ -18,6 +18,7 @@ pub(crate) fn audit(a: AuditArgs) -> Result<ExitCode> {
     let opts = AuditOptions {
         ids: a.ids.clone(),
         series: a.series.clone(),
+        fresh: a.fresh,
         vms: kloop::run::parallel::Parallel::from_flag(a.jobs).vms,
         env: EnvOptions {
             accel: a.accel,

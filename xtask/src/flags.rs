@@ -155,6 +155,10 @@ pub(crate) struct AuditArgs {
     /// mirror serves (`cargo xtask kernels available`).
     #[arg(long = "series", value_name = "X.Y")]
     pub(crate) series: Vec<String>,
+    /// Boot every build the audit asks even when its answers are kept from
+    /// an earlier audit (the new answers are kept).
+    #[arg(long)]
+    pub(crate) fresh: bool,
     /// VMs at once (default: from the host's cores).
     #[arg(long, short)]
     pub(crate) jobs: Option<usize>,

@@ -1,8 +1,9 @@
-//! Slow tier (issue 48): `cargo xtask audit` of the header-size bug over
-//! one real series, 6.12 (35 Debian cloud builds, the ledger's bisected
-//! bounds: last affected 6.12.111-1, first fixed 6.12.113-1~deb12u1),
-//! then the same audit again, which must boot nothing (every (build ×
-//! reproducer) answer is kept). Downloads the builds it boots when they
+//! Slow tier (issue 48): `cargo xtask audit --fresh` of the header-size
+//! bug over one real series, 6.12 (35 Debian cloud builds, the ledger's
+//! bisected bounds: last affected 6.12.111-1, first fixed
+//! 6.12.113-1~deb12u1), booting every build it asks, then the same audit
+//! without `--fresh`, which must boot nothing (every (build × reproducer)
+//! answer is kept). Downloads the builds it boots when they
 //! are not cached (about 8, 20–60 MB each); run it with
 //!
 //! ```text
@@ -15,9 +16,13 @@ use kloop_test_support::workspace_root;
 
 const ID: &str = "ksymbol-bpf-event-header-size-accumulates";
 
-fn audit() -> (serde_json::Value, String) {
+fn audit(fresh: bool) -> (serde_json::Value, String) {
+    let mut args = vec!["audit", "--series", "6.12", ID];
+    if fresh {
+        args.push("--fresh");
+    }
     let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .args(["audit", "--series", "6.12", ID])
+        .args(&args)
         .current_dir(workspace_root())
         .output()
         .expect("running xtask");
@@ -37,7 +42,12 @@ fn audit() -> (serde_json::Value, String) {
 #[test]
 #[ignore = "slow tier: boots Debian 6.12 builds (downloads those not cached)"]
 fn the_612_series_is_fixed_from_6_12_113() {
-    let (a, stdout) = audit();
+    let (a, stdout) = audit(true);
+    let boots = a["boots"].as_array().unwrap();
+    assert!(
+        boots.iter().all(|b| !b["dir"].is_null()),
+        "--fresh boots every build it asks"
+    );
     let s = &a["series"][0];
     assert_eq!(s["series"], "6.12");
     let builds: Vec<&str> = s["builds"]
@@ -71,7 +81,7 @@ fn the_612_series_is_fixed_from_6_12_113() {
     assert_eq!(doc["tests"].as_array().unwrap().len(), probed);
 
     // Warm: the same question again boots nothing.
-    let (again, _) = audit();
+    let (again, _) = audit(false);
     let booted = again["boots"]
         .as_array()
         .unwrap()

@@ -102,7 +102,7 @@ pub fn table(audit: &Audit) -> String {
         "clean",
         "cannot run",
         "first fixed",
-        "booted",
+        "asked",
     ];
     let mut out = String::new();
     for r in &audit.reproducers {

@@ -45,6 +45,9 @@ pub struct AuditOptions {
     pub series: Vec<String>,
     /// VMs at once (boots of different builds).
     pub vms: usize,
+    /// Boot every build asked even when its answers are kept (and keep
+    /// the new answers): after a change the keys do not see, such as QEMU.
+    pub fresh: bool,
     pub env: EnvOptions,
 }
 
@@ -356,7 +359,8 @@ pub fn run(
         env.run_dir.display()
     )));
 
-    let prober = Prober::new(layout, &env, &catalog, &programs, on)?;
+    let mut prober = Prober::new(layout, &env, &catalog, &programs, on)?;
+    prober.fresh = opts.fresh;
     let series_builds: Vec<(&str, &[AvailableBuild])> = chosen
         .iter()
         .map(|s| (s.as_str(), by_series[s].as_slice()))
@@ -482,6 +486,8 @@ struct Prober<'a> {
     /// Each program's single file, for the keys.
     texts: Vec<String>,
     kept: Kept,
+    /// Ignore kept answers (`--fresh`).
+    fresh: bool,
     /// `kernels/bisect.lock`: builds pinned on demand, as `bisect` pins
     /// them (one writer at a time).
     lock: Mutex<BisectLock>,
@@ -519,6 +525,7 @@ impl<'a> Prober<'a> {
             programs,
             texts,
             kept: Kept::in_cache(env.cache.root()),
+            fresh: false,
             lock: Mutex::new(BisectLock::load(&layout.kernels())?),
             answers: Mutex::new(BTreeMap::new()),
             booting: Mutex::new(BTreeMap::new()),
@@ -580,7 +587,12 @@ impl<'a> Prober<'a> {
         };
         let mut missing: Vec<(usize, &Program)> = Vec::new();
         for (n, p) in self.programs.iter().enumerate() {
-            match self.kept.get(&Kept::key(&identity, &self.texts[n])) {
+            let kept = if self.fresh {
+                None
+            } else {
+                self.kept.get(&Kept::key(&identity, &self.texts[n]))
+            };
+            match kept {
                 Some(k) => {
                     record.release = record.release.or(k.release);
                     record.image_sha256 = record.image_sha256.or(k.image_sha256);
