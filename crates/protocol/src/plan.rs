@@ -286,10 +286,20 @@ pub enum Step {
     /// On every online CPU, one thread pinned to it loads and unloads
     /// `program` of `fixture` `cycles` times, all at once; each reports the
     /// ids it loaded as a `Loads` message.
+    ///
+    /// With `churn` > 0 the agent's main thread meanwhile opens `churn`
+    /// CPU-wide ksymbol + bpf_event events on every online CPU (no ring)
+    /// and closes them again, over and over until the loaders are done:
+    /// the side-band lists and counters change under the emitters' walks
+    /// (`perf_iterate_sb()` under RCU against `list_add_rcu()` /
+    /// `list_del_rcu()` in account/unaccount), which must never hide a
+    /// record from a listener that stays open throughout.
     Concurrent {
         fixture: String,
         program: String,
         cycles: u32,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        churn: u32,
     },
     /// Load `r0 = 0; exit` as a socket filter with the bpf syscall alone:
     /// no program name and no BTF, which no loader library sends (aya, like
@@ -575,4 +585,9 @@ impl Step {
 
 fn default_program_timeout_ms() -> u64 {
     60_000
+}
+
+/// For `skip_serializing_if`: a zero count is the field's default.
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

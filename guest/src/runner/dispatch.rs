@@ -108,7 +108,8 @@ pub(super) fn run_step(context: &mut StepContext, index: u32, step: &Step) -> Re
             fixture,
             program,
             cycles,
-        } => concurrent::run(fixture, program, *cycles),
+            churn,
+        } => concurrent::run(fixture, program, *cycles, *churn),
         Step::PerfRecordStart { args } => perf_tool::start(args),
         Step::PerfRecordStop => perf_tool::stop(),
         Step::RunProgram {

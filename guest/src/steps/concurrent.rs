@@ -12,11 +12,12 @@
 
 use std::os::fd::AsFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use kloop_protocol::Message;
+use kloop_protocol::{ListenerScope, ListenerSpec, Message};
 
 use crate::bpf;
 use crate::channel::send;
@@ -24,20 +25,30 @@ use crate::fixtures::{fixture_program, load_program, parse_fixture, unload_progr
 use crate::sys::{self, pin_to, OsContext};
 
 /// Runs `cycles` load/unload cycles of `fixture`/`program` on every online
-/// CPU at once and sends each loader's `Loads`.
-pub fn run(fixture: &str, program: &str, cycles: u32) -> Result<()> {
+/// CPU at once and sends each loader's `Loads`; with `churn`, opens and
+/// closes that many side-band events per CPU meanwhile.
+pub fn run(fixture: &str, program: &str, cycles: u32, churn: u32) -> Result<()> {
     let cpus = sys::online_cpus().os_ctx("reading /sys/devices/system/cpu/online")?;
     let barrier = Barrier::new(cpus.len());
+    let running = AtomicUsize::new(cpus.len());
+    let mut churned = Ok(0u64);
     let results: Vec<Result<Message>> = std::thread::scope(|s| {
         let handles: Vec<_> = cpus
             .iter()
             .map(|&cpu| {
-                let barrier = &barrier;
+                let (barrier, running) = (&barrier, &running);
                 std::thread::Builder::new()
                     .name(format!("loader-cpu{cpu}"))
-                    .spawn_scoped(s, move || loader(cpu, fixture, program, cycles, barrier))
+                    .spawn_scoped(s, move || {
+                        let r = loader(cpu, fixture, program, cycles, barrier);
+                        running.fetch_sub(1, Ordering::SeqCst);
+                        r
+                    })
             })
             .collect();
+        if churn > 0 {
+            churned = churn_until_done(&cpus, churn, &running);
+        }
         handles
             .into_iter()
             .zip(&cpus)
@@ -50,6 +61,13 @@ pub fn run(fixture: &str, program: &str, cycles: u32) -> Result<()> {
             .collect()
     });
     let messages: Vec<Message> = results.into_iter().collect::<Result<_>>()?;
+    let rounds = churned?;
+    if churn > 0 {
+        crate::channel::log(format!(
+            "concurrent: {rounds} rounds of opening and closing {churn} side-band event(s) per CPU \
+             while the loaders ran"
+        ))?;
+    }
     for m in &messages {
         if let Message::Loads { tid: Some(tid), .. } = m {
             wait_gone(*tid)?;
@@ -59,6 +77,38 @@ pub fn run(fixture: &str, program: &str, cycles: u32) -> Result<()> {
         send(m)?;
     }
     Ok(())
+}
+
+/// Opens `churn` CPU-wide ksymbol + bpf_event events (no ring) on each of
+/// `cpus` and closes them, round after round, until no loader is
+/// `running`; returns the rounds made.
+fn churn_until_done(cpus: &[u32], churn: u32, running: &AtomicUsize) -> Result<u64> {
+    let spec = ListenerSpec {
+        sample_type: 0,
+        ksymbol: true,
+        bpf_event: true,
+        ring_pages: 0,
+        scope: ListenerScope::CpuWide,
+        inherit: false,
+        cpus: None,
+        side_band: Vec::new(),
+        disabled: false,
+        sample_id_all: true,
+        backward: false,
+        poll: false,
+    };
+    let mut rounds = 0;
+    while running.load(Ordering::SeqCst) > 0 {
+        let mut open = Vec::with_capacity(cpus.len() * churn as usize);
+        for &cpu in cpus {
+            for _ in 0..churn {
+                open.push(crate::perf::open_side_band(-1, cpu as i32, &spec)?.0);
+            }
+        }
+        drop(open);
+        rounds += 1;
+    }
+    Ok(rounds)
 }
 
 /// How long a joined thread may take to leave /proc/self/task.
