@@ -117,12 +117,20 @@ pub enum AttachTarget {
     /// semantics (`after_entry = true`) the agent tries offsets 1.. until the
     /// kernel accepts one: that probe sits past the ftrace call site, so it
     /// needs an out-of-line instruction slot.
+    ///
+    /// With `clones`, a function the compiler cloned in this build
+    /// (`perf_iterate_sb.constprop.0`, `.isra.0`: gcc's interprocedural
+    /// clones keep the body under a suffixed name) is probed under that
+    /// name when the plain name is not in /proc/kallsyms; more than one
+    /// clone is refused, since a probe on one would miss the others' calls.
     Kprobe {
         function: String,
         #[serde(default)]
         offset: u64,
         #[serde(default)]
         after_entry: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        clones: bool,
     },
     Kretprobe {
         function: String,
@@ -557,6 +565,10 @@ pub enum Requirement {
     /// (`btf_name_valid_identifier()` in kernel/bpf/btf.c), so a program's
     /// `bpf_prog_<tag>_<function>` symbol can pass 256 bytes.
     LongSymbolNames,
+    /// A kprobe can sit on `perf_iterate_sb()` (or its one compiler
+    /// clone), the walk of the side-band lists every emitter goes through:
+    /// the `sideband-quiet` scenario counts its calls. Kprobes first.
+    SideBandWalkKprobe,
 }
 
 impl Step {

@@ -249,6 +249,35 @@ fn wrong_type(prog: &Program, target: &AttachTarget) -> anyhow::Error {
     )
 }
 
+/// `function` if /proc/kallsyms has it, else its one compiler clone
+/// (`function.<suffix>`, a text symbol of the core kernel).
+pub fn resolve_clone(function: &str) -> Result<String> {
+    let prefix = format!("{function}.");
+    let found = crate::kallsyms::read_all(|e| {
+        e.module.is_none()
+            && matches!(e.kind, 't' | 'T')
+            && (e.name == function || e.name.starts_with(&prefix))
+    })?;
+    if found.iter().any(|e| e.name == function) {
+        return Ok(function.to_owned());
+    }
+    let mut names: Vec<String> = found.into_iter().map(|e| e.name).collect();
+    names.sort();
+    names.dedup();
+    match names.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => Err(anyhow!(
+            "/proc/kallsyms has neither {function} nor a compiler clone of it: \
+             inlined into its callers in this build, there is nothing to probe"
+        )),
+        many => Err(anyhow!(
+            "{function} has several compiler clones in this build ({}); a kprobe on one \
+             would not see the calls of the others",
+            many.join(", ")
+        )),
+    }
+}
+
 /// Attaches and takes the link out of aya; returns it with a description
 /// of where it went.
 fn attach_program(prog: &mut Program, target: &AttachTarget) -> Result<(Box<dyn Any>, String)> {
@@ -257,10 +286,18 @@ fn attach_program(prog: &mut Program, target: &AttachTarget) -> Result<(Box<dyn 
             function,
             offset,
             after_entry,
+            clones,
         } => {
             let p: &mut KProbe = match prog {
                 Program::KProbe(p) if matches!(p.kind(), ProbeKind::Entry) => p,
                 other => return Err(wrong_type(other, target)),
+            };
+            let resolved;
+            let function = if *clones {
+                resolved = resolve_clone(function)?;
+                &resolved
+            } else {
+                function
             };
             if *after_entry {
                 return kprobe_after_entry(p, function, *offset);
@@ -631,6 +668,7 @@ fn section_target(section: &str) -> Result<AttachTarget> {
             function: function.to_owned(),
             offset: 0,
             after_entry: false,
+            clones: false,
         },
         (Some("kretprobe"), Some(function), None) if !function.is_empty() => {
             AttachTarget::Kretprobe {
@@ -743,7 +781,7 @@ mod tests {
     fn sections_name_targets() {
         assert!(matches!(
             section_target("kprobe/hrtimer_nanosleep").unwrap(),
-            AttachTarget::Kprobe { function, offset: 0, after_entry: false } if function == "hrtimer_nanosleep"
+            AttachTarget::Kprobe { function, offset: 0, after_entry: false, .. } if function == "hrtimer_nanosleep"
         ));
         assert!(matches!(
             section_target("kretprobe/f").unwrap(),

@@ -72,6 +72,7 @@ const PROBED_BEFORE_SAVE: &[Requirement] = &[
     Requirement::FaultInjection,
     Requirement::BpfSnprintf,
     Requirement::LongSymbolNames,
+    Requirement::SideBandWalkKprobe,
 ];
 
 /// Runs every probe of [`PROBED_BEFORE_SAVE`] once, in a guest about to be
@@ -139,6 +140,7 @@ fn probe(r: Requirement) -> Result<Probe> {
         Requirement::FaultInjection => Ok(fault_injection()),
         Requirement::BpfSnprintf => Ok(bpf_snprintf()),
         Requirement::LongSymbolNames => Ok(long_symbol_names()),
+        Requirement::SideBandWalkKprobe => side_band_walk_kprobe(),
     }
 }
 
@@ -364,6 +366,36 @@ const KPROBE_PMU_TYPE: &str = "/sys/bus/event_source/devices/kprobe/type";
 /// (so the kprobe needs no out-of-line instruction slot), and that the agent
 /// never calls while the probe is registered.
 const KPROBE_FUNCTION: &str = "__x64_sys_getppid";
+
+/// A disabled kprobe perf event on `perf_iterate_sb` (or its one clone)
+/// opens and closes.
+fn side_band_walk_kprobe() -> Result<Probe> {
+    if let Err(e) = kprobes()? {
+        return Ok(Err(e));
+    }
+    let function = match crate::steps::hooks::resolve_clone("perf_iterate_sb") {
+        Ok(f) => f,
+        Err(e) => return Ok(Err(format!("{e:#}"))),
+    };
+    let pmu: u32 = sys::read_trimmed(KPROBE_PMU_TYPE)?
+        .parse()
+        .map_err(|_| anyhow::anyhow!("{KPROBE_PMU_TYPE} is not a number"))?;
+    let func = CString::new(function.as_str()).expect("no NUL");
+    let mut attr = event_attr(pmu, 0);
+    attr.__bindgen_anon_3.kprobe_func = func.as_ptr() as u64;
+    attr.set_disabled(1);
+    match perf_event_open(&attr, -1, 0) {
+        Ok(fd) => {
+            drop(fd);
+            Ok(Ok(()))
+        }
+        Err(e) => Ok(Err(format!(
+            "perf_event_open(kprobe PMU {pmu}, {function}): {}: this kernel refuses a kprobe on \
+             the side-band walk",
+            Errno(&e)
+        ))),
+    }
+}
 
 fn kprobes() -> Result<Probe> {
     let before = match std::fs::read_to_string(KPROBES_LIST) {

@@ -116,6 +116,8 @@ pub fn requirement_needs(r: Requirement) -> Vec<ConfigNeed> {
         Requirement::PerfTool => vec![],
         // A kernel version, not an option: the guest's probe decides.
         Requirement::LongSymbolNames => vec![],
+        // Whether the kernel takes a kprobe there: the guest's probe decides.
+        Requirement::SideBandWalkKprobe => vec![],
         Requirement::Threads => vec![builtin(
             "CONFIG_FUTEX",
             "the agent's threads wait on futexes (kernel/futex/)",

@@ -12,7 +12,25 @@ pub(super) fn check_inventory(
 ) {
     let recs = m.recs;
     let mut msgs: Vec<Found<'_>> = Vec::new();
-    for f in ev.progs.iter().filter(|f| ev.preexisting.contains(&f.id)) {
+    // A program the plan unloaded before its first CPU-wide listener opened
+    // was gone when recording began: no inventory can list it (perf's own
+    // synthesis reads only what is loaded), and the stream shows nothing
+    // of it.
+    let recording_from = ev
+        .listeners
+        .iter()
+        .filter(|l| l.cpu >= 0)
+        .filter_map(|l| ev.window(l.index).opened)
+        .min();
+    let gone_before = |label: &str| match (ev.prog_steps(label).1, recording_from) {
+        (Some(unload), Some(from)) => unload < from,
+        _ => false,
+    };
+    for f in ev
+        .progs
+        .iter()
+        .filter(|f| ev.preexisting.contains(&f.id) && !gone_before(&f.label))
+    {
         if !ev.inventory.iter().any(|p| p.id == f.id) {
             msgs.push(
                 format!(
