@@ -440,27 +440,42 @@ pub fn markdown(
          compile to the unmutated code; the others rest on their argument.\n",
         argued.len()
     );
+    // Defects no record shows, by kind: still unseen (argued equivalent,
+    // survived), and those a later rule or scenario killed (their note
+    // keeps the kind beside the `action` that says what kills them).
     let mut defects: BTreeMap<&str, usize> = BTreeMap::new();
-    for r in &argued {
-        if let Some(d) = notes.get(&r.mutant.id).and_then(|n| n.defect.as_deref()) {
-            *defects.entry(d).or_default() += 1;
+    let mut defects_killed: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in results {
+        let Some(d) = notes.get(&r.mutant.id).and_then(|n| n.defect.as_deref()) else {
+            continue;
+        };
+        match class(r, results, notes) {
+            "unseen defect" => *defects.entry(d).or_default() += 1,
+            "killed" => *defects_killed.entry(d).or_default() += 1,
+            _ => {}
         }
     }
-    if !defects.is_empty() {
+    let per_kind = |m: &BTreeMap<&str, usize>| {
+        m.iter()
+            .map(|(d, n)| format!("{n} {d}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if !defects.is_empty() || !defects_killed.is_empty() {
         let _ = writeln!(
             s,
-            "Of the argued equivalents, {} change no record but are still defects of another \
-             kind, which kloop's oracles (the records, kallsyms, bpf_prog_info, the kernel's own \
-             WARNs) cannot see: {}. They count against the score as survivors (column \
-             `unseen defect`) until a rule kills them — a checked kernel's (`--checks`: KASAN, \
-             kmemleak, lockdep, UBSAN) or a behavioural one — and are listed with their argument \
-             below.\n",
+            "Defects that change no record (a leak, a charge not returned, a walk no listener \
+             needs, a lost wakeup, a race window): {} are killed by oracles beyond the records \
+             — the JIT's books (`jit-charge`, `jit-chunks`), the side-band gates \
+             (`sideband-gating`, `sideband-quiet`), a polled listener (`wakeups`), a checked \
+             kernel's reports (`--checks`: `kasan`, `kmemleak`, `lockdep`, `ubsan`) — each \
+             listed with its rule under the kills below ({}); {} are still unseen ({}): they \
+             count against the score as survivors (column `unseen defect`) and are listed with \
+             their argument below.\n",
+            defects_killed.values().sum::<usize>(),
+            if defects_killed.is_empty() { "none".to_string() } else { per_kind(&defects_killed) },
             defects.values().sum::<usize>(),
-            defects
-                .iter()
-                .map(|(d, n)| format!("{n} {d}"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            if defects.is_empty() { "none".to_string() } else { per_kind(&defects) },
         );
     }
     let _ = writeln!(s, "## Per file\n\n{}", table(&by_file, "file"));
@@ -670,7 +685,7 @@ mod tests {
             md_defect.contains("| `kernel/a.c` | 1 | 1 | 1 | 0 | 0 | 0 | 33.3 % (1/3) |"),
             "{md_defect}"
         );
-        assert!(md_defect.contains("They count against the score as survivors"));
+        assert!(md_defect.contains("count against the score as survivors"));
         let md = markdown(&base, &results, 10, &[], &notes, "cargo xtask mutants");
         // a.c: 1 killed of 2 non-equivalent judged.
         assert!(
