@@ -118,7 +118,13 @@ fn pin_build(layout: &Layout, versions: Vec<String>, fetch: &FetchArgs) -> Resul
             .iter()
             .find(|b| b.version == v)
             .with_context(|| format!("no build {v} in `cargo xtask kernels available`"))?;
-        let pin = lock.ensure(&cache, &layout.kernels(), b, &fetch.options())?;
+        let pin = lock.ensure(
+            &cache,
+            &layout.kernels(),
+            b,
+            &fetch.options(),
+            kloop_kernels::Needs::ALL,
+        )?;
         println!(
             "{}: {} {} (deb sha256 {}, image sha256 {}) in kernels/bisect.lock",
             pin.id, pin.package, pin.suite, pin.deb_sha256, pin.image_sha256

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::apt::{control_field, AptState, Trust};
 use crate::cache::{FetchOptions, KernelCache};
 use crate::error::KernelError;
-use crate::pin::KernelPin;
+use crate::pin::{KernelPin, Needs};
 use crate::settings::DEFAULT_KEYRING;
 use crate::update::{flavour_of, PinSpec};
 use crate::version::compare_debian_versions;
@@ -296,16 +296,24 @@ impl BisectLock {
 
     /// The build `b` as a pin: from the lock, or pinned now (downloaded,
     /// checked against the signed index, image extracted and hashed) and
-    /// added to the lock.
+    /// added to the lock. `needs` names the companion packages the caller
+    /// cannot do without (a scenario with `modules` needs the modules
+    /// package); one it can do without that the mirror does not serve is
+    /// named in the pin's `unserved`. A locked build that lacks one the
+    /// caller needs is pinned again (the mirror may serve it now) or
+    /// refused.
     pub fn ensure(
         &mut self,
         cache: &KernelCache,
         catalog_dir: &Path,
         b: &AvailableBuild,
         fetch: &FetchOptions,
+        needs: Needs,
     ) -> Result<KernelPin, KernelError> {
         if let Some(p) = self.get(&b.version) {
-            return Ok(p.clone());
+            if p.lacks(needs).is_empty() {
+                return Ok(p.clone());
+            }
         }
         let spec = PinSpec {
             id: b.version.clone(),
@@ -314,8 +322,10 @@ impl BisectLock {
             flavour: flavour_of(&b.release).unwrap_or_default().to_string(),
             config: None,
             version: Some(b.version.clone()),
+            needs,
         };
         let pin = cache.resolve_pin(catalog_dir, &spec, fetch)?;
+        self.builds.retain(|p| p.id != pin.id);
         self.builds.push(pin.clone());
         self.builds
             .sort_by(|a, b| compare_debian_versions(&a.version, &b.version));
@@ -331,7 +341,9 @@ impl BisectLock {
         let text = format!(
             "# Kernel builds pinned for bisection (`cargo xtask bisect`, `cargo xtask kernels\n\
              # pin-build`): the same hashes as kernels/<id>.toml pins, by Debian version.\n\
-             # They are not in the default vm-test matrix. Written by kloop; review the diff.\n\n{body}"
+             # They are not in the default vm-test matrix. `unserved` names a companion package\n\
+             # (modules, .config) the mirror did not serve when a build was pinned for a caller\n\
+             # that needs neither (`cargo xtask audit`). Written by kloop; review the diff.\n\n{body}"
         );
         let tmp = self.path.with_extension("lock.partial");
         std::fs::write(&tmp, text)
@@ -363,5 +375,60 @@ mod tests {
         assert_eq!(series_of("6.1.0-50-cloud-amd64"), "6.1");
         assert_eq!(series_of("7.3-cloud-amd64"), "7.3");
         assert_eq!(series_of("7.3~rc7-cloud-amd64"), "7.3");
+    }
+
+    /// A locked build pinned without its modules serves a caller that
+    /// needs none as it is; one that needs them gets it pinned again (here
+    /// offline, so refused) and never the build without them.
+    #[test]
+    fn a_locked_build_without_modules_serves_only_who_needs_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = "ab".repeat(32);
+        let lock = format!(
+            "[[build]]\nid = \"7.1.13-1\"\nseries = \"7.1\"\nsuite = \"trixie-backports\"\n\
+             package = \"linux-binary-7.1.13+deb13-cloud-amd64\"\nversion = \"7.1.13-1\"\n\
+             deb_sha256 = \"{h}\"\nimage_path = \"usr/lib/modules/7.1.13+deb13-cloud-amd64/vmlinuz\"\n\
+             image_sha256 = \"{h}\"\nrelease = \"7.1.13+deb13-cloud-amd64\"\n\
+             modules_package = \"linux-modules-7.1.13+deb13-cloud-amd64\"\n\
+             config_package = \"linux-base-7.1.13+deb13-cloud-amd64\"\n\
+             unserved = [\"linux-modules-7.1.13+deb13-cloud-amd64\", \"linux-base-7.1.13+deb13-cloud-amd64\"]\n"
+        );
+        std::fs::write(dir.path().join(BisectLock::FILE), lock).unwrap();
+        let mut lock = BisectLock::load(dir.path()).unwrap();
+        let b = AvailableBuild {
+            version: "7.1.13-1".into(),
+            package: "linux-binary-7.1.13+deb13-cloud-amd64".into(),
+            suite: "trixie-backports".into(),
+            release: "7.1.13+deb13-cloud-amd64".into(),
+            series: "7.1".into(),
+            deb_sha256: None,
+        };
+        let cache = KernelCache::at(dir.path().join("cache"));
+        let offline = FetchOptions {
+            offline: true,
+            mirror: Some("http://kloop-test.invalid/debian".into()),
+            keyring: None,
+        };
+        let pin = lock
+            .ensure(&cache, dir.path(), &b, &offline, Needs::IMAGE_ONLY)
+            .unwrap();
+        assert_eq!(pin.unserved.len(), 2);
+        let err = lock
+            .ensure(&cache, dir.path(), &b, &offline, Needs::ALL)
+            .unwrap_err();
+        assert!(matches!(err, KernelError::NotCached { .. }), "{err:?}");
+        let err = lock
+            .ensure(
+                &cache,
+                dir.path(),
+                &b,
+                &offline,
+                Needs {
+                    modules: true,
+                    config: false,
+                },
+            )
+            .unwrap_err();
+        assert!(matches!(err, KernelError::NotCached { .. }), "{err:?}");
     }
 }

@@ -17,7 +17,7 @@ use crate::apt::{AptState, Trust};
 use crate::error::KernelError;
 use crate::extract::{install_verified, sha256_file, walk_deb, InstallError};
 use crate::mirror::{locate_host_mirror, Mirror, MirrorOrigin};
-use crate::pin::KernelPin;
+use crate::pin::{KernelPin, PackageOf};
 use crate::settings::{CACHE_DIR_ENV, DEFAULT_KEYRING, KEYRING_ENV};
 
 /// How to fetch.
@@ -194,15 +194,24 @@ impl KernelCache {
         let mut out = vec![timed(&pin.package, &|| {
             Ok(self.ensure_image(pin, opts)?.display().to_string())
         })?];
-        if let Some(package) = &pin.config_package {
-            out.push(timed(package, &|| {
+        let unserved = |package: &str| Fetched {
+            package: package.to_string(),
+            got: "skipped: the mirror did not serve it when this build was pinned".into(),
+            secs: 0.0,
+        };
+        match pin.config_of() {
+            PackageOf::Image => {}
+            PackageOf::Companion { package, .. } => out.push(timed(package, &|| {
                 Ok(self.ensure_config(pin, opts)?.source.to_string())
-            })?);
+            })?),
+            PackageOf::Unserved { package } => out.push(unserved(package)),
         }
-        if let Some(package) = &pin.modules_package {
-            out.push(timed(package, &|| {
+        match pin.modules_of() {
+            PackageOf::Image => {}
+            PackageOf::Companion { package, .. } => out.push(timed(package, &|| {
                 Ok(self.ensure_modules_deb(pin, opts)?.display().to_string())
-            })?);
+            })?),
+            PackageOf::Unserved { package } => out.push(unserved(package)),
         }
         Ok(out)
     }
@@ -306,9 +315,12 @@ impl KernelCache {
         pin: &KernelPin,
         opts: &FetchOptions,
     ) -> Result<PathBuf, KernelError> {
-        match (&pin.modules_package, &pin.modules_deb_sha256) {
-            (Some(package), Some(sha)) => self.ensure_package(pin, package, sha, opts),
-            _ => self.ensure_deb(pin, opts),
+        match pin.modules_of() {
+            PackageOf::Companion { package, sha256 } => {
+                self.ensure_package(pin, package, sha256, opts)
+            }
+            PackageOf::Unserved { package } => Err(pin.unserved_error(package, "modules")),
+            PackageOf::Image => self.ensure_deb(pin, opts),
         }
     }
 
@@ -440,9 +452,10 @@ impl KernelCache {
         pin: &KernelPin,
         opts: &FetchOptions,
     ) -> Result<crate::config::KernelConfig, KernelError> {
-        let (package, sha) = match (&pin.config_package, &pin.config_deb_sha256) {
-            (Some(package), Some(sha)) => (package.as_str(), sha.as_str()),
-            _ => (pin.package.as_str(), pin.deb_sha256.as_str()),
+        let (package, sha) = match pin.config_of() {
+            PackageOf::Companion { package, sha256 } => (package, sha256),
+            PackageOf::Unserved { package } => return Err(pin.unserved_error(package, ".config")),
+            PackageOf::Image => (pin.package.as_str(), pin.deb_sha256.as_str()),
         };
         let dir = self.root.join("configs");
         let dest = dir.join(format!("{sha}.config"));
@@ -681,6 +694,7 @@ mod tests {
             modules_deb_sha256: None,
             config_package: None,
             config_deb_sha256: None,
+            unserved: Vec::new(),
         }
     }
 

@@ -176,6 +176,19 @@ pub enum KernelError {
     },
 
     #[error(
+        "kernel `{id}` was pinned without {package}={version}, which holds its {what}: the \
+         mirror did not serve it then; run `cargo xtask kernels pin-build {id}` once the \
+         mirror serves it (or with KLOOP_MIRROR set to an archive that still does)"
+    )]
+    CompanionUnserved {
+        id: String,
+        package: String,
+        version: String,
+        /// `modules`, `.config`.
+        what: &'static str,
+    },
+
+    #[error(
         "the package {file} downloaded for kernel `{id}` has sha256 {actual}, but the pin \
          expects {expected}; refusing it (kept at {file} for inspection). The mirror serves \
          different bytes for the pinned version: check the mirror, or re-pin deliberately \
@@ -265,4 +278,18 @@ pub enum KernelError {
         archive: PathBuf,
         reason: String,
     },
+}
+
+impl KernelError {
+    /// The mirror does not serve what was asked (a package or version it
+    /// no longer has, or lists without serving), as opposed to a failure
+    /// on the way (network, a tool, a hash, the cache).
+    pub fn is_unserved(&self) -> bool {
+        matches!(
+            self,
+            KernelError::Vanished { .. }
+                | KernelError::NoCandidate { .. }
+                | KernelError::CompanionUnserved { .. }
+        )
+    }
 }

@@ -50,7 +50,7 @@ pub use mirror::{
     MirrorOrigin,
 };
 pub use modules::{Compression, ModuleSet, ShippedModule};
-pub use pin::{Catalog, KernelPin};
+pub use pin::{Catalog, KernelPin, Needs, PackageOf};
 pub use settings::{CACHE_DIR_ENV, DEFAULT_KEYRING, KEYRING_ENV, MIRROR_ENV};
 pub use update::{create_pin, update_pin, PinSpec};
 pub use version::compare_debian_versions;

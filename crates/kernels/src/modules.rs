@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 use crate::cache::{FetchOptions, KernelCache};
 use crate::error::KernelError;
 use crate::extract::{install_verified, sha256_file, walk_deb, InstallError};
-use crate::pin::KernelPin;
+use crate::pin::{KernelPin, PackageOf};
 
 /// Bumped when the manifest's meaning changes, so old sets are not reused.
 const MANIFEST_FORMAT: u32 = 1;
@@ -551,7 +551,11 @@ impl KernelCache {
         names: &[String],
         opts: &FetchOptions,
     ) -> Result<ModuleSet, KernelError> {
-        let package_sha = pin.modules_deb_sha256.as_deref().unwrap_or(&pin.deb_sha256);
+        let package_sha = match pin.modules_of() {
+            PackageOf::Companion { sha256, .. } => sha256,
+            PackageOf::Unserved { package } => return Err(pin.unserved_error(package, "modules")),
+            PackageOf::Image => pin.deb_sha256.as_str(),
+        };
         let mut sorted: Vec<String> = names.iter().map(|n| canonical(n)).collect();
         sorted.sort();
         sorted.dedup();
@@ -761,6 +765,7 @@ mod tests {
             modules_deb_sha256: None,
             config_package: None,
             config_deb_sha256: None,
+            unserved: Vec::new(),
         }
     }
 

@@ -49,9 +49,110 @@ pub struct KernelPin {
     /// sha256 of the `config_package` `.deb`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_deb_sha256: Option<String>,
+    /// Companion packages (`modules_package`, `config_package`) the mirror
+    /// did not serve when this build was pinned for a caller that needs
+    /// neither (the audit's plain init): named, without a hash. What needs
+    /// one of them on this pin fails with
+    /// [`KernelError::CompanionUnserved`]; it is never looked for in the
+    /// image package instead.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unserved: Vec<String>,
+}
+
+/// Where a pin's modules or `.config` come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackageOf<'a> {
+    /// The image package holds them (up to 6.x).
+    Image,
+    /// A package of their own, pinned with its hash (7.x).
+    Companion { package: &'a str, sha256: &'a str },
+    /// A package of their own that the mirror did not serve when the
+    /// build was pinned: there are none to be had.
+    Unserved { package: &'a str },
+}
+
+/// Which of a split build's companion packages a caller cannot do
+/// without when it pins the build (7.x: `linux-modules-<release>`,
+/// `linux-base-<release>`). One not needed is still downloaded and
+/// pinned when the mirror serves it; when it does not, the pin names it
+/// in [`KernelPin::unserved`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Needs {
+    /// The modules package (a scenario with `modules`).
+    pub modules: bool,
+    /// The `.config` package.
+    pub config: bool,
+}
+
+impl Needs {
+    /// Everything: a pin of the catalog, `kernels pin-build`.
+    pub const ALL: Needs = Needs {
+        modules: true,
+        config: true,
+    };
+    /// The image alone: a plain init with no modules and no config
+    /// preflight (the audit).
+    pub const IMAGE_ONLY: Needs = Needs {
+        modules: false,
+        config: false,
+    };
+}
+
+impl Default for Needs {
+    fn default() -> Needs {
+        Needs::ALL
+    }
 }
 
 impl KernelPin {
+    /// Where the modules come from.
+    pub fn modules_of(&self) -> PackageOf<'_> {
+        self.package_of(&self.modules_package, &self.modules_deb_sha256)
+    }
+
+    /// Where the `.config` comes from.
+    pub fn config_of(&self) -> PackageOf<'_> {
+        self.package_of(&self.config_package, &self.config_deb_sha256)
+    }
+
+    fn package_of<'a>(
+        &'a self,
+        package: &'a Option<String>,
+        sha256: &'a Option<String>,
+    ) -> PackageOf<'a> {
+        match (package, sha256) {
+            (Some(package), Some(sha256)) => PackageOf::Companion { package, sha256 },
+            (Some(package), None) => PackageOf::Unserved { package },
+            (None, _) => PackageOf::Image,
+        }
+    }
+
+    /// The companion packages `needs` asks for that this pin lacks (the
+    /// mirror did not serve them when it was pinned).
+    pub fn lacks(&self, needs: Needs) -> Vec<&str> {
+        [
+            (needs.modules, self.modules_of()),
+            (needs.config, self.config_of()),
+        ]
+        .into_iter()
+        .filter_map(|(needed, of)| match of {
+            PackageOf::Unserved { package } if needed => Some(package),
+            _ => None,
+        })
+        .collect()
+    }
+
+    /// The error of something that needs `package`, which this pin names
+    /// in `unserved`.
+    pub fn unserved_error(&self, package: &str, what: &'static str) -> KernelError {
+        KernelError::CompanionUnserved {
+            id: self.id.clone(),
+            package: package.to_string(),
+            version: self.version.clone(),
+            what,
+        }
+    }
+
     /// Numeric sort key of [`KernelPin::series`] (`6.12` → `[6, 12]`).
     pub fn series_key(&self) -> Vec<u64> {
         series_key(&self.series).unwrap_or_default()
@@ -108,6 +209,7 @@ impl KernelPin {
         ] {
             match (package, sha) {
                 (None, None) => {}
+                (Some(package), None) if self.unserved.contains(package) => {}
                 (Some(package), Some(sha)) => {
                     if package.trim().is_empty() || package.chars().any(char::is_whitespace) {
                         return Err(invalid(format!(
@@ -122,9 +224,21 @@ impl KernelPin {
                 }
                 _ => {
                     return Err(invalid(format!(
-                        "`{package_field}` and `{sha_field}` go together: give both or neither"
+                        "`{package_field}` and `{sha_field}` go together: give both or neither \
+                         (or name the package in `unserved`)"
                     )))
                 }
+            }
+        }
+        for u in &self.unserved {
+            let names_it = [&self.modules_package, &self.config_package]
+                .iter()
+                .any(|p| p.as_deref() == Some(u.as_str()));
+            if !names_it || self.lacks(Needs::ALL).iter().all(|l| l != u) {
+                return Err(invalid(format!(
+                    "`unserved` names {u:?}, which is not a `modules_package` or \
+                     `config_package` of this pin without its hash"
+                )));
             }
         }
         if !is_contained_relative(Path::new(&self.image_path)) {
@@ -431,6 +545,88 @@ release = "{series}.0-1-cloud-amd64"
         );
         let err = Catalog::load(dir.path()).unwrap_err();
         assert!(err.to_string().contains("go together"), "{err}");
+    }
+
+    /// A split build pinned for a caller that needs neither companion,
+    /// which the mirror does not serve: named without a hash and listed in
+    /// `unserved`, never taken as inside the image package.
+    #[test]
+    fn unserved_companions_are_named_not_taken_as_present() {
+        let dir = tempfile::tempdir().unwrap();
+        let with = |extra: &str| format!("{}{extra}", pin_toml("7.1", "7.1"));
+        write(
+            dir.path(),
+            "7.1.toml",
+            &with(&format!(
+                "modules_package = \"linux-modules-x\"\nconfig_package = \"linux-base-x\"\n\
+                 config_deb_sha256 = \"{}\"\nunserved = [\"linux-modules-x\"]\n",
+                "ef".repeat(32)
+            )),
+        );
+        let catalog = Catalog::load(dir.path()).unwrap();
+        let pin = catalog.get("7.1").unwrap();
+        assert_eq!(
+            pin.modules_of(),
+            PackageOf::Unserved {
+                package: "linux-modules-x"
+            }
+        );
+        assert!(matches!(
+            pin.config_of(),
+            PackageOf::Companion {
+                package: "linux-base-x",
+                ..
+            }
+        ));
+        assert_eq!(pin.lacks(Needs::ALL), vec!["linux-modules-x"]);
+        assert_eq!(
+            pin.lacks(Needs {
+                modules: false,
+                config: true
+            }),
+            Vec::<&str>::new()
+        );
+        assert!(pin.lacks(Needs::IMAGE_ONLY).is_empty());
+        let e = pin.unserved_error("linux-modules-x", "modules");
+        assert!(e.is_unserved());
+        assert!(
+            e.to_string().contains("pinned without linux-modules-x="),
+            "{e}"
+        );
+        let round = parse_pin_file(Path::new("7.1.toml"), &pin.to_toml())
+            .unwrap()
+            .unwrap();
+        assert_eq!(&round, pin);
+
+        // A package without its hash that `unserved` does not name, and an
+        // `unserved` entry that is not a companion without a hash: refused.
+        for bad in [
+            "modules_package = \"linux-modules-x\"\nunserved = [\"linux-base-x\"]\n".to_string(),
+            format!(
+                "modules_package = \"linux-modules-x\"\nmodules_deb_sha256 = \"{}\"\n\
+                 unserved = [\"linux-modules-x\"]\n",
+                "cd".repeat(32)
+            ),
+        ] {
+            write(dir.path(), "7.1.toml", &with(&bad));
+            let err = Catalog::load(dir.path()).unwrap_err();
+            assert!(
+                matches!(err, KernelError::PinInvalid { .. }),
+                "{bad}: {err}"
+            );
+        }
+        // A 6.x pin (companions in the image package) lacks nothing.
+        write(dir.path(), "7.1.toml", &with(""));
+        let pin = Catalog::load(dir.path())
+            .unwrap()
+            .get("7.1")
+            .unwrap()
+            .clone();
+        assert_eq!(
+            (pin.modules_of(), pin.config_of()),
+            (PackageOf::Image, PackageOf::Image)
+        );
+        assert!(pin.lacks(Needs::ALL).is_empty());
     }
 
     #[test]

@@ -10,8 +10,8 @@ use crate::error::KernelError;
 use crate::extract::{
     bzimage_release, image_release_from_path, install_verified, walk_deb, InstallError,
 };
-use crate::pin::KernelPin;
 use crate::pin::{parse_pin_file, series_key};
+use crate::pin::{KernelPin, Needs};
 use crate::version::compare_debian_versions;
 
 /// What a pin tracks: a series and flavour in one suite.
@@ -27,6 +27,9 @@ pub struct PinSpec {
     /// Pin exactly this Debian version instead of the newest (bisection
     /// builds).
     pub version: Option<String>,
+    /// The companion packages the caller cannot do without; one it can is
+    /// pinned when served and named in [`KernelPin::unserved`] when not.
+    pub needs: Needs,
 }
 
 impl PinSpec {
@@ -39,6 +42,7 @@ impl PinSpec {
             flavour: flavour_of(&pin.release).unwrap_or_default().to_string(),
             config: pin.config.clone(),
             version: None,
+            needs: Needs::ALL,
         }
     }
 }
@@ -227,25 +231,29 @@ impl KernelCache {
         // 7.x splits what 6.x kept in the image package: the modules go
         // to `linux-modules-<release>`, the .config to `linux-base-<release>`.
         let split = choice.package.starts_with("linux-binary-");
-        let (modules_package, modules_deb_sha256) = if split {
-            let (package, sha) = self.pin_companion_package(
-                &apt,
+        let mut unserved = Vec::new();
+        let mut companion = |prefix: &str, needed: bool| -> Result<_, KernelError> {
+            if !split {
+                return Ok((None, None));
+            }
+            let package = format!("{prefix}{release}");
+            let served = self.pin_companion_package(&apt, spec, &package, &choice.version)?;
+            let settled = settle_companion(
                 spec,
-                "linux-modules-",
-                &release,
+                &package,
                 &choice.version,
+                &apt.source(),
+                served,
+                needed,
             )?;
-            (Some(package), Some(sha))
-        } else {
-            (None, None)
+            if settled.1.is_none() {
+                unserved.push(package);
+            }
+            Ok(settled)
         };
-        let (config_package, config_deb_sha256) = if split {
-            let (package, sha) =
-                self.pin_companion_package(&apt, spec, "linux-base-", &release, &choice.version)?;
-            (Some(package), Some(sha))
-        } else {
-            (None, None)
-        };
+        let (modules_package, modules_deb_sha256) =
+            companion("linux-modules-", spec.needs.modules)?;
+        let (config_package, config_deb_sha256) = companion("linux-base-", spec.needs.config)?;
 
         let pin = KernelPin {
             id: spec.id.clone(),
@@ -262,35 +270,30 @@ impl KernelCache {
             modules_deb_sha256,
             config_package,
             config_deb_sha256,
+            unserved,
         };
         Ok(pin)
     }
 
-    /// Downloads `<prefix><release>` at `version` (7.x keeps the modules
-    /// and the .config out of the image package) into the cache and
-    /// returns its name and sha256, checked against the signed index.
+    /// Downloads `package` at `version` (7.x keeps the modules and the
+    /// .config out of the image package) into the cache and returns its
+    /// sha256, checked against the signed index; `None` when the mirror
+    /// does not serve it.
     fn pin_companion_package(
         &self,
         apt: &AptState,
         spec: &PinSpec,
-        prefix: &str,
-        release: &str,
+        package: &str,
         version: &str,
-    ) -> Result<(String, String), KernelError> {
-        let package = format!("{prefix}{release}");
+    ) -> Result<Option<String>, KernelError> {
         let indexed = apt
-            .show(std::slice::from_ref(&package))?
+            .show(&[package.to_string()])?
             .into_iter()
             .find(|r| r.package == package && r.version == version)
             .and_then(|r| r.sha256);
-        let downloaded = apt
-            .download(&package, version)?
-            .ok_or_else(|| KernelError::Vanished {
-                id: spec.id.clone(),
-                package: package.clone(),
-                version: version.to_string(),
-                origin: apt.source(),
-            })?;
+        let Some(downloaded) = apt.download(package, version)? else {
+            return Ok(None);
+        };
         let deb = self.adopt_deb(&downloaded, None)?;
         let sha = deb
             .file_stem()
@@ -307,7 +310,7 @@ impl KernelCache {
                 });
             }
         }
-        Ok((package, sha))
+        Ok(Some(sha))
     }
 
     /// Extracts the one kernel image for `release` from `deb` into the
@@ -361,6 +364,31 @@ impl KernelCache {
                 found: "none".into(),
             })
         })
+    }
+}
+
+/// A companion package's fields in the pin: `(package, sha256)` when the
+/// mirror served it (`served`: its sha256); `(package, None)` when it did
+/// not and the caller does not need it (the pin then names it in
+/// `unserved`); [`KernelError::Vanished`] when it did not and the caller
+/// needs it. A package not served is never taken as present.
+fn settle_companion(
+    spec: &PinSpec,
+    package: &str,
+    version: &str,
+    origin: &str,
+    served: Option<String>,
+    needed: bool,
+) -> Result<(Option<String>, Option<String>), KernelError> {
+    match served {
+        Some(sha) => Ok((Some(package.to_string()), Some(sha))),
+        None if !needed => Ok((Some(package.to_string()), None)),
+        None => Err(KernelError::Vanished {
+            id: spec.id.clone(),
+            package: package.to_string(),
+            version: version.to_string(),
+            origin: origin.to_string(),
+        }),
     }
 }
 
@@ -513,6 +541,44 @@ mod tests {
         assert_eq!(choose(&records[..1], None), None);
     }
 
+    /// A companion the mirror serves is pinned with its hash whether the
+    /// caller needs it or not; one it does not serve is named without a
+    /// hash when the caller can do without it and refused when it cannot.
+    #[test]
+    fn a_companion_not_served_is_optional_only_where_not_needed() {
+        let spec = PinSpec {
+            id: "7.1.13-1~bpo13+1".into(),
+            series: "7.1".into(),
+            suite: "trixie-backports".into(),
+            flavour: "cloud-amd64".into(),
+            config: None,
+            version: Some("7.1.13-1~bpo13+1".into()),
+            needs: Needs::IMAGE_ONLY,
+        };
+        let (pkg, version, origin) = (
+            "linux-modules-7.1.13+deb13-cloud-amd64",
+            "7.1.13-1~bpo13+1",
+            "suite `trixie-backports` on M",
+        );
+        let sha = "ab".repeat(32);
+        for needed in [false, true] {
+            assert_eq!(
+                settle_companion(&spec, pkg, version, origin, Some(sha.clone()), needed).unwrap(),
+                (Some(pkg.to_string()), Some(sha.clone()))
+            );
+        }
+        assert_eq!(
+            settle_companion(&spec, pkg, version, origin, None, false).unwrap(),
+            (Some(pkg.to_string()), None)
+        );
+        let err = settle_companion(&spec, pkg, version, origin, None, true).unwrap_err();
+        assert!(
+            matches!(&err, KernelError::Vanished { package, origin: o, .. } if package == pkg && o == origin),
+            "{err:?}"
+        );
+        assert!(err.is_unserved());
+    }
+
     /// An exact version (a bisection build) picks the image package among
     /// that version's, not the first listed: on 7.x that is the small
     /// transitional `linux-image-<release>`.
@@ -577,6 +643,7 @@ mod network_tests {
                 flavour: "cloud-amd64".into(),
                 config: None,
                 version: None,
+                needs: Needs::ALL,
             };
             let started = Instant::now();
             let pin = create_pin(&dir, &spec, &FetchOptions::default()).unwrap();

@@ -1,7 +1,7 @@
 //! `audit`'s table: per reproducer, one row per series (builds affected,
 //! clean, cannot run, the first fixed build), then the backport gaps.
 
-use crate::run::audit::plan::{Answer, Gap};
+use crate::run::audit::plan::{Answer, Gap, Unanswerable, Unanswered};
 use crate::run::audit::{Audit, AuditedSeries};
 
 /// One line per build as it was asked, for the live output.
@@ -19,9 +19,19 @@ pub fn boot_line(b: &crate::run::audit::BootRecord) -> String {
         None if b.kept.is_empty() => "not booted".to_string(),
         None => "kept answers".to_string(),
     };
-    let mut line = format!("{}/{}: {} ({how})", b.series, b.version, answers.join(", "));
+    let without = if b.pinned_without.is_empty() {
+        String::new()
+    } else {
+        format!("; without {}: not served", b.pinned_without.join(", "))
+    };
+    let mut line = format!(
+        "{}/{}: {} ({how}{without})",
+        b.series,
+        b.version,
+        answers.join(", ")
+    );
     for (name, a) in &b.answers {
-        if let Answer::NoAnswer(why) | Answer::CannotRun(why) = a {
+        if let Answer::NoAnswer(why) | Answer::NotServed(why) | Answer::CannotRun(why) = a {
             line.push_str(&format!("\n    {name}: {why}"));
         }
     }
@@ -148,9 +158,16 @@ pub fn table(audit: &Audit) -> String {
                     ));
                 }
             }
-            if let Some(Answer::CannotRun(why) | Answer::NoAnswer(why)) = f.newest() {
+            if let Some(Answer::CannotRun(why)) = f.newest() {
                 out.push_str(&format!("  note: {}: newest build: {why}\n", s.series));
             }
+        }
+        for u in audit
+            .unanswered_series
+            .iter()
+            .filter(|u| u.reproducer == r.name)
+        {
+            out.push_str(&unanswered_lines(u, audit));
         }
         for g in audit.gaps.iter().filter(|g| g.reproducer == r.name) {
             out.push_str(&format!("  {}\n", gap_line(g, audit)));
@@ -172,11 +189,52 @@ pub fn table(audit: &Audit) -> String {
     out
 }
 
+/// A series left without an answer: the cause (each build asked and why
+/// it did not answer) and the next step.
+pub fn unanswered_lines(u: &Unanswered, audit: &Audit) -> String {
+    let (what, next) = match u.cause {
+        Unanswerable::NotServed => (
+            "the mirror does not serve the builds asked".to_string(),
+            format!(
+                "`cargo xtask kernels available --series {s} --refresh` lists what it serves \
+                 now; audit again (`--series {s}`) once it serves a build of the series, or with \
+                 KLOOP_MIRROR (or --mirror) set to an archive that still serves these",
+                s = u.series
+            ),
+        ),
+        Unanswerable::NoAnswer => (
+            "a build that could be had gave no answer".to_string(),
+            format!(
+                "read the boots' consoles ({}/boots/<version>/console.log), then audit again \
+                 (`--series {}`); a build that panics or hangs on every boot is worth a report",
+                audit.run_dir.display(),
+                u.series
+            ),
+        ),
+    };
+    let mut out = format!("  unanswered: {}: {what}\n", u.series);
+    for (version, why) in &u.builds {
+        out.push_str(&format!("    {version}: {why}\n"));
+    }
+    out.push_str(&format!("    next: {next}\n"));
+    out
+}
+
 /// The closing line.
 pub fn summary(audit: &Audit) -> String {
     let kept: usize = audit.boots.iter().map(|b| b.kept.len()).sum();
+    let failed = audit.failed_series().len();
+    let unanswered = match (audit.unanswered_series.len(), failed) {
+        (0, _) => "every series answered".to_string(),
+        (n, 0) => format!(
+            "{n} series × reproducer unanswered, all because the mirror does not serve the builds"
+        ),
+        (n, f) => {
+            format!("{n} series × reproducer unanswered, {f} of them not because of the mirror")
+        }
+    };
     format!(
-        "kloop: audit of {} reproducer(s) over {} series: {} build(s) asked, {} booted, {} answer(s) kept from earlier audits, {} without an answer; {} backport gap(s); in {:.0} s ({}); {}",
+        "kloop: audit of {} reproducer(s) over {} series: {} build(s) asked, {} booted, {} answer(s) kept from earlier audits, {} without an answer; {unanswered}; {} backport gap(s); in {:.0} s ({}); {}",
         audit.reproducers.len(),
         audit.series.len(),
         audit.boots.len(),
@@ -188,4 +246,94 @@ pub fn summary(audit: &Audit) -> String {
         audit.accel,
         audit.run_dir.join(crate::run::audit::AUDIT_FILE).display()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::audit::plan::audit_series;
+    use crate::run::audit::{all_unanswered, AuditedReproducer, AuditedSeries, BuildRef};
+
+    fn series(name: &str, answers: &[Answer]) -> AuditedSeries {
+        let builds: Vec<BuildRef> = (0..answers.len())
+            .map(|i| BuildRef {
+                version: format!("{name}.{i}-1"),
+                package: format!("linux-binary-{name}.{i}+deb13-cloud-amd64"),
+                suite: "trixie-backports".into(),
+                release: format!("{name}.{i}+deb13-cloud-amd64"),
+                deb_sha256: None,
+            })
+            .collect();
+        let finding = audit_series(answers.len(), &mut |i| answers[i].clone());
+        AuditedSeries {
+            series: name.into(),
+            builds,
+            findings: [("hs".to_string(), finding)].into_iter().collect(),
+        }
+    }
+
+    fn audit(series: Vec<AuditedSeries>) -> Audit {
+        let reproducers = vec![AuditedReproducer {
+            name: "hs".into(),
+            ids: vec!["ksymbol-bpf-event-header-size-accumulates".into()],
+            upstream: None,
+        }];
+        Audit {
+            unanswered_series: all_unanswered(&reproducers, &series),
+            reproducers,
+            without_reproducer: vec![],
+            series,
+            unserved_series: vec![],
+            gaps: vec![],
+            boots: vec![],
+            secs: 1.0,
+            run_dir: "/runs/r".into(),
+            accel: "tcg".into(),
+        }
+    }
+
+    fn gone() -> Answer {
+        Answer::NotServed("pinning x: the mirror no longer serves linux-binary-x".into())
+    }
+
+    /// A series whose builds the mirror does not serve is listed with the
+    /// cause and the next step and does not fail the audit; one whose
+    /// build panicked does.
+    #[test]
+    fn unanswered_series_are_listed_and_only_the_mirror_passes() {
+        let served = series("7.1", &[Answer::Affected, Answer::Affected]);
+        let unserved = series("7.0", &[gone(), gone()]);
+        let a = audit(vec![served.clone(), unserved.clone()]);
+        assert!(a.passed(), "{:?}", a.unanswered_series);
+        let t = table(&a);
+        assert!(
+            t.contains("  unanswered: 7.0: the mirror does not serve the builds asked\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("    7.0.1-1: pinning x: the mirror no longer serves"),
+            "{t}"
+        );
+        assert!(
+            t.contains("kernels available --series 7.0 --refresh"),
+            "{t}"
+        );
+        assert!(!t.contains("unanswered: 7.1"), "{t}");
+        assert!(summary(&a).contains("all because the mirror does not serve the builds"));
+
+        let panicked = series(
+            "6.19",
+            &[gone(), Answer::NoAnswer("the kernel panicked".into())],
+        );
+        let a = audit(vec![served, unserved, panicked]);
+        assert!(!a.passed());
+        assert_eq!(a.failed_series().len(), 1);
+        let t = table(&a);
+        assert!(
+            t.contains("  unanswered: 6.19: a build that could be had gave no answer\n"),
+            "{t}"
+        );
+        assert!(t.contains("/runs/r/boots/<version>/console.log"), "{t}");
+        assert!(summary(&a).contains("1 of them not because of the mirror"));
+    }
 }

@@ -526,7 +526,7 @@ pub fn audit_document(audit: &crate::run::audit::Audit, ctx: &RunContext) -> Doc
                 Answer::Clean => (Status::Pass, false),
                 Answer::CannotRun(_) => (Status::Skip, false),
                 Answer::NoAnswer(_) if b.dir.is_some() => (Status::Error, false),
-                Answer::NoAnswer(_) => (Status::Miss, false),
+                Answer::NoAnswer(_) | Answer::NotServed(_) => (Status::Miss, false),
             };
             let mut t = json!({
                 "id": id_of(&["audit-test", build_id.as_str().unwrap_or(""), name, &ctx.kloop_commit]),
@@ -835,6 +835,7 @@ mod audit_tests {
             dir: (!kept).then(|| "/nonexistent/boot".into()),
             secs: 4.5,
             image_sha256: image.map(|i| i.repeat(64)),
+            pinned_without: vec![],
         };
         let finding = audit_series(2, &mut |i| {
             if i == 0 {
@@ -874,6 +875,7 @@ mod audit_tests {
             ],
             unserved_series: vec![],
             gaps: vec![],
+            unanswered_series: vec![],
             boots: vec![
                 boot(
                     "6.12",

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use kloop_kernels::available::{AvailableBuild, BisectLock};
-use kloop_kernels::{Catalog, KernelPin};
+use kloop_kernels::{Catalog, KernelPin, Needs};
 use serde::{Deserialize, Serialize};
 
 use crate::run::standalone::{self, StandaloneError};
@@ -31,7 +31,7 @@ use crate::run::suite::{self, EnvOptions, Layout, SuiteError};
 use crate::run::trial::{KernelUnderTest, TrialEnv};
 use boot::Program;
 use kept::{Kept, KeptAnswer};
-use plan::{Answer, Gap, SeriesFinding, SeriesView};
+use plan::{Answer, Gap, SeriesFinding, SeriesView, Unanswerable, Unanswered};
 
 /// The file the audit writes in its run directory.
 pub const AUDIT_FILE: &str = "audit.json";
@@ -173,6 +173,10 @@ pub struct BootRecord {
     /// The pin the build was booted as (for the KCIDB document).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_sha256: Option<String>,
+    /// Companion packages the build was pinned without (the mirror does
+    /// not serve them; the plain init needs no modules and no `.config`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pinned_without: Vec<String>,
 }
 
 /// A finished audit (`audit.json`).
@@ -185,6 +189,9 @@ pub struct Audit {
     /// Series the catalog's pins name that the mirror serves no build of.
     pub unserved_series: Vec<String>,
     pub gaps: Vec<Gap>,
+    /// Each series left without an answer for a reproducer, with why.
+    #[serde(default)]
+    pub unanswered_series: Vec<Unanswered>,
     /// Every build asked, in the order asked.
     pub boots: Vec<BootRecord>,
     pub secs: f64,
@@ -199,12 +206,27 @@ impl Audit {
     }
 
     /// Any build that was asked and gave no answer (a panic, a timeout,
-    /// a download that failed).
+    /// a download that failed, a package the mirror does not serve).
     pub fn unanswered(&self) -> usize {
         self.boots
             .iter()
             .filter(|b| b.answers.values().any(|a| !a.settled()))
             .count()
+    }
+
+    /// Series × reproducer left without an answer for a reason other
+    /// than the mirror not serving the builds: what fails the audit.
+    pub fn failed_series(&self) -> Vec<&Unanswered> {
+        self.unanswered_series
+            .iter()
+            .filter(|u| u.cause == Unanswerable::NoAnswer)
+            .collect()
+    }
+
+    /// Exit 0 when every series answered or only the mirror kept it from
+    /// answering; a series left unanswered for another reason fails.
+    pub fn passed(&self) -> bool {
+        self.failed_series().is_empty()
     }
 }
 
@@ -403,6 +425,7 @@ pub fn run(
         })
         .collect();
     let gaps = all_gaps(&reproducers, &series);
+    let unanswered_series = all_unanswered(&reproducers, &series);
     let boots = prober.into_boots();
     let audit = Audit {
         reproducers,
@@ -410,6 +433,7 @@ pub fn run(
         series,
         unserved_series,
         gaps,
+        unanswered_series,
         boots,
         secs: started.elapsed().as_secs_f64(),
         run_dir: env.run_dir.clone(),
@@ -446,6 +470,30 @@ pub fn all_gaps(reproducers: &[AuditedReproducer], series: &[AuditedSeries]) -> 
                 })
                 .collect();
             plan::gaps(&r.name, &views, r.upstream.as_deref())
+        })
+        .collect()
+}
+
+/// Every series left without an answer, per reproducer, with why.
+pub fn all_unanswered(
+    reproducers: &[AuditedReproducer],
+    series: &[AuditedSeries],
+) -> Vec<Unanswered> {
+    reproducers
+        .iter()
+        .flat_map(|r| {
+            series.iter().filter_map(|s| {
+                let versions: Vec<String> = s.builds.iter().map(|b| b.version.clone()).collect();
+                let finding = s.findings.get(&r.name)?;
+                plan::unanswered(
+                    &r.name,
+                    &SeriesView {
+                        series: &s.series,
+                        versions: &versions,
+                        finding,
+                    },
+                )
+            })
         })
         .collect()
 }
@@ -584,6 +632,13 @@ impl<'a> Prober<'a> {
             dir: None,
             secs: 0.0,
             image_sha256: None,
+            pinned_without: self
+                .lock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&b.version)
+                .map(|p| p.unserved.clone())
+                .unwrap_or_default(),
         };
         let mut missing: Vec<(usize, &Program)> = Vec::new();
         for (n, p) in self.programs.iter().enumerate() {
@@ -628,16 +683,18 @@ impl<'a> Prober<'a> {
         record: &mut BootRecord,
     ) {
         let started = std::time::Instant::now();
-        let no_answer = |record: &mut BootRecord, why: String| {
+        let none = |record: &mut BootRecord, a: Answer| {
             for (_, p) in missing {
-                record
-                    .answers
-                    .insert(p.name.clone(), Answer::NoAnswer(why.clone()));
+                record.answers.insert(p.name.clone(), a.clone());
             }
         };
+        let no_answer = |record: &mut BootRecord, why: String| none(record, Answer::NoAnswer(why));
         let kernel = match self.kernel_of(b) {
-            Ok(k) => k,
-            Err(why) => return no_answer(record, why),
+            Ok((k, without)) => {
+                record.pinned_without = without;
+                k
+            }
+            Err(a) => return none(record, a),
         };
         record.image_sha256 = kernel.pin().map(|p| p.image_sha256.clone());
         let programs: Vec<Program> = missing.iter().map(|(_, p)| (*p).clone()).collect();
@@ -669,25 +726,67 @@ impl<'a> Prober<'a> {
         record.secs = started.elapsed().as_secs_f64();
     }
 
-    /// `b` as a kernel: a pin's build as that pin, any other pinned in
-    /// `kernels/bisect.lock` on the way (downloaded and verified), as
-    /// `bisect` does.
-    fn kernel_of(&self, b: &AvailableBuild) -> Result<KernelUnderTest, String> {
-        if let Some(p) = self.catalog.pins().iter().find(|p| p.version == b.version) {
-            return Ok(KernelUnderTest::Pin(p.clone()));
+    /// `b` as a kernel, its image at hand, and the companion packages it
+    /// was pinned without: a pin's build as that pin, any other pinned in
+    /// `kernels/bisect.lock` on the way (downloaded and verified) as
+    /// `bisect` does, except that the plain init needs neither the modules
+    /// nor the `.config` package ([`Needs::IMAGE_ONLY`]): one the mirror
+    /// does not serve is skipped, with a note naming it. `Err`: the
+    /// build's answer when it cannot be had ([`Answer::NotServed`] when
+    /// the mirror does not serve its image package).
+    fn kernel_of(&self, b: &AvailableBuild) -> Result<(KernelUnderTest, Vec<String>), Answer> {
+        let failed = |what: &str, e: kloop_kernels::KernelError| {
+            let why = format!("{what} {}: {e}", b.version);
+            if e.is_unserved() {
+                Answer::NotServed(why)
+            } else {
+                Answer::NoAnswer(format!("INFRA: {why}"))
+            }
+        };
+        let (kernel, pin) = match self.catalog.pins().iter().find(|p| p.version == b.version) {
+            Some(p) => (KernelUnderTest::Pin(p.clone()), p.clone()),
+            None => {
+                let pin: KernelPin = self
+                    .lock
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .ensure(
+                        &self.env.cache,
+                        &self.kernels_dir,
+                        b,
+                        &self.env.fetch,
+                        Needs::IMAGE_ONLY,
+                    )
+                    .map_err(|e| failed("pinning", e))?;
+                (
+                    KernelUnderTest::distro_build(pin.clone(), self.catalog),
+                    pin,
+                )
+            }
+        };
+        if !pin.unserved.is_empty() {
+            (self.on)(Event::Note(without_note(&b.version, &pin.unserved)));
         }
-        let pin: KernelPin = self
-            .lock
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .ensure(&self.env.cache, &self.kernels_dir, b, &self.env.fetch)
-            .map_err(|e| format!("INFRA: pinning {}: {e}", b.version))?;
-        Ok(KernelUnderTest::distro_build(pin, self.catalog))
+        self.env
+            .cache
+            .ensure_image(&pin, &self.env.fetch)
+            .map_err(|e| failed("fetching", e))?;
+        Ok((kernel, pin.unserved.clone()))
     }
 
     fn into_boots(self) -> Vec<BootRecord> {
         self.boots.into_inner().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// The note of a build pinned without some of its companion packages.
+pub fn without_note(version: &str, unserved: &[String]) -> String {
+    format!(
+        "{version}: booted without {} (the mirror does not serve {}; the audit's plain init \
+         loads no module and runs no config preflight)",
+        unserved.join(", "),
+        if unserved.len() == 1 { "it" } else { "them" }
+    )
 }
 
 /// A version as a directory name.

@@ -26,6 +26,10 @@ pub enum Answer {
     /// No exit status (a panic, a timeout, the build could not be had):
     /// why. Never kept, so the next audit boots the build again.
     NoAnswer(String),
+    /// The mirror does not serve the build's image package (it lists it
+    /// without serving it, or it is gone since the listing): why. Not a
+    /// failure of the audit; never kept either.
+    NotServed(String),
 }
 
 impl Answer {
@@ -46,7 +50,15 @@ impl Answer {
 
     /// A settled answer is kept for the next audit; a missing one is not.
     pub fn settled(&self) -> bool {
-        !matches!(self, Answer::NoAnswer(_))
+        !matches!(self, Answer::NoAnswer(_) | Answer::NotServed(_))
+    }
+
+    /// Why there is no answer, when there is none.
+    pub fn why_none(&self) -> Option<&str> {
+        match self {
+            Answer::NoAnswer(why) | Answer::NotServed(why) => Some(why),
+            _ => None,
+        }
     }
 
     /// `affected`, `clean`, `cannot run`, `no answer`.
@@ -56,6 +68,7 @@ impl Answer {
             Answer::Clean => "clean",
             Answer::CannotRun(_) => "cannot run",
             Answer::NoAnswer(_) => "no answer",
+            Answer::NotServed(_) => "not served",
         }
     }
 }
@@ -202,7 +215,7 @@ impl SeriesFinding {
             Answer::Affected => BuildState::Affected,
             Answer::Clean => BuildState::Clean,
             Answer::CannotRun(_) => BuildState::CannotRun,
-            Answer::NoAnswer(_) => BuildState::Unknown,
+            Answer::NoAnswer(_) | Answer::NotServed(_) => BuildState::Unknown,
         };
         (0..self.builds)
             .map(|i| {
@@ -316,6 +329,65 @@ pub fn gaps(reproducer: &str, series: &[SeriesView<'_>], upstream: Option<&str>)
             upstream: upstream.map(str::to_string),
         })
         .collect()
+}
+
+/// Why a series gave no answer for a reproducer (none of the builds
+/// asked answered).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Unanswerable {
+    /// Every build asked was one the mirror does not serve: nothing the
+    /// audit can do until the mirror serves one.
+    NotServed,
+    /// A build that could be had gave no answer (a panic, a timeout, a
+    /// reproducer that did not build, a download that failed on the way):
+    /// someone has to look.
+    NoAnswer,
+}
+
+/// A series left without an answer for one reproducer, with why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unanswered {
+    pub reproducer: String,
+    pub series: String,
+    pub cause: Unanswerable,
+    /// The builds asked, newest first, each with why it gave no answer.
+    pub builds: Vec<(String, String)>,
+}
+
+/// Whether `finding` left its series without an answer, and why: only the
+/// mirror (every build asked is [`Answer::NotServed`]) or a build that
+/// could be had and still did not answer.
+pub fn unanswered(reproducer: &str, view: &SeriesView<'_>) -> Option<Unanswered> {
+    let f = view.finding;
+    if f.newest_answered.is_some() {
+        return None;
+    }
+    let cause = if f.probed.values().all(|a| matches!(a, Answer::NotServed(_))) {
+        Unanswerable::NotServed
+    } else {
+        Unanswerable::NoAnswer
+    };
+    let builds = f
+        .probed
+        .iter()
+        .rev()
+        .map(|(i, a)| {
+            (
+                view.versions
+                    .get(*i)
+                    .cloned()
+                    .unwrap_or_else(|| i.to_string()),
+                a.why_none().unwrap_or(a.label()).to_string(),
+            )
+        })
+        .collect();
+    Some(Unanswered {
+        reproducer: reproducer.to_string(),
+        series: view.series.to_string(),
+        cause,
+        builds,
+    })
 }
 
 /// Orders series names as versions (`5.10` before `6.1` before `6.12`).
@@ -516,5 +588,65 @@ mod tests {
         let mut s = vec!["6.12", "7.3", "5.10", "6.1", "6.18", "6.16"];
         s.sort_by(|a, b| series_order(a, b));
         assert_eq!(s, vec!["5.10", "6.1", "6.12", "6.16", "6.18", "7.3"]);
+    }
+
+    fn not_served(v: &str) -> Answer {
+        Answer::NotServed(format!("the mirror no longer serves linux-binary-{v}"))
+    }
+
+    /// The newest builds of a series the mirror lists without serving: the
+    /// next older is asked, and a served one answers for the series.
+    #[test]
+    fn a_build_not_served_is_passed_over_and_never_kept() {
+        let answers = [C, A, not_served("c"), not_served("d")];
+        let (f, asked) = run(&answers);
+        assert_eq!(f.newest_answered, Some(1));
+        assert_eq!(asked, vec![3, 2, 1, 0]);
+        assert!(!not_served("x").settled() && !not_served("x").decisive());
+        assert_eq!(not_served("x").label(), "not served");
+        let versions: Vec<String> = ["a", "b", "c", "d"].map(String::from).to_vec();
+        let view = SeriesView {
+            series: "6.19",
+            versions: &versions,
+            finding: &f,
+        };
+        assert_eq!(unanswered("r", &view), None);
+    }
+
+    /// A series whose every build asked is not served is unanswered
+    /// because of the mirror; one with a build that was had and did not
+    /// answer (a panic) needs a look.
+    #[test]
+    fn an_unanswered_series_says_whether_only_the_mirror_is_to_blame() {
+        let versions: Vec<String> = ["a", "b", "c", "d", "e"].map(String::from).to_vec();
+        let all_gone: Vec<Answer> = versions.iter().map(|v| not_served(v)).collect();
+        let (f, asked) = run(&all_gone);
+        assert_eq!(asked, vec![4, 3, 2, 1], "the newest and three fallbacks");
+        let view = SeriesView {
+            series: "7.1",
+            versions: &versions,
+            finding: &f,
+        };
+        let u = unanswered("hs", &view).unwrap();
+        assert_eq!(u.cause, Unanswerable::NotServed);
+        assert_eq!((u.series.as_str(), u.reproducer.as_str()), ("7.1", "hs"));
+        assert_eq!(u.builds.len(), 4);
+        assert_eq!(u.builds[0].0, "e", "newest first");
+        assert!(u.builds[0].1.contains("linux-binary-e"), "{:?}", u.builds);
+
+        let mut mixed = all_gone.clone();
+        mixed[3] = Answer::NoAnswer("the kernel panicked".into());
+        let (f, _) = run(&mixed);
+        let view = SeriesView {
+            series: "7.1",
+            versions: &versions,
+            finding: &f,
+        };
+        let u = unanswered("hs", &view).unwrap();
+        assert_eq!(u.cause, Unanswerable::NoAnswer);
+        assert_eq!(
+            u.builds[1],
+            ("d".to_string(), "the kernel panicked".to_string())
+        );
     }
 }

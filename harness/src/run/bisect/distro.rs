@@ -137,6 +137,7 @@ pub fn run(
         kernels_dir: &kernels_dir,
         lock: kloop_kernels::available::BisectLock::load(&kernels_dir)?,
         fetch: opts.env.fetch.clone(),
+        needs: super::needs_of(&scenario),
     };
     let search = Search::new(&env, &scenario, &predicate, opts.repeat, opts.jobs);
     let started = std::time::Instant::now();

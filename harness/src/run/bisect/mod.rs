@@ -156,6 +156,18 @@ pub struct DistroBuilds<'a> {
     pub kernels_dir: &'a Path,
     pub lock: kloop_kernels::available::BisectLock,
     pub fetch: kloop_kernels::FetchOptions,
+    /// The companion packages the scenario needs ([`needs_of`]).
+    pub needs: kloop_kernels::Needs,
+}
+
+/// What a bisection of `scenario` needs of a split build besides its
+/// image: the modules package when the scenario loads modules, and the
+/// `.config` package (the preflight), as a catalog pin has them.
+pub fn needs_of(scenario: &Scenario) -> kloop_kernels::Needs {
+    kloop_kernels::Needs {
+        modules: !scenario.modules.is_empty(),
+        config: true,
+    }
 }
 
 impl DistroBuilds<'_> {
@@ -166,7 +178,7 @@ impl DistroBuilds<'_> {
             return Ok(KernelUnderTest::Pin(p.clone()));
         }
         self.lock
-            .ensure(self.cache, self.kernels_dir, b, &self.fetch)
+            .ensure(self.cache, self.kernels_dir, b, &self.fetch, self.needs)
             .map(|pin| KernelUnderTest::distro_build(pin, self.catalog))
             .map_err(|e| KernelUnavailable::Infrastructure(format!("pinning {}: {e}", b.version)))
     }
@@ -434,5 +446,34 @@ fn difference(pred: &Predicate, old: &Path, new: &Path) -> Vec<String> {
                 format!("+ {figure} = {}", value(new)),
             ]
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bisection of a scenario that loads modules needs each build's
+    /// modules package; one that loads none does not (the `.config`
+    /// package, for the preflight, is needed either way).
+    #[test]
+    fn a_scenario_needs_the_modules_package_only_when_it_loads_modules() {
+        let dir = std::path::Path::new("/nonexistent");
+        let step = "[[steps]]\nop = \"snapshot-kallsyms\"\n";
+        let plain = Scenario::parse("plain", dir, &format!("description = \"x\"\n{step}")).unwrap();
+        let veth = Scenario::parse(
+            "veth",
+            dir,
+            &format!("description = \"x\"\nmodules = [\"veth\"]\n{step}"),
+        )
+        .unwrap();
+        assert_eq!(
+            needs_of(&plain),
+            kloop_kernels::Needs {
+                modules: false,
+                config: true
+            }
+        );
+        assert_eq!(needs_of(&veth), kloop_kernels::Needs::ALL);
     }
 }
