@@ -68,6 +68,9 @@ pub struct RunEvidence {
     /// The JIT's books before the first step and after the plan
     /// (`crate::jit_books`); `None` from an agent that sent none.
     pub jit_books: Option<JitBooks>,
+    /// `unprivileged-attach` results, in plan order: (label, over_limit,
+    /// errno name or `None` for a success).
+    pub unprivileged_attaches: Vec<(String, bool, Option<String>)>,
     /// Per polled listener (`ListenerSpec::poll`): when its waiter's
     /// `poll(2)` returned readable, CLOCK_MONOTONIC ns (rule `wakeups`).
     pub wakeups: BTreeMap<u32, Vec<u64>>,
@@ -437,6 +440,13 @@ impl RunEvidence {
                 Message::Wakeups { listener, times_ns } => {
                     ev.wakeups.insert(*listener, times_ns.clone());
                 }
+                Message::UnprivilegedAttach {
+                    label,
+                    over_limit,
+                    errno,
+                } => ev
+                    .unprivileged_attaches
+                    .push((label.clone(), *over_limit, errno.clone())),
                 Message::JitBooks {
                     start,
                     end,

@@ -33,22 +33,63 @@ use crate::check::Violation;
 use crate::evidence::{JitBooks, RunEvidence};
 
 /// The rules this module reports (for the known-issues ledger's list).
-pub const RULES: &[&str] = &[CHARGE, CHUNKS];
+pub const RULES: &[&str] = &[CHARGE, CHUNKS, LIMIT];
 /// `bpf_jit_current` back at its start value after the plan.
 pub const CHARGE: &str = "jit-charge";
 /// No pack chunk kept that no live code explains, none freed under it.
 pub const CHUNKS: &str = "jit-chunks";
+/// A caller that is not `bpf_capable()` is held to `bpf_jit_limit`.
+pub const LIMIT: &str = "jit-limit";
+
+/// Every `unprivileged-attach` held to what bpf_jit_charge_modmem()
+/// promises: a caller without CAP_BPF and CAP_SYS_ADMIN whose charge passes
+/// `net.core.bpf_jit_limit` is refused with EPERM (the charge taken back).
+/// The same attach within the limit must succeed, or the refusal over it
+/// could have come from elsewhere and would prove nothing.
+pub fn check_limit(ev: &RunEvidence) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for (label, over_limit, errno) in &ev.unprivileged_attaches {
+        match (over_limit, errno.as_deref()) {
+            (true, Some("EPERM")) | (false, None) => {}
+            (true, None) => out.push(Violation::new(
+                LIMIT,
+                format!(
+                    "{label}: a thread without any capability attached past \
+                     net.core.bpf_jit_limit (1 byte): its trampoline image was charged and \
+                     built, where bpf_jit_charge_modmem() refuses a caller that is not \
+                     bpf_capable() with EPERM"
+                ),
+            )),
+            (true, Some(e)) => out.push(Violation::new(
+                LIMIT,
+                format!(
+                    "{label}: the attach past net.core.bpf_jit_limit by a thread without \
+                     capabilities failed with {e}, not the EPERM of bpf_jit_charge_modmem()"
+                ),
+            )),
+            (false, Some(e)) => out.push(Violation::new(
+                LIMIT,
+                format!(
+                    "{label}: the attach within net.core.bpf_jit_limit by a thread without \
+                     capabilities failed with {e}: the kernel refuses such a caller before the \
+                     charge, so the limit's own refusal cannot be told apart"
+                ),
+            )),
+        }
+    }
+    out
+}
 
 /// Every violation of the books in a run; none when they were not read
 /// (said by [`not_read`]).
 pub fn check(ev: &RunEvidence) -> Vec<Violation> {
+    let mut out = check_limit(ev);
     let Some(books) = &ev.jit_books else {
-        return Vec::new();
+        return out;
     };
     if books.unreadable.is_some() {
-        return Vec::new();
+        return out;
     }
-    let mut out = Vec::new();
     if let (Some(start), Some(end)) = (books.start.current, books.end.current) {
         if start != end {
             out.push(Violation::new(
@@ -234,6 +275,23 @@ mod tests {
         let v = run(start, end, &[BASE + 10 * 64, BASE + 9 * 64]);
         assert_eq!(v.len(), 1, "{v:?}");
         assert!(v[0].message.contains("chunk 9 "), "{}", v[0].message);
+    }
+
+    #[test]
+    fn an_unprivileged_attach_past_the_limit_must_fail_eperm_and_within_it_succeed() {
+        let run = |over: bool, errno: Option<&str>| {
+            check(&RunEvidence {
+                unprivileged_attaches: vec![("f".into(), over, errno.map(str::to_owned))],
+                ..RunEvidence::default()
+            })
+        };
+        assert!(run(true, Some("EPERM")).is_empty());
+        assert!(run(false, None).is_empty());
+        for (over, errno) in [(true, None), (true, Some("EBUSY")), (false, Some("EPERM"))] {
+            let v = run(over, errno);
+            assert_eq!(v.len(), 1, "{over} {errno:?}");
+            assert_eq!(v[0].rule, LIMIT);
+        }
     }
 
     #[test]

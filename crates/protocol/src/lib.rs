@@ -40,7 +40,7 @@ pub use plan::{
 /// side-band attributes, and `close-listeners`; 6: `FinalKallsyms`; 7: the plan's `params`;
 /// 8: `ProgramRun`; 9: `PerfData`; 10: `StepDone.kallsyms_ns`, and
 /// `FinalKallsyms` inside the last drain's step; 11: `KernelLog`; 12: polled
-/// listeners and `Wakeups`; 13: `JitBooks`).
+/// listeners and `Wakeups`; 13: `JitBooks`, `unprivileged-attach`).
 pub const PROTOCOL_VERSION: u32 = 13;
 
 /// The most bytes of kernel log one [`Message::KernelLog`] carries (its
@@ -322,6 +322,13 @@ pub enum Message {
     Wakeups {
         listener: u32,
         times_ns: Vec<u64>,
+    },
+    /// What an `unprivileged-attach` step's attach did: `errno` its
+    /// failure (by name), `None` a success.
+    UnprivilegedAttach {
+        label: String,
+        over_limit: bool,
+        errno: Option<String>,
     },
     /// The BPF JIT's own books (kernel/bpf/core.c), read through
     /// /proc/kcore before the first step and again after the plan, once

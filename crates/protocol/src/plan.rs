@@ -429,6 +429,22 @@ pub enum Step {
     /// `jit_subprogs` has JITed (and added to kallsyms) the subprograms.
     /// Any other outcome fails the step.
     FailedLoad,
+    /// Attach the loaded tracing program `label` (fentry/fexit/LSM, which
+    /// `BPF_RAW_TRACEPOINT_OPEN` takes with no name) from a thread that has
+    /// dropped every capability (`capset`), so the trampoline image it
+    /// makes is charged by a caller that is not `bpf_capable()`; detach
+    /// again on success. With `over_limit`, `net.core.bpf_jit_limit` is
+    /// set to 1 byte around the attach: bpf_jit_charge_modmem() must then
+    /// refuse the charge with EPERM (kernel/bpf/core.c), where a root
+    /// caller would be let past. `unprivileged_bpf_disabled` is set to 0
+    /// around it when it is 2 (5.10 refuses every bpf() command to such a
+    /// caller otherwise). Reported as `UnprivilegedAttach` (rule
+    /// `jit-limit`).
+    UnprivilegedAttach {
+        label: String,
+        #[serde(default)]
+        over_limit: bool,
+    },
     /// Deliberately break something, to prove the host catches it. Only the
     /// fault-injection tests use this.
     Fault {

@@ -104,6 +104,9 @@ pub(super) fn run_step(context: &mut StepContext, index: u32, step: &Step) -> Re
         Step::WatchKsymbols => ksymwatch::watch(context),
         Step::ReadKsymbolWatch => ksymwatch::read(context),
         Step::FailedLoad => ksymwatch::failed_load(),
+        Step::UnprivilegedAttach { label, over_limit } => {
+            crate::steps::unprivileged::attach(context, label, *over_limit)
+        }
         Step::Concurrent {
             fixture,
             program,

@@ -328,7 +328,7 @@ type Swept = (String, Summary, String);
 
 /// A duplicate of the fd of the loaded program `label`, so that the
 /// context can be lent to the attempts (the program is the same).
-fn loaded_prog_fd(context: &mut StepContext, label: &str) -> Result<OwnedFd> {
+pub(crate) fn loaded_prog_fd(context: &mut StepContext, label: &str) -> Result<OwnedFd> {
     context
         .loaded_mut(label)?
         .program_mut()

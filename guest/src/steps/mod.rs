@@ -19,4 +19,5 @@ pub mod perf_tool;
 pub mod probes;
 pub mod program;
 pub mod storm;
+pub mod unprivileged;
 pub mod wakeups;

@@ -174,6 +174,7 @@ pub fn implied_requirements(steps: &[Step]) -> Vec<Requirement> {
     for s in steps {
         let r = match s {
             Step::Concurrent { .. }
+            | Step::UnprivilegedAttach { .. }
             | Step::Storm { lookup: true, .. }
             | Step::PerfRecordStart { .. } => Some(Requirement::Threads),
             Step::Attach {
