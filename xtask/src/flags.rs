@@ -171,14 +171,27 @@ pub(crate) struct AuditArgs {
 #[derive(Args)]
 pub(crate) struct ReportBugArgs {
     /// The ledger id (kernels/known-issues.toml).
-    pub(crate) id: String,
+    #[arg(required_unless_present = "backport", conflicts_with = "backport")]
+    pub(crate) id: Option<String>,
     /// The source whose patch to send (default: the newest series the fix
     /// has a patch for).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "backport")]
     pub(crate) source: Option<String>,
-    /// Where to write it (default: target/kloop/report-bug/<fix>-<source>.mail).
+    /// A ledger id: write the stable-list mail asking for its upstream fix
+    /// on the --series branch, for a backport gap `audit` found (the
+    /// audit's table from its kept answers, the fix folder's patch checked
+    /// against linux-source-X.Y, the reproducer).
+    #[arg(long, value_name = "ID", requires = "series")]
+    pub(crate) backport: Option<String>,
+    /// With --backport: the series that lacks the backport (`6.1`).
+    #[arg(long, value_name = "X.Y", requires = "backport")]
+    pub(crate) series: Option<String>,
+    /// Where to write it (default: target/kloop/report-bug/<fix>-<source>.mail,
+    /// with --backport <reproducer>-backport-<X.Y>.mail).
     #[arg(long)]
     pub(crate) out: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) fetch: FetchArgs,
 }
 
 #[derive(Args)]

@@ -101,8 +101,9 @@ pub fn gap_line(g: &Gap, audit: &Audit) -> String {
     line
 }
 
-/// The whole table: per reproducer its series rows, notes and gaps.
-pub fn table(audit: &Audit) -> String {
+/// One reproducer's rows (a line per series), notes, unanswered series
+/// and gaps, as `table` prints them under its name.
+pub fn reproducer_table(audit: &Audit, name: &str) -> String {
     let header = [
         "series",
         "builds",
@@ -115,63 +116,66 @@ pub fn table(audit: &Audit) -> String {
         "asked",
     ];
     let mut out = String::new();
+    let rows: Vec<[String; 9]> = audit.series.iter().filter_map(|s| row(s, name)).collect();
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let line = |cells: Vec<&str>| -> String {
+        let mut l = String::from(" ");
+        for (cell, w) in cells.iter().zip(widths) {
+            l.push_str(&format!(" {cell:<w$}"));
+        }
+        format!("{}\n", l.trim_end())
+    };
+    out.push_str(&line(header.to_vec()));
+    for row in &rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    for s in &audit.series {
+        let Some(f) = s.findings.get(name) else {
+            continue;
+        };
+        if let Some(note) = &f.note {
+            out.push_str(&format!("  note: {}: {note}\n", s.series));
+        }
+        if let Some(ch) = &f.change {
+            if f.first_fixed().is_none() {
+                out.push_str(&format!(
+                    "  note: {}: {} up to {}, {} from {} (a regression inside the series)\n",
+                    s.series,
+                    ch.from.label(),
+                    s.builds[ch.last_before].version,
+                    ch.to.label(),
+                    s.builds[ch.first_after].version
+                ));
+            }
+        }
+        if let Some(Answer::CannotRun(why)) = f.newest() {
+            out.push_str(&format!("  note: {}: newest build: {why}\n", s.series));
+        }
+    }
+    for u in audit
+        .unanswered_series
+        .iter()
+        .filter(|u| u.reproducer == name)
+    {
+        out.push_str(&unanswered_lines(u, audit));
+    }
+    for g in audit.gaps.iter().filter(|g| g.reproducer == name) {
+        out.push_str(&format!("  {}\n", gap_line(g, audit)));
+    }
+    out
+}
+
+/// The whole table: per reproducer its series rows, notes and gaps.
+pub fn table(audit: &Audit) -> String {
+    let mut out = String::new();
     for r in &audit.reproducers {
         out.push_str(&format!("{} ({})\n", r.name, r.ids.join(", ")));
-        let rows: Vec<[String; 9]> = audit
-            .series
-            .iter()
-            .filter_map(|s| row(s, &r.name))
-            .collect();
-        let mut widths = header.map(str::len);
-        for row in &rows {
-            for (w, cell) in widths.iter_mut().zip(row) {
-                *w = (*w).max(cell.len());
-            }
-        }
-        let line = |cells: Vec<&str>| -> String {
-            let mut l = String::from(" ");
-            for (cell, w) in cells.iter().zip(widths) {
-                l.push_str(&format!(" {cell:<w$}"));
-            }
-            format!("{}\n", l.trim_end())
-        };
-        out.push_str(&line(header.to_vec()));
-        for row in &rows {
-            out.push_str(&line(row.iter().map(String::as_str).collect()));
-        }
-        for s in &audit.series {
-            let Some(f) = s.findings.get(&r.name) else {
-                continue;
-            };
-            if let Some(note) = &f.note {
-                out.push_str(&format!("  note: {}: {note}\n", s.series));
-            }
-            if let Some(ch) = &f.change {
-                if f.first_fixed().is_none() {
-                    out.push_str(&format!(
-                        "  note: {}: {} up to {}, {} from {} (a regression inside the series)\n",
-                        s.series,
-                        ch.from.label(),
-                        s.builds[ch.last_before].version,
-                        ch.to.label(),
-                        s.builds[ch.first_after].version
-                    ));
-                }
-            }
-            if let Some(Answer::CannotRun(why)) = f.newest() {
-                out.push_str(&format!("  note: {}: newest build: {why}\n", s.series));
-            }
-        }
-        for u in audit
-            .unanswered_series
-            .iter()
-            .filter(|u| u.reproducer == r.name)
-        {
-            out.push_str(&unanswered_lines(u, audit));
-        }
-        for g in audit.gaps.iter().filter(|g| g.reproducer == r.name) {
-            out.push_str(&format!("  {}\n", gap_line(g, audit)));
-        }
+        out.push_str(&reproducer_table(audit, &r.name));
         out.push('\n');
     }
     if !audit.without_reproducer.is_empty() {

@@ -93,6 +93,8 @@ pub struct Validation {
     pub source: String,
     pub result: String,
     pub run: String,
+    /// The day it ran (`validated` in the ledger).
+    pub validated: String,
     /// The counts the ledger kept (the run directory may be pruned).
     pub summary: String,
     pub outcomes: Option<Vec<AbOutcome>>,
@@ -172,6 +174,7 @@ pub fn validations(root: &std::path::Path, issues: &[Issue], patch: &str) -> Vec
             source: f.source.clone(),
             result: f.result.clone(),
             run: f.run.clone(),
+            validated: f.validated.clone(),
             summary: f.summary.clone(),
             outcomes,
         });
@@ -311,6 +314,7 @@ review_by = "2027-05-21""#,
                 source: "linux-source-6.12 6.12.117-1~deb12u1".into(),
                 result: "FIXED".into(),
                 run: "target/kloop/runs/1".into(),
+                validated: "2026-11-26".into(),
                 summary: "1 scenario(s): 0 same, 1 fixed".into(),
                 outcomes: Some(vec![AbOutcome {
                     scenario: "interpreter".into(),
@@ -475,7 +479,7 @@ fn choose_patch(
 }
 
 /// The source's pristine tree, then its get_maintainer.pl's recipients.
-fn recipients_of(
+pub(crate) fn recipients_of(
     layout: &crate::run::suite::Layout,
     source: &str,
     patch: &std::path::Path,

@@ -8,6 +8,7 @@ use crate::run::trial::{TrialResult, Verdict};
 
 pub mod ab;
 pub mod audit;
+pub mod backport_mail;
 pub mod bench;
 pub mod bisect;
 pub mod bug_mail;

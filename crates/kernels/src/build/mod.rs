@@ -24,7 +24,7 @@ pub mod objects;
 mod source;
 
 pub use kconfig::{read_fragments, Dropped, Requested};
-pub use source::{check_patch, patch_files, pin_source, SourcePin, SourceSpec};
+pub use source::{check_applies, check_patch, patch_files, pin_source, SourcePin, SourceSpec};
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

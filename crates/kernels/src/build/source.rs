@@ -520,12 +520,26 @@ pub fn check_patch(patch: &Path) -> Result<Vec<String>, BuildError> {
 /// Applies one patch with `patch -p1` (works in any tree, git or not,
 /// and names the hunk that failed). Returns the files it names.
 fn apply_patch(tree: &Path, patch: &Path) -> Result<Vec<String>, BuildError> {
+    let files = patch_names_files(patch)?;
+    // A dry run first, so a patch that does not apply leaves no half.
+    for dry in [true, false] {
+        run_patch(tree, patch, dry)?;
+    }
+    Ok(files)
+}
+
+/// Whether `patch` applies to `tree`, asked exactly as a build applies it
+/// (`patch -p1 --forward --dry-run`), changing nothing: `Ok` with what
+/// `patch` said (its offsets and fuzz, which a reader of a backport wants
+/// to know), `Err(PatchFailed)` with the hunk that failed.
+pub fn check_applies(tree: &Path, patch: &Path) -> Result<String, BuildError> {
+    patch_names_files(patch)?;
+    run_patch(tree, patch, true)
+}
+
+fn patch_names_files(patch: &Path) -> Result<Vec<String>, BuildError> {
     let text = std::fs::read_to_string(patch)
         .map_err(|e| BuildError::io(format!("reading patch {}", patch.display()), e))?;
-    // `patch` runs in the tree: a relative path would name another file.
-    let patch = &patch
-        .canonicalize()
-        .map_err(|e| BuildError::io(format!("resolving patch {}", patch.display()), e))?;
     let files = patch_files(&text);
     if files.is_empty() {
         return Err(BuildError::PatchFailed {
@@ -533,46 +547,49 @@ fn apply_patch(tree: &Path, patch: &Path) -> Result<Vec<String>, BuildError> {
             output: "no `--- a/…` / `+++ b/…` lines: not a unified diff".into(),
         });
     }
-    let run = |dry: bool| {
-        let mut c = Command::new("patch");
-        c.arg("-p1")
-            .arg("--forward")
-            .arg("--batch")
-            .arg("--no-backup-if-mismatch")
-            .arg("-r")
-            .arg("-")
-            .arg("-i")
-            .arg(patch)
-            .current_dir(tree)
-            .stdin(Stdio::null())
-            .env("LC_ALL", "C");
-        if dry {
-            c.arg("--dry-run");
-        }
-        c.output()
-    };
-    // A dry run first, so a patch that does not apply leaves no half.
-    for dry in [true, false] {
-        let out = run(dry).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                BuildError::ToolMissing {
-                    tool: "patch",
-                    package: "patch",
-                }
-            } else {
-                BuildError::io("running patch".into(), e)
-            }
-        })?;
-        if !out.status.success() {
-            let mut output = String::from_utf8_lossy(&out.stdout).into_owned();
-            output.push_str(&String::from_utf8_lossy(&out.stderr));
-            return Err(BuildError::PatchFailed {
-                patch: patch.to_path_buf(),
-                output: output.trim().to_string(),
-            });
-        }
-    }
     Ok(files)
+}
+
+/// One `patch -p1` run in `tree` (`dry`: `--dry-run`); its output.
+fn run_patch(tree: &Path, patch: &Path, dry: bool) -> Result<String, BuildError> {
+    // `patch` runs in the tree: a relative path would name another file.
+    let patch = &patch
+        .canonicalize()
+        .map_err(|e| BuildError::io(format!("resolving patch {}", patch.display()), e))?;
+    let mut c = Command::new("patch");
+    c.arg("-p1")
+        .arg("--forward")
+        .arg("--batch")
+        .arg("--no-backup-if-mismatch")
+        .arg("-r")
+        .arg("-")
+        .arg("-i")
+        .arg(patch)
+        .current_dir(tree)
+        .stdin(Stdio::null())
+        .env("LC_ALL", "C");
+    if dry {
+        c.arg("--dry-run");
+    }
+    let out = c.output().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            BuildError::ToolMissing {
+                tool: "patch",
+                package: "patch",
+            }
+        } else {
+            BuildError::io("running patch".into(), e)
+        }
+    })?;
+    let mut output = String::from_utf8_lossy(&out.stdout).into_owned();
+    output.push_str(&String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() {
+        return Err(BuildError::PatchFailed {
+            patch: patch.to_path_buf(),
+            output: output.trim().to_string(),
+        });
+    }
+    Ok(output.trim().to_string())
 }
 
 /// sha256 of a file's bytes.
@@ -590,6 +607,47 @@ mod tests {
     fn patch_files_reads_both_headers() {
         let text = "diff --git a/kernel/events/core.c b/kernel/events/core.c\n--- a/kernel/events/core.c\n+++ b/kernel/events/core.c\n@@ -1 +1 @@\n-a\n+b\n--- /dev/null\n+++ b/new.c\t2026-01-01\n";
         assert_eq!(patch_files(text), vec!["kernel/events/core.c", "new.c"]);
+    }
+
+    /// The backport mail's question, asked as a build applies a patch,
+    /// changing nothing either way.
+    #[test]
+    fn check_applies_is_a_dry_run_that_names_offsets_and_failures() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = dir.path().join("src");
+        std::fs::create_dir_all(tree.join("kernel")).unwrap();
+        let original = "zero\none\ntwo\nthree\n";
+        std::fs::write(tree.join("kernel/a.c"), original).unwrap();
+        let good = dir.path().join("good.patch");
+        // Written against a file without "zero": it applies one line on.
+        std::fs::write(
+            &good,
+            "--- a/kernel/a.c\n+++ b/kernel/a.c\n@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n",
+        )
+        .unwrap();
+        let said = check_applies(&tree, &good).unwrap();
+        assert!(said.contains("offset 1 line"), "{said}");
+        assert_eq!(
+            std::fs::read_to_string(tree.join("kernel/a.c")).unwrap(),
+            original
+        );
+        let bad = dir.path().join("bad.patch");
+        std::fs::write(
+            &bad,
+            "--- a/kernel/a.c\n+++ b/kernel/a.c\n@@ -1,3 +1,3 @@\n one\n-zwei\n+ZWEI\n three\n",
+        )
+        .unwrap();
+        match check_applies(&tree, &bad) {
+            Err(BuildError::PatchFailed { output, .. }) => {
+                assert!(output.contains("FAILED"), "{output}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            std::fs::read_to_string(tree.join("kernel/a.c")).unwrap(),
+            original
+        );
+        assert!(!tree.join("kernel/a.c.rej").exists());
     }
 
     #[test]

@@ -17,6 +17,7 @@
 pub mod boot;
 pub mod kept;
 pub mod plan;
+pub mod recall;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -267,24 +268,57 @@ fn reproducers(
     Ok((found, without))
 }
 
+/// An upstream commit as the fix folder and the ledger name it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpstreamCommit {
+    /// The hash as written (`[ Upstream commit HASH`), 12 digits or more.
+    pub id: String,
+    /// Its subject: the ledger's `upstream_fix` up to its first
+    /// parenthesis, else the quoted subject after the hash in the patch.
+    pub subject: Option<String>,
+}
+
+impl UpstreamCommit {
+    /// `b9d1fdc6f4ac ("subject")`: the form `Fixes:` tags and the
+    /// stable list use.
+    pub fn short(&self) -> String {
+        let id = &self.id[..12.min(self.id.len())];
+        match &self.subject {
+            Some(s) => format!("{id} (\"{s}\")"),
+            None => id.to_string(),
+        }
+    }
+}
+
 /// The upstream commit of reproducer `r`'s bug: `[ Upstream commit HASH`
 /// in a patch of its fix folder (the stable form), with the ledger's
-/// `upstream_fix` up to its first parenthesis as the subject.
-pub fn upstream_of(kernels: &Path, r: &standalone::Reproducer) -> Option<String> {
+/// `upstream_fix` up to its first parenthesis as the subject (else the
+/// patch's quoted subject). `None` when no patch names a hash.
+pub fn upstream_commit(kernels: &Path, r: &standalone::Reproducer) -> Option<UpstreamCommit> {
     let folder = kernels.join(crate::run::fixes::FIXES_DIR).join(&r.name);
-    let hash = crate::run::fixes::patches_of(&folder)
+    let (id, quoted) = crate::run::fixes::patches_of(&folder)
         .into_iter()
         .filter_map(|(_, p)| std::fs::read_to_string(p).ok())
         .find_map(|text| {
             let at = text.find("Upstream commit ")?;
-            let word: String = text[at + "Upstream commit ".len()..]
-                .chars()
-                .take_while(|c| c.is_ascii_hexdigit())
-                .collect();
-            (word.len() >= 12).then(|| word[..12].to_string())
-        });
-    let subject = r
-        .issues
+            let rest = &text[at + "Upstream commit ".len()..];
+            let word: String = rest.chars().take_while(|c| c.is_ascii_hexdigit()).collect();
+            // The subject is quoted after the hash, maybe on the next line.
+            let quoted = rest
+                .split_once("(\"")
+                .and_then(|(_, q)| q.split_once("\")"))
+                .map(|(q, _)| q.split_whitespace().collect::<Vec<_>>().join(" "));
+            (word.len() >= 12).then_some((word, quoted))
+        })?;
+    Some(UpstreamCommit {
+        id,
+        subject: ledger_subject(r).or(quoted),
+    })
+}
+
+/// The ledger's `upstream_fix` up to its first parenthesis.
+fn ledger_subject(r: &standalone::Reproducer) -> Option<String> {
+    r.issues
         .iter()
         .map(|i| i.upstream_fix.trim())
         .find(|s| !s.is_empty())
@@ -294,12 +328,15 @@ pub fn upstream_of(kernels: &Path, r: &standalone::Reproducer) -> Option<String>
                 .unwrap_or(s)
                 .trim_end_matches('.')
                 .to_string()
-        });
-    match (hash, subject) {
-        (Some(h), Some(s)) => Some(format!("{h} (\"{s}\")")),
-        (Some(h), None) => Some(h),
-        (None, Some(s)) => Some(format!("\"{s}\"")),
-        (None, None) => None,
+        })
+}
+
+/// The upstream commit of reproducer `r`'s bug as the audit prints it:
+/// [`upstream_commit`]'s short form, else the ledger's subject alone.
+pub fn upstream_of(kernels: &Path, r: &standalone::Reproducer) -> Option<String> {
+    match upstream_commit(kernels, r) {
+        Some(c) => Some(c.short()),
+        None => ledger_subject(r).map(|s| format!("\"{s}\"")),
     }
 }
 
@@ -318,12 +355,7 @@ pub fn run(
     for n in notes {
         on(Event::Note(n));
     }
-    let mut by_series: BTreeMap<String, Vec<AvailableBuild>> = BTreeMap::new();
-    for b in served {
-        by_series.entry(b.series.clone()).or_default().push(b);
-    }
-    let mut names: Vec<String> = by_series.keys().cloned().collect();
-    names.sort_by(|a, b| plan::series_order(a, b));
+    let (by_series, names) = by_series(served);
     for s in &opts.series {
         if !by_series.contains_key(s) {
             return Err(AuditError::NoBuilds {
@@ -447,6 +479,20 @@ pub fn run(
         source,
     })?;
     Ok(audit)
+}
+
+/// The served builds by series (each in the listing's order, oldest
+/// first), and the series' names in version order.
+pub(crate) fn by_series(
+    served: Vec<AvailableBuild>,
+) -> (BTreeMap<String, Vec<AvailableBuild>>, Vec<String>) {
+    let mut by_series: BTreeMap<String, Vec<AvailableBuild>> = BTreeMap::new();
+    for b in served {
+        by_series.entry(b.series.clone()).or_default().push(b);
+    }
+    let mut names: Vec<String> = by_series.keys().cloned().collect();
+    names.sort_by(|a, b| plan::series_order(a, b));
+    (by_series, names)
 }
 
 /// Every reproducer's gaps over the audited series.
