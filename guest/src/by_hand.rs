@@ -238,6 +238,7 @@ mod tests {
                         disabled: false,
                         backward: false,
                         poll: false,
+                        poll_watermark: 0,
                         sample_id_all: true,
                     },
                 },

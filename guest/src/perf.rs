@@ -167,7 +167,7 @@ fn open_side_band_with(
         // Every record wakes the waiter (a 1-byte watermark), and the
         // records' times are CLOCK_MONOTONIC like the waiter's.
         attr.set_watermark(1);
-        attr.__bindgen_anon_2.wakeup_watermark = 1;
+        attr.__bindgen_anon_2.wakeup_watermark = spec.poll_watermark.max(1);
         attr.set_use_clockid(1);
         attr.clockid = libc::CLOCK_MONOTONIC;
     }

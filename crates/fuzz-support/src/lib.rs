@@ -179,6 +179,7 @@ pub fn records_listener(selector: u8) -> ListenerInfo {
         side_band: Vec::new(),
         disabled: false,
         backward: false,
+        poll_watermark: 0,
     }
 }
 

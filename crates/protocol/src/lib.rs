@@ -257,6 +257,10 @@ pub struct ListenerInfo {
     /// the agent's forward reordering of what the kernel wrote downwards.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub backward: bool,
+    /// A polled listener's wakeup watermark in bytes (0: not polled, or
+    /// polled with the 1-byte watermark).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub poll_watermark: u32,
 }
 
 /// Messages from the guest agent.
@@ -673,4 +677,9 @@ mod tests {
         let back: ToGuest = serde_json::from_slice(&raw.payload).unwrap();
         assert_eq!(back, ToGuest::Plan { plan });
     }
+}
+
+/// For `skip_serializing_if`.
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
 }

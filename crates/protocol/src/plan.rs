@@ -68,6 +68,13 @@ pub struct ListenerSpec {
     /// sends when each `poll` returned readable (`Wakeups`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub poll: bool,
+    /// With `poll`: the `wakeup_watermark` in bytes instead of 1. The
+    /// kernel then wakes the poller only each time the head passed the
+    /// last wake-up point by more than that (`__perf_output_begin()`
+    /// moves `rb->wakeup` on by the watermark), so a waiter woken far more
+    /// often than the bytes written allow sees a kernel that wakes early.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub poll_watermark: u32,
 }
 
 fn is_yes(b: &bool) -> bool {

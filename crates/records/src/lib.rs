@@ -1082,6 +1082,7 @@ pub mod testutil {
             side_band: Vec::new(),
             disabled: false,
             backward: false,
+            poll_watermark: 0,
         }
     }
 

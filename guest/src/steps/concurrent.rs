@@ -96,6 +96,7 @@ fn churn_until_done(cpus: &[u32], churn: u32, running: &AtomicUsize) -> Result<u
         sample_id_all: true,
         backward: false,
         poll: false,
+        poll_watermark: 0,
     };
     let mut rounds = 0;
     while running.load(Ordering::SeqCst) > 0 {

@@ -81,6 +81,7 @@ pub fn open(context: &mut StepContext, spec: &ListenerSpec, step: u32) -> Result
             side_band: spec.side_band.clone(),
             disabled: spec.disabled,
             backward: spec.backward,
+            poll_watermark: if spec.poll { spec.poll_watermark } else { 0 },
         }))?;
         context.rings.push(ring);
         opened.push(index);

@@ -59,6 +59,7 @@ const LISTENER: ListenerSpec = ListenerSpec {
     disabled: false,
     backward: false,
     poll: false,
+    poll_watermark: 0,
     sample_id_all: true,
 };
 

@@ -47,6 +47,7 @@ pub fn storm_scenario(
                 disabled: false,
                 backward: false,
                 poll: false,
+                poll_watermark: 0,
                 sample_id_all: true,
             },
         },

@@ -540,6 +540,7 @@ fn windows_follow_the_agents_step_order() {
         disabled: false,
         backward: false,
         poll: false,
+        poll_watermark: 0,
         sample_id_all: true,
     };
     let load = Step::Load {

@@ -900,7 +900,11 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
         );
     }
 
-    v.extend(wakeups::check(&a.records_per_listener, &ev.wakeups));
+    v.extend(wakeups::check(
+        &ev.listeners,
+        &a.records_per_listener,
+        &ev.wakeups,
+    ));
 
     check_facts(&ev.progs, &mut v);
 

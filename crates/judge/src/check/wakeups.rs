@@ -20,6 +20,7 @@
 
 use std::collections::BTreeMap;
 
+use kloop_protocol::ListenerInfo;
 use kloop_records::Record;
 
 use super::{rule, Violation};
@@ -70,15 +71,59 @@ pub fn check_listener(listener: u32, records: &[Record], woke: &[u64]) -> Vec<Vi
     out
 }
 
-/// Every polled listener's violations.
+/// A listener polled with a wakeup watermark of `watermark` bytes (more
+/// than 1) in a ring of `ring_bytes`: the kernel takes
+/// `min(watermark, ring_bytes)` as the ring's watermark
+/// (`ring_buffer_init()`), and `__perf_output_begin()` moves `rb->wakeup`
+/// on by it only when the head has passed `rb->wakeup` by more than it;
+/// `perf_output_put_handle()` wakes the poller only when `rb->wakeup`
+/// moved. So `B` bytes of records allow at most `B / watermark` wake-ups,
+/// and `perf_poll()` returns readable once per wake-up (it consumes
+/// `rb->poll`), plus one for the listener's close. A waiter woken more
+/// often was woken before the watermark was passed.
+pub fn check_watermark(
+    listener: u32,
+    watermark: u64,
+    ring_bytes: u64,
+    records: &[Record],
+    woke: &[u64],
+) -> Vec<Violation> {
+    let watermark = watermark.min(ring_bytes.max(1));
+    let bytes: u64 = records.iter().map(|r| u64::from(r.header.size)).sum();
+    let allowed = bytes / watermark + 1;
+    if woke.len() as u64 <= allowed {
+        return Vec::new();
+    }
+    vec![Violation::new(
+        rule::WAKEUPS,
+        format!(
+            "listener {listener} (wakeup watermark {watermark} bytes): its poller woke {} \
+             times for {bytes} bytes of records, more than the {allowed} the watermark allows \
+             ({bytes} / {watermark} + 1 for the close): __perf_output_begin() moves rb->wakeup \
+             on, and perf_output_put_handle() wakes the poller, only when the head passed the \
+             last wake-up point by more than the watermark",
+            woke.len()
+        ),
+    )]
+}
+
+/// Every polled listener's violations (`listeners` gives each one's
+/// watermark).
 pub fn check(
+    listeners: &[ListenerInfo],
     records: &BTreeMap<u32, Vec<Record>>,
     wakeups: &BTreeMap<u32, Vec<u64>>,
 ) -> Vec<Violation> {
     wakeups
         .iter()
         .flat_map(|(l, woke)| {
-            check_listener(*l, records.get(l).map(Vec::as_slice).unwrap_or(&[]), woke)
+            let recs = records.get(l).map(Vec::as_slice).unwrap_or(&[]);
+            match listeners.iter().find(|i| i.index == *l) {
+                Some(i) if i.poll_watermark > 1 => {
+                    check_watermark(*l, u64::from(i.poll_watermark), i.ring_bytes, recs, woke)
+                }
+                _ => check_listener(*l, recs, woke),
+            }
         })
         .collect()
 }
@@ -108,6 +153,28 @@ mod tests {
     }
 
     #[test]
+    fn a_watermark_bounds_the_wakeups_by_the_bytes_written() {
+        let ms = 1_000_000;
+        let recs = records(&(1..=40).map(|i| i * ms).collect::<Vec<_>>());
+        let bytes: u64 = recs.iter().map(|r| u64::from(r.header.size)).sum();
+        let allowed = (bytes / 512 + 1) as usize;
+        let woke: Vec<u64> = (1..=allowed as u64).map(|i| i * ms).collect();
+        assert!(check_watermark(0, 512, 65536, &recs, &woke).is_empty());
+        // One wake-up per record: woken before the watermark was passed.
+        let every: Vec<u64> = (1..=40).map(|i| i * ms).collect();
+        let v = check_watermark(0, 512, 65536, &recs, &every);
+        assert_eq!(v.len(), 1);
+        assert!(v[0].message.contains("woke 40 times"), "{}", v[0].message);
+        // The kernel caps the watermark at the ring's size: a 1 MiB
+        // watermark on a 64-byte ring is a 64-byte one.
+        let capped = check_watermark(0, 1 << 20, 64, &recs, &every);
+        assert_eq!(capped.len(), usize::from(40 > bytes / 64 + 1));
+        assert!(capped
+            .iter()
+            .all(|v| v.message.contains("watermark 64 bytes")));
+    }
+
+    #[test]
     fn every_record_is_followed_by_a_wakeup_within_the_deadline() {
         let ms = 1_000_000;
         let recs = records(&[100 * ms, 101 * ms, 900 * ms]);
@@ -131,6 +198,6 @@ mod tests {
         );
         // Unpolled listeners are not held to it.
         let none = BTreeMap::from([(0u32, recs)]);
-        assert!(check(&none, &BTreeMap::new()).is_empty());
+        assert!(check(&[], &none, &BTreeMap::new()).is_empty());
     }
 }
