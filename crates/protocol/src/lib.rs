@@ -629,6 +629,11 @@ pub fn records_frames(listener: u32, mut stream_offset: u64, bytes: &[u8]) -> Ve
     frames
 }
 
+/// For `skip_serializing_if`.
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -677,9 +682,4 @@ mod tests {
         let back: ToGuest = serde_json::from_slice(&raw.payload).unwrap();
         assert_eq!(back, ToGuest::Plan { plan });
     }
-}
-
-/// For `skip_serializing_if`.
-fn is_zero_u32(n: &u32) -> bool {
-    *n == 0
 }
