@@ -201,6 +201,13 @@ pub fn render(m: &BugMail<'_>) -> String {
     out
 }
 
+/// A fix of perf (every entry it ends is `component = "perf"`), not of
+/// the kernel: proven with perf built with it (`KLOOP_PERF`), not with
+/// `validate`; no stand-alone reproducer (it is perf's output).
+fn is_perf_fix(issues: &[Issue]) -> bool {
+    !issues.is_empty() && issues.iter().all(|i| i.component == "perf")
+}
+
 /// The notes below `---`: measured facts only.
 fn notes(m: &BugMail<'_>) -> String {
     let mut n = String::new();
@@ -222,9 +229,11 @@ fn notes(m: &BugMail<'_>) -> String {
         }
     }
     if !m.validations.is_empty() {
-        n.push_str(
-            "\nvalidate (each source built without and with the fix's patch for it, every scenario on both):\n",
-        );
+        n.push_str(if is_perf_fix(m.issues) {
+            "\nperf built with the fix's patch, shipped into the guest (KLOOP_PERF), the entry's scenarios on every pin:\n"
+        } else {
+            "\nvalidate (each source built without and with the fix's patch for it, every scenario on both):\n"
+        });
         for v in &m.validations {
             n.push_str(&format!("  {}: {} (run {})\n", v.source, v.result, v.run));
             if !v.summary.is_empty() {
@@ -344,6 +353,44 @@ review_by = "2027-05-21""#,
         assert!(notes.contains("int main(void)"));
         // The diff comes last, after the notes.
         assert!(text.trim_end().ends_with("+x"));
+        assert!(!is_perf_fix(&issues));
+    }
+
+    #[test]
+    fn a_perf_fix_says_how_perf_was_proven() {
+        let issue: Issue = toml::from_str(
+            r#"id = "perf-name"
+rule = "second-reader"
+pins = ["6.1"]
+component = "perf"
+summary = "s"
+evidence = "e"
+review_by = "2027-05-21""#,
+        )
+        .unwrap();
+        let issues = [issue];
+        assert!(is_perf_fix(&issues));
+        let mail = BugMail {
+            issues: &issues,
+            patch: split_patch(PATCH).unwrap(),
+            patch_source: "linux-source-6.12".into(),
+            recipients: Recipients::default(),
+            validations: vec![Validation {
+                source: "perf 6.1.176".into(),
+                result: "FIXED".into(),
+                run: "target/kloop/runs/2".into(),
+                validated: "2026-11-27".into(),
+                summary: "s".into(),
+                outcomes: None,
+            }],
+            reproducer: None,
+            proof: None,
+        };
+        let text = render(&mail);
+        assert!(
+            text.contains("perf built with the fix's patch, shipped into the guest (KLOOP_PERF)")
+        );
+        assert!(!text.contains("validate (each source built"));
     }
 }
 
@@ -433,10 +480,13 @@ pub fn compose(
             .map(|(_, p)| p),
     };
     let patch = rel(&patch);
-    if mail.validations.is_empty() {
+    let perf_fix = is_perf_fix(&issues);
+    if mail.validations.is_empty() && perf_fix {
+        warnings.push(format!("the ledger records no run of perf built with {patch}; build perf with it and run `KLOOP_PERF=<that perf> cargo xtask vm-test` on the entry's scenarios (docs/usage.md, \"A perf fix\"), then record it under the entry"));
+    } else if mail.validations.is_empty() {
         warnings.push(format!("the ledger records no validate of {patch}; run `cargo xtask validate --source {source} --fix {name} --record` so the mail can say how it was proven"));
     }
-    if mail.proof.is_none() {
+    if mail.proof.is_none() && !perf_fix {
         warnings.push(format!(
             "the reproducer was never proven; run `cargo xtask repro --standalone {id} --prove`"
         ));

@@ -122,6 +122,15 @@ impl Payload {
     }
 }
 
+/// The perf binary `KLOOP_PERF` names, when it names one: a perf other than
+/// the host's (a build with a fix), so the ledger's perf bugs that do not
+/// show with it are notes, not `FIXED?` (`run::trial::judging`).
+pub fn perf_override() -> Option<PathBuf> {
+    std::env::var_os("KLOOP_PERF")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+}
+
 /// The perf binary to ship: `KLOOP_PERF`, else `/usr/bin/perf`, resolved
 /// through Debian's or Ubuntu's wrapper script if it is one; on Ubuntu
 /// without the wrapper, the binary `linux-tools-<release>` installs.

@@ -433,6 +433,10 @@ fn twins(ev: &RunEvidence, analysis: &Analysis, recorded: &[&PerfRecord]) -> Twi
     out
 }
 
+/// The line that opens perf's view in the normalised stream, its last
+/// section.
+pub const PERF_VIEW_HEADER: &str = "perf (second reader):";
+
 /// Text for the trial's normalised stream (appended after kloop's own):
 /// perf's view with addresses, ids and tags named after the agent's
 /// programs. Empty when the run has no perf output.
@@ -440,7 +444,7 @@ pub fn perf_view(ev: &RunEvidence, analysis: &Analysis) -> String {
     let Some(script) = ev.perf_scripts.first() else {
         return String::new();
     };
-    let mut out = String::from("perf (second reader):\n");
+    let mut out = format!("{PERF_VIEW_HEADER}\n");
     let dump = match parse(&script.text) {
         Ok(d) => d,
         Err(e) => {

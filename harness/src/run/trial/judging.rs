@@ -115,10 +115,31 @@ pub(super) fn judge(
             ));
         }
     }
+    // A perf other than the host's (`KLOOP_PERF`, a build with a fix) is
+    // what the perf developer runs to see a perf bug of the ledger gone:
+    // such an entry that does not show is a note, like a kernel's bug on a
+    // local kernel, and the trial is judged on everything else.
+    let perf_under_test = crate::run::payload::perf_override();
+    if let (Some(perf), KernelUnderTest::Pin(p)) = (&perf_under_test, kernel) {
+        let j = env
+            .known_issues
+            .judge(&p.id, &scenario.name, &analysis.violations);
+        for i in j.fixed.iter().filter(|i| i.component == PERF_COMPONENT) {
+            result.notes.push(format!(
+                "known perf bug {} does not show with KLOOP_PERF={}",
+                i.id,
+                perf.display()
+            ));
+        }
+    }
+    let stock_perf = perf_under_test.is_none();
+    let report_fixed_of = |i: &crate::judge::known_issues::Issue| {
+        report_fixed && (stock_perf || i.component != PERF_COMPONENT)
+    };
     let ledger_verdict = match ledger_outcome(
         &env.known_issues,
         ledger_pin,
-        report_fixed,
+        &report_fixed_of,
         &scenario.name,
         &analysis.violations,
         &normalised_path,
@@ -170,7 +191,26 @@ pub(super) fn judge(
     // A local kernel's stream is compared read-only (pending stream into
     // its artefacts), except under `bless --as`, which writes a set of its own.
     let blessing = env.bless.snapshots;
+    let perf_view = crate::judge::perf_script::PERF_VIEW_HEADER;
     let outcome = match kernel {
+        // Another perf (`KLOOP_PERF`) than the one the snapshot was taken
+        // with: the snapshot's perf view is that perf's, so only kloop's
+        // own stream is compared; the second reader judged this perf's.
+        _ if perf_under_test.is_some() && !blessing => {
+            if normalised.contains(&format!("\n{perf_view}")) {
+                result.notes.push(
+                    "snapshot compared up to perf's view (KLOOP_PERF: the second reader judged it)"
+                        .to_string(),
+                );
+            }
+            snapshot::compare_read_only_before(
+                &scenario.snapshot_dir(),
+                &snap_name,
+                &normalised,
+                artefacts,
+                perf_view,
+            )
+        }
         KernelUnderTest::Image(_) if !blessing => snapshot::compare_read_only(
             &scenario.snapshot_dir(),
             &snap_name,
@@ -385,26 +425,32 @@ pub(super) fn unsupported_verdict(scenario: &Scenario, evidence: &RunEvidence) -
     Some(Verdict::Skipped(format!("{name}: {}", one_line(reason))))
 }
 
+/// The component of the ledger's entries for bugs of perf, not the kernel.
+pub(super) const PERF_COMPONENT: &str = "perf";
+
 /// What the ledger makes of a trial's violations. `Err`: violations no
 /// entry covers, the trial is FAILED (the message also names the known
 /// bugs and the FIXED? entries). `Ok(Some)`: KNOWN or FIXED?, the verdict
 /// unless a later check (overhead, snapshot) fails. `Ok(None)`: clean.
 /// `pin` is `None` for a kernel no ledger entry applies to; `report_fixed`
-/// is false for local kernels, where an absent known bug is not a failure.
+/// says, per entry that expected its bug here and did not see it, whether
+/// that is `FIXED?` (a failure): not on local kernels, where an absent
+/// known bug is not a failure, nor for a perf bug when the perf is not the
+/// host's (`KLOOP_PERF`).
 pub(super) fn ledger_outcome(
     ledger: &crate::judge::known_issues::Ledger,
     pin: Option<&str>,
-    report_fixed: bool,
+    report_fixed: &dyn Fn(&crate::judge::known_issues::Issue) -> bool,
     scenario: &str,
     violations: &[crate::judge::check::Violation],
     normalised_path: &Path,
 ) -> Result<Option<Verdict>, Verdict> {
     let empty = crate::judge::known_issues::Ledger::default();
     let ledger = if pin.is_some() { ledger } else { &empty };
-    let judgement = ledger.judge(pin.unwrap_or(""), scenario, violations);
+    let mut judgement = ledger.judge(pin.unwrap_or(""), scenario, violations);
+    judgement.fixed.retain(|i| report_fixed(i));
     let known_note = known_note(&judgement);
     let fixed_note = pin
-        .filter(|_| report_fixed)
         .map(|pin| fixed_note(&judgement, pin, ledger))
         .unwrap_or_default();
     if !judgement.uncovered.is_empty() {

@@ -144,9 +144,93 @@ pub fn compare_read_only(
     }
 }
 
+/// `text` up to the line `header` (exclusive), the whole of it without one.
+pub fn before_section<'a>(text: &'a str, header: &str) -> &'a str {
+    if text.starts_with(header) {
+        return "";
+    }
+    match text.find(&format!("\n{header}")) {
+        Some(at) => &text[..=at],
+        None => text,
+    }
+}
+
+/// Compares `text` with the snapshot `name` in `dir` without writing
+/// there, both cut before their `header` section: for a stream whose
+/// last section comes from a tool other than the one the snapshot was
+/// taken with (perf's view, under `KLOOP_PERF`). A differing stream is
+/// written whole to `pending_dir/<name>.snap.new`.
+pub fn compare_read_only_before(
+    dir: &Path,
+    name: &str,
+    text: &str,
+    pending_dir: &Path,
+    header: &str,
+) -> SnapshotOutcome {
+    let snapshot = snapshot_path(dir, name);
+    let old = read_snapshot_body(&snapshot);
+    let old_part = old.as_deref().map(|o| before_section(o, header));
+    let new_part = before_section(text, header);
+    if old_part.map(|o| o.trim_end_matches('\n')) == Some(new_part.trim_end_matches('\n')) {
+        return SnapshotOutcome::Matched;
+    }
+    let pending = pending_dir.join(format!("{name}.snap.new"));
+    let written = std::fs::write(&pending, text).is_ok();
+    SnapshotOutcome::Drift {
+        diff: short_diff(old_part, new_part),
+        pending: written.then_some(pending),
+        snapshot,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_section_and_what_follows_it_are_left_out() {
+        let h = "perf (second reader):";
+        assert_eq!(
+            before_section("a\nb\nperf (second reader):\n  x\n", h),
+            "a\nb\n"
+        );
+        assert_eq!(before_section("a\nb\n", h), "a\nb\n");
+        assert_eq!(before_section("perf (second reader):\n", h), "");
+        // Only a line that is the header counts.
+        assert_eq!(
+            before_section("a perf (second reader):\n", h),
+            "a perf (second reader):\n"
+        );
+    }
+
+    #[test]
+    fn only_the_part_before_the_section_is_compared() {
+        let dir = tempfile::tempdir().unwrap();
+        let snap = "---\nsource: x\n---\nk1\nk2\nperf (second reader):\n  old view\n";
+        std::fs::write(dir.path().join("6.1.snap"), snap).unwrap();
+        let h = "perf (second reader):";
+        let same = compare_read_only_before(
+            dir.path(),
+            "6.1",
+            "k1\nk2\nperf (second reader):\n  new view\n",
+            dir.path(),
+            h,
+        );
+        assert_eq!(same, SnapshotOutcome::Matched);
+        let SnapshotOutcome::Drift { diff, pending, .. } = compare_read_only_before(
+            dir.path(),
+            "6.1",
+            "k1\nK2\nperf (second reader):\n  new view\n",
+            dir.path(),
+            h,
+        ) else {
+            panic!()
+        };
+        assert_eq!(diff, "  line 2: - k2\n  line 2: + K2");
+        assert!(std::fs::read_to_string(pending.unwrap())
+            .unwrap()
+            .contains("new view"));
+    }
 
     #[test]
     fn short_diff_names_lines() {
