@@ -103,9 +103,15 @@ pub fn run(
     let (what, summary, detail) = outcome?;
     restored?;
     let errnos: Vec<(String, u32)> = summary.errnos.into_iter().collect();
+    let clean_errno = summary.last_errno.map(errno_label);
     log(format!(
-        "fail-nth {what}: {} attempts, {} failed ({errnos:?}); {detail}",
-        summary.attempts, summary.failed
+        "fail-nth {what}: {} attempts, {} failed ({errnos:?}){}; {detail}",
+        summary.attempts,
+        summary.failed,
+        clean_errno
+            .as_deref()
+            .map(|e| format!(", the attempt without an injected fault failed with {e}"))
+            .unwrap_or_default()
     ))?;
     send(&Message::FailNthSweep {
         target: what,
@@ -113,6 +119,8 @@ pub fn run(
         failed: summary.failed,
         errnos,
         detail,
+        sweep: Some(target.kind().to_string()),
+        clean_errno,
     })
 }
 
@@ -342,8 +350,14 @@ fn loaded_prog_fd(context: &mut StepContext, label: &str) -> Result<OwnedFd> {
 
 /// Sweeps the `bpf(cmd, attr)` that returns a new fd (the caller has
 /// warmed its call path unarmed); a success's fd is closed again, then
-/// `settle` runs. The attempt without an injected fault must succeed; the
-/// rings are drained at the end.
+/// `settle` runs; the rings are drained at the end.
+///
+/// The attempt without an injected fault is expected to succeed, but its
+/// failure is left in the summary (`last_errno`) for the host to judge,
+/// not turned into the step's error: every earlier attempt was undone (a
+/// failed one by the kernel, a success by closing its fd), so a clean
+/// attach that fails is the kernel keeping state from an injected failure
+/// (rule `fault-recovery`), a finding about the kernel, not the agent.
 fn sweep_bpf_fd(
     context: &mut StepContext,
     what: &str,
@@ -363,11 +377,11 @@ fn sweep_bpf_fd(
     })
     .with_context(|| format!("sweeping {what}"))?;
     if let Some(errno) = summary.last_errno {
-        bail!(
-            "{what}: the attempt without an injected fault (attempt {}) failed with {}",
+        log(format!(
+            "{what}: the attempt without an injected fault (attempt {}) failed with {}; reported to the host",
             summary.attempts,
             errno_label(errno)
-        );
+        ))?;
     }
     context.records_bytes += perf::drain_all(&mut context.rings)?;
     Ok(summary)

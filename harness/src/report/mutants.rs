@@ -473,9 +473,17 @@ pub fn markdown(
              count against the score as survivors (column `unseen defect`) and are listed with \
              their argument below.\n",
             defects_killed.values().sum::<usize>(),
-            if defects_killed.is_empty() { "none".to_string() } else { per_kind(&defects_killed) },
+            if defects_killed.is_empty() {
+                "none".to_string()
+            } else {
+                per_kind(&defects_killed)
+            },
             defects.values().sum::<usize>(),
-            if defects.is_empty() { "none".to_string() } else { per_kind(&defects) },
+            if defects.is_empty() {
+                "none".to_string()
+            } else {
+                per_kind(&defects)
+            },
         );
     }
     let _ = writeln!(s, "## Per file\n\n{}", table(&by_file, "file"));
