@@ -14,9 +14,13 @@
 //! found the leftover (EBUSY: "already linked").
 //!
 //! The agent reports that errno (`FailNthSweep.clean_errno`) for the
-//! sweeps whose failure is a finding (the attach sweeps); a kprobe
-//! sweep's clean EILSEQ/EINVAL is the probe's offset refused, which the
-//! agent handles itself.
+//! sweeps whose failure is a finding (the attach sweeps), and only when
+//! every earlier attempt failed: when one attached despite its injected
+//! fault and was detached, the kernel may refuse the program a second
+//! attach by design (5.10 to 5.12 answer ENOENT: bpf_tracing_prog_attach()
+//! keeps no target after the first), which says nothing about undoing a
+//! failure. A kprobe sweep's clean EILSEQ/EINVAL is the probe's offset
+//! refused, which the agent handles itself.
 
 use crate::check::detail::FaultRecovery;
 use crate::check::{Detail, Violation};
