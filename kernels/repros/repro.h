@@ -150,7 +150,7 @@ static long sys_bpf(int cmd, union bpf_attr *attr, unsigned int size)
 static inline int read_sysctl(const char *path);
 
 /* Says why perf_event_open() of a CPU-wide dummy event failed, and exits. */
-static void perf_open_failed(int ksymbol, int bpf_event, int cpu)
+static inline void perf_open_failed(int ksymbol, int bpf_event, int cpu)
 {
 	int err = errno;
 	const char *why;
@@ -205,7 +205,7 @@ static size_t page_size(void)
  * Opens `l` on every CPU that takes an event (offline and absent CPUs
  * refuse with ENODEV / EINVAL and are skipped).
  */
-static void listener_open(struct listener *l, const char *name,
+static inline void listener_open(struct listener *l, const char *name,
 			  uint64_t sample_type, int ksymbol, int bpf_event)
 {
 	long ncpus = sysconf(_SC_NPROCESSORS_CONF);
@@ -260,7 +260,7 @@ static void listener_open(struct listener *l, const char *name,
  * Calls `fn` for every record written to `l` since the last call, in ring
  * order, with the record copied out (it may wrap around the ring's end).
  */
-static void listener_read(struct listener *l,
+static inline void listener_read(struct listener *l,
 			  void (*fn)(struct listener *l, int cpu,
 				     const struct perf_event_header *h,
 				     const uint8_t *rec, void *arg),
@@ -297,7 +297,7 @@ static void listener_read(struct listener *l,
 	}
 }
 
-static void listener_close(struct listener *l)
+static inline void listener_close(struct listener *l)
 {
 	size_t len = (1 + RING_PAGES) * page_size();
 	int i;
@@ -310,7 +310,7 @@ static void listener_close(struct listener *l)
 }
 
 /* The smallest program: `r0 = 0; exit` as a socket filter named `name`. */
-static int load_trivial_prog(const char *name)
+static inline int load_trivial_prog(const char *name)
 {
 	struct bpf_insn insns[2];
 	union bpf_attr attr;
@@ -359,7 +359,7 @@ static int load_trivial_prog(const char *name)
 }
 
 /* bpf_prog_info of `fd`: its id and the length of its JITed code. */
-static void prog_info(int fd, uint32_t *id, uint32_t *jited_len)
+static inline void prog_info(int fd, uint32_t *id, uint32_t *jited_len)
 {
 	struct bpf_prog_info info;
 	union bpf_attr attr;
@@ -377,7 +377,7 @@ static void prog_info(int fd, uint32_t *id, uint32_t *jited_len)
 }
 
 /* Whether program `id` can still be found (unloads may finish later). */
-static int prog_alive(uint32_t id)
+static inline int prog_alive(uint32_t id)
 {
 	union bpf_attr attr;
 	long fd;
@@ -397,7 +397,7 @@ static int prog_alive(uint32_t id)
 }
 
 /* Waits up to 5 s for program `id` to be gone. */
-static void wait_unloaded(uint32_t id)
+static inline void wait_unloaded(uint32_t id)
 {
 	int i;
 

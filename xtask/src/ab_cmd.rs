@@ -158,8 +158,20 @@ fn validate_plan(a: &ValidateArgs, layout: &Layout) -> Result<ValidatePlan> {
     .with_patches(Vec::new());
     let (fix, expected) =
         validate::expected_fixes(layout, a.fix.as_deref(), &a.expect_fixed, &base_req.source)?;
-    let mut patches = a.patches.clone();
+    // The fix's base (its folder's fix.toml) goes beneath everything, on
+    // both sides: the baseline is the source with the base applied.
+    let beneath: Vec<PathBuf> = fix.as_ref().map(|f| f.base.clone()).unwrap_or_default();
+    let base_req = base_req.with_patches(beneath.clone());
+    let mut patches = beneath.clone();
+    patches.extend(a.patches.iter().cloned());
     patches.extend(fix.as_ref().map(|f| f.patch.clone()));
+    if !beneath.is_empty() {
+        let names: Vec<String> = beneath.iter().map(|p| p.display().to_string()).collect();
+        println!(
+            "kloop: validate: beneath the baseline and the candidate: {}",
+            names.join(" + ")
+        );
+    }
     if !expected.is_empty() {
         println!("kloop: validate: expecting fixed: {}", expected.join(", "));
     }

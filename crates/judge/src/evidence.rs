@@ -217,6 +217,12 @@ pub struct FailNthSweep {
     pub errnos: Vec<(String, u32)>,
     /// The agent's note on the sweep (the program, the probe's site).
     pub detail: String,
+    /// The plan's target kind (`attach`, `kprobe-slot`, `xdp-attach`);
+    /// `None` from an agent before protocol 14.
+    pub sweep: Option<String>,
+    /// The errno's name when the attempt without an injected fault failed
+    /// as well (rule `fault-recovery`); `None` when it succeeded.
+    pub clean_errno: Option<String>,
 }
 
 /// A file the guest read for a `read-file` step.
@@ -607,12 +613,16 @@ impl RunEvidence {
                     failed,
                     errnos,
                     detail,
+                    sweep,
+                    clean_errno,
                 } => ev.fail_nth.push(FailNthSweep {
                     target: target.clone(),
                     attempts: *attempts,
                     failed: *failed,
                     errnos: errnos.clone(),
                     detail: detail.clone(),
+                    sweep: sweep.clone(),
+                    clean_errno: clean_errno.clone(),
                 }),
                 Message::KsymbolWatch {
                     observations,

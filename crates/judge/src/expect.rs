@@ -597,6 +597,7 @@ step = { op = "detach", link = "clock" }
                 failed: 12,
                 errnos: vec![("ENOMEM".into(), 12)],
                 detail: String::new(),
+                ..Default::default()
             },
             FailNthSweep {
                 target: "attach fentry (BPF_RAW_TRACEPOINT_OPEN)".into(),
@@ -604,6 +605,7 @@ step = { op = "detach", link = "clock" }
                 failed: 19,
                 errnos: vec![("ENOMEM".into(), 19)],
                 detail: String::new(),
+                ..Default::default()
             },
         ];
         let a = analyse(&ev);

@@ -81,6 +81,7 @@ pub const RULE_SOURCES: &[&[&str]] = &[
     crate::expect::rule::ALL,
     crate::kernel_log::RULES,
     crate::jit_books::RULES,
+    crate::fault_recovery::RULES,
 ];
 
 /// Every rule name a ledger entry may use.
@@ -181,6 +182,8 @@ pub struct Issue {
 /// | | `first_function_tag` | perf's name is built from `prog_tags[0]` (true) or not (false) |
 /// | `kernel-report` | `title` | a checked kernel's report has this title (addresses and offsets dropped) |
 /// | | `frames` | and these first frames |
+/// | `fault-recovery` | `target` | the fail-nth sweep's target kind (`attach`, `xdp-attach`) |
+/// | | `errno` | the errno name its attempt without an injected fault failed with (`EBUSY`) |
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Signature {
@@ -216,6 +219,12 @@ pub struct Signature {
     /// `kernel-report`: its first frames.
     #[serde(default)]
     pub frames: Option<Vec<String>>,
+    /// `fault-recovery`: the sweep's target kind.
+    #[serde(default)]
+    pub target: Option<String>,
+    /// `fault-recovery`: the clean attempt's errno name.
+    #[serde(default)]
+    pub errno: Option<String>,
 }
 
 /// The fault classes a signature may name, with the fields each needs.
@@ -224,6 +233,7 @@ pub const FAULTS: &[(&str, &[&str])] = &[
     ("interpreted-symbol", &["len", "name", "kernel_text"]),
     ("synthesised-ksymbol", &["fields", "first_function_tag"]),
     ("kernel-report", &["title", "frames"]),
+    ("fault-recovery", &["target", "errno"]),
 ];
 
 /// The one excess shape `oversized-record` knows.
@@ -242,6 +252,8 @@ impl Signature {
             ("first_function_tag", self.first_function_tag.is_some()),
             ("title", self.title.is_some()),
             ("frames", self.frames.is_some()),
+            ("target", self.target.is_some()),
+            ("errno", self.errno.is_some()),
         ]
         .into_iter()
         .filter_map(|(f, given)| given.then_some(f))
@@ -331,6 +343,9 @@ impl Signature {
             }
             Detail::KernelReport(k) if self.fault == "kernel-report" => {
                 self.title.as_ref() == Some(&k.title) && self.frames.as_ref() == Some(&k.frames)
+            }
+            Detail::FaultRecovery(f) if self.fault == "fault-recovery" => {
+                self.target.as_ref() == Some(&f.target) && self.errno.as_ref() == Some(&f.errno)
             }
             _ => false,
         }
@@ -463,6 +478,10 @@ pub struct FixRecord {
     /// The A/B's counts (`40 scenario(s): 38 same, 1 fixed, …`).
     #[serde(default)]
     pub summary: String,
+    /// Patches of other fixes applied beneath it, on the baseline and the
+    /// candidate alike (the fix folder's `fix.toml`).
+    #[serde(default)]
+    pub base: Vec<String>,
 }
 
 /// Components a ledger entry may blame.
@@ -1061,6 +1080,60 @@ kernel_text = true
         assert!(invalid(&shape).contains("signature excess `any` is unknown"));
         let reader = ENTRY.replace("readers = [\"kloop\"]", "readers = [\"bpftrace\"]");
         assert!(invalid(&reader).contains("signature reader `bpftrace`"));
+    }
+
+    #[test]
+    fn a_fault_recovery_signature_covers_its_target_and_errno_only() {
+        let entry = r#"
+[[issue]]
+id = "stuck-attach"
+rule = "fault-recovery"
+scenarios = ["basic"]
+pins = ["5.10"]
+summary = "a failed trampoline update leaves the program linked"
+evidence = "EBUSY"
+review_by = "2027-05-21"
+
+[[issue.signature]]
+fault = "fault-recovery"
+target = "attach"
+errno = "EBUSY"
+"#;
+        let l = Ledger::parse(entry, Path::new("known-issues.toml"), &vocab()).unwrap();
+        let stuck = |target: &str, errno: &str| {
+            Violation::new(
+                crate::fault_recovery::FAULT_RECOVERY,
+                "the clean attempt failed",
+            )
+            .with(Detail::FaultRecovery(crate::check::detail::FaultRecovery {
+                target: target.into(),
+                errno: errno.into(),
+                swept: format!("{target} fentry"),
+                attempts: 9,
+                failed: 8,
+            }))
+        };
+        let known = [stuck("attach", "EBUSY")];
+        let j = l.judge("5.10", "basic", &known);
+        assert!(j.uncovered.is_empty() && j.fixed.is_empty());
+        assert_eq!(j.known[0].0.id, "stuck-attach");
+        // Another errno (a leak that exhausts something: ENOMEM) or
+        // another sweep is another bug.
+        for other in [stuck("attach", "ENOMEM"), stuck("xdp-attach", "EBUSY")] {
+            let j = l.judge("5.10", "basic", std::slice::from_ref(&other));
+            assert_eq!(j.uncovered.len(), 1, "{:?}", other.detail);
+            assert_eq!(j.fixed.len(), 1, "{:?}", other.detail);
+        }
+        // The clean attach succeeding is the entry fixed.
+        assert_eq!(l.judge("5.10", "basic", &[]).fixed[0].id, "stuck-attach");
+        let missing = entry.replace("errno = \"EBUSY\"\n", "");
+        let e = Ledger::parse(&missing, Path::new("k.toml"), &vocab())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("signature `fault-recovery` needs `errno`"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -16,6 +16,8 @@
 //!   snapshots;
 //! - [`kernel_log`]: the reports of a checked kernel's own checks (KASAN,
 //!   UBSAN, lockdep, kmemleak) as violations;
+//! - [`fault_recovery`]: a fail-nth sweep's clean attempt that failed, an
+//!   injected failure the kernel did not undo;
 //! - [`known_issues`]: the ledger of known bugs and the sorting of violations;
 //! - [`overhead`]: the emission path's cost against its budgets;
 //! - [`ab`]: one scenario on a baseline and a candidate kernel, compared;
@@ -27,6 +29,7 @@ pub mod emissions;
 pub mod evidence;
 pub mod expect;
 pub mod expectation;
+pub mod fault_recovery;
 pub mod jit_books;
 pub mod kernel_log;
 pub mod known_issues;

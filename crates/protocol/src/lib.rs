@@ -40,8 +40,10 @@ pub use plan::{
 /// side-band attributes, and `close-listeners`; 6: `FinalKallsyms`; 7: the plan's `params`;
 /// 8: `ProgramRun`; 9: `PerfData`; 10: `StepDone.kallsyms_ns`, and
 /// `FinalKallsyms` inside the last drain's step; 11: `KernelLog`; 12: polled
-/// listeners and `Wakeups`; 13: `JitBooks`, `unprivileged-attach`).
-pub const PROTOCOL_VERSION: u32 = 13;
+/// listeners and `Wakeups`; 13: `JitBooks`, `unprivileged-attach`, a
+/// listener's `poll_watermark`; 14: `FailNthSweep.sweep` and
+/// `.clean_errno`).
+pub const PROTOCOL_VERSION: u32 = 14;
 
 /// The most bytes of kernel log one [`Message::KernelLog`] carries (its
 /// JSON fits a frame).
@@ -473,12 +475,23 @@ pub enum Message {
     /// attempts returned it) and the rest succeeded despite the injected
     /// failure (an allocation with a fallback). `detail` says what was
     /// swept (the kprobe's offset, whether the instruction page existed).
+    ///
+    /// `sweep` is the plan's target kind ([`SweepTarget::kind`]), and
+    /// `clean_errno` the errno's name when the last attempt, the one
+    /// without an injected fault, failed too: an attach sweep reports that
+    /// as evidence (the kernel did not undo an earlier injected failure)
+    /// instead of failing the step. Both are absent from agents before
+    /// protocol 14.
     FailNthSweep {
         target: String,
         attempts: u32,
         failed: u32,
         errnos: Vec<(String, u32)>,
         detail: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sweep: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        clean_errno: Option<String>,
     },
     /// The side-band lookups of a `storm` with `lookup`: PROG_LOAD ids seen
     /// in the rings while the storm ran and what `BPF_PROG_GET_FD_BY_ID`
@@ -658,6 +671,22 @@ mod tests {
         };
         let json = serde_json::to_vec(&m).unwrap();
         assert!(json.len() <= MAX_PAYLOAD, "{} bytes", json.len());
+    }
+
+    #[test]
+    fn a_fail_nth_sweep_of_an_older_agent_still_decodes() {
+        // Protocol 13's form: no sweep kind, no clean attempt's errno.
+        let old = r#"{"msg":"fail-nth-sweep","target":"attach fentry (BPF_RAW_TRACEPOINT_OPEN)","attempts":9,"failed":8,"errnos":[["ENOMEM",8]],"detail":"program \"fentry\""}"#;
+        let m: Message = serde_json::from_str(old).unwrap();
+        let Message::FailNthSweep {
+            sweep, clean_errno, ..
+        } = &m
+        else {
+            panic!("{m:?}")
+        };
+        assert_eq!((sweep, clean_errno), (&None, &None));
+        // And a clean sweep writes neither field, as before.
+        assert_eq!(serde_json::to_string(&m).unwrap(), old);
     }
 
     #[test]

@@ -491,6 +491,17 @@ pub enum SweepTarget {
     XdpAttach { label: String, interface: String },
 }
 
+impl SweepTarget {
+    /// The target's `kind`, as the plan spells it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SweepTarget::Attach { .. } => "attach",
+            SweepTarget::KprobeSlot { .. } => "kprobe-slot",
+            SweepTarget::XdpAttach { .. } => "xdp-attach",
+        }
+    }
+}
+
 /// A fault the agent can inject on request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -8,6 +8,21 @@
 //! `perf_event_bpf_emit_ksymbols()` ends both). It holds one patch per
 //! source it applies to, named after the source package
 //! (`linux-source-6.12.patch`), in upstream submission form.
+//!
+//! A fix that can only be judged on a kernel already carrying another
+//! fix says so in the folder's `fix.toml`:
+//!
+//! ```toml
+//! [base]
+//! "linux-source-5.10" = ["trampoline-link-failure-not-undone"]   # quoted: a bare key splits at dots
+//! ```
+//!
+//! For that source, the named fixes' patches (their own bases first, in
+//! the order given) go beneath this one's, on *both* sides of `validate`:
+//! the baseline is the source with the base applied, the candidate the
+//! same plus this fix. Without it, a bug elsewhere that makes the unpatched
+//! source fail a scenario leaves that scenario with nothing to compare
+//! (`INCOMPARABLE`), and the fix cannot be accepted.
 
 use std::path::{Path, PathBuf};
 
@@ -16,6 +31,9 @@ use crate::judge::known_issues::Ledger;
 
 /// Where fix folders live, under the catalog directory (`kernels/`).
 pub const FIXES_DIR: &str = "fixes";
+
+/// A fix folder's own settings: which fixes go beneath it.
+pub const FIX_TOML: &str = "fix.toml";
 
 /// Why a fix or an expected id could not be resolved, or recorded.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +62,41 @@ pub enum FixError {
     },
     #[error("{path} is not TOML the ledger's writer can edit: {message}")]
     Edit { path: PathBuf, message: String },
+    #[error("{path}: {message}")]
+    FixToml { path: PathBuf, message: String },
+    #[error("the bases of fix `{name}` for {source_package} come back to it: {chain}")]
+    BaseCycle {
+        name: String,
+        source_package: String,
+        chain: String,
+    },
+}
+
+/// `fix.toml`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FixToml {
+    /// Per source package, the fixes whose patches go beneath this one's.
+    #[serde(default)]
+    base: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+impl FixToml {
+    fn read(dir: &Path) -> Result<FixToml, FixError> {
+        let path = dir.join(FIX_TOML);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => toml::from_str(&text).map_err(|e| FixError::FixToml {
+                path,
+                message: e.to_string(),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(FixToml::default()),
+            Err(source) => Err(FixError::Io {
+                what: "reading",
+                path,
+                source,
+            }),
+        }
+    }
 }
 
 /// A fix folder resolved for one source.
@@ -55,6 +108,9 @@ pub struct Fix {
     pub patch: PathBuf,
     /// The ledger ids it ends.
     pub ids: Vec<String>,
+    /// The patches beneath it on this source (`fix.toml`'s `base`, each
+    /// base's own base first): applied to the baseline and the candidate.
+    pub base: Vec<PathBuf>,
 }
 
 /// The naming rule of fix folders and reproducers: `name` stands for
@@ -145,11 +201,87 @@ pub fn resolve(
             },
         });
     }
+    let mut base = Vec::new();
+    base_patches(
+        &root,
+        &dir,
+        source_package,
+        &mut vec![folder.clone()],
+        &mut base,
+    )?;
     Ok(Fix {
         ids: ids_named(ledger, &folder)?,
         dir,
         patch,
+        base,
     })
+}
+
+/// The patches `fix.toml` of the fix folder `dir` puts beneath its patch
+/// for `source_package` (each base's own base first).
+pub fn base_of(kernels: &Path, dir: &Path, source_package: &str) -> Result<Vec<PathBuf>, FixError> {
+    let folder = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    base_patches(
+        &kernels.join(FIXES_DIR),
+        dir,
+        source_package,
+        &mut vec![folder],
+        &mut out,
+    )?;
+    Ok(out)
+}
+
+/// Appends the patches `fix.toml` of `dir` puts beneath it on
+/// `source_package` to `out`, each base's own bases first; `chain` is the
+/// fixes being resolved, to refuse a cycle.
+fn base_patches(
+    root: &Path,
+    dir: &Path,
+    source_package: &str,
+    chain: &mut Vec<String>,
+    out: &mut Vec<PathBuf>,
+) -> Result<(), FixError> {
+    let names = FixToml::read(dir)?
+        .base
+        .remove(source_package)
+        .unwrap_or_default();
+    for name in names {
+        if chain.contains(&name) {
+            chain.push(name);
+            return Err(FixError::BaseCycle {
+                name: chain[0].clone(),
+                source_package: source_package.to_string(),
+                chain: chain.join(" → "),
+            });
+        }
+        let base_dir = root.join(&name);
+        if !base_dir.is_dir() {
+            return Err(FixError::UnknownFix {
+                name,
+                dir: root.to_path_buf(),
+                known: list(root, |p| p.is_dir()).join(", "),
+            });
+        }
+        let patch = base_dir.join(format!("{source_package}.patch"));
+        if !patch.is_file() {
+            return Err(FixError::NoPatchFor {
+                source_package: source_package.to_string(),
+                known: list(&base_dir, |p| p.extension().is_some_and(|e| e == "patch")).join(", "),
+                dir: base_dir,
+            });
+        }
+        chain.push(name);
+        base_patches(root, &base_dir, source_package, chain, out)?;
+        chain.pop();
+        if !out.contains(&patch) {
+            out.push(patch);
+        }
+    }
+    Ok(())
 }
 
 /// The fix folder of ledger entry `id`: the one named `id`, or a prefix of
@@ -208,6 +340,9 @@ pub struct Validated<'a> {
     /// `YYYY-MM-DD`.
     pub date: String,
     pub run_dir: String,
+    /// The patches beneath it on both sides (`fix.toml`), as the ledger
+    /// names them.
+    pub base: Vec<String>,
 }
 
 /// Records `v` under every entry in `ids` in the ledger file at `path`,
@@ -246,6 +381,13 @@ fn record_in(text: &str, ids: &[String], v: &Validated<'_>) -> Result<String, St
         fix["patch"] = value(&v.patch);
         fix["source"] = value(&v.source);
         fix["result"] = value(if v.accepted { "FIXED" } else { "REJECTED" });
+        if !v.base.is_empty() {
+            let mut base = Array::new();
+            for b in &v.base {
+                base.push(b.as_str());
+            }
+            fix["base"] = value(base);
+        }
         let mut scenarios = Array::new();
         for o in v.outcomes.iter().filter(|o| o.fixed.contains(id)) {
             scenarios.push(o.scenario.as_str());
@@ -396,6 +538,68 @@ excess = "accumulated-trailers"
     }
 
     #[test]
+    fn a_fix_toml_puts_its_bases_patches_beneath_for_that_source_only() {
+        let kernels = tempfile::tempdir().unwrap();
+        let fixes = kernels.path().join("fixes");
+        for (name, sources) in [
+            ("interpreted-prog-ksymbol", &["5.10", "6.12"][..]),
+            ("other", &["5.10"][..]),
+        ] {
+            std::fs::create_dir_all(fixes.join(name)).unwrap();
+            for s in sources {
+                std::fs::write(
+                    fixes.join(name).join(format!("linux-source-{s}.patch")),
+                    "x",
+                )
+                .unwrap();
+            }
+        }
+        let toml =
+            |name: &str, text: &str| std::fs::write(fixes.join(name).join(FIX_TOML), text).unwrap();
+        toml(
+            "interpreted-prog-ksymbol",
+            "[base]\n\"linux-source-5.10\" = [\"other\"]\n",
+        );
+        let l = ledger();
+        let on = |source: &str| resolve(kernels.path(), &l, "interpreted-prog-ksymbol", source);
+        assert_eq!(
+            on("linux-source-5.10").unwrap().base,
+            vec![fixes.join("other/linux-source-5.10.patch")]
+        );
+        assert!(on("linux-source-6.12").unwrap().base.is_empty());
+        // A base without a patch for the source, an unknown base, a cycle
+        // and an unknown key are errors that say so.
+        toml(
+            "interpreted-prog-ksymbol",
+            "[base]\n\"linux-source-6.12\" = [\"other\"]\n",
+        );
+        let e = on("linux-source-6.12").unwrap_err().to_string();
+        assert!(e.contains("has no patch for linux-source-6.12"), "{e}");
+        toml(
+            "interpreted-prog-ksymbol",
+            "[base]\n\"linux-source-5.10\" = [\"nope\"]\n",
+        );
+        let e = on("linux-source-5.10").unwrap_err().to_string();
+        assert!(e.contains("no fix `nope`"), "{e}");
+        toml(
+            "interpreted-prog-ksymbol",
+            "[base]\n\"linux-source-5.10\" = [\"other\"]\n",
+        );
+        toml(
+            "other",
+            "[base]\n\"linux-source-5.10\" = [\"interpreted-prog-ksymbol\"]\n",
+        );
+        let e = on("linux-source-5.10").unwrap_err().to_string();
+        assert!(
+            e.contains("interpreted-prog-ksymbol → other → interpreted-prog-ksymbol"),
+            "{e}"
+        );
+        toml("other", "requires = []\n");
+        let e = on("linux-source-5.10").unwrap_err().to_string();
+        assert!(e.contains("fix.toml") && e.contains("requires"), "{e}");
+    }
+
+    #[test]
     fn recording_adds_a_fix_table_per_entry_replaces_the_same_patch_and_keeps_comments() {
         let outcomes = vec![AbOutcome {
             scenario: "interpreter".into(),
@@ -417,6 +621,7 @@ excess = "accumulated-trailers"
             outcomes: &outcomes,
             date: "2026-11-26".into(),
             run_dir: "target/kloop/runs/1".into(),
+            base: Vec::new(),
         };
         let ids = ids_named(&ledger(), "interpreted-prog-ksymbol").unwrap();
         let once = record_in(LEDGER, &ids, &v).unwrap();

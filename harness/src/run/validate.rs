@@ -196,6 +196,7 @@ pub fn record(
         outcomes: &ab.outcomes,
         date: crate::judge::known_issues::Date::today().to_string(),
         run_dir: rel(&ab.run_dir),
+        base: fix.base.iter().map(|p| rel(p)).collect(),
     };
     fixes::record(&ledger, expected, &v)?;
     Ok(format!(

@@ -24,6 +24,27 @@ pub enum Detail {
     /// `kasan`, `ubsan`, `lockdep`, `kmemleak`: a report of the kernel's
     /// own checks ([`crate::kernel_log`]).
     KernelReport(KernelReport),
+    /// `fault-recovery`: a fail-nth sweep whose attempt without an
+    /// injected fault failed after injected failures
+    /// ([`crate::fault_recovery`]).
+    FaultRecovery(FaultRecovery),
+}
+
+/// See [`Detail::FaultRecovery`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultRecovery {
+    /// The sweep's target kind as the plan spells it (`attach`,
+    /// `xdp-attach`, `kprobe-slot`).
+    pub target: String,
+    /// The errno's name the clean attempt failed with (`EBUSY`).
+    pub errno: String,
+    /// What was swept, as the agent named it (`attach fentry
+    /// (BPF_RAW_TRACEPOINT_OPEN)`).
+    pub swept: String,
+    /// Attempts, the clean one last.
+    pub attempts: u32,
+    /// The injected failures before it whose syscall failed.
+    pub failed: u32,
 }
 
 /// See [`Detail::KernelReport`].

@@ -55,6 +55,8 @@ pub enum StandaloneError {
     Kernel(#[from] kloop_kernels::KernelError),
     #[error(transparent)]
     Build(#[from] kloop_kernels::build::BuildError),
+    #[error(transparent)]
+    Fix(#[from] crate::run::fixes::FixError),
 }
 
 /// A reproducer found for a ledger id.
@@ -214,6 +216,7 @@ impl KernelProof {
         match self.expected.as_str() {
             "reproduce" => self.outcome == "reproduces",
             "not reproduce" => self.outcome == "does not reproduce",
+            "cannot run" => self.outcome == "cannot run",
             _ => true,
         }
     }
@@ -274,14 +277,20 @@ pub enum Expect {
     Reproduce,
     /// An unaffected pin, or a build carrying the fix.
     Pass,
+    /// A kernel whose `.config` lacks an option the reproducer says it
+    /// needs ([`Reproducer::needs`]): it must exit 77, whatever the
+    /// ledger says of the kernel (the Debian pins have no fault
+    /// injection, so a fail-nth reproducer cannot run there).
+    CannotRun,
 }
 
 impl Expect {
-    /// `reproduce` / `not reproduce`.
+    /// `reproduce` / `not reproduce` / `cannot run`.
     pub fn label(self) -> &'static str {
         match self {
             Expect::Reproduce => "reproduce",
             Expect::Pass => "not reproduce",
+            Expect::CannotRun => "cannot run",
         }
     }
 
@@ -290,7 +299,36 @@ impl Expect {
             (self, o),
             (Expect::Reproduce, ReproOutcome::Reproduces(_))
                 | (Expect::Pass, ReproOutcome::DoesNotReproduce)
+                | (Expect::CannotRun, ReproOutcome::CannotRun(_))
         )
+    }
+}
+
+/// The line of a reproducer's source that names the kernel options it
+/// cannot run without: `kloop-needs: CONFIG_A CONFIG_B`.
+pub const NEEDS_MARK: &str = "kloop-needs:";
+
+/// The `CONFIG_` options `source` declares it needs ([`NEEDS_MARK`]).
+pub fn needs_of(source: &str) -> Vec<String> {
+    source
+        .lines()
+        .filter_map(|l| l.split_once(NEEDS_MARK).map(|(_, rest)| rest))
+        .flat_map(|rest| rest.split_whitespace())
+        .filter(|w| w.starts_with("CONFIG_"))
+        .map(|w| w.trim_end_matches([',', '.', ')']).to_string())
+        .collect()
+}
+
+/// `expect`, unless `config` lacks one of `needs`: then the reproducer
+/// must say it cannot run (with the option it lacks, returned).
+pub fn expectation_for(
+    expect: Expect,
+    needs: &[String],
+    config: Option<&kloop_kernels::config::KernelConfig>,
+) -> (Expect, Option<String>) {
+    match config.and_then(|c| needs.iter().find(|n| !c.is_enabled(n))) {
+        Some(missing) => (Expect::CannotRun, Some(missing.clone())),
+        None => (expect, None),
     }
 }
 
@@ -364,7 +402,10 @@ pub fn proof_kernels(
             fetch: fetch.clone(),
             ..kloop_kernels::build::BuildRequest::new(spec, &layout.kernels())
         };
-        let fixed_req = base_req.with_patches(vec![patch.clone()]);
+        // The fix's base (fix.toml) beneath both, as validate builds them.
+        let beneath = crate::run::fixes::base_of(&layout.kernels(), &folder, &source)?;
+        let base_req = base_req.with_patches(beneath.clone());
+        let fixed_req = base_req.with_patches(beneath.into_iter().chain([patch.clone()]).collect());
         for (req, expect, what) in [
             (base_req, Expect::Reproduce, format!("{source} (unpatched)")),
             (fixed_req, Expect::Pass, format!("{source} + the fix")),
@@ -416,6 +457,27 @@ pub fn prove(
             scenario: scenario.clone(),
         })
         .collect();
+    // A kernel built without what the reproducer needs must say so (77),
+    // whatever the ledger expects of its code.
+    let needs = std::fs::read_to_string(&r.source)
+        .map(|s| needs_of(&s))
+        .unwrap_or_default();
+    let kernels: Vec<ProofKernel> = kernels
+        .iter()
+        .map(|k| {
+            let mut k = k.clone();
+            if let Some(e) = k.expect {
+                let config = k.kernel.config(env).ok();
+                let (e, missing) = expectation_for(e, &needs, config.as_deref());
+                k.expect = Some(e);
+                if let Some(m) = missing {
+                    k.label = format!("{} ({m} not set)", k.label);
+                }
+            }
+            k
+        })
+        .collect();
+    let kernels = &kernels[..];
     let parallel = crate::run::suite::Parallel::host_default();
     let results = crate::run::suite::run_all(env, &trials, parallel, on_result);
     let outcomes: Vec<ReproOutcome> = results.iter().map(ReproOutcome::of).collect();
@@ -563,6 +625,44 @@ impl ReproOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kernel_without_what_the_reproducer_needs_must_say_it_cannot_run() {
+        let needs = needs_of(
+            "/*\n * kloop-needs: CONFIG_FAULT_INJECTION CONFIG_FAILSLAB\n * kloop-needs: CONFIG_FAULT_INJECTION_DEBUG_FS.\n */\nint x;\n",
+        );
+        assert_eq!(
+            needs,
+            vec![
+                "CONFIG_FAULT_INJECTION",
+                "CONFIG_FAILSLAB",
+                "CONFIG_FAULT_INJECTION_DEBUG_FS"
+            ]
+        );
+        let debian = kloop_kernels::KernelConfig::parse(
+            "# CONFIG_FAULT_INJECTION is not set\nCONFIG_BPF=y\n",
+            "debian",
+        );
+        let built = kloop_kernels::KernelConfig::parse(
+            "CONFIG_FAULT_INJECTION=y\nCONFIG_FAILSLAB=y\nCONFIG_FAULT_INJECTION_DEBUG_FS=y\n",
+            "built",
+        );
+        assert_eq!(
+            expectation_for(Expect::Reproduce, &needs, Some(&debian)),
+            (Expect::CannotRun, Some("CONFIG_FAULT_INJECTION".into()))
+        );
+        assert_eq!(
+            expectation_for(Expect::Pass, &needs, Some(&built)),
+            (Expect::Pass, None)
+        );
+        // No config to read: the ledger's expectation stands.
+        assert_eq!(
+            expectation_for(Expect::Reproduce, &needs, None),
+            (Expect::Reproduce, None)
+        );
+        assert!(Expect::CannotRun.met_by(&ReproOutcome::CannotRun("77".into())));
+        assert!(!Expect::CannotRun.met_by(&ReproOutcome::DoesNotReproduce));
+    }
     use crate::run::trial::RuleHit;
 
     fn result(verdict: Verdict, exit_message: Option<&str>) -> TrialResult {
@@ -639,7 +739,7 @@ mod tests {
         assert_eq!(r.issues.len(), 2);
         let text = r.single_file().unwrap();
         assert!(!text.contains("#include \"repro.h\""));
-        assert!(text.contains("static void listener_open"));
+        assert!(text.contains("static inline void listener_open"));
         assert!(text.contains("Ledger entry interpreted-prog-ksymbol-register"));
         // The single file is what a maintainer builds: it must build alone.
         let dir = tempfile::tempdir().unwrap();

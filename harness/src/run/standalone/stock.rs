@@ -208,10 +208,19 @@ pub(crate) fn boot_plain(
             path: initramfs.clone(),
             source,
         })?;
+    // PID 1 is busybox's shell reading /init, started by the kernel as
+    // `rdinit=/bin/busybox -- sh /init` rather than through /init's `#!`
+    // line: kloop's own builds (tinyconfig) have no CONFIG_BINFMT_SCRIPT,
+    // and there the kernel refuses a script as init ("Failed to execute
+    // /init (error -8)", ENOEXEC) and panics.
+    let mut cmdline = parts.vm.cmdline.clone();
+    cmdline.push(format!("rdinit={}", payload::GUEST_BUSYBOX));
+    cmdline.extend(["--", "sh", "/init"].map(String::from));
     let config = VmConfig {
         initramfs: Some(initramfs),
         data_channel: false,
         console: Console::File,
+        cmdline,
         ..parts.vm
     };
     let total = config.deadlines.total;

@@ -63,6 +63,11 @@ pub(super) fn judge(
     result
         .notes
         .extend(crate::judge::jit_books::not_read(&evidence));
+    // A fail-nth sweep whose clean attempt failed: an injected failure
+    // the kernel did not undo.
+    analysis
+        .violations
+        .extend(crate::judge::fault_recovery::check(&evidence));
     // Oversized copies, kloop's and perf's: does the write's other copies'
     // accumulated trailers account for each one's excess?
     let mut violations = std::mem::take(&mut analysis.violations);
