@@ -65,15 +65,22 @@ fn walk<T>(
     Ok(None)
 }
 
+/// Where `name` is in the string section. Strings are deduplicated: a
+/// name has one offset, if any.
+fn string_offset(l: &Layout<'_>, name: &str) -> Option<u32> {
+    let needle = [&[0u8][..], name.as_bytes(), &[0u8][..]].concat();
+    l.strings
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .map(|p| (p + 1) as u32)
+}
+
 /// The BTF type id of the FUNC named `name` in raw BTF.
 pub fn func_id(raw: &[u8], name: &str) -> Result<Option<u32>, String> {
     let l = layout(raw)?;
-    // Strings are deduplicated: the name has one offset, if any.
-    let needle = [&[0u8][..], name.as_bytes(), &[0u8][..]].concat();
-    let Some(pos) = l.strings.windows(needle.len()).position(|w| w == needle) else {
+    let Some(name_off) = string_offset(&l, name) else {
         return Ok(None);
     };
-    let name_off = (pos + 1) as u32;
     walk(&l, |id, at, kind| {
         (kind == 12 && at == name_off).then_some(id)
     })
@@ -83,14 +90,8 @@ pub fn func_id(raw: &[u8], name: &str) -> Result<Option<u32>, String> {
 /// first such struct), `None` when there is no such struct or member.
 pub fn member_offset(raw: &[u8], name: &str, member: &str) -> Result<Option<u32>, String> {
     let l = layout(raw)?;
-    let offset_of = |s: &str| {
-        let needle = [&[0u8][..], s.as_bytes(), &[0u8][..]].concat();
-        l.strings
-            .windows(needle.len())
-            .position(|w| w == needle)
-            .map(|p| (p + 1) as u32)
-    };
-    let (Some(name_off), Some(member_off)) = (offset_of(name), offset_of(member)) else {
+    let (Some(name_off), Some(member_off)) = (string_offset(&l, name), string_offset(&l, member))
+    else {
         return Ok(None);
     };
     // The walk gives ids; the struct's record is found by a second pass
@@ -137,20 +138,10 @@ pub fn type_name(raw: &[u8], type_id: u32) -> Result<String, String> {
 mod tests {
     use super::*;
 
-    /// Raw BTF with: 1 INT "int", 2 FUNC_PROTO (1 param), 3 FUNC "f".
-    fn tiny_btf() -> Vec<u8> {
-        let strings = b"\0int\0f\0".to_vec();
-        let mut types = Vec::new();
-        let mut push = |words: &[u32]| {
-            for w in words {
-                types.extend_from_slice(&w.to_le_bytes());
-            }
-        };
-        push(&[1, 1 << 24, 4, 0x20]); // INT "int", size 4, 32 bits
-        push(&[0, (13 << 24) | 1, 1, 0, 1]); // FUNC_PROTO returning int, one int param
-        push(&[5, 12 << 24, 2]); // FUNC "f" of proto 2
-        let mut raw = Vec::new();
-        raw.extend_from_slice(&[0x9f, 0xeb, 1, 0]);
+    /// Raw little-endian BTF of `types` (32-bit words) and `strings`.
+    fn raw_btf(words: &[u32], strings: &[u8]) -> Vec<u8> {
+        let types: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let mut raw = vec![0x9f, 0xeb, 1, 0];
         for w in [
             24u32,
             0,
@@ -161,8 +152,29 @@ mod tests {
             raw.extend_from_slice(&w.to_le_bytes());
         }
         raw.extend(types);
-        raw.extend(strings);
+        raw.extend_from_slice(strings);
         raw
+    }
+
+    /// Raw BTF with: 1 INT "int", 2 FUNC_PROTO (1 param), 3 FUNC "f".
+    fn tiny_btf() -> Vec<u8> {
+        raw_btf(
+            &[
+                1,
+                1 << 24,
+                4,
+                0x20, // INT "int", size 4, 32 bits
+                0,
+                (13 << 24) | 1,
+                1,
+                0,
+                1, // FUNC_PROTO returning int, one int param
+                5,
+                12 << 24,
+                2, // FUNC "f" of proto 2
+            ],
+            b"\0int\0f\0",
+        )
     }
 
     #[test]
@@ -181,23 +193,10 @@ mod tests {
     /// A STRUCT "s" { int f @ bit 64 }: the member's byte offset is 8.
     #[test]
     fn finds_a_struct_members_offset() {
-        let strings = b"\0int\0s\0f\0".to_vec();
-        let mut types = Vec::new();
-        for w in [1u32, 1 << 24, 4, 0x20, 5, (4 << 24) | 1, 16, 7, 1, 64] {
-            types.extend_from_slice(&w.to_le_bytes());
-        }
-        let mut raw = vec![0x9f, 0xeb, 1, 0];
-        for w in [
-            24u32,
-            0,
-            types.len() as u32,
-            types.len() as u32,
-            strings.len() as u32,
-        ] {
-            raw.extend_from_slice(&w.to_le_bytes());
-        }
-        raw.extend(types);
-        raw.extend(strings);
+        let raw = raw_btf(
+            &[1, 1 << 24, 4, 0x20, 5, (4 << 24) | 1, 16, 7, 1, 64],
+            b"\0int\0s\0f\0",
+        );
         assert_eq!(member_offset(&raw, "s", "f"), Ok(Some(8)));
         assert_eq!(member_offset(&raw, "s", "g"), Ok(None));
         assert_eq!(member_offset(&raw, "int", "f"), Ok(None));

@@ -16,17 +16,13 @@ pub(crate) fn report_bug(a: ReportBugArgs) -> Result<ExitCode> {
     let id = a.id.as_deref().context("a ledger id, or --backport ID")?;
     let layout = layout();
     let mail = kloop::report::bug_mail::compose(&layout, id, a.source.as_deref())?;
-    for w in &mail.warnings {
-        eprintln!("kloop: warning: {w}");
-    }
-    let out = a.out.clone().unwrap_or_else(|| {
-        layout
-            .root
-            .join("target/kloop/report-bug")
-            .join(format!("{}-{}.mail", mail.name, mail.source))
-    });
-    kloop_kernels::write_atomically(&out, mail.text.as_bytes())
-        .with_context(|| format!("writing {}", out.display()))?;
+    let out = write_mail(
+        &a,
+        &layout,
+        &mail.warnings,
+        &format!("{}-{}.mail", mail.name, mail.source),
+        &mail.text,
+    )?;
     println!(
         "kloop: the mail for {} ({}) is in {}",
         mail.ids.join(", "),
@@ -54,17 +50,13 @@ fn backport(a: &ReportBugArgs, id: &str, series: &str) -> Result<ExitCode> {
         }
         Err(e) => return Err(e.into()),
     };
-    for w in &mail.warnings {
-        eprintln!("kloop: warning: {w}");
-    }
-    let out = a.out.clone().unwrap_or_else(|| {
-        layout
-            .root
-            .join("target/kloop/report-bug")
-            .join(format!("{}-backport-{}.mail", mail.name, mail.series))
-    });
-    kloop_kernels::write_atomically(&out, mail.text.as_bytes())
-        .with_context(|| format!("writing {}", out.display()))?;
+    let out = write_mail(
+        a,
+        &layout,
+        &mail.warnings,
+        &format!("{}-backport-{}.mail", mail.name, mail.series),
+        &mail.text,
+    )?;
     println!(
         "kloop: the backport request for {id} on {}.y is in {}",
         mail.series,
@@ -80,4 +72,25 @@ fn backport(a: &ReportBugArgs, id: &str, series: &str) -> Result<ExitCode> {
         out.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Prints the mail's warnings and writes it (atomically) to `--out` or
+/// `target/kloop/report-bug/<file_name>`; returns where.
+fn write_mail(
+    a: &ReportBugArgs,
+    layout: &kloop::run::suite::Layout,
+    warnings: &[String],
+    file_name: &str,
+    text: &str,
+) -> Result<std::path::PathBuf> {
+    for w in warnings {
+        eprintln!("kloop: warning: {w}");
+    }
+    let out = a
+        .out
+        .clone()
+        .unwrap_or_else(|| layout.root.join("target/kloop/report-bug").join(file_name));
+    kloop_kernels::write_atomically(&out, text.as_bytes())
+        .with_context(|| format!("writing {}", out.display()))?;
+    Ok(out)
 }
