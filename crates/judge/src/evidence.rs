@@ -225,6 +225,20 @@ pub struct FailNthSweep {
     pub clean_errno: Option<String>,
 }
 
+impl FailNthSweep {
+    /// The failed attempts' errnos, `ENOMEM×5, EINVAL×1`, or `none`.
+    pub fn errno_summary(&self) -> String {
+        if self.errnos.is_empty() {
+            return "none".to_string();
+        }
+        self.errnos
+            .iter()
+            .map(|(e, n)| format!("{e}×{n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// A file the guest read for a `read-file` step.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FileSnapshot {

@@ -40,7 +40,6 @@ pub fn check(ev: &RunEvidence) -> Vec<Violation> {
 fn violation(f: &FailNthSweep) -> Option<Violation> {
     let errno = f.clean_errno.clone()?;
     let injected = f.attempts.saturating_sub(1);
-    let errnos: Vec<String> = f.errnos.iter().map(|(e, n)| format!("{e}×{n}")).collect();
     let message = format!(
         "{}: the attempt without an injected fault (attempt {}) failed with {errno} after {injected} \
          injected failure(s) ({} of them failed the syscall: {}): the kernel did not undo an \
@@ -48,11 +47,7 @@ fn violation(f: &FailNthSweep) -> Option<Violation> {
         f.target,
         f.attempts,
         f.failed,
-        if errnos.is_empty() {
-            "none".to_string()
-        } else {
-            errnos.join(", ")
-        }
+        f.errno_summary()
     );
     Some(
         Violation::new(FAULT_RECOVERY, message).with(Detail::FaultRecovery(FaultRecovery {

@@ -160,17 +160,12 @@ pub(super) fn judge(
     // What each fail-nth sweep came to, on the trial's line: how far the
     // sweep went and how the failed attempts failed.
     for f in &evidence.fail_nth {
-        let errnos: Vec<String> = f.errnos.iter().map(|(e, n)| format!("{e}×{n}")).collect();
         result.notes.push(format!(
             "fail-nth {}: {} attempts, {} failed ({})",
             f.target,
             f.attempts,
             f.failed,
-            if errnos.is_empty() {
-                "none".to_string()
-            } else {
-                errnos.join(", ")
-            }
+            f.errno_summary()
         ));
     }
     // Timing scenarios: figures against the pin's budget (overhead.rs).
