@@ -986,7 +986,10 @@ mod mutation_tests {
         ids.dedup();
         assert_eq!(ids.len(), results.len(), "test ids are unique");
         let fails = doc.tests.iter().filter(|t| t["status"] == "FAIL").count();
-        assert_eq!(fails, 368, "the killed mutants");
+        assert_eq!(
+            fails, 395,
+            "the killed mutants (docs/mutation-score.md's 395, duplicates with their original)"
+        );
         let dir = root.join("target/kloop/kcidb-samples");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(
