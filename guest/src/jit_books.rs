@@ -12,15 +12,22 @@ use std::os::unix::fs::FileExt;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use kloop_protocol::{JitReading, Message, PackReading};
+use kloop_protocol::{ImageReading, JitReading, Message, PackReading};
 use object::read::elf::ElfFile64;
 use object::{Endianness, Object, ObjectSegment, ReadCache};
 
 /// The core-kernel symbols the books live in; read with the other core
 /// symbols before a save.
-pub const CORE_NAMES: [&str; 2] = [CURRENT, PACK_LIST];
+pub const CORE_NAMES: [&str; 3] = [CURRENT, PACK_LIST, KALLSYMS_LIST];
 const CURRENT: &str = "bpf_jit_current";
 const PACK_LIST: &str = "pack_list";
+/// kernel/bpf/core.c's list of every `bpf_ksym` (programs, trampolines,
+/// dispatchers), in the order they were added.
+const KALLSYMS_LIST: &str = "bpf_kallsyms";
+/// A trampoline image's symbol (kernel/bpf/trampoline.c).
+const TRAMPOLINE_PREFIX: &[u8] = b"bpf_trampoline_";
+/// The most `bpf_ksym`s one reading walks.
+const MAX_KSYMS: usize = 4096;
 
 /// `BPF_PROG_CHUNK_SIZE` (1 << BPF_PROG_CHUNK_SHIFT, 6 from 5.18 to 7.x).
 const CHUNK_SIZE: u64 = 64;
@@ -49,6 +56,21 @@ struct Locator {
     /// bpf_prog_pack` (from the kernel's BTF: a stable backport added a
     /// field before `bitmap` in 6.12.y), with the chunks per pack.
     packs: Option<(u64, u64, u64, u32)>,
+    /// `bpf_kallsyms` and the layout that reads a trampoline image off it:
+    /// offsets of `start`, `end`, `name`, `lnode` in `struct bpf_ksym`, of
+    /// `ksym` in `struct bpf_tramp_image`, and of its `size` (6.2 on).
+    images: Option<ImageLayout>,
+}
+
+#[derive(Clone, Copy)]
+struct ImageLayout {
+    list: u64,
+    start: u64,
+    end: u64,
+    name: u64,
+    lnode: u64,
+    ksym_in_image: u64,
+    size_in_image: Option<u64>,
 }
 
 static LOCATOR: OnceLock<Result<Locator, String>> = OnceLock::new();
@@ -110,11 +132,37 @@ fn find() -> Result<Locator, String> {
             Some((list, u64::from(ptr), u64::from(bitmap), chunks))
         }
     };
+    let images = match one(KALLSYMS_LIST)? {
+        None => None,
+        Some(list) => match std::fs::read("/sys/kernel/btf/vmlinux") {
+            Err(_) => None,
+            Ok(btf) => {
+                let member = |s: &str, m: &str| {
+                    crate::btf::member_offset(&btf, s, m)
+                        .ok()
+                        .flatten()
+                        .map(u64::from)
+                };
+                (|| {
+                    Some(ImageLayout {
+                        list,
+                        start: member("bpf_ksym", "start")?,
+                        end: member("bpf_ksym", "end")?,
+                        name: member("bpf_ksym", "name")?,
+                        lnode: member("bpf_ksym", "lnode")?,
+                        ksym_in_image: member("bpf_tramp_image", "ksym")?,
+                        size_in_image: member("bpf_tramp_image", "size"),
+                    })
+                })()
+            }
+        },
+    };
     Ok(Locator {
         kcore,
         segments,
         current,
         packs,
+        images,
     })
 }
 
@@ -188,6 +236,45 @@ impl Locator {
     }
 }
 
+impl Locator {
+    /// The trampoline images on `bpf_kallsyms` now.
+    fn images(&self) -> Result<Vec<ImageReading>, String> {
+        let Some(l) = self.images else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        let mut node = self.u64_at(l.list)?;
+        let mut walked = 0;
+        while node != l.list {
+            walked += 1;
+            if walked > MAX_KSYMS {
+                return Err(format!("bpf_kallsyms has more than {MAX_KSYMS} symbols"));
+            }
+            let ksym = node - l.lnode;
+            let name = self.read_bytes(ksym + l.name, 64)?;
+            if name.starts_with(TRAMPOLINE_PREFIX) {
+                let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+                let image = ksym - l.ksym_in_image;
+                let size = match l.size_in_image {
+                    Some(off) => {
+                        let b = self.read_bytes(image + off, 4)?;
+                        Some(u32::from_le_bytes(b.try_into().expect("4 bytes")))
+                    }
+                    None => None,
+                };
+                out.push(ImageReading {
+                    name: String::from_utf8_lossy(&name[..len]).into_owned(),
+                    start: self.u64_at(ksym + l.start)?,
+                    end: self.u64_at(ksym + l.end)?,
+                    size,
+                });
+            }
+            node = self.u64_at(node)?;
+        }
+        Ok(out)
+    }
+}
+
 /// Runs of set bits (first, length) in a little-endian bitmap of `n` bits.
 fn runs(bitmap: &[u8], n: u32) -> Vec<(u32, u32)> {
     let mut out: Vec<(u32, u32)> = Vec::new();
@@ -206,6 +293,10 @@ fn runs(bitmap: &[u8], n: u32) -> Vec<(u32, u32)> {
 /// The books as they were before the first step.
 pub struct Watch {
     start: Result<JitReading, String>,
+    /// Trampoline images seen so far (by start address), and the first
+    /// error reading them.
+    images: Vec<ImageReading>,
+    images_error: Option<String>,
 }
 
 impl Watch {
@@ -215,6 +306,31 @@ impl Watch {
                 .as_ref()
                 .map_err(Clone::clone)
                 .and_then(Locator::read),
+            images: Vec::new(),
+            images_error: None,
+        }
+    }
+
+    /// Notes the trampoline images live now (after a step that attaches).
+    pub fn look_at_images(&mut self) {
+        let Ok(loc) = locator() else {
+            return;
+        };
+        match loc.images() {
+            Ok(now) => {
+                for i in now {
+                    if !self
+                        .images
+                        .iter()
+                        .any(|s| s.start == i.start && s.name == i.name)
+                    {
+                        self.images.push(i);
+                    }
+                }
+            }
+            Err(e) => {
+                self.images_error.get_or_insert(e);
+            }
         }
     }
 
@@ -259,6 +375,8 @@ impl Watch {
             settle_ns,
             live,
             unreadable,
+            images: self.images,
+            images_unreadable: self.images_error,
         }
     }
 }

@@ -34,6 +34,10 @@ pub struct JitBooks {
     pub live: Vec<u64>,
     /// Why the books could not be read.
     pub unreadable: Option<String>,
+    /// Trampoline images seen after the attaching steps.
+    pub images: Vec<kloop_protocol::ImageReading>,
+    /// Why those could not be read.
+    pub images_unreadable: Option<String>,
 }
 
 /// Everything the guest agent reported in one run, as received.
@@ -473,6 +477,8 @@ impl RunEvidence {
                     settle_ns,
                     live,
                     unreadable,
+                    images,
+                    images_unreadable,
                 } => {
                     ev.jit_books = Some(JitBooks {
                         start: start.clone(),
@@ -480,6 +486,8 @@ impl RunEvidence {
                         settle_ns: *settle_ns,
                         live: live.clone(),
                         unreadable: unreadable.clone(),
+                        images: images.clone(),
+                        images_unreadable: images_unreadable.clone(),
                     })
                 }
                 Message::KernelLog {

@@ -33,13 +33,52 @@ use crate::check::Violation;
 use crate::evidence::{JitBooks, RunEvidence};
 
 /// The rules this module reports (for the known-issues ledger's list).
-pub const RULES: &[&str] = &[CHARGE, CHUNKS, LIMIT];
+pub const RULES: &[&str] = &[CHARGE, CHUNKS, LIMIT, IMAGES];
 /// `bpf_jit_current` back at its start value after the plan.
 pub const CHARGE: &str = "jit-charge";
 /// No pack chunk kept that no live code explains, none freed under it.
 pub const CHUNKS: &str = "jit-chunks";
 /// A caller that is not `bpf_capable()` is held to `bpf_jit_limit`.
 pub const LIMIT: &str = "jit-limit";
+/// A trampoline image's symbol spans the image.
+pub const IMAGES: &str = "jit-images";
+
+/// A page: a trampoline image's size where `bpf_tramp_image` has no
+/// `size` (before 6.2, bpf_image_ksym_add() spans PAGE_SIZE).
+const PAGE_SIZE: u64 = 4096;
+
+/// Every trampoline image seen: its symbol spans exactly the image,
+/// `ksym.end - ksym.start == im->size` (bpf_image_ksym_init(image, size,
+/// ksym) with the size charged and allocated, kernel/bpf/trampoline.c, 6.2
+/// on), or a page before `size` existed. A longer span makes kallsyms
+/// lookups (`%ps`, bpf_ksym_find) of the bytes past the image name the
+/// trampoline.
+pub fn check_images(books: &JitBooks) -> Vec<Violation> {
+    books
+        .images
+        .iter()
+        .filter_map(|i| {
+            let want = i.size.map_or(PAGE_SIZE, u64::from);
+            let span = i.end.wrapping_sub(i.start);
+            (span != want).then(|| {
+                Violation::new(
+                    IMAGES,
+                    format!(
+                        "{} at {:#x}: its symbol spans {span} bytes, the image {want} ({}): \
+                         bpf_image_ksym_init() must span exactly the image",
+                        i.name,
+                        i.start,
+                        if i.size.is_some() {
+                            "im->size"
+                        } else {
+                            "a page, before im->size"
+                        }
+                    ),
+                )
+            })
+        })
+        .collect()
+}
 
 /// Every `unprivileged-attach` held to what bpf_jit_charge_modmem()
 /// promises: a caller without CAP_BPF and CAP_SYS_ADMIN whose charge passes
@@ -87,6 +126,7 @@ pub fn check(ev: &RunEvidence) -> Vec<Violation> {
     let Some(books) = &ev.jit_books else {
         return out;
     };
+    out.extend(check_images(books));
     if books.unreadable.is_some() {
         return out;
     }
@@ -114,10 +154,11 @@ pub fn check(ev: &RunEvidence) -> Vec<Violation> {
 /// Why the books were not judged in this run, for the trial's notes.
 pub fn not_read(ev: &RunEvidence) -> Option<String> {
     let books = ev.jit_books.as_ref()?;
-    books
-        .unreadable
-        .as_ref()
-        .map(|why| format!("rules {CHARGE} and {CHUNKS} not checked: {why}"))
+    match (&books.unreadable, &books.images_unreadable) {
+        (Some(why), _) => Some(format!("rules {CHARGE} and {CHUNKS} not checked: {why}")),
+        (None, Some(why)) => Some(format!("rule {IMAGES} not checked: {why}")),
+        (None, None) => None,
+    }
 }
 
 fn used_set(p: &PackReading) -> BTreeSet<u32> {
@@ -215,7 +256,7 @@ mod tests {
                 end,
                 settle_ns: 30_000_000,
                 live: live.to_vec(),
-                unreadable: None,
+                ..JitBooks::default()
             }),
             ..RunEvidence::default()
         };
@@ -291,6 +332,30 @@ mod tests {
             let v = run(over, errno);
             assert_eq!(v.len(), 1, "{over} {errno:?}");
             assert_eq!(v[0].rule, LIMIT);
+        }
+    }
+
+    #[test]
+    fn a_trampoline_symbol_spans_exactly_its_image() {
+        let image = |end: u64, size: Option<u32>| kloop_protocol::ImageReading {
+            name: "bpf_trampoline_6442".into(),
+            start: BASE,
+            end: BASE + end,
+            size,
+        };
+        let books = |images| JitBooks {
+            images,
+            ..JitBooks::default()
+        };
+        assert!(check_images(&books(vec![image(301, Some(301)), image(4096, None)])).is_empty());
+        for bad in [
+            image(302, Some(301)),
+            image(309, Some(301)),
+            image(301, None),
+        ] {
+            let v = check_images(&books(vec![bad]));
+            assert_eq!(v.len(), 1);
+            assert_eq!(v[0].rule, IMAGES);
         }
     }
 

@@ -141,6 +141,19 @@ pub struct JitReading {
     pub packs: Option<Vec<PackReading>>,
 }
 
+/// A trampoline image as `bpf_kallsyms` and its `bpf_tramp_image` hold it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageReading {
+    /// The symbol's name (`bpf_trampoline_<key>`).
+    pub name: String,
+    /// `ksym.start` and `ksym.end`.
+    pub start: u64,
+    pub end: u64,
+    /// `im->size` (6.2 on); `None` where the struct has no size (the image
+    /// is a page).
+    pub size: Option<u32>,
+}
+
 /// One `bpf_prog_pack`: its executable area and which of its chunks the
 /// allocator marks used.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -356,6 +369,13 @@ pub enum Message {
         /// option or symbol missing); the readings are then empty.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         unreadable: Option<String>,
+        /// Every trampoline image seen on `bpf_kallsyms` after the plan's
+        /// steps that attach (once per image), with its symbol's span.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        images: Vec<ImageReading>,
+        /// Why the images could not be read (the other readings stand).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        images_unreadable: Option<String>,
     },
     /// What the kernel said about itself while the plan's steps ran, sent
     /// after the last step: the kernel log's records from the first step on

@@ -132,7 +132,7 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
     // The kernel's own checks (a checked kernel's KASAN, lockdep, UBSAN,
     // kmemleak) speak in its log: watched from the first step to the last.
     let kernel_log = crate::kernel_log::Watch::start();
-    let jit_books = crate::jit_books::Watch::start();
+    let mut jit_books = crate::jit_books::Watch::start();
     for (index, step) in plan.steps.iter().enumerate() {
         let final_read = Some(index) == last_drain && snapshots.is_some_and(|s| s < index);
         let index = index as u32;
@@ -152,6 +152,14 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
             })?;
         }
         dispatch::run_step(&mut context, index, step)?;
+        // A trampoline image lives between an attach and the next change
+        // of its trampoline: read them right after the steps that make one.
+        if matches!(
+            step,
+            Step::Attach { .. } | Step::UnprivilegedAttach { .. } | Step::FailNth { .. }
+        ) {
+            jit_books.look_at_images();
+        }
         context.kallsyms_at_save = None;
         // The facts of a run of loads wait for its last load, read from
         // one /proc/kallsyms; a failed load between two loads touches no
