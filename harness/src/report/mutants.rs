@@ -466,7 +466,7 @@ pub fn markdown(
             s,
             "Defects that change no record (a leak, a charge not returned, a walk no listener \
              needs, a lost wakeup, a race window): {} are killed by oracles beyond the records \
-             — the JIT's books and limit (`jit-charge`, `jit-chunks`, `jit-limit`), the side-band gates \
+             — the JIT's books and limit (`jit-charge`, `jit-chunks`, `jit-images`, `jit-limit`), the side-band gates \
              (`sideband-gating`, `sideband-quiet`), a polled listener (`wakeups`), a checked \
              kernel's reports (`--checks`: `kasan`, `kmemleak`, `lockdep`, `ubsan`) — each \
              listed with its rule under the kills below ({}); {} are still unseen ({}): they \
