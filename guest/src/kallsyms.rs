@@ -5,7 +5,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use anyhow::Result;
+use anyhow::{anyhow, Result};
 use kloop_protocol::KallsymsEntry;
 
 use crate::sys::OsContext;
@@ -281,6 +281,35 @@ pub fn core_by_name(names: &[&str]) -> Result<Vec<KallsymsEntry>> {
         }
     }
     read_all(|e| e.module.is_none() && names.contains(&e.name.as_str()))
+}
+
+/// `function` if /proc/kallsyms has it, else its one compiler clone
+/// (`function.<suffix>`, a text symbol of the core kernel).
+pub fn resolve_clone(function: &str) -> Result<String> {
+    let prefix = format!("{function}.");
+    let found = read_all(|e| {
+        e.module.is_none()
+            && matches!(e.kind, 't' | 'T')
+            && (e.name == function || e.name.starts_with(&prefix))
+    })?;
+    if found.iter().any(|e| e.name == function) {
+        return Ok(function.to_owned());
+    }
+    let mut names: Vec<String> = found.into_iter().map(|e| e.name).collect();
+    names.sort();
+    names.dedup();
+    match names.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => Err(anyhow!(
+            "/proc/kallsyms has neither {function} nor a compiler clone of it: \
+             inlined into its callers in this build, there is nothing to probe"
+        )),
+        many => Err(anyhow!(
+            "{function} has several compiler clones in this build ({}); a kprobe on one \
+             would not see the calls of the others",
+            many.join(", ")
+        )),
+    }
 }
 
 /// Symbols that may show up as KSYMBOL records: BPF programs, trampolines

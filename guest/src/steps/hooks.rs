@@ -249,35 +249,6 @@ fn wrong_type(prog: &Program, target: &AttachTarget) -> anyhow::Error {
     )
 }
 
-/// `function` if /proc/kallsyms has it, else its one compiler clone
-/// (`function.<suffix>`, a text symbol of the core kernel).
-pub fn resolve_clone(function: &str) -> Result<String> {
-    let prefix = format!("{function}.");
-    let found = crate::kallsyms::read_all(|e| {
-        e.module.is_none()
-            && matches!(e.kind, 't' | 'T')
-            && (e.name == function || e.name.starts_with(&prefix))
-    })?;
-    if found.iter().any(|e| e.name == function) {
-        return Ok(function.to_owned());
-    }
-    let mut names: Vec<String> = found.into_iter().map(|e| e.name).collect();
-    names.sort();
-    names.dedup();
-    match names.as_slice() {
-        [one] => Ok(one.clone()),
-        [] => Err(anyhow!(
-            "/proc/kallsyms has neither {function} nor a compiler clone of it: \
-             inlined into its callers in this build, there is nothing to probe"
-        )),
-        many => Err(anyhow!(
-            "{function} has several compiler clones in this build ({}); a kprobe on one \
-             would not see the calls of the others",
-            many.join(", ")
-        )),
-    }
-}
-
 /// Attaches and takes the link out of aya; returns it with a description
 /// of where it went.
 fn attach_program(prog: &mut Program, target: &AttachTarget) -> Result<(Box<dyn Any>, String)> {
@@ -294,7 +265,7 @@ fn attach_program(prog: &mut Program, target: &AttachTarget) -> Result<(Box<dyn 
             };
             let resolved;
             let function = if *clones {
-                resolved = resolve_clone(function)?;
+                resolved = crate::kallsyms::resolve_clone(function)?;
                 &resolved
             } else {
                 function

@@ -373,7 +373,7 @@ fn side_band_walk_kprobe() -> Result<Probe> {
     if let Err(e) = kprobes()? {
         return Ok(Err(e));
     }
-    let function = match crate::steps::hooks::resolve_clone("perf_iterate_sb") {
+    let function = match crate::kallsyms::resolve_clone("perf_iterate_sb") {
         Ok(f) => f,
         Err(e) => return Ok(Err(format!("{e:#}"))),
     };
