@@ -20,6 +20,7 @@ use object::{Endianness, Object, ObjectSegment, ReadCache};
 /// symbols before a save.
 pub const CORE_NAMES: [&str; 3] = [CURRENT, PACK_LIST, KALLSYMS_LIST];
 const CURRENT: &str = "bpf_jit_current";
+const BTF_VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 const PACK_LIST: &str = "pack_list";
 /// kernel/bpf/core.c's list of every `bpf_ksym` (programs, trampolines,
 /// dispatchers), in the order they were added.
@@ -59,7 +60,7 @@ struct Locator {
     /// `bpf_kallsyms` and the layout that reads a trampoline image off it:
     /// offsets of `start`, `end`, `name`, `lnode` in `struct bpf_ksym`, of
     /// `ksym` in `struct bpf_tramp_image`, and of its `size` (6.2 on).
-    images: Option<ImageLayout>,
+    images: Option<Result<ImageLayout, String>>,
 }
 
 #[derive(Clone, Copy)]
@@ -115,48 +116,51 @@ fn find() -> Result<Locator, String> {
              or addresses hidden by kptr_restrict)"
         ));
     }
-    let packs = match one(PACK_LIST)? {
+    let pack_list = one(PACK_LIST)?;
+    let kallsyms_list = one(KALLSYMS_LIST)?;
+    // vmlinux BTF (megabytes under TCG), read once for both layouts.
+    let btf = (pack_list.is_some() || kallsyms_list.is_some()).then(|| {
+        std::fs::read(BTF_VMLINUX)
+            .map_err(|e| format!("{BTF_VMLINUX}: {e} (a kernel without CONFIG_DEBUG_INFO_BTF)"))
+    });
+    let btf = || -> Result<&Vec<u8>, String> {
+        btf.as_ref()
+            .expect("read when a list was found")
+            .as_ref()
+            .map_err(Clone::clone)
+    };
+    let member = |s: &str, m: &str| -> Result<u64, String> {
+        crate::btf::member_offset(btf()?, s, m)
+            .map_err(|e| format!("vmlinux BTF: {e}"))?
+            .map(u64::from)
+            .ok_or_else(|| format!("vmlinux BTF has no struct {s} member {m}"))
+    };
+    let packs = match pack_list {
         None => None,
         Some(list) => {
-            let btf = std::fs::read("/sys/kernel/btf/vmlinux").map_err(|e| {
-                format!("/sys/kernel/btf/vmlinux: {e} (a kernel without CONFIG_DEBUG_INFO_BTF)")
-            })?;
-            let member = |m: &str| {
-                crate::btf::member_offset(&btf, "bpf_prog_pack", m)
-                    .map_err(|e| format!("vmlinux BTF: {e}"))?
-                    .ok_or_else(|| format!("vmlinux BTF has no struct bpf_prog_pack member {m}"))
-            };
-            let (ptr, bitmap) = (member("ptr")?, member("bitmap")?);
+            let (ptr, bitmap) = (
+                member("bpf_prog_pack", "ptr")?,
+                member("bpf_prog_pack", "bitmap")?,
+            );
             let nodes = possible_nodes();
             let chunks = (PACK_SIZE_PER_NODE * nodes / CHUNK_SIZE) as u32;
-            Some((list, u64::from(ptr), u64::from(bitmap), chunks))
+            Some((list, ptr, bitmap, chunks))
         }
     };
-    let images = match one(KALLSYMS_LIST)? {
-        None => None,
-        Some(list) => match std::fs::read("/sys/kernel/btf/vmlinux") {
-            Err(_) => None,
-            Ok(btf) => {
-                let member = |s: &str, m: &str| {
-                    crate::btf::member_offset(&btf, s, m)
-                        .ok()
-                        .flatten()
-                        .map(u64::from)
-                };
-                (|| {
-                    Some(ImageLayout {
-                        list,
-                        start: member("bpf_ksym", "start")?,
-                        end: member("bpf_ksym", "end")?,
-                        name: member("bpf_ksym", "name")?,
-                        lnode: member("bpf_ksym", "lnode")?,
-                        ksym_in_image: member("bpf_tramp_image", "ksym")?,
-                        size_in_image: member("bpf_tramp_image", "size"),
-                    })
-                })()
-            }
-        },
-    };
+    // Without the layout the images are not read, and the run says why
+    // (rule jit-images not checked); the other books stand.
+    let images = kallsyms_list.map(|list| {
+        Ok(ImageLayout {
+            list,
+            start: member("bpf_ksym", "start")?,
+            end: member("bpf_ksym", "end")?,
+            name: member("bpf_ksym", "name")?,
+            lnode: member("bpf_ksym", "lnode")?,
+            ksym_in_image: member("bpf_tramp_image", "ksym")?,
+            // Before 6.2 an image is a page and has no size field.
+            size_in_image: member("bpf_tramp_image", "size").ok(),
+        })
+    });
     Ok(Locator {
         kcore,
         segments,
@@ -239,8 +243,10 @@ impl Locator {
 impl Locator {
     /// The trampoline images on `bpf_kallsyms` now.
     fn images(&self) -> Result<Vec<ImageReading>, String> {
-        let Some(l) = self.images else {
-            return Ok(Vec::new());
+        let l = match &self.images {
+            None => return Ok(Vec::new()),
+            Some(Err(e)) => return Err(e.clone()),
+            Some(Ok(l)) => *l,
         };
         let mut out = Vec::new();
         let mut node = self.u64_at(l.list)?;

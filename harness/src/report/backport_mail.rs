@@ -809,23 +809,9 @@ mod tests {
     use super::*;
     use crate::run::audit::kept::KeptAnswer;
     use crate::run::audit::plan::Answer;
+    use crate::run::audit::recall::tests::served;
     use crate::run::audit::recall::{replay, Recalled};
     use crate::run::audit::{AuditedReproducer, BuildRef};
-    use kloop_kernels::available::AvailableBuild;
-
-    fn served(series: &str, versions: &[&str]) -> Vec<AvailableBuild> {
-        versions
-            .iter()
-            .map(|v| AvailableBuild {
-                version: v.to_string(),
-                package: format!("linux-image-{v}-cloud-amd64"),
-                suite: "bookworm".into(),
-                release: format!("{v}-cloud-amd64"),
-                series: series.into(),
-                deb_sha256: Some(format!("sha-{v}")),
-            })
-            .collect()
-    }
 
     /// A recorded audit: 6.1 affected throughout, 6.12 fixed from
     /// 6.12.113, 6.18 affected, 7.3 clean; 6.19 never audited.

@@ -150,13 +150,14 @@ pub(crate) fn replay(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::run::audit::kept::KeptAnswer;
     use kloop_kernels::available::AvailableBuild;
 
-    /// Served builds of `series`, one per version, oldest first.
-    fn served(series: &str, versions: &[&str]) -> Vec<AvailableBuild> {
+    /// Served builds of `series`, one per version, oldest first (also the
+    /// backport mail's tests' catalog).
+    pub(crate) fn served(series: &str, versions: &[&str]) -> Vec<AvailableBuild> {
         versions
             .iter()
             .map(|v| AvailableBuild {
