@@ -12,7 +12,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use kloop_protocol::{ImageReading, JitReading, Message, PackReading};
+use kloop_protocol::{BooksMoment, ImageReading, JitReading, KsymReading, Message, PackReading};
 use object::read::elf::ElfFile64;
 use object::{Endianness, Object, ObjectSegment, ReadCache};
 
@@ -61,6 +61,10 @@ struct Locator {
     /// offsets of `start`, `end`, `name`, `lnode` in `struct bpf_ksym`, of
     /// `ksym` in `struct bpf_tramp_image`, and of its `size` (6.2 on).
     images: Option<Result<ImageLayout, String>>,
+    /// Whether vmlinux BTF has `arch_alloc_bpf_trampoline()`: trampoline
+    /// images come out of `bpf_prog_pack` with their exact size (x86 since
+    /// 6.7); before, each is a page of its own.
+    trampolines_in_packs: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -161,12 +165,17 @@ fn find() -> Result<Locator, String> {
             size_in_image: member("bpf_tramp_image", "size").ok(),
         })
     });
+    let trampolines_in_packs = packs.is_some()
+        && crate::btf::func_id(btf()?, "arch_alloc_bpf_trampoline")
+            .map_err(|e| format!("vmlinux BTF: {e}"))?
+            .is_some();
     Ok(Locator {
         kcore,
         segments,
         current,
         packs,
         images,
+        trampolines_in_packs,
     })
 }
 
@@ -241,14 +250,20 @@ impl Locator {
 }
 
 impl Locator {
-    /// The trampoline images on `bpf_kallsyms` now.
-    fn images(&self) -> Result<Vec<ImageReading>, String> {
-        let l = match &self.images {
-            None => return Ok(Vec::new()),
-            Some(Err(e)) => return Err(e.clone()),
-            Some(Ok(l)) => *l,
-        };
-        let mut out = Vec::new();
+    fn layout(&self) -> Result<ImageLayout, String> {
+        match &self.images {
+            None => Err("this kernel's BTF has no struct bpf_ksym".to_owned()),
+            Some(Err(e)) => Err(e.clone()),
+            Some(Ok(l)) => Ok(*l),
+        }
+    }
+
+    /// Calls `each(ksym address, name)` for every symbol on `bpf_kallsyms`.
+    fn walk(
+        &self,
+        l: &ImageLayout,
+        mut each: impl FnMut(u64, &[u8]) -> Result<(), String>,
+    ) -> Result<(), String> {
         let mut node = self.u64_at(l.list)?;
         let mut walked = 0;
         while node != l.list {
@@ -258,26 +273,110 @@ impl Locator {
             }
             let ksym = node - l.lnode;
             let name = self.read_bytes(ksym + l.name, 64)?;
-            if name.starts_with(TRAMPOLINE_PREFIX) {
-                let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-                let image = ksym - l.ksym_in_image;
-                let size = match l.size_in_image {
-                    Some(off) => {
-                        let b = self.read_bytes(image + off, 4)?;
-                        Some(u32::from_le_bytes(b.try_into().expect("4 bytes")))
-                    }
-                    None => None,
-                };
-                out.push(ImageReading {
-                    name: String::from_utf8_lossy(&name[..len]).into_owned(),
-                    start: self.u64_at(ksym + l.start)?,
-                    end: self.u64_at(ksym + l.end)?,
-                    size,
-                });
-            }
+            let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+            each(ksym, &name[..len])?;
             node = self.u64_at(node)?;
         }
+        Ok(())
+    }
+
+    /// The trampoline images on `bpf_kallsyms` now.
+    fn images(&self) -> Result<Vec<ImageReading>, String> {
+        let l = match &self.images {
+            None => return Ok(Vec::new()),
+            Some(_) => self.layout()?,
+        };
+        let mut out = Vec::new();
+        self.walk(&l, |ksym, name| {
+            if !name.starts_with(TRAMPOLINE_PREFIX) {
+                return Ok(());
+            }
+            let image = ksym - l.ksym_in_image;
+            let size = match l.size_in_image {
+                Some(off) => {
+                    let b = self.read_bytes(image + off, 4)?;
+                    Some(u32::from_le_bytes(b.try_into().expect("4 bytes")))
+                }
+                None => None,
+            };
+            out.push(ImageReading {
+                name: String::from_utf8_lossy(name).into_owned(),
+                start: self.u64_at(ksym + l.start)?,
+                end: self.u64_at(ksym + l.end)?,
+                size,
+            });
+            Ok(())
+        })?;
         Ok(out)
+    }
+
+    /// Every symbol on `bpf_kallsyms` now.
+    fn ksyms(&self) -> Result<Vec<KsymReading>, String> {
+        let l = self.layout()?;
+        let mut out = Vec::new();
+        self.walk(&l, |ksym, name| {
+            out.push(KsymReading {
+                name: String::from_utf8_lossy(name).into_owned(),
+                start: self.u64_at(ksym + l.start)?,
+                end: self.u64_at(ksym + l.end)?,
+            });
+            Ok(())
+        })?;
+        Ok(out)
+    }
+}
+
+/// What the `pack-boundary` step reads: the books of this kernel, or why
+/// they cannot be read.
+pub struct Books(&'static Locator);
+
+impl Books {
+    pub fn get() -> Result<Books, String> {
+        let loc = locator().as_ref().map_err(Clone::clone)?;
+        if loc.packs.is_none() {
+            return Err("this kernel has no bpf_prog_pack (pack_list, 5.18 on)".to_owned());
+        }
+        if !loc.trampolines_in_packs {
+            return Err(
+                "trampoline images are pages of their own here: vmlinux BTF has no \
+                 arch_alloc_bpf_trampoline(), which carves them out of bpf_prog_pack (x86, 6.7 on)"
+                    .to_owned(),
+            );
+        }
+        match &loc.images {
+            Some(Ok(l)) if l.size_in_image.is_some() => Ok(Books(loc)),
+            Some(Ok(_)) => Err("struct bpf_tramp_image has no size (before 6.2)".to_owned()),
+            Some(Err(e)) => Err(e.clone()),
+            None => Err("this kernel's BTF has no struct bpf_ksym".to_owned()),
+        }
+    }
+
+    /// The trampoline images live now, with `im->size`.
+    pub fn images(&self) -> Result<Vec<ImageReading>, String> {
+        self.0.images()
+    }
+
+    /// Every `bpf_prog_pack` now.
+    pub fn packs(&self) -> Result<Vec<PackReading>, String> {
+        Ok(self.0.read()?.packs.unwrap_or_default())
+    }
+
+    /// Every symbol on `bpf_kallsyms` now.
+    pub fn ksyms(&self) -> Result<Vec<KsymReading>, String> {
+        self.0.ksyms()
+    }
+
+    /// The symbols, the packs, the symbols again (see [`BooksMoment`]).
+    pub fn moment(&self, what: &str) -> Result<BooksMoment, String> {
+        let before = self.ksyms()?;
+        let packs = self.packs()?;
+        let after = self.ksyms()?;
+        Ok(BooksMoment {
+            what: what.to_owned(),
+            before,
+            packs,
+            after,
+        })
     }
 }
 
@@ -349,7 +448,10 @@ impl Watch {
             (Ok(loc), Ok(start)) => {
                 let mut end = loc.read();
                 while let Ok(e) = &end {
-                    if e.current == start.current || settle_started.elapsed() >= SETTLE {
+                    // Code from before the plan freed during it lowers the
+                    // counter by its chunks (JitReading::chunk_bytes_freed_since).
+                    let want = start.current.map(|c| c - e.chunk_bytes_freed_since(&start));
+                    if e.current == want || settle_started.elapsed() >= SETTLE {
                         break;
                     }
                     std::thread::sleep(POLL);

@@ -40,6 +40,26 @@ pub struct JitBooks {
     pub images_unreadable: Option<String>,
 }
 
+/// What a `pack-boundary` step built and read
+/// ([`kloop_protocol::Message::PackBoundary`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PackBoundary {
+    /// `im->size` of every image it made, in order.
+    pub sizes: Vec<u32>,
+    /// The boundary image's start and size.
+    pub boundary: (u64, u32),
+    /// The live symbol over the chunk right after it.
+    pub neighbour: Option<kloop_protocol::KsymReading>,
+    /// Filler programs loaded to put it there.
+    pub fillers: u32,
+    /// The fail-nth sweep's attempts (0 without a sweep).
+    pub sweep_attempts: u32,
+    /// Its attempts whose attach failed.
+    pub sweep_failed: u32,
+    /// The allocator read with code live.
+    pub moments: Vec<kloop_protocol::BooksMoment>,
+}
+
 /// Everything the guest agent reported in one run, as received.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunEvidence {
@@ -72,6 +92,8 @@ pub struct RunEvidence {
     /// The JIT's books before the first step and after the plan
     /// (`crate::jit_books`); `None` from an agent that sent none.
     pub jit_books: Option<JitBooks>,
+    /// What `pack-boundary` steps built and read, in step order.
+    pub pack_boundaries: Vec<PackBoundary>,
     /// `unprivileged-attach` results, in plan order: (label, over_limit,
     /// errno name or `None` for a success).
     pub unprivileged_attaches: Vec<(String, bool, Option<String>)>,
@@ -471,6 +493,23 @@ impl RunEvidence {
                 } => ev
                     .unprivileged_attaches
                     .push((label.clone(), *over_limit, errno.clone())),
+                Message::PackBoundary {
+                    sizes,
+                    boundary,
+                    neighbour,
+                    fillers,
+                    sweep_attempts,
+                    sweep_failed,
+                    moments,
+                } => ev.pack_boundaries.push(PackBoundary {
+                    sizes: sizes.clone(),
+                    boundary: *boundary,
+                    neighbour: neighbour.clone(),
+                    fillers: *fillers,
+                    sweep_attempts: *sweep_attempts,
+                    sweep_failed: *sweep_failed,
+                    moments: moments.clone(),
+                }),
                 Message::JitBooks {
                     start,
                     end,

@@ -119,10 +119,59 @@ pub fn check_limit(ev: &RunEvidence) -> Vec<Violation> {
     out
 }
 
+/// `jit-chunks` while code is live: every byte of a symbol on
+/// `bpf_kallsyms` lies in chunks its pack marks used. The kernel adds a
+/// symbol only after its memory is allocated (bpf_prog_kallsyms_add() after
+/// the JIT, bpf_image_ksym_add() after arch_alloc_bpf_trampoline()) and
+/// deletes it before the memory goes back (bpf_prog_kallsyms_del_all()
+/// before bpf_jit_free(); bpf_image_ksym_del() before
+/// arch_free_bpf_trampoline()), so a symbol seen in the walks before and
+/// after a bitmap reading was allocated throughout it. A chunk marked free
+/// under it was cleared by someone else's free: `bpf_prog_pack_free()`
+/// clears `BPF_PROG_SIZE_TO_NBITS(size)` chunks from the pointer, so a
+/// size larger than the allocation's frees its neighbour's first chunk,
+/// which the next allocation is then handed.
+pub fn check_moments(ev: &RunEvidence) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for pb in &ev.pack_boundaries {
+        for m in &pb.moments {
+            for k in m.before.iter().filter(|k| m.after.contains(k)) {
+                let Some(pack) = m.packs.iter().find(|p| {
+                    k.start >= p.base
+                        && k.start < p.base + u64::from(p.chunks) * u64::from(p.chunk_size)
+                }) else {
+                    continue;
+                };
+                let size = u64::from(pack.chunk_size);
+                let first = ((k.start - pack.base) / size) as u32;
+                let last = ((k.end.max(k.start + 1) - 1 - pack.base) / size) as u32;
+                let used = used_set(pack);
+                let free: Vec<u32> = (first..=last).filter(|c| !used.contains(c)).collect();
+                if free.is_empty() {
+                    continue;
+                }
+                out.push(Violation::new(
+                    CHUNKS,
+                    format!(
+                        "{} ({:#x}..{:#x}), live before and after the reading {}, lies in \
+                         chunk(s) {free:?} of the bpf_prog_pack at {:#x}, which the allocator \
+                         marks free: a free cleared chunks it was not given (bpf_prog_pack_free() \
+                         clears round_up(size, 64) / 64 chunks; the boundary image was {} bytes \
+                         at {:#x}), and the next allocation may be handed this code's memory",
+                        k.name, k.start, k.end, m.what, pack.base, pb.boundary.1, pb.boundary.0
+                    ),
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// Every violation of the books in a run; none when they were not read
 /// (said by [`not_read`]).
 pub fn check(ev: &RunEvidence) -> Vec<Violation> {
     let mut out = check_limit(ev);
+    out.extend(check_moments(ev));
     let Some(books) = &ev.jit_books else {
         return out;
     };
@@ -131,15 +180,28 @@ pub fn check(ev: &RunEvidence) -> Vec<Violation> {
         return out;
     }
     if let (Some(start), Some(end)) = (books.start.current, books.end.current) {
-        if start != end {
+        // Code from before the plan whose chunks were given back during it
+        // lowers the counter by exactly their bytes; anything else is the
+        // plan's charge not coming back.
+        let freed = books.end.chunk_bytes_freed_since(&books.start);
+        if end != start - freed {
             out.push(Violation::new(
                 CHARGE,
                 format!(
                     "bpf_jit_current is {end} bytes after the plan, with everything it made closed, \
-                     and was {start} before its first step ({:+} bytes; the agent waited {} ms for \
+                     and was {start} before its first step ({:+} bytes{}; the agent waited {} ms for \
                      the deferred frees): a bpf_jit_charge_modmem() without its uncharge, or an \
                      uncharge of another size than the charge",
                     end - start,
+                    if freed == 0 {
+                        String::new()
+                    } else {
+                        format!(
+                            ", of which -{freed} are chunks used before the plan and freed during it, \
+                             {:+} unexplained",
+                            end - start + freed
+                        )
+                    },
                     books.settle_ns / 1_000_000
                 ),
             ));
@@ -153,6 +215,14 @@ pub fn check(ev: &RunEvidence) -> Vec<Violation> {
 
 /// Why the books were not judged in this run, for the trial's notes.
 pub fn not_read(ev: &RunEvidence) -> Option<String> {
+    if let Some(pb) = ev.pack_boundaries.iter().find(|pb| pb.neighbour.is_none()) {
+        return Some(format!(
+            "rule {CHUNKS} not checked next to the {}-byte image at {:#x}: the chunk after it \
+             is used by code whose symbol starts later, so a free that clears it shows in no \
+             live symbol",
+            pb.boundary.1, pb.boundary.0
+        ));
+    }
     let books = ev.jit_books.as_ref()?;
     match (&books.unreadable, &books.images_unreadable) {
         (Some(why), _) => Some(format!("rules {CHARGE} and {CHUNKS} not checked: {why}")),
@@ -370,5 +440,79 @@ mod tests {
         };
         assert!(check(&ev).is_empty());
         assert!(not_read(&ev).unwrap().contains("CONFIG_PROC_KCORE"));
+    }
+
+    fn moment_over(
+        used: &[(u32, u32)],
+        before: &[(u64, u64)],
+        after: &[(u64, u64)],
+    ) -> Vec<Violation> {
+        let ksym = |&(s, e): &(u64, u64)| kloop_protocol::KsymReading {
+            name: format!("sym_{s:x}"),
+            start: s,
+            end: e,
+        };
+        let ev = RunEvidence {
+            pack_boundaries: vec![crate::evidence::PackBoundary {
+                sizes: vec![576, 640],
+                boundary: (BASE + 64 * 10, 640),
+                neighbour: None,
+                moments: vec![kloop_protocol::BooksMoment {
+                    what: "after the boundary image was freed".into(),
+                    before: before.iter().map(ksym).collect(),
+                    packs: vec![pack(used)],
+                    after: after.iter().map(ksym).collect(),
+                }],
+                ..Default::default()
+            }],
+            ..RunEvidence::default()
+        };
+        check_moments(&ev)
+    }
+
+    #[test]
+    fn live_code_over_a_chunk_marked_free_fails_and_marked_or_gone_code_passes() {
+        // The neighbour: one chunk at 20, code from +8 to +40.
+        let neighbour = (BASE + 20 * 64 + 8, BASE + 20 * 64 + 40);
+        // Its chunk cleared by the boundary image's free: a violation.
+        let v = moment_over(&[(0, 10)], &[neighbour], &[neighbour]);
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].rule, CHUNKS);
+        assert!(v[0].message.contains("[20]"), "{}", v[0].message);
+        // Marked: fine.
+        assert!(moment_over(&[(0, 10), (20, 1)], &[neighbour], &[neighbour]).is_empty());
+        // Gone by the second walk (deleted, then freed): not judged.
+        assert!(moment_over(&[(0, 10)], &[neighbour], &[]).is_empty());
+        // A symbol over two chunks with its second free: the chunk is named.
+        let wide = (BASE + 30 * 64 + 60, BASE + 31 * 64 + 4);
+        let v = moment_over(&[(30, 1)], &[wide], &[wide]);
+        assert!(v.len() == 1 && v[0].message.contains("[31]"), "{v:?}");
+        // Code outside every pack is not the allocator's.
+        let away = (BASE - 4096, BASE - 4000);
+        assert!(moment_over(&[], &[away], &[away]).is_empty());
+    }
+
+    #[test]
+    fn code_from_before_the_plan_freed_during_it_explains_exactly_its_chunks() {
+        // Recorded on a 6.12 build: the saved VM still owed the frees of
+        // four chunks of the warm-up's programs when the plan began.
+        let start = reading(1856, Some(vec![pack(&[(0, 29)])]));
+        assert!(run(
+            start.clone(),
+            reading(1600, Some(vec![pack(&[(0, 25)])])),
+            &[]
+        )
+        .is_empty());
+        // One byte more or less is not explained by chunks.
+        for end in [1599, 1601] {
+            let v = run(
+                start.clone(),
+                reading(end, Some(vec![pack(&[(0, 25)])])),
+                &[],
+            );
+            assert_eq!(v.len(), 1, "{end}: {v:?}");
+            assert_eq!(v[0].rule, CHARGE);
+            assert!(v[0].message.contains("-256 are chunks"), "{}", v[0].message);
+        }
     }
 }

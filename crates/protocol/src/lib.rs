@@ -43,7 +43,7 @@ pub use plan::{
 /// listeners and `Wakeups`; 13: `JitBooks`, `unprivileged-attach`, a
 /// listener's `poll_watermark`; 14: `FailNthSweep.sweep` and
 /// `.clean_errno`).
-pub const PROTOCOL_VERSION: u32 = 14;
+pub const PROTOCOL_VERSION: u32 = 15;
 
 /// The most bytes of kernel log one [`Message::KernelLog`] carries (its
 /// JSON fits a frame).
@@ -129,7 +129,6 @@ pub struct Uname {
     pub machine: String,
 }
 
-/// One line of `/proc/kallsyms`.
 /// One reading of the JIT's books ([`Message::JitBooks`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JitReading {
@@ -139,6 +138,33 @@ pub struct JitReading {
     /// Every `bpf_prog_pack` on `pack_list`, in list order; `None` on a
     /// kernel without the pack allocator (before 5.18).
     pub packs: Option<Vec<PackReading>>,
+}
+
+impl JitReading {
+    /// Bytes of the chunks used in `start` and free in `self`: code that
+    /// was live (or waiting for its deferred free) before the plan and was
+    /// given back during it. A program's charge is its pack allocation,
+    /// whole chunks (bpf_jit_binary_pack_alloc() charges the rounded
+    /// size), so such frees lower `bpf_jit_current` by exactly this much;
+    /// the VM saved right after the agent's warm-up may still owe the frees
+    /// of its throw-away programs (an RCU grace period, then a worker).
+    pub fn chunk_bytes_freed_since(&self, start: &JitReading) -> i64 {
+        let (Some(before), Some(now)) = (&start.packs, &self.packs) else {
+            return 0;
+        };
+        let mut bytes = 0i64;
+        for p in before {
+            let now_used = now.iter().find(|n| n.base == p.base).map(|n| &n.used);
+            let is_used = |c: u32| {
+                now_used.is_some_and(|runs| runs.iter().any(|&(f, l)| c >= f && c < f + l))
+            };
+            for &(first, len) in &p.used {
+                let freed = (first..first + len).filter(|&c| !is_used(c)).count() as i64;
+                bytes += freed * i64::from(p.chunk_size);
+            }
+        }
+        bytes
+    }
 }
 
 /// A trampoline image as `bpf_kallsyms` and its `bpf_tramp_image` hold it.
@@ -168,6 +194,30 @@ pub struct PackReading {
     pub used: Vec<(u32, u32)>,
 }
 
+/// A symbol on `bpf_kallsyms` (a program's function, a trampoline image, a
+/// dispatcher), as `struct bpf_ksym` holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KsymReading {
+    pub name: String,
+    /// `ksym.start` and `ksym.end`: the code's bytes.
+    pub start: u64,
+    pub end: u64,
+}
+
+/// One look at the JIT's allocator while code is live: `bpf_kallsyms`
+/// walked, the pack bitmaps read, `bpf_kallsyms` walked again (the
+/// readings are not atomic; a symbol in both walks was live during the
+/// bitmap read, since a symbol is deleted before its chunks are freed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BooksMoment {
+    /// When, in the step's words ("after the boundary image was freed").
+    pub what: String,
+    pub before: Vec<KsymReading>,
+    pub packs: Vec<PackReading>,
+    pub after: Vec<KsymReading>,
+}
+
+/// One line of `/proc/kallsyms`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KallsymsEntry {
     pub addr: u64,
@@ -488,6 +538,25 @@ pub enum Message {
         program: String,
         functions: u32,
         ids: Vec<u32>,
+    },
+    /// What a `pack-boundary` step built and saw: the trampoline images it
+    /// made (`im->size`, in order), the one whose size is a whole number of
+    /// 64-byte chunks, the code right after it, and the JIT's allocator
+    /// read at the moments that matter (rule `jit-chunks`).
+    PackBoundary {
+        sizes: Vec<u32>,
+        /// The boundary image's start and `im->size`.
+        boundary: (u64, u32),
+        /// The live symbol overlapping the chunk right after the boundary
+        /// image, if one could be put there.
+        neighbour: Option<KsymReading>,
+        /// Programs loaded to fill the pack up to that chunk.
+        fillers: u32,
+        /// Attempts of the fail-nth sweep over the attach that rebuilds the
+        /// boundary image, and how many failed (none without a sweep).
+        sweep_attempts: u32,
+        sweep_failed: u32,
+        moments: Vec<BooksMoment>,
     },
     /// A `fail-nth` step's sweep: `attempts` runs of the swept syscall,
     /// the last of which reached no injected fault; of the others,

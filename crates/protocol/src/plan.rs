@@ -452,6 +452,29 @@ pub enum Step {
         #[serde(default)]
         over_limit: bool,
     },
+    /// Build a trampoline image whose size is a whole number of the JIT
+    /// pack's 64-byte chunks, with live code in the chunk right after it,
+    /// and free it: the size an image is allocated, freed and (on the
+    /// error path) given back with must agree to the byte there, or a
+    /// chunk leaks or a neighbour's chunk is freed under it. Loads copies
+    /// of `fixture`/`program` against `btf_target` and attaches each with
+    /// `BPF_LINK_CREATE` and a chosen `bpf_cookie`, whose immediate is the
+    /// one part of a trampoline's code whose length the caller picks
+    /// (emit_mov_imm64 in arch/x86/net/bpf_jit_comp.c: 2, 5, 7 or 10
+    /// bytes); loads `r0 = 0` socket filters until the next chunk holds
+    /// one; reads the allocator (`BooksMoment`) with it live, after the
+    /// image is freed and, with `fail_nth`, after every attempt of a
+    /// slab-only fail-nth sweep over the attach that rebuilds it (its
+    /// percpu_ref_init failing frees the image on bpf_tramp_image_alloc's
+    /// error path). Closes everything it made; reports a `PackBoundary`
+    /// and the programs as two `StormDone` batches.
+    PackBoundary {
+        fixture: String,
+        program: String,
+        btf_target: String,
+        #[serde(default)]
+        fail_nth: bool,
+    },
     /// Deliberately break something, to prove the host catches it. Only the
     /// fault-injection tests use this.
     Fault {
@@ -603,6 +626,11 @@ pub enum Requirement {
     /// clone), the walk of the side-band lists every emitter goes through:
     /// the `sideband-quiet` scenario counts its calls. Kprobes first.
     SideBandWalkKprobe,
+    /// Trampoline images are carved out of `bpf_prog_pack` with their
+    /// exact size (`arch_alloc_bpf_trampoline()`, x86 since 6.7, where
+    /// `struct bpf_tramp_image` has `size`), and the JIT's books can be
+    /// read through /proc/kcore (`CONFIG_PROC_KCORE`).
+    TrampolinePacks,
 }
 
 impl Step {

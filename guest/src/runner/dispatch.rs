@@ -6,7 +6,7 @@ use kloop_protocol::Step;
 use crate::context::StepContext;
 use crate::steps::{
     concurrent, fail_nth, fault, files, hooks, inventory, kallsyms, ksymwatch, listeners, load,
-    measure, net, perf_tool, program, storm,
+    measure, net, pack_boundary, perf_tool, program, storm,
 };
 
 /// Runs one step of the plan against the plan's shared `context`.
@@ -38,6 +38,12 @@ pub(super) fn run_step(context: &mut StepContext, index: u32, step: &Step) -> Re
             max_attempts,
             page_allocations,
         } => fail_nth::run(context, target, *max_attempts, *page_allocations),
+        Step::PackBoundary {
+            fixture,
+            program,
+            btf_target,
+            fail_nth,
+        } => pack_boundary::run(context, fixture, program, btf_target, *fail_nth),
         Step::Measure {
             fixture,
             program,

@@ -125,14 +125,14 @@ pub fn run(
 }
 
 /// The debugfs knobs as they were before the sweep.
-struct Knobs {
+pub(crate) struct Knobs {
     saved: Vec<(String, String)>,
 }
 
 impl Knobs {
     /// Without `page_allocations`, fail_page_alloc keeps its defaults
     /// (GFP_KERNEL pages are no fault points).
-    fn set(page_allocations: bool) -> Result<Knobs> {
+    pub(crate) fn set(page_allocations: bool) -> Result<Knobs> {
         let mut knobs = Knobs { saved: Vec::new() };
         for (dir, name, value) in KNOBS
             .iter()
@@ -156,7 +156,7 @@ impl Knobs {
         Ok(knobs)
     }
 
-    fn restore(&self) -> Result<()> {
+    pub(crate) fn restore(&self) -> Result<()> {
         for (path, old) in self.saved.iter().rev() {
             std::fs::write(path, old).os_ctx(format!("restoring {path} to {old}"))?;
         }
@@ -166,12 +166,12 @@ impl Knobs {
 
 /// The thread's fail-nth file, opened once so that arming it and reading it
 /// back need no path lookup between the armed syscall and its neighbours.
-struct FailNth {
+pub(crate) struct FailNth {
     fd: std::fs::File,
 }
 
 impl FailNth {
-    fn open() -> Result<FailNth> {
+    pub(crate) fn open() -> Result<FailNth> {
         let fd = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -193,7 +193,7 @@ impl FailNth {
     /// Runs `op` (one syscall, no allocation, no new page touched) with
     /// the `n`-th fault point of this thread armed; returns its result and
     /// whether the fault was injected. Leaves fail-nth at 0.
-    fn armed<T>(
+    pub(crate) fn armed<T>(
         &self,
         n: u32,
         op: impl FnOnce() -> io::Result<T>,
@@ -255,7 +255,7 @@ fn parse_left(text: &[u8]) -> Option<u32> {
 
 /// What one attempt came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Attempt {
+pub(crate) struct Attempt {
     /// fail-nth read back 0: the N-th fault point was reached and failed.
     injected: bool,
     /// The syscall's errno, if it failed.
@@ -264,14 +264,14 @@ struct Attempt {
 
 /// A sweep's tally.
 #[derive(Debug, Default, PartialEq, Eq)]
-struct Summary {
-    attempts: u32,
+pub(crate) struct Summary {
+    pub(crate) attempts: u32,
     /// Injected attempts whose syscall failed.
-    failed: u32,
+    pub(crate) failed: u32,
     /// Those attempts' errnos, by name.
     errnos: BTreeMap<String, u32>,
     /// The errno of the last attempt, the one without an injected fault.
-    last_errno: Option<i32>,
+    pub(crate) last_errno: Option<i32>,
     /// Injected attempts whose syscall succeeded anyway (a failure the
     /// kernel tolerates); each success was undone by closing its fd.
     succeeded: u32,
@@ -286,7 +286,10 @@ fn errno_label(errno: i32) -> String {
 /// The stop rule: attempts N = 1, 2, … until one reaches no injected fault
 /// (which ends the sweep, whatever its result: the caller judges it); more
 /// than `max_attempts` is an error. `attempt(n)` runs and undoes attempt n.
-fn sweep(max_attempts: u32, mut attempt: impl FnMut(u32) -> Result<Attempt>) -> Result<Summary> {
+pub(crate) fn sweep(
+    max_attempts: u32,
+    mut attempt: impl FnMut(u32) -> Result<Attempt>,
+) -> Result<Summary> {
     let mut summary = Summary::default();
     for n in 1..=max_attempts {
         let a = attempt(n).with_context(|| format!("attempt {n}"))?;
@@ -312,7 +315,7 @@ fn sweep(max_attempts: u32, mut attempt: impl FnMut(u32) -> Result<Attempt>) -> 
 
 /// Runs `open` armed at `n`, closes what it opened (then `settle`s) and
 /// drains the rings every [`DRAIN_EVERY`] attempts.
-fn attempt_fd(
+pub(crate) fn attempt_fd(
     context: &mut StepContext,
     fail_nth: &FailNth,
     n: u32,

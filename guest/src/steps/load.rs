@@ -122,7 +122,7 @@ pub(crate) fn kernel_btf() -> Result<&'static Btf> {
 }
 
 /// Loads an fentry/fexit/LSM program against `target` in the kernel's BTF.
-fn load_btf(prog: &mut Program, target: &str) -> Result<(), ProgramError> {
+pub(crate) fn load_btf(prog: &mut Program, target: &str) -> Result<(), ProgramError> {
     let btf =
         kernel_btf().map_err(|e| ProgramError::IOError(io::Error::other(format!("{e:#}"))))?;
     match prog {

@@ -15,6 +15,7 @@ pub mod listeners;
 pub mod load;
 pub mod measure;
 pub mod net;
+pub mod pack_boundary;
 pub mod perf_tool;
 pub mod probes;
 pub mod program;

@@ -141,6 +141,9 @@ fn probe(r: Requirement) -> Result<Probe> {
         Requirement::BpfSnprintf => Ok(bpf_snprintf()),
         Requirement::LongSymbolNames => Ok(long_symbol_names()),
         Requirement::SideBandWalkKprobe => side_band_walk_kprobe(),
+        // Read from the JIT's books, found once per boot (after the save's
+        // kallsyms read), so not probed before the save.
+        Requirement::TrampolinePacks => Ok(crate::jit_books::Books::get().map(|_| ())),
     }
 }
 

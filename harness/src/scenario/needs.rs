@@ -118,6 +118,12 @@ pub fn requirement_needs(r: Requirement) -> Vec<ConfigNeed> {
         Requirement::LongSymbolNames => vec![],
         // Whether the kernel takes a kprobe there: the guest's probe decides.
         Requirement::SideBandWalkKprobe => vec![],
+        // The allocator is read through /proc/kcore; whether trampolines
+        // come out of its packs is a kernel version: the guest decides.
+        Requirement::TrampolinePacks => vec![builtin(
+            "CONFIG_PROC_KCORE",
+            "the JIT's books read through /proc/kcore",
+        )],
         Requirement::Threads => vec![builtin(
             "CONFIG_FUTEX",
             "the agent's threads wait on futexes (kernel/futex/)",
