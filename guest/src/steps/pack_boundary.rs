@@ -217,12 +217,21 @@ pub fn run(
         })?;
     }
     moments.push(books.moment("after every link was closed")?);
+    // Sent before anything goes: a free that trips over a chunk cleared
+    // under live code may WARN (and, with panic_on_warn, end the VM), and
+    // the readings that show the cause must be on the host by then.
     let filler_ids: Vec<u32> = fillers.iter().map(|(_, id)| *id).collect();
-    drop(fillers);
     let copy_ids: Vec<u32> = copies.iter().map(|c| c.id).collect();
     let functions = copies.first().map_or(1, |c| c.functions);
-    drop(copies);
-    context.records_bytes += perf::drain_all(&mut context.rings)?;
+    send(&Message::PackBoundary {
+        sizes,
+        boundary: (boundary.start, boundary.size),
+        neighbour,
+        fillers: filler_ids.len() as u32,
+        sweep_attempts,
+        sweep_failed,
+        moments,
+    })?;
     send(&Message::StormDone {
         fixture: fixture.to_owned(),
         program: program.to_owned(),
@@ -234,18 +243,13 @@ pub fn run(
             fixture: "(none: r0 = 0 socket filter)".to_owned(),
             program: FILLER_NAME.to_owned(),
             functions: 1,
-            ids: filler_ids.clone(),
+            ids: filler_ids,
         })?;
     }
-    send(&Message::PackBoundary {
-        sizes,
-        boundary: (boundary.start, boundary.size),
-        neighbour,
-        fillers: filler_ids.len() as u32,
-        sweep_attempts,
-        sweep_failed,
-        moments,
-    })
+    drop(fillers);
+    drop(copies);
+    context.records_bytes += perf::drain_all(&mut context.rings)?;
+    Ok(())
 }
 
 /// A trampoline image as the step needs it.
