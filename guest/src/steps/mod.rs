@@ -18,6 +18,7 @@ pub mod net;
 pub mod perf_tool;
 pub mod probes;
 pub mod program;
+pub mod spin_read;
 pub mod storm;
 pub mod unprivileged;
 pub mod wakeups;

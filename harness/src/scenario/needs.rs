@@ -118,6 +118,10 @@ pub fn requirement_needs(r: Requirement) -> Vec<ConfigNeed> {
         Requirement::LongSymbolNames => vec![],
         // Whether the kernel takes a kprobe there: the guest's probe decides.
         Requirement::SideBandWalkKprobe => vec![],
+        Requirement::TwoCpus => vec![builtin(
+            "CONFIG_SMP",
+            "a second CPU to read a ring from while the first writes it",
+        )],
         Requirement::Threads => vec![builtin(
             "CONFIG_FUTEX",
             "the agent's threads wait on futexes (kernel/futex/)",
@@ -172,6 +176,15 @@ pub fn module_option(name: &str) -> Option<&'static str> {
 pub fn implied_requirements(steps: &[Step]) -> Vec<Requirement> {
     let mut out = Vec::new();
     for s in steps {
+        // A spin-read's reader is a thread on a CPU of its own.
+        if let Step::SpinRead { .. } = s {
+            for r in [Requirement::Threads, Requirement::TwoCpus] {
+                if !out.contains(&r) {
+                    out.push(r);
+                }
+            }
+            continue;
+        }
         let r = match s {
             Step::Concurrent { .. }
             | Step::UnprivilegedAttach { .. }
