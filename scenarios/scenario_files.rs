@@ -68,8 +68,8 @@ fn snapshots_cover_exactly_the_catalog() {
 
 /// The single-kind scenarios promise that no listener of the other kind
 /// exists anywhere in the guest while they record: the agent opens side-band
-/// listeners only in `open-listeners` and `measure`, and the shipped perf in
-/// `perf-record-start` (its probes and aya warm-up open none). If one did,
+/// listeners only in `open-listeners`, `measure` and `spin-read`, and the
+/// shipped perf in `perf-record-start` (its probes and aya warm-up open none). If one did,
 /// `nr_ksymbol_events` / `nr_bpf_events` would both be non-zero and a kernel
 /// that gates one record kind on the other counter would pass unseen.
 #[test]
@@ -97,6 +97,7 @@ fn single_kind_scenarios_hold_only_their_kind() {
                     );
                 }
                 Step::Measure { .. }
+                | Step::SpinRead { .. }
                 | Step::PerfRecordStart { .. }
                 | Step::WatchKsymbols
                 | Step::ReadKsymbolWatch => {

@@ -324,6 +324,48 @@ impl Ring {
         Ok(())
     }
 
+    /// Enables an event opened `disabled` (`PERF_EVENT_IOC_ENABLE`).
+    pub fn enable(&self) -> Result<()> {
+        use aya_obj::generated::PERF_EVENT_IOC_ENABLE;
+        // SAFETY: an ioctl without an argument on our own perf fd.
+        if unsafe { libc::ioctl(self.raw_fd(), PERF_EVENT_IOC_ENABLE as libc::c_ulong, 0) } < 0 {
+            return Err(io::Error::last_os_error())
+                .os_ctx(format!("PERF_EVENT_IOC_ENABLE on listener {}", self.index));
+        }
+        Ok(())
+    }
+
+    /// The event's id (`PERF_EVENT_IOC_ID`), the one its records'
+    /// sample_id `id` and `identifier` carry.
+    pub fn event_id(&self) -> Result<u64> {
+        use aya_obj::generated::PERF_EVENT_IOC_ID;
+        let mut id = 0u64;
+        // SAFETY: the ioctl writes one u64 through the pointer.
+        if unsafe { libc::ioctl(self.raw_fd(), PERF_EVENT_IOC_ID as libc::c_ulong, &mut id) } < 0 {
+            return Err(io::Error::last_os_error())
+                .os_ctx(format!("PERF_EVENT_IOC_ID on listener {}", self.index));
+        }
+        Ok(id)
+    }
+
+    /// The data area, its first byte and its length (a power of two), for
+    /// a reader that checks records where they lie
+    /// (`steps::spin_read`). Valid while the ring lives.
+    pub fn data_area(&self) -> (*mut u8, usize) {
+        // SAFETY: data_offset lies inside the mapping.
+        (unsafe { self.base.add(self.data_offset) }, self.data_size)
+    }
+
+    /// The control page's `data_head`, which the kernel stores.
+    pub fn head_word(&self) -> &AtomicU64 {
+        self.atomic(DATA_HEAD)
+    }
+
+    /// The control page's `data_tail`, which the reader stores.
+    pub fn tail_word(&self) -> &AtomicU64 {
+        self.atomic(DATA_TAIL)
+    }
+
     pub fn ring_bytes(&self) -> u64 {
         self.data_size as u64
     }

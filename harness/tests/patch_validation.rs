@@ -146,9 +146,16 @@ fn missing_futex_and_syscall_tracepoints_skip_by_name() {
 }
 
 fn ab(patches: &[&str]) -> kloop::run::ab::AbRun {
-    let base = built(&[], &[]);
-    let cand = built(patches, &[]);
+    ab_with(patches, &[], &[])
+}
+
+/// The A/B of `patches` on kernels built with `fragments` (both sides),
+/// over `scenarios` (empty: all).
+fn ab_with(patches: &[&str], fragments: &[&str], scenarios: &[&str]) -> kloop::run::ab::AbRun {
+    let base = built(&[], fragments);
+    let cand = built(patches, fragments);
     let opts = kloop::session::ab::AbOptions {
+        scenarios: scenarios.iter().map(|s| s.to_string()).collect(),
         env: opts(),
         jobs: suite::Parallel::host_default(),
         ..Default::default()
@@ -245,5 +252,43 @@ fn validate_rejects_a_patch_that_only_slows_the_emission_path() {
         run.outcomes.iter().all(|o| o.class != AbClass::Broken),
         "{:?}",
         run.outcomes
+    );
+}
+
+/// The scenarios over the trampoline path a planted leak there must show
+/// in, and the noise floor is taken on (a checked kernel's matrix takes
+/// about 11 minutes; these about 3).
+const LEAK_SCENARIOS: &[&str] = &["trampolines", "alloc-failures", "pack-boundary", "subprogs"];
+
+#[test]
+#[ignore = "slow tier: builds linux-source-6.12 with KASAN and kmemleak; see the module docs"]
+fn a_checked_kernel_is_same_against_itself() {
+    let run = ab_with(&[], &["checks/memory.config"], LEAK_SCENARIOS);
+    print_report(&run);
+    assert!(run.acceptance(&[]).accepted);
+    for o in &run.outcomes {
+        assert_eq!(o.class, AbClass::Same, "{}: {o:?}", o.scenario);
+    }
+}
+
+#[test]
+#[ignore = "slow tier: builds linux-source-6.12 twice with KASAN and kmemleak; see the module docs"]
+fn validate_with_memory_checks_rejects_a_planted_leak() {
+    let run = ab_with(
+        &["trampoline-image-leak.patch"],
+        &["checks/memory.config"],
+        LEAK_SCENARIOS,
+    );
+    print_report(&run);
+    assert!(!run.acceptance(&[]).accepted);
+    let trampolines = outcome(&run, "trampolines");
+    assert_eq!(trampolines.class, AbClass::Broken, "{trampolines:?}");
+    assert!(
+        trampolines
+            .details
+            .iter()
+            .any(|d| d.contains("[kmemleak]") && d.contains("bpf_trampoline_update")),
+        "the kmemleak report names where the leaked image was allocated: {:?}",
+        trampolines.details
     );
 }

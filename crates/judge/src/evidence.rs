@@ -147,6 +147,9 @@ pub struct RunEvidence {
     pub program_runs: Vec<ProgramRun>,
     /// The last `read-ksymbol-watch` (each sends every observation so far).
     pub ksymbol_watch: Option<KsymbolWatchEvidence>,
+    /// What each `spin-read` step's reader found, in plan order (rule
+    /// `published-bytes`).
+    pub spin_reads: Vec<kloop_protocol::SpinReading>,
     /// Every step the agent started, by plan index, as it echoed it.
     pub steps: BTreeMap<u32, Step>,
     /// Per listener: the plan step that opened it (the step whose
@@ -740,6 +743,7 @@ impl RunEvidence {
                     text: text.clone(),
                     stderr: stderr.clone(),
                 }),
+                Message::SpinRead(r) => ev.spin_reads.push(r.clone()),
                 _ => {}
             }
         }

@@ -82,6 +82,7 @@ pub const RULE_SOURCES: &[&[&str]] = &[
     crate::kernel_log::RULES,
     crate::jit_books::RULES,
     crate::fault_recovery::RULES,
+    crate::published::RULES,
 ];
 
 /// Every rule name a ledger entry may use.

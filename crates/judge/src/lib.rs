@@ -18,6 +18,8 @@
 //!   UBSAN, lockdep, kmemleak) as violations;
 //! - [`fault_recovery`]: a fail-nth sweep's clean attempt that failed, an
 //!   injected failure the kernel did not undo;
+//! - [`published`]: a spin reader's torn records, bytes the kernel
+//!   published below `data_head` before it wrote them (`published-bytes`);
 //! - [`known_issues`]: the ledger of known bugs and the sorting of violations;
 //! - [`overhead`]: the emission path's cost against its budgets;
 //! - [`ab`]: one scenario on a baseline and a candidate kernel, compared;
@@ -36,3 +38,4 @@ pub mod known_issues;
 pub mod normalise;
 pub mod overhead;
 pub mod perf_script;
+pub mod published;

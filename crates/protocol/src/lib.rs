@@ -42,7 +42,9 @@ pub use plan::{
 /// `FinalKallsyms` inside the last drain's step; 11: `KernelLog`; 12: polled
 /// listeners and `Wakeups`; 13: `JitBooks`, `unprivileged-attach`, a
 /// listener's `poll_watermark`; 14: `FailNthSweep.sweep` and
-/// `.clean_errno`).
+/// `.clean_errno`; 15: `spin-read`, `SpinRead` and the `two-cpus`
+/// requirement, `pack-boundary`, `PackBoundary` and the `trampoline-packs`
+/// requirement).
 pub const PROTOCOL_VERSION: u32 = 15;
 
 /// The most bytes of kernel log one [`Message::KernelLog`] carries (its
@@ -637,6 +639,10 @@ pub enum Message {
         /// BPF programs the warm-up loaded and dropped.
         warmed_up: u32,
     },
+    /// What a `spin-read` step's reader found: every record it checked the
+    /// moment `data_head` covered it, and the ones whose bytes were not
+    /// yet written then.
+    SpinRead(SpinReading),
     /// Shell mode (`vm-shell`): early setup is done and PID 1 is starting
     /// the interactive shell on the console. Every run of [`RUN_BY_HAND`]
     /// after it is a session of its own: hello … done.
@@ -644,6 +650,91 @@ pub enum Message {
         /// Guest monotonic clock at that moment, in ns.
         monotonic_ns: u64,
     },
+}
+
+/// What the reader of a `spin-read` step saw (rule `published-bytes`).
+///
+/// User space cannot write a ring's data pages (the kernel maps them
+/// read-only and refuses a write fault on any page but the control page:
+/// `perf_mmap_pfn_mkwrite()`, before 6.11 `perf_mmap_fault()`), so the
+/// reader cannot poison them itself; what a word held before the kernel
+/// wrote there is known all the same. A fresh ring's pages come zeroed
+/// (`perf_mmap_alloc_page()` allocates with `__GFP_ZERO`), and past a lap
+/// the word holds what the reader read there one lap earlier. So a trailer
+/// word whose value the kernel fixes (`id`, `identifier`: the event's id;
+/// `cpu`: the listener's CPU with `res` 0) and that holds anything else,
+/// or a `time` (always newer than any time written before) that still
+/// holds what lay there before, is a word the kernel had not written when
+/// `data_head` covered it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpinReading {
+    /// The CPU the listener was opened on (and the loader pinned to).
+    pub listener_cpu: u32,
+    /// The CPU the reader thread was pinned to.
+    pub reader_cpu: u32,
+    /// Load/unload cycles the loader ran while the reader read.
+    pub cycles: u32,
+    /// JITed functions of the program (each load registers a KSYMBOL per
+    /// function, and its unload unregisters each).
+    pub functions: u32,
+    /// Times the reader saw `data_head` move.
+    pub head_advances: u64,
+    /// Records checked.
+    pub records: u64,
+    /// Bytes those records span.
+    pub bytes: u64,
+    /// The sum of the LOST records' counts: records the kernel dropped
+    /// because the reader fell a ring behind.
+    pub lost: u64,
+    /// Why the reader stopped checking before the end (a head more than a
+    /// ring ahead of the tail, a record whose size does not fit), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
+    /// The torn records, at most [`MAX_TORN`] of them.
+    pub torn: Vec<TornRecord>,
+    /// All torn records, those past [`MAX_TORN`] included.
+    pub torn_total: u64,
+}
+
+/// At most this many torn records are described one by one.
+pub const MAX_TORN: usize = 64;
+
+/// One record that `data_head` covered before all of its words were
+/// written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TornRecord {
+    /// Its offset in the ring's stream (the `data_head` space).
+    pub offset: u64,
+    /// The `data_head` the reader had read when it looked.
+    pub head: u64,
+    /// `perf_event_header.type` (as written later, when the header itself
+    /// was the torn word and the kernel wrote it at last).
+    pub record_type: u32,
+    /// `perf_event_header.size`.
+    pub size: u16,
+    /// The words that did not hold what the kernel writes there.
+    pub words: Vec<TornWord>,
+    /// Whether every torn word held what the kernel writes there when the
+    /// reader looked again right after: the kernel wrote it late.
+    pub written_later: bool,
+}
+
+/// Which word of a record was torn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TornWord {
+    /// `perf_event_header` (type, misc, size), still zero in a fresh ring.
+    Header,
+    /// The sample_id trailer's `time`.
+    Time,
+    /// The trailer's `id`.
+    Id,
+    /// The trailer's `stream_id`.
+    StreamId,
+    /// The trailer's `cpu, res`.
+    Cpu,
+    /// The trailer's `identifier`.
+    Identifier,
 }
 
 /// Frames the host writes to the guest (kind [`FrameKind::Message`]).

@@ -475,6 +475,29 @@ pub enum Step {
         #[serde(default)]
         fail_nth: bool,
     },
+    /// Check that the kernel writes a record's bytes before it publishes
+    /// them (rule `published-bytes`): one `listener` (ksymbol / bpf_event,
+    /// `sample_id_all`) is opened on CPU 0 alone and mapped writable (a
+    /// non-overwrite ring: the reader owns `data_tail`); a reader thread
+    /// pinned to CPU 1 spins on its `data_head` and, each time it moves,
+    /// checks the new records' sample_id trailers against what the kernel
+    /// must have written there (see `SpinReading`); meanwhile the agent's
+    /// main thread, pinned to CPU 0, loads and unloads `program` of
+    /// `fixture` `cycles` times. Reports a `SpinRead`. Needs two CPUs
+    /// (`two-cpus`).
+    SpinRead {
+        listener: ListenerSpec,
+        fixture: String,
+        program: String,
+        cycles: u32,
+        /// Epoll instances to register on the listener's fd: the wake-up
+        /// each record queues right after its `data_head` store (a 1-byte
+        /// watermark, `poll`) calls every one's callback, which lengthens
+        /// the kernel's path between publishing a record and leaving
+        /// `perf_output_end()`.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        waiters: u32,
+    },
     /// Deliberately break something, to prove the host catches it. Only the
     /// fault-injection tests use this.
     Fault {
@@ -631,6 +654,9 @@ pub enum Requirement {
     /// `struct bpf_tramp_image` has `size`), and the JIT's books can be
     /// read through /proc/kcore (`CONFIG_PROC_KCORE`).
     TrampolinePacks,
+    /// CPUs 0 and 1 are online: a reader on one watches a ring the other
+    /// writes (`spin-read`).
+    TwoCpus,
 }
 
 impl Step {

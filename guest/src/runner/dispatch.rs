@@ -6,7 +6,7 @@ use kloop_protocol::Step;
 use crate::context::StepContext;
 use crate::steps::{
     concurrent, fail_nth, fault, files, hooks, inventory, kallsyms, ksymwatch, listeners, load,
-    measure, net, pack_boundary, perf_tool, program, storm,
+    measure, net, pack_boundary, perf_tool, program, spin_read, storm,
 };
 
 /// Runs one step of the plan against the plan's shared `context`.
@@ -119,6 +119,13 @@ pub(super) fn run_step(context: &mut StepContext, index: u32, step: &Step) -> Re
             cycles,
             churn,
         } => concurrent::run(fixture, program, *cycles, *churn),
+        Step::SpinRead {
+            listener,
+            fixture,
+            program,
+            cycles,
+            waiters,
+        } => spin_read::run(listener, fixture, program, *cycles, *waiters),
         Step::PerfRecordStart { args } => perf_tool::start(args),
         Step::PerfRecordStop => perf_tool::stop(),
         Step::RunProgram {

@@ -20,7 +20,8 @@ pub(super) fn plan_fixtures(plan: &Plan) -> Vec<&str> {
             | Step::LoadObject { fixture, .. }
             | Step::Measure { fixture, .. }
             | Step::Storm { fixture, .. }
-            | Step::Concurrent { fixture, .. } => fixture.as_str(),
+            | Step::Concurrent { fixture, .. }
+            | Step::SpinRead { fixture, .. } => fixture.as_str(),
             _ => continue,
         };
         if !out.contains(&fixture) {

@@ -19,6 +19,7 @@ pub mod pack_boundary;
 pub mod perf_tool;
 pub mod probes;
 pub mod program;
+pub mod spin_read;
 pub mod storm;
 pub mod unprivileged;
 pub mod wakeups;

@@ -73,6 +73,7 @@ const PROBED_BEFORE_SAVE: &[Requirement] = &[
     Requirement::BpfSnprintf,
     Requirement::LongSymbolNames,
     Requirement::SideBandWalkKprobe,
+    Requirement::TwoCpus,
 ];
 
 /// Runs every probe of [`PROBED_BEFORE_SAVE`] once, in a guest about to be
@@ -144,6 +145,7 @@ fn probe(r: Requirement) -> Result<Probe> {
         // Read from the JIT's books, found once per boot (after the save's
         // kallsyms read), so not probed before the save.
         Requirement::TrampolinePacks => Ok(crate::jit_books::Books::get().map(|_| ())),
+        Requirement::TwoCpus => two_cpus(),
     }
 }
 
@@ -179,6 +181,22 @@ fn long_symbol_names() -> Probe {
             "cannot read a version from kernel release {release:?}"
         )),
     }
+}
+
+/// CPUs 0 and 1 online: `spin-read` writes on one and reads on the other.
+/// A guest with one CPU has no second one to watch from, which is a reason
+/// to skip, not a kernel that passed.
+fn two_cpus() -> Result<Probe> {
+    let cpus = sys::online_cpus()
+        .map_err(|e| anyhow::anyhow!("reading /sys/devices/system/cpu/online: {e}"))?;
+    Ok(if cpus.contains(&0) && cpus.contains(&1) {
+        Ok(())
+    } else {
+        Err(format!(
+            "CPUs {cpus:?} online: a reader on CPU 1 must watch the ring CPU 0 writes \
+             (run the guest with at least 2 vCPUs; [vm] cpus = 2)"
+        ))
+    })
 }
 
 /// `(major, minor)` of a release such as `6.12.5-amd64`.

@@ -467,8 +467,9 @@ pub fn markdown(
             "Defects that change no record (a leak, a charge not returned, a walk no listener \
              needs, a lost wakeup, a race window): {} are killed by oracles beyond the records \
              — the JIT's books and limit (`jit-charge`, `jit-chunks`, `jit-images`, `jit-limit`), the side-band gates \
-             (`sideband-gating`, `sideband-quiet`), a polled listener (`wakeups`), a checked \
-             kernel's reports (`--checks`: `kasan`, `kmemleak`, `lockdep`, `ubsan`) — each \
+             (`sideband-gating`, `sideband-quiet`), a polled listener (`wakeups`), a reader \
+             spinning on `data_head` (`published-bytes`), the kernel's own WARNs (a panic with \
+             `panic_on_warn`), a checked kernel's reports (`--checks`: `kasan`, `kmemleak`, `lockdep`, `ubsan`) — each \
              listed with its rule under the kills below ({}); {} are still unseen ({}): they \
              count against the score as survivors (column `unseen defect`) and are listed with \
              their argument below.\n",

@@ -124,6 +124,10 @@ pub fn requirement_needs(r: Requirement) -> Vec<ConfigNeed> {
             "CONFIG_PROC_KCORE",
             "the JIT's books read through /proc/kcore",
         )],
+        Requirement::TwoCpus => vec![builtin(
+            "CONFIG_SMP",
+            "a second CPU to read a ring from while the first writes it",
+        )],
         Requirement::Threads => vec![builtin(
             "CONFIG_FUTEX",
             "the agent's threads wait on futexes (kernel/futex/)",
@@ -178,6 +182,15 @@ pub fn module_option(name: &str) -> Option<&'static str> {
 pub fn implied_requirements(steps: &[Step]) -> Vec<Requirement> {
     let mut out = Vec::new();
     for s in steps {
+        // A spin-read's reader is a thread on a CPU of its own.
+        if let Step::SpinRead { .. } = s {
+            for r in [Requirement::Threads, Requirement::TwoCpus] {
+                if !out.contains(&r) {
+                    out.push(r);
+                }
+            }
+            continue;
+        }
         let r = match s {
             Step::Concurrent { .. }
             | Step::UnprivilegedAttach { .. }

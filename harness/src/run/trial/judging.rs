@@ -63,6 +63,13 @@ pub(super) fn judge(
     result
         .notes
         .extend(crate::judge::jit_books::not_read(&evidence));
+    // A spin reader's torn records: bytes published before written.
+    analysis
+        .violations
+        .extend(crate::judge::published::check(&evidence));
+    result
+        .notes
+        .extend(crate::judge::published::notes(&evidence));
     // A fail-nth sweep whose clean attempt failed: an injected failure
     // the kernel did not undo.
     analysis
