@@ -91,11 +91,12 @@ pub fn open(context: &mut StepContext, spec: &ListenerSpec, step: u32) -> Result
             .rings
             .iter()
             .filter(|r| opened.contains(&r.index))
-            .map(|r| (r.index, r.raw_fd()))
+            .map(|r| (r.index, r.raw_fd(), r.head_word()))
             .collect();
-        context
-            .waiters
-            .insert(step, crate::steps::wakeups::Waiter::start(fds)?);
+        context.waiters.insert(
+            step,
+            crate::steps::wakeups::Waiter::start(fds, spec.poll_watermark)?,
+        );
     }
     context.opened_by.insert(step, opened);
     Ok(())
