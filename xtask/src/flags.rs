@@ -672,6 +672,15 @@ pub(crate) struct BenchArgs {
     /// first (`cargo xtask kernels build --source SOURCE`)
     #[arg(long, value_name = "SOURCE")]
     pub(crate) validate: Option<String>,
+    /// Only time a new user's first run, --runs times: the committed tree
+    /// cloned into a scratch directory with an empty kloop cache and its
+    /// own target directory, then `ci/setup.sh`, the host build and
+    /// `vm-test` over the whole matrix (the agent build, the pins fetched,
+    /// every saved VM made), each part's wall and vm-test's phase split.
+    /// Needs the package mirror (the pins are downloaded again) and some
+    /// 6 GiB of scratch space; cargo's registry is shared
+    #[arg(long)]
+    pub(crate) fresh: bool,
 }
 
 #[derive(Subcommand)]

@@ -19,6 +19,9 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
     if let Some(source) = &a.validate {
         return validate_bench(source, a.runs);
     }
+    if a.fresh {
+        return fresh_bench(a.runs);
+    }
     let layout = layout();
     let sel = Selection {
         kernels: a.kernels.clone(),
@@ -58,6 +61,34 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
         println!();
         matrix_bench(&a)?;
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `bench --fresh`: a new user's first run, `runs` times, each in a
+/// scratch directory removed afterwards.
+fn fresh_bench(runs: usize) -> Result<ExitCode> {
+    let mut rounds = Vec::new();
+    for i in 0..runs {
+        let scratch = tempfile::Builder::new()
+            .prefix("kloop-fresh-")
+            .tempdir()
+            .context("a scratch directory for the fresh clone")?;
+        println!(
+            "kloop bench: fresh run {}/{runs} in {} (clone, ci/setup.sh, cargo build -p xtask, vm-test) …",
+            i + 1,
+            scratch.path().display()
+        );
+        let round = bench::FreshBench {
+            workspace: kloop::run::agent::workspace_root(),
+            scratch: scratch.path().to_path_buf(),
+        }
+        .round();
+        if let Ok(r) = &round {
+            println!("kloop bench: {:.1} s in all", r.total_secs());
+        }
+        rounds.push(round);
+    }
+    print!("\n{}", report::bench::fresh_tables(&rounds));
     Ok(ExitCode::SUCCESS)
 }
 

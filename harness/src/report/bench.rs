@@ -324,6 +324,66 @@ pub fn validate_table(rounds: &[crate::run::bench::ValidateRound]) -> String {
     o
 }
 
+/// `bench --fresh`: one line per round, each part of a new user's first
+/// run, then vm-test's own split.
+pub fn fresh_tables(
+    rounds: &[Result<crate::run::bench::FreshRound, crate::run::bench::BenchError>],
+) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{:<6} {:>8} {:>8} {:>10} {:>8} {:>8} {:>16} {:>8} {:>9} {:>6}  verdicts",
+        "round",
+        "total s",
+        "setup",
+        "host build",
+        "vm-test",
+        "agent",
+        "kernels (fetched)",
+        "saved VMs",
+        "trials",
+        "exit"
+    );
+    for (i, r) in rounds.iter().enumerate() {
+        match r {
+            Err(e) => {
+                let _ = writeln!(o, "{:<6} failed: {e}", i + 1);
+            }
+            Ok(r) => {
+                let p = r.phases.clone().unwrap_or_default();
+                let run = r.run.clone().unwrap_or_default();
+                let _ = writeln!(
+                    o,
+                    "{:<6} {:>8.1} {:>8.1} {:>10.1} {:>8.1} {:>8.1} {:>16} {:>8} {:>9.1} {:>6}  {} trials",
+                    i + 1,
+                    r.total_secs(),
+                    r.setup_secs,
+                    r.host_build_secs,
+                    r.vm_test_secs,
+                    p.agent_build_secs,
+                    format!("{:.1} ({})", p.kernels.secs, p.kernels.fetched),
+                    format!("{} ({:.0} VM-s)", p.trials.saved_vms.len(), p.trials.saved_vm_secs()),
+                    p.trials.secs,
+                    r.exit.map_or("signal".into(), |c| c.to_string()),
+                    run.trials
+                );
+                for e in [&r.phases.as_ref().err(), &r.run.as_ref().err()]
+                    .into_iter()
+                    .flatten()
+                {
+                    let _ = writeln!(o, "       {e}");
+                }
+            }
+        }
+    }
+    o.push_str(
+        "(total: set-up + host build + vm-test, what a user waits for; agent, kernels, saved VMs \
+         and trials are vm-test's own phases: the agent build, the pins fetched and verified, \
+         the saved VMs made on the way with the VM seconds they took, and the trials' wall)\n",
+    );
+    o
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -369,5 +429,51 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("  basic                  9.0     3.0"), "{t}");
+    }
+
+    #[test]
+    fn a_fresh_round_adds_up_what_the_user_waited_for_and_a_failed_one_says_why() {
+        use crate::run::bench::{BenchError, FreshRound};
+        use crate::run::phases::{KernelsPhase, Phases, SavedVmMade, TrialsPhase};
+        let phases = Phases {
+            agent_build_secs: 55.0,
+            kernels: KernelsPhase {
+                secs: 20.0,
+                kernels: 5,
+                fetched: 5,
+            },
+            trials: TrialsPhase {
+                secs: 160.0,
+                runs: 250,
+                saved_vms: vec![SavedVmMade {
+                    secs: 6.5,
+                    ..SavedVmMade::default()
+                }],
+                saved_vms_removed: 0,
+            },
+            ..Phases::default()
+        };
+        let ok = FreshRound {
+            setup_secs: 15.0,
+            host_build_secs: 110.0,
+            vm_test_secs: 240.0,
+            exit: Some(0),
+            phases: Ok(phases),
+            run: Err(BenchError::Process("no results".into())),
+        };
+        assert_eq!(ok.total_secs(), 365.0);
+        let t = fresh_tables(&[Ok(ok), Err(BenchError::Process("git clone failed".into()))]);
+        let first = t.lines().nth(1).expect("a row");
+        assert!(
+            first.contains("365.0") && first.contains("20.0 (5)") && first.contains("1 (6 VM-s)"),
+            "{t}"
+        );
+        assert!(t.contains("no results"), "{t}");
+        assert!(
+            t.lines()
+                .nth(3)
+                .is_some_and(|l| l.contains("failed: git clone failed")),
+            "{t}"
+        );
     }
 }

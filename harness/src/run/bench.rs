@@ -523,6 +523,105 @@ impl MatrixBench {
     }
 }
 
+/// How `bench --fresh` times a new user's first run: the committed tree
+/// cloned into a scratch directory, with an empty kloop cache
+/// (`KLOOP_CACHE_DIR`) and a target directory of its own, then the
+/// README's main job: `ci/setup.sh`, the host build (`cargo build -p
+/// xtask`, which `cargo xtask` runs first) and `vm-test` over the whole
+/// matrix, which builds the agent, fetches and verifies the pins' kernels,
+/// probes the accelerator and makes every saved VM. Cargo's registry
+/// (`CARGO_HOME`) is shared: crate downloads are not timed, and packages
+/// `ci/setup.sh` finds installed take no time.
+#[derive(Debug, Clone)]
+pub struct FreshBench {
+    /// The checkout whose committed HEAD is cloned.
+    pub workspace: PathBuf,
+    /// Where the clone and its cache go (removed by the caller).
+    pub scratch: PathBuf,
+}
+
+/// One fresh round: each part's wall seconds, `vm-test`'s exit code and its
+/// own phase split (`phases.json`) with the trials it ran.
+#[derive(Debug, Clone)]
+pub struct FreshRound {
+    pub setup_secs: f64,
+    pub host_build_secs: f64,
+    pub vm_test_secs: f64,
+    pub exit: Option<i32>,
+    pub phases: Result<crate::run::phases::Phases, BenchError>,
+    pub run: Result<MatrixRun, BenchError>,
+}
+
+impl FreshRound {
+    /// What the user waited for: set-up, host build and the matrix.
+    pub fn total_secs(&self) -> f64 {
+        self.setup_secs + self.host_build_secs + self.vm_test_secs
+    }
+}
+
+impl FreshBench {
+    /// Clones, sets up, builds and runs the matrix once.
+    pub fn round(&self) -> Result<FreshRound, BenchError> {
+        let clone = self.scratch.join("kloop");
+        let cache = self.scratch.join("cache");
+        let step = |what: &str, cmd: &mut std::process::Command| -> Result<f64, BenchError> {
+            let started = std::time::Instant::now();
+            let out = cmd
+                .stdout(std::process::Stdio::null())
+                .output()
+                .map_err(|e| BenchError::Process(format!("{what}: {e}")))?;
+            if !out.status.success() {
+                let err = String::from_utf8_lossy(&out.stderr);
+                let tail: Vec<&str> = err.lines().rev().take(5).collect();
+                return Err(BenchError::Process(format!(
+                    "{what} failed ({}): {}",
+                    out.status,
+                    tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
+                )));
+            }
+            Ok(started.elapsed().as_secs_f64())
+        };
+        step(
+            "git clone",
+            std::process::Command::new("git")
+                .args(["clone", "--quiet"])
+                .arg(&self.workspace)
+                .arg(&clone),
+        )?;
+        let in_clone = |program: &str| {
+            let mut c = std::process::Command::new(program);
+            c.current_dir(&clone)
+                .env_remove("CARGO_TARGET_DIR")
+                .env(kloop_kernels::CACHE_DIR_ENV, &cache);
+            c
+        };
+        let setup_secs = step("ci/setup.sh", in_clone("bash").arg("ci/setup.sh"))?;
+        let host_build_secs = step(
+            "cargo build -p xtask",
+            in_clone("cargo").args(["build", "-p", "xtask"]),
+        )?;
+        let runs_root = clone.join("target/kloop/runs");
+        let mut vm_test = in_clone(&clone.join("target/debug/xtask").to_string_lossy());
+        vm_test.arg("vm-test");
+        let done = Finished::run(&mut vm_test, &runs_root)
+            .map_err(|e| BenchError::Process(format!("vm-test: {e}")))?;
+        let dir = done.run_dir("vm-test");
+        Ok(FreshRound {
+            setup_secs,
+            host_build_secs,
+            vm_test_secs: done.secs,
+            exit: done.exit,
+            phases: dir.clone().and_then(|d| {
+                crate::run::phases::Phases::read(&d).map_err(|e| BenchError::Read {
+                    path: d.join(crate::run::phases::Phases::FILE),
+                    why: e.to_string(),
+                })
+            }),
+            run: dir.and_then(|d| MatrixRun::read(&d)),
+        })
+    }
+}
+
 /// A kloop command the bench ran as a user runs it (its output to
 /// nowhere): its wall time seen from outside, its exit code, and the run
 /// directory it made, found by its pid (run directories are named
