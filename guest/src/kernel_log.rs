@@ -85,6 +85,7 @@ impl Watch {
             truncated,
             kmemleak,
             kmemleak_error,
+            lockdep_on: lockdep_on(),
         }
     }
 }
@@ -141,4 +142,37 @@ fn read_records(mut kmsg: File) -> (Vec<String>, bool) {
         }
     }
     (out, truncated)
+}
+
+/// lockdep's statistics (kernel/locking/lockdep_proc.c), on a kernel built
+/// with it.
+const LOCKDEP_STATS: &str = "/proc/lockdep_stats";
+
+/// `debug_locks` from [`LOCKDEP_STATS`]: whether lockdep still checks;
+/// `None` without lockdep (or a file without the line).
+fn lockdep_on() -> Option<bool> {
+    let text = std::fs::read_to_string(LOCKDEP_STATS).ok()?;
+    parse_debug_locks(&text)
+}
+
+fn parse_debug_locks(text: &str) -> Option<bool> {
+    text.lines().find_map(|l| {
+        let (key, value) = l.split_once(':')?;
+        (key.trim() == "debug_locks").then(|| value.trim() != "0")
+    })
+}
+
+#[cfg(test)]
+mod lockdep_tests {
+    use super::parse_debug_locks;
+
+    #[test]
+    fn debug_locks_is_read_from_lockdep_stats() {
+        // The layout of lockdep_stats_show() (kernel/locking/lockdep_proc.c).
+        let on = " lock-classes:                          612 [max: 8192]\n debug_locks:                             1\n";
+        assert_eq!(parse_debug_locks(on), Some(true));
+        let off = on.replace("     1", "     0");
+        assert_eq!(parse_debug_locks(&off), Some(false));
+        assert_eq!(parse_debug_locks(" lock-classes: 612\n"), None);
+    }
 }

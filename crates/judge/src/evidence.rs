@@ -18,6 +18,8 @@ pub struct KernelLog {
     pub kmemleak: Option<String>,
     /// Why kmemleak could not be scanned where it exists.
     pub kmemleak_error: Option<String>,
+    /// lockdep's `debug_locks` after the plan; `None` without lockdep.
+    pub lockdep_on: Option<bool>,
 }
 
 /// The JIT's books as the agent read them
@@ -537,12 +539,14 @@ impl RunEvidence {
                     truncated,
                     kmemleak,
                     kmemleak_error,
+                    lockdep_on,
                 } => {
                     ev.kernel_log = Some(KernelLog {
                         kmsg: kmsg.clone(),
                         truncated: *truncated,
                         kmemleak: kmemleak.clone(),
                         kmemleak_error: kmemleak_error.clone(),
+                        lockdep_on: *lockdep_on,
                     })
                 }
                 Message::Timings {

@@ -131,6 +131,19 @@ pub fn check(ev: &RunEvidence) -> Vec<Violation> {
             format!("kmemleak is in this kernel but could not be scanned: {e}"),
         ));
     }
+    // lockdep stops for good after its first report (debug_locks_off() in
+    // kernel/locking/lockdep.c) or when its tables fill: off at the end
+    // with no report of its own in the plan's log, it was off for (part
+    // of) the plan, whose locking then went unchecked.
+    if log.lockdep_on == Some(false) && !out.iter().any(|v| v.rule == LOCKDEP) {
+        out.push(Violation::new(
+            LOCKDEP,
+            "lockdep is in this kernel but was off after the plan (debug_locks 0 in \
+             /proc/lockdep_stats) with no report of its own in the plan's log: it turned \
+             itself off earlier in the boot (a report before the first step, on the console) \
+             or its tables filled, so the plan's locking was not checked",
+        ));
+    }
     out
 }
 
@@ -374,6 +387,7 @@ unreferenced object 0xffff888005a2c000 (size 128):
             truncated: false,
             kmemleak: Some(String::new()),
             kmemleak_error: None,
+            lockdep_on: None,
         };
         let ev = RunEvidence::from_messages(&[msg], Default::default());
         let v = check(&ev);
@@ -391,8 +405,27 @@ unreferenced object 0xffff888005a2c000 (size 128):
             truncated: false,
             kmemleak: None,
             kmemleak_error: Some("writing \"scan\": EBUSY".into()),
+            lockdep_on: None,
         };
         let ev = RunEvidence::from_messages(&[broken], Default::default());
         assert_eq!(check(&ev)[0].rule, KMEMLEAK);
+    }
+
+    #[test]
+    fn lockdep_off_after_the_plan_without_its_own_report_is_a_check_not_made() {
+        let ev = |on: Option<bool>, kmsg: &[&str]| RunEvidence {
+            kernel_log: Some(crate::evidence::KernelLog {
+                kmsg: kmsg.iter().map(|l| l.to_string()).collect(),
+                lockdep_on: on,
+                ..Default::default()
+            }),
+            ..RunEvidence::default()
+        };
+        assert!(check(&ev(Some(true), &[])).is_empty());
+        assert!(check(&ev(None, &[])).is_empty());
+        let v = check(&ev(Some(false), &[]));
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].rule, LOCKDEP);
+        assert!(v[0].message.contains("debug_locks 0"), "{}", v[0].message);
     }
 }

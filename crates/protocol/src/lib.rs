@@ -449,6 +449,14 @@ pub enum Message {
         /// Why kmemleak could not be scanned on a kernel that has it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         kmemleak_error: Option<String>,
+        /// On a kernel with lockdep (`/proc/lockdep_stats`), its
+        /// `debug_locks` after the plan: lockdep turns itself off for good
+        /// after its first report or when its tables fill
+        /// (kernel/locking/lockdep.c, `debug_locks_off()`), so 0 means the
+        /// plan's locking was not (or not wholly) checked. `None` without
+        /// lockdep.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lockdep_on: Option<bool>,
     },
     /// Durations measured by a `Measure` step, guest `CLOCK_MONOTONIC` ns per
     /// iteration after the warm-up (under `-icount` the clock counts
