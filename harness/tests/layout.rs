@@ -81,6 +81,39 @@ fn the_judge_depends_on_no_io_crate() {
     assert!(extra.is_empty(), "kloop-judge depends on {extra:?}");
 }
 
+/// Architecture invariant: nothing under `crates/` depends on the harness
+/// (`kloop`) or the xtask: the focused crates are the ground floor, and
+/// what the xtask alone shows (its terminal view) lives in the xtask.
+#[test]
+fn no_ground_floor_crate_depends_on_the_floors_above() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(root.join("crates")).unwrap() {
+        let manifest = entry.unwrap().path().join("Cargo.toml");
+        let Ok(text) = std::fs::read_to_string(&manifest) else {
+            continue;
+        };
+        let manifest_value: toml::Value = toml::from_str(&text).unwrap();
+        for table in ["dependencies", "dev-dependencies", "build-dependencies"] {
+            let Some(deps) = manifest_value.get(table).and_then(|t| t.as_table()) else {
+                continue;
+            };
+            for up in ["kloop", "xtask"] {
+                assert!(
+                    !deps.contains_key(up),
+                    "{} depends on {up} ({table}): a back arrow",
+                    manifest.display()
+                );
+            }
+        }
+        checked += 1;
+    }
+    assert!(
+        checked >= 7,
+        "only {checked} crates under crates/ were checked"
+    );
+}
+
 /// `kernels/known-issues.toml` parses and names only pins, rules and
 /// scenarios that exist.
 #[test]

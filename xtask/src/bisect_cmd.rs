@@ -102,7 +102,7 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
         &env,
         &worktree,
         &step_command(&a)?,
-        &mut kloop_terminal::views::tree_bisection(),
+        &mut crate::view::views::tree_bisection(),
     )?;
     print_tree_outcome(&outcome, &env.run_dir, started);
     drop(worktree);
@@ -205,7 +205,7 @@ fn try_bisect_step(a: BisectStepArgs) -> Result<ExitCode> {
         &layout,
         &step,
         &mut env_for,
-        &mut kloop_terminal::views::tree_bisection(),
+        &mut crate::view::views::tree_bisection(),
     )?;
     println!("kloop: step {}", outcome.line);
     use std::io::Write;

@@ -173,7 +173,7 @@ pub(crate) fn build_kernel(
             return Err(ExitCode::from(2));
         }
     };
-    let mut progress = kloop_terminal::build::BuildProgress::new(what);
+    let mut progress = crate::view::build::BuildProgress::new(what);
     let result = kloop_kernels::build::build(&cache, req, &mut |e| progress.event(e));
     progress.finish();
     match result {

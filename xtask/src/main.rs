@@ -19,6 +19,7 @@ mod mutants_cmd;
 mod report_bug_cmd;
 mod repro_cmd;
 mod shell_cmd;
+mod view;
 mod vm_test_cmd;
 
 pub(crate) use flags::*;
@@ -135,7 +136,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
-    kloop_terminal::init(cli.verbose);
+    crate::view::init(cli.verbose);
     match cli.cmd {
         Cmd::VmTest(a) => vm_test(a, false, Default::default()),
         Cmd::Bless(a) => vm_test_cmd::bless(a),

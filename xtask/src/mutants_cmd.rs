@@ -36,7 +36,7 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let mut lines = kloop_terminal::views::MutantsView::new(opts.base.source.label());
+    let mut lines = crate::view::views::MutantsView::new(opts.base.source.label());
     let totals = mutants::run(&layout, &opts, chosen, &mut |e| lines.event(e))?;
     lines.finish();
     Ok(summarise(&totals))

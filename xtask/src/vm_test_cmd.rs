@@ -213,8 +213,7 @@ pub(crate) fn vm_test(
         return Ok(ExitCode::SUCCESS);
     }
     start_trials();
-    let run =
-        kloop::session::vm_test::run(&layout, &opts, planned, &kloop_terminal::vm_test_event)?;
+    let run = kloop::session::vm_test::run(&layout, &opts, planned, &crate::view::vm_test_event)?;
     println!();
     for line in kloop::session::vm_test::closing_lines(&run) {
         println!("kloop: {line}");

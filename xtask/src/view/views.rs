@@ -5,7 +5,7 @@ use kloop::run::bisect::tree::TreeEvent;
 use kloop::run::mutants::{MutantResult, Outcome};
 use kloop::session::mutants::Event;
 
-use crate::build::BuildProgress;
+use super::build::BuildProgress;
 
 /// The live line of the kernel being built (the unmutated one, the
 /// compile-alone phase, the schema kernel, a mutant built alone), ended
@@ -48,7 +48,7 @@ impl MutantsView {
             Event::Decided { results, total } => {
                 self.finish();
                 if let Some(r) = results.last() {
-                    crate::line(self.decided_line(r, results, total));
+                    super::line(self.decided_line(r, results, total));
                 }
             }
         }
@@ -84,10 +84,10 @@ impl MutantsView {
 /// Draws a tree bisection's events: the build's live line, the end's
 /// build time, each run's trial line.
 pub fn tree_bisection() -> impl FnMut(TreeEvent<'_>) {
-    let mut progress: Option<crate::build::BuildProgress> = None;
+    let mut progress: Option<super::build::BuildProgress> = None;
     move |e| match e {
         TreeEvent::BuildStarted { dir } => {
-            progress = Some(crate::build::BuildProgress::new(&dir.display().to_string()))
+            progress = Some(super::build::BuildProgress::new(&dir.display().to_string()))
         }
         TreeEvent::Build(e) => {
             if let Some(p) = progress.as_mut() {
