@@ -23,7 +23,7 @@
 pub use kloop_judge as judge;
 pub mod doctor;
 pub mod mutate;
-pub mod perf_data;
+pub use kloop_perf_data as perf_data;
 pub mod report;
 pub mod run;
 pub mod scenario;

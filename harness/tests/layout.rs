@@ -81,6 +81,33 @@ fn the_judge_depends_on_no_io_crate() {
     assert!(extra.is_empty(), "kloop-judge depends on {extra:?}");
 }
 
+/// Architecture invariant: `check-perf-data`, a tool for production hosts,
+/// needs kloop's parser, the judge's ledger and a perf.data reader, never
+/// QEMU, kernel builds or the harness.
+#[test]
+fn perf_data_depends_on_the_parser_the_judge_and_its_reader_only() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let manifest: toml::Value =
+        toml::from_str(&std::fs::read_to_string(root.join("crates/perf-data/Cargo.toml")).unwrap())
+            .unwrap();
+    let deps: Vec<&str> = manifest["dependencies"]
+        .as_table()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let allowed = [
+        "kloop-protocol",
+        "kloop-records",
+        "kloop-judge",
+        "linux-perf-data",
+        "serde",
+        "thiserror",
+    ];
+    let extra: Vec<&&str> = deps.iter().filter(|d| !allowed.contains(d)).collect();
+    assert!(extra.is_empty(), "kloop-perf-data depends on {extra:?}");
+}
+
 /// Architecture invariant: nothing under `crates/` depends on the harness
 /// (`kloop`) or the xtask: the focused crates are the ground floor, and
 /// what the xtask alone shows (its terminal view) lives in the xtask.

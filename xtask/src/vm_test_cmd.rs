@@ -148,8 +148,7 @@ fn perf_data_bench(gib: f64) -> Result<ExitCode> {
     let root = layout().root;
     let r = bench::perf_data(
         &std::env::current_exe().context("locating the xtask binary")?,
-        &root
-            .join("harness/src/testdata/perf-data/host-6.18.44-perf-6.1.187-header-size.pipe.data"),
+        &root.join("crates/perf-data/testdata/host-6.18.44-perf-6.1.187-header-size.pipe.data"),
         &root.join("target/kloop/bench"),
         gib,
         &mut |note| println!("kloop bench: {note}"),

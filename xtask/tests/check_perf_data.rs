@@ -2,7 +2,7 @@
 //! with its message and exit status (0 clean or known bugs only, 1 news,
 //! 2 unreadable, cut short or nothing to judge). The inputs are perf.data
 //! files the real perf wrote on this project's host (kernel 6.18.44,
-//! Debian's perf 6.1.187; see harness/src/testdata/perf-data/README.md), and
+//! Debian's perf 6.1.187; see crates/perf-data/testdata/README.md), and
 //! copies of them damaged the way files get damaged: cut short, a flag
 //! cleared, a record's bit flipped.
 
@@ -12,7 +12,7 @@ use kloop_test_support::workspace_root;
 
 fn testdata(name: &str) -> PathBuf {
     workspace_root()
-        .join("harness/src/testdata/perf-data")
+        .join("crates/perf-data/testdata")
         .join(name)
 }
 

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use super::Finding;
+use crate::finding::Finding;
 
 /// One program's facts as perf stored them.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use std::path::Path;
 use kloop_protocol::ListenerInfo;
 use kloop_records::{parse_stream, sample_id_len, PERF_SAMPLE_TID, PERF_SAMPLE_TIME};
 
-use super::{oversized, BPF_EVENT, KSYMBOL};
+use crate::check::{oversized, BPF_EVENT, KSYMBOL};
 
 /// `PERF_RECORD_FINISHED_ROUND`: perf's "everything before this is in
 /// time order" marker.
@@ -137,7 +137,7 @@ fn side_band_listener(template: &Path) -> Result<ListenerInfo, String> {
     let file = std::fs::File::open(template).map_err(|e| e.to_string())?;
     let reader = linux_perf_data::PerfFileReader::parse_pipe(std::io::BufReader::new(file))
         .map_err(|e| e.to_string())?;
-    let listeners = super::listeners(&reader.perf_file);
+    let listeners = crate::check::listeners(&reader.perf_file);
     let mut side: Vec<ListenerInfo> = listeners
         .into_iter()
         .filter(|l| l.ksymbol || l.bpf_event)
@@ -157,14 +157,14 @@ mod tests {
     #[test]
     fn a_stretched_real_recording_is_clean_and_counted() {
         let template = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("src/testdata/perf-data/host-6.18.44-perf-6.1.187-header-size.pipe.data");
+            .join("testdata/host-6.18.44-perf-6.1.187-header-size.pipe.data");
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("big.data");
         let g = stretch(&template, &out, 1 << 20).unwrap();
         assert_eq!(std::fs::metadata(&out).unwrap().len(), g.bytes);
         assert!(g.bytes >= 1 << 20);
         assert_eq!(g.side_band_records, 4 * g.rounds);
-        let c = super::super::check(&out).unwrap();
+        let c = crate::check::check(&out).unwrap();
         assert_eq!(c.ksymbol + c.bpf_event, g.side_band_records, "{c:?}");
         assert!(c.findings.is_empty(), "{:#?}", c.findings);
         assert!(c.stopped.is_none());

@@ -1,17 +1,5 @@
-//! `check-perf-data`: the KSYMBOL, BPF_EVENT and LOST records of a
-//! perf.data written anywhere (a production host, a CI runner), judged with
-//! kloop's strict record parser and the rules that need no guest evidence.
-//!
-//! `linux-perf-data` reads the file (header, attributes, feature sections,
-//! records in time order); each side-band record's bytes are put back
-//! together (header and body) and parsed by `kloop-records` against the
-//! attribute it belongs to, so a `header.size` that does not match the body
-//! and that attribute's `sample_id` trailer is a finding, as in kloop's own
-//! rings. A record whose `header.size` is larger than its body and trailer
-//! by zero bytes is a `header-size` finding (and is judged further at its
-//! true size); BPF symbol shape and register/unregister pairing are judged
-//! over the time-ordered stream. [`recognise`] marks the findings the
-//! ledger explains for the file's kernel release (`[issue.perf_data]`).
+//! The check itself: the file read, its side-band records parsed and
+//! judged, the findings recognised against the ledger.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,12 +8,12 @@ use kloop_protocol::ListenerInfo;
 use kloop_records::{parse_stream, RecordBody, KSYM_TYPE_BPF};
 use linux_perf_data::{PerfFileReader, PerfFileRecord};
 
-pub mod generate;
-pub mod prog_info;
+use crate::finding::Finding;
+use crate::prog_info;
 
 /// `PERF_RECORD_*` types this check reads.
-const KSYMBOL: u32 = 17;
-const BPF_EVENT: u32 = 18;
+pub(crate) const KSYMBOL: u32 = 17;
+pub(crate) const BPF_EVENT: u32 = 18;
 const LOST: u32 = 2;
 
 /// Why a file could not be checked (exit 2).
@@ -42,27 +30,6 @@ pub enum PerfDataError {
     Truncated { path: PathBuf, why: String },
     #[error("{path}: no event in this file asked for KSYMBOL or BPF_EVENT records, so there is nothing to judge; it was written by a perf or on a kernel older than 5.1 (perf switches ksymbol off when the kernel refuses it). Record again with perf 5.1 or later on a 5.1+ kernel: `perf record -e dummy -a`")]
     NoSideBand { path: PathBuf },
-}
-
-/// One finding: the rule and what broke it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Finding {
-    pub rule: &'static str,
-    pub message: String,
-    /// The ledger entry that explains it on this file's kernel, when one
-    /// does: a known bug, not news.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub known_issue: Option<String>,
-}
-
-impl Finding {
-    fn new(rule: &'static str, message: String) -> Finding {
-        Finding {
-            rule,
-            message,
-            known_issue: None,
-        }
-    }
 }
 
 /// The rules `check-perf-data` holds a file to.
@@ -195,7 +162,7 @@ impl PerfDataCheck {
 /// Marks the findings a ledger entry's `[issue.perf_data]` sign explains
 /// on the file's kernel release. A finding with an entry's sign on a
 /// release outside its ranges stays news, and says whose pattern it has.
-pub fn recognise(check: &mut PerfDataCheck, ledger: &crate::judge::known_issues::Ledger) {
+pub fn recognise(check: &mut PerfDataCheck, ledger: &kloop_judge::known_issues::Ledger) {
     let release = check.os_release.clone().unwrap_or_default();
     let perf = check.perf_version.clone();
     for f in &mut check.findings {
@@ -445,7 +412,7 @@ fn pipe_cut(path: &Path) -> std::io::Result<Option<String>> {
 }
 
 /// Each event attribute of the file as kloop's parser knows a listener.
-fn listeners(perf_file: &linux_perf_data::PerfFile) -> Vec<ListenerInfo> {
+pub(crate) fn listeners(perf_file: &linux_perf_data::PerfFile) -> Vec<ListenerInfo> {
     perf_file
         .event_attributes()
         .iter()
@@ -522,7 +489,10 @@ impl Seen {
 /// `header.size` (ledger entry ksymbol-bpf-event-header-size-accumulates).
 /// The smallest such size is the true one: any smaller cut would take the
 /// trailer's time with it, which is never all zero.
-fn oversized(listener: &ListenerInfo, bytes: &[u8]) -> Option<(usize, Vec<kloop_records::Record>)> {
+pub(crate) fn oversized(
+    listener: &ListenerInfo,
+    bytes: &[u8],
+) -> Option<(usize, Vec<kloop_records::Record>)> {
     (16..bytes.len()).step_by(8).find_map(|size| {
         if bytes[size..].iter().any(|b| *b != 0) {
             return None;
@@ -595,9 +565,34 @@ fn judge_symbol(
 mod tests {
     use super::*;
 
+    /// The committed ledger (`kernels/known-issues.toml`) through the
+    /// judge's own loader: its pins are the pin files of `kernels/`, its
+    /// rules the judge's; scenario names are left unchecked here.
+    fn ledger() -> kloop_judge::known_issues::Ledger {
+        use kloop_judge::known_issues::{rule_names, Ledger, Vocabulary, FILE_NAME};
+        let kernels = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels");
+        let not_pins = ["known-issues", "mutation-notes", "mutation-targets"];
+        let pins = std::fs::read_dir(&kernels)
+            .unwrap()
+            .filter_map(|e| {
+                let p = e.unwrap().path();
+                let stem = p.file_stem()?.to_str()?.to_owned();
+                (p.extension()? == "toml" && !not_pins.contains(&stem.as_str())).then_some(stem)
+            })
+            .collect();
+        let vocab = Vocabulary {
+            pins,
+            rules: rule_names().into_iter().map(String::from).collect(),
+            scenarios: Vec::new(),
+        };
+        let path = kernels.join(FILE_NAME);
+        let text = std::fs::read_to_string(&path).unwrap();
+        Ledger::of_file(&path, Some(&text), &vocab).unwrap()
+    }
+
     fn testdata(name: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("src/testdata/perf-data")
+            .join("testdata")
             .join(name)
     }
 
@@ -637,9 +632,7 @@ mod tests {
     /// entry whose sign they have.
     #[test]
     fn the_ledger_recognises_the_header_size_bug_by_kernel_release() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-        let layout = crate::run::suite::Layout::from_root(root);
-        let ledger = crate::run::suite::load_ledger(&layout).unwrap();
+        let ledger = ledger();
         let mut c = check(&testdata("host-6.18.44-perf-6.1.187-header-size.data")).unwrap();
         recognise(&mut c, &ledger);
         assert!(c.clean(), "{:#?}", c.findings);
@@ -662,16 +655,14 @@ mod tests {
     }
 
     /// The real perf's files from the `perf-tool` scenario on the five
-    /// pins (see testdata/perf-data/README.md): the reader and
+    /// pins (see testdata/README.md): the reader and
     /// `HEADER_BPF_PROG_INFO` agree on every program, and the perf bug the
     /// ledger knows from kloop's own judging of perf's records
     /// (perf-synthesised-main-function-name, on exactly the pins its entry
     /// lists) is what the file shows, KNOWN, and nothing else.
     #[test]
     fn the_real_perf_files_of_every_pin_agree_with_kloops_own_judging() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-        let ledger =
-            crate::run::suite::load_ledger(&crate::run::suite::Layout::from_root(root)).unwrap();
+        let ledger = ledger();
         let entry = "perf-synthesised-main-function-name";
         let pins = &ledger.issues.iter().find(|i| i.id == entry).unwrap().pins;
         for (pin, release) in [
@@ -718,9 +709,7 @@ mod tests {
     /// KNOWN by kernel release; exact on 7.3.
     #[test]
     fn the_header_size_bug_in_perfs_own_file_is_known_on_5_10_and_6_1() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-        let ledger =
-            crate::run::suite::load_ledger(&crate::run::suite::Layout::from_root(root)).unwrap();
+        let ledger = ledger();
         for (release, buggy) in [
             ("5.10.0-32-cloud-amd64", true),
             ("6.1.0-50-cloud-amd64", true),
