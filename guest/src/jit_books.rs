@@ -89,6 +89,7 @@ fn locator() -> &'static Result<Locator, String> {
     LOCATOR.get_or_init(find)
 }
 
+#[expect(clippy::too_many_lines)]
 fn find() -> Result<Locator, String> {
     let kcore = File::open("/proc/kcore")
         .map_err(|e| format!("/proc/kcore: {e} (a kernel without CONFIG_PROC_KCORE)"))?;

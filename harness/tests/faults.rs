@@ -254,6 +254,7 @@ impl Outcome {
 /// Runs `scenario` as one trial while watching it, then checks the cleanup
 /// every trial owes: its QEMU (seen running) is gone and reaped, its socket
 /// directory removed, its artefacts written.
+#[expect(clippy::too_many_lines)]
 fn run_watched(
     env: &TrialEnv,
     kernel: &KernelUnderTest,

@@ -21,6 +21,7 @@ const CYCLES: u32 = 1600;
 const DRAIN_EVERY: u32 = 4;
 
 #[test]
+#[expect(clippy::too_many_lines)]
 fn storm_carries_100k_records() {
     let layout = Layout::from_root(kloop::run::agent::workspace_root());
     let sel = Selection {

@@ -143,6 +143,7 @@ const MAX_DIFF_LINES: usize = 40;
 const MAX_RULE_LINES: usize = 8;
 
 /// Compares one scenario's trial on the baseline with the candidate's.
+#[expect(clippy::too_many_lines)]
 pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
     let mut out = AbOutcome {
         scenario: scenario.to_string(),

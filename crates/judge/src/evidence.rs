@@ -446,6 +446,7 @@ pub struct Timings {
 impl RunEvidence {
     /// The evidence in a guest's messages (in the order sent) and the raw
     /// bytes of each listener's ring.
+    #[expect(clippy::too_many_lines)]
     pub fn from_messages(messages: &[Message], streams: BTreeMap<u32, Vec<u8>>) -> RunEvidence {
         let mut ev = RunEvidence {
             streams,

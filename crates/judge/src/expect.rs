@@ -48,6 +48,7 @@ pub mod rule {
 
 /// Checks every expectation that applies to `pin` (`None`: a kernel with no
 /// pin, where only pin-independent expectations apply).
+#[expect(clippy::too_many_lines)]
 pub fn check(
     expects: &[Expectation],
     plan: &Plan,
@@ -176,6 +177,7 @@ fn v(rule: &'static str, message: String) -> Violation {
     Violation::new(rule, message)
 }
 
+#[expect(clippy::too_many_lines)]
 fn check_symbol(
     model: &Model<'_>,
     (prefix, suffix): (&str, &str),
@@ -622,6 +624,7 @@ step = { op = "detach", link = "clock" }
     // Recorded on a real 6.1 guest (kprobes scenario, first run): the three
     // kprobes list snapshots and the counters the agent sent.
     #[test]
+    #[expect(clippy::too_many_lines)]
     fn files_and_counters_from_a_real_run() {
         let ev = RunEvidence {
             files: vec![

@@ -713,6 +713,7 @@ fn is_kebab(s: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
 }
 
+#[expect(clippy::too_many_lines)]
 fn validate(issues: &[Issue], vocab: &Vocabulary) -> Vec<String> {
     let mut problems = Vec::new();
     let mut ids = BTreeSet::new();

@@ -237,6 +237,7 @@ fn sweep_repeats(ev: &RunEvidence, recs: &[Record]) -> std::collections::BTreeSe
 }
 
 /// The deterministic text form of `analysis.merged`; see the module docs.
+#[expect(clippy::too_many_lines)]
 pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
     let recs: &[Record] = &analysis.merged;
     let model = Model::build(recs, &known_at_start(ev));

@@ -159,6 +159,7 @@ pub fn list_cloud_builds(
 /// Every build of `flavour` the suites serve, oldest first, and one note
 /// per suite that could not be asked (gone from the mirror, say).
 /// `refresh`: ask the mirror even if the cached listing is fresh.
+#[expect(clippy::too_many_lines)]
 pub fn list_available(
     cache: &KernelCache,
     suites: &[String],

@@ -447,6 +447,7 @@ impl KernelCache {
     /// first extraction. A package that has neither is remembered too
     /// (`configs/<sha256>.none`), so that every trial of a run does not
     /// unpack it again to find nothing.
+    #[expect(clippy::too_many_lines)]
     pub fn ensure_config(
         &self,
         pin: &KernelPin,

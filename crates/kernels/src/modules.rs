@@ -351,6 +351,7 @@ fn analyse(
 /// dependencies that sat earlier (usually none: one walk in all).
 /// Returns the modules in dependency order (as read, not yet decompressed)
 /// and the asked-for names the kernel has built in.
+#[expect(clippy::too_many_lines)]
 fn resolve(
     mut walk: impl FnMut(&mut Visitor<'_>) -> Result<(), KernelError>,
     pin: &KernelPin,
@@ -545,6 +546,7 @@ impl KernelCache {
     /// The modules `names` of `pin` and their dependencies, ready for the
     /// initramfs. A hit reads the cached set and re-hashes every file; a
     /// miss reads the pin's verified module package.
+    #[expect(clippy::too_many_lines)]
     pub fn ensure_modules(
         &self,
         pin: &KernelPin,

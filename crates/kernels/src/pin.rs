@@ -159,6 +159,7 @@ impl KernelPin {
     }
 
     /// Checks the fields a fetch relies on; `file` is only used in messages.
+    #[expect(clippy::too_many_lines)]
     pub fn validate(&self, file: &Path) -> Result<(), KernelError> {
         let invalid = |message: String| KernelError::PinInvalid {
             file: file.to_path_buf(),

@@ -124,6 +124,7 @@ impl KernelCache {
     /// The pin `spec` describes (the newest build of its family, or
     /// `spec.version`), its `.deb` and image verified into the cache;
     /// writes no file.
+    #[expect(clippy::too_many_lines)]
     pub fn resolve_pin(
         &self,
         catalog_dir: &Path,

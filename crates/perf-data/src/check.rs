@@ -200,6 +200,7 @@ pub fn check(path: &Path) -> Result<PerfDataCheck, PerfDataError> {
 
 /// [`check`], keeping every KSYMBOL and BPF_EVENT record's bytes in
 /// [`PerfDataCheck::side_band`] when `keep` (for files of a trial's size).
+#[expect(clippy::too_many_lines)]
 pub fn check_with(path: &Path, keep: bool) -> Result<PerfDataCheck, PerfDataError> {
     let unreadable = |why: String| PerfDataError::Unreadable {
         path: path.to_path_buf(),

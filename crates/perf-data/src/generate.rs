@@ -47,6 +47,7 @@ struct Proto {
 /// Writes at least `target` bytes to `out` (through a temporary file
 /// beside it) from the pipe-mode `template`, whose side-band records all
 /// belong to one event that has `sample_id_all` with `TIME`.
+#[expect(clippy::too_many_lines)]
 pub fn stretch(template: &Path, out: &Path, target: u64) -> Result<Generated, GenerateError> {
     let bad = |why: &str| GenerateError::Template {
         path: template.display().to_string(),

@@ -161,6 +161,7 @@ enum MainName {
 /// program's tag; the PROG_LOAD's tag) and `synthesised-name` (perf named a
 /// program it synthesised otherwise than the kernel names the same kind
 /// of symbol in the same file: a name that never existed in the kernel).
+#[expect(clippy::too_many_lines)]
 pub fn judge(
     progs: &[ProgInfo],
     registered: &BTreeMap<u64, Vec<Registered>>,

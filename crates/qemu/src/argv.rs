@@ -9,6 +9,7 @@ use crate::config::*;
 impl VmConfig {
     /// The QEMU argv (without the binary) for this guest, given the paths of
     /// the QMP and data sockets.
+    #[expect(clippy::too_many_lines)]
     pub fn argv(&self, qmp_sock: &Path, data_sock: &Path) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
         let mut push = |s: &str| a.push(s.into());

@@ -29,6 +29,7 @@ pub struct Vm {
 }
 
 impl Vm {
+    #[expect(clippy::too_many_lines)]
     pub fn spawn(config: VmConfig) -> Result<Vm, VmError> {
         std::fs::create_dir_all(&config.artefacts).map_err(io_err(format!(
             "creating artefact directory {}",

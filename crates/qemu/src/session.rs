@@ -162,6 +162,7 @@ impl Vm {
         session
     }
 
+    #[expect(clippy::too_many_lines)]
     pub(crate) fn pump(
         &mut self,
         mut stream: UnixStream,

@@ -654,6 +654,7 @@ impl<'a> Reader<'a> {
 }
 
 /// Parses one record whose bytes (header included) are exactly `rec`.
+#[expect(clippy::too_many_lines)]
 fn parse_record(listener: &ListenerInfo, rec: &[u8]) -> Result<Parts, String> {
     let mut r = Reader { rec, pos: 0 };
     let short = |what: &str| format!("record too short for {what}");

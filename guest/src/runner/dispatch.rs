@@ -10,6 +10,7 @@ use crate::steps::{
 };
 
 /// Runs one step of the plan against the plan's shared `context`.
+#[expect(clippy::too_many_lines)]
 pub(super) fn run_step(context: &mut StepContext, index: u32, step: &Step) -> Result<()> {
     match step {
         Step::SnapshotKallsyms => kallsyms::snapshot(context.kallsyms_at_save.take()),

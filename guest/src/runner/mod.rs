@@ -79,6 +79,7 @@ pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
 /// aya warm-up, every step, done. `saved` is `Some` in a guest restored
 /// from a saved VM, which warmed up before the save, holding the generated
 /// symbols as they were then.
+#[expect(clippy::too_many_lines)]
 pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>) -> Result<()> {
     channel::start_heartbeat();
 

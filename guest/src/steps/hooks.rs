@@ -72,6 +72,7 @@ pub fn attach(
 }
 
 /// `kprobe-fill`: see [`kloop_protocol::Step::KprobeFill`].
+#[expect(clippy::too_many_lines)]
 pub fn kprobe_fill(
     context: &mut StepContext,
     label: &str,
@@ -251,6 +252,7 @@ fn wrong_type(prog: &Program, target: &AttachTarget) -> anyhow::Error {
 
 /// Attaches and takes the link out of aya; returns it with a description
 /// of where it went.
+#[expect(clippy::too_many_lines)]
 fn attach_program(prog: &mut Program, target: &AttachTarget) -> Result<(Box<dyn Any>, String)> {
     Ok(match target {
         AttachTarget::Kprobe {

@@ -14,6 +14,7 @@ use crate::sys::{self, OsContext};
 /// `spec.cpus`, or one for the agent's task) and announces each as a
 /// `Listener`; `step` is the plan step that opens them (`close-listeners`
 /// names it).
+#[expect(clippy::too_many_lines)]
 pub fn open(context: &mut StepContext, spec: &ListenerSpec, step: u32) -> Result<()> {
     let per_cpu = matches!(
         (spec.scope, spec.inherit),

@@ -97,6 +97,7 @@ struct Copy {
 }
 
 /// Runs one `pack-boundary` step.
+#[expect(clippy::too_many_lines)]
 pub fn run(
     context: &mut StepContext,
     fixture: &str,

@@ -285,6 +285,7 @@ fn nudge_side_band(pid: libc::pid_t) {
 
 /// `perf-record-stop`: stops perf record, runs `perf report -D --header` on
 /// its file and sends the text as `PerfScript`.
+#[expect(clippy::too_many_lines)]
 pub fn stop() -> Result<()> {
     let running = PERF_RECORD
         .lock()

@@ -2,6 +2,7 @@
 
 use super::*;
 
+#[expect(clippy::too_many_lines)]
 pub(super) fn check_kvm(
     qemu: Option<&Path>,
     cache: Option<&KernelCache>,

@@ -10,6 +10,7 @@ pub(super) fn mirror_fix() -> String {
     )
 }
 
+#[expect(clippy::too_many_lines)]
 pub(super) fn check_mirror(
     opts: &DoctorOptions,
     cache: Option<&KernelCache>,

@@ -100,6 +100,7 @@ pub struct Generated {
 /// Every mutant of `targets` in the kernel tree at `tree`. Two edits that
 /// make the same file are one mutant (the first operator's): the operand
 /// operators overlap the older constant operator in places.
+#[expect(clippy::too_many_lines)]
 pub fn generate(tree: &Path, targets: &Targets) -> Result<Generated, MutateError> {
     let mut out = Generated::default();
     let read = |path: &Path| {

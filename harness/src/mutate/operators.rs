@@ -178,6 +178,7 @@ fn is_call_statement(stmt: &str) -> bool {
 
 /// Every edit the operators make in `body`; `focus`, when not empty,
 /// keeps those whose statement or condition mentions one of its words.
+#[expect(clippy::too_many_lines)]
 pub fn edits(text: &str, mask: &[bool], body: Range<usize>, focus: &[String]) -> Vec<Edit> {
     let focused = |s: &str| focus.is_empty() || focus.iter().any(|f| s.contains(f.as_str()));
     let b = text.as_bytes();

@@ -233,6 +233,7 @@ fn audit_part(m: &BackportMail<'_>) -> String {
 }
 
 /// What was checked about a backport patch, and what was not.
+#[expect(clippy::too_many_lines)]
 fn check_part(m: &BackportMail<'_>) -> String {
     let folder = m.fix_folder.as_deref().unwrap_or("kernels/fixes/");
     let mut n = String::from("\nThe backport:\n");
@@ -479,6 +480,7 @@ pub struct ComposedBackport {
 /// gap from the kept audit answers, the fix folder's patch checked against
 /// `linux-source-<series>` where kloop pins it, the recipients from the
 /// source tree of the fix's patch.
+#[expect(clippy::too_many_lines)]
 pub fn compose(
     layout: &crate::run::suite::Layout,
     id: &str,
@@ -696,6 +698,7 @@ pub fn gap_of(
 /// Tries the fix folder's patches on `source_name`'s pristine tree: the
 /// series' own patch first, then the others, newest first. Returns the
 /// check and the (source, path) of the patch that applies.
+#[expect(clippy::too_many_lines)]
 fn check_patches(
     layout: &crate::run::suite::Layout,
     cache: &kloop_kernels::KernelCache,

@@ -60,6 +60,7 @@ fn attr(s: &str) -> String {
 }
 
 /// JUnit XML: one testsuite per kernel, one testcase per scenario.
+#[expect(clippy::too_many_lines)]
 pub fn junit(results: &[TrialResult]) -> String {
     // In first-seen order, each once: A/B runs interleave their kernels'
     // trials, and a kernel's suite holds all of its trials.

@@ -468,6 +468,7 @@ pub fn mutation_run_document(
 /// affected FAIL (`known: true`, with the ledger ids: the bug is the
 /// ledger's), clean PASS, cannot run (exit 77) SKIP, no answer ERROR when
 /// the build booted and MISS when it could not be had.
+#[expect(clippy::too_many_lines)]
 pub fn audit_document(audit: &crate::run::audit::Audit, ctx: &RunContext) -> Document {
     use crate::run::audit::plan::Answer;
     use serde_json::json;
@@ -807,6 +808,7 @@ mod audit_tests {
     /// by answer. Written to target/kloop/kcidb-samples/ for `.ci/run`'s
     /// kcidb-io validation.
     #[test]
+    #[expect(clippy::too_many_lines)]
     fn an_audits_document_has_a_test_per_build_and_reproducer() {
         let build = |v: &str, deb: Option<&str>| BuildRef {
             version: v.into(),

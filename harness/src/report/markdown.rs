@@ -222,6 +222,7 @@ mod tests {
     }
 
     #[test]
+    #[expect(clippy::too_many_lines)]
     fn totals_table_and_failures() {
         let dir = tempfile::tempdir().unwrap();
         let ok = result(dir.path(), "6.12", "basic", Verdict::Ok);

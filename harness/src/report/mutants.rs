@@ -239,6 +239,7 @@ fn amortised(secs: f64, decided: usize, carried: usize) -> String {
     }
 }
 
+#[expect(clippy::too_many_lines)]
 pub fn markdown(
     base: &MutantsBaseline,
     results: &[MutantResult],

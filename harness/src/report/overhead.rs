@@ -13,6 +13,7 @@ fn fmt_ns(v: f64) -> String {
 
 /// The run's overhead as Markdown: per trial the medians and spreads, the
 /// ratios to no listener, the budget comparison and the sensitivity.
+#[expect(clippy::too_many_lines)]
 pub fn markdown(run: &str, trials: &[TrialOverhead]) -> String {
     let mut md = format!("# kloop overhead, run {run}\n\n");
     for t in trials {
@@ -155,6 +156,7 @@ const PALETTE: [(u8, u8, u8); 8] = [
 /// Overhead vs listeners per CPU as SVG: one panel per op (median over the
 /// median with no listener), one line per kernel × program (colour: kernel;
 /// solid basic-like first program, dashed the others).
+#[expect(clippy::too_many_lines)]
 pub fn svg(trials: &[TrialOverhead]) -> Result<String, String> {
     use plotters::prelude::*;
 

@@ -71,6 +71,7 @@ pub fn trial_dir(layout: &Layout, spec: &str) -> Result<PathBuf, ReproError> {
 }
 
 /// Writes the reproducer of the trial in `trial` into `out`.
+#[expect(clippy::too_many_lines)]
 pub fn write(layout: &Layout, trial: &Path, out: &Path) -> Result<Reproducer, ReproError> {
     let read = |path: &Path| {
         std::fs::read_to_string(path).map_err(|e| ReproError::Read {
@@ -269,6 +270,7 @@ fn provenance(kernel: &KernelUnderTest, file: &Path, image: &[u8]) -> String {
 }
 
 /// The plain-text report: what was run, what was found, how to see it.
+#[expect(clippy::too_many_lines)]
 fn report_text(
     result: &serde_json::Value,
     scenario: &crate::scenario::Scenario,

@@ -371,6 +371,7 @@ impl SavedVms {
         let _ = std::fs::remove_dir_all(&saved.dir);
     }
 
+    #[expect(clippy::too_many_lines)]
     fn create(
         &self,
         key: &str,

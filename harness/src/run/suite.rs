@@ -303,6 +303,7 @@ pub fn prepare_env(
 
 /// [`prepare_env`], and how long each of its phases took (for a run's
 /// [`crate::run::phases::Phases`]).
+#[expect(clippy::too_many_lines)]
 pub fn prepare_env_timed(
     layout: &Layout,
     opts: &EnvOptions,

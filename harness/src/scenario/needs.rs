@@ -70,6 +70,7 @@ pub const AGENT_NEEDS: &[ConfigNeed] = &[
 ];
 
 /// The options behind a requirement (all must hold).
+#[expect(clippy::too_many_lines)]
 pub fn requirement_needs(r: Requirement) -> Vec<ConfigNeed> {
     match r {
         Requirement::Btf => vec![builtin(

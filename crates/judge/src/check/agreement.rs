@@ -104,6 +104,7 @@ fn shown_records<'a>(x: &[(String, &'a Record)], y: &[(String, &'a Record)]) -> 
 }
 
 /// `listeners-agree`: see the module docs.
+#[expect(clippy::too_many_lines)]
 pub(super) fn check_agreement(
     ev: &RunEvidence,
     a: &Analysis,

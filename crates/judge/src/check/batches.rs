@@ -11,6 +11,7 @@ use super::*;
 
 /// `programs-accounted` and `load-cpu` for every batch program; returns the
 /// indexes of the records accounted to them.
+#[expect(clippy::too_many_lines)]
 pub(super) fn check_batches(
     ev: &RunEvidence,
     m: &Model<'_>,
@@ -283,6 +284,7 @@ fn elsewhere(ev: &RunEvidence, m: &Model<'_>, scope: &SetScope, out: &mut Vec<Vi
 /// Returns the indexes of the records it accounted to batch programs (the
 /// normaliser summarises them: two loaders' records interleave differently
 /// from run to run).
+#[expect(clippy::too_many_lines)]
 pub(super) fn check_batches_one_kind(
     ev: &RunEvidence,
     m: &Model<'_>,

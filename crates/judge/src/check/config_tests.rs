@@ -653,6 +653,7 @@ fn a_ksymbol_only_set_counts_batch_registers_at_reused_addresses() {
 /// (ftrace_trampoline_free:3035 drop-call), written after the unregister
 /// (its swap-calls), or one byte long (3037 / 7949 off-by-one).
 #[test]
+#[expect(clippy::too_many_lines)]
 fn ftrace_trampolines_are_poked_in_the_order_ftrace_promises() {
     use kloop_protocol::SideBand;
     use kloop_records::{RecordBody, KSYM_TYPE_OOL};
@@ -794,6 +795,7 @@ fn ftrace_trampolines_are_poked_in_the_order_ftrace_promises() {
 /// parent's context, the EXITs through the thread's inherited copy); a
 /// task listener without inherit only the FORKs.
 #[test]
+#[expect(clippy::too_many_lines)]
 fn task_records_follow_fork_and_exit_routing() {
     use kloop_protocol::SideBand;
     let tasky = |l: ListenerInfo| ListenerInfo {

@@ -113,6 +113,7 @@ fn describes(
 }
 
 /// `symbol-state` over the first CPU-wide set's merged records.
+#[expect(clippy::too_many_lines)]
 pub(super) fn check_symbol_state(
     watch: &KsymbolWatchEvidence,
     merged: &[Record],

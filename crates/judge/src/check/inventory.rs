@@ -3,6 +3,7 @@
 use super::*;
 
 /// `inventory`: programs that predate the recording and their unloads.
+#[expect(clippy::too_many_lines)]
 pub(super) fn check_inventory(
     ev: &RunEvidence,
     m: &Model<'_>,

@@ -29,6 +29,7 @@ pub(super) fn asked_for(l: &ListenerInfo, type_: u32) -> bool {
 const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
 
 /// Per-record rules of one listener: record-type, sample-id, time-order.
+#[expect(clippy::too_many_lines)]
 pub(super) fn check_listener(l: &ListenerInfo, recs: &[Record], out: &mut Vec<Violation>) {
     let mut types = Vec::new();
     let mut sids = Vec::new();

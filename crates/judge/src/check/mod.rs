@@ -708,6 +708,7 @@ fn group_sets<'l>(ev: &RunEvidence, ls: impl Iterator<Item = &'l ListenerInfo>) 
 }
 
 /// Parses every stream and checks every rule.
+#[expect(clippy::too_many_lines)]
 pub fn analyse(ev: &RunEvidence) -> Analysis {
     let mut a = Analysis::default();
     let mut v: Vec<Violation> = Vec::new();

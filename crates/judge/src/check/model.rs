@@ -52,6 +52,7 @@ pub(crate) struct Model<'a> {
 }
 
 impl<'a> Model<'a> {
+    #[expect(clippy::too_many_lines)]
     pub fn build(recs: &'a [Record], initial: &[KallsymsEntry]) -> Model<'a> {
         let mut m = Model {
             recs,

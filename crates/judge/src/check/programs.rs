@@ -62,6 +62,7 @@ pub(super) fn seen_by(ev: &RunEvidence, scope: &SetScope, facts: &ProgFacts) -> 
 ///   may be emitted on any CPU and are not held;
 /// - a task-bound set: no batch programs unless inherited (a `concurrent`
 ///   loader is another task).
+#[expect(clippy::too_many_lines)]
 pub(super) fn check_set(
     ev: &RunEvidence,
     merged: &[Record],
@@ -453,6 +454,7 @@ fn not_my_batches(ev: &RunEvidence, m: &Model<'_>, out: &mut Vec<Violation>) {
 /// function unregistered with its `jited_ksyms` / `jited_func_lens` and
 /// its kallsyms name, and one PROG_UNLOAD with its id and tag after them;
 /// no PROG_LOAD and no register of it (those came before the set).
+#[expect(clippy::too_many_lines)]
 fn unload_only(
     facts: &ProgFacts,
     m: &Model<'_>,

@@ -61,6 +61,7 @@ pub(super) fn asks_for_tasks(set: &[&ListenerInfo]) -> bool {
 /// Checks one set's time-merged stream. `all_cpus`: the set has a
 /// listener on every online CPU (or one bound to none). `loaders` are
 /// checked only when the set was open for the whole run.
+#[expect(clippy::too_many_lines)]
 pub(super) fn check_task_records<'r>(
     merged: &'r [Record],
     label: &str,

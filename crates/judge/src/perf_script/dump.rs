@@ -166,6 +166,7 @@ pub(super) fn parse_printed(name: &str, rest: &str, line: usize) -> Result<Print
 }
 
 /// Parses `perf report -D --header` output; see the module docs.
+#[expect(clippy::too_many_lines)]
 pub fn parse(text: &str) -> Result<PerfDump, PerfTextError> {
     let mut dump = PerfDump {
         sample_id_all: true,

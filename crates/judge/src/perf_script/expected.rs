@@ -171,6 +171,7 @@ fn opt<T: fmt::Display>(v: Option<T>) -> String {
 /// becomes one violation in `faults`, with its typed fields; its cpu and
 /// time are then the trailer's (where the kernel wrote it), not what perf
 /// printed when that is what perf reads from the record's end.
+#[expect(clippy::too_many_lines)]
 pub(super) fn perf_records(
     dump: &PerfDump,
     bad: &mut Vec<String>,

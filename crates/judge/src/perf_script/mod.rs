@@ -91,6 +91,7 @@ fn push_capped(out: &mut Vec<Violation>, msgs: Vec<String>, what: &str) {
 
 /// The second-reader comparison for one run; see the module docs. `steps`
 /// is the plan the agent ran.
+#[expect(clippy::too_many_lines)]
 pub fn check(ev: &RunEvidence, analysis: &Analysis, steps: &[Step]) -> Vec<Violation> {
     let mut v = Vec::new();
     let runs_perf = steps
@@ -340,6 +341,7 @@ struct TwinResult {
 
 /// Pairs each record perf recorded with its copy in kloop's first CPU-wide
 /// listener set; see the module docs.
+#[expect(clippy::too_many_lines)]
 fn twins(ev: &RunEvidence, analysis: &Analysis, recorded: &[&PerfRecord]) -> TwinResult {
     let mut out = TwinResult {
         violations: Vec::new(),
@@ -440,6 +442,7 @@ pub const PERF_VIEW_HEADER: &str = "perf (second reader):";
 /// Text for the trial's normalised stream (appended after kloop's own):
 /// perf's view with addresses, ids and tags named after the agent's
 /// programs. Empty when the run has no perf output.
+#[expect(clippy::too_many_lines)]
 pub fn perf_view(ev: &RunEvidence, analysis: &Analysis) -> String {
     let Some(script) = ev.perf_scripts.first() else {
         return String::new();

@@ -462,6 +462,7 @@ pub fn objects_of(
 }
 
 /// Builds (or finds) the kernel `req` describes.
+#[expect(clippy::too_many_lines)]
 pub fn build(
     cache: &KernelCache,
     req: &BuildRequest,

@@ -129,6 +129,7 @@ pub enum CompileError {
 /// same in every run (ccache hashes the command line, paths included), so
 /// a second run of the same mutants with the same `work` compiles nothing;
 /// an `flock` beside it keeps two processes from sharing one copy.
+#[expect(clippy::too_many_lines)]
 pub fn compile_alone(
     out: &Path,
     file: &str,

@@ -341,6 +341,7 @@ pub fn upstream_of(kernels: &Path, r: &standalone::Reproducer) -> Option<String>
 }
 
 /// Runs the audit `opts` asks for.
+#[expect(clippy::too_many_lines)]
 pub fn run(
     layout: &Layout,
     opts: &AuditOptions,

@@ -231,6 +231,7 @@ impl<'a> Search<'a> {
 /// Bisects `names.len()` kernels (index 0 the old end, the last the new
 /// end), obtaining each with `kernel_at` when a step needs it (a fetch
 /// that fails is a skip).
+#[expect(clippy::too_many_lines)]
 pub fn bisect(
     search: &Search<'_>,
     names: &[String],

@@ -555,6 +555,7 @@ fn reference_sides(
 /// kernel. Mutant kernels are removed from the cache once judged (their
 /// patch rebuilds them).
 #[allow(clippy::too_many_arguments)] // the source, the mutants, how to run, two callbacks
+#[expect(clippy::too_many_lines)]
 pub fn judge_all(
     layout: &Layout,
     base_req: &BuildRequest,
@@ -838,6 +839,7 @@ type CompileOutcome = (Option<Outcome>, Option<String>, f64);
 /// compiled the unmutated file in the unmutated build's output directory:
 /// a compiler error is a build failure, the unmutated code is equivalence,
 /// an earlier mutant's code a duplicate (of the earlier one, in order).
+#[expect(clippy::too_many_lines)]
 fn compile_phase(
     cache: &KernelCache,
     req: &BuildRequest,
@@ -1223,6 +1225,7 @@ fn judge_one(
 
 /// Runs `chosen` on `subject` until a rule kills it (or all ran), each
 /// compared with `base`'s run of the scenario; the verdict in `result`.
+#[expect(clippy::too_many_lines)]
 fn judge_on(
     env: &TrialEnv,
     (reference, base_sides): (&Subject, &BTreeMap<String, Side>),

@@ -107,6 +107,7 @@ pub struct ShellOutcome {
 /// Boots `kernel` with `scenario`'s guest and the shell, and returns when
 /// QEMU has ended. `say` gets the lines meant for the user before the
 /// console takes the terminal (notes, what to press).
+#[expect(clippy::too_many_lines)]
 pub fn run_shell(
     env: &TrialEnv,
     kernel: &KernelUnderTest,

@@ -439,6 +439,7 @@ pub struct ProofRun {
 /// as many VMs at once), judges each answer against its expectation, and
 /// keeps the proof as `repro-proof.json` in the run directory.
 /// `on_result` sees each trial as it ends, `on_stock` each stock run.
+#[expect(clippy::too_many_lines)]
 pub fn prove(
     r: &Reproducer,
     file: &Path,

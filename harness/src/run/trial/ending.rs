@@ -11,6 +11,7 @@ use super::{FailureCause, Verdict};
 
 /// The verdict of a session that did not end with `Done` (or that the user
 /// interrupted); `None` when the evidence is to be judged.
+#[expect(clippy::too_many_lines)]
 pub(super) fn session_verdict(session: &GuestSession, artefacts: &Path) -> Option<Verdict> {
     let console = artefacts.join("console.log");
     let tail = || {

@@ -185,6 +185,7 @@ pub fn standalone_guest(
 
 /// Everything a trial needs before QEMU starts; `Err` is the trial's
 /// (infrastructure) verdict when something cannot be had.
+#[expect(clippy::too_many_lines)]
 pub(crate) fn prepare_guest(
     env: &TrialEnv,
     kernel: &KernelUnderTest,

@@ -14,6 +14,7 @@ pub use crate::scenario::requirement_name;
 use crate::scenario::Scenario;
 
 /// The verdict of a completed session's evidence.
+#[expect(clippy::too_many_lines)]
 pub(super) fn judge(
     env: &TrialEnv,
     kernel: &KernelUnderTest,
@@ -299,6 +300,7 @@ pub(super) fn rule_hits(
 /// `perf-data`): the ledger entries with a perf.data sign the file reader
 /// recognises must be those kloop's second-reader violations are known
 /// as. The note says what the reader read.
+#[expect(clippy::too_many_lines)]
 fn perf_file(
     evidence: &RunEvidence,
     env: &TrialEnv,
