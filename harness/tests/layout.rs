@@ -56,9 +56,28 @@ fn every_test_target_has_a_ci_tier() {
 /// here on purpose).
 #[test]
 fn the_judge_depends_on_no_io_crate() {
+    assert_depends_only_on(
+        "crates/judge",
+        &[
+            "kloop-protocol",
+            "kloop-records",
+            "serde",
+            "serde_json",
+            "thiserror",
+            "tracing",
+            "toml",
+            "hex",
+            "similar",
+        ],
+    );
+}
+
+/// Fails unless every `[dependencies]` entry of the crate at `dir` is in
+/// `allowed`.
+fn assert_depends_only_on(dir: &str, allowed: &[&str]) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let manifest: toml::Value =
-        toml::from_str(&std::fs::read_to_string(root.join("crates/judge/Cargo.toml")).unwrap())
+        toml::from_str(&std::fs::read_to_string(root.join(dir).join("Cargo.toml")).unwrap())
             .unwrap();
     let deps: Vec<&str> = manifest["dependencies"]
         .as_table()
@@ -66,19 +85,8 @@ fn the_judge_depends_on_no_io_crate() {
         .keys()
         .map(String::as_str)
         .collect();
-    let allowed = [
-        "kloop-protocol",
-        "kloop-records",
-        "serde",
-        "serde_json",
-        "thiserror",
-        "tracing",
-        "toml",
-        "hex",
-        "similar",
-    ];
     let extra: Vec<&&str> = deps.iter().filter(|d| !allowed.contains(d)).collect();
-    assert!(extra.is_empty(), "kloop-judge depends on {extra:?}");
+    assert!(extra.is_empty(), "{dir} depends on {extra:?}");
 }
 
 /// Architecture invariant: `check-perf-data`, a tool for production hosts,
@@ -86,26 +94,17 @@ fn the_judge_depends_on_no_io_crate() {
 /// QEMU, kernel builds or the harness.
 #[test]
 fn perf_data_depends_on_the_parser_the_judge_and_its_reader_only() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let manifest: toml::Value =
-        toml::from_str(&std::fs::read_to_string(root.join("crates/perf-data/Cargo.toml")).unwrap())
-            .unwrap();
-    let deps: Vec<&str> = manifest["dependencies"]
-        .as_table()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
-    let allowed = [
-        "kloop-protocol",
-        "kloop-records",
-        "kloop-judge",
-        "linux-perf-data",
-        "serde",
-        "thiserror",
-    ];
-    let extra: Vec<&&str> = deps.iter().filter(|d| !allowed.contains(d)).collect();
-    assert!(extra.is_empty(), "kloop-perf-data depends on {extra:?}");
+    assert_depends_only_on(
+        "crates/perf-data",
+        &[
+            "kloop-protocol",
+            "kloop-records",
+            "kloop-judge",
+            "linux-perf-data",
+            "serde",
+            "thiserror",
+        ],
+    );
 }
 
 /// Architecture invariant: nothing under `crates/` depends on the harness

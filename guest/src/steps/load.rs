@@ -138,25 +138,11 @@ pub(crate) fn load_btf(prog: &mut Program, target: &str) -> Result<(), ProgramEr
 /// `load-unnamed`: `r0 = 0; exit` as a socket filter, loaded without a
 /// name and without BTF; its facts are reported under `label`.
 pub fn load_unnamed(context: &mut StepContext, label: &str) -> Result<()> {
-    use crate::bpf::{bpf_cmd, sys_bpf_fd, zeroed_attr};
-    use crate::steps::probes::PROG_LOAD_SIZE;
     use crate::sys::OsContext;
-    use aya_obj::generated::bpf_prog_type;
     if context.loaded.contains_key(label) || context.raw_loaded.contains_key(label) {
         bail!("label {label:?} is already loaded");
     }
-    let insns: [u64; 2] = [
-        0x0000_0000_0000_00b7, // BPF_ALU64 | BPF_MOV | BPF_K: r0 = 0
-        0x0000_0000_0000_0095, // BPF_JMP | BPF_EXIT
-    ];
-    let license = b"GPL\0";
-    let mut attr = zeroed_attr();
-    // The prog-load member of the union; prog_name stays all zero.
-    attr.__bindgen_anon_3.prog_type = bpf_prog_type::BPF_PROG_TYPE_SOCKET_FILTER as u32;
-    attr.__bindgen_anon_3.insn_cnt = insns.len() as u32;
-    attr.__bindgen_anon_3.insns = insns.as_ptr() as u64;
-    attr.__bindgen_anon_3.license = license.as_ptr() as u64;
-    let fd = sys_bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr, PROG_LOAD_SIZE).os_ctx(format!(
+    let fd = load_return_zero_filter("").os_ctx(format!(
         "BPF_PROG_LOAD of an unnamed socket filter (label {label:?})"
     ))?;
     let info = bpf::prog_info(fd.as_fd())
@@ -165,6 +151,32 @@ pub fn load_unnamed(context: &mut StepContext, label: &str) -> Result<()> {
     context.pending_facts.push((label.to_owned(), info));
     context.raw_loaded.insert(label.to_owned(), (fd, id));
     Ok(())
+}
+
+/// `r0 = 0; exit` loaded with the bpf syscall as a socket filter named
+/// `name` (at most 15 bytes; empty: no name), without BTF: the smallest
+/// program the JIT makes (its image, header and the 16 bytes of
+/// `bpf_jit_binary_pack_alloc()`'s random hole fit one 64-byte chunk).
+pub(crate) fn load_return_zero_filter(name: &str) -> io::Result<std::os::fd::OwnedFd> {
+    use crate::bpf::{bpf_cmd, sys_bpf_fd, zeroed_attr};
+    use crate::steps::probes::PROG_LOAD_SIZE;
+    use aya_obj::generated::bpf_prog_type;
+    let insns: [u64; 2] = [
+        0x0000_0000_0000_00b7, // BPF_ALU64 | BPF_MOV | BPF_K: r0 = 0
+        0x0000_0000_0000_0095, // BPF_JMP | BPF_EXIT
+    ];
+    let license = b"GPL\0";
+    let mut attr = zeroed_attr();
+    attr.__bindgen_anon_3.prog_type = bpf_prog_type::BPF_PROG_TYPE_SOCKET_FILTER as u32;
+    attr.__bindgen_anon_3.insn_cnt = insns.len() as u32;
+    attr.__bindgen_anon_3.insns = insns.as_ptr() as u64;
+    attr.__bindgen_anon_3.license = license.as_ptr() as u64;
+    let mut prog_name = [0 as libc::c_char; 16];
+    for (d, s) in prog_name.iter_mut().zip(name.bytes().take(15)) {
+        *d = s as libc::c_char;
+    }
+    attr.__bindgen_anon_3.prog_name = prog_name;
+    sys_bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr, PROG_LOAD_SIZE)
 }
 
 pub fn unload(context: &mut StepContext, label: &str) -> Result<()> {

@@ -42,7 +42,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use aya::Ebpf;
 use aya_obj::generated::{
     bpf_attach_type, bpf_attr__bindgen_ty_14, bpf_attr__bindgen_ty_14__bindgen_ty_3__bindgen_ty_4,
-    bpf_cmd, bpf_prog_type,
+    bpf_cmd,
 };
 use kloop_protocol::{BooksMoment, ImageReading, KsymReading, Message};
 
@@ -54,7 +54,6 @@ use crate::jit_books::Books;
 use crate::perf;
 use crate::steps::fail_nth::{attempt_fd, sweep, FailNth, Knobs};
 use crate::steps::load::load_btf;
-use crate::steps::probes::PROG_LOAD_SIZE;
 use crate::sys::OsContext;
 
 /// `BPF_PROG_CHUNK_SIZE` (kernel/bpf/core.c).
@@ -424,26 +423,9 @@ fn chunk_used(packs: &[kloop_protocol::PackReading], addr: u64) -> Result<bool> 
 
 const FILLER_NAME: &str = "kloop_fill";
 
-/// `r0 = 0; exit` as a socket filter named [`FILLER_NAME`]: its JITed
-/// image, header and the 16 bytes of `bpf_jit_binary_pack_alloc()`'s
-/// random hole fit one chunk.
+/// A filler: `r0 = 0; exit` named [`FILLER_NAME`], one pack chunk.
 fn load_filler() -> Result<(OwnedFd, u32)> {
-    let insns: [u64; 2] = [
-        0x0000_0000_0000_00b7, // BPF_ALU64 | BPF_MOV | BPF_K: r0 = 0
-        0x0000_0000_0000_0095, // BPF_JMP | BPF_EXIT
-    ];
-    let license = b"GPL\0";
-    let mut attr = zeroed_attr();
-    attr.__bindgen_anon_3.prog_type = bpf_prog_type::BPF_PROG_TYPE_SOCKET_FILTER as u32;
-    attr.__bindgen_anon_3.insn_cnt = insns.len() as u32;
-    attr.__bindgen_anon_3.insns = insns.as_ptr() as u64;
-    attr.__bindgen_anon_3.license = license.as_ptr() as u64;
-    let mut name = [0 as libc::c_char; 16];
-    for (d, s) in name.iter_mut().zip(FILLER_NAME.bytes()) {
-        *d = s as libc::c_char;
-    }
-    attr.__bindgen_anon_3.prog_name = name;
-    let fd = sys_bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr, PROG_LOAD_SIZE)
+    let fd = crate::steps::load::load_return_zero_filter(FILLER_NAME)
         .os_ctx("BPF_PROG_LOAD of a filler socket filter")?;
     let id = bpf::prog_info(fd.as_fd())?.info.id;
     Ok((fd, id))
