@@ -483,9 +483,17 @@ step = { op = "detach", link = "clock" }
         let e = parse(
             "[[expect]]\nkind = \"unload-after\"\nlabel = \"p\"\nstep = { op = \"detach\", link = \"other\" }\n",
         );
-        assert!(e[0].validate(&steps).unwrap_err().contains("0 steps"));
+        assert!(e[0]
+            .validate(&steps)
+            .unwrap_err()
+            .to_string()
+            .contains("0 steps"));
         let e = parse("[[expect]]\nkind = \"file\"\nlabel = \"after\"\nlacks = [\"x\"]\n");
-        assert!(e[0].validate(&steps).unwrap_err().contains("read-file"));
+        assert!(e[0]
+            .validate(&steps)
+            .unwrap_err()
+            .to_string()
+            .contains("read-file"));
     }
 
     // The synthetic good run of check.rs: program "main" loads and unloads,
@@ -564,7 +572,11 @@ step = { op = "detach", link = "clock" }
         let both = parse(
             "[[expect]]\nkind = \"symbol\"\nprefix = \"x\"\nkept = true\nunregistered = true\n",
         );
-        assert!(both[0].validate(&[]).unwrap_err().contains("contradict"));
+        assert!(both[0]
+            .validate(&[])
+            .unwrap_err()
+            .to_string()
+            .contains("contradict"));
     }
 
     #[test]

@@ -148,7 +148,7 @@ impl Expectation {
 
     /// Refuses an expectation that can never be met by this plan (checked
     /// when the scenario loads, so a typo fails before any VM boots).
-    pub fn validate(&self, steps: &[Step]) -> Result<(), String> {
+    pub fn validate(&self, steps: &[Step]) -> Result<(), Unmeetable> {
         match self {
             Expectation::Symbol {
                 prefix,
@@ -159,13 +159,13 @@ impl Expectation {
                 ..
             } => {
                 if prefix.is_empty() {
-                    return Err("symbol: empty prefix matches every symbol".into());
+                    return Err(Unmeetable::EmptyPrefix);
                 }
                 if *unregistered && *kept {
-                    return Err("symbol: unregistered and kept contradict each other".into());
+                    return Err(Unmeetable::UnregisteredAndKept);
                 }
                 if max_registers.is_some_and(|m| m < *min_registers) {
-                    return Err("symbol: max_registers < min_registers".into());
+                    return Err(Unmeetable::MaxBelowMin);
                 }
             }
             Expectation::File { label, .. } => {
@@ -173,7 +173,9 @@ impl Expectation {
                     .iter()
                     .any(|s| matches!(s, Step::ReadFile { label: l, .. } if l == label))
                 {
-                    return Err(format!("file: no read-file step has label {label:?}"));
+                    return Err(Unmeetable::NoReadFile {
+                        label: label.clone(),
+                    });
                 }
             }
             Expectation::Counter {
@@ -183,9 +185,11 @@ impl Expectation {
                     matches!(s, Step::ReadCounter { label: l, map: m, key: k }
                         if l == label && m == map && k == key)
                 }) {
-                    return Err(format!(
-                        "counter: no read-counter step reads {label:?} {map:?}[{key}]"
-                    ));
+                    return Err(Unmeetable::NoReadCounter {
+                        label: label.clone(),
+                        map: map.clone(),
+                        key: *key,
+                    });
                 }
             }
             Expectation::Attached { link, .. } => {
@@ -193,25 +197,79 @@ impl Expectation {
                     .iter()
                     .any(|s| matches!(s, Step::Attach { link: l, .. } if l == link))
                 {
-                    return Err(format!("attached: no attach step makes link {link:?}"));
+                    return Err(Unmeetable::NoAttach { link: link.clone() });
                 }
             }
             Expectation::FailNth { .. } => {
                 if !steps.iter().any(|s| matches!(s, Step::FailNth { .. })) {
-                    return Err("fail-nth: the plan has no fail-nth step".into());
+                    return Err(Unmeetable::NoFailNth);
                 }
             }
             Expectation::UnloadAfter { step, .. } => {
-                let n = matching_steps(steps, step)?.len();
+                let n = matching_steps(steps, step)
+                    .map_err(Unmeetable::StepTable)?
+                    .len();
                 if n != 1 {
-                    return Err(format!(
-                        "unload-after: {n} steps match {step}, it must name exactly one"
-                    ));
+                    return Err(Unmeetable::UnloadAfterMatches {
+                        matching: n,
+                        step: step.to_string(),
+                    });
                 }
             }
         }
         Ok(())
     }
+}
+
+/// Why an expectation can never be met by its scenario's plan (refused
+/// when the scenario loads, before any VM boots).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unmeetable {
+    /// `symbol` with an empty prefix.
+    #[error("symbol: empty prefix matches every symbol")]
+    EmptyPrefix,
+    /// `symbol` asking for both `unregistered` and `kept`.
+    #[error("symbol: unregistered and kept contradict each other")]
+    UnregisteredAndKept,
+    /// `symbol` whose `max_registers` is below its `min_registers`.
+    #[error("symbol: max_registers < min_registers")]
+    MaxBelowMin,
+    /// `file` naming a label no `read-file` step reads.
+    #[error("file: no read-file step has label {label:?}")]
+    NoReadFile {
+        /// The label asked for.
+        label: String,
+    },
+    /// `counter` naming a counter no `read-counter` step reads.
+    #[error("counter: no read-counter step reads {label:?} {map:?}[{key}]")]
+    NoReadCounter {
+        /// The program label, map and key asked for.
+        label: String,
+        /// The map.
+        map: String,
+        /// The key.
+        key: u32,
+    },
+    /// `attached` naming a link no `attach` step makes.
+    #[error("attached: no attach step makes link {link:?}")]
+    NoAttach {
+        /// The link asked for.
+        link: String,
+    },
+    /// `fail-nth` in a plan without a `fail-nth` step.
+    #[error("fail-nth: the plan has no fail-nth step")]
+    NoFailNth,
+    /// `unload-after` whose step table matches no step or several.
+    #[error("unload-after: {matching} steps match {step}, it must name exactly one")]
+    UnloadAfterMatches {
+        /// How many steps match.
+        matching: usize,
+        /// The step table, as written.
+        step: String,
+    },
+    /// A step table that does not serialise.
+    #[error("{0}")]
+    StepTable(String),
 }
 
 /// Indexes of the plan's steps whose fields include every key of `partial`

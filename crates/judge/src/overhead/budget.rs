@@ -46,8 +46,8 @@ impl Budget {
     }
 
     /// A budget file's contents.
-    pub fn parse(text: &str) -> Result<Budget, String> {
-        toml::from_str(text).map_err(|e| e.to_string())
+    pub fn parse(text: &str) -> Result<Budget, toml::de::Error> {
+        toml::from_str(text)
     }
 
     /// The figures for `clock`, if blessed.
