@@ -136,17 +136,16 @@ pub fn check_moments(ev: &RunEvidence) -> Vec<Violation> {
     for pb in &ev.pack_boundaries {
         for m in &pb.moments {
             for k in m.before.iter().filter(|k| m.after.contains(k)) {
-                let Some(pack) = m.packs.iter().find(|p| {
-                    k.start >= p.base
-                        && k.start < p.base + u64::from(p.chunks) * u64::from(p.chunk_size)
-                }) else {
+                let Some((pack, first)) = m
+                    .packs
+                    .iter()
+                    .find_map(|p| p.chunk_of(k.start).map(|c| (p, c)))
+                else {
                     continue;
                 };
                 let size = u64::from(pack.chunk_size);
-                let first = ((k.start - pack.base) / size) as u32;
                 let last = ((k.end.max(k.start + 1) - 1 - pack.base) / size) as u32;
-                let used = used_set(pack);
-                let free: Vec<u32> = (first..=last).filter(|c| !used.contains(c)).collect();
+                let free: Vec<u32> = (first..=last).filter(|&c| !pack.is_used(c)).collect();
                 if free.is_empty() {
                     continue;
                 }
@@ -282,11 +281,11 @@ fn chunks(books: &JitBooks, start: &[PackReading], end: &[PackReading]) -> Vec<V
                 ),
             ));
         }
-        let used = used_set(pack);
-        let area = pack.base..pack.base + u64::from(pack.chunks) * size;
-        for &addr in books.live.iter().filter(|a| area.contains(a)) {
-            let chunk = ((addr - pack.base) / size) as u32;
-            if !used.contains(&chunk) {
+        for &addr in &books.live {
+            let Some(chunk) = pack.chunk_of(addr) else {
+                continue;
+            };
+            if !pack.is_used(chunk) {
                 out.push(Violation::new(
                     CHUNKS,
                     format!(

@@ -156,10 +156,8 @@ impl JitReading {
         };
         let mut bytes = 0i64;
         for p in before {
-            let now_used = now.iter().find(|n| n.base == p.base).map(|n| &n.used);
-            let is_used = |c: u32| {
-                now_used.is_some_and(|runs| runs.iter().any(|&(f, l)| c >= f && c < f + l))
-            };
+            let now_pack = now.iter().find(|n| n.base == p.base);
+            let is_used = |c: u32| now_pack.is_some_and(|n| n.is_used(c));
             for &(first, len) in &p.used {
                 let freed = (first..first + len).filter(|&c| !is_used(c)).count() as i64;
                 bytes += freed * i64::from(p.chunk_size);
@@ -194,6 +192,24 @@ pub struct PackReading {
     pub chunks: u32,
     /// Runs of used chunks: (first chunk, how many).
     pub used: Vec<(u32, u32)>,
+}
+
+impl PackReading {
+    /// The chunk holding `addr`, or `None` outside the pack's area.
+    pub fn chunk_of(&self, addr: u64) -> Option<u32> {
+        let size = u64::from(self.chunk_size);
+        let end = self.base + u64::from(self.chunks) * size;
+        (self.base..end)
+            .contains(&addr)
+            .then(|| ((addr - self.base) / size) as u32)
+    }
+
+    /// Whether the allocator marks chunk `c` used.
+    pub fn is_used(&self, c: u32) -> bool {
+        self.used
+            .iter()
+            .any(|&(first, len)| c >= first && c < first + len)
+    }
 }
 
 /// A symbol on `bpf_kallsyms` (a program's function, a trampoline image, a
@@ -898,5 +914,22 @@ mod tests {
         assert_eq!(raw.kind, FrameKind::Message);
         let back: ToGuest = serde_json::from_slice(&raw.payload).unwrap();
         assert_eq!(back, ToGuest::Plan { plan });
+    }
+
+    #[test]
+    fn a_pack_names_the_chunk_of_an_address_and_whether_it_is_used() {
+        let p = PackReading {
+            base: 0x1000,
+            chunk_size: 64,
+            chunks: 4,
+            used: vec![(0, 1), (2, 2)],
+        };
+        assert_eq!(p.chunk_of(0xfff), None);
+        assert_eq!(p.chunk_of(0x1000), Some(0));
+        assert_eq!(p.chunk_of(0x1000 + 64), Some(1));
+        assert_eq!(p.chunk_of(0x1000 + 4 * 64 - 1), Some(3));
+        assert_eq!(p.chunk_of(0x1000 + 4 * 64), None);
+        let used: Vec<bool> = (0..4).map(|c| p.is_used(c)).collect();
+        assert_eq!(used, [true, false, true, true]);
     }
 }

@@ -407,18 +407,10 @@ fn plan_cookies(size: u32, per_link: u32, room: usize) -> Option<Vec<(u64, u32)>
 
 /// Whether the pack chunk holding `addr` is marked used.
 fn chunk_used(packs: &[kloop_protocol::PackReading], addr: u64) -> Result<bool> {
-    for p in packs {
-        let size = u64::from(p.chunk_size);
-        if addr < p.base || addr >= p.base + u64::from(p.chunks) * size {
-            continue;
-        }
-        let c = ((addr - p.base) / size) as u32;
-        return Ok(p
-            .used
-            .iter()
-            .any(|&(first, len)| c >= first && c < first + len));
-    }
-    bail!("{addr:#x} is in no bpf_prog_pack")
+    packs
+        .iter()
+        .find_map(|p| p.chunk_of(addr).map(|c| p.is_used(c)))
+        .ok_or_else(|| anyhow!("{addr:#x} is in no bpf_prog_pack"))
 }
 
 const FILLER_NAME: &str = "kloop_fill";
