@@ -107,6 +107,14 @@ fn perf_data_depends_on_the_parser_the_judge_and_its_reader_only() {
     );
 }
 
+/// Architecture invariant: the one path-I/O error sits under every crate
+/// that reads or writes files (`kloop-kernels`, `kloop-qemu`, the
+/// harness), so it depends on nothing of kloop's and on `thiserror` alone.
+#[test]
+fn path_io_depends_on_thiserror_only() {
+    assert_depends_only_on("crates/path-io", &["thiserror"]);
+}
+
 /// Architecture invariant: nothing under `crates/` depends on the harness
 /// (`kloop`) or the xtask: the focused crates are the ground floor, and
 /// what the xtask alone shows (its terminal view) lives in the xtask.

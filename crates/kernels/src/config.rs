@@ -13,6 +13,8 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use kloop_path_io::PathIoExt;
+
 use crate::error::KernelError;
 
 /// The value of one option as `.config` writes it: `y`, `m`, a number or a
@@ -58,10 +60,8 @@ impl KernelConfig {
     }
 
     pub fn from_file(path: &Path) -> Result<KernelConfig, KernelError> {
-        let text = std::fs::read_to_string(path).map_err(|source| KernelError::Io {
-            what: format!("reading kernel config {}", path.display()),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path)
+            .doing(format!("reading kernel config {}", path.display()))?;
         Ok(KernelConfig::parse(&text, path.display().to_string()))
     }
 

@@ -67,12 +67,8 @@ pub enum KernelError {
     )]
     NoCacheDir,
 
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] kloop_path_io::PathIo),
 
     /// A write into the cache failed: the message says whether for want
     /// of space (with what is free), of permission, or else.

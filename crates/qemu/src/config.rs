@@ -150,17 +150,8 @@ pub enum VmError {
         #[source]
         source: io::Error,
     },
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: io::Error,
-    },
-}
-
-pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> VmError {
-    let what = what.into();
-    move |source| VmError::Io { what, source }
+    #[error(transparent)]
+    Io(#[from] kloop_path_io::PathIo),
 }
 
 /// Finds the QEMU binary: `KLOOP_QEMU`, else `qemu-system-x86_64` on PATH.

@@ -11,6 +11,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use kloop_path_io::PathIoExt;
+
 use crate::config::*;
 use crate::terminal::{self, TerminalGuard};
 
@@ -31,25 +33,23 @@ pub struct Vm {
 impl Vm {
     #[expect(clippy::too_many_lines)]
     pub fn spawn(config: VmConfig) -> Result<Vm, VmError> {
-        std::fs::create_dir_all(&config.artefacts).map_err(io_err(format!(
+        std::fs::create_dir_all(&config.artefacts).doing(format!(
             "creating artefact directory {}",
             config.artefacts.display()
-        )))?;
+        ))?;
         let sockets = tempfile::Builder::new()
             .prefix("kloop-vm-")
             .tempdir()
-            .map_err(io_err("creating a socket directory under $TMPDIR"))?;
+            .doing("creating a socket directory under $TMPDIR")?;
         let qmp_path = sockets.path().join("qmp.sock");
         let data_path = sockets.path().join("data.sock");
         // We listen, QEMU connects as a client at start-up: nothing the guest
         // writes can be lost before the host is ready.
         let data_listener = if config.data_channel {
-            let l = UnixListener::bind(&data_path).map_err(io_err(format!(
-                "binding data socket {}",
-                data_path.display()
-            )))?;
+            let l = UnixListener::bind(&data_path)
+                .doing(format!("binding data socket {}", data_path.display()))?;
             l.set_nonblocking(true)
-                .map_err(io_err("setting data socket non-blocking"))?;
+                .doing("setting data socket non-blocking")?;
             Some(l)
         } else {
             None
@@ -84,10 +84,9 @@ impl Vm {
         // descriptors.)
         let vmstate = match &config.start {
             GuestStart::Boot | GuestStart::BootAndSave { .. } => None,
-            GuestStart::Restore { vmstate, .. } => Some(
-                File::open(vmstate)
-                    .map_err(io_err(format!("opening saved VM {}", vmstate.display())))?,
-            ),
+            GuestStart::Restore { vmstate, .. } => {
+                Some(File::open(vmstate).doing(format!("opening saved VM {}", vmstate.display()))?)
+            }
         };
         let vmstate_fd = vmstate.as_ref().map(|f| f.as_raw_fd());
         // QEMU gets its own process group: a Ctrl-C at the terminal reaches

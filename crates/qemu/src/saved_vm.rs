@@ -14,6 +14,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
+use kloop_path_io::{PathIo, PathIoExt};
 use kloop_protocol::{FrameDecoder, FrameKind, Message};
 
 use crate::config::*;
@@ -60,12 +61,8 @@ pub enum SavedVmError {
     MigrationFailed { status: String, reason: String },
     #[error("saving the VM did not complete within {0} s")]
     SaveDeadline(u64),
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     /// QEMU exited while loading the saved VM, with its stderr's last line.
     #[error("{0}")]
     RestoreExited(String),
@@ -85,11 +82,6 @@ fn qmp_err(step: &str) -> impl FnOnce(qapi::ExecuteError) -> SavedVmError + '_ {
         step: step.to_string(),
         reason: e.to_string(),
     }
-}
-
-fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> SavedVmError {
-    let what = what.into();
-    move |source| SavedVmError::Io { what, source }
 }
 
 /// What saving a guest took.
@@ -161,7 +153,7 @@ impl Vm {
     ) -> Result<(Message, Vec<Message>), SavedVmError> {
         stream
             .set_read_timeout(Some(Duration::from_millis(50)))
-            .map_err(io_err("data socket"))?;
+            .doing("data socket")?;
         let protocol = |why: &str| SavedVmError::Protocol(why.to_string());
         let mut decoder = FrameDecoder::new();
         let mut early = Vec::new();
@@ -192,7 +184,7 @@ impl Vm {
                 {
                     continue
                 }
-                Err(e) => return Err(io_err("reading the data channel")(e)),
+                Err(e) => return Err(PathIo::doing("reading the data channel", e).into()),
             };
             taken += n;
             if taken > MOST_BYTES {
@@ -238,9 +230,9 @@ impl Vm {
     /// `getfd` (the file, over the socket), `stop`, `migrate` to it, wait
     /// for the migration, `quit`.
     fn qmp_save(&self, vmstate: &std::path::Path) -> Result<(), SavedVmError> {
-        let file = std::fs::File::create(vmstate)
-            .map_err(io_err(format!("creating {}", vmstate.display())))?;
-        let stream = self.qmp_connect().map_err(io_err("QMP connect"))?;
+        let file =
+            std::fs::File::create(vmstate).doing(format!("creating {}", vmstate.display()))?;
+        let stream = self.qmp_connect().doing("QMP connect")?;
         let mut qmp = qapi::Qmp::from_stream(&stream);
         qmp.handshake().map_err(qmp_err("QMP handshake"))?;
         // The descriptor travels as SCM_RIGHTS with the command's bytes;
@@ -324,7 +316,7 @@ impl Vm {
                         return Err(SavedVmError::Interrupted);
                     }
                     if Instant::now() >= deadline {
-                        return Err(io_err("QMP connect")(e));
+                        return Err(PathIo::doing("QMP connect", e).into());
                     }
                     std::thread::sleep(Duration::from_millis(5));
                 }
@@ -382,7 +374,8 @@ impl Vm {
         }
         stream
             .write_all(&to_guest)
-            .map_err(io_err("writing the plan to the data channel"))
+            .doing("writing the plan to the data channel")?;
+        Ok(())
     }
 }
 

@@ -10,6 +10,8 @@
 
 use std::path::{Path, PathBuf};
 
+use kloop_path_io::{PathIo, PathIoExt};
+
 use crate::run::shard::Shard;
 use crate::run::trial::TrialResult;
 
@@ -36,12 +38,8 @@ pub enum MergeError {
         "{0} is not a shard's run directory (no {MANIFEST}): run `cargo xtask vm-test --shard K/N`"
     )]
     NotAShard(PathBuf),
-    #[error("{what} {path}: {source}")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error("{path} is not valid: {message}")]
     Invalid { path: PathBuf, message: String },
     #[error("the shards are not parts of one run: {0}")]
@@ -64,11 +62,7 @@ pub struct Merged {
 }
 
 fn read(path: &Path, what: &'static str) -> Result<String, MergeError> {
-    std::fs::read_to_string(path).map_err(|source| MergeError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    })
+    Ok(std::fs::read_to_string(path).at(what, path)?)
 }
 
 /// Reads and checks the shards, then copies each trial's directory into
@@ -103,18 +97,10 @@ pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Merged, MergeError> {
         }
     }
     results.sort_by_key(|r| order.iter().position(|t| t == &r.id).unwrap_or(usize::MAX));
-    std::fs::create_dir_all(out).map_err(|source| MergeError::Io {
-        what: "creating",
-        path: out.to_path_buf(),
-        source,
-    })?;
+    std::fs::create_dir_all(out).at("creating", out)?;
     for r in &mut results {
         let to = out.join(&r.kernel).join(&r.scenario);
-        copy_dir(&r.artefacts, &to).map_err(|source| MergeError::Io {
-            what: "copying the artefacts of",
-            path: r.artefacts.clone(),
-            source,
-        })?;
+        copy_dir(&r.artefacts, &to).at("copying the artefacts of", &r.artefacts)?;
         r.artefacts = to;
     }
     Ok(Merged {
@@ -140,11 +126,7 @@ pub struct MergedRun {
 /// `ab.json`.
 pub fn merge_run(dirs: &[PathBuf], out: &Path) -> Result<MergedRun, MergeError> {
     let merged = merge(dirs, out)?;
-    let io = |what: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| MergeError::Io { what, path, source }
-    };
-    crate::report::write_files(out, &merged.results).map_err(io("writing reports into", out))?;
+    crate::report::write_files(out, &merged.results).at("writing reports into", out)?;
     let mut notes = Vec::new();
     let docs: Vec<crate::report::kcidb::Document> = merged
         .shards
@@ -154,11 +136,11 @@ pub fn merge_run(dirs: &[PathBuf], out: &Path) -> Result<MergedRun, MergeError> 
         .collect();
     if docs.len() == merged.shards.len() {
         let mut doc = crate::report::kcidb::merge_documents(&docs);
-        let absolute = std::path::absolute(out).map_err(io("resolving", out))?;
+        let absolute = std::path::absolute(out).at("resolving", out)?;
         crate::report::kcidb::relocate(&mut doc, &absolute);
         let path = out.join(crate::report::kcidb::DOCUMENT_FILE);
         let text = serde_json::to_string_pretty(&doc).expect("a document serialises");
-        std::fs::write(&path, text).map_err(io("writing", &path))?;
+        std::fs::write(&path, text).at("writing", &path)?;
     } else {
         notes.push("a shard has no kcidb.json: the merged run has none".to_string());
     }
@@ -202,11 +184,7 @@ fn merge_ab(
             .unwrap_or(usize::MAX)
     };
     outcomes.sort_by_key(|o| order(&o.scenario));
-    crate::report::ab::write_json(out, &outcomes).map_err(|source| MergeError::Io {
-        what: "writing ab.json into",
-        path: out.to_path_buf(),
-        source,
-    })?;
+    crate::report::ab::write_json(out, &outcomes).at("writing ab.json into", out)?;
     Ok(Some(outcomes))
 }
 

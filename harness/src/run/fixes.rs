@@ -26,6 +26,8 @@
 
 use std::path::{Path, PathBuf};
 
+use kloop_path_io::{PathIo, PathIoExt};
+
 use crate::judge::ab::AbOutcome;
 use crate::judge::known_issues::Ledger;
 
@@ -54,12 +56,8 @@ pub enum FixError {
     NoEntry { name: String, known: String },
     #[error("`{id}` is no ledger entry; the ledger's ids: {known}")]
     UnknownId { id: String, known: String },
-    #[error("{what} {path}: {source}")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error("{path} is not TOML the ledger's writer can edit: {message}")]
     Edit { path: PathBuf, message: String },
     #[error("{path}: {message}")]
@@ -90,11 +88,7 @@ impl FixToml {
                 message: e.to_string(),
             }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(FixToml::default()),
-            Err(source) => Err(FixError::Io {
-                what: "reading",
-                path,
-                source,
-            }),
+            Err(source) => Err(PathIo::at("reading", path, source).into()),
         }
     }
 }
@@ -349,19 +343,15 @@ pub struct Validated<'a> {
 /// replacing an earlier record of the same patch, keeping the file's
 /// comments and layout, and writing it atomically.
 pub fn record(path: &Path, ids: &[String], v: &Validated<'_>) -> Result<(), FixError> {
-    let io = |what, source| FixError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    };
-    let text = std::fs::read_to_string(path).map_err(|e| io("reading", e))?;
+    let text = std::fs::read_to_string(path).at("reading", path)?;
     let edited = record_in(&text, ids, v).map_err(|message| FixError::Edit {
         path: path.to_path_buf(),
         message,
     })?;
     let tmp = path.with_extension(format!("toml.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, edited).map_err(|e| io("writing", e))?;
-    std::fs::rename(&tmp, path).map_err(|e| io("replacing", e))
+    std::fs::write(&tmp, edited).at("writing", path)?;
+    std::fs::rename(&tmp, path).at("replacing", path)?;
+    Ok(())
 }
 
 /// [`record`] on the file's text.

@@ -7,6 +7,8 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
+use kloop_path_io::{PathIo, PathIoExt};
+
 pub use crate::run::parallel::Parallel;
 use crate::run::trial::{BootMode, KernelUnderTest, LocalKernel, MakeSavedVm, TrialEnv};
 use crate::scenario::{self, Scenario};
@@ -25,12 +27,8 @@ pub enum SuiteError {
     Agent(#[from] crate::run::agent::AgentBuildError),
     #[error("choosing the accelerator: {0}")]
     Accel(String),
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error(transparent)]
     Ledger(#[from] crate::judge::known_issues::LedgerError),
     #[error("--snapshot-as {0} names no kernel pin and no snapshot set blessed with `bless --as {0}`; known pins: {1}")]
@@ -321,11 +319,10 @@ pub fn prepare_env_timed(
     // A read-only or full cache is said now, naming the next step, not as
     // a failed write halfway through a download or a saved VM.
     kloop_kernels::space::check_room(cache.root()).map_err(kloop_kernels::KernelError::from)?;
-    let run_dir =
-        crate::run::trial::new_run_dir(&layout.runs()).map_err(|source| SuiteError::Io {
-            what: format!("creating a run directory under {}", layout.runs().display()),
-            source,
-        })?;
+    let run_dir = crate::run::trial::new_run_dir(&layout.runs()).doing(format!(
+        "creating a run directory under {}",
+        layout.runs().display()
+    ))?;
     let keep = crate::run::run_dirs::keep_from_env();
     if keep > 0 {
         let pruned = crate::run::run_dirs::prune(

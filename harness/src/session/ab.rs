@@ -6,6 +6,8 @@
 
 use std::path::Path;
 
+use kloop_path_io::{PathIo, PathIoExt};
+
 use crate::run::ab::AbRun;
 use crate::run::trial::{KernelUnderTest, TrialResult};
 
@@ -45,13 +47,8 @@ pub enum Event<'a> {
 pub enum AbError {
     #[error(transparent)]
     Suite(#[from] crate::run::suite::SuiteError),
-    #[error("{what} {path}: {source}")]
-    Io {
-        what: &'static str,
-        path: std::path::PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
 }
 
 /// Runs every chosen scenario (a shard's part of them) on both kernels,
@@ -166,12 +163,7 @@ fn write_reports(
     manifest: Option<crate::report::merge::ShardManifest>,
     on: &(dyn Fn(Event<'_>) + Sync),
 ) -> Result<(), AbError> {
-    let io = |what: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| AbError::Io { what, path, source }
-    };
-    crate::report::write_files(&ab.run_dir, &ab.results)
-        .map_err(io("writing reports into", &ab.run_dir))?;
+    crate::report::write_files(&ab.run_dir, &ab.results).at("writing reports into", &ab.run_dir)?;
     for problem in crate::report::kcidb::write_run_document(
         &layout.root,
         &ab.run_dir,
@@ -182,11 +174,11 @@ fn write_reports(
         on(Event::Note(problem));
     }
     crate::report::ab::write_json(&ab.run_dir, &ab.outcomes)
-        .map_err(io("writing ab.json into", &ab.run_dir))?;
+        .at("writing ab.json into", &ab.run_dir)?;
     if let Some(m) = manifest {
         let path = ab.run_dir.join(crate::report::merge::MANIFEST);
         let text = serde_json::to_string_pretty(&m).expect("a manifest serialises");
-        std::fs::write(&path, text).map_err(io("writing", &path))?;
+        std::fs::write(&path, text).at("writing", &path)?;
     }
     Ok(())
 }

@@ -11,6 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use kloop_kernels::build::BuildRequest;
+use kloop_path_io::{PathIo, PathIoExt};
 
 use crate::mutate::{self, Mutant, Targets};
 use crate::report::mutants::Notes;
@@ -83,13 +84,8 @@ pub enum SessionError {
     Notes(#[from] crate::report::mutants::NotesError),
     #[error("no mutant {0} in this tree (see --list --max 1000)")]
     NoSuchMutant(String),
-    #[error("{what} {path}: {source}")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error("reading the mutants run in {path}: {source} (a run directory past the newest KLOOP_KEEP_RUNS, default 10, is removed when a run starts; a run given --report left its data beside the report, e.g. docs/mutation-score.json for docs/mutation-score.md: pass that to --from, or judge the mutants again without --from)")]
     From {
         path: PathBuf,
@@ -120,11 +116,6 @@ pub enum SessionError {
     ShardTwice { mutant: String, path: PathBuf },
     #[error("no shard data given")]
     NoShards,
-}
-
-fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SessionError {
-    let path = path.to_path_buf();
-    move |source| SessionError::Io { what, path, source }
 }
 
 /// The mutants of the tree and those chosen for this run.
@@ -437,8 +428,7 @@ impl Sink<'_> {
             .and_then(Path::parent)
             .filter(|p| !p.as_os_str().is_empty())
         {
-            std::fs::create_dir_all(parent)
-                .map_err(io("creating (where --report goes)", parent))?;
+            std::fs::create_dir_all(parent).at("creating (where --report goes)", parent)?;
         }
         Ok(())
     }
@@ -474,13 +464,13 @@ impl Sink<'_> {
         if base.run_dir.is_dir() {
             let json = base.run_dir.join(RESULTS_FILE);
             let text = serde_json::to_vec_pretty(results).expect("results serialise");
-            std::fs::write(&json, text).map_err(io("writing", &json))?;
+            std::fs::write(&json, text).at("writing", &json)?;
         }
         if self.report.is_some() {
             write_saved(&self.data_path(base), base, results).map_err(Box::new)?;
         }
         let report = self.report_path(base);
-        std::fs::write(&report, md).map_err(io("writing", &report))?;
+        std::fs::write(&report, md).at("writing", &report)?;
         self.write_kcidb(base, results, &report)
     }
 
@@ -500,7 +490,8 @@ impl Sink<'_> {
         let doc = crate::report::kcidb::mutation_run_document(base, results, &identity, &ctx);
         let path = report.with_extension("kcidb.json");
         let text = serde_json::to_string(&doc).expect("a document serialises");
-        std::fs::write(&path, text).map_err(io("writing", &path))
+        std::fs::write(&path, text).at("writing", &path)?;
+        Ok(())
     }
 
     fn totals(

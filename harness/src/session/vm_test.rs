@@ -6,7 +6,9 @@
 //! What happens along the way reaches the caller as [`Event`]s, typed, for
 //! it to draw; what the run decided comes back as a [`VmTestRun`].
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+
+use kloop_path_io::{PathIo, PathIoExt};
 
 use crate::report::merge::ShardManifest;
 use crate::run::phases::{KernelsPhase, Laps, Phases, SavedVmMade, SetupPhases, TrialsPhase};
@@ -57,22 +59,10 @@ pub enum VmTestError {
     Suite(#[from] SuiteError),
     #[error("no trials selected")]
     NoTrials,
-    #[error("{what} {path}: {source}")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error("preparing the test environment: {0}")]
     Environment(#[source] SuiteError),
-}
-
-impl VmTestError {
-    fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> VmTestError {
-        let path = path.to_path_buf();
-        move |source| VmTestError::Io { what, path, source }
-    }
 }
 
 /// The planned trials and, with a shard, this shard's part and the
@@ -223,7 +213,7 @@ pub fn plan(layout: &Layout, opts: &VmTestOptions) -> Result<Planned, VmTestErro
     };
     let durations = match &opts.durations {
         Some(f) => crate::run::shard::durations_from_results(
-            &std::fs::read_to_string(f).map_err(VmTestError::io("reading --durations", f))?,
+            &std::fs::read_to_string(f).at("reading --durations", f)?,
         ),
         None => Default::default(),
     };
@@ -279,7 +269,7 @@ pub fn run(
     if let Some(m) = &planned.manifest {
         let path = env.run_dir.join(crate::report::merge::MANIFEST);
         let text = serde_json::to_string_pretty(m).expect("a manifest serialises");
-        std::fs::write(&path, text).map_err(VmTestError::io("writing", &path))?;
+        std::fs::write(&path, text).at("writing", &path)?;
     }
     let (ledger_warnings, kernels_phase) = announce(&env, &trials, repeat, on, &setup);
     laps.lap();
@@ -302,8 +292,7 @@ pub fn run(
     };
     let artefacts: Vec<PathBuf> = all_runs.iter().map(|r| r.artefacts.clone()).collect();
     let results = combine_repeats(&env, all_runs, repeat, on)?;
-    crate::report::write_files(&env.run_dir, &results)
-        .map_err(VmTestError::io("writing reports into", &env.run_dir))?;
+    crate::report::write_files(&env.run_dir, &results).at("writing reports into", &env.run_dir)?;
     for problem in crate::report::kcidb::write_run_document(
         &layout.root,
         &env.run_dir,
@@ -435,10 +424,10 @@ fn combine_repeats(
         return Ok(all_runs);
     }
     crate::report::write_runs(&env.run_dir, &all_runs)
-        .map_err(VmTestError::io("writing runs.jsonl into", &env.run_dir))?;
+        .at("writing runs.jsonl into", &env.run_dir)?;
     let grouped = crate::run::repeat::group(all_runs);
     crate::run::repeat::write_report(&env.run_dir, &grouped)
-        .map_err(VmTestError::io("writing repeat.json into", &env.run_dir))?;
+        .at("writing repeat.json into", &env.run_dir)?;
     on(Event::RepeatTable(crate::run::repeat::table(&grouped)));
     let combined: Vec<_> = grouped.iter().filter_map(|t| t.combined()).collect();
     for r in combined

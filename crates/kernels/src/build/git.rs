@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+use kloop_path_io::{PathIo, PathIoExt};
+
 use super::BuildError;
 
 /// `git -C dir args…`, failing with git's own words.
@@ -37,7 +39,7 @@ fn run(dir: &Path, args: &[&str]) -> Result<Output, BuildError> {
                     package: "git",
                 }
             } else {
-                BuildError::io("running git".into(), e)
+                PathIo::doing("running git", e).into()
             }
         })
 }
@@ -67,8 +69,7 @@ impl Worktree {
         }
         let _ = git(repo, &["worktree", "prune"]);
         if let Some(parent) = dir.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| BuildError::io(format!("creating {}", parent.display()), e))?;
+            std::fs::create_dir_all(parent).doing(format!("creating {}", parent.display()))?;
         }
         git(
             repo,
@@ -91,11 +92,10 @@ impl Worktree {
 fn lock_beside(dir: &Path) -> Result<crate::lock::HolderLock, BuildError> {
     let path = dir.with_extension("lock");
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| BuildError::io(format!("creating {}", parent.display()), e))?;
+        std::fs::create_dir_all(parent).doing(format!("creating {}", parent.display()))?;
     }
     crate::lock::HolderLock::try_take(&path)
-        .map_err(|e| BuildError::io(format!("locking {}", path.display()), e))?
+        .doing(format!("locking {}", path.display()))?
         .ok_or_else(|| {
             BuildError::Invalid(format!(
                 "another `bisect --tree` is using {}: {} holds its lock {}; wait for it to finish",

@@ -11,6 +11,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use kloop_path_io::PathIoExt;
+
 use crate::config::KernelConfig;
 
 /// One option a fragment asked for: `Some(value)`, or `None` for
@@ -28,9 +30,8 @@ pub fn read_fragments(fragments: &[PathBuf]) -> Result<Vec<Requested>, super::Bu
     let mut by_name: BTreeMap<String, Requested> = BTreeMap::new();
     let mut order = Vec::new();
     for f in fragments {
-        let text = std::fs::read_to_string(f).map_err(|e| {
-            super::BuildError::io(format!("reading config fragment {}", f.display()), e)
-        })?;
+        let text =
+            std::fs::read_to_string(f).doing(format!("reading config fragment {}", f.display()))?;
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
             let parsed = if let Some(rest) = line.strip_prefix("# CONFIG_") {

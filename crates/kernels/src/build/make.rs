@@ -5,6 +5,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use kloop_path_io::{PathIo, PathIoExt};
+
 use super::{BuildError, BuildEvent};
 
 /// One `make` invocation in `src` with the build directory `out`.
@@ -49,7 +51,7 @@ impl Make<'_> {
             .create(true)
             .append(true)
             .open(self.log)
-            .map_err(|e| BuildError::io(format!("opening {}", self.log.display()), e))?;
+            .doing(format!("opening {}", self.log.display()))?;
         let _ = writeln!(log, "$ make {}", targets.join(" "));
         let mut child = cmd.spawn().map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
@@ -58,7 +60,7 @@ impl Make<'_> {
                     package: "make",
                 }
             } else {
-                BuildError::io("running make".into(), e)
+                PathIo::doing("running make", e).into()
             }
         })?;
         // stderr through a thread into a channel, so both streams reach the
@@ -89,9 +91,7 @@ impl Make<'_> {
         }
         let _ = reader.join();
         let _ = out_reader.join();
-        let status = child
-            .wait()
-            .map_err(|e| BuildError::io("waiting for make".into(), e))?;
+        let status = child.wait().doing("waiting for make")?;
         if status.success() {
             return Ok(());
         }

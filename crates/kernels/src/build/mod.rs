@@ -29,6 +29,7 @@ pub use source::{check_applies, check_patch, patch_files, pin_source, SourcePin,
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use kloop_path_io::{PathIo, PathIoExt};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -49,12 +50,8 @@ pub enum BuildError {
     },
     #[error("{0}")]
     Invalid(String),
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error("`{tool}` is not installed; install the Debian package `{package}` (apt-get install {package})")]
     ToolMissing {
         tool: &'static str,
@@ -85,10 +82,6 @@ pub enum BuildError {
 }
 
 impl BuildError {
-    pub(crate) fn io(what: String, source: std::io::Error) -> BuildError {
-        BuildError::Io { what, source }
-    }
-
     /// The inputs do not build (a patch, the config, the compiler): a
     /// `BUILD` failure, not kloop's environment.
     pub fn is_build_failure(&self) -> bool {
@@ -553,8 +546,7 @@ pub fn build(
     } else {
         (pristine.clone(), build_root.join("out").join(&slot))
     };
-    std::fs::create_dir_all(&out)
-        .map_err(|e| BuildError::io(format!("creating {}", out.display()), e))?;
+    std::fs::create_dir_all(&out).doing(format!("creating {}", out.display()))?;
     let incremental = out.join("vmlinux").is_file();
     let log = out.join("build.log");
     let _ = std::fs::remove_file(&log);
@@ -618,9 +610,9 @@ pub fn build(
         )));
         make.run(&[req.base.target()], progress)?;
         let base = std::fs::read_to_string(&config_path)
-            .map_err(|e| BuildError::io(format!("reading {}", config_path.display()), e))?;
+            .doing(format!("reading {}", config_path.display()))?;
         std::fs::write(&config_path, kconfig::merge(&base, &requested))
-            .map_err(|e| BuildError::io(format!("writing {}", config_path.display()), e))?;
+            .doing(format!("writing {}", config_path.display()))?;
         make.run(&["olddefconfig"], progress)?;
         if let Some(stamp) = stamp_of(&inputs) {
             // Costs only the next build's configure when it cannot be written.
@@ -663,12 +655,11 @@ pub fn build(
 
     let tmp = kernels_dir(cache).join(format!(".partial-{id}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp)
-        .map_err(|e| BuildError::io(format!("creating {}", tmp.display()), e))?;
+    std::fs::create_dir_all(&tmp).doing(format!("creating {}", tmp.display()))?;
     let copy = |from: &Path, name: &str| {
         std::fs::copy(from, tmp.join(name))
             .map(drop)
-            .map_err(|e| BuildError::io(format!("copying {}", from.display()), e))
+            .doing(format!("copying {}", from.display()))
     };
     copy(&out.join("arch/x86/boot/bzImage"), "bzImage")?;
     copy(&config_path, "config")?;
@@ -691,11 +682,9 @@ pub fn build(
     };
     let text = toml::to_string_pretty(&record)
         .map_err(|e| BuildError::Invalid(format!("serialising kernel.toml: {e}")))?;
-    std::fs::write(tmp.join("kernel.toml"), text)
-        .map_err(|e| BuildError::io(format!("writing {}", tmp.display()), e))?;
+    std::fs::write(tmp.join("kernel.toml"), text).doing(format!("writing {}", tmp.display()))?;
     let _ = std::fs::remove_dir_all(&final_dir);
-    std::fs::rename(&tmp, &final_dir)
-        .map_err(|e| BuildError::io(format!("renaming {} into place", tmp.display()), e))?;
+    std::fs::rename(&tmp, &final_dir).doing(format!("renaming {} into place", tmp.display()))?;
     Ok(BuiltKernel {
         dir: final_dir,
         record,
@@ -721,11 +710,10 @@ struct SlotLock {
 
 impl SlotLock {
     fn take(dir: &Path, slot: &str) -> Result<SlotLock, BuildError> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| BuildError::io(format!("creating {}", dir.display()), e))?;
+        std::fs::create_dir_all(dir).doing(format!("creating {}", dir.display()))?;
         let path = dir.join(slot);
         match crate::lock::HolderLock::try_take(&path)
-            .map_err(|e| BuildError::io(format!("locking {}", path.display()), e))?
+            .doing(format!("locking {}", path.display()))?
         {
             Some(l) => Ok(SlotLock { _lock: l }),
             None => Err(BuildError::Invalid(format!(

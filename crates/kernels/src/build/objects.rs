@@ -12,6 +12,8 @@
 
 use std::path::Path;
 
+use kloop_path_io::{PathIo, PathIoExt};
+
 use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget, SectionFlags};
 use sha2::{Digest, Sha256};
 
@@ -105,12 +107,8 @@ pub enum CompileError {
     /// (never built there, or not with this config).
     #[error("{cmd}: {why} (build the kernel in this output directory first)")]
     NoCommand { cmd: String, why: String },
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error(transparent)]
     Object(#[from] ObjectError),
 }
@@ -173,25 +171,25 @@ pub fn compile_alone(
 
     let key = hex::encode(&Sha256::digest(format!("{file}\0{text}"))[..8]);
     let copy_dir = work.join(&key);
-    let io = |what: String| move |source| CompileError::Io { what, source };
-    std::fs::create_dir_all(work).map_err(io(format!("creating {}", work.display())))?;
+    std::fs::create_dir_all(work).doing(format!("creating {}", work.display()))?;
     let lock_path = work.join(format!("{key}.lock"));
-    let lock = std::fs::File::create(&lock_path)
-        .map_err(io(format!("creating {}", lock_path.display())))?;
+    let lock =
+        std::fs::File::create(&lock_path).doing(format!("creating {}", lock_path.display()))?;
     {
         use std::os::fd::AsRawFd;
         // SAFETY: a valid fd owned by `lock`, held until this returns. A
         // blocking lock: the other process compiles the same text, briefly.
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(CompileError::Io {
-                what: format!("locking {}", lock_path.display()),
-                source: std::io::Error::last_os_error(),
-            });
+            return Err(PathIo::doing(
+                format!("locking {}", lock_path.display()),
+                std::io::Error::last_os_error(),
+            )
+            .into());
         }
     }
-    std::fs::create_dir_all(&copy_dir).map_err(io(format!("creating {}", copy_dir.display())))?;
+    std::fs::create_dir_all(&copy_dir).doing(format!("creating {}", copy_dir.display()))?;
     let copy = copy_dir.join(name);
-    std::fs::write(&copy, text).map_err(io(format!("writing {}", copy.display())))?;
+    std::fs::write(&copy, text).doing(format!("writing {}", copy.display()))?;
     let obj = copy_dir.join(format!("{stem}.o"));
     words[source_at] = copy.display().to_string();
     words[output_at + 1] = obj.display().to_string();
@@ -223,7 +221,8 @@ pub fn compile_alone(
         .env("CCACHE_NOHASHDIR", "1")
         .stdin(std::process::Stdio::null())
         .output()
-        .map_err(io("running the compiler".into()));
+        .doing("running the compiler")
+        .map_err(CompileError::from);
     let outcome = result.and_then(|o| {
         if o.status.success() {
             Ok(code_digest(&obj)?)

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::SystemTime;
 
+use kloop_path_io::{PathIo, PathIoExt};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -128,8 +129,7 @@ pub fn pin_source(
         fetch,
     )?;
     let dir = catalog_dir.join("sources");
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| BuildError::io(format!("creating {}", dir.display()), e))?;
+    std::fs::create_dir_all(&dir).doing(format!("creating {}", dir.display()))?;
     let text = format!(
         "# Source pin `{package}`: the Debian package `cargo xtask kernels build\n\
          # --source {package}` unpacks. Written by `cargo xtask kernels pin-source`;\n\
@@ -137,8 +137,7 @@ pub fn pin_source(
         toml::to_string(&pin).map_err(|e| BuildError::Invalid(e.to_string()))?
     );
     let path = dir.join(format!("{package}.toml"));
-    std::fs::write(&path, text)
-        .map_err(|e| BuildError::io(format!("writing {}", path.display()), e))?;
+    std::fs::write(&path, text).doing(format!("writing {}", path.display()))?;
     Ok(pin)
 }
 
@@ -156,9 +155,7 @@ impl SourceSpec {
     pub fn parse(arg: &str, catalog_dir: &Path) -> Result<SourceSpec, BuildError> {
         let path = Path::new(arg);
         if path.join("Makefile").is_file() && path.join("Kconfig").is_file() {
-            let abs = path
-                .canonicalize()
-                .map_err(|e| BuildError::io(format!("resolving {arg}"), e))?;
+            let abs = path.canonicalize().doing(format!("resolving {arg}"))?;
             return Ok(SourceSpec::Tree(abs));
         }
         if arg.starts_with("linux-source-") {
@@ -239,8 +236,7 @@ pub(super) fn pristine_tree(
                     root.display()
                 )));
                 unpack_source(&deb, &pin.tarball, &root, &tree)?;
-                std::fs::write(&done, b"")
-                    .map_err(|e| BuildError::io(format!("writing {}", done.display()), e))?;
+                std::fs::write(&done, b"").doing(format!("writing {}", done.display()))?;
             }
             Ok((tree, format!("deb:{}", pin.deb_sha256)))
         }
@@ -253,12 +249,11 @@ pub(super) fn pristine_tree(
 fn unpack_source(deb: &Path, tarball: &str, root: &Path, tree: &Path) -> Result<(), BuildError> {
     let _ = std::fs::remove_dir_all(root);
     let parent = root.parent().unwrap_or(root);
-    std::fs::create_dir_all(parent)
-        .map_err(|e| BuildError::io(format!("creating {}", parent.display()), e))?;
+    std::fs::create_dir_all(parent).doing(format!("creating {}", parent.display()))?;
     let tmp = tempfile::Builder::new()
         .prefix(".unpacking-")
         .tempdir_in(parent)
-        .map_err(|e| BuildError::io(format!("creating a directory in {}", parent.display()), e))?;
+        .doing(format!("creating a directory in {}", parent.display()))?;
     let xz = tmp.path().join("source.tar.xz");
     let mut found = false;
     crate::extract::walk_deb(deb, |path, entry| {
@@ -289,7 +284,7 @@ fn unpack_source(deb: &Path, tarball: &str, root: &Path, tree: &Path) -> Result<
         .arg("--no-same-owner")
         .stdin(Stdio::null())
         .status()
-        .map_err(|e| BuildError::io("running tar".into(), e))?;
+        .doing("running tar")?;
     if !status.success() {
         return Err(BuildError::Invalid(format!(
             "tar -xJf {} failed ({status})",
@@ -306,10 +301,11 @@ fn unpack_source(deb: &Path, tarball: &str, root: &Path, tree: &Path) -> Result<
     }
     let kept = tmp.keep();
     std::fs::rename(&kept, root).map_err(|e| {
-        BuildError::io(
+        PathIo::doing(
             format!("renaming {} to {}", kept.display(), root.display()),
             e,
         )
+        .into()
     })
 }
 
@@ -341,18 +337,16 @@ fn walk_files(dir: &Path) -> Result<BTreeMap<PathBuf, std::fs::Metadata>, BuildE
     let mut todo = vec![PathBuf::new()];
     while let Some(rel) = todo.pop() {
         let abs = dir.join(&rel);
-        let entries = std::fs::read_dir(&abs)
-            .map_err(|e| BuildError::io(format!("listing {}", abs.display()), e))?;
+        let entries = std::fs::read_dir(&abs).doing(format!("listing {}", abs.display()))?;
         for entry in entries {
-            let entry =
-                entry.map_err(|e| BuildError::io(format!("listing {}", abs.display()), e))?;
+            let entry = entry.doing(format!("listing {}", abs.display()))?;
             let name = entry.file_name();
             if name == ".git" {
                 continue;
             }
             let meta = entry
                 .metadata()
-                .map_err(|e| BuildError::io(format!("stat {}", entry.path().display()), e))?;
+                .doing(format!("stat {}", entry.path().display()))?;
             let child = rel.join(&name);
             if meta.is_dir() {
                 todo.push(child);
@@ -391,11 +385,9 @@ pub(super) fn patched_tree(
         )));
         let _ = std::fs::remove_dir_all(&tree);
         let parent = tree.parent().unwrap_or(slot);
-        std::fs::create_dir_all(parent)
-            .map_err(|e| BuildError::io(format!("creating {}", parent.display()), e))?;
+        std::fs::create_dir_all(parent).doing(format!("creating {}", parent.display()))?;
         copy_tree(pristine, &tree)?;
-        std::fs::write(&stamp, source_identity)
-            .map_err(|e| BuildError::io(format!("writing {}", stamp.display()), e))?;
+        std::fs::write(&stamp, source_identity).doing(format!("writing {}", stamp.display()))?;
         // The copy gave the files the last patch set touched their old
         // mtimes back; objects built from the patched bytes are newer, so
         // touch them or make would keep those objects.
@@ -423,8 +415,7 @@ pub(super) fn patched_tree(
         // Written after each patch, so a failure part way still lets the
         // next run undo what was applied.
         let list: String = touched.iter().map(|f| format!("{f}\n")).collect();
-        std::fs::write(&marker, list)
-            .map_err(|e| BuildError::io(format!("writing {}", marker.display()), e))?;
+        std::fs::write(&marker, list).doing(format!("writing {}", marker.display()))?;
     }
     Ok(tree)
 }
@@ -443,8 +434,7 @@ fn restore(pristine: &Path, tree: &Path, rel: &Path) -> Result<(), BuildError> {
     if src.is_file() {
         // A plain copy gets the current time as mtime: newer than any
         // object built from the patched bytes, so make rebuilds it.
-        std::fs::copy(&src, &dst)
-            .map_err(|e| BuildError::io(format!("restoring {}", dst.display()), e))?;
+        std::fs::copy(&src, &dst).doing(format!("restoring {}", dst.display()))?;
     }
     Ok(())
 }
@@ -459,7 +449,7 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), BuildError> {
         .arg(to)
         .stdin(Stdio::null())
         .status()
-        .map_err(|e| BuildError::io("running cp".into(), e))?;
+        .doing("running cp")?;
     if !status.success() {
         return Err(BuildError::Invalid(format!(
             "copying {} to {} failed ({status}); is there disk space?",
@@ -497,8 +487,7 @@ pub fn check_patch(patch: &Path) -> Result<Vec<String>, BuildError> {
         patch: patch.to_path_buf(),
         why: why.to_string(),
     };
-    let bytes = std::fs::read(patch)
-        .map_err(|e| BuildError::io(format!("reading patch {}", patch.display()), e))?;
+    let bytes = std::fs::read(patch).doing(format!("reading patch {}", patch.display()))?;
     if bytes.iter().all(|b| b.is_ascii_whitespace()) {
         return Err(not("it is empty"));
     }
@@ -538,8 +527,8 @@ pub fn check_applies(tree: &Path, patch: &Path) -> Result<String, BuildError> {
 }
 
 fn patch_names_files(patch: &Path) -> Result<Vec<String>, BuildError> {
-    let text = std::fs::read_to_string(patch)
-        .map_err(|e| BuildError::io(format!("reading patch {}", patch.display()), e))?;
+    let text =
+        std::fs::read_to_string(patch).doing(format!("reading patch {}", patch.display()))?;
     let files = patch_files(&text);
     if files.is_empty() {
         return Err(BuildError::PatchFailed {
@@ -555,7 +544,7 @@ fn run_patch(tree: &Path, patch: &Path, dry: bool) -> Result<String, BuildError>
     // `patch` runs in the tree: a relative path would name another file.
     let patch = &patch
         .canonicalize()
-        .map_err(|e| BuildError::io(format!("resolving patch {}", patch.display()), e))?;
+        .doing(format!("resolving patch {}", patch.display()))?;
     let mut c = Command::new("patch");
     c.arg("-p1")
         .arg("--forward")
@@ -578,7 +567,7 @@ fn run_patch(tree: &Path, patch: &Path, dry: bool) -> Result<String, BuildError>
                 package: "patch",
             }
         } else {
-            BuildError::io("running patch".into(), e)
+            PathIo::doing("running patch", e).into()
         }
     })?;
     let mut output = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -594,8 +583,7 @@ fn run_patch(tree: &Path, patch: &Path, dry: bool) -> Result<String, BuildError>
 
 /// sha256 of a file's bytes.
 pub(super) fn file_hash(path: &Path) -> Result<String, BuildError> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| BuildError::io(format!("reading {}", path.display()), e))?;
+    let bytes = std::fs::read(path).doing(format!("reading {}", path.display()))?;
     Ok(hex::encode(Sha256::digest(&bytes)))
 }
 

@@ -9,6 +9,8 @@
 
 use std::path::{Path, PathBuf};
 
+use kloop_path_io::PathIoExt;
+
 use super::AuditError;
 use crate::run::payload;
 use crate::run::standalone::stock::{self, PlainBoot};
@@ -36,13 +38,7 @@ impl Program {
     pub fn write(r: &Reproducer, dir: &Path) -> Result<Program, AuditError> {
         let file = dir.join(format!("{}.c", r.name));
         let text = r.single_file()?;
-        kloop_kernels::write_atomically(&file, text.as_bytes()).map_err(|source| {
-            AuditError::Io {
-                what: "writing",
-                path: file.clone(),
-                source,
-            }
-        })?;
+        kloop_kernels::write_atomically(&file, text.as_bytes()).at("writing", &file)?;
         Ok(Program {
             name: r.name.clone(),
             file,

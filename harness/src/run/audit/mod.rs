@@ -25,6 +25,7 @@ use std::sync::Mutex;
 
 use kloop_kernels::available::{AvailableBuild, BisectLock};
 use kloop_kernels::{Catalog, KernelPin, Needs};
+use kloop_path_io::{PathIo, PathIoExt};
 use serde::{Deserialize, Serialize};
 
 use crate::run::standalone::{self, StandaloneError};
@@ -68,12 +69,8 @@ pub enum AuditError {
     NothingToAudit,
     #[error("the audit's scenario: {message}")]
     Scenario { message: String },
-    #[error("{what} {path}: {source}")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error(transparent)]
     Standalone(#[from] StandaloneError),
     #[error(transparent)]
@@ -474,11 +471,7 @@ pub fn run(
     };
     let path = env.run_dir.join(AUDIT_FILE);
     let text = serde_json::to_string_pretty(&audit).expect("an audit serialises");
-    kloop_kernels::write_atomically(&path, text.as_bytes()).map_err(|source| AuditError::Io {
-        what: "writing",
-        path,
-        source,
-    })?;
+    kloop_kernels::write_atomically(&path, text.as_bytes()).at("writing", path)?;
     Ok(audit)
 }
 
@@ -605,13 +598,7 @@ impl<'a> Prober<'a> {
     ) -> Result<Prober<'a>, AuditError> {
         let texts = programs
             .iter()
-            .map(|p| {
-                std::fs::read_to_string(&p.file).map_err(|source| AuditError::Io {
-                    what: "reading",
-                    path: p.file.clone(),
-                    source,
-                })
-            })
+            .map(|p| std::fs::read_to_string(&p.file).at("reading", &p.file))
             .collect::<Result<_, _>>()?;
         Ok(Prober {
             env,

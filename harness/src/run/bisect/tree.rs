@@ -10,6 +10,7 @@ use std::time::Instant;
 use kloop_kernels::build::git::{git, Worktree};
 use kloop_kernels::build::{BuildError, BuildEvent, BuildRequest, BuiltKernel, SourceSpec};
 use kloop_kernels::{Catalog, KernelCache};
+use kloop_path_io::{PathIo, PathIoExt};
 
 use crate::judge::bisect::{classify, decide, Observation, Predicate, RunClass, StepVerdict};
 use crate::run::suite::Layout;
@@ -50,11 +51,8 @@ pub enum TreeError {
     OldEnd(String),
     #[error("the new end {rev} is not new under {predicate}: nothing to bisect")]
     NewEnd { rev: String, predicate: String },
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error(transparent)]
     Kernels(#[from] kloop_kernels::KernelError),
     /// The trial environment of a step could not be prepared.
@@ -231,13 +229,9 @@ impl TreeBisection<'_> {
         step: &StepCommand,
         reference: &Observation,
     ) -> Result<TreeOutcome, TreeError> {
-        let io = |what: &str| {
-            let what = what.to_string();
-            move |source| TreeError::Io { what, source }
-        };
         let reference_path = env.run_dir.join("bisect-reference.json");
         let json = serde_json::to_string(reference).expect("an observation serialises");
-        std::fs::write(&reference_path, json).map_err(io("writing the reference"))?;
+        std::fs::write(&reference_path, json).doing("writing the reference")?;
         let steps_log = env.run_dir.join("bisect-steps.log");
         let (old, new) = (self.old, self.new);
         git(
@@ -265,10 +259,10 @@ impl TreeBisection<'_> {
             .arg("--steps-log")
             .arg(&steps_log)
             .status()
-            .map_err(io("running git bisect run"))?;
+            .doing("running git bisect run")?;
         let git_log = env.run_dir.join("bisect.log");
         let log = git(worktree, &["bisect", "log"]).unwrap_or_default();
-        std::fs::write(&git_log, log).map_err(io("writing git's bisect log"))?;
+        std::fs::write(&git_log, log).doing("writing git's bisect log")?;
         let first_new = match git(worktree, &["rev-parse", "refs/bisect/new"]) {
             Ok(first) => Some(git(
                 self.repo,

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use kloop_path_io::{PathIo, PathIoExt};
 use kloop_protocol::{
     FrameDecoder, FrameKind, Message, ShellSetup, ToGuest, RUN_BY_HAND, SHELL_SETUP_PATH,
 };
@@ -50,12 +51,8 @@ pub enum ShellError {
     Payload(#[from] PayloadError),
     #[error("preparing the guest: {0}")]
     Guest(String),
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error(transparent)]
     Vm(#[from] kloop_qemu::VmError),
     #[error(
@@ -83,11 +80,6 @@ pub enum ShellError {
     Channel(String),
     #[error("interrupted: QEMU was killed")]
     Interrupted,
-}
-
-fn io_error(what: impl Into<String>) -> impl FnOnce(io::Error) -> ShellError {
-    let what = what.into();
-    move |source| ShellError::Io { what, source }
 }
 
 /// How a shell session ended, once the shell had come up.
@@ -138,7 +130,7 @@ pub fn run_shell(
     let initramfs_path = artefacts.join("initramfs.cpio");
     shell_initramfs(&parts, &env.agent, busybox, &setup)?
         .write_file(&initramfs_path)
-        .map_err(io_error(format!("writing {}", initramfs_path.display())))?;
+        .doing(format!("writing {}", initramfs_path.display()))?;
     let config = VmConfig {
         initramfs: Some(initramfs_path),
         console: Console::Terminal,
@@ -251,13 +243,13 @@ fn shell_initramfs(
 ) -> Result<Initramfs, ShellError> {
     let mut i = parts
         .initramfs(agent, None)
-        .map_err(io_error("building the guest's initramfs"))?;
+        .doing("building the guest's initramfs")?;
     for dir in busybox.dirs() {
         i.add_dir(&dir);
     }
     for f in &busybox.files {
-        let bytes = std::fs::read(&f.host_path)
-            .map_err(io_error(format!("reading {}", f.host_path.display())))?;
+        let bytes =
+            std::fs::read(&f.host_path).doing(format!("reading {}", f.host_path.display()))?;
         i.add_file(&f.guest_path, f.mode, bytes);
     }
     for applet in &applets {
@@ -280,10 +272,9 @@ fn shell_initramfs(
         i.add_symlink(applet, payload::GUEST_BUSYBOX);
     }
     i.add_symlink(&format!("bin/{RUN_BY_HAND}"), "/init");
-    let json = serde_json::to_vec_pretty(setup).map_err(|e| ShellError::Io {
-        what: "encoding the shell setup".into(),
-        source: io::Error::other(e),
-    })?;
+    let json = serde_json::to_vec_pretty(setup)
+        .map_err(io::Error::other)
+        .doing("encoding the shell setup")?;
     i.add_file(SHELL_SETUP_PATH, 0o644, json);
     Ok(i)
 }

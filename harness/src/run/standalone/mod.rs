@@ -16,6 +16,8 @@ pub mod stock;
 
 use std::path::{Path, PathBuf};
 
+use kloop_path_io::{PathIo, PathIoExt};
+
 use crate::judge::check::rule;
 use crate::judge::known_issues::{Issue, Ledger};
 use crate::run::trial::{TrialResult, Verdict};
@@ -43,12 +45,8 @@ pub enum StandaloneError {
     Scenario { message: String },
     #[error("the plain init (stock environment): {0}")]
     Stock(String),
-    #[error("{what} {path}: {source}")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error(transparent)]
     Suite(#[from] crate::run::suite::SuiteError),
     #[error(transparent)]
@@ -126,13 +124,7 @@ impl Reproducer {
     /// The single C file: a header naming the bug and how to run it, the
     /// shared header pasted where the source includes it.
     pub fn single_file(&self) -> Result<String, StandaloneError> {
-        let read = |path: &Path| {
-            std::fs::read_to_string(path).map_err(|source| StandaloneError::Io {
-                what: "reading",
-                path: path.to_path_buf(),
-                source,
-            })
-        };
+        let read = |path: &Path| std::fs::read_to_string(path).at("reading", path);
         let source = read(&self.source)?;
         let header_path = self.source.with_file_name(SHARED_HEADER);
         let header = read(&header_path)?;
@@ -439,7 +431,6 @@ pub struct ProofRun {
 /// as many VMs at once), judges each answer against its expectation, and
 /// keeps the proof as `repro-proof.json` in the run directory.
 /// `on_result` sees each trial as it ends, `on_stock` each stock run.
-#[expect(clippy::too_many_lines)]
 pub fn prove(
     r: &Reproducer,
     file: &Path,
@@ -519,13 +510,7 @@ pub fn prove(
     let json = serde_json::to_string_pretty(&proof).expect("a proof serialises");
     let runs = env.run_dir.parent().unwrap_or(&env.run_dir);
     for path in [env.run_dir.join(PROOF_FILE), kept_proof_path(runs, &r.name)] {
-        kloop_kernels::write_atomically(&path, json.as_bytes()).map_err(|source| {
-            StandaloneError::Io {
-                what: "writing",
-                path,
-                source,
-            }
-        })?;
+        kloop_kernels::write_atomically(&path, json.as_bytes()).at("writing", path)?;
     }
     Ok(ProofRun {
         proof,

@@ -16,6 +16,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use kloop_path_io::PathIoExt;
 use kloop_qemu::{Console, Vm, VmConfig};
 
 use super::{ReproOutcome, Reproducer, StandaloneError, GUEST_PATH};
@@ -151,10 +152,6 @@ pub(crate) fn stock_initramfs(
     payload: &crate::run::payload::Payload,
     init: &str,
 ) -> Result<Initramfs, StandaloneError> {
-    let io = |what: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| StandaloneError::Io { what, path, source }
-    };
     let (busybox, _) = payload::busybox_payload()
         .map_err(|e| StandaloneError::Stock(format!("it needs busybox: {e}")))?;
     let mut i = Initramfs::skeleton();
@@ -164,7 +161,7 @@ pub(crate) fn stock_initramfs(
             i.add_dir(&d);
         }
         for f in &p.files {
-            let bytes = std::fs::read(&f.host_path).map_err(io("reading", &f.host_path))?;
+            let bytes = std::fs::read(&f.host_path).at("reading", &f.host_path)?;
             i.add_file(&f.guest_path, f.mode, bytes);
         }
     }
@@ -203,11 +200,7 @@ pub(crate) fn boot_plain(
     let initramfs = dir.join("initramfs.cpio");
     stock_initramfs(&parts.payload, init)?
         .write_file(&initramfs)
-        .map_err(|source| StandaloneError::Io {
-            what: "writing",
-            path: initramfs.clone(),
-            source,
-        })?;
+        .at("writing", &initramfs)?;
     // PID 1 is busybox's shell reading /init, started by the kernel as
     // `rdinit=/bin/busybox -- sh /init` rather than through /init's `#!`
     // line: kloop's own builds (tinyconfig) have no CONFIG_BINFMT_SCRIPT,
