@@ -3,15 +3,32 @@
 //! (the agent runs under TCG, where parsing vmlinux BTF properly takes
 //! seconds).
 
+/// Why raw BTF could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BtfError {
+    #[error("unknown BTF kind {kind} at type {id}")]
+    UnknownKind { kind: u32, id: u32 },
+    #[error("truncated at byte {0}")]
+    Truncated(usize),
+    #[error("not little-endian BTF (magic 0xeb9f)")]
+    NotLittleEndian,
+    #[error("string section out of bounds")]
+    StringsOutOfBounds,
+    #[error("no type {0}")]
+    NoType(u32),
+    #[error("type {type_id}'s name offset {name_off} is past the strings")]
+    NamePastStrings { type_id: u32, name_off: u32 },
+}
+
 /// The byte length of each type's record after its 12-byte header.
-fn extra_len(kind: u32, vlen: usize, id: u32) -> Result<usize, String> {
+fn extra_len(kind: u32, vlen: usize, id: u32) -> Result<usize, BtfError> {
     Ok(match kind {
         1 | 14 | 17 => 4,             // INT, VAR, DECL_TAG
         3 => 12,                      // ARRAY
         4 | 5 | 15 | 19 => 12 * vlen, // STRUCT, UNION, DATASEC, ENUM64
         6 | 13 => 8 * vlen,           // ENUM, FUNC_PROTO
         2 | 7..=12 | 16 | 18 => 0,    // PTR, FWD, TYPEDEF, qualifiers, FUNC, FLOAT, TYPE_TAG
-        k => return Err(format!("unknown BTF kind {k} at type {id}")),
+        kind => return Err(BtfError::UnknownKind { kind, id }),
     })
 }
 
@@ -23,22 +40,22 @@ struct Layout<'a> {
     strings: &'a [u8],
 }
 
-fn u32_at(raw: &[u8], off: usize) -> Result<u32, String> {
+fn u32_at(raw: &[u8], off: usize) -> Result<u32, BtfError> {
     raw.get(off..off + 4)
         .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-        .ok_or_else(|| format!("truncated at byte {off}"))
+        .ok_or(BtfError::Truncated(off))
 }
 
-fn layout(raw: &[u8]) -> Result<Layout<'_>, String> {
+fn layout(raw: &[u8]) -> Result<Layout<'_>, BtfError> {
     if raw.get(..2) != Some(&[0x9f, 0xeb][..]) {
-        return Err("not little-endian BTF (magic 0xeb9f)".into());
+        return Err(BtfError::NotLittleEndian);
     }
     let hdr_len = u32_at(raw, 4)? as usize;
     let (type_off, type_len) = (u32_at(raw, 8)? as usize, u32_at(raw, 12)? as usize);
     let (str_off, str_len) = (u32_at(raw, 16)? as usize, u32_at(raw, 20)? as usize);
     let strings = raw
         .get(hdr_len + str_off..hdr_len + str_off + str_len)
-        .ok_or("string section out of bounds")?;
+        .ok_or(BtfError::StringsOutOfBounds)?;
     Ok(Layout {
         raw,
         types: hdr_len + type_off,
@@ -51,7 +68,7 @@ fn layout(raw: &[u8]) -> Result<Layout<'_>, String> {
 fn walk<T>(
     l: &Layout<'_>,
     mut visit: impl FnMut(u32, u32, u32) -> Option<T>,
-) -> Result<Option<T>, String> {
+) -> Result<Option<T>, BtfError> {
     let (mut off, mut id) = (l.types, 1u32);
     while off < l.types_end {
         let (name_at, info) = (u32_at(l.raw, off)?, u32_at(l.raw, off + 4)?);
@@ -76,7 +93,7 @@ fn string_offset(l: &Layout<'_>, name: &str) -> Option<u32> {
 }
 
 /// The BTF type id of the FUNC named `name` in raw BTF.
-pub fn func_id(raw: &[u8], name: &str) -> Result<Option<u32>, String> {
+pub fn func_id(raw: &[u8], name: &str) -> Result<Option<u32>, BtfError> {
     let l = layout(raw)?;
     let Some(name_off) = string_offset(&l, name) else {
         return Ok(None);
@@ -88,7 +105,7 @@ pub fn func_id(raw: &[u8], name: &str) -> Result<Option<u32>, String> {
 
 /// The byte offset of member `member` in the STRUCT named `name` (the
 /// first such struct), `None` when there is no such struct or member.
-pub fn member_offset(raw: &[u8], name: &str, member: &str) -> Result<Option<u32>, String> {
+pub fn member_offset(raw: &[u8], name: &str, member: &str) -> Result<Option<u32>, BtfError> {
     let l = layout(raw)?;
     let (Some(name_off), Some(member_off)) = (string_offset(&l, name), string_offset(&l, member))
     else {
@@ -121,15 +138,15 @@ pub fn member_offset(raw: &[u8], name: &str, member: &str) -> Result<Option<u32>
 
 /// The name of type `type_id` of standalone raw BTF (a program's own: type
 /// ids start at 1 after the void type 0).
-pub fn type_name(raw: &[u8], type_id: u32) -> Result<String, String> {
+pub fn type_name(raw: &[u8], type_id: u32) -> Result<String, BtfError> {
     let l = layout(raw)?;
     let Some(name_off) = walk(&l, |id, at, _| (id == type_id).then_some(at))? else {
-        return Err(format!("no type {type_id}"));
+        return Err(BtfError::NoType(type_id));
     };
     let rest = l
         .strings
         .get(name_off as usize..)
-        .ok_or_else(|| format!("type {type_id}'s name offset {name_off} is past the strings"))?;
+        .ok_or(BtfError::NamePastStrings { type_id, name_off })?;
     let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
     Ok(String::from_utf8_lossy(&rest[..end]).into_owned())
 }

@@ -9,7 +9,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use kloop_protocol::{BooksMoment, ImageReading, JitReading, KsymReading, Message, PackReading};
@@ -60,11 +60,61 @@ struct Locator {
     /// `bpf_kallsyms` and the layout that reads a trampoline image off it:
     /// offsets of `start`, `end`, `name`, `lnode` in `struct bpf_ksym`, of
     /// `ksym` in `struct bpf_tramp_image`, and of its `size` (6.2 on).
-    images: Option<Result<ImageLayout, String>>,
+    images: Option<Result<ImageLayout, BooksError>>,
     /// Whether vmlinux BTF has `arch_alloc_bpf_trampoline()`: trampoline
     /// images come out of `bpf_prog_pack` with their exact size (x86 since
     /// 6.7); before, each is a page of its own.
     trampolines_in_packs: bool,
+}
+
+/// Why the JIT's books cannot be read on this kernel, or a reading failed.
+/// Its text reaches the host as the `JitBooks` message's `unreadable`.
+/// Clone: the locator's verdict is kept for the process and handed out.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BooksError {
+    #[error("/proc/kcore: {0} (a kernel without CONFIG_PROC_KCORE)")]
+    Kcore(Arc<std::io::Error>),
+    #[error("/proc/kcore is not ELF64: {0}")]
+    KcoreNotElf(object::Error),
+    /// `/proc/kallsyms` could not be read (the reader's whole chain).
+    #[error("reading /proc/kallsyms: {0}")]
+    Kallsyms(String),
+    #[error("/proc/kallsyms names {0} more than once")]
+    NamedTwice(String),
+    #[error(
+        "/proc/kallsyms has no {CURRENT} (a kernel without CONFIG_KALLSYMS_ALL, \
+         or addresses hidden by kptr_restrict)"
+    )]
+    NoCurrent,
+    #[error("{BTF_VMLINUX}: {0} (a kernel without CONFIG_DEBUG_INFO_BTF)")]
+    NoBtf(Arc<std::io::Error>),
+    #[error("vmlinux BTF: {0}")]
+    Btf(#[from] crate::btf::BtfError),
+    #[error("vmlinux BTF has no struct {0} member {1}")]
+    NoMember(&'static str, &'static str),
+    #[error("{0:#x} is in no segment of /proc/kcore")]
+    NotInKcore(u64),
+    #[error("reading {len} bytes at {addr:#x} from /proc/kcore: {source}")]
+    ReadKcore {
+        len: usize,
+        addr: u64,
+        source: Arc<std::io::Error>,
+    },
+    #[error("pack_list has more than {MAX_PACKS} packs")]
+    TooManyPacks,
+    #[error("bpf_kallsyms has more than {MAX_KSYMS} symbols")]
+    TooManyKsyms,
+    #[error("this kernel's BTF has no struct bpf_ksym")]
+    NoKsym,
+    #[error("this kernel has no bpf_prog_pack (pack_list, 5.18 on)")]
+    NoPacks,
+    #[error(
+        "trampoline images are pages of their own here: vmlinux BTF has no \
+         arch_alloc_bpf_trampoline(), which carves them out of bpf_prog_pack (x86, 6.7 on)"
+    )]
+    TrampolinesOwnPages,
+    #[error("struct bpf_tramp_image has no size (before 6.2)")]
+    NoImageSize,
 }
 
 #[derive(Clone, Copy)]
@@ -78,25 +128,22 @@ struct ImageLayout {
     size_in_image: Option<u64>,
 }
 
-static LOCATOR: OnceLock<Result<Locator, String>> = OnceLock::new();
+static LOCATOR: OnceLock<Result<Locator, BooksError>> = OnceLock::new();
 
 /// Finds the books now (before a save, so that restored copies need not).
 pub fn locate() {
     let _ = locator();
 }
 
-fn locator() -> &'static Result<Locator, String> {
+fn locator() -> &'static Result<Locator, BooksError> {
     LOCATOR.get_or_init(find)
 }
 
-#[expect(clippy::too_many_lines)]
-fn find() -> Result<Locator, String> {
-    let kcore = File::open("/proc/kcore")
-        .map_err(|e| format!("/proc/kcore: {e} (a kernel without CONFIG_PROC_KCORE)"))?;
+fn find() -> Result<Locator, BooksError> {
+    let kcore = File::open("/proc/kcore").map_err(|e| BooksError::Kcore(Arc::new(e)))?;
     let segments = {
         let cache = ReadCache::new(&kcore);
-        let elf = ElfFile64::<Endianness, _>::parse(&cache)
-            .map_err(|e| format!("/proc/kcore is not ELF64: {e}"))?;
+        let elf = ElfFile64::<Endianness, _>::parse(&cache).map_err(BooksError::KcoreNotElf)?;
         elf.segments()
             .filter_map(|s| {
                 let (offset, size) = s.file_range();
@@ -105,40 +152,34 @@ fn find() -> Result<Locator, String> {
             .collect::<Vec<_>>()
     };
     let found = crate::kallsyms::core_by_name(&CORE_NAMES)
-        .map_err(|e| format!("reading /proc/kallsyms: {e:#}"))?;
-    let one = |name: &str| -> Result<Option<u64>, String> {
+        .map_err(|e| BooksError::Kallsyms(format!("{e:#}")))?;
+    let one = |name: &str| -> Result<Option<u64>, BooksError> {
         let mut at = found.iter().filter(|e| e.name == name).map(|e| e.addr);
         match (at.next(), at.next()) {
             (None, _) => Ok(None),
             (Some(a), None) => Ok(Some(a)),
-            (Some(_), Some(_)) => Err(format!("/proc/kallsyms names {name} more than once")),
+            (Some(_), Some(_)) => Err(BooksError::NamedTwice(name.to_owned())),
         }
     };
     let current = one(CURRENT)?;
     if current.is_none() {
-        return Err(format!(
-            "/proc/kallsyms has no {CURRENT} (a kernel without CONFIG_KALLSYMS_ALL, \
-             or addresses hidden by kptr_restrict)"
-        ));
+        return Err(BooksError::NoCurrent);
     }
     let pack_list = one(PACK_LIST)?;
     let kallsyms_list = one(KALLSYMS_LIST)?;
     // vmlinux BTF (megabytes under TCG), read once for both layouts.
-    let btf = (pack_list.is_some() || kallsyms_list.is_some()).then(|| {
-        std::fs::read(BTF_VMLINUX)
-            .map_err(|e| format!("{BTF_VMLINUX}: {e} (a kernel without CONFIG_DEBUG_INFO_BTF)"))
-    });
-    let btf = || -> Result<&Vec<u8>, String> {
+    let btf = (pack_list.is_some() || kallsyms_list.is_some())
+        .then(|| std::fs::read(BTF_VMLINUX).map_err(|e| BooksError::NoBtf(Arc::new(e))));
+    let btf = || -> Result<&Vec<u8>, BooksError> {
         btf.as_ref()
             .expect("read when a list was found")
             .as_ref()
             .map_err(Clone::clone)
     };
-    let member = |s: &str, m: &str| -> Result<u64, String> {
-        crate::btf::member_offset(btf()?, s, m)
-            .map_err(|e| format!("vmlinux BTF: {e}"))?
+    let member = |s: &'static str, m: &'static str| -> Result<u64, BooksError> {
+        crate::btf::member_offset(btf()?, s, m)?
             .map(u64::from)
-            .ok_or_else(|| format!("vmlinux BTF has no struct {s} member {m}"))
+            .ok_or(BooksError::NoMember(s, m))
     };
     let packs = match pack_list {
         None => None,
@@ -166,10 +207,8 @@ fn find() -> Result<Locator, String> {
             size_in_image: member("bpf_tramp_image", "size").ok(),
         })
     });
-    let trampolines_in_packs = packs.is_some()
-        && crate::btf::func_id(btf()?, "arch_alloc_bpf_trampoline")
-            .map_err(|e| format!("vmlinux BTF: {e}"))?
-            .is_some();
+    let trampolines_in_packs =
+        packs.is_some() && crate::btf::func_id(btf()?, "arch_alloc_bpf_trampoline")?.is_some();
     Ok(Locator {
         kcore,
         segments,
@@ -197,25 +236,29 @@ fn possible_nodes() -> u64 {
 }
 
 impl Locator {
-    fn read_bytes(&self, addr: u64, len: usize) -> Result<Vec<u8>, String> {
+    fn read_bytes(&self, addr: u64, len: usize) -> Result<Vec<u8>, BooksError> {
         let (vaddr, offset, _) = self
             .segments
             .iter()
             .find(|(v, _, size)| addr >= *v && addr + len as u64 <= v + size)
-            .ok_or_else(|| format!("{addr:#x} is in no segment of /proc/kcore"))?;
+            .ok_or(BooksError::NotInKcore(addr))?;
         let mut buf = vec![0u8; len];
         self.kcore
             .read_exact_at(&mut buf, offset + (addr - vaddr))
-            .map_err(|e| format!("reading {len} bytes at {addr:#x} from /proc/kcore: {e}"))?;
+            .map_err(|e| BooksError::ReadKcore {
+                len,
+                addr,
+                source: Arc::new(e),
+            })?;
         Ok(buf)
     }
 
-    fn u64_at(&self, addr: u64) -> Result<u64, String> {
+    fn u64_at(&self, addr: u64) -> Result<u64, BooksError> {
         let b = self.read_bytes(addr, 8)?;
         Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
     }
 
-    fn read(&self) -> Result<JitReading, String> {
+    fn read(&self) -> Result<JitReading, BooksError> {
         let current = match self.current {
             Some(at) => Some(self.u64_at(at)? as i64),
             None => None,
@@ -230,7 +273,7 @@ impl Locator {
                 let mut node = self.u64_at(list)?;
                 while node != list {
                     if packs.len() == MAX_PACKS {
-                        return Err(format!("pack_list has more than {MAX_PACKS} packs"));
+                        return Err(BooksError::TooManyPacks);
                     }
                     let base = self.u64_at(node + ptr_off)?;
                     let words = (chunks as usize).div_ceil(64);
@@ -251,9 +294,9 @@ impl Locator {
 }
 
 impl Locator {
-    fn layout(&self) -> Result<ImageLayout, String> {
+    fn layout(&self) -> Result<ImageLayout, BooksError> {
         match &self.images {
-            None => Err("this kernel's BTF has no struct bpf_ksym".to_owned()),
+            None => Err(BooksError::NoKsym),
             Some(Err(e)) => Err(e.clone()),
             Some(Ok(l)) => Ok(*l),
         }
@@ -263,14 +306,14 @@ impl Locator {
     fn walk(
         &self,
         l: &ImageLayout,
-        mut each: impl FnMut(u64, &[u8]) -> Result<(), String>,
-    ) -> Result<(), String> {
+        mut each: impl FnMut(u64, &[u8]) -> Result<(), BooksError>,
+    ) -> Result<(), BooksError> {
         let mut node = self.u64_at(l.list)?;
         let mut walked = 0;
         while node != l.list {
             walked += 1;
             if walked > MAX_KSYMS {
-                return Err(format!("bpf_kallsyms has more than {MAX_KSYMS} symbols"));
+                return Err(BooksError::TooManyKsyms);
             }
             let ksym = node - l.lnode;
             let name = self.read_bytes(ksym + l.name, 64)?;
@@ -282,7 +325,7 @@ impl Locator {
     }
 
     /// The trampoline images on `bpf_kallsyms` now.
-    fn images(&self) -> Result<Vec<ImageReading>, String> {
+    fn images(&self) -> Result<Vec<ImageReading>, BooksError> {
         let l = match &self.images {
             None => return Ok(Vec::new()),
             Some(_) => self.layout()?,
@@ -312,7 +355,7 @@ impl Locator {
     }
 
     /// Every symbol on `bpf_kallsyms` now.
-    fn ksyms(&self) -> Result<Vec<KsymReading>, String> {
+    fn ksyms(&self) -> Result<Vec<KsymReading>, BooksError> {
         let l = self.layout()?;
         let mut out = Vec::new();
         self.walk(&l, |ksym, name| {
@@ -332,43 +375,39 @@ impl Locator {
 pub struct Books(&'static Locator);
 
 impl Books {
-    pub fn get() -> Result<Books, String> {
+    pub fn get() -> Result<Books, BooksError> {
         let loc = locator().as_ref().map_err(Clone::clone)?;
         if loc.packs.is_none() {
-            return Err("this kernel has no bpf_prog_pack (pack_list, 5.18 on)".to_owned());
+            return Err(BooksError::NoPacks);
         }
         if !loc.trampolines_in_packs {
-            return Err(
-                "trampoline images are pages of their own here: vmlinux BTF has no \
-                 arch_alloc_bpf_trampoline(), which carves them out of bpf_prog_pack (x86, 6.7 on)"
-                    .to_owned(),
-            );
+            return Err(BooksError::TrampolinesOwnPages);
         }
         match &loc.images {
             Some(Ok(l)) if l.size_in_image.is_some() => Ok(Books(loc)),
-            Some(Ok(_)) => Err("struct bpf_tramp_image has no size (before 6.2)".to_owned()),
+            Some(Ok(_)) => Err(BooksError::NoImageSize),
             Some(Err(e)) => Err(e.clone()),
-            None => Err("this kernel's BTF has no struct bpf_ksym".to_owned()),
+            None => Err(BooksError::NoKsym),
         }
     }
 
     /// The trampoline images live now, with `im->size`.
-    pub fn images(&self) -> Result<Vec<ImageReading>, String> {
+    pub fn images(&self) -> Result<Vec<ImageReading>, BooksError> {
         self.0.images()
     }
 
     /// Every `bpf_prog_pack` now.
-    pub fn packs(&self) -> Result<Vec<PackReading>, String> {
+    pub fn packs(&self) -> Result<Vec<PackReading>, BooksError> {
         Ok(self.0.read()?.packs.unwrap_or_default())
     }
 
     /// Every symbol on `bpf_kallsyms` now.
-    pub fn ksyms(&self) -> Result<Vec<KsymReading>, String> {
+    pub fn ksyms(&self) -> Result<Vec<KsymReading>, BooksError> {
         self.0.ksyms()
     }
 
     /// The symbols, the packs, the symbols again (see [`BooksMoment`]).
-    pub fn moment(&self, what: &str) -> Result<BooksMoment, String> {
+    pub fn moment(&self, what: &str) -> Result<BooksMoment, BooksError> {
         let before = self.ksyms()?;
         let packs = self.packs()?;
         let after = self.ksyms()?;
@@ -398,11 +437,11 @@ fn runs(bitmap: &[u8], n: u32) -> Vec<(u32, u32)> {
 
 /// The books as they were before the first step.
 pub struct Watch {
-    start: Result<JitReading, String>,
+    start: Result<JitReading, BooksError>,
     /// Trampoline images seen so far (by start address), and the first
     /// error reading them.
     images: Vec<ImageReading>,
-    images_error: Option<String>,
+    images_error: Option<BooksError>,
 }
 
 impl Watch {
@@ -483,9 +522,9 @@ impl Watch {
             end,
             settle_ns,
             live,
-            unreadable,
+            unreadable: unreadable.map(|e| e.to_string()),
             images: self.images,
-            images_unreadable: self.images_error,
+            images_unreadable: self.images_error.map(|e| e.to_string()),
         }
     }
 }

@@ -24,7 +24,7 @@ pub struct Watch {
     kmsg: Option<File>,
     /// kmemleak: `Ok(true)` scanned and cleared before the plan, `Ok(false)`
     /// not in this kernel, `Err` there but unusable.
-    kmemleak: Result<bool, String>,
+    kmemleak: Result<bool, KmemleakError>,
     started: Instant,
 }
 
@@ -84,26 +84,42 @@ impl Watch {
             kmsg,
             truncated,
             kmemleak,
-            kmemleak_error,
+            kmemleak_error: kmemleak_error.map(|e| e.to_string()),
             lockdep_on: lockdep_on(),
         }
     }
 }
 
+/// Why kmemleak could not be used; its text reaches the host as the
+/// `KernelLog` message's `kmemleak_error`.
+#[derive(Debug, thiserror::Error)]
+enum KmemleakError {
+    #[error("writing {what:?} to {KMEMLEAK}: {source}")]
+    Command {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("reading {path}: {source}")]
+    Read {
+        path: &'static str,
+        source: std::io::Error,
+    },
+}
+
 /// Writes `what` to kmemleak's file.
-fn command(what: &str) -> Result<(), String> {
+fn command(what: &'static str) -> Result<(), KmemleakError> {
     OpenOptions::new()
         .write(true)
         .open(KMEMLEAK)
         .and_then(|mut f| f.write_all(what.as_bytes()))
-        .map_err(|e| format!("writing {what:?} to {KMEMLEAK}: {e}"))
+        .map_err(|source| KmemleakError::Command { what, source })
 }
 
-fn read_capped(path: &str) -> Result<String, String> {
+fn read_capped(path: &'static str) -> Result<String, KmemleakError> {
     let mut text = String::new();
     File::open(path)
         .and_then(|f| f.take(MAX_KERNEL_LOG as u64).read_to_string(&mut text))
-        .map_err(|e| format!("reading {path}: {e}"))?;
+        .map_err(|source| KmemleakError::Read { path, source })?;
     Ok(text)
 }
 

@@ -75,10 +75,15 @@ pub fn check(
                 ..
             } => check_symbol(
                 &model,
-                (prefix, suffix.as_deref().unwrap_or("")),
-                *ksym_type,
-                (*min_registers, *max_registers),
-                (*unregistered, *kept),
+                &SymbolCheck {
+                    prefix,
+                    suffix: suffix.as_deref().unwrap_or(""),
+                    ksym_type: *ksym_type,
+                    min: *min_registers,
+                    max: *max_registers,
+                    unregistered: *unregistered,
+                    kept: *kept,
+                },
                 &mut out,
             ),
             Expectation::File {
@@ -177,15 +182,28 @@ fn v(rule: &'static str, message: String) -> Violation {
     Violation::new(rule, message)
 }
 
-#[expect(clippy::too_many_lines)]
-fn check_symbol(
-    model: &Model<'_>,
-    (prefix, suffix): (&str, &str),
+/// One `[[expect]] symbol` table, as [`check_symbol`] checks it.
+struct SymbolCheck<'a> {
+    prefix: &'a str,
+    suffix: &'a str,
     ksym_type: Option<KsymKind>,
-    (min, max): (u32, Option<u32>),
-    (unregistered, kept): (bool, bool),
-    out: &mut Vec<Violation>,
-) {
+    min: u32,
+    max: Option<u32>,
+    unregistered: bool,
+    kept: bool,
+}
+
+#[expect(clippy::too_many_lines)]
+fn check_symbol(model: &Model<'_>, check: &SymbolCheck<'_>, out: &mut Vec<Violation>) {
+    let &SymbolCheck {
+        prefix,
+        suffix,
+        ksym_type,
+        min,
+        max,
+        unregistered,
+        kept,
+    } = check;
     let recs = model.recs;
     let fits = |r: &Record| match &r.body {
         RecordBody::Ksymbol {

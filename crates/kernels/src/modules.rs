@@ -237,6 +237,9 @@ fn decompress(data: &[u8], c: Compression) -> Result<Vec<u8>, String> {
 }
 
 /// What `.modinfo` says about a module.
+/// Modules whose dependencies lead back to the first, in order.
+struct Cycle(Vec<String>);
+
 #[derive(Debug, Default)]
 struct ModInfo {
     name: Option<String>,
@@ -244,15 +247,24 @@ struct ModInfo {
     vermagic: Option<String>,
 }
 
-fn modinfo(elf: &[u8]) -> Result<ModInfo, String> {
+/// Why a module's `.modinfo` does not read (a `BadModule`'s reason).
+#[derive(Debug, thiserror::Error)]
+enum ModinfoError {
+    #[error("not an ELF object: {0}")]
+    NotElf(object::Error),
+    #[error("it has no .modinfo section")]
+    NoSection,
+    #[error("unreadable .modinfo: {0}")]
+    Unreadable(object::Error),
+}
+
+fn modinfo(elf: &[u8]) -> Result<ModInfo, ModinfoError> {
     use object::{Object, ObjectSection};
-    let file = object::File::parse(elf).map_err(|e| format!("not an ELF object: {e}"))?;
+    let file = object::File::parse(elf).map_err(ModinfoError::NotElf)?;
     let section = file
         .section_by_name(".modinfo")
-        .ok_or("it has no .modinfo section")?;
-    let data = section
-        .data()
-        .map_err(|e| format!("unreadable .modinfo: {e}"))?;
+        .ok_or(ModinfoError::NoSection)?;
+    let data = section.data().map_err(ModinfoError::Unreadable)?;
     let mut info = ModInfo::default();
     for field in data.split(|&b| b == 0) {
         let field = String::from_utf8_lossy(field);
@@ -319,7 +331,7 @@ fn analyse(
         name: own_name,
         depends,
         vermagic,
-    } = modinfo(&elf).map_err(|reason| bad_module(name, found, archive, reason))?;
+    } = modinfo(&elf).map_err(|e| bad_module(name, found, archive, e.to_string()))?;
     if let Some(own) = own_name.filter(|own| own != name) {
         return Err(bad_module(
             name,
@@ -485,12 +497,12 @@ fn resolve(
         state: &mut HashMap<String, bool>,
         order: &mut Vec<(String, Vec<String>)>,
         path: &mut Vec<String>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Cycle> {
         match state.get(name) {
             Some(true) => return Ok(()),
             Some(false) => {
                 path.push(name.to_string());
-                return Err(path.join(" → "));
+                return Err(Cycle(std::mem::take(path)));
             }
             None => {}
         }
@@ -515,7 +527,7 @@ fn resolve(
                 &asked,
                 found,
                 archive,
-                format!("its dependencies form a cycle: {cycle}"),
+                format!("its dependencies form a cycle: {}", cycle.0.join(" → ")),
             )
         })?;
     }

@@ -141,29 +141,38 @@ fn cached(dest: &Path) -> bool {
     }
 }
 
+/// Why a file is not a PVH ELF QEMU can boot.
+#[derive(Debug, thiserror::Error)]
+pub enum ElfProblem {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Object(#[from] object::Error),
+    #[error("a segment ends at byte {end}, the file has {len} bytes")]
+    SegmentPastEnd { end: u64, len: u64 },
+    #[error("no PVH entry note")]
+    NoPvhNote,
+}
+
 /// The ELF's header and program headers read (without reading the whole
 /// file): every segment lies inside the file and the PVH entry note is
 /// there.
-pub fn verify_elf(path: &Path) -> Result<(), String> {
+pub fn verify_elf(path: &Path) -> Result<(), ElfProblem> {
     use object::elf::{FileHeader64, PT_LOAD};
     use object::read::elf::{FileHeader, ProgramHeader};
     use object::LittleEndian;
 
-    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    let len = file.metadata().map_err(|e| e.to_string())?.len();
+    let file = std::fs::File::open(path)?;
+    let len = file.metadata()?.len();
     let data = object::ReadCache::new(file);
-    let header = FileHeader64::<LittleEndian>::parse(&data).map_err(|e| e.to_string())?;
-    let endian = header.endian().map_err(|e| e.to_string())?;
-    let headers = header
-        .program_headers(endian, &data)
-        .map_err(|e| e.to_string())?;
+    let header = FileHeader64::<LittleEndian>::parse(&data)?;
+    let endian = header.endian()?;
+    let headers = header.program_headers(endian, &data)?;
     let mut pvh = false;
     for ph in headers {
         let end = ph.p_offset(endian).saturating_add(ph.p_filesz(endian));
         if end > len {
-            return Err(format!(
-                "a segment ends at byte {end}, the file has {len} bytes"
-            ));
+            return Err(ElfProblem::SegmentPastEnd { end, len });
         }
         if ph.p_type(endian) == PT_LOAD {
             continue;
@@ -178,7 +187,7 @@ pub fn verify_elf(path: &Path) -> Result<(), String> {
     if pvh {
         Ok(())
     } else {
-        Err("no PVH entry note".into())
+        Err(ElfProblem::NoPvhNote)
     }
 }
 
@@ -417,10 +426,10 @@ mod tests {
         let path = dir.path().join("bz");
         std::fs::write(&path, bzimage(&payload)).unwrap();
         let cached = ensure_pvh(dir.path(), &path, None).unwrap();
-        assert_eq!(verify_elf(&cached), Ok(()));
+        assert!(verify_elf(&cached).is_ok());
         let sha = cached.file_name().unwrap().to_str().unwrap().to_string();
         std::fs::write(&cached, &elf[..elf.len() - 6]).unwrap();
-        let e = verify_elf(&cached).unwrap_err();
+        let e = verify_elf(&cached).unwrap_err().to_string();
         assert!(e.contains("a segment ends at byte"), "{e}");
         // Found damaged by its hash (the pin's path), remade from the image.
         assert_eq!(ensure_pvh(dir.path(), &path, Some(&sha)).unwrap(), cached);
@@ -432,7 +441,10 @@ mod tests {
         assert_eq!(std::fs::read(&cached).unwrap(), elf);
         // An ELF without the PVH note is not one QEMU can boot.
         std::fs::write(&cached, elf_with_note(b"Xen\0", 17)).unwrap();
-        assert_eq!(verify_elf(&cached), Err("no PVH entry note".into()));
+        assert_eq!(
+            verify_elf(&cached).unwrap_err().to_string(),
+            "no PVH entry note"
+        );
     }
 
     #[test]

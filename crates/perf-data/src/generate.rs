@@ -54,7 +54,7 @@ pub fn stretch(template: &Path, out: &Path, target: u64) -> Result<Generated, Ge
         why: why.to_string(),
     };
     let bytes = std::fs::read(template)?;
-    let listener = side_band_listener(template).map_err(|e| bad(&e))?;
+    let listener = side_band_listener(template).map_err(|e| bad(&e.to_string()))?;
     let trailer = sample_id_len(&listener);
     // The trailer's order (perf_event__output_id_sample): TID, then TIME.
     let time_in_trailer = if listener.sample_type & PERF_SAMPLE_TID != 0 {
@@ -133,11 +133,21 @@ pub fn stretch(template: &Path, out: &Path, target: u64) -> Result<Generated, Ge
     Ok(g)
 }
 
+/// Why the template has no one side-band event (a `Template` error's why).
+#[derive(Debug, thiserror::Error)]
+enum SideBand {
+    #[error("{0}")]
+    Open(#[from] std::io::Error),
+    #[error("{0}")]
+    Read(#[from] linux_perf_data::Error),
+    #[error("{0} events asked for side-band records, not one")]
+    NotOne(usize),
+}
+
 /// The one event of the template that asked for side-band records.
-fn side_band_listener(template: &Path) -> Result<ListenerInfo, String> {
-    let file = std::fs::File::open(template).map_err(|e| e.to_string())?;
-    let reader = linux_perf_data::PerfFileReader::parse_pipe(std::io::BufReader::new(file))
-        .map_err(|e| e.to_string())?;
+fn side_band_listener(template: &Path) -> Result<ListenerInfo, SideBand> {
+    let file = std::fs::File::open(template)?;
+    let reader = linux_perf_data::PerfFileReader::parse_pipe(std::io::BufReader::new(file))?;
     let listeners = crate::check::listeners(&reader.perf_file);
     let mut side: Vec<ListenerInfo> = listeners
         .into_iter()
@@ -145,7 +155,7 @@ fn side_band_listener(template: &Path) -> Result<ListenerInfo, String> {
         .collect();
     match side.len() {
         1 => Ok(side.remove(0)),
-        n => Err(format!("{n} events asked for side-band records, not one")),
+        n => Err(SideBand::NotOne(n)),
     }
 }
 

@@ -36,8 +36,31 @@ const JITED_FUNC_LENS: usize = 120;
 const NR_PROG_TAGS: usize = 180;
 const PROG_TAGS: usize = 184;
 
+/// Where `HEADER_BPF_PROG_INFO` stops making sense.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProgInfoError {
+    #[error("{n} bytes at {at} past the section's {len}")]
+    PastSection { n: usize, at: usize, len: usize },
+    #[error("program {program} of {count}: bpf_prog_info of {info_len} bytes, too short")]
+    TooShort {
+        program: u32,
+        count: u32,
+        info_len: usize,
+    },
+    #[error(
+        "program {program} of {count}: an array of {n} at {off} past its {data_len} data bytes"
+    )]
+    ArrayPastData {
+        program: u32,
+        count: u32,
+        n: usize,
+        off: usize,
+        data_len: usize,
+    },
+}
+
 /// Reads the section; `Err`: where it stops making sense.
-pub fn parse(section: &[u8]) -> Result<Vec<ProgInfo>, String> {
+pub fn parse(section: &[u8]) -> Result<Vec<ProgInfo>, ProgInfoError> {
     let mut r = Reader { b: section, at: 0 };
     let count = r.u32()?;
     let mut out = Vec::new();
@@ -47,21 +70,26 @@ pub fn parse(section: &[u8]) -> Result<Vec<ProgInfo>, String> {
         let _arrays = r.u64()?;
         let info = r.take(info_len)?;
         let data = r.take(data_len)?;
-        let prog = |what: String| format!("program {n} of {count}: {what}");
+        let program = n;
         if info_len < PROG_TAGS + 8 {
-            return Err(prog(format!(
-                "bpf_prog_info of {info_len} bytes, too short"
-            )));
+            return Err(ProgInfoError::TooShort {
+                program,
+                count,
+                info_len,
+            });
         }
         let u32_at = |o: usize| u32::from_le_bytes(info[o..o + 4].try_into().expect("4 bytes"));
         let u64_at = |o: usize| u64::from_le_bytes(info[o..o + 8].try_into().expect("8 bytes"));
-        let array = |off: u64, n: usize, width: usize| -> Result<&[u8], String> {
+        let array = |off: u64, n: usize, width: usize| -> Result<&[u8], ProgInfoError> {
             let off = off as usize;
-            data.get(off..off + n * width).ok_or_else(|| {
-                prog(format!(
-                    "an array of {n} at {off} past its {data_len} data bytes"
-                ))
-            })
+            data.get(off..off + n * width)
+                .ok_or(ProgInfoError::ArrayPastData {
+                    program,
+                    count,
+                    n,
+                    off,
+                    data_len,
+                })
         };
         let ksyms = array(u64_at(JITED_KSYMS), u32_at(NR_JITED_KSYMS) as usize, 8)?;
         let lens = array(
@@ -99,23 +127,24 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        let s = self.b.get(self.at..self.at + n).ok_or_else(|| {
-            format!(
-                "{n} bytes at {} past the section's {}",
-                self.at,
-                self.b.len()
-            )
-        })?;
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ProgInfoError> {
+        let s = self
+            .b
+            .get(self.at..self.at + n)
+            .ok_or(ProgInfoError::PastSection {
+                n,
+                at: self.at,
+                len: self.b.len(),
+            })?;
         self.at += n;
         Ok(s)
     }
-    fn u32(&mut self) -> Result<u32, String> {
+    fn u32(&mut self) -> Result<u32, ProgInfoError> {
         Ok(u32::from_le_bytes(
             self.take(4)?.try_into().expect("4 bytes"),
         ))
     }
-    fn u64(&mut self) -> Result<u64, String> {
+    fn u64(&mut self) -> Result<u64, ProgInfoError> {
         Ok(u64::from_le_bytes(
             self.take(8)?.try_into().expect("8 bytes"),
         ))
@@ -339,7 +368,7 @@ mod tests {
         let s = section(&progs);
         assert_eq!(parse(&s).unwrap(), progs);
         let e = parse(&s[..s.len() - 3]).unwrap_err();
-        assert!(e.contains("past the section's"), "{e}");
+        assert!(e.to_string().contains("past the section's"), "{e}");
     }
 
     #[test]

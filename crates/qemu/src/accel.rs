@@ -28,6 +28,7 @@ impl AccelChoice {
 }
 
 impl std::str::FromStr for AccelChoice {
+    // A string: clap shows a value parser's error as-is, never matched.
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {

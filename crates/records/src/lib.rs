@@ -654,6 +654,7 @@ impl<'a> Reader<'a> {
 }
 
 /// Parses one record whose bytes (header included) are exactly `rec`.
+/// `Err`: a `ParseError`'s reason, a string as that error carries it.
 #[expect(clippy::too_many_lines)]
 fn parse_record(listener: &ListenerInfo, rec: &[u8]) -> Result<Parts, String> {
     let mut r = Reader { rec, pos: 0 };
@@ -855,7 +856,8 @@ struct Parts {
 }
 
 impl Parts {
-    /// The strict reading: every byte of the record explained.
+    /// The strict reading: every byte of the record explained (`Err`: a
+    /// `ParseError`'s reason, as [`parse_record`]'s).
     fn exact(self, listener: &ListenerInfo, rec: &[u8]) -> Result<Self, String> {
         if self.end == rec.len() {
             return Ok(self);

@@ -38,7 +38,8 @@ pub fn veth(name: &str, peer: &str) -> Result<()> {
 
 /// The `Requirement::Veth` probe: the veth module loads (or is built in or
 /// already loaded) and a pair can be made and removed again. `Err` says
-/// why not, for the `Unsupported` message.
+/// why not, for the `Unsupported` message (a string: a probe's answer,
+/// said as-is).
 pub fn veth_probe() -> Result<(), String> {
     let describe = |e: anyhow::Error| crate::sys::describe_chain(&e);
     insert_module("veth").map_err(describe)?;

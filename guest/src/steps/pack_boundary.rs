@@ -109,11 +109,16 @@ pub fn run(
     let mut copies: Vec<Copy> = Vec::new();
     let mut sizes: Vec<u32> = Vec::new();
     let mut moments: Vec<BooksMoment> = Vec::new();
+    let of = CopyOf {
+        fixture,
+        program,
+        target,
+    };
 
     // The cost of a link with cookie 0, from the images of one and two.
     let mut image = None;
     for _ in 0..2 {
-        let i = attach_copy(&books, &mut copies, (fixture, program, target), 0)?;
+        let i = attach_copy(&books, &mut copies, &of, 0)?;
         sizes.push(i.size);
         image = Some(i);
     }
@@ -138,7 +143,7 @@ pub fn run(
     for (cookie, extra) in plan {
         let before = image.as_ref().map_or(0, |i: &Image| i.size);
         let want = before + per_link + extra;
-        let i = attach_copy(&books, &mut copies, (fixture, program, target), cookie)?;
+        let i = attach_copy(&books, &mut copies, &of, cookie)?;
         sizes.push(i.size);
         if i.size != want {
             bail!(
@@ -303,14 +308,27 @@ impl Reader {
     }
 }
 
+/// The program [`attach_copy`] loads copies of: its fixture, its name
+/// there, and the function it attaches to.
+struct CopyOf<'a> {
+    fixture: &'a str,
+    program: &'a str,
+    target: &'a str,
+}
+
 /// Loads another copy of the program, attaches it with `cookie` and
 /// returns the image that attach made, once the image it replaced is gone.
 fn attach_copy(
     books: &Reader,
     copies: &mut Vec<Copy>,
-    (fixture, program, target): (&str, &str, &str),
+    of: &CopyOf<'_>,
     cookie: u64,
 ) -> Result<Image> {
+    let &CopyOf {
+        fixture,
+        program,
+        target,
+    } = of;
     let mut ebpf = parse_fixture(fixture)?;
     let prog = fixture_program(&mut ebpf, fixture, program)?;
     load_btf(prog, target)

@@ -28,6 +28,7 @@ use crate::steps::net;
 use crate::sys::{self, Errno};
 
 /// The outcome of one probe: `Err(reason)` when the kernel lacks the feature.
+/// A string: the reason goes to the host as the `Unsupported` text, as-is.
 type Probe = std::result::Result<(), String>;
 
 /// Probe outcomes found while a VM was being booted to be saved, by
@@ -42,6 +43,7 @@ static AT_SAVE: OnceLock<HashMap<Requirement, SavedAnswer>> = OnceLock::new();
 
 /// One requirement's answer from before the save: the outcome, or the text
 /// of the error that kept the probe from running; and its milliseconds.
+/// A string: kept across the save and said as-is, like [`Probe`]'s.
 type SavedAnswer = (std::result::Result<Probe, String>, u128);
 
 /// Requirements [`probe_before_save`] answers: every one whose probe leaves
@@ -144,7 +146,9 @@ fn probe(r: Requirement) -> Result<Probe> {
         Requirement::SideBandWalkKprobe => side_band_walk_kprobe(),
         // Read from the JIT's books, found once per boot (after the save's
         // kallsyms read), so not probed before the save.
-        Requirement::TrampolinePacks => Ok(crate::jit_books::Books::get().map(|_| ())),
+        Requirement::TrampolinePacks => Ok(crate::jit_books::Books::get()
+            .map(|_| ())
+            .map_err(|e| e.to_string())),
         Requirement::TwoCpus => two_cpus(),
     }
 }

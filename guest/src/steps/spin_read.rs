@@ -362,7 +362,7 @@ fn read(
 
 /// Checks the records in `[tail, head)`; `snap` is the newest record's
 /// trailer as read right after the head. `Err`: the stream cannot be
-/// walked further.
+/// walked further (a string: the reading carries it to the host as-is).
 fn check(
     area: &Area,
     trailer: &[(Option<TornWord>, Check)],

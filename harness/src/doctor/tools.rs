@@ -123,6 +123,7 @@ pub(super) fn check_clang() -> Check {
     }
 }
 
+/// `Err`: the first line clang wrote (a string: doctor shows it as-is).
 pub(super) fn compiles_for_bpf(clang: &Path) -> Result<(), String> {
     use std::io::Write;
     let dir = tempfile::tempdir().map_err(|e| format!("no temporary directory: {e}"))?;

@@ -155,7 +155,8 @@ const PALETTE: [(u8, u8, u8); 8] = [
 
 /// Overhead vs listeners per CPU as SVG: one panel per op (median over the
 /// median with no listener), one line per kernel × program (colour: kernel;
-/// solid basic-like first program, dashed the others).
+/// solid basic-like first program, dashed the others). A string error:
+/// plotters' drawing errors are generic over the backend, and only shown.
 #[expect(clippy::too_many_lines)]
 pub fn svg(trials: &[TrialOverhead]) -> Result<String, String> {
     use plotters::prelude::*;

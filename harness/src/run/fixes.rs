@@ -344,9 +344,9 @@ pub struct Validated<'a> {
 /// comments and layout, and writing it atomically.
 pub fn record(path: &Path, ids: &[String], v: &Validated<'_>) -> Result<(), FixError> {
     let text = std::fs::read_to_string(path).at("reading", path)?;
-    let edited = record_in(&text, ids, v).map_err(|message| FixError::Edit {
+    let edited = record_in(&text, ids, v).map_err(|e| FixError::Edit {
         path: path.to_path_buf(),
-        message,
+        message: e.to_string(),
     })?;
     let tmp = path.with_extension(format!("toml.{}.tmp", std::process::id()));
     std::fs::write(&tmp, edited).at("writing", path)?;
@@ -354,19 +354,33 @@ pub fn record(path: &Path, ids: &[String], v: &Validated<'_>) -> Result<(), FixE
     Ok(())
 }
 
+/// Why [`record_in`] cannot edit the ledger's text (an `Edit` error's
+/// message).
+#[derive(Debug, thiserror::Error)]
+enum LedgerEdit {
+    #[error("{0}")]
+    Toml(#[from] toml_edit::TomlError),
+    #[error("no [[issue]] tables")]
+    NoIssues,
+    #[error("no entry {0}")]
+    NoEntry(String),
+    #[error("{0}: `fix` is not an array of tables")]
+    FixNotTables(String),
+}
+
 /// [`record`] on the file's text.
-fn record_in(text: &str, ids: &[String], v: &Validated<'_>) -> Result<String, String> {
+fn record_in(text: &str, ids: &[String], v: &Validated<'_>) -> Result<String, LedgerEdit> {
     use toml_edit::{value, Array, ArrayOfTables, DocumentMut, Item, Table};
-    let mut doc: DocumentMut = text.parse().map_err(|e| format!("{e}"))?;
+    let mut doc: DocumentMut = text.parse()?;
     let issues = doc
         .get_mut("issue")
         .and_then(Item::as_array_of_tables_mut)
-        .ok_or("no [[issue]] tables")?;
+        .ok_or(LedgerEdit::NoIssues)?;
     for id in ids {
         let entry = issues
             .iter_mut()
             .find(|t| t.get("id").and_then(|i| i.as_str()) == Some(id.as_str()))
-            .ok_or_else(|| format!("no entry {id}"))?;
+            .ok_or_else(|| LedgerEdit::NoEntry(id.clone()))?;
         let mut fix = Table::new();
         fix["patch"] = value(&v.patch);
         fix["source"] = value(&v.source);
@@ -392,7 +406,7 @@ fn record_in(text: &str, ids: &[String], v: &Validated<'_>) -> Result<String, St
         let fixes = entry
             .get_mut("fix")
             .and_then(Item::as_array_of_tables_mut)
-            .ok_or_else(|| format!("{id}: `fix` is not an array of tables"))?;
+            .ok_or_else(|| LedgerEdit::FixNotTables(id.clone()))?;
         fixes.retain(|t| t.get("patch").and_then(|p| p.as_str()) != Some(v.patch.as_str()));
         fixes.push(fix);
     }

@@ -32,6 +32,17 @@ use kloop_qemu::{GuestStart, Vm, VmConfig};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+/// The kernel a saved VM is for, as [`SavedVms::ensure`] needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct SavedVmKernel<'a> {
+    /// Its label (a pin's name or a build's id), said in the notes.
+    pub label: &'a str,
+    /// Whether it is a pin: pins' saved VMs are pruned last.
+    pub pin: bool,
+    /// Whether a missing saved VM is made (else `Err`).
+    pub make: MakeSavedVm,
+}
+
 /// Whether a trial makes its shape's saved VM when there is none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MakeSavedVm {
@@ -202,6 +213,7 @@ impl SavedVm {
     }
 }
 
+// A string: why there is no saved VM, said as-is in a note (`NoSavedVm::Failed`).
 type Slot = Arc<Mutex<Option<Result<SavedVm, String>>>>;
 
 /// The saved VMs of one run: the directory, and per key what this run
@@ -250,13 +262,14 @@ impl SavedVms {
     /// pruned last) and whether a missing saved VM is made (else `Err`).
     pub fn ensure(
         &self,
-        (kernel_label, pin, make): (&str, bool, MakeSavedVm),
+        kernel: SavedVmKernel<'_>,
         shape: &VmConfig,
         qemu_version: &str,
         initramfs_inputs: &str,
         initramfs: &dyn Fn() -> io::Result<Vec<u8>>,
         interrupted: &dyn Fn() -> bool,
     ) -> Result<SavedVm, NoSavedVm> {
+        let SavedVmKernel { pin, make, .. } = kernel;
         let failed = |why: String| NoSavedVm::Failed(format!("no saved VM: {why}"));
         let mut bytes = None;
         let initramfs_sha = {
@@ -298,16 +311,7 @@ impl SavedVms {
                     Some(b) => Ok(b),
                     None => initramfs().map_err(|e| format!("building the initramfs: {e}")),
                 };
-                bytes.and_then(|b| {
-                    self.create(
-                        &key,
-                        (kernel_label, pin),
-                        shape,
-                        qemu_version,
-                        &b,
-                        interrupted,
-                    )
-                })
+                bytes.and_then(|b| self.create(&key, kernel, shape, qemu_version, &b, interrupted))
             }
         };
         let found = found.map(|vm| if pin { mark_pin(vm) } else { vm });
@@ -319,7 +323,8 @@ impl SavedVms {
     }
 
     /// A restore of `saved` running `plan`, its artefacts in `artefacts`
-    /// (whose `console.log` starts with the saved boot's).
+    /// (whose `console.log` starts with the saved boot's). `Err`: why the
+    /// trial boots cold instead, said as-is in its note.
     pub fn restore_config(
         &self,
         saved: &SavedVm,
@@ -371,16 +376,22 @@ impl SavedVms {
         let _ = std::fs::remove_dir_all(&saved.dir);
     }
 
+    /// `Err`: why the trial boots cold, said as-is (see [`Slot`]).
     #[expect(clippy::too_many_lines)]
     fn create(
         &self,
         key: &str,
-        (kernel_label, pin): (&str, bool),
+        kernel: SavedVmKernel<'_>,
         shape: &VmConfig,
         qemu_version: &str,
         initramfs: &[u8],
         interrupted: &dyn Fn() -> bool,
     ) -> Result<SavedVm, String> {
+        let SavedVmKernel {
+            label: kernel_label,
+            pin,
+            ..
+        } = kernel;
         let dir = self.root.join(key);
         std::fs::create_dir_all(&self.root)
             .map_err(|e| format!("creating {}: {e}", self.root.display()))?;
@@ -699,7 +710,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Takes the `flock` on a saved VM's lock file, so two kloop processes
 /// never save the same VM at once (released when the lock is dropped),
 /// waiting for another process that holds it and saying whom it waits for
-/// (the file names its holder, [`kloop_kernels::lock`]).
+/// (the file names its holder, [`kloop_kernels::lock`]). `Err`: as
+/// [`SavedVms::create`]'s.
 fn wait_for_lock(path: &Path, interrupted: &dyn Fn() -> bool) -> Result<HolderLock, String> {
     let deadline = Instant::now() + OTHER_PROCESS_WAIT;
     let task = format!("lock {}", path.display());
@@ -784,7 +796,11 @@ mod tests {
         let initramfs = || Ok(b"initramfs bytes".to_vec());
         let ensure = |vms: &SavedVms| {
             vms.ensure(
-                ("built-0123", false, MakeSavedVm::NotForFew(2)),
+                SavedVmKernel {
+                    label: "built-0123",
+                    pin: false,
+                    make: MakeSavedVm::NotForFew(2),
+                },
                 &shape,
                 "QEMU 7.2",
                 "inputs",
@@ -1043,7 +1059,11 @@ mod tests {
         let d = saved_on_disk(vms.root(), &key, &kernel, false, 1);
         let found = vms
             .ensure(
-                ("6.1", true, MakeSavedVm::Always),
+                SavedVmKernel {
+                    label: "6.1",
+                    pin: true,
+                    make: MakeSavedVm::Always,
+                },
                 &shape,
                 "QEMU 7.2",
                 "inputs",

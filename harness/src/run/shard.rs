@@ -24,6 +24,7 @@ pub struct Shard {
 pub const SHARD_FORM: &str = "K/N with 1 <= K <= N (e.g. --shard 2/4)";
 
 impl std::str::FromStr for Shard {
+    // A string: clap shows a value parser's error as-is, never matched.
     type Err = String;
     fn from_str(s: &str) -> Result<Shard, String> {
         let bad = || format!("`{s}` is not a shard: use {SHARD_FORM}");

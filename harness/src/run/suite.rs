@@ -192,6 +192,7 @@ fn image_kernel(
                     kloop_kernels::KernelError::BadImage { reason, .. } => reason,
                     other => other.to_string(),
                 };
+                let elf = elf.to_string();
                 return Err(SuiteError::NotAKernel { path, bzimage, elf });
             }
         },

@@ -138,6 +138,8 @@ impl Scenario {
 
     /// A scenario from its TOML text, as if it were `dir/scenario.toml`
     /// (`repro --standalone --prove` builds one around a reproducer).
+    /// `Err`: what is wrong with the file (a string: said as-is beside its
+    /// name).
     pub fn parse(name: &str, dir: &Path, text: &str) -> Result<Scenario, String> {
         let file: ScenarioFile = toml::from_str(text).map_err(|e| e.to_string())?;
         let steps = file
@@ -193,6 +195,7 @@ impl Scenario {
     }
 }
 
+/// `Err`: what is wrong with the step, part of [`Scenario::parse`]'s text.
 fn step_from_toml(mut v: toml::Value) -> Result<Step, String> {
     if let Some(listener) = v.get_mut("listener").and_then(|l| l.as_table_mut()) {
         if let Some(sample) = listener.remove("sample") {

@@ -248,6 +248,7 @@ pub fn judge_trial(inputs: &TrialInputs, evidence: &RunEvidence) -> TrialJudgeme
     }
 }
 
+/// `Err`: the trial's overhead verdict (a string: the report shows it as-is).
 fn budget_outcome(
     inputs: &TrialInputs,
     iterations: u32,

@@ -124,6 +124,7 @@ impl ConfigBase {
 }
 
 impl std::str::FromStr for ConfigBase {
+    // A string: clap shows a value parser's error as-is, never matched.
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
@@ -173,6 +174,7 @@ impl Check {
 }
 
 impl std::str::FromStr for Check {
+    // A string: clap shows a value parser's error as-is, never matched.
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         Check::ALL

@@ -35,15 +35,15 @@ pub fn code_digest(path: &Path) -> Result<String, ObjectError> {
         path: path.display().to_string(),
         source,
     })?;
-    code_digest_of(&bytes).map_err(|why| ObjectError::Parse {
+    code_digest_of(&bytes).map_err(|e| ObjectError::Parse {
         path: path.display().to_string(),
-        why,
+        why: e.to_string(),
     })
 }
 
 /// [`code_digest`] of an object's bytes.
-pub fn code_digest_of(bytes: &[u8]) -> Result<String, String> {
-    let file = object::File::parse(bytes).map_err(|e| e.to_string())?;
+pub fn code_digest_of(bytes: &[u8]) -> Result<String, object::Error> {
+    let file = object::File::parse(bytes)?;
     let mut h = Sha256::new();
     let target_name = |t: RelocationTarget| -> String {
         match t {

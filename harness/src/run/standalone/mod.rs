@@ -157,7 +157,8 @@ impl Reproducer {
         Ok(out)
     }
 
-    /// The scenario that runs the single file `file` in the guest.
+    /// The scenario that runs the single file `file` in the guest (`Err`:
+    /// [`Scenario::parse`]'s text).
     pub fn scenario(&self, file: &Path, dir: &Path) -> Result<Scenario, String> {
         let text = format!(
             "description = \"stand-alone reproducer {name}\"\nsnapshot = false\n\

@@ -16,6 +16,7 @@ pub use judging::requirement_name;
 pub use verdict::*;
 // Callers choosing per trial (`suite::run_in_order`) name it from here.
 pub use crate::run::saved_vm::MakeSavedVm;
+use crate::run::saved_vm::SavedVmKernel;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -327,6 +328,7 @@ impl BootMode {
 }
 
 impl std::str::FromStr for BootMode {
+    // A string: clap shows a value parser's error as-is, never matched.
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
@@ -394,7 +396,11 @@ fn run_inner(
         let pin = matches!(kernel, KernelUnderTest::Pin(_));
         match restore(
             env,
-            (&parts, pin, make),
+            SavedVmFrom {
+                parts: &parts,
+                pin,
+                make,
+            },
             scenario,
             artefacts,
             trial_started,
@@ -453,18 +459,27 @@ fn boot(config: VmConfig, trial_started: Instant) -> Result<(GuestSession, f64),
     Ok((session, prepare))
 }
 
+/// What [`restore`] boots from: the guest's parts, whether the kernel is
+/// a pin, and whether a missing saved VM is made.
+struct SavedVmFrom<'a> {
+    parts: &'a guest_image::GuestParts,
+    pin: bool,
+    make: MakeSavedVm,
+}
+
 /// The trial from its shape's saved VM (made now if there is none): the
 /// session and `boot.txt`'s line; which saved VM it used goes into
 /// `result`. `Err`: why it boots cold instead.
 fn restore(
     env: &TrialEnv,
-    (parts, pin, make): (&guest_image::GuestParts, bool, MakeSavedVm),
+    from: SavedVmFrom<'_>,
     scenario: &Scenario,
     artefacts: &Path,
     trial_started: Instant,
     result: &mut TrialResult,
 ) -> Result<((GuestSession, f64), String), NoSavedVm> {
     use NoSavedVm::Failed;
+    let SavedVmFrom { parts, pin, make } = from;
     let inputs = format!(
         "agent {} | modules {:?} | payload {:?}",
         env.agent.display(),
@@ -477,7 +492,11 @@ fn restore(
             .and_then(|i| i.write_to(Vec::new()))
     };
     let saved = env.saved_vms.ensure(
-        (&result.kernel.clone(), pin, make),
+        SavedVmKernel {
+            label: &result.kernel.clone(),
+            pin,
+            make,
+        },
         &parts.vm,
         &env.qemu_version,
         &inputs,

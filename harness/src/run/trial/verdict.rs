@@ -198,6 +198,7 @@ impl From<Verdict> for VerdictRepr {
 }
 
 impl TryFrom<VerdictRepr> for Verdict {
+    // A string: serde's `try_from` wraps it in its own error, shown as-is.
     type Error = String;
 
     fn try_from(r: VerdictRepr) -> Result<Verdict, String> {
