@@ -542,4 +542,22 @@ mod tests {
         );
         assert_eq!(runs(&[0, 0], 16), vec![]);
     }
+
+    /// The texts the host sees name the constants, as they did as strings.
+    #[test]
+    fn messages_name_the_constants() {
+        assert_eq!(
+            BooksError::NoCurrent.to_string(),
+            "/proc/kallsyms has no bpf_jit_current (a kernel without CONFIG_KALLSYMS_ALL, \
+             or addresses hidden by kptr_restrict)"
+        );
+        assert_eq!(
+            BooksError::TooManyPacks.to_string(),
+            "pack_list has more than 64 packs"
+        );
+        assert_eq!(
+            BooksError::NotInKcore(0x1000).to_string(),
+            "0x1000 is in no segment of /proc/kcore"
+        );
+    }
 }

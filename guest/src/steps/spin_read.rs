@@ -343,7 +343,7 @@ fn read(
                     head.wrapping_sub(tail)
                 ));
             } else if let Err(why) = check(&area, trailer, tail, head, &snap, &mut out) {
-                out.stopped = Some(why);
+                out.stopped = Some(why.to_string());
             }
         }
         // Remember what lies there now, for the next lap's checks, then
@@ -360,9 +360,30 @@ fn read(
     out
 }
 
+/// Why the stream cannot be walked further (the reading carries its text
+/// to the host).
+#[derive(Debug, thiserror::Error)]
+enum Unwalkable {
+    #[error(
+        "the record header at {pos} (below data_head {head}) was never written \
+         within {LATE_WRITE_WAIT:?}"
+    )]
+    HeaderNeverWritten { pos: u64, head: u64 },
+    #[error(
+        "record at {pos}: header.size {size} does not fit a record with a {tlen}-byte \
+         trailer below data_head {head}"
+    )]
+    SizeDoesNotFit {
+        pos: u64,
+        size: u16,
+        tlen: u64,
+        head: u64,
+    },
+}
+
 /// Checks the records in `[tail, head)`; `snap` is the newest record's
 /// trailer as read right after the head. `Err`: the stream cannot be
-/// walked further (a string: the reading carries it to the host as-is).
+/// walked further.
 fn check(
     area: &Area,
     trailer: &[(Option<TornWord>, Check)],
@@ -370,7 +391,7 @@ fn check(
     head: u64,
     snap: &[u64; MAX_TRAILER],
     out: &mut SpinReading,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), Unwalkable> {
     let tlen = 8 * trailer.len() as u64;
     let mut pos = tail;
     while pos != head {
@@ -381,21 +402,18 @@ fn check(
         // reused one cannot be told from the record before.
         if header == 0 && area.before(pos) == 0 {
             words.push(TornWord::Header);
-            header = wait_header(area, pos).ok_or_else(|| {
-                format!(
-                    "the record header at {pos} (below data_head {head}) was never written \
-                     within {LATE_WRITE_WAIT:?}"
-                )
-            })?;
+            header = wait_header(area, pos).ok_or(Unwalkable::HeaderNeverWritten { pos, head })?;
         }
         let record_type = header as u32;
         let size = (header >> 48) as u16;
         let len = u64::from(size);
         if len < 8 + tlen || len % 8 != 0 || len > head.wrapping_sub(pos) {
-            return Err(format!(
-                "record at {pos}: header.size {size} does not fit a record with a {tlen}-byte \
-                 trailer below data_head {head}"
-            ));
+            return Err(Unwalkable::SizeDoesNotFit {
+                pos,
+                size,
+                tlen,
+                head,
+            });
         }
         let end = pos.wrapping_add(len);
         let body_end = end.wrapping_sub(tlen);

@@ -123,32 +123,44 @@ pub(super) fn check_clang() -> Check {
     }
 }
 
-/// `Err`: the first line clang wrote (a string: doctor shows it as-is).
-pub(super) fn compiles_for_bpf(clang: &Path) -> Result<(), String> {
+/// Why clang did not compile for `-target bpf`.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum NoBpfBackEnd {
+    #[error("no temporary directory: {0}")]
+    NoTempDir(std::io::Error),
+    #[error("{0}")]
+    Run(#[from] std::io::Error),
+    /// The first line clang wrote.
+    #[error("{0}")]
+    Refused(String),
+}
+
+pub(super) fn compiles_for_bpf(clang: &Path) -> Result<(), NoBpfBackEnd> {
     use std::io::Write;
-    let dir = tempfile::tempdir().map_err(|e| format!("no temporary directory: {e}"))?;
+    let dir = tempfile::tempdir().map_err(NoBpfBackEnd::NoTempDir)?;
     let mut child = Command::new(clang)
         .args(["-target", "bpf", "-O2", "-c", "-x", "c", "-", "-o"])
         .arg(dir.path().join("probe.o"))
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| e.to_string())?;
+        .spawn()?;
     if let Some(mut stdin) = child.stdin.take() {
         let _ = stdin.write_all(b"int kloop_doctor(void *ctx) { return 0; }\n");
     }
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let out = child.wait_with_output()?;
     if out.status.success() {
         Ok(())
     } else {
         let stderr = String::from_utf8_lossy(&out.stderr);
-        Err(stderr
-            .lines()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("no message")
-            .trim()
-            .to_string())
+        Err(NoBpfBackEnd::Refused(
+            stderr
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("no message")
+                .trim()
+                .to_string(),
+        ))
     }
 }
 
