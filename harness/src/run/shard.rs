@@ -23,11 +23,15 @@ pub struct Shard {
 /// The form `--shard` accepts, for error messages.
 pub const SHARD_FORM: &str = "K/N with 1 <= K <= N (e.g. --shard 2/4)";
 
+/// `--shard`'s value is not `K/N`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a shard: use {SHARD_FORM}")]
+pub struct NotAShard(pub String);
+
 impl std::str::FromStr for Shard {
-    // A string: clap shows a value parser's error as-is, never matched.
-    type Err = String;
-    fn from_str(s: &str) -> Result<Shard, String> {
-        let bad = || format!("`{s}` is not a shard: use {SHARD_FORM}");
+    type Err = NotAShard;
+    fn from_str(s: &str) -> Result<Shard, NotAShard> {
+        let bad = || NotAShard(s.to_string());
         let (k, n) = s.split_once('/').ok_or_else(bad)?;
         let (index, count): (usize, usize) = (
             k.trim().parse().map_err(|_| bad())?,
@@ -130,7 +134,7 @@ mod tests {
             Shard { index: 2, count: 4 }
         );
         for bad in ["0/4", "5/4", "x/y", "1/0", "3", ""] {
-            let e = bad.parse::<Shard>().unwrap_err();
+            let e = bad.parse::<Shard>().unwrap_err().to_string();
             assert!(e.contains("K/N with 1 <= K <= N"), "{bad}: {e}");
         }
     }

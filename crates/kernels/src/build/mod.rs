@@ -123,16 +123,18 @@ impl ConfigBase {
     }
 }
 
+/// `--base`'s value names no config base.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown config base `{0}`: use tinyconfig or defconfig")]
+pub struct UnknownConfigBase(pub String);
+
 impl std::str::FromStr for ConfigBase {
-    // A string: clap shows a value parser's error as-is, never matched.
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownConfigBase;
+    fn from_str(s: &str) -> Result<Self, UnknownConfigBase> {
         match s {
             "tinyconfig" => Ok(ConfigBase::Tinyconfig),
             "defconfig" => Ok(ConfigBase::Defconfig),
-            o => Err(format!(
-                "unknown config base `{o}`: use tinyconfig or defconfig"
-            )),
+            o => Err(UnknownConfigBase(o.to_string())),
         }
     }
 }
@@ -173,18 +175,23 @@ impl Check {
     }
 }
 
+/// `--checks` names no check; `known` lists them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown check `{name}`: use {known}")]
+pub struct UnknownCheck {
+    pub name: String,
+    pub known: String,
+}
+
 impl std::str::FromStr for Check {
-    // A string: clap shows a value parser's error as-is, never matched.
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownCheck;
+    fn from_str(s: &str) -> Result<Self, UnknownCheck> {
         Check::ALL
             .into_iter()
             .find(|c| c.name() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown check `{s}`: use {}",
-                    Check::ALL.map(Check::name).join(", ")
-                )
+            .ok_or_else(|| UnknownCheck {
+                name: s.to_string(),
+                known: Check::ALL.map(Check::name).join(", "),
             })
     }
 }

@@ -327,18 +327,20 @@ impl BootMode {
     pub const NAMES: [&'static str; 3] = ["saved", "cold", "bzimage"];
 }
 
+/// `--boot`'s value names no boot mode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown boot mode `{0}`: use saved, cold or bzimage")]
+pub struct UnknownBootMode(pub String);
+
 impl std::str::FromStr for BootMode {
-    // A string: clap shows a value parser's error as-is, never matched.
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownBootMode;
+    fn from_str(s: &str) -> Result<Self, UnknownBootMode> {
         match s {
             "saved" => Ok(BootMode::Saved),
             // `pvh` was the name of the cold PVH boot before saved VMs.
             "cold" | "pvh" => Ok(BootMode::Cold),
             "bzimage" => Ok(BootMode::BzImage),
-            other => Err(format!(
-                "unknown boot mode `{other}`: use saved, cold or bzimage"
-            )),
+            other => Err(UnknownBootMode(other.to_string())),
         }
     }
 }

@@ -197,11 +197,15 @@ impl From<Verdict> for VerdictRepr {
     }
 }
 
-impl TryFrom<VerdictRepr> for Verdict {
-    // A string: serde's `try_from` wraps it in its own error, shown as-is.
-    type Error = String;
+/// A stored verdict's class is none kloop writes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown verdict class `{0}`")]
+pub struct UnknownVerdictClass(pub String);
 
-    fn try_from(r: VerdictRepr) -> Result<Verdict, String> {
+impl TryFrom<VerdictRepr> for Verdict {
+    type Error = UnknownVerdictClass;
+
+    fn try_from(r: VerdictRepr) -> Result<Verdict, UnknownVerdictClass> {
         let m = r.message.unwrap_or_default();
         Ok(match r.class.as_str() {
             "ok" => Verdict::Ok,
@@ -217,7 +221,7 @@ impl TryFrom<VerdictRepr> for Verdict {
             "panic" => Verdict::Panic(m),
             "interrupted" => Verdict::Interrupted(m),
             "flaky" => Verdict::Flaky(m),
-            other => return Err(format!("unknown verdict class `{other}`")),
+            other => return Err(UnknownVerdictClass(other.to_string())),
         })
     }
 }
