@@ -133,27 +133,28 @@ impl Scenario {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        Self::parse(&name, dir, &text).map_err(|message| ScenarioError::Invalid { path, message })
+        Self::parse(&name, dir, &text).map_err(|e| ScenarioError::Invalid {
+            path,
+            message: e.to_string(),
+        })
     }
 
     /// A scenario from its TOML text, as if it were `dir/scenario.toml`
     /// (`repro --standalone --prove` builds one around a reproducer).
-    /// `Err`: what is wrong with the file (a string: said as-is beside its
-    /// name).
-    pub fn parse(name: &str, dir: &Path, text: &str) -> Result<Scenario, String> {
-        let file: ScenarioFile = toml::from_str(text).map_err(|e| e.to_string())?;
+    pub fn parse(name: &str, dir: &Path, text: &str) -> Result<Scenario, ScenarioInvalid> {
+        let file: ScenarioFile = toml::from_str(text)?;
         let steps = file
             .steps
             .into_iter()
             .enumerate()
-            .map(|(i, v)| step_from_toml(v).map_err(|e| format!("step {}: {e}", i + 1)))
-            .collect::<Result<Vec<Step>, String>>()?;
+            .map(|(i, v)| step_from_toml(v).map_err(|e| ScenarioInvalid::Step(i + 1, e)))
+            .collect::<Result<Vec<Step>, ScenarioInvalid>>()?;
         if steps.is_empty() {
-            return Err("a scenario needs at least one step".into());
+            return Err(ScenarioInvalid::NoSteps);
         }
         for (i, e) in file.expect.iter().enumerate() {
             e.validate(&steps)
-                .map_err(|m| format!("expect {}: {m}", i + 1))?;
+                .map_err(|m| ScenarioInvalid::Expect(i + 1, m))?;
         }
         let programs: Vec<GuestProgram> = file
             .programs
@@ -166,9 +167,7 @@ impl Scenario {
         for step in &steps {
             if let Step::RunProgram { path, .. } = step {
                 if !programs.iter().any(|p| &p.guest == path) {
-                    return Err(format!(
-                        "run-program runs {path}, which no [[programs]] table ships"
-                    ));
+                    return Err(ScenarioInvalid::NotShipped(path.clone()));
                 }
             }
         }
@@ -195,32 +194,58 @@ impl Scenario {
     }
 }
 
-/// `Err`: what is wrong with the step, part of [`Scenario::parse`]'s text.
-fn step_from_toml(mut v: toml::Value) -> Result<Step, String> {
+/// What is wrong with a scenario's text (`ScenarioError::Invalid`'s
+/// message).
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioInvalid {
+    #[error("{0}")]
+    Toml(#[from] toml::de::Error),
+    #[error("step {0}: {1}")]
+    Step(usize, StepInvalid),
+    #[error("a scenario needs at least one step")]
+    NoSteps,
+    #[error("expect {0}: {1}")]
+    Expect(usize, crate::judge::expectation::Unmeetable),
+    #[error("run-program runs {0}, which no [[programs]] table ships")]
+    NotShipped(String),
+}
+
+/// What is wrong with one step of a scenario.
+#[derive(Debug, thiserror::Error)]
+pub enum StepInvalid {
+    #[error("listener.sample must be a list of field names")]
+    SampleNotList,
+    #[error("listener.sample entries are strings")]
+    SampleNotString,
+    #[error("unknown sample field `{name}`; known: {known}")]
+    UnknownSample { name: String, known: String },
+    #[error("{0}")]
+    Toml(#[from] toml::de::Error),
+}
+
+fn step_from_toml(mut v: toml::Value) -> Result<Step, StepInvalid> {
     if let Some(listener) = v.get_mut("listener").and_then(|l| l.as_table_mut()) {
         if let Some(sample) = listener.remove("sample") {
-            let names = sample
-                .as_array()
-                .ok_or("listener.sample must be a list of field names")?;
+            let names = sample.as_array().ok_or(StepInvalid::SampleNotList)?;
             let mut bits = 0u64;
             for n in names {
-                let n = n.as_str().ok_or("listener.sample entries are strings")?;
+                let n = n.as_str().ok_or(StepInvalid::SampleNotString)?;
                 let (_, b) = SAMPLE_FIELDS.iter().find(|(f, _)| *f == n).ok_or_else(|| {
-                    format!(
-                        "unknown sample field `{n}`; known: {}",
-                        SAMPLE_FIELDS
+                    StepInvalid::UnknownSample {
+                        name: n.to_string(),
+                        known: SAMPLE_FIELDS
                             .iter()
                             .map(|(f, _)| *f)
                             .collect::<Vec<_>>()
-                            .join(", ")
-                    )
+                            .join(", "),
+                    }
                 })?;
                 bits |= b;
             }
             listener.insert("sample_type".into(), toml::Value::Integer(bits as i64));
         }
     }
-    v.try_into::<Step>().map_err(|e| e.to_string())
+    Ok(v.try_into::<Step>()?)
 }
 
 /// The scenario's own requirements and those its steps imply; the agent's
@@ -341,6 +366,7 @@ label = "main"
             let err = Scenario::parse("x", Path::new("/s/x"), &text)
                 .err()
                 .unwrap_or_else(|| panic!("{what}: accepted:\n{text}"));
+            let err = err.to_string();
             assert!(err.contains(says), "{what}: {err:?} lacks {says:?}");
         }
     }
@@ -376,10 +402,14 @@ label = "main"
     #[test]
     fn unknown_field_and_op_are_errors() {
         let bad_field = "description = \"t\"\n[[steps]]\nop = \"open-listeners\"\nlistener = { sample = [\"tim\"], ksymbol = true, bpf_event = true, ring_pages = 8 }\n";
-        let e = Scenario::parse("t", Path::new("/x"), bad_field).unwrap_err();
+        let e = Scenario::parse("t", Path::new("/x"), bad_field)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown sample field `tim`"), "{e}");
         let bad_op = "description = \"t\"\n[[steps]]\nop = \"launch-missiles\"\n";
-        let e = Scenario::parse("t", Path::new("/x"), bad_op).unwrap_err();
+        let e = Scenario::parse("t", Path::new("/x"), bad_op)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("step 1"), "{e}");
     }
 

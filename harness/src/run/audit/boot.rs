@@ -95,7 +95,9 @@ pub fn scenario(programs: &[Program], dir: &Path) -> Result<Scenario, AuditError
     text.push_str(&format!(
         "[[steps]]\nop = \"run-program\"\npath = \"{first}\"\ntimeout_ms = 120000\n"
     ));
-    Scenario::parse("audit", dir, &text).map_err(|message| AuditError::Scenario { message })
+    Scenario::parse("audit", dir, &text).map_err(|e| AuditError::Scenario {
+        message: e.to_string(),
+    })
 }
 
 /// Each program's console answer, by name: the lines from its

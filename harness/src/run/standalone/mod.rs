@@ -157,9 +157,12 @@ impl Reproducer {
         Ok(out)
     }
 
-    /// The scenario that runs the single file `file` in the guest (`Err`:
-    /// [`Scenario::parse`]'s text).
-    pub fn scenario(&self, file: &Path, dir: &Path) -> Result<Scenario, String> {
+    /// The scenario that runs the single file `file` in the guest.
+    pub fn scenario(
+        &self,
+        file: &Path,
+        dir: &Path,
+    ) -> Result<Scenario, crate::scenario::ScenarioInvalid> {
         let text = format!(
             "description = \"stand-alone reproducer {name}\"\nsnapshot = false\n\
              [[programs]]\nsource = {source:?}\nguest = \"{GUEST_PATH}\"\n\
@@ -442,7 +445,9 @@ pub fn prove(
 ) -> Result<ProofRun, StandaloneError> {
     let scenario = r
         .scenario(file, &env.run_dir)
-        .map_err(|message| StandaloneError::Scenario { message })?;
+        .map_err(|e| StandaloneError::Scenario {
+            message: e.to_string(),
+        })?;
     let trials: Vec<crate::run::suite::PlannedTrial> = kernels
         .iter()
         .map(|k| crate::run::suite::PlannedTrial {

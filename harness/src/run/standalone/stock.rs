@@ -266,7 +266,9 @@ pub fn run(
 ) -> Result<StockRun, StandaloneError> {
     let scenario = r
         .scenario(file, &env.run_dir)
-        .map_err(|message| StandaloneError::Scenario { message })?;
+        .map_err(|e| StandaloneError::Scenario {
+            message: e.to_string(),
+        })?;
     let has_status = |text: &str| parse_console(text).status.is_some();
     match boot_plain(env, kernel, &scenario, &init_script(), dir, &has_status)? {
         PlainBoot::NotPrepared(headline) => Ok(StockRun {
