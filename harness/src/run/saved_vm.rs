@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use kloop_kernels::lock::HolderLock;
+use kloop_path_io::{PathIo, PathIoExt};
 use kloop_protocol::{Plan, ToGuest};
 use kloop_qemu::{GuestStart, Vm, VmConfig};
 use serde::{Deserialize, Serialize};
@@ -213,8 +214,42 @@ impl SavedVm {
     }
 }
 
-// A string: why there is no saved VM, said as-is in a note (`NoSavedVm::Failed`).
-type Slot = Arc<Mutex<Option<Result<SavedVm, String>>>>;
+type Slot = Arc<Mutex<Option<Result<SavedVm, SaveFailed>>>>;
+
+/// Why a shape has no saved VM (or one cannot be restored): the trial
+/// boots cold, and the text is said in its note. Clone: a shape's verdict
+/// is kept for the run, so the errors it holds are shared.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SaveFailed {
+    #[error("{0}")]
+    Io(Arc<PathIo>),
+    #[error("building the initramfs: {0}")]
+    Initramfs(Arc<io::Error>),
+    #[error("{0}")]
+    Meta(Arc<serde_json::Error>),
+    /// The boot to save: what QEMU or the agent said, and where the boot's
+    /// console is.
+    #[error("saving a VM failed ({why}); its boot's console: {}", console.display())]
+    Save { why: String, console: PathBuf },
+    #[error("restoring it failed earlier in this run: {0}")]
+    RestoreFailedEarlier(String),
+    #[error("the saved VM's kernel file {} changed or went away", .0.display())]
+    KernelChanged(PathBuf),
+    #[error("interrupted")]
+    Interrupted,
+    #[error("{who} held {} for {secs} s while saving the same VM", path.display())]
+    LockHeld {
+        who: String,
+        path: PathBuf,
+        secs: u64,
+    },
+}
+
+impl From<PathIo> for SaveFailed {
+    fn from(e: PathIo) -> SaveFailed {
+        SaveFailed::Io(Arc::new(e))
+    }
+}
 
 /// The saved VMs of one run: the directory, and per key what this run
 /// found (so one failure is not retried by every trial of the shape).
@@ -270,7 +305,9 @@ impl SavedVms {
         interrupted: &dyn Fn() -> bool,
     ) -> Result<SavedVm, NoSavedVm> {
         let SavedVmKernel { pin, make, .. } = kernel;
-        let failed = |why: String| NoSavedVm::Failed(format!("no saved VM: {why}"));
+        fn failed(why: impl std::fmt::Display) -> NoSavedVm {
+            NoSavedVm::Failed(format!("no saved VM: {why}"))
+        }
         let mut bytes = None;
         let initramfs_sha = {
             let known = lock(&self.initramfs_digests).get(initramfs_inputs).cloned();
@@ -309,7 +346,7 @@ impl SavedVms {
             (None, MakeSavedVm::Always) => {
                 let bytes = match bytes {
                     Some(b) => Ok(b),
-                    None => initramfs().map_err(|e| format!("building the initramfs: {e}")),
+                    None => initramfs().map_err(|e| SaveFailed::Initramfs(Arc::new(e))),
                 };
                 bytes.and_then(|b| self.create(&key, kernel, shape, qemu_version, &b, interrupted))
             }
@@ -323,21 +360,17 @@ impl SavedVms {
     }
 
     /// A restore of `saved` running `plan`, its artefacts in `artefacts`
-    /// (whose `console.log` starts with the saved boot's). `Err`: why the
-    /// trial boots cold instead, said as-is in its note.
+    /// (whose `console.log` starts with the saved boot's).
     pub fn restore_config(
         &self,
         saved: &SavedVm,
         shape: &VmConfig,
         plan: &Plan,
         artefacts: &Path,
-    ) -> Result<VmConfig, String> {
+    ) -> Result<VmConfig, SaveFailed> {
         let kernel_now = std::fs::metadata(&saved.meta.kernel).map(|m| m.len()).ok();
         if kernel_now != Some(saved.meta.kernel_bytes) {
-            return Err(format!(
-                "the saved VM's kernel file {} changed or went away",
-                saved.meta.kernel.display()
-            ));
+            return Err(SaveFailed::KernelChanged(saved.meta.kernel.clone()));
         }
         let mut console = std::fs::read(saved.boot_console()).unwrap_or_default();
         console.extend_from_slice(
@@ -350,7 +383,7 @@ impl SavedVms {
             .as_bytes(),
         );
         std::fs::write(artefacts.join("console.log"), console)
-            .map_err(|e| format!("writing {}/console.log: {e}", artefacts.display()))?;
+            .doing(format!("writing {}/console.log", artefacts.display()))?;
         touch(&saved.dir);
         Ok(VmConfig {
             kernel: saved.meta.kernel.clone(),
@@ -369,14 +402,11 @@ impl SavedVms {
     /// cold, and the next run makes it again.
     pub fn forget(&self, saved: &SavedVm, why: &str) {
         if let Some(slot) = lock(&self.slots).get(saved.key()) {
-            *lock(slot) = Some(Err(format!(
-                "restoring it failed earlier in this run: {why}"
-            )));
+            *lock(slot) = Some(Err(SaveFailed::RestoreFailedEarlier(why.to_string())));
         }
         let _ = std::fs::remove_dir_all(&saved.dir);
     }
 
-    /// `Err`: why the trial boots cold, said as-is (see [`Slot`]).
     #[expect(clippy::too_many_lines)]
     fn create(
         &self,
@@ -386,15 +416,14 @@ impl SavedVms {
         qemu_version: &str,
         initramfs: &[u8],
         interrupted: &dyn Fn() -> bool,
-    ) -> Result<SavedVm, String> {
+    ) -> Result<SavedVm, SaveFailed> {
         let SavedVmKernel {
             label: kernel_label,
             pin,
             ..
         } = kernel;
         let dir = self.root.join(key);
-        std::fs::create_dir_all(&self.root)
-            .map_err(|e| format!("creating {}: {e}", self.root.display()))?;
+        std::fs::create_dir_all(&self.root).doing(format!("creating {}", self.root.display()))?;
         let _lock = wait_for_lock(&self.root.join(format!("{key}.lock")), interrupted)?;
         let started = Instant::now();
         // Another process may have made it while this one waited.
@@ -403,11 +432,10 @@ impl SavedVms {
         }
         let _ = std::fs::remove_dir_all(&dir);
         let boot_dir = dir.join("boot");
-        std::fs::create_dir_all(&boot_dir)
-            .map_err(|e| format!("creating {}: {e}", boot_dir.display()))?;
+        std::fs::create_dir_all(&boot_dir).doing(format!("creating {}", boot_dir.display()))?;
         let initramfs_path = dir.join("initramfs.cpio");
         std::fs::write(&initramfs_path, initramfs)
-            .map_err(|e| format!("writing {}: {e}", initramfs_path.display()))?;
+            .doing(format!("writing {}", initramfs_path.display()))?;
         let partial = dir.join("vmstate.partial");
         let ram_partial = dir.join("ram.partial");
         let config = VmConfig {
@@ -456,16 +484,16 @@ impl SavedVms {
                 // Keep the boot's artefacts for the user, not the state.
                 let _ = std::fs::remove_file(&partial);
                 let _ = std::fs::remove_file(&ram_partial);
-                return Err(format!(
-                    "saving a VM failed ({why}); its boot's console: {}",
-                    dir.join("boot").join("console.log").display()
-                ));
+                return Err(SaveFailed::Save {
+                    why,
+                    console: dir.join("boot").join("console.log"),
+                });
             }
         };
         let vmstate = dir.join("vmstate");
         let ram = dir.join("ram");
         for (from, to) in [(&partial, &vmstate), (&ram_partial, &ram)] {
-            std::fs::rename(from, to).map_err(|e| format!("renaming {}: {e}", from.display()))?;
+            std::fs::rename(from, to).doing(format!("renaming {}", from.display()))?;
         }
         let meta = SavedVmMeta {
             key: key.to_string(),
@@ -485,11 +513,11 @@ impl SavedVms {
             ram_bytes: std::fs::metadata(&ram).map(|m| m.len()).unwrap_or(0),
             pin,
         };
-        let json = serde_json::to_vec_pretty(&meta).map_err(|e| e.to_string())?;
+        let json = serde_json::to_vec_pretty(&meta).map_err(|e| SaveFailed::Meta(Arc::new(e)))?;
         let tmp = dir.join("meta.json.partial");
         std::fs::write(&tmp, json)
             .and_then(|()| std::fs::rename(&tmp, dir.join("meta.json")))
-            .map_err(|e| format!("writing {}/meta.json: {e}", dir.display()))?;
+            .doing(format!("writing {}/meta.json", dir.display()))?;
         lock(&self.made).push(MadeSavedVm {
             key: key.to_string(),
             kernel: kernel_label.to_string(),
@@ -710,9 +738,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Takes the `flock` on a saved VM's lock file, so two kloop processes
 /// never save the same VM at once (released when the lock is dropped),
 /// waiting for another process that holds it and saying whom it waits for
-/// (the file names its holder, [`kloop_kernels::lock`]). `Err`: as
-/// [`SavedVms::create`]'s.
-fn wait_for_lock(path: &Path, interrupted: &dyn Fn() -> bool) -> Result<HolderLock, String> {
+/// (the file names its holder, [`kloop_kernels::lock`]).
+fn wait_for_lock(path: &Path, interrupted: &dyn Fn() -> bool) -> Result<HolderLock, SaveFailed> {
     let deadline = Instant::now() + OTHER_PROCESS_WAIT;
     let task = format!("lock {}", path.display());
     let mut said = false;
@@ -728,7 +755,7 @@ fn wait_for_lock(path: &Path, interrupted: &dyn Fn() -> bool) -> Result<HolderLo
                 return Ok(l);
             }
             Ok(None) => {}
-            Err(e) => return Err(format!("locking {}: {e}", path.display())),
+            Err(e) => return Err(PathIo::doing(format!("locking {}", path.display()), e).into()),
         }
         let who =
             kloop_kernels::lock::holder(path).unwrap_or_else(|| "another kloop process".into());
@@ -743,14 +770,14 @@ fn wait_for_lock(path: &Path, interrupted: &dyn Fn() -> bool) -> Result<HolderLo
             );
         }
         if interrupted() {
-            return Err("interrupted".into());
+            return Err(SaveFailed::Interrupted);
         }
         if Instant::now() >= deadline {
-            return Err(format!(
-                "{who} held {} for {} s while saving the same VM",
-                path.display(),
-                OTHER_PROCESS_WAIT.as_secs()
-            ));
+            return Err(SaveFailed::LockHeld {
+                who,
+                path: path.to_path_buf(),
+                secs: OTHER_PROCESS_WAIT.as_secs(),
+            });
         }
         std::thread::sleep(Duration::from_millis(50));
     }
