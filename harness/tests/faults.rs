@@ -254,7 +254,6 @@ impl Outcome {
 /// Runs `scenario` as one trial while watching it, then checks the cleanup
 /// every trial owes: its QEMU (seen running) is gone and reaped, its socket
 /// directory removed, its artefacts written.
-#[expect(clippy::too_many_lines)]
 fn run_watched(
     env: &TrialEnv,
     kernel: &KernelUnderTest,
@@ -281,6 +280,18 @@ fn run_watched(
         result.artefacts.display(),
         artefacts.display()
     );
+    qemu_and_sockets_are_gone(&result, &seen)?;
+    artefacts_are_written(&artefacts, &result)?;
+    Ok(Outcome {
+        result,
+        seen,
+        verdict_at,
+    })
+}
+
+/// The QEMU processes a trial owes (seen running, now gone and reaped) and
+/// the socket directories it made (removed).
+fn qemu_and_sockets_are_gone(result: &TrialResult, seen: &Seen) -> Result<(), Failed> {
     // One QEMU per trial, plus the boot that saved its shape's VM when
     // this trial made it, plus a failed restore's before a cold boot.
     let started_from = result.started_from.clone().unwrap_or_default();
@@ -313,9 +324,15 @@ fn run_watched(
             d.display()
         );
     }
+    Ok(())
+}
+
+/// Every artefact a trial writes is there, and its `result.json` agrees with
+/// the verdict.
+fn artefacts_are_written(artefacts: &Path, result: &TrialResult) -> Result<(), Failed> {
     // A restored trial's initramfs is its saved VM's; a cold one's is the
     // run's shared base plus the trial's own plan.cpio.
-    let restored = saved_vm.as_ref().is_some_and(|s| s.restored);
+    let restored = result.saved_vm.as_ref().is_some_and(|s| s.restored);
     for f in [
         "console.log",
         "qemu.stderr",
@@ -343,11 +360,7 @@ fn run_watched(
         json["verdict"],
         result.verdict
     );
-    Ok(Outcome {
-        result,
-        seen,
-        verdict_at,
-    })
+    Ok(())
 }
 
 fn verdict_class(v: &Verdict) -> &'static str {

@@ -10,7 +10,6 @@ pub(super) fn mirror_fix() -> String {
     )
 }
 
-#[expect(clippy::too_many_lines)]
 pub(super) fn check_mirror(
     opts: &DoctorOptions,
     cache: Option<&KernelCache>,
@@ -92,7 +91,26 @@ pub(super) fn check_mirror(
                 .unwrap_or_default()
         ),
     )];
-    let suites = probe_suites(cache, &mirror.url, DEBIAN_SUITES, opts.mirror_deadline);
+    checks.push(suites_check(
+        cache,
+        &mirror.url,
+        opts.mirror_deadline,
+        catalog,
+        uncached,
+    ));
+    checks
+}
+
+/// Which Debian suites the mirror serves, and whether a pin's suite is gone
+/// (a failure only for a pin not cached yet).
+fn suites_check(
+    cache: &KernelCache,
+    mirror_url: &str,
+    deadline: Duration,
+    catalog: Option<&Catalog>,
+    uncached: &[String],
+) -> Check {
+    let suites = probe_suites(cache, mirror_url, DEBIAN_SUITES, deadline);
     let served: Vec<&str> = suites
         .iter()
         .filter(|(_, r)| r.is_ok())
@@ -127,7 +145,7 @@ pub(super) fn check_mirror(
                 .collect()
         })
         .unwrap_or_default();
-    checks.push(if stranded.is_empty() {
+    if stranded.is_empty() {
         Check::ok("suites", detail)
     } else {
         let stranded_uncached = stranded
@@ -146,6 +164,5 @@ pub(super) fn check_mirror(
         } else {
             Check::warn("suites", detail + " (cached here)", fix)
         }
-    });
-    checks
+    }
 }
