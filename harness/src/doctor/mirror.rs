@@ -56,14 +56,7 @@ pub(super) fn check_mirror(
     let first = catalog
         .and_then(|c| c.pins().first())
         .map_or("sid", |p| p.suite.as_str());
-    let reach = probe_suites(cache, &mirror.url, &[first], opts.mirror_deadline)
-        .into_iter()
-        .next()
-        .map_or_else(
-            || Err("no answer".to_string()),
-            |(_, r)| r.map_err(|e| e.to_string()),
-        );
-    let release = match reach {
+    let release = match first_release(cache, &mirror.url, first, opts.mirror_deadline) {
         Ok(release) => release,
         Err(why) => {
             return vec![needed(
@@ -99,6 +92,22 @@ pub(super) fn check_mirror(
         uncached,
     ));
     checks
+}
+
+/// The Release file of `suite` on the mirror, or why it did not come.
+fn first_release(
+    cache: &KernelCache,
+    mirror_url: &str,
+    suite: &str,
+    deadline: Duration,
+) -> Result<kloop_kernels::available::SuiteRelease, String> {
+    probe_suites(cache, mirror_url, &[suite], deadline)
+        .into_iter()
+        .next()
+        .map_or_else(
+            || Err("no answer".to_string()),
+            |(_, r)| r.map_err(|e| e.to_string()),
+        )
 }
 
 /// Which Debian suites the mirror serves, and whether a pin's suite is gone

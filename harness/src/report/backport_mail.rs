@@ -539,19 +539,7 @@ pub fn compose(
         None => Vec::new(),
     };
     let r = standalone::find(&layout.kernels(), &ledger, id)?;
-    let proof =
-        standalone::latest_proof(&layout.root.join("target/kloop/runs"), &r.name).map(|(_, p)| p);
-    if proof.is_none() {
-        warnings.push(format!(
-            "the reproducer was never proven; run `cargo xtask repro --standalone {id} --prove`"
-        ));
-    }
-    let upstream = audit::upstream_commit(&layout.kernels(), &r);
-    if upstream.is_none() {
-        warnings.push(format!(
-            "no upstream commit is known for {id} (no `[ Upstream commit HASH` in its fix folder's patches): the mail asks for it by hand"
-        ));
-    }
+    let (proof, upstream) = proof_and_upstream(layout, id, &r, &mut warnings);
     let check_line = check_line(&check, &validations);
     let mail = BackportMail {
         issues: &issues,
@@ -575,6 +563,31 @@ pub fn compose(
         check: check_line,
         warnings,
     })
+}
+
+/// The reproducer's latest proof and the upstream commit of the fix, as far
+/// as they are known; each one missing is a warning.
+fn proof_and_upstream(
+    layout: &crate::run::suite::Layout,
+    id: &str,
+    r: &crate::run::standalone::Reproducer,
+    warnings: &mut Vec<String>,
+) -> (Option<ReproProof>, Option<UpstreamCommit>) {
+    let proof =
+        crate::run::standalone::latest_proof(&layout.root.join("target/kloop/runs"), &r.name)
+            .map(|(_, p)| p);
+    if proof.is_none() {
+        warnings.push(format!(
+            "the reproducer was never proven; run `cargo xtask repro --standalone {id} --prove`"
+        ));
+    }
+    let upstream = crate::run::audit::upstream_commit(&layout.kernels(), r);
+    if upstream.is_none() {
+        warnings.push(format!(
+            "no upstream commit is known for {id} (no `[ Upstream commit HASH` in its fix folder's patches): the mail asks for it by hand"
+        ));
+    }
+    (proof, upstream)
 }
 
 /// The ledger entries the mail is about: the one asked for first, then the
