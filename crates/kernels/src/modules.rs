@@ -542,11 +542,26 @@ fn bad_module(name: &str, found: &Found, archive: &Path, reason: String) -> Kern
     }
 }
 
+/// The cache key of a module set: the manifest format, the package, the
+/// release and the requested names as the kernel spells them, sorted and
+/// deduplicated so that the same set asked in another order is one entry.
+fn set_key(package_sha: &str, release: &str, names: &[String]) -> String {
+    let mut sorted: Vec<String> = names.iter().map(|n| canonical(n)).collect();
+    sorted.sort();
+    sorted.dedup();
+    hex::encode(Sha256::digest(
+        format!(
+            "kloop modules v{MANIFEST_FORMAT}\n{package_sha}\n{release}\n{}",
+            sorted.join("\n")
+        )
+        .as_bytes(),
+    ))
+}
+
 impl KernelCache {
     /// The modules `names` of `pin` and their dependencies, ready for the
     /// initramfs. A hit reads the cached set and re-hashes every file; a
     /// miss reads the pin's verified module package.
-    #[expect(clippy::too_many_lines)]
     pub fn ensure_modules(
         &self,
         pin: &KernelPin,
@@ -558,17 +573,7 @@ impl KernelCache {
             PackageOf::Unserved { package } => return Err(pin.unserved_error(package, "modules")),
             PackageOf::Image => pin.deb_sha256.as_str(),
         };
-        let mut sorted: Vec<String> = names.iter().map(|n| canonical(n)).collect();
-        sorted.sort();
-        sorted.dedup();
-        let key = hex::encode(Sha256::digest(
-            format!(
-                "kloop modules v{MANIFEST_FORMAT}\n{package_sha}\n{}\n{}",
-                pin.release,
-                sorted.join("\n")
-            )
-            .as_bytes(),
-        ));
+        let key = set_key(package_sha, &pin.release, names);
         let dir = self.root().join("modules");
         let manifest = dir.join("sets").join(format!("{key}.json"));
         if let Some(set) = self.cached_set(&manifest, &dir) {
