@@ -339,23 +339,13 @@ struct TwinResult {
     untwinned_after_parse_error: BTreeMap<u32, usize>,
 }
 
-/// Pairs each record perf recorded with its copy in kloop's first CPU-wide
-/// listener set; see the module docs.
-#[expect(clippy::too_many_lines)]
-fn twins(ev: &RunEvidence, analysis: &Analysis, recorded: &[&PerfRecord]) -> TwinResult {
-    let mut out = TwinResult {
-        violations: Vec::new(),
-        untwinned_after_parse_error: BTreeMap::new(),
-    };
-    let Some(set) = analysis.sets.first() else {
-        if !recorded.is_empty() {
-            out.violations.push(
-                "perf recorded side-band records but kloop had no CPU-wide listener to compare them with"
-                    .into(),
-            );
-        }
-        return out;
-    };
+/// Per CPU, kloop's listener of `set` on it: its index, its records, and
+/// whether its stream stopped at a parse error before its end.
+fn streams_by_cpu<'a>(
+    ev: &RunEvidence,
+    analysis: &'a Analysis,
+    set: &[u32],
+) -> BTreeMap<u32, (u32, &'a [Record], bool)> {
     let mut by_cpu: BTreeMap<u32, (u32, &[Record], bool)> = BTreeMap::new();
     for idx in set {
         let Some(l) = ev.listeners.iter().find(|l| l.index == *idx) else {
@@ -378,6 +368,26 @@ fn twins(ev: &RunEvidence, analysis: &Analysis, recorded: &[&PerfRecord]) -> Twi
             .unwrap_or(0);
         by_cpu.insert(cpu, (*idx, recs, parsed_to < bytes));
     }
+    by_cpu
+}
+
+/// Pairs each record perf recorded with its copy in kloop's first CPU-wide
+/// listener set; see the module docs.
+fn twins(ev: &RunEvidence, analysis: &Analysis, recorded: &[&PerfRecord]) -> TwinResult {
+    let mut out = TwinResult {
+        violations: Vec::new(),
+        untwinned_after_parse_error: BTreeMap::new(),
+    };
+    let Some(set) = analysis.sets.first() else {
+        if !recorded.is_empty() {
+            out.violations.push(
+                "perf recorded side-band records but kloop had no CPU-wide listener to compare them with"
+                    .into(),
+            );
+        }
+        return out;
+    };
+    let by_cpu = streams_by_cpu(ev, analysis, set);
     let mut used: BTreeSet<(u32, usize)> = BTreeSet::new();
     let mut last_index: BTreeMap<u32, usize> = BTreeMap::new();
     for r in recorded {
