@@ -661,10 +661,8 @@ step = { op = "detach", link = "clock" }
 
     // Recorded on a real 6.1 guest (kprobes scenario, first run): the three
     // kprobes list snapshots and the counters the agent sent.
-    #[test]
-    #[expect(clippy::too_many_lines)]
-    fn files_and_counters_from_a_real_run() {
-        let ev = RunEvidence {
+    fn real_kprobes_run() -> RunEvidence {
+        RunEvidence {
             files: vec![
             FileSnapshot {
                 label: "kprobes-before".into(),
@@ -697,7 +695,12 @@ step = { op = "detach", link = "clock" }
             },
             ],
             ..RunEvidence::default()
-        };
+        }
+    }
+
+    #[test]
+    fn files_and_counters_from_a_real_run() {
+        let ev = real_kprobes_run();
         let a = Analysis::default();
         let good = parse(
             r#"

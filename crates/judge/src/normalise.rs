@@ -270,6 +270,23 @@ impl<'a> Names<'a> {
     }
 }
 
+impl Names<'_> {
+    /// A BPF_EVENT's program (`prog#N`) and tag: `tag(prog#N)` when it
+    /// equals the facts, else its hex.
+    fn program_and_tag(&self, id: u32, tag: &[u8; 8]) -> (String, String) {
+        let prog = self
+            .ordinal
+            .get(&id)
+            .map(|k| format!("prog#{k}"))
+            .unwrap_or_else(|| "prog#?".into());
+        let tag_s = match self.facts_by_id.get(&id) {
+            Some(f) if f.tag == *tag => format!("tag({prog})"),
+            _ => format!("tag({})", hex::encode(tag)),
+        };
+        (prog, tag_s)
+    }
+}
+
 /// Program ordinals: in order of PROG_LOAD in the merged stream, then
 /// programs only seen in other BPF_EVENTs (unloading), then facts never
 /// seen. Batch programs get none: they are summarised.
@@ -641,16 +658,19 @@ impl<'n> RecordWriter<'n> {
         }
     }
 
-    /// Record `i`'s line, or nothing for a poke outside every live
-    /// symbol: only the pokes of a live symbol's text (an ftrace
+    /// Whether record `r` has a line: not a poke outside every live
+    /// symbol. Only the pokes of a live symbol's text (an ftrace
     /// trampoline's whole text as it comes and goes) are kept, call sites
     /// and static keys are patched whenever the kernel likes.
-    fn write(&mut self, out: &mut String, i: usize, r: &Record) {
-        if let RecordBody::TextPoke { addr, .. } = &r.body {
-            if !self.addr_label.contains_key(addr) {
-                return;
-            }
+    fn shows(&self, r: &Record) -> bool {
+        match &r.body {
+            RecordBody::TextPoke { addr, .. } => self.addr_label.contains_key(addr),
+            _ => true,
         }
+    }
+
+    /// Record `i`'s line.
+    fn write(&mut self, out: &mut String, i: usize, r: &Record) {
         out.push_str("  ");
         match &r.body {
             RecordBody::Ksymbol {
@@ -682,16 +702,7 @@ impl<'n> RecordWriter<'n> {
                 id,
                 tag,
             } => {
-                let prog = self
-                    .names
-                    .ordinal
-                    .get(id)
-                    .map(|k| format!("prog#{k}"))
-                    .unwrap_or_else(|| "prog#?".into());
-                let tag_s = match self.names.facts_by_id.get(id) {
-                    Some(f) if f.tag == *tag => format!("tag({prog})"),
-                    _ => format!("tag({})", hex::encode(tag)),
-                };
+                let (prog, tag_s) = self.names.program_and_tag(*id, tag);
                 let _ = write!(
                     out,
                     "BPF_EVENT {} {prog} {tag_s}",
@@ -826,7 +837,9 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
         if analysis.accounted.contains(&i) || folded.contains(&i) || foreign_task(r) {
             continue;
         }
-        writer.write(&mut out, i, r);
+        if writer.shows(r) {
+            writer.write(&mut out, i, r);
+        }
     }
     out
 }

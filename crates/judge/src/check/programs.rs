@@ -574,7 +574,6 @@ fn not_my_batches(ev: &RunEvidence, m: &Model<'_>, out: &mut Vec<Violation>) {
 /// function unregistered with its `jited_ksyms` / `jited_func_lens` and
 /// its kallsyms name, and one PROG_UNLOAD with its id and tag after them;
 /// no PROG_LOAD and no register of it (those came before the set).
-#[expect(clippy::too_many_lines)]
 fn unload_only(
     facts: &ProgFacts,
     m: &Model<'_>,
@@ -587,56 +586,11 @@ fn unload_only(
         "program {:?} (id {}, {}), loaded before this set opened",
         facts.label, facts.id, facts.name
     );
-    let mut unload = None;
-    if has_bpf {
-        let lives: Vec<&ProgLife> = m
-            .prog_by_id
-            .get(&facts.id)
-            .into_iter()
-            .flatten()
-            .filter_map(|l| m.progs.get(*l))
-            .collect();
-        for life in lives.iter().filter(|l| l.load.is_some()) {
-            let r = life.load.and_then(|p| merged.get(p));
-            out.push(
-                Violation::new(
-                    rule::UNLOAD_MATCHES_LOAD,
-                    format!(
-                        "{who}: a PROG_LOAD in a set opened after its load: {}",
-                        fmt_idx(merged, life.load)
-                    ),
-                )
-                .quoting(r),
-            );
-        }
-        match lives
-            .iter()
-            .find(|l| l.load.is_none())
-            .and_then(|l| l.unload)
-        {
-            None => out.push(Violation::new(
-                rule::UNLOAD_MATCHES_LOAD,
-                format!("{who}: no PROG_UNLOAD with bpf_prog_info.id {}", facts.id),
-            )),
-            Some(q) => {
-                unload = Some(q);
-                if let Some(r) = merged.get(q) {
-                    if r.bpf_event(BPF_EVENT_PROG_UNLOAD).map(|(_, t)| t) != Some(facts.tag) {
-                        out.push(
-                            Violation::new(
-                                rule::UNLOAD_MATCHES_LOAD,
-                                format!(
-                                    "{who}: PROG_UNLOAD tag differs from bpf_prog_info.tag {}: {r}",
-                                    hex::encode(facts.tag)
-                                ),
-                            )
-                            .quoting([r]),
-                        );
-                    }
-                }
-            }
-        }
-    }
+    let unload = if has_bpf {
+        unload_event(facts, m, &who, out)
+    } else {
+        None
+    };
     if !has_ksym || is_interpreted(facts) {
         return;
     }
@@ -672,31 +626,15 @@ fn unload_only(
             continue;
         };
         let Some(r) = merged.get(u) else { continue };
-        if let RecordBody::Ksymbol {
-            len,
-            ksym_type,
-            name,
-            ..
-        } = &r.body
-        {
-            let mut diffs =
-                len_and_type_diffs(*len, *ksym_type, flen, &format!("jited_func_lens[{fi}]"));
-            if !facts
-                .kallsyms
-                .iter()
-                .any(|e| e.addr == addr && e.name == *name)
-            {
-                diffs.push("name is not its kallsyms name at that address".to_string());
-            }
-            if !diffs.is_empty() {
-                out.push(
-                    Violation::new(
-                        rule::UNLOAD_SYMBOLS,
-                        format!("{who} f{fi}: {}: {r}", diffs.join("; ")),
-                    )
-                    .quoting([r]),
-                );
-            }
+        let diffs = unregister_diffs(facts, fi, addr, flen, r);
+        if !diffs.is_empty() {
+            out.push(
+                Violation::new(
+                    rule::UNLOAD_SYMBOLS,
+                    format!("{who} f{fi}: {}: {r}", diffs.join("; ")),
+                )
+                .quoting([r]),
+            );
         }
         if let Some(q) = unload {
             if before(merged, u, q) == Some(false) {
@@ -713,6 +651,87 @@ fn unload_only(
             }
         }
     }
+}
+
+/// The PROG_UNLOAD of a program loaded before the set opened, held to its
+/// facts (unload-matches-load); no PROG_LOAD of it may be in the set.
+/// Returns its index in the model's records.
+fn unload_event(
+    facts: &ProgFacts,
+    m: &Model<'_>,
+    who: &str,
+    out: &mut Vec<Violation>,
+) -> Option<usize> {
+    let merged = m.recs;
+    let lives: Vec<&ProgLife> = m
+        .prog_by_id
+        .get(&facts.id)
+        .into_iter()
+        .flatten()
+        .filter_map(|l| m.progs.get(*l))
+        .collect();
+    for life in lives.iter().filter(|l| l.load.is_some()) {
+        let r = life.load.and_then(|p| merged.get(p));
+        out.push(
+            Violation::new(
+                rule::UNLOAD_MATCHES_LOAD,
+                format!(
+                    "{who}: a PROG_LOAD in a set opened after its load: {}",
+                    fmt_idx(merged, life.load)
+                ),
+            )
+            .quoting(r),
+        );
+    }
+    let Some(q) = lives
+        .iter()
+        .find(|l| l.load.is_none())
+        .and_then(|l| l.unload)
+    else {
+        out.push(Violation::new(
+            rule::UNLOAD_MATCHES_LOAD,
+            format!("{who}: no PROG_UNLOAD with bpf_prog_info.id {}", facts.id),
+        ));
+        return None;
+    };
+    if let Some(r) = merged.get(q) {
+        if r.bpf_event(BPF_EVENT_PROG_UNLOAD).map(|(_, t)| t) != Some(facts.tag) {
+            out.push(
+                Violation::new(
+                    rule::UNLOAD_MATCHES_LOAD,
+                    format!(
+                        "{who}: PROG_UNLOAD tag differs from bpf_prog_info.tag {}: {r}",
+                        hex::encode(facts.tag)
+                    ),
+                )
+                .quoting([r]),
+            );
+        }
+    }
+    Some(q)
+}
+
+/// What function `fi`'s KSYMBOL unregister `r` has wrong against the
+/// facts: length, type, kallsyms name.
+fn unregister_diffs(facts: &ProgFacts, fi: usize, addr: u64, flen: u32, r: &Record) -> Vec<String> {
+    let RecordBody::Ksymbol {
+        len,
+        ksym_type,
+        name,
+        ..
+    } = &r.body
+    else {
+        return Vec::new();
+    };
+    let mut diffs = len_and_type_diffs(*len, *ksym_type, flen, &format!("jited_func_lens[{fi}]"));
+    if !facts
+        .kallsyms
+        .iter()
+        .any(|e| e.addr == addr && e.name == *name)
+    {
+        diffs.push("name is not its kallsyms name at that address".to_string());
+    }
+    diffs
 }
 
 pub(super) fn prefix_label(out: &mut [Violation], label: &str) {
