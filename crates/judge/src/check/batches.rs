@@ -367,61 +367,101 @@ fn elsewhere(ev: &RunEvidence, m: &Model<'_>, scope: &SetScope, out: &mut Vec<Vi
 /// Returns the indexes of the records it accounted to batch programs (the
 /// normaliser summarises them: two loaders' records interleave differently
 /// from run to run).
-#[expect(clippy::too_many_lines)]
 pub(super) fn check_batches_one_kind(
     ev: &RunEvidence,
     m: &Model<'_>,
     scope: &SetScope,
     out: &mut Vec<Violation>,
 ) -> BTreeSet<usize> {
-    let mut accounted = BTreeSet::new();
     if ev.batches.is_empty() {
-        return accounted;
+        return BTreeSet::new();
     }
     elsewhere(ev, m, scope, out);
-    let recs = m.recs;
     let batches: Vec<&Batch> = ev.batches.iter().filter(|b| in_scope(b, scope)).collect();
-    let cpu_of: BTreeMap<u32, i32> = ev.listeners.iter().map(|l| (l.index, l.cpu)).collect();
-    let mut acc: Vec<Found<'_>> = Vec::new();
-    let mut cpus: Vec<Found<'_>> = Vec::new();
+    let mut books = OneKindBooks {
+        m,
+        cpu_of: ev.listeners.iter().map(|l| (l.index, l.cpu)).collect(),
+        accounted: BTreeSet::new(),
+        acc: Vec::new(),
+        cpus: Vec::new(),
+    };
     if scope.has_bpf {
         for b in &batches {
             for &id in &b.ids {
-                let who = format!("{} program id {id}", b.what());
-                let loads = m.loads_of(id);
-                let Some(life) = loads.first().and_then(|l| m.progs.get(*l)) else {
-                    acc.push(format!("{who}: no PROG_LOAD in the stream").into());
-                    continue;
-                };
-                if loads.len() > 1 {
-                    acc.push(format!("{who}: {} PROG_LOAD records", loads.len()).into());
-                }
-                let Some(load_rec) = life.load.and_then(|p| recs.get(p)) else {
-                    continue;
-                };
-                accounted.extend(life.load);
-                accounted.extend(life.unload);
-                if life.unload.is_none() {
-                    acc.push(quoting(
-                        format!("{who}: no PROG_UNLOAD after {load_rec}"),
-                        [load_rec],
-                    ));
-                }
-                if let Some(cpu) = b.cpu {
-                    let lcpu = cpu_of.get(&load_rec.listener).copied().unwrap_or(-1);
-                    if i64::from(lcpu) != i64::from(cpu)
-                        || load_rec.sample.cpu.is_some_and(|c| c != cpu)
-                    {
-                        cpus.push(quoting(
-                            format!("{who}: loaded on CPU {cpu} but {load_rec} is in the ring of CPU {lcpu}"),
-                            [load_rec],
-                        ));
-                    }
-                }
+                books.events(b, id);
             }
         }
     }
     if scope.has_ksym {
+        books.registers(ev, scope, &batches);
+    }
+    push_capped(
+        out,
+        rule::PROGRAMS_ACCOUNTED,
+        "batch programs not accounted",
+        books.acc,
+    );
+    push_capped(out, rule::LOAD_CPU, "records on the wrong CPU", books.cpus);
+    books.accounted
+}
+
+/// The accounting of one set's batch programs when the set asked for one
+/// record kind only.
+struct OneKindBooks<'m, 'a> {
+    m: &'m Model<'a>,
+    /// Each listener's CPU.
+    cpu_of: BTreeMap<u32, i32>,
+    /// Records accounted to batch programs.
+    accounted: BTreeSet<usize>,
+    /// `programs-accounted` findings.
+    acc: Vec<Found<'a>>,
+    /// `load-cpu` findings.
+    cpus: Vec<Found<'a>>,
+}
+
+impl OneKindBooks<'_, '_> {
+    /// BPF_EVENT alone: batch `b`'s program `id` has one PROG_LOAD (in its
+    /// loader's ring when pinned) and a PROG_UNLOAD.
+    fn events(&mut self, b: &Batch, id: u32) {
+        let (m, recs) = (self.m, self.m.recs);
+        let who = format!("{} program id {id}", b.what());
+        let loads = m.loads_of(id);
+        let Some(life) = loads.first().and_then(|l| m.progs.get(*l)) else {
+            self.acc
+                .push(format!("{who}: no PROG_LOAD in the stream").into());
+            return;
+        };
+        if loads.len() > 1 {
+            self.acc
+                .push(format!("{who}: {} PROG_LOAD records", loads.len()).into());
+        }
+        let Some(load_rec) = life.load.and_then(|p| recs.get(p)) else {
+            return;
+        };
+        self.accounted.extend(life.load);
+        self.accounted.extend(life.unload);
+        if life.unload.is_none() {
+            self.acc.push(quoting(
+                format!("{who}: no PROG_UNLOAD after {load_rec}"),
+                [load_rec],
+            ));
+        }
+        if let Some(cpu) = b.cpu {
+            let lcpu = self.cpu_of.get(&load_rec.listener).copied().unwrap_or(-1);
+            if i64::from(lcpu) != i64::from(cpu) || load_rec.sample.cpu.is_some_and(|c| c != cpu) {
+                self.cpus.push(quoting(
+                    format!(
+                        "{who}: loaded on CPU {cpu} but {load_rec} is in the ring of CPU {lcpu}"
+                    ),
+                    [load_rec],
+                ));
+            }
+        }
+    }
+
+    /// KSYMBOL alone: the BPF program registers, counted.
+    fn registers(&mut self, ev: &RunEvidence, scope: &SetScope, batches: &[&Batch]) {
+        let recs = self.m.recs;
         // Every BPF program register (`bpf_prog_<tag>…`; trampolines and
         // interpreted programs have other names): the batches' and those
         // of the `load` steps' programs this set saw load. Identical
@@ -449,6 +489,37 @@ pub(super) fn check_batches_one_kind(
                 |r| matches!((r.sample.pid, r.sample.tid), (Some(p), Some(t)) if p != t),
             )
         };
+        self.register_count(ev, scope, batches, regs.len());
+        let threads: Vec<usize> = if tids_known {
+            regs.iter().copied().filter(by_thread).collect()
+        } else {
+            Vec::new()
+        };
+        self.registers_per_cpu(batches, &regs, &threads, tids_known);
+        let unreg_of: BTreeMap<usize, Option<usize>> = self
+            .m
+            .syms
+            .iter()
+            .filter_map(|s| s.reg.map(|r| (r, s.unreg)))
+            .collect();
+        for &i in &threads {
+            self.accounted.insert(i);
+            self.accounted.extend(unreg_of.get(&i).copied().flatten());
+            if unreg_of.get(&i).copied().flatten().is_none() {
+                if let Some(r) = recs.get(i) {
+                    self.acc.push(quoting(
+                        format!("{r}: a batch program's register never unregistered"),
+                        [r],
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The `n` BPF program registers number the batches' programs ×
+    /// functions plus the functions of the `load` steps' programs the set
+    /// saw load (at least that many on a CPU subset with such programs).
+    fn register_count(&mut self, ev: &RunEvidence, scope: &SetScope, batches: &[&Batch], n: usize) {
         let caused: usize = batches
             .iter()
             .map(|b| b.ids.len() * b.functions as usize)
@@ -470,31 +541,37 @@ pub(super) fn check_batches_one_kind(
             0
         };
         let want = caused + from_facts;
-        if regs.len() < want || (exact && regs.len() > want) {
-            acc.push(format!(
+        if n < want || (exact && n > want) {
+            self.acc.push(format!(
                 "{} BPF program register(s) in the stream, but the batches ({}) loaded {caused} JITed function(s) and the load steps' programs {from_facts}",
-                regs.len(),
+                n,
                 batches.iter().map(|b| format!("{}: {} x {}", b.what(), b.ids.len(), b.functions)).collect::<Vec<_>>().join(", ")
             ).into());
         }
+    }
+
+    /// Each CPU's ring holds the registers of the loaders pinned there:
+    /// with tids, exactly their threads' registers (`threads`); without,
+    /// at least that many registers.
+    fn registers_per_cpu(
+        &mut self,
+        batches: &[&Batch],
+        regs: &[usize],
+        threads: &[usize],
+        tids_known: bool,
+    ) {
+        let recs = self.m.recs;
         let mut by_cpu: BTreeMap<u32, usize> = BTreeMap::new();
         for b in batches.iter().filter(|b| b.cpu.is_some()) {
             *by_cpu.entry(b.cpu.unwrap_or_default()).or_default() +=
                 b.ids.len() * b.functions as usize;
         }
-        let threads: Vec<usize> = if tids_known {
-            regs.iter().copied().filter(by_thread).collect()
-        } else {
-            Vec::new()
-        };
         for (&cpu, &want) in &by_cpu {
             let in_ring = |i: &&usize| {
                 recs.get(**i)
-                    .and_then(|r| cpu_of.get(&r.listener))
+                    .and_then(|r| self.cpu_of.get(&r.listener))
                     .is_some_and(|c| i64::from(*c) == i64::from(cpu))
             };
-            // With tids, the loader threads' registers in that ring exactly;
-            // without, at least that many registers there.
             let (here, ok) = if tids_known {
                 let n = threads.iter().filter(in_ring).count();
                 (n, n == want)
@@ -503,36 +580,11 @@ pub(super) fn check_batches_one_kind(
                 (n, n >= want)
             };
             if !ok {
-                cpus.push(format!(
+                self.cpus.push(format!(
                     "the loaders pinned to CPU {cpu} loaded {want} JITed function(s), but the ring of CPU {cpu} holds {here} BPF program register(s){}",
                     if tids_known { " of the agent's threads" } else { "" }
                 ).into());
             }
         }
-        let unreg_of: BTreeMap<usize, Option<usize>> = m
-            .syms
-            .iter()
-            .filter_map(|s| s.reg.map(|r| (r, s.unreg)))
-            .collect();
-        for &i in &threads {
-            accounted.insert(i);
-            accounted.extend(unreg_of.get(&i).copied().flatten());
-            if unreg_of.get(&i).copied().flatten().is_none() {
-                if let Some(r) = recs.get(i) {
-                    acc.push(quoting(
-                        format!("{r}: a batch program's register never unregistered"),
-                        [r],
-                    ));
-                }
-            }
-        }
     }
-    push_capped(
-        out,
-        rule::PROGRAMS_ACCOUNTED,
-        "batch programs not accounted",
-        acc,
-    );
-    push_capped(out, rule::LOAD_CPU, "records on the wrong CPU", cpus);
-    accounted
 }
