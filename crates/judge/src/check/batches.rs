@@ -145,13 +145,11 @@ impl<'a> BatchBooks<'_, 'a> {
     /// looked for in the merged stream (else in the PROG_LOAD's ring).
     fn registers_of(&self, b: &Batch, load: usize, load_rec: &Record) -> (Vec<usize>, bool) {
         let recs = self.m.recs;
-        // perf_event_bpf_event()
-        // (kernel/events/core.c) emits them, one per function, right
-        // before the PROG_LOAD, from the loading task; but each record
-        // is a perf_iterate_sb() of its own, preemption is disabled
-        // only while one record is written, and each goes to the
-        // side-band listeners of the CPU the task runs on at that
-        // moment. A task that is not pinned may migrate between two of
+        // perf_event_bpf_event() (kernel/events/core.c) emits them, one
+        // per function, right before the PROG_LOAD, from the loading task;
+        // but each record is a perf_iterate_sb() of its own, preemption is
+        // disabled only while one record is written, and each goes to the
+        // side-band listeners of the CPU the task runs on at that moment. A task that is not pinned may migrate between two of
         // them, so the records of one load can be split across rings.
         // - Pinned loader (`concurrent`, b.cpu): it cannot migrate; its
         //   registers are the f records right before its PROG_LOAD in
