@@ -22,9 +22,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use kloop::run::suite::{self, EnvOptions, Layout, Selection};
+use kloop::run::suite::{self, EnvOptions, Selection};
 use kloop::run::trial::{KernelUnderTest, TrialEnv, TrialResult, Verdict};
 use kloop::scenario::Scenario;
+use kloop::workspace::Layout;
 use kloop_protocol::{Fault, Plan, Step};
 use kloop_qemu::accel::AccelChoice;
 use kloop_qemu::Deadlines;
@@ -60,7 +61,7 @@ static CTX: OnceLock<Result<Ctx, String>> = OnceLock::new();
 
 fn ctx() -> Result<&'static Ctx, Failed> {
     CTX.get_or_init(|| {
-        let layout = Layout::from_root(kloop::run::agent::workspace_root());
+        let layout = Layout::from_root(kloop::workspace::workspace_root());
         let sel = Selection {
             kernels: vec![PIN.into()],
             scenarios: vec!["basic".into()],
@@ -726,7 +727,7 @@ fn garbage_frame() -> TestResult {
 // ---------------------------------------------------------------- tools missing
 
 fn clang_missing() -> TestResult {
-    let root = kloop::run::agent::workspace_root();
+    let root = kloop::workspace::workspace_root();
     let scratch = tempfile::Builder::new()
         .prefix("kloop-faults-guest-")
         .tempdir_in(root.join("target"))
@@ -806,7 +807,7 @@ impl Drop for TmpfsMount {
 /// write fails with ENOSPC: the error must name the cache path and the cause,
 /// and no partial file may be left looking like a cached image.
 fn cache_disk_full() -> TestResult {
-    let layout = Layout::from_root(kloop::run::agent::workspace_root());
+    let layout = Layout::from_root(kloop::workspace::workspace_root());
     let catalog = kloop_kernels::Catalog::load(&layout.kernels()).map_err(|e| e.to_string())?;
     let pin = catalog.get("6.1").map_err(|e| e.to_string())?.clone();
     let home = kloop_kernels::KernelCache::default_location().map_err(|e| e.to_string())?;
@@ -887,7 +888,7 @@ fn cache_disk_full() -> TestResult {
 /// decision costs nothing. On this kind of host (`/dev/kvm` answers, nested
 /// KVM crawls) the decision is TCG; where KVM works it is KVM.
 fn kvm_probe_decides_and_caches() -> TestResult {
-    let layout = Layout::from_root(kloop::run::agent::workspace_root());
+    let layout = Layout::from_root(kloop::workspace::workspace_root());
     let catalog = kloop_kernels::Catalog::load(&layout.kernels()).map_err(|e| e.to_string())?;
     let pin = catalog.get("6.1").map_err(|e| e.to_string())?.clone();
     let home = kloop_kernels::KernelCache::default_location().map_err(|e| e.to_string())?;

@@ -145,8 +145,8 @@ fn no_ground_floor_crate_depends_on_the_floors_above() {
 #[test]
 fn the_committed_ledger_is_valid() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let layout = kloop::run::suite::Layout::from_root(&root);
-    let ledger = kloop::run::suite::load_ledger(&layout).unwrap();
+    let layout = kloop::workspace::Layout::from_root(&root);
+    let ledger = kloop::workspace::load_ledger(&layout).unwrap();
     assert!(ledger.path.is_some(), "kernels/known-issues.toml exists");
     assert!(!ledger.issues.is_empty());
 }

@@ -12,7 +12,8 @@
 use std::time::{Duration, Instant};
 
 use kloop::run::bench::{Throughput, TrialArtefacts};
-use kloop::run::suite::{self, EnvOptions, Layout, Selection};
+use kloop::run::suite::{self, EnvOptions, Selection};
+use kloop::workspace::Layout;
 use kloop::run::trial::{KernelUnderTest, TrialEnv, Verdict};
 use kloop::scenario::Scenario;
 use kloop_qemu::Deadlines;
@@ -76,7 +77,7 @@ fn storm_carries_100k_records() {
 /// local kernel (no snapshot to compare) and the storm scenario built on the
 /// plan's `basic` trial: everything the measured trial needs.
 fn storm_on_cached_pin() -> (TrialEnv, KernelUnderTest, Scenario) {
-    let layout = Layout::from_root(kloop::run::agent::workspace_root());
+    let layout = Layout::from_root(kloop::workspace::workspace_root());
     let sel = Selection {
         kernels: vec![PIN.into()],
         scenarios: vec!["basic".into()],

@@ -488,13 +488,14 @@ pub struct ComposedBackport {
 /// `linux-source-<series>` where kloop pins it, the recipients from the
 /// source tree of the fix's patch.
 pub fn compose(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     id: &str,
     series: &str,
     fetch: &kloop_kernels::FetchOptions,
 ) -> Result<ComposedBackport, BackportError> {
     use crate::run::{audit, fixes, standalone};
-    let ledger = crate::run::suite::load_ledger(layout)?;
+    let ledger =
+        crate::workspace::load_ledger(layout).map_err(crate::run::suite::SuiteError::from)?;
     fixes::check_ids(&ledger, &[id.to_string()])?;
     let recalled = audit::recall::recall(layout, id, fetch)?;
     let a = &recalled.audit;
@@ -568,7 +569,7 @@ pub fn compose(
 /// The reproducer's latest proof and the upstream commit of the fix, as far
 /// as they are known; each one missing is a warning.
 fn proof_and_upstream(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     id: &str,
     r: &crate::run::standalone::Reproducer,
     warnings: &mut Vec<String>,
@@ -624,7 +625,7 @@ fn run_name(p: &std::path::Path) -> String {
 /// else the newest), then the stable list To. Without any, the stable list
 /// alone, and a warning to add the maintainers by hand.
 fn backport_recipients(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     applied: Option<&(String, std::path::PathBuf)>,
     patches: &[(String, std::path::PathBuf)],
     source_name: &str,
@@ -747,7 +748,7 @@ pub fn gap_of(
 /// series' own patch first, then the others, newest first. Returns the
 /// check and the (source, path) of the patch that applies.
 fn check_patches(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     cache: &kloop_kernels::KernelCache,
     source_name: &str,
     patches: &[(String, std::path::PathBuf)],

@@ -59,7 +59,7 @@ pub enum AbError {
 /// summary, the KCIDB document, `ab.json` and, for a shard, the manifest
 /// `merge` checks.
 pub fn run(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     baseline: &KernelUnderTest,
     candidate: &KernelUnderTest,
     opts: &AbOptions,
@@ -124,7 +124,7 @@ pub fn run(
 /// Ignores `opts.shard` and `opts.reuse_baseline` (the caller asks only
 /// when reusing).
 pub fn keep_baseline(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     baseline: &KernelUnderTest,
     opts: &AbOptions,
     on: &(dyn Fn(Event<'_>) + Sync),
@@ -150,7 +150,7 @@ pub fn keep_baseline(
 
 /// The scenarios `names` asks for (empty: all), from the layout's folder.
 fn chosen_scenarios(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     names: &[String],
 ) -> Result<Vec<crate::scenario::Scenario>, AbError> {
     use crate::run::suite::SuiteError;
@@ -160,7 +160,7 @@ fn chosen_scenarios(
 
 /// The reports of a finished A/B in its run directory.
 fn write_reports(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     ab: &AbRun,
     kernels: &[KernelUnderTest],
     manifest: Option<crate::report::merge::ShardManifest>,

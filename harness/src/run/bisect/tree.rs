@@ -12,9 +12,9 @@ use kloop_kernels::build::{BuildError, BuildEvent, BuildRequest, BuiltKernel, So
 use kloop_kernels::{Catalog, KernelCache};
 
 use crate::judge::bisect::{classify, decide, Observation, Predicate, RunClass, StepVerdict};
-use crate::run::suite::Layout;
 use crate::run::trial::{KernelUnderTest, LocalKernel, TrialEnv, TrialResult};
 use crate::scenario::Scenario;
+use crate::workspace::Layout;
 
 /// What a tree bisection tells the person waiting, as it happens.
 pub enum TreeEvent<'a> {

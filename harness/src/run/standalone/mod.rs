@@ -349,7 +349,7 @@ pub struct ProofKernel {
 /// it (must reproduce) and with it (must not), through `build` (which
 /// draws the build and says why it failed); `None` when a build failed.
 pub fn proof_kernels(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     r: &Reproducer,
     specs: &[String],
     fetch: &kloop_kernels::FetchOptions,
