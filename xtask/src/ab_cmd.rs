@@ -9,7 +9,6 @@ use kloop::run::trial::KernelUnderTest;
 use kloop::session::ab::{AbOptions, Event};
 use kloop::session::validate::{self, ValidateOptions, Validated};
 use kloop::workspace::Layout;
-use kloop_kernels::Catalog;
 
 use crate::*;
 
@@ -24,13 +23,7 @@ pub(crate) fn ab_test(
     if a.repeat > 1 {
         bail!("--baseline compares one run of each side; check stability with --repeat on each kernel first");
     }
-    let candidates = suite::resolve_kernels(layout, sel)?;
-    let candidate = match (candidates.as_slice(), sel.kernels.is_empty() && sel.kernel_image.is_none()) {
-        ([one], false) => one.clone(),
-        _ => bail!("--baseline compares one candidate: name it with one --kernel (a pin, built:ID or a bzImage) or --kernel-image"),
-    };
-    let catalog = Catalog::load(&layout.kernels())?;
-    let baseline = suite::resolve_kernel(&catalog, baseline, None)?;
+    let (baseline, candidate) = kloop::session::ab::sides(layout, sel, baseline)?;
     let opts = AbOptions {
         scenarios: a.scenarios.clone(),
         env: a.env_options(),
