@@ -80,18 +80,13 @@ fn dispatch_modules(main_rs: &str) -> Vec<(String, String)> {
     out
 }
 
-#[test]
-fn every_command_has_its_session() {
-    let root = root();
-    let main_rs = std::fs::read_to_string(root.join("xtask/src/main.rs")).unwrap();
+/// What is wrong with the checkout at `root` for `commands`: a command
+/// without its session file, or whose xtask module does not call it.
+fn problems(root: &Path, commands: &[String]) -> Vec<String> {
+    let main_rs = std::fs::read_to_string(root.join("xtask/src/main.rs")).unwrap_or_default();
     let modules = dispatch_modules(&main_rs);
     let mut problems = Vec::new();
-    let commands: Vec<String> = crate::Cli::command()
-        .get_subcommands()
-        .map(|c| c.get_name().to_string())
-        .collect();
-    assert!(commands.len() > 10, "clap's commands: {commands:?}");
-    for cmd in &commands {
+    for cmd in commands {
         if EXEMPT.iter().any(|(c, _)| c == cmd) {
             continue;
         }
@@ -99,8 +94,10 @@ fn every_command_has_its_session() {
             .iter()
             .find(|(c, _)| c == cmd)
             .map_or_else(|| cmd.replace('-', "_"), |(_, s)| s.to_string());
-        let file = root.join(format!("harness/src/session/{session}.rs"));
-        if !file.is_file() {
+        if !root
+            .join(format!("harness/src/session/{session}.rs"))
+            .is_file()
+        {
             problems.push(format!(
                 "`{cmd}` has no harness/src/session/{session}.rs (nor a place in EXEMPT)"
             ));
@@ -128,7 +125,52 @@ fn every_command_has_its_session() {
             problems.push(format!("`{c}` is listed here but is no command"));
         }
     }
+    problems
+}
+
+#[test]
+fn every_command_has_its_session() {
+    let commands: Vec<String> = crate::Cli::command()
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    assert!(commands.len() > 10, "clap's commands: {commands:?}");
+    let problems = problems(&root(), &commands);
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn a_command_without_its_session_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("xtask/src")).unwrap();
+    std::fs::create_dir_all(root.join("harness/src/session")).unwrap();
+    std::fs::write(
+        root.join("xtask/src/main.rs"),
+        "use foo_cmd::foo;\nfn run() {\n    match cli.cmd {\n        Cmd::Foo(a) => foo(a),\n        Cmd::BarBaz(a) => bar_cmd::bar(a),\n        Cmd::Bless(a) => bar_cmd::bless(a),\n    }\n}\n",
+    )
+    .unwrap();
+    std::fs::write(root.join("harness/src/session/foo.rs"), "").unwrap();
+    std::fs::write(root.join("harness/src/session/vm_test.rs"), "").unwrap();
+    std::fs::write(root.join("xtask/src/foo_cmd.rs"), "kloop::run::foo()").unwrap();
+    std::fs::write(
+        root.join("xtask/src/bar_cmd.rs"),
+        "kloop::session::vm_test::x()",
+    )
+    .unwrap();
+    let commands: Vec<String> = ["foo", "bar-baz", "bless", "check-perf-data", "bisect-step"]
+        .map(String::from)
+        .into();
+    assert_eq!(
+        problems(root, &commands),
+        [
+            "`foo`: xtask/src/foo_cmd.rs does not call kloop::session::foo",
+            "`bar-baz` has no harness/src/session/bar_baz.rs (nor a place in EXEMPT)",
+            "`bar-baz`: xtask/src/bar_cmd.rs does not call kloop::session::bar_baz",
+            "`bisect-step` has no harness/src/session/bisect.rs (nor a place in EXEMPT)",
+            "`bisect-step` has no arm in main.rs's dispatch",
+        ]
+    );
 }
 
 #[test]

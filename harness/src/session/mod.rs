@@ -2,8 +2,8 @@
 //! command is asked with, the trials run (`run/`), the files written
 //! (`report/`), typed events on the way and a typed result. The xtask
 //! builds the options from its flags, calls one entry point and prints.
-//! Every command of `cargo xtask` has its file here, named after it
-//! (`harness/tests/layout.rs` checks it), but `check-perf-data`, the
+//! Every command of `cargo xtask` has its file here, named after it (the
+//! xtask's `session_check` test checks it), but `check-perf-data`, the
 //! `kloop-perf-data` crate's tool for production hosts.
 //!
 //! - [`vm_test`]: `vm-test` and `bless`: plan, shard, rounds, repeats and
