@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use kloop::run::bench::{Throughput, TrialArtefacts};
 use kloop::run::suite::{self, EnvOptions, Selection};
-use kloop::workspace::Layout;
 use kloop::run::trial::{KernelUnderTest, TrialEnv, Verdict};
 use kloop::scenario::Scenario;
+use kloop::workspace::Layout;
 use kloop_qemu::Deadlines;
 
 const PIN: &str = "6.1";
