@@ -205,9 +205,12 @@ fn rooms_import_only_downwards() {
     for entry in std::fs::read_dir(&src).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-        if path.is_dir() && name != "testdata" {
-            on_disk.push(name);
-        } else if path.extension().is_some_and(|e| e == "rs") && name != "lib" {
+        let room = if path.is_dir() {
+            name != "testdata"
+        } else {
+            path.extension().is_some_and(|e| e == "rs") && name != "lib"
+        };
+        if room {
             on_disk.push(name);
         }
     }
