@@ -11,6 +11,9 @@
 //! - [`judge`]: the crate `kloop-judge` (what the guest sent judged against
 //!   the rules, the scenario's expectations, the known-issues ledger and
 //!   the overhead budgets, with no I/O), under the name the rooms here use;
+//! - [`workspace`]: the checkout (`Layout`: kernels, scenarios, runs), its
+//!   root, the known-issues ledger read from it and the run directories
+//!   made under it, the floor `run`, `report` and `session` stand on;
 //! - [`run`]: scenarios, trials from image to verdict, suites of trials,
 //!   repeats, signals, the guest agent's build and what goes into its
 //!   initramfs;
@@ -28,3 +31,4 @@ pub mod report;
 pub mod run;
 pub mod scenario;
 pub mod session;
+pub mod workspace;

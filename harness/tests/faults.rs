@@ -22,9 +22,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use kloop::run::suite::{self, EnvOptions, Layout, Selection};
+use kloop::run::suite::{self, EnvOptions, Selection};
 use kloop::run::trial::{KernelUnderTest, TrialEnv, TrialResult, Verdict};
 use kloop::scenario::Scenario;
+use kloop::workspace::Layout;
 use kloop_protocol::{Fault, Plan, Step};
 use kloop_qemu::accel::AccelChoice;
 use kloop_qemu::Deadlines;
@@ -60,7 +61,7 @@ static CTX: OnceLock<Result<Ctx, String>> = OnceLock::new();
 
 fn ctx() -> Result<&'static Ctx, Failed> {
     CTX.get_or_init(|| {
-        let layout = Layout::from_root(kloop::run::agent::workspace_root());
+        let layout = Layout::from_root(kloop::workspace::workspace_root());
         let sel = Selection {
             kernels: vec![PIN.into()],
             scenarios: vec!["basic".into()],
@@ -254,7 +255,6 @@ impl Outcome {
 /// Runs `scenario` as one trial while watching it, then checks the cleanup
 /// every trial owes: its QEMU (seen running) is gone and reaped, its socket
 /// directory removed, its artefacts written.
-#[expect(clippy::too_many_lines)]
 fn run_watched(
     env: &TrialEnv,
     kernel: &KernelUnderTest,
@@ -281,6 +281,18 @@ fn run_watched(
         result.artefacts.display(),
         artefacts.display()
     );
+    qemu_and_sockets_are_gone(&result, &seen)?;
+    artefacts_are_written(&artefacts, &result)?;
+    Ok(Outcome {
+        result,
+        seen,
+        verdict_at,
+    })
+}
+
+/// The QEMU processes a trial owes (seen running, now gone and reaped) and
+/// the socket directories it made (removed).
+fn qemu_and_sockets_are_gone(result: &TrialResult, seen: &Seen) -> Result<(), Failed> {
     // One QEMU per trial, plus the boot that saved its shape's VM when
     // this trial made it, plus a failed restore's before a cold boot.
     let started_from = result.started_from.clone().unwrap_or_default();
@@ -313,9 +325,15 @@ fn run_watched(
             d.display()
         );
     }
+    Ok(())
+}
+
+/// Every artefact a trial writes is there, and its `result.json` agrees with
+/// the verdict.
+fn artefacts_are_written(artefacts: &Path, result: &TrialResult) -> Result<(), Failed> {
     // A restored trial's initramfs is its saved VM's; a cold one's is the
     // run's shared base plus the trial's own plan.cpio.
-    let restored = saved_vm.as_ref().is_some_and(|s| s.restored);
+    let restored = result.saved_vm.as_ref().is_some_and(|s| s.restored);
     for f in [
         "console.log",
         "qemu.stderr",
@@ -343,11 +361,7 @@ fn run_watched(
         json["verdict"],
         result.verdict
     );
-    Ok(Outcome {
-        result,
-        seen,
-        verdict_at,
-    })
+    Ok(())
 }
 
 fn verdict_class(v: &Verdict) -> &'static str {
@@ -713,7 +727,7 @@ fn garbage_frame() -> TestResult {
 // ---------------------------------------------------------------- tools missing
 
 fn clang_missing() -> TestResult {
-    let root = kloop::run::agent::workspace_root();
+    let root = kloop::workspace::workspace_root();
     let scratch = tempfile::Builder::new()
         .prefix("kloop-faults-guest-")
         .tempdir_in(root.join("target"))
@@ -793,7 +807,7 @@ impl Drop for TmpfsMount {
 /// write fails with ENOSPC: the error must name the cache path and the cause,
 /// and no partial file may be left looking like a cached image.
 fn cache_disk_full() -> TestResult {
-    let layout = Layout::from_root(kloop::run::agent::workspace_root());
+    let layout = Layout::from_root(kloop::workspace::workspace_root());
     let catalog = kloop_kernels::Catalog::load(&layout.kernels()).map_err(|e| e.to_string())?;
     let pin = catalog.get("6.1").map_err(|e| e.to_string())?.clone();
     let home = kloop_kernels::KernelCache::default_location().map_err(|e| e.to_string())?;
@@ -874,7 +888,7 @@ fn cache_disk_full() -> TestResult {
 /// decision costs nothing. On this kind of host (`/dev/kvm` answers, nested
 /// KVM crawls) the decision is TCG; where KVM works it is KVM.
 fn kvm_probe_decides_and_caches() -> TestResult {
-    let layout = Layout::from_root(kloop::run::agent::workspace_root());
+    let layout = Layout::from_root(kloop::workspace::workspace_root());
     let catalog = kloop_kernels::Catalog::load(&layout.kernels()).map_err(|e| e.to_string())?;
     let pin = catalog.get("6.1").map_err(|e| e.to_string())?.clone();
     let home = kloop_kernels::KernelCache::default_location().map_err(|e| e.to_string())?;

@@ -153,8 +153,224 @@ fn no_ground_floor_crate_depends_on_the_floors_above() {
 #[test]
 fn the_committed_ledger_is_valid() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let layout = kloop::run::suite::Layout::from_root(&root);
-    let ledger = kloop::run::suite::load_ledger(&layout).unwrap();
+    let layout = kloop::workspace::Layout::from_root(&root);
+    let ledger = kloop::workspace::load_ledger(&layout).unwrap();
     assert!(ledger.path.is_some(), "kernels/known-issues.toml exists");
     assert!(!ledger.issues.is_empty());
+}
+
+/// The harness's rooms and the rooms each may import (`crate::<room>`):
+/// the map ARCHITECTURE.md draws. `judge` and `perf_data` are the ground
+/// floor crates' re-exports and open to every room.
+const ROOMS: &[(&str, &[&str])] = &[
+    ("scenario", &[]),
+    ("mutate", &[]),
+    ("workspace", &["scenario"]),
+    ("run", &["workspace", "scenario", "mutate"]),
+    ("doctor", &["run", "workspace"]),
+    ("report", &["run", "workspace", "scenario", "mutate"]),
+    (
+        "session",
+        &["report", "run", "doctor", "workspace", "scenario", "mutate"],
+    ),
+];
+
+/// The `crate::<room>` paths the code under `path` (a file, or a folder
+/// read through) names, with the file naming each (comments left out: a
+/// doc link may point anywhere).
+fn rooms_named_in(path: &Path, found: &mut Vec<(String, String)>) {
+    if path.is_dir() {
+        for entry in std::fs::read_dir(path).unwrap() {
+            rooms_named_in(&entry.unwrap().path(), found);
+        }
+        return;
+    }
+    if path.extension().is_none_or(|e| e != "rs") {
+        return;
+    }
+    let text = std::fs::read_to_string(path).unwrap();
+    for line in text.lines() {
+        if line.trim_start().starts_with("//") {
+            continue;
+        }
+        for (at, _) in line.match_indices("crate::") {
+            let name: String = line[at + "crate::".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            found.push((name, path.display().to_string()));
+        }
+    }
+}
+
+/// Architecture invariant: each room of the harness imports only the
+/// rooms below it (`ROOMS`), and every room is on that map: a new folder
+/// under `harness/src` fails here until its place is decided.
+#[test]
+fn rooms_import_only_downwards() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut on_disk = Vec::new();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let room = if path.is_dir() {
+            name != "testdata"
+        } else {
+            path.extension().is_some_and(|e| e == "rs") && name != "lib"
+        };
+        if room {
+            on_disk.push(name);
+        }
+    }
+    on_disk.sort();
+    let mut mapped: Vec<String> = ROOMS.iter().map(|(r, _)| r.to_string()).collect();
+    mapped.sort();
+    assert_eq!(on_disk, mapped, "rooms under harness/src against ROOMS");
+
+    let mut back_arrows = Vec::new();
+    for (room, below) in ROOMS {
+        let dir = src.join(room);
+        let path = if dir.is_dir() {
+            dir
+        } else {
+            src.join(format!("{room}.rs"))
+        };
+        let mut found = Vec::new();
+        rooms_named_in(&path, &mut found);
+        for (name, file) in found {
+            let allowed = name == *room
+                || name == "judge"
+                || name == "perf_data"
+                || below.contains(&name.as_str());
+            if !allowed {
+                back_arrows.push(format!("{file}: {room} imports crate::{name}"));
+            }
+        }
+    }
+    assert!(
+        back_arrows.is_empty(),
+        "imports against the room order:\n{}",
+        back_arrows.join("\n")
+    );
+}
+
+/// The planted case for `rooms_import_only_downwards`: the scan sees a
+/// `crate::` path in code and not in a comment.
+#[test]
+fn the_room_scan_sees_code_and_skips_comments() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("a.rs"),
+        "//! see [`crate::session`]\nuse crate::report::x;\n    // crate::run\nfn f() { crate::run::g() }\n",
+    )
+    .unwrap();
+    let mut found = Vec::new();
+    rooms_named_in(dir.path(), &mut found);
+    let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["report", "run"]);
+}
+
+/// Architecture invariant: the library crates print nothing (clippy's
+/// `print_stdout` / `print_stderr` are denied in `[workspace.lints]`), so
+/// each takes the workspace's lints; the binaries (guest, xtask) and the
+/// fuzz targets' support print by design.
+#[test]
+fn every_library_crate_takes_the_workspace_lints() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut dirs: Vec<_> = std::fs::read_dir(root.join("crates"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("Cargo.toml").is_file())
+        .collect();
+    dirs.push(root.join("harness"));
+    // Test support for `cargo fuzz`, never linked into kloop: it keeps
+    // its own `#![warn]` set (see its lib.rs).
+    let exempt = ["fuzz-support"];
+    let mut checked = 0;
+    for dir in dirs {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        if exempt.contains(&name.as_str()) {
+            continue;
+        }
+        let manifest: toml::Value =
+            toml::from_str(&std::fs::read_to_string(dir.join("Cargo.toml")).unwrap()).unwrap();
+        let workspace = manifest
+            .get("lints")
+            .and_then(|l| l.get("workspace"))
+            .and_then(toml::Value::as_bool);
+        assert_eq!(
+            workspace,
+            Some(true),
+            "{}: no `[lints] workspace = true`",
+            dir.display()
+        );
+        checked += 1;
+    }
+    assert!(checked >= 8, "only {checked} library crates checked");
+}
+
+/// Architecture invariant: the judge, the record parser and the wire
+/// types do no I/O: no file, environment, process or socket outside their
+/// tests (a dependency test cannot see `std`).
+#[test]
+fn the_pure_crates_touch_no_file_environment_process_or_socket() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let forbidden = [
+        "std::fs",
+        "std::env",
+        "std::process",
+        "std::net",
+        "File::",
+        "Command::new",
+    ];
+    let mut offences = Vec::new();
+    let mut files = 0;
+    for krate in ["crates/judge", "crates/records", "crates/protocol"] {
+        let mut stack = vec![root.join(krate).join("src")];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                let name = path.file_name().unwrap().to_string_lossy();
+                if !name.ends_with(".rs") || name == "tests.rs" {
+                    continue;
+                }
+                files += 1;
+                let text = std::fs::read_to_string(&path).unwrap();
+                // A file's unit tests sit after its `#[cfg(test)]`.
+                let code = text.split("#[cfg(test)]").next().unwrap();
+                for word in forbidden {
+                    if code.contains(word) {
+                        offences.push(format!("{}: {word}", path.display()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(files > 30, "only {files} files read");
+    assert!(
+        offences.is_empty(),
+        "I/O in a pure crate:\n{}",
+        offences.join("\n")
+    );
+}
+
+/// Architecture invariant: the guest agent shares only the wire types and
+/// the record parser with the host: no harness, judge, QEMU or kernel
+/// crate reaches PID 1.
+#[test]
+fn the_guest_shares_only_the_protocol_and_the_parser() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let manifest: toml::Value =
+        toml::from_str(&std::fs::read_to_string(root.join("guest/Cargo.toml")).unwrap()).unwrap();
+    let kloop: Vec<&String> = manifest["dependencies"]
+        .as_table()
+        .unwrap()
+        .keys()
+        .filter(|d| d.starts_with("kloop"))
+        .collect();
+    assert_eq!(kloop, ["kloop-protocol", "kloop-records"]);
 }

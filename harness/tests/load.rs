@@ -12,8 +12,10 @@
 use std::time::{Duration, Instant};
 
 use kloop::run::bench::{Throughput, TrialArtefacts};
-use kloop::run::suite::{self, EnvOptions, Layout, Selection};
-use kloop::run::trial::{KernelUnderTest, Verdict};
+use kloop::run::suite::{self, EnvOptions, Selection};
+use kloop::run::trial::{KernelUnderTest, TrialEnv, Verdict};
+use kloop::scenario::Scenario;
+use kloop::workspace::Layout;
 use kloop_qemu::Deadlines;
 
 const PIN: &str = "6.1";
@@ -21,50 +23,8 @@ const CYCLES: u32 = 1600;
 const DRAIN_EVERY: u32 = 4;
 
 #[test]
-#[expect(clippy::too_many_lines)]
 fn storm_carries_100k_records() {
-    let layout = Layout::from_root(kloop::run::agent::workspace_root());
-    let sel = Selection {
-        kernels: vec![PIN.into()],
-        scenarios: vec!["basic".into()],
-        ..Selection::default()
-    };
-    let t = suite::plan(&layout, &sel)
-        .expect("planning")
-        .into_iter()
-        .next()
-        .expect("a 6.1/basic trial");
-    let accel = std::env::var("KLOOP_ACCEL")
-        .unwrap_or_else(|_| "auto".into())
-        .parse()
-        .expect("KLOOP_ACCEL");
-    let opts = EnvOptions {
-        accel,
-        ..EnvOptions::default()
-    };
-    let mut env = suite::prepare_env(&layout, &opts, std::slice::from_ref(&t.kernel))
-        .expect("preparing the VM environment");
-    let KernelUnderTest::Pin(pin) = &t.kernel else {
-        panic!("{PIN} is not a pin")
-    };
-    let image = env.cache.ensure_image(pin, &env.fetch).expect("6.1 image");
-    let kernel = KernelUnderTest::Image(kloop::run::trial::LocalKernel::from_pin_image(
-        image,
-        env.cache.ensure_config(pin, &env.fetch).ok(),
-    ));
-    let d = Deadlines::for_accel(env.accel.accel());
-    env.deadlines = Some(Deadlines {
-        total: d.total.max(Duration::from_secs(1200)),
-        ..d
-    });
-
-    let scenario = kloop::run::bench::storm_scenario(
-        &t.scenario,
-        "load-storm",
-        &env.run_dir.join("no-snapshots"),
-        CYCLES,
-        DRAIN_EVERY,
-    );
+    let (env, kernel, scenario) = storm_on_cached_pin();
 
     let started = Instant::now();
     let result = kloop::run::trial::run_trial(&env, &kernel, &scenario);
@@ -111,4 +71,53 @@ fn storm_carries_100k_records() {
         tp.mb_per_sec()
     );
     assert!(tp.records >= 100_000, "only {} records", tp.records);
+}
+
+/// The 6.1 environment with a long total deadline, the cached pin image as a
+/// local kernel (no snapshot to compare) and the storm scenario built on the
+/// plan's `basic` trial: everything the measured trial needs.
+fn storm_on_cached_pin() -> (TrialEnv, KernelUnderTest, Scenario) {
+    let layout = Layout::from_root(kloop::workspace::workspace_root());
+    let sel = Selection {
+        kernels: vec![PIN.into()],
+        scenarios: vec!["basic".into()],
+        ..Selection::default()
+    };
+    let t = suite::plan(&layout, &sel)
+        .expect("planning")
+        .into_iter()
+        .next()
+        .expect("a 6.1/basic trial");
+    let accel = std::env::var("KLOOP_ACCEL")
+        .unwrap_or_else(|_| "auto".into())
+        .parse()
+        .expect("KLOOP_ACCEL");
+    let opts = EnvOptions {
+        accel,
+        ..EnvOptions::default()
+    };
+    let mut env = suite::prepare_env(&layout, &opts, std::slice::from_ref(&t.kernel))
+        .expect("preparing the VM environment");
+    let KernelUnderTest::Pin(pin) = &t.kernel else {
+        panic!("{PIN} is not a pin")
+    };
+    let image = env.cache.ensure_image(pin, &env.fetch).expect("6.1 image");
+    let kernel = KernelUnderTest::Image(kloop::run::trial::LocalKernel::from_pin_image(
+        image,
+        env.cache.ensure_config(pin, &env.fetch).ok(),
+    ));
+    let d = Deadlines::for_accel(env.accel.accel());
+    env.deadlines = Some(Deadlines {
+        total: d.total.max(Duration::from_secs(1200)),
+        ..d
+    });
+
+    let scenario = kloop::run::bench::storm_scenario(
+        &t.scenario,
+        "load-storm",
+        &env.run_dir.join("no-snapshots"),
+        CYCLES,
+        DRAIN_EVERY,
+    );
+    (env, kernel, scenario)
 }

@@ -11,15 +11,16 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a test binary reports on the terminal
 
 use kloop::judge::ab::{AbClass, AbOutcome};
-use kloop::run::suite::{self, EnvOptions, Layout, PlannedTrial};
+use kloop::run::suite::{self, EnvOptions, PlannedTrial};
 use kloop::run::trial::{KernelUnderTest, LocalKernel, TrialResult, Verdict};
+use kloop::workspace::Layout;
 use kloop_kernels::build::{self, BuildRequest, BuiltKernel, ConfigBase, SourceSpec};
 use kloop_kernels::{Catalog, KernelCache};
 
 const SOURCE: &str = "linux-source-6.12";
 
 fn layout() -> Layout {
-    Layout::from_root(kloop::run::agent::workspace_root())
+    Layout::from_root(kloop::workspace::workspace_root())
 }
 
 fn opts() -> EnvOptions {

@@ -16,7 +16,8 @@
 #![allow(clippy::print_stderr)] // a test binary reports on the terminal
 
 use kloop::run::standalone::{self, stock, ReproOutcome};
-use kloop::run::suite::{self, EnvOptions, Layout};
+use kloop::run::suite::{self, EnvOptions};
+use kloop::workspace::Layout;
 use kloop_qemu::accel::AccelChoice;
 
 const PIN: &str = "5.10";
@@ -24,8 +25,8 @@ const ID: &str = "ksymbol-bpf-event-header-size-accumulates";
 
 #[test]
 fn the_header_size_reproducer_shows_the_bug_on_5_10_as_the_only_program_of_a_plain_init() {
-    let layout = Layout::from_root(kloop::run::agent::workspace_root());
-    let ledger = suite::load_ledger(&layout).expect("the ledger loads");
+    let layout = Layout::from_root(kloop::workspace::workspace_root());
+    let ledger = kloop::workspace::load_ledger(&layout).expect("the ledger loads");
     let r = standalone::find(&layout.kernels(), &ledger, ID).expect("the reproducer is found");
     let catalog = kloop_kernels::Catalog::load(&layout.kernels()).expect("the catalog loads");
     let kernel = suite::resolve_kernel(&catalog, PIN, None).expect("the pin resolves");

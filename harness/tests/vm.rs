@@ -13,8 +13,9 @@
 use std::sync::{Mutex, OnceLock};
 
 use kloop::report::Summary;
-use kloop::run::suite::{self, EnvOptions, Layout, Selection};
+use kloop::run::suite::{self, EnvOptions, Selection};
 use kloop::run::trial::{KernelUnderTest, TrialEnv, TrialResult, Verdict};
+use kloop::workspace::Layout;
 use kloop_qemu::accel::AccelChoice;
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
@@ -50,7 +51,7 @@ fn env(layout: &Layout) -> Result<&'static TrialEnv, String> {
 
 fn main() {
     let args = Arguments::from_args();
-    let layout = Layout::from_root(kloop::run::agent::workspace_root());
+    let layout = Layout::from_root(kloop::workspace::workspace_root());
     let planned = match suite::plan(&layout, &Selection::default()) {
         Ok(p) => p,
         Err(e) => {

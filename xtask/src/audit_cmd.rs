@@ -4,10 +4,10 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use kloop::run::audit::{self, AuditOptions, Event};
+use kloop::run::audit::{AuditOptions, Event};
 use kloop::run::suite::EnvOptions;
 
-use crate::{layout, start_trials, AuditArgs};
+use crate::{layout, AuditArgs};
 
 /// Exit 0 when every series answered for every reproducer, or only
 /// because the mirror does not serve its builds (the table says which and
@@ -17,7 +17,6 @@ use crate::{layout, start_trials, AuditArgs};
 /// with no served build) or a setup error.
 pub(crate) fn audit(a: AuditArgs) -> Result<ExitCode> {
     let layout = layout();
-    start_trials();
     let opts = AuditOptions {
         ids: a.ids.clone(),
         series: a.series.clone(),
@@ -33,7 +32,7 @@ pub(crate) fn audit(a: AuditArgs) -> Result<ExitCode> {
         Event::Note(n) => println!("kloop: {n}"),
         Event::Boot(b) => println!("{}", kloop::report::audit::boot_line(b)),
     };
-    let result = match audit::run(&layout, &opts, &on) {
+    let audited = match kloop::session::audit::run(&layout, &opts, &on) {
         Ok(r) => r,
         Err(e) if e.is_bad_input() => {
             eprintln!("error: {e}");
@@ -41,11 +40,9 @@ pub(crate) fn audit(a: AuditArgs) -> Result<ExitCode> {
         }
         Err(e) => return Err(e.into()),
     };
-    print!("\n{}", kloop::report::audit::table(&result));
-    let ctx = kloop::report::kcidb::RunContext::of_run(&layout.root, &result.run_dir);
-    let doc = kloop::report::kcidb::audit_document(&result, &ctx);
-    let path = result.run_dir.join(kloop::report::kcidb::DOCUMENT_FILE);
-    kloop_kernels::write_atomically(&path, serde_json::to_string_pretty(&doc)?.as_bytes())?;
-    println!("{}", kloop::report::audit::summary(&result));
+    let result = &audited.audit;
+    print!("\n{}", kloop::report::audit::table(result));
+    audited.kcidb?;
+    println!("{}", kloop::report::audit::summary(result));
     Ok(crate::exit_code(result.passed()))
 }

@@ -3,19 +3,17 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use kloop::judge::bisect::Predicate;
 use kloop::report;
 use kloop::run::bisect::distro::{self, DistroBisect};
 use kloop::run::bisect::tree;
 use kloop::run::suite::{self, EnvOptions};
-use kloop_kernels::KernelCache;
+use kloop::session::bisect::{Event, StepOptions, TreeOptions};
 
 use crate::*;
 
 /// `bisect` over the builds the mirror serves.
 pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
     let layout = layout();
-    start_trials();
     let opts = DistroBisect {
         old: a.old.clone(),
         new: a.new.clone(),
@@ -31,7 +29,7 @@ pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
         },
     };
     let mut step_no = 0;
-    let b = kloop::run::bisect::distro::run(&layout, &opts, &mut |e| match e {
+    let b = kloop::session::bisect::distro(&layout, &opts, &mut |e| match e {
         distro::Event::Note(text) => println!("kloop: {text}"),
         distro::Event::Step(s) => {
             step_no += 1;
@@ -51,71 +49,52 @@ pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
 /// `bisect --tree`: the ends evaluated here, then `git bisect run` with
 /// `bisect-step` in a worktree.
 pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
-    use kloop_kernels::build::git::Worktree;
-    let layout = layout();
-    let repo = a
-        .tree
-        .clone()
-        .expect("checked by the caller")
-        .canonicalize()?;
-    let predicate = Predicate::parse(&a.predicate, a.label.as_deref())?;
-    let scenario = kloop::scenario::load_one(&layout.scenarios(), &a.scenario)?;
-    let (old, new) = (tree::commit(&repo, &a.old)?, tree::commit(&repo, &a.new)?);
-    // One worktree location for every bisection: its output directory
-    // (keyed by the tree's path) then serves the next bisection too.
-    let wt_dir = KernelCache::default_location()?
-        .root()
-        .join("build/bisect/worktree");
-    start_trials();
-    let worktree = Worktree::add(&repo, &wt_dir, &old)?;
-    let opts = EnvOptions {
-        accel: a.accel,
-        ..EnvOptions::default()
-    };
-    let env = suite::prepare_env(&layout, &opts, &[])?;
-    println!("kloop: accelerator: {}", env.accel);
-    println!(
-        "kloop: bisect {} over {}..{} in a worktree of {} ({}); predicate {}, {} run(s) per step",
-        scenario.name,
-        &old[..12],
-        &new[..12],
-        repo.display(),
-        worktree.dir.display(),
-        a.predicate,
-        a.repeat
-    );
-    let bisection = tree::TreeBisection {
-        repo: &repo,
-        old: &old,
-        new: &new,
-        fragments: &a.fragments,
-        scenario: &scenario,
-        predicate: &predicate,
-        predicate_text: &a.predicate,
+    let opts = TreeOptions {
+        repo: a.tree.clone().expect("checked by the caller"),
+        old: a.old.clone(),
+        new: a.new.clone(),
+        scenario: a.scenario.clone(),
+        predicate: a.predicate.clone(),
+        label: a.label.clone(),
+        fragments: a.fragments.clone(),
         repeat: a.repeat as usize,
         jobs: a.jobs.unwrap_or_else(suite::default_jobs),
-        band: kloop::run::bisect::overhead_band(&env, &scenario),
+        env: EnvOptions {
+            accel: a.accel,
+            ..EnvOptions::default()
+        },
+        step: step_command(&a)?,
     };
-    let started = std::time::Instant::now();
-    let outcome = bisection.run(
-        &layout,
-        &env,
-        &worktree,
-        &step_command(&a)?,
-        &mut crate::view::views::tree_bisection(),
-    )?;
-    print_tree_outcome(&outcome, &env.run_dir, started);
-    drop(worktree);
+    let mut view = crate::view::views::tree_bisection();
+    let bisected = kloop::session::bisect::tree_bisect(&layout(), &opts, &mut |e| {
+        match e {
+        Event::Accel(accel) => println!("kloop: accelerator: {accel}"),
+        Event::Started {
+            scenario,
+            old,
+            new,
+            repo,
+            worktree,
+        } => println!(
+            "kloop: bisect {} over {}..{} in a worktree of {} ({}); predicate {}, {} run(s) per step",
+            scenario,
+            &old[..12],
+            &new[..12],
+            repo.display(),
+            worktree.display(),
+            a.predicate,
+            a.repeat
+        ),
+        Event::Tree(e) => view(e),
+    }
+    })?;
+    print_tree_outcome(&bisected.outcome, &bisected.run_dir, bisected.secs);
     Ok(ExitCode::SUCCESS)
 }
 
 /// The end of a tree bisection: git's complaint if any, the first new
 /// commit, where the logs are.
-fn print_tree_outcome(
-    outcome: &tree::TreeOutcome,
-    run_dir: &std::path::Path,
-    started: std::time::Instant,
-) {
+fn print_tree_outcome(outcome: &tree::TreeOutcome, run_dir: &std::path::Path, secs: f64) {
     println!();
     if let Some(status) = outcome.git_failed {
         println!(
@@ -128,7 +107,7 @@ fn print_tree_outcome(
     }
     println!(
         "kloop: {:.0} s; steps in {}, git's log in {}",
-        started.elapsed().as_secs_f64(),
+        secs,
         outcome.steps_log.display(),
         outcome.git_log.display()
     );
@@ -179,40 +158,24 @@ pub(crate) fn bisect_step(a: BisectStepArgs) -> Result<ExitCode> {
 }
 
 fn try_bisect_step(a: BisectStepArgs) -> Result<ExitCode> {
-    use kloop::judge::bisect::Observation;
-    let layout = layout();
-    let predicate = Predicate::parse(&a.predicate, a.label.as_deref())?;
-    let reference: Observation = serde_json::from_str(&std::fs::read_to_string(&a.reference)?)?;
-    let scenario = kloop::scenario::load_one(&layout.scenarios(), &a.scenario)?;
-    let opts = EnvOptions {
-        accel: a.accel,
-        ..EnvOptions::default()
-    };
-    start_trials();
-    let step = tree::Step {
-        tree: &a.tree,
-        fragments: &a.fragments,
-        scenario: &scenario,
-        predicate: &predicate,
-        reference: &reference,
+    let opts = StepOptions {
+        tree: a.tree.clone(),
+        fragments: a.fragments.clone(),
+        scenario: a.scenario.clone(),
+        predicate: a.predicate.clone(),
+        label: a.label.clone(),
+        reference: a.reference.clone(),
         repeat: a.repeat as usize,
         band: a.band,
+        steps_log: a.steps_log.clone(),
+        env: EnvOptions {
+            accel: a.accel,
+            ..EnvOptions::default()
+        },
     };
-    let mut env_for = |k: &kloop::run::trial::KernelUnderTest| {
-        suite::prepare_env(&layout, &opts, std::slice::from_ref(k))
-    };
-    let outcome = tree::step(
-        &layout,
-        &step,
-        &mut env_for,
-        &mut crate::view::views::tree_bisection(),
-    )?;
-    println!("kloop: step {}", outcome.line);
-    use std::io::Write;
-    let mut log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&a.steps_log)?;
-    writeln!(log, "{}", outcome.line)?;
-    Ok(ExitCode::from(outcome.exit_code()))
+    let stepped =
+        kloop::session::bisect::step(&layout(), &opts, &mut crate::view::views::tree_bisection())?;
+    println!("kloop: step {}", stepped.outcome.line);
+    stepped.logged?;
+    Ok(ExitCode::from(stepped.outcome.exit_code()))
 }

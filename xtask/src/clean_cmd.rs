@@ -3,16 +3,21 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use kloop::run::run_dirs;
-use kloop_kernels::KernelCache;
+use kloop::session::clean::{CacheCleaning, CleanOptions};
 
 use crate::{layout, CleanArgs};
 
 pub(crate) fn clean(a: CleanArgs) -> Result<ExitCode> {
     let layout = layout();
-    let report_dir = layout.root.join("target/kloop/report");
-    let before = run_dirs::list(&layout.runs());
-    let pruned = run_dirs::prune(&layout.runs(), a.keep, &report_dir, run_dirs::Removal::Now);
+    let opts = CleanOptions {
+        keep: a.keep,
+        cache: kloop_kernels::CleanParts {
+            saved_vms: a.saved_vms,
+            kernels: a.kernels,
+        },
+    };
+    let c = kloop::session::clean::run(&layout, &opts);
+    let (before, pruned) = (&c.before, &c.pruned);
     let live = before.iter().filter(|r| r.live).count();
     println!(
         "kloop: removed {} run director{} ({:.1} MB) under {}; kept {}{}",
@@ -34,17 +39,13 @@ pub(crate) fn clean(a: CleanArgs) -> Result<ExitCode> {
     for (path, e) in &pruned.failed {
         eprintln!("kloop: could not remove {}: {e}", path.display());
     }
-    let cache = KernelCache::default_location()?;
-    let parts = kloop_kernels::CleanParts {
-        saved_vms: a.saved_vms,
-        kernels: a.kernels,
-    };
-    let cleaned = match cache.clean(parts) {
-        Ok(c) => c,
-        Err(in_use) => {
+    let cleaned = match c.cache {
+        CacheCleaning::Cleaned(c) => c,
+        CacheCleaning::InUse(in_use) => {
             eprintln!("kloop: {in_use}");
             return Ok(ExitCode::FAILURE);
         }
+        CacheCleaning::NoCache(e) => return Err(e.into()),
     };
     for (path, bytes) in &cleaned.removed {
         println!(

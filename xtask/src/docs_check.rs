@@ -1005,7 +1005,7 @@ fn documents(root: &Path) -> Vec<Doc> {
 }
 
 fn root() -> PathBuf {
-    kloop::run::agent::workspace_root()
+    kloop::workspace::workspace_root()
 }
 
 #[test]

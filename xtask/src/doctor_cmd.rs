@@ -32,12 +32,12 @@ pub(crate) fn doctor(a: DoctorArgs) -> Result<ExitCode> {
         fetch: a.fetch.options(),
         mirror_deadline: std::time::Duration::from_secs(a.mirror_timeout.max(1)),
     };
-    let checks = doctor::run(&layout(), &opts, &mut |c| {
+    let d = kloop::session::doctor::run(&layout(), &opts, &mut |c| {
         println!("{c}");
         let _ = std::io::stdout().flush();
     });
-    println!("doctor: {}", doctor::summary(&checks));
-    Ok(if doctor::any_failed(&checks) {
+    println!("doctor: {}", doctor::summary(&d.checks));
+    Ok(if d.failed {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
-use kloop::run::suite::{EnvOptions, Layout};
+use kloop::run::suite::EnvOptions;
+use kloop::workspace::Layout;
 use kloop_kernels::FetchOptions;
 use kloop_qemu::accel::AccelChoice;
 

@@ -2,8 +2,8 @@
 
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
-use kloop_kernels::{Catalog, KernelCache};
+use anyhow::Result;
+use kloop::session::kernels::{self, BuildStep, KernelBuildError};
 
 use crate::*;
 
@@ -36,31 +36,22 @@ pub(crate) fn kernels(cmd: KernelsCmd) -> Result<ExitCode> {
 
 /// `kernels list`: the pins and whether they are cached.
 fn list(layout: &Layout) -> Result<ExitCode> {
-    let catalog = Catalog::load(&layout.kernels())?;
-    let cache = KernelCache::default_location()?;
-    print!("{}", kloop::report::kernels::pins_table(&catalog, &cache));
+    let pins = kernels::list(layout)?;
+    print!(
+        "{}",
+        kloop::report::kernels::pins_table(&pins.catalog, &pins.cache)
+    );
     Ok(ExitCode::SUCCESS)
 }
 
 /// `kernels fetch`: the images (and .config and modules packages) of the pins.
 fn fetch_pins(layout: &Layout, ids: &[String], fetch: &FetchArgs) -> Result<ExitCode> {
-    let catalog = Catalog::load(&layout.kernels())?;
-    let cache = KernelCache::default_location()?;
-    let pins: Vec<_> = if ids.is_empty() {
-        catalog.pins().to_vec()
-    } else {
-        ids.iter()
-            .map(|id| catalog.get(id).cloned())
-            .collect::<Result<_, _>>()?
-    };
-    for p in pins {
-        for f in cache.fetch_pin(&p, &fetch.options())? {
-            println!(
-                "{} {} {}: {} ({:.1} s)",
-                p.id, f.package, p.version, f.got, f.secs
-            );
-        }
-    }
+    kernels::fetch(layout, ids, &fetch.options(), &mut |p, f| {
+        println!(
+            "{} {} {}: {} ({:.1} s)",
+            p.id, f.package, p.version, f.got, f.secs
+        );
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -82,8 +73,7 @@ fn build(layout: &Layout, a: BuildArgs) -> Result<ExitCode> {
 
 /// `kernels built`: the kernels built so far.
 fn built() -> Result<ExitCode> {
-    let cache = KernelCache::default_location()?;
-    let all = kloop_kernels::build::list(&cache);
+    let all = kernels::built()?;
     print!("{}", kloop::report::kernels::built_table(&all));
     Ok(ExitCode::SUCCESS)
 }
@@ -95,14 +85,16 @@ fn available(
     refresh: bool,
     fetch: &FetchArgs,
 ) -> Result<ExitCode> {
-    let cache = KernelCache::default_location()?;
-    let (builds, notes) =
-        kloop_kernels::available::list_cloud_builds(&cache, &fetch.options(), refresh)?;
-    let catalog = Catalog::load(&layout.kernels())?;
-    let lock = kloop_kernels::available::BisectLock::load(&layout.kernels())?;
-    let table = kloop::report::kernels::available_table(&builds, series, &catalog, &lock, &cache);
+    let av = kernels::available(layout, refresh, &fetch.options())?;
+    let table = kloop::report::kernels::available_table(
+        &av.builds,
+        series,
+        &av.catalog,
+        &av.lock,
+        &av.cache,
+    );
     print!("{table}");
-    for n in notes {
+    for n in av.notes {
         println!("note: {n}");
     }
     Ok(ExitCode::SUCCESS)
@@ -110,39 +102,18 @@ fn available(
 
 /// `kernels pin-build`: builds into the bisection lock.
 fn pin_build(layout: &Layout, versions: Vec<String>, fetch: &FetchArgs) -> Result<ExitCode> {
-    let cache = KernelCache::default_location()?;
-    let (builds, _) = kloop_kernels::available::list_cloud_builds(&cache, &fetch.options(), false)?;
-    let mut lock = kloop_kernels::available::BisectLock::load(&layout.kernels())?;
-    for v in versions {
-        let b = builds
-            .iter()
-            .find(|b| b.version == v)
-            .with_context(|| format!("no build {v} in `cargo xtask kernels available`"))?;
-        let pin = lock.ensure(
-            &cache,
-            &layout.kernels(),
-            b,
-            &fetch.options(),
-            kloop_kernels::Needs::ALL,
-        )?;
+    kernels::pin_build(layout, &versions, &fetch.options(), &mut |pin| {
         println!(
             "{}: {} {} (deb sha256 {}, image sha256 {}) in kernels/bisect.lock",
             pin.id, pin.package, pin.suite, pin.deb_sha256, pin.image_sha256
         );
-    }
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// `kernels pin-source`: a kernel source package.
 fn pin_source(layout: &Layout, package: &str, suite: &str, fetch: &FetchArgs) -> Result<ExitCode> {
-    let cache = KernelCache::default_location()?;
-    let pin = kloop_kernels::build::pin_source(
-        &cache,
-        &layout.kernels(),
-        package,
-        suite,
-        &fetch.options(),
-    )?;
+    let pin = kernels::pin_source(layout, package, suite, &fetch.options())?;
     println!(
         "{}: pinned {} from {} (deb sha256 {})",
         pin.package, pin.version, pin.suite, pin.deb_sha256
@@ -152,7 +123,7 @@ fn pin_source(layout: &Layout, package: &str, suite: &str, fetch: &FetchArgs) ->
 
 /// `kernels update`: moves a pin.
 fn update(layout: &Layout, id: &str, same_version: bool, fetch: &FetchArgs) -> Result<ExitCode> {
-    let pin = kloop_kernels::update_pin(&layout.kernels(), id, same_version, &fetch.options())?;
+    let pin = kernels::update(layout, id, same_version, &fetch.options())?;
     println!(
         "{}: pinned {} {} (deb sha256 {}, image sha256 {})",
         pin.id, pin.package, pin.version, pin.deb_sha256, pin.image_sha256
@@ -166,16 +137,26 @@ pub(crate) fn build_kernel(
     req: &kloop_kernels::build::BuildRequest,
     what: &str,
 ) -> std::result::Result<kloop_kernels::build::BuiltKernel, ExitCode> {
-    let cache = match KernelCache::default_location() {
-        Ok(c) => c,
-        Err(e) => {
+    let mut progress = None;
+    let result = kernels::build(req, &mut |step| match step {
+        BuildStep::Started => progress = Some(crate::view::build::BuildProgress::new(what)),
+        BuildStep::Build(e) => {
+            if let Some(p) = progress.as_mut() {
+                p.event(e);
+            }
+        }
+    });
+    let result = match result {
+        Err(KernelBuildError::NoCache(e)) => {
             eprintln!("error: {e}");
             return Err(ExitCode::from(2));
         }
+        Err(KernelBuildError::Build(e)) => Err(e),
+        Ok(k) => Ok(k),
     };
-    let mut progress = crate::view::build::BuildProgress::new(what);
-    let result = kloop_kernels::build::build(&cache, req, &mut |e| progress.event(e));
-    progress.finish();
+    if let Some(p) = progress {
+        p.finish();
+    }
     match result {
         Ok(k) => {
             for line in kloop::report::kernels::built_lines(&k) {

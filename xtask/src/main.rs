@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Parser;
-use kloop::run::suite::Layout;
+use kloop::workspace::Layout;
 
 mod ab_cmd;
 mod audit_cmd;
@@ -21,6 +21,8 @@ mod kernels_cmd;
 mod mutants_cmd;
 mod report_bug_cmd;
 mod repro_cmd;
+#[cfg(test)]
+mod session_check;
 mod shell_cmd;
 mod view;
 mod vm_test_cmd;
@@ -45,26 +47,7 @@ pub(crate) fn exit_code(passed: bool) -> ExitCode {
     }
 }
 
-/// What every command that runs trials does first: SIGINT/SIGTERM stop
-/// every wait, and insta prints no diff of its own (`INSTA_OUTPUT`, which
-/// insta reads, unless the user set it): each failing trial prints its
-/// own short diff, and insta's full one would interleave between parallel
-/// trials (`cargo insta review` shows it on demand).
-pub(crate) fn start_trials() {
-    kloop::run::signals::install();
-    // Registered as a user of the kernel cache for the rest of the
-    // process, so that `clean` leaves alone what this run may be using.
-    static CACHE_USER: std::sync::OnceLock<Option<kloop_kernels::lock::HolderLock>> =
-        std::sync::OnceLock::new();
-    CACHE_USER.get_or_init(|| {
-        kloop_kernels::KernelCache::default_location()
-            .ok()
-            .and_then(|c| kloop_kernels::lock::register_user(c.root()).ok())
-    });
-    if std::env::var_os("INSTA_OUTPUT").is_none() {
-        std::env::set_var("INSTA_OUTPUT", "none");
-    }
-}
+pub(crate) use kloop::session::start_trials;
 
 /// `check-perf-data FILE`: exit 0 clean (or known bugs only), 1 news,
 /// 2 unreadable, cut short or nothing to judge.
@@ -76,7 +59,7 @@ fn check_perf_data(file: &std::path::Path, json: bool) -> Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    kloop::perf_data::recognise(&mut c, &kloop::run::suite::load_ledger(&layout())?);
+    kloop::perf_data::recognise(&mut c, &kloop::workspace::load_ledger(&layout())?);
     if json {
         println!("{}", serde_json::to_string_pretty(&c)?);
     } else {
@@ -86,7 +69,7 @@ fn check_perf_data(file: &std::path::Path, json: bool) -> Result<ExitCode> {
 }
 
 pub(crate) fn layout() -> Layout {
-    Layout::from_root(kloop::run::agent::workspace_root())
+    Layout::from_root(kloop::workspace::workspace_root())
 }
 
 /// The error and its causes, each cause said once: many messages already

@@ -42,7 +42,7 @@ pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     Ok(summarise(&totals))
 }
 
-fn options(a: &MutantsArgs, layout: &kloop::run::suite::Layout) -> Result<MutantsOptions> {
+fn options(a: &MutantsArgs, layout: &kloop::workspace::Layout) -> Result<MutantsOptions> {
     let base = BuildArgs {
         source: a.source.clone(),
         patches: Vec::new(),

@@ -14,15 +14,14 @@ pub(crate) fn report_bug(a: ReportBugArgs) -> Result<ExitCode> {
         return backport(&a, id, series);
     }
     let id = a.id.as_deref().context("a ledger id, or --backport ID")?;
-    let layout = layout();
-    let mail = kloop::report::bug_mail::compose(&layout, id, a.source.as_deref())?;
-    let out = write_mail(
-        &a,
-        &layout,
-        &mail.warnings,
-        &format!("{}-{}.mail", mail.name, mail.source),
-        &mail.text,
+    let written = kloop::session::report_bug::bug(
+        &layout(),
+        id,
+        a.source.as_deref(),
+        a.out.as_deref(),
+        &mut warn,
     )?;
+    let (mail, out) = (&written.mail, &written.out);
     println!(
         "kloop: the mail for {} ({}) is in {}",
         mail.ids.join(", "),
@@ -40,23 +39,22 @@ pub(crate) fn report_bug(a: ReportBugArgs) -> Result<ExitCode> {
 /// build, a series the kept answers do not settle (the audit command
 /// named), a series that is not affected or has no gap.
 fn backport(a: &ReportBugArgs, id: &str, series: &str) -> Result<ExitCode> {
-    let layout = layout();
-    let mail = match kloop::report::backport_mail::compose(&layout, id, series, &a.fetch.options())
-    {
-        Ok(m) => m,
+    let written = match kloop::session::report_bug::backport(
+        &layout(),
+        id,
+        series,
+        &a.fetch.options(),
+        a.out.as_deref(),
+        &mut warn,
+    ) {
+        Ok(w) => w,
         Err(e) if e.is_bad_input() => {
             eprintln!("error: {e}");
             return Ok(ExitCode::from(2));
         }
         Err(e) => return Err(e.into()),
     };
-    let out = write_mail(
-        a,
-        &layout,
-        &mail.warnings,
-        &format!("{}-backport-{}.mail", mail.name, mail.series),
-        &mail.text,
-    )?;
+    let (mail, out) = (&written.mail, &written.out);
     println!(
         "kloop: the backport request for {id} on {}.y is in {}",
         mail.series,
@@ -74,23 +72,7 @@ fn backport(a: &ReportBugArgs, id: &str, series: &str) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Prints the mail's warnings and writes it (atomically) to `--out` or
-/// `target/kloop/report-bug/<file_name>`; returns where.
-fn write_mail(
-    a: &ReportBugArgs,
-    layout: &kloop::run::suite::Layout,
-    warnings: &[String],
-    file_name: &str,
-    text: &str,
-) -> Result<std::path::PathBuf> {
-    for w in warnings {
-        eprintln!("kloop: warning: {w}");
-    }
-    let out = a
-        .out
-        .clone()
-        .unwrap_or_else(|| layout.root.join("target/kloop/report-bug").join(file_name));
-    kloop_kernels::write_atomically(&out, text.as_bytes())
-        .with_context(|| format!("writing {}", out.display()))?;
-    Ok(out)
+/// A warning of the mail's, on stderr before it is written.
+fn warn(w: &str) {
+    eprintln!("kloop: warning: {w}");
 }

@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use kloop::report::{self, Summary};
 use kloop::run::bench;
-use kloop::run::suite::{self, EnvOptions, Selection};
+use kloop::run::suite::{self, EnvOptions};
+use kloop::session::bench::Event as BenchEvent;
 
 use crate::*;
 
@@ -22,40 +23,34 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
     if a.fresh {
         return fresh_bench(a.runs);
     }
-    let layout = layout();
-    let sel = Selection {
+    let opts = kloop::session::bench::TrialsOptions {
         kernels: a.kernels.clone(),
-        scenarios: vec![a.scenario.clone()],
-        ..Selection::default()
+        scenario: a.scenario.clone(),
+        env: EnvOptions {
+            accel: a.accel,
+            extra_cmdline: a.append.clone(),
+            boot: a.boot,
+            ..EnvOptions::default()
+        },
+        runs: a.runs,
+        jobs: a.jobs,
+        channel_cycles: a.channel_cycles,
     };
-    let planned = suite::plan(&layout, &sel)?;
-    start_trials();
-    let opts = EnvOptions {
-        accel: a.accel,
-        extra_cmdline: a.append.clone(),
-        boot: a.boot,
-        ..EnvOptions::default()
-    };
-    let kernels: Vec<_> = planned.iter().map(|t| t.kernel.clone()).collect();
-    let env = suite::prepare_env(&layout, &opts, &kernels)?;
-    println!("kloop bench: accelerator: {}", env.accel);
-    if !a.append.is_empty() {
-        println!(
-            "kloop bench: appended to the kernel command line: {}",
-            a.append.join(" ")
-        );
-    }
-    let rows: Vec<_> = planned
-        .iter()
-        .map(|t| bench::BenchRow::measure(&env, t, a.runs, a.jobs))
-        .collect();
-    print!("{}", report::bench::trial_tables(&rows, a.runs));
-    if a.channel_cycles > 0 {
-        if let Some(t) = planned.first() {
-            if let Some(outcome) = bench::channel(&env, t, a.channel_cycles)? {
-                println!("\n{}", report::bench::channel_line(&outcome));
+    let channel = kloop::session::bench::trials(&layout(), &opts, &mut |e| match e {
+        BenchEvent::Accel(accel) => {
+            println!("kloop bench: accelerator: {accel}");
+            if !a.append.is_empty() {
+                println!(
+                    "kloop bench: appended to the kernel command line: {}",
+                    a.append.join(" ")
+                );
             }
         }
+        BenchEvent::Rows(rows) => print!("{}", report::bench::trial_tables(rows, a.runs)),
+        _ => {}
+    })?;
+    if let Some(outcome) = channel {
+        println!("\n{}", report::bench::channel_line(&outcome));
     }
     if a.matrix {
         println!();
@@ -67,27 +62,20 @@ pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
 /// `bench --fresh`: a new user's first run, `runs` times, each in a
 /// scratch directory removed afterwards.
 fn fresh_bench(runs: usize) -> Result<ExitCode> {
-    let mut rounds = Vec::new();
-    for i in 0..runs {
-        let scratch = tempfile::Builder::new()
-            .prefix("kloop-fresh-")
-            .tempdir()
-            .context("a scratch directory for the fresh clone")?;
-        println!(
-            "kloop bench: fresh run {}/{runs} in {} (clone, ci/setup.sh, cargo build -p xtask, vm-test) …",
-            i + 1,
-            scratch.path().display()
-        );
-        let round = bench::FreshBench {
-            workspace: kloop::run::agent::workspace_root(),
-            scratch: scratch.path().to_path_buf(),
-        }
-        .round();
-        if let Ok(r) = &round {
-            println!("kloop bench: {:.1} s in all", r.total_secs());
-        }
-        rounds.push(round);
+    let rounds = kloop::session::bench::fresh(&layout().root, runs, &mut |e| {
+        match e {
+        BenchEvent::FreshStarting {
+            round,
+            runs,
+            scratch,
+        } => println!(
+            "kloop bench: fresh run {round}/{runs} in {} (clone, ci/setup.sh, cargo build -p xtask, vm-test) …",
+            scratch.display()
+        ),
+        BenchEvent::FreshRound(Ok(r)) => println!("kloop bench: {:.1} s in all", r.total_secs()),
+        _ => {}
     }
+    })?;
     print!("\n{}", report::bench::fresh_tables(&rounds));
     Ok(ExitCode::SUCCESS)
 }
@@ -96,60 +84,40 @@ fn fresh_bench(runs: usize) -> Result<ExitCode> {
 /// times, each run's wall split.
 fn validate_bench(source: &str, runs: usize) -> Result<ExitCode> {
     let exe = std::env::current_exe().context("locating the xtask binary")?;
-    let runs_root = layout().runs();
-    let dir = tempfile::tempdir().context("a directory for the patches")?;
-    let mut rounds = Vec::new();
-    for i in 0..runs {
-        let stamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let patch = dir.path().join(format!("one-line-{i}.patch"));
-        std::fs::write(&patch, bench::one_line_patch(stamp))
-            .with_context(|| format!("writing {}", patch.display()))?;
-        println!(
-            "kloop bench: validate {}/{runs}: --source {source} --patch <a new one-line patch> …",
-            i + 1
-        );
-        let round =
-            bench::validate_round(&exe, &runs_root, source, &patch).context("running validate")?;
-        if let Ok(t) = &round.timing {
-            println!("kloop bench: {}", t.line());
+    let rounds = kloop::session::bench::validate(&layout(), &exe, source, runs, &mut |e| {
+        match e {
+        BenchEvent::ValidateStarting { round, runs } => println!(
+            "kloop bench: validate {round}/{runs}: --source {source} --patch <a new one-line patch> …"
+        ),
+        BenchEvent::ValidateRound(round) => {
+            if let Ok(t) = &round.timing {
+                println!("kloop bench: {}", t.line());
+            }
         }
-        rounds.push(round);
+        _ => {}
     }
+    })?;
     print!("\n{}", report::bench::validate_table(&rounds));
     Ok(ExitCode::SUCCESS)
 }
 
 /// `bench --steps [RUN_DIR]`: where a finished run's agent phase went.
 fn steps_bench(run: &std::path::Path) -> Result<ExitCode> {
-    let run = if run.as_os_str() == "latest" {
-        let runs = kloop::run::run_dirs::list(&layout().runs());
-        match runs
-            .into_iter()
-            .filter(|r| !r.live)
-            .max_by_key(|r| r.started)
-        {
-            Some(r) => r.path,
-            None => anyhow::bail!("no finished run under {}", layout().runs().display()),
-        }
-    } else {
-        run.to_path_buf()
-    };
-    let rows = bench::agent_steps(&run)?;
-    println!("kloop bench: agent phase of the run in {}", run.display());
-    print!("{}", report::bench::steps_table(&rows));
+    let steps = kloop::session::bench::steps(&layout(), run)?;
+    println!(
+        "kloop bench: agent phase of the run in {}",
+        steps.run_dir.display()
+    );
+    print!("{}", report::bench::steps_table(&steps.rows));
     Ok(ExitCode::SUCCESS)
 }
 
 /// `bench --perf-data-gib N`: a real recording stretched to N GiB, then
 /// `check-perf-data` on it in a process of its own.
 fn perf_data_bench(gib: f64) -> Result<ExitCode> {
-    let root = layout().root;
-    let r = bench::perf_data(
+    let r = kloop::session::bench::perf_data(
+        &layout(),
         &std::env::current_exe().context("locating the xtask binary")?,
-        &root.join("crates/perf-data/testdata/host-6.18.44-perf-6.1.187-header-size.pipe.data"),
-        &root.join("target/kloop/bench"),
         gib,
         &mut |note| println!("kloop bench: {note}"),
     )?;
@@ -171,19 +139,21 @@ pub(crate) fn matrix_bench(a: &BenchArgs) -> Result<()> {
         jobs: (a.jobs > 1).then_some(a.jobs),
         append: a.append.clone(),
     };
-    let mut rounds = Vec::new();
-    for (label, boot) in bench::MATRIX_ROUNDS {
-        let jobs = m.jobs.map_or_else(
-            || suite::Parallel::host_default().to_string(),
-            |n| format!("--jobs {n}"),
-        );
-        println!("kloop bench: matrix, {label} (--boot {boot}, {jobs}) …");
-        let round = m.round(label, boot).context("running vm-test")?;
-        if let Err(e) = &round.run {
-            println!("kloop bench: {e}");
+    let jobs = m.jobs.map_or_else(
+        || suite::Parallel::host_default().to_string(),
+        |n| format!("--jobs {n}"),
+    );
+    let rounds = kloop::session::bench::matrix(&m, &mut |e| match e {
+        BenchEvent::MatrixStarting { label, boot } => {
+            println!("kloop bench: matrix, {label} (--boot {boot}, {jobs}) …");
         }
-        rounds.push(round);
-    }
+        BenchEvent::MatrixRound(round) => {
+            if let Err(e) = &round.run {
+                println!("kloop bench: {e}");
+            }
+        }
+        _ => {}
+    })?;
     print!("\n{}", report::bench::matrix_tables(&rounds));
     Ok(())
 }
@@ -251,11 +221,12 @@ pub(crate) fn bless(
 
 /// `merge DIR…`: the shards' run directories as one run directory.
 pub(crate) fn merge(a: MergeArgs) -> Result<ExitCode> {
-    let out = match &a.out {
-        Some(o) => o.clone(),
-        None => kloop::run::trial::new_run_dir(&layout().runs())?,
+    let opts = kloop::session::merge::MergeOptions {
+        dirs: a.dirs.clone(),
+        out: a.out.clone(),
     };
-    let run = kloop::report::merge::merge_run(&a.dirs, &out)?;
+    let kloop::session::merge::Merge { out, run, summary } =
+        kloop::session::merge::run(&layout(), &opts)?;
     for note in &run.notes {
         eprintln!("kloop: {note}");
     }
@@ -266,7 +237,6 @@ pub(crate) fn merge(a: MergeArgs) -> Result<ExitCode> {
         let table = kloop::report::ab::render(&kernels(0), &kernels(1), outcomes, colour);
         println!("{table}");
     }
-    let summary = Summary::of(results);
     println!(
         "kloop: merged {} shard(s) into {}: {}",
         run.merged.shards.len(),

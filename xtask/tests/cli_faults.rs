@@ -17,8 +17,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use kloop::run::suite::{self, EnvOptions, Layout, Selection};
+use kloop::run::suite::{self, EnvOptions, Selection};
 use kloop::run::trial::Verdict;
+use kloop::workspace::Layout;
 use kloop_qemu::accel::{AccelChoice, AccelDecision};
 use kloop_qemu::Deadlines;
 use kloop_test_support::{
@@ -53,7 +54,7 @@ fn ctx() -> Result<&'static AccelDecision, Failed> {
     static ACCEL: OnceLock<Result<AccelDecision, String>> = OnceLock::new();
     ACCEL
         .get_or_init(|| {
-            let layout = Layout::from_root(kloop::run::agent::workspace_root());
+            let layout = Layout::from_root(kloop::workspace::workspace_root());
             let sel = Selection {
                 kernels: vec![PIN.into()],
                 scenarios: vec!["basic".into()],
@@ -150,7 +151,7 @@ impl XtaskRun {
     fn spawn(xtask: &Path) -> Result<XtaskRun, Failed> {
         let mut cmd = Command::new(xtask);
         cmd.args(["vm-test", "--kernel", PIN, "--scenario", "basic"])
-            .current_dir(kloop::run::agent::workspace_root())
+            .current_dir(kloop::workspace::workspace_root())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

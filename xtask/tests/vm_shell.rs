@@ -27,7 +27,7 @@ const STEP_TIMEOUT_MS: u64 = 90_000;
 
 fn xtask() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_xtask"));
-    cmd.current_dir(kloop::run::agent::workspace_root());
+    cmd.current_dir(kloop::workspace::workspace_root());
     cmd
 }
 
@@ -65,7 +65,7 @@ fn expect(session: &mut PtySession, what: &str) -> String {
 fn a_shell_on_the_guest_console_runs_commands_and_steps_and_leaves_no_qemu() {
     ensure_kernel();
     // Built here, outside the terminal's timeouts (a no-op when current).
-    kloop::run::agent::ensure_built(&kloop::run::agent::workspace_root())
+    kloop::run::agent::ensure_built(&kloop::workspace::workspace_root())
         .expect("building the guest agent");
 
     // A word on the guest's command line that only this test's QEMU has

@@ -751,7 +751,6 @@ fn entry(addr: u64, name: String) -> KallsymsEntry {
 ///
 /// `str` is a length byte (% 64) and that many bytes (lossy UTF-8); reads
 /// past the end give zeros.
-#[expect(clippy::too_many_lines)]
 pub fn analyse_evidence(data: &[u8]) -> RunEvidence {
     let mut inp = Input { data };
     let head = inp.u8();
@@ -773,42 +772,7 @@ pub fn analyse_evidence(data: &[u8]) -> RunEvidence {
     ev.online_cpus = (0..4).filter(|c| online & (1 << c) != 0).collect();
     let np = inp.u8() % 3;
     for _ in 0..np {
-        let label = inp.str();
-        let name = inp.str();
-        let id = inp.u32();
-        let tag = inp.array::<8>();
-        let prog_type = u32::from(inp.u8());
-        let nf = inp.u8() % 4;
-        let flags = inp.u8();
-        let mut p = ProgFacts {
-            label,
-            id,
-            tag,
-            name,
-            prog_type,
-            jited_ksyms: Vec::new(),
-            jited_func_lens: Vec::new(),
-            func_tags: Vec::new(),
-            func_names: Vec::new(),
-            kallsyms: Vec::new(),
-        };
-        for _ in 0..nf {
-            p.jited_ksyms.push(inp.u64());
-            p.jited_func_lens.push(inp.u32());
-            let t = inp.array::<8>();
-            if flags & PROG_HAS_FUNC_TAGS != 0 {
-                p.func_tags.push(t);
-            }
-        }
-        if flags & PROG_SHORT_LENS != 0 {
-            p.jited_func_lens.pop();
-        }
-        let nk = inp.u8() % 5;
-        for _ in 0..nk {
-            let addr = inp.u64();
-            p.kallsyms.push(entry(addr, inp.str()));
-        }
-        ev.progs.push(p);
+        ev.progs.push(read_prog(&mut inp));
     }
     let ni = inp.u8() % 4;
     for _ in 0..ni {
@@ -816,38 +780,7 @@ pub fn analyse_evidence(data: &[u8]) -> RunEvidence {
         ev.initial_kallsyms.push(entry(addr, inp.str()));
     }
     if head & EV_KSYMBOL_WATCH != 0 {
-        let n = inp.u8() % 8;
-        let mut observations = Vec::new();
-        for _ in 0..n {
-            let ksym_type = u16::from(inp.u8());
-            let flags = inp.u8();
-            let addr = inp.u64();
-            let len = inp.u32();
-            let name = inp.str();
-            let symbolized = inp.str();
-            observations.push(KsymbolObservation {
-                ksym_type,
-                unregister: flags & 1 != 0,
-                addr,
-                len,
-                snprintf_ret: if flags & 8 != 0 {
-                    -22
-                } else {
-                    symbolized.len() as i64
-                },
-                name,
-                symbolized,
-                listed: match (flags >> 1) & 3 {
-                    1 => Some(true),
-                    2 => Some(false),
-                    _ => None,
-                },
-            });
-        }
-        ev.ksymbol_watch = Some(KsymbolWatchEvidence {
-            observations,
-            dropped: u64::from(inp.u8()),
-        });
+        ev.ksymbol_watch = Some(read_ksymbol_watch(&mut inp));
     }
     let indexes: Vec<u32> = ev.listeners.iter().map(|l| l.index).collect();
     for (k, idx) in indexes.iter().enumerate() {
@@ -865,6 +798,82 @@ pub fn analyse_evidence(data: &[u8]) -> RunEvidence {
     ev
 }
 
+/// One program of an `analyse` input (see [`analyse_evidence`]).
+fn read_prog(inp: &mut Input<'_>) -> ProgFacts {
+    let label = inp.str();
+    let name = inp.str();
+    let id = inp.u32();
+    let tag = inp.array::<8>();
+    let prog_type = u32::from(inp.u8());
+    let nf = inp.u8() % 4;
+    let flags = inp.u8();
+    let mut p = ProgFacts {
+        label,
+        id,
+        tag,
+        name,
+        prog_type,
+        jited_ksyms: Vec::new(),
+        jited_func_lens: Vec::new(),
+        func_tags: Vec::new(),
+        func_names: Vec::new(),
+        kallsyms: Vec::new(),
+    };
+    for _ in 0..nf {
+        p.jited_ksyms.push(inp.u64());
+        p.jited_func_lens.push(inp.u32());
+        let t = inp.array::<8>();
+        if flags & PROG_HAS_FUNC_TAGS != 0 {
+            p.func_tags.push(t);
+        }
+    }
+    if flags & PROG_SHORT_LENS != 0 {
+        p.jited_func_lens.pop();
+    }
+    let nk = inp.u8() % 5;
+    for _ in 0..nk {
+        let addr = inp.u64();
+        p.kallsyms.push(entry(addr, inp.str()));
+    }
+    p
+}
+
+/// The ksymbol watch of an `analyse` input (see [`analyse_evidence`]).
+fn read_ksymbol_watch(inp: &mut Input<'_>) -> KsymbolWatchEvidence {
+    let n = inp.u8() % 8;
+    let mut observations = Vec::new();
+    for _ in 0..n {
+        let ksym_type = u16::from(inp.u8());
+        let flags = inp.u8();
+        let addr = inp.u64();
+        let len = inp.u32();
+        let name = inp.str();
+        let symbolized = inp.str();
+        observations.push(KsymbolObservation {
+            ksym_type,
+            unregister: flags & 1 != 0,
+            addr,
+            len,
+            snprintf_ret: if flags & 8 != 0 {
+                -22
+            } else {
+                symbolized.len() as i64
+            },
+            name,
+            symbolized,
+            listed: match (flags >> 1) & 3 {
+                1 => Some(true),
+                2 => Some(false),
+                _ => None,
+            },
+        });
+    }
+    KsymbolWatchEvidence {
+        observations,
+        dropped: u64::from(inp.u8()),
+    }
+}
+
 fn put_str(out: &mut Vec<u8>, s: &str) {
     let b = s.as_bytes();
     let b = b.get(..63).unwrap_or(b);
@@ -875,7 +884,6 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 /// The `analyse` input closest to `ev` (inverse of [`analyse_evidence`] for
 /// evidence within its limits; more listeners, programs, functions or
 /// kallsyms entries than it holds are dropped), for seeding.
-#[expect(clippy::too_many_lines)]
 pub fn encode_analyse_input(ev: &RunEvidence) -> Vec<u8> {
     let mut out = Vec::new();
     let ls: Vec<&ListenerInfo> = ev.listeners.iter().take(3).collect();
@@ -911,38 +919,7 @@ pub fn encode_analyse_input(ev: &RunEvidence) -> Vec<u8> {
     let ps: Vec<&ProgFacts> = ev.progs.iter().take(2).collect();
     out.push(ps.len() as u8);
     for p in ps {
-        put_str(&mut out, &p.label);
-        put_str(&mut out, &p.name);
-        out.extend_from_slice(&p.id.to_le_bytes());
-        out.extend_from_slice(&p.tag);
-        out.push(p.prog_type as u8);
-        let nf = p.jited_ksyms.len().min(3);
-        out.push(nf as u8);
-        let mut flags = 0;
-        if !p.func_tags.is_empty() {
-            flags |= PROG_HAS_FUNC_TAGS;
-        }
-        if p.jited_func_lens.len() < p.jited_ksyms.len() {
-            flags |= PROG_SHORT_LENS;
-        }
-        out.push(flags);
-        for fi in 0..nf {
-            out.extend_from_slice(&p.jited_ksyms[fi].to_le_bytes());
-            out.extend_from_slice(
-                &p.jited_func_lens
-                    .get(fi)
-                    .copied()
-                    .unwrap_or(0)
-                    .to_le_bytes(),
-            );
-            out.extend_from_slice(&p.func_tags.get(fi).copied().unwrap_or_default());
-        }
-        let ks: Vec<&KallsymsEntry> = p.kallsyms.iter().take(4).collect();
-        out.push(ks.len() as u8);
-        for k in ks {
-            out.extend_from_slice(&k.addr.to_le_bytes());
-            put_str(&mut out, &k.name);
-        }
+        put_prog(&mut out, p);
     }
     let init: Vec<&KallsymsEntry> = ev.initial_kallsyms.iter().take(3).collect();
     out.push(init.len() as u8);
@@ -951,22 +928,7 @@ pub fn encode_analyse_input(ev: &RunEvidence) -> Vec<u8> {
         put_str(&mut out, &k.name);
     }
     if let Some(w) = &ev.ksymbol_watch {
-        let os: Vec<&KsymbolObservation> = w.observations.iter().take(7).collect();
-        out.push(os.len() as u8);
-        for o in os {
-            out.push(o.ksym_type as u8);
-            let listed = match o.listed {
-                None => 0,
-                Some(true) => 1,
-                Some(false) => 2,
-            };
-            out.push(u8::from(o.unregister) | listed << 1 | u8::from(o.snprintf_ret < 0) << 3);
-            out.extend_from_slice(&o.addr.to_le_bytes());
-            out.extend_from_slice(&o.len.to_le_bytes());
-            put_str(&mut out, &o.name);
-            put_str(&mut out, &o.symbolized);
-        }
-        out.push(w.dropped.min(255) as u8);
+        put_ksymbol_watch(&mut out, w);
     }
     for (k, l) in ls.iter().enumerate() {
         let bytes = ev.streams.get(&l.index).map(Vec::as_slice).unwrap_or(&[]);
@@ -979,6 +941,62 @@ pub fn encode_analyse_input(ev: &RunEvidence) -> Vec<u8> {
         }
     }
     out
+}
+
+/// One program, as [`read_prog`] reads it.
+fn put_prog(out: &mut Vec<u8>, p: &ProgFacts) {
+    put_str(out, &p.label);
+    put_str(out, &p.name);
+    out.extend_from_slice(&p.id.to_le_bytes());
+    out.extend_from_slice(&p.tag);
+    out.push(p.prog_type as u8);
+    let nf = p.jited_ksyms.len().min(3);
+    out.push(nf as u8);
+    let mut flags = 0;
+    if !p.func_tags.is_empty() {
+        flags |= PROG_HAS_FUNC_TAGS;
+    }
+    if p.jited_func_lens.len() < p.jited_ksyms.len() {
+        flags |= PROG_SHORT_LENS;
+    }
+    out.push(flags);
+    for fi in 0..nf {
+        out.extend_from_slice(&p.jited_ksyms[fi].to_le_bytes());
+        out.extend_from_slice(
+            &p.jited_func_lens
+                .get(fi)
+                .copied()
+                .unwrap_or(0)
+                .to_le_bytes(),
+        );
+        out.extend_from_slice(&p.func_tags.get(fi).copied().unwrap_or_default());
+    }
+    let ks: Vec<&KallsymsEntry> = p.kallsyms.iter().take(4).collect();
+    out.push(ks.len() as u8);
+    for k in ks {
+        out.extend_from_slice(&k.addr.to_le_bytes());
+        put_str(out, &k.name);
+    }
+}
+
+/// The ksymbol watch, as [`read_ksymbol_watch`] reads it.
+fn put_ksymbol_watch(out: &mut Vec<u8>, w: &KsymbolWatchEvidence) {
+    let os: Vec<&KsymbolObservation> = w.observations.iter().take(7).collect();
+    out.push(os.len() as u8);
+    for o in os {
+        out.push(o.ksym_type as u8);
+        let listed = match o.listed {
+            None => 0,
+            Some(true) => 1,
+            Some(false) => 2,
+        };
+        out.push(u8::from(o.unregister) | listed << 1 | u8::from(o.snprintf_ret < 0) << 3);
+        out.extend_from_slice(&o.addr.to_le_bytes());
+        out.extend_from_slice(&o.len.to_le_bytes());
+        put_str(out, &o.name);
+        put_str(out, &o.symbolized);
+    }
+    out.push(w.dropped.min(255) as u8);
 }
 
 /// The `analyse` target: [`check::analyse`] and [`normalise::normalise`]
@@ -1122,7 +1140,6 @@ const SEED_SELECTORS: [u8; 4] = [
 /// other listener layouts (`records`); each run's frame stream as the guest
 /// would send it, and a short one (`frames`); each run's evidence
 /// (`analyse`). Sorted and without duplicate contents.
-#[expect(clippy::too_many_lines)]
 pub fn seeds(real_dir: &Path) -> std::io::Result<Vec<Seed>> {
     let mut dirs: Vec<_> = std::fs::read_dir(real_dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -1158,43 +1175,13 @@ pub fn seeds(real_dir: &Path) -> std::io::Result<Vec<Seed>> {
                 continue;
             };
             for sel in SEED_SELECTORS {
-                let to = records_listener(sel);
                 let mut seed = vec![sel];
-                for r in &recs {
-                    let s = SampleId {
-                        id: Some(0x77),
-                        stream_id: Some(0x78),
-                        identifier: Some(0x77),
-                        cpu_res: Some(0),
-                        ..r.sample
-                    };
-                    if let Some(b) = encode_record(&to, r.header.misc, &r.body, &s) {
-                        seed.extend(b);
-                    }
-                }
+                seed.extend(reencode(&recs, sel));
                 push("records", format!("{run}-L{}-sel{sel:02x}", l.index), seed);
             }
         }
 
-        // The frame stream: messages in order, the rings drained before `done`.
-        let mut records: Vec<u8> = Vec::new();
-        for (idx, bytes) in &streams {
-            for f in records_frames(*idx, 0, bytes) {
-                records.extend(f);
-            }
-        }
-        let mut stream = Vec::new();
-        let mut placed = false;
-        for m in &messages {
-            if matches!(m, Message::Done { .. }) && !placed {
-                stream.extend_from_slice(&records);
-                placed = true;
-            }
-            stream.extend(m.to_frame());
-        }
-        if !placed {
-            stream.extend_from_slice(&records);
-        }
+        let stream = frame_stream(&messages, &streams);
         let mut seed = vec![3, 0];
         seed.extend_from_slice(&stream);
         push("frames", format!("{run}-run"), seed);
@@ -1219,4 +1206,48 @@ pub fn seeds(real_dir: &Path) -> std::io::Result<Vec<Seed>> {
     }
     out.sort_by(|a, b| (a.target, &a.name).cmp(&(b.target, &b.name)));
     Ok(out)
+}
+
+/// `recs` encoded again for the listener `selector` describes, with fixed
+/// ids in the trailer fields the recording's listener may not have had.
+fn reencode(recs: &[Record], selector: u8) -> Vec<u8> {
+    let to = records_listener(selector);
+    let mut bytes = Vec::new();
+    for r in recs {
+        let s = SampleId {
+            id: Some(0x77),
+            stream_id: Some(0x78),
+            identifier: Some(0x77),
+            cpu_res: Some(0),
+            ..r.sample
+        };
+        if let Some(b) = encode_record(&to, r.header.misc, &r.body, &s) {
+            bytes.extend(b);
+        }
+    }
+    bytes
+}
+
+/// A run's frame stream as the guest sends it: messages in order, the
+/// rings drained before `done`.
+fn frame_stream(messages: &[Message], streams: &Streams) -> Vec<u8> {
+    let mut records: Vec<u8> = Vec::new();
+    for (idx, bytes) in streams {
+        for f in records_frames(*idx, 0, bytes) {
+            records.extend(f);
+        }
+    }
+    let mut stream = Vec::new();
+    let mut placed = false;
+    for m in messages {
+        if matches!(m, Message::Done { .. }) && !placed {
+            stream.extend_from_slice(&records);
+            placed = true;
+        }
+        stream.extend(m.to_frame());
+    }
+    if !placed {
+        stream.extend_from_slice(&records);
+    }
+    stream
 }

@@ -142,23 +142,10 @@ pub struct AbOutcome {
 const MAX_DIFF_LINES: usize = 40;
 const MAX_RULE_LINES: usize = 8;
 
-/// Compares one scenario's trial on the baseline with the candidate's.
-#[expect(clippy::too_many_lines)]
-pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
-    let mut out = AbOutcome {
-        scenario: scenario.to_string(),
-        class: AbClass::Same,
-        details: Vec::new(),
-        diff: Vec::new(),
-        figures: Vec::new(),
-        baseline_issues: base
-            .rules
-            .iter()
-            .map(|(r, m)| format!("[{r}] {m}"))
-            .collect(),
-        baseline_known: base.ledger_ids.clone(),
-        fixed: Vec::new(),
-    };
+/// The outcomes decided before anything is compared: a skip on either
+/// side, an interrupted or incomplete trial. Returns whether `out` is
+/// final.
+fn settled_before_comparing(base: &Side, cand: &Side, out: &mut AbOutcome) -> bool {
     match (&base.skipped, &cand.skipped) {
         (Some(b), Some(c)) => {
             out.class = if b == c {
@@ -170,14 +157,14 @@ pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
             if b != c {
                 out.details.push(format!("skipped on the candidate: {c}"));
             }
-            return out;
+            return true;
         }
         (None, Some(c)) if base.judged => {
             out.class = AbClass::Changed;
             out.details.push(format!(
                 "ran on the baseline but is skipped on the candidate: {c}"
             ));
-            return out;
+            return true;
         }
         (Some(b), None) => {
             out.class = AbClass::Changed;
@@ -185,7 +172,7 @@ pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
                 "skipped on the baseline ({b}) but runs on the candidate ({})",
                 cand.headline
             ));
-            return out;
+            return true;
         }
         _ => {}
     }
@@ -195,7 +182,7 @@ pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
             "interrupted: baseline {}, candidate {}",
             base.headline, cand.headline
         ));
-        return out;
+        return true;
     }
     if !base.judged {
         out.class = AbClass::Incomparable;
@@ -203,7 +190,7 @@ pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
             "the baseline did not complete ({}): nothing to compare the candidate ({}) with",
             base.headline, cand.headline
         ));
-        return out;
+        return true;
     }
     if !cand.judged {
         out.class = AbClass::Broken;
@@ -211,8 +198,13 @@ pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
             "the candidate did not complete where the baseline did: {}",
             cand.headline
         ));
-        return out;
+        return true;
     }
+    false
+}
+
+/// BROKEN when the candidate breaks a rule that holds on the baseline.
+fn new_rules(base: &Side, cand: &Side, out: &mut AbOutcome) {
     // A rule is new when the baseline holds it; a kernel check's report
     // (kmemleak, KASAN, …) is new when the baseline has no report of the
     // same words, so a leak the baseline already has is not blamed on the
@@ -245,6 +237,54 @@ pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
                 .push(format!("  … {} more", new.len() - MAX_RULE_LINES));
         }
     }
+}
+
+/// CHANGED when an overhead figure left its band around the baseline's.
+fn figures_moved(b: &TrialOverhead, c: &TrialOverhead, out: &mut AbOutcome) {
+    out.figures = figure_changes(b, c);
+    let moved: Vec<&FigureChange> = out.figures.iter().filter(|f| !f.within).collect();
+    if !moved.is_empty() {
+        if out.class == AbClass::Same {
+            out.class = AbClass::Changed;
+        }
+        out.details.push(format!(
+            "{} overhead figure(s) left the band around the baseline's ({}):",
+            moved.len(),
+            b.clock.label()
+        ));
+        for f in moved {
+            out.details.push(format!(
+                "  {}: {} → {} (×{:.3}, band ±{:.1}%)",
+                f.figure,
+                figure_text(f.baseline),
+                figure_text(f.candidate),
+                f.ratio,
+                f.band * 100.0
+            ));
+        }
+    }
+}
+
+/// Compares one scenario's trial on the baseline with the candidate's.
+pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
+    let mut out = AbOutcome {
+        scenario: scenario.to_string(),
+        class: AbClass::Same,
+        details: Vec::new(),
+        diff: Vec::new(),
+        figures: Vec::new(),
+        baseline_issues: base
+            .rules
+            .iter()
+            .map(|(r, m)| format!("[{r}] {m}"))
+            .collect(),
+        baseline_known: base.ledger_ids.clone(),
+        fixed: Vec::new(),
+    };
+    if settled_before_comparing(base, cand, &mut out) {
+        return out;
+    }
+    new_rules(base, cand, &mut out);
     if let (Some(b), Some(c)) = (&base.normalised, &cand.normalised) {
         out.diff = stream_diff(b, c);
         if !out.diff.is_empty() && out.class == AbClass::Same {
@@ -254,28 +294,7 @@ pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
         }
     }
     if let (Some(b), Some(c)) = (&base.overhead, &cand.overhead) {
-        out.figures = figure_changes(b, c);
-        let moved: Vec<&FigureChange> = out.figures.iter().filter(|f| !f.within).collect();
-        if !moved.is_empty() {
-            if out.class == AbClass::Same {
-                out.class = AbClass::Changed;
-            }
-            out.details.push(format!(
-                "{} overhead figure(s) left the band around the baseline's ({}):",
-                moved.len(),
-                b.clock.label()
-            ));
-            for f in moved {
-                out.details.push(format!(
-                    "  {}: {} → {} (×{:.3}, band ±{:.1}%)",
-                    f.figure,
-                    figure_text(f.baseline),
-                    figure_text(f.candidate),
-                    f.ratio,
-                    f.band * 100.0
-                ));
-            }
-        }
+        figures_moved(b, c, &mut out);
     }
     let fixed: Vec<String> = base
         .ledger_ids

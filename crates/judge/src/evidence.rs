@@ -446,312 +446,367 @@ pub struct Timings {
 impl RunEvidence {
     /// The evidence in a guest's messages (in the order sent) and the raw
     /// bytes of each listener's ring.
-    #[expect(clippy::too_many_lines)]
     pub fn from_messages(messages: &[Message], streams: BTreeMap<u32, Vec<u8>>) -> RunEvidence {
-        let mut ev = RunEvidence {
-            streams,
-            ..Default::default()
+        let mut reader = Reader {
+            ev: RunEvidence {
+                streams,
+                ..Default::default()
+            },
+            pending_lookups: None,
+            current_step: None,
         };
-        let mut pending_lookups: Option<Lookups> = None;
-        let mut current_step: Option<u32> = None;
         for m in messages {
-            match m {
-                Message::Hello {
-                    uname, online_cpus, ..
-                } => {
-                    ev.uname = uname.clone();
-                    ev.online_cpus = online_cpus.clone();
+            reader.take(m);
+        }
+        reader.ev
+    }
+
+    /// Takes a message that is a fact about the kernel as the agent found
+    /// it; `false` for any other.
+    fn take_kernel_fact(&mut self, m: &Message) -> bool {
+        match m {
+            Message::Hello {
+                uname, online_cpus, ..
+            } => {
+                self.uname = uname.clone();
+                self.online_cpus = online_cpus.clone();
+            }
+            Message::KernelFacts { sysctls, cmdline } => {
+                self.sysctls = sysctls.clone();
+                self.cmdline = cmdline.clone();
+            }
+            Message::Prog(p) => self.progs.push(p.clone()),
+            Message::InitialKallsyms { entries } => {
+                self.initial_snapshot = true;
+                self.initial_kallsyms.extend(entries.iter().cloned())
+            }
+            Message::FinalKallsyms { entries } => {
+                self.final_kallsyms = Some(entries.clone());
+            }
+            Message::Inventory { progs } => self.inventory.extend(progs.iter().cloned()),
+            Message::KsymbolWatch {
+                observations,
+                dropped,
+            } => {
+                self.ksymbol_watch = Some(KsymbolWatchEvidence {
+                    observations: observations.clone(),
+                    dropped: *dropped,
+                })
+            }
+            Message::KernelLog {
+                kmsg,
+                truncated,
+                kmemleak,
+                kmemleak_error,
+                lockdep_on,
+            } => {
+                self.kernel_log = Some(KernelLog {
+                    kmsg: kmsg.clone(),
+                    truncated: *truncated,
+                    kmemleak: kmemleak.clone(),
+                    kmemleak_error: kmemleak_error.clone(),
+                    lockdep_on: *lockdep_on,
+                })
+            }
+            Message::LostSamples { listener, lost } => {
+                self.lost_samples.insert(*listener, *lost);
+            }
+            Message::Wakeups { listener, times_ns } => {
+                self.wakeups.insert(*listener, times_ns.clone());
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// Takes a message that reports what a BPF JIT step saw; `false` for
+    /// any other.
+    fn take_jit_fact(&mut self, m: &Message) -> bool {
+        match m {
+            Message::UnprivilegedAttach {
+                label,
+                over_limit,
+                errno,
+            } => self
+                .unprivileged_attaches
+                .push((label.clone(), *over_limit, errno.clone())),
+            Message::PackBoundary {
+                sizes,
+                boundary,
+                neighbour,
+                fillers,
+                sweep_attempts,
+                sweep_failed,
+                moments,
+            } => self.pack_boundaries.push(PackBoundary {
+                sizes: sizes.clone(),
+                boundary: *boundary,
+                neighbour: neighbour.clone(),
+                fillers: *fillers,
+                sweep_attempts: *sweep_attempts,
+                sweep_failed: *sweep_failed,
+                moments: moments.clone(),
+            }),
+            Message::JitBooks {
+                start,
+                end,
+                settle_ns,
+                live,
+                unreadable,
+                images,
+                images_unreadable,
+            } => {
+                self.jit_books = Some(JitBooks {
+                    start: start.clone(),
+                    end: end.clone(),
+                    settle_ns: *settle_ns,
+                    live: live.clone(),
+                    unreadable: unreadable.clone(),
+                    images: images.clone(),
+                    images_unreadable: images_unreadable.clone(),
+                })
+            }
+            Message::Attached {
+                label,
+                link,
+                detail,
+            } => self.attached.push(Attachment {
+                label: label.clone(),
+                link: link.clone(),
+                detail: detail.clone(),
+            }),
+            Message::FailNthSweep {
+                target,
+                attempts,
+                failed,
+                errnos,
+                detail,
+                sweep,
+                clean_errno,
+            } => self.fail_nth.push(FailNthSweep {
+                target: target.clone(),
+                attempts: *attempts,
+                failed: *failed,
+                errnos: errnos.clone(),
+                detail: detail.clone(),
+                sweep: sweep.clone(),
+                clean_errno: clean_errno.clone(),
+            }),
+            _ => return false,
+        }
+        true
+    }
+
+    /// Takes a message that carries a step's output (timings, files,
+    /// counters, programs' and perf's output); `false` for any other.
+    fn take_step_output(&mut self, m: &Message) -> bool {
+        match m {
+            Message::Timings {
+                fixture,
+                program,
+                functions,
+                listeners_per_cpu,
+                load_ns,
+                unload_ns,
+            } => self.timings.push(Timings {
+                fixture: fixture.clone(),
+                program: program.clone(),
+                functions: *functions,
+                listeners_per_cpu: *listeners_per_cpu,
+                load_ns: load_ns.clone(),
+                unload_ns: unload_ns.clone(),
+            }),
+            Message::FileSnapshot { label, path, text } => self.files.push(FileSnapshot {
+                label: label.clone(),
+                path: path.clone(),
+                text: text.clone(),
+            }),
+            Message::FileWrite { path, error } => {
+                self.file_writes.push((path.clone(), error.clone()))
+            }
+            Message::Counter {
+                label,
+                map,
+                key,
+                value,
+            } => self.counters.push(CounterValue {
+                label: label.clone(),
+                map: map.clone(),
+                key: *key,
+                value: *value,
+            }),
+            Message::Unsupported {
+                requirement,
+                reason,
+            } => {
+                // The agent stops at the first; should it send more, the
+                // first is the one that ended the run.
+                self.unsupported
+                    .get_or_insert_with(|| (*requirement, reason.clone()));
+            }
+            Message::ProgramRun {
+                path,
+                exit_code,
+                signal,
+                timed_out,
+                output,
+                ..
+            } => self.program_runs.push(ProgramRun {
+                path: path.clone(),
+                exit_code: *exit_code,
+                signal: *signal,
+                timed_out: *timed_out,
+                output: output.clone(),
+            }),
+            Message::PerfScript {
+                command,
+                text,
+                stderr,
+            } => self.perf_scripts.push(PerfScript {
+                command: command.clone(),
+                text: text.clone(),
+                stderr: stderr.clone(),
+            }),
+            Message::SpinRead(r) => self.spin_reads.push(r.clone()),
+            _ => return false,
+        }
+        true
+    }
+
+    /// Appends a piece of the perf.data file the agent sends in order; a
+    /// piece out of order, not hex or past the announced size spoils the
+    /// file (kept as the error).
+    fn take_perf_data(&mut self, offset: u64, total: u64, hex: &str) {
+        let file = self.perf_data.get_or_insert_with(|| Ok(Vec::new()));
+        if let Ok(bytes) = file {
+            let piece = match ::hex::decode(hex) {
+                Ok(p) if offset == bytes.len() as u64 => p,
+                Ok(_) => {
+                    *file = Err(format!(
+                        "a piece at offset {offset} after {} bytes",
+                        bytes.len()
+                    ));
+                    return;
                 }
-                Message::KernelFacts { sysctls, cmdline } => {
-                    ev.sysctls = sysctls.clone();
-                    ev.cmdline = cmdline.clone();
+                Err(e) => {
+                    *file = Err(format!("the piece at {offset} is not hex: {e}"));
+                    return;
                 }
-                Message::Listener(l) => {
-                    if l.cpu >= 0 && ev.listeners.iter().all(|o| o.cpu < 0) {
-                        ev.preexisting = ev.progs.iter().map(|p| p.id).collect();
-                    }
-                    ev.windows.insert(
-                        l.index,
-                        Window {
-                            opened: current_step,
-                            closed: None,
-                        },
-                    );
-                    // A listener whose ring stayed empty still has a stream.
-                    ev.streams.entry(l.index).or_default();
-                    ev.listeners.push(l.clone());
-                }
-                Message::Prog(p) => ev.progs.push(p.clone()),
-                Message::InitialKallsyms { entries } => {
-                    ev.initial_snapshot = true;
-                    ev.initial_kallsyms.extend(entries.iter().cloned())
-                }
-                Message::FinalKallsyms { entries } => {
-                    ev.final_kallsyms = Some(entries.clone());
-                }
-                Message::Wakeups { listener, times_ns } => {
-                    ev.wakeups.insert(*listener, times_ns.clone());
-                }
-                Message::UnprivilegedAttach {
-                    label,
-                    over_limit,
-                    errno,
-                } => ev
-                    .unprivileged_attaches
-                    .push((label.clone(), *over_limit, errno.clone())),
-                Message::PackBoundary {
-                    sizes,
-                    boundary,
-                    neighbour,
-                    fillers,
-                    sweep_attempts,
-                    sweep_failed,
-                    moments,
-                } => ev.pack_boundaries.push(PackBoundary {
-                    sizes: sizes.clone(),
-                    boundary: *boundary,
-                    neighbour: neighbour.clone(),
-                    fillers: *fillers,
-                    sweep_attempts: *sweep_attempts,
-                    sweep_failed: *sweep_failed,
-                    moments: moments.clone(),
-                }),
-                Message::JitBooks {
-                    start,
-                    end,
-                    settle_ns,
-                    live,
-                    unreadable,
-                    images,
-                    images_unreadable,
-                } => {
-                    ev.jit_books = Some(JitBooks {
-                        start: start.clone(),
-                        end: end.clone(),
-                        settle_ns: *settle_ns,
-                        live: live.clone(),
-                        unreadable: unreadable.clone(),
-                        images: images.clone(),
-                        images_unreadable: images_unreadable.clone(),
-                    })
-                }
-                Message::KernelLog {
-                    kmsg,
-                    truncated,
-                    kmemleak,
-                    kmemleak_error,
-                    lockdep_on,
-                } => {
-                    ev.kernel_log = Some(KernelLog {
-                        kmsg: kmsg.clone(),
-                        truncated: *truncated,
-                        kmemleak: kmemleak.clone(),
-                        kmemleak_error: kmemleak_error.clone(),
-                        lockdep_on: *lockdep_on,
-                    })
-                }
-                Message::Timings {
-                    fixture,
-                    program,
-                    functions,
-                    listeners_per_cpu,
-                    load_ns,
-                    unload_ns,
-                } => ev.timings.push(Timings {
-                    fixture: fixture.clone(),
-                    program: program.clone(),
-                    functions: *functions,
-                    listeners_per_cpu: *listeners_per_cpu,
-                    load_ns: load_ns.clone(),
-                    unload_ns: unload_ns.clone(),
-                }),
-                Message::FileSnapshot { label, path, text } => ev.files.push(FileSnapshot {
-                    label: label.clone(),
-                    path: path.clone(),
-                    text: text.clone(),
-                }),
-                Message::FileWrite { path, error } => {
-                    ev.file_writes.push((path.clone(), error.clone()))
-                }
-                Message::Attached {
-                    label,
-                    link,
-                    detail,
-                } => ev.attached.push(Attachment {
-                    label: label.clone(),
-                    link: link.clone(),
-                    detail: detail.clone(),
-                }),
-                Message::LostSamples { listener, lost } => {
-                    ev.lost_samples.insert(*listener, *lost);
-                }
-                Message::Counter {
-                    label,
-                    map,
-                    key,
-                    value,
-                } => ev.counters.push(CounterValue {
-                    label: label.clone(),
-                    map: map.clone(),
-                    key: *key,
-                    value: *value,
-                }),
-                Message::Unsupported {
-                    requirement,
-                    reason,
-                } => {
-                    // The agent stops at the first; should it send more, the
-                    // first is the one that ended the run.
-                    ev.unsupported
-                        .get_or_insert_with(|| (*requirement, reason.clone()));
-                }
-                Message::Inventory { progs } => ev.inventory.extend(progs.iter().cloned()),
-                Message::StormDone {
-                    fixture,
-                    program,
-                    functions,
-                    ids,
-                } => ev.batches.push(Batch::new(
+            };
+            bytes.extend_from_slice(&piece);
+            if bytes.len() as u64 > total {
+                *file = Err(format!("more than the {total} bytes announced"));
+            }
+        }
+    }
+}
+
+/// Reads the guest's messages in order: some depend on those before them
+/// (the step a listener opened or a batch ran in, a storm's lookups).
+struct Reader {
+    ev: RunEvidence,
+    /// A storm's lookups, sent right before its StormDone.
+    pending_lookups: Option<Lookups>,
+    /// The step the agent last said it started.
+    current_step: Option<u32>,
+}
+
+impl Reader {
+    fn take(&mut self, m: &Message) {
+        let ev = &mut self.ev;
+        match m {
+            Message::Listener(l) => self.listener(l),
+            Message::StepStart { index, what } => self.step_start(*index, what),
+            Message::StormDone {
+                fixture,
+                program,
+                functions,
+                ids,
+            } => ev.batches.push(Batch::new(
+                fixture,
+                program,
+                *functions,
+                ids,
+                None,
+                // A storm with lookups sends them right before its StormDone.
+                self.pending_lookups.take(),
+                self.current_step,
+            )),
+            Message::Loads {
+                cpu,
+                fixture,
+                program,
+                functions,
+                ids,
+                tid,
+            } => {
+                let mut b = Batch::new(
                     fixture,
                     program,
                     *functions,
                     ids,
+                    Some(*cpu),
                     None,
-                    // A storm with lookups sends them right before its StormDone.
-                    pending_lookups.take(),
-                    current_step,
-                )),
-                Message::Loads {
-                    cpu,
-                    fixture,
-                    program,
-                    functions,
-                    ids,
-                    tid,
-                } => {
-                    let mut b = Batch::new(
-                        fixture,
-                        program,
-                        *functions,
-                        ids,
-                        Some(*cpu),
-                        None,
-                        current_step,
-                    );
-                    b.tid = *tid;
-                    ev.batches.push(b);
-                }
-                Message::Lookups {
-                    seen,
-                    found,
-                    enoent,
-                    other_errors,
-                } => {
-                    let l = Lookups {
-                        seen: *seen,
-                        found: *found,
-                        enoent: *enoent,
-                        other_errors: other_errors.clone(),
-                    };
-                    ev.lookups.push(l.clone());
-                    pending_lookups = Some(l);
-                }
-                Message::StepStart { index, what } => {
-                    current_step = Some(*index);
-                    let step = serde_json::from_str::<Step>(what);
-                    if let Ok(
-                        Step::Storm { drain_every: 0, .. } | Step::PauseOutput { paused: true },
-                    ) = step
-                    {
-                        ev.provoked_loss = true;
-                    }
-                    if let Ok(Step::CloseListeners { step: opener }) = step {
-                        for w in ev.windows.values_mut() {
-                            if w.opened == Some(opener) && w.closed.is_none() {
-                                w.closed = Some(*index);
-                            }
-                        }
-                    }
-                    if let Ok(step) = step {
-                        ev.steps.insert(*index, step);
-                    }
-                }
-                Message::FailNthSweep {
-                    target,
-                    attempts,
-                    failed,
-                    errnos,
-                    detail,
-                    sweep,
-                    clean_errno,
-                } => ev.fail_nth.push(FailNthSweep {
-                    target: target.clone(),
-                    attempts: *attempts,
-                    failed: *failed,
-                    errnos: errnos.clone(),
-                    detail: detail.clone(),
-                    sweep: sweep.clone(),
-                    clean_errno: clean_errno.clone(),
-                }),
-                Message::KsymbolWatch {
-                    observations,
-                    dropped,
-                } => {
-                    ev.ksymbol_watch = Some(KsymbolWatchEvidence {
-                        observations: observations.clone(),
-                        dropped: *dropped,
-                    })
-                }
-                Message::ProgramRun {
-                    path,
-                    exit_code,
-                    signal,
-                    timed_out,
-                    output,
-                    ..
-                } => ev.program_runs.push(ProgramRun {
-                    path: path.clone(),
-                    exit_code: *exit_code,
-                    signal: *signal,
-                    timed_out: *timed_out,
-                    output: output.clone(),
-                }),
-                Message::PerfData { offset, total, hex } => {
-                    let file = ev.perf_data.get_or_insert_with(|| Ok(Vec::new()));
-                    if let Ok(bytes) = file {
-                        let piece = match ::hex::decode(hex) {
-                            Ok(p) if *offset == bytes.len() as u64 => p,
-                            Ok(_) => {
-                                *file = Err(format!(
-                                    "a piece at offset {offset} after {} bytes",
-                                    bytes.len()
-                                ));
-                                continue;
-                            }
-                            Err(e) => {
-                                *file = Err(format!("the piece at {offset} is not hex: {e}"));
-                                continue;
-                            }
-                        };
-                        bytes.extend_from_slice(&piece);
-                        if bytes.len() as u64 > *total {
-                            *file = Err(format!("more than the {total} bytes announced"));
-                        }
-                    }
-                }
-                Message::PerfScript {
-                    command,
-                    text,
-                    stderr,
-                } => ev.perf_scripts.push(PerfScript {
-                    command: command.clone(),
-                    text: text.clone(),
-                    stderr: stderr.clone(),
-                }),
-                Message::SpinRead(r) => ev.spin_reads.push(r.clone()),
-                _ => {}
+                    self.current_step,
+                );
+                b.tid = *tid;
+                ev.batches.push(b);
+            }
+            Message::Lookups {
+                seen,
+                found,
+                enoent,
+                other_errors,
+            } => {
+                let l = Lookups {
+                    seen: *seen,
+                    found: *found,
+                    enoent: *enoent,
+                    other_errors: other_errors.clone(),
+                };
+                ev.lookups.push(l.clone());
+                self.pending_lookups = Some(l);
+            }
+            Message::PerfData { offset, total, hex } => ev.take_perf_data(*offset, *total, hex),
+            _ => {
+                let _ = ev.take_kernel_fact(m) || ev.take_jit_fact(m) || ev.take_step_output(m);
             }
         }
-        ev
+    }
+
+    fn listener(&mut self, l: &ListenerInfo) {
+        let ev = &mut self.ev;
+        if l.cpu >= 0 && ev.listeners.iter().all(|o| o.cpu < 0) {
+            ev.preexisting = ev.progs.iter().map(|p| p.id).collect();
+        }
+        ev.windows.insert(
+            l.index,
+            Window {
+                opened: self.current_step,
+                closed: None,
+            },
+        );
+        // A listener whose ring stayed empty still has a stream.
+        ev.streams.entry(l.index).or_default();
+        ev.listeners.push(l.clone());
+    }
+
+    fn step_start(&mut self, index: u32, what: &str) {
+        let ev = &mut self.ev;
+        self.current_step = Some(index);
+        let step = serde_json::from_str::<Step>(what);
+        if let Ok(Step::Storm { drain_every: 0, .. } | Step::PauseOutput { paused: true }) = step {
+            ev.provoked_loss = true;
+        }
+        if let Ok(Step::CloseListeners { step: opener }) = step {
+            for w in ev.windows.values_mut() {
+                if w.opened == Some(opener) && w.closed.is_none() {
+                    w.closed = Some(index);
+                }
+            }
+        }
+        if let Ok(step) = step {
+            ev.steps.insert(index, step);
+        }
     }
 }

@@ -48,7 +48,6 @@ pub mod rule {
 
 /// Checks every expectation that applies to `pin` (`None`: a kernel with no
 /// pin, where only pin-independent expectations apply).
-#[expect(clippy::too_many_lines)]
 pub fn check(
     expects: &[Expectation],
     plan: &Plan,
@@ -100,56 +99,9 @@ pub fn check(
                 max,
                 equals,
                 ..
-            } => {
-                let seen: Vec<u64> = ev
-                    .counters
-                    .iter()
-                    .filter(|c| &c.label == label && &c.map == map && c.key == *key)
-                    .map(|c| c.value)
-                    .collect();
-                let who = format!("counter {label:?} {map:?}[{key}]");
-                if seen.is_empty() {
-                    out.push(v(rule::COUNTER, format!("{who} was never reported")));
-                }
-                for value in seen {
-                    let mut why = Vec::new();
-                    if min.is_some_and(|m| value < m) {
-                        why.push(format!("below the minimum {}", min.unwrap_or_default()));
-                    }
-                    if max.is_some_and(|m| value > m) {
-                        why.push(format!("above the maximum {}", max.unwrap_or_default()));
-                    }
-                    if equals.is_some_and(|m| value != m) {
-                        why.push(format!("not {}", equals.unwrap_or_default()));
-                    }
-                    if !why.is_empty() {
-                        out.push(v(
-                            rule::COUNTER,
-                            format!("{who} = {value}: {}", why.join(", ")),
-                        ));
-                    }
-                }
-            }
+            } => check_counter(ev, (label, map, *key), (*min, *max, *equals), &mut out),
             Expectation::Attached { link, contains, .. } => {
-                match ev.attached.iter().find(|a| &a.link == link) {
-                    None => out.push(v(
-                        rule::ATTACHED,
-                        format!("link {link:?} was never reported attached"),
-                    )),
-                    Some(a) => {
-                        let missing: Vec<&String> =
-                            contains.iter().filter(|s| !a.detail.contains(*s)).collect();
-                        if !missing.is_empty() {
-                            out.push(v(
-                                rule::ATTACHED,
-                                format!(
-                                    "link {link:?} of {:?} attached as {:?}, which lacks {missing:?}",
-                                    a.label, a.detail
-                                ),
-                            ));
-                        }
-                    }
-                }
+                check_attached(ev, link, contains, &mut out)
             }
             Expectation::UnloadAfter { label, step, .. } => {
                 check_unload_after(plan, ev, &model, label, step, &mut out)
@@ -178,6 +130,68 @@ pub fn check(
     out
 }
 
+/// A `counter` expectation: every value reported for the counter within
+/// its bounds, and at least one reported.
+fn check_counter(
+    ev: &RunEvidence,
+    (label, map, key): (&str, &str, u32),
+    (min, max, equals): (Option<u64>, Option<u64>, Option<u64>),
+    out: &mut Vec<Violation>,
+) {
+    let seen: Vec<u64> = ev
+        .counters
+        .iter()
+        .filter(|c| c.label == label && c.map == map && c.key == key)
+        .map(|c| c.value)
+        .collect();
+    let who = format!("counter {label:?} {map:?}[{key}]");
+    if seen.is_empty() {
+        out.push(v(rule::COUNTER, format!("{who} was never reported")));
+    }
+    for value in seen {
+        let mut why = Vec::new();
+        if min.is_some_and(|m| value < m) {
+            why.push(format!("below the minimum {}", min.unwrap_or_default()));
+        }
+        if max.is_some_and(|m| value > m) {
+            why.push(format!("above the maximum {}", max.unwrap_or_default()));
+        }
+        if equals.is_some_and(|m| value != m) {
+            why.push(format!("not {}", equals.unwrap_or_default()));
+        }
+        if !why.is_empty() {
+            out.push(v(
+                rule::COUNTER,
+                format!("{who} = {value}: {}", why.join(", ")),
+            ));
+        }
+    }
+}
+
+/// An `attached` expectation: the link was attached, its detail holding
+/// every string of `contains`.
+fn check_attached(ev: &RunEvidence, link: &str, contains: &[String], out: &mut Vec<Violation>) {
+    match ev.attached.iter().find(|a| a.link == link) {
+        None => out.push(v(
+            rule::ATTACHED,
+            format!("link {link:?} was never reported attached"),
+        )),
+        Some(a) => {
+            let missing: Vec<&String> =
+                contains.iter().filter(|s| !a.detail.contains(*s)).collect();
+            if !missing.is_empty() {
+                out.push(v(
+                    rule::ATTACHED,
+                    format!(
+                        "link {link:?} of {:?} attached as {:?}, which lacks {missing:?}",
+                        a.label, a.detail
+                    ),
+                ));
+            }
+        }
+    }
+}
+
 fn v(rule: &'static str, message: String) -> Violation {
     Violation::new(rule, message)
 }
@@ -193,7 +207,6 @@ struct SymbolCheck<'a> {
     kept: bool,
 }
 
-#[expect(clippy::too_many_lines)]
 fn check_symbol(model: &Model<'_>, check: &SymbolCheck<'_>, out: &mut Vec<Violation>) {
     let &SymbolCheck {
         prefix,
@@ -262,8 +275,21 @@ fn check_symbol(model: &Model<'_>, check: &SymbolCheck<'_>, out: &mut Vec<Violat
             .quoting(others.iter().copied()),
         );
     }
+    check_lifetimes(model, &regs, (unregistered, kept), out);
+}
+
+/// A `symbol` expectation's `kept` and `unregistered`: the registers
+/// `regs` (indexes into the model's records) unregistered in the run, or
+/// not.
+fn check_lifetimes(
+    model: &Model<'_>,
+    regs: &[usize],
+    (unregistered, kept): (bool, bool),
+    out: &mut Vec<Violation>,
+) {
+    let recs = model.recs;
     if kept {
-        for &i in &regs {
+        for &i in regs {
             let unreg = model
                 .syms
                 .iter()
@@ -282,7 +308,7 @@ fn check_symbol(model: &Model<'_>, check: &SymbolCheck<'_>, out: &mut Vec<Violat
         }
     }
     if unregistered {
-        for i in regs {
+        for &i in regs {
             let unreg = model
                 .syms
                 .iter()
@@ -653,10 +679,8 @@ step = { op = "detach", link = "clock" }
 
     // Recorded on a real 6.1 guest (kprobes scenario, first run): the three
     // kprobes list snapshots and the counters the agent sent.
-    #[test]
-    #[expect(clippy::too_many_lines)]
-    fn files_and_counters_from_a_real_run() {
-        let ev = RunEvidence {
+    fn real_kprobes_run() -> RunEvidence {
+        RunEvidence {
             files: vec![
             FileSnapshot {
                 label: "kprobes-before".into(),
@@ -689,7 +713,12 @@ step = { op = "detach", link = "clock" }
             },
             ],
             ..RunEvidence::default()
-        };
+        }
+    }
+
+    #[test]
+    fn files_and_counters_from_a_real_run() {
+        let ev = real_kprobes_run();
         let a = Analysis::default();
         let good = parse(
             r#"

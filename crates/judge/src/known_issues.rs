@@ -713,7 +713,60 @@ fn is_kebab(s: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
 }
 
-#[expect(clippy::too_many_lines)]
+/// An entry's rule, pins and scenarios, held to the names the project
+/// knows.
+fn vocabulary_problems(who: &str, i: &Issue, vocab: &Vocabulary) -> Vec<String> {
+    let mut problems = Vec::new();
+    if !vocab.rules.contains(&i.rule) {
+        problems.push(format!(
+            "{who}: unknown rule `{}`; rules: {}",
+            i.rule,
+            vocab.rules.join(", ")
+        ));
+    }
+    if i.pins.is_empty() {
+        problems.push(format!("{who}: pins is empty (name the affected pins)"));
+    }
+    for p in &i.pins {
+        if !vocab.pins.iter().any(|k| k == p) {
+            problems.push(format!(
+                "{who}: unknown pin `{p}`; pins: {}",
+                vocab.pins.join(", ")
+            ));
+        }
+    }
+    if !vocab.scenarios.is_empty() {
+        for s in &i.scenarios {
+            if !vocab.scenarios.iter().any(|k| k == s) {
+                problems.push(format!(
+                    "{who}: unknown scenario `{s}`; scenarios: {}",
+                    vocab.scenarios.join(", ")
+                ));
+            }
+        }
+    }
+    problems
+}
+
+/// An entry's `[issue.perf_data]` sign: it names kernels or perf versions,
+/// as version ranges.
+fn perf_data_problems(who: &str, sign: &PerfDataSign) -> Vec<String> {
+    let mut problems = Vec::new();
+    if sign.kernels.is_empty() && sign.perf.is_empty() {
+        problems.push(format!(
+            "{who}: perf_data names neither kernels nor perf versions"
+        ));
+    }
+    for (what, ranges) in [("kernels", &sign.kernels), ("perf", &sign.perf)] {
+        if !ranges.is_empty() && in_ranges(ranges, "1.0").is_none() {
+            problems.push(format!(
+                "{who}: perf_data.{what} must be ranges `A..B` or `A..` of versions x.y[.z]"
+            ));
+        }
+    }
+    problems
+}
+
 fn validate(issues: &[Issue], vocab: &Vocabulary) -> Vec<String> {
     let mut problems = Vec::new();
     let mut ids = BTreeSet::new();
@@ -731,34 +784,7 @@ fn validate(issues: &[Issue], vocab: &Vocabulary) -> Vec<String> {
         if !ids.insert(i.id.as_str()) {
             problems.push(format!("{who}: id used twice"));
         }
-        if !vocab.rules.contains(&i.rule) {
-            problems.push(format!(
-                "{who}: unknown rule `{}`; rules: {}",
-                i.rule,
-                vocab.rules.join(", ")
-            ));
-        }
-        if i.pins.is_empty() {
-            problems.push(format!("{who}: pins is empty (name the affected pins)"));
-        }
-        for p in &i.pins {
-            if !vocab.pins.iter().any(|k| k == p) {
-                problems.push(format!(
-                    "{who}: unknown pin `{p}`; pins: {}",
-                    vocab.pins.join(", ")
-                ));
-            }
-        }
-        if !vocab.scenarios.is_empty() {
-            for s in &i.scenarios {
-                if !vocab.scenarios.iter().any(|k| k == s) {
-                    problems.push(format!(
-                        "{who}: unknown scenario `{s}`; scenarios: {}",
-                        vocab.scenarios.join(", ")
-                    ));
-                }
-            }
-        }
+        problems.extend(vocabulary_problems(&who, i, vocab));
         if i.signatures.is_empty() {
             problems.push(format!(
                 "{who}: no [[issue.signature]] (say what its violations look like: a signature's fault and fields)"
@@ -770,18 +796,7 @@ fn validate(issues: &[Issue], vocab: &Vocabulary) -> Vec<String> {
             }
         }
         if let Some(sign) = &i.perf_data {
-            if sign.kernels.is_empty() && sign.perf.is_empty() {
-                problems.push(format!(
-                    "{who}: perf_data names neither kernels nor perf versions"
-                ));
-            }
-            for (what, ranges) in [("kernels", &sign.kernels), ("perf", &sign.perf)] {
-                if !ranges.is_empty() && in_ranges(ranges, "1.0").is_none() {
-                    problems.push(format!(
-                        "{who}: perf_data.{what} must be ranges `A..B` or `A..` of versions x.y[.z]"
-                    ));
-                }
-            }
+            problems.extend(perf_data_problems(&who, sign));
         }
         if Date::parse(&i.review_by).is_none() {
             problems.push(format!(

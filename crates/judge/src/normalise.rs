@@ -236,57 +236,94 @@ fn sweep_repeats(ev: &RunEvidence, recs: &[Record]) -> std::collections::BTreeSe
     folded
 }
 
-/// The deterministic text form of `analysis.merged`; see the module docs.
-#[expect(clippy::too_many_lines)]
-pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
-    let recs: &[Record] = &analysis.merged;
-    let model = Model::build(recs, &known_at_start(ev));
-    // Programs of storm / concurrent batches are summarised, not listed:
-    // their number is stable, their interleaving and addresses are not.
-    let batch_ids: std::collections::BTreeSet<u32> = ev
-        .batches
-        .iter()
-        .flat_map(|b| b.ids.iter().copied())
-        .collect();
-    // A run that provoked loss with task listeners alone has no set
-    // accounting; what survived is as much a matter of timing.
-    let lossy = analysis.loss.iter().any(|l| l.set == 0 && l.lost > 0)
-        || (ev.provoked_loss && analysis.sets.is_empty() && analysis.lost > 0)
-        || (ev.provoked_loss && ev.listeners.iter().any(|l| l.backward));
+/// What a record's ids, tags and addresses are called in the snapshot,
+/// worked out before the first line is written: program ordinals, the
+/// symbolic names of tags, and the labels of the facts programs' symbols.
+struct Names<'a> {
+    /// Program id → `N` of `prog#N`.
+    ordinal: BTreeMap<u32, usize>,
+    /// The facts of each program id (the first reported, as before).
+    facts_by_id: BTreeMap<u32, &'a kloop_protocol::ProgFacts>,
+    /// Tag hex → `tag(prog#N)` or `ftag(prog#N.fI)`.
+    tag_names: BTreeMap<String, String>,
+    /// Record index → `prog#N.fI` for the facts programs' KSYMBOLs.
+    sym_label: BTreeMap<usize, String>,
+}
 
-    // Program ordinals.
+impl<'a> Names<'a> {
+    fn new(
+        ev: &'a RunEvidence,
+        recs: &[Record],
+        batch_ids: &std::collections::BTreeSet<u32>,
+    ) -> Self {
+        let ordinal = program_ordinals(ev, recs, batch_ids);
+        let facts_by_id = ev.progs.iter().rev().map(|f| (f.id, f)).collect();
+        let tag_names = tag_names(ev, &ordinal);
+        let model = Model::build(recs, &known_at_start(ev));
+        let sym_label = symbol_labels(ev, &model, &ordinal);
+        Names {
+            ordinal,
+            facts_by_id,
+            tag_names,
+            sym_label,
+        }
+    }
+}
+
+impl Names<'_> {
+    /// A BPF_EVENT's program (`prog#N`) and tag: `tag(prog#N)` when it
+    /// equals the facts, else its hex.
+    fn program_and_tag(&self, id: u32, tag: &[u8; 8]) -> (String, String) {
+        let prog = self
+            .ordinal
+            .get(&id)
+            .map(|k| format!("prog#{k}"))
+            .unwrap_or_else(|| "prog#?".into());
+        let tag_s = match self.facts_by_id.get(&id) {
+            Some(f) if f.tag == *tag => format!("tag({prog})"),
+            _ => format!("tag({})", hex::encode(tag)),
+        };
+        (prog, tag_s)
+    }
+}
+
+/// Program ordinals: in order of PROG_LOAD in the merged stream, then
+/// programs only seen in other BPF_EVENTs (unloading), then facts never
+/// seen. Batch programs get none: they are summarised.
+fn program_ordinals(
+    ev: &RunEvidence,
+    recs: &[Record],
+    batch_ids: &std::collections::BTreeSet<u32>,
+) -> BTreeMap<u32, usize> {
     let mut ordinal: BTreeMap<u32, usize> = BTreeMap::new();
-    let mut next = 1usize;
-    let mut assign = |id: u32, ordinal: &mut BTreeMap<u32, usize>| {
-        ordinal.entry(id).or_insert_with(|| {
-            let n = next;
-            next += 1;
-            n
-        });
+    let mut assign = |id: u32| {
+        let next = ordinal.len() + 1;
+        ordinal.entry(id).or_insert(next);
     };
     for r in recs {
         if let Some((id, _)) = r.bpf_event(BPF_EVENT_PROG_LOAD) {
             if !batch_ids.contains(&id) {
-                assign(id, &mut ordinal);
+                assign(id);
             }
         }
     }
     for r in recs {
         if let RecordBody::BpfEvent { id, .. } = r.body {
             if !batch_ids.contains(&id) {
-                assign(id, &mut ordinal);
+                assign(id);
             }
         }
     }
     for f in &ev.progs {
-        assign(f.id, &mut ordinal);
+        assign(f.id);
     }
-    let facts_by_id: BTreeMap<u32, &kloop_protocol::ProgFacts> =
-        ev.progs.iter().rev().map(|f| (f.id, f)).collect();
+    ordinal
+}
 
-    // Tags that appear in symbol names, by hex: the program's own tag and its
-    // functions' `prog_tags`. Kernels differ in which one names the main
-    // function, and the snapshot should show which.
+/// Tags that appear in symbol names, by hex: the program's own tag and its
+/// functions' `prog_tags`. Kernels differ in which one names the main
+/// function, and the snapshot should show which.
+fn tag_names(ev: &RunEvidence, ordinal: &BTreeMap<u32, usize>) -> BTreeMap<String, String> {
     let mut tag_names: BTreeMap<String, String> = BTreeMap::new();
     for f in &ev.progs {
         let Some(k) = ordinal.get(&f.id) else {
@@ -296,24 +333,26 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
             tag_names.insert(hex::encode(t), format!("ftag(prog#{k}.f{fi})"));
         }
     }
+    // The program's own tag wins over a function's equal one.
     for f in &ev.progs {
         if let Some(k) = ordinal.get(&f.id) {
             tag_names.insert(hex::encode(f.tag), format!("tag(prog#{k})"));
         }
     }
+    tag_names
+}
 
-    // Symbol labels of the facts programs' functions, by record index.
+/// Symbol labels of the facts programs' functions, by record index.
+fn symbol_labels(
+    ev: &RunEvidence,
+    model: &Model<'_>,
+    ordinal: &BTreeMap<u32, usize>,
+) -> BTreeMap<usize, String> {
     let mut sym_label: BTreeMap<usize, String> = BTreeMap::new();
     for f in &ev.progs {
         let Some(k) = ordinal.get(&f.id) else {
             continue;
         };
-        let life = model
-            .loads_of(f.id)
-            .first()
-            .and_then(|l| model.progs.get(*l))
-            .cloned();
-        let (load, unload) = life.map(|p| (p.load, p.unload)).unwrap_or((None, None));
         if ev.preexisting.contains(&f.id) {
             // Only its unregisters are in the stream.
             for (fi, addr) in f.jited_ksyms.iter().enumerate() {
@@ -330,6 +369,12 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
             }
             continue;
         }
+        let life = model
+            .loads_of(f.id)
+            .first()
+            .and_then(|l| model.progs.get(*l))
+            .cloned();
+        let (load, unload) = life.map(|p| (p.load, p.unload)).unwrap_or((None, None));
         for (fi, addr) in f.jited_ksyms.iter().enumerate() {
             let sel = model.select_sym(*addr, load, unload, |n| facts_name_ok(f, n));
             if let Some(s) = sel.and_then(|l| model.syms.get(l)) {
@@ -350,16 +395,17 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
             }
         }
     }
-    // Trampoline keys by first appearance (see `trampoline_keys`).
-    let mut tramp_keys: Vec<String> = Vec::new();
-    // Live lifetimes of non-program symbols by address, and how many so far.
-    let mut addr_label: BTreeMap<u64, String> = BTreeMap::new();
-    let mut addr_lives = 0usize;
+    sym_label
+}
 
-    let mut out = String::new();
-    out.push_str("# kloop normalised record stream\n");
-
+/// The `listeners:` section and the `merged:` line.
+fn write_listeners(out: &mut String, ev: &RunEvidence, analysis: &Analysis) {
     out.push_str("listeners:\n");
+    // Where a run closes listeners, which steps each was open for.
+    let closes = ev
+        .steps
+        .values()
+        .any(|s| matches!(s, kloop_protocol::Step::CloseListeners { .. }));
     let mut ls: Vec<&kloop_protocol::ListenerInfo> = ev.listeners.iter().collect();
     ls.sort_by_key(|l| l.index);
     for l in ls {
@@ -398,12 +444,7 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
                 .collect();
             let _ = write!(out, " side_band={}", bits.join(","));
         }
-        // Where a run closes listeners, which steps each was open for.
-        if ev
-            .steps
-            .values()
-            .any(|s| matches!(s, kloop_protocol::Step::CloseListeners { .. }))
-        {
+        if closes {
             let w = ev.window(l.index);
             let step = |s: Option<u32>| s.map_or("-".to_string(), |s| s.to_string());
             let _ = write!(out, " open=steps {}..{}", step(w.opened), step(w.closed));
@@ -421,12 +462,15 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
             .join(" ")
     };
     let _ = writeln!(out, "merged: {merged_from}");
+}
 
+/// The `programs:` section and, when the agent took one, `inventory:`.
+fn write_programs(out: &mut String, ev: &RunEvidence, names: &Names<'_>) {
     out.push_str("programs:\n");
     let mut by_ord: Vec<(usize, &kloop_protocol::ProgFacts)> = ev
         .progs
         .iter()
-        .filter_map(|f| ordinal.get(&f.id).map(|k| (*k, f)))
+        .filter_map(|f| names.ordinal.get(&f.id).map(|k| (*k, f)))
         .collect();
     by_ord.sort_by_key(|(k, _)| *k);
     by_ord.dedup_by_key(|(k, _)| *k);
@@ -448,33 +492,38 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
             }
         );
     }
-    if !ev.inventory.is_empty() {
-        out.push_str("inventory:\n");
-        let mut inv: Vec<(String, Vec<String>)> = ev
-            .inventory
-            .iter()
-            .map(|p| {
-                let who = match ordinal.get(&p.id) {
-                    Some(k) => format!("prog#{k}"),
-                    None => "(not the agent's)".to_string(),
-                };
-                let head = format!(
-                    "  {who} name={} functions={} kallsyms_lines={}",
-                    p.name,
-                    p.jited_ksyms.len(),
-                    p.kallsyms.len()
-                );
-                (head, synthesised_names(p, &tag_names))
-            })
-            .collect();
-        inv.sort();
-        for (head, funcs) in inv {
-            let _ = writeln!(out, "{head}");
-            for f in funcs {
-                let _ = writeln!(out, "{f}");
-            }
+    if ev.inventory.is_empty() {
+        return;
+    }
+    out.push_str("inventory:\n");
+    let mut inv: Vec<(String, Vec<String>)> = ev
+        .inventory
+        .iter()
+        .map(|p| {
+            let who = match names.ordinal.get(&p.id) {
+                Some(k) => format!("prog#{k}"),
+                None => "(not the agent's)".to_string(),
+            };
+            let head = format!(
+                "  {who} name={} functions={} kallsyms_lines={}",
+                p.name,
+                p.jited_ksyms.len(),
+                p.kallsyms.len()
+            );
+            (head, synthesised_names(p, &names.tag_names))
+        })
+        .collect();
+    inv.sort();
+    for (head, funcs) in inv {
+        let _ = writeln!(out, "{head}");
+        for f in funcs {
+            let _ = writeln!(out, "{f}");
         }
     }
+}
+
+/// The `batches:` section and the `loss provoked:` lines.
+fn write_batches_and_loss(out: &mut String, ev: &RunEvidence, analysis: &Analysis, lossy: bool) {
     if !ev.batches.is_empty() {
         out.push_str("batches:\n");
         for b in &ev.batches {
@@ -507,132 +556,121 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
             l.received + l.lost
         );
     }
-    if !lossy && (analysis.sets.len() > 1 || ev.listeners.iter().any(|l| l.cpu < 0)) {
-        out.push_str("listener sets (records per kind):\n");
-        let mut members: Vec<(String, Vec<u32>)> = analysis
-            .sets
-            .iter()
-            .enumerate()
-            .map(|(k, set)| (format!("set#{k}"), set.clone()))
-            .collect();
-        let mut tasks: Vec<&kloop_protocol::ListenerInfo> =
-            ev.listeners.iter().filter(|l| l.cpu < 0).collect();
-        tasks.sort_by_key(|l| l.index);
-        members.extend(
-            tasks
-                .iter()
-                .map(|l| (format!("task L{}", l.index), vec![l.index])),
-        );
-        for (name, set) in members {
-            let mut c = [0usize; 4];
-            for r in set
-                .iter()
-                .filter_map(|i| analysis.records_per_listener.get(i))
-                .flatten()
-            {
-                match &r.body {
-                    RecordBody::Ksymbol { flags, .. } if flags & KSYMBOL_FLAGS_UNREGISTER == 0 => {
-                        c[0] += 1
-                    }
-                    RecordBody::Ksymbol { .. } => c[1] += 1,
-                    RecordBody::BpfEvent { event_type, .. }
-                        if *event_type == BPF_EVENT_PROG_LOAD =>
-                    {
-                        c[2] += 1
-                    }
-                    RecordBody::BpfEvent { .. } => c[3] += 1,
-                    _ => {}
-                }
-            }
-            let ls = set
-                .iter()
-                .map(|i| format!("L{i}"))
-                .collect::<Vec<_>>()
-                .join(" ");
-            let _ = writeln!(
-                out,
-                "  {name} ({ls}): KSYMBOL.register={} KSYMBOL.unregister={} BPF_EVENT.PROG_LOAD={} BPF_EVENT.other={}",
-                c[0], c[1], c[2], c[3]
-            );
-        }
-    }
+}
 
-    // Counts per kind, in a fixed order.
-    let kinds = [
-        "KSYMBOL.register",
-        "KSYMBOL.unregister",
-        "BPF_EVENT.PROG_LOAD",
-        "BPF_EVENT.PROG_UNLOAD",
-        "BPF_EVENT.other",
-        "LOST",
-        "other",
-    ];
-    let folded = sweep_repeats(ev, recs);
-    // FORK and EXIT of the agent's `concurrent` threads only: a CPU-wide
-    // listener with attr.task also hears every kernel thread that starts
-    // or ends on its CPU (a workqueue adding a kworker when the guest runs
-    // slowly, as with more VMs than host cores), which is the system's
-    // business, not the scenario's. Rule task-records judges the agent's
-    // threads' records; the snapshot keeps those.
-    let loader_tids: std::collections::BTreeSet<u32> =
-        ev.batches.iter().filter_map(|b| b.tid).collect();
-    let foreign_task =
-        |r: &Record| matches!(&r.body, RecordBody::Task { tid, .. } if !loader_tids.contains(tid));
-    let mut counts = [0usize; 7];
-    for r in recs
+/// The `listener sets (records per kind):` section: what each CPU-wide set
+/// and each task listener received, by KSYMBOL / BPF_EVENT kind.
+fn write_set_counts(out: &mut String, ev: &RunEvidence, analysis: &Analysis) {
+    out.push_str("listener sets (records per kind):\n");
+    let mut members: Vec<(String, Vec<u32>)> = analysis
+        .sets
         .iter()
         .enumerate()
-        .filter(|(i, r)| !folded.contains(i) && !foreign_task(r))
-        .map(|(_, r)| r)
-    {
-        let k = match &r.body {
-            RecordBody::Ksymbol { flags, .. } if flags & KSYMBOL_FLAGS_UNREGISTER == 0 => 0,
-            RecordBody::Ksymbol { .. } => 1,
-            RecordBody::BpfEvent { event_type, .. } if *event_type == BPF_EVENT_PROG_LOAD => 2,
-            RecordBody::BpfEvent { event_type, .. } if *event_type == BPF_EVENT_PROG_UNLOAD => 3,
-            RecordBody::BpfEvent { .. } => 4,
-            RecordBody::Lost { .. } => 5,
-            // Kernel text is patched for reasons of its own (static keys,
-            // call sites); trampoline-pokes holds the pokes that matter.
-            RecordBody::TextPoke { .. } => continue,
-            RecordBody::Unknown { .. } | RecordBody::Task { .. } => 6,
-        };
-        if let Some(c) = counts.get_mut(k) {
-            *c += 1;
-        }
-    }
-    if lossy {
-        // Which records survive an overflow, and how many LOST records
-        // report them, depends on timing; the accounting above is exact.
-        out.push_str("counts: (omitted: loss provoked)\nlost_total: (see loss provoked)\n");
-        out.push_str("records: (omitted: loss provoked)\n");
-        return out;
-    }
-    out.push_str("counts:");
-    for (name, n) in kinds.iter().zip(counts) {
-        let _ = write!(out, " {name}={n}");
-    }
-    out.push('\n');
-    let _ = writeln!(out, "lost_total: {}", analysis.lost);
-
-    if !folded.is_empty() {
-        out.push_str(
-            "fail-nth: repeated lifetimes of one symbol folded into one (their number follows the sweep's fault points)\n",
-        );
-    }
-    out.push_str("records:\n");
-    for (i, r) in recs.iter().enumerate() {
-        if analysis.accounted.contains(&i) || folded.contains(&i) || foreign_task(r) {
-            continue;
-        }
-        // Only the pokes of a live symbol's text (an ftrace trampoline's
-        // whole text as it comes and goes): call sites and static keys are
-        // patched whenever the kernel likes.
-        if let RecordBody::TextPoke { addr, .. } = &r.body {
-            if !addr_label.contains_key(addr) {
-                continue;
+        .map(|(k, set)| (format!("set#{k}"), set.clone()))
+        .collect();
+    let mut tasks: Vec<&kloop_protocol::ListenerInfo> =
+        ev.listeners.iter().filter(|l| l.cpu < 0).collect();
+    tasks.sort_by_key(|l| l.index);
+    members.extend(
+        tasks
+            .iter()
+            .map(|l| (format!("task L{}", l.index), vec![l.index])),
+    );
+    for (name, set) in members {
+        let mut c = [0usize; 4];
+        for r in set
+            .iter()
+            .filter_map(|i| analysis.records_per_listener.get(i))
+            .flatten()
+        {
+            match &r.body {
+                RecordBody::Ksymbol { flags, .. } if flags & KSYMBOL_FLAGS_UNREGISTER == 0 => {
+                    c[0] += 1
+                }
+                RecordBody::Ksymbol { .. } => c[1] += 1,
+                RecordBody::BpfEvent { event_type, .. } if *event_type == BPF_EVENT_PROG_LOAD => {
+                    c[2] += 1
+                }
+                RecordBody::BpfEvent { .. } => c[3] += 1,
+                _ => {}
             }
         }
+        let ls = set
+            .iter()
+            .map(|i| format!("L{i}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let _ = writeln!(
+            out,
+            "  {name} ({ls}): KSYMBOL.register={} KSYMBOL.unregister={} BPF_EVENT.PROG_LOAD={} BPF_EVENT.other={}",
+            c[0], c[1], c[2], c[3]
+        );
+    }
+}
+
+/// The kinds of the `counts:` line, in its fixed order.
+const KINDS: [&str; 7] = [
+    "KSYMBOL.register",
+    "KSYMBOL.unregister",
+    "BPF_EVENT.PROG_LOAD",
+    "BPF_EVENT.PROG_UNLOAD",
+    "BPF_EVENT.other",
+    "LOST",
+    "other",
+];
+
+/// The index in [`KINDS`] a record counts under, or `None` for a record
+/// not counted.
+fn kind_of(r: &Record) -> Option<usize> {
+    Some(match &r.body {
+        RecordBody::Ksymbol { flags, .. } if flags & KSYMBOL_FLAGS_UNREGISTER == 0 => 0,
+        RecordBody::Ksymbol { .. } => 1,
+        RecordBody::BpfEvent { event_type, .. } if *event_type == BPF_EVENT_PROG_LOAD => 2,
+        RecordBody::BpfEvent { event_type, .. } if *event_type == BPF_EVENT_PROG_UNLOAD => 3,
+        RecordBody::BpfEvent { .. } => 4,
+        RecordBody::Lost { .. } => 5,
+        // Kernel text is patched for reasons of its own (static keys,
+        // call sites); trampoline-pokes holds the pokes that matter.
+        RecordBody::TextPoke { .. } => return None,
+        RecordBody::Unknown { .. } | RecordBody::Task { .. } => 6,
+    })
+}
+
+/// Writes the `records:` lines one by one, numbering the lifetimes of
+/// symbols that are not a facts program's as it meets them.
+struct RecordWriter<'n> {
+    names: &'n Names<'n>,
+    /// Trampoline keys by first appearance (see `trampoline_keys`).
+    tramp_keys: Vec<String>,
+    /// Live lifetimes of non-program symbols by address …
+    addr_label: BTreeMap<u64, String>,
+    /// … and how many so far.
+    addr_lives: usize,
+}
+
+impl<'n> RecordWriter<'n> {
+    fn new(names: &'n Names<'n>) -> Self {
+        RecordWriter {
+            names,
+            tramp_keys: Vec::new(),
+            addr_label: BTreeMap::new(),
+            addr_lives: 0,
+        }
+    }
+
+    /// Whether record `r` has a line: not a poke outside every live
+    /// symbol. Only the pokes of a live symbol's text (an ftrace
+    /// trampoline's whole text as it comes and goes) are kept, call sites
+    /// and static keys are patched whenever the kernel likes.
+    fn shows(&self, r: &Record) -> bool {
+        match &r.body {
+            RecordBody::TextPoke { addr, .. } => self.addr_label.contains_key(addr),
+            _ => true,
+        }
+    }
+
+    /// Record `i`'s line.
+    fn write(&mut self, out: &mut String, i: usize, r: &Record) {
         out.push_str("  ");
         match &r.body {
             RecordBody::Ksymbol {
@@ -643,29 +681,15 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
                 name,
             } => {
                 let what = kloop_records::ksymbol_action(*flags);
-                let label = match sym_label.get(&i) {
-                    Some(l) => l.clone(),
-                    None => {
-                        let live = if flags & KSYMBOL_FLAGS_UNREGISTER == 0 {
-                            None
-                        } else {
-                            addr_label.remove(addr)
-                        };
-                        live.unwrap_or_else(|| {
-                            addr_lives += 1;
-                            let l = format!("addr#{addr_lives}");
-                            if flags & KSYMBOL_FLAGS_UNREGISTER == 0 {
-                                addr_label.insert(*addr, l.clone());
-                            }
-                            l
-                        })
-                    }
-                };
+                let label = self.ksymbol_label(i, *addr, *flags);
                 let _ = write!(
                     out,
                     "KSYMBOL {what} {} {label} len={len} name={}",
                     kloop_records::ksym_type_name(*ksym_type),
-                    trampoline_keys(&name_tags(name, &tag_names), &mut tramp_keys)
+                    trampoline_keys(
+                        &name_tags(name, &self.names.tag_names),
+                        &mut self.tramp_keys
+                    )
                 );
                 let other = flags & !KSYMBOL_FLAGS_UNREGISTER;
                 if other != 0 {
@@ -678,14 +702,7 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
                 id,
                 tag,
             } => {
-                let prog = ordinal
-                    .get(id)
-                    .map(|k| format!("prog#{k}"))
-                    .unwrap_or_else(|| "prog#?".into());
-                let tag_s = match facts_by_id.get(id) {
-                    Some(f) if f.tag == *tag => format!("tag({prog})"),
-                    _ => format!("tag({})", hex::encode(tag)),
-                };
+                let (prog, tag_s) = self.names.program_and_tag(*id, tag);
                 let _ = write!(
                     out,
                     "BPF_EVENT {} {prog} {tag_s}",
@@ -703,7 +720,7 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
                 old_len,
                 new_len,
             } => {
-                let label = addr_label.get(addr).map_or("addr#?", String::as_str);
+                let label = self.addr_label.get(addr).map_or("addr#?", String::as_str);
                 let _ = write!(out, "TEXT_POKE {label} old_len={old_len} new_len={new_len}");
             }
             // Task records are shown as before they were parsed: their
@@ -722,6 +739,107 @@ pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
             let _ = write!(out, " misc={:#x}", r.header.misc);
         }
         out.push('\n');
+    }
+
+    /// A KSYMBOL's label: its facts program's function, else the lifetime
+    /// at its address (a register opens a new one, an unregister closes
+    /// the live one or, with none live, is a lifetime of its own).
+    fn ksymbol_label(&mut self, i: usize, addr: u64, flags: u16) -> String {
+        if let Some(l) = self.names.sym_label.get(&i) {
+            return l.clone();
+        }
+        let live = if flags & KSYMBOL_FLAGS_UNREGISTER == 0 {
+            None
+        } else {
+            self.addr_label.remove(&addr)
+        };
+        live.unwrap_or_else(|| {
+            self.addr_lives += 1;
+            let l = format!("addr#{}", self.addr_lives);
+            if flags & KSYMBOL_FLAGS_UNREGISTER == 0 {
+                self.addr_label.insert(addr, l.clone());
+            }
+            l
+        })
+    }
+}
+
+/// The deterministic text form of `analysis.merged`; see the module docs.
+pub fn normalise(ev: &RunEvidence, analysis: &Analysis) -> String {
+    let recs: &[Record] = &analysis.merged;
+    // Programs of storm / concurrent batches are summarised, not listed:
+    // their number is stable, their interleaving and addresses are not.
+    let batch_ids: std::collections::BTreeSet<u32> = ev
+        .batches
+        .iter()
+        .flat_map(|b| b.ids.iter().copied())
+        .collect();
+    // A run that provoked loss with task listeners alone has no set
+    // accounting; what survived is as much a matter of timing.
+    let lossy = analysis.loss.iter().any(|l| l.set == 0 && l.lost > 0)
+        || (ev.provoked_loss && analysis.sets.is_empty() && analysis.lost > 0)
+        || (ev.provoked_loss && ev.listeners.iter().any(|l| l.backward));
+    let names = Names::new(ev, recs, &batch_ids);
+
+    let mut out = String::new();
+    out.push_str("# kloop normalised record stream\n");
+    write_listeners(&mut out, ev, analysis);
+    write_programs(&mut out, ev, &names);
+    write_batches_and_loss(&mut out, ev, analysis, lossy);
+    if !lossy && (analysis.sets.len() > 1 || ev.listeners.iter().any(|l| l.cpu < 0)) {
+        write_set_counts(&mut out, ev, analysis);
+    }
+
+    let folded = sweep_repeats(ev, recs);
+    // FORK and EXIT of the agent's `concurrent` threads only: a CPU-wide
+    // listener with attr.task also hears every kernel thread that starts
+    // or ends on its CPU (a workqueue adding a kworker when the guest runs
+    // slowly, as with more VMs than host cores), which is the system's
+    // business, not the scenario's. Rule task-records judges the agent's
+    // threads' records; the snapshot keeps those.
+    let loader_tids: std::collections::BTreeSet<u32> =
+        ev.batches.iter().filter_map(|b| b.tid).collect();
+    let foreign_task =
+        |r: &Record| matches!(&r.body, RecordBody::Task { tid, .. } if !loader_tids.contains(tid));
+    if lossy {
+        // Which records survive an overflow, and how many LOST records
+        // report them, depends on timing; the accounting above is exact.
+        out.push_str("counts: (omitted: loss provoked)\nlost_total: (see loss provoked)\n");
+        out.push_str("records: (omitted: loss provoked)\n");
+        return out;
+    }
+    let mut counts = [0usize; KINDS.len()];
+    for k in recs
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| !folded.contains(i) && !foreign_task(r))
+        .filter_map(|(_, r)| kind_of(r))
+    {
+        if let Some(c) = counts.get_mut(k) {
+            *c += 1;
+        }
+    }
+    out.push_str("counts:");
+    for (name, n) in KINDS.iter().zip(counts) {
+        let _ = write!(out, " {name}={n}");
+    }
+    out.push('\n');
+    let _ = writeln!(out, "lost_total: {}", analysis.lost);
+
+    if !folded.is_empty() {
+        out.push_str(
+            "fail-nth: repeated lifetimes of one symbol folded into one (their number follows the sweep's fault points)\n",
+        );
+    }
+    out.push_str("records:\n");
+    let mut writer = RecordWriter::new(&names);
+    for (i, r) in recs.iter().enumerate() {
+        if analysis.accounted.contains(&i) || folded.contains(&i) || foreign_task(r) {
+            continue;
+        }
+        if writer.shows(r) {
+            writer.write(&mut out, i, r);
+        }
     }
     out
 }

@@ -159,7 +159,6 @@ pub fn list_cloud_builds(
 /// Every build of `flavour` the suites serve, oldest first, and one note
 /// per suite that could not be asked (gone from the mirror, say).
 /// `refresh`: ask the mirror even if the cached listing is fresh.
-#[expect(clippy::too_many_lines)]
 pub fn list_available(
     cache: &KernelCache,
     suites: &[String],
@@ -195,20 +194,7 @@ pub fn list_available(
             notes.push(format!("suite {suite}: not asked: {e}"));
             continue;
         }
-        let mut names = Vec::new();
-        for prefix in ["linux-image-", "linux-binary-"] {
-            for name in apt.pkgnames(prefix)? {
-                let release = name
-                    .strip_prefix("linux-image-")
-                    .or_else(|| name.strip_prefix("linux-binary-"))
-                    .unwrap_or("");
-                if flavour_of(release) == Some(flavour)
-                    && release.starts_with(|c: char| c.is_ascii_digit())
-                {
-                    names.push(name);
-                }
-            }
-        }
+        let names = kernel_packages(&apt, flavour)?;
         for r in apt.show(&names)? {
             let release = r
                 .package
@@ -242,13 +228,40 @@ pub fn list_available(
         builds,
         notes,
     };
-    if let Ok(text) = serde_json::to_string_pretty(&listing) {
-        let tmp = path.with_extension("json.partial");
-        if std::fs::write(&tmp, text).is_ok() {
-            let _ = std::fs::rename(&tmp, &path);
+    write_listing(&path, &listing);
+    Ok((listing.builds, listing.notes))
+}
+
+/// The suite's kernel image packages of `flavour` (`linux-image-<release>`
+/// or, for the signed-template era, `linux-binary-<release>`); versioned
+/// releases only, not the `linux-image-cloud-amd64` meta-package.
+fn kernel_packages(apt: &AptState, flavour: &str) -> Result<Vec<String>, KernelError> {
+    let mut names = Vec::new();
+    for prefix in ["linux-image-", "linux-binary-"] {
+        for name in apt.pkgnames(prefix)? {
+            let release = name
+                .strip_prefix("linux-image-")
+                .or_else(|| name.strip_prefix("linux-binary-"))
+                .unwrap_or("");
+            if flavour_of(release) == Some(flavour)
+                && release.starts_with(|c: char| c.is_ascii_digit())
+            {
+                names.push(name);
+            }
         }
     }
-    Ok((listing.builds, listing.notes))
+    Ok(names)
+}
+
+/// Caches the listing; best effort, as a listing that cannot be written is
+/// only asked again next time.
+fn write_listing(path: &Path, listing: &Listing) {
+    if let Ok(text) = serde_json::to_string_pretty(listing) {
+        let tmp = path.with_extension("json.partial");
+        if std::fs::write(&tmp, text).is_ok() {
+            let _ = std::fs::rename(&tmp, path);
+        }
+    }
 }
 
 fn read_listing(path: &Path) -> Option<Listing> {

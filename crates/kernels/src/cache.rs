@@ -447,7 +447,6 @@ impl KernelCache {
     /// first extraction. A package that has neither is remembered too
     /// (`configs/<sha256>.none`), so that every trial of a run does not
     /// unpack it again to find nothing.
-    #[expect(clippy::too_many_lines)]
     pub fn ensure_config(
         &self,
         pin: &KernelPin,
@@ -495,40 +494,14 @@ impl KernelCache {
         }
         if !dest.is_file() {
             let deb = self.ensure_package(pin, package, sha, opts)?;
-            let mut text = None;
-            walk_deb(&deb, |path, entry| {
-                if text.is_none() {
-                    if let Some(member) = members.iter().find(|m| path == m.as_path()) {
-                        let mut s = String::new();
-                        std::io::Read::read_to_string(entry, &mut s).map_err(|source| {
-                            KernelError::CacheRead {
-                                path: deb.clone(),
-                                source,
-                            }
-                        })?;
-                        text = Some(s);
-                        found_at = Some(member.clone());
-                    }
-                }
-                Ok(())
-            })?;
+            let found = read_first_member(&deb, &members)?;
             mkdir(&dir)?;
-            let Some(text) = text else {
+            let Some((member, text)) = found else {
                 let _ = std::fs::write(&none, format!("no {members:?} in {package}\n"));
                 return Err(missing(deb));
             };
-            let tmp = dir.join(format!(".partial-{}", std::process::id()));
-            let digest = hex::encode(Sha256::digest(text.as_bytes()));
-            // The config first, then its hash: a kill between the two leaves
-            // a config without a hash, extracted again next time.
-            std::fs::write(&tmp, &text)
-                .and_then(|()| std::fs::rename(&tmp, &dest))
-                .and_then(|()| std::fs::write(&tmp, format!("{digest}\n")))
-                .and_then(|()| std::fs::rename(&tmp, &sum))
-                .map_err(|source| KernelError::CacheWrite {
-                    path: dest.clone(),
-                    source,
-                })?;
+            found_at = Some(member);
+            write_with_sum(&dir, &dest, &sum, &text)?;
         }
         let mut config = crate::config::KernelConfig::from_file(&dest)?;
         let member = found_at.unwrap_or_else(|| {
@@ -641,6 +614,48 @@ fn lookup(path: &Path, expected: &str) -> Result<Lookup, KernelError> {
             source,
         }),
     }
+}
+
+/// The text of the first entry of `deb` that is one of `members`, and which
+/// member it was; `None` when the package has none of them.
+fn read_first_member(
+    deb: &Path,
+    members: &[PathBuf],
+) -> Result<Option<(PathBuf, String)>, KernelError> {
+    let mut found = None;
+    walk_deb(deb, |path, entry| {
+        if found.is_none() {
+            if let Some(member) = members.iter().find(|m| path == m.as_path()) {
+                let mut s = String::new();
+                std::io::Read::read_to_string(entry, &mut s).map_err(|source| {
+                    KernelError::CacheRead {
+                        path: deb.to_path_buf(),
+                        source,
+                    }
+                })?;
+                found = Some((member.clone(), s));
+            }
+        }
+        Ok(())
+    })?;
+    Ok(found)
+}
+
+/// Writes `text` to `dest` and its sha256 to `sum`, each through a
+/// temporary file in `dir`.
+fn write_with_sum(dir: &Path, dest: &Path, sum: &Path, text: &str) -> Result<(), KernelError> {
+    let tmp = dir.join(format!(".partial-{}", std::process::id()));
+    let digest = hex::encode(Sha256::digest(text.as_bytes()));
+    // The config first, then its hash: a kill between the two leaves
+    // a config without a hash, extracted again next time.
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, dest))
+        .and_then(|()| std::fs::write(&tmp, format!("{digest}\n")))
+        .and_then(|()| std::fs::rename(&tmp, sum))
+        .map_err(|source| KernelError::CacheWrite {
+            path: dest.to_path_buf(),
+            source,
+        })
 }
 
 /// Does the config at `path` have the sha256 recorded beside it at `sum`?

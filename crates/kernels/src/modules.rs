@@ -363,7 +363,6 @@ fn analyse(
 /// dependencies that sat earlier (usually none: one walk in all).
 /// Returns the modules in dependency order (as read, not yet decompressed)
 /// and the asked-for names the kernel has built in.
-#[expect(clippy::too_many_lines)]
 fn resolve(
     mut walk: impl FnMut(&mut Visitor<'_>) -> Result<(), KernelError>,
     pin: &KernelPin,
@@ -438,7 +437,24 @@ fn resolve(
         }
     }
 
-    // Asked-for names: in the package, built in, or an error.
+    let builtin = builtin_or_missing(&scan, pin, archive, names)?;
+    check_dependencies(&scan, &depends, pin, archive)?;
+    let order = dependency_order(&scan, archive, names, &builtin, &depends)?;
+    Ok(Resolved {
+        scan,
+        order,
+        builtin,
+    })
+}
+
+/// The asked-for `names` the kernel has built in; an error for the first
+/// that is neither in the package nor built in.
+fn builtin_or_missing(
+    scan: &Scan,
+    pin: &KernelPin,
+    archive: &Path,
+    names: &[String],
+) -> Result<Vec<String>, KernelError> {
     let mut builtin = Vec::new();
     for asked in names.iter().map(|n| canonical(n)) {
         if scan.found.contains_key(&asked) || builtin.contains(&asked) {
@@ -473,9 +489,19 @@ fn resolve(
             }
         }
     }
+    Ok(builtin)
+}
+
+/// Refuses a found module whose dependency was not found.
+fn check_dependencies(
+    scan: &Scan,
+    depends: &HashMap<String, Vec<String>>,
+    pin: &KernelPin,
+    archive: &Path,
+) -> Result<(), KernelError> {
     // Dependencies must all be there (a dependency is never built in:
     // modpost only records modules that export what is used).
-    for (module, deps) in &depends {
+    for (module, deps) in depends {
         for dep in deps {
             if !scan.found.contains_key(dep) {
                 return Err(KernelError::ModuleDependencyMissing {
@@ -488,7 +514,18 @@ fn resolve(
         }
     }
 
-    // Dependencies first: depth-first post-order from the asked-for names.
+    Ok(())
+}
+
+/// The asked-for modules and their dependencies, dependencies first: a
+/// depth-first post-order from the asked-for names; a cycle is refused.
+fn dependency_order(
+    scan: &Scan,
+    archive: &Path,
+    names: &[String],
+    builtin: &[String],
+    depends: &HashMap<String, Vec<String>>,
+) -> Result<Vec<(String, Vec<String>)>, KernelError> {
     let mut order = Vec::new();
     let mut state: HashMap<String, bool> = HashMap::new(); // false: on the path, true: done
     fn visit(
@@ -521,7 +558,7 @@ fn resolve(
         if builtin.contains(&asked) {
             continue;
         }
-        visit(&asked, &depends, &mut state, &mut order, &mut Vec::new()).map_err(|cycle| {
+        visit(&asked, depends, &mut state, &mut order, &mut Vec::new()).map_err(|cycle| {
             let found = &scan.found[&asked];
             bad_module(
                 &asked,
@@ -531,11 +568,7 @@ fn resolve(
             )
         })?;
     }
-    Ok(Resolved {
-        scan,
-        order,
-        builtin,
-    })
+    Ok(order)
 }
 
 fn bad_read(archive: &Path, member: &Path, e: std::io::Error) -> KernelError {
@@ -554,11 +587,26 @@ fn bad_module(name: &str, found: &Found, archive: &Path, reason: String) -> Kern
     }
 }
 
+/// The cache key of a module set: the manifest format, the package, the
+/// release and the requested names as the kernel spells them, sorted and
+/// deduplicated so that the same set asked in another order is one entry.
+fn set_key(package_sha: &str, release: &str, names: &[String]) -> String {
+    let mut sorted: Vec<String> = names.iter().map(|n| canonical(n)).collect();
+    sorted.sort();
+    sorted.dedup();
+    hex::encode(Sha256::digest(
+        format!(
+            "kloop modules v{MANIFEST_FORMAT}\n{package_sha}\n{release}\n{}",
+            sorted.join("\n")
+        )
+        .as_bytes(),
+    ))
+}
+
 impl KernelCache {
     /// The modules `names` of `pin` and their dependencies, ready for the
     /// initramfs. A hit reads the cached set and re-hashes every file; a
     /// miss reads the pin's verified module package.
-    #[expect(clippy::too_many_lines)]
     pub fn ensure_modules(
         &self,
         pin: &KernelPin,
@@ -570,17 +618,7 @@ impl KernelCache {
             PackageOf::Unserved { package } => return Err(pin.unserved_error(package, "modules")),
             PackageOf::Image => pin.deb_sha256.as_str(),
         };
-        let mut sorted: Vec<String> = names.iter().map(|n| canonical(n)).collect();
-        sorted.sort();
-        sorted.dedup();
-        let key = hex::encode(Sha256::digest(
-            format!(
-                "kloop modules v{MANIFEST_FORMAT}\n{package_sha}\n{}\n{}",
-                pin.release,
-                sorted.join("\n")
-            )
-            .as_bytes(),
-        ));
+        let key = set_key(package_sha, &pin.release, names);
         let dir = self.root().join("modules");
         let manifest = dir.join("sets").join(format!("{key}.json"));
         if let Some(set) = self.cached_set(&manifest, &dir) {

@@ -159,7 +159,6 @@ impl KernelPin {
     }
 
     /// Checks the fields a fetch relies on; `file` is only used in messages.
-    #[expect(clippy::too_many_lines)]
     pub fn validate(&self, file: &Path) -> Result<(), KernelError> {
         let invalid = |message: String| KernelError::PinInvalid {
             file: file.to_path_buf(),
@@ -194,6 +193,29 @@ impl KernelPin {
                 )));
             }
         }
+        if let Some(message) = self.companions_problem() {
+            return Err(invalid(message));
+        }
+        if !is_contained_relative(Path::new(&self.image_path)) {
+            return Err(invalid(format!(
+                "`image_path` must be a relative path inside the package, got {:?}",
+                self.image_path
+            )));
+        }
+        if let Some(stem) = file.file_stem().and_then(|s| s.to_str()) {
+            if file.extension().is_some_and(|e| e == "toml") && stem != self.id {
+                return Err(invalid(format!(
+                    "`id` is {:?} but the file is named {stem}.toml; they must match",
+                    self.id
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// What is wrong with the companion packages (`modules_package`,
+    /// `config_package`), their hashes and `unserved`, if anything.
+    fn companions_problem(&self) -> Option<String> {
         for (package_field, sha_field, package, sha) in [
             (
                 "modules_package",
@@ -213,21 +235,21 @@ impl KernelPin {
                 (Some(package), None) if self.unserved.contains(package) => {}
                 (Some(package), Some(sha)) => {
                     if package.trim().is_empty() || package.chars().any(char::is_whitespace) {
-                        return Err(invalid(format!(
+                        return Some(format!(
                             "`{package_field}` must be a non-empty word, got {package:?}"
-                        )));
+                        ));
                     }
                     if !is_sha256_hex(sha) {
-                        return Err(invalid(format!(
+                        return Some(format!(
                             "`{sha_field}` must be 64 lowercase hex digits, got {sha:?}"
-                        )));
+                        ));
                     }
                 }
                 _ => {
-                    return Err(invalid(format!(
+                    return Some(format!(
                         "`{package_field}` and `{sha_field}` go together: give both or neither \
                          (or name the package in `unserved`)"
-                    )))
+                    ))
                 }
             }
         }
@@ -236,27 +258,13 @@ impl KernelPin {
                 .iter()
                 .any(|p| p.as_deref() == Some(u.as_str()));
             if !names_it || self.lacks(Needs::ALL).iter().all(|l| l != u) {
-                return Err(invalid(format!(
+                return Some(format!(
                     "`unserved` names {u:?}, which is not a `modules_package` or \
                      `config_package` of this pin without its hash"
-                )));
+                ));
             }
         }
-        if !is_contained_relative(Path::new(&self.image_path)) {
-            return Err(invalid(format!(
-                "`image_path` must be a relative path inside the package, got {:?}",
-                self.image_path
-            )));
-        }
-        if let Some(stem) = file.file_stem().and_then(|s| s.to_str()) {
-            if file.extension().is_some_and(|e| e == "toml") && stem != self.id {
-                return Err(invalid(format!(
-                    "`id` is {:?} but the file is named {stem}.toml; they must match",
-                    self.id
-                )));
-            }
-        }
-        Ok(())
+        None
     }
 
     /// The pin as TOML, with the header comment saying how it was made.

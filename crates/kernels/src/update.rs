@@ -124,7 +124,6 @@ impl KernelCache {
     /// The pin `spec` describes (the newest build of its family, or
     /// `spec.version`), its `.deb` and image verified into the cache;
     /// writes no file.
-    #[expect(clippy::too_many_lines)]
     pub fn resolve_pin(
         &self,
         catalog_dir: &Path,
@@ -156,78 +155,14 @@ impl KernelCache {
         )?;
         apt.update(Trust::RequireSigned)?;
 
-        let mut names = Vec::new();
-        for prefix in ["linux-image-", "linux-binary-"] {
-            for name in apt.pkgnames(&format!("{prefix}{}", spec.series))? {
-                if family_release(&name, &spec.series, &spec.flavour).is_some() {
-                    names.push(name);
-                }
-            }
-        }
-        let records = apt.show(&names)?;
-        // An exact version is chosen among that version's packages as the
-        // newest is among all: 7.x serves a small transitional
-        // `linux-image-<release>` beside the `linux-binary-<release>` that
-        // holds the image, both at the version.
-        let choice = choose(&records, spec.version.as_deref());
-        let Some(choice) = choice else {
-            return Err(KernelError::NoCandidate {
-                id: spec.id.clone(),
-                family: format!("series {}, flavour {}", spec.series, spec.flavour),
-                origin: apt.source(),
-                candidates: if records.is_empty() {
-                    "none".into()
-                } else {
-                    records
-                        .iter()
-                        .map(|r| format!("{}={} ({} KiB)", r.package, r.version, r.installed_size))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                },
-            });
-        };
+        let choice = newest_candidate(&apt, spec)?;
         let release = family_release(&choice.package, &spec.series, &spec.flavour)
             .expect("candidates are family members")
             .to_string();
 
-        let downloaded = apt
-            .download(&choice.package, &choice.version)?
-            .ok_or_else(|| KernelError::Vanished {
-                id: spec.id.clone(),
-                package: choice.package.clone(),
-                version: choice.version.clone(),
-                origin: apt.source(),
-            })?;
-        let deb = self.adopt_deb(&downloaded, None)?;
-        let deb_sha256 = deb
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .expect("adopt_deb names files <sha256>.deb")
-            .to_string();
-        // apt already checked the file against the signed index; say so if
-        // the index disagrees with what we hashed.
-        if let Some(indexed) = &choice.sha256 {
-            if indexed != &deb_sha256 {
-                return Err(KernelError::DebHashMismatch {
-                    id: spec.id.clone(),
-                    file: deb,
-                    expected: indexed.clone(),
-                    actual: deb_sha256,
-                });
-            }
-        }
+        let (deb, deb_sha256) = self.download_verified(&apt, spec, &choice)?;
 
-        let (image_path, image, image_sha256) = self.extract_any_image(&deb, &release)?;
-        let reported = bzimage_release(&image)?;
-        if reported != release {
-            return Err(KernelError::BadImage {
-                path: image,
-                reason: format!(
-                    "its header reports release {reported}, but package {} names {release}",
-                    choice.package
-                ),
-            });
-        }
+        let (image_path, image_sha256) = self.release_image(&deb, &release, &choice.package)?;
 
         // 7.x splits what 6.x kept in the image package: the modules go
         // to `linux-modules-<release>`, the .config to `linux-base-<release>`.
@@ -274,6 +209,65 @@ impl KernelCache {
             unserved,
         };
         Ok(pin)
+    }
+
+    /// The package's image, extracted into the cache: its path in the
+    /// package and its sha256, refused when its header reports another
+    /// release than the package name.
+    fn release_image(
+        &self,
+        deb: &Path,
+        release: &str,
+        package: &str,
+    ) -> Result<(String, String), KernelError> {
+        let (image_path, image, image_sha256) = self.extract_any_image(deb, release)?;
+        let reported = bzimage_release(&image)?;
+        if reported != release {
+            return Err(KernelError::BadImage {
+                path: image,
+                reason: format!(
+                    "its header reports release {reported}, but package {package} names {release}"
+                ),
+            });
+        }
+        Ok((image_path, image_sha256))
+    }
+
+    /// Downloads the chosen package into the cache; returns its path and
+    /// sha256, refused when the signed index says another hash.
+    fn download_verified(
+        &self,
+        apt: &AptState,
+        spec: &PinSpec,
+        choice: &PackageRecord,
+    ) -> Result<(PathBuf, String), KernelError> {
+        let downloaded = apt
+            .download(&choice.package, &choice.version)?
+            .ok_or_else(|| KernelError::Vanished {
+                id: spec.id.clone(),
+                package: choice.package.clone(),
+                version: choice.version.clone(),
+                origin: apt.source(),
+            })?;
+        let deb = self.adopt_deb(&downloaded, None)?;
+        let deb_sha256 = deb
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .expect("adopt_deb names files <sha256>.deb")
+            .to_string();
+        // apt already checked the file against the signed index; say so if
+        // the index disagrees with what we hashed.
+        if let Some(indexed) = &choice.sha256 {
+            if indexed != &deb_sha256 {
+                return Err(KernelError::DebHashMismatch {
+                    id: spec.id.clone(),
+                    file: deb,
+                    expected: indexed.clone(),
+                    actual: deb_sha256,
+                });
+            }
+        }
+        Ok((deb, deb_sha256))
     }
 
     /// Downloads `package` at `version` (7.x keeps the modules and the
@@ -391,6 +385,42 @@ fn settle_companion(
             origin: origin.to_string(),
         }),
     }
+}
+
+/// The package of `spec`'s family the suite serves that the pin takes: the
+/// newest, or the newest at `spec.version`.
+fn newest_candidate(apt: &AptState, spec: &PinSpec) -> Result<PackageRecord, KernelError> {
+    let mut names = Vec::new();
+    for prefix in ["linux-image-", "linux-binary-"] {
+        for name in apt.pkgnames(&format!("{prefix}{}", spec.series))? {
+            if family_release(&name, &spec.series, &spec.flavour).is_some() {
+                names.push(name);
+            }
+        }
+    }
+    let records = apt.show(&names)?;
+    // An exact version is chosen among that version's packages as the
+    // newest is among all: 7.x serves a small transitional
+    // `linux-image-<release>` beside the `linux-binary-<release>` that
+    // holds the image, both at the version.
+    let choice = choose(&records, spec.version.as_deref());
+    let Some(choice) = choice else {
+        return Err(KernelError::NoCandidate {
+            id: spec.id.clone(),
+            family: format!("series {}, flavour {}", spec.series, spec.flavour),
+            origin: apt.source(),
+            candidates: if records.is_empty() {
+                "none".into()
+            } else {
+                records
+                    .iter()
+                    .map(|r| format!("{}={} ({} KiB)", r.package, r.version, r.installed_size))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        });
+    };
+    Ok(choice.clone())
 }
 
 /// The newest candidate that can hold an image (only those at `version`

@@ -200,36 +200,14 @@ pub fn check(path: &Path) -> Result<PerfDataCheck, PerfDataError> {
 
 /// [`check`], keeping every KSYMBOL and BPF_EVENT record's bytes in
 /// [`PerfDataCheck::side_band`] when `keep` (for files of a trial's size).
-#[expect(clippy::too_many_lines)]
 pub fn check_with(path: &Path, keep: bool) -> Result<PerfDataCheck, PerfDataError> {
-    let unreadable = |why: String| PerfDataError::Unreadable {
-        path: path.to_path_buf(),
-        why,
-    };
-    let file = std::fs::File::open(path).map_err(|source| PerfDataError::Open {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let pipe = is_pipe_mode(path).map_err(|e| unreadable(e.to_string()))?;
-    let cut = if pipe { pipe_cut(path) } else { file_cut(path) };
-    let cut = cut.map_err(|e| unreadable(e.to_string()))?;
-    if let (false, Some(why)) = (pipe, &cut) {
-        // The feature sections follow the records: nothing reads.
-        return Err(PerfDataError::Truncated {
-            path: path.to_path_buf(),
-            why: why.clone(),
-        });
-    }
-    let reader = std::io::BufReader::new(file);
-    let parsed = if pipe {
-        PerfFileReader::parse_pipe(reader)
-    } else {
-        PerfFileReader::parse_file(reader)
-    };
-    let PerfFileReader {
-        mut perf_file,
-        mut record_iter,
-    } = parsed.map_err(|e| unreadable(e.to_string()))?;
+    let (
+        PerfFileReader {
+            mut perf_file,
+            mut record_iter,
+        },
+        cut,
+    ) = open_reader(path)?;
     let mut out = PerfDataCheck {
         os_release: perf_file.os_release().ok().flatten().map(str::to_string),
         perf_version: perf_file.perf_version().ok().flatten().map(str::to_string),
@@ -271,13 +249,7 @@ pub fn check_with(path: &Path, keep: bool) -> Result<PerfDataCheck, PerfDataErro
         let Some(listener) = listeners.get(attr_index) else {
             continue;
         };
-        let body = record.data.as_slice();
-        let size = 8 + body.len();
-        let mut bytes = Vec::with_capacity(size);
-        bytes.extend_from_slice(&type_.to_le_bytes());
-        bytes.extend_from_slice(&record.misc.to_le_bytes());
-        bytes.extend_from_slice(&(size as u16).to_le_bytes());
-        bytes.extend_from_slice(&body);
+        let bytes = record_bytes(type_, record.misc, &record.data.as_slice());
         if keep && type_ != LOST {
             out.side_band.push(bytes.clone());
         }
@@ -286,29 +258,8 @@ pub fn check_with(path: &Path, keep: bool) -> Result<PerfDataCheck, PerfDataErro
             BPF_EVENT => out.bpf_event += 1,
             _ => out.lost += 1,
         }
-        let recs = match parse_stream(listener, &bytes) {
-            Ok(recs) => recs,
-            Err(e) => match oversized(listener, &bytes) {
-                Some((true_size, recs)) => {
-                    out.push(Finding::new(
-                        "header-size",
-                        format!(
-                            "record {} (event {attr_index}, {}): header.size {size} is {} bytes more than its body and sample_id trailer ({true_size}); the extra bytes are zero",
-                            out.records,
-                            recs.first().and_then(kloop_records::RecordContent::of_record).map(|c| c.to_string()).unwrap_or_default(),
-                            size - true_size
-                        ),
-                    ));
-                    recs
-                }
-                None => {
-                    out.push(Finding::new(
-                        "parse",
-                        format!("record {} (event {attr_index}): {}", out.records, e.what),
-                    ));
-                    continue;
-                }
-            },
+        let Some(recs) = out.parse_side_band(listener, &bytes, attr_index) else {
+            continue;
         };
         for r in recs {
             seen.add(&r);
@@ -319,31 +270,128 @@ pub fn check_with(path: &Path, keep: bool) -> Result<PerfDataCheck, PerfDataErro
             }
         }
     }
-    if let Some(section) = perf_file.feature_section_data(linux_perf_data::Feature::BPF_PROG_INFO) {
-        match prog_info::parse(section) {
-            Ok(progs) => {
-                out.programs_with_info = progs.len();
-                for f in prog_info::judge(
-                    &progs,
-                    &seen.registered,
-                    &seen.loaded,
-                    out.bpf_event_requested,
-                ) {
-                    out.push(f);
-                }
-            }
-            Err(why) => out.push(Finding::new(
-                "bpf-prog-info",
-                format!("HEADER_BPF_PROG_INFO does not read: {why}"),
-            )),
-        }
-    }
+    out.judge_prog_info(&perf_file, &seen);
     // linux-perf-data ends a pipe stream quietly at a partial record; a
     // cut also explains a record that cannot be read.
     if let Some(why) = cut {
         out.stopped = Some(Stopped::CutShort(why));
     }
     Ok(out)
+}
+
+impl PerfDataCheck {
+    /// The records in one side-band record's `bytes`: parsed, or read past
+    /// an oversized header (a `header-size` finding); `None` after a
+    /// `parse` finding.
+    fn parse_side_band(
+        &mut self,
+        listener: &ListenerInfo,
+        bytes: &[u8],
+        attr_index: usize,
+    ) -> Option<Vec<kloop_records::Record>> {
+        let size = bytes.len();
+        match parse_stream(listener, bytes) {
+            Ok(recs) => Some(recs),
+            Err(e) => match oversized(listener, bytes) {
+                Some((true_size, recs)) => {
+                    self.push(Finding::new(
+                        "header-size",
+                        format!(
+                            "record {} (event {attr_index}, {}): header.size {size} is {} bytes more than its body and sample_id trailer ({true_size}); the extra bytes are zero",
+                            self.records,
+                            recs.first().and_then(kloop_records::RecordContent::of_record).map(|c| c.to_string()).unwrap_or_default(),
+                            size - true_size
+                        ),
+                    ));
+                    Some(recs)
+                }
+                None => {
+                    self.push(Finding::new(
+                        "parse",
+                        format!("record {} (event {attr_index}): {}", self.records, e.what),
+                    ));
+                    None
+                }
+            },
+        }
+    }
+
+    /// The findings of the file's HEADER_BPF_PROG_INFO, when it has one,
+    /// against the records seen.
+    fn judge_prog_info(&mut self, perf_file: &linux_perf_data::PerfFile, seen: &Seen) {
+        if let Some(section) =
+            perf_file.feature_section_data(linux_perf_data::Feature::BPF_PROG_INFO)
+        {
+            match prog_info::parse(section) {
+                Ok(progs) => {
+                    self.programs_with_info = progs.len();
+                    for f in prog_info::judge(
+                        &progs,
+                        &seen.registered,
+                        &seen.loaded,
+                        self.bpf_event_requested,
+                    ) {
+                        self.push(f);
+                    }
+                }
+                Err(why) => self.push(Finding::new(
+                    "bpf-prog-info",
+                    format!("HEADER_BPF_PROG_INFO does not read: {why}"),
+                )),
+            }
+        }
+    }
+}
+
+/// The reader of `path` in whichever mode it is, and why it is cut short
+/// if it is.
+fn open_reader(
+    path: &Path,
+) -> Result<
+    (
+        PerfFileReader<std::io::BufReader<std::fs::File>>,
+        Option<String>,
+    ),
+    PerfDataError,
+> {
+    let unreadable = |why: String| PerfDataError::Unreadable {
+        path: path.to_path_buf(),
+        why,
+    };
+    let file = std::fs::File::open(path).map_err(|source| PerfDataError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let pipe = is_pipe_mode(path).map_err(|e| unreadable(e.to_string()))?;
+    let cut = if pipe { pipe_cut(path) } else { file_cut(path) };
+    let cut = cut.map_err(|e| unreadable(e.to_string()))?;
+    if let (false, Some(why)) = (pipe, &cut) {
+        // The feature sections follow the records: nothing reads.
+        return Err(PerfDataError::Truncated {
+            path: path.to_path_buf(),
+            why: why.clone(),
+        });
+    }
+    let reader = std::io::BufReader::new(file);
+    let parsed = if pipe {
+        PerfFileReader::parse_pipe(reader)
+    } else {
+        PerfFileReader::parse_file(reader)
+    };
+    let reader = parsed.map_err(|e| unreadable(e.to_string()))?;
+    Ok((reader, cut))
+}
+
+/// One record as it is in the file: its 8-byte header (type, misc, size)
+/// and body.
+fn record_bytes(type_: u32, misc: u16, body: &[u8]) -> Vec<u8> {
+    let size = 8 + body.len();
+    let mut bytes = Vec::with_capacity(size);
+    bytes.extend_from_slice(&type_.to_le_bytes());
+    bytes.extend_from_slice(&misc.to_le_bytes());
+    bytes.extend_from_slice(&(size as u16).to_le_bytes());
+    bytes.extend_from_slice(body);
+    bytes
 }
 
 /// A file-mode perf.data whose records section (header offset 40: offset

@@ -47,7 +47,6 @@ struct Proto {
 /// Writes at least `target` bytes to `out` (through a temporary file
 /// beside it) from the pipe-mode `template`, whose side-band records all
 /// belong to one event that has `sample_id_all` with `TIME`.
-#[expect(clippy::too_many_lines)]
 pub fn stretch(template: &Path, out: &Path, target: u64) -> Result<Generated, GenerateError> {
     let bad = |why: &str| GenerateError::Template {
         path: template.display().to_string(),
@@ -55,51 +54,12 @@ pub fn stretch(template: &Path, out: &Path, target: u64) -> Result<Generated, Ge
     };
     let bytes = std::fs::read(template)?;
     let listener = side_band_listener(template).map_err(|e| bad(&e.to_string()))?;
-    let trailer = sample_id_len(&listener);
-    // The trailer's order (perf_event__output_id_sample): TID, then TIME.
-    let time_in_trailer = if listener.sample_type & PERF_SAMPLE_TID != 0 {
-        8
-    } else {
-        0
-    };
     if !listener.sample_id_all || listener.sample_type & PERF_SAMPLE_TIME == 0 {
         return Err(bad(
             "its side-band event has no timestamp in a sample_id trailer",
         ));
     }
-    let (mut first, mut end, mut protos) = (None, 0, Vec::new());
-    let mut at = 16;
-    while at + 8 <= bytes.len() {
-        let type_ = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
-        let size = u16::from_le_bytes([bytes[at + 6], bytes[at + 7]]) as usize;
-        if size < 8 || at + size > bytes.len() {
-            return Err(bad("its records do not walk to its end"));
-        }
-        if type_ == KSYMBOL || type_ == BPF_EVENT {
-            let rec = &bytes[at..at + size];
-            let true_size = match parse_stream(&listener, rec) {
-                Ok(_) => size,
-                Err(_) => oversized(&listener, rec)
-                    .map(|(s, _)| s)
-                    .ok_or_else(|| bad("a side-band record does not parse"))?,
-            };
-            let mut b = rec[..true_size].to_vec();
-            b[6..8].copy_from_slice(&(true_size as u16).to_le_bytes());
-            let time_at = true_size - trailer + time_in_trailer;
-            let time = u64::from_le_bytes(b[time_at..time_at + 8].try_into().expect("8 bytes"));
-            protos.push(Proto {
-                bytes: b,
-                time_at,
-                time,
-            });
-            first.get_or_insert(at);
-            end = at + size;
-        }
-        at += size;
-    }
-    let Some(first) = first else {
-        return Err(bad("it has no KSYMBOL or BPF_EVENT record"));
-    };
+    let SideBand { first, end, protos } = side_band(&bytes, &listener, &bad)?;
     let span = protos.last().map_or(0, |p| p.time) - protos[0].time + 1;
     let tmp = out.with_extension(format!("tmp-{}", std::process::id()));
     let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
@@ -133,9 +93,68 @@ pub fn stretch(template: &Path, out: &Path, target: u64) -> Result<Generated, Ge
     Ok(g)
 }
 
+/// The template's side-band records: where the first starts, where the last
+/// ends, and each as a prototype to repeat.
+struct SideBand {
+    first: usize,
+    end: usize,
+    protos: Vec<Proto>,
+}
+
+/// Walks the template's records after its 16-byte pipe header and keeps
+/// the side-band ones, each cut to the size that parses (an oversized
+/// record's padding is not repeated).
+fn side_band(
+    bytes: &[u8],
+    listener: &ListenerInfo,
+    bad: &dyn Fn(&str) -> GenerateError,
+) -> Result<SideBand, GenerateError> {
+    let trailer = sample_id_len(listener);
+    // The trailer's order (perf_event__output_id_sample): TID, then TIME.
+    let time_in_trailer = if listener.sample_type & PERF_SAMPLE_TID != 0 {
+        8
+    } else {
+        0
+    };
+    let (mut first, mut end, mut protos) = (None, 0, Vec::new());
+    let mut at = 16;
+    while at + 8 <= bytes.len() {
+        let type_ = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        let size = u16::from_le_bytes([bytes[at + 6], bytes[at + 7]]) as usize;
+        if size < 8 || at + size > bytes.len() {
+            return Err(bad("its records do not walk to its end"));
+        }
+        if type_ == KSYMBOL || type_ == BPF_EVENT {
+            let rec = &bytes[at..at + size];
+            let true_size = match parse_stream(listener, rec) {
+                Ok(_) => size,
+                Err(_) => oversized(listener, rec)
+                    .map(|(s, _)| s)
+                    .ok_or_else(|| bad("a side-band record does not parse"))?,
+            };
+            let mut b = rec[..true_size].to_vec();
+            b[6..8].copy_from_slice(&(true_size as u16).to_le_bytes());
+            let time_at = true_size - trailer + time_in_trailer;
+            let time = u64::from_le_bytes(b[time_at..time_at + 8].try_into().expect("8 bytes"));
+            protos.push(Proto {
+                bytes: b,
+                time_at,
+                time,
+            });
+            first.get_or_insert(at);
+            end = at + size;
+        }
+        at += size;
+    }
+    let Some(first) = first else {
+        return Err(bad("it has no KSYMBOL or BPF_EVENT record"));
+    };
+    Ok(SideBand { first, end, protos })
+}
+
 /// Why the template has no one side-band event (a `Template` error's why).
 #[derive(Debug, thiserror::Error)]
-enum SideBand {
+enum NoSideBandEvent {
     #[error("{0}")]
     Open(#[from] std::io::Error),
     #[error("{0}")]
@@ -145,7 +164,7 @@ enum SideBand {
 }
 
 /// The one event of the template that asked for side-band records.
-fn side_band_listener(template: &Path) -> Result<ListenerInfo, SideBand> {
+fn side_band_listener(template: &Path) -> Result<ListenerInfo, NoSideBandEvent> {
     let file = std::fs::File::open(template)?;
     let reader = linux_perf_data::PerfFileReader::parse_pipe(std::io::BufReader::new(file))?;
     let listeners = crate::check::listeners(&reader.perf_file);
@@ -155,7 +174,7 @@ fn side_band_listener(template: &Path) -> Result<ListenerInfo, SideBand> {
         .collect();
     match side.len() {
         1 => Ok(side.remove(0)),
-        n => Err(SideBand::NotOne(n)),
+        n => Err(NoSideBandEvent::NotOne(n)),
     }
 }
 

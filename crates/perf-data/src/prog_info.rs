@@ -190,7 +190,6 @@ enum MainName {
 /// program's tag; the PROG_LOAD's tag) and `synthesised-name` (perf named a
 /// program it synthesised otherwise than the kernel names the same kind
 /// of symbol in the same file: a name that never existed in the kernel).
-#[expect(clippy::too_many_lines)]
 pub fn judge(
     progs: &[ProgInfo],
     registered: &BTreeMap<u64, Vec<Registered>>,
@@ -198,7 +197,6 @@ pub fn judge(
     bpf_events: bool,
 ) -> Vec<Finding> {
     let mut out = Vec::new();
-    let hex = |t: &[u8; 8]| t.iter().map(|b| format!("{b:02x}")).collect::<String>();
     // How this file's kernel names a multi-function program's main symbol,
     // seen in its own records; and how perf named the ones it synthesised.
     let mut kernel_style: Option<MainName> = None;
@@ -251,23 +249,7 @@ pub fn judge(
                 }
             }
         }
-        match loaded.get(&p.id) {
-            Some(l) if l.tag != p.tag => out.push(Finding::new(
-                "bpf-prog-info",
-                format!(
-                    "program {} ({}): its PROG_LOAD carries tag {}, bpf_prog_info says {}",
-                    p.id,
-                    p.name,
-                    hex(&l.tag),
-                    hex(&p.tag)
-                ),
-            )),
-            None if bpf_events => out.push(Finding::new(
-                "bpf-prog-info",
-                format!("program {} ({}): no PROG_LOAD in the file", p.id, p.name),
-            )),
-            _ => {}
-        }
+        out.extend(load_finding(p, loaded, bpf_events));
     }
     if let Some(kernel) = kernel_style {
         for (p, r, style) in synthesised.into_iter().filter(|s| s.2 != kernel) {
@@ -278,19 +260,50 @@ pub fn judge(
                     p.id,
                     p.name,
                     r.name,
-                    match style {
-                        MainName::FirstFuncTag => "first function's tag (prog_tags[0])",
-                        MainName::ProgTag => "program's tag",
-                    },
-                    match kernel {
-                        MainName::FirstFuncTag => "first function's tag (prog_tags[0])",
-                        MainName::ProgTag => "program's tag",
-                    },
+                    style.after(),
+                    kernel.after(),
                 ),
             ));
         }
     }
     out
+}
+
+impl MainName {
+    /// What the main symbol's name is after, in a finding's words.
+    fn after(self) -> &'static str {
+        match self {
+            MainName::FirstFuncTag => "first function's tag (prog_tags[0])",
+            MainName::ProgTag => "program's tag",
+        }
+    }
+}
+
+/// A tag as the kernel prints it in a symbol name.
+fn hex(t: &[u8; 8]) -> String {
+    t.iter().map(|b| format!("{b:02x}")).collect::<String>()
+}
+
+/// The `bpf-prog-info` finding on program `p`'s PROG_LOAD: one with another
+/// tag, or none when the file has BPF_EVENT records.
+fn load_finding(p: &ProgInfo, loaded: &BTreeMap<u32, Loaded>, bpf_events: bool) -> Option<Finding> {
+    match loaded.get(&p.id) {
+        Some(l) if l.tag != p.tag => Some(Finding::new(
+            "bpf-prog-info",
+            format!(
+                "program {} ({}): its PROG_LOAD carries tag {}, bpf_prog_info says {}",
+                p.id,
+                p.name,
+                hex(&l.tag),
+                hex(&p.tag)
+            ),
+        )),
+        None if bpf_events => Some(Finding::new(
+            "bpf-prog-info",
+            format!("program {} ({}): no PROG_LOAD in the file", p.id, p.name),
+        )),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

@@ -6,10 +6,45 @@ use std::path::{Path, PathBuf};
 
 use crate::config::*;
 
+/// The kernel command line every guest starts from; the trial's own
+/// parameters follow.
+const BASE_CMDLINE: &[&str] = &[
+    "console=ttyS0",
+    // A panic reboots at once and -no-reboot turns that into a QEMU
+    // exit, so a panicking guest never sits until a deadline.
+    "panic=-1",
+    "oops=panic",
+    // A WARN is the kernel saying it is in a state its authors
+    // call a bug (include/asm-generic/bug.h: "WARN_ON() ... for
+    // conditions that should never happen"), and at loglevel=4 its
+    // pr_warn line never reaches the console: panicking turns it
+    // into a PANIC verdict with the warning's stack, as syzkaller
+    // runs its kernels.
+    "panic_on_warn=1",
+    "loglevel=4",
+    // The crypto manager's self-tests of every registered algorithm
+    // (crypto_algapi_init → crypto_start_tests) are the largest
+    // single initcall under TCG: ~0.25 s of QEMU CPU per boot on 6.1.
+    // kloop tests no crypto.
+    "cryptomgr.notests",
+    // A preset loops-per-jiffy skips the delay-loop calibration on
+    // every CPU. Under TCG the second CPU's calibration fails its
+    // consistency check and retries ("Probably due to long
+    // platform interrupts. Consider using lpj="): boot→hello on 6.1
+    // went 1.97 → 1.58 s with it (5 boots each). udelay() runs on
+    // the TSC, so the value (2.5 GHz at HZ=250) only feeds the
+    // BogoMIPS line and the loop fallback.
+    "lpj=10000000",
+    // check_timer() panics "IO-APIC + timer doesn't work!" when the
+    // PIT's interrupt does not arrive within its busy-wait window,
+    // which a loaded host running TCG can make it miss (seen twice
+    // in a day of runs with five builds competing for 2 cores).
+    "no_timer_check",
+];
+
 impl VmConfig {
     /// The QEMU argv (without the binary) for this guest, given the paths of
     /// the QMP and data sockets.
-    #[expect(clippy::too_many_lines)]
     pub fn argv(&self, qmp_sock: &Path, data_sock: &Path) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
         let mut push = |s: &str| a.push(s.into());
@@ -32,35 +67,9 @@ impl VmConfig {
         } else {
             "pc"
         });
-        match self.accel {
-            Accel::Kvm => {
-                push("-accel");
-                push("kvm");
-                push("-cpu");
-                push("host");
-            }
-            Accel::Tcg => {
-                push("-accel");
-                // One thread round-robins the vCPUs: scheduling is
-                // reproducible, and it is what -icount measurement runs need.
-                // With 2 host cores kloop runs VMs in parallel instead.
-                push("tcg,thread=single");
-                push("-cpu");
-                // QEMU 7.2's TCG computes EFLAGS after CMPXCHG16B from stale
-                // lazy-flag state: a kernel pointer lands in RFLAGS (TF, NT,
-                // AC set at random) and 6.12's SLUB fast path
-                // (`cmpxchg16b %gs:`) panicked about one boot in three. Without
-                // the feature, kernels take their software path: 0 panics in 51
-                // boots of 6.12.
-                push("max,-cx16");
-                if self.icount {
-                    push("-icount");
-                    push("shift=0,sleep=off");
-                }
-            }
-        }
+        a.extend(self.accel_args().into_iter().map(OsString::from));
         if let Some(bios) = firmware() {
-            push("-bios");
+            a.push("-bios".into());
             a.push(bios.into_os_string());
         }
         let mut push = |s: &str| a.push(s.into());
@@ -81,39 +90,7 @@ impl VmConfig {
         let mut push = |s: &str| a.push(s.into());
         push("-smp");
         push(&self.cpus.to_string());
-        let mut cmdline = vec![
-            "console=ttyS0".to_string(),
-            // A panic reboots at once and -no-reboot turns that into a QEMU
-            // exit, so a panicking guest never sits until a deadline.
-            "panic=-1".to_string(),
-            "oops=panic".to_string(),
-            // A WARN is the kernel saying it is in a state its authors
-            // call a bug (include/asm-generic/bug.h: "WARN_ON() ... for
-            // conditions that should never happen"), and at loglevel=4 its
-            // pr_warn line never reaches the console: panicking turns it
-            // into a PANIC verdict with the warning's stack, as syzkaller
-            // runs its kernels.
-            "panic_on_warn=1".to_string(),
-            "loglevel=4".to_string(),
-            // The crypto manager's self-tests of every registered algorithm
-            // (crypto_algapi_init → crypto_start_tests) are the largest
-            // single initcall under TCG: ~0.25 s of QEMU CPU per boot on 6.1.
-            // kloop tests no crypto.
-            "cryptomgr.notests".to_string(),
-            // A preset loops-per-jiffy skips the delay-loop calibration on
-            // every CPU. Under TCG the second CPU's calibration fails its
-            // consistency check and retries ("Probably due to long
-            // platform interrupts. Consider using lpj="): boot→hello on 6.1
-            // went 1.97 → 1.58 s with it (5 boots each). udelay() runs on
-            // the TSC, so the value (2.5 GHz at HZ=250) only feeds the
-            // BogoMIPS line and the loop fallback.
-            "lpj=10000000".to_string(),
-            // check_timer() panics "IO-APIC + timer doesn't work!" when the
-            // PIT's interrupt does not arrive within its busy-wait window,
-            // which a loaded host running TCG can make it miss (seen twice
-            // in a day of runs with five builds competing for 2 cores).
-            "no_timer_check".to_string(),
-        ];
+        let mut cmdline: Vec<String> = BASE_CMDLINE.iter().map(|s| s.to_string()).collect();
         cmdline.extend(self.cmdline.iter().cloned());
         a.push("-kernel".into());
         a.push(self.kernel.clone().into_os_string());
@@ -123,25 +100,8 @@ impl VmConfig {
         }
         a.push("-append".into());
         a.push(cmdline.join(" ").into());
-        let console = self.artefacts.join("console.log");
         a.push("-chardev".into());
-        let mut console_arg = match self.console {
-            Console::File => chardev_arg("file,id=console,path=", &console),
-            // signal=off: raw mode without ISIG, so Ctrl-C is a byte for
-            // the guest, not a SIGINT for QEMU; mux=on gives the Ctrl-A
-            // escapes (Ctrl-A X quits) without a monitor on the line.
-            Console::Terminal => {
-                chardev_arg("stdio,id=console,mux=on,signal=off,logfile=", &console)
-            }
-        };
-        if matches!(self.start, GuestStart::Restore { .. }) {
-            // The trial's console.log already holds the saved boot's.
-            console_arg.push(match self.console {
-                Console::File => ",append=on",
-                Console::Terminal => ",logappend=on",
-            });
-        }
-        a.push(console_arg);
+        a.push(self.console_chardev());
         a.push("-serial".into());
         a.push("chardev:console".into());
         if self.data_channel {
@@ -173,6 +133,62 @@ impl VmConfig {
             );
         }
         a
+    }
+
+    /// The console's `-chardev` value: into `console.log`, and on the
+    /// terminal with [`Console::Terminal`].
+    fn console_chardev(&self) -> OsString {
+        let console = self.artefacts.join("console.log");
+        let mut console_arg = match self.console {
+            Console::File => chardev_arg("file,id=console,path=", &console),
+            // signal=off: raw mode without ISIG, so Ctrl-C is a byte for
+            // the guest, not a SIGINT for QEMU; mux=on gives the Ctrl-A
+            // escapes (Ctrl-A X quits) without a monitor on the line.
+            Console::Terminal => {
+                chardev_arg("stdio,id=console,mux=on,signal=off,logfile=", &console)
+            }
+        };
+        if matches!(self.start, GuestStart::Restore { .. }) {
+            // The trial's console.log already holds the saved boot's.
+            console_arg.push(match self.console {
+                Console::File => ",append=on",
+                Console::Terminal => ",logappend=on",
+            });
+        }
+        console_arg
+    }
+
+    /// The accelerator and CPU model arguments.
+    fn accel_args(&self) -> Vec<&'static str> {
+        let mut args = Vec::new();
+        match self.accel {
+            Accel::Kvm => {
+                args.push("-accel");
+                args.push("kvm");
+                args.push("-cpu");
+                args.push("host");
+            }
+            Accel::Tcg => {
+                args.push("-accel");
+                // One thread round-robins the vCPUs: scheduling is
+                // reproducible, and it is what -icount measurement runs need.
+                // With 2 host cores kloop runs VMs in parallel instead.
+                args.push("tcg,thread=single");
+                args.push("-cpu");
+                // QEMU 7.2's TCG computes EFLAGS after CMPXCHG16B from stale
+                // lazy-flag state: a kernel pointer lands in RFLAGS (TF, NT,
+                // AC set at random) and 6.12's SLUB fast path
+                // (`cmpxchg16b %gs:`) panicked about one boot in three. Without
+                // the feature, kernels take their software path: 0 panics in 51
+                // boots of 6.12.
+                args.push("max,-cx16");
+                if self.icount {
+                    args.push("-icount");
+                    args.push("shift=0,sleep=off");
+                }
+            }
+        }
+        args
     }
 }
 

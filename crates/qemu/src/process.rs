@@ -4,10 +4,10 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -31,7 +31,6 @@ pub struct Vm {
 }
 
 impl Vm {
-    #[expect(clippy::too_many_lines)]
     pub fn spawn(config: VmConfig) -> Result<Vm, VmError> {
         std::fs::create_dir_all(&config.artefacts).doing(format!(
             "creating artefact directory {}",
@@ -43,17 +42,7 @@ impl Vm {
             .doing("creating a socket directory under $TMPDIR")?;
         let qmp_path = sockets.path().join("qmp.sock");
         let data_path = sockets.path().join("data.sock");
-        // We listen, QEMU connects as a client at start-up: nothing the guest
-        // writes can be lost before the host is ready.
-        let data_listener = if config.data_channel {
-            let l = UnixListener::bind(&data_path)
-                .doing(format!("binding data socket {}", data_path.display()))?;
-            l.set_nonblocking(true)
-                .doing("setting data socket non-blocking")?;
-            Some(l)
-        } else {
-            None
-        };
+        let data_listener = data_listener(&config, &data_path)?;
         let argv = config.argv(&qmp_path, &data_path);
         tracing::debug!(
             artefacts = %config.artefacts.display(),
@@ -89,33 +78,7 @@ impl Vm {
             }
         };
         let vmstate_fd = vmstate.as_ref().map(|f| f.as_raw_fd());
-        // QEMU gets its own process group: a Ctrl-C at the terminal reaches
-        // the harness only, which then ends each trial as interrupted and
-        // kills its VM itself (instead of racing QEMU's own SIGINT exit).
-        cmd.process_group(0);
-        // SAFETY: prctl, fcntl and dup2 are async-signal-safe; nothing else runs
-        // in pre_exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                if take_foreground {
-                    terminal::become_foreground()?;
-                }
-                if let Some(fd) = vmstate_fd {
-                    // dup2 onto itself would leave close-on-exec set.
-                    if fd == VMSTATE_FD {
-                        if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                            return Err(io::Error::last_os_error());
-                        }
-                    } else if libc::dup2(fd, VMSTATE_FD) < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
+        child_setup(&mut cmd, take_foreground, vmstate_fd);
         let started = Instant::now();
         let child = cmd.spawn().map_err(|source| VmError::Spawn {
             qemu: config.qemu.clone(),
@@ -203,6 +166,53 @@ impl Vm {
         }
         let _ = child.kill();
         child.wait().ok()
+    }
+}
+
+/// The data channel's socket, listening before QEMU starts.
+fn data_listener(config: &VmConfig, data_path: &Path) -> Result<Option<UnixListener>, VmError> {
+    // We listen, QEMU connects as a client at start-up: nothing the guest
+    // writes can be lost before the host is ready.
+    Ok(if config.data_channel {
+        let l = UnixListener::bind(data_path)
+            .doing(format!("binding data socket {}", data_path.display()))?;
+        l.set_nonblocking(true)
+            .doing("setting data socket non-blocking")?;
+        Some(l)
+    } else {
+        None
+    })
+}
+
+/// What the child does between fork and exec: its own process group, death
+/// with the harness, the terminal's foreground, the saved VM on `VMSTATE_FD`.
+fn child_setup(cmd: &mut Command, take_foreground: bool, vmstate_fd: Option<RawFd>) {
+    // QEMU gets its own process group: a Ctrl-C at the terminal reaches
+    // the harness only, which then ends each trial as interrupted and
+    // kills its VM itself (instead of racing QEMU's own SIGINT exit).
+    cmd.process_group(0);
+    // SAFETY: prctl, fcntl and dup2 are async-signal-safe; nothing else runs
+    // in pre_exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if take_foreground {
+                terminal::become_foreground()?;
+            }
+            if let Some(fd) = vmstate_fd {
+                // dup2 onto itself would leave close-on-exec set.
+                if fd == VMSTATE_FD {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                } else if libc::dup2(fd, VMSTATE_FD) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
     }
 }
 

@@ -162,7 +162,6 @@ impl Vm {
         session
     }
 
-    #[expect(clippy::too_many_lines)]
     pub(crate) fn pump(
         &mut self,
         mut stream: UnixStream,
@@ -170,7 +169,6 @@ impl Vm {
         interrupted: &dyn Fn() -> bool,
         total_end: Instant,
     ) -> SessionEnd {
-        let deadlines = self.config.deadlines;
         if let Err(e) = stream.set_read_timeout(Some(Duration::from_millis(50))) {
             return SessionEnd::Infrastructure(format!("data socket: {e}"));
         }
@@ -183,20 +181,7 @@ impl Vm {
                 return SessionEnd::Interrupted;
             }
             match stream.read(&mut buf) {
-                Ok(0) => {
-                    // QEMU closed the socket: it exited (or is exiting).
-                    let salvaged = session.salvage(&mut decoder, self.started);
-                    let status = self.wait_exit(EXIT_AFTER_CLOSE);
-                    if let Some(end) = salvaged {
-                        return end;
-                    }
-                    return match status {
-                        Some(s) => SessionEnd::QemuExited(s),
-                        None => SessionEnd::Infrastructure(
-                            "QEMU closed the data channel but kept running".into(),
-                        ),
-                    };
-                }
+                Ok(0) => return self.channel_closed(session, &mut decoder),
                 Ok(n) => {
                     // data.bin is capped like memory: feed() ends the
                     // session once the channel limit is passed.
@@ -245,20 +230,55 @@ impl Vm {
             if let Some(end) = session.protocol_error_expired(Instant::now()) {
                 return end;
             }
-            let now = Instant::now();
-            if session.hello_at.is_none() && now >= self.started + deadlines.boot {
-                return SessionEnd::BootTimeout(deadlines.boot);
-            }
-            let last_frame = session
-                .last_frame_at
-                .map_or(pump_started, |d| self.started + d);
-            if session.hello_at.is_some() && now.duration_since(last_frame) >= deadlines.silence {
-                return SessionEnd::Silent(deadlines.silence);
-            }
-            if now >= total_end {
-                return SessionEnd::TotalTimeout(deadlines.total);
+            if let Some(end) = self.deadline_passed(session, pump_started, total_end) {
+                return end;
             }
         }
+    }
+
+    /// How the session ended when QEMU closed the data socket: it exited
+    /// (or is exiting).
+    fn channel_closed(
+        &mut self,
+        session: &mut GuestSession,
+        decoder: &mut FrameDecoder,
+    ) -> SessionEnd {
+        let salvaged = session.salvage(decoder, self.started);
+        let status = self.wait_exit(EXIT_AFTER_CLOSE);
+        if let Some(end) = salvaged {
+            return end;
+        }
+        match status {
+            Some(s) => SessionEnd::QemuExited(s),
+            None => {
+                SessionEnd::Infrastructure("QEMU closed the data channel but kept running".into())
+            }
+        }
+    }
+
+    /// The deadline that has passed, if any: the boot (no hello yet), the
+    /// silence since the last frame (after the hello), the total.
+    fn deadline_passed(
+        &self,
+        session: &GuestSession,
+        pump_started: Instant,
+        total_end: Instant,
+    ) -> Option<SessionEnd> {
+        let deadlines = self.config.deadlines;
+        let now = Instant::now();
+        if session.hello_at.is_none() && now >= self.started + deadlines.boot {
+            return Some(SessionEnd::BootTimeout(deadlines.boot));
+        }
+        let last_frame = session
+            .last_frame_at
+            .map_or(pump_started, |d| self.started + d);
+        if session.hello_at.is_some() && now.duration_since(last_frame) >= deadlines.silence {
+            return Some(SessionEnd::Silent(deadlines.silence));
+        }
+        if now >= total_end {
+            return Some(SessionEnd::TotalTimeout(deadlines.total));
+        }
+        None
     }
 }
 

@@ -655,57 +655,15 @@ impl<'a> Reader<'a> {
 
 /// Parses one record whose bytes (header included) are exactly `rec`.
 /// `Err`: a `ParseError`'s reason, a string as that error carries it.
-#[expect(clippy::too_many_lines)]
 fn parse_record(listener: &ListenerInfo, rec: &[u8]) -> Result<Parts, String> {
     let mut r = Reader { rec, pos: 0 };
-    let short = |what: &str| format!("record too short for {what}");
     let type_ = r.u32().ok_or_else(|| short("header"))?;
     let misc = r.u16().ok_or_else(|| short("header"))?;
     let size = r.u16().ok_or_else(|| short("header"))?;
     let header = PerfHeader { type_, misc, size };
 
     let body = match type_ {
-        PERF_RECORD_KSYMBOL => {
-            let addr = r.u64().ok_or_else(|| short("KSYMBOL body"))?;
-            let len = r.u32().ok_or_else(|| short("KSYMBOL body"))?;
-            let ksym_type = r.u16().ok_or_else(|| short("KSYMBOL body"))?;
-            let flags = r.u16().ok_or_else(|| short("KSYMBOL body"))?;
-            let name_start = r.pos;
-            // The name ends before the trailer, whose length the listener's
-            // sample_type fixes: a NUL inside the trailer does not count.
-            let name_limit = rec.len().saturating_sub(sample_id_len(listener));
-            let rest = rec.get(name_start..name_limit).unwrap_or(&[]);
-            let nul = rest.iter().position(|b| *b == 0).ok_or_else(|| {
-                format!(
-                    "KSYMBOL name has no NUL terminator before the {}-byte sample_id trailer (name bytes at record offsets {name_start}..{name_limit})",
-                    sample_id_len(listener)
-                )
-            })?;
-            // The kernel pads strlen + 1 up to a multiple of 8 with zeros.
-            let padded = (nul + 1).div_ceil(8) * 8;
-            let region = r.take(padded).ok_or_else(|| {
-                format!(
-                    "KSYMBOL name region (strlen {nul}, padded to {padded}) runs past the record end"
-                )
-            })?;
-            let name_bytes = region.get(..nul).unwrap_or(&[]);
-            let padding = region.get(nul..).unwrap_or(&[]);
-            if let Some(i) = padding.iter().position(|b| *b != 0) {
-                return Err(format!(
-                    "KSYMBOL name padding byte {} (record offset {}) is {:#04x}, not zero",
-                    i,
-                    name_start + nul + i,
-                    padding.get(i).copied().unwrap_or(0)
-                ));
-            }
-            RecordBody::Ksymbol {
-                addr,
-                len,
-                ksym_type,
-                flags,
-                name: String::from_utf8_lossy(name_bytes).into_owned(),
-            }
-        }
+        PERF_RECORD_KSYMBOL => ksymbol_body(&mut r, listener)?,
         PERF_RECORD_BPF_EVENT => {
             let event_type = r.u16().ok_or_else(|| short("BPF_EVENT body"))?;
             let flags = r.u16().ok_or_else(|| short("BPF_EVENT body"))?;
@@ -726,36 +684,7 @@ fn parse_record(listener: &ListenerInfo, rec: &[u8]) -> Result<Parts, String> {
             let lost = r.u64().ok_or_else(|| short("LOST body"))?;
             RecordBody::Lost { id, lost }
         }
-        PERF_RECORD_TEXT_POKE => {
-            let addr = r.u64().ok_or_else(|| short("TEXT_POKE body"))?;
-            let old_len = r.u16().ok_or_else(|| short("TEXT_POKE body"))?;
-            let new_len = r.u16().ok_or_else(|| short("TEXT_POKE body"))?;
-            // perf_event_text_poke(): the lengths and both byte strings,
-            // zero-padded to a multiple of 8 (tot, pad).
-            let tot = 4 + usize::from(old_len) + usize::from(new_len);
-            let pad = tot.div_ceil(8) * 8 - tot;
-            r.take(usize::from(old_len) + usize::from(new_len))
-                .ok_or_else(|| {
-                    format!(
-                        "TEXT_POKE bytes (old_len {old_len} + new_len {new_len}) run past the record end"
-                    )
-                })?;
-            let start = r.pos;
-            let padding = r.take(pad).ok_or_else(|| {
-                format!("TEXT_POKE padding ({pad} bytes) runs past the record end")
-            })?;
-            if let Some(i) = padding.iter().position(|b| *b != 0) {
-                return Err(format!(
-                    "TEXT_POKE padding byte {i} (record offset {}) is not zero",
-                    start + i
-                ));
-            }
-            RecordBody::TextPoke {
-                addr,
-                old_len,
-                new_len,
-            }
-        }
+        PERF_RECORD_TEXT_POKE => text_poke_body(&mut r)?,
         PERF_RECORD_FORK | PERF_RECORD_EXIT => {
             let what = if type_ == PERF_RECORD_EXIT {
                 "EXIT body"
@@ -806,6 +735,86 @@ fn parse_record(listener: &ListenerInfo, rec: &[u8]) -> Result<Parts, String> {
         sample: s,
         body_end,
         end: r.pos,
+    })
+}
+
+/// "record too short for `what`": a record that ends inside a field.
+fn short(what: &str) -> String {
+    format!("record too short for {what}")
+}
+
+/// A KSYMBOL body after the header: its fields, then its name, NUL
+/// terminated and zero-padded to a multiple of 8 bytes.
+fn ksymbol_body(r: &mut Reader<'_>, listener: &ListenerInfo) -> Result<RecordBody, String> {
+    let addr = r.u64().ok_or_else(|| short("KSYMBOL body"))?;
+    let len = r.u32().ok_or_else(|| short("KSYMBOL body"))?;
+    let ksym_type = r.u16().ok_or_else(|| short("KSYMBOL body"))?;
+    let flags = r.u16().ok_or_else(|| short("KSYMBOL body"))?;
+    let name_start = r.pos;
+    // The name ends before the trailer, whose length the listener's
+    // sample_type fixes: a NUL inside the trailer does not count.
+    let name_limit = r.rec.len().saturating_sub(sample_id_len(listener));
+    let rest = r.rec.get(name_start..name_limit).unwrap_or(&[]);
+    let nul = rest.iter().position(|b| *b == 0).ok_or_else(|| {
+        format!(
+            "KSYMBOL name has no NUL terminator before the {}-byte sample_id trailer (name bytes at record offsets {name_start}..{name_limit})",
+            sample_id_len(listener)
+        )
+    })?;
+    // The kernel pads strlen + 1 up to a multiple of 8 with zeros.
+    let padded = (nul + 1).div_ceil(8) * 8;
+    let region = r.take(padded).ok_or_else(|| {
+        format!("KSYMBOL name region (strlen {nul}, padded to {padded}) runs past the record end")
+    })?;
+    let name_bytes = region.get(..nul).unwrap_or(&[]);
+    let padding = region.get(nul..).unwrap_or(&[]);
+    if let Some(i) = padding.iter().position(|b| *b != 0) {
+        return Err(format!(
+            "KSYMBOL name padding byte {} (record offset {}) is {:#04x}, not zero",
+            i,
+            name_start + nul + i,
+            padding.get(i).copied().unwrap_or(0)
+        ));
+    }
+    Ok(RecordBody::Ksymbol {
+        addr,
+        len,
+        ksym_type,
+        flags,
+        name: String::from_utf8_lossy(name_bytes).into_owned(),
+    })
+}
+
+/// A TEXT_POKE body after the header: the address, the lengths, both byte
+/// strings (skipped) and zero padding.
+fn text_poke_body(r: &mut Reader<'_>) -> Result<RecordBody, String> {
+    let addr = r.u64().ok_or_else(|| short("TEXT_POKE body"))?;
+    let old_len = r.u16().ok_or_else(|| short("TEXT_POKE body"))?;
+    let new_len = r.u16().ok_or_else(|| short("TEXT_POKE body"))?;
+    // perf_event_text_poke(): the lengths and both byte strings,
+    // zero-padded to a multiple of 8 (tot, pad).
+    let tot = 4 + usize::from(old_len) + usize::from(new_len);
+    let pad = tot.div_ceil(8) * 8 - tot;
+    r.take(usize::from(old_len) + usize::from(new_len))
+        .ok_or_else(|| {
+            format!(
+                "TEXT_POKE bytes (old_len {old_len} + new_len {new_len}) run past the record end"
+            )
+        })?;
+    let start = r.pos;
+    let padding = r
+        .take(pad)
+        .ok_or_else(|| format!("TEXT_POKE padding ({pad} bytes) runs past the record end"))?;
+    if let Some(i) = padding.iter().position(|b| *b != 0) {
+        return Err(format!(
+            "TEXT_POKE padding byte {i} (record offset {}) is not zero",
+            start + i
+        ));
+    }
+    Ok(RecordBody::TextPoke {
+        addr,
+        old_len,
+        new_len,
     })
 }
 

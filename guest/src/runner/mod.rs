@@ -75,16 +75,9 @@ pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
     run_steps(&plan, saved)
 }
 
-/// The session after its hello, for `plan`: heartbeats, the probes, the
-/// aya warm-up, every step, done. `saved` is `Some` in a guest restored
-/// from a saved VM, which warmed up before the save, holding the generated
-/// symbols as they were then.
-#[expect(clippy::too_many_lines)]
-pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>) -> Result<()> {
-    channel::start_heartbeat();
-
-    // Before the probes: a mutant schema's switch decides which code every
-    // later step (and probe) runs.
+/// Writes the plan's module parameters (`/sys/module/<module>/parameters/
+/// <name>`), logging each.
+fn set_params(plan: &Plan) -> Result<()> {
     for p in &plan.params {
         let path = p.path().ok_or_else(|| {
             anyhow::anyhow!(
@@ -99,6 +92,19 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
         ))?;
         log(format!("set {path} = {}", p.value))?;
     }
+    Ok(())
+}
+
+/// The session after its hello, for `plan`: heartbeats, the probes, the
+/// aya warm-up, every step, done. `saved` is `Some` in a guest restored
+/// from a saved VM, which warmed up before the save, holding the generated
+/// symbols as they were then.
+pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>) -> Result<()> {
+    channel::start_heartbeat();
+
+    // Before the probes: a mutant schema's switch decides which code every
+    // later step (and probe) runs.
+    set_params(plan)?;
 
     let (unmet, all_from_save) = probes::first_unmet(&plan.requires)?;
     if let Some((requirement, reason)) = unmet {

@@ -71,8 +71,51 @@ pub fn attach(
     })
 }
 
+/// `kprobe-fill`'s candidates: the kernel's text symbols starting with
+/// `prefix` whose name is unique, and how many `page` symbols there are
+/// now, from one read of /proc/kallsyms.
+fn fill_candidates(prefix: &str, page: &str) -> Result<(Vec<String>, usize)> {
+    // Names seen more than once are local functions of several files: a
+    // probe by name would be ambiguous.
+    let mut seen: HashMap<String, u32> = HashMap::new();
+    // One read for the candidates and the pages there are now.
+    let mut at_start = 0;
+    let text = kallsyms::read_all(|e| {
+        if e.name == page {
+            at_start += 1;
+        }
+        e.module.is_none() && matches!(e.kind, 't' | 'T') && e.name.starts_with(prefix)
+    })?;
+    for e in &text {
+        *seen.entry(e.name.clone()).or_default() += 1;
+    }
+    let candidates = text
+        .iter()
+        .filter(|e| seen[&e.name] == 1)
+        .map(|e| e.name.clone())
+        .collect();
+    Ok((candidates, at_start))
+}
+
+/// Refuses `kprobe-fill` probes (`placed`, as `function+offset`) that the
+/// kprobes list shows on ftrace, which needs no instruction slot.
+fn refuse_on_ftrace(placed: &[String]) -> Result<()> {
+    let list = std::fs::read_to_string(KPROBE_LIST).unwrap_or_default();
+    let on_ftrace = list
+        .lines()
+        .filter(|l| l.contains("[FTRACE]"))
+        .filter(|l| kprobe_line_place(l).is_some_and(|p| placed.contains(&p)))
+        .count();
+    if on_ftrace > 0 {
+        bail!(
+            "kprobe-fill: {on_ftrace} of its probes are on ftrace, which needs no instruction \
+             slot: {KPROBE_LIST}:\n{list}"
+        );
+    }
+    Ok(())
+}
+
 /// `kprobe-fill`: see [`kloop_protocol::Step::KprobeFill`].
-#[expect(clippy::too_many_lines)]
 pub fn kprobe_fill(
     context: &mut StepContext,
     label: &str,
@@ -86,25 +129,7 @@ pub fn kprobe_fill(
         bail!("link {link:?} is already held");
     }
     let pages = || -> Result<usize> { Ok(kallsyms::read_filtered(|e| e.name == PAGE)?.len()) };
-    // Names seen more than once are local functions of several files: a
-    // probe by name would be ambiguous.
-    let mut seen: HashMap<String, u32> = HashMap::new();
-    // One read for the candidates and the pages there are now.
-    let mut at_start = 0;
-    let text = kallsyms::read_all(|e| {
-        if e.name == PAGE {
-            at_start += 1;
-        }
-        e.module.is_none() && matches!(e.kind, 't' | 'T') && e.name.starts_with(prefix)
-    })?;
-    for e in &text {
-        *seen.entry(e.name.clone()).or_default() += 1;
-    }
-    let candidates: Vec<&str> = text
-        .iter()
-        .filter(|e| seen[&e.name] == 1)
-        .map(|e| e.name.as_str())
-        .collect();
+    let (candidates, at_start) = fill_candidates(prefix, PAGE)?;
     let StepContext {
         loaded,
         ksymbol_watch,
@@ -170,18 +195,7 @@ pub fn kprobe_fill(
         bail!("kprobe-fill: the ksymbol watch counted {now} {PAGE} symbol(s), /proc/kallsyms lists {listed}");
     }
     // And the probes placed without asking the kprobes list, once.
-    let list = std::fs::read_to_string(KPROBE_LIST).unwrap_or_default();
-    let on_ftrace = list
-        .lines()
-        .filter(|l| l.contains("[FTRACE]"))
-        .filter(|l| kprobe_line_place(l).is_some_and(|p| placed.contains(&p)))
-        .count();
-    if on_ftrace > 0 {
-        bail!(
-            "kprobe-fill: {on_ftrace} of its probes are on ftrace, which needs no instruction \
-             slot: {KPROBE_LIST}:\n{list}"
-        );
-    }
+    refuse_on_ftrace(&placed)?;
     let detail = format!(
         "{} kprobes past the entry of {prefix}* functions ({skipped} skipped): {now} {PAGE}",
         held.len()
@@ -252,7 +266,6 @@ fn wrong_type(prog: &Program, target: &AttachTarget) -> anyhow::Error {
 
 /// Attaches and takes the link out of aya; returns it with a description
 /// of where it went.
-#[expect(clippy::too_many_lines)]
 fn attach_program(prog: &mut Program, target: &AttachTarget) -> Result<(Box<dyn Any>, String)> {
     Ok(match target {
         AttachTarget::Kprobe {
@@ -260,26 +273,7 @@ fn attach_program(prog: &mut Program, target: &AttachTarget) -> Result<(Box<dyn 
             offset,
             after_entry,
             clones,
-        } => {
-            let p: &mut KProbe = match prog {
-                Program::KProbe(p) if matches!(p.kind(), ProbeKind::Entry) => p,
-                other => return Err(wrong_type(other, target)),
-            };
-            let resolved;
-            let function = if *clones {
-                resolved = crate::kallsyms::resolve_clone(function)?;
-                &resolved
-            } else {
-                function
-            };
-            if *after_entry {
-                return kprobe_after_entry(p, function, *offset);
-            }
-            let event = KprobeEvent::open(p, function, *offset, false)?;
-            let place = format!("{function}+{offset:#x}");
-            let detail = format!("kprobe {place}{}", kprobe_flags(function, *offset));
-            (Box::new(event), detail)
-        }
+        } => return attach_kprobe(prog, target, function, *offset, *after_entry, *clones),
         AttachTarget::Kretprobe { function } => {
             let p: &mut KProbe = match prog {
                 Program::KProbe(p) if matches!(p.kind(), ProbeKind::Return) => p,
@@ -346,6 +340,36 @@ fn attach_program(prog: &mut Program, target: &AttachTarget) -> Result<(Box<dyn 
             )
         }
     })
+}
+
+/// [`attach_program`] to a kprobe target: at `function+offset` (of the one
+/// clone of `function` with `clones`), or past its entry with `after_entry`.
+fn attach_kprobe(
+    prog: &mut Program,
+    target: &AttachTarget,
+    function: &str,
+    offset: u64,
+    after_entry: bool,
+    clones: bool,
+) -> Result<(Box<dyn Any>, String)> {
+    let p: &mut KProbe = match prog {
+        Program::KProbe(p) if matches!(p.kind(), ProbeKind::Entry) => p,
+        other => return Err(wrong_type(other, target)),
+    };
+    let resolved;
+    let function: &str = if clones {
+        resolved = crate::kallsyms::resolve_clone(function)?;
+        &resolved
+    } else {
+        function
+    };
+    if after_entry {
+        return kprobe_after_entry(p, function, offset);
+    }
+    let event = KprobeEvent::open(p, function, offset, false)?;
+    let place = format!("{function}+{offset:#x}");
+    let detail = format!("kprobe {place}{}", kprobe_flags(function, offset));
+    Ok((Box::new(event), detail))
 }
 
 /// The errno somewhere in an error's source chain.

@@ -14,34 +14,8 @@ use crate::sys::{self, OsContext};
 /// `spec.cpus`, or one for the agent's task) and announces each as a
 /// `Listener`; `step` is the plan step that opens them (`close-listeners`
 /// names it).
-#[expect(clippy::too_many_lines)]
 pub fn open(context: &mut StepContext, spec: &ListenerSpec, step: u32) -> Result<()> {
-    let per_cpu = matches!(
-        (spec.scope, spec.inherit),
-        // An inherited task listener is one per CPU too: perf_mmap()
-        // refuses an inherited event bound to no CPU.
-        (ListenerScope::CpuWide, _) | (ListenerScope::Task, true)
-    );
-    let cpus = if per_cpu {
-        let online = sys::online_cpus().os_ctx("reading /sys/devices/system/cpu/online")?;
-        match &spec.cpus {
-            None => online,
-            Some(asked) => {
-                if let Some(c) = asked.iter().find(|c| !online.contains(c)) {
-                    bail!(
-                        "listener spec asks for CPU {c}, which is not online (online: {online:?})"
-                    );
-                }
-                asked.clone()
-            }
-        }
-    } else {
-        if spec.cpus.is_some() {
-            bail!("a task listener without inherit is bound to no CPU; `cpus` does not apply");
-        }
-        // One ring for the whole task: the loop below runs once.
-        vec![0]
-    };
+    let cpus = listener_cpus(spec)?;
     let mut opened = Vec::new();
     for cpu in cpus {
         if spec.ring_pages == 0 {
@@ -101,6 +75,38 @@ pub fn open(context: &mut StepContext, spec: &ListenerSpec, step: u32) -> Result
     }
     context.opened_by.insert(step, opened);
     Ok(())
+}
+
+/// The CPUs to open a ring on: every online one or those `spec.cpus`
+/// asks for (all online) for a listener per CPU; one pass (CPU 0, unused)
+/// for a task listener without inherit.
+fn listener_cpus(spec: &ListenerSpec) -> Result<Vec<u32>> {
+    let per_cpu = matches!(
+        (spec.scope, spec.inherit),
+        // An inherited task listener is one per CPU too: perf_mmap()
+        // refuses an inherited event bound to no CPU.
+        (ListenerScope::CpuWide, _) | (ListenerScope::Task, true)
+    );
+    Ok(if per_cpu {
+        let online = sys::online_cpus().os_ctx("reading /sys/devices/system/cpu/online")?;
+        match &spec.cpus {
+            None => online,
+            Some(asked) => {
+                if let Some(c) = asked.iter().find(|c| !online.contains(c)) {
+                    bail!(
+                        "listener spec asks for CPU {c}, which is not online (online: {online:?})"
+                    );
+                }
+                asked.clone()
+            }
+        }
+    } else {
+        if spec.cpus.is_some() {
+            bail!("a task listener without inherit is bound to no CPU; `cpus` does not apply");
+        }
+        // One ring for the whole task: `open`'s loop runs once.
+        vec![0]
+    })
 }
 
 /// Stops every waiter and sends what each saw: before the rings it polls

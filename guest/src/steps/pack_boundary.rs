@@ -96,7 +96,6 @@ struct Copy {
 }
 
 /// Runs one `pack-boundary` step.
-#[expect(clippy::too_many_lines)]
 pub fn run(
     context: &mut StepContext,
     fixture: &str,
@@ -107,7 +106,6 @@ pub fn run(
     let books = Books::get().map_err(|e| anyhow!("the JIT's books: {e}"))?;
     let books = Reader(books);
     let mut copies: Vec<Copy> = Vec::new();
-    let mut sizes: Vec<u32> = Vec::new();
     let mut moments: Vec<BooksMoment> = Vec::new();
     let of = CopyOf {
         fixture,
@@ -115,84 +113,11 @@ pub fn run(
         target,
     };
 
-    // The cost of a link with cookie 0, from the images of one and two.
-    let mut image = None;
-    for _ in 0..2 {
-        let i = attach_copy(&books, &mut copies, &of, 0)?;
-        sizes.push(i.size);
-        image = Some(i);
-    }
-    let per_link = sizes[1]
-        .checked_sub(sizes[0])
-        .filter(|d| *d > 0)
-        .ok_or_else(|| {
-            anyhow!(
-                "the image of two links is {} bytes and of one {}: a link must add code",
-                sizes[1],
-                sizes[0]
-            )
-        })?;
-    let plan = plan_cookies(sizes[1], per_link, MAX_LINKS - copies.len()).ok_or_else(|| {
-        anyhow!(
-            "no set of at most {} more links brings the {}-byte image to a multiple of {CHUNK} \
-             ({per_link} bytes a link)",
-            MAX_LINKS - copies.len(),
-            sizes[1]
-        )
-    })?;
-    for (cookie, extra) in plan {
-        let before = image.as_ref().map_or(0, |i: &Image| i.size);
-        let want = before + per_link + extra;
-        let i = attach_copy(&books, &mut copies, &of, cookie)?;
-        sizes.push(i.size);
-        if i.size != want {
-            bail!(
-                "a link with cookie {cookie:#x} made a {}-byte image where {want} was predicted \
-                 ({before} + {per_link} a link + {extra} for the cookie; sizes so far {sizes:?}): \
-                 this kernel's trampoline code is not what the step models",
-                i.size
-            );
-        }
-        image = Some(i);
-    }
-    let boundary = image.expect("at least two links");
-    log(format!(
-        "pack-boundary: image sizes {sizes:?}; {} bytes at {:#x}, {} chunks, with {} links",
-        boundary.size,
-        boundary.start,
-        u64::from(boundary.size) / CHUNK,
-        copies.len()
-    ))?;
+    let (boundary, sizes) = grow_to_boundary(&books, &mut copies, &of)?;
 
     // Live code in the chunk right after it.
     let next = boundary.start + u64::from(boundary.size);
-    let mut fillers: Vec<(OwnedFd, u32)> = Vec::new();
-    let neighbour = loop {
-        let ksyms = books.ksyms()?;
-        if let Some(k) = ksyms
-            .iter()
-            .find(|k| k.start < next + CHUNK && k.end > next)
-        {
-            break Some(k.clone());
-        }
-        if chunk_used(&books.packs()?, next)? {
-            // Used by an allocation whose code starts in a later chunk (a
-            // program's header chunk), or by nothing live: no neighbour
-            // whose symbol the host could hold to the bitmap.
-            log(format!(
-                "pack-boundary: the chunk at {next:#x} after the image is used, but no live \
-                 symbol covers it"
-            ))?;
-            break None;
-        }
-        if fillers.len() == MAX_FILLERS {
-            bail!("{MAX_FILLERS} filler programs and the chunk at {next:#x} is still free");
-        }
-        fillers.push(load_filler()?);
-        if fillers.len().is_multiple_of(DRAIN_EVERY) {
-            context.records_bytes += perf::drain_all(&mut context.rings)?;
-        }
-    };
+    let (neighbour, fillers) = neighbour_after(context, &books, next)?;
     moments.push(books.moment("the boundary image and the code after it live")?);
 
     // Free it: the last link goes, a smaller image replaces it.
@@ -255,6 +180,109 @@ pub fn run(
     drop(copies);
     context.records_bytes += perf::drain_all(&mut context.rings)?;
     Ok(())
+}
+
+/// Attaches copies until the trampoline image is a whole number of chunks:
+/// two links with cookie 0 give the cost of a link, then the cookies
+/// [`plan_cookies`] picks, every image's size checked against the one
+/// predicted. Returns that boundary image and the sizes of all the images.
+fn grow_to_boundary(
+    books: &Reader,
+    copies: &mut Vec<Copy>,
+    of: &CopyOf<'_>,
+) -> Result<(Image, Vec<u32>)> {
+    let mut sizes: Vec<u32> = Vec::new();
+    // The cost of a link with cookie 0, from the images of one and two.
+    let mut image = None;
+    for _ in 0..2 {
+        let i = attach_copy(books, copies, of, 0)?;
+        sizes.push(i.size);
+        image = Some(i);
+    }
+    let per_link = sizes[1]
+        .checked_sub(sizes[0])
+        .filter(|d| *d > 0)
+        .ok_or_else(|| {
+            anyhow!(
+                "the image of two links is {} bytes and of one {}: a link must add code",
+                sizes[1],
+                sizes[0]
+            )
+        })?;
+    let plan = plan_cookies(sizes[1], per_link, MAX_LINKS - copies.len()).ok_or_else(|| {
+        anyhow!(
+            "no set of at most {} more links brings the {}-byte image to a multiple of {CHUNK} \
+             ({per_link} bytes a link)",
+            MAX_LINKS - copies.len(),
+            sizes[1]
+        )
+    })?;
+    for (cookie, extra) in plan {
+        let before = image.as_ref().map_or(0, |i: &Image| i.size);
+        let want = before + per_link + extra;
+        let i = attach_copy(books, copies, of, cookie)?;
+        sizes.push(i.size);
+        if i.size != want {
+            bail!(
+                "a link with cookie {cookie:#x} made a {}-byte image where {want} was predicted \
+                 ({before} + {per_link} a link + {extra} for the cookie; sizes so far {sizes:?}): \
+                 this kernel's trampoline code is not what the step models",
+                i.size
+            );
+        }
+        image = Some(i);
+    }
+    let boundary = image.expect("at least two links");
+    log(format!(
+        "pack-boundary: image sizes {sizes:?}; {} bytes at {:#x}, {} chunks, with {} links",
+        boundary.size,
+        boundary.start,
+        u64::from(boundary.size) / CHUNK,
+        copies.len()
+    ))?;
+    Ok((boundary, sizes))
+}
+
+/// A loaded filler program: its fd (it stays loaded while held) and id.
+type Filler = (OwnedFd, u32);
+
+/// Loads filler programs (`r0 = 0` socket filters, a chunk each) until the
+/// chunk at `next`, right after the boundary image, is used. Returns the
+/// live symbol covering that chunk, if any, and the fillers, which must
+/// stay loaded until the allocator is read.
+fn neighbour_after(
+    context: &mut StepContext,
+    books: &Reader,
+    next: u64,
+) -> Result<(Option<KsymReading>, Vec<Filler>)> {
+    let mut fillers: Vec<Filler> = Vec::new();
+    let neighbour = loop {
+        let ksyms = books.ksyms()?;
+        if let Some(k) = ksyms
+            .iter()
+            .find(|k| k.start < next + CHUNK && k.end > next)
+        {
+            break Some(k.clone());
+        }
+        if chunk_used(&books.packs()?, next)? {
+            // Used by an allocation whose code starts in a later chunk (a
+            // program's header chunk), or by nothing live: no neighbour
+            // whose symbol the host could hold to the bitmap.
+            log(format!(
+                "pack-boundary: the chunk at {next:#x} after the image is used, but no live \
+                 symbol covers it"
+            ))?;
+            break None;
+        }
+        if fillers.len() == MAX_FILLERS {
+            bail!("{MAX_FILLERS} filler programs and the chunk at {next:#x} is still free");
+        }
+        fillers.push(load_filler()?);
+        if fillers.len().is_multiple_of(DRAIN_EVERY) {
+            context.records_bytes += perf::drain_all(&mut context.rings)?;
+        }
+    };
+    Ok((neighbour, fillers))
 }
 
 /// A trampoline image as the step needs it.

@@ -285,7 +285,6 @@ fn nudge_side_band(pid: libc::pid_t) {
 
 /// `perf-record-stop`: stops perf record, runs `perf report -D --header` on
 /// its file and sends the text as `PerfScript`.
-#[expect(clippy::too_many_lines)]
 pub fn stop() -> Result<()> {
     let running = PERF_RECORD
         .lock()
@@ -295,6 +294,27 @@ pub fn stop() -> Result<()> {
     let Running {
         mut child, command, ..
     } = running;
+    let record_stderr = stop_recording(&mut child, &command)?;
+    let (report, report_stderr) = run_report()?;
+    send_data()?;
+    let text = std::fs::read(REPORT_OUT).os_ctx(format!("reading {REPORT_OUT}"))?;
+    if text.len() > MAX_TEXT {
+        bail!(
+            "`{report}` printed {} bytes, more than one message carries ({MAX_TEXT}); \
+             record fewer events (e.g. `--synth=no`, `-e dummy`)",
+            text.len()
+        );
+    }
+    send(&Message::PerfScript {
+        command: format!("{command}; {report}"),
+        text: String::from_utf8_lossy(&text).into_owned(),
+        stderr: format!("--- perf record ---\n{record_stderr}--- perf report ---\n{report_stderr}"),
+    })
+}
+
+/// SIGINT to the running `perf record` (`command`), waited for; returns
+/// its stderr once it stopped cleanly.
+fn stop_recording(child: &mut Child, command: &str) -> Result<String> {
     let pid = child.id() as libc::pid_t;
     // SAFETY: signalling our own child, which has not been reaped yet.
     if unsafe { libc::kill(pid, libc::SIGINT) } != 0 {
@@ -302,7 +322,7 @@ pub fn stop() -> Result<()> {
     }
     let started = Instant::now();
     let status = wait_until(
-        &mut child,
+        child,
         STOP_DEADLINE,
         Duration::from_millis(10),
         nudge_side_band,
@@ -330,7 +350,12 @@ pub fn stop() -> Result<()> {
         started.elapsed().as_millis(),
         describe(status)
     ))?;
+    Ok(record_stderr)
+}
 
+/// `perf report -D --header` on the recorded file, waited for; returns its
+/// command line and its stderr once it succeeded.
+fn run_report() -> Result<(String, String)> {
     let report_args = ["report", "-D", "--header", "-i", DATA];
     let report = format!("perf {}", report_args.join(" "));
     let stdout = File::create(REPORT_OUT).os_ctx(format!("creating {REPORT_OUT}"))?;
@@ -360,18 +385,5 @@ pub fn stop() -> Result<()> {
             describe(status)
         );
     }
-    send_data()?;
-    let text = std::fs::read(REPORT_OUT).os_ctx(format!("reading {REPORT_OUT}"))?;
-    if text.len() > MAX_TEXT {
-        bail!(
-            "`{report}` printed {} bytes, more than one message carries ({MAX_TEXT}); \
-             record fewer events (e.g. `--synth=no`, `-e dummy`)",
-            text.len()
-        );
-    }
-    send(&Message::PerfScript {
-        command: format!("{command}; {report}"),
-        text: String::from_utf8_lossy(&text).into_owned(),
-        stderr: format!("--- perf record ---\n{record_stderr}--- perf report ---\n{report_stderr}"),
-    })
+    Ok((report, report_stderr))
 }

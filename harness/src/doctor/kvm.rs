@@ -2,7 +2,6 @@
 
 use super::*;
 
-#[expect(clippy::too_many_lines)]
 pub(super) fn check_kvm(
     qemu: Option<&Path>,
     cache: Option<&KernelCache>,
@@ -76,7 +75,12 @@ pub(super) fn check_kvm(
         Ok(d) => d,
         Err(e) => return Check::warn("kvm", e.to_string(), "cargo xtask doctor --recheck"),
     };
-    let verdict_path = accel::verdict_file(cache.root(), qemu);
+    decision_check(&decision, &accel::verdict_file(cache.root(), qemu))
+}
+
+/// What the accelerator decision means here: where it came from, and the fix
+/// that fits how it was reached when it is not KVM.
+fn decision_check(decision: &accel::AccelDecision, verdict_path: &Path) -> Check {
     let verdict = match (decision.from_cache, decision.probe_ms) {
         // A TCG verdict's reason names its file already.
         (true, _) if decision.reason.contains(&*verdict_path.to_string_lossy()) => {

@@ -10,7 +10,6 @@ pub(super) fn mirror_fix() -> String {
     )
 }
 
-#[expect(clippy::too_many_lines)]
 pub(super) fn check_mirror(
     opts: &DoctorOptions,
     cache: Option<&KernelCache>,
@@ -57,14 +56,7 @@ pub(super) fn check_mirror(
     let first = catalog
         .and_then(|c| c.pins().first())
         .map_or("sid", |p| p.suite.as_str());
-    let reach = probe_suites(cache, &mirror.url, &[first], opts.mirror_deadline)
-        .into_iter()
-        .next()
-        .map_or_else(
-            || Err("no answer".to_string()),
-            |(_, r)| r.map_err(|e| e.to_string()),
-        );
-    let release = match reach {
+    let release = match first_release(cache, &mirror.url, first, opts.mirror_deadline) {
         Ok(release) => release,
         Err(why) => {
             return vec![needed(
@@ -92,7 +84,42 @@ pub(super) fn check_mirror(
                 .unwrap_or_default()
         ),
     )];
-    let suites = probe_suites(cache, &mirror.url, DEBIAN_SUITES, opts.mirror_deadline);
+    checks.push(suites_check(
+        cache,
+        &mirror.url,
+        opts.mirror_deadline,
+        catalog,
+        uncached,
+    ));
+    checks
+}
+
+/// The Release file of `suite` on the mirror, or why it did not come.
+fn first_release(
+    cache: &KernelCache,
+    mirror_url: &str,
+    suite: &str,
+    deadline: Duration,
+) -> Result<kloop_kernels::available::SuiteRelease, String> {
+    probe_suites(cache, mirror_url, &[suite], deadline)
+        .into_iter()
+        .next()
+        .map_or_else(
+            || Err("no answer".to_string()),
+            |(_, r)| r.map_err(|e| e.to_string()),
+        )
+}
+
+/// Which Debian suites the mirror serves, and whether a pin's suite is gone
+/// (a failure only for a pin not cached yet).
+fn suites_check(
+    cache: &KernelCache,
+    mirror_url: &str,
+    deadline: Duration,
+    catalog: Option<&Catalog>,
+    uncached: &[String],
+) -> Check {
+    let suites = probe_suites(cache, mirror_url, DEBIAN_SUITES, deadline);
     let served: Vec<&str> = suites
         .iter()
         .filter(|(_, r)| r.is_ok())
@@ -127,7 +154,7 @@ pub(super) fn check_mirror(
                 .collect()
         })
         .unwrap_or_default();
-    checks.push(if stranded.is_empty() {
+    if stranded.is_empty() {
         Check::ok("suites", detail)
     } else {
         let stranded_uncached = stranded
@@ -146,6 +173,5 @@ pub(super) fn check_mirror(
         } else {
             Check::warn("suites", detail + " (cached here)", fix)
         }
-    });
-    checks
+    }
 }

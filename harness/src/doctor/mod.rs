@@ -21,7 +21,7 @@ use kloop_kernels::{Catalog, FetchOptions, HostOs, KernelCache, KEYRING_ENV, MIR
 use kloop_qemu::accel::{self, AccelChoice};
 
 use crate::run::payload::{self, PayloadError};
-use crate::run::suite::Layout;
+use crate::workspace::Layout;
 
 mod disk;
 mod kvm;

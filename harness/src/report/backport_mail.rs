@@ -233,7 +233,6 @@ fn audit_part(m: &BackportMail<'_>) -> String {
 }
 
 /// What was checked about a backport patch, and what was not.
-#[expect(clippy::too_many_lines)]
 fn check_part(m: &BackportMail<'_>) -> String {
     let folder = m.fix_folder.as_deref().unwrap_or("kernels/fixes/");
     let mut n = String::from("\nThe backport:\n");
@@ -259,37 +258,7 @@ fn check_part(m: &BackportMail<'_>) -> String {
                  (`patch -p1 --forward --dry-run`, as kloop's validate applies \
                  patches), {how}. It is below the scissors line."
             )));
-            if m.validations.is_empty() {
-                n.push_str(&item(&format!(
-                    "not validated: the ledger records no `cargo xtask validate` of \
-                     {patch}; it was only checked to apply."
-                )));
-            }
-            for v in &m.validations {
-                let other = if &v.source == source {
-                    String::new()
-                } else {
-                    format!(
-                        " That was {}; the tree checked above is {source}, where the \
-                         patch was only checked to apply.",
-                        v.source
-                    )
-                };
-                n.push_str(&item(&format!(
-                    "validated before, as the ledger records (not re-run for this \
-                     mail): {} on {}, {}, run {} (the source built without and with \
-                     the patch, every kloop scenario on both: {}).{other}",
-                    v.result,
-                    v.source,
-                    v.validated,
-                    v.run,
-                    if v.summary.is_empty() {
-                        "no counts kept"
-                    } else {
-                        &v.summary
-                    }
-                )));
-            }
+            n.push_str(&validation_items(m, patch, source));
             if let Some(c) = &m.upstream {
                 n.push_str(&item(&format!(
                     "not checked: whether upstream commit {} itself applies to {}.y \
@@ -320,6 +289,44 @@ fn check_part(m: &BackportMail<'_>) -> String {
             )));
             n.push_str(&item("no patch is included."));
         }
+    }
+    n
+}
+
+/// Whether the patch that applies was validated before, as the ledger
+/// records it: the mail reports those runs, it does not re-run them.
+fn validation_items(m: &BackportMail<'_>, patch: &str, source: &str) -> String {
+    let mut n = String::new();
+    if m.validations.is_empty() {
+        n.push_str(&item(&format!(
+            "not validated: the ledger records no `cargo xtask validate` of \
+             {patch}; it was only checked to apply."
+        )));
+    }
+    for v in &m.validations {
+        let other = if v.source == source {
+            String::new()
+        } else {
+            format!(
+                " That was {}; the tree checked above is {source}, where the \
+                 patch was only checked to apply.",
+                v.source
+            )
+        };
+        n.push_str(&item(&format!(
+            "validated before, as the ledger records (not re-run for this \
+             mail): {} on {}, {}, run {} (the source built without and with \
+             the patch, every kloop scenario on both: {}).{other}",
+            v.result,
+            v.source,
+            v.validated,
+            v.run,
+            if v.summary.is_empty() {
+                "no counts kept"
+            } else {
+                &v.summary
+            }
+        )));
     }
     n
 }
@@ -480,15 +487,15 @@ pub struct ComposedBackport {
 /// gap from the kept audit answers, the fix folder's patch checked against
 /// `linux-source-<series>` where kloop pins it, the recipients from the
 /// source tree of the fix's patch.
-#[expect(clippy::too_many_lines)]
 pub fn compose(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     id: &str,
     series: &str,
     fetch: &kloop_kernels::FetchOptions,
 ) -> Result<ComposedBackport, BackportError> {
     use crate::run::{audit, fixes, standalone};
-    let ledger = crate::run::suite::load_ledger(layout)?;
+    let ledger =
+        crate::workspace::load_ledger(layout).map_err(crate::run::suite::SuiteError::from)?;
     fixes::check_ids(&ledger, &[id.to_string()])?;
     let recalled = audit::recall::recall(layout, id, fetch)?;
     let a = &recalled.audit;
@@ -519,96 +526,28 @@ pub fn compose(
     );
     let mut warnings = Vec::new();
 
-    // Recipients as `report-bug` derives them: get_maintainer.pl of the
-    // fix's source tree over the patch (the one that applies, else this
-    // series', else the newest), then the stable list To.
-    let for_recipients = applied
-        .clone()
-        .or_else(|| patches.iter().find(|(s, _)| *s == source_name).cloned())
-        .or_else(|| patches.last().cloned());
-    let derived = for_recipients.as_ref().and_then(|(src, p)| {
-        let text = std::fs::read_to_string(p).ok()?;
-        let subject = crate::report::bug_mail::split_patch(&text).ok()?.subject;
-        crate::report::bug_mail::recipients_of(layout, src, p, &subject)
-    });
-    let recipients = match derived {
-        Some(r) => stable_recipients(&r),
-        None => {
-            warnings.push(match &for_recipients {
-                Some((src, _)) => format!(
-                    "scripts/get_maintainer.pl of {src} gave no recipients; add the fix's maintainers to Cc: by hand"
-                ),
-                None => "the fix folder has no patch to ask scripts/get_maintainer.pl about; add the fix's maintainers to Cc: by hand".to_string(),
-            });
-            stable_recipients(&Recipients::default())
-        }
-    };
+    let recipients = backport_recipients(
+        layout,
+        applied.as_ref(),
+        &patches,
+        &source_name,
+        &mut warnings,
+    );
 
-    let issues: Vec<Issue> = {
-        let mut v: Vec<Issue> = ledger
-            .issues
-            .iter()
-            .filter(|i| i.id == id)
-            .cloned()
-            .collect();
-        v.extend(
-            ledger
-                .issues
-                .iter()
-                .filter(|i| i.id != id && reproducer.ids.contains(&i.id))
-                .cloned(),
-        );
-        v
-    };
+    let issues = answered_for(&ledger, id, &reproducer.ids);
     let validations = match &applied {
         Some((_, p)) => crate::report::bug_mail::validations(&layout.root, &issues, &rel(p)),
         None => Vec::new(),
     };
     let r = standalone::find(&layout.kernels(), &ledger, id)?;
-    let proof =
-        standalone::latest_proof(&layout.root.join("target/kloop/runs"), &r.name).map(|(_, p)| p);
-    if proof.is_none() {
-        warnings.push(format!(
-            "the reproducer was never proven; run `cargo xtask repro --standalone {id} --prove`"
-        ));
-    }
-    let upstream = audit::upstream_commit(&layout.kernels(), &r);
-    if upstream.is_none() {
-        warnings.push(format!(
-            "no upstream commit is known for {id} (no `[ Upstream commit HASH` in its fix folder's patches): the mail asks for it by hand"
-        ));
-    }
-    let check_line = match &check {
-        PatchCheck::Applies { patch, source, .. } => format!(
-            "{patch} applies to {source} (dry run); {}",
-            if validations.is_empty() {
-                "the ledger records no validate of it".to_string()
-            } else {
-                validations
-                    .iter()
-                    .map(|v| format!("validate {} on {}", v.result, v.source))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            }
-        ),
-        PatchCheck::NoneApplies { source, .. } => {
-            format!("no patch of the fix folder applies to {source}")
-        }
-        PatchCheck::NotChecked { why, .. } => format!("patch not checked: {why}"),
-    };
+    let (proof, upstream) = proof_and_upstream(layout, id, &r, &mut warnings);
+    let check_line = check_line(&check, &validations);
     let mail = BackportMail {
         issues: &issues,
         series: series.to_string(),
         gap,
         audit: a,
-        runs: recalled
-            .runs
-            .iter()
-            .map(|p| {
-                p.file_name()
-                    .map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into())
-            })
-            .collect(),
+        runs: recalled.runs.iter().map(|p| run_name(p)).collect(),
         upstream,
         recipients,
         fix_folder: folder.as_deref().map(rel),
@@ -625,6 +564,116 @@ pub fn compose(
         check: check_line,
         warnings,
     })
+}
+
+/// The reproducer's latest proof and the upstream commit of the fix, as far
+/// as they are known; each one missing is a warning.
+fn proof_and_upstream(
+    layout: &crate::workspace::Layout,
+    id: &str,
+    r: &crate::run::standalone::Reproducer,
+    warnings: &mut Vec<String>,
+) -> (Option<ReproProof>, Option<UpstreamCommit>) {
+    let proof =
+        crate::run::standalone::latest_proof(&layout.root.join("target/kloop/runs"), &r.name)
+            .map(|(_, p)| p);
+    if proof.is_none() {
+        warnings.push(format!(
+            "the reproducer was never proven; run `cargo xtask repro --standalone {id} --prove`"
+        ));
+    }
+    let upstream = crate::run::audit::upstream_commit(&layout.kernels(), r);
+    if upstream.is_none() {
+        warnings.push(format!(
+            "no upstream commit is known for {id} (no `[ Upstream commit HASH` in its fix folder's patches): the mail asks for it by hand"
+        ));
+    }
+    (proof, upstream)
+}
+
+/// The ledger entries the mail is about: the one asked for first, then the
+/// others its reproducer answers for.
+fn answered_for(
+    ledger: &crate::judge::known_issues::Ledger,
+    id: &str,
+    reproducer_ids: &[String],
+) -> Vec<Issue> {
+    let mut v: Vec<Issue> = ledger
+        .issues
+        .iter()
+        .filter(|i| i.id == id)
+        .cloned()
+        .collect();
+    v.extend(
+        ledger
+            .issues
+            .iter()
+            .filter(|i| i.id != id && reproducer_ids.contains(&i.id))
+            .cloned(),
+    );
+    v
+}
+
+/// A run as the mail names it: its directory's name.
+fn run_name(p: &std::path::Path) -> String {
+    p.file_name()
+        .map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into())
+}
+
+/// Recipients as `report-bug` derives them: get_maintainer.pl of the fix's
+/// source tree over the patch (the one that applies, else this series',
+/// else the newest), then the stable list To. Without any, the stable list
+/// alone, and a warning to add the maintainers by hand.
+fn backport_recipients(
+    layout: &crate::workspace::Layout,
+    applied: Option<&(String, std::path::PathBuf)>,
+    patches: &[(String, std::path::PathBuf)],
+    source_name: &str,
+    warnings: &mut Vec<String>,
+) -> Recipients {
+    let for_recipients = applied
+        .cloned()
+        .or_else(|| patches.iter().find(|(s, _)| *s == source_name).cloned())
+        .or_else(|| patches.last().cloned());
+    let derived = for_recipients.as_ref().and_then(|(src, p)| {
+        let text = std::fs::read_to_string(p).ok()?;
+        let subject = crate::report::bug_mail::split_patch(&text).ok()?.subject;
+        crate::report::bug_mail::recipients_of(layout, src, p, &subject)
+    });
+    match derived {
+        Some(r) => stable_recipients(&r),
+        None => {
+            warnings.push(match &for_recipients {
+                Some((src, _)) => format!(
+                    "scripts/get_maintainer.pl of {src} gave no recipients; add the fix's maintainers to Cc: by hand"
+                ),
+                None => "the fix folder has no patch to ask scripts/get_maintainer.pl about; add the fix's maintainers to Cc: by hand".to_string(),
+            });
+            stable_recipients(&Recipients::default())
+        }
+    }
+}
+
+/// The one line `compose` says about the patch check, for the terminal.
+fn check_line(check: &PatchCheck, validations: &[Validation]) -> String {
+    match check {
+        PatchCheck::Applies { patch, source, .. } => format!(
+            "{patch} applies to {source} (dry run); {}",
+            if validations.is_empty() {
+                "the ledger records no validate of it".to_string()
+            } else {
+                validations
+                    .iter()
+                    .map(|v| format!("validate {} on {}", v.result, v.source))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        ),
+        PatchCheck::NoneApplies { source, .. } => {
+            format!("no patch of the fix folder applies to {source}")
+        }
+        PatchCheck::NotChecked { why, .. } => format!("patch not checked: {why}"),
+    }
 }
 
 /// The gap of `series` in the recalled audit, or why there is none to
@@ -698,9 +747,8 @@ pub fn gap_of(
 /// Tries the fix folder's patches on `source_name`'s pristine tree: the
 /// series' own patch first, then the others, newest first. Returns the
 /// check and the (source, path) of the patch that applies.
-#[expect(clippy::too_many_lines)]
 fn check_patches(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     cache: &kloop_kernels::KernelCache,
     source_name: &str,
     patches: &[(String, std::path::PathBuf)],
@@ -728,29 +776,7 @@ fn check_patches(
     }
     let spec = match SourceSpec::parse(source_name, &layout.kernels()) {
         Ok(s) => s,
-        Err(e) => {
-            let why = match e {
-                build::BuildError::UnknownSource { known, .. } => format!(
-                    "kloop pins no Debian source package {source_name} to try them on \
-                     (kernels/sources/ pins {known}); the folder's patches are for {}",
-                    patches
-                        .iter()
-                        .map(|(s, _)| s.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-                other => format!("{source_name}: {other}"),
-            };
-            return (
-                PatchCheck::NotChecked {
-                    why,
-                    next: format!(
-                        "Where Debian ships {source_name}, `cargo xtask kernels pin-source {source_name} --suite SUITE` pins it; then run this command again."
-                    ),
-                },
-                None,
-            );
-        }
+        Err(e) => return (source_not_pinned(e, source_name, patches), None),
     };
     let label = spec.label();
     let tree = match build::source_tree(cache, &spec, fetch) {
@@ -783,19 +809,7 @@ fn check_patches(
                     Some((src.clone(), p.clone())),
                 );
             }
-            Err(e) => {
-                let why = match &e {
-                    build::BuildError::PatchFailed { output, .. } => output
-                        .lines()
-                        .find(|l| l.contains("FAILED") || l.contains("failed"))
-                        .or_else(|| output.lines().last())
-                        .unwrap_or("refused")
-                        .trim()
-                        .to_string(),
-                    other => other.to_string(),
-                };
-                tried.push((rel(p), why));
-            }
+            Err(e) => tried.push((rel(p), refusal(&e))),
         }
     }
     (
@@ -805,6 +819,48 @@ fn check_patches(
         },
         None,
     )
+}
+
+/// Why the patches cannot be tried when `source_name` is no source kloop
+/// can unpack, and how to pin it.
+fn source_not_pinned(
+    e: kloop_kernels::build::BuildError,
+    source_name: &str,
+    patches: &[(String, std::path::PathBuf)],
+) -> PatchCheck {
+    let why = match e {
+        kloop_kernels::build::BuildError::UnknownSource { known, .. } => format!(
+            "kloop pins no Debian source package {source_name} to try them on \
+             (kernels/sources/ pins {known}); the folder's patches are for {}",
+            patches
+                .iter()
+                .map(|(s, _)| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        other => format!("{source_name}: {other}"),
+    };
+    PatchCheck::NotChecked {
+        why,
+        next: format!(
+            "Where Debian ships {source_name}, `cargo xtask kernels pin-source {source_name} --suite SUITE` pins it; then run this command again."
+        ),
+    }
+}
+
+/// The line of `patch`'s refusal worth reporting: the first that says what
+/// failed, else its last.
+fn refusal(e: &kloop_kernels::build::BuildError) -> String {
+    match e {
+        kloop_kernels::build::BuildError::PatchFailed { output, .. } => output
+            .lines()
+            .find(|l| l.contains("FAILED") || l.contains("failed"))
+            .or_else(|| output.lines().last())
+            .unwrap_or("refused")
+            .trim()
+            .to_string(),
+        other => other.to_string(),
+    }
 }
 
 #[cfg(test)]

@@ -417,12 +417,13 @@ pub struct Composed {
 /// the stand-alone reproducer and its latest proof, and the recipients
 /// from the source tree's `get_maintainer.pl`.
 pub fn compose(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     id: &str,
     source: Option<&str>,
 ) -> Result<Composed, BugMailError> {
     use crate::run::{fixes, standalone};
-    let ledger = crate::run::suite::load_ledger(layout)?;
+    let ledger =
+        crate::workspace::load_ledger(layout).map_err(crate::run::suite::SuiteError::from)?;
     fixes::check_ids(&ledger, &[id.to_string()])?;
     let folder = fixes::folder_of(&layout.kernels(), id).ok_or_else(|| BugMailError::NoFix {
         id: id.to_string(),
@@ -530,7 +531,7 @@ fn choose_patch(
 
 /// The source's pristine tree, then its get_maintainer.pl's recipients.
 pub(crate) fn recipients_of(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     source: &str,
     patch: &std::path::Path,
     subject: &str,

@@ -60,7 +60,6 @@ fn attr(s: &str) -> String {
 }
 
 /// JUnit XML: one testsuite per kernel, one testcase per scenario.
-#[expect(clippy::too_many_lines)]
 pub fn junit(results: &[TrialResult]) -> String {
     // In first-seen order, each once: A/B runs interleave their kernels'
     // trials, and a kernel's suite holds all of its trials.
@@ -97,70 +96,78 @@ pub fn junit(results: &[TrialResult]) -> String {
             rs.len()
         );
         for r in rs {
-            let _ = write!(
-                x,
-                "    <testcase classname=\"kloop.{}\" name=\"{}\" time=\"{:.3}\">",
-                attr(k),
-                attr(&r.scenario),
-                r.wall_secs
-            );
-            let props = format!(
-                "<properties><property name=\"accel\" value=\"{}\"/><property name=\"guest_release\" value=\"{}\"/><property name=\"qemu\" value=\"{}\"/><property name=\"host_release\" value=\"{}\"/><property name=\"artefacts\" value=\"{}\"/></properties>",
-                attr(&r.accel),
-                attr(r.guest_release.as_deref().unwrap_or("")),
-                attr(&r.qemu_version),
-                attr(&r.host_release),
-                attr(&r.artefacts.display().to_string())
-            );
-            x.push_str(&props);
-            match &r.verdict {
-                Verdict::Ok => {}
-                Verdict::Failed(f) => {
-                    let _ = write!(
-                        x,
-                        "<failure message=\"{}\">{}</failure>",
-                        attr(&f.cause.summary()),
-                        text(&f.message)
-                    );
-                }
-                // JUnit has no "expected failure": a known bug is
-                // skipped with the reason, so CI shows it without failing.
-                Verdict::Skipped(_) | Verdict::Known(_) => {
-                    let headline = r.verdict.headline();
-                    let message = match &r.verdict {
-                        Verdict::Known(_) => format!("known bug: {headline}"),
-                        _ => headline,
-                    };
-                    let _ = write!(
-                        x,
-                        "<skipped message=\"{}\">{}</skipped>",
-                        attr(&message),
-                        text(r.verdict.message().unwrap_or(""))
-                    );
-                }
-                Verdict::Fixed(m) | Verdict::Flaky(m) => {
-                    let _ = write!(
-                        x,
-                        "<failure message=\"{}\">{}</failure>",
-                        attr(&r.verdict.headline()),
-                        text(m)
-                    );
-                }
-                other => {
-                    let _ = write!(
-                        x,
-                        "<error type=\"{}\" message=\"{}\">{}</error>",
-                        other.label().to_lowercase(),
-                        other.label().to_lowercase(),
-                        text(other.message().unwrap_or(""))
-                    );
-                }
-            }
-            x.push_str("</testcase>\n");
+            x.push_str(&testcase(k, r));
         }
         x.push_str("  </testsuite>\n");
     }
     x.push_str("</testsuites>\n");
+    x
+}
+
+/// One trial as a testcase of kernel `k`'s suite: its properties, and its
+/// verdict as JUnit's failure, skipped or error.
+fn testcase(k: &str, r: &TrialResult) -> String {
+    let mut x = String::new();
+    let _ = write!(
+        x,
+        "    <testcase classname=\"kloop.{}\" name=\"{}\" time=\"{:.3}\">",
+        attr(k),
+        attr(&r.scenario),
+        r.wall_secs
+    );
+    let props = format!(
+        "<properties><property name=\"accel\" value=\"{}\"/><property name=\"guest_release\" value=\"{}\"/><property name=\"qemu\" value=\"{}\"/><property name=\"host_release\" value=\"{}\"/><property name=\"artefacts\" value=\"{}\"/></properties>",
+        attr(&r.accel),
+        attr(r.guest_release.as_deref().unwrap_or("")),
+        attr(&r.qemu_version),
+        attr(&r.host_release),
+        attr(&r.artefacts.display().to_string())
+    );
+    x.push_str(&props);
+    match &r.verdict {
+        Verdict::Ok => {}
+        Verdict::Failed(f) => {
+            let _ = write!(
+                x,
+                "<failure message=\"{}\">{}</failure>",
+                attr(&f.cause.summary()),
+                text(&f.message)
+            );
+        }
+        // JUnit has no "expected failure": a known bug is
+        // skipped with the reason, so CI shows it without failing.
+        Verdict::Skipped(_) | Verdict::Known(_) => {
+            let headline = r.verdict.headline();
+            let message = match &r.verdict {
+                Verdict::Known(_) => format!("known bug: {headline}"),
+                _ => headline,
+            };
+            let _ = write!(
+                x,
+                "<skipped message=\"{}\">{}</skipped>",
+                attr(&message),
+                text(r.verdict.message().unwrap_or(""))
+            );
+        }
+        Verdict::Fixed(m) | Verdict::Flaky(m) => {
+            let _ = write!(
+                x,
+                "<failure message=\"{}\">{}</failure>",
+                attr(&r.verdict.headline()),
+                text(m)
+            );
+        }
+        other => {
+            let _ = write!(
+                x,
+                "<error type=\"{}\" message=\"{}\">{}</error>",
+                other.label().to_lowercase(),
+                other.label().to_lowercase(),
+                text(other.message().unwrap_or(""))
+            );
+        }
+    }
+    x.push_str("</testcase>\n");
     x
 }
 

@@ -468,7 +468,6 @@ pub fn mutation_run_document(
 /// affected FAIL (`known: true`, with the ledger ids: the bug is the
 /// ledger's), clean PASS, cannot run (exit 77) SKIP, no answer ERROR when
 /// the build booted and MISS when it could not be had.
-#[expect(clippy::too_many_lines)]
 pub fn audit_document(audit: &crate::run::audit::Audit, ctx: &RunContext) -> Document {
     use crate::run::audit::plan::Answer;
     use serde_json::json;
@@ -482,32 +481,7 @@ pub fn audit_document(audit: &crate::run::audit::Audit, ctx: &RunContext) -> Doc
         else {
             continue;
         };
-        let (checkout, kbuild) = match (&build.deb_sha256, &b.image_sha256) {
-            (Some(deb), Some(image)) => {
-                let p = Provenance::DebianBuild {
-                    package: build.package.clone(),
-                    version: build.version.clone(),
-                    suite: build.suite.clone(),
-                    deb_sha256: deb.clone(),
-                    image_sha256: image.clone(),
-                    release: build.release.clone(),
-                };
-                (p.checkout(), p.build())
-            }
-            // Never pinned (its download failed, say): named by package
-            // and version, the only identity known.
-            _ => {
-                let c = id_of(&["debian-package", &build.package, &build.version]);
-                (
-                    json!({"id": c, "origin": ORIGIN, "valid": true, "tree_name": "debian",
-                        "comment": format!("Debian's {} {} ({})", build.package, build.version, build.suite),
-                        "misc": {"package": build.package, "version": build.version, "suite": build.suite}}),
-                    json!({"id": id_of(&["build", &build.package, &build.version]), "checkout_id": c,
-                        "origin": ORIGIN, "architecture": "x86_64", "config_name": "debian cloud-amd64",
-                        "status": "PASS", "misc": {"release": build.release}}),
-                )
-            }
-        };
+        let (checkout, kbuild) = audited_build(build, b);
         let build_id = kbuild["id"].clone();
         if !doc.checkouts.iter().any(|c| c["id"] == checkout["id"]) {
             doc.checkouts.push(checkout);
@@ -559,6 +533,40 @@ pub fn audit_document(audit: &crate::run::audit::Audit, ctx: &RunContext) -> Doc
         }
     }
     doc
+}
+
+/// The KCIDB checkout and build of a Debian build an audit asked.
+fn audited_build(
+    build: &crate::run::audit::BuildRef,
+    b: &crate::run::audit::BootRecord,
+) -> (serde_json::Value, serde_json::Value) {
+    use serde_json::json;
+    match (&build.deb_sha256, &b.image_sha256) {
+        (Some(deb), Some(image)) => {
+            let p = Provenance::DebianBuild {
+                package: build.package.clone(),
+                version: build.version.clone(),
+                suite: build.suite.clone(),
+                deb_sha256: deb.clone(),
+                image_sha256: image.clone(),
+                release: build.release.clone(),
+            };
+            (p.checkout(), p.build())
+        }
+        // Never pinned (its download failed, say): named by package
+        // and version, the only identity known.
+        _ => {
+            let c = id_of(&["debian-package", &build.package, &build.version]);
+            (
+                json!({"id": c, "origin": ORIGIN, "valid": true, "tree_name": "debian",
+                    "comment": format!("Debian's {} {} ({})", build.package, build.version, build.suite),
+                    "misc": {"package": build.package, "version": build.version, "suite": build.suite}}),
+                json!({"id": id_of(&["build", &build.package, &build.version]), "checkout_id": c,
+                    "origin": ORIGIN, "architecture": "x86_64", "config_name": "debian cloud-amd64",
+                    "status": "PASS", "misc": {"release": build.release}}),
+            )
+        }
+    }
 }
 
 /// Several documents as one (the shards of a run): objects with the same
@@ -802,26 +810,27 @@ mod audit_tests {
     use crate::run::audit::plan::{audit_series, Answer};
     use crate::run::audit::{Audit, AuditedReproducer, AuditedSeries, BootRecord, BuildRef};
 
-    /// An audit of two 6.12 builds (one booted, one answered from kept
-    /// answers) and a 6.16 build that could not be had: one checkout and
-    /// build per Debian build, one test per (build × reproducer), statuses
-    /// by answer. Written to target/kloop/kcidb-samples/ for `.ci/run`'s
-    /// kcidb-io validation.
-    #[test]
-    #[expect(clippy::too_many_lines)]
-    fn an_audits_document_has_a_test_per_build_and_reproducer() {
-        let build = |v: &str, deb: Option<&str>| BuildRef {
+    /// A Debian build as the audit names it; `deb` repeated is its sha256.
+    fn build_ref(v: &str, deb: Option<&str>) -> BuildRef {
+        BuildRef {
             version: v.into(),
             package: format!("linux-image-{v}-cloud-amd64"),
             suite: "bookworm-backports".into(),
             release: format!("{v}-cloud-amd64"),
             deb_sha256: deb.map(|d| d.repeat(64)),
-        };
-        let boot = |series: &str,
-                    v: &str,
-                    answers: Vec<(&str, Answer)>,
-                    kept: bool,
-                    image: Option<&str>| BootRecord {
+        }
+    }
+
+    /// A build's boot: booted now (`kept` false, in a directory) or answered
+    /// from kept answers; `image` repeated is its image's sha256.
+    fn boot_record(
+        series: &str,
+        v: &str,
+        answers: Vec<(&str, Answer)>,
+        kept: bool,
+        image: Option<&str>,
+    ) -> BootRecord {
+        BootRecord {
             series: series.into(),
             version: v.into(),
             release: None,
@@ -838,7 +847,11 @@ mod audit_tests {
             secs: 4.5,
             image_sha256: image.map(|i| i.repeat(64)),
             pinned_without: vec![],
-        };
+        }
+    }
+
+    /// The audit the test below describes.
+    fn two_series_audit() -> Audit {
         let finding = audit_series(2, &mut |i| {
             if i == 0 {
                 Answer::Affected
@@ -846,7 +859,7 @@ mod audit_tests {
                 Answer::Clean
             }
         });
-        let audit = Audit {
+        Audit {
             reproducers: vec![
                 AuditedReproducer {
                     name: "hs".into(),
@@ -864,14 +877,14 @@ mod audit_tests {
                 AuditedSeries {
                     series: "6.12".into(),
                     builds: vec![
-                        build("6.12.43-1", Some("a")),
-                        build("6.12.118-1", Some("b")),
+                        build_ref("6.12.43-1", Some("a")),
+                        build_ref("6.12.118-1", Some("b")),
                     ],
                     findings: [("hs".to_string(), finding)].into_iter().collect(),
                 },
                 AuditedSeries {
                     series: "6.16".into(),
-                    builds: vec![build("6.16.3-1", None)],
+                    builds: vec![build_ref("6.16.3-1", None)],
                     findings: Default::default(),
                 },
             ],
@@ -879,14 +892,14 @@ mod audit_tests {
             gaps: vec![],
             unanswered_series: vec![],
             boots: vec![
-                boot(
+                boot_record(
                     "6.12",
                     "6.12.118-1",
                     vec![("hs", Answer::Clean), ("ip", Answer::Affected)],
                     false,
                     Some("c"),
                 ),
-                boot(
+                boot_record(
                     "6.12",
                     "6.12.43-1",
                     vec![
@@ -896,7 +909,7 @@ mod audit_tests {
                     true,
                     Some("d"),
                 ),
-                boot(
+                boot_record(
                     "6.16",
                     "6.16.3-1",
                     vec![("hs", Answer::NoAnswer("INFRA: pinning".into()))],
@@ -907,7 +920,17 @@ mod audit_tests {
             secs: 12.0,
             run_dir: "/nonexistent".into(),
             accel: "tcg".into(),
-        };
+        }
+    }
+
+    /// An audit of two 6.12 builds (one booted, one answered from kept
+    /// answers) and a 6.16 build that could not be had: one checkout and
+    /// build per Debian build, one test per (build × reproducer), statuses
+    /// by answer. Written to target/kloop/kcidb-samples/ for `.ci/run`'s
+    /// kcidb-io validation.
+    #[test]
+    fn an_audits_document_has_a_test_per_build_and_reproducer() {
+        let audit = two_series_audit();
         let ctx = super::RunContext {
             kloop_commit: "0123456789abcdef0123456789abcdef01234567".into(),
             run: "1795764689-22645".into(),

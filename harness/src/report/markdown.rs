@@ -222,7 +222,6 @@ mod tests {
     }
 
     #[test]
-    #[expect(clippy::too_many_lines)]
     fn totals_table_and_failures() {
         let dir = tempfile::tempdir().unwrap();
         let ok = result(dir.path(), "6.12", "basic", Verdict::Ok);
@@ -232,44 +231,7 @@ mod tests {
             "probes",
             Verdict::Skipped("lsm-bpf: lsm is `lockdown|yama`\u{1b}[0m".into()),
         );
-        let mut failed = result(
-            dir.path(),
-            "6.1",
-            "basic",
-            Verdict::failed(
-                crate::run::trial::FailureCause::Rules {
-                    rules: vec!["lost".into()],
-                },
-                "2 invariant violation(s) …",
-            ),
-        );
-        failed.violations = vec![
-            RuleHit {
-                rule: "load-symbols".into(),
-                message: "program \"a\" f0: len 64 != 72: L0@128 KSYMBOL register".into(),
-                listener: Some(0),
-                offset: Some(128),
-                records: Vec::new(),
-                known_issue: None,
-                detail: None,
-            },
-            RuleHit {
-                rule: "load-symbols".into(),
-                message: "a message with ``` inside".into(),
-                listener: None,
-                offset: None,
-                records: Vec::new(),
-                known_issue: Some("size-grows".into()),
-                detail: None,
-            },
-        ];
-        failed.snapshot_drift = Some(SnapshotDrift {
-            snapshot: "scenarios/basic/snapshots/6.1.snap".into(),
-            pending: None,
-            diff: "  line 3: - KSYMBOL register len=64\n  line 3: + KSYMBOL register len=72".into(),
-        });
-        let console: String = (1..=25).map(|i| format!("console line {i}\n")).collect();
-        std::fs::write(failed.artefacts.join("console.log"), console).unwrap();
+        let failed = failed_with_evidence(dir.path());
         let panicked = result(
             dir.path(),
             "7.3",
@@ -320,6 +282,51 @@ mod tests {
             md.contains("```text\nguest kernel panicked:\nKernel panic - not syncing: x\n```"),
             "{md}"
         );
+    }
+
+    /// A failed 6.1/basic with all a failure section shows: two violations
+    /// (one known, one with a fence in its message), a snapshot drift and a
+    /// console longer than the 20 lines shown.
+    fn failed_with_evidence(dir: &Path) -> TrialResult {
+        let mut failed = result(
+            dir,
+            "6.1",
+            "basic",
+            Verdict::failed(
+                crate::run::trial::FailureCause::Rules {
+                    rules: vec!["lost".into()],
+                },
+                "2 invariant violation(s) …",
+            ),
+        );
+        failed.violations = vec![
+            RuleHit {
+                rule: "load-symbols".into(),
+                message: "program \"a\" f0: len 64 != 72: L0@128 KSYMBOL register".into(),
+                listener: Some(0),
+                offset: Some(128),
+                records: Vec::new(),
+                known_issue: None,
+                detail: None,
+            },
+            RuleHit {
+                rule: "load-symbols".into(),
+                message: "a message with ``` inside".into(),
+                listener: None,
+                offset: None,
+                records: Vec::new(),
+                known_issue: Some("size-grows".into()),
+                detail: None,
+            },
+        ];
+        failed.snapshot_drift = Some(SnapshotDrift {
+            snapshot: "scenarios/basic/snapshots/6.1.snap".into(),
+            pending: None,
+            diff: "  line 3: - KSYMBOL register len=64\n  line 3: + KSYMBOL register len=72".into(),
+        });
+        let console: String = (1..=25).map(|i| format!("console line {i}\n")).collect();
+        std::fs::write(failed.artefacts.join("console.log"), console).unwrap();
+        failed
     }
 
     #[test]

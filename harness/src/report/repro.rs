@@ -11,8 +11,9 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::run::suite::{self, EnvOptions, Layout};
+use crate::run::suite::{self, EnvOptions};
 use crate::run::trial::{BootMode, KernelUnderTest};
+use crate::workspace::Layout;
 
 /// The decoder the reproducer ships.
 const SHOW_RECORDS: &str = include_str!("show-records.py");
@@ -53,7 +54,7 @@ pub fn trial_dir(layout: &Layout, spec: &str) -> Result<PathBuf, ReproError> {
     } else {
         let (run, rest) = spec.split_once('/').unwrap_or((spec, ""));
         let run_dir = if run == "latest" {
-            crate::run::run_dirs::list(&layout.runs())
+            crate::workspace::run_dirs::list(&layout.runs())
                 .into_iter()
                 .map(|r| r.path)
                 .find(|p| p.join(rest).join("result.json").is_file())

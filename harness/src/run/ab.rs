@@ -154,7 +154,7 @@ impl AbRun {
 /// one too, with a note saying so).
 #[allow(clippy::too_many_arguments)] // two kernels, what to run, how, and two callbacks
 pub fn run(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     baseline: &KernelUnderTest,
     candidate: &KernelUnderTest,
     scenarios: &[Scenario],
@@ -206,7 +206,7 @@ pub struct KeptBaseline {
 /// a core free. The trials run in a run directory of their own; `on_start`
 /// hears its environment when there is anything to run.
 pub fn keep_baseline(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     baseline: &KernelUnderTest,
     scenarios: &[Scenario],
     opts: &crate::run::suite::EnvOptions,
@@ -259,7 +259,7 @@ pub fn keep_baseline(
 /// `env` (none when nothing can be kept: a blessing run, an unreadable
 /// input), with the ledger as it is now.
 fn reuse_of(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     env: &crate::run::trial::TrialEnv,
     kernel: &KernelUnderTest,
 ) -> (
@@ -276,7 +276,7 @@ fn reuse_of(
 /// [`run`]'s trials with the baseline's kept results reused (the baseline
 /// trials are the even ones of [`trials`]); the results in `trials`' order.
 fn run_reusing_baseline(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     env: &crate::run::trial::TrialEnv,
     trials: &[PlannedTrial],
     jobs: suite::Parallel,

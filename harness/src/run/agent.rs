@@ -23,14 +23,6 @@ pub enum AgentBuildError {
     NotStatic(PathBuf),
 }
 
-/// The workspace root this harness was built from.
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("harness/ lives in the workspace root")
-        .to_path_buf()
-}
-
 /// The checkout's commit, `+dirty` with uncommitted changes, `unknown`
 /// outside git: what a KCIDB document and a shard's manifest name as the
 /// kloop that ran (shards of different kloop code must not merge).

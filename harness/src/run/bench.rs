@@ -644,7 +644,7 @@ impl Finished {
             secs: started.elapsed().as_secs_f64(),
             exit: status.code(),
             pid,
-            run_dir: crate::run::run_dirs::of_process(runs_root, pid),
+            run_dir: crate::workspace::run_dirs::of_process(runs_root, pid),
             runs_root: runs_root.to_path_buf(),
         })
     }

@@ -10,7 +10,6 @@
 //! - [`suite`]: planning and running many trials;
 //! - [`repeat`]: `--repeat N` and the FLAKY verdict;
 //! - [`reuse`]: a baseline's trial results kept for the next A/B;
-//! - [`run_dirs`]: run directories, locked while live, pruned to the newest;
 //! - [`shard`]: `--shard K/N`, the partition of a run among N machines;
 //! - [`signals`]: SIGINT/SIGTERM for every wait loop;
 //! - [`bench`]: what `cargo xtask bench` measures;
@@ -38,7 +37,6 @@ pub mod payload;
 pub mod phases;
 pub mod repeat;
 pub mod reuse;
-pub mod run_dirs;
 pub mod saved_vm;
 pub mod shard;
 pub mod shell;

@@ -407,7 +407,6 @@ impl SavedVms {
         let _ = std::fs::remove_dir_all(&saved.dir);
     }
 
-    #[expect(clippy::too_many_lines)]
     fn create(
         &self,
         key: &str,
@@ -450,46 +449,19 @@ impl SavedVms {
             },
             ..shape.clone()
         };
-        let task = format!("save {}", &key[..16.min(key.len())]);
-        crate::run::status::start(
-            &task,
-            &format!(
-                "{kernel_label}: no saved VM of this kernel × VM shape yet ({}): booting it \
-                 once to save it",
-                &key[..16.min(key.len())]
-            ),
-        );
-        let result = Vm::spawn(config)
-            .map_err(|e| e.to_string())
-            .and_then(|mut vm| {
-                vm.save_when_awaiting(interrupted)
-                    .map_err(|e| e.to_string())
-            });
-        let report = match result {
-            Ok(r) => {
-                crate::run::status::done(
-                    &task,
-                    &format!(
-                        "{kernel_label}: saved VM {} made: {:.1} s to the agent's plan \
-                         request, {:.1} s to save",
-                        &key[..16.min(key.len())],
-                        r.boot_to_ready.as_secs_f64(),
-                        r.save.as_secs_f64()
-                    ),
-                );
-                r
-            }
-            Err(why) => {
-                crate::run::status::failed(&task, &format!("saving a VM failed: {why}"));
-                // Keep the boot's artefacts for the user, not the state.
-                let _ = std::fs::remove_file(&partial);
-                let _ = std::fs::remove_file(&ram_partial);
-                return Err(SaveFailed::Save {
-                    why,
-                    console: dir.join("boot").join("console.log"),
-                });
-            }
-        };
+        let report =
+            match boot_to_save(config, kernel_label, &key[..16.min(key.len())], interrupted) {
+                Ok(r) => r,
+                Err(why) => {
+                    // Keep the boot's artefacts for the user, not the state.
+                    let _ = std::fs::remove_file(&partial);
+                    let _ = std::fs::remove_file(&ram_partial);
+                    return Err(SaveFailed::Save {
+                        why: why.to_string(),
+                        console: dir.join("boot").join("console.log"),
+                    });
+                }
+            };
         let vmstate = dir.join("vmstate");
         let ram = dir.join("ram");
         for (from, to) in [(&partial, &vmstate), (&ram_partial, &ram)] {
@@ -513,11 +485,8 @@ impl SavedVms {
             ram_bytes: std::fs::metadata(&ram).map(|m| m.len()).unwrap_or(0),
             pin,
         };
-        let json = serde_json::to_vec_pretty(&meta).map_err(|e| SaveFailed::Meta(Arc::new(e)))?;
-        let tmp = dir.join("meta.json.partial");
-        std::fs::write(&tmp, json)
-            .and_then(|()| std::fs::rename(&tmp, dir.join("meta.json")))
-            .doing(format!("writing {}/meta.json", dir.display()))?;
+        // Written last, and whole: a saved VM with its meta.json is complete.
+        write_meta(&dir, &meta)?;
         lock(&self.made).push(MadeSavedVm {
             key: key.to_string(),
             kernel: kernel_label.to_string(),
@@ -596,6 +565,60 @@ impl SavedVms {
             );
         }
     }
+}
+
+/// Why [`boot_to_save`] made no saved VM: QEMU's or the save's own error.
+#[derive(Debug, thiserror::Error)]
+enum BootToSave {
+    #[error("{0}")]
+    Spawn(kloop_qemu::VmError),
+    #[error("{0}")]
+    Save(kloop_qemu::SavedVmError),
+}
+
+/// Boots `config` once and saves it when the agent awaits its plan, saying
+/// so on the status line (`short` names the saved VM there).
+fn boot_to_save(
+    config: VmConfig,
+    kernel_label: &str,
+    short: &str,
+    interrupted: &dyn Fn() -> bool,
+) -> Result<kloop_qemu::SaveReport, BootToSave> {
+    let task = format!("save {short}");
+    crate::run::status::start(
+        &task,
+        &format!(
+            "{kernel_label}: no saved VM of this kernel × VM shape yet ({short}): booting it \
+             once to save it"
+        ),
+    );
+    let result = Vm::spawn(config)
+        .map_err(BootToSave::Spawn)
+        .and_then(|mut vm| vm.save_when_awaiting(interrupted).map_err(BootToSave::Save));
+    match &result {
+        Ok(r) => crate::run::status::done(
+            &task,
+            &format!(
+                "{kernel_label}: saved VM {short} made: {:.1} s to the agent's plan \
+                 request, {:.1} s to save",
+                r.boot_to_ready.as_secs_f64(),
+                r.save.as_secs_f64()
+            ),
+        ),
+        Err(why) => crate::run::status::failed(&task, &format!("saving a VM failed: {why}")),
+    }
+    result
+}
+
+/// Writes `meta` as `dir`'s meta.json through a rename, so that a reader
+/// never sees half of it.
+fn write_meta(dir: &Path, meta: &SavedVmMeta) -> Result<(), SaveFailed> {
+    let json = serde_json::to_vec_pretty(meta).map_err(|e| SaveFailed::Meta(Arc::new(e)))?;
+    let tmp = dir.join("meta.json.partial");
+    std::fs::write(&tmp, json)
+        .and_then(|()| std::fs::rename(&tmp, dir.join("meta.json")))
+        .doing(format!("writing {}/meta.json", dir.display()))?;
+    Ok(())
 }
 
 /// A saved VM's directory as pruning sees it: its kind (from `meta.json`;

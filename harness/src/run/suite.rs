@@ -12,6 +12,7 @@ use kloop_path_io::{PathIo, PathIoExt};
 pub use crate::run::parallel::Parallel;
 use crate::run::trial::{BootMode, KernelUnderTest, LocalKernel, MakeSavedVm, TrialEnv};
 use crate::scenario::{self, Scenario};
+use crate::workspace::Layout;
 use kloop_kernels::{Catalog, FetchOptions, KernelCache};
 use kloop_qemu::accel::{self, AccelChoice};
 
@@ -45,6 +46,19 @@ pub enum SuiteError {
     },
 }
 
+/// The ledger's load errors, said as the suite says them (each is
+/// transparent on both sides, so the text is the cause's own).
+impl From<crate::workspace::LoadLedgerError> for SuiteError {
+    fn from(e: crate::workspace::LoadLedgerError) -> Self {
+        use crate::workspace::LoadLedgerError;
+        match e {
+            LoadLedgerError::Kernel(e) => SuiteError::Kernel(e),
+            LoadLedgerError::Scenario(e) => SuiteError::Scenario(e),
+            LoadLedgerError::Ledger(e) => SuiteError::Ledger(e),
+        }
+    }
+}
+
 /// Which trials to run.
 #[derive(Debug, Clone, Default)]
 pub struct Selection {
@@ -70,27 +84,6 @@ pub struct PlannedTrial {
 impl PlannedTrial {
     pub fn id(&self) -> String {
         format!("{}/{}", self.kernel.id(), self.scenario.name)
-    }
-}
-
-/// Where the repository's data lives.
-#[derive(Debug, Clone)]
-pub struct Layout {
-    pub root: PathBuf,
-}
-
-impl Layout {
-    pub fn from_root(root: impl Into<PathBuf>) -> Self {
-        Layout { root: root.into() }
-    }
-    pub fn kernels(&self) -> PathBuf {
-        self.root.join("kernels")
-    }
-    pub fn scenarios(&self) -> PathBuf {
-        self.root.join("scenarios")
-    }
-    pub fn runs(&self) -> PathBuf {
-        self.root.join("target/kloop/runs")
     }
 }
 
@@ -242,26 +235,6 @@ pub fn config_notes(env: &TrialEnv, trials: &[PlannedTrial]) -> Vec<String> {
     out
 }
 
-/// The known-issues ledger (`kernels/known-issues.toml`), validated against
-/// the catalog's pins, the scenarios and every rule name.
-pub fn load_ledger(layout: &Layout) -> Result<crate::judge::known_issues::Ledger, SuiteError> {
-    use crate::judge::known_issues::{rule_names, Ledger, LedgerError, Vocabulary, FILE_NAME};
-    let catalog = Catalog::load(&layout.kernels())?;
-    let scenarios = scenario::load_all(&layout.scenarios())?;
-    let vocab = Vocabulary {
-        pins: catalog.pins().iter().map(|p| p.id.clone()).collect(),
-        rules: rule_names().into_iter().map(String::from).collect(),
-        scenarios: scenarios.iter().map(|s| s.name.clone()).collect(),
-    };
-    let path = layout.kernels().join(FILE_NAME);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => Some(t),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(source) => return Err(LedgerError::Read { path, source }.into()),
-    };
-    Ok(Ledger::of_file(&path, text.as_deref(), &vocab)?)
-}
-
 /// How the shared environment is prepared.
 #[derive(Debug, Clone)]
 pub struct EnvOptions {
@@ -310,7 +283,7 @@ pub fn prepare_env_timed(
 ) -> Result<(TrialEnv, crate::run::phases::SetupPhases), SuiteError> {
     let mut laps = crate::run::phases::Laps::new();
     // A broken ledger is a setup error, found before anything is built.
-    let known_issues = load_ledger(layout)?;
+    let known_issues = crate::workspace::load_ledger(layout)?;
     let qemu = kloop_qemu::find_qemu()?;
     let qemu_version = kloop_qemu::qemu_version(&qemu).unwrap_or_else(|| "unknown".into());
     let mut setup_secs = laps.lap();
@@ -320,24 +293,24 @@ pub fn prepare_env_timed(
     // A read-only or full cache is said now, naming the next step, not as
     // a failed write halfway through a download or a saved VM.
     kloop_kernels::space::check_room(cache.root()).map_err(kloop_kernels::KernelError::from)?;
-    let run_dir = crate::run::trial::new_run_dir(&layout.runs()).doing(format!(
+    let run_dir = crate::workspace::new_run_dir(&layout.runs()).doing(format!(
         "creating a run directory under {}",
         layout.runs().display()
     ))?;
-    let keep = crate::run::run_dirs::keep_from_env();
+    let keep = crate::workspace::run_dirs::keep_from_env();
     if keep > 0 {
-        let pruned = crate::run::run_dirs::prune(
+        let pruned = crate::workspace::run_dirs::prune(
             &layout.runs(),
             keep,
             &layout.root.join("target/kloop/report"),
-            crate::run::run_dirs::Removal::Background,
+            crate::workspace::run_dirs::Removal::Background,
         );
         if !pruned.removed.is_empty() {
             tracing::info!(
                 "removed {} old run directories ({:.1} MB); {} keeps the newest {keep}",
                 pruned.removed.len(),
                 pruned.bytes as f64 / 1e6,
-                crate::run::run_dirs::KEEP_ENV
+                crate::workspace::run_dirs::KEEP_ENV
             );
         }
     }

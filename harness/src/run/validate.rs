@@ -9,7 +9,8 @@ use kloop_kernels::build::SourceSpec;
 use crate::judge::ab::Acceptance;
 use crate::run::ab::AbRun;
 use crate::run::fixes::{self, Fix, FixError};
-use crate::run::suite::{Layout, SuiteError};
+use crate::run::suite::SuiteError;
+use crate::workspace::Layout;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ValidateError {
@@ -30,7 +31,8 @@ pub fn expected_fixes(
     expect_fixed: &[String],
     source: &SourceSpec,
 ) -> Result<(Option<Fix>, Vec<String>), ValidateError> {
-    let ledger = crate::run::suite::load_ledger(layout)?;
+    let ledger =
+        crate::workspace::load_ledger(layout).map_err(crate::run::suite::SuiteError::from)?;
     fixes::check_ids(&ledger, expect_fixed)?;
     let Some(name) = fix else {
         return Ok((None, expect_fixed.to_vec()));

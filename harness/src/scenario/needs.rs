@@ -69,8 +69,42 @@ pub const AGENT_NEEDS: &[ConfigNeed] = &[
     ),
 ];
 
+/// What fentry programs need: a JIT for their trampolines, BTF for their
+/// targets, and the ftrace call site the trampolines attach at.
+const FENTRY_NEEDS: &[ConfigNeed] = &[
+    builtin("CONFIG_BPF_JIT", "trampolines are JIT-compiled"),
+    builtin("CONFIG_DEBUG_INFO_BTF", "fentry targets are found in BTF"),
+    // x86 bpf_arch_text_poke() patches the 5-byte nop ftrace leaves
+    // at function entry, and register_fentry() goes through
+    // register_ftrace_direct() for ftrace-managed functions.
+    builtin(
+        "CONFIG_DYNAMIC_FTRACE_WITH_DIRECT_CALLS",
+        "trampolines attach at the ftrace call site",
+    ),
+];
+
+/// What failing the n-th allocation of a task needs: the fail-nth file and
+/// both allocators as fault points, GFP_KERNEL allocations included.
+const FAULT_INJECTION_NEEDS: &[ConfigNeed] = &[
+    builtin(
+        "CONFIG_FAULT_INJECTION",
+        "/proc/<pid>/task/<tid>/fail-nth (fs/proc/base.c)",
+    ),
+    builtin(
+        "CONFIG_FAILSLAB",
+        "slab allocations as fault points (mm/failslab.c)",
+    ),
+    builtin(
+        "CONFIG_FAIL_PAGE_ALLOC",
+        "page allocations as fault points (mm/fail_page_alloc.c)",
+    ),
+    builtin(
+        "CONFIG_FAULT_INJECTION_DEBUG_FS",
+        "the ignore-gfp-wait knobs that make GFP_KERNEL allocations fault points",
+    ),
+];
+
 /// The options behind a requirement (all must hold).
-#[expect(clippy::too_many_lines)]
 pub fn requirement_needs(r: Requirement) -> Vec<ConfigNeed> {
     match r {
         Requirement::Btf => vec![builtin(
@@ -86,17 +120,7 @@ pub fn requirement_needs(r: Requirement) -> Vec<ConfigNeed> {
                 why: "net.core.bpf_jit_enable cannot be set to 0 with it",
             },
         ],
-        Requirement::Fentry => vec![
-            builtin("CONFIG_BPF_JIT", "trampolines are JIT-compiled"),
-            builtin("CONFIG_DEBUG_INFO_BTF", "fentry targets are found in BTF"),
-            // x86 bpf_arch_text_poke() patches the 5-byte nop ftrace leaves
-            // at function entry, and register_fentry() goes through
-            // register_ftrace_direct() for ftrace-managed functions.
-            builtin(
-                "CONFIG_DYNAMIC_FTRACE_WITH_DIRECT_CALLS",
-                "trampolines attach at the ftrace call site",
-            ),
-        ],
+        Requirement::Fentry => FENTRY_NEEDS.to_vec(),
         Requirement::LsmBpf => vec![
             builtin("CONFIG_BPF_LSM", "LSM programs"),
             builtin("CONFIG_SECURITYFS", "/sys/kernel/security/lsm"),
@@ -137,24 +161,7 @@ pub fn requirement_needs(r: Requirement) -> Vec<ConfigNeed> {
             "CONFIG_FTRACE_SYSCALLS",
             "syscalls/sys_enter_* tracepoints (kernel/trace/trace_syscalls.c)",
         )],
-        Requirement::FaultInjection => vec![
-            builtin(
-                "CONFIG_FAULT_INJECTION",
-                "/proc/<pid>/task/<tid>/fail-nth (fs/proc/base.c)",
-            ),
-            builtin(
-                "CONFIG_FAILSLAB",
-                "slab allocations as fault points (mm/failslab.c)",
-            ),
-            builtin(
-                "CONFIG_FAIL_PAGE_ALLOC",
-                "page allocations as fault points (mm/fail_page_alloc.c)",
-            ),
-            builtin(
-                "CONFIG_FAULT_INJECTION_DEBUG_FS",
-                "the ignore-gfp-wait knobs that make GFP_KERNEL allocations fault points",
-            ),
-        ],
+        Requirement::FaultInjection => FAULT_INJECTION_NEEDS.to_vec(),
         // bpf_snprintf itself is in every 5.13+ BPF kernel (the guest
         // probes the version); the watch is a kprobe program.
         Requirement::BpfSnprintf => vec![

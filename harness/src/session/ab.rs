@@ -51,12 +51,45 @@ pub enum AbError {
     Io(#[from] PathIo),
 }
 
+/// Why `vm-test --baseline` has no two sides to compare.
+#[derive(Debug, thiserror::Error)]
+pub enum SidesError {
+    #[error(transparent)]
+    Suite(#[from] crate::run::suite::SuiteError),
+    #[error(transparent)]
+    Kernel(#[from] kloop_kernels::KernelError),
+    #[error("--baseline compares one candidate: name it with one --kernel (a pin, built:ID or a bzImage) or --kernel-image")]
+    NotOneCandidate,
+}
+
+/// `vm-test --baseline`'s two kernels: the baseline `baseline` names (a
+/// pin, `built:ID` or a bzImage) and the one candidate the selection
+/// names with one `--kernel` or `--kernel-image`.
+pub fn sides(
+    layout: &crate::workspace::Layout,
+    sel: &crate::run::suite::Selection,
+    baseline: &str,
+) -> Result<(KernelUnderTest, KernelUnderTest), SidesError> {
+    use crate::run::suite;
+    let candidates = suite::resolve_kernels(layout, sel)?;
+    let candidate = match (
+        candidates.as_slice(),
+        sel.kernels.is_empty() && sel.kernel_image.is_none(),
+    ) {
+        ([one], false) => one.clone(),
+        _ => return Err(SidesError::NotOneCandidate),
+    };
+    let catalog = kloop_kernels::Catalog::load(&layout.kernels())?;
+    let baseline = suite::resolve_kernel(&catalog, baseline, None)?;
+    Ok((baseline, candidate))
+}
+
 /// Runs every chosen scenario (a shard's part of them) on both kernels,
 /// compares each pair, and writes the run's reports: results, JUnit,
 /// summary, the KCIDB document, `ab.json` and, for a shard, the manifest
 /// `merge` checks.
 pub fn run(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     baseline: &KernelUnderTest,
     candidate: &KernelUnderTest,
     opts: &AbOptions,
@@ -121,7 +154,7 @@ pub fn run(
 /// Ignores `opts.shard` and `opts.reuse_baseline` (the caller asks only
 /// when reusing).
 pub fn keep_baseline(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     baseline: &KernelUnderTest,
     opts: &AbOptions,
     on: &(dyn Fn(Event<'_>) + Sync),
@@ -147,7 +180,7 @@ pub fn keep_baseline(
 
 /// The scenarios `names` asks for (empty: all), from the layout's folder.
 fn chosen_scenarios(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     names: &[String],
 ) -> Result<Vec<crate::scenario::Scenario>, AbError> {
     use crate::run::suite::SuiteError;
@@ -157,7 +190,7 @@ fn chosen_scenarios(
 
 /// The reports of a finished A/B in its run directory.
 fn write_reports(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     ab: &AbRun,
     kernels: &[KernelUnderTest],
     manifest: Option<crate::report::merge::ShardManifest>,

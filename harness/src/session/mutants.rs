@@ -20,7 +20,8 @@ use crate::run::mutants::{
     unsettle_interrupted, write_saved, KillKind, MutantResult, MutantsBaseline, MutantsError,
     Outcome, Strategy, RESULTS_FILE,
 };
-use crate::run::suite::{EnvOptions, Layout};
+use crate::run::suite::EnvOptions;
+use crate::workspace::Layout;
 
 /// What `mutants` is asked to do.
 #[derive(Debug, Clone)]

@@ -12,8 +12,9 @@ use kloop_path_io::{PathIo, PathIoExt};
 
 use crate::report::merge::ShardManifest;
 use crate::run::phases::{KernelsPhase, Laps, Phases, SavedVmMade, SetupPhases, TrialsPhase};
-use crate::run::suite::{self, EnvOptions, Layout, PlannedTrial, Selection, SuiteError};
+use crate::run::suite::{self, EnvOptions, PlannedTrial, Selection, SuiteError};
 use crate::run::trial::{TrialEnv, TrialResult, Verdict};
+use crate::workspace::Layout;
 
 /// What `vm-test` is asked to do.
 #[derive(Debug, Clone, Default)]
@@ -403,7 +404,7 @@ fn run_rounds(
         let runs_root = env.run_dir.parent().unwrap_or(&env.run_dir);
         suite::longest_first(
             &runs,
-            &crate::run::run_dirs::past_wall_times(runs_root, &env.run_dir),
+            &crate::workspace::run_dirs::past_wall_times(runs_root, &env.run_dir),
         )
     };
     let all_runs = suite::run_in_order(env, &runs, &order, jobs, &|r| on(Event::TrialEnded(r)));
@@ -531,7 +532,7 @@ mod tests {
     /// name of its own; never with --baseline or --repeat.
     #[test]
     fn what_bless_may_write() {
-        let root = crate::run::agent::workspace_root();
+        let root = crate::workspace::workspace_root();
         let catalog = kloop_kernels::Catalog::load(&root.join("kernels")).unwrap();
         let pin = catalog.pins()[0].id.clone();
         let sel = |kernels: &[&str], image: bool| Selection {

@@ -103,75 +103,249 @@ fn shown_records<'a>(x: &[(String, &'a Record)], y: &[(String, &'a Record)]) -> 
         .collect()
 }
 
-/// `listeners-agree`: see the module docs.
-#[expect(clippy::too_many_lines)]
-pub(super) fn check_agreement(
-    ev: &RunEvidence,
-    a: &Analysis,
-    listeners: &BTreeMap<u32, &ListenerInfo>,
-    cut: &BTreeSet<u32>,
-    out: &mut Vec<Violation>,
-) {
-    let recs_of = |i: &u32| a.records_per_listener.get(i).into_iter().flatten();
-    struct Member<'a> {
-        name: String,
-        ksym: bool,
-        bpf: bool,
-        /// The CPUs it listens on, when a subset.
-        cpus: Option<BTreeSet<u32>>,
-        window: Window,
-        recs: Vec<&'a Record>,
-    }
-    let cpu_of: BTreeMap<u32, i32> = listeners.values().map(|l| (l.index, l.cpu)).collect();
-    let mut sets: Vec<Member<'_>> = Vec::new();
-    for (k, set) in a.sets.iter().enumerate() {
-        if set.iter().any(|i| cut.contains(i)) {
-            continue;
-        }
-        let Some(first) = set.first().and_then(|i| listeners.get(i)) else {
-            continue;
+/// One CPU-wide set, as `listeners-agree` compares it.
+struct Member<'a> {
+    name: String,
+    ksym: bool,
+    bpf: bool,
+    /// The CPUs it listens on, when a subset.
+    cpus: Option<BTreeSet<u32>>,
+    window: Window,
+    recs: Vec<&'a Record>,
+}
+
+/// What `listeners-agree` compares: the whole (not cut) CPU-wide sets and
+/// the listeners bound to tasks.
+struct Agreement<'a> {
+    ev: &'a RunEvidence,
+    a: &'a Analysis,
+    listeners: &'a BTreeMap<u32, &'a ListenerInfo>,
+    cut: &'a BTreeSet<u32>,
+    cpu_of: BTreeMap<u32, i32>,
+    sets: Vec<Member<'a>>,
+}
+
+impl<'a> Agreement<'a> {
+    fn new(
+        ev: &'a RunEvidence,
+        a: &'a Analysis,
+        listeners: &'a BTreeMap<u32, &'a ListenerInfo>,
+        cut: &'a BTreeSet<u32>,
+    ) -> Self {
+        let mut me = Agreement {
+            ev,
+            a,
+            listeners,
+            cut,
+            cpu_of: listeners.values().map(|l| (l.index, l.cpu)).collect(),
+            sets: Vec::new(),
         };
-        sets.push(Member {
-            name: format!("set#{k} (listeners {set:?})"),
-            ksym: first.ksymbol,
-            bpf: first.bpf_event,
-            cpus: first.cpus.as_ref().map(|c| c.iter().copied().collect()),
-            window: ev.window(first.index),
-            recs: set.iter().flat_map(recs_of).collect(),
-        });
-    }
-    // Two listeners saw the same programs come and go when no step that
-    // makes records ran between their opens or between their closes.
-    let same_life = |x: Window, y: Window| {
-        !ev.records_made_between(x.opened, y.opened, false)
-            && !ev.records_made_between(x.closed, y.closed, true)
-    };
-    let on = |cpus: &Option<BTreeSet<u32>>, r: &&Record| match cpus {
-        None => true,
-        Some(c) => cpu_of
-            .get(&r.listener)
-            .is_some_and(|l| u32::try_from(*l).is_ok_and(|l| c.contains(&l))),
-    };
-    let mut msgs: Vec<Found<'_>> = Vec::new();
-    // Every pair of sets over the record kinds both asked for, the records
-    // emitted on the CPUs both listen on (perf_iterate_sb_cpu() writes to
-    // the emitting CPU's listeners only), when both were open for the
-    // same programs.
-    for (x, sx) in sets.iter().enumerate() {
-        for sy in sets.iter().skip(x + 1) {
-            let (k, b) = (sx.ksym && sy.ksym, sx.bpf && sy.bpf);
-            if !k && !b || !same_life(sx.window, sy.window) {
+        for (k, set) in a.sets.iter().enumerate() {
+            if set.iter().any(|i| cut.contains(i)) {
                 continue;
             }
-            let bx = bag(sx.recs.iter().copied().filter(|r| on(&sy.cpus, r)), k, b);
-            let by = bag(sy.recs.iter().copied().filter(|r| on(&sx.cpus, r)), k, b);
+            let Some(first) = set.first().and_then(|i| listeners.get(i)) else {
+                continue;
+            };
+            let member = Member {
+                name: format!("set#{k} (listeners {set:?})"),
+                ksym: first.ksymbol,
+                bpf: first.bpf_event,
+                cpus: first.cpus.as_ref().map(|c| c.iter().copied().collect()),
+                window: ev.window(first.index),
+                recs: set.iter().flat_map(|i| me.recs_of(i)).collect(),
+            };
+            me.sets.push(member);
+        }
+        me
+    }
+
+    fn recs_of(&self, i: &u32) -> impl Iterator<Item = &'a Record> + 'a {
+        self.a.records_per_listener.get(i).into_iter().flatten()
+    }
+
+    /// Two listeners saw the same programs come and go when no step that
+    /// makes records ran between their opens or between their closes.
+    fn same_life(&self, x: Window, y: Window) -> bool {
+        !self.ev.records_made_between(x.opened, y.opened, false)
+            && !self.ev.records_made_between(x.closed, y.closed, true)
+    }
+
+    /// Whether record `r` was emitted on one of `cpus` (`None`: all).
+    fn on(&self, cpus: &Option<BTreeSet<u32>>, r: &&Record) -> bool {
+        match cpus {
+            None => true,
+            Some(c) => self
+                .cpu_of
+                .get(&r.listener)
+                .is_some_and(|l| u32::try_from(*l).is_ok_and(|l| c.contains(&l))),
+        }
+    }
+
+    /// The first set on every CPU that asked for the kinds asked for and
+    /// saw the same programs as `window`.
+    fn reference(&self, ksymbol: bool, bpf_event: bool, window: Window) -> Option<&Member<'a>> {
+        self.sets.iter().find(|s| {
+            (s.ksym || !ksymbol)
+                && (s.bpf || !bpf_event)
+                && s.cpus.is_none()
+                && self.same_life(s.window, window)
+        })
+    }
+
+    /// Every pair of sets over the record kinds both asked for, the
+    /// records emitted on the CPUs both listen on (perf_iterate_sb_cpu()
+    /// writes to the emitting CPU's listeners only), when both were open
+    /// for the same programs.
+    fn sets(&self, msgs: &mut Vec<Found<'a>>) {
+        for (x, sx) in self.sets.iter().enumerate() {
+            for sy in self.sets.iter().skip(x + 1) {
+                let (k, b) = (sx.ksym && sy.ksym, sx.bpf && sy.bpf);
+                if !k && !b || !self.same_life(sx.window, sy.window) {
+                    continue;
+                }
+                let bx = bag(
+                    sx.recs.iter().copied().filter(|r| self.on(&sy.cpus, r)),
+                    k,
+                    b,
+                );
+                let by = bag(
+                    sy.recs.iter().copied().filter(|r| self.on(&sx.cpus, r)),
+                    k,
+                    b,
+                );
+                let (only_x, only_y) = (surplus(&bx, &by), surplus(&by, &bx));
+                if !only_x.is_empty() || !only_y.is_empty() {
+                    msgs.push(quoting(
+                        format!(
+                            "{} and {} disagree: only in the first: [{}]; only in the second: [{}]",
+                            sx.name,
+                            sy.name,
+                            shown(&only_x),
+                            shown(&only_y)
+                        ),
+                        shown_records(&only_x, &only_y),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Inherited task listeners (one per CPU, following the agent's
+    /// process and the threads it creates), together, against the first
+    /// set that covers their kinds, restricted to that process.
+    fn inherited(&self, msgs: &mut Vec<Found<'a>>) {
+        let mut inherited: BTreeMap<(u64, bool, bool, u32), Vec<u32>> = BTreeMap::new();
+        for l in self
+            .listeners
+            .values()
+            .filter(|l| l.inherit && !l.disabled && !self.cut.contains(&l.index))
+        {
+            if let Some(pid) = l.pid {
+                inherited
+                    .entry((l.sample_type, l.ksymbol, l.bpf_event, pid))
+                    .or_default()
+                    .push(l.index);
+            }
+        }
+        for ((_, ksymbol, bpf_event, pid), members) in inherited {
+            let window = members
+                .first()
+                .map(|i| self.ev.window(*i))
+                .unwrap_or_default();
+            let Some(reference) = self.reference(ksymbol, bpf_event, window) else {
+                continue;
+            };
+            let mine: Vec<&Record> = members.iter().flat_map(|i| self.recs_of(i)).collect();
+            let foreign = mine
+                .iter()
+                .filter(|r| r.sample.pid.is_some_and(|p| p != pid))
+                .count();
+            let theirs = reference
+                .recs
+                .iter()
+                .copied()
+                .filter(|r| r.sample.pid.is_none_or(|p| p == pid));
+            let bx = bag(mine.iter().copied(), ksymbol, bpf_event);
+            let by = bag(theirs, ksymbol, bpf_event);
+            let (only_x, only_y) = (surplus(&bx, &by), surplus(&by, &bx));
+            if foreign > 0 || !only_x.is_empty() || !only_y.is_empty() {
+                msgs.push(quoting(
+                    format!(
+                        "inherited task listeners {members:?} (pid {pid}) and {} (its records of pid {pid}) disagree: only in the task listeners: [{}]; only in the set: [{}]{}",
+                        reference.name,
+                        shown(&only_x),
+                        shown(&only_y),
+                        if foreign == 0 {
+                            String::new()
+                        } else {
+                            format!("; {foreign} record(s) of other processes")
+                        }
+                    ),
+                    shown_records(&only_x, &only_y),
+                ));
+            }
+        }
+    }
+
+    /// A task-bound listener against the first set that covers its kinds,
+    /// restricted to the task its records name.
+    fn task_bound(&self, msgs: &mut Vec<Found<'a>>) {
+        for l in self
+            .listeners
+            .values()
+            .filter(|l| l.cpu < 0 && !l.inherit && !l.disabled && !self.cut.contains(&l.index))
+        {
+            // Its KSYMBOL / BPF_EVENT records (other side-band bits bring other
+            // tasks' FORK, COMM, ... records). One task's, with or without a set
+            // to compare them with: perf_iterate_sb() offers a record to the
+            // current task's contexts only, and without inherit no thread gets
+            // a copy of the event.
+            let mine: Vec<&Record> = self
+                .recs_of(&l.index)
+                .filter(|r| {
+                    matches!(
+                        r.body,
+                        RecordBody::Ksymbol { .. } | RecordBody::BpfEvent { .. }
+                    )
+                })
+                .collect();
+            let tids: BTreeSet<(Option<u32>, Option<u32>)> =
+                mine.iter().map(|r| (r.sample.pid, r.sample.tid)).collect();
+            if tids.len() > 1 {
+                msgs.push(
+                    format!(
+                        "task-bound listener {} has records of {} tasks (pid, tid): {tids:?}",
+                        l.index,
+                        tids.len()
+                    )
+                    .into(),
+                );
+                continue;
+            }
+            let Some(reference) = self.reference(l.ksymbol, l.bpf_event, self.ev.window(l.index))
+            else {
+                continue;
+            };
+            let task = tids.into_iter().next().and_then(|(_, t)| t);
+            let theirs = reference
+                .recs
+                .iter()
+                .copied()
+                .filter(|r| match (task, r.sample.tid) {
+                    (Some(t), Some(rt)) => t == rt,
+                    _ => true,
+                });
+            let bx = bag(mine.iter().copied(), l.ksymbol, l.bpf_event);
+            let by = bag(theirs, l.ksymbol, l.bpf_event);
             let (only_x, only_y) = (surplus(&bx, &by), surplus(&by, &bx));
             if !only_x.is_empty() || !only_y.is_empty() {
                 msgs.push(quoting(
                     format!(
-                        "{} and {} disagree: only in the first: [{}]; only in the second: [{}]",
-                        sx.name,
-                        sy.name,
+                        "task-bound listener {} and {}{} disagree: only in the task listener: [{}]; only in the set: [{}]",
+                        l.index,
+                        reference.name,
+                        task.map(|t| format!(" (records of tid {t})")).unwrap_or_default(),
                         shown(&only_x),
                         shown(&only_y)
                     ),
@@ -180,127 +354,21 @@ pub(super) fn check_agreement(
             }
         }
     }
-    // Inherited task listeners (one per CPU, following the agent's process
-    // and the threads it creates), together, against the first set that
-    // covers their kinds, restricted to that process.
-    let mut inherited: BTreeMap<(u64, bool, bool, u32), Vec<u32>> = BTreeMap::new();
-    for l in listeners
-        .values()
-        .filter(|l| l.inherit && !l.disabled && !cut.contains(&l.index))
-    {
-        if let Some(pid) = l.pid {
-            inherited
-                .entry((l.sample_type, l.ksymbol, l.bpf_event, pid))
-                .or_default()
-                .push(l.index);
-        }
-    }
-    for ((_, ksymbol, bpf_event, pid), members) in inherited {
-        let window = members.first().map(|i| ev.window(*i)).unwrap_or_default();
-        let Some(reference) = sets.iter().find(|s| {
-            (s.ksym || !ksymbol)
-                && (s.bpf || !bpf_event)
-                && s.cpus.is_none()
-                && same_life(s.window, window)
-        }) else {
-            continue;
-        };
-        let mine: Vec<&Record> = members.iter().flat_map(&recs_of).collect();
-        let foreign = mine
-            .iter()
-            .filter(|r| r.sample.pid.is_some_and(|p| p != pid))
-            .count();
-        let theirs = reference
-            .recs
-            .iter()
-            .copied()
-            .filter(|r| r.sample.pid.is_none_or(|p| p == pid));
-        let bx = bag(mine.iter().copied(), ksymbol, bpf_event);
-        let by = bag(theirs, ksymbol, bpf_event);
-        let (only_x, only_y) = (surplus(&bx, &by), surplus(&by, &bx));
-        if foreign > 0 || !only_x.is_empty() || !only_y.is_empty() {
-            msgs.push(quoting(
-                format!(
-                    "inherited task listeners {members:?} (pid {pid}) and {} (its records of pid {pid}) disagree: only in the task listeners: [{}]; only in the set: [{}]{}",
-                    reference.name,
-                    shown(&only_x),
-                    shown(&only_y),
-                    if foreign == 0 {
-                        String::new()
-                    } else {
-                        format!("; {foreign} record(s) of other processes")
-                    }
-                ),
-                shown_records(&only_x, &only_y),
-            ));
-        }
-    }
-    // A task-bound listener against the first set that covers its kinds,
-    // restricted to the task its records name.
-    for l in listeners
-        .values()
-        .filter(|l| l.cpu < 0 && !l.inherit && !l.disabled && !cut.contains(&l.index))
-    {
-        // Its KSYMBOL / BPF_EVENT records (other side-band bits bring other
-        // tasks' FORK, COMM, ... records). One task's, with or without a set
-        // to compare them with: perf_iterate_sb() offers a record to the
-        // current task's contexts only, and without inherit no thread gets
-        // a copy of the event.
-        let mine: Vec<&Record> = recs_of(&l.index)
-            .filter(|r| {
-                matches!(
-                    r.body,
-                    RecordBody::Ksymbol { .. } | RecordBody::BpfEvent { .. }
-                )
-            })
-            .collect();
-        let tids: BTreeSet<(Option<u32>, Option<u32>)> =
-            mine.iter().map(|r| (r.sample.pid, r.sample.tid)).collect();
-        if tids.len() > 1 {
-            msgs.push(
-                format!(
-                    "task-bound listener {} has records of {} tasks (pid, tid): {tids:?}",
-                    l.index,
-                    tids.len()
-                )
-                .into(),
-            );
-            continue;
-        }
-        let Some(reference) = sets.iter().find(|s| {
-            (s.ksym || !l.ksymbol)
-                && (s.bpf || !l.bpf_event)
-                && s.cpus.is_none()
-                && same_life(s.window, ev.window(l.index))
-        }) else {
-            continue;
-        };
-        let task = tids.into_iter().next().and_then(|(_, t)| t);
-        let theirs = reference
-            .recs
-            .iter()
-            .copied()
-            .filter(|r| match (task, r.sample.tid) {
-                (Some(t), Some(rt)) => t == rt,
-                _ => true,
-            });
-        let bx = bag(mine.iter().copied(), l.ksymbol, l.bpf_event);
-        let by = bag(theirs, l.ksymbol, l.bpf_event);
-        let (only_x, only_y) = (surplus(&bx, &by), surplus(&by, &bx));
-        if !only_x.is_empty() || !only_y.is_empty() {
-            msgs.push(quoting(
-                format!(
-                    "task-bound listener {} and {}{} disagree: only in the task listener: [{}]; only in the set: [{}]",
-                    l.index,
-                    reference.name,
-                    task.map(|t| format!(" (records of tid {t})")).unwrap_or_default(),
-                    shown(&only_x),
-                    shown(&only_y)
-                ),
-                shown_records(&only_x, &only_y),
-            ));
-        }
-    }
+}
+
+/// `listeners-agree`: see the module docs.
+pub(super) fn check_agreement(
+    ev: &RunEvidence,
+    a: &Analysis,
+    listeners: &BTreeMap<u32, &ListenerInfo>,
+    cut: &BTreeSet<u32>,
+    out: &mut Vec<Violation>,
+) {
+    let agreement = Agreement::new(ev, a, listeners, cut);
+    let mut msgs: Vec<Found<'_>> = Vec::new();
+    agreement.sets(&mut msgs);
+    agreement.inherited(&mut msgs);
+    agreement.task_bound(&mut msgs);
     push_capped(out, rule::LISTENERS_AGREE, "disagreements", msgs);
 }
 

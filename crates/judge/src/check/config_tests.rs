@@ -646,19 +646,25 @@ fn a_ksymbol_only_set_counts_batch_registers_at_reused_addresses() {
     assert!(rules(&a).contains(rule::LOAD_CPU), "{}", dump(&a));
 }
 
-/// `trampoline-pokes` on a set that asked for KSYMBOL and TEXT_POKE: the
-/// order ftrace.c writes (register, poke of the whole text; a retarget
-/// inside it; poke of the whole text, unregister) holds; each mutant the
-/// catching-power run left alive breaks it: the removal poke dropped
-/// (ftrace_trampoline_free:3035 drop-call), written after the unregister
-/// (its swap-calls), or one byte long (3037 / 7949 off-by-one).
-#[test]
-#[expect(clippy::too_many_lines)]
-fn ftrace_trampolines_are_poked_in_the_order_ftrace_promises() {
+/// The ftrace trampoline the poke tests write: its address and length.
+const TRAMPOLINE: u64 = 0xffff_ffff_c010_0000;
+const TRAMPOLINE_LEN: u32 = 330;
+
+/// One record of an ftrace trampoline's life on CPU 0.
+#[derive(Clone, Copy)]
+enum P {
+    Reg,
+    Unreg,
+    Poke(u64, u16, u16),
+}
+
+/// `seq` on CPU 0 of a set of two listeners that asked for KSYMBOL and
+/// TEXT_POKE (the other CPU's ring empty), analysed.
+fn trampoline_run(seq: &[P]) -> Analysis {
     use kloop_protocol::SideBand;
-    use kloop_records::{RecordBody, KSYM_TYPE_OOL};
-    const A: u64 = 0xffff_ffff_c010_0000;
-    const L: u32 = 330;
+    use kloop_records::KSYM_TYPE_OOL;
+    const A: u64 = TRAMPOLINE;
+    const L: u32 = TRAMPOLINE_LEN;
     let poking = |index, cpu| ListenerInfo {
         side_band: vec![SideBand::TextPoke],
         disabled: false,
@@ -666,38 +672,43 @@ fn ftrace_trampolines_are_poked_in_the_order_ftrace_promises() {
         ..listener(index, cpu, true, false)
     };
     let ls = vec![poking(0, 0), poking(1, 1)];
-    #[derive(Clone, Copy)]
-    enum P {
-        Reg,
-        Unreg,
-        Poke(u64, u16, u16),
-    }
-    let run = |seq: &[P]| {
-        let l = &ls[0];
-        let mut bytes = Vec::new();
-        for (n, p) in seq.iter().enumerate() {
-            let t = Tr {
-                time: 10 + n as u64,
-                cpu: 0,
-                pid: MAIN,
-                tid: MAIN,
-                ..Tr::default()
-            };
-            bytes.extend(match *p {
-                P::Reg => testutil::ksymbol(l, A, L, KSYM_TYPE_OOL, false, "ftrace_trampoline", t),
-                P::Unreg => testutil::ksymbol(l, A, L, KSYM_TYPE_OOL, true, "ftrace_trampoline", t),
-                P::Poke(a, o, n) => testutil::text_poke(l, a, o, n, t),
-            });
-        }
-        let ev = RunEvidence {
-            listeners: ls.clone(),
-            streams: BTreeMap::from([(0, bytes), (1, Vec::new())]),
-            progs: Vec::new(),
-            ..evidence(&Vec::new())
+    let l = &ls[0];
+    let mut bytes = Vec::new();
+    for (n, p) in seq.iter().enumerate() {
+        let t = Tr {
+            time: 10 + n as u64,
+            cpu: 0,
+            pid: MAIN,
+            tid: MAIN,
+            ..Tr::default()
         };
-        analyse(&ev)
+        bytes.extend(match *p {
+            P::Reg => testutil::ksymbol(l, A, L, KSYM_TYPE_OOL, false, "ftrace_trampoline", t),
+            P::Unreg => testutil::ksymbol(l, A, L, KSYM_TYPE_OOL, true, "ftrace_trampoline", t),
+            P::Poke(a, o, n) => testutil::text_poke(l, a, o, n, t),
+        });
+    }
+    let ev = RunEvidence {
+        listeners: ls.clone(),
+        streams: BTreeMap::from([(0, bytes), (1, Vec::new())]),
+        progs: Vec::new(),
+        ..evidence(&Vec::new())
     };
-    let len = L as u16;
+    analyse(&ev)
+}
+
+/// `trampoline-pokes` on a set that asked for KSYMBOL and TEXT_POKE: the
+/// order ftrace.c writes (register, poke of the whole text; a retarget
+/// inside it; poke of the whole text, unregister) holds; each mutant the
+/// catching-power run left alive breaks it: the removal poke dropped
+/// (ftrace_trampoline_free:3035 drop-call), written after the unregister
+/// (its swap-calls), or one byte long (3037 / 7949 off-by-one).
+#[test]
+fn ftrace_trampolines_are_poked_in_the_order_ftrace_promises() {
+    use kloop_records::RecordBody;
+    const A: u64 = TRAMPOLINE;
+    let run = trampoline_run;
+    let len = TRAMPOLINE_LEN as u16;
     let good = [
         P::Reg,
         P::Poke(A, 0, len),
@@ -757,7 +768,14 @@ fn ftrace_trampolines_are_poked_in_the_order_ftrace_promises() {
             dump(&a)
         );
     }
-    // A set that did not ask for TEXT_POKE is not held to it.
+}
+
+/// A set that did not ask for TEXT_POKE is not held to `trampoline-pokes`.
+#[test]
+fn ftrace_trampolines_without_poke_listeners_are_not_held_to_pokes() {
+    use kloop_records::KSYM_TYPE_OOL;
+    const A: u64 = TRAMPOLINE;
+    const L: u32 = TRAMPOLINE_LEN;
     let plain = vec![listener(0, 0, true, false), listener(1, 1, true, false)];
     let mut bytes = Vec::new();
     for (n, unregister) in [false, true].into_iter().enumerate() {
@@ -788,21 +806,20 @@ fn ftrace_trampolines_are_poked_in_the_order_ftrace_promises() {
     assert!(a.violations.is_empty(), "{}", dump(&a));
 }
 
-/// Task records (`task-records`): two loader threads, one pinned to each
-/// CPU, fork from the main task on CPU 0 and exit on their own CPUs. A
-/// CPU-wide set with attr.task gets both FORKs on CPU 0 and each EXIT on
-/// the thread's CPU; an inherited task set the same (the FORKs through the
-/// parent's context, the EXITs through the thread's inherited copy); a
-/// task listener without inherit only the FORKs.
-#[test]
-#[expect(clippy::too_many_lines)]
-fn task_records_follow_fork_and_exit_routing() {
+/// A task record of the loader-thread tests: (listener, exit, thread,
+/// cpu, time).
+type TaskRec = (u32, bool, u32, u32, u64);
+
+/// The listeners of the loader-thread tests: a CPU-wide set (L0, L1), an
+/// inherited task set (L2, L3) and a task listener without inherit (L4),
+/// all with attr.task.
+fn task_listeners() -> Vec<ListenerInfo> {
     use kloop_protocol::SideBand;
     let tasky = |l: ListenerInfo| ListenerInfo {
         side_band: vec![SideBand::Task],
         ..l
     };
-    let ls = vec![
+    vec![
         tasky(listener(0, 0, true, true)),
         tasky(listener(1, 1, true, true)),
         tasky(task_listener(2, 0, true)),
@@ -811,16 +828,13 @@ fn task_records_follow_fork_and_exit_routing() {
             pid: Some(MAIN),
             ..listener(4, -1, false, false)
         }),
-    ];
-    let tr = |cpu: u32, time: u64, tid: u32| Tr {
-        pid: MAIN,
-        tid,
-        time,
-        cpu,
-        ..Tr::default()
-    };
-    // (listener, exit, thread, cpu, time)
-    let good: Vec<(u32, bool, u32, u32, u64)> = vec![
+    ]
+}
+
+/// The records the kernel routes for two loader threads (501 pinned to
+/// CPU 0, 502 to CPU 1) forked from the main task on CPU 0.
+fn loader_task_records() -> Vec<TaskRec> {
+    vec![
         (0, false, 501, 0, 1),
         (2, false, 501, 0, 1),
         (4, false, 501, 0, 1),
@@ -831,29 +845,51 @@ fn task_records_follow_fork_and_exit_routing() {
         (2, true, 501, 0, 3),
         (1, true, 502, 1, 4),
         (3, true, 502, 1, 4),
-    ];
-    let build_ev = |recs: &[(u32, bool, u32, u32, u64)]| {
-        let mut ev = routed(ls.clone(), &BTreeMap::new(), &[]);
-        for (li, exit, tid, cpu, time) in recs {
-            let l = &ls[*li as usize];
-            // A thread's record carries its own tid; a FORK is emitted by
-            // the parent.
-            let by = if *exit { *tid } else { MAIN };
-            ev.streams.get_mut(li).unwrap().extend(testutil::task(
-                l,
-                *exit,
-                (MAIN, *tid),
-                tr(*cpu, *time, by),
-            ));
-        }
-        for (tid, cpu) in [(501, 0), (502, 1)] {
-            let mut b = batch(Vec::new(), Some(cpu));
-            b.tid = Some(tid);
-            ev.batches.push(b);
-        }
-        ev
+    ]
+}
+
+/// The evidence of `recs` over [`task_listeners`], with the two loader
+/// threads' batches.
+fn loader_tasks_run(recs: &[TaskRec]) -> RunEvidence {
+    let ls = task_listeners();
+    let tr = |cpu: u32, time: u64, tid: u32| Tr {
+        pid: MAIN,
+        tid,
+        time,
+        cpu,
+        ..Tr::default()
     };
-    let build = |recs: &[(u32, bool, u32, u32, u64)]| analyse(&build_ev(recs));
+    let mut ev = routed(ls.clone(), &BTreeMap::new(), &[]);
+    for (li, exit, tid, cpu, time) in recs {
+        let l = &ls[*li as usize];
+        // A thread's record carries its own tid; a FORK is emitted by
+        // the parent.
+        let by = if *exit { *tid } else { MAIN };
+        ev.streams.get_mut(li).unwrap().extend(testutil::task(
+            l,
+            *exit,
+            (MAIN, *tid),
+            tr(*cpu, *time, by),
+        ));
+    }
+    for (tid, cpu) in [(501, 0), (502, 1)] {
+        let mut b = batch(Vec::new(), Some(cpu));
+        b.tid = Some(tid);
+        ev.batches.push(b);
+    }
+    ev
+}
+
+/// Task records (`task-records`): two loader threads, one pinned to each
+/// CPU, fork from the main task on CPU 0 and exit on their own CPUs. A
+/// CPU-wide set with attr.task gets both FORKs on CPU 0 and each EXIT on
+/// the thread's CPU; an inherited task set the same (the FORKs through the
+/// parent's context, the EXITs through the thread's inherited copy); a
+/// task listener without inherit only the FORKs.
+#[test]
+fn task_records_follow_fork_and_exit_routing() {
+    let good = loader_task_records();
+    let build = |recs: &[TaskRec]| analyse(&loader_tasks_run(recs));
     let a = build(&good);
     assert!(!rules(&a).contains(rule::TASK_RECORDS), "{}", dump(&a));
     // perf_iterate_sb() without its `goto done`: the CPU-wide pass after
@@ -892,14 +928,19 @@ fn task_records_follow_fork_and_exit_routing() {
         "{}",
         dump(&a)
     );
-    // A kernel thread started on CPU 0 (a kworker, forked by kthreadd, as
-    // a workqueue adds one when the guest runs slowly): the CPU-wide set
-    // hears it, no rule minds, and the normalised stream, which keeps the
-    // loaders' FORK and EXIT records, is the same as without it.
-    let plain = build_ev(&good);
-    let mut kworker = build_ev(&good);
+}
+
+/// A kernel thread started on CPU 0 (a kworker, forked by kthreadd, as a
+/// workqueue adds one when the guest runs slowly): the CPU-wide set hears
+/// it, no rule minds, and the normalised stream, which keeps the loaders'
+/// FORK and EXIT records, is the same as without it.
+#[test]
+fn a_kernel_threads_task_records_are_the_systems_business() {
+    let good = loader_task_records();
+    let plain = loader_tasks_run(&good);
+    let mut kworker = loader_tasks_run(&good);
     kworker.streams.get_mut(&0).unwrap().extend(testutil::task(
-        &ls[0],
+        &task_listeners()[0],
         false,
         (40, 40),
         Tr {

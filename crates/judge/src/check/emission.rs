@@ -112,8 +112,62 @@ fn describes(
         && name_ok
 }
 
+/// What KSYMBOL record `r`, observed as `o`, broke of its kind's
+/// promise about the symbol's state at emission, if anything.
+fn broken_promise<'r>(
+    o: &KsymbolObservation,
+    r: &'r Record,
+    addr: u64,
+    ksym_type: u16,
+    unregister: bool,
+    name: &str,
+) -> Option<Found<'r>> {
+    let promised = promise(ksym_type, unregister, name);
+    // Only the kinds held to a %ps result need one.
+    if o.snprintf_ret < 0 && matches!(promised, Promise::Resolves(_) | Promise::Gone(_)) {
+        return Some(quoting(
+            format!(
+                "the watch could not symbolize {addr:#x} (bpf_snprintf returned {}): {r}",
+                o.snprintf_ret
+            ),
+            [r],
+        ));
+    }
+    let event = if unregister { "unregister" } else { "register" };
+    match promised {
+        Promise::Listed(why) => match o.listed {
+            Some(true) => None,
+            Some(false) => Some(quoting(
+                format!(
+                    "{name} at {addr:#x} was not on its list (a kprobe cache's pages, \
+                     ftrace's trampolines) when its {event} was emitted; {why}: {r}"
+                ),
+                [r],
+            )),
+            None => Some(quoting(
+                format!(
+                    "the watch could not look {name} at {addr:#x} up on its list (no list \
+                     address from /proc/kallsyms, or the call's sym is no cache's): {r}"
+                ),
+                [r],
+            )),
+        },
+        Promise::Resolves(why) if !resolved(o) => Some(quoting(
+            format!(
+                "{name} did not resolve when its {event} was emitted (%ps gave {:?}); {why}: {r}",
+                o.symbolized
+            ),
+            [r],
+        )),
+        Promise::Gone(why) if o.symbolized == *name => Some(quoting(
+            format!("{name} still resolved when its unregister was emitted; {why}: {r}"),
+            [r],
+        )),
+        _ => None,
+    }
+}
+
 /// `symbol-state` over the first CPU-wide set's merged records.
-#[expect(clippy::too_many_lines)]
 pub(super) fn check_symbol_state(
     watch: &KsymbolWatchEvidence,
     merged: &[Record],
@@ -154,50 +208,7 @@ pub(super) fn check_symbol_state(
             continue;
         };
         used[i] = true;
-        let promised = promise(*ksym_type, unregister, name);
-        // Only the kinds held to a %ps result need one.
-        if o.snprintf_ret < 0 && matches!(promised, Promise::Resolves(_) | Promise::Gone(_)) {
-            broken.push(quoting(
-                format!(
-                    "the watch could not symbolize {addr:#x} (bpf_snprintf returned {}): {r}",
-                    o.snprintf_ret
-                ),
-                [r],
-            ));
-            continue;
-        }
-        let event = if unregister { "unregister" } else { "register" };
-        match promised {
-            Promise::Listed(why) => match o.listed {
-                Some(true) => {}
-                Some(false) => broken.push(quoting(
-                    format!(
-                        "{name} at {addr:#x} was not on its list (a kprobe cache's pages, \
-                         ftrace's trampolines) when its {event} was emitted; {why}: {r}"
-                    ),
-                    [r],
-                )),
-                None => broken.push(quoting(
-                    format!(
-                        "the watch could not look {name} at {addr:#x} up on its list (no list \
-                         address from /proc/kallsyms, or the call's sym is no cache's): {r}"
-                    ),
-                    [r],
-                )),
-            },
-            Promise::Resolves(why) if !resolved(o) => broken.push(quoting(
-                format!(
-                    "{name} did not resolve when its {event} was emitted (%ps gave {:?}); {why}: {r}",
-                    o.symbolized
-                ),
-                [r],
-            )),
-            Promise::Gone(why) if o.symbolized == *name => broken.push(quoting(
-                format!("{name} still resolved when its unregister was emitted; {why}: {r}"),
-                [r],
-            )),
-            _ => {}
-        }
+        broken.extend(broken_promise(o, r, *addr, *ksym_type, unregister, name));
     }
     push_capped(
         out,

@@ -2,17 +2,9 @@
 
 use super::*;
 
-/// `inventory`: programs that predate the recording and their unloads.
-#[expect(clippy::too_many_lines)]
-pub(super) fn check_inventory(
-    ev: &RunEvidence,
-    m: &Model<'_>,
-    has_ksym: bool,
-    has_bpf: bool,
-    out: &mut Vec<Violation>,
-) {
-    let recs = m.recs;
-    let mut msgs: Vec<Found<'_>> = Vec::new();
+/// Programs the agent loaded before recording that no inventory lists.
+fn uninventoried<'r>(ev: &RunEvidence) -> Vec<Found<'r>> {
+    let mut msgs: Vec<Found<'r>> = Vec::new();
     // A program the plan unloaded before its first CPU-wide listener opened
     // was gone when recording began: no inventory can list it (perf's own
     // synthesis reads only what is loaded), and the stream shows nothing
@@ -42,6 +34,55 @@ pub(super) fn check_inventory(
             );
         }
     }
+    msgs
+}
+
+/// What an inventoried function's KSYMBOL unregister `r` (named `name`)
+/// has wrong against the inventory: length, type, kallsyms name, tag.
+fn inventoried_diffs(
+    p: &ProgFacts,
+    fi: usize,
+    addr: u64,
+    flen: u32,
+    r: &Record,
+    name: &str,
+) -> Vec<String> {
+    let RecordBody::Ksymbol { len, ksym_type, .. } = &r.body else {
+        return Vec::new();
+    };
+    let mut diffs = len_and_type_diffs(
+        *len,
+        *ksym_type,
+        flen,
+        &format!("inventoried jited_func_lens[{fi}]"),
+    );
+    let ks: Vec<&str> = p
+        .kallsyms
+        .iter()
+        .filter(|e| e.addr == addr)
+        .map(|e| e.name.as_str())
+        .collect();
+    if ks.is_empty() {
+        diffs.push("the inventory has no kallsyms line at that address".into());
+    } else if !ks.contains(&name) {
+        diffs.push(format!("the inventory's kallsyms names it {ks:?}"));
+    }
+    if !facts_name_ok(p, name) {
+        diffs.push("name does not carry one of its inventoried tags".into());
+    }
+    diffs
+}
+
+/// `inventory`: programs that predate the recording and their unloads.
+pub(super) fn check_inventory(
+    ev: &RunEvidence,
+    m: &Model<'_>,
+    has_ksym: bool,
+    has_bpf: bool,
+    out: &mut Vec<Violation>,
+) {
+    let recs = m.recs;
+    let mut msgs = uninventoried(ev);
     for p in &ev.inventory {
         let ours = ev.progs.iter().any(|f| f.id == p.id);
         let who = format!("inventoried program id {} ({})", p.id, p.name);
@@ -96,33 +137,8 @@ pub(super) fn check_inventory(
                 continue;
             };
             let Some(r) = recs.get(u) else { continue };
-            if let RecordBody::Ksymbol {
-                len,
-                ksym_type,
-                name,
-                ..
-            } = &r.body
-            {
-                let mut diffs = len_and_type_diffs(
-                    *len,
-                    *ksym_type,
-                    flen,
-                    &format!("inventoried jited_func_lens[{fi}]"),
-                );
-                let ks: Vec<&str> = p
-                    .kallsyms
-                    .iter()
-                    .filter(|e| e.addr == addr)
-                    .map(|e| e.name.as_str())
-                    .collect();
-                if ks.is_empty() {
-                    diffs.push("the inventory has no kallsyms line at that address".into());
-                } else if !ks.contains(&name.as_str()) {
-                    diffs.push(format!("the inventory's kallsyms names it {ks:?}"));
-                }
-                if !facts_name_ok(p, name) {
-                    diffs.push("name does not carry one of its inventoried tags".into());
-                }
+            if let RecordBody::Ksymbol { name, .. } = &r.body {
+                let mut diffs = inventoried_diffs(p, fi, addr, flen, r, name);
                 if let Some(q) = unload {
                     if before(recs, u, q) == Some(false) {
                         diffs.push(format!("after its PROG_UNLOAD {}", fmt_idx(recs, Some(q))));

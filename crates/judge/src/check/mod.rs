@@ -707,14 +707,9 @@ fn group_sets<'l>(ev: &RunEvidence, ls: impl Iterator<Item = &'l ListenerInfo>) 
     sets.into_iter().map(|(_, idx, _)| idx).collect()
 }
 
-/// Parses every stream and checks every rule.
-#[expect(clippy::too_many_lines)]
-pub fn analyse(ev: &RunEvidence) -> Analysis {
-    let mut a = Analysis::default();
-    let mut v: Vec<Violation> = Vec::new();
-
-    // What a shipped program says is its own verdict; 77 (it could not run
-    // here) is the harness's to turn into a skip.
+/// `program-exit`: what a shipped program says is its own verdict; 77 (it
+/// could not run here) is the harness's to turn into a skip.
+fn check_program_exits(ev: &RunEvidence, v: &mut Vec<Violation>) {
     for p in ev
         .program_runs
         .iter()
@@ -730,7 +725,15 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             ),
         ));
     }
+}
 
+/// The reported listeners by index (the first of a twice-reported index);
+/// a second report and a stream of an unreported listener are `listeners`
+/// violations.
+fn index_listeners<'e>(
+    ev: &'e RunEvidence,
+    v: &mut Vec<Violation>,
+) -> BTreeMap<u32, &'e ListenerInfo> {
     let mut listeners: BTreeMap<u32, &ListenerInfo> = BTreeMap::new();
     for l in &ev.listeners {
         match listeners.entry(l.index) {
@@ -763,64 +766,110 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             );
         }
     }
+    listeners
+}
 
-    // An overwrite set in a run that provoked loss drops its oldest records
-    // by design, uncounted: it keeps only the newest.
-    let overwritten = |set: &[u32]| {
-        ev.provoked_loss
-            && set
-                .iter()
-                .filter_map(|i| listeners.get(i))
-                .any(|l| l.backward)
-    };
-    let paused = ev
-        .steps
-        .values()
-        .any(|s| matches!(s, kloop_protocol::Step::PauseOutput { paused: true }));
+/// What reading every listener's stream leaves for the set rules.
+#[derive(Default)]
+struct Readings {
+    /// One phrase per listener with LOST records, for the `lost` messages.
+    lost_parts: Vec<String>,
+    /// The first LOST record of each of those listeners, quoted.
+    first_losts: Vec<Record>,
+    /// Records lost per listener, as its LOST records report.
+    lost_by: BTreeMap<u32, u64>,
+    /// Listeners whose stream could not be parsed to its end.
+    cut: BTreeSet<u32>,
+}
 
-    // Per listener: parse, record-type, sample-id, time-order, lost.
-    let mut lost_parts = Vec::new();
-    let mut first_losts: Vec<Record> = Vec::new();
-    let mut lost_by: BTreeMap<u32, u64> = BTreeMap::new();
-    let mut cut: BTreeSet<u32> = BTreeSet::new();
-    for (idx, l) in &listeners {
-        let bytes = ev.streams.get(idx).map(Vec::as_slice).unwrap_or(&[]);
-        let parsed = parse_reading_on(l, bytes);
-        let recs = parsed.records;
-        for o in &parsed.oversized {
-            v.push(oversized_violation(l, o, &recs));
+impl Readings {
+    /// Parses every listener's stream into `a.records_per_listener` and
+    /// checks the per-listener rules: parse, record-type, sample-id,
+    /// time-order, disabled-silent, lost-samples, overwrite-never-full,
+    /// and lost over the whole run.
+    fn read(
+        ev: &RunEvidence,
+        listeners: &BTreeMap<u32, &ListenerInfo>,
+        a: &mut Analysis,
+        v: &mut Vec<Violation>,
+    ) -> Readings {
+        let paused = ev
+            .steps
+            .values()
+            .any(|s| matches!(s, kloop_protocol::Step::PauseOutput { paused: true }));
+        let mut r = Readings::default();
+        for (idx, l) in listeners {
+            let bytes = ev.streams.get(idx).map(Vec::as_slice).unwrap_or(&[]);
+            let parsed = parse_reading_on(l, bytes);
+            let recs = parsed.records;
+            for o in &parsed.oversized {
+                v.push(oversized_violation(l, o, &recs));
+            }
+            if let Some(e) = parsed.error {
+                r.cut.insert(*idx);
+                v.push(
+                    m_find(
+                        rule::PARSE,
+                        format!(
+                            "{e} ({} records before it are kept for the per-record rules; the set rules \
+                             and listeners-agree leave this listener's set out)",
+                            recs.len()
+                        ),
+                    )
+                    .at(e.listener, Some(e.offset)),
+                );
+            }
+            check_listener(l, &recs, v);
+            // A disabled listener is in no set: it is held to silence alone.
+            if l.disabled && !recs.is_empty() {
+                v.push(
+                    Violation::new(
+                        rule::DISABLED_SILENT,
+                        format!(
+                            "listener {idx}, opened disabled and never enabled, received {} record(s), \
+                             first {}: perf_iterate_sb_cpu() and perf_iterate_ctx() skip events below \
+                             PERF_EVENT_STATE_INACTIVE",
+                            recs.len(),
+                            recs[0]
+                        ),
+                    )
+                    .quoting(recs.iter().take(3)),
+                );
+            }
+            let lost = r.losses(ev, l, &recs, paused, v);
+            r.lost_by.insert(*idx, lost);
+            a.lost = a.lost.saturating_add(lost);
+            a.records_per_listener.insert(*idx, recs);
         }
-        if let Some(e) = parsed.error {
-            cut.insert(*idx);
+        if !ev.provoked_loss && (a.lost > 0 || !r.lost_parts.is_empty()) {
             v.push(
                 m_find(
-                    rule::PARSE,
+                    rule::LOST,
                     format!(
-                        "{e} ({} records before it are kept for the per-record rules; the set rules \
-                         and listeners-agree leave this listener's set out)",
-                        recs.len()
+                        "{} records lost in total; {}",
+                        a.lost,
+                        r.lost_parts.join("; ")
                     ),
                 )
-                .at(e.listener, Some(e.offset)),
+                .quoting(&r.first_losts),
             );
         }
-        check_listener(l, &recs, &mut v);
-        // A disabled listener is in no set: it is held to silence alone.
-        if l.disabled && !recs.is_empty() {
-            v.push(
-                Violation::new(
-                    rule::DISABLED_SILENT,
-                    format!(
-                        "listener {idx}, opened disabled and never enabled, received {} record(s), \
-                         first {}: perf_iterate_sb_cpu() and perf_iterate_ctx() skip events below \
-                         PERF_EVENT_STATE_INACTIVE",
-                        recs.len(),
-                        recs[0]
-                    ),
-                )
-                .quoting(recs.iter().take(3)),
-            );
-        }
+        r
+    }
+
+    /// Listener `l`'s LOST records: noted for the `lost` messages and held
+    /// to its lost_samples read (`lost-samples`) and, for an overwrite
+    /// ring, to none at all (`overwrite-never-full`). Returns how many
+    /// records they report lost.
+    fn losses(
+        &mut self,
+        ev: &RunEvidence,
+        l: &ListenerInfo,
+        recs: &[Record],
+        paused: bool,
+        v: &mut Vec<Violation>,
+    ) -> u64 {
+        let idx = &l.index;
         let lost: u64 = recs
             .iter()
             .map(|r| match r.body {
@@ -837,8 +886,8 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
                 .iter()
                 .find(|r| matches!(r.body, RecordBody::Lost { .. }));
             let first = first_rec.map(|r| r.to_string()).unwrap_or_default();
-            first_losts.extend(first_rec.cloned());
-            lost_parts.push(format!(
+            self.first_losts.extend(first_rec.cloned());
+            self.lost_parts.push(format!(
                 "listener {idx}: {n} LOST record(s), {lost} lost (first: {first})"
             ));
         }
@@ -883,23 +932,324 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
                 );
             }
         }
-        lost_by.insert(*idx, lost);
-        a.lost = a.lost.saturating_add(lost);
-        a.records_per_listener.insert(*idx, recs);
+        lost
     }
-    if !ev.provoked_loss && (a.lost > 0 || !lost_parts.is_empty()) {
-        v.push(
-            m_find(
+}
+
+/// What judging one listener set (CPU-wide or task-bound) needs of the run.
+struct SetJudge<'a> {
+    ev: &'a RunEvidence,
+    listeners: &'a BTreeMap<u32, &'a ListenerInfo>,
+    readings: &'a Readings,
+    online: BTreeSet<i64>,
+    /// More than one CPU-wide set: messages name theirs.
+    multi: bool,
+}
+
+impl SetJudge<'_> {
+    /// An overwrite set in a run that provoked loss drops its oldest
+    /// records by design, uncounted: it keeps only the newest.
+    fn overwritten(&self, set: &[u32]) -> bool {
+        self.ev.provoked_loss
+            && set
+                .iter()
+                .filter_map(|i| self.listeners.get(i))
+                .any(|l| l.backward)
+    }
+
+    /// A listener of `set` could not be parsed to its end.
+    fn is_cut(&self, set: &[u32]) -> bool {
+        set.iter().any(|i| self.readings.cut.contains(i))
+    }
+
+    /// The CPUs of `set`'s listeners (-1: bound to none).
+    fn cpus(&self, set: &[u32]) -> BTreeSet<i64> {
+        set.iter()
+            .filter_map(|i| self.listeners.get(i))
+            .map(|l| i64::from(l.cpu))
+            .collect()
+    }
+
+    /// Checks set `k` (`sets` first, then `task_sets`) against every set
+    /// rule; the first set's merged stream becomes `a.merged`.
+    fn judge(
+        &self,
+        k: usize,
+        is_task: bool,
+        set: &[u32],
+        a: &mut Analysis,
+        v: &mut Vec<Violation>,
+    ) {
+        let ev = self.ev;
+        let Some(scope) = scope_of(ev, self.listeners, set) else {
+            return;
+        };
+        let label = if is_task {
+            format!("task set (listeners {set:?})")
+        } else if self.multi {
+            format!("set#{k} (listeners {set:?})")
+        } else {
+            String::new()
+        };
+        let cpus = self.cpus(set);
+        self.check_coverage(set, &scope, &cpus, v);
+        let streams: Vec<Vec<Record>> = set
+            .iter()
+            .map(|i| a.records_per_listener.get(i).cloned().unwrap_or_default())
+            .collect();
+        let merged = merge_by_time(streams);
+        let set_lost: u64 = set
+            .iter()
+            .filter_map(|i| self.readings.lost_by.get(i))
+            .sum();
+        // An overwrite set that wrote more than its rings hold gets no loss
+        // accounting and no completeness rules, only the per-record ones
+        // and overwrite-never-full.
+        let overwrite_set = self.overwritten(set);
+        if ev.provoked_loss && !is_task && !overwrite_set {
+            let account = self.account_loss(&label, &merged, &scope, set_lost, k, v);
+            a.notes.push(self.loss_note(k, &account));
+            a.loss.push(account);
+        }
+        // Task sets in a run that provokes loss are left to the per-record
+        // rules: the loss accounting is per CPU-wide set.
+        // A storm with lookups lets its side-band thread drop a program's
+        // last reference now and then, so its unload comes from that
+        // thread, outside a listener on the agent's task alone.
+        let skip_task = is_task
+            && (ev.provoked_loss
+                || (scope.task == TaskScope::Task
+                    && ev.batches.iter().any(|b| b.lookups.is_some())));
+        // A set that asked for neither kind (other side-band bits only) is
+        // held by record-type alone: no KSYMBOL, no BPF_EVENT.
+        let no_kind = !scope.has_ksym && !scope.has_bpf;
+        if !self.is_cut(set) && !skip_task && !no_kind && !overwrite_set {
+            let (found, accounted) = check_set(
+                ev,
+                &merged,
+                &scope,
+                &label,
+                ev.provoked_loss && set_lost > 0,
+            );
+            v.extend(found);
+            if k == 0 {
+                a.accounted = accounted;
+            }
+        }
+        self.check_pokes(set, is_task, &merged, &label, v);
+        self.check_tasks(set, is_task, &cpus, &merged, &label, v);
+        if k == 0 {
+            a.merged = merged;
+            a.merged_from = set.to_vec();
+        }
+    }
+
+    /// Every CPU the set asked for (every online one unless its spec
+    /// names a subset) must have its listener; a task listener bound to
+    /// no CPU covers them all.
+    fn check_coverage(
+        &self,
+        set: &[u32],
+        scope: &SetScope,
+        cpus: &BTreeSet<i64>,
+        v: &mut Vec<Violation>,
+    ) {
+        let wanted: BTreeSet<i64> = match &scope.cpus {
+            Some(c) => c.iter().map(|c| i64::from(*c)).collect(),
+            None => self.online.clone(),
+        };
+        let missing: Vec<i64> = wanted.difference(cpus).copied().collect();
+        if !cpus.contains(&-1) && !self.online.is_empty() && !missing.is_empty() {
+            v.push(m_find(
+                rule::LISTENERS,
+                format!("listener set {set:?} has no listener on {} CPU(s) {missing:?}: records emitted there are not seen", if scope.cpus.is_some() { "its" } else { "online" }),
+            ));
+        }
+    }
+
+    /// The provoked-loss accounting of CPU-wide set `k`: received + lost
+    /// must equal what its programs caused (`lost`).
+    fn account_loss(
+        &self,
+        label: &str,
+        merged: &[Record],
+        scope: &SetScope,
+        set_lost: u64,
+        k: usize,
+        v: &mut Vec<Violation>,
+    ) -> LossAccount {
+        let lost_parts = &self.readings.lost_parts;
+        let account = loss_account(self.ev, k, merged, scope.has_ksym, scope.has_bpf, set_lost);
+        if account.received + account.lost != account.caused {
+            v.push(m_find(
                 rule::LOST,
                 format!(
-                    "{} records lost in total; {}",
-                    a.lost,
-                    lost_parts.join("; ")
+                    "{}the run provoked loss, but {} records received + {} lost = {} != {} \
+                     records its programs caused{}",
+                    if self.multi {
+                        format!("{label}: ")
+                    } else {
+                        String::new()
+                    },
+                    account.received,
+                    account.lost,
+                    account.received + account.lost,
+                    account.caused,
+                    if lost_parts.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", lost_parts.join("; "))
+                    }
                 ),
-            )
-            .quoting(&first_losts),
+            ));
+        }
+        account
+    }
+
+    /// The report's note of set `k`'s loss accounting.
+    fn loss_note(&self, k: usize, account: &LossAccount) -> String {
+        format!(
+            "loss{}: caused {} = received {} + lost {}{}",
+            if self.multi {
+                format!(" set#{k}")
+            } else {
+                String::new()
+            },
+            account.caused,
+            account.received,
+            account.lost,
+            if account.received + account.lost == account.caused {
+                ""
+            } else {
+                " (MISMATCH)"
+            }
+        )
+    }
+
+    /// trampoline-pokes, kprobe-slots, code-lifetime: for a whole CPU-wide
+    /// set that asked for KSYMBOL and TEXT_POKE both.
+    fn check_pokes(
+        &self,
+        set: &[u32],
+        is_task: bool,
+        merged: &[Record],
+        label: &str,
+        v: &mut Vec<Violation>,
+    ) {
+        let pokes = set
+            .iter()
+            .filter_map(|i| self.listeners.get(i))
+            .all(|l| l.ksymbol && l.side_band.contains(&kloop_protocol::SideBand::TextPoke));
+        if !pokes || is_task || self.ev.provoked_loss || self.is_cut(set) {
+            return;
+        }
+        push_capped(
+            v,
+            rule::TRAMPOLINE_POKES,
+            "trampolines",
+            pokes::check_trampoline_pokes(merged, label),
+        );
+        push_capped(
+            v,
+            rule::KPROBE_SLOTS,
+            "kprobe slot pokes",
+            pokes::check_kprobe_slots(merged, label),
+        );
+        push_capped(
+            v,
+            rule::CODE_LIFETIME,
+            "writes outside live code",
+            pokes::check_code_lifetime(merged, label),
         );
     }
+
+    /// task-records, for a whole set that asked for task records.
+    fn check_tasks(
+        &self,
+        set: &[u32],
+        is_task: bool,
+        cpus: &BTreeSet<i64>,
+        merged: &[Record],
+        label: &str,
+        v: &mut Vec<Violation>,
+    ) {
+        let ev = self.ev;
+        let members: Vec<&ListenerInfo> = set
+            .iter()
+            .filter_map(|i| self.listeners.get(i).copied())
+            .collect();
+        if !tasks::asks_for_tasks(&members) || ev.provoked_loss || self.is_cut(set) {
+            return;
+        }
+        let audience = if !is_task {
+            tasks::Audience::CpuWide
+        } else if members.iter().all(|l| l.inherit) {
+            tasks::Audience::Inherited
+        } else {
+            tasks::Audience::TaskOnly
+        };
+        // Only a set open through the whole run saw the threads come
+        // and go.
+        let loaders: Vec<tasks::Loader> = if whole_run(ev, set) {
+            ev.batches
+                .iter()
+                .filter_map(|b| {
+                    Some(tasks::Loader {
+                        tid: b.tid?,
+                        cpu: b.cpu?,
+                    })
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let online = &self.online;
+        let all_cpus = cpus.contains(&-1) || (!online.is_empty() && online.is_subset(cpus));
+        push_capped(
+            v,
+            rule::TASK_RECORDS,
+            "task record problems",
+            tasks::check_task_records(merged, label, audience, (cpus, all_cpus), &loaders),
+        );
+    }
+
+    /// announced and withdrawn, against the agent's final kallsyms read:
+    /// only for a first set that saw the whole run on every CPU, all of
+    /// it: one that lost records or was cut cannot be held to every
+    /// register.
+    fn check_final_kallsyms(&self, a: &Analysis, v: &mut Vec<Violation>) {
+        let ev = self.ev;
+        let (Some(final_read), Some(set)) = (&ev.final_kallsyms, a.sets.first()) else {
+            return;
+        };
+        let first = set.first().and_then(|i| self.listeners.get(i));
+        let cpus = self.cpus(set);
+        let lost: u64 = set
+            .iter()
+            .filter_map(|i| self.readings.lost_by.get(i))
+            .sum();
+        if ev.initial_snapshot
+            && !self.overwritten(set)
+            && first.is_some_and(|l| l.ksymbol)
+            && self.online.is_subset(&cpus)
+            && lost == 0
+            && !self.is_cut(set)
+            && whole_run(ev, set)
+        {
+            check_announced(&ev.initial_kallsyms, final_read, &a.merged, v);
+            check_withdrawn(&ev.initial_kallsyms, final_read, &a.merged, v);
+        }
+    }
+}
+
+/// Parses every stream and checks every rule.
+pub fn analyse(ev: &RunEvidence) -> Analysis {
+    let mut a = Analysis::default();
+    let mut v: Vec<Violation> = Vec::new();
+
+    check_program_exits(ev, &mut v);
+    let listeners = index_listeners(ev, &mut v);
+    let readings = Readings::read(ev, &listeners, &mut a, &mut v);
 
     v.extend(wakeups::check(
         &ev.listeners,
@@ -911,7 +1261,6 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
 
     a.sets = listener_sets(ev, &listeners);
     a.task_sets = task_listener_sets(ev, &listeners);
-    let online: BTreeSet<i64> = ev.online_cpus.iter().map(|c| i64::from(*c)).collect();
     // A task-bound set of the loading task records its programs too
     // (perf_iterate_sb() iterates the current task's contexts).
     let kinds = |set: &Vec<u32>| {
@@ -925,7 +1274,13 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
             "programs were loaded but no listener recorded them".to_string(),
         ));
     }
-    let multi = a.sets.len() > 1;
+    let judge = SetJudge {
+        ev,
+        listeners: &listeners,
+        readings: &readings,
+        online: ev.online_cpus.iter().map(|c| i64::from(*c)).collect(),
+        multi: a.sets.len() > 1,
+    };
     let all_sets: Vec<(bool, Vec<u32>)> = a
         .sets
         .iter()
@@ -933,211 +1288,15 @@ pub fn analyse(ev: &RunEvidence) -> Analysis {
         .chain(a.task_sets.iter().map(|s| (true, s.clone())))
         .collect();
     for (k, (is_task, set)) in all_sets.iter().enumerate() {
-        let Some(scope) = scope_of(ev, &listeners, set) else {
-            continue;
-        };
-        let label = if *is_task {
-            format!("task set (listeners {set:?})")
-        } else if multi {
-            format!("set#{k} (listeners {set:?})")
-        } else {
-            String::new()
-        };
-        let cpus: BTreeSet<i64> = set
-            .iter()
-            .filter_map(|i| listeners.get(i))
-            .map(|l| i64::from(l.cpu))
-            .collect();
-        // Every CPU the set asked for (every online one unless its spec
-        // names a subset) must have its listener; a task listener bound to
-        // no CPU covers them all.
-        let wanted: BTreeSet<i64> = match &scope.cpus {
-            Some(c) => c.iter().map(|c| i64::from(*c)).collect(),
-            None => online.clone(),
-        };
-        let missing: Vec<i64> = wanted.difference(&cpus).copied().collect();
-        if !cpus.contains(&-1) && !online.is_empty() && !missing.is_empty() {
-            v.push(m_find(
-                rule::LISTENERS,
-                format!("listener set {set:?} has no listener on {} CPU(s) {missing:?}: records emitted there are not seen", if scope.cpus.is_some() { "its" } else { "online" }),
-            ));
-        }
-        let streams: Vec<Vec<Record>> = set
-            .iter()
-            .map(|i| a.records_per_listener.get(i).cloned().unwrap_or_default())
-            .collect();
-        let merged = merge_by_time(streams);
-        let set_lost: u64 = set.iter().filter_map(|i| lost_by.get(i)).sum();
-        // An overwrite set that wrote more than its rings hold gets no loss
-        // accounting and no completeness rules, only the per-record ones
-        // and overwrite-never-full.
-        let overwrite_set = overwritten(set);
-        if ev.provoked_loss && !is_task && !overwrite_set {
-            let account = loss_account(ev, k, &merged, scope.has_ksym, scope.has_bpf, set_lost);
-            if account.received + account.lost != account.caused {
-                v.push(m_find(
-                    rule::LOST,
-                    format!(
-                        "{}the run provoked loss, but {} records received + {} lost = {} != {} \
-                         records its programs caused{}",
-                        if multi {
-                            format!("{label}: ")
-                        } else {
-                            String::new()
-                        },
-                        account.received,
-                        account.lost,
-                        account.received + account.lost,
-                        account.caused,
-                        if lost_parts.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" ({})", lost_parts.join("; "))
-                        }
-                    ),
-                ));
-            }
-            a.notes.push(format!(
-                "loss{}: caused {} = received {} + lost {}{}",
-                if multi {
-                    format!(" set#{k}")
-                } else {
-                    String::new()
-                },
-                account.caused,
-                account.received,
-                account.lost,
-                if account.received + account.lost == account.caused {
-                    ""
-                } else {
-                    " (MISMATCH)"
-                }
-            ));
-            a.loss.push(account);
-        }
-        // Task sets in a run that provokes loss are left to the per-record
-        // rules: the loss accounting is per CPU-wide set.
-        // A storm with lookups lets its side-band thread drop a program's
-        // last reference now and then, so its unload comes from that
-        // thread, outside a listener on the agent's task alone.
-        let skip_task = *is_task
-            && (ev.provoked_loss
-                || (scope.task == TaskScope::Task
-                    && ev.batches.iter().any(|b| b.lookups.is_some())));
-        // A set that asked for neither kind (other side-band bits only) is
-        // held by record-type alone: no KSYMBOL, no BPF_EVENT.
-        let no_kind = !scope.has_ksym && !scope.has_bpf;
-        if !set.iter().any(|i| cut.contains(i)) && !skip_task && !no_kind && !overwrite_set {
-            let (found, accounted) = check_set(
-                ev,
-                &merged,
-                &scope,
-                &label,
-                ev.provoked_loss && set_lost > 0,
-            );
-            v.extend(found);
-            if k == 0 {
-                a.accounted = accounted;
-            }
-        }
-        let pokes = set
-            .iter()
-            .filter_map(|i| listeners.get(i))
-            .all(|l| l.ksymbol && l.side_band.contains(&kloop_protocol::SideBand::TextPoke));
-        if pokes && !is_task && !ev.provoked_loss && !set.iter().any(|i| cut.contains(i)) {
-            push_capped(
-                &mut v,
-                rule::TRAMPOLINE_POKES,
-                "trampolines",
-                pokes::check_trampoline_pokes(&merged, &label),
-            );
-            push_capped(
-                &mut v,
-                rule::KPROBE_SLOTS,
-                "kprobe slot pokes",
-                pokes::check_kprobe_slots(&merged, &label),
-            );
-            push_capped(
-                &mut v,
-                rule::CODE_LIFETIME,
-                "writes outside live code",
-                pokes::check_code_lifetime(&merged, &label),
-            );
-        }
-        let members: Vec<&ListenerInfo> = set
-            .iter()
-            .filter_map(|i| listeners.get(i).copied())
-            .collect();
-        if tasks::asks_for_tasks(&members)
-            && !ev.provoked_loss
-            && !set.iter().any(|i| cut.contains(i))
-        {
-            let audience = if !is_task {
-                tasks::Audience::CpuWide
-            } else if members.iter().all(|l| l.inherit) {
-                tasks::Audience::Inherited
-            } else {
-                tasks::Audience::TaskOnly
-            };
-            // Only a set open through the whole run saw the threads come
-            // and go.
-            let loaders: Vec<tasks::Loader> = if whole_run(ev, set) {
-                ev.batches
-                    .iter()
-                    .filter_map(|b| {
-                        Some(tasks::Loader {
-                            tid: b.tid?,
-                            cpu: b.cpu?,
-                        })
-                    })
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            let all_cpus = cpus.contains(&-1) || (!online.is_empty() && online.is_subset(&cpus));
-            push_capped(
-                &mut v,
-                rule::TASK_RECORDS,
-                "task record problems",
-                tasks::check_task_records(&merged, &label, audience, (&cpus, all_cpus), &loaders),
-            );
-        }
-        if k == 0 {
-            a.merged = merged;
-            a.merged_from = set.clone();
-        }
+        judge.judge(k, *is_task, set, &mut a, &mut v);
     }
     if let Some(watch) = &ev.ksymbol_watch {
-        if a.sets
-            .first()
-            .is_some_and(|s| !s.iter().any(|i| cut.contains(i)))
-        {
+        if a.sets.first().is_some_and(|s| !judge.is_cut(s)) {
             check_symbol_state(watch, &a.merged, &mut v);
         }
     }
-    // Only a set that saw the whole run on every CPU, all of it: one that
-    // lost records or was cut cannot be held to every register.
-    if let (Some(final_read), Some(set)) = (&ev.final_kallsyms, a.sets.first()) {
-        let first = set.first().and_then(|i| listeners.get(i));
-        let cpus: BTreeSet<i64> = set
-            .iter()
-            .filter_map(|i| listeners.get(i))
-            .map(|l| i64::from(l.cpu))
-            .collect();
-        let lost: u64 = set.iter().filter_map(|i| lost_by.get(i)).sum();
-        if ev.initial_snapshot
-            && !overwritten(set)
-            && first.is_some_and(|l| l.ksymbol)
-            && online.is_subset(&cpus)
-            && lost == 0
-            && !set.iter().any(|i| cut.contains(i))
-            && whole_run(ev, set)
-        {
-            check_announced(&ev.initial_kallsyms, final_read, &a.merged, &mut v);
-            check_withdrawn(&ev.initial_kallsyms, final_read, &a.merged, &mut v);
-        }
-    }
-    check_agreement(ev, &a, &listeners, &cut, &mut v);
+    judge.check_final_kallsyms(&a, &mut v);
+    check_agreement(ev, &a, &listeners, &readings.cut, &mut v);
     check_paused_silent(ev, &a.records_per_listener, &mut v);
     let notes = check_lookups(ev, &a, &mut v);
     a.notes.extend(notes);

@@ -51,8 +51,16 @@ pub(crate) struct Model<'a> {
     pub findings: Vec<Violation>,
 }
 
+/// What is live while [`Model::build`] walks the stream.
+#[derive(Default)]
+struct Live {
+    /// The symbol lifetime (index into `syms`) registered at each address.
+    syms: BTreeMap<u64, usize>,
+    /// The program lifetime (index into `progs`) loaded under each id.
+    progs: BTreeMap<u32, usize>,
+}
+
 impl<'a> Model<'a> {
-    #[expect(clippy::too_many_lines)]
     pub fn build(recs: &'a [Record], initial: &[KallsymsEntry]) -> Model<'a> {
         let mut m = Model {
             recs,
@@ -62,124 +70,18 @@ impl<'a> Model<'a> {
             prog_by_id: BTreeMap::new(),
             findings: Vec::new(),
         };
-        let mut live_sym: BTreeMap<u64, usize> = BTreeMap::new();
-        let mut live_prog: BTreeMap<u32, usize> = BTreeMap::new();
-        let mut findings = Vec::new();
+        let mut live = Live::default();
         for (i, r) in recs.iter().enumerate() {
             match &r.body {
                 RecordBody::Ksymbol {
-                    addr,
-                    len,
-                    ksym_type,
-                    flags,
-                    name,
+                    addr, flags, name, ..
                 } => {
                     if flags & KSYMBOL_FLAGS_UNREGISTER == 0 {
-                        if let Some(prev) = live_sym
-                            .get(addr)
-                            .and_then(|l| m.syms.get(*l))
-                            .and_then(|l| l.reg)
-                            .and_then(|p| recs.get(p))
-                        {
-                            findings.push(m_find(
-                                rule::LOAD_SYMBOLS,
-                                format!("symbol registered again while still registered: {prev} then {r}"),
-                            ).quoting([prev, r]));
-                        }
-                        let l = m.syms.len();
-                        m.syms.push(SymLife {
-                            addr: *addr,
-                            reg: Some(i),
-                            unreg: None,
-                        });
-                        m.sym_by_addr.entry(*addr).or_default().push(l);
-                        live_sym.insert(*addr, l);
-                    } else if let Some(l) = live_sym.remove(addr) {
-                        let reg = m.syms.get(l).and_then(|s| s.reg).and_then(|p| recs.get(p));
-                        if let Some(s) = m.syms.get_mut(l) {
-                            s.unreg = Some(i);
-                        }
-                        if let Some(
-                            reg @ Record {
-                                body:
-                                    RecordBody::Ksymbol {
-                                        len: rlen,
-                                        ksym_type: rtype,
-                                        name: rname,
-                                        ..
-                                    },
-                                ..
-                            },
-                        ) = reg
-                        {
-                            let mut diffs = Vec::new();
-                            if rlen != len {
-                                diffs.push(format!("len {len} vs {rlen}"));
-                            }
-                            if rname != name {
-                                diffs.push(format!("name {name:?} vs {rname:?}"));
-                            }
-                            if rtype != ksym_type {
-                                diffs.push(format!(
-                                    "type {} vs {}",
-                                    kloop_records::ksym_type_name(*ksym_type),
-                                    kloop_records::ksym_type_name(*rtype)
-                                ));
-                            }
-                            if !diffs.is_empty() {
-                                findings.push(
-                                    m_find(
-                                        rule::UNLOAD_SYMBOLS,
-                                        format!(
-                                        "unregister differs from its register ({}): {reg} / {r}",
-                                        diffs.join(", ")
-                                    ),
-                                    )
-                                    .quoting([reg, r]),
-                                );
-                            }
-                        }
-                    } else if let Some(last) = m
-                        .sym_by_addr
-                        .get(addr)
-                        .and_then(|v| v.last())
-                        .and_then(|l| m.syms.get(*l))
-                    {
-                        let prev = last
-                            .unreg
-                            .and_then(|u| recs.get(u))
-                            .map(|p| p.to_string())
-                            .unwrap_or_else(|| "?".into());
-                        findings.push(m_find(
-                            rule::UNLOAD_SYMBOLS,
-                            format!("symbol unregistered again without a register in between: {prev} then {r}"),
-                        ).quoting(last.unreg.and_then(|u| recs.get(u)).into_iter().chain([r])));
-                    } else if initial.iter().any(|e| e.addr == *addr && e.name == *name) {
-                        let l = m.syms.len();
-                        m.syms.push(SymLife {
-                            addr: *addr,
-                            reg: None,
-                            unreg: Some(i),
-                        });
-                        m.sym_by_addr.entry(*addr).or_default().push(l);
+                        m.register(&mut live, i, *addr);
+                    } else if let Some(l) = live.syms.remove(addr) {
+                        m.unregister(l, i);
                     } else {
-                        let hint = initial
-                            .iter()
-                            .filter(|e| e.addr == *addr)
-                            .map(|e| e.name.as_str())
-                            .collect::<Vec<_>>();
-                        let hint = if hint.is_empty() {
-                            String::new()
-                        } else {
-                            format!(
-                                " (the initial kallsyms has {} at that address)",
-                                hint.join(", ")
-                            )
-                        };
-                        findings.push(m_find(
-                            rule::UNREGISTER_WITHOUT_REGISTER,
-                            format!("{r} unregisters a symbol neither registered in this run nor in the initial kallsyms{hint}"),
-                        ).quoting([r]));
+                        m.unregister_unpaired(i, *addr, name, initial);
                     }
                 }
                 RecordBody::BpfEvent {
@@ -188,87 +90,265 @@ impl<'a> Model<'a> {
                     tag,
                     ..
                 } => match *event_type {
-                    BPF_EVENT_PROG_LOAD => {
-                        if let Some(prev) = live_prog
-                            .get(id)
-                            .and_then(|l| m.progs.get(*l))
-                            .and_then(|p| p.load)
-                            .and_then(|p| recs.get(p))
-                        {
-                            findings.push(
-                                m_find(
-                                    rule::UNLOAD_MATCHES_LOAD,
-                                    format!(
-                                    "program id loaded again while still loaded: {prev} then {r}"
-                                ),
-                                )
-                                .quoting([prev, r]),
-                            );
-                        }
-                        let l = m.progs.len();
-                        m.progs.push(ProgLife {
-                            id: *id,
-                            load: Some(i),
-                            unload: None,
-                        });
-                        m.prog_by_id.entry(*id).or_default().push(l);
-                        live_prog.insert(*id, l);
-                    }
-                    BPF_EVENT_PROG_UNLOAD => {
-                        if let Some(l) = live_prog.remove(id) {
-                            if let Some(p) = m.progs.get_mut(l) {
-                                p.unload = Some(i);
-                            }
-                            let load = m
-                                .progs
-                                .get(l)
-                                .and_then(|p| p.load)
-                                .and_then(|p| recs.get(p));
-                            if let Some(load) = load {
-                                if load.bpf_event(BPF_EVENT_PROG_LOAD).map(|(_, t)| t) != Some(*tag)
-                                {
-                                    findings.push(m_find(
-                                        rule::UNLOAD_MATCHES_LOAD,
-                                        format!("PROG_UNLOAD tag differs from its PROG_LOAD: {load} / {r}"),
-                                    ).quoting([load, r]));
-                                }
-                            }
-                        } else if m.prog_by_id.contains_key(id) {
-                            findings.push(
-                                m_find(
-                                    rule::UNLOAD_MATCHES_LOAD,
-                                    format!(
-                                        "program unloaded again without a load in between: {r}"
-                                    ),
-                                )
-                                .quoting([r]),
-                            );
-                        } else if predates_run(&m, recs, i, tag, initial) {
-                            let l = m.progs.len();
-                            m.progs.push(ProgLife {
-                                id: *id,
-                                load: None,
-                                unload: Some(i),
-                            });
-                            m.prog_by_id.entry(*id).or_default().push(l);
-                        } else {
-                            findings.push(m_find(
-                                rule::UNLOAD_MATCHES_LOAD,
-                                format!(
-                                    "{r}: PROG_UNLOAD of a program never loaded in this run and not in the initial kallsyms"
-                                ),
-                            ).quoting([r]));
-                        }
-                    }
+                    BPF_EVENT_PROG_LOAD => m.prog_load(&mut live, i, *id),
+                    BPF_EVENT_PROG_UNLOAD => m.prog_unload(&mut live, i, *id, tag, initial),
                     _ => {} // `record-type` reports undefined event types.
                 },
                 _ => {}
             }
         }
-        for p in &m.progs {
+        m.never_unloaded();
+        m
+    }
+
+    /// KSYMBOL register `i` at `addr` opens a lifetime; one still live
+    /// there is a `load-symbols` finding.
+    fn register(&mut self, live: &mut Live, i: usize, addr: u64) {
+        let recs = self.recs;
+        let r = &recs[i];
+        if let Some(prev) = live
+            .syms
+            .get(&addr)
+            .and_then(|l| self.syms.get(*l))
+            .and_then(|l| l.reg)
+            .and_then(|p| recs.get(p))
+        {
+            self.findings.push(
+                m_find(
+                    rule::LOAD_SYMBOLS,
+                    format!("symbol registered again while still registered: {prev} then {r}"),
+                )
+                .quoting([prev, r]),
+            );
+        }
+        let l = self.syms.len();
+        self.syms.push(SymLife {
+            addr,
+            reg: Some(i),
+            unreg: None,
+        });
+        self.sym_by_addr.entry(addr).or_default().push(l);
+        live.syms.insert(addr, l);
+    }
+
+    /// KSYMBOL unregister `i` closes live lifetime `l`; it must repeat its
+    /// register's length, name and type (`unload-symbols`).
+    fn unregister(&mut self, l: usize, i: usize) {
+        let recs = self.recs;
+        let r = &recs[i];
+        let reg = self
+            .syms
+            .get(l)
+            .and_then(|s| s.reg)
+            .and_then(|p| recs.get(p));
+        if let Some(s) = self.syms.get_mut(l) {
+            s.unreg = Some(i);
+        }
+        let (
+            Some(
+                reg @ Record {
+                    body:
+                        RecordBody::Ksymbol {
+                            len: rlen,
+                            ksym_type: rtype,
+                            name: rname,
+                            ..
+                        },
+                    ..
+                },
+            ),
+            RecordBody::Ksymbol {
+                len,
+                ksym_type,
+                name,
+                ..
+            },
+        ) = (reg, &r.body)
+        else {
+            return;
+        };
+        let mut diffs = Vec::new();
+        if rlen != len {
+            diffs.push(format!("len {len} vs {rlen}"));
+        }
+        if rname != name {
+            diffs.push(format!("name {name:?} vs {rname:?}"));
+        }
+        if rtype != ksym_type {
+            diffs.push(format!(
+                "type {} vs {}",
+                kloop_records::ksym_type_name(*ksym_type),
+                kloop_records::ksym_type_name(*rtype)
+            ));
+        }
+        if !diffs.is_empty() {
+            self.findings.push(
+                m_find(
+                    rule::UNLOAD_SYMBOLS,
+                    format!(
+                        "unregister differs from its register ({}): {reg} / {r}",
+                        diffs.join(", ")
+                    ),
+                )
+                .quoting([reg, r]),
+            );
+        }
+    }
+
+    /// KSYMBOL unregister `i` at `addr` with no live register: a second
+    /// unregister (`unload-symbols`), a symbol from before the run (its
+    /// lifetime opens and closes here), or one from nowhere
+    /// (`unregister-without-register`).
+    fn unregister_unpaired(&mut self, i: usize, addr: u64, name: &str, initial: &[KallsymsEntry]) {
+        let recs = self.recs;
+        let r = &recs[i];
+        if let Some(last) = self
+            .sym_by_addr
+            .get(&addr)
+            .and_then(|v| v.last())
+            .and_then(|l| self.syms.get(*l))
+        {
+            let prev = last
+                .unreg
+                .and_then(|u| recs.get(u))
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| "?".into());
+            let quoted = last.unreg.and_then(|u| recs.get(u)).into_iter().chain([r]);
+            self.findings.push(
+                m_find(
+                    rule::UNLOAD_SYMBOLS,
+                    format!(
+                        "symbol unregistered again without a register in between: {prev} then {r}"
+                    ),
+                )
+                .quoting(quoted),
+            );
+        } else if initial.iter().any(|e| e.addr == addr && e.name == name) {
+            let l = self.syms.len();
+            self.syms.push(SymLife {
+                addr,
+                reg: None,
+                unreg: Some(i),
+            });
+            self.sym_by_addr.entry(addr).or_default().push(l);
+        } else {
+            let hint = initial
+                .iter()
+                .filter(|e| e.addr == addr)
+                .map(|e| e.name.as_str())
+                .collect::<Vec<_>>();
+            let hint = if hint.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (the initial kallsyms has {} at that address)",
+                    hint.join(", ")
+                )
+            };
+            self.findings.push(m_find(
+                rule::UNREGISTER_WITHOUT_REGISTER,
+                format!("{r} unregisters a symbol neither registered in this run nor in the initial kallsyms{hint}"),
+            ).quoting([r]));
+        }
+    }
+
+    /// PROG_LOAD `i` of program `id` opens a lifetime; one still live under
+    /// that id is an `unload-matches-load` finding.
+    fn prog_load(&mut self, live: &mut Live, i: usize, id: u32) {
+        let recs = self.recs;
+        let r = &recs[i];
+        if let Some(prev) = live
+            .progs
+            .get(&id)
+            .and_then(|l| self.progs.get(*l))
+            .and_then(|p| p.load)
+            .and_then(|p| recs.get(p))
+        {
+            self.findings.push(
+                m_find(
+                    rule::UNLOAD_MATCHES_LOAD,
+                    format!("program id loaded again while still loaded: {prev} then {r}"),
+                )
+                .quoting([prev, r]),
+            );
+        }
+        let l = self.progs.len();
+        self.progs.push(ProgLife {
+            id,
+            load: Some(i),
+            unload: None,
+        });
+        self.prog_by_id.entry(id).or_default().push(l);
+        live.progs.insert(id, l);
+    }
+
+    /// PROG_UNLOAD `i` of program `id`: closes its live lifetime (with its
+    /// PROG_LOAD's tag), or is a second unload, or that of a program from
+    /// before the run, or of one from nowhere (`unload-matches-load`).
+    fn prog_unload(
+        &mut self,
+        live: &mut Live,
+        i: usize,
+        id: u32,
+        tag: &[u8; 8],
+        initial: &[KallsymsEntry],
+    ) {
+        let recs = self.recs;
+        let r = &recs[i];
+        if let Some(l) = live.progs.remove(&id) {
+            if let Some(p) = self.progs.get_mut(l) {
+                p.unload = Some(i);
+            }
+            let load = self
+                .progs
+                .get(l)
+                .and_then(|p| p.load)
+                .and_then(|p| recs.get(p));
+            if let Some(load) = load {
+                if load.bpf_event(BPF_EVENT_PROG_LOAD).map(|(_, t)| t) != Some(*tag) {
+                    self.findings.push(
+                        m_find(
+                            rule::UNLOAD_MATCHES_LOAD,
+                            format!("PROG_UNLOAD tag differs from its PROG_LOAD: {load} / {r}"),
+                        )
+                        .quoting([load, r]),
+                    );
+                }
+            }
+        } else if self.prog_by_id.contains_key(&id) {
+            self.findings.push(
+                m_find(
+                    rule::UNLOAD_MATCHES_LOAD,
+                    format!("program unloaded again without a load in between: {r}"),
+                )
+                .quoting([r]),
+            );
+        } else if predates_run(self, recs, i, tag, initial) {
+            let l = self.progs.len();
+            self.progs.push(ProgLife {
+                id,
+                load: None,
+                unload: Some(i),
+            });
+            self.prog_by_id.entry(id).or_default().push(l);
+        } else {
+            self.findings.push(m_find(
+                rule::UNLOAD_MATCHES_LOAD,
+                format!(
+                    "{r}: PROG_UNLOAD of a program never loaded in this run and not in the initial kallsyms"
+                ),
+            ).quoting([r]));
+        }
+    }
+
+    /// A program loaded but never unloaded is an `unload-matches-load`
+    /// finding (after every finding of the walk).
+    fn never_unloaded(&mut self) {
+        let recs = self.recs;
+        for p in &self.progs {
             if let (Some(load), None) = (p.load, p.unload) {
                 if let Some(load) = recs.get(load) {
-                    findings.push(
+                    self.findings.push(
                         m_find(
                             rule::UNLOAD_MATCHES_LOAD,
                             format!("program loaded but never unloaded in the stream: {load}"),
@@ -278,8 +358,6 @@ impl<'a> Model<'a> {
                 }
             }
         }
-        m.findings = findings;
-        m
     }
 
     /// The lifetime of the symbol at `addr` that belongs to a program whose

@@ -62,7 +62,6 @@ pub(super) fn seen_by(ev: &RunEvidence, scope: &SetScope, facts: &ProgFacts) -> 
 ///   may be emitted on any CPU and are not held;
 /// - a task-bound set: no batch programs unless inherited (a `concurrent`
 ///   loader is another task).
-#[expect(clippy::too_many_lines)]
 pub(super) fn check_set(
     ev: &RunEvidence,
     merged: &[Record],
@@ -71,22 +70,7 @@ pub(super) fn check_set(
     lossy: bool,
 ) -> (Vec<Violation>, BTreeSet<usize>) {
     let (has_ksym, has_bpf) = (scope.has_ksym, scope.has_bpf);
-    let mut initial = known_at_start(ev);
-    // Programs of `load` steps this set can be held to, and how.
-    let mut held: Vec<(&ProgFacts, bool, bool)> = Vec::new();
-    for facts in &ev.progs {
-        if ev.preexisting.contains(&facts.id) {
-            continue; // loaded before recording: the `inventory` rule's.
-        }
-        if scope.cpus.is_some() {
-            continue;
-        }
-        let (load_in, unload_in) = seen_by(ev, scope, facts);
-        if !load_in && unload_in {
-            initial.extend(facts.kallsyms.iter().cloned());
-        }
-        held.push((facts, load_in, unload_in));
-    }
+    let (held, initial) = held_programs(ev, scope);
     let m = Model::build(merged, &initial);
     let mut out: Vec<Violation> = Vec::new();
     let mut accounted = BTreeSet::new();
@@ -95,300 +79,15 @@ pub(super) fn check_set(
         prefix_label(&mut out, label);
         return (out, accounted);
     }
-    // Programs whose unload the set closed before: their "never
-    // unloaded" is what the window promises.
-    let load_only: BTreeSet<u32> = held
-        .iter()
-        .filter(|(_, l, u)| *l && !*u)
-        .map(|(f, _, _)| f.id)
-        .collect();
-    // A KSYMBOL at an interpreted program's address must not exist at all,
-    // and interpreted_symbols() reports each one as such (below); pairing
-    // two of them (registered again, unregistered again) would report the
-    // same records a second time as a fault of another shape.
-    let interpreted_addrs: BTreeSet<u64> = ev
-        .progs
-        .iter()
-        .filter(|f| is_interpreted(f))
-        .flat_map(|f| f.jited_ksyms.iter().copied())
-        .collect();
-    let only_interpreted = |f: &Violation| {
-        !f.records.is_empty()
-            && f.records.iter().all(|q| {
-                q.type_name == "KSYMBOL" && q.addr.is_some_and(|a| interpreted_addrs.contains(&a))
-            })
+    model_findings(ev, &m, &held, scope, &mut out);
+    let rules = ProgramRules {
+        merged,
+        m: &m,
+        has_ksym,
+        has_bpf,
     };
-    for f in &m.findings {
-        if only_interpreted(f) {
-            continue;
-        }
-        let keep = if f.rule == rule::UNLOAD_MATCHES_LOAD {
-            has_bpf
-                && !(f.records.len() == 1
-                    && f.records[0].event.as_deref() == Some("PROG_LOAD")
-                    && f.records[0].id.is_some_and(|id| load_only.contains(&id))
-                    && f.message.starts_with("program loaded but never unloaded"))
-        } else {
-            has_ksym
-        };
-        if keep {
-            out.push(f.clone());
-        }
-    }
-    let bad = |out: &mut Vec<Violation>,
-               rule: &'static str,
-               message: String,
-               quoted: Vec<Option<&Record>>| {
-        out.push(Violation::new(rule, message).quoting(quoted.into_iter().flatten()))
-    };
-
-    for &(facts, load_in, unload_in) in &held {
-        if !load_in {
-            if unload_in {
-                unload_only(facts, &m, has_ksym, has_bpf, &mut out);
-            }
-            continue;
-        }
-        let who = format!(
-            "program {:?} (id {}, {})",
-            facts.label, facts.id, facts.name
-        );
-        let mut load: Option<usize> = None;
-        let mut unload: Option<usize> = None;
-        if has_bpf {
-            let loads = m.loads_of(facts.id);
-            if loads.is_empty() {
-                let any_tag = merged
-                    .iter()
-                    .filter(|r| {
-                        r.bpf_event(BPF_EVENT_PROG_LOAD)
-                            .is_some_and(|(_, t)| t == facts.tag)
-                    })
-                    .collect::<Vec<_>>();
-                let hint = if any_tag.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        "; PROG_LOAD with its tag: {}",
-                        any_tag
-                            .iter()
-                            .map(|r| r.to_string())
-                            .collect::<Vec<_>>()
-                            .join(" / ")
-                    )
-                };
-                bad(
-                    &mut out,
-                    rule::LOAD_MATCHES_INFO,
-                    format!(
-                        "{who}: no PROG_LOAD with bpf_prog_info.id {}{hint}",
-                        facts.id
-                    ),
-                    any_tag.iter().map(|r| Some(*r)).collect(),
-                );
-            }
-            if loads.len() > 1 {
-                let all_recs = loads
-                    .iter()
-                    .map(|l| {
-                        m.progs
-                            .get(*l)
-                            .and_then(|p| p.load)
-                            .and_then(|p| merged.get(p))
-                    })
-                    .collect::<Vec<_>>();
-                let all = loads
-                    .iter()
-                    .map(|l| fmt_idx(merged, m.progs.get(*l).and_then(|p| p.load)))
-                    .collect::<Vec<_>>();
-                bad(
-                    &mut out,
-                    rule::LOAD_MATCHES_INFO,
-                    format!(
-                        "{who}: {} PROG_LOAD records for one program: {}",
-                        loads.len(),
-                        all.join(" / ")
-                    ),
-                    all_recs,
-                );
-            }
-            if let Some(life) = loads.first().and_then(|l| m.progs.get(*l)) {
-                load = life.load;
-                unload = life.unload;
-                if let Some(r) = load.and_then(|p| merged.get(p)) {
-                    if let Some((_, tag)) = r.bpf_event(BPF_EVENT_PROG_LOAD) {
-                        if tag != facts.tag {
-                            bad(
-                                &mut out,
-                                rule::LOAD_MATCHES_INFO,
-                                format!(
-                                    "{who}: PROG_LOAD tag {} != bpf_prog_info.tag {}: {r}",
-                                    hex::encode(tag),
-                                    hex::encode(facts.tag)
-                                ),
-                                vec![Some(r)],
-                            );
-                        }
-                    }
-                }
-                if let (Some(p), Some(q)) = (load, unload) {
-                    if before(merged, p, q) == Some(false) {
-                        bad(
-                            &mut out,
-                            rule::CAUSAL_ORDER,
-                            format!(
-                                "{who}: PROG_UNLOAD before PROG_LOAD: {} / {}",
-                                fmt_idx(merged, Some(q)),
-                                fmt_idx(merged, Some(p))
-                            ),
-                            vec![merged.get(q), merged.get(p)],
-                        );
-                    }
-                }
-            }
-        }
-        if !has_ksym || facts.jited_ksyms.len() != facts.jited_func_lens.len() {
-            continue; // `facts` reports the inconsistency.
-        }
-        if is_interpreted(facts) {
-            continue; // `interpreted_symbols` below.
-        }
-        let name_ok = |name: &str| facts_name_ok(facts, name);
-        for (fi, (&addr, &flen)) in facts
-            .jited_ksyms
-            .iter()
-            .zip(&facts.jited_func_lens)
-            .enumerate()
-        {
-            let Some(life) = m
-                .select_sym(addr, load, unload, name_ok)
-                .and_then(|l| m.syms.get(l))
-            else {
-                let elsewhere = merged
-                    .iter()
-                    .filter(|r| matches!(r.body, RecordBody::Ksymbol { addr: a, .. } if a == addr))
-                    .collect::<Vec<_>>();
-                let hint = if elsewhere.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        "; KSYMBOL records at that address: {}",
-                        elsewhere
-                            .iter()
-                            .map(|r| r.to_string())
-                            .collect::<Vec<_>>()
-                            .join(" / ")
-                    )
-                };
-                bad(
-                    &mut out,
-                    rule::LOAD_SYMBOLS,
-                    format!("{who} f{fi}: no KSYMBOL register at jited_ksyms[{fi}] = {addr:#x} (len {flen}){hint}"), elsewhere.iter().map(|r| Some(*r)).collect());
-                continue;
-            };
-            let Some(reg) = life.reg.and_then(|p| merged.get(p)) else {
-                continue;
-            };
-            if let RecordBody::Ksymbol {
-                len,
-                ksym_type,
-                name,
-                ..
-            } = &reg.body
-            {
-                let mut diffs =
-                    len_and_type_diffs(*len, *ksym_type, flen, &format!("jited_func_lens[{fi}]"));
-                let prefixes = func_prefixes(facts, fi);
-                if prefixes.is_empty() {
-                    if !has_some_tag_prefix(name) {
-                        diffs.push("name does not start with bpf_prog_<16 hex digits>".to_string());
-                    }
-                } else if !prefixes.iter().any(|p| name.starts_with(p.as_str())) {
-                    diffs.push(format!(
-                        "name does not start with {}",
-                        prefixes.join(" or ")
-                    ));
-                }
-                diffs.extend(name_suffix_diff(name, fi, &facts.name));
-                diffs.extend(btf_name_diff(
-                    name,
-                    fi,
-                    &facts.func_names,
-                    facts.jited_ksyms.len(),
-                ));
-                let ks: Vec<&KallsymsEntry> =
-                    facts.kallsyms.iter().filter(|e| e.addr == addr).collect();
-                if !ks.is_empty() && !ks.iter().any(|e| e.name == *name) {
-                    let names = ks
-                        .iter()
-                        .map(|e| format!("{:?}", e.name))
-                        .collect::<Vec<_>>();
-                    diffs.push(format!("kallsyms has {} at that address", names.join(", ")));
-                }
-                if !diffs.is_empty() {
-                    bad(
-                        &mut out,
-                        rule::LOAD_SYMBOLS,
-                        format!("{who} f{fi}: {}: {reg}", diffs.join("; ")),
-                        vec![Some(reg)],
-                    );
-                }
-            }
-            if let (Some(r), Some(p)) = (life.reg, load) {
-                if before(merged, r, p) == Some(false) {
-                    bad(
-                        &mut out,
-                        rule::CAUSAL_ORDER,
-                        format!(
-                            "{who} f{fi}: registered after its PROG_LOAD: {} / {}",
-                            fmt_idx(merged, Some(r)),
-                            fmt_idx(merged, Some(p))
-                        ),
-                        vec![merged.get(r), merged.get(p)],
-                    );
-                }
-            }
-            match life.unreg {
-                None if unload_in => bad(
-                    &mut out,
-                    rule::UNLOAD_SYMBOLS,
-                    format!("{who} f{fi}: never unregistered: {reg}"),
-                    vec![Some(reg)],
-                ),
-                // Unloaded after the set closed: its load is all it saw.
-                None => {}
-                Some(u) => {
-                    if let Some(p) = load {
-                        if before(merged, p, u) == Some(false) {
-                            bad(
-                                &mut out,
-                                rule::CAUSAL_ORDER,
-                                format!(
-                                    "{who} f{fi}: unregistered before its PROG_LOAD: {} / {}",
-                                    fmt_idx(merged, Some(u)),
-                                    fmt_idx(merged, Some(p))
-                                ),
-                                vec![merged.get(u), merged.get(p)],
-                            );
-                        }
-                    }
-                    if let Some(q) = unload {
-                        if before(merged, u, q) == Some(false) {
-                            bad(
-                                &mut out,
-                                rule::CAUSAL_ORDER,
-                                format!(
-                                    "{who} f{fi}: PROG_UNLOAD before the unregister: {} / {}",
-                                    fmt_idx(merged, Some(q)),
-                                    fmt_idx(merged, Some(u))
-                                ),
-                                vec![merged.get(q), merged.get(u)],
-                            );
-                        }
-                    }
-                }
-            }
-        }
+    for held in &held {
+        rules.check(held, &mut out);
     }
     if has_ksym {
         out.extend(interpreted_symbols(&ev.progs, &ev.initial_kallsyms, merged));
@@ -412,6 +111,427 @@ pub(super) fn check_set(
     }
     prefix_label(&mut out, label);
     (out, accounted)
+}
+
+/// A program of a `load` step that a set is held to, and how its window
+/// saw it.
+struct Held<'a> {
+    facts: &'a ProgFacts,
+    /// The set was open when the step that loaded it ran.
+    load_in: bool,
+    /// The set was open when the step that unloaded it ran.
+    unload_in: bool,
+}
+
+/// Programs of `load` steps this set can be held to, and the symbols it
+/// knows at start: [`known_at_start`] and the kallsyms lines of programs
+/// loaded before the set opened and unloaded while it was open.
+fn held_programs<'e>(ev: &'e RunEvidence, scope: &SetScope) -> (Vec<Held<'e>>, Vec<KallsymsEntry>) {
+    let mut initial = known_at_start(ev);
+    let mut held = Vec::new();
+    for facts in &ev.progs {
+        if ev.preexisting.contains(&facts.id) {
+            continue; // loaded before recording: the `inventory` rule's.
+        }
+        if scope.cpus.is_some() {
+            continue;
+        }
+        let (load_in, unload_in) = seen_by(ev, scope, facts);
+        if !load_in && unload_in {
+            initial.extend(facts.kallsyms.iter().cloned());
+        }
+        held.push(Held {
+            facts,
+            load_in,
+            unload_in,
+        });
+    }
+    (held, initial)
+}
+
+/// The pairing violations of the model the set is held to: KSYMBOL ones
+/// when it asked for KSYMBOL, BPF_EVENT ones when it asked for BPF_EVENT.
+fn model_findings(
+    ev: &RunEvidence,
+    m: &Model<'_>,
+    held: &[Held<'_>],
+    scope: &SetScope,
+    out: &mut Vec<Violation>,
+) {
+    // Programs whose unload the set closed before: their "never
+    // unloaded" is what the window promises.
+    let load_only: BTreeSet<u32> = held
+        .iter()
+        .filter(|h| h.load_in && !h.unload_in)
+        .map(|h| h.facts.id)
+        .collect();
+    // A KSYMBOL at an interpreted program's address must not exist at all,
+    // and interpreted_symbols() reports each one as such (below); pairing
+    // two of them (registered again, unregistered again) would report the
+    // same records a second time as a fault of another shape.
+    let interpreted_addrs: BTreeSet<u64> = ev
+        .progs
+        .iter()
+        .filter(|f| is_interpreted(f))
+        .flat_map(|f| f.jited_ksyms.iter().copied())
+        .collect();
+    let only_interpreted = |f: &Violation| {
+        !f.records.is_empty()
+            && f.records.iter().all(|q| {
+                q.type_name == "KSYMBOL" && q.addr.is_some_and(|a| interpreted_addrs.contains(&a))
+            })
+    };
+    for f in &m.findings {
+        if only_interpreted(f) {
+            continue;
+        }
+        let keep = if f.rule == rule::UNLOAD_MATCHES_LOAD {
+            scope.has_bpf
+                && !(f.records.len() == 1
+                    && f.records[0].event.as_deref() == Some("PROG_LOAD")
+                    && f.records[0].id.is_some_and(|id| load_only.contains(&id))
+                    && f.message.starts_with("program loaded but never unloaded"))
+        } else {
+            scope.has_ksym
+        };
+        if keep {
+            out.push(f.clone());
+        }
+    }
+}
+
+/// Pushes a violation quoting the records that are there.
+fn bad(
+    out: &mut Vec<Violation>,
+    rule: &'static str,
+    message: String,
+    quoted: Vec<Option<&Record>>,
+) {
+    out.push(Violation::new(rule, message).quoting(quoted.into_iter().flatten()));
+}
+
+/// The per-program rules over one set's merged stream and its model.
+struct ProgramRules<'a> {
+    merged: &'a [Record],
+    m: &'a Model<'a>,
+    has_ksym: bool,
+    has_bpf: bool,
+}
+
+/// A held program's load and unload in the merged stream, as far as the
+/// set shows them.
+struct Life<'h> {
+    held: &'h Held<'h>,
+    /// How messages name it.
+    who: String,
+    /// Index of its PROG_LOAD.
+    load: Option<usize>,
+    /// Index of its PROG_UNLOAD.
+    unload: Option<usize>,
+}
+
+impl ProgramRules<'_> {
+    /// Every rule of one held program: its BPF_EVENTs, then each JITed
+    /// function's KSYMBOLs.
+    fn check(&self, held: &Held<'_>, out: &mut Vec<Violation>) {
+        let facts = held.facts;
+        if !held.load_in {
+            if held.unload_in {
+                unload_only(facts, self.m, self.has_ksym, self.has_bpf, out);
+            }
+            return;
+        }
+        let mut life = Life {
+            held,
+            who: format!(
+                "program {:?} (id {}, {})",
+                facts.label, facts.id, facts.name
+            ),
+            load: None,
+            unload: None,
+        };
+        if self.has_bpf {
+            self.check_events(&mut life, out);
+        }
+        if !self.has_ksym || facts.jited_ksyms.len() != facts.jited_func_lens.len() {
+            return; // `facts` reports the inconsistency.
+        }
+        if is_interpreted(facts) {
+            return; // `interpreted_symbols` below.
+        }
+        for (fi, (&addr, &flen)) in facts
+            .jited_ksyms
+            .iter()
+            .zip(&facts.jited_func_lens)
+            .enumerate()
+        {
+            self.check_function(&life, fi, addr, flen, out);
+        }
+    }
+
+    /// load-matches-info and causal-order of the program's PROG_LOAD and
+    /// PROG_UNLOAD; sets `life`'s load and unload from the first load.
+    fn check_events(&self, life: &mut Life<'_>, out: &mut Vec<Violation>) {
+        let (merged, m, facts, who) = (self.merged, self.m, life.held.facts, &life.who);
+        let loads = m.loads_of(facts.id);
+        self.check_load_count(life, &loads, out);
+        let Some(first) = loads.first().and_then(|l| m.progs.get(*l)) else {
+            return;
+        };
+        life.load = first.load;
+        life.unload = first.unload;
+        if let Some(r) = life.load.and_then(|p| merged.get(p)) {
+            if let Some((_, tag)) = r.bpf_event(BPF_EVENT_PROG_LOAD) {
+                if tag != facts.tag {
+                    bad(
+                        out,
+                        rule::LOAD_MATCHES_INFO,
+                        format!(
+                            "{who}: PROG_LOAD tag {} != bpf_prog_info.tag {}: {r}",
+                            hex::encode(tag),
+                            hex::encode(facts.tag)
+                        ),
+                        vec![Some(r)],
+                    );
+                }
+            }
+        }
+        if let (Some(p), Some(q)) = (life.load, life.unload) {
+            if before(merged, p, q) == Some(false) {
+                bad(
+                    out,
+                    rule::CAUSAL_ORDER,
+                    format!(
+                        "{who}: PROG_UNLOAD before PROG_LOAD: {} / {}",
+                        fmt_idx(merged, Some(q)),
+                        fmt_idx(merged, Some(p))
+                    ),
+                    vec![merged.get(q), merged.get(p)],
+                );
+            }
+        }
+    }
+
+    /// load-matches-info: exactly one PROG_LOAD with the program's id.
+    fn check_load_count(&self, life: &Life<'_>, loads: &[usize], out: &mut Vec<Violation>) {
+        let (merged, m, facts, who) = (self.merged, self.m, life.held.facts, &life.who);
+        if loads.is_empty() {
+            let any_tag = merged
+                .iter()
+                .filter(|r| {
+                    r.bpf_event(BPF_EVENT_PROG_LOAD)
+                        .is_some_and(|(_, t)| t == facts.tag)
+                })
+                .collect::<Vec<_>>();
+            let hint = if any_tag.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; PROG_LOAD with its tag: {}",
+                    any_tag
+                        .iter()
+                        .map(|r| r.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" / ")
+                )
+            };
+            bad(
+                out,
+                rule::LOAD_MATCHES_INFO,
+                format!(
+                    "{who}: no PROG_LOAD with bpf_prog_info.id {}{hint}",
+                    facts.id
+                ),
+                any_tag.iter().map(|r| Some(*r)).collect(),
+            );
+        }
+        if loads.len() > 1 {
+            let all_recs = loads
+                .iter()
+                .map(|l| {
+                    m.progs
+                        .get(*l)
+                        .and_then(|p| p.load)
+                        .and_then(|p| merged.get(p))
+                })
+                .collect::<Vec<_>>();
+            let all = loads
+                .iter()
+                .map(|l| fmt_idx(merged, m.progs.get(*l).and_then(|p| p.load)))
+                .collect::<Vec<_>>();
+            bad(
+                out,
+                rule::LOAD_MATCHES_INFO,
+                format!(
+                    "{who}: {} PROG_LOAD records for one program: {}",
+                    loads.len(),
+                    all.join(" / ")
+                ),
+                all_recs,
+            );
+        }
+    }
+
+    /// Function `fi` (at `addr`, `flen` bytes): its register against the
+    /// facts (load-symbols), its order against the program's BPF_EVENTs
+    /// (causal-order) and its unregister (unload-symbols).
+    fn check_function(
+        &self,
+        life: &Life<'_>,
+        fi: usize,
+        addr: u64,
+        flen: u32,
+        out: &mut Vec<Violation>,
+    ) {
+        let (merged, m, facts, who) = (self.merged, self.m, life.held.facts, &life.who);
+        let (load, unload) = (life.load, life.unload);
+        let name_ok = |name: &str| facts_name_ok(facts, name);
+        let Some(sym) = m
+            .select_sym(addr, load, unload, name_ok)
+            .and_then(|l| m.syms.get(l))
+        else {
+            let elsewhere = merged
+                .iter()
+                .filter(|r| matches!(r.body, RecordBody::Ksymbol { addr: a, .. } if a == addr))
+                .collect::<Vec<_>>();
+            let hint = if elsewhere.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; KSYMBOL records at that address: {}",
+                    elsewhere
+                        .iter()
+                        .map(|r| r.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" / ")
+                )
+            };
+            bad(
+                out,
+                rule::LOAD_SYMBOLS,
+                format!("{who} f{fi}: no KSYMBOL register at jited_ksyms[{fi}] = {addr:#x} (len {flen}){hint}"), elsewhere.iter().map(|r| Some(*r)).collect());
+            return;
+        };
+        let Some(reg) = sym.reg.and_then(|p| merged.get(p)) else {
+            return;
+        };
+        let diffs = register_diffs(facts, fi, addr, flen, reg);
+        if !diffs.is_empty() {
+            bad(
+                out,
+                rule::LOAD_SYMBOLS,
+                format!("{who} f{fi}: {}: {reg}", diffs.join("; ")),
+                vec![Some(reg)],
+            );
+        }
+        if let (Some(r), Some(p)) = (sym.reg, load) {
+            if before(merged, r, p) == Some(false) {
+                bad(
+                    out,
+                    rule::CAUSAL_ORDER,
+                    format!(
+                        "{who} f{fi}: registered after its PROG_LOAD: {} / {}",
+                        fmt_idx(merged, Some(r)),
+                        fmt_idx(merged, Some(p))
+                    ),
+                    vec![merged.get(r), merged.get(p)],
+                );
+            }
+        }
+        match sym.unreg {
+            None if life.held.unload_in => bad(
+                out,
+                rule::UNLOAD_SYMBOLS,
+                format!("{who} f{fi}: never unregistered: {reg}"),
+                vec![Some(reg)],
+            ),
+            // Unloaded after the set closed: its load is all it saw.
+            None => {}
+            Some(u) => self.check_unregister_order(life, fi, u, out),
+        }
+    }
+
+    /// causal-order of function `fi`'s unregister (record `u`): after the
+    /// program's PROG_LOAD, before its PROG_UNLOAD.
+    fn check_unregister_order(
+        &self,
+        life: &Life<'_>,
+        fi: usize,
+        u: usize,
+        out: &mut Vec<Violation>,
+    ) {
+        let (merged, who) = (self.merged, &life.who);
+        if let Some(p) = life.load {
+            if before(merged, p, u) == Some(false) {
+                bad(
+                    out,
+                    rule::CAUSAL_ORDER,
+                    format!(
+                        "{who} f{fi}: unregistered before its PROG_LOAD: {} / {}",
+                        fmt_idx(merged, Some(u)),
+                        fmt_idx(merged, Some(p))
+                    ),
+                    vec![merged.get(u), merged.get(p)],
+                );
+            }
+        }
+        if let Some(q) = life.unload {
+            if before(merged, u, q) == Some(false) {
+                bad(
+                    out,
+                    rule::CAUSAL_ORDER,
+                    format!(
+                        "{who} f{fi}: PROG_UNLOAD before the unregister: {} / {}",
+                        fmt_idx(merged, Some(q)),
+                        fmt_idx(merged, Some(u))
+                    ),
+                    vec![merged.get(q), merged.get(u)],
+                );
+            }
+        }
+    }
+}
+
+/// What function `fi`'s KSYMBOL register `reg` has wrong against the
+/// facts: length, type, name prefix and suffix, BTF name, kallsyms name.
+fn register_diffs(facts: &ProgFacts, fi: usize, addr: u64, flen: u32, reg: &Record) -> Vec<String> {
+    let RecordBody::Ksymbol {
+        len,
+        ksym_type,
+        name,
+        ..
+    } = &reg.body
+    else {
+        return Vec::new();
+    };
+    let mut diffs = len_and_type_diffs(*len, *ksym_type, flen, &format!("jited_func_lens[{fi}]"));
+    let prefixes = func_prefixes(facts, fi);
+    if prefixes.is_empty() {
+        if !has_some_tag_prefix(name) {
+            diffs.push("name does not start with bpf_prog_<16 hex digits>".to_string());
+        }
+    } else if !prefixes.iter().any(|p| name.starts_with(p.as_str())) {
+        diffs.push(format!(
+            "name does not start with {}",
+            prefixes.join(" or ")
+        ));
+    }
+    diffs.extend(name_suffix_diff(name, fi, &facts.name));
+    diffs.extend(btf_name_diff(
+        name,
+        fi,
+        &facts.func_names,
+        facts.jited_ksyms.len(),
+    ));
+    let ks: Vec<&KallsymsEntry> = facts.kallsyms.iter().filter(|e| e.addr == addr).collect();
+    if !ks.is_empty() && !ks.iter().any(|e| e.name == *name) {
+        let names = ks
+            .iter()
+            .map(|e| format!("{:?}", e.name))
+            .collect::<Vec<_>>();
+        diffs.push(format!("kallsyms has {} at that address", names.join(", ")));
+    }
+    diffs
 }
 
 /// A task listener without inherit: the `concurrent` / `storm` programs
@@ -454,7 +574,6 @@ fn not_my_batches(ev: &RunEvidence, m: &Model<'_>, out: &mut Vec<Violation>) {
 /// function unregistered with its `jited_ksyms` / `jited_func_lens` and
 /// its kallsyms name, and one PROG_UNLOAD with its id and tag after them;
 /// no PROG_LOAD and no register of it (those came before the set).
-#[expect(clippy::too_many_lines)]
 fn unload_only(
     facts: &ProgFacts,
     m: &Model<'_>,
@@ -467,56 +586,11 @@ fn unload_only(
         "program {:?} (id {}, {}), loaded before this set opened",
         facts.label, facts.id, facts.name
     );
-    let mut unload = None;
-    if has_bpf {
-        let lives: Vec<&ProgLife> = m
-            .prog_by_id
-            .get(&facts.id)
-            .into_iter()
-            .flatten()
-            .filter_map(|l| m.progs.get(*l))
-            .collect();
-        for life in lives.iter().filter(|l| l.load.is_some()) {
-            let r = life.load.and_then(|p| merged.get(p));
-            out.push(
-                Violation::new(
-                    rule::UNLOAD_MATCHES_LOAD,
-                    format!(
-                        "{who}: a PROG_LOAD in a set opened after its load: {}",
-                        fmt_idx(merged, life.load)
-                    ),
-                )
-                .quoting(r),
-            );
-        }
-        match lives
-            .iter()
-            .find(|l| l.load.is_none())
-            .and_then(|l| l.unload)
-        {
-            None => out.push(Violation::new(
-                rule::UNLOAD_MATCHES_LOAD,
-                format!("{who}: no PROG_UNLOAD with bpf_prog_info.id {}", facts.id),
-            )),
-            Some(q) => {
-                unload = Some(q);
-                if let Some(r) = merged.get(q) {
-                    if r.bpf_event(BPF_EVENT_PROG_UNLOAD).map(|(_, t)| t) != Some(facts.tag) {
-                        out.push(
-                            Violation::new(
-                                rule::UNLOAD_MATCHES_LOAD,
-                                format!(
-                                    "{who}: PROG_UNLOAD tag differs from bpf_prog_info.tag {}: {r}",
-                                    hex::encode(facts.tag)
-                                ),
-                            )
-                            .quoting([r]),
-                        );
-                    }
-                }
-            }
-        }
-    }
+    let unload = if has_bpf {
+        unload_event(facts, m, &who, out)
+    } else {
+        None
+    };
     if !has_ksym || is_interpreted(facts) {
         return;
     }
@@ -552,31 +626,15 @@ fn unload_only(
             continue;
         };
         let Some(r) = merged.get(u) else { continue };
-        if let RecordBody::Ksymbol {
-            len,
-            ksym_type,
-            name,
-            ..
-        } = &r.body
-        {
-            let mut diffs =
-                len_and_type_diffs(*len, *ksym_type, flen, &format!("jited_func_lens[{fi}]"));
-            if !facts
-                .kallsyms
-                .iter()
-                .any(|e| e.addr == addr && e.name == *name)
-            {
-                diffs.push("name is not its kallsyms name at that address".to_string());
-            }
-            if !diffs.is_empty() {
-                out.push(
-                    Violation::new(
-                        rule::UNLOAD_SYMBOLS,
-                        format!("{who} f{fi}: {}: {r}", diffs.join("; ")),
-                    )
-                    .quoting([r]),
-                );
-            }
+        let diffs = unregister_diffs(facts, fi, addr, flen, r);
+        if !diffs.is_empty() {
+            out.push(
+                Violation::new(
+                    rule::UNLOAD_SYMBOLS,
+                    format!("{who} f{fi}: {}: {r}", diffs.join("; ")),
+                )
+                .quoting([r]),
+            );
         }
         if let Some(q) = unload {
             if before(merged, u, q) == Some(false) {
@@ -593,6 +651,87 @@ fn unload_only(
             }
         }
     }
+}
+
+/// The PROG_UNLOAD of a program loaded before the set opened, held to its
+/// facts (unload-matches-load); no PROG_LOAD of it may be in the set.
+/// Returns its index in the model's records.
+fn unload_event(
+    facts: &ProgFacts,
+    m: &Model<'_>,
+    who: &str,
+    out: &mut Vec<Violation>,
+) -> Option<usize> {
+    let merged = m.recs;
+    let lives: Vec<&ProgLife> = m
+        .prog_by_id
+        .get(&facts.id)
+        .into_iter()
+        .flatten()
+        .filter_map(|l| m.progs.get(*l))
+        .collect();
+    for life in lives.iter().filter(|l| l.load.is_some()) {
+        let r = life.load.and_then(|p| merged.get(p));
+        out.push(
+            Violation::new(
+                rule::UNLOAD_MATCHES_LOAD,
+                format!(
+                    "{who}: a PROG_LOAD in a set opened after its load: {}",
+                    fmt_idx(merged, life.load)
+                ),
+            )
+            .quoting(r),
+        );
+    }
+    let Some(q) = lives
+        .iter()
+        .find(|l| l.load.is_none())
+        .and_then(|l| l.unload)
+    else {
+        out.push(Violation::new(
+            rule::UNLOAD_MATCHES_LOAD,
+            format!("{who}: no PROG_UNLOAD with bpf_prog_info.id {}", facts.id),
+        ));
+        return None;
+    };
+    if let Some(r) = merged.get(q) {
+        if r.bpf_event(BPF_EVENT_PROG_UNLOAD).map(|(_, t)| t) != Some(facts.tag) {
+            out.push(
+                Violation::new(
+                    rule::UNLOAD_MATCHES_LOAD,
+                    format!(
+                        "{who}: PROG_UNLOAD tag differs from bpf_prog_info.tag {}: {r}",
+                        hex::encode(facts.tag)
+                    ),
+                )
+                .quoting([r]),
+            );
+        }
+    }
+    Some(q)
+}
+
+/// What function `fi`'s KSYMBOL unregister `r` has wrong against the
+/// facts: length, type, kallsyms name.
+fn unregister_diffs(facts: &ProgFacts, fi: usize, addr: u64, flen: u32, r: &Record) -> Vec<String> {
+    let RecordBody::Ksymbol {
+        len,
+        ksym_type,
+        name,
+        ..
+    } = &r.body
+    else {
+        return Vec::new();
+    };
+    let mut diffs = len_and_type_diffs(*len, *ksym_type, flen, &format!("jited_func_lens[{fi}]"));
+    if !facts
+        .kallsyms
+        .iter()
+        .any(|e| e.addr == addr && e.name == *name)
+    {
+        diffs.push("name is not its kallsyms name at that address".to_string());
+    }
+    diffs
 }
 
 pub(super) fn prefix_label(out: &mut [Violation], label: &str) {

@@ -58,38 +58,22 @@ pub(super) fn asks_for_tasks(set: &[&ListenerInfo]) -> bool {
             .all(|l| super::listener::asked_for(l, PERF_RECORD_EXIT))
 }
 
-/// Checks one set's time-merged stream. `all_cpus`: the set has a
-/// listener on every online CPU (or one bound to none). `loaders` are
-/// checked only when the set was open for the whole run.
-#[expect(clippy::too_many_lines)]
-pub(super) fn check_task_records<'r>(
-    merged: &'r [Record],
-    label: &str,
-    audience: Audience,
-    (set_cpus, all_cpus): (&BTreeSet<i64>, bool),
-    loaders: &[Loader],
+/// A task with two FORKs or two EXITs in one set, by tid.
+fn twice<'r>(
+    at: &str,
+    forks: &BTreeMap<u32, Vec<&'r Record>>,
+    exits: &BTreeMap<u32, Vec<&'r Record>>,
 ) -> Vec<Found<'r>> {
-    let at = label_prefix(label);
-    let mut forks: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
-    let mut exits: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
-    for r in merged {
-        if let RecordBody::Task { exit, tid, .. } = &r.body {
-            if *exit { &mut exits } else { &mut forks }
-                .entry(*tid)
-                .or_default()
-                .push(r);
-        }
-    }
     let mut found = Vec::new();
     for (kind, by_tid, why) in [
         (
             "FORK",
-            &forks,
+            forks,
             "perf_event_fork() emits a task's FORK once, on its parent's CPU",
         ),
         (
             "EXIT",
-            &exits,
+            exits,
             "perf_event_exit_task() emits a task's EXIT once to its inherited listeners and \
              once to the CPU-wide ones, never twice to either",
         ),
@@ -110,6 +94,31 @@ pub(super) fn check_task_records<'r>(
             }
         }
     }
+    found
+}
+
+/// Checks one set's time-merged stream. `all_cpus`: the set has a
+/// listener on every online CPU (or one bound to none). `loaders` are
+/// checked only when the set was open for the whole run.
+pub(super) fn check_task_records<'r>(
+    merged: &'r [Record],
+    label: &str,
+    audience: Audience,
+    (set_cpus, all_cpus): (&BTreeSet<i64>, bool),
+    loaders: &[Loader],
+) -> Vec<Found<'r>> {
+    let at = label_prefix(label);
+    let mut forks: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
+    let mut exits: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
+    for r in merged {
+        if let RecordBody::Task { exit, tid, .. } = &r.body {
+            if *exit { &mut exits } else { &mut forks }
+                .entry(*tid)
+                .or_default()
+                .push(r);
+        }
+    }
+    let mut found = twice(&at, &forks, &exits);
     for l in loaders {
         let on_its_cpu = set_cpus.contains(&i64::from(l.cpu)) || set_cpus.contains(&-1);
         let (want, because) = match audience {

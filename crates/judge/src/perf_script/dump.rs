@@ -166,7 +166,6 @@ pub(super) fn parse_printed(name: &str, rest: &str, line: usize) -> Result<Print
 }
 
 /// Parses `perf report -D --header` output; see the module docs.
-#[expect(clippy::too_many_lines)]
 pub fn parse(text: &str) -> Result<PerfDump, PerfTextError> {
     let mut dump = PerfDump {
         sample_id_all: true,
@@ -182,23 +181,7 @@ pub fn parse(text: &str) -> Result<PerfDump, PerfTextError> {
     while i < lines.len() {
         let line = lines[i];
         if let Some(h) = line.strip_prefix("# ") {
-            if let Some(v) = h.strip_prefix("perf version : ") {
-                dump.perf_version = Some(v.trim().to_string());
-            } else if let Some(v) = h.strip_prefix("os release : ") {
-                dump.os_release = Some(v.trim().to_string());
-            } else if let Some(v) = h.strip_prefix("event : ") {
-                any_event_line = true;
-                let st = v
-                    .split(", ")
-                    .find_map(|kv| kv.strip_prefix("sample_type = "))
-                    .ok_or_else(|| err(i, format!("event line without sample_type: `{line}`")))?;
-                let bits = sample_type_bits(st)
-                    .ok_or_else(|| err(i, format!("unknown sample_type names `{st}`")))?;
-                dump.sample_types.push(bits);
-                if !v.split(", ").any(|kv| kv == "sample_id_all = 1") {
-                    dump.sample_id_all = false;
-                }
-            }
+            any_event_line |= header_line(&mut dump, h, line, i)?;
             i += 1;
             continue;
         }
@@ -208,104 +191,18 @@ pub fn parse(text: &str) -> Result<PerfDump, PerfTextError> {
             continue;
         }
         if in_stats {
-            // "         KSYMBOL events:         12  (46.2%)"
-            if let Some((name, rest)) = line.trim().split_once(" events:") {
-                let n = rest
-                    .split_whitespace()
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .ok_or_else(|| err(i, format!("unreadable stats line `{line}`")))?;
-                dump.stats.insert(name.trim().to_string(), n);
-            }
+            stats_line(&mut dump, line, i)?;
             i += 1;
             continue;
         }
-        // "0x1e8@/tmp/perf.data [0x58]: event: 17"
-        if let Some((off, rest)) = line.split_once('@') {
-            if let (Some(offset), Some((size, ty))) = (
-                hex_u64(off),
-                rest.split_once(" [")
-                    .and_then(|(_, r)| r.split_once("]: event: ")),
-            ) {
-                let size = hex_u64(size)
-                    .and_then(|s| u32::try_from(s).ok())
-                    .ok_or_else(|| err(i, format!("bad size in `{line}`")))?;
-                let type_: u32 = ty
-                    .trim()
-                    .parse()
-                    .map_err(|_| err(i, format!("bad event type in `{line}`")))?;
-                let mut raw = Vec::new();
-                let mut declared = None;
-                let mut j = i + 1;
-                while j < lines.len() && lines[j].starts_with('.') {
-                    let l = lines[j];
-                    if let Some(n) = l
-                        .strip_prefix(". ... raw event: size ")
-                        .and_then(|r| r.strip_suffix(" bytes"))
-                    {
-                        declared = Some(
-                            n.parse::<usize>()
-                                .map_err(|_| err(j, format!("bad raw size `{l}`")))?,
-                        );
-                    } else if l.trim() != "." {
-                        let b = hex_line(l)
-                            .ok_or_else(|| err(j, format!("unreadable hex dump line `{l}`")))?;
-                        raw.extend(b);
-                    }
-                    j += 1;
-                }
-                if declared != Some(raw.len()) || raw.len() != size as usize {
-                    return Err(err(
-                        i,
-                        format!(
-                            "raw dump of the record at {offset:#x} has {} bytes; it declares {declared:?} and the header says {size}",
-                            raw.len()
-                        ),
-                    ));
-                }
-                raws.push(DumpEvent {
-                    offset,
-                    size,
-                    type_,
-                    raw,
-                    summary: None,
-                });
-                i = j;
-                continue;
-            }
+        if let Some((raw, next)) = raw_event(&lines, i)? {
+            raws.push(raw);
+            i = next;
+            continue;
         }
-        // "<cpu> <time> 0x400 [0x60]: PERF_RECORD_KSYMBOL addr …"
-        if let Some(pos) = line.find(": PERF_RECORD_") {
-            let head = &line[..pos];
-            let tail = &line[pos + ": PERF_RECORD_".len()..];
-            let toks: Vec<&str> = head.split_whitespace().collect();
-            let n = toks.len();
-            if n >= 2 && toks[n - 1].starts_with('[') {
-                if let Some(offset) = hex_u64(toks[n - 2]) {
-                    let stamps = toks[..n - 2]
-                        .iter()
-                        .map(|t| t.parse::<i64>())
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(|_| err(i, format!("bad cpu/time in `{line}`")))?;
-                    let (name, rest) = tail
-                        .find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
-                        .map(|p| tail.split_at(p))
-                        .unwrap_or((tail, ""));
-                    let printed = parse_printed(name, rest, i)?;
-                    if summaries
-                        .insert(
-                            offset,
-                            Summary {
-                                stamps,
-                                printed,
-                                line: line.to_string(),
-                            },
-                        )
-                        .is_some()
-                    {
-                        return Err(err(i, format!("second summary for offset {offset:#x}")));
-                    }
-                }
+        if let Some((offset, summary)) = summary_line(line, i)? {
+            if summaries.insert(offset, summary).is_some() {
+                return Err(err(i, format!("second summary for offset {offset:#x}")));
             }
         }
         i += 1;
@@ -316,6 +213,148 @@ pub fn parse(text: &str) -> Result<PerfDump, PerfTextError> {
             "no `# event :` header line (was perf report run with --header?)",
         ));
     }
+    pair_summaries(&mut dump, raws, summaries)?;
+    Ok(dump)
+}
+
+/// A `# ` header line: perf's version, the kernel's release, an event's
+/// attributes. Returns whether it was an `event :` line.
+fn header_line(dump: &mut PerfDump, h: &str, line: &str, i: usize) -> Result<bool, PerfTextError> {
+    if let Some(v) = h.strip_prefix("perf version : ") {
+        dump.perf_version = Some(v.trim().to_string());
+    } else if let Some(v) = h.strip_prefix("os release : ") {
+        dump.os_release = Some(v.trim().to_string());
+    } else if let Some(v) = h.strip_prefix("event : ") {
+        let st = v
+            .split(", ")
+            .find_map(|kv| kv.strip_prefix("sample_type = "))
+            .ok_or_else(|| err(i, format!("event line without sample_type: `{line}`")))?;
+        let bits = sample_type_bits(st)
+            .ok_or_else(|| err(i, format!("unknown sample_type names `{st}`")))?;
+        dump.sample_types.push(bits);
+        if !v.split(", ").any(|kv| kv == "sample_id_all = 1") {
+            dump.sample_id_all = false;
+        }
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+/// A line of the `Aggregated stats:` section:
+/// "         KSYMBOL events:         12  (46.2%)".
+fn stats_line(dump: &mut PerfDump, line: &str, i: usize) -> Result<(), PerfTextError> {
+    if let Some((name, rest)) = line.trim().split_once(" events:") {
+        let n = rest
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| err(i, format!("unreadable stats line `{line}`")))?;
+        dump.stats.insert(name.trim().to_string(), n);
+    }
+    Ok(())
+}
+
+/// A record's raw dump, "0x1e8@/tmp/perf.data [0x58]: event: 17" and its
+/// `.`-lines from line `i`: the record and the line after its dump, or
+/// `None` when line `i` opens none.
+fn raw_event(lines: &[&str], i: usize) -> Result<Option<(DumpEvent, usize)>, PerfTextError> {
+    let line = lines[i];
+    let Some((off, rest)) = line.split_once('@') else {
+        return Ok(None);
+    };
+    let (Some(offset), Some((size, ty))) = (
+        hex_u64(off),
+        rest.split_once(" [")
+            .and_then(|(_, r)| r.split_once("]: event: ")),
+    ) else {
+        return Ok(None);
+    };
+    let size = hex_u64(size)
+        .and_then(|s| u32::try_from(s).ok())
+        .ok_or_else(|| err(i, format!("bad size in `{line}`")))?;
+    let type_: u32 = ty
+        .trim()
+        .parse()
+        .map_err(|_| err(i, format!("bad event type in `{line}`")))?;
+    let mut raw = Vec::new();
+    let mut declared = None;
+    let mut j = i + 1;
+    while j < lines.len() && lines[j].starts_with('.') {
+        let l = lines[j];
+        if let Some(n) = l
+            .strip_prefix(". ... raw event: size ")
+            .and_then(|r| r.strip_suffix(" bytes"))
+        {
+            declared = Some(
+                n.parse::<usize>()
+                    .map_err(|_| err(j, format!("bad raw size `{l}`")))?,
+            );
+        } else if l.trim() != "." {
+            let b = hex_line(l).ok_or_else(|| err(j, format!("unreadable hex dump line `{l}`")))?;
+            raw.extend(b);
+        }
+        j += 1;
+    }
+    if declared != Some(raw.len()) || raw.len() != size as usize {
+        return Err(err(
+            i,
+            format!(
+                "raw dump of the record at {offset:#x} has {} bytes; it declares {declared:?} and the header says {size}",
+                raw.len()
+            ),
+        ));
+    }
+    let event = DumpEvent {
+        offset,
+        size,
+        type_,
+        raw,
+        summary: None,
+    };
+    Ok(Some((event, j)))
+}
+
+/// A summary line, "<cpu> <time> 0x400 [0x60]: PERF_RECORD_KSYMBOL addr …":
+/// its file offset and what it says, or `None` for any other line.
+fn summary_line(line: &str, i: usize) -> Result<Option<(u64, Summary)>, PerfTextError> {
+    let Some(pos) = line.find(": PERF_RECORD_") else {
+        return Ok(None);
+    };
+    let head = &line[..pos];
+    let tail = &line[pos + ": PERF_RECORD_".len()..];
+    let toks: Vec<&str> = head.split_whitespace().collect();
+    let n = toks.len();
+    if n < 2 || !toks[n - 1].starts_with('[') {
+        return Ok(None);
+    }
+    let Some(offset) = hex_u64(toks[n - 2]) else {
+        return Ok(None);
+    };
+    let stamps = toks[..n - 2]
+        .iter()
+        .map(|t| t.parse::<i64>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| err(i, format!("bad cpu/time in `{line}`")))?;
+    let (name, rest) = tail
+        .find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+        .map(|p| tail.split_at(p))
+        .unwrap_or((tail, ""));
+    let printed = parse_printed(name, rest, i)?;
+    let summary = Summary {
+        stamps,
+        printed,
+        line: line.to_string(),
+    };
+    Ok(Some((offset, summary)))
+}
+
+/// Gives each raw dump its summary (by file offset) into `dump.events`:
+/// a KSYMBOL or BPF_EVENT needs one, and none of theirs may be left over.
+fn pair_summaries(
+    dump: &mut PerfDump,
+    raws: Vec<DumpEvent>,
+    mut summaries: BTreeMap<u64, Summary>,
+) -> Result<(), PerfTextError> {
     for mut e in raws {
         e.summary = summaries.remove(&e.offset);
         if e.summary.is_none() && matches!(e.type_, PERF_RECORD_KSYMBOL | PERF_RECORD_BPF_EVENT) {
@@ -338,5 +377,5 @@ pub fn parse(text: &str) -> Result<PerfDump, PerfTextError> {
             format!("summary without a raw dump at {off:#x}: `{}`", s.line),
         ));
     }
-    Ok(dump)
+    Ok(())
 }

@@ -171,163 +171,19 @@ fn opt<T: fmt::Display>(v: Option<T>) -> String {
 /// becomes one violation in `faults`, with its typed fields; its cpu and
 /// time are then the trailer's (where the kernel wrote it), not what perf
 /// printed when that is what perf reads from the record's end.
-#[expect(clippy::too_many_lines)]
 pub(super) fn perf_records(
     dump: &PerfDump,
     bad: &mut Vec<String>,
     faults: &mut Vec<Violation>,
 ) -> Vec<PerfRecord> {
     let faults_before = faults.len();
-    let mut out = Vec::new();
-    let sample_type = dump.sample_types.first().copied().unwrap_or(0);
-    let listener = ListenerInfo {
-        index: u32::MAX,
-        cpu: -1,
-        sample_type,
-        sample_id_all: dump.sample_id_all,
-        ksymbol: true,
-        bpf_event: true,
-        ..ListenerInfo::default()
+    let mut out: Vec<PerfRecord> = {
+        let mut reader = PerfReader::new(dump, bad, faults);
+        dump.events
+            .iter()
+            .filter_map(|e| reader.record(e))
+            .collect()
     };
-    let trailer_len = kloop_records::sample_id_len(&listener);
-    for e in &dump.events {
-        if !matches!(
-            e.type_,
-            PERF_RECORD_KSYMBOL | PERF_RECORD_BPF_EVENT | PERF_RECORD_LOST
-        ) {
-            continue;
-        }
-        let read = kloop_records::parse_reading_on(&listener, &e.raw);
-        let parsed = match (read.error, read.records.len()) {
-            (None, 1) => read.records.into_iter().next(),
-            (None, n) => {
-                bad.push(format!(
-                    "perf@{:#x}: kloop's parser reads {n} records in perf's raw dump of one",
-                    e.offset,
-                ));
-                None
-            }
-            (Some(pe), _) => {
-                bad.push(format!(
-                    "perf@{:#x}: kloop's parser rejects the record perf wrote: {pe}",
-                    e.offset
-                ));
-                None
-            }
-        };
-        let oversized = read.oversized.first().filter(|_| parsed.is_some());
-        let Some(summary) = &e.summary else {
-            continue;
-        };
-        if e.type_ == PERF_RECORD_LOST {
-            bad.push(format!(
-                "perf lost records: `{}`{}",
-                summary.line,
-                parsed
-                    .as_ref()
-                    .map(|r| format!(" (kloop reads {r})"))
-                    .unwrap_or_default()
-            ));
-            continue;
-        }
-        let (Printed::Ksymbol(printed) | Printed::BpfEvent(printed)) = &summary.printed else {
-            bad.push(format!(
-                "perf@{:#x}: raw type {} but perf printed `{}`",
-                e.offset, e.type_, summary.line
-            ));
-            continue;
-        };
-        // perf prints the cpu first, then the time, when the events sample them.
-        let mut stamps = summary.stamps.iter().copied();
-        let mut cpu = if sample_type & PERF_SAMPLE_CPU != 0 && dump.sample_id_all {
-            stamps.next().and_then(|c| u32::try_from(c).ok())
-        } else {
-            None
-        };
-        let mut time = if sample_type & PERF_SAMPLE_TIME != 0 && dump.sample_id_all {
-            stamps.next().and_then(|t| u64::try_from(t).ok())
-        } else {
-            None
-        };
-        let mut side = printed.clone();
-        if let Some(r) = &parsed {
-            let ours = RecordContent::of_record(r);
-            let mut comparable = ours.clone();
-            if let Some(RecordContent::BpfEvent { tag, .. }) = comparable.as_mut() {
-                *tag = None;
-            }
-            if comparable.as_ref() != Some(printed) {
-                bad.push(format!(
-                    "perf@{:#x}: perf printed `{}` but kloop's parser reads its raw bytes as {}",
-                    e.offset,
-                    summary.line.trim(),
-                    r
-                ));
-            } else if let Some(s) = ours {
-                side = s;
-            }
-            // An oversized copy: perf took the record's last bytes for
-            // its trailer. What it printed is then explained by that, and
-            // the record belongs where its real trailer puts it.
-            let from_end = stamps_from_end(&listener, &e.raw, trailer_len);
-            let explained_stamps = oversized.is_some()
-                && cpu.is_none_or(|c| from_end.0 == Some(c))
-                && time.is_none_or(|t| from_end.1 == Some(t));
-            if let Some(o) = oversized {
-                let mut fault = Violation::new(
-                        RULE,
-                        format!(
-                            "perf@{:#x} `{}`: perf's copy is {} bytes longer (header.size {}) than its body and \
-                             {}-byte sample_id trailer, zero-filled; perf reads the trailer from the record's end, \
-                             so it printed cpu {} time {}{}; kloop reads the trailer after the body: cpu {} time {}",
-                            e.offset,
-                            summary.line.trim(),
-                            o.excess,
-                            o.size,
-                            o.trailer_len,
-                            opt(cpu),
-                            opt(time),
-                            if explained_stamps {
-                                " (the zero bytes there)"
-                            } else {
-                                ", which is not what the record's last bytes say either"
-                            },
-                            opt(r.sample.cpu),
-                            opt(r.sample.time),
-                        ),
-                    )
-                    .with(crate::check::Detail::OversizedRecord(
-                        crate::check::detail::OversizedRecord::of("perf", o),
-                    ));
-                // Placed by perf.data offset: perf's copies have no listener.
-                fault.offset = Some(e.offset);
-                faults.push(fault);
-            }
-            if explained_stamps {
-                cpu = cpu.and(r.sample.cpu);
-                time = time.and(r.sample.time);
-            }
-            if cpu.is_some() && r.sample.cpu != cpu {
-                bad.push(format!(
-                    "perf@{:#x}: perf printed cpu {cpu:?}, the trailer says {:?} ({r})",
-                    e.offset, r.sample.cpu
-                ));
-            }
-            if time.is_some() && r.sample.time != time {
-                bad.push(format!(
-                    "perf@{:#x}: perf printed time {time:?}, the trailer says {:?} ({r})",
-                    e.offset, r.sample.time
-                ));
-            }
-        }
-        out.push(PerfRecord {
-            offset: e.offset,
-            side,
-            cpu,
-            time,
-            line: summary.line.clone(),
-        });
-    }
     // perf delivers records in time order; an oversized copy's time as
     // perf read it (0) put it among the synthesised ones. Ordered by the
     // times the trailers hold, as perf would have delivered them.
@@ -335,4 +191,219 @@ pub(super) fn perf_records(
         out.sort_by_key(|r| r.time.unwrap_or(0));
     }
     out
+}
+
+/// Reads perf's records one by one, as a listener with perf's attributes
+/// would receive them, noting disagreements.
+struct PerfReader<'o> {
+    /// A listener with perf's events' attributes, for kloop's parser.
+    listener: ListenerInfo,
+    /// Its sample_id trailer's length.
+    trailer_len: usize,
+    bad: &'o mut Vec<String>,
+    faults: &'o mut Vec<Violation>,
+}
+
+impl<'o> PerfReader<'o> {
+    fn new(dump: &PerfDump, bad: &'o mut Vec<String>, faults: &'o mut Vec<Violation>) -> Self {
+        let listener = ListenerInfo {
+            index: u32::MAX,
+            cpu: -1,
+            sample_type: dump.sample_types.first().copied().unwrap_or(0),
+            sample_id_all: dump.sample_id_all,
+            ksymbol: true,
+            bpf_event: true,
+            ..ListenerInfo::default()
+        };
+        let trailer_len = kloop_records::sample_id_len(&listener);
+        PerfReader {
+            listener,
+            trailer_len,
+            bad,
+            faults,
+        }
+    }
+
+    /// Event `e` as a record perf read, or `None` when it is not a
+    /// KSYMBOL or BPF_EVENT with a summary that says so.
+    fn record(&mut self, e: &DumpEvent) -> Option<PerfRecord> {
+        if !matches!(
+            e.type_,
+            PERF_RECORD_KSYMBOL | PERF_RECORD_BPF_EVENT | PERF_RECORD_LOST
+        ) {
+            return None;
+        }
+        let (parsed, oversized) = self.parse_raw(e);
+        let summary = e.summary.as_ref()?;
+        if e.type_ == PERF_RECORD_LOST {
+            self.bad.push(format!(
+                "perf lost records: `{}`{}",
+                summary.line,
+                parsed
+                    .as_ref()
+                    .map(|r| format!(" (kloop reads {r})"))
+                    .unwrap_or_default()
+            ));
+            return None;
+        }
+        let (Printed::Ksymbol(printed) | Printed::BpfEvent(printed)) = &summary.printed else {
+            self.bad.push(format!(
+                "perf@{:#x}: raw type {} but perf printed `{}`",
+                e.offset, e.type_, summary.line
+            ));
+            return None;
+        };
+        // perf prints the cpu first, then the time, when the events sample them.
+        let (sample_type, id_all) = (self.listener.sample_type, self.listener.sample_id_all);
+        let mut stamps = summary.stamps.iter().copied();
+        let mut cpu = if sample_type & PERF_SAMPLE_CPU != 0 && id_all {
+            stamps.next().and_then(|c| u32::try_from(c).ok())
+        } else {
+            None
+        };
+        let mut time = if sample_type & PERF_SAMPLE_TIME != 0 && id_all {
+            stamps.next().and_then(|t| u64::try_from(t).ok())
+        } else {
+            None
+        };
+        let mut side = printed.clone();
+        if let Some(r) = &parsed {
+            if let Some(s) = self.compare(e, summary, printed, r) {
+                side = s;
+            }
+            // An oversized copy: perf took the record's last bytes for
+            // its trailer. What it printed is then explained by that, and
+            // the record belongs where its real trailer puts it.
+            let from_end = stamps_from_end(&self.listener, &e.raw, self.trailer_len);
+            let explained_stamps = oversized.is_some()
+                && cpu.is_none_or(|c| from_end.0 == Some(c))
+                && time.is_none_or(|t| from_end.1 == Some(t));
+            if let Some(o) = &oversized {
+                let fault = oversized_fault(e, summary, o, (cpu, time), explained_stamps, r);
+                self.faults.push(fault);
+            }
+            if explained_stamps {
+                cpu = cpu.and(r.sample.cpu);
+                time = time.and(r.sample.time);
+            }
+            self.check_stamps(e, r, cpu, time);
+        }
+        Some(PerfRecord {
+            offset: e.offset,
+            side,
+            cpu,
+            time,
+            line: summary.line.clone(),
+        })
+    }
+
+    /// kloop's parse of the raw dump: the one record in it, and the
+    /// excess it read past when oversized.
+    fn parse_raw(&mut self, e: &DumpEvent) -> (Option<Record>, Option<kloop_records::Oversized>) {
+        let read = kloop_records::parse_reading_on(&self.listener, &e.raw);
+        let parsed = match (read.error, read.records.len()) {
+            (None, 1) => read.records.into_iter().next(),
+            (None, n) => {
+                self.bad.push(format!(
+                    "perf@{:#x}: kloop's parser reads {n} records in perf's raw dump of one",
+                    e.offset,
+                ));
+                None
+            }
+            (Some(pe), _) => {
+                self.bad.push(format!(
+                    "perf@{:#x}: kloop's parser rejects the record perf wrote: {pe}",
+                    e.offset
+                ));
+                None
+            }
+        };
+        let oversized = read
+            .oversized
+            .into_iter()
+            .next()
+            .filter(|_| parsed.is_some());
+        (parsed, oversized)
+    }
+
+    /// What perf printed against kloop's parse `r` of the raw bytes (the
+    /// tag aside: perf does not print it); kloop's reading when they agree.
+    fn compare(
+        &mut self,
+        e: &DumpEvent,
+        summary: &Summary,
+        printed: &RecordContent,
+        r: &Record,
+    ) -> Option<RecordContent> {
+        let ours = RecordContent::of_record(r);
+        let mut comparable = ours.clone();
+        if let Some(RecordContent::BpfEvent { tag, .. }) = comparable.as_mut() {
+            *tag = None;
+        }
+        if comparable.as_ref() != Some(printed) {
+            self.bad.push(format!(
+                "perf@{:#x}: perf printed `{}` but kloop's parser reads its raw bytes as {}",
+                e.offset,
+                summary.line.trim(),
+                r
+            ));
+            return None;
+        }
+        ours
+    }
+
+    /// The cpu and time perf printed against the trailer kloop read.
+    fn check_stamps(&mut self, e: &DumpEvent, r: &Record, cpu: Option<u32>, time: Option<u64>) {
+        if cpu.is_some() && r.sample.cpu != cpu {
+            self.bad.push(format!(
+                "perf@{:#x}: perf printed cpu {cpu:?}, the trailer says {:?} ({r})",
+                e.offset, r.sample.cpu
+            ));
+        }
+        if time.is_some() && r.sample.time != time {
+            self.bad.push(format!(
+                "perf@{:#x}: perf printed time {time:?}, the trailer says {:?} ({r})",
+                e.offset, r.sample.time
+            ));
+        }
+    }
+}
+
+/// The violation of an oversized copy `o` of record `r` in perf's file,
+/// placed by its perf.data offset (perf's copies have no listener).
+fn oversized_fault(
+    e: &DumpEvent,
+    summary: &Summary,
+    o: &kloop_records::Oversized,
+    (cpu, time): (Option<u32>, Option<u64>),
+    explained_stamps: bool,
+    r: &Record,
+) -> Violation {
+    let mut fault = Violation::new(
+            RULE,
+            format!(
+                "perf@{:#x} `{}`: perf's copy is {} bytes longer (header.size {}) than its body and \
+                 {}-byte sample_id trailer, zero-filled; perf reads the trailer from the record's end, \
+                 so it printed cpu {} time {}{}; kloop reads the trailer after the body: cpu {} time {}",
+                e.offset,
+                summary.line.trim(),
+                o.excess,
+                o.size,
+                o.trailer_len,
+                opt(cpu),
+                opt(time),
+                if explained_stamps {
+                    " (the zero bytes there)"
+                } else {
+                    ", which is not what the record's last bytes say either"
+                },
+                opt(r.sample.cpu),
+                opt(r.sample.time),
+            ),
+        )
+        .with(crate::check::Detail::OversizedRecord(
+            crate::check::detail::OversizedRecord::of("perf", o),
+        ));
+    fault.offset = Some(e.offset);
+    fault
 }

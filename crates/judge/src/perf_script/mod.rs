@@ -91,7 +91,6 @@ fn push_capped(out: &mut Vec<Violation>, msgs: Vec<String>, what: &str) {
 
 /// The second-reader comparison for one run; see the module docs. `steps`
 /// is the plan the agent ran.
-#[expect(clippy::too_many_lines)]
 pub fn check(ev: &RunEvidence, analysis: &Analysis, steps: &[Step]) -> Vec<Violation> {
     let mut v = Vec::new();
     let runs_perf = steps
@@ -100,44 +99,9 @@ pub fn check(ev: &RunEvidence, analysis: &Analysis, steps: &[Step]) -> Vec<Viola
     if !runs_perf && ev.perf_scripts.is_empty() {
         return v;
     }
-    let script = match ev.perf_scripts.as_slice() {
-        [one] => one,
-        [] => {
-            v.push(Violation::new(
-                RULE,
-                "the plan runs perf but the agent sent no perf output",
-            ));
-            return v;
-        }
-        more => {
-            v.push(Violation::new(
-                RULE,
-                format!(
-                    "{} perf outputs; a plan may record with perf once",
-                    more.len()
-                ),
-            ));
-            return v;
-        }
-    };
-    let dump = match parse(&script.text) {
-        Ok(d) => d,
-        Err(e) => {
-            v.push(Violation::new(
-                RULE,
-                format!("{e} (command: {})", script.command),
-            ));
-            return v;
-        }
-    };
-    let distinct: BTreeSet<u64> = dump.sample_types.iter().copied().collect();
-    if distinct.len() != 1 {
-        v.push(Violation::new(RULE, format!(
-                "perf's events have sample_types {:?}: one side-band record cannot be assigned to one of them",
-                distinct.iter().map(|s| kloop_records::sample_type_names(*s)).collect::<Vec<_>>()
-            )));
+    let Some(dump) = one_dump(ev, &mut v) else {
         return v;
-    }
+    };
 
     let mut parse_bad = Vec::new();
     let recs = perf_records(&dump, &mut parse_bad, &mut v);
@@ -148,6 +112,71 @@ pub fn check(ev: &RunEvidence, analysis: &Analysis, steps: &[Step]) -> Vec<Viola
     push_capped(&mut v, plan_bad, "plan problems");
 
     // 2. Synthesis.
+    check_synthesis(ev, &lives, &recs, &mut v);
+
+    // 3. Recording.
+    let recorded: Vec<&PerfRecord> = recs.iter().filter(|r| !r.synthesised()).collect();
+    check_recording(&lives, &recorded, &mut v);
+
+    // Twins in kloop's own rings.
+    let twin_bad = twins(ev, analysis, &recorded).violations;
+    push_capped(&mut v, twin_bad, "twin mismatches");
+    v
+}
+
+/// Step 1: the one perf output of the run, parsed, its events of one
+/// sample_type (else a violation and `None`).
+fn one_dump(ev: &RunEvidence, v: &mut Vec<Violation>) -> Option<PerfDump> {
+    let script = match ev.perf_scripts.as_slice() {
+        [one] => one,
+        [] => {
+            v.push(Violation::new(
+                RULE,
+                "the plan runs perf but the agent sent no perf output",
+            ));
+            return None;
+        }
+        more => {
+            v.push(Violation::new(
+                RULE,
+                format!(
+                    "{} perf outputs; a plan may record with perf once",
+                    more.len()
+                ),
+            ));
+            return None;
+        }
+    };
+    let dump = match parse(&script.text) {
+        Ok(d) => d,
+        Err(e) => {
+            v.push(Violation::new(
+                RULE,
+                format!("{e} (command: {})", script.command),
+            ));
+            return None;
+        }
+    };
+    let distinct: BTreeSet<u64> = dump.sample_types.iter().copied().collect();
+    if distinct.len() != 1 {
+        v.push(Violation::new(RULE, format!(
+                "perf's events have sample_types {:?}: one side-band record cannot be assigned to one of them",
+                distinct.iter().map(|s| kloop_records::sample_type_names(*s)).collect::<Vec<_>>()
+            )));
+        return None;
+    }
+    Some(dump)
+}
+
+/// Step 2: perf's synthesised records are those of the agent's programs
+/// alive when perf started, in id order; other programs' are held to
+/// /proc/kallsyms.
+fn check_synthesis(
+    ev: &RunEvidence,
+    lives: &[Life<'_>],
+    recs: &[PerfRecord],
+    v: &mut Vec<Violation>,
+) {
     let synth: Vec<&PerfRecord> = recs.iter().filter(|r| r.synthesised()).collect();
     let mut alive: Vec<&Life> = lives
         .iter()
@@ -209,13 +238,15 @@ pub fn check(ev: &RunEvidence, analysis: &Analysis, steps: &[Step]) -> Vec<Viola
             ));
         }
     }
-    push_capped(&mut v, synth_bad, "synthesis differences");
+    push_capped(v, synth_bad, "synthesis differences");
     v.extend(synth_typed);
+}
 
-    // 3. Recording.
-    let recorded: Vec<&PerfRecord> = recs.iter().filter(|r| !r.synthesised()).collect();
+/// Step 3: perf's recorded records are exactly those of the loads and
+/// unloads the plan ran while perf recorded.
+fn check_recording(lives: &[Life<'_>], recorded: &[&PerfRecord], v: &mut Vec<Violation>) {
     let mut want: Vec<(RecordContent, String)> = Vec::new();
-    for l in &lives {
+    for l in lives {
         if l.load == Phase::During {
             for s in expected_records(l.facts, false) {
                 want.push((s, l.facts.label.clone()));
@@ -229,7 +260,7 @@ pub fn check(ev: &RunEvidence, analysis: &Analysis, steps: &[Step]) -> Vec<Viola
     }
     let mut rec_bad = Vec::new();
     let mut taken = vec![false; want.len()];
-    for r in &recorded {
+    for r in recorded {
         match want
             .iter()
             .enumerate()
@@ -248,12 +279,7 @@ pub fn check(ev: &RunEvidence, analysis: &Analysis, steps: &[Step]) -> Vec<Viola
             ));
         }
     }
-    push_capped(&mut v, rec_bad, "recording differences");
-
-    // Twins in kloop's own rings.
-    let twin_bad = twins(ev, analysis, &recorded).violations;
-    push_capped(&mut v, twin_bad, "twin mismatches");
-    v
+    push_capped(v, rec_bad, "recording differences");
 }
 
 /// The typed fields of a synthesised KSYMBOL that differs from the
@@ -339,23 +365,13 @@ struct TwinResult {
     untwinned_after_parse_error: BTreeMap<u32, usize>,
 }
 
-/// Pairs each record perf recorded with its copy in kloop's first CPU-wide
-/// listener set; see the module docs.
-#[expect(clippy::too_many_lines)]
-fn twins(ev: &RunEvidence, analysis: &Analysis, recorded: &[&PerfRecord]) -> TwinResult {
-    let mut out = TwinResult {
-        violations: Vec::new(),
-        untwinned_after_parse_error: BTreeMap::new(),
-    };
-    let Some(set) = analysis.sets.first() else {
-        if !recorded.is_empty() {
-            out.violations.push(
-                "perf recorded side-band records but kloop had no CPU-wide listener to compare them with"
-                    .into(),
-            );
-        }
-        return out;
-    };
+/// Per CPU, kloop's listener of `set` on it: its index, its records, and
+/// whether its stream stopped at a parse error before its end.
+fn streams_by_cpu<'a>(
+    ev: &RunEvidence,
+    analysis: &'a Analysis,
+    set: &[u32],
+) -> BTreeMap<u32, (u32, &'a [Record], bool)> {
     let mut by_cpu: BTreeMap<u32, (u32, &[Record], bool)> = BTreeMap::new();
     for idx in set {
         let Some(l) = ev.listeners.iter().find(|l| l.index == *idx) else {
@@ -378,6 +394,26 @@ fn twins(ev: &RunEvidence, analysis: &Analysis, recorded: &[&PerfRecord]) -> Twi
             .unwrap_or(0);
         by_cpu.insert(cpu, (*idx, recs, parsed_to < bytes));
     }
+    by_cpu
+}
+
+/// Pairs each record perf recorded with its copy in kloop's first CPU-wide
+/// listener set; see the module docs.
+fn twins(ev: &RunEvidence, analysis: &Analysis, recorded: &[&PerfRecord]) -> TwinResult {
+    let mut out = TwinResult {
+        violations: Vec::new(),
+        untwinned_after_parse_error: BTreeMap::new(),
+    };
+    let Some(set) = analysis.sets.first() else {
+        if !recorded.is_empty() {
+            out.violations.push(
+                "perf recorded side-band records but kloop had no CPU-wide listener to compare them with"
+                    .into(),
+            );
+        }
+        return out;
+    };
+    let by_cpu = streams_by_cpu(ev, analysis, set);
     let mut used: BTreeSet<(u32, usize)> = BTreeSet::new();
     let mut last_index: BTreeMap<u32, usize> = BTreeMap::new();
     for r in recorded {
@@ -439,10 +475,108 @@ fn twins(ev: &RunEvidence, analysis: &Analysis, recorded: &[&PerfRecord]) -> Twi
 /// section.
 pub const PERF_VIEW_HEADER: &str = "perf (second reader):";
 
+/// How perf's view names what the agent's programs are: tags are named
+/// after the program the record belongs to (its address or id), so two
+/// loads of one fixture, which share tags, stay apart.
+struct PerfNames<'e> {
+    progs: &'e [ProgFacts],
+}
+
+impl PerfNames<'_> {
+    fn owner_of(&self, side: &RecordContent) -> Option<&ProgFacts> {
+        self.progs.iter().find(|f| match side {
+            RecordContent::Ksymbol { addr, .. } => f.jited_ksyms.contains(addr),
+            RecordContent::BpfEvent { id, .. } => f.id == *id,
+        })
+    }
+
+    fn tag_name(t: &[u8; 8], owner: Option<&ProgFacts>) -> String {
+        if let Some(f) = owner {
+            if f.tag == *t {
+                return format!("tag({})", f.label);
+            }
+            if let Some(fi) = f.func_tags.iter().position(|x| x == t) {
+                return format!("ftag({}.f{fi})", f.label);
+            }
+        }
+        format!("tag({})", hex::encode(t))
+    }
+
+    fn name_of(n: &str, owner: Option<&ProgFacts>) -> String {
+        if let Some(rest) = n.strip_prefix("bpf_prog_") {
+            if let Some(t) = rest
+                .get(..16)
+                .and_then(|h| hex::decode(h).ok())
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            {
+                return format!(
+                    "bpf_prog_<{}>{}",
+                    Self::tag_name(&t, owner),
+                    mask_tags(&rest[16..])
+                );
+            }
+        }
+        mask_tags(n)
+    }
+
+    fn label_of(&self, side: &RecordContent) -> String {
+        match (side, self.owner_of(side)) {
+            (RecordContent::Ksymbol { addr, .. }, Some(f)) => {
+                let fi = f.jited_ksyms.iter().position(|a| a == addr).unwrap_or(0);
+                format!("{}.f{fi}", f.label)
+            }
+            (RecordContent::BpfEvent { .. }, Some(f)) => f.label.clone(),
+            (RecordContent::Ksymbol { .. }, None) => "addr#?".into(),
+            (RecordContent::BpfEvent { .. }, None) => "prog#?".into(),
+        }
+    }
+
+    /// One record of perf's, named.
+    fn write_record(&self, out: &mut String, side: &RecordContent) {
+        let owner = self.owner_of(side);
+        match side {
+            RecordContent::Ksymbol {
+                len,
+                ksym_type,
+                flags,
+                name,
+                ..
+            } => {
+                let _ = write!(
+                    out,
+                    "KSYMBOL {} {} {} len={len} name={}",
+                    kloop_records::ksymbol_action(*flags),
+                    kloop_records::ksym_type_name(*ksym_type),
+                    self.label_of(side),
+                    Self::name_of(name, owner)
+                );
+            }
+            RecordContent::BpfEvent {
+                event_type,
+                flags,
+                tag,
+                ..
+            } => {
+                let tag = tag
+                    .map(|t| Self::tag_name(&t, owner))
+                    .unwrap_or_else(|| "tag(?)".into());
+                let _ = write!(
+                    out,
+                    "BPF_EVENT {} {} {tag}",
+                    kloop_records::bpf_event_type_name(*event_type),
+                    self.label_of(side)
+                );
+                if *flags != 0 {
+                    let _ = write!(out, " flags={flags:#x}");
+                }
+            }
+        }
+    }
+}
+
 /// Text for the trial's normalised stream (appended after kloop's own):
 /// perf's view with addresses, ids and tags named after the agent's
 /// programs. Empty when the run has no perf output.
-#[expect(clippy::too_many_lines)]
 pub fn perf_view(ev: &RunEvidence, analysis: &Analysis) -> String {
     let Some(script) = ev.perf_scripts.first() else {
         return String::new();
@@ -469,96 +603,14 @@ pub fn perf_view(ev: &RunEvidence, analysis: &Analysis) -> String {
             ""
         }
     );
-    // Tags are named after the program the record belongs to (its address
-    // or id), so two loads of one fixture, which share tags, stay apart.
-    let owner_of = |side: &RecordContent| -> Option<&ProgFacts> {
-        ev.progs.iter().find(|f| match side {
-            RecordContent::Ksymbol { addr, .. } => f.jited_ksyms.contains(addr),
-            RecordContent::BpfEvent { id, .. } => f.id == *id,
-        })
-    };
-    let tag_name = |t: &[u8; 8], owner: Option<&ProgFacts>| -> String {
-        if let Some(f) = owner {
-            if f.tag == *t {
-                return format!("tag({})", f.label);
-            }
-            if let Some(fi) = f.func_tags.iter().position(|x| x == t) {
-                return format!("ftag({}.f{fi})", f.label);
-            }
-        }
-        format!("tag({})", hex::encode(t))
-    };
-    let name_of = |n: &str, owner: Option<&ProgFacts>| -> String {
-        if let Some(rest) = n.strip_prefix("bpf_prog_") {
-            if let Some(t) = rest
-                .get(..16)
-                .and_then(|h| hex::decode(h).ok())
-                .and_then(|b| <[u8; 8]>::try_from(b).ok())
-            {
-                return format!(
-                    "bpf_prog_<{}>{}",
-                    tag_name(&t, owner),
-                    mask_tags(&rest[16..])
-                );
-            }
-        }
-        mask_tags(n)
-    };
-    let label_of = |side: &RecordContent| -> String {
-        match (side, owner_of(side)) {
-            (RecordContent::Ksymbol { addr, .. }, Some(f)) => {
-                let fi = f.jited_ksyms.iter().position(|a| a == addr).unwrap_or(0);
-                format!("{}.f{fi}", f.label)
-            }
-            (RecordContent::BpfEvent { .. }, Some(f)) => f.label.clone(),
-            (RecordContent::Ksymbol { .. }, None) => "addr#?".into(),
-            (RecordContent::BpfEvent { .. }, None) => "prog#?".into(),
-        }
-    };
+    let names = PerfNames { progs: &ev.progs };
     let (mut ignored, mut faults) = (Vec::new(), Vec::new());
     let recs = perf_records(&dump, &mut ignored, &mut faults);
     for (title, synth) in [("synthesised", true), ("recorded", false)] {
         let _ = writeln!(out, "  {title}:");
         for r in recs.iter().filter(|r| r.synthesised() == synth) {
             out.push_str("    ");
-            let owner = owner_of(&r.side);
-            match &r.side {
-                RecordContent::Ksymbol {
-                    len,
-                    ksym_type,
-                    flags,
-                    name,
-                    ..
-                } => {
-                    let _ = write!(
-                        out,
-                        "KSYMBOL {} {} {} len={len} name={}",
-                        kloop_records::ksymbol_action(*flags),
-                        kloop_records::ksym_type_name(*ksym_type),
-                        label_of(&r.side),
-                        name_of(name, owner)
-                    );
-                }
-                RecordContent::BpfEvent {
-                    event_type,
-                    flags,
-                    tag,
-                    ..
-                } => {
-                    let tag = tag
-                        .map(|t| tag_name(&t, owner))
-                        .unwrap_or_else(|| "tag(?)".into());
-                    let _ = write!(
-                        out,
-                        "BPF_EVENT {} {} {tag}",
-                        kloop_records::bpf_event_type_name(*event_type),
-                        label_of(&r.side)
-                    );
-                    if *flags != 0 {
-                        let _ = write!(out, " flags={flags:#x}");
-                    }
-                }
-            }
+            names.write_record(&mut out, &r.side);
             out.push('\n');
         }
     }

@@ -463,8 +463,8 @@ pub fn objects_of(
     }
 }
 
-/// Builds (or finds) the kernel `req` describes.
-#[expect(clippy::too_many_lines)]
+/// Builds (or finds) the kernel `req` describes: identify it, reuse it when
+/// already built, else prepare the tree, configure, compile and install.
 pub fn build(
     cache: &KernelCache,
     req: &BuildRequest,
@@ -472,20 +472,109 @@ pub fn build(
 ) -> Result<BuiltKernel, BuildError> {
     let (pristine, source_identity) =
         source::pristine_tree(cache, &req.source, &req.fetch, progress)?;
-    let hashed = |paths: &[PathBuf]| -> Result<Vec<HashedFile>, BuildError> {
-        paths
-            .iter()
-            .map(|p| {
-                Ok(HashedFile {
-                    path: p.canonicalize().unwrap_or_else(|_| p.clone()),
-                    sha256: source::file_hash(p)?,
-                })
-            })
-            .collect()
-    };
-    let patches = hashed(&req.patches)?;
+    let patches = hashed_files(&req.patches)?;
     let fragment_paths = req.fragment_paths();
-    let fragments = hashed(&fragment_paths)?;
+    let fragments = hashed_files(&fragment_paths)?;
+    require_build_tools()?;
+    let tools = Toolchain {
+        compiler: tool_version("gcc", "--version"),
+        pahole: tool_version("pahole", "--version"),
+    };
+    let id = build_id(req, &source_identity, &tools, &patches, &fragments);
+    let final_dir = kernels_dir(cache).join(&id);
+    if let Ok(k) = lookup(cache, &id) {
+        if k.record.id == id {
+            return Ok(k);
+        }
+    }
+
+    let slot = slot_of(req, &fragments);
+    let build_root = cache.root().join("build");
+    let _lock = SlotLock::take(&build_root.join("locks"), &slot)?;
+    let (src, out) = build_dirs(
+        req,
+        &pristine,
+        &build_root,
+        &slot,
+        &source_identity,
+        progress,
+    )?;
+    std::fs::create_dir_all(&out).doing(format!("creating {}", out.display()))?;
+    let incremental = out.join("vmlinux").is_file();
+    let log = out.join("build.log");
+    let _ = std::fs::remove_file(&log);
+    let jobs = req.jobs.max(1);
+    let make = make::Make {
+        src: &src,
+        out: &out,
+        jobs,
+        log: &log,
+    };
+
+    let config_path = out.join(".config");
+    let requested = kconfig::read_fragments(&fragment_paths)?;
+    let kconfig_inputs = configure(
+        req,
+        &make,
+        &fragment_paths,
+        &fragments,
+        &tools,
+        &requested,
+        progress,
+    )?;
+    let resolved = KernelConfig::from_file(&config_path)?;
+    let notes = check_config_survived(req, &requested, &resolved, &kconfig_inputs, config_path)?;
+
+    let (build_secs, release) = compile(&make, incremental, progress)?;
+
+    let tmp = stage_files(cache, &id, &out, &log)?;
+    let record = BuildRecord {
+        id: id.clone(),
+        source: req.source.label(),
+        source_identity,
+        patches,
+        base: req.base,
+        fragments,
+        config_sha256: resolved.content_hash(),
+        compiler: tools.compiler,
+        pahole: tools.pahole,
+        release,
+        image_sha256: source::file_hash(&tmp.join("bzImage"))?,
+        build_secs,
+        incremental,
+        notes,
+    };
+    publish(&tmp, &final_dir, &record)?;
+    Ok(BuiltKernel {
+        dir: final_dir,
+        record,
+        cached: false,
+    })
+}
+
+/// The versions of the tools that decide a kernel's bytes: part of its id
+/// and of the configure stamp.
+struct Toolchain {
+    compiler: String,
+    pahole: String,
+}
+
+/// Each of `paths` with its sha256 (the path canonical when it can be).
+fn hashed_files(paths: &[PathBuf]) -> Result<Vec<HashedFile>, BuildError> {
+    paths
+        .iter()
+        .map(|p| {
+            Ok(HashedFile {
+                path: p.canonicalize().unwrap_or_else(|_| p.clone()),
+                sha256: source::file_hash(p)?,
+            })
+        })
+        .collect()
+}
+
+/// Refuses before any work when a tool the kernel build needs is missing,
+/// naming the Debian package that provides it.
+fn require_build_tools() -> Result<(), BuildError> {
     if which("gcc").is_none() {
         return Err(BuildError::ToolMissing {
             tool: "gcc",
@@ -505,75 +594,86 @@ pub fn build(
             return Err(BuildError::ToolMissing { tool, package });
         }
     }
-    let compiler = tool_version("gcc", "--version");
-    let pahole = tool_version("pahole", "--version");
+    Ok(())
+}
+
+/// The kernel's id: a hash of everything that decides its bytes (see the
+/// module's documentation).
+fn build_id(
+    req: &BuildRequest,
+    source_identity: &str,
+    tools: &Toolchain,
+    patches: &[HashedFile],
+    fragments: &[HashedFile],
+) -> String {
     let mut id_parts: Vec<String> = vec![
         "kloop-build-1".into(),
-        source_identity.clone(),
+        source_identity.to_string(),
         req.base.target().into(),
-        compiler.clone(),
-        pahole.clone(),
+        tools.compiler.clone(),
+        tools.pahole.clone(),
     ];
     id_parts.extend(patches.iter().map(|p| format!("patch:{}", p.sha256)));
     id_parts.extend(fragments.iter().map(|f| format!("fragment:{}", f.sha256)));
-    let id = short_hash(&id_parts.iter().map(String::as_str).collect::<Vec<_>>())[..12].to_string();
-    let final_dir = kernels_dir(cache).join(&id);
-    if let Ok(k) = lookup(cache, &id) {
-        if k.record.id == id {
-            return Ok(k);
-        }
-    }
+    short_hash(&id_parts.iter().map(String::as_str).collect::<Vec<_>>())[..12].to_string()
+}
 
-    let slot = slot_of(req, &fragments);
-    let patched = !req.patches.is_empty();
-    let build_root = cache.root().join("build");
-    let _lock = SlotLock::take(&build_root.join("locks"), &slot)?;
+/// The source tree to build and its output directory: the pristine tree,
+/// or a patched copy of it in the slot.
+fn build_dirs(
+    req: &BuildRequest,
+    pristine: &Path,
+    build_root: &Path,
+    slot: &str,
+    source_identity: &str,
+    progress: &mut dyn FnMut(BuildEvent),
+) -> Result<(PathBuf, PathBuf), BuildError> {
     // A patched copy sits at the same path relative to its output
     // directory as the pristine tree does to its own
     // (`../../src/<id>/<name>`): ccache, told to hash paths relative to
     // the build directory, then serves a patched build every object the
     // patches did not touch.
-    let (src, out) = if patched {
-        progress(BuildEvent::Phase(format!(
-            "applying {} patch(es)",
-            req.patches.len()
-        )));
-        let root = build_root.join("patched").join(&slot);
-        let rel = pristine
-            .strip_prefix(&build_root)
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|_| PathBuf::from("src/tree"));
-        let tree = source::patched_tree(
-            &pristine,
-            &root,
-            &root.join(rel),
-            &source_identity,
-            &req.patches,
-            progress,
-        )?;
-        (tree, root.join("out").join(&slot))
-    } else {
-        (pristine.clone(), build_root.join("out").join(&slot))
-    };
-    std::fs::create_dir_all(&out).doing(format!("creating {}", out.display()))?;
-    let incremental = out.join("vmlinux").is_file();
-    let log = out.join("build.log");
-    let _ = std::fs::remove_file(&log);
-    let jobs = req.jobs.max(1);
-    let make = make::Make {
-        src: &src,
-        out: &out,
-        jobs,
-        log: &log,
-    };
+    if req.patches.is_empty() {
+        return Ok((pristine.to_path_buf(), build_root.join("out").join(slot)));
+    }
+    progress(BuildEvent::Phase(format!(
+        "applying {} patch(es)",
+        req.patches.len()
+    )));
+    let root = build_root.join("patched").join(slot);
+    let rel = pristine
+        .strip_prefix(build_root)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|_| PathBuf::from("src/tree"));
+    let tree = source::patched_tree(
+        pristine,
+        &root,
+        &root.join(rel),
+        source_identity,
+        &req.patches,
+        progress,
+    )?;
+    Ok((tree, root.join("out").join(slot)))
+}
 
+/// Writes the output directory's `.config`: the base target merged with the
+/// requested fragments, unless the stamp says it already is. Returns the
+/// tree's Kconfig inputs, which the survival check indexes.
+fn configure(
+    req: &BuildRequest,
+    make: &make::Make<'_>,
+    fragment_paths: &[PathBuf],
+    fragments: &[HashedFile],
+    tools: &Toolchain,
+    requested: &[kconfig::Requested],
+    progress: &mut dyn FnMut(BuildEvent),
+) -> Result<kconfig::KconfigInputs, BuildError> {
     let fragment_list = fragment_paths
         .iter()
         .map(|p| p.display().to_string())
         .collect::<Vec<_>>()
         .join(" + ");
-    let config_path = out.join(".config");
-    let requested = kconfig::read_fragments(&fragment_paths)?;
+    let config_path = make.out.join(".config");
     // Configuring is two `make`s (~8 s on 2 cores) whose result depends
     // only on the stamp's inputs: an output directory configured from the
     // same ones (every validate candidate after the first, when its patch
@@ -581,20 +681,20 @@ pub fn build(
     // `.config`'s hash, so a `.config` changed since is configured again;
     // it is removed before configuring and written after, so a killed
     // configure leaves none.
-    let stamp_path = out.join(".kloop-configured");
+    let stamp_path = make.out.join(".kloop-configured");
     let fragment_hashes: Vec<&str> = fragments.iter().map(|f| f.sha256.as_str()).collect();
     let ld = tool_version("ld", "--version");
     let rustc = tool_version("rustc", "--version");
     let mut settings = vec![
         "kloop-config-stamp-1",
         req.base.target(),
-        compiler.as_str(),
-        pahole.as_str(),
+        tools.compiler.as_str(),
+        tools.pahole.as_str(),
         ld.as_str(),
         rustc.as_str(),
     ];
     settings.extend(fragment_hashes);
-    let kconfig_inputs = kconfig::KconfigInputs::read(&src);
+    let kconfig_inputs = kconfig::KconfigInputs::read(make.src);
     let inputs = kconfig_inputs.stamp(&settings);
     let stamp_of = |inputs: &str| -> Option<String> {
         Some(format!(
@@ -611,28 +711,40 @@ pub fn build(
              same Kconfig files, fragments and tools)",
             req.base.target(),
         )));
-    } else {
-        let _ = std::fs::remove_file(&stamp_path);
-        progress(BuildEvent::Phase(format!(
-            "configuring: {} + {fragment_list}",
-            req.base.target(),
-        )));
-        make.run(&[req.base.target()], progress)?;
-        let base = std::fs::read_to_string(&config_path)
-            .doing(format!("reading {}", config_path.display()))?;
-        std::fs::write(&config_path, kconfig::merge(&base, &requested))
-            .doing(format!("writing {}", config_path.display()))?;
-        make.run(&["olddefconfig"], progress)?;
-        if let Some(stamp) = stamp_of(&inputs) {
-            // Costs only the next build's configure when it cannot be written.
-            let _ = crate::write_atomically(&stamp_path, stamp.as_bytes());
-        }
+        return Ok(kconfig_inputs);
     }
-    let resolved = KernelConfig::from_file(&config_path)?;
-    let index = kconfig::KconfigIndex::of(&kconfig_inputs);
+    let _ = std::fs::remove_file(&stamp_path);
+    progress(BuildEvent::Phase(format!(
+        "configuring: {} + {fragment_list}",
+        req.base.target(),
+    )));
+    make.run(&[req.base.target()], progress)?;
+    let base = std::fs::read_to_string(&config_path)
+        .doing(format!("reading {}", config_path.display()))?;
+    std::fs::write(&config_path, kconfig::merge(&base, requested))
+        .doing(format!("writing {}", config_path.display()))?;
+    make.run(&["olddefconfig"], progress)?;
+    if let Some(stamp) = stamp_of(&inputs) {
+        // Costs only the next build's configure when it cannot be written.
+        let _ = crate::write_atomically(&stamp_path, stamp.as_bytes());
+    }
+    Ok(kconfig_inputs)
+}
+
+/// Refuses a `.config` that dropped a requested option; returns the notes
+/// for options of kloop's own fragment this tree does not know, which are
+/// expected across kernel versions and only noted.
+fn check_config_survived(
+    req: &BuildRequest,
+    requested: &[kconfig::Requested],
+    resolved: &KernelConfig,
+    kconfig_inputs: &kconfig::KconfigInputs,
+    config_path: PathBuf,
+) -> Result<Vec<String>, BuildError> {
+    let index = kconfig::KconfigIndex::of(kconfig_inputs);
     let mut notes = Vec::new();
     let mut dropped = Vec::new();
-    for d in kconfig::check_survival(&requested, &resolved, &index) {
+    for d in kconfig::check_survival(requested, resolved, &index) {
         if d.unknown && d.requested.from == req.kloop_fragment {
             notes.push(d.to_string());
         } else {
@@ -645,23 +757,42 @@ pub fn build(
             config: config_path,
         });
     }
+    Ok(notes)
+}
 
+/// `make bzImage`: returns how long it took and the kernel's release.
+fn compile(
+    make: &make::Make<'_>,
+    incremental: bool,
+    progress: &mut dyn FnMut(BuildEvent),
+) -> Result<(f64, String), BuildError> {
     progress(BuildEvent::Phase(format!(
-        "compiling ({}, {jobs} jobs{})",
+        "compiling ({}, {} jobs{})",
         if incremental {
             "incremental: the output directory holds an earlier build"
         } else {
             "full: a fresh output directory"
         },
+        make.jobs,
         if make::has_ccache() { ", ccache" } else { "" }
     )));
     let started = Instant::now();
     make.run(&["bzImage"], progress)?;
     let build_secs = started.elapsed().as_secs_f64();
-    let release = std::fs::read_to_string(out.join("include/config/kernel.release"))
+    let release = std::fs::read_to_string(make.out.join("include/config/kernel.release"))
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
+    Ok((build_secs, release))
+}
 
+/// Copies the finished kernel's files into a fresh partial directory beside
+/// `kernels/<id>/`, which `publish` renames into place.
+fn stage_files(
+    cache: &KernelCache,
+    id: &str,
+    out: &Path,
+    log: &Path,
+) -> Result<PathBuf, BuildError> {
     let tmp = kernels_dir(cache).join(format!(".partial-{id}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).doing(format!("creating {}", tmp.display()))?;
@@ -671,34 +802,20 @@ pub fn build(
             .doing(format!("copying {}", from.display()))
     };
     copy(&out.join("arch/x86/boot/bzImage"), "bzImage")?;
-    copy(&config_path, "config")?;
-    copy(&log, "build.log")?;
-    let record = BuildRecord {
-        id: id.clone(),
-        source: req.source.label(),
-        source_identity,
-        patches,
-        base: req.base,
-        fragments,
-        config_sha256: resolved.content_hash(),
-        compiler,
-        pahole,
-        release,
-        image_sha256: source::file_hash(&tmp.join("bzImage"))?,
-        build_secs,
-        incremental,
-        notes,
-    };
-    let text = toml::to_string_pretty(&record)
+    copy(&out.join(".config"), "config")?;
+    copy(log, "build.log")?;
+    Ok(tmp)
+}
+
+/// Writes `kernel.toml` into the staged directory and renames it to
+/// `final_dir`, so `kernels/<id>/` is either whole or absent.
+fn publish(tmp: &Path, final_dir: &Path, record: &BuildRecord) -> Result<(), BuildError> {
+    let text = toml::to_string_pretty(record)
         .map_err(|e| BuildError::Invalid(format!("serialising kernel.toml: {e}")))?;
     std::fs::write(tmp.join("kernel.toml"), text).doing(format!("writing {}", tmp.display()))?;
-    let _ = std::fs::remove_dir_all(&final_dir);
-    std::fs::rename(&tmp, &final_dir).doing(format!("renaming {} into place", tmp.display()))?;
-    Ok(BuiltKernel {
-        dir: final_dir,
-        record,
-        cached: false,
-    })
+    let _ = std::fs::remove_dir_all(final_dir);
+    std::fs::rename(tmp, final_dir).doing(format!("renaming {} into place", tmp.display()))?;
+    Ok(())
 }
 
 /// `tool` on `PATH`, if any.

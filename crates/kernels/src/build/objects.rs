@@ -127,7 +127,6 @@ pub enum CompileError {
 /// same in every run (ccache hashes the command line, paths included), so
 /// a second run of the same mutants with the same `work` compiles nothing;
 /// an `flock` beside it keeps two processes from sharing one copy.
-#[expect(clippy::too_many_lines)]
 pub fn compile_alone(
     out: &Path,
     file: &str,
@@ -136,38 +135,11 @@ pub fn compile_alone(
 ) -> Result<String, CompileError> {
     let (dir, name) = file.rsplit_once('/').unwrap_or(("", file));
     let stem = name.strip_suffix(".c").unwrap_or(name);
-    let object = if dir.is_empty() {
-        format!("{stem}.o")
-    } else {
-        format!("{dir}/{stem}.o")
-    };
-    let cmd_file = out.join(if dir.is_empty() {
-        format!(".{stem}.o.cmd")
-    } else {
-        format!("{dir}/.{stem}.o.cmd")
-    });
-    let no_command = |why: &str| CompileError::NoCommand {
-        cmd: cmd_file.display().to_string(),
-        why: why.to_string(),
-    };
-    let saved = std::fs::read_to_string(&cmd_file).map_err(|e| no_command(&e.to_string()))?;
-    let line = saved.lines().next().unwrap_or("");
-    let command = line
-        .split_once(" := ")
-        .map(|(_, c)| c)
-        .ok_or_else(|| no_command("no savedcmd line"))?;
-    // The compiler's part, before kbuild's `; objtool …`.
-    let compiler = command.split(" ; ").next().unwrap_or(command).trim();
-    let mut words: Vec<String> = compiler.split_whitespace().map(str::to_string).collect();
-    let source_at = words
-        .iter()
-        .rposition(|w| w.ends_with(&format!("/{file}")) || w == file)
-        .ok_or_else(|| no_command("the command does not name the source"))?;
-    let output_at = words
-        .iter()
-        .position(|w| w == "-o")
-        .filter(|&i| words.get(i + 1) == Some(&object))
-        .ok_or_else(|| no_command("the command does not name the object"))?;
+    let SavedCommand {
+        mut words,
+        source_at,
+        output_at,
+    } = saved_command(out, file, dir, stem)?;
 
     let key = hex::encode(&Sha256::digest(format!("{file}\0{text}"))[..8]);
     let copy_dir = work.join(&key);
@@ -227,20 +199,7 @@ pub fn compile_alone(
         if o.status.success() {
             Ok(code_digest(&obj)?)
         } else {
-            let stderr = String::from_utf8_lossy(&o.stderr);
-            // The copy's path named as the file's own.
-            let copy_path = copy.display().to_string();
-            let errors: Vec<String> = stderr
-                .lines()
-                .filter(|l| l.contains("error:"))
-                .take(3)
-                .map(|l| l.replace(&copy_path, file))
-                .collect();
-            Err(CompileError::Refused(if errors.is_empty() {
-                format!("the compiler failed ({})", o.status)
-            } else {
-                errors.join(" / ")
-            }))
+            Err(refusal(&o, &copy, file))
         }
     });
     let _ = std::fs::remove_dir_all(&copy_dir);
@@ -248,6 +207,79 @@ pub fn compile_alone(
     // file while a second still waits on this one.
     drop(lock);
     outcome
+}
+
+/// The compiler's command kbuild saved for one object, split in words, with
+/// where the source and the `-o` are.
+struct SavedCommand {
+    words: Vec<String>,
+    source_at: usize,
+    output_at: usize,
+}
+
+/// Reads the command kbuild compiled `file` (`dir/stem.c`) with from its
+/// `.stem.o.cmd` in the build directory `out`.
+fn saved_command(
+    out: &Path,
+    file: &str,
+    dir: &str,
+    stem: &str,
+) -> Result<SavedCommand, CompileError> {
+    let object = if dir.is_empty() {
+        format!("{stem}.o")
+    } else {
+        format!("{dir}/{stem}.o")
+    };
+    let cmd_file = out.join(if dir.is_empty() {
+        format!(".{stem}.o.cmd")
+    } else {
+        format!("{dir}/.{stem}.o.cmd")
+    });
+    let no_command = |why: &str| CompileError::NoCommand {
+        cmd: cmd_file.display().to_string(),
+        why: why.to_string(),
+    };
+    let saved = std::fs::read_to_string(&cmd_file).map_err(|e| no_command(&e.to_string()))?;
+    let line = saved.lines().next().unwrap_or("");
+    let command = line
+        .split_once(" := ")
+        .map(|(_, c)| c)
+        .ok_or_else(|| no_command("no savedcmd line"))?;
+    // The compiler's part, before kbuild's `; objtool …`.
+    let compiler = command.split(" ; ").next().unwrap_or(command).trim();
+    let words: Vec<String> = compiler.split_whitespace().map(str::to_string).collect();
+    let source_at = words
+        .iter()
+        .rposition(|w| w.ends_with(&format!("/{file}")) || w == file)
+        .ok_or_else(|| no_command("the command does not name the source"))?;
+    let output_at = words
+        .iter()
+        .position(|w| w == "-o")
+        .filter(|&i| words.get(i + 1) == Some(&object))
+        .ok_or_else(|| no_command("the command does not name the object"))?;
+    Ok(SavedCommand {
+        words,
+        source_at,
+        output_at,
+    })
+}
+
+/// A failed compile's refusal: its first errors, with the copy's path
+/// named as the file's own, else its exit status.
+fn refusal(o: &std::process::Output, copy: &Path, file: &str) -> CompileError {
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let copy_path = copy.display().to_string();
+    let errors: Vec<String> = stderr
+        .lines()
+        .filter(|l| l.contains("error:"))
+        .take(3)
+        .map(|l| l.replace(&copy_path, file))
+        .collect();
+    CompileError::Refused(if errors.is_empty() {
+        format!("the compiler failed ({})", o.status)
+    } else {
+        errors.join(" / ")
+    })
 }
 
 #[cfg(test)]

@@ -29,8 +29,9 @@ use kloop_path_io::{PathIo, PathIoExt};
 use serde::{Deserialize, Serialize};
 
 use crate::run::standalone::{self, StandaloneError};
-use crate::run::suite::{self, EnvOptions, Layout, SuiteError};
+use crate::run::suite::{self, EnvOptions, SuiteError};
 use crate::run::trial::{KernelUnderTest, TrialEnv};
+use crate::workspace::Layout;
 use boot::Program;
 use kept::{Kept, KeptAnswer};
 use plan::{Answer, Gap, SeriesFinding, SeriesView, Unanswerable, Unanswered};
@@ -234,7 +235,8 @@ fn reproducers(
     layout: &Layout,
     ids: &[String],
 ) -> Result<(Vec<standalone::Reproducer>, Vec<String>), AuditError> {
-    let ledger = suite::load_ledger(layout)?;
+    let ledger =
+        crate::workspace::load_ledger(layout).map_err(crate::run::suite::SuiteError::from)?;
     let mut found: Vec<standalone::Reproducer> = Vec::new();
     let mut without = Vec::new();
     let asked: Vec<String> = if ids.is_empty() {

@@ -18,7 +18,7 @@ use kloop_kernels::FetchOptions;
 use super::kept::Kept;
 use super::plan::{self, Answer};
 use super::{AuditError, AuditedReproducer, AuditedSeries, BootRecord, BuildRef};
-use crate::run::suite::Layout;
+use crate::workspace::Layout;
 
 /// The kept answers of one reproducer, as an audit.
 #[derive(Debug, Clone)]

@@ -10,7 +10,8 @@ use kloop_kernels::{Catalog, KernelCache};
 
 use super::{BisectError, BisectOutcome, DistroBuilds, Search, StepReport};
 use crate::judge::bisect::{Predicate, PredicateError};
-use crate::run::suite::{self, EnvOptions, Layout, SuiteError};
+use crate::run::suite::{self, EnvOptions, SuiteError};
+use crate::workspace::Layout;
 
 /// What `bisect` over distro builds is asked to do.
 #[derive(Debug, Clone)]

@@ -13,9 +13,9 @@ use kloop_kernels::{Catalog, KernelCache};
 use kloop_path_io::{PathIo, PathIoExt};
 
 use crate::judge::bisect::{classify, decide, Observation, Predicate, RunClass, StepVerdict};
-use crate::run::suite::Layout;
 use crate::run::trial::{KernelUnderTest, LocalKernel, TrialEnv, TrialResult};
 use crate::scenario::Scenario;
+use crate::workspace::Layout;
 
 /// What a tree bisection tells the person waiting, as it happens.
 pub enum TreeEvent<'a> {

@@ -16,9 +16,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::judge::ab::{self, Side};
 use crate::mutate::{schema, Mutant};
-use crate::run::suite::{self, EnvOptions, Layout, PlannedTrial};
+use crate::run::suite::{self, EnvOptions, PlannedTrial};
 use crate::run::trial::{BootMode, KernelUnderTest, LocalKernel, TrialEnv};
 use crate::scenario::Scenario;
+use crate::workspace::Layout;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MutantsError {

@@ -345,7 +345,7 @@ pub struct ProofKernel {
 /// it (must reproduce) and with it (must not), through `build` (which
 /// draws the build and says why it failed); `None` when a build failed.
 pub fn proof_kernels(
-    layout: &crate::run::suite::Layout,
+    layout: &crate::workspace::Layout,
     r: &Reproducer,
     specs: &[String],
     fetch: &kloop_kernels::FetchOptions,
@@ -435,6 +435,34 @@ pub struct ProofRun {
 /// as many VMs at once), judges each answer against its expectation, and
 /// keeps the proof as `repro-proof.json` in the run directory.
 /// `on_result` sees each trial as it ends, `on_stock` each stock run.
+/// `kernels` with each expectation fitted to the kernel's configuration: a
+/// kernel built without what the reproducer needs must say so (77), whatever
+/// the ledger expects of its code.
+fn expecting_what_is_built(
+    r: &Reproducer,
+    env: &crate::run::trial::TrialEnv,
+    kernels: &[ProofKernel],
+) -> Vec<ProofKernel> {
+    let needs = std::fs::read_to_string(&r.source)
+        .map(|s| needs_of(&s))
+        .unwrap_or_default();
+    kernels
+        .iter()
+        .map(|k| {
+            let mut k = k.clone();
+            if let Some(e) = k.expect {
+                let config = k.kernel.config(env).ok();
+                let (e, missing) = expectation_for(e, &needs, config.as_deref());
+                k.expect = Some(e);
+                if let Some(m) = missing {
+                    k.label = format!("{} ({m} not set)", k.label);
+                }
+            }
+            k
+        })
+        .collect()
+}
+
 pub fn prove(
     r: &Reproducer,
     file: &Path,
@@ -455,27 +483,7 @@ pub fn prove(
             scenario: scenario.clone(),
         })
         .collect();
-    // A kernel built without what the reproducer needs must say so (77),
-    // whatever the ledger expects of its code.
-    let needs = std::fs::read_to_string(&r.source)
-        .map(|s| needs_of(&s))
-        .unwrap_or_default();
-    let kernels: Vec<ProofKernel> = kernels
-        .iter()
-        .map(|k| {
-            let mut k = k.clone();
-            if let Some(e) = k.expect {
-                let config = k.kernel.config(env).ok();
-                let (e, missing) = expectation_for(e, &needs, config.as_deref());
-                k.expect = Some(e);
-                if let Some(m) = missing {
-                    k.label = format!("{} ({m} not set)", k.label);
-                }
-            }
-            k
-        })
-        .collect();
-    let kernels = &kernels[..];
+    let kernels = &expecting_what_is_built(r, env, kernels)[..];
     let parallel = crate::run::suite::Parallel::host_default();
     let results = crate::run::suite::run_all(env, &trials, parallel, on_result);
     let outcomes: Vec<ReproOutcome> = results.iter().map(ReproOutcome::of).collect();

@@ -2,7 +2,7 @@
 //! out, QEMU gone, a protocol error, the agent's own failure. Only a
 //! session that ended with the agent's `Done` goes on to be judged.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use kloop_protocol::Message;
 use kloop_qemu::{GuestSession, SessionEnd};
@@ -11,72 +11,20 @@ use super::{FailureCause, Verdict};
 
 /// The verdict of a session that did not end with `Done` (or that the user
 /// interrupted); `None` when the evidence is to be judged.
-#[expect(clippy::too_many_lines)]
 pub(super) fn session_verdict(session: &GuestSession, artefacts: &Path) -> Option<Verdict> {
-    let console = artefacts.join("console.log");
-    let tail = || {
-        format!(
-            "last 30 console lines ({}):\n{}",
-            console.display(),
-            kloop_qemu::console_tail(&console, 30)
-        )
-    };
-    // For a deadline: how much QEMU ran while the host waited.
-    let ran = |waited: f64| {
-        match session.qemu_cpu_at_end {
-        Some(cpu) => format!(
-            "; QEMU ran {cpu:.1} CPU-second(s) in the {waited:.1} s (a guest a loaded host starves runs little of it, a hung guest that spins runs most of it)"
-        ),
-        None => String::new(),
-    }
+    let e = Ending {
+        session,
+        artefacts,
+        console: artefacts.join("console.log"),
     };
     let end = session.end.clone().unwrap_or(SessionEnd::Infrastructure(
         "session ended without a reason".into(),
     ));
-    // Whatever else happened, a trial the user stopped is interrupted (QEMU
-    // may have died of the same signal, e.g. a SIGTERM to the whole cgroup).
-    if end != SessionEnd::Done && crate::run::signals::interrupted() {
-        let what = match &end {
-            SessionEnd::Interrupted => "VM killed".to_string(),
-            SessionEnd::QemuExited(s) => format!("QEMU {}", kloop_qemu::describe_exit(s)),
-            _ => "VM stopped".to_string(),
-        };
-        return Some(Verdict::Interrupted(format!(
-            "interrupted by SIGINT/SIGTERM during {}; {what}; partial artefacts in {}",
-            if session.hello_at.is_none() {
-                "boot"
-            } else {
-                "the trial"
-            },
-            artefacts.display()
-        )));
+    if let Some(v) = e.interrupted(&end) {
+        return Some(v);
     }
-    // A panic explains any other ending, so look for it first.
-    if let Some(panic) = kloop_qemu::console_panic(&console) {
-        if end != SessionEnd::Done {
-            if let Some(line) = panic.lines().find(|l| l.contains("Attempted to kill init")) {
-                return Some(agent_crashed(line.trim(), &session.messages, &console));
-            }
-            return Some(Verdict::Panic(format!(
-                "guest kernel panicked:\n{panic}\nconsole: {}",
-                console.display()
-            )));
-        }
-    }
-    // Without a panic line, an oops before QEMU ended by itself is the
-    // kernel's death too: it restarted (oops=panic panic=-1) before the
-    // panic line reached the console, and QEMU (-no-reboot) stopped.
-    if let SessionEnd::QemuExited(status) = &end {
-        if std::os::unix::process::ExitStatusExt::signal(status).is_none() {
-            if let Some(oops) = kloop_qemu::console_oops(&console) {
-                return Some(Verdict::Panic(format!(
-                    "guest kernel oopsed; it restarted (oops=panic panic=-1) before its panic \
-                     line reached the console, and QEMU (-no-reboot) {}:\n{oops}\nconsole: {}",
-                    kloop_qemu::describe_exit(status),
-                    console.display()
-                )));
-            }
-        }
+    if let Some(v) = e.kernel_died(&end) {
+        return Some(v);
     }
     match end {
         SessionEnd::Done => None,
@@ -86,66 +34,36 @@ pub(super) fn session_verdict(session: &GuestSession, artefacts: &Path) -> Optio
                 format!(
                 "the guest agent failed: {m}\n{}\n{}",
                 last_report(&session.messages),
-                tail()
+                e.tail()
             )))
         }
         SessionEnd::BootTimeout(d) => {
             Some(Verdict::Timeout(format!(
                 "boot timeout: the guest agent did not say hello within {} s{}\n{}",
                 d.as_secs_f64(),
-                ran(session.wall.as_secs_f64()),
-                tail()
+                e.ran(),
+                e.tail()
             )))
         }
         SessionEnd::Silent(d) => {
             Some(Verdict::Timeout(format!(
                 "the guest agent went silent (no frame, not even a heartbeat, for {} s); VM killed{}\n{}\n{}",
                 d.as_secs_f64(),
-                ran(session.wall.as_secs_f64()),
+                e.ran(),
                 last_report(&session.messages),
-                tail()
+                e.tail()
             )))
         }
         SessionEnd::TotalTimeout(d) => {
             Some(Verdict::Timeout(format!(
                 "the trial exceeded its {} s deadline; VM killed{}\n{}\n{}",
                 d.as_secs_f64(),
-                ran(session.wall.as_secs_f64()),
+                e.ran(),
                 last_report(&session.messages),
-                tail()
+                e.tail()
             )))
         }
-        SessionEnd::QemuExited(status) => {
-            let stderr = std::fs::read_to_string(artefacts.join("qemu.stderr")).unwrap_or_default();
-            let qemu_said = if stderr.trim().is_empty() {
-                String::new()
-            } else {
-                format!("\nQEMU said: {}", stderr.trim())
-            };
-            let why = if std::os::unix::process::ExitStatusExt::signal(&status).is_some() {
-                "\nkloop did not send that signal: something outside it did (the OOM killer, \
-                 see `dmesg`; a CI job timeout; a user). Not a finding about the kernel: rerun the trial."
-            } else {
-                ""
-            };
-            let trailing = match session.trailing {
-                Some((offset, len)) => format!(
-                    "\nthe data channel ended inside a frame: {len} byte(s) from stream offset {offset} never completed"
-                ),
-                None => String::new(),
-            };
-            Some(Verdict::Infrastructure(format!(
-                "QEMU {} before the guest agent finished{}{why}{qemu_said}{trailing}\n{}\n{}",
-                kloop_qemu::describe_exit(&status),
-                if session.hello_at.is_none() {
-                    " (no hello: the guest crashed or never started the agent)"
-                } else {
-                    ""
-                },
-                last_report(&session.messages),
-                tail()
-            )))
-        }
+        SessionEnd::QemuExited(status) => Some(e.qemu_exited(&status)),
         SessionEnd::Protocol(m) => {
             Some(Verdict::Infrastructure(format!(
                 "data channel protocol error: {m}\nraw channel bytes: {} (stream offsets count from its first byte)\n{}",
@@ -159,11 +77,134 @@ pub(super) fn session_verdict(session: &GuestSession, artefacts: &Path) -> Optio
             "restoring a saved VM failed: {m}"
         ))),
         SessionEnd::Infrastructure(m) => {
-            Some(Verdict::Infrastructure(format!("{m}\n{}", tail())))
+            Some(Verdict::Infrastructure(format!("{m}\n{}", e.tail())))
         }
         SessionEnd::Interrupted => {
             Some(Verdict::Interrupted("interrupted by signal; VM killed".into()))
         }
+    }
+}
+
+/// A session that did not end with `Done`, as its verdicts quote it: the
+/// session, its artefacts and its console.
+struct Ending<'a> {
+    session: &'a GuestSession,
+    artefacts: &'a Path,
+    console: PathBuf,
+}
+
+impl Ending<'_> {
+    /// The console's last lines, and where the whole of it is.
+    fn tail(&self) -> String {
+        format!(
+            "last 30 console lines ({}):\n{}",
+            self.console.display(),
+            kloop_qemu::console_tail(&self.console, 30)
+        )
+    }
+
+    /// For a deadline: how much QEMU ran while the host waited.
+    fn ran(&self) -> String {
+        let waited = self.session.wall.as_secs_f64();
+        match self.session.qemu_cpu_at_end {
+        Some(cpu) => format!(
+            "; QEMU ran {cpu:.1} CPU-second(s) in the {waited:.1} s (a guest a loaded host starves runs little of it, a hung guest that spins runs most of it)"
+        ),
+        None => String::new(),
+    }
+    }
+
+    /// Whatever else happened, a trial the user stopped is interrupted (QEMU
+    /// may have died of the same signal, e.g. a SIGTERM to the whole cgroup).
+    fn interrupted(&self, end: &SessionEnd) -> Option<Verdict> {
+        if *end == SessionEnd::Done || !crate::run::signals::interrupted() {
+            return None;
+        }
+        let what = match end {
+            SessionEnd::Interrupted => "VM killed".to_string(),
+            SessionEnd::QemuExited(s) => format!("QEMU {}", kloop_qemu::describe_exit(s)),
+            _ => "VM stopped".to_string(),
+        };
+        Some(Verdict::Interrupted(format!(
+            "interrupted by SIGINT/SIGTERM during {}; {what}; partial artefacts in {}",
+            if self.session.hello_at.is_none() {
+                "boot"
+            } else {
+                "the trial"
+            },
+            self.artefacts.display()
+        )))
+    }
+
+    /// The guest kernel's death, which explains any other ending: a panic
+    /// on the console (PID 1's death is the agent's crash), or an oops
+    /// before QEMU ended by itself.
+    fn kernel_died(&self, end: &SessionEnd) -> Option<Verdict> {
+        let console = &self.console;
+        // A panic explains any other ending, so look for it first.
+        if let Some(panic) = kloop_qemu::console_panic(console) {
+            if *end != SessionEnd::Done {
+                if let Some(line) = panic.lines().find(|l| l.contains("Attempted to kill init")) {
+                    return Some(agent_crashed(line.trim(), &self.session.messages, console));
+                }
+                return Some(Verdict::Panic(format!(
+                    "guest kernel panicked:\n{panic}\nconsole: {}",
+                    console.display()
+                )));
+            }
+        }
+        // Without a panic line, an oops before QEMU ended by itself is the
+        // kernel's death too: it restarted (oops=panic panic=-1) before the
+        // panic line reached the console, and QEMU (-no-reboot) stopped.
+        if let SessionEnd::QemuExited(status) = end {
+            if std::os::unix::process::ExitStatusExt::signal(status).is_none() {
+                if let Some(oops) = kloop_qemu::console_oops(console) {
+                    return Some(Verdict::Panic(format!(
+                        "guest kernel oopsed; it restarted (oops=panic panic=-1) before its panic \
+                         line reached the console, and QEMU (-no-reboot) {}:\n{oops}\nconsole: {}",
+                        kloop_qemu::describe_exit(status),
+                        console.display()
+                    )));
+                }
+            }
+        }
+        None
+    }
+
+    /// QEMU ended before the agent finished: what QEMU said, whether a
+    /// signal from outside kloop killed it, and a frame cut short.
+    fn qemu_exited(&self, status: &std::process::ExitStatus) -> Verdict {
+        let session = self.session;
+        let stderr =
+            std::fs::read_to_string(self.artefacts.join("qemu.stderr")).unwrap_or_default();
+        let qemu_said = if stderr.trim().is_empty() {
+            String::new()
+        } else {
+            format!("\nQEMU said: {}", stderr.trim())
+        };
+        let why = if std::os::unix::process::ExitStatusExt::signal(status).is_some() {
+            "\nkloop did not send that signal: something outside it did (the OOM killer, \
+             see `dmesg`; a CI job timeout; a user). Not a finding about the kernel: rerun the trial."
+        } else {
+            ""
+        };
+        let trailing = match session.trailing {
+            Some((offset, len)) => format!(
+                "\nthe data channel ended inside a frame: {len} byte(s) from stream offset {offset} never completed"
+            ),
+            None => String::new(),
+        };
+        Verdict::Infrastructure(format!(
+            "QEMU {} before the guest agent finished{}{why}{qemu_said}{trailing}\n{}\n{}",
+            kloop_qemu::describe_exit(status),
+            if session.hello_at.is_none() {
+                " (no hello: the guest crashed or never started the agent)"
+            } else {
+                ""
+            },
+            last_report(&session.messages),
+            self.tail()
+        ))
     }
 }
 

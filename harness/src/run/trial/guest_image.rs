@@ -185,7 +185,6 @@ pub fn standalone_guest(
 
 /// Everything a trial needs before QEMU starts; `Err` is the trial's
 /// (infrastructure) verdict when something cannot be had.
-#[expect(clippy::too_many_lines)]
 pub(crate) fn prepare_guest(
     env: &TrialEnv,
     kernel: &KernelUnderTest,
@@ -198,23 +197,7 @@ pub(crate) fn prepare_guest(
             artefacts.display()
         )));
     }
-    let image = match kernel {
-        KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => {
-            match env.cache.ensure_image(pin, &env.fetch) {
-                Ok(p) => p,
-                Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
-            }
-        }
-        KernelUnderTest::Image(k) => {
-            if !k.path.is_file() {
-                return Err(Verdict::Infrastructure(format!(
-                    "kernel image {} does not exist (expected a bzImage, e.g. arch/x86/boot/bzImage)",
-                    k.path.display()
-                )));
-            }
-            k.path.clone()
-        }
-    };
+    let image = kernel_image(env, kernel)?;
     let modules = match (kernel, scenario.modules.is_empty()) {
         (_, true) => None,
         (KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. }, false) => {
@@ -278,6 +261,26 @@ pub(crate) fn prepare_guest(
         payload,
         boot_note,
     })
+}
+
+/// The bzImage to boot: a pin's from the cache (fetched when missing), a
+/// local kernel's where it was said to be.
+fn kernel_image(env: &TrialEnv, kernel: &KernelUnderTest) -> Result<PathBuf, Verdict> {
+    match kernel {
+        KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => env
+            .cache
+            .ensure_image(pin, &env.fetch)
+            .map_err(|e| Verdict::Infrastructure(e.to_string())),
+        KernelUnderTest::Image(k) => {
+            if !k.path.is_file() {
+                return Err(Verdict::Infrastructure(format!(
+                    "kernel image {} does not exist (expected a bzImage, e.g. arch/x86/boot/bzImage)",
+                    k.path.display()
+                )));
+            }
+            Ok(k.path.clone())
+        }
+    }
 }
 
 /// A local kernel has no package to take modules from: every module the

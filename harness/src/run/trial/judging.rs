@@ -14,7 +14,6 @@ pub use crate::scenario::requirement_name;
 use crate::scenario::Scenario;
 
 /// The verdict of a completed session's evidence.
-#[expect(clippy::too_many_lines)]
 pub(super) fn judge(
     env: &TrialEnv,
     kernel: &KernelUnderTest,
@@ -23,75 +22,101 @@ pub(super) fn judge(
     session: &GuestSession,
     result: &mut TrialResult,
 ) -> Verdict {
-    let accel = env.accel.accel();
     let evidence = evidence_from(session);
     result.guest_release = Some(evidence.uname.release.clone());
     if let Some(v) = unsupported_verdict(scenario, &evidence) {
         return v;
     }
+    let (ledger_pin, report_fixed) = ledger_pin_of(kernel);
+    let analysis = analysed(
+        env,
+        (kernel, scenario),
+        &evidence,
+        ledger_pin,
+        artefacts,
+        result,
+    );
+    let (normalised, normalised_path) = keep_views(&evidence, &analysis, artefacts);
+    result.violations = rule_hits(
+        &env.known_issues,
+        ledger_pin,
+        &scenario.name,
+        &analysis.violations,
+    );
+    let perf_under_test = crate::run::payload::perf_override();
+    not_showing_notes(
+        env,
+        (kernel, ledger_pin, &scenario.name),
+        perf_under_test.as_deref(),
+        &analysis.violations,
+        result,
+    );
+    let (ledger_verdict, ledger_suffix) = match ledger_verdict(
+        env,
+        (ledger_pin, report_fixed),
+        perf_under_test.is_none(),
+        &scenario.name,
+        &analysis.violations,
+        &normalised_path,
+    ) {
+        Ok(v) => v,
+        Err(failed) => return failed,
+    };
+    result.notes.extend(fail_nth_notes(&evidence));
+    let overhead = overhead_checked(env, (kernel, scenario), &evidence, artefacts, result);
+    let overhead_verdict = || match overhead.clone() {
+        Err(e) => Verdict::failed(FailureCause::OverheadBudget, format!("{e}{ledger_suffix}")),
+        Ok(_) => ledger_verdict.clone().unwrap_or(Verdict::Ok),
+    };
+    let Some(snap_name) = kernel.snapshot_name().filter(|_| scenario.snapshot) else {
+        return overhead_verdict();
+    };
+    let Some(drift) = compare_snapshot(
+        env,
+        (kernel, scenario),
+        (&snap_name, &normalised),
+        artefacts,
+        perf_under_test.is_some(),
+        result,
+    ) else {
+        return overhead_verdict();
+    };
+    let verdict = drift_verdict(
+        kernel,
+        &drift,
+        &normalised_path,
+        overhead.err(),
+        &ledger_suffix,
+    );
+    result.snapshot_drift = Some(drift);
+    verdict
+}
+
+/// The session's evidence analysed: its records and raw fields kept, every
+/// rule and declared expectation checked, perf's own file read. Its notes
+/// join the trial's.
+fn analysed(
+    env: &TrialEnv,
+    (kernel, scenario): (&KernelUnderTest, &Scenario),
+    evidence: &RunEvidence,
+    ledger_pin: Option<&str>,
+    artefacts: &Path,
+    result: &mut TrialResult,
+) -> crate::judge::check::Analysis {
     for (idx, bytes) in &evidence.streams {
         let _ = std::fs::write(artefacts.join(format!("records-{idx}.bin")), bytes);
     }
-    let mut analysis = crate::judge::check::analyse(&evidence);
+    let mut analysis = crate::judge::check::analyse(evidence);
     result.notes.extend(analysis.notes.iter().cloned());
     // Raw fields per program label, for `bisect --predicate field:…`.
     if let Ok(json) =
-        serde_json::to_string_pretty(&crate::judge::bisect::fields(&evidence, &analysis))
+        serde_json::to_string_pretty(&crate::judge::bisect::fields(evidence, &analysis))
     {
         let _ = std::fs::write(artefacts.join(crate::judge::bisect::FIELDS_FILE), json);
     }
-    // What this scenario declares on top of the rules every run obeys.
-    analysis.violations.extend(crate::judge::expect::check(
-        &scenario.expect,
-        &scenario.plan,
-        &evidence,
-        &analysis,
-        kernel.snapshot_name().as_deref(),
-    ));
-    analysis.violations.extend(crate::judge::perf_script::check(
-        &evidence,
-        &analysis,
-        &scenario.plan.steps,
-    ));
-    // A checked kernel's own reports (KASAN, UBSAN, lockdep, kmemleak).
-    analysis
-        .violations
-        .extend(crate::judge::kernel_log::check(&evidence));
-    // The JIT's books: every charge returned, every chunk given back.
-    analysis
-        .violations
-        .extend(crate::judge::jit_books::check(&evidence));
-    result
-        .notes
-        .extend(crate::judge::jit_books::not_read(&evidence));
-    // A spin reader's torn records: bytes published before written.
-    analysis
-        .violations
-        .extend(crate::judge::published::check(&evidence));
-    result
-        .notes
-        .extend(crate::judge::published::notes(&evidence));
-    // A fail-nth sweep whose clean attempt failed: an injected failure
-    // the kernel did not undo.
-    analysis
-        .violations
-        .extend(crate::judge::fault_recovery::check(&evidence));
-    // Oversized copies, kloop's and perf's: does the write's other copies'
-    // accumulated trailers account for each one's excess?
-    let mut violations = std::mem::take(&mut analysis.violations);
-    crate::judge::emissions::annotate(&evidence, &analysis, &mut violations);
-    analysis.violations = violations;
-    // A pin is judged by its ledger entries. A local kernel is judged by
-    // the entries of the pin of its series (same code, same known bugs),
-    // but an entry that no longer shows there is news, not a failure: it
-    // is what a developer fixing that bug boots to see.
-    let (ledger_pin, report_fixed) = match kernel {
-        KernelUnderTest::Pin(p) => (Some(p.id.as_str()), true),
-        KernelUnderTest::DistroBuild { series_pin, .. } => (series_pin.as_deref(), false),
-        KernelUnderTest::Image(k) => (k.ledger_pin.as_deref(), false),
-    };
+    check_beyond_rules(kernel, scenario, evidence, &mut analysis, result);
     if let Some(note) = perf_file(
-        &evidence,
+        evidence,
         env,
         (ledger_pin, &scenario.name),
         artefacts,
@@ -99,28 +124,110 @@ pub(super) fn judge(
     ) {
         result.notes.push(note);
     }
+    analysis
+}
+
+/// What this scenario declares, and what every kernel's own books show, on
+/// top of the rules every run obeys: the violations join the analysis, the
+/// notes the trial's.
+fn check_beyond_rules(
+    kernel: &KernelUnderTest,
+    scenario: &Scenario,
+    evidence: &RunEvidence,
+    analysis: &mut crate::judge::check::Analysis,
+    result: &mut TrialResult,
+) {
+    analysis.violations.extend(crate::judge::expect::check(
+        &scenario.expect,
+        &scenario.plan,
+        evidence,
+        analysis,
+        kernel.snapshot_name().as_deref(),
+    ));
+    analysis.violations.extend(crate::judge::perf_script::check(
+        evidence,
+        analysis,
+        &scenario.plan.steps,
+    ));
+    // A checked kernel's own reports (KASAN, UBSAN, lockdep, kmemleak).
+    analysis
+        .violations
+        .extend(crate::judge::kernel_log::check(evidence));
+    // The JIT's books: every charge returned, every chunk given back.
+    analysis
+        .violations
+        .extend(crate::judge::jit_books::check(evidence));
+    result
+        .notes
+        .extend(crate::judge::jit_books::not_read(evidence));
+    // A spin reader's torn records: bytes published before written.
+    analysis
+        .violations
+        .extend(crate::judge::published::check(evidence));
+    result
+        .notes
+        .extend(crate::judge::published::notes(evidence));
+    // A fail-nth sweep whose clean attempt failed: an injected failure
+    // the kernel did not undo.
+    analysis
+        .violations
+        .extend(crate::judge::fault_recovery::check(evidence));
+    // Oversized copies, kloop's and perf's: does the write's other copies'
+    // accumulated trailers account for each one's excess?
+    let mut violations = std::mem::take(&mut analysis.violations);
+    crate::judge::emissions::annotate(evidence, analysis, &mut violations);
+    analysis.violations = violations;
+}
+
+/// The pin whose ledger entries judge `kernel`, and whether an entry that
+/// does not show is reported as fixed. A pin is judged by its own entries. A
+/// local kernel is judged by the entries of the pin of its series (same
+/// code, same known bugs), but an entry that no longer shows there is news,
+/// not a failure: it is what a developer fixing that bug boots to see.
+fn ledger_pin_of(kernel: &KernelUnderTest) -> (Option<&str>, bool) {
+    match kernel {
+        KernelUnderTest::Pin(p) => (Some(p.id.as_str()), true),
+        KernelUnderTest::DistroBuild { series_pin, .. } => (series_pin.as_deref(), false),
+        KernelUnderTest::Image(k) => (k.ledger_pin.as_deref(), false),
+    }
+}
+
+/// Keeps what perf printed (`perf-<i>.txt`) and the normalised stream the
+/// snapshot holds (`normalised.txt`, whose path is returned with it).
+fn keep_views(
+    evidence: &RunEvidence,
+    analysis: &crate::judge::check::Analysis,
+    artefacts: &Path,
+) -> (String, std::path::PathBuf) {
     for (i, p) in evidence.perf_scripts.iter().enumerate() {
         let _ = std::fs::write(
             artefacts.join(format!("perf-{i}.txt")),
             format!("$ {}\n{}\n--- stderr ---\n{}", p.command, p.text, p.stderr),
         );
     }
-    let normalised = crate::judge::normalise::normalise(&evidence, &analysis)
-        + &crate::judge::perf_script::perf_view(&evidence, &analysis);
+    let normalised = crate::judge::normalise::normalise(evidence, analysis)
+        + &crate::judge::perf_script::perf_view(evidence, analysis);
     let normalised_path = artefacts.join("normalised.txt");
     let _ = std::fs::write(&normalised_path, &normalised);
-    result.violations = rule_hits(
-        &env.known_issues,
-        ledger_pin,
-        &scenario.name,
-        &analysis.violations,
-    );
+    (normalised, normalised_path)
+}
+
+/// Notes for the known bugs that do not show where that is news rather than
+/// a failure: a bug of the series' pin on a local kernel, and a perf bug
+/// under a perf other than the host's (`KLOOP_PERF`, a build with a fix:
+/// what the perf developer runs to see it gone; the trial is judged on
+/// everything else).
+fn not_showing_notes(
+    env: &TrialEnv,
+    (kernel, ledger_pin, scenario): (&KernelUnderTest, Option<&str>, &str),
+    perf_under_test: Option<&Path>,
+    violations: &[crate::judge::check::Violation],
+    result: &mut TrialResult,
+) {
     if let (KernelUnderTest::Image(_) | KernelUnderTest::DistroBuild { .. }, Some(pin)) =
         (kernel, ledger_pin)
     {
-        let j = env
-            .known_issues
-            .judge(pin, &scenario.name, &analysis.violations);
+        let j = env.known_issues.judge(pin, scenario, violations);
         for i in &j.fixed {
             result.notes.push(format!(
                 "known bug {} of the {pin} series does not show on this kernel",
@@ -128,15 +235,8 @@ pub(super) fn judge(
             ));
         }
     }
-    // A perf other than the host's (`KLOOP_PERF`, a build with a fix) is
-    // what the perf developer runs to see a perf bug of the ledger gone:
-    // such an entry that does not show is a note, like a kernel's bug on a
-    // local kernel, and the trial is judged on everything else.
-    let perf_under_test = crate::run::payload::perf_override();
-    if let (Some(perf), KernelUnderTest::Pin(p)) = (&perf_under_test, kernel) {
-        let j = env
-            .known_issues
-            .judge(&p.id, &scenario.name, &analysis.violations);
+    if let (Some(perf), KernelUnderTest::Pin(p)) = (perf_under_test, kernel) {
+        let j = env.known_issues.judge(&p.id, scenario, violations);
         for i in j.fixed.iter().filter(|i| i.component == PERF_COMPONENT) {
             result.notes.push(format!(
                 "known perf bug {} does not show with KLOOP_PERF={}",
@@ -145,66 +245,40 @@ pub(super) fn judge(
             ));
         }
     }
-    let stock_perf = perf_under_test.is_none();
-    let report_fixed_of = |i: &crate::judge::known_issues::Issue| {
-        report_fixed && (stock_perf || i.component != PERF_COMPONENT)
-    };
-    let ledger_verdict = match ledger_outcome(
-        &env.known_issues,
-        ledger_pin,
-        &report_fixed_of,
-        &scenario.name,
-        &analysis.violations,
-        &normalised_path,
-    ) {
-        Ok(v) => v,
-        Err(failed) => return failed,
-    };
-    let ledger_suffix = ledger_verdict
-        .as_ref()
-        .and_then(|v| v.message())
-        .map(|m| format!("\n{m}"))
-        .unwrap_or_default();
-    // What each fail-nth sweep came to, on the trial's line: how far the
-    // sweep went and how the failed attempts failed.
-    for f in &evidence.fail_nth {
-        result.notes.push(format!(
+}
+
+/// What each fail-nth sweep came to, on the trial's line: how far the
+/// sweep went and how the failed attempts failed.
+fn fail_nth_notes(evidence: &RunEvidence) -> impl Iterator<Item = String> + '_ {
+    evidence.fail_nth.iter().map(|f| {
+        format!(
             "fail-nth {}: {} attempts, {} failed ({})",
             f.target,
             f.attempts,
             f.failed,
             f.errno_summary()
-        ));
-    }
-    // Timing scenarios: figures against the pin's budget (overhead.rs).
-    let overhead = super::overhead::check_trial(
-        scenario,
-        &evidence,
-        &kernel.id(),
-        kernel.snapshot_name().as_deref(),
-        accel,
-        env.bless.overhead,
-        artefacts,
-    );
-    if let Ok(Some(note)) = &overhead {
-        result.notes.push(note.clone());
-    }
-    let overhead_verdict = || match overhead.clone() {
-        Err(e) => Verdict::failed(FailureCause::OverheadBudget, format!("{e}{ledger_suffix}")),
-        Ok(_) => ledger_verdict.clone().unwrap_or(Verdict::Ok),
-    };
-    let Some(snap_name) = kernel.snapshot_name().filter(|_| scenario.snapshot) else {
-        return overhead_verdict();
-    };
-    // A local kernel's stream is compared read-only (pending stream into
-    // its artefacts), except under `bless --as`, which writes a set of its own.
+        )
+    })
+}
+
+/// How the normalised stream drifted from the snapshot `snap_name`, if it
+/// did. A local kernel's stream is compared read-only (pending stream into
+/// its artefacts), except under `bless --as`, which writes a set of its own.
+fn compare_snapshot(
+    env: &TrialEnv,
+    (kernel, scenario): (&KernelUnderTest, &Scenario),
+    (snap_name, normalised): (&str, &str),
+    artefacts: &Path,
+    perf_under_test: bool,
+    result: &mut TrialResult,
+) -> Option<super::SnapshotDrift> {
     let blessing = env.bless.snapshots;
     let perf_view = crate::judge::perf_script::PERF_VIEW_HEADER;
     let outcome = match kernel {
         // Another perf (`KLOOP_PERF`) than the one the snapshot was taken
         // with: the snapshot's perf view is that perf's, so only kloop's
         // own stream is compared; the second reader judged this perf's.
-        _ if perf_under_test.is_some() && !blessing => {
+        _ if perf_under_test && !blessing => {
             if normalised.contains(&format!("\n{perf_view}")) {
                 result.notes.push(
                     "snapshot compared up to perf's view (KLOOP_PERF: the second reader judged it)"
@@ -213,60 +287,132 @@ pub(super) fn judge(
             }
             snapshot::compare_read_only_before(
                 &scenario.snapshot_dir(),
-                &snap_name,
-                &normalised,
+                snap_name,
+                normalised,
                 artefacts,
                 perf_view,
             )
         }
-        KernelUnderTest::Image(_) if !blessing => snapshot::compare_read_only(
-            &scenario.snapshot_dir(),
-            &snap_name,
-            &normalised,
-            artefacts,
-        ),
+        KernelUnderTest::Image(_) if !blessing => {
+            snapshot::compare_read_only(&scenario.snapshot_dir(), snap_name, normalised, artefacts)
+        }
         _ => snapshot::compare(
             &scenario.snapshot_dir(),
-            &snap_name,
+            snap_name,
             &format!("{} on kernel {snap_name}", scenario.name),
-            &normalised,
+            normalised,
         ),
     };
     match outcome {
-        SnapshotOutcome::Matched => overhead_verdict(),
+        SnapshotOutcome::Matched => None,
         SnapshotOutcome::Drift {
             snapshot,
             pending,
             diff,
-        } => {
-            result.snapshot_drift = Some(super::SnapshotDrift {
-                snapshot: snapshot.clone(),
-                pending: pending.clone(),
-                diff: diff.clone(),
-            });
-            Verdict::failed(
-                FailureCause::SnapshotDrift,
-                format!(
-            "snapshot drift against {}:\n{diff}\n{}{}",
-            snapshot.display(),
-            match pending {
-                Some(p) if matches!(kernel, KernelUnderTest::Image(_)) => format!(
-                    "new stream written to {}; if the change is an intended ABI change, give it a snapshot set of its own with `cargo xtask bless --kernel {} --as <new-id>`",
-                    p.display(),
-                    kernel_spec(kernel)
-                ),
-                Some(p) => format!(
-                    "new stream written to {}; review with `cargo insta review` or accept with `cargo xtask bless`",
-                    p.display()
-                ),
-                None => format!(
-                    "new stream in {}; accept with `cargo xtask bless` if the change is intended",
-                    normalised_path.display()
-                ),
-            },
-            overhead.err().map(|e| format!("\n{e}")).unwrap_or_default()
-        ) + &ledger_suffix)
-        }
+        } => Some(super::SnapshotDrift {
+            snapshot,
+            pending,
+            diff,
+        }),
+    }
+}
+
+/// The ledger's verdict on the violations (`Err`: the trial fails on it)
+/// and the line it adds to any other failure. A perf bug that does not
+/// show is reported fixed only with the host's own perf.
+fn ledger_verdict(
+    env: &TrialEnv,
+    (ledger_pin, report_fixed): (Option<&str>, bool),
+    stock_perf: bool,
+    scenario: &str,
+    violations: &[crate::judge::check::Violation],
+    normalised_path: &Path,
+) -> Result<(Option<Verdict>, String), Verdict> {
+    let report_fixed_of = |i: &crate::judge::known_issues::Issue| {
+        report_fixed && (stock_perf || i.component != PERF_COMPONENT)
+    };
+    let verdict = ledger_outcome(
+        &env.known_issues,
+        ledger_pin,
+        &report_fixed_of,
+        scenario,
+        violations,
+        normalised_path,
+    )?;
+    let suffix = verdict
+        .as_ref()
+        .and_then(|v| v.message())
+        .map(|m| format!("\n{m}"))
+        .unwrap_or_default();
+    Ok((verdict, suffix))
+}
+
+/// Timing scenarios: figures against the pin's budget (overhead.rs). The
+/// check's note joins the trial's.
+fn overhead_checked(
+    env: &TrialEnv,
+    (kernel, scenario): (&KernelUnderTest, &Scenario),
+    evidence: &RunEvidence,
+    artefacts: &Path,
+    result: &mut TrialResult,
+) -> Result<Option<String>, String> {
+    let overhead = super::overhead::check_trial(
+        scenario,
+        evidence,
+        &kernel.id(),
+        kernel.snapshot_name().as_deref(),
+        env.accel.accel(),
+        env.bless.overhead,
+        artefacts,
+    );
+    if let Ok(Some(note)) = &overhead {
+        result.notes.push(note.clone());
+    }
+    overhead
+}
+
+/// A drifted stream fails the trial: the diff, where the new stream went,
+/// and the overhead's and the ledger's failures beside it.
+fn drift_verdict(
+    kernel: &KernelUnderTest,
+    drift: &super::SnapshotDrift,
+    normalised_path: &Path,
+    overhead_err: Option<String>,
+    ledger_suffix: &str,
+) -> Verdict {
+    let pending_line = pending_line(kernel, drift.pending.as_deref(), normalised_path);
+    Verdict::failed(
+        FailureCause::SnapshotDrift,
+        format!(
+            "snapshot drift against {}:\n{}\n{pending_line}{}",
+            drift.snapshot.display(),
+            drift.diff,
+            overhead_err.map(|e| format!("\n{e}")).unwrap_or_default()
+        ) + ledger_suffix,
+    )
+}
+
+/// Where a drifted stream went and what to do with it: a local kernel's
+/// gets a snapshot set of its own, a pin's is reviewed or blessed.
+fn pending_line(
+    kernel: &KernelUnderTest,
+    pending: Option<&Path>,
+    normalised_path: &Path,
+) -> String {
+    match pending {
+        Some(p) if matches!(kernel, KernelUnderTest::Image(_)) => format!(
+            "new stream written to {}; if the change is an intended ABI change, give it a snapshot set of its own with `cargo xtask bless --kernel {} --as <new-id>`",
+            p.display(),
+            kernel_spec(kernel)
+        ),
+        Some(p) => format!(
+            "new stream written to {}; review with `cargo insta review` or accept with `cargo xtask bless`",
+            p.display()
+        ),
+        None => format!(
+            "new stream in {}; accept with `cargo xtask bless` if the change is intended",
+            normalised_path.display()
+        ),
     }
 }
 
@@ -300,7 +446,6 @@ pub(super) fn rule_hits(
 /// `perf-data`): the ledger entries with a perf.data sign the file reader
 /// recognises must be those kloop's second-reader violations are known
 /// as. The note says what the reader read.
-#[expect(clippy::too_many_lines)]
 fn perf_file(
     evidence: &RunEvidence,
     env: &TrialEnv,
@@ -308,7 +453,7 @@ fn perf_file(
     artefacts: &Path,
     violations: &mut Vec<crate::judge::check::Violation>,
 ) -> Option<String> {
-    use crate::judge::perf_script::{self, FileReading, FILE_RULE};
+    use crate::judge::perf_script::{self, FILE_RULE};
     let file = evidence.perf_data.as_ref()?;
     let bytes = match file {
         Ok(b) => b,
@@ -329,25 +474,7 @@ fn perf_file(
         return None;
     }
     let dump = perf_script::parse(&evidence.perf_scripts.first()?.text).ok()?;
-    let mut file_knows: Vec<String> = Vec::new();
-    let reading = match crate::perf_data::check_with(&path, true) {
-        Ok(mut c) => {
-            crate::perf_data::recognise(&mut c, &env.known_issues);
-            file_knows = c.known_issues().into_iter().map(str::to_string).collect();
-            FileReading {
-                news: c
-                    .news()
-                    .map(|f| format!("[{}] {}", f.rule, f.message))
-                    .collect(),
-                stopped: c.stopped.as_ref().map(|s| format!("{s:?}")),
-                side_band: std::mem::take(&mut c.side_band),
-            }
-        }
-        Err(e) => FileReading {
-            stopped: Some(e.to_string()),
-            ..FileReading::default()
-        },
-    };
+    let (reading, file_knows) = read_perf_file(&path, env);
     violations.extend(perf_script::agree(&dump, &reading));
     // kloop's own verdict on perf's records: its second-reader violations
     // as the ledger knows them. Compared: perf's bugs a perf.data can show
@@ -397,6 +524,37 @@ fn perf_file(
             format!(", known: {}", file_knows.join(", "))
         }
     ))
+}
+
+/// What `check-perf-data`'s reader reads in the kept `perf.data`, and the
+/// ledger entries it recognises there (none when it cannot read the file).
+fn read_perf_file(
+    path: &Path,
+    env: &TrialEnv,
+) -> (crate::judge::perf_script::FileReading, Vec<String>) {
+    use crate::judge::perf_script::FileReading;
+    match crate::perf_data::check_with(path, true) {
+        Ok(mut c) => {
+            crate::perf_data::recognise(&mut c, &env.known_issues);
+            let file_knows = c.known_issues().into_iter().map(str::to_string).collect();
+            let reading = FileReading {
+                news: c
+                    .news()
+                    .map(|f| format!("[{}] {}", f.rule, f.message))
+                    .collect(),
+                stopped: c.stopped.as_ref().map(|s| format!("{s:?}")),
+                side_band: std::mem::take(&mut c.side_band),
+            };
+            (reading, file_knows)
+        }
+        Err(e) => (
+            FileReading {
+                stopped: Some(e.to_string()),
+                ..FileReading::default()
+            },
+            Vec::new(),
+        ),
+    }
 }
 
 /// How a user names `kernel` on the command line.

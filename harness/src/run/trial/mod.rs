@@ -639,12 +639,6 @@ fn claim_dir(base: &Path) -> PathBuf {
     unreachable!("an unbounded range always yields")
 }
 
-/// A new run directory under `root`, locked while this process lives
-/// ([`crate::run::run_dirs::create`]).
-pub fn new_run_dir(root: &Path) -> std::io::Result<PathBuf> {
-    crate::run::run_dirs::create(root)
-}
-
 #[cfg(test)]
 mod tests;
 
