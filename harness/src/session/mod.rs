@@ -7,8 +7,9 @@
 //!   the run's files;
 //! - [`ab`]: an A/B run (`vm-test --baseline`, `validate`) with its
 //!   reports and, for a shard, its manifest;
-//! - [`mutants`]: `mutants`: which mutants, judging them, `--from`,
-//!   `--merge`, and the report rewritten after every mutant.
+//! - [`mutants`]: `mutants`: its options, events and totals over the
+//!   `mutants/` room (which mutants, judging them, `--from`, `--merge`,
+//!   the report rewritten after every mutant).
 pub mod ab;
 pub mod mutants;
 pub mod vm_test;

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::run::mutants::{MutantResult, MutantsBaseline, Outcome};
+use crate::mutants::{MutantResult, MutantsBaseline, Outcome};
 
 /// `kernels/mutation-notes.toml`.
 #[derive(Debug, Default, Deserialize)]
@@ -360,7 +360,7 @@ pub fn markdown(
         .map(|r| r.build_secs)
         .sum();
     match p.strategy {
-        crate::run::mutants::Strategy::Schemata => {
+        crate::mutants::Strategy::Schemata => {
             let _ = writeln!(
                 s,
                 "How the kernels were made (mutant schemata): every mutated file compiled \
@@ -388,7 +388,7 @@ pub fn markdown(
                 ),
             );
         }
-        crate::run::mutants::Strategy::BuildEach => {
+        crate::mutants::Strategy::BuildEach => {
             let _ = writeln!(
                 s,
                 "How the kernels were made: a kernel per mutant, its patch built \
@@ -416,7 +416,7 @@ pub fn markdown(
             )
         }
     );
-    let (tce, dups) = crate::run::mutants::decided_by_code(results);
+    let (tce, dups) = crate::mutants::decided_by_code(results);
     let compared = results.iter().filter(|r| r.code_digest.is_some()).count();
     // The hand-argued equivalents the object code can check.
     let argued: Vec<&MutantResult> = results
@@ -628,7 +628,7 @@ pub fn markdown(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mutate::{Mutant, Operator};
+    use kloop_mutate::{Mutant, Operator};
 
     fn result(id: &str, file: &str, op: Operator, outcome: Outcome) -> MutantResult {
         MutantResult {
@@ -732,7 +732,7 @@ mod tests {
         };
         let results = vec![
             MutantResult {
-                killed_by: Some(crate::run::mutants::KillKind::Rule),
+                killed_by: Some(crate::mutants::KillKind::Rule),
                 ..result(
                     "a:1",
                     "kernel/a.c",

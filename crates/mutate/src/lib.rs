@@ -1,35 +1,25 @@
+#![warn(missing_docs)]
 //! Mutants of the kernel code that emits the records: what `cargo xtask
 //! mutants` builds and judges to measure what kloop's suite would miss.
 //!
 //! [`Targets`] (`kernels/mutation-targets.toml`) names the files and
 //! functions; [`generate`] applies every operator ([`operators`]) to each
-//! function of a kernel tree, one mutant per change, each with its patch
-//! (`patch -p1`, kept in the report); [`sample`] picks a balanced subset
-//! when there are more than a run can afford. Knows nothing of builds or
-//! VMs (the room that runs them is `run::mutants`).
+//! function of the files' texts ([`Sources`]), one mutant per change, each
+//! with its patch (`patch -p1`, kept in the report); [`sample`] picks a
+//! balanced subset when there are more than a run can afford. Text in,
+//! mutants out: reading the tree, builds and VMs are the harness's
+//! (`harness/src/mutants/`).
 
 pub mod c_source;
 pub mod operands;
 pub mod operators;
 pub mod schema;
 
-use std::path::{Path, PathBuf};
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 pub use operators::Operator;
-
-#[derive(Debug, thiserror::Error)]
-pub enum MutateError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}: {detail}")]
-    Targets { path: PathBuf, detail: String },
-}
 
 /// The files and functions to mutate.
 #[derive(Debug, Clone, Deserialize)]
@@ -38,14 +28,17 @@ pub struct Targets {
     /// of `replace-constant`; a header the tree lacks is skipped.
     #[serde(default)]
     pub headers: Vec<String>,
+    /// The files and their functions (`[[target]]`).
     #[serde(rename = "target")]
     pub targets: Vec<Target>,
 }
 
+/// One file to mutate and the functions in it.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Target {
     /// Path in the kernel tree.
     pub file: String,
+    /// The functions of `file` to mutate.
     pub functions: Vec<String>,
     /// When set, only statements and conditions that mention one of these.
     #[serde(default)]
@@ -53,17 +46,6 @@ pub struct Target {
 }
 
 impl Targets {
-    pub fn load(path: &Path) -> Result<Targets, MutateError> {
-        let text = std::fs::read_to_string(path).map_err(|source| MutateError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        toml::from_str(&text).map_err(|e| MutateError::Targets {
-            path: path.to_path_buf(),
-            detail: e.to_string(),
-        })
-    }
-
     /// Only the targets of these files (`--only`; empty keeps all).
     pub fn only(mut self, files: &[String]) -> Targets {
         if !files.is_empty() {
@@ -79,11 +61,15 @@ impl Targets {
 pub struct Mutant {
     /// `core.c:perf_event_ksymbol:9431:drop-call`, unique within a run.
     pub id: String,
+    /// Path in the kernel tree.
     pub file: String,
+    /// The function it changes.
     pub function: String,
     /// 1-based line of the first change.
     pub line: usize,
+    /// The operator that made it.
     pub operator: Operator,
+    /// The change, in words (`a → b in `…``).
     pub what: String,
     /// Unified diff against the tree, for `patch -p1`.
     pub patch: String,
@@ -92,29 +78,29 @@ pub struct Mutant {
 /// What [`generate`] found.
 #[derive(Debug, Default)]
 pub struct Generated {
+    /// In target order, ids unique.
     pub mutants: Vec<Mutant>,
     /// `file: function` the tree does not have (renamed, inlined away).
     pub missing: Vec<String>,
 }
 
-/// Every mutant of `targets` in the kernel tree at `tree`. Two edits that
+/// The texts [`generate`] mutates, read from the kernel tree by the caller.
+#[derive(Debug, Default)]
+pub struct Sources {
+    /// The texts of the [`Targets::headers`] the tree has.
+    pub headers: Vec<String>,
+    /// Each target file's text, by its path in the tree.
+    pub files: BTreeMap<String, String>,
+}
+
+/// Every mutant of `targets` in `sources`. Two edits that
 /// make the same file are one mutant (the first operator's): the operand
-/// operators overlap the older constant operator in places.
+/// operators overlap the older constant operator in places. A file
+/// `sources` lacks has none of its functions ([`Generated::missing`]).
 #[expect(clippy::too_many_lines)]
-pub fn generate(tree: &Path, targets: &Targets) -> Result<Generated, MutateError> {
+pub fn generate(sources: &Sources, targets: &Targets) -> Generated {
     let mut out = Generated::default();
-    let read = |path: &Path| {
-        std::fs::read_to_string(path).map_err(|source| MutateError::Read {
-            path: path.to_path_buf(),
-            source,
-        })
-    };
-    let header_texts: Vec<String> = targets
-        .headers
-        .iter()
-        .filter_map(|h| std::fs::read_to_string(tree.join(h)).ok())
-        .collect();
-    let mut scope = operands::Scope::with_headers(header_texts.iter().map(String::as_str));
+    let mut scope = operands::Scope::with_headers(sources.headers.iter().map(String::as_str));
     // Each file once: its text, and per target function its body and its
     // code in scope. The operand operators draw their replacements from
     // every target, so the scope is complete before any edit is made.
@@ -139,7 +125,7 @@ pub fn generate(tree: &Path, targets: &Targets) -> Result<Generated, MutateError
         let at = match work.iter().position(|w| w.file == t.file) {
             Some(at) => at,
             None => {
-                let text = read(&tree.join(&t.file))?;
+                let text = sources.files.get(&t.file).cloned().unwrap_or_default();
                 let mask = c_source::code_mask(&text);
                 work.push(FileWork {
                     file: t.file.clone(),
@@ -212,7 +198,7 @@ pub fn generate(tree: &Path, targets: &Targets) -> Result<Generated, MutateError
             }
         }
     }
-    Ok(out)
+    out
 }
 
 /// `text` with `changes` made, every line after them where it was: a
@@ -342,45 +328,5 @@ mod tests {
             ]
         );
         assert_eq!(sample(&all, 100).len(), all.len());
-    }
-
-    #[test]
-    fn patches_apply_with_patch_p1() {
-        let tree = tempfile::tempdir().unwrap();
-        let file = "kernel/events/x.c";
-        std::fs::create_dir_all(tree.path().join("kernel/events")).unwrap();
-        let text =
-            "static void out(void)\n{\n\tif (!match())\n\t\treturn;\n\tbegin();\n\tend();\n}\n";
-        std::fs::write(tree.path().join(file), text).unwrap();
-        let targets = Targets {
-            headers: vec![],
-            targets: vec![Target {
-                file: file.into(),
-                functions: vec!["out".into(), "gone".into()],
-                focus: vec![],
-            }],
-        };
-        let g = generate(tree.path(), &targets).unwrap();
-        assert_eq!(g.missing, ["kernel/events/x.c: gone"]);
-        let swap = g
-            .mutants
-            .iter()
-            .find(|m| m.operator == Operator::SwapCalls)
-            .unwrap();
-        assert_eq!(swap.line, 5);
-        let status = std::process::Command::new("patch")
-            .args(["-p1", "--quiet"])
-            .current_dir(tree.path())
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .and_then(|mut c| {
-                use std::io::Write;
-                c.stdin.take().unwrap().write_all(swap.patch.as_bytes())?;
-                c.wait()
-            })
-            .unwrap();
-        assert!(status.success(), "patch refused:\n{}", swap.patch);
-        let after = std::fs::read_to_string(tree.path().join(file)).unwrap();
-        assert!(after.contains("\tend();\n\tbegin();\n"), "{after}");
     }
 }
