@@ -3,26 +3,14 @@
 //! a balanced sample, a shard's part, less those `--resume` carries over
 //! from the data beside the report.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use kloop_mutate::{Generated, Mutant, Sources, Targets};
 
 use super::{
     data_beside, read_saved, settle_schema_overhead, unsettle_interrupted, CommandError, KillKind,
-    MutantResult, Outcome,
+    MutantResult, MutateError, Outcome,
 };
-
-#[derive(Debug, thiserror::Error)]
-pub enum MutateError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}: {detail}")]
-    Targets { path: PathBuf, detail: String },
-}
 
 /// The targets file at `path` (`kernels/mutation-targets.toml`).
 pub fn load_targets(path: &Path) -> Result<Targets, MutateError> {

@@ -3,18 +3,14 @@
 //! [`MutantsBaseline`], the data beside a report ([`SavedRun`]) and a
 //! run directory read back for `--from`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use kloop_kernels::build::BuildRequest;
-use kloop_kernels::KernelCache;
 use serde::{Deserialize, Serialize};
 
 use crate::judge::ab::{self};
-use crate::run::suite::{self, Layout};
-use crate::scenario::Scenario;
+use crate::run::suite;
 use kloop_mutate::Mutant;
-
-use super::judge::{judging_order, Phases, Strategy};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MutantsError {
@@ -315,75 +311,74 @@ pub fn read_saved(path: &Path) -> Result<(MutantsBaseline, Vec<MutantResult>), M
     Ok((saved.baseline, saved.results))
 }
 
-/// The baseline and the results of the mutants run in `run_dir`, for a
-/// report written again without judging (new notes, say); `run_dir` may
-/// also be the [`SavedRun`] file written beside a report. A run from
-/// before [`BASELINE_FILE`] existed has its baseline put together from
-/// what it left: the unmutated kernel `base_req` builds (a cache hit), the
-/// scenarios whose baseline trials are in the run directory, in judging
-/// order, and the accelerator their results name.
-pub fn read_run(
-    layout: &Layout,
-    base_req: &BuildRequest,
-    run_dir: &Path,
-) -> Result<(MutantsBaseline, Vec<MutantResult>), MutantsError> {
-    if run_dir.is_file() {
-        return read_saved(run_dir);
+/// How the mutants' kernels are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// Each mutant's file compiled alone first (Trivial Compiler
+    /// Equivalence, duplicates and build failures decided with no kernel
+    /// build), then every mutant left in one schema kernel
+    /// ([`kloop_mutate::schema`]), switched per trial; a mutant the
+    /// schema cannot hold is built on its own.
+    #[default]
+    Schemata,
+    /// A kernel per mutant, its patch built incrementally.
+    BuildEach,
+}
+
+/// What a run's phases took, for the report. A run from before schemata
+/// has none in its data: it built each mutant ([`Phases::default`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Phases {
+    pub strategy: Strategy,
+    /// Compiling each mutated file alone (both cores).
+    pub compile_secs: f64,
+    /// Building the schema kernel.
+    pub schema_build_secs: f64,
+    /// The schema kernel's build id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_kernel: Option<String>,
+    /// Mutants the schema kernel held.
+    pub in_schema: usize,
+    /// Mutants built on their own, and why (`id: why`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub built_alone: Vec<String>,
+    /// Scenarios whose unmutated runs differed from each other (scenario:
+    /// the first differing line): their diff kills nothing, only their
+    /// rules do.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub noisy: BTreeMap<String, String>,
+    /// How many results, first in the run's list, were carried over from
+    /// an earlier stretch (`--resume`): the figures above are not theirs.
+    #[serde(default)]
+    pub carried: usize,
+}
+
+impl Phases {
+    /// Whether mutant `id` was built on its own kernel: no schema kernel
+    /// was built, or the schema could not hold it (`built_alone`).
+    pub fn was_built_alone(&self, id: &str) -> bool {
+        self.schema_kernel.is_none()
+            || self
+                .built_alone
+                .iter()
+                .any(|a| a.split(": ").next() == Some(id))
     }
-    let read = |name: &str| {
-        let path = run_dir.join(name);
-        std::fs::read(&path).map_err(|e| MutantsError::Read {
-            path: path.clone(),
-            why: e.to_string(),
-        })
-    };
-    let parse_error = |name: &str, e: serde_json::Error| MutantsError::Read {
-        path: run_dir.join(name),
-        why: e.to_string(),
-    };
-    let results: Vec<MutantResult> =
-        serde_json::from_slice(&read(RESULTS_FILE)?).map_err(|e| parse_error(RESULTS_FILE, e))?;
-    if run_dir.join(BASELINE_FILE).is_file() {
-        let mut base: MutantsBaseline = serde_json::from_slice(&read(BASELINE_FILE)?)
-            .map_err(|e| parse_error(BASELINE_FILE, e))?;
-        base.run_dir = run_dir.to_path_buf();
-        return Ok((base, results));
+}
+
+impl Default for Phases {
+    fn default() -> Phases {
+        Phases {
+            strategy: Strategy::BuildEach,
+            compile_secs: 0.0,
+            schema_build_secs: 0.0,
+            schema_kernel: None,
+            in_schema: 0,
+            built_alone: Vec::new(),
+            noisy: BTreeMap::new(),
+            carried: 0,
+        }
     }
-    let cache = KernelCache::default_location()?;
-    let baseline = kloop_kernels::build::build(&cache, base_req, &mut |_| {})
-        .map_err(MutantsError::Baseline)?;
-    let trials = run_dir.join(format!("built-{}", baseline.record.id));
-    let all = crate::scenario::load_all(&layout.scenarios()).map_err(suite::SuiteError::from)?;
-    let ran: Vec<Scenario> = all
-        .into_iter()
-        .filter(|s| trials.join(&s.name).join("result.json").is_file())
-        .collect();
-    if ran.is_empty() {
-        return Err(MutantsError::Read {
-            path: trials,
-            why: "no baseline trial results: not the run directory of this source's mutants".into(),
-        });
-    }
-    let scenarios: Vec<String> = judging_order(ran).into_iter().map(|s| s.name).collect();
-    let first = trials.join(&scenarios[0]).join("result.json");
-    let accel = std::fs::read(&first)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| v["accel"].as_str().map(str::to_owned))
-        .ok_or_else(|| MutantsError::Read {
-            path: first.clone(),
-            why: "no accel in the baseline trial's result".into(),
-        })?;
-    let base = MutantsBaseline {
-        source: baseline.record.source.clone(),
-        kernel_id: baseline.record.id.clone(),
-        release: baseline.record.release.clone(),
-        scenarios,
-        accel,
-        run_dir: run_dir.to_path_buf(),
-        phases: Phases::default(),
-    };
-    Ok((base, results))
 }
 
 #[cfg(test)]

@@ -11,7 +11,6 @@ use std::time::Instant;
 
 use kloop_kernels::build::{BuildRequest, BuiltKernel};
 use kloop_kernels::{Catalog, KernelCache};
-use serde::{Deserialize, Serialize};
 
 use crate::judge::ab::{self, Side};
 use crate::run::suite::{self, EnvOptions, Layout, PlannedTrial};
@@ -20,7 +19,9 @@ use crate::scenario::Scenario;
 use kloop_mutate::{schema, Mutant};
 
 use super::compile::{compile_phase, object_of, schema_build, Tce};
-use super::data::{KillKind, MutantResult, MutantsBaseline, MutantsError, Outcome, BASELINE_FILE};
+use super::data::{
+    KillKind, MutantResult, MutantsBaseline, MutantsError, Outcome, Phases, Strategy, BASELINE_FILE,
+};
 
 /// The order scenarios are tried in: cheap ones first (one killer is
 /// enough), the icount overhead measurement and the real perf last.
@@ -32,76 +33,6 @@ pub fn judging_order(mut scenarios: Vec<Scenario>) -> Vec<Scenario> {
     };
     scenarios.sort_by_key(|s| (cost(s), s.name.clone()));
     scenarios
-}
-
-/// How the mutants' kernels are made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Strategy {
-    /// Each mutant's file compiled alone first (Trivial Compiler
-    /// Equivalence, duplicates and build failures decided with no kernel
-    /// build), then every mutant left in one schema kernel
-    /// ([`kloop_mutate::schema`]), switched per trial; a mutant the
-    /// schema cannot hold is built on its own.
-    #[default]
-    Schemata,
-    /// A kernel per mutant, its patch built incrementally.
-    BuildEach,
-}
-
-/// What a run's phases took, for the report. A run from before schemata
-/// has none in its data: it built each mutant ([`Phases::default`]).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Phases {
-    pub strategy: Strategy,
-    /// Compiling each mutated file alone (both cores).
-    pub compile_secs: f64,
-    /// Building the schema kernel.
-    pub schema_build_secs: f64,
-    /// The schema kernel's build id.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub schema_kernel: Option<String>,
-    /// Mutants the schema kernel held.
-    pub in_schema: usize,
-    /// Mutants built on their own, and why (`id: why`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub built_alone: Vec<String>,
-    /// Scenarios whose unmutated runs differed from each other (scenario:
-    /// the first differing line): their diff kills nothing, only their
-    /// rules do.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub noisy: BTreeMap<String, String>,
-    /// How many results, first in the run's list, were carried over from
-    /// an earlier stretch (`--resume`): the figures above are not theirs.
-    #[serde(default)]
-    pub carried: usize,
-}
-
-impl Phases {
-    /// Whether mutant `id` was built on its own kernel: no schema kernel
-    /// was built, or the schema could not hold it (`built_alone`).
-    pub fn was_built_alone(&self, id: &str) -> bool {
-        self.schema_kernel.is_none()
-            || self
-                .built_alone
-                .iter()
-                .any(|a| a.split(": ").next() == Some(id))
-    }
-}
-
-impl Default for Phases {
-    fn default() -> Phases {
-        Phases {
-            strategy: Strategy::BuildEach,
-            compile_secs: 0.0,
-            schema_build_secs: 0.0,
-            schema_kernel: None,
-            in_schema: 0,
-            built_alone: Vec::new(),
-            noisy: BTreeMap::new(),
-            carried: 0,
-        }
-    }
 }
 
 /// A kernel as a trial runs it: a schema kernel carries the switch value

@@ -5,14 +5,18 @@
 
 use std::path::{Path, PathBuf};
 
+use kloop_kernels::KernelCache;
+
 use kloop_kernels::build::BuildRequest;
 
 use super::report::Notes;
 use super::{
-    data_beside, io, read_run, read_saved, settle_schema_overhead, unsettle_interrupted,
-    write_saved, CommandError, MutantResult, MutantsBaseline, RESULTS_FILE,
+    data_beside, io, judging_order, read_saved, settle_schema_overhead, unsettle_interrupted,
+    write_saved, CommandError, MutantResult, MutantsBaseline, MutantsError, Phases, BASELINE_FILE,
+    RESULTS_FILE,
 };
-use crate::run::suite::Layout;
+use crate::run::suite::{self, Layout};
+use crate::scenario::Scenario;
 
 /// Where the report and its data go, and what the report says besides the
 /// results.
@@ -23,6 +27,77 @@ pub struct Sink<'a> {
     pub missing: Vec<String>,
     pub notes: Notes,
     pub command: String,
+}
+
+/// The baseline and the results of the mutants run in `run_dir`, for a
+/// report written again without judging (new notes, say); `run_dir` may
+/// also be the [`SavedRun`] file written beside a report. A run from
+/// before [`BASELINE_FILE`] existed has its baseline put together from
+/// what it left: the unmutated kernel `base_req` builds (a cache hit), the
+/// scenarios whose baseline trials are in the run directory, in judging
+/// order, and the accelerator their results name.
+pub fn read_run(
+    layout: &Layout,
+    base_req: &BuildRequest,
+    run_dir: &Path,
+) -> Result<(MutantsBaseline, Vec<MutantResult>), MutantsError> {
+    if run_dir.is_file() {
+        return read_saved(run_dir);
+    }
+    let read = |name: &str| {
+        let path = run_dir.join(name);
+        std::fs::read(&path).map_err(|e| MutantsError::Read {
+            path: path.clone(),
+            why: e.to_string(),
+        })
+    };
+    let parse_error = |name: &str, e: serde_json::Error| MutantsError::Read {
+        path: run_dir.join(name),
+        why: e.to_string(),
+    };
+    let results: Vec<MutantResult> =
+        serde_json::from_slice(&read(RESULTS_FILE)?).map_err(|e| parse_error(RESULTS_FILE, e))?;
+    if run_dir.join(BASELINE_FILE).is_file() {
+        let mut base: MutantsBaseline = serde_json::from_slice(&read(BASELINE_FILE)?)
+            .map_err(|e| parse_error(BASELINE_FILE, e))?;
+        base.run_dir = run_dir.to_path_buf();
+        return Ok((base, results));
+    }
+    let cache = KernelCache::default_location()?;
+    let baseline = kloop_kernels::build::build(&cache, base_req, &mut |_| {})
+        .map_err(MutantsError::Baseline)?;
+    let trials = run_dir.join(format!("built-{}", baseline.record.id));
+    let all = crate::scenario::load_all(&layout.scenarios()).map_err(suite::SuiteError::from)?;
+    let ran: Vec<Scenario> = all
+        .into_iter()
+        .filter(|s| trials.join(&s.name).join("result.json").is_file())
+        .collect();
+    if ran.is_empty() {
+        return Err(MutantsError::Read {
+            path: trials,
+            why: "no baseline trial results: not the run directory of this source's mutants".into(),
+        });
+    }
+    let scenarios: Vec<String> = judging_order(ran).into_iter().map(|s| s.name).collect();
+    let first = trials.join(&scenarios[0]).join("result.json");
+    let accel = std::fs::read(&first)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["accel"].as_str().map(str::to_owned))
+        .ok_or_else(|| MutantsError::Read {
+            path: first.clone(),
+            why: "no accel in the baseline trial's result".into(),
+        })?;
+    let base = MutantsBaseline {
+        source: baseline.record.source.clone(),
+        kernel_id: baseline.record.id.clone(),
+        release: baseline.record.release.clone(),
+        scenarios,
+        accel,
+        run_dir: run_dir.to_path_buf(),
+        phases: Phases::default(),
+    };
+    Ok((base, results))
 }
 
 /// `--from`: the results of the run in `run_dir` (or of the data a
