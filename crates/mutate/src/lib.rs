@@ -16,6 +16,7 @@ pub mod operators;
 pub mod schema;
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
@@ -97,57 +98,12 @@ pub struct Sources {
 /// make the same file are one mutant (the first operator's): the operand
 /// operators overlap the older constant operator in places. A file
 /// `sources` lacks has none of its functions ([`Generated::missing`]).
-#[expect(clippy::too_many_lines)]
 pub fn generate(sources: &Sources, targets: &Targets) -> Generated {
     let mut out = Generated::default();
     let mut scope = operands::Scope::with_headers(sources.headers.iter().map(String::as_str));
-    // Each file once: its text, and per target function its body and its
-    // code in scope. The operand operators draw their replacements from
-    // every target, so the scope is complete before any edit is made.
-    struct FileWork {
-        file: String,
-        text: String,
-        mask: Vec<bool>,
-        /// Name, body, code in scope, focus.
-        functions: Vec<Function>,
-        scope: operands::FileScope,
-    }
-    type Function = (
-        String,
-        std::ops::Range<usize>,
-        Vec<std::ops::Range<usize>>,
-        Vec<String>,
-    );
-    let mut work: Vec<FileWork> = Vec::new();
-    for t in &targets.targets {
-        // Several targets may name one file (with different focus): one
-        // scope for the file.
-        let at = match work.iter().position(|w| w.file == t.file) {
-            Some(at) => at,
-            None => {
-                let text = sources.files.get(&t.file).cloned().unwrap_or_default();
-                let mask = c_source::code_mask(&text);
-                work.push(FileWork {
-                    file: t.file.clone(),
-                    text,
-                    mask,
-                    functions: Vec::new(),
-                    scope: operands::FileScope::default(),
-                });
-                work.len() - 1
-            }
-        };
-        let w = &mut work[at];
-        for function in &t.functions {
-            let Some(body) = c_source::function_body(&w.text, &w.mask, function) else {
-                out.missing.push(format!("{}: {function}", t.file));
-                continue;
-            };
-            let spans = operands::focused_spans(&w.text, &w.mask, body.clone(), &t.focus);
-            w.functions
-                .push((function.clone(), body, spans, t.focus.clone()));
-        }
-    }
+    let mut work = file_work(sources, targets, &mut out.missing);
+    // The operand operators draw their replacements from every target, so
+    // the scope is complete before any edit is made.
     for w in &mut work {
         let per_function: Vec<_> = w.functions.iter().map(|f| f.2.clone()).collect();
         w.scope = operands::FileScope::new(&w.text, &w.mask, &per_function);
@@ -173,21 +129,13 @@ pub fn generate(sources: &Sources, targets: &Targets) -> Generated {
                 if mutated == *text || !seen.insert((w.file.clone(), mutated.clone())) {
                     continue;
                 }
-                // `events/core.c` and `bpf/core.c` must not share ids.
-                let parts: Vec<&str> = w.file.rsplit('/').take(2).collect();
-                let short = parts.into_iter().rev().collect::<Vec<_>>().join("/");
-                let base_id = format!("{short}:{function}:{line}:{}", edit.operator.name());
-                let n = out
-                    .mutants
-                    .iter()
-                    .filter(|m| m.id == base_id || m.id.starts_with(&format!("{base_id}#")))
-                    .count();
+                let base_id = format!(
+                    "{}:{function}:{line}:{}",
+                    short_path(&w.file),
+                    edit.operator.name()
+                );
                 out.mutants.push(Mutant {
-                    id: if n == 0 {
-                        base_id
-                    } else {
-                        format!("{base_id}#{}", n + 1)
-                    },
+                    id: unique_id(&out.mutants, base_id),
                     file: w.file.clone(),
                     function: function.clone(),
                     line,
@@ -201,13 +149,82 @@ pub fn generate(sources: &Sources, targets: &Targets) -> Generated {
     out
 }
 
+/// One target file: its text, and per target function its body and its
+/// code in scope.
+struct FileWork {
+    file: String,
+    text: String,
+    mask: Vec<bool>,
+    /// Name, body, code in scope, focus.
+    functions: Vec<Function>,
+    scope: operands::FileScope,
+}
+
+type Function = (String, Range<usize>, Vec<Range<usize>>, Vec<String>);
+
+/// Each file of `targets` once, with the bodies of its target functions;
+/// those it lacks go to `missing` (`file: function`).
+fn file_work(sources: &Sources, targets: &Targets, missing: &mut Vec<String>) -> Vec<FileWork> {
+    let mut work: Vec<FileWork> = Vec::new();
+    for t in &targets.targets {
+        // Several targets may name one file (with different focus): one
+        // scope for the file.
+        let at = match work.iter().position(|w| w.file == t.file) {
+            Some(at) => at,
+            None => {
+                let text = sources.files.get(&t.file).cloned().unwrap_or_default();
+                let mask = c_source::code_mask(&text);
+                work.push(FileWork {
+                    file: t.file.clone(),
+                    text,
+                    mask,
+                    functions: Vec::new(),
+                    scope: operands::FileScope::default(),
+                });
+                work.len() - 1
+            }
+        };
+        let w = &mut work[at];
+        for function in &t.functions {
+            let Some(body) = c_source::function_body(&w.text, &w.mask, function) else {
+                missing.push(format!("{}: {function}", t.file));
+                continue;
+            };
+            let spans = operands::focused_spans(&w.text, &w.mask, body.clone(), &t.focus);
+            w.functions
+                .push((function.clone(), body, spans, t.focus.clone()));
+        }
+    }
+    work
+}
+
+/// The last two components of `file`: `events/core.c` and `bpf/core.c`
+/// must not share ids.
+fn short_path(file: &str) -> String {
+    let parts: Vec<&str> = file.rsplit('/').take(2).collect();
+    parts.into_iter().rev().collect::<Vec<_>>().join("/")
+}
+
+/// `base_id`, or `base_id#N` when `mutants` already has N - 1 of it.
+fn unique_id(mutants: &[Mutant], base_id: String) -> String {
+    let n = mutants
+        .iter()
+        .filter(|m| m.id == base_id || m.id.starts_with(&format!("{base_id}#")))
+        .count();
+    if n == 0 {
+        base_id
+    } else {
+        format!("{base_id}#{}", n + 1)
+    }
+}
+
 /// `text` with `changes` made, every line after them where it was: a
 /// change that takes lines away is padded with newlines, and a moved
 /// statement (`swap-calls`) is put on one line when it would add lines.
 /// `__LINE__` (WARN_ON's bug table) then stays the same in the rest of
 /// the file, so an object file that differs from the original's differs
 /// in code (the compiler-equivalence check compares them).
-pub fn apply_keeping_lines(text: &str, changes: &[(std::ops::Range<usize>, String)]) -> String {
+pub fn apply_keeping_lines(text: &str, changes: &[(Range<usize>, String)]) -> String {
     let mut changes = changes.to_vec();
     changes.sort_by_key(|(r, _)| std::cmp::Reverse(r.start));
     let mut out = text.to_string();
