@@ -16,7 +16,6 @@ use kloop_mutate::Mutant;
 
 use crate::mutants::report::Notes;
 use crate::mutants::sink::{self, Sink};
-pub use crate::mutants::CommandError as SessionError;
 use crate::mutants::{
     choose, decided_by_code, judge_all, CommandError, MutantResult, MutantsBaseline, Outcome,
     Strategy,
