@@ -5,9 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use kloop_kernels::KernelCache;
-
 use kloop_kernels::build::BuildRequest;
+use kloop_kernels::KernelCache;
 
 use super::report::Notes;
 use super::{
