@@ -107,6 +107,15 @@ fn perf_data_depends_on_the_parser_the_judge_and_its_reader_only() {
     );
 }
 
+/// Architecture invariant: `kloop-mutate` makes mutants from text (the
+/// operators, their schemata, the C source they read): no kernel builds,
+/// no processes, no file I/O, so it needs no crate of kloop's and only
+/// pure-computation ones (diffs made and applied in memory).
+#[test]
+fn mutate_depends_on_text_crates_only() {
+    assert_depends_only_on("crates/mutate", &["serde", "similar", "diffy", "thiserror"]);
+}
+
 /// Architecture invariant: nothing under `crates/` depends on the harness
 /// (`kloop`) or the xtask: the focused crates are the ground floor, and
 /// what the xtask alone shows (its terminal view) lives in the xtask.
@@ -156,14 +165,21 @@ fn the_committed_ledger_is_valid() {
 /// floor crates' re-exports and open to every room.
 const ROOMS: &[(&str, &[&str])] = &[
     ("scenario", &[]),
-    ("mutate", &[]),
     ("workspace", &["scenario"]),
-    ("run", &["workspace", "scenario", "mutate"]),
+    ("run", &["workspace", "scenario"]),
     ("doctor", &["run", "workspace"]),
-    ("report", &["run", "workspace", "scenario", "mutate"]),
+    ("report", &["run", "workspace", "scenario"]),
+    ("mutants", &["report", "run", "workspace", "scenario"]),
     (
         "session",
-        &["report", "run", "doctor", "workspace", "scenario", "mutate"],
+        &[
+            "mutants",
+            "report",
+            "run",
+            "doctor",
+            "workspace",
+            "scenario",
+        ],
     ),
 ];
 
