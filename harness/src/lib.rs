@@ -3,7 +3,8 @@
 //! Data flows one way: pin → image → VM → agent → raw records → parse →
 //! judge → report. The crates below this one do one job each: the record
 //! parser (`kloop-records`), kernels (`kloop-kernels`), running QEMU
-//! (`kloop-qemu`), the wire protocol (`kloop-protocol`). This library holds
+//! (`kloop-qemu`), the wire protocol (`kloop-protocol`), mutants of the
+//! kernel's emission paths (`kloop-mutate`). This library holds
 //! the rooms that use them, each importing only from the rooms below
 //! it (see ARCHITECTURE.md):
 //! - [`scenario`]: what a scenario runs and expects
@@ -19,13 +20,14 @@
 //!   initramfs;
 //! - [`report`]: trial lines, summaries, JSON lines, JUnit, the overhead
 //!   report;
+//! - [`mutants`]: mutation testing, a feature room between `session` and
+//!   `report`: choosing `kloop-mutate`'s mutants, building and judging
+//!   them, the score's report and data;
 //! - [`session`]: each command's one entry point over `run` and `report`:
-//!   options in, typed events on the way, a typed result out;
-//! - [`mutate`]: mutants of the kernel's emission paths (patches), which
-//!   `run::mutants` builds and judges.
+//!   options in, typed events on the way, a typed result out.
 pub use kloop_judge as judge;
 pub mod doctor;
-pub mod mutate;
+pub mod mutants;
 pub use kloop_perf_data as perf_data;
 pub mod report;
 pub mod run;

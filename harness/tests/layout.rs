@@ -115,6 +115,15 @@ fn path_io_depends_on_thiserror_only() {
     assert_depends_only_on("crates/path-io", &["thiserror"]);
 }
 
+/// Architecture invariant: `kloop-mutate` makes mutants from text (the
+/// operators, their schemata, the C source they read): no kernel builds,
+/// no processes, no file I/O, so it needs no crate of kloop's and only
+/// pure-computation ones (diffs made and applied in memory).
+#[test]
+fn mutate_depends_on_text_crates_only() {
+    assert_depends_only_on("crates/mutate", &["serde", "similar", "diffy", "thiserror"]);
+}
+
 /// Architecture invariant: nothing under `crates/` depends on the harness
 /// (`kloop`) or the xtask: the focused crates are the ground floor, and
 /// what the xtask alone shows (its terminal view) lives in the xtask.
@@ -164,14 +173,21 @@ fn the_committed_ledger_is_valid() {
 /// floor crates' re-exports and open to every room.
 const ROOMS: &[(&str, &[&str])] = &[
     ("scenario", &[]),
-    ("mutate", &[]),
     ("workspace", &["scenario"]),
-    ("run", &["workspace", "scenario", "mutate"]),
+    ("run", &["workspace", "scenario"]),
     ("doctor", &["run", "workspace"]),
-    ("report", &["run", "workspace", "scenario", "mutate"]),
+    ("report", &["run", "workspace", "scenario"]),
+    ("mutants", &["report", "run", "workspace", "scenario"]),
     (
         "session",
-        &["report", "run", "doctor", "workspace", "scenario", "mutate"],
+        &[
+            "mutants",
+            "report",
+            "run",
+            "doctor",
+            "workspace",
+            "scenario",
+        ],
     ),
 ];
 

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use kloop::run::mutants::Strategy;
+use kloop::mutants::Strategy;
 use kloop::run::suite::{self, EnvOptions};
 use kloop::session::mutants::{self, MutantsOptions, Totals};
 

@@ -332,7 +332,7 @@ pub fn fresh_tables(
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{:<6} {:>8} {:>8} {:>10} {:>8} {:>8} {:>16} {:>8} {:>9} {:>6}  verdicts",
+        "{:<6} {:>8} {:>8} {:>10} {:>8} {:>13} {:>16} {:>8} {:>9} {:>6}  verdicts",
         "round",
         "total s",
         "setup",
@@ -354,13 +354,13 @@ pub fn fresh_tables(
                 let run = r.run.clone().unwrap_or_default();
                 let _ = writeln!(
                     o,
-                    "{:<6} {:>8.1} {:>8.1} {:>10.1} {:>8.1} {:>8.1} {:>16} {:>8} {:>9.1} {:>6}  {} trials",
+                    "{:<6} {:>8.1} {:>8.1} {:>10.1} {:>8.1} {:>13} {:>16} {:>8} {:>9.1} {:>6}  {} trials",
                     i + 1,
                     r.total_secs(),
                     r.setup_secs,
                     r.host_build_secs,
                     r.vm_test_secs,
-                    p.agent_build_secs,
+                    format!("{:.1} (+{:.1})", p.agent_build_secs, p.agent_build_beside_secs),
                     format!("{:.1} ({})", p.kernels.secs, p.kernels.fetched),
                     format!("{} ({:.0} VM-s)", p.trials.saved_vms.len(), p.trials.saved_vm_secs()),
                     p.trials.secs,
@@ -378,7 +378,8 @@ pub fn fresh_tables(
     }
     o.push_str(
         "(total: set-up + host build + vm-test, what a user waits for; agent, kernels, saved VMs \
-         and trials are vm-test's own phases: the agent build, the pins fetched and verified, \
+         and trials are vm-test's own phases: the agent build (the wait for it, + the part hidden \
+         beside the downloads), the pins fetched and verified, \
          the saved VMs made on the way with the VM seconds they took, and the trials' wall)\n",
     );
     o

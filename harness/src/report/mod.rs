@@ -17,7 +17,6 @@ pub mod kcidb;
 pub mod kernels;
 pub mod markdown;
 pub mod merge;
-pub mod mutants;
 pub mod overhead;
 pub mod perf_data;
 pub mod phases;

@@ -31,7 +31,6 @@ pub mod bisect;
 pub mod fixes;
 
 pub mod initramfs;
-pub mod mutants;
 pub mod parallel;
 pub mod payload;
 pub mod phases;

@@ -25,9 +25,14 @@ pub struct Phases {
     /// The ledger, finding QEMU, checking the cache has room, the run
     /// directory, removing old run directories past their limit.
     pub setup_secs: f64,
-    /// Building the guest agent and its BPF fixtures (cargo's no-op when
-    /// nothing changed).
+    /// Waiting for the guest agent and its BPF fixtures to build (cargo's
+    /// no-op when nothing changed): the part of the build that ran alone.
     pub agent_build_secs: f64,
+    /// The part of the agent's build that ran beside the setup, the
+    /// accelerator and the kernels' downloads (its own thread), hidden
+    /// from the wall by them; not in [`Phases::accounted_secs`].
+    #[serde(default)]
+    pub agent_build_beside_secs: f64,
     /// Choosing the accelerator (the KVM probe), without fetching the
     /// kernel it probes with (in [`Phases::kernels`]).
     pub accel_secs: f64,
@@ -179,12 +184,16 @@ impl Within {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SetupPhases {
     pub setup_secs: f64,
+    /// The wait for the agent's build after everything beside it ended.
     pub agent_build_secs: f64,
+    /// The rest of the agent's build, hidden by the work beside it.
+    pub agent_build_beside_secs: f64,
     pub accel_secs: f64,
-    /// Fetching the kernel the KVM probe boots (part of the kernels' phase).
+    /// Fetching kernels while the agent built: the one the KVM probe boots
+    /// and the others the caller named (part of the kernels' phase).
     pub probe_fetch_secs: f64,
-    /// Whether that kernel was missing from the cache.
-    pub probe_fetched: Option<String>,
+    /// The pins among them that were missing from the cache.
+    pub probe_fetched: Vec<String>,
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! builds the agent, finds QEMU and decides the accelerator once per run.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use kloop_path_io::{PathIo, PathIoExt};
 
@@ -275,7 +275,12 @@ pub fn prepare_env(
 
 /// [`prepare_env`], and how long each of its phases took (for a run's
 /// [`crate::run::phases::Phases`]).
-#[expect(clippy::too_many_lines)]
+///
+/// The guest agent builds on a thread of its own while this one checks the
+/// cache, makes the run directory, chooses the accelerator and downloads
+/// `probe_kernels`' packages: on a fresh checkout the agent's cargo build
+/// (about 30 s) and the pins' downloads (about 25 s) are independent, and
+/// one after the other they were a minute of the first run.
 pub fn prepare_env_timed(
     layout: &Layout,
     opts: &EnvOptions,
@@ -286,9 +291,70 @@ pub fn prepare_env_timed(
     let known_issues = crate::workspace::load_ledger(layout)?;
     let qemu = kloop_qemu::find_qemu()?;
     let qemu_version = kloop_qemu::qemu_version(&qemu).unwrap_or_else(|| "unknown".into());
-    let mut setup_secs = laps.lap();
-    let agent = crate::run::agent::ensure_built(&layout.root)?;
+    let setup_secs = laps.lap();
+    let (rest, agent, agent_own_secs) = std::thread::scope(|s| {
+        let build = s.spawn(|| {
+            let started = std::time::Instant::now();
+            let agent = crate::run::agent::ensure_built(&layout.root);
+            (agent, started.elapsed().as_secs_f64())
+        });
+        let rest = beside_the_agent_build(layout, opts, probe_kernels, &qemu, &mut laps);
+        let (agent, own) = build
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (rest, agent, own)
+    });
+    // The agent's failure first: the next step it names (a build error)
+    // comes before anything the rest may have met.
+    let agent = agent?;
+    let mut rest = rest?;
+    // The lap since the rest ended is the wait for the agent: the part of
+    // its build no other work hid.
     let agent_build_secs = laps.lap();
+    rest.phases.setup_secs += setup_secs;
+    rest.phases.agent_build_secs = agent_build_secs;
+    rest.phases.agent_build_beside_secs = (agent_own_secs - agent_build_secs).max(0.0);
+    let saved_vms = crate::run::saved_vm::SavedVms::in_cache(rest.cache.root());
+    let env = TrialEnv {
+        qemu,
+        qemu_version,
+        accel: rest.accel,
+        agent,
+        cache: rest.cache,
+        fetch: opts.fetch.clone(),
+        run_dir: rest.run_dir,
+        cpus: opts.cpus,
+        memory_mib: opts.memory_mib,
+        deadlines: None,
+        extra_cmdline: opts.extra_cmdline.clone(),
+        boot: opts.boot,
+        bless: opts.bless,
+        saved_vms,
+        known_issues,
+    };
+    Ok((env, rest.phases))
+}
+
+/// What [`prepare_env_timed`] does while the agent builds.
+struct Beside {
+    cache: KernelCache,
+    run_dir: PathBuf,
+    accel: kloop_qemu::accel::AccelDecision,
+    phases: crate::run::phases::SetupPhases,
+}
+
+/// The cache's room, the run directory (old ones pruned), the accelerator
+/// (probing KVM with the first of `probe_kernels` that can be had, when
+/// `auto`), then every other pin of `probe_kernels` downloaded and
+/// verified, one at a time as [`prefetch`] would (a kernel that cannot be
+/// had is left to its trials, which fail with its message).
+fn beside_the_agent_build(
+    layout: &Layout,
+    opts: &EnvOptions,
+    probe_kernels: &[KernelUnderTest],
+    qemu: &Path,
+    laps: &mut crate::run::phases::Laps,
+) -> Result<Beside, SuiteError> {
     let cache = KernelCache::default_location()?;
     // A read-only or full cache is said now, naming the next step, not as
     // a failed write halfway through a download or a saved VM.
@@ -297,39 +363,24 @@ pub fn prepare_env_timed(
         "creating a run directory under {}",
         layout.runs().display()
     ))?;
-    let keep = crate::workspace::run_dirs::keep_from_env();
-    if keep > 0 {
-        let pruned = crate::workspace::run_dirs::prune(
-            &layout.runs(),
-            keep,
-            &layout.root.join("target/kloop/report"),
-            crate::workspace::run_dirs::Removal::Background,
-        );
-        if !pruned.removed.is_empty() {
-            tracing::info!(
-                "removed {} old run directories ({:.1} MB); {} keeps the newest {keep}",
-                pruned.removed.len(),
-                pruned.bytes as f64 / 1e6,
-                crate::workspace::run_dirs::KEEP_ENV
-            );
-        }
-    }
-    setup_secs += laps.lap();
+    prune_old_runs(layout);
+    let setup_secs = laps.lap();
     // The first kernel that can be had probes KVM; a kernel that cannot be
     // fetched fails its own trials later, with its own message. Its fetch
     // is the kernels' phase, not the accelerator's.
-    let probe_fetch = crate::run::phases::Within::default();
-    let mut probe_fetched = None;
+    let fetch = crate::run::phases::Within::default();
+    let mut fetched = Vec::new();
+    let mut ensure = |pin: &kloop_kernels::KernelPin| {
+        let missing = !cache.image_path(pin).exists();
+        let image = fetch.time(|| cache.ensure_image(pin, &opts.fetch).ok());
+        if missing && image.is_some() {
+            fetched.push(pin.id.clone());
+        }
+        image
+    };
     let mut probe = || {
         probe_kernels.iter().find_map(|k| match k {
-            KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => {
-                let missing = !cache.image_path(pin).exists();
-                let image = probe_fetch.time(|| cache.ensure_image(pin, &opts.fetch).ok());
-                if missing && image.is_some() {
-                    probe_fetched = Some(pin.id.clone());
-                }
-                image
-            }
+            KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => ensure(pin),
             KernelUnderTest::Image(k) => k.path.is_file().then(|| k.path.clone()),
         })
     };
@@ -340,7 +391,7 @@ pub fn prepare_env_timed(
     );
     let accel = accel::choose(
         opts.accel,
-        &qemu,
+        qemu,
         &mut probe,
         cache.root(),
         &run_dir.join("kvm-probe"),
@@ -349,32 +400,50 @@ pub fn prepare_env_timed(
     .inspect_err(|e| crate::run::status::failed(accel_task, e))
     .map_err(SuiteError::Accel)?;
     crate::run::status::done(accel_task, "");
-    let phases = crate::run::phases::SetupPhases {
-        setup_secs,
-        agent_build_secs,
-        accel_secs: (laps.lap() - probe_fetch.secs()).max(0.0),
-        probe_fetch_secs: probe_fetch.secs(),
-        probe_fetched,
-    };
-    let saved_vms = crate::run::saved_vm::SavedVms::in_cache(cache.root());
-    let env = TrialEnv {
-        qemu,
-        qemu_version,
-        accel,
-        agent,
+    let accel_secs = (laps.lap() - fetch.secs()).max(0.0);
+    for k in probe_kernels {
+        if let KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } = k {
+            ensure(pin);
+        }
+    }
+    // Those downloads are the kernels' phase (`fetch`), not setup's.
+    laps.lap();
+    Ok(Beside {
         cache,
-        fetch: opts.fetch.clone(),
         run_dir,
-        cpus: opts.cpus,
-        memory_mib: opts.memory_mib,
-        deadlines: None,
-        extra_cmdline: opts.extra_cmdline.clone(),
-        boot: opts.boot,
-        bless: opts.bless,
-        saved_vms,
-        known_issues,
-    };
-    Ok((env, phases))
+        accel,
+        phases: crate::run::phases::SetupPhases {
+            setup_secs,
+            agent_build_secs: 0.0,
+            agent_build_beside_secs: 0.0,
+            accel_secs,
+            probe_fetch_secs: fetch.secs(),
+            probe_fetched: fetched,
+        },
+    })
+}
+
+/// Removes run directories past `KLOOP_KEEP_RUNS` (on a thread; see
+/// `workspace::run_dirs`).
+fn prune_old_runs(layout: &Layout) {
+    let keep = crate::workspace::run_dirs::keep_from_env();
+    if keep == 0 {
+        return;
+    }
+    let pruned = crate::workspace::run_dirs::prune(
+        &layout.runs(),
+        keep,
+        &layout.root.join("target/kloop/report"),
+        crate::workspace::run_dirs::Removal::Background,
+    );
+    if !pruned.removed.is_empty() {
+        tracing::info!(
+            "removed {} old run directories ({:.1} MB); {} keeps the newest {keep}",
+            pruned.removed.len(),
+            pruned.bytes as f64 / 1e6,
+            crate::workspace::run_dirs::KEEP_ENV
+        );
+    }
 }
 
 /// Fetches, verifies and prepares every kernel `trials` need, once and one

@@ -13,8 +13,9 @@
 //! - [`validate`]: `validate`: both builds, the baseline's trials kept
 //!   while the candidate builds, the A/B, the conclusion, `--record` and
 //!   the wall split;
-//! - [`mutants`]: `mutants`: which mutants, judging them, `--from`,
-//!   `--merge`, and the report rewritten after every mutant;
+//! - [`mutants`]: `mutants`: its options, events and totals over the
+//!   `mutants/` room (which mutants, judging them, `--from`, `--merge`,
+//!   the report rewritten after every mutant);
 //! - [`bench`]: `bench`'s kinds of measurement;
 //! - [`bisect`]: `bisect` over served builds, `bisect --tree` and
 //!   `bisect-step`;

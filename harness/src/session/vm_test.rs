@@ -311,6 +311,7 @@ pub fn run(
         wall_secs: laps.total(),
         setup_secs: setup.setup_secs,
         agent_build_secs: setup.agent_build_secs,
+        agent_build_beside_secs: setup.agent_build_beside_secs,
         accel_secs: setup.accel_secs,
         kernels: kernels_phase,
         trials: trials_phase,
@@ -356,7 +357,7 @@ fn announce(
     let kernels = KernelsPhase {
         secs: started.elapsed().as_secs_f64() + setup.probe_fetch_secs,
         kernels: distinct.len(),
-        fetched: fetched.len() + usize::from(setup.probe_fetched.is_some()),
+        fetched: fetched.len() + setup.probe_fetched.len(),
     };
     for note in suite::config_notes(env, trials) {
         on(Event::Note(note));

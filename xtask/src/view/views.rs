@@ -1,8 +1,8 @@
 //! How the events of the longer commands are drawn: `mutants`' builds and
 //! decided mutants, a tree bisection's builds and trials.
 
+use kloop::mutants::{MutantResult, Outcome};
 use kloop::run::bisect::tree::TreeEvent;
-use kloop::run::mutants::{MutantResult, Outcome};
 use kloop::session::mutants::Event;
 
 use super::build::BuildProgress;

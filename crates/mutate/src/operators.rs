@@ -54,6 +54,7 @@ pub enum Operator {
 }
 
 impl Operator {
+    /// Its name in ids and reports (`drop-call`).
     pub fn name(self) -> &'static str {
         match self {
             Operator::DropCall => "drop-call",
@@ -98,6 +99,7 @@ impl Operator {
 /// One change to the file's text.
 #[derive(Debug, Clone)]
 pub struct Edit {
+    /// The operator that made it.
     pub operator: Operator,
     /// Replacements (byte range of the original, new text), disjoint.
     pub changes: Vec<(Range<usize>, String)>,
@@ -402,7 +404,7 @@ pub(super) fn shorten(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mutate::c_source::{code_mask, function_body};
+    use crate::c_source::{code_mask, function_body};
 
     const KSYMBOL: &str = "\
 void emit(u16 ksym_type, u64 addr, u32 len, bool unregister)

@@ -840,7 +840,7 @@ fn line_of(text: &str, at: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mutate::c_source::{code_mask, function_body};
+    use crate::c_source::{code_mask, function_body};
 
     /// Shaped like 6.12's `kernel/events/core.c` around the emitters (a
     /// summary written for the test, not the kernel's text).

@@ -1,35 +1,26 @@
+#![warn(missing_docs)]
 //! Mutants of the kernel code that emits the records: what `cargo xtask
 //! mutants` builds and judges to measure what kloop's suite would miss.
 //!
 //! [`Targets`] (`kernels/mutation-targets.toml`) names the files and
 //! functions; [`generate`] applies every operator ([`operators`]) to each
-//! function of a kernel tree, one mutant per change, each with its patch
-//! (`patch -p1`, kept in the report); [`sample`] picks a balanced subset
-//! when there are more than a run can afford. Knows nothing of builds or
-//! VMs (the room that runs them is `run::mutants`).
+//! function of the files' texts ([`Sources`]), one mutant per change, each
+//! with its patch (`patch -p1`, kept in the report); [`sample`] picks a
+//! balanced subset when there are more than a run can afford. Text in,
+//! mutants out: reading the tree, builds and VMs are the harness's
+//! (`harness/src/mutants/`).
 
 pub mod c_source;
 pub mod operands;
 pub mod operators;
 pub mod schema;
 
-use std::path::{Path, PathBuf};
+use std::collections::BTreeMap;
+use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
 pub use operators::Operator;
-
-#[derive(Debug, thiserror::Error)]
-pub enum MutateError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}: {detail}")]
-    Targets { path: PathBuf, detail: String },
-}
 
 /// The files and functions to mutate.
 #[derive(Debug, Clone, Deserialize)]
@@ -38,14 +29,17 @@ pub struct Targets {
     /// of `replace-constant`; a header the tree lacks is skipped.
     #[serde(default)]
     pub headers: Vec<String>,
+    /// The files and their functions (`[[target]]`).
     #[serde(rename = "target")]
     pub targets: Vec<Target>,
 }
 
+/// One file to mutate and the functions in it.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Target {
     /// Path in the kernel tree.
     pub file: String,
+    /// The functions of `file` to mutate.
     pub functions: Vec<String>,
     /// When set, only statements and conditions that mention one of these.
     #[serde(default)]
@@ -53,17 +47,6 @@ pub struct Target {
 }
 
 impl Targets {
-    pub fn load(path: &Path) -> Result<Targets, MutateError> {
-        let text = std::fs::read_to_string(path).map_err(|source| MutateError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        toml::from_str(&text).map_err(|e| MutateError::Targets {
-            path: path.to_path_buf(),
-            detail: e.to_string(),
-        })
-    }
-
     /// Only the targets of these files (`--only`; empty keeps all).
     pub fn only(mut self, files: &[String]) -> Targets {
         if !files.is_empty() {
@@ -79,11 +62,15 @@ impl Targets {
 pub struct Mutant {
     /// `core.c:perf_event_ksymbol:9431:drop-call`, unique within a run.
     pub id: String,
+    /// Path in the kernel tree.
     pub file: String,
+    /// The function it changes.
     pub function: String,
     /// 1-based line of the first change.
     pub line: usize,
+    /// The operator that made it.
     pub operator: Operator,
+    /// The change, in words (`a → b in `…``).
     pub what: String,
     /// Unified diff against the tree, for `patch -p1`.
     pub patch: String,
@@ -92,76 +79,31 @@ pub struct Mutant {
 /// What [`generate`] found.
 #[derive(Debug, Default)]
 pub struct Generated {
+    /// In target order, ids unique.
     pub mutants: Vec<Mutant>,
     /// `file: function` the tree does not have (renamed, inlined away).
     pub missing: Vec<String>,
 }
 
-/// Every mutant of `targets` in the kernel tree at `tree`. Two edits that
+/// The texts [`generate`] mutates, read from the kernel tree by the caller.
+#[derive(Debug, Default)]
+pub struct Sources {
+    /// The texts of the [`Targets::headers`] the tree has.
+    pub headers: Vec<String>,
+    /// Each target file's text, by its path in the tree.
+    pub files: BTreeMap<String, String>,
+}
+
+/// Every mutant of `targets` in `sources`. Two edits that
 /// make the same file are one mutant (the first operator's): the operand
-/// operators overlap the older constant operator in places.
-#[expect(clippy::too_many_lines)]
-pub fn generate(tree: &Path, targets: &Targets) -> Result<Generated, MutateError> {
+/// operators overlap the older constant operator in places. A file
+/// `sources` lacks has none of its functions ([`Generated::missing`]).
+pub fn generate(sources: &Sources, targets: &Targets) -> Generated {
     let mut out = Generated::default();
-    let read = |path: &Path| {
-        std::fs::read_to_string(path).map_err(|source| MutateError::Read {
-            path: path.to_path_buf(),
-            source,
-        })
-    };
-    let header_texts: Vec<String> = targets
-        .headers
-        .iter()
-        .filter_map(|h| std::fs::read_to_string(tree.join(h)).ok())
-        .collect();
-    let mut scope = operands::Scope::with_headers(header_texts.iter().map(String::as_str));
-    // Each file once: its text, and per target function its body and its
-    // code in scope. The operand operators draw their replacements from
-    // every target, so the scope is complete before any edit is made.
-    struct FileWork {
-        file: String,
-        text: String,
-        mask: Vec<bool>,
-        /// Name, body, code in scope, focus.
-        functions: Vec<Function>,
-        scope: operands::FileScope,
-    }
-    type Function = (
-        String,
-        std::ops::Range<usize>,
-        Vec<std::ops::Range<usize>>,
-        Vec<String>,
-    );
-    let mut work: Vec<FileWork> = Vec::new();
-    for t in &targets.targets {
-        // Several targets may name one file (with different focus): one
-        // scope for the file.
-        let at = match work.iter().position(|w| w.file == t.file) {
-            Some(at) => at,
-            None => {
-                let text = read(&tree.join(&t.file))?;
-                let mask = c_source::code_mask(&text);
-                work.push(FileWork {
-                    file: t.file.clone(),
-                    text,
-                    mask,
-                    functions: Vec::new(),
-                    scope: operands::FileScope::default(),
-                });
-                work.len() - 1
-            }
-        };
-        let w = &mut work[at];
-        for function in &t.functions {
-            let Some(body) = c_source::function_body(&w.text, &w.mask, function) else {
-                out.missing.push(format!("{}: {function}", t.file));
-                continue;
-            };
-            let spans = operands::focused_spans(&w.text, &w.mask, body.clone(), &t.focus);
-            w.functions
-                .push((function.clone(), body, spans, t.focus.clone()));
-        }
-    }
+    let mut scope = operands::Scope::with_headers(sources.headers.iter().map(String::as_str));
+    let mut work = file_work(sources, targets, &mut out.missing);
+    // The operand operators draw their replacements from every target, so
+    // the scope is complete before any edit is made.
     for w in &mut work {
         let per_function: Vec<_> = w.functions.iter().map(|f| f.2.clone()).collect();
         w.scope = operands::FileScope::new(&w.text, &w.mask, &per_function);
@@ -187,21 +129,13 @@ pub fn generate(tree: &Path, targets: &Targets) -> Result<Generated, MutateError
                 if mutated == *text || !seen.insert((w.file.clone(), mutated.clone())) {
                     continue;
                 }
-                // `events/core.c` and `bpf/core.c` must not share ids.
-                let parts: Vec<&str> = w.file.rsplit('/').take(2).collect();
-                let short = parts.into_iter().rev().collect::<Vec<_>>().join("/");
-                let base_id = format!("{short}:{function}:{line}:{}", edit.operator.name());
-                let n = out
-                    .mutants
-                    .iter()
-                    .filter(|m| m.id == base_id || m.id.starts_with(&format!("{base_id}#")))
-                    .count();
+                let base_id = format!(
+                    "{}:{function}:{line}:{}",
+                    short_path(&w.file),
+                    edit.operator.name()
+                );
                 out.mutants.push(Mutant {
-                    id: if n == 0 {
-                        base_id
-                    } else {
-                        format!("{base_id}#{}", n + 1)
-                    },
+                    id: unique_id(&out.mutants, base_id),
                     file: w.file.clone(),
                     function: function.clone(),
                     line,
@@ -212,7 +146,76 @@ pub fn generate(tree: &Path, targets: &Targets) -> Result<Generated, MutateError
             }
         }
     }
-    Ok(out)
+    out
+}
+
+/// One target file: its text, and per target function its body and its
+/// code in scope.
+struct FileWork {
+    file: String,
+    text: String,
+    mask: Vec<bool>,
+    /// Name, body, code in scope, focus.
+    functions: Vec<Function>,
+    scope: operands::FileScope,
+}
+
+type Function = (String, Range<usize>, Vec<Range<usize>>, Vec<String>);
+
+/// Each file of `targets` once, with the bodies of its target functions;
+/// those it lacks go to `missing` (`file: function`).
+fn file_work(sources: &Sources, targets: &Targets, missing: &mut Vec<String>) -> Vec<FileWork> {
+    let mut work: Vec<FileWork> = Vec::new();
+    for t in &targets.targets {
+        // Several targets may name one file (with different focus): one
+        // scope for the file.
+        let at = match work.iter().position(|w| w.file == t.file) {
+            Some(at) => at,
+            None => {
+                let text = sources.files.get(&t.file).cloned().unwrap_or_default();
+                let mask = c_source::code_mask(&text);
+                work.push(FileWork {
+                    file: t.file.clone(),
+                    text,
+                    mask,
+                    functions: Vec::new(),
+                    scope: operands::FileScope::default(),
+                });
+                work.len() - 1
+            }
+        };
+        let w = &mut work[at];
+        for function in &t.functions {
+            let Some(body) = c_source::function_body(&w.text, &w.mask, function) else {
+                missing.push(format!("{}: {function}", t.file));
+                continue;
+            };
+            let spans = operands::focused_spans(&w.text, &w.mask, body.clone(), &t.focus);
+            w.functions
+                .push((function.clone(), body, spans, t.focus.clone()));
+        }
+    }
+    work
+}
+
+/// The last two components of `file`: `events/core.c` and `bpf/core.c`
+/// must not share ids.
+fn short_path(file: &str) -> String {
+    let parts: Vec<&str> = file.rsplit('/').take(2).collect();
+    parts.into_iter().rev().collect::<Vec<_>>().join("/")
+}
+
+/// `base_id`, or `base_id#N` when `mutants` already has N - 1 of it.
+fn unique_id(mutants: &[Mutant], base_id: String) -> String {
+    let n = mutants
+        .iter()
+        .filter(|m| m.id == base_id || m.id.starts_with(&format!("{base_id}#")))
+        .count();
+    if n == 0 {
+        base_id
+    } else {
+        format!("{base_id}#{}", n + 1)
+    }
 }
 
 /// `text` with `changes` made, every line after them where it was: a
@@ -221,7 +224,7 @@ pub fn generate(tree: &Path, targets: &Targets) -> Result<Generated, MutateError
 /// `__LINE__` (WARN_ON's bug table) then stays the same in the rest of
 /// the file, so an object file that differs from the original's differs
 /// in code (the compiler-equivalence check compares them).
-pub fn apply_keeping_lines(text: &str, changes: &[(std::ops::Range<usize>, String)]) -> String {
+pub fn apply_keeping_lines(text: &str, changes: &[(Range<usize>, String)]) -> String {
     let mut changes = changes.to_vec();
     changes.sort_by_key(|(r, _)| std::cmp::Reverse(r.start));
     let mut out = text.to_string();
@@ -342,45 +345,5 @@ mod tests {
             ]
         );
         assert_eq!(sample(&all, 100).len(), all.len());
-    }
-
-    #[test]
-    fn patches_apply_with_patch_p1() {
-        let tree = tempfile::tempdir().unwrap();
-        let file = "kernel/events/x.c";
-        std::fs::create_dir_all(tree.path().join("kernel/events")).unwrap();
-        let text =
-            "static void out(void)\n{\n\tif (!match())\n\t\treturn;\n\tbegin();\n\tend();\n}\n";
-        std::fs::write(tree.path().join(file), text).unwrap();
-        let targets = Targets {
-            headers: vec![],
-            targets: vec![Target {
-                file: file.into(),
-                functions: vec!["out".into(), "gone".into()],
-                focus: vec![],
-            }],
-        };
-        let g = generate(tree.path(), &targets).unwrap();
-        assert_eq!(g.missing, ["kernel/events/x.c: gone"]);
-        let swap = g
-            .mutants
-            .iter()
-            .find(|m| m.operator == Operator::SwapCalls)
-            .unwrap();
-        assert_eq!(swap.line, 5);
-        let status = std::process::Command::new("patch")
-            .args(["-p1", "--quiet"])
-            .current_dir(tree.path())
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .and_then(|mut c| {
-                use std::io::Write;
-                c.stdin.take().unwrap().write_all(swap.patch.as_bytes())?;
-                c.wait()
-            })
-            .unwrap();
-        assert!(status.success(), "patch refused:\n{}", swap.patch);
-        let after = std::fs::read_to_string(tree.path().join(file)).unwrap();
-        assert!(after.contains("\tend();\n\tbegin();\n"), "{after}");
     }
 }

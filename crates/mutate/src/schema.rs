@@ -33,16 +33,22 @@ pub const SWITCH: &str = "kloop_mutant";
 /// Where the agent writes the switch in the guest.
 pub const SWITCH_PATH: &str = "/sys/module/kernel/parameters/kloop_mutant";
 
+/// Why a mutant cannot go in a schema (it is then built alone).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SchemaError {
+    /// Its patch does not parse.
     #[error("its patch does not parse: {0}")]
     Patch(String),
+    /// Its patch does not apply.
     #[error("its patch does not apply to the tree's file: {0}")]
     Apply(String),
+    /// The mutated file lacks the function.
     #[error("function {0} not found in the mutated file")]
     NoFunction(String),
+    /// The patch changes more than the function's body.
     #[error("it changes {0}'s file outside the function's body")]
     OutsideBody(String),
+    /// The function has a static local.
     #[error("{0} has a static local, which each copy of its body would keep apart")]
     StaticLocal(String),
 }
@@ -56,14 +62,18 @@ pub fn mutated_text(original: &str, m: &Mutant) -> Result<String, SchemaError> {
 /// One mutant to put in a schema: its number (the switch's value, never
 /// 0), the function it changes and its whole mutated file.
 pub struct Variant<'a> {
+    /// The switch's value for it.
     pub number: u32,
+    /// The function it changes.
     pub function: &'a str,
+    /// Its whole mutated file.
     pub mutated: &'a str,
 }
 
 /// A file's schema.
 #[derive(Debug)]
 pub struct FileSchema {
+    /// The file with every included mutant's body behind the switch.
     pub text: String,
     /// Mutant numbers it switches to.
     pub included: Vec<u32>,

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::run::mutants::{MutantResult, MutantsBaseline, Outcome};
+use crate::mutants::{MutantResult, MutantsBaseline, Outcome};
 
 /// `kernels/mutation-notes.toml`.
 #[derive(Debug, Default, Deserialize)]
@@ -239,7 +239,10 @@ fn amortised(secs: f64, decided: usize, carried: usize) -> String {
     }
 }
 
-#[expect(clippy::too_many_lines)]
+/// `docs/mutation-score.md` for `results` judged against `base`: how the
+/// run was made, the scores per file and per operator, how the killed were
+/// killed and by which scenarios, every survivor with its note and diff,
+/// and every mutant.
 pub fn markdown(
     base: &MutantsBaseline,
     results: &[MutantResult],
@@ -264,6 +267,30 @@ pub fn markdown(
             .or_default() += 1;
     }
     let mut s = String::new();
+    intro(&mut s, base, results, generated, missing, command);
+    time_per_mutant(&mut s, results);
+    phases(&mut s, base, results);
+    decided_without_a_run(&mut s, base, results, notes);
+    defects(&mut s, results, notes);
+    let _ = writeln!(s, "## Per file\n\n{}", table(&by_file, "file"));
+    let _ = writeln!(s, "## Per operator\n\n{}", table(&by_op, "operator"));
+
+    how_killed(&mut s, results);
+    let _ = writeln!(s, "{}", killers(results));
+    survivors(&mut s, results, notes);
+    every_mutant(&mut s, results, notes);
+    s
+}
+
+/// The title, where the report comes from, and how many mutants.
+fn intro(
+    s: &mut String,
+    base: &MutantsBaseline,
+    results: &[MutantResult],
+    generated: usize,
+    missing: &[String],
+    command: &str,
+) {
     let _ = writeln!(s, "# Mutation score\n");
     let _ = writeln!(
         s,
@@ -323,6 +350,10 @@ pub fn markdown(
             format!(" Functions not found in this tree: {}.", missing.join("; "))
         }
     );
+}
+
+/// The median build and judge time of a mutant.
+fn time_per_mutant(s: &mut String, results: &[MutantResult]) {
     let build = median(
         results
             .iter()
@@ -343,6 +374,10 @@ pub fn markdown(
         build.map_or("–".into(), |b| format!("{b:.0} s")),
         judge.map_or("–".into(), |j| format!("{j:.0} s"))
     );
+}
+
+/// How the kernels were made, with each phase's time.
+fn phases(s: &mut String, base: &MutantsBaseline, results: &[MutantResult]) {
     let p = &base.phases;
     // The phases are this stretch's; results carried over from earlier
     // stretches (`--resume`) come first and paid for their phases there.
@@ -360,7 +395,7 @@ pub fn markdown(
         .map(|r| r.build_secs)
         .sum();
     match p.strategy {
-        crate::run::mutants::Strategy::Schemata => {
+        crate::mutants::Strategy::Schemata => {
             let _ = writeln!(
                 s,
                 "How the kernels were made (mutant schemata): every mutated file compiled \
@@ -388,7 +423,7 @@ pub fn markdown(
                 ),
             );
         }
-        crate::run::mutants::Strategy::BuildEach => {
+        crate::mutants::Strategy::BuildEach => {
             let _ = writeln!(
                 s,
                 "How the kernels were made: a kernel per mutant, its patch built \
@@ -396,6 +431,16 @@ pub fn markdown(
             );
         }
     }
+}
+
+/// Confirmed diff kills, noisy scenarios, and what the object code decided.
+fn decided_without_a_run(
+    s: &mut String,
+    base: &MutantsBaseline,
+    results: &[MutantResult],
+    notes: &Notes,
+) {
+    let p = &base.phases;
     let confirmed_diffs = results.iter().filter(|r| r.confirmed_diff).count();
     let _ = writeln!(
         s,
@@ -416,7 +461,7 @@ pub fn markdown(
             )
         }
     );
-    let (tce, dups) = crate::run::mutants::decided_by_code(results);
+    let (tce, dups) = crate::mutants::decided_by_code(results);
     let compared = results.iter().filter(|r| r.code_digest.is_some()).count();
     // The hand-argued equivalents the object code can check.
     let argued: Vec<&MutantResult> = results
@@ -441,6 +486,10 @@ pub fn markdown(
          compile to the unmutated code; the others rest on their argument.\n",
         argued.len()
     );
+}
+
+/// Defects no record shows, by kind: killed by another oracle, or unseen.
+fn defects(s: &mut String, results: &[MutantResult], notes: &Notes) {
     // Defects no record shows, by kind: still unseen (argued equivalent,
     // survived), and those a later rule or scenario killed (their note
     // keeps the kind beside the `action` that says what kills them).
@@ -488,9 +537,10 @@ pub fn markdown(
             },
         );
     }
-    let _ = writeln!(s, "## Per file\n\n{}", table(&by_file, "file"));
-    let _ = writeln!(s, "## Per operator\n\n{}", table(&by_op, "operator"));
+}
 
+/// Per operator: killed by a rule, by the diff only, by overhead only.
+fn how_killed(s: &mut String, results: &[MutantResult]) {
     // Killed by a rule is what a user without a baseline sees.
     let mut how: BTreeMap<String, [usize; 3]> = BTreeMap::new();
     for r in results {
@@ -528,7 +578,10 @@ pub fn markdown(
         "| **all** | **{}** | **{}** | **{}** |\n",
         total[0], total[1], total[2]
     );
-    let _ = writeln!(s, "{}", killers(results));
+}
+
+/// Every survivor with what was done about it and its diff.
+fn survivors(s: &mut String, results: &[MutantResult], notes: &Notes) {
     let _ = writeln!(s, "## Survivors\n");
     let survivors: Vec<&MutantResult> = results
         .iter()
@@ -589,6 +642,10 @@ pub fn markdown(
         }
         let _ = writeln!(s, "```diff\n{}```\n", m.patch);
     }
+}
+
+/// One table row per mutant.
+fn every_mutant(s: &mut String, results: &[MutantResult], notes: &Notes) {
     let _ = writeln!(s, "## Every mutant\n");
     let _ = writeln!(
         s,
@@ -622,13 +679,12 @@ pub fn markdown(
             r.judge_secs
         );
     }
-    s
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mutate::{Mutant, Operator};
+    use kloop_mutate::{Mutant, Operator};
 
     fn result(id: &str, file: &str, op: Operator, outcome: Outcome) -> MutantResult {
         MutantResult {
@@ -732,7 +788,7 @@ mod tests {
         };
         let results = vec![
             MutantResult {
-                killed_by: Some(crate::run::mutants::KillKind::Rule),
+                killed_by: Some(crate::mutants::KillKind::Rule),
                 ..result(
                     "a:1",
                     "kernel/a.c",
