@@ -94,20 +94,26 @@ pub(super) fn check_mirror(
     checks
 }
 
+/// Why the mirror's first suite gave no Release file.
+#[derive(Debug, thiserror::Error)]
+enum NoRelease {
+    #[error("no answer")]
+    NoAnswer,
+    #[error(transparent)]
+    Probe(#[from] kloop_kernels::KernelError),
+}
+
 /// The Release file of `suite` on the mirror, or why it did not come.
 fn first_release(
     cache: &KernelCache,
     mirror_url: &str,
     suite: &str,
     deadline: Duration,
-) -> Result<kloop_kernels::available::SuiteRelease, String> {
+) -> Result<kloop_kernels::available::SuiteRelease, NoRelease> {
     probe_suites(cache, mirror_url, &[suite], deadline)
         .into_iter()
         .next()
-        .map_or_else(
-            || Err("no answer".to_string()),
-            |(_, r)| r.map_err(|e| e.to_string()),
-        )
+        .map_or(Err(NoRelease::NoAnswer), |(_, r)| Ok(r?))
 }
 
 /// Which Debian suites the mirror serves, and whether a pin's suite is gone

@@ -170,32 +170,32 @@ const PALETTE: [(u8, u8, u8); 8] = [
     (23, 190, 207),
 ];
 
+/// Why the overhead plot could not be drawn: the SVG backend's error.
+pub type PlotError = plotters::drawing::DrawingAreaErrorKind<std::io::Error>;
+
 /// Overhead vs listeners per CPU as SVG: one panel per op (median over the
 /// median with no listener), one line per kernel × program (colour: kernel;
-/// solid basic-like first program, dashed the others). A string error:
-/// plotters' drawing errors are generic over the backend, and only shown.
-pub fn svg(trials: &[TrialOverhead]) -> Result<String, String> {
+/// solid basic-like first program, dashed the others).
+pub fn svg(trials: &[TrialOverhead]) -> Result<String, PlotError> {
     use plotters::prelude::*;
 
     let mut out = String::new();
     {
         let root = SVGBackend::with_string(&mut out, (1100, 480)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        root.fill(&WHITE)?;
         let title = match trials.first().map(|t| t.clock) {
             Some(c) if trials.iter().all(|t| t.clock == c) => {
                 format!("BPF load/unload time vs listeners — {}", c.label())
             }
             _ => "BPF load/unload time vs listeners — mixed clocks".to_string(),
         };
-        let root = root
-            .titled(&title, ("sans-serif", 18))
-            .map_err(|e| e.to_string())?;
+        let root = root.titled(&title, ("sans-serif", 18))?;
         let panels = root.split_evenly((1, 2));
         let fixtures = fixtures_of(trials);
         for (panel, op) in panels.iter().zip(Op::ALL) {
             draw_panel(panel, op, plot_lines(trials, &fixtures, op))?;
         }
-        root.present().map_err(|e| e.to_string())?;
+        root.present()?;
     }
     Ok(out)
 }
@@ -266,7 +266,7 @@ type Chart<'a, 'b> = plotters::chart::ChartContext<
 >;
 
 /// One op's panel: axes fitted to its lines, the lines, their legend.
-fn draw_panel(panel: &Panel<'_>, op: Op, lines: Vec<PlotLine>) -> Result<(), String> {
+fn draw_panel(panel: &Panel<'_>, op: Op, lines: Vec<PlotLine>) -> Result<(), PlotError> {
     use plotters::prelude::*;
     let x_max = lines
         .iter()
@@ -284,14 +284,12 @@ fn draw_panel(panel: &Panel<'_>, op: Op, lines: Vec<PlotLine>) -> Result<(), Str
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(56)
-        .build_cartesian_2d(0f64..x_max * 1.05, 0.95f64..y_max * 1.05 + 0.05)
-        .map_err(|e| e.to_string())?;
+        .build_cartesian_2d(0f64..x_max * 1.05, 0.95f64..y_max * 1.05 + 0.05)?;
     chart
         .configure_mesh()
         .x_desc("extra listeners per CPU")
         .y_desc("× time with 0 listeners")
-        .draw()
-        .map_err(|e| e.to_string())?;
+        .draw()?;
     for line in lines {
         draw_line(&mut chart, line)?;
     }
@@ -301,13 +299,12 @@ fn draw_panel(panel: &Panel<'_>, op: Op, lines: Vec<PlotLine>) -> Result<(), Str
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK.mix(0.3))
         .label_font(("sans-serif", 11))
-        .draw()
-        .map_err(|e| e.to_string())?;
+        .draw()?;
     Ok(())
 }
 
 /// One plot line on `chart`, in its kernel's colour.
-fn draw_line<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>, line: PlotLine) -> Result<(), String> {
+fn draw_line<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>, line: PlotLine) -> Result<(), PlotError> {
     use plotters::prelude::*;
     let PlotLine {
         label,
@@ -322,8 +319,7 @@ fn draw_line<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>, line: PlotLine) -> Result<()
     // with triangles (the legend shows the marker too).
     if dashed {
         chart
-            .draw_series(DashedLineSeries::new(pts.clone(), 6, 4, style))
-            .map_err(|e| e.to_string())?
+            .draw_series(DashedLineSeries::new(pts.clone(), 6, 4, style))?
             .label(label)
             .legend(move |(x, y)| {
                 EmptyElement::at((x, y))
@@ -331,28 +327,23 @@ fn draw_line<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>, line: PlotLine) -> Result<()
                     + PathElement::new(vec![(12, 0), (18, 0)], style)
                     + TriangleMarker::new((9, 0), 4, color.filled())
             });
-        chart
-            .draw_series(
-                pts.iter()
-                    .map(|&(x, y)| TriangleMarker::new((x, y), 5, color.filled())),
-            )
-            .map_err(|e| e.to_string())?;
+        chart.draw_series(
+            pts.iter()
+                .map(|&(x, y)| TriangleMarker::new((x, y), 5, color.filled())),
+        )?;
     } else {
         chart
-            .draw_series(LineSeries::new(pts.clone(), style))
-            .map_err(|e| e.to_string())?
+            .draw_series(LineSeries::new(pts.clone(), style))?
             .label(label)
             .legend(move |(x, y)| {
                 EmptyElement::at((x, y))
                     + PathElement::new(vec![(0, 0), (18, 0)], style)
                     + Circle::new((9, 0), 3, color.filled())
             });
-        chart
-            .draw_series(
-                pts.iter()
-                    .map(|&(x, y)| Circle::new((x, y), 3, color.filled())),
-            )
-            .map_err(|e| e.to_string())?;
+        chart.draw_series(
+            pts.iter()
+                .map(|&(x, y)| Circle::new((x, y), 3, color.filled())),
+        )?;
     }
     Ok(())
 }
