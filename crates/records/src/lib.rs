@@ -744,7 +744,8 @@ fn short(what: &str) -> String {
 }
 
 /// A KSYMBOL body after the header: its fields, then its name, NUL
-/// terminated and zero-padded to a multiple of 8 bytes.
+/// terminated and zero-padded to a multiple of 8 bytes. `Err`: as
+/// [`parse_record`]'s.
 fn ksymbol_body(r: &mut Reader<'_>, listener: &ListenerInfo) -> Result<RecordBody, String> {
     let addr = r.u64().ok_or_else(|| short("KSYMBOL body"))?;
     let len = r.u32().ok_or_else(|| short("KSYMBOL body"))?;
@@ -786,7 +787,7 @@ fn ksymbol_body(r: &mut Reader<'_>, listener: &ListenerInfo) -> Result<RecordBod
 }
 
 /// A TEXT_POKE body after the header: the address, the lengths, both byte
-/// strings (skipped) and zero padding.
+/// strings (skipped) and zero padding. `Err`: as [`parse_record`]'s.
 fn text_poke_body(r: &mut Reader<'_>) -> Result<RecordBody, String> {
     let addr = r.u64().ok_or_else(|| short("TEXT_POKE body"))?;
     let old_len = r.u16().ok_or_else(|| short("TEXT_POKE body"))?;
