@@ -390,3 +390,64 @@ fn the_guest_shares_only_the_protocol_and_the_parser() {
         .collect();
     assert_eq!(kloop, ["kloop-protocol", "kloop-records"]);
 }
+
+/// ARCHITECTURE.md's code map: every room's "Architecture invariant:" is
+/// backed by a test it names (a `fn` of that name under `harness/tests/`
+/// or `xtask/src/`) or says it is kept by review, and every test it names
+/// exists, so the map cannot claim a check that is not there.
+#[test]
+fn the_code_maps_invariants_name_real_tests_or_review() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let doc = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let map = doc
+        .split("## Code map")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("ARCHITECTURE.md has a `## Code map` section");
+    let mut sources = String::new();
+    for dir in ["harness/tests", "xtask/src"] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "rs") {
+                sources.push_str(&std::fs::read_to_string(&path).unwrap());
+            }
+        }
+    }
+    // Each bullet of the map is one room.
+    let rooms: Vec<&str> = map.split("\n- ").skip(1).collect();
+    assert!(
+        rooms.len() >= 10,
+        "only {} rooms in the code map",
+        rooms.len()
+    );
+    let mut problems = Vec::new();
+    for room in &rooms {
+        let title = room.lines().next().unwrap_or_default();
+        if !room.contains("Architecture invariant:") && !room.starts_with("**Every library crate**")
+        {
+            problems.push(format!("no invariant: {title}"));
+            continue;
+        }
+        // A test name: a backticked snake_case word.
+        let names: Vec<&str> = room
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(|w| w.split(':').next().unwrap_or(w))
+            .filter(|w| {
+                w.matches('_').count() >= 3 && w.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+            })
+            .collect();
+        for name in &names {
+            if !sources.contains(&format!("fn {name}(")) {
+                problems.push(format!(
+                    "names a test that does not exist: {name} ({title})"
+                ));
+            }
+        }
+        if names.is_empty() && !room.contains("review") {
+            problems.push(format!("neither a test nor review: {title}"));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

@@ -90,8 +90,8 @@ pub const FEW_TRIALS_FOR_A_SAVED_VM: usize = 4;
 /// go first).
 pub const KEEP_ENV: &str = "KLOOP_SAVED_VMS_KEEP";
 /// About 100 MB of disk each for a 512 MiB guest (the RAM file is sparse:
-/// only the pages the guest touched take space): a full matrix needs 25,
-/// and after a change to the agent the previous 25 stay until these are
+/// only the pages the guest touched take space): a full matrix needs 20 (4 VM shapes × 5 pins),
+/// and after a change to the agent the previous 20 stay until these are
 /// used more recently.
 pub const DEFAULT_KEEP: usize = 40;
 /// How many saved VMs of kernels that are not pins (validate's, bisection

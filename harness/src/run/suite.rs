@@ -331,6 +331,11 @@ pub fn prepare_env_timed(
         bless: opts.bless,
         saved_vms,
         known_issues,
+        // A scenario folder that does not load fails its own trials (and
+        // the planning before them); here it only ships nothing.
+        pin_modules: scenario::load_all(&layout.scenarios())
+            .map(|all| scenario::shipped_modules(&all))
+            .unwrap_or_default(),
     };
     Ok((env, rest.phases))
 }
@@ -464,7 +469,7 @@ pub fn prefetch(env: &TrialEnv, trials: &[PlannedTrial]) -> Vec<String> {
         seen.push(id.clone());
         let needs_modules = trials
             .iter()
-            .any(|o| o.kernel.id() == id && !o.scenario.modules.is_empty());
+            .any(|o| o.kernel.id() == id && !trial_modules(&env.pin_modules, o).is_empty());
         let image = match &t.kernel {
             KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => {
                 if !env.cache.image_path(pin).exists() {
@@ -546,7 +551,7 @@ pub fn run_in_order(
 ) -> Vec<crate::run::trial::TrialResult> {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Condvar, Mutex};
-    let shapes = shape_keys(env.cpus, trials);
+    let shapes = shape_keys(env.cpus, &env.pin_modules, trials);
     let make = saved_vm_hints(trials, &shapes);
     let schedule = Mutex::new(Schedule {
         queue: Queue::new(order, &shapes, &make),
@@ -760,7 +765,7 @@ pub fn default_jobs() -> usize {
 /// modules and programs): trials with equal keys share a saved VM. Not the
 /// saved VM's key, which needs the guest image built: a grouping that
 /// differs from the keys only costs time, never a verdict.
-fn shape_keys(cpus: u32, trials: &[PlannedTrial]) -> Vec<String> {
+fn shape_keys(cpus: u32, pin_modules: &[String], trials: &[PlannedTrial]) -> Vec<String> {
     let shape = |t: &PlannedTrial| {
         let vm = &t.scenario.vm;
         format!(
@@ -769,11 +774,22 @@ fn shape_keys(cpus: u32, trials: &[PlannedTrial]) -> Vec<String> {
             vm.icount,
             vm.cpus.unwrap_or(cpus),
             vm.cmdline,
-            t.scenario.modules,
+            trial_modules(pin_modules, t),
             t.scenario.programs
         )
     };
     trials.iter().map(shape).collect()
+}
+
+/// The modules a trial's guest ships: on a catalog pin every scenario's
+/// (`pin_modules`, [`TrialEnv::pin_modules`]), elsewhere its scenario's.
+pub fn trial_modules(pin_modules: &[String], t: &PlannedTrial) -> Vec<String> {
+    match t.kernel {
+        KernelUnderTest::Pin(_) => {
+            crate::run::trial::guest_image::modules_shipped(pin_modules, &t.scenario)
+        }
+        _ => t.scenario.modules.clone(),
+    }
 }
 
 /// Per trial, whether it may make its shape's saved VM (`shapes` from
@@ -850,7 +866,7 @@ mod order_tests {
                 });
             }
         }
-        let hints = saved_vm_hints(&trials, &shape_keys(2, &trials));
+        let hints = saved_vm_hints(&trials, &shape_keys(2, &[], &trials));
         let (built_hints, pin_hints) = hints.split_at(8);
         assert_eq!(built_hints[..5], [MakeSavedVm::Always; 5]);
         assert_eq!(built_hints[5], MakeSavedVm::NotForFew(1));

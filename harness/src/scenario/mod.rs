@@ -288,6 +288,14 @@ pub fn load_all(root: &Path) -> Result<Vec<Scenario>, ScenarioError> {
 
 /// Picks scenarios by name, erroring with the known names for a typo.
 /// The scenario `name` of those under `root`.
+/// Every module some scenario of `all` ships (`modules`), sorted, once.
+pub fn shipped_modules(all: &[Scenario]) -> Vec<String> {
+    let mut modules: Vec<String> = all.iter().flat_map(|s| s.modules.clone()).collect();
+    modules.sort();
+    modules.dedup();
+    modules
+}
+
 pub fn load_one(root: &Path, name: &str) -> Result<Scenario, ScenarioError> {
     let all = load_all(root)?;
     Ok(select(&all, &[name.to_string()])?.remove(0))

@@ -198,16 +198,7 @@ pub(crate) fn prepare_guest(
         )));
     }
     let image = kernel_image(env, kernel)?;
-    let modules = match (kernel, scenario.modules.is_empty()) {
-        (_, true) => None,
-        (KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. }, false) => {
-            match env.cache.ensure_modules(pin, &scenario.modules, &env.fetch) {
-                Ok(set) => Some(set),
-                Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
-            }
-        }
-        (KernelUnderTest::Image(k), false) => Some(builtin_modules(k, scenario)?),
-    };
+    let modules = guest_modules(env, kernel, scenario)?;
     let verified_sha = match kernel {
         KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => {
             Some(pin.image_sha256.as_str())
@@ -281,6 +272,53 @@ fn kernel_image(env: &TrialEnv, kernel: &KernelUnderTest) -> Result<PathBuf, Ver
             Ok(k.path.clone())
         }
     }
+}
+
+/// The modules a trial's guest ships. A catalog pin ships every
+/// scenario's (one VM shape for all of them); a scenario that needs none
+/// still runs when they cannot be had, on a VM shape of its own.
+fn guest_modules(
+    env: &TrialEnv,
+    kernel: &KernelUnderTest,
+    scenario: &Scenario,
+) -> Result<Option<ModuleSet>, Verdict> {
+    Ok(match kernel {
+        KernelUnderTest::Pin(pin) => {
+            let shipped = modules_shipped(&env.pin_modules, scenario);
+            if shipped.is_empty() {
+                return Ok(None);
+            }
+            match env.cache.ensure_modules(pin, &shipped, &env.fetch) {
+                Ok(set) => Some(set),
+                Err(e) if scenario.modules.is_empty() => {
+                    tracing::debug!("{}: shipping no modules ({e})", pin.id);
+                    None
+                }
+                Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
+            }
+        }
+        _ if scenario.modules.is_empty() => None,
+        KernelUnderTest::DistroBuild { pin, .. } => {
+            match env.cache.ensure_modules(pin, &scenario.modules, &env.fetch) {
+                Ok(set) => Some(set),
+                Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
+            }
+        }
+        KernelUnderTest::Image(k) => Some(builtin_modules(k, scenario)?),
+    })
+}
+
+/// The modules a trial on a catalog pin ships: its scenario's and every
+/// other scenario's (`pin_modules`), sorted, once.
+pub fn modules_shipped(pin_modules: &[String], scenario: &Scenario) -> Vec<String> {
+    let mut all: Vec<String> = pin_modules
+        .iter()
+        .chain(&scenario.modules)
+        .cloned()
+        .collect();
+    all.sort();
+    all.dedup();
+    all
 }
 
 /// A local kernel has no package to take modules from: every module the

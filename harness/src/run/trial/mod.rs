@@ -304,6 +304,12 @@ pub struct TrialEnv {
     pub saved_vms: SavedVms,
     /// The known-issues ledger trials on pins are judged by.
     pub known_issues: crate::judge::known_issues::Ledger,
+    /// The modules every trial on a catalog pin ships: the union of every
+    /// scenario's `modules` ([`crate::scenario::shipped_modules`]). A
+    /// shipped module's file sits unused in the initramfs until a
+    /// `modprobe` step loads it, so the scenarios that need one share the
+    /// pin's other saved VMs instead of a VM shape of their own.
+    pub pin_modules: Vec<String>,
 }
 
 /// How a trial's guest starts.
