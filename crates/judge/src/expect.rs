@@ -99,7 +99,18 @@ pub fn check(
                 max,
                 equals,
                 ..
-            } => check_counter(ev, (label, map, *key), (*min, *max, *equals), &mut out),
+            } => check_counter(
+                ev,
+                &CounterCheck {
+                    label,
+                    map,
+                    key: *key,
+                    min: *min,
+                    max: *max,
+                    equals: *equals,
+                },
+                &mut out,
+            ),
             Expectation::Attached { link, contains, .. } => {
                 check_attached(ev, link, contains, &mut out)
             }
@@ -111,33 +122,59 @@ pub fn check(
                 min_attempts,
                 min_failed,
                 ..
-            } => match ev.fail_nth.iter().find(|f| f.target.contains(target.as_str())) {
-                None => out.push(v(
-                    rule::FAIL_NTH,
-                    format!("no fail-nth sweep of a target containing {target:?} was reported"),
-                )),
-                Some(f) if f.attempts < *min_attempts || f.failed < *min_failed => out.push(v(
-                    rule::FAIL_NTH,
-                    format!(
-                        "the fail-nth sweep of {:?} took {} attempts, {} failed ({:?}); expected at least {min_attempts} attempts and {min_failed} failed",
-                        f.target, f.attempts, f.failed, f.errnos
-                    ),
-                )),
-                Some(_) => {}
-            },
+            } => check_fail_nth(ev, target, *min_attempts, *min_failed, &mut out),
         }
     }
     out
 }
 
-/// A `counter` expectation: every value reported for the counter within
-/// its bounds, and at least one reported.
-fn check_counter(
+/// A `fail-nth` expectation: a sweep of a target containing `target` was
+/// reported, with at least `min_attempts` attempts and `min_failed` failed.
+fn check_fail_nth(
     ev: &RunEvidence,
-    (label, map, key): (&str, &str, u32),
-    (min, max, equals): (Option<u64>, Option<u64>, Option<u64>),
+    target: &str,
+    min_attempts: u32,
+    min_failed: u32,
     out: &mut Vec<Violation>,
 ) {
+    match ev.fail_nth.iter().find(|f| f.target.contains(target)) {
+        None => out.push(v(
+            rule::FAIL_NTH,
+            format!("no fail-nth sweep of a target containing {target:?} was reported"),
+        )),
+        Some(f) if f.attempts < min_attempts || f.failed < min_failed => out.push(v(
+            rule::FAIL_NTH,
+            format!(
+                "the fail-nth sweep of {:?} took {} attempts, {} failed ({:?}); expected at least {min_attempts} attempts and {min_failed} failed",
+                f.target, f.attempts, f.failed, f.errnos
+            ),
+        )),
+        Some(_) => {}
+    }
+}
+
+/// One `[[expect]] counter` table, as [`check_counter`] checks it: the
+/// counter (`map[key]` of program `label`) and its bounds.
+struct CounterCheck<'a> {
+    label: &'a str,
+    map: &'a str,
+    key: u32,
+    min: Option<u64>,
+    max: Option<u64>,
+    equals: Option<u64>,
+}
+
+/// A `counter` expectation: every value reported for the counter within
+/// its bounds, and at least one reported.
+fn check_counter(ev: &RunEvidence, check: &CounterCheck<'_>, out: &mut Vec<Violation>) {
+    let &CounterCheck {
+        label,
+        map,
+        key,
+        min,
+        max,
+        equals,
+    } = check;
     let seen: Vec<u64> = ev
         .counters
         .iter()

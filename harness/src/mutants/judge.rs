@@ -243,15 +243,9 @@ pub fn judge_all(
     let alone_needed =
         (0..mutants.len()).any(|n| !decided.contains_key(&n) && !in_schema.contains_key(&n));
     env.boot = BootMode::Cold;
+    let base_subject = Subject::plain(base_kernel.clone());
     let base_sides = if alone_needed || schema_sides.is_none() {
-        reference_sides(
-            &env,
-            &Subject::plain(base_kernel.clone()),
-            &chosen,
-            jobs,
-            &baseline.record.id,
-        )?
-        .0
+        reference_sides(&env, &base_subject, &chosen, jobs, &baseline.record.id)?.0
     } else {
         BTreeMap::new()
     };
@@ -272,6 +266,12 @@ pub fn judge_all(
         source,
     })?;
     let mut tce = Tce::new(&cache, base_req, &baseline, mutants);
+    let alone = AloneBuild {
+        cache: &cache,
+        catalog: &catalog,
+        base_req,
+        patch_dir: &patch_dir,
+    };
     let mut results = Vec::new();
     for (n, m) in mutants.iter().enumerate() {
         let r = if let Some(r) = decided.remove(&n) {
@@ -297,31 +297,28 @@ pub fn judge_all(
                     deadlines: deadlines.clone(),
                 };
                 let order = learned_order(&chosen, m, &results);
-                judge_on(
-                    &env,
-                    (subject, sides),
-                    &mutant,
-                    (&order, &mut base.phases.noisy),
+                let against = Against {
+                    env: &env,
+                    reference: subject,
+                    sides,
+                    chosen: &order,
+                    noisy: &mut base.phases.noisy,
                     jobs,
-                    &mut r,
-                );
+                };
+                judge_on(against, &mutant, &mut r);
             }
             r
         } else {
             env.boot = BootMode::Cold;
-            let r = judge_one(
-                &env,
-                (&cache, &catalog),
-                base_req,
-                m,
-                n,
-                &patch_dir,
-                (&base_kernel, &base_sides),
-                (&chosen, &mut base.phases.noisy),
+            let against = Against {
+                env: &env,
+                reference: &base_subject,
+                sides: &base_sides,
+                chosen: &chosen,
+                noisy: &mut base.phases.noisy,
                 jobs,
-                &mut tce,
-                on_build,
-            );
+            };
+            let r = judge_one(&alone, against, m, n, &mut tce, on_build);
             env.boot = opts.boot;
             r
         };
@@ -483,20 +480,45 @@ fn confirm_diff(
     }
 }
 
-#[allow(clippy::too_many_arguments)] // everything judge_all shares with each mutant
+/// What a mutant's kernel is judged against: the unmutated code's runs
+/// (`sides`, per scenario) on `reference`, the scenarios to try in order,
+/// those whose diff proved noisy so far (not asked again), and how many
+/// trials run at once.
+struct Against<'a> {
+    env: &'a TrialEnv,
+    reference: &'a Subject,
+    sides: &'a BTreeMap<String, Side>,
+    chosen: &'a [Scenario],
+    noisy: &'a mut BTreeMap<String, String>,
+    jobs: usize,
+}
+
+/// How a mutant is built alone: the cache the unmutated kernel was built
+/// into, the catalog its kernel is named by, the unmutated build's request,
+/// and the directory the mutants' patches are written to.
+struct AloneBuild<'a> {
+    cache: &'a KernelCache,
+    catalog: &'a Catalog,
+    base_req: &'a BuildRequest,
+    patch_dir: &'a Path,
+}
+
+/// Builds mutant `m` (the `n`th) alone and judges its kernel `against` the
+/// unmutated kernel's runs, unless its object code already decides it.
 fn judge_one(
-    env: &TrialEnv,
-    (cache, catalog): (&KernelCache, &Catalog),
-    base_req: &BuildRequest,
+    alone: &AloneBuild<'_>,
+    against: Against<'_>,
     m: &Mutant,
     n: usize,
-    patch_dir: &Path,
-    (base_kernel, base_sides): (&KernelUnderTest, &BTreeMap<String, Side>),
-    (chosen, noisy): (&[Scenario], &mut BTreeMap<String, String>),
-    jobs: usize,
     tce: &mut Tce,
     on_build: &mut dyn FnMut(&str, kloop_kernels::build::BuildEvent),
 ) -> MutantResult {
+    let &AloneBuild {
+        cache,
+        catalog,
+        base_req,
+        patch_dir,
+    } = alone;
     let mut result = MutantResult::new(m);
     if crate::run::signals::interrupted() {
         result.outcome = Outcome::NotJudged("interrupted".into());
@@ -557,29 +579,24 @@ fn judge_one(
     let kernel = Subject::plain(KernelUnderTest::Image(LocalKernel::built(
         &built, None, catalog,
     )));
-    judge_on(
-        env,
-        (&Subject::plain(base_kernel.clone()), base_sides),
-        &kernel,
-        (chosen, noisy),
-        jobs,
-        &mut result,
-    );
+    judge_on(against, &kernel, &mut result);
     forget_kernel(cache, &built);
     result
 }
 
-/// Runs `chosen` on `subject` until a rule kills it (or all ran), each
-/// compared with `base`'s run of the scenario; the verdict in `result`.
+/// Runs `against.chosen` on `subject` until a rule kills it (or all ran),
+/// each compared with the reference's run of the scenario; the verdict in
+/// `result`.
 #[expect(clippy::too_many_lines)]
-fn judge_on(
-    env: &TrialEnv,
-    (reference, base_sides): (&Subject, &BTreeMap<String, Side>),
-    subject: &Subject,
-    (chosen, noisy): (&[Scenario], &mut BTreeMap<String, String>),
-    jobs: usize,
-    result: &mut MutantResult,
-) {
+fn judge_on(against: Against<'_>, subject: &Subject, result: &mut MutantResult) {
+    let Against {
+        env,
+        reference,
+        sides: base_sides,
+        chosen,
+        noisy,
+        jobs,
+    } = against;
     let started = Instant::now();
     'batches: for batch in chosen.chunks(jobs.max(1)) {
         let trials: Vec<PlannedTrial> = batch.iter().map(|s| subject.trial(s)).collect();

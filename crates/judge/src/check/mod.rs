@@ -1209,7 +1209,7 @@ impl SetJudge<'_> {
             v,
             rule::TASK_RECORDS,
             "task record problems",
-            tasks::check_task_records(merged, label, audience, (cpus, all_cpus), &loaders),
+            tasks::check_task_records(merged, label, audience, cpus, all_cpus, &loaders),
         );
     }
 

@@ -104,7 +104,8 @@ pub(super) fn check_task_records<'r>(
     merged: &'r [Record],
     label: &str,
     audience: Audience,
-    (set_cpus, all_cpus): (&BTreeSet<i64>, bool),
+    set_cpus: &BTreeSet<i64>,
+    all_cpus: bool,
     loaders: &[Loader],
 ) -> Vec<Found<'r>> {
     let at = label_prefix(label);

@@ -147,19 +147,31 @@ pub(super) fn expected_records(f: &ProgFacts, unregister: bool) -> Vec<RecordCon
     out
 }
 
-/// The `sample_id` trailer fields perf prints (cpu, time), read from the
-/// last `trailer_len` bytes of `raw` as perf reads them
+/// The `sample_id` trailer fields perf prints, each when the events
+/// sample it: as perf printed them, or as read from a record's end.
+struct Stamps {
+    cpu: Option<u32>,
+    time: Option<u64>,
+}
+
+/// The `sample_id` trailer fields perf prints, read from the last
+/// `trailer_len` bytes of `raw` as perf reads them
 /// (`perf_evsel__parse_id_sample()` walks the trailer backwards from the
 /// record's end).
-fn stamps_from_end(
-    listener: &ListenerInfo,
-    raw: &[u8],
-    trailer_len: usize,
-) -> (Option<u32>, Option<u64>) {
+fn stamps_from_end(listener: &ListenerInfo, raw: &[u8], trailer_len: usize) -> Stamps {
     raw.len()
         .checked_sub(trailer_len)
         .and_then(|start| kloop_records::sample_id_of(listener, &raw[start..]))
-        .map_or((None, None), |s| (s.cpu, s.time))
+        .map_or(
+            Stamps {
+                cpu: None,
+                time: None,
+            },
+            |s| Stamps {
+                cpu: s.cpu,
+                time: s.time,
+            },
+        )
 }
 
 fn opt<T: fmt::Display>(v: Option<T>) -> String {
@@ -276,10 +288,11 @@ impl<'o> PerfReader<'o> {
             // the record belongs where its real trailer puts it.
             let from_end = stamps_from_end(&self.listener, &e.raw, self.trailer_len);
             let explained_stamps = oversized.is_some()
-                && cpu.is_none_or(|c| from_end.0 == Some(c))
-                && time.is_none_or(|t| from_end.1 == Some(t));
+                && cpu.is_none_or(|c| from_end.cpu == Some(c))
+                && time.is_none_or(|t| from_end.time == Some(t));
             if let Some(o) = &oversized {
-                let fault = oversized_fault(e, summary, o, (cpu, time), explained_stamps, r);
+                let printed_stamps = Stamps { cpu, time };
+                let fault = oversized_fault(e, summary, o, printed_stamps, explained_stamps, r);
                 self.faults.push(fault);
             }
             if explained_stamps {
@@ -371,11 +384,12 @@ impl<'o> PerfReader<'o> {
 
 /// The violation of an oversized copy `o` of record `r` in perf's file,
 /// placed by its perf.data offset (perf's copies have no listener).
+/// `printed`: the cpu and time perf printed for it.
 fn oversized_fault(
     e: &DumpEvent,
     summary: &Summary,
     o: &kloop_records::Oversized,
-    (cpu, time): (Option<u32>, Option<u64>),
+    printed: Stamps,
     explained_stamps: bool,
     r: &Record,
 ) -> Violation {
@@ -390,8 +404,8 @@ fn oversized_fault(
                 o.excess,
                 o.size,
                 o.trailer_len,
-                opt(cpu),
-                opt(time),
+                opt(printed.cpu),
+                opt(printed.time),
                 if explained_stamps {
                     " (the zero bytes there)"
                 } else {

@@ -2,7 +2,7 @@
 //! the scenario's expectations, the second reader, the normalised stream,
 //! the known-issues ledger, the overhead budget and the snapshot.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use kloop_qemu::GuestSession;
 
@@ -28,14 +28,16 @@ pub(super) fn judge(
         return v;
     }
     let (ledger_pin, report_fixed) = ledger_pin_of(kernel);
-    let analysis = analysed(
+    let judging = Judging {
         env,
-        (kernel, scenario),
-        &evidence,
-        ledger_pin,
+        kernel,
+        scenario,
         artefacts,
-        result,
-    );
+        ledger_pin,
+        report_fixed,
+        perf_under_test: crate::run::payload::perf_override(),
+    };
+    let analysis = analysed(&judging, &evidence, result);
     let (normalised, normalised_path) = keep_views(&evidence, &analysis, artefacts);
     result.violations = rule_hits(
         &env.known_issues,
@@ -43,27 +45,14 @@ pub(super) fn judge(
         &scenario.name,
         &analysis.violations,
     );
-    let perf_under_test = crate::run::payload::perf_override();
-    not_showing_notes(
-        env,
-        (kernel, ledger_pin, &scenario.name),
-        perf_under_test.as_deref(),
-        &analysis.violations,
-        result,
-    );
-    let (ledger_verdict, ledger_suffix) = match ledger_verdict(
-        env,
-        (ledger_pin, report_fixed),
-        perf_under_test.is_none(),
-        &scenario.name,
-        &analysis.violations,
-        &normalised_path,
-    ) {
-        Ok(v) => v,
-        Err(failed) => return failed,
-    };
+    not_showing_notes(&judging, &analysis.violations, result);
+    let (ledger_verdict, ledger_suffix) =
+        match ledger_verdict(&judging, &analysis.violations, &normalised_path) {
+            Ok(v) => v,
+            Err(failed) => return failed,
+        };
     result.notes.extend(fail_nth_notes(&evidence));
-    let overhead = overhead_checked(env, (kernel, scenario), &evidence, artefacts, result);
+    let overhead = overhead_checked(&judging, &evidence, result);
     let overhead_verdict = || match overhead.clone() {
         Err(e) => Verdict::failed(FailureCause::OverheadBudget, format!("{e}{ledger_suffix}")),
         Ok(_) => ledger_verdict.clone().unwrap_or(Verdict::Ok),
@@ -71,14 +60,7 @@ pub(super) fn judge(
     let Some(snap_name) = kernel.snapshot_name().filter(|_| scenario.snapshot) else {
         return overhead_verdict();
     };
-    let Some(drift) = compare_snapshot(
-        env,
-        (kernel, scenario),
-        (&snap_name, &normalised),
-        artefacts,
-        perf_under_test.is_some(),
-        result,
-    ) else {
+    let Some(drift) = compare_snapshot(&judging, &snap_name, &normalised, result) else {
         return overhead_verdict();
     };
     let verdict = drift_verdict(
@@ -92,17 +74,35 @@ pub(super) fn judge(
     verdict
 }
 
+/// What every phase of [`judge`] reads: the trial's environment, the
+/// kernel and scenario, where the artefacts go, the pin whose ledger
+/// entries judge the kernel and whether an entry that does not show is
+/// reported fixed ([`ledger_pin_of`]), and the perf under test
+/// (`KLOOP_PERF`), if any.
+struct Judging<'a> {
+    env: &'a TrialEnv,
+    kernel: &'a KernelUnderTest,
+    scenario: &'a Scenario,
+    artefacts: &'a Path,
+    ledger_pin: Option<&'a str>,
+    report_fixed: bool,
+    perf_under_test: Option<PathBuf>,
+}
+
 /// The session's evidence analysed: its records and raw fields kept, every
 /// rule and declared expectation checked, perf's own file read. Its notes
 /// join the trial's.
 fn analysed(
-    env: &TrialEnv,
-    (kernel, scenario): (&KernelUnderTest, &Scenario),
+    judging: &Judging,
     evidence: &RunEvidence,
-    ledger_pin: Option<&str>,
-    artefacts: &Path,
     result: &mut TrialResult,
 ) -> crate::judge::check::Analysis {
+    let &Judging {
+        kernel,
+        scenario,
+        artefacts,
+        ..
+    } = judging;
     for (idx, bytes) in &evidence.streams {
         let _ = std::fs::write(artefacts.join(format!("records-{idx}.bin")), bytes);
     }
@@ -115,13 +115,7 @@ fn analysed(
         let _ = std::fs::write(artefacts.join(crate::judge::bisect::FIELDS_FILE), json);
     }
     check_beyond_rules(kernel, scenario, evidence, &mut analysis, result);
-    if let Some(note) = perf_file(
-        evidence,
-        env,
-        (ledger_pin, &scenario.name),
-        artefacts,
-        &mut analysis.violations,
-    ) {
+    if let Some(note) = perf_file(judging, evidence, &mut analysis.violations) {
         result.notes.push(note);
     }
     analysis
@@ -218,12 +212,18 @@ fn keep_views(
 /// what the perf developer runs to see it gone; the trial is judged on
 /// everything else).
 fn not_showing_notes(
-    env: &TrialEnv,
-    (kernel, ledger_pin, scenario): (&KernelUnderTest, Option<&str>, &str),
-    perf_under_test: Option<&Path>,
+    judging: &Judging,
     violations: &[crate::judge::check::Violation],
     result: &mut TrialResult,
 ) {
+    let &Judging {
+        env,
+        kernel,
+        ledger_pin,
+        ..
+    } = judging;
+    let scenario = judging.scenario.name.as_str();
+    let perf_under_test = judging.perf_under_test.as_deref();
     if let (KernelUnderTest::Image(_) | KernelUnderTest::DistroBuild { .. }, Some(pin)) =
         (kernel, ledger_pin)
     {
@@ -265,13 +265,19 @@ fn fail_nth_notes(evidence: &RunEvidence) -> impl Iterator<Item = String> + '_ {
 /// did. A local kernel's stream is compared read-only (pending stream into
 /// its artefacts), except under `bless --as`, which writes a set of its own.
 fn compare_snapshot(
-    env: &TrialEnv,
-    (kernel, scenario): (&KernelUnderTest, &Scenario),
-    (snap_name, normalised): (&str, &str),
-    artefacts: &Path,
-    perf_under_test: bool,
+    judging: &Judging,
+    snap_name: &str,
+    normalised: &str,
     result: &mut TrialResult,
 ) -> Option<super::SnapshotDrift> {
+    let &Judging {
+        env,
+        kernel,
+        scenario,
+        artefacts,
+        ..
+    } = judging;
+    let perf_under_test = judging.perf_under_test.is_some();
     let blessing = env.bless.snapshots;
     let perf_view = crate::judge::perf_script::PERF_VIEW_HEADER;
     let outcome = match kernel {
@@ -321,13 +327,18 @@ fn compare_snapshot(
 /// and the line it adds to any other failure. A perf bug that does not
 /// show is reported fixed only with the host's own perf.
 fn ledger_verdict(
-    env: &TrialEnv,
-    (ledger_pin, report_fixed): (Option<&str>, bool),
-    stock_perf: bool,
-    scenario: &str,
+    judging: &Judging,
     violations: &[crate::judge::check::Violation],
     normalised_path: &Path,
 ) -> Result<(Option<Verdict>, String), Verdict> {
+    let &Judging {
+        env,
+        ledger_pin,
+        report_fixed,
+        ..
+    } = judging;
+    let stock_perf = judging.perf_under_test.is_none();
+    let scenario = judging.scenario.name.as_str();
     let report_fixed_of = |i: &crate::judge::known_issues::Issue| {
         report_fixed && (stock_perf || i.component != PERF_COMPONENT)
     };
@@ -350,12 +361,17 @@ fn ledger_verdict(
 /// Timing scenarios: figures against the pin's budget (overhead.rs). The
 /// check's note joins the trial's.
 fn overhead_checked(
-    env: &TrialEnv,
-    (kernel, scenario): (&KernelUnderTest, &Scenario),
+    judging: &Judging,
     evidence: &RunEvidence,
-    artefacts: &Path,
     result: &mut TrialResult,
 ) -> Result<Option<String>, String> {
+    let &Judging {
+        env,
+        kernel,
+        scenario,
+        artefacts,
+        ..
+    } = judging;
     let overhead = super::overhead::check_trial(
         scenario,
         evidence,
@@ -447,13 +463,18 @@ pub(super) fn rule_hits(
 /// recognises must be those kloop's second-reader violations are known
 /// as. The note says what the reader read.
 fn perf_file(
+    judging: &Judging,
     evidence: &RunEvidence,
-    env: &TrialEnv,
-    (pin, scenario): (Option<&str>, &str),
-    artefacts: &Path,
     violations: &mut Vec<crate::judge::check::Violation>,
 ) -> Option<String> {
     use crate::judge::perf_script::{self, FILE_RULE};
+    let &Judging {
+        env,
+        artefacts,
+        ledger_pin: pin,
+        ..
+    } = judging;
+    let scenario = judging.scenario.name.as_str();
     let file = evidence.perf_data.as_ref()?;
     let bytes = match file {
         Ok(b) => b,

@@ -367,7 +367,7 @@ pub fn run_trial_with(
     let artefacts = claim_dir(&env.run_dir.join(kernel.id()).join(&scenario.name));
     let started = Instant::now();
     let mut result = TrialResult::new(env, kernel, scenario, Verdict::Ok, artefacts.clone());
-    result.verdict = run_inner(env, (kernel, make), scenario, &artefacts, &mut result);
+    result.verdict = run_inner(env, kernel, make, scenario, &artefacts, &mut result);
     result.wall_secs = started.elapsed().as_secs_f64();
     if let Some(p) = result.phases.as_mut() {
         p.host_checks = (result.wall_secs - p.prepare - p.qemu_total()).max(0.0);
@@ -380,7 +380,8 @@ pub fn run_trial_with(
 
 fn run_inner(
     env: &TrialEnv,
-    (kernel, make): (&KernelUnderTest, MakeSavedVm),
+    kernel: &KernelUnderTest,
+    make: MakeSavedVm,
     scenario: &Scenario,
     artefacts: &Path,
     result: &mut TrialResult,
