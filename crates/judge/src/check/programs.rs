@@ -200,6 +200,16 @@ fn model_findings(
     }
 }
 
+/// What a violation adds about the records that are there instead:
+/// `; <what>: <record> / <record>`, nothing when there are none.
+fn records_hint(what: &str, records: &[&Record]) -> String {
+    if records.is_empty() {
+        return String::new();
+    }
+    let listed: Vec<String> = records.iter().map(|r| r.to_string()).collect();
+    format!("; {what}: {}", listed.join(" / "))
+}
+
 /// Pushes a violation quoting the records that are there.
 fn bad(
     out: &mut Vec<Violation>,
@@ -323,18 +333,7 @@ impl ProgramRules<'_> {
                         .is_some_and(|(_, t)| t == facts.tag)
                 })
                 .collect::<Vec<_>>();
-            let hint = if any_tag.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    "; PROG_LOAD with its tag: {}",
-                    any_tag
-                        .iter()
-                        .map(|r| r.to_string())
-                        .collect::<Vec<_>>()
-                        .join(" / ")
-                )
-            };
+            let hint = records_hint("PROG_LOAD with its tag", &any_tag);
             bad(
                 out,
                 rule::LOAD_MATCHES_INFO,
@@ -394,18 +393,7 @@ impl ProgramRules<'_> {
                 .iter()
                 .filter(|r| matches!(r.body, RecordBody::Ksymbol { addr: a, .. } if a == addr))
                 .collect::<Vec<_>>();
-            let hint = if elsewhere.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    "; KSYMBOL records at that address: {}",
-                    elsewhere
-                        .iter()
-                        .map(|r| r.to_string())
-                        .collect::<Vec<_>>()
-                        .join(" / ")
-                )
-            };
+            let hint = records_hint("KSYMBOL records at that address", &elsewhere);
             bad(
                 out,
                 rule::LOAD_SYMBOLS,
