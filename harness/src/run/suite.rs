@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use kloop_path_io::{PathIo, PathIoExt};
 
 pub use crate::run::parallel::Parallel;
+use crate::run::trial::guest_image::modules_shipped;
 use crate::run::trial::{BootMode, KernelUnderTest, LocalKernel, MakeSavedVm, TrialEnv};
 use crate::scenario::{self, Scenario};
 use crate::workspace::Layout;
@@ -467,9 +468,10 @@ pub fn prefetch(env: &TrialEnv, trials: &[PlannedTrial]) -> Vec<String> {
             continue;
         }
         seen.push(id.clone());
-        let needs_modules = trials
-            .iter()
-            .any(|o| o.kernel.id() == id && !trial_modules(&env.pin_modules, o).is_empty());
+        let needs_modules = trials.iter().any(|o| {
+            o.kernel.id() == id
+                && !modules_shipped(&env.pin_modules, &o.kernel, &o.scenario).is_empty()
+        });
         let image = match &t.kernel {
             KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => {
                 if !env.cache.image_path(pin).exists() {
@@ -774,22 +776,11 @@ fn shape_keys(cpus: u32, pin_modules: &[String], trials: &[PlannedTrial]) -> Vec
             vm.icount,
             vm.cpus.unwrap_or(cpus),
             vm.cmdline,
-            trial_modules(pin_modules, t),
+            modules_shipped(pin_modules, &t.kernel, &t.scenario),
             t.scenario.programs
         )
     };
     trials.iter().map(shape).collect()
-}
-
-/// The modules a trial's guest ships: on a catalog pin every scenario's
-/// (`pin_modules`, [`TrialEnv::pin_modules`]), elsewhere its scenario's.
-pub fn trial_modules(pin_modules: &[String], t: &PlannedTrial) -> Vec<String> {
-    match t.kernel {
-        KernelUnderTest::Pin(_) => {
-            crate::run::trial::guest_image::modules_shipped(pin_modules, &t.scenario)
-        }
-        _ => t.scenario.modules.clone(),
-    }
 }
 
 /// Per trial, whether it may make its shape's saved VM (`shapes` from

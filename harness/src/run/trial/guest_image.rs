@@ -274,43 +274,45 @@ fn kernel_image(env: &TrialEnv, kernel: &KernelUnderTest) -> Result<PathBuf, Ver
     }
 }
 
-/// The modules a trial's guest ships. A catalog pin ships every
-/// scenario's (one VM shape for all of them); a scenario that needs none
-/// still runs when they cannot be had, on a VM shape of its own.
+/// The modules a trial's guest ships ([`modules_shipped`]). A scenario
+/// that needs none still runs when a catalog pin's shared ones cannot be
+/// had, on a VM shape of its own.
 fn guest_modules(
     env: &TrialEnv,
     kernel: &KernelUnderTest,
     scenario: &Scenario,
 ) -> Result<Option<ModuleSet>, Verdict> {
-    Ok(match kernel {
-        KernelUnderTest::Pin(pin) => {
-            let shipped = modules_shipped(&env.pin_modules, scenario);
-            if shipped.is_empty() {
-                return Ok(None);
-            }
+    let shipped = modules_shipped(&env.pin_modules, kernel, scenario);
+    if shipped.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(match kernel {
+        KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => {
             match env.cache.ensure_modules(pin, &shipped, &env.fetch) {
-                Ok(set) => Some(set),
+                Ok(set) => set,
                 Err(e) if scenario.modules.is_empty() => {
                     tracing::debug!("{}: shipping no modules ({e})", pin.id);
-                    None
+                    return Ok(None);
                 }
                 Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
             }
         }
-        _ if scenario.modules.is_empty() => None,
-        KernelUnderTest::DistroBuild { pin, .. } => {
-            match env.cache.ensure_modules(pin, &scenario.modules, &env.fetch) {
-                Ok(set) => Some(set),
-                Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
-            }
-        }
-        KernelUnderTest::Image(k) => Some(builtin_modules(k, scenario)?),
-    })
+        KernelUnderTest::Image(k) => builtin_modules(k, scenario)?,
+    }))
 }
 
-/// The modules a trial on a catalog pin ships: its scenario's and every
-/// other scenario's (`pin_modules`), sorted, once.
-pub fn modules_shipped(pin_modules: &[String], scenario: &Scenario) -> Vec<String> {
+/// The modules a trial's guest ships: on a catalog pin its scenario's and
+/// every other scenario's (`pin_modules`, [`TrialEnv::pin_modules`]),
+/// sorted, once, so the scenarios share one VM shape; on any other kernel
+/// its scenario's alone.
+pub fn modules_shipped(
+    pin_modules: &[String],
+    kernel: &KernelUnderTest,
+    scenario: &Scenario,
+) -> Vec<String> {
+    if !matches!(kernel, KernelUnderTest::Pin(_)) {
+        return scenario.modules.clone();
+    }
     let mut all: Vec<String> = pin_modules
         .iter()
         .chain(&scenario.modules)
