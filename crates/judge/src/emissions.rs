@@ -179,15 +179,7 @@ fn perf_copies(ev: &RunEvidence) -> Vec<(RecordContent, Copy)> {
     let Ok(dump) = crate::perf_script::parse(&script.text) else {
         return Vec::new();
     };
-    let listener = ListenerInfo {
-        index: u32::MAX,
-        cpu: -1,
-        sample_type: dump.sample_types.first().copied().unwrap_or(0),
-        sample_id_all: dump.sample_id_all,
-        ksymbol: true,
-        bpf_event: true,
-        ..ListenerInfo::default()
-    };
+    let listener = dump.listener();
     let trailer_len = kloop_records::sample_id_len(&listener) as u32;
     let mut out = Vec::new();
     for e in &dump.events {

@@ -73,6 +73,23 @@ pub struct PerfDump {
     pub stats: BTreeMap<String, u64>,
 }
 
+impl PerfDump {
+    /// perf's events as one listener that asked for KSYMBOL and BPF_EVENT
+    /// records: what the records in perf's file are parsed against (their
+    /// `sample_id` trailer from the first event's `sample_type`).
+    pub fn listener(&self) -> kloop_protocol::ListenerInfo {
+        kloop_protocol::ListenerInfo {
+            index: u32::MAX,
+            cpu: -1,
+            sample_type: self.sample_types.first().copied().unwrap_or(0),
+            sample_id_all: self.sample_id_all,
+            ksymbol: true,
+            bpf_event: true,
+            ..kloop_protocol::ListenerInfo::default()
+        }
+    }
+}
+
 pub(super) fn err(line: usize, what: impl Into<String>) -> PerfTextError {
     PerfTextError {
         line: line + 1,

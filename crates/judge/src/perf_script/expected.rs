@@ -218,15 +218,7 @@ struct PerfReader<'o> {
 
 impl<'o> PerfReader<'o> {
     fn new(dump: &PerfDump, bad: &'o mut Vec<String>, faults: &'o mut Vec<Violation>) -> Self {
-        let listener = ListenerInfo {
-            index: u32::MAX,
-            cpu: -1,
-            sample_type: dump.sample_types.first().copied().unwrap_or(0),
-            sample_id_all: dump.sample_id_all,
-            ksymbol: true,
-            bpf_event: true,
-            ..ListenerInfo::default()
-        };
+        let listener = dump.listener();
         let trailer_len = kloop_records::sample_id_len(&listener);
         PerfReader {
             listener,
