@@ -243,6 +243,18 @@ pub fn apply_keeping_lines(text: &str, changes: &[(Range<usize>, String)]) -> St
     out
 }
 
+/// `text` with each of `changes` made (byte ranges of `text`, which do
+/// not overlap), the last first so that the earlier ranges stay valid.
+pub fn apply(text: &str, changes: &[(Range<usize>, String)]) -> String {
+    let mut changes = changes.to_vec();
+    changes.sort_by_key(|(r, _)| std::cmp::Reverse(r.start));
+    let mut out = text.to_string();
+    for (r, new) in changes {
+        out.replace_range(r, &new);
+    }
+    out
+}
+
 /// The patch (`patch -p1`) that makes `before` into `after` for `file`.
 pub fn file_patch(file: &str, before: &str, after: &str) -> String {
     unified_diff(file, before, after)

@@ -949,13 +949,7 @@ enum { A_ONE, A_TWO = (1 << 2), };
     }
 
     fn applied(e: &Edit) -> String {
-        let mut text = CORE.to_string();
-        let mut changes = e.changes.clone();
-        changes.sort_by_key(|(r, _)| std::cmp::Reverse(r.start));
-        for (r, new) in changes {
-            text.replace_range(r, &new);
-        }
-        text
+        crate::apply(CORE, &e.changes)
     }
 
     #[test]

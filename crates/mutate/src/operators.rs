@@ -434,13 +434,7 @@ void emit(u16 ksym_type, u64 addr, u32 len, bool unregister)
     }
 
     fn apply(e: &Edit) -> String {
-        let mut text = KSYMBOL.to_string();
-        let mut changes = e.changes.clone();
-        changes.sort_by_key(|(r, _)| std::cmp::Reverse(r.start));
-        for (r, new) in changes {
-            text.replace_range(r, &new);
-        }
-        text
+        crate::apply(KSYMBOL, &e.changes)
     }
 
     #[test]

@@ -122,11 +122,7 @@ pub fn file_schema(original: &str, variants: &[Variant], defines_switch: bool) -
     // after the headers, and before every use.
     let first = edits.iter().map(|(r, _)| r.start).min().unwrap_or(0);
     let at = declaration_start(original, first);
-    edits.sort_by_key(|(r, _)| std::cmp::Reverse(r.start));
-    let mut text = original.to_string();
-    for (r, new) in edits {
-        text.replace_range(r, &new);
-    }
+    let mut text = crate::apply(original, &edits);
     let prologue = if defines_switch {
         // A core_param: no module prefix, writable at run time (0644), so
         // a saved VM booted with 0 is switched per trial.
