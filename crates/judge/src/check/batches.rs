@@ -53,14 +53,20 @@ pub(super) fn check_batches(
             books.program(b, id);
         }
     }
+    push_findings(out, books.acc, books.cpus);
+    books.accounted
+}
+
+/// Both accountings' findings: programs not accounted, then records on the
+/// wrong CPU.
+fn push_findings(out: &mut Vec<Violation>, acc: Vec<Found<'_>>, cpus: Vec<Found<'_>>) {
     push_capped(
         out,
         rule::PROGRAMS_ACCOUNTED,
         "batch programs not accounted",
-        books.acc,
+        acc,
     );
-    push_capped(out, rule::LOAD_CPU, "records on the wrong CPU", books.cpus);
-    books.accounted
+    push_capped(out, rule::LOAD_CPU, "records on the wrong CPU", cpus);
 }
 
 /// The accounting of one set's batch programs as it goes.
@@ -393,13 +399,7 @@ pub(super) fn check_batches_one_kind(
     if scope.has_ksym {
         books.registers(ev, scope, &batches);
     }
-    push_capped(
-        out,
-        rule::PROGRAMS_ACCOUNTED,
-        "batch programs not accounted",
-        books.acc,
-    );
-    push_capped(out, rule::LOAD_CPU, "records on the wrong CPU", books.cpus);
+    push_findings(out, books.acc, books.cpus);
     books.accounted
 }
 
