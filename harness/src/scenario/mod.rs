@@ -84,8 +84,48 @@ pub struct GuestProgram {
     pub guest: String,
 }
 
+/// The kernel command line words of every scenario that does not set its
+/// own `cmdline`: one VM shape, so one saved VM per pin serves them all
+/// (a first run makes one saved VM per pin fewer than with a shape of
+/// their own for the scenarios that need these words).
+///
+/// - `lsm=lockdown,yama,bpf`: BPF LSM programs run only when `bpf` is in
+///   the active LSM list (security/security.c); Debian's 5.10 lacks it in
+///   `CONFIG_LSM`. The LSMs left out (AppArmor, SELinux, …) load no policy
+///   in kloop's initramfs and emit no perf record.
+/// - `rcupdate.rcu_tasks_lazy_ms=0`, `rcupdate.rcu_tasks_trace_lazy_ms=0`:
+///   a trampoline image is freed after a chain of RCU-tasks callbacks
+///   (bpf_tramp_image_put() in kernel/bpf/trampoline.c), and from 6.12 each
+///   call_rcu_tasks*() may wait a quarter of a second to batch
+///   (kernel/rcu/tasks.h: lazy_jiffies = HZ/4); 0 turns the batching off
+///   (Documentation/admin-guide/kernel-parameters.txt). The grace periods
+///   themselves are the same; 6.1 and 5.10 ignore the words as unknown
+///   module parameters.
+/// - `rcupdate.rcu_expedited=1`: synchronize_rcu() and synchronize_srcu()
+///   take their expedited forms (rcu_gp_is_expedited()), the same
+///   guarantee sooner; symbol-state's kprobe detaches wait for one normal
+///   grace period per probe without it (2.5-2.8 guest-s on 6.1 and 6.12).
+///   Every rule already allows for grace-period timing.
+/// - `kloop.kallsyms_files=8`: the saved VM keeps eight /proc/kallsyms
+///   files positioned past the core kernel's lines (guest/src/kallsyms.rs);
+///   trampolines reads generated symbols 6 times, symbol-state 8.
+///
+/// A scenario's own `cmdline` replaces these words (the icount shape's
+/// timing scenarios keep a command line of their own).
+pub const DEFAULT_CMDLINE: [&str; 5] = [
+    "lsm=lockdown,yama,bpf",
+    "rcupdate.rcu_tasks_lazy_ms=0",
+    "rcupdate.rcu_tasks_trace_lazy_ms=0",
+    "rcupdate.rcu_expedited=1",
+    "kloop.kallsyms_files=8",
+];
+
+fn default_cmdline() -> Vec<String> {
+    DEFAULT_CMDLINE.iter().map(|w| (*w).to_owned()).collect()
+}
+
 /// `[vm]` in scenario.toml: how the scenario's guest is run.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VmOptions {
     /// Under TCG, run with `-icount shift=0,sleep=off` so the guest clock
@@ -95,14 +135,25 @@ pub struct VmOptions {
     /// vCPUs for this scenario's guest instead of the run's `--cpus`.
     #[serde(default)]
     pub cpus: Option<u32>,
-    /// Extra kernel command line words.
-    #[serde(default)]
+    /// Kernel command line words; [`DEFAULT_CMDLINE`] when not set.
+    #[serde(default = "default_cmdline")]
     pub cmdline: Vec<String>,
     /// The whole run's deadline in seconds, when shorter than the
     /// accelerator's default (a mutant's trial is held to a few times its
     /// unmutated run: a kernel that hangs is decided in a minute, not six).
     #[serde(default)]
     pub total_secs: Option<u64>,
+}
+
+impl Default for VmOptions {
+    fn default() -> Self {
+        VmOptions {
+            icount: false,
+            cpus: None,
+            cmdline: default_cmdline(),
+            total_secs: None,
+        }
+    }
 }
 
 /// One scenario, ready to run.
