@@ -1,5 +1,7 @@
 //! A private apt state: its own sources list, lists, cache and status file,
 //! so fetching kernels never reads or changes the host's package state.
+//! Pinned fetches keep one per suite in the cache ([`AptState::kept`]);
+//! the rest use a temporary one.
 //! Every command is an argv (no shell) with `LC_ALL=C` so messages parse.
 
 use std::path::{Path, PathBuf};
@@ -30,10 +32,31 @@ pub(crate) struct PackageRecord {
 }
 
 pub(crate) struct AptState {
-    root: tempfile::TempDir,
+    root: Root,
     pub mirror: String,
     pub suite: String,
     pub keyring: PathBuf,
+}
+
+/// Where an [`AptState`] lives.
+enum Root {
+    /// A fresh directory, removed when the state is dropped.
+    Temp(tempfile::TempDir),
+    /// A suite's state kept in the cache between fetches (and between
+    /// processes), held under its lock while in use.
+    Kept {
+        dir: PathBuf,
+        _lock: crate::lock::HolderLock,
+    },
+}
+
+impl Root {
+    fn path(&self) -> &Path {
+        match self {
+            Root::Temp(t) => t.path(),
+            Root::Kept { dir, .. } => dir,
+        }
+    }
 }
 
 impl AptState {
@@ -45,15 +68,51 @@ impl AptState {
         suite: &str,
         keyring: &Path,
     ) -> Result<AptState, KernelError> {
-        let werr = |path: &Path, source| KernelError::CacheWrite {
-            path: path.to_path_buf(),
-            source,
-        };
         std::fs::create_dir_all(parent).map_err(|e| werr(parent, e))?;
         let root = tempfile::Builder::new()
             .prefix("apt-")
             .tempdir_in(parent)
             .map_err(|e| werr(parent, e))?;
+        AptState::laid_out(Root::Temp(root), mirror, suite, keyring)
+    }
+
+    /// The state of `suite` on `mirror` kept under `parent` (one directory
+    /// per mirror, suite and keyring), so that the pins of one suite, and
+    /// the runs after this one, read its index once
+    /// ([`AptState::has_index`]) instead of once per package: 1.6-1.7 s
+    /// each here, and a 7.x pin has three packages. A pinned `.deb` is
+    /// checked against its sha256 whatever index named it, so an old
+    /// index can only fail a download, which the caller answers by reading
+    /// the index again. Held under a lock for as long as the state lives;
+    /// while another fetch (a thread, another kloop) holds it, a temporary
+    /// state under `temp_parent` serves instead.
+    pub fn kept(
+        parent: &Path,
+        temp_parent: &Path,
+        mirror: &str,
+        suite: &str,
+        keyring: &Path,
+    ) -> Result<AptState, KernelError> {
+        use sha2::Digest;
+        let mirror = mirror.trim_end_matches('/');
+        let key = sha2::Sha256::digest(format!("{mirror}\n{suite}\n{}", keyring.display()));
+        let dir = parent.join(format!("{suite}-{}", &hex::encode(key)[..16]));
+        std::fs::create_dir_all(&dir).map_err(|e| werr(&dir, e))?;
+        let lock_path = dir.with_extension("lock");
+        match crate::lock::HolderLock::try_take(&lock_path).map_err(|e| werr(&lock_path, e))? {
+            Some(lock) => {
+                AptState::laid_out(Root::Kept { dir, _lock: lock }, mirror, suite, keyring)
+            }
+            None => AptState::new(temp_parent, mirror, suite, keyring),
+        }
+    }
+
+    fn laid_out(
+        root: Root,
+        mirror: &str,
+        suite: &str,
+        keyring: &Path,
+    ) -> Result<AptState, KernelError> {
         for d in [
             "state/lists/partial",
             "cache/archives/partial",
@@ -67,6 +126,14 @@ impl AptState {
         }
         let status = root.path().join("state/status");
         std::fs::write(&status, b"").map_err(|e| werr(&status, e))?;
+        // What a killed download left behind is not this download's file.
+        let download = root.path().join("download");
+        for entry in std::fs::read_dir(&download)
+            .map_err(|e| werr(&download, e))?
+            .flatten()
+        {
+            let _ = std::fs::remove_file(entry.path());
+        }
         Ok(AptState {
             root,
             mirror: mirror.trim_end_matches('/').to_string(),
@@ -363,6 +430,13 @@ impl AptState {
         Ok(())
     }
 
+    /// Whether the state holds a suite index from an earlier fetch (only a
+    /// kept state can): its packages can be downloaded without reading the
+    /// index first.
+    pub fn has_index(&self) -> bool {
+        matches!(self.root, Root::Kept { .. }) && self.has_packages_list()
+    }
+
     fn has_packages_list(&self) -> bool {
         std::fs::read_dir(self.path("state/lists"))
             .map(|d| {
@@ -482,6 +556,13 @@ impl AptState {
     }
 }
 
+fn werr(path: &Path, source: std::io::Error) -> KernelError {
+    KernelError::CacheWrite {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 /// apt's single-file downloader (in the `apt` package on every Debian and
 /// Ubuntu).
 const APT_HELPER: &str = "/usr/lib/apt/apt-helper";
@@ -565,6 +646,33 @@ pub(crate) fn parse_records(text: &str) -> Vec<PackageRecord> {
 
 #[cfg(test)]
 mod tests {
+    /// A suite's kept state serves one fetch at a time: while it is held,
+    /// another gets a temporary state (removed when dropped), and once it
+    /// is dropped the next takes the kept one again. A fresh kept state has
+    /// no index yet.
+    #[test]
+    fn a_kept_state_serves_one_fetch_at_a_time() {
+        let cache = tempfile::tempdir().unwrap();
+        let (kept, tmp) = (cache.path().join("apt"), cache.path().join("tmp"));
+        let keyring = Path::new("/usr/share/keyrings/debian-archive-keyring.gpg");
+        let kept_state = || AptState::kept(&kept, &tmp, "http://m.invalid/debian/", "sid", keyring);
+        let first = kept_state().unwrap();
+        assert!(matches!(first.root, Root::Kept { .. }));
+        assert!(!first.has_index());
+        assert_eq!(first.mirror, "http://m.invalid/debian");
+        let second = kept_state().unwrap();
+        assert!(matches!(second.root, Root::Temp(_)));
+        let temp_dir = second.root.path().to_path_buf();
+        assert!(temp_dir.starts_with(&tmp));
+        drop(second);
+        assert!(!temp_dir.exists());
+        let first_dir = first.root.path().to_path_buf();
+        drop(first);
+        let again = kept_state().unwrap();
+        assert!(matches!(again.root, Root::Kept { .. }));
+        assert_eq!(again.root.path(), first_dir);
+    }
+
     use super::*;
 
     #[test]

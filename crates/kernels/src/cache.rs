@@ -121,7 +121,9 @@ impl CleanParts {
             dirs.push("saved-vms");
         }
         if self.kernels {
-            dirs.extend(["debs", "images", "vmlinux", "configs", "tmp", "rejected"]);
+            dirs.extend([
+                "debs", "images", "vmlinux", "configs", "tmp", "rejected", "apt",
+            ]);
         }
         dirs
     }
@@ -372,26 +374,30 @@ impl KernelCache {
             Lookup::Miss => {}
         }
         let mirror = opts.resolve_mirror()?;
-        let apt = AptState::new(&self.tmp_dir(), &mirror, deb.suite, &opts.resolve_keyring())?;
-        let task = format!("index {} {}", deb.id, deb.package);
-        crate::status::start(
-            &task,
-            &format!(
-                "{}: {} is not cached; reading the index of {}",
-                deb.id, deb.package, deb.suite
-            ),
-        );
-        apt.update(Trust::PinnedHash)
-            .inspect_err(|e| crate::status::failed(&task, &e.to_string()))?;
-        crate::status::done(&task, &format!("{}: index of {} read", deb.id, deb.suite));
-        let downloaded =
-            apt.download(deb.package, deb.version)?
-                .ok_or_else(|| KernelError::Vanished {
-                    id: deb.id.to_string(),
-                    package: deb.package.to_string(),
-                    version: deb.version.to_string(),
-                    origin: apt.source(),
-                })?;
+        let apt = AptState::kept(
+            &self.root.join("apt"),
+            &self.tmp_dir(),
+            &mirror,
+            deb.suite,
+            &opts.resolve_keyring(),
+        )?;
+        let index_read_before = apt.has_index();
+        if !index_read_before {
+            read_index(&apt, deb, "")?;
+        }
+        let mut downloaded = apt.download(deb.package, deb.version);
+        if index_read_before && !matches!(downloaded, Ok(Some(_))) {
+            // The index kept from an earlier fetch may predate the package
+            // (or name a file the mirror has since dropped): read it again.
+            read_index(&apt, deb, " again (the kept one did not serve it)")?;
+            downloaded = apt.download(deb.package, deb.version);
+        }
+        let downloaded = downloaded?.ok_or_else(|| KernelError::Vanished {
+            id: deb.id.to_string(),
+            package: deb.package.to_string(),
+            version: deb.version.to_string(),
+            origin: apt.source(),
+        })?;
         self.adopt_deb_expecting(&downloaded, Some((deb.id, deb.sha256)))
     }
 
@@ -614,6 +620,22 @@ fn lookup(path: &Path, expected: &str) -> Result<Lookup, KernelError> {
             source,
         }),
     }
+}
+
+/// Reads `deb`'s suite index into `apt`, saying so (`again` ends the line).
+fn read_index(apt: &AptState, deb: &PinnedDeb<'_>, again: &str) -> Result<(), KernelError> {
+    let task = format!("index {} {}", deb.id, deb.package);
+    crate::status::start(
+        &task,
+        &format!(
+            "{}: {} is not cached; reading the index of {}{again}",
+            deb.id, deb.package, deb.suite
+        ),
+    );
+    apt.update(Trust::PinnedHash)
+        .inspect_err(|e| crate::status::failed(&task, &e.to_string()))?;
+    crate::status::done(&task, &format!("{}: index of {} read", deb.id, deb.suite));
+    Ok(())
 }
 
 /// The text of the first entry of `deb` that is one of `members`, and which
@@ -840,8 +862,20 @@ mod tests {
             "expected the re-fetch to hit the (dead) mirror, got {err:?}"
         );
         assert!(!path.exists());
-        // The private apt state is gone too.
-        assert_eq!(std::fs::read_dir(cache.tmp_dir()).unwrap().count(), 0);
+        // No temporary apt state is left, and the suite's kept one holds
+        // no index (the mirror gave none) and no download.
+        assert!(std::fs::read_dir(cache.tmp_dir()).map_or(true, |d| d.count() == 0));
+        let kept: Vec<_> = std::fs::read_dir(dir.path().join("apt"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .collect();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert_eq!(
+            std::fs::read_dir(kept[0].join("download")).unwrap().count(),
+            0
+        );
     }
 
     #[test]
@@ -857,8 +891,8 @@ mod tests {
     #[test]
     fn unwritable_cache_names_the_path() {
         let dir = tempfile::tempdir().unwrap();
-        // A file where the cache root's `tmp` directory should be.
-        std::fs::write(dir.path().join("tmp"), b"").unwrap();
+        // A file where the cache root's `apt` directory should be.
+        std::fs::write(dir.path().join("apt"), b"").unwrap();
         let cache = KernelCache::at(dir.path());
         let pin = pin_for(b"img", b"deb");
         let err = cache.ensure_image(&pin, &dead_mirror(false)).unwrap_err();

@@ -349,11 +349,11 @@ struct Beside {
     phases: crate::run::phases::SetupPhases,
 }
 
-/// The cache's room, the run directory (old ones pruned), the accelerator
-/// (probing KVM with the first of `probe_kernels` that can be had, when
-/// `auto`), then every other pin of `probe_kernels` downloaded and
-/// verified, one at a time as [`prefetch`] would (a kernel that cannot be
-/// had is left to its trials, which fail with its message).
+/// The cache's room, the run directory (old ones pruned), then every pin
+/// of `probe_kernels` downloaded and verified, one at a time as
+/// [`prefetch`] would (a kernel that cannot be had is left to its trials,
+/// which fail with its message), while the accelerator is chosen beside
+/// them (probing KVM with the first of them that can be had, when `auto`).
 fn beside_the_agent_build(
     layout: &Layout,
     opts: &EnvOptions,
@@ -371,9 +371,8 @@ fn beside_the_agent_build(
     ))?;
     prune_old_runs(layout);
     let setup_secs = laps.lap();
-    // The first kernel that can be had probes KVM; a kernel that cannot be
-    // fetched fails its own trials later, with its own message. Its fetch
-    // is the kernels' phase, not the accelerator's.
+    // A kernel that cannot be fetched fails its own trials later, with its
+    // own message.
     let fetch = crate::run::phases::Within::default();
     let mut fetched = Vec::new();
     let mut ensure = |pin: &kloop_kernels::KernelPin| {
@@ -384,36 +383,50 @@ fn beside_the_agent_build(
         }
         image
     };
-    let mut probe = || {
-        probe_kernels.iter().find_map(|k| match k {
-            KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => ensure(pin),
-            KernelUnderTest::Image(k) => k.path.is_file().then(|| k.path.clone()),
-        })
-    };
+    // The KVM probe (when no verdict is cached: about 6 s where KVM hangs
+    // silently) runs on its own thread, booting the first kernel that can
+    // be had while this one fetches the others.
+    let (first_image, probe_image) = std::sync::mpsc::channel::<Option<PathBuf>>();
     let accel_task = "accelerator";
-    crate::run::status::start(
-        accel_task,
-        &format!("choosing the accelerator (--accel {})", opts.accel),
-    );
-    let accel = accel::choose(
-        opts.accel,
-        qemu,
-        &mut probe,
-        cache.root(),
-        &run_dir.join("kvm-probe"),
-    )
-    .map_err(|e| e.to_string())
-    .inspect_err(|e| crate::run::status::failed(accel_task, e))
-    .map_err(SuiteError::Accel)?;
-    crate::run::status::done(accel_task, "");
-    let accel_secs = (laps.lap() - fetch.secs()).max(0.0);
-    for k in probe_kernels {
-        if let KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } = k {
-            ensure(pin);
+    let (cache_root, probe_dir) = (cache.root(), run_dir.join("kvm-probe"));
+    let accel = std::thread::scope(|s| {
+        let chooser = s.spawn(move || {
+            crate::run::status::start(
+                accel_task,
+                &format!("choosing the accelerator (--accel {})", opts.accel),
+            );
+            let mut probe = || probe_image.recv().ok().flatten();
+            let accel = accel::choose(opts.accel, qemu, &mut probe, cache_root, &probe_dir)
+                .map_err(|e| e.to_string());
+            match &accel {
+                Ok(_) => crate::run::status::done(accel_task, ""),
+                Err(e) => crate::run::status::failed(accel_task, e),
+            }
+            accel
+        });
+        let mut first_image = Some(first_image);
+        for k in probe_kernels {
+            let image = match k {
+                KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => ensure(pin),
+                KernelUnderTest::Image(k) => k.path.is_file().then(|| k.path.clone()),
+            };
+            if image.is_some() {
+                if let Some(tx) = first_image.take() {
+                    let _ = tx.send(image);
+                }
+            }
         }
-    }
-    // Those downloads are the kernels' phase (`fetch`), not setup's.
-    laps.lap();
+        // No kernel could be had: the probe learns it from the closed channel.
+        drop(first_image);
+        chooser
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+    .map_err(SuiteError::Accel)?;
+    // What the downloads did not hide of the accelerator's choice; the
+    // downloads themselves are the kernels' phase (`fetch`), not setup's.
+    let accel_secs = (laps.lap() - fetch.secs()).max(0.0);
+
     Ok(Beside {
         cache,
         run_dir,
