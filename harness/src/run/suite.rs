@@ -292,6 +292,11 @@ pub fn prepare_env_timed(
     let known_issues = crate::workspace::load_ledger(layout)?;
     let qemu = kloop_qemu::find_qemu()?;
     let qemu_version = kloop_qemu::qemu_version(&qemu).unwrap_or_else(|| "unknown".into());
+    // A scenario folder that does not load fails its own trials (and the
+    // planning before them); here it only ships nothing.
+    let pin_modules = scenario::load_all(&layout.scenarios())
+        .map(|all| scenario::shipped_modules(&all))
+        .unwrap_or_default();
     let setup_secs = laps.lap();
     let (rest, agent, agent_own_secs) = std::thread::scope(|s| {
         let build = s.spawn(|| {
@@ -299,7 +304,8 @@ pub fn prepare_env_timed(
             let agent = crate::run::agent::ensure_built(&layout.root);
             (agent, started.elapsed().as_secs_f64())
         });
-        let rest = beside_the_agent_build(layout, opts, probe_kernels, &qemu, &mut laps);
+        let rest =
+            beside_the_agent_build(layout, opts, probe_kernels, &pin_modules, &qemu, &mut laps);
         let (agent, own) = build
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
@@ -332,11 +338,7 @@ pub fn prepare_env_timed(
         bless: opts.bless,
         saved_vms,
         known_issues,
-        // A scenario folder that does not load fails its own trials (and
-        // the planning before them); here it only ships nothing.
-        pin_modules: scenario::load_all(&layout.scenarios())
-            .map(|all| scenario::shipped_modules(&all))
-            .unwrap_or_default(),
+        pin_modules,
     };
     Ok((env, rest.phases))
 }
@@ -349,15 +351,18 @@ struct Beside {
     phases: crate::run::phases::SetupPhases,
 }
 
-/// The cache's room, the run directory (old ones pruned), then every pin
-/// of `probe_kernels` downloaded and verified, one at a time as
-/// [`prefetch`] would (a kernel that cannot be had is left to its trials,
-/// which fail with its message), while the accelerator is chosen beside
-/// them (probing KVM with the first of them that can be had, when `auto`).
+/// The cache's room, the run directory (old ones pruned), then every
+/// kernel of `probe_kernels` prepared one at a time as [`prefetch`] would
+/// (downloaded, verified, its config, module package and PVH ELF; a kernel
+/// that cannot be had is left to its trials, which fail with its message),
+/// while the accelerator is chosen beside them (probing KVM with the first
+/// of them that can be had, when `auto`). On a fresh cache all of it hides
+/// behind the agent's build, which takes longer.
 fn beside_the_agent_build(
     layout: &Layout,
     opts: &EnvOptions,
     probe_kernels: &[KernelUnderTest],
+    pin_modules: &[String],
     qemu: &Path,
     laps: &mut crate::run::phases::Laps,
 ) -> Result<Beside, SuiteError> {
@@ -410,11 +415,14 @@ fn beside_the_agent_build(
                 KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => ensure(pin),
                 KernelUnderTest::Image(k) => k.path.is_file().then(|| k.path.clone()),
             };
-            if image.is_some() {
-                if let Some(tx) = first_image.take() {
-                    let _ = tx.send(image);
-                }
+            let Some(image) = image else { continue };
+            if let Some(tx) = first_image.take() {
+                let _ = tx.send(Some(image.clone()));
             }
+            // The rest of what `prefetch` prepares, while the agent still
+            // builds: a catalog pin's config and (when any scenario ships
+            // one) module package, and every image's PVH ELF.
+            fetch.time(|| prepare_rest(&cache, opts, pin_modules, k, &image));
         }
         // No kernel could be had: the probe learns it from the closed channel.
         drop(first_image);
@@ -440,6 +448,31 @@ fn beside_the_agent_build(
             probe_fetched: fetched,
         },
     })
+}
+
+/// What [`prefetch`] prepares of `kernel` beyond its `image`: each failure
+/// is left to `prefetch` and the trials, which say it.
+fn prepare_rest(
+    cache: &KernelCache,
+    opts: &EnvOptions,
+    pin_modules: &[String],
+    kernel: &KernelUnderTest,
+    image: &Path,
+) {
+    let sha = match kernel {
+        KernelUnderTest::Pin(pin) => {
+            let _ = cache.ensure_config(pin, &opts.fetch);
+            if !pin_modules.is_empty() {
+                let _ = cache.ensure_modules_deb(pin, &opts.fetch);
+            }
+            Some(pin.image_sha256.as_str())
+        }
+        KernelUnderTest::DistroBuild { pin, .. } => Some(pin.image_sha256.as_str()),
+        KernelUnderTest::Image(_) => None,
+    };
+    if opts.boot != BootMode::BzImage {
+        let _ = kloop_kernels::pvh::ensure_pvh(cache.root(), image, sha);
+    }
 }
 
 /// Removes run directories past `KLOOP_KEEP_RUNS` (on a thread; see
