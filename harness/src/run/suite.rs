@@ -821,7 +821,7 @@ fn shape_keys(cpus: u32, pin_modules: &[String], trials: &[PlannedTrial]) -> Vec
             t.kernel.id(),
             vm.icount,
             vm.cpus.unwrap_or(cpus),
-            vm.cmdline,
+            vm.cmdline_words(),
             modules_shipped(pin_modules, &t.kernel, &t.scenario),
             t.scenario.programs
         )

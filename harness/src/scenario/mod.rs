@@ -138,11 +138,31 @@ pub struct VmOptions {
     /// Kernel command line words; [`DEFAULT_CMDLINE`] when not set.
     #[serde(default = "default_cmdline")]
     pub cmdline: Vec<String>,
+    /// How many /proc/kallsyms files the saved VM keeps positioned past
+    /// the core kernel's lines (`kloop.kallsyms_files=N` after the
+    /// command line's words, so it wins over [`DEFAULT_CMDLINE`]'s 8): a
+    /// shape whose scenarios read generated symbols fewer times spares its
+    /// saved VM's boot the rest (each costs one formatting of the whole
+    /// core table, 0.15-0.5 s of a TCG vCPU).
+    #[serde(default)]
+    pub kallsyms_files: Option<u32>,
     /// The whole run's deadline in seconds, when shorter than the
     /// accelerator's default (a mutant's trial is held to a few times its
     /// unmutated run: a kernel that hangs is decided in a minute, not six).
     #[serde(default)]
     pub total_secs: Option<u64>,
+}
+
+impl VmOptions {
+    /// The kernel command line words of this shape: `cmdline`, then
+    /// `kallsyms_files`' word.
+    pub fn cmdline_words(&self) -> Vec<String> {
+        let mut words = self.cmdline.clone();
+        if let Some(n) = self.kallsyms_files {
+            words.push(format!("kloop.kallsyms_files={n}"));
+        }
+        words
+    }
 }
 
 impl Default for VmOptions {
@@ -151,6 +171,7 @@ impl Default for VmOptions {
             icount: false,
             cpus: None,
             cmdline: default_cmdline(),
+            kallsyms_files: None,
             total_secs: None,
         }
     }
@@ -373,6 +394,35 @@ pub fn select(all: &[Scenario], names: &[String]) -> Result<Vec<Scenario>, Scena
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A scenario without `[vm]` boots with the default words; its own
+    /// `cmdline` replaces them; `kallsyms_files` comes last, so the guest
+    /// (which takes the last such word) positions that many.
+    #[test]
+    fn the_default_command_line_and_its_kallsyms_files() {
+        let parse = |vm: &str| {
+            let text = format!("description = \"x\"\n{vm}\n[[steps]]\nop = \"drain\"\n");
+            Scenario::parse("t", Path::new("/s"), &text).unwrap().vm
+        };
+        assert_eq!(parse("").cmdline_words(), DEFAULT_CMDLINE.map(String::from));
+        assert_eq!(
+            parse("[vm]\ncpus = 2").cmdline,
+            VmOptions::default().cmdline
+        );
+        assert_eq!(
+            parse("[vm]\ncmdline = [\"nokaslr\"]").cmdline_words(),
+            ["nokaslr"]
+        );
+        let fewer = parse("[vm]\nkallsyms_files = 4").cmdline_words();
+        assert_eq!(
+            fewer[..DEFAULT_CMDLINE.len()],
+            DEFAULT_CMDLINE.map(String::from)
+        );
+        assert_eq!(
+            fewer.last().map(String::as_str),
+            Some("kloop.kallsyms_files=4")
+        );
+    }
 
     fn listener_bits(s: &Scenario) -> u64 {
         match &s.plan.steps[0] {

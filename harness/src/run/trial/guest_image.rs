@@ -227,10 +227,9 @@ pub(crate) fn prepare_guest(
         memory_mib: env.memory_mib,
         cmdline: scenario
             .vm
-            .cmdline
-            .iter()
-            .chain(&env.extra_cmdline)
-            .cloned()
+            .cmdline_words()
+            .into_iter()
+            .chain(env.extra_cmdline.iter().cloned())
             .collect(),
         artefacts: artefacts.to_path_buf(),
         deadlines: {
