@@ -419,9 +419,10 @@ fn beside_the_agent_build(
             if let Some(tx) = first_image.take() {
                 let _ = tx.send(Some(image.clone()));
             }
-            // The rest of what `prefetch` prepares, while the agent still
-            // builds: a catalog pin's config and (when any scenario ships
-            // one) module package, and every image's PVH ELF.
+            // The rest of what `prefetch` and the first trials prepare,
+            // while the agent still builds: a catalog pin's config and
+            // (when any scenario ships one) its modules, and every image's
+            // PVH ELF.
             fetch.time(|| prepare_rest(&cache, opts, pin_modules, k, &image));
         }
         // No kernel could be had: the probe learns it from the closed channel.
@@ -450,8 +451,8 @@ fn beside_the_agent_build(
     })
 }
 
-/// What [`prefetch`] prepares of `kernel` beyond its `image`: each failure
-/// is left to `prefetch` and the trials, which say it.
+/// What [`prefetch`] and the first trials prepare of `kernel` beyond its
+/// `image`: each failure is left to `prefetch` and the trials, which say it.
 fn prepare_rest(
     cache: &KernelCache,
     opts: &EnvOptions,
@@ -463,7 +464,9 @@ fn prepare_rest(
         KernelUnderTest::Pin(pin) => {
             let _ = cache.ensure_config(pin, &opts.fetch);
             if !pin_modules.is_empty() {
-                let _ = cache.ensure_modules_deb(pin, &opts.fetch);
+                // The set every trial on the pin ships (`modules_shipped`:
+                // a catalog pin's is this sorted union), extracted now.
+                let _ = cache.ensure_modules(pin, pin_modules, &opts.fetch);
             }
             Some(pin.image_sha256.as_str())
         }
