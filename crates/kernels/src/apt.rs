@@ -646,6 +646,8 @@ pub(crate) fn parse_records(text: &str) -> Vec<PackageRecord> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// A suite's kept state serves one fetch at a time: while it is held,
     /// another gets a temporary state (removed when dropped), and once it
     /// is dropped the next takes the kept one again. A fresh kept state has
@@ -672,8 +674,6 @@ mod tests {
         assert!(matches!(again.root, Root::Kept { .. }));
         assert_eq!(again.root.path(), first_dir);
     }
-
-    use super::*;
 
     #[test]
     fn parses_apt_cache_show() {

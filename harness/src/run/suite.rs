@@ -420,10 +420,16 @@ fn beside_the_agent_build(
                 let _ = tx.send(Some(image.clone()));
             }
             // The rest of what `prefetch` and the first trials prepare,
-            // while the agent still builds: a catalog pin's config and
-            // (when any scenario ships one) its modules, and every image's
-            // PVH ELF.
-            fetch.time(|| prepare_rest(&cache, opts, pin_modules, k, &image));
+            // while the agent still builds: the config, a catalog pin's
+            // module set (the sorted union every trial on it ships,
+            // `modules_shipped`) and the PVH ELF. A failure is left to
+            // `prefetch` and the trials, which say it.
+            let modules = match k {
+                KernelUnderTest::Pin(_) if !pin_modules.is_empty() => Modules::Set(pin_modules),
+                _ => Modules::None,
+            };
+            let _ = fetch
+                .time(|| prepare_beyond_image(&cache, &opts.fetch, opts.boot, k, &image, modules));
         }
         // No kernel could be had: the probe learns it from the closed channel.
         drop(first_image);
@@ -451,31 +457,53 @@ fn beside_the_agent_build(
     })
 }
 
-/// What [`prefetch`] and the first trials prepare of `kernel` beyond its
-/// `image`: each failure is left to `prefetch` and the trials, which say it.
-fn prepare_rest(
+/// Which of a Debian kernel's modules [`prepare_beyond_image`] prepares.
+enum Modules<'a> {
+    None,
+    /// Its module package, downloaded and verified.
+    Package,
+    /// This set, extracted from the package (what trials ship).
+    Set(&'a [String]),
+}
+
+/// What `kernel`'s trials need beyond its `image`, prepared now: a Debian
+/// kernel's config (one without is said once by `config_notes`; its trials
+/// still run) and `modules`, then the image's PVH ELF (cached by the
+/// image's hash; without it the trials boot the bzImage). Only the
+/// modules' failure is returned, before the PVH ELF is made.
+fn prepare_beyond_image(
     cache: &KernelCache,
-    opts: &EnvOptions,
-    pin_modules: &[String],
+    fetch: &kloop_kernels::FetchOptions,
+    boot: BootMode,
     kernel: &KernelUnderTest,
     image: &Path,
-) {
+    modules: Modules<'_>,
+) -> Result<(), kloop_kernels::KernelError> {
     let sha = match kernel {
-        KernelUnderTest::Pin(pin) => {
-            let _ = cache.ensure_config(pin, &opts.fetch);
-            if !pin_modules.is_empty() {
-                // The set every trial on the pin ships (`modules_shipped`:
-                // a catalog pin's is this sorted union), extracted now.
-                let _ = cache.ensure_modules(pin, pin_modules, &opts.fetch);
+        KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => {
+            let _ = cache.ensure_config(pin, fetch);
+            match modules {
+                Modules::None => {}
+                Modules::Package => {
+                    cache.ensure_modules_deb(pin, fetch)?;
+                }
+                Modules::Set(names) => {
+                    cache.ensure_modules(pin, names, fetch)?;
+                }
             }
             Some(pin.image_sha256.as_str())
         }
-        KernelUnderTest::DistroBuild { pin, .. } => Some(pin.image_sha256.as_str()),
         KernelUnderTest::Image(_) => None,
     };
-    if opts.boot != BootMode::BzImage {
-        let _ = kloop_kernels::pvh::ensure_pvh(cache.root(), image, sha);
+    if boot != BootMode::BzImage {
+        if let Err(e) = kloop_kernels::pvh::ensure_pvh(cache.root(), image, sha) {
+            tracing::debug!(
+                "{}: no PVH ELF ({e}); its trials boot the bzImage",
+                kernel.id()
+            );
+        }
     }
+    Ok(())
 }
 
 /// Removes run directories past `KLOOP_KEEP_RUNS` (on a thread; see
@@ -526,35 +554,24 @@ pub fn prefetch(env: &TrialEnv, trials: &[PlannedTrial]) -> Vec<String> {
                 if !env.cache.image_path(pin).exists() {
                     fetched.push(id.clone());
                 }
-                let got = env.cache.ensure_image(pin, &env.fetch).and_then(|image| {
-                    // A pin without a `.config` in its package is said
-                    // once by `config_notes`; its trials still run.
-                    let _ = env.cache.ensure_config(pin, &env.fetch);
-                    if needs_modules {
-                        env.cache.ensure_modules_deb(pin, &env.fetch)?;
-                    }
-                    Ok(image)
-                });
-                match got {
-                    Ok(image) => Some((image, Some(pin.image_sha256.clone()))),
-                    Err(e) => {
-                        fetched.retain(|f| f != &id);
-                        crate::run::status::failed(
-                            &format!("kernel {id}"),
-                            &format!("{id}: {e}; its trials will fail"),
-                        );
-                        None
-                    }
-                }
+                env.cache.ensure_image(pin, &env.fetch)
             }
-            KernelUnderTest::Image(k) => Some((k.path.clone(), None)),
+            KernelUnderTest::Image(k) => Ok(k.path.clone()),
         };
-        if let (Some((image, sha)), false) = (image, env.boot == BootMode::BzImage) {
-            // The PVH ELF is cached by the image's hash: later trials find it.
-            if let Err(e) = kloop_kernels::pvh::ensure_pvh(env.cache.root(), &image, sha.as_deref())
-            {
-                tracing::debug!("{id}: no PVH ELF ({e}); its trials boot the bzImage");
-            }
+        let modules = if needs_modules {
+            Modules::Package
+        } else {
+            Modules::None
+        };
+        let ready = image.and_then(|image| {
+            prepare_beyond_image(&env.cache, &env.fetch, env.boot, &t.kernel, &image, modules)
+        });
+        if let Err(e) = ready {
+            fetched.retain(|f| f != &id);
+            crate::run::status::failed(
+                &format!("kernel {id}"),
+                &format!("{id}: {e}; its trials will fail"),
+            );
         }
     }
     fetched
