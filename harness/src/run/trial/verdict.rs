@@ -263,6 +263,11 @@ pub struct TrialResult {
     /// and machine-readable reports.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub violations: Vec<RuleHit>,
+    /// The rules the evidence did not let the judge decide, with why
+    /// (`judge::check::Unchecked`): the reason an `ok` became `INFRA` or
+    /// `SKIPPED`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unchecked: Vec<crate::judge::check::Unchecked>,
     /// The snapshot comparison's difference, when the stream drifted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_drift: Option<SnapshotDrift>,
@@ -462,6 +467,7 @@ impl TrialResult {
             saved_vm: None,
             notes: Vec::new(),
             violations: Vec::new(),
+            unchecked: Vec::new(),
             snapshot_drift: None,
             steps: Vec::new(),
             reused_from: None,
@@ -497,6 +503,7 @@ impl TrialResult {
             saved_vm: None,
             notes: Vec::new(),
             violations: Vec::new(),
+            unchecked: Vec::new(),
             snapshot_drift: None,
             steps: Vec::new(),
             reused_from: None,
