@@ -45,38 +45,36 @@ pub(super) fn judge(
 }
 
 /// A verdict the evidence decided (`ok`, `KNOWN`) stands only if every
-/// rule had its evidence: a rule whose evidence was lost makes the trial
-/// `INFRA`, one this kernel lacks what to judge it by `SKIPPED`, each
-/// naming the rule and why. A failure stands as it is.
+/// rule that applies to this kernel had its evidence: one whose evidence
+/// was lost ([`Gap::Lost`]: a log that overran, books whose reading failed,
+/// a spin reader that saw nothing, a check the kernel was built with that
+/// left no answer) makes the trial `INFRA`, naming the rule and why. A
+/// rule this kernel gives nothing to judge ([`Gap::NotInKernel`]: no
+/// `bpf_prog_pack` before 5.18, trampolines that are pages of their own
+/// before 6.7) does not apply to it: that is kept in the result
+/// (`unchecked`), exact and narrow, and changes no verdict. A failure
+/// stands as it is.
 fn unchecked_verdict(verdict: Verdict, unchecked: &[crate::judge::check::Unchecked]) -> Verdict {
     use crate::judge::check::Gap;
-    if !matches!(verdict, Verdict::Ok | Verdict::Known(_)) || unchecked.is_empty() {
+    if !matches!(verdict, Verdict::Ok | Verdict::Known(_)) {
         return verdict;
     }
-    let lines = |gap: Gap| -> Vec<String> {
-        unchecked
-            .iter()
-            .filter(|u| u.gap == gap)
-            .map(|u| u.line())
-            .collect()
-    };
-    let (lost, absent) = (lines(Gap::Lost), lines(Gap::NotInKernel));
-    let held = match &verdict {
-        Verdict::Known(m) => format!("\nthe rules that were checked: {}", one_line(m)),
-        _ => "\nevery rule that was checked held".to_string(),
-    };
-    if !lost.is_empty() {
-        return Verdict::Infrastructure(format!(
-            "{}{}{held}",
-            lost.join("; "),
-            if absent.is_empty() {
-                String::new()
-            } else {
-                format!("\n{}", absent.join("; "))
-            }
-        ));
+    let lost: Vec<String> = unchecked
+        .iter()
+        .filter(|u| u.gap == Gap::Lost)
+        .map(|u| u.line())
+        .collect();
+    if lost.is_empty() {
+        return verdict;
     }
-    Verdict::Skipped(format!("{}{held}", absent.join("; ")))
+    let held = match &verdict {
+        Verdict::Known(m) => format!(
+            "; of the rules checked, only known bugs broke: {}",
+            one_line(m)
+        ),
+        _ => "; every rule that was checked held".to_string(),
+    };
+    Verdict::Infrastructure(format!("evidence lost: {}{held}", lost.join("; ")))
 }
 
 /// The verdict of the judged evidence: rules and the ledger, overhead,
@@ -722,4 +720,53 @@ pub(super) fn one_line(text: &str) -> String {
         end -= 1;
     }
     format!("{}…", &joined[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::judge::check::{Gap, Unchecked};
+
+    #[test]
+    fn lost_evidence_turns_ok_and_known_into_infra_and_a_rule_not_in_the_kernel_does_not() {
+        let lost = Unchecked::new(
+            "kmemleak",
+            Gap::Lost,
+            "the kernel is built with CONFIG_DEBUG_KMEMLEAK but /sys/kernel/debug/kmemleak is not there",
+        );
+        let absent = Unchecked::new(
+            "jit-images",
+            Gap::NotInKernel,
+            "trampoline images are pages of their own here",
+        );
+        match unchecked_verdict(Verdict::Ok, std::slice::from_ref(&lost)) {
+            Verdict::Infrastructure(m) => {
+                assert!(
+                    m.starts_with("evidence lost: rule kmemleak not checked"),
+                    "{m}"
+                );
+                assert!(m.ends_with("every rule that was checked held"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            unchecked_verdict(
+                Verdict::Known("known bug: x".into()),
+                std::slice::from_ref(&lost)
+            ),
+            Verdict::Infrastructure(_)
+        ));
+        // A failure is a finding whatever else was unchecked.
+        let failed = Verdict::failed(FailureCause::AgentError, "boom");
+        assert_eq!(
+            unchecked_verdict(failed.clone(), std::slice::from_ref(&lost)),
+            failed
+        );
+        // Not in this kernel: the rule does not apply; the verdict stands.
+        assert_eq!(
+            unchecked_verdict(Verdict::Ok, std::slice::from_ref(&absent)),
+            Verdict::Ok
+        );
+        assert_eq!(unchecked_verdict(Verdict::Ok, &[]), Verdict::Ok);
+    }
 }
