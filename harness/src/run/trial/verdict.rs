@@ -65,6 +65,9 @@ pub enum FailureCause {
     OverheadBudget,
     /// The guest agent reported an error and stopped the plan.
     AgentError,
+    /// A pin's trial was SKIPPED where `kernels/expected-skips.toml` says
+    /// it runs (or for another requirement than listed).
+    UnexpectedSkip,
     /// PID 1 died: a kloop agent bug.
     AgentCrash,
     /// The agent said something the scenario makes impossible (an unmet
@@ -82,6 +85,7 @@ impl FailureCause {
             FailureCause::SnapshotDrift => "snapshot drift".into(),
             FailureCause::OverheadBudget => "overhead over budget".into(),
             FailureCause::AgentError => "guest agent error".into(),
+            FailureCause::UnexpectedSkip => "skipped where it is expected to run".into(),
             FailureCause::AgentCrash => "guest agent crashed (kloop bug)".into(),
             FailureCause::AgentBug => "guest agent bug".into(),
             FailureCause::Unstated => "test failure".into(),
