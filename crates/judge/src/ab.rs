@@ -246,6 +246,11 @@ pub struct AbOutcome {
     /// With [`AbClass::Fixed`]: those that no longer show on the candidate.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fixed: Vec<String>,
+    /// The baseline's ledger entries that no longer show on the candidate,
+    /// whatever the class (a candidate that ends one and breaks something
+    /// else is `BROKEN`, and its entries are here, not in `fixed`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gone: Vec<String>,
 }
 
 const MAX_DIFF_LINES: usize = 40;
@@ -409,6 +414,7 @@ pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
             .collect(),
         baseline_known: base.ledger_ids.clone(),
         fixed: Vec::new(),
+        gone: Vec::new(),
     };
     if settled_before_comparing(base, cand, &mut out) {
         return out;
@@ -432,6 +438,7 @@ pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
         .cloned()
         .collect();
     let figures_moved = out.figures.iter().any(|f| !f.within);
+    out.gone = fixed.clone();
     if !fixed.is_empty() && out.class != AbClass::Broken && !figures_moved {
         out.class = AbClass::Fixed;
         out.details.insert(
@@ -517,8 +524,18 @@ pub fn accept(outcomes: &[AbOutcome], planned: usize, expect_fixed: &[String]) -
                     .filter(|o| o.baseline_known.contains(id))
                     .map(|o| format!("{} ({})", o.scenario, o.class.label()))
                     .collect();
+                let gone_but: Vec<String> = outcomes
+                    .iter()
+                    .filter(|o| o.gone.contains(id))
+                    .map(|o| format!("{} ({})", o.scenario, o.class.label()))
+                    .collect();
                 reasons.push(if showed.is_empty() {
                     format!("{id} is not fixed: it never showed on the baseline (run the scenarios its ledger entry names)")
+                } else if !gone_but.is_empty() {
+                    format!(
+                        "{id} is not fixed: it no longer shows in {}, but the candidate is not clean there: a fix is FIXED only when it breaks nothing the baseline does not (see those lines above)",
+                        gone_but.join(", ")
+                    )
                 } else {
                     format!("{id} is not fixed: it showed on the baseline in {} and the candidate did not end it there", showed.join(", "))
                 });

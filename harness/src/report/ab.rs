@@ -116,6 +116,7 @@ mod tests {
                 baseline_issues: vec![],
                 baseline_known: vec![],
                 fixed: vec![],
+                gone: Vec::new(),
             },
             AbOutcome {
                 scenario: "interpreter".into(),
@@ -126,6 +127,7 @@ mod tests {
                 baseline_issues: vec!["[load-symbols] len 0".into()],
                 baseline_known: vec!["interp-reg".into()],
                 fixed: vec!["interp-reg".into()],
+                gone: Vec::new(),
             },
             AbOutcome {
                 scenario: "subprogs".into(),
@@ -136,6 +138,7 @@ mod tests {
                 baseline_issues: vec!["[parse] x".into(), "[lost] y".into(), "[parse] z".into()],
                 baseline_known: vec![],
                 fixed: vec![],
+                gone: Vec::new(),
             },
         ];
         let text = render("built:a", "built:b", &o, Colour::Never);

@@ -617,6 +617,7 @@ excess = "accumulated-trailers"
                 "interpreted-prog-ksymbol-register".into(),
                 "interpreted-prog-ksymbol-unregister".into(),
             ],
+            gone: Vec::new(),
         }];
         let v = Validated {
             patch: "kernels/fixes/interpreted-prog-ksymbol/linux-source-6.12.patch".into(),
