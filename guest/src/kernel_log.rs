@@ -191,7 +191,10 @@ fn read_records(mut kmsg: File) -> Records {
 fn record_message(rec: &[u8]) -> Option<String> {
     let rec = String::from_utf8_lossy(rec);
     let (_, rest) = rec.split_once(';')?;
-    Some(rest.split('\n').next().unwrap_or("").to_string())
+    // devkmsg_read() escapes a newline inside the message as `\x0a`
+    // (lockdep prints `\n-> #1 …` in one record): put it back, so each of
+    // the message's lines is one line for the host.
+    Some(rest.split('\n').next().unwrap_or("").replace("\\x0a", "\n"))
 }
 
 /// lockdep's statistics (kernel/locking/lockdep_proc.c), on a kernel built
@@ -238,6 +241,11 @@ mod record_tests {
             Some("virtio_net virtio0 eth0: up")
         );
         assert_eq!(record_message(b"no header"), None);
+        // A newline inside a message (lockdep's chain) comes escaped.
+        assert_eq!(
+            record_message(b"4,900,5000001,c;\\x0a-> #1 (&b){+.+.}-{4:4}:\n").as_deref(),
+            Some("\n-> #1 (&b){+.+.}-{4:4}:")
+        );
     }
 }
 

@@ -320,7 +320,10 @@ fn frame(line: &str) -> Option<&str> {
 }
 
 /// Drops what changes from run to run or patch to patch: ` at addr
-/// ffff…`, `+0x…/0x…`, a source position's `:line:col`.
+/// ffff…`, `+0x…/0x…`, a source position's `:line:col`, and the build
+/// directory of an absolute source path (an out-of-tree module's UBSAN
+/// report names its file by the path it was built in, which differs
+/// between a baseline's tree and a candidate's).
 fn stable_title(line: &str) -> String {
     line.split_whitespace()
         .map(|w| match w.split_once("+0x") {
@@ -329,6 +332,10 @@ fn stable_title(line: &str) -> String {
                 Some(i) => &w[..i + 2],
                 None => w,
             },
+        })
+        .map(|w| match w.rsplit_once('/') {
+            Some((_, file)) if w.starts_with('/') => file,
+            _ => w,
         })
         .take_while(|w| *w != "at" && !w.starts_with("0x") && !w.starts_with("ffff"))
         .collect::<Vec<_>>()
@@ -419,6 +426,16 @@ mod tests {
         assert_eq!(
             stable_title("BUG: KASAN: slab-use-after-free in perf_event_ksymbol+0x1a5/0x2c0"),
             "BUG: KASAN: slab-use-after-free in perf_event_ksymbol"
+        );
+        // An out-of-tree build's absolute path keeps only the file; an
+        // in-tree relative one stays as it is.
+        assert_eq!(
+            stable_title("UBSAN: array-index-out-of-bounds in /root/.cache/kloop/build/out/c2e7/kloop-controls/kloop_control_ubsan.c:21:9"),
+            "UBSAN: array-index-out-of-bounds in kloop_control_ubsan.c"
+        );
+        assert_eq!(
+            stable_title("UBSAN: array-index-out-of-bounds in kernel/events/core.c:9120:7"),
+            "UBSAN: array-index-out-of-bounds in kernel/events/core.c"
         );
     }
 

@@ -31,10 +31,12 @@ pub struct Outcome {
 
 impl Outcome {
     /// The outcome of a finished run, reading its `normalised.txt`.
-    pub fn of(r: &TrialResult) -> Outcome {
+    /// `may_show` says which ledger entries only excuse (no scenario
+    /// listed: the fault shows where the layout of the run puts it).
+    pub fn of(r: &TrialResult, may_show: &dyn Fn(&str) -> bool) -> Outcome {
         let stream = std::fs::read(r.artefacts.join("normalised.txt")).ok();
         Outcome {
-            verdict: verdict_key(&r.verdict, &r.violations),
+            verdict: verdict_key(&r.verdict, &r.violations, may_show),
             stream_sha256: stream.map(|s| hex::encode(Sha256::digest(&s))),
         }
     }
@@ -42,8 +44,23 @@ impl Outcome {
 
 /// The verdict's headline, and for a failure the rules its trial broke
 /// (the message itself quotes addresses and times that differ between runs
-/// of the same finding).
-fn verdict_key(v: &Verdict, violations: &[RuleHit]) -> String {
+/// of the same finding). For a known bug, the ledger entries it showed
+/// that are meant to show (an entry that only excuses, listing no
+/// scenario, may show in one run and not the next: which is not a
+/// flaky kernel); with none left it is the same outcome as `ok`, which a
+/// run where such a fault did not show gets.
+fn verdict_key(v: &Verdict, violations: &[RuleHit], may_show: &dyn Fn(&str) -> bool) -> String {
+    if matches!(v, Verdict::Known(_) | Verdict::Ok) {
+        let ids: BTreeSet<&str> = violations
+            .iter()
+            .filter_map(|h| h.known_issue.as_deref())
+            .filter(|id| !may_show(id))
+            .collect();
+        if ids.is_empty() {
+            return Verdict::Ok.headline();
+        }
+        return format!("KNOWN ({})", ids.into_iter().collect::<Vec<_>>().join(", "));
+    }
     let mut key = v.headline();
     if let Verdict::Failed(_) = v {
         let rules: BTreeSet<&str> = violations.iter().map(|h| h.rule.as_str()).collect();
@@ -188,7 +205,16 @@ pub fn first_difference(a: &str, b: &str) -> Option<(usize, String, String)> {
 
 /// Groups the results of repeated runs by trial id (first-seen order) and
 /// each trial's runs by outcome.
-pub fn group(results: Vec<TrialResult>) -> Vec<RepeatedTrial> {
+pub fn group(
+    results: Vec<TrialResult>,
+    ledger: &crate::judge::known_issues::Ledger,
+) -> Vec<RepeatedTrial> {
+    let may_show = |id: &str| {
+        ledger
+            .issues
+            .iter()
+            .any(|i| i.id == id && i.scenarios.is_empty())
+    };
     let mut trials: Vec<RepeatedTrial> = Vec::new();
     for r in results {
         match trials.iter_mut().find(|t| t.id == r.id) {
@@ -203,7 +229,7 @@ pub fn group(results: Vec<TrialResult>) -> Vec<RepeatedTrial> {
     for t in &mut trials {
         let mut outcomes: Vec<(Outcome, Vec<usize>)> = Vec::new();
         for (i, r) in t.runs.iter().enumerate() {
-            let o = Outcome::of(r);
+            let o = Outcome::of(r, &may_show);
             match outcomes.iter_mut().find(|(x, _)| *x == o) {
                 Some((_, runs)) => runs.push(i),
                 None => outcomes.push((o, vec![i])),
@@ -303,7 +329,7 @@ mod tests {
         let rs = (0..3)
             .map(|i| run(d.path(), &format!("r{i}"), Verdict::Ok, Some("a\nb\n")))
             .collect();
-        let g = group(rs);
+        let g = group(rs, &Default::default());
         assert_eq!(g.len(), 1);
         assert!(g[0].is_stable());
         let c = g[0].combined().unwrap();
@@ -337,7 +363,7 @@ mod tests {
             detail: None,
         }];
         rs.insert(2, bad);
-        let g = group(rs);
+        let g = group(rs, &Default::default());
         assert!(!g[0].is_stable());
         let c = g[0].combined().unwrap();
         assert!(c.verdict.fails_run());
@@ -361,7 +387,7 @@ mod tests {
             run(d.path(), "a", Verdict::Ok, Some("x\n")),
             run(d.path(), "b", Verdict::Ok, Some("y\n")),
         ];
-        assert!(!group(rs)[0].is_stable());
+        assert!(!group(rs, &Default::default())[0].is_stable());
     }
 
     #[test]
@@ -387,7 +413,101 @@ mod tests {
                 None,
             ),
         ];
-        assert!(group(rs)[0].is_stable());
+        assert!(group(rs, &Default::default())[0].is_stable());
+    }
+
+    /// A strict entry (its scenario listed) and one that only excuses.
+    const TWO_ENTRIES: &str = r#"
+[[issue]]
+id = "strict"
+rule = "ksymbol-extent"
+scenarios = ["short-lived"]
+pins = ["7.3"]
+summary = "s"
+evidence = "e"
+upstream_fix = ""
+review_by = "2099-01-01"
+[[issue.signature]]
+fault = "ksymbol-extent"
+kind = "trampoline"
+len = 4096
+
+[[issue]]
+id = "by-layout"
+rule = "ksymbol-overlap"
+scenarios = []
+pins = ["7.3"]
+summary = "s"
+evidence = "e"
+upstream_fix = ""
+review_by = "2099-01-01"
+[[issue.signature]]
+fault = "ksymbol-overlap"
+trampoline_len = 4096
+"#;
+
+    #[test]
+    fn a_fault_an_entry_only_excuses_may_show_in_some_runs_and_not_others() {
+        use crate::judge::known_issues::{Ledger, Vocabulary};
+        let ledger = Ledger::parse(
+            TWO_ENTRIES,
+            std::path::Path::new("test"),
+            &Vocabulary {
+                pins: vec!["7.3".into()],
+                rules: crate::judge::known_issues::rule_names()
+                    .into_iter()
+                    .map(String::from)
+                    .collect(),
+                scenarios: Vec::new(),
+            },
+        )
+        .unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let hit = |rule: &str, id: &str| RuleHit {
+            rule: rule.into(),
+            message: "m".into(),
+            listener: None,
+            offset: None,
+            records: Vec::new(),
+            known_issue: Some(id.into()),
+            detail: None,
+        };
+        let known = |name: &str, ids: &[(&str, &str)]| {
+            let mut r = run(
+                d.path(),
+                name,
+                Verdict::Known(format!(
+                    "known bug: {}",
+                    ids.iter().map(|(_, i)| *i).collect::<Vec<_>>().join(", ")
+                )),
+                Some("a\n"),
+            );
+            r.violations = ids.iter().map(|(rule, id)| hit(rule, id)).collect();
+            r
+        };
+        let rs = vec![
+            known("a", &[("ksymbol-extent", "strict")]),
+            known(
+                "b",
+                &[
+                    ("ksymbol-extent", "strict"),
+                    ("ksymbol-overlap", "by-layout"),
+                ],
+            ),
+        ];
+        assert!(group(rs, &ledger)[0].is_stable());
+        // A strict entry that shows in one run and not the next is flaky.
+        let rs = vec![
+            known("c", &[("ksymbol-extent", "strict")]),
+            run(d.path(), "d", Verdict::Ok, Some("a\n")),
+        ];
+        assert!(!group(rs, &ledger)[0].is_stable());
+        // The excuse-only entry alone against ok: the same outcome.
+        let rs = vec![
+            known("e", &[("ksymbol-overlap", "by-layout")]),
+            run(d.path(), "f", Verdict::Ok, Some("a\n")),
+        ];
+        assert!(group(rs, &ledger)[0].is_stable());
     }
 
     #[test]

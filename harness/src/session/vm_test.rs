@@ -427,7 +427,7 @@ fn combine_repeats(
     }
     crate::report::write_runs(&env.run_dir, &all_runs)
         .at("writing runs.jsonl into", &env.run_dir)?;
-    let grouped = crate::run::repeat::group(all_runs);
+    let grouped = crate::run::repeat::group(all_runs, &env.known_issues);
     crate::run::repeat::write_report(&env.run_dir, &grouped)
         .at("writing repeat.json into", &env.run_dir)?;
     on(Event::RepeatTable(crate::run::repeat::table(&grouped)));
