@@ -17,6 +17,7 @@
 //! `kernels/<id>/` and costs nothing; `kernel.toml` also records the
 //! resolved `.config`'s hash.
 
+pub mod controls;
 pub mod git;
 mod kconfig;
 mod make;
@@ -209,6 +210,10 @@ pub struct BuildRequest {
     pub base: ConfigBase,
     pub jobs: usize,
     pub fetch: FetchOptions,
+    /// The checks' positive controls (`kernels/controls/`), built against
+    /// the kernel and kept beside it ([`controls`]); `--checks` asks for
+    /// them. Part of the id: changed controls are another kernel directory.
+    pub controls: Option<PathBuf>,
 }
 
 impl BuildRequest {
@@ -224,6 +229,7 @@ impl BuildRequest {
             base: ConfigBase::default(),
             jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
             fetch: FetchOptions::default(),
+            controls: None,
         }
     }
 
@@ -306,6 +312,11 @@ impl BuiltKernel {
     }
     pub fn log(&self) -> PathBuf {
         self.dir.join("build.log")
+    }
+    /// Its checks' control modules, as (module name, path); empty when it
+    /// was built without `--checks`.
+    pub fn controls(&self) -> Vec<(String, PathBuf)> {
+        controls::modules_in(&self.dir)
     }
     pub fn config(&self) -> Result<KernelConfig, KernelError> {
         let mut c = KernelConfig::from_file(&self.config_path())?;
@@ -480,7 +491,19 @@ pub fn build(
         compiler: tool_version("gcc", "--version"),
         pahole: tool_version("pahole", "--version"),
     };
-    let id = build_id(req, &source_identity, &tools, &patches, &fragments);
+    let controls_hash = req
+        .controls
+        .as_deref()
+        .map(controls::sources_hash)
+        .transpose()?;
+    let id = build_id(
+        req,
+        &source_identity,
+        &tools,
+        &patches,
+        &fragments,
+        controls_hash.as_deref(),
+    );
     let final_dir = kernels_dir(cache).join(&id);
     if let Ok(k) = lookup(cache, &id) {
         if k.record.id == id {
@@ -526,8 +549,25 @@ pub fn build(
     let notes = check_config_survived(req, &requested, &resolved, &kconfig_inputs, config_path)?;
 
     let (build_secs, release) = compile(&make, incremental, progress)?;
+    // The controls need the module loader; a config without it (the
+    // fragments' CONFIG_MODULES=y overridden) has none, and the run says so.
+    let control_modules = match &req.controls {
+        Some(dir) if resolved.is_builtin("CONFIG_MODULES") => {
+            controls::build(&make, dir, progress)?
+        }
+        _ => Vec::new(),
+    };
 
     let tmp = stage_files(cache, &id, &out, &log)?;
+    if !control_modules.is_empty() {
+        let dest = tmp.join(controls::CONTROLS_DIR);
+        std::fs::create_dir_all(&dest).doing(format!("creating {}", dest.display()))?;
+        for ko in &control_modules {
+            std::fs::copy(ko, dest.join(ko.file_name().unwrap_or_default()))
+                .map(drop)
+                .doing(format!("copying {}", ko.display()))?;
+        }
+    }
     let record = BuildRecord {
         id: id.clone(),
         source: req.source.label(),
@@ -605,6 +645,7 @@ fn build_id(
     tools: &Toolchain,
     patches: &[HashedFile],
     fragments: &[HashedFile],
+    controls_hash: Option<&str>,
 ) -> String {
     let mut id_parts: Vec<String> = vec![
         "kloop-build-1".into(),
@@ -615,6 +656,7 @@ fn build_id(
     ];
     id_parts.extend(patches.iter().map(|p| format!("patch:{}", p.sha256)));
     id_parts.extend(fragments.iter().map(|f| format!("fragment:{}", f.sha256)));
+    id_parts.extend(controls_hash.map(|h| format!("controls:{h}")));
     short_hash(&id_parts.iter().map(String::as_str).collect::<Vec<_>>())[..12].to_string()
 }
 
