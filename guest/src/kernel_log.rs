@@ -20,12 +20,12 @@ const KMEMLEAK_MIN_AGE: Duration = Duration::from_millis(5_500);
 
 /// The log and kmemleak as they were when the plan's first step started.
 pub struct Watch {
-    /// `/dev/kmsg`, positioned after the last record before the plan.
-    kmsg: Option<File>,
+    /// `/dev/kmsg`, positioned after the last record before the plan; or
+    /// why it could not be (the host then judges no log, and says so).
+    kmsg: Result<File, String>,
     /// kmemleak: `Ok(true)` scanned and cleared before the plan, `Ok(false)`
     /// not in this kernel, `Err` there but unusable.
     kmemleak: Result<bool, KmemleakError>,
-    started: Instant,
 }
 
 impl Watch {
@@ -38,12 +38,13 @@ impl Watch {
             .read(true)
             .custom_flags(libc::O_NONBLOCK)
             .open("/dev/kmsg")
-            .ok()
+            .map_err(|e| format!("opening /dev/kmsg: {e}"))
             .and_then(|mut f| {
                 // devkmsg_llseek(): SEEK_END places the reader after the
                 // last record.
-                f.seek(SeekFrom::End(0)).ok()?;
-                Some(f)
+                f.seek(SeekFrom::End(0))
+                    .map_err(|e| format!("seeking /dev/kmsg to its end: {e}"))?;
+                Ok(f)
             });
         let kmemleak = if std::path::Path::new(KMEMLEAK).exists() {
             command("scan")
@@ -52,39 +53,46 @@ impl Watch {
         } else {
             Ok(false)
         };
-        Watch {
-            kmsg,
-            kmemleak,
-            started: Instant::now(),
-        }
+        Watch { kmsg, kmemleak }
     }
 
     /// What the kernel said since [`Watch::start`]: kmemleak scanned twice
     /// (its documentation's advice against transient false positives) once
-    /// the plan's objects are old enough to be reported, then the log.
-    pub fn finish(self) -> Message {
-        let (kmemleak, kmemleak_error) = match self.kmemleak {
-            Ok(false) => (None, None),
-            Err(e) => (None, Some(e)),
+    /// every object the plan could have leaked is old enough to be listed,
+    /// then the log. `plan_ended` is when the plan's last step ended and
+    /// what it made was closed: kmemleak lists no object younger than
+    /// [`KMEMLEAK_MIN_AGE`] at a scan, so the scans wait that long after
+    /// it, not after the plan's start (a leak in the last step of a short
+    /// plan would otherwise never be listed).
+    pub fn finish(self, plan_ended: Instant) -> Message {
+        let (kmemleak, kmemleak_error, kmemleak_truncated) = match self.kmemleak {
+            Ok(false) => (None, None, false),
+            Err(e) => (None, Some(e), false),
             Ok(true) => {
-                if let Some(wait) = KMEMLEAK_MIN_AGE.checked_sub(self.started.elapsed()) {
+                if let Some(wait) = KMEMLEAK_MIN_AGE.checked_sub(plan_ended.elapsed()) {
                     std::thread::sleep(wait);
                 }
                 match command("scan")
                     .and_then(|()| command("scan"))
                     .and_then(|()| read_capped(KMEMLEAK))
                 {
-                    Ok(text) => (Some(text), None),
-                    Err(e) => (None, Some(e)),
+                    Ok((text, cut)) => (Some(text), None, cut),
+                    Err(e) => (None, Some(e), false),
                 }
             }
         };
-        let (kmsg, truncated) = self.kmsg.map(read_records).unwrap_or_default();
+        let (kmsg, read) = match self.kmsg {
+            Ok(f) => (read_records(f), None),
+            Err(e) => (Records::default(), Some(e)),
+        };
         Message::KernelLog {
-            kmsg,
-            truncated,
+            kmsg: kmsg.messages,
+            truncated: kmsg.truncated,
+            overrun: kmsg.overrun,
+            kmsg_error: read.or(kmsg.error),
             kmemleak,
             kmemleak_error: kmemleak_error.map(|e| e.to_string()),
+            kmemleak_truncated,
             lockdep_on: lockdep_on(),
         }
     }
@@ -115,49 +123,75 @@ fn command(what: &'static str) -> Result<(), KmemleakError> {
         .map_err(|source| KmemleakError::Command { what, source })
 }
 
-fn read_capped(path: &'static str) -> Result<String, KmemleakError> {
-    let mut text = String::new();
+/// kmemleak's list, at most [`MAX_KERNEL_LOG`] bytes, and whether it was
+/// longer.
+fn read_capped(path: &'static str) -> Result<(String, bool), KmemleakError> {
+    let mut bytes = Vec::new();
     File::open(path)
-        .and_then(|f| f.take(MAX_KERNEL_LOG as u64).read_to_string(&mut text))
+        .and_then(|f| f.take(MAX_KERNEL_LOG as u64 + 1).read_to_end(&mut bytes))
         .map_err(|source| KmemleakError::Read { path, source })?;
-    Ok(text)
+    let cut = bytes.len() > MAX_KERNEL_LOG;
+    bytes.truncate(MAX_KERNEL_LOG);
+    Ok((String::from_utf8_lossy(&bytes).into_owned(), cut))
 }
 
-/// The log's records after the reader's position: one `read` is one record
-/// (`prio,seq,ts,flags;message` then ` KEY=value` lines, printk/printk.c
-/// devkmsg_read); EAGAIN is the end, EPIPE a record overwritten before it
-/// was read (the reader moves on to the oldest kept).
-fn read_records(mut kmsg: File) -> (Vec<String>, bool) {
-    let mut out = Vec::new();
+/// What [`read_records`] read, and what it could not.
+#[derive(Default)]
+struct Records {
+    messages: Vec<String>,
+    /// The cap cut the rest.
+    truncated: bool,
+    /// Reads that found their record overwritten (EPIPE).
+    overrun: u32,
+    /// A read failed otherwise: the rest of the log is unread.
+    error: Option<String>,
+}
+
+/// The log's records after the reader's position: one `read` is one record,
+/// `prio,seq,ts,flags;message\n` then its dictionary, one ` KEY=value\n`
+/// line each (printk/printk.c devkmsg_read, info_print_ext_header and
+/// info_print_ext_body: a newline inside the message is escaped as `\x0a`,
+/// so the message is exactly the first line). A stack frame is a record of
+/// its own whose message starts with a space (` perf_event_ksymbol+0x…`),
+/// kept as such. EAGAIN is the end, EPIPE a record overwritten before it
+/// was read (the reader moves on to the oldest kept, and the loss is
+/// counted).
+fn read_records(mut kmsg: File) -> Records {
+    let mut out = Records::default();
     let mut bytes = 0usize;
-    let mut truncated = false;
     let mut buf = vec![0u8; 8192];
     loop {
         match kmsg.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
-                let rec = String::from_utf8_lossy(&buf[..n]);
-                let Some((_, message)) = rec.split_once(';') else {
+                let Some(text) = record_message(&buf[..n]) else {
                     continue;
                 };
-                // Dictionary lines (SUBSYSTEM=, DEVICE=) start with a space.
-                let text: Vec<&str> = message
-                    .lines()
-                    .take_while(|l| !l.starts_with(' '))
-                    .collect();
-                let text = text.join("\n");
                 bytes += text.len();
                 if bytes > MAX_KERNEL_LOG {
-                    truncated = true;
+                    out.truncated = true;
                     break;
                 }
-                out.push(text);
+                out.messages.push(text);
             }
-            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => truncated = true,
-            Err(_) => break,
+            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => out.overrun += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                out.error = Some(format!("reading /dev/kmsg: {e}"));
+                break;
+            }
         }
     }
-    (out, truncated)
+    out
+}
+
+/// The message of one /dev/kmsg record, without its header and dictionary
+/// (see [`read_records`]); `None` for a record without the `;`.
+fn record_message(rec: &[u8]) -> Option<String> {
+    let rec = String::from_utf8_lossy(rec);
+    let (_, rest) = rec.split_once(';')?;
+    Some(rest.split('\n').next().unwrap_or("").to_string())
 }
 
 /// lockdep's statistics (kernel/locking/lockdep_proc.c), on a kernel built
@@ -176,6 +210,35 @@ fn parse_debug_locks(text: &str) -> Option<bool> {
         let (key, value) = l.split_once(':')?;
         (key.trim() == "debug_locks").then(|| value.trim() != "0")
     })
+}
+
+#[cfg(test)]
+mod record_tests {
+    use super::record_message;
+
+    #[test]
+    fn a_frame_record_keeps_its_leading_space_and_drops_the_dictionary() {
+        // As devkmsg_read() formats them (a KASAN report's header record,
+        // then one of its frames, then a record with a dictionary).
+        assert_eq!(
+            record_message(
+                b"3,812,4031123,-;BUG: KASAN: slab-out-of-bounds in kloop_control_oob+0x2a/0x40\n"
+            )
+            .as_deref(),
+            Some("BUG: KASAN: slab-out-of-bounds in kloop_control_oob+0x2a/0x40")
+        );
+        assert_eq!(
+            record_message(b"4,815,4031190,c; kloop_control_oob+0x2a/0x40 [kloop_control]\n")
+                .as_deref(),
+            Some(" kloop_control_oob+0x2a/0x40 [kloop_control]")
+        );
+        assert_eq!(
+            record_message(b"6,900,5000000,-;virtio_net virtio0 eth0: up\n SUBSYSTEM=virtio\n DEVICE=+virtio:virtio0\n")
+                .as_deref(),
+            Some("virtio_net virtio0 eth0: up")
+        );
+        assert_eq!(record_message(b"no header"), None);
+    }
 }
 
 #[cfg(test)]

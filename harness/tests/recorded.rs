@@ -625,10 +625,10 @@ fn recorded_interpreter_fix_is_fixed() {
             headline: String::new(),
             judged: true,
             skipped: None,
-            rules: analysis
+            findings: analysis
                 .violations
                 .iter()
-                .map(|v| (v.rule.to_string(), v.message.clone()))
+                .map(|v| kloop::judge::ab::Finding::new(v.rule, &v.message, v.detail.as_ref()))
                 .collect(),
             ledger_ids,
             interrupted: false,
@@ -647,7 +647,7 @@ fn recorded_interpreter_fix_is_fixed() {
             "interpreted-prog-ksymbol-unregister"
         ]
     );
-    assert!(cand.rules.is_empty(), "{:#?}", cand.rules);
+    assert!(cand.findings.is_empty(), "{:#?}", cand.findings);
     let o = compare("interpreter", &base, &cand);
     assert_eq!(o.class, AbClass::Fixed, "{o:#?}");
     assert_eq!(o.fixed, base.ledger_ids);

@@ -2,15 +2,20 @@
 //! candidate (the baseline with a patch), compared.
 //!
 //! What counts, in order:
-//! - `BROKEN`: a rule that holds on the baseline breaks on the candidate,
-//!   or the candidate's run did not complete (panic, timeout, agent error)
-//!   where the baseline's did. The rule's own message says what broke.
+//! - `BROKEN`: the candidate has a violation the baseline lacks, or more of
+//!   one than the baseline has, or its run did not complete (panic,
+//!   timeout, agent error) where the baseline's did. Violations are
+//!   compared by content, never by rule name alone ([`Finding`]): a new
+//!   fault of a rule the baseline already breaks is still new, and a
+//!   kernel report the baseline has once and the candidate many times is
+//!   new many times less once. The rule's own message says what broke.
 //! - `CHANGED`: the normalised streams differ (a minimal diff, baseline
 //!   `-`, candidate `+`), an overhead figure left the band around the
 //!   baseline's, or the scenario ran on one side only.
 //! - `FIXED`: a ledger entry (`kernels/known-issues.toml`) shows on the
-//!   baseline and no longer on the candidate, no rule that holds on the
-//!   baseline breaks and no overhead figure left its band. The stream may
+//!   baseline and no longer on the candidate, the candidate has no
+//!   violation the baseline lacks (by content and count) and no overhead
+//!   figure left its band. The stream may
 //!   differ (a fix removes or adds the records the bug got wrong); the
 //!   diff is shown, and the rules, not the diff, judge the rest of the
 //!   scenario's stream.
@@ -34,8 +39,8 @@ pub struct Side {
     pub judged: bool,
     /// The skip reason, when skipped.
     pub skipped: Option<String>,
-    /// Every (rule, message) the records broke.
-    pub rules: Vec<(String, String)>,
+    /// Every violation the trial found, each once per occurrence.
+    pub findings: Vec<Finding>,
     /// The ledger entries those violations are known bugs of.
     pub ledger_ids: Vec<String>,
     /// The run was interrupted (Ctrl-C, SIGTERM): it says nothing about
@@ -45,6 +50,110 @@ pub struct Side {
     pub normalised: Option<String>,
     /// Its overhead figures, for a scenario that measures.
     pub overhead: Option<TrialOverhead>,
+}
+
+/// One violation as the A/B compares it: its rule, its message, and the
+/// content that tells it from another violation of the same rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Finding {
+    /// The rule's name.
+    pub rule: String,
+    /// What a reader sees.
+    pub message: String,
+    /// What the violation is, without what changes from run to run: its
+    /// typed detail as JSON where it has one (the fields a ledger signature
+    /// matches: a kernel report's title and frames, an oversized record's
+    /// reader, type and excess, …), else its message with addresses, ids,
+    /// stream offsets, times and CPUs replaced ([`normalised_message`]).
+    pub signature: String,
+}
+
+impl Finding {
+    /// The finding of a violation of `rule` saying `message`, with its
+    /// typed detail when it has one.
+    pub fn new(
+        rule: impl Into<String>,
+        message: impl Into<String>,
+        detail: Option<&crate::check::Detail>,
+    ) -> Finding {
+        let message = message.into();
+        let signature = match detail.map(detail_signature) {
+            Some(sig) => sig,
+            None => normalised_message(&message),
+        };
+        Finding {
+            rule: rule.into(),
+            message,
+            signature,
+        }
+    }
+
+    fn key(&self) -> (&str, &str) {
+        (&self.rule, &self.signature)
+    }
+}
+
+/// A detail's fields as JSON, without the fields another copy of the same
+/// write fills in after the rules ran (an oversized record's
+/// accumulation: an account of the fault, not the fault).
+fn detail_signature(d: &crate::check::Detail) -> String {
+    let mut d = d.clone();
+    if let crate::check::Detail::OversizedRecord(o) = &mut d {
+        o.accumulation = None;
+    }
+    serde_json::to_string(&d).unwrap_or_default()
+}
+
+/// `message` with what differs between two runs of the same fault
+/// replaced: hex numbers (addresses, flags) by `0x_`, a stream offset
+/// (`L1@4096`) by `L1@_`, the value after `id=`, `id `, `t=`, `time=`,
+/// `cpu=`, `pid=`, `tid=`, `ppid=`, `ptid=` by `_`, and any other decimal
+/// number of six or more digits (a timestamp, a duration in ns) by `N`.
+/// Lengths, sizes, counts and names stay: they are the fault.
+pub fn normalised_message(message: &str) -> String {
+    const VARYING: &[&str] = &[
+        "id=", "id ", "t=", "time=", "cpu=", "pid=", "tid=", "ppid=", "ptid=", "@",
+    ];
+    let b = message.as_bytes();
+    let mut out = String::with_capacity(message.len());
+    let mut i = 0;
+    while i < b.len() {
+        // Hex numbers.
+        if b[i] == b'0'
+            && b.get(i + 1) == Some(&b'x')
+            && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit)
+        {
+            let mut j = i + 2;
+            while j < b.len() && b[j].is_ascii_hexdigit() {
+                j += 1;
+            }
+            out.push_str("0x_");
+            i = j;
+            continue;
+        }
+        if b[i].is_ascii_digit()
+            && (i == 0 || !b[i - 1].is_ascii_alphanumeric() && b[i - 1] != b'_')
+        {
+            let mut j = i;
+            while j < b.len() && b[j].is_ascii_digit() {
+                j += 1;
+            }
+            let before = &message[..i];
+            if VARYING.iter().any(|v| before.ends_with(v)) {
+                out.push('_');
+            } else if j - i >= 6 {
+                out.push('N');
+            } else {
+                out.push_str(&message[i..j]);
+            }
+            i = j;
+            continue;
+        }
+        let ch = message[i..].chars().next().unwrap_or(' ');
+        out.push(ch);
+        i += ch.len_utf8();
+    }
+    out
 }
 
 /// What a scenario comes to between the baseline and the candidate.
@@ -203,39 +312,59 @@ fn settled_before_comparing(base: &Side, cand: &Side, out: &mut AbOutcome) -> bo
     false
 }
 
-/// BROKEN when the candidate breaks a rule that holds on the baseline.
-fn new_rules(base: &Side, cand: &Side, out: &mut AbOutcome) {
-    // A rule is new when the baseline holds it; a kernel check's report
-    // (kmemleak, KASAN, …) is new when the baseline has no report of the
-    // same words, so a leak the baseline already has is not blamed on the
-    // candidate, and one it has not is, whatever else the baseline leaks.
-    let key = |(r, m): &(String, String)| {
-        if crate::kernel_log::RULES.contains(&r.as_str()) {
-            (r.clone(), m.clone())
-        } else {
-            (r.clone(), String::new())
+/// BROKEN when the candidate has a violation the baseline lacks, by
+/// content and count: for each (rule, signature), the candidate's
+/// occurrences beyond the baseline's are new. A ledger entry covering the
+/// baseline's violations of that rule excuses none of them: the ledger
+/// speaks of the baseline, and a candidate that trades one fault for
+/// another of the same rule has a new fault.
+fn new_faults(base: &Side, cand: &Side, out: &mut AbOutcome) {
+    use std::collections::BTreeMap;
+    let count = |side: &'_ Side| {
+        let mut n: BTreeMap<(String, String), usize> = BTreeMap::new();
+        for f in &side.findings {
+            *n.entry((f.rule.clone(), f.signature.clone())).or_default() += 1;
         }
+        n
     };
-    let base_rules: std::collections::BTreeSet<(String, String)> =
-        base.rules.iter().map(key).collect();
-    let new: Vec<&(String, String)> = cand
-        .rules
-        .iter()
-        .filter(|v| !base_rules.contains(&key(v)))
-        .collect();
-    if !new.is_empty() {
-        out.class = AbClass::Broken;
-        out.details.push(format!(
-            "{} violation(s) of rule(s) that hold on the baseline:",
-            new.len()
-        ));
-        for (r, m) in new.iter().take(MAX_RULE_LINES) {
-            out.details.push(format!("  [{r}] {m}"));
+    let (base_count, cand_count) = (count(base), count(cand));
+    // Each new (rule, signature) once, in the candidate's order, quoted by
+    // its first occurrence.
+    let mut named: Vec<&Finding> = Vec::new();
+    let mut extra = 0usize;
+    for (key, &c) in &cand_count {
+        let b = base_count.get(key).copied().unwrap_or(0);
+        if c > b {
+            extra += c - b;
+            if let Some(f) = cand.findings.iter().find(|f| f.key() == (&key.0, &key.1)) {
+                named.push(f);
+            }
         }
-        if new.len() > MAX_RULE_LINES {
-            out.details
-                .push(format!("  … {} more", new.len() - MAX_RULE_LINES));
-        }
+    }
+    if named.is_empty() {
+        return;
+    }
+    let order = |f: &Finding| cand.findings.iter().position(|g| std::ptr::eq(g, f));
+    named.sort_by_key(|f| order(f));
+    out.class = AbClass::Broken;
+    out.details.push(format!(
+        "{extra} violation(s) the baseline does not have (compared by rule and content, with counts):"
+    ));
+    for f in named.iter().take(MAX_RULE_LINES) {
+        let key = (f.rule.clone(), f.signature.clone());
+        let c = cand_count.get(&key).copied().unwrap_or(0);
+        let b = base_count.get(&key).copied().unwrap_or(0);
+        let times = if c > 1 || b > 0 {
+            format!(" (×{c} on the candidate, ×{b} on the baseline)")
+        } else {
+            String::new()
+        };
+        out.details
+            .push(format!("  [{}] {}{times}", f.rule, f.message));
+    }
+    if named.len() > MAX_RULE_LINES {
+        out.details
+            .push(format!("  … {} more", named.len() - MAX_RULE_LINES));
     }
 }
 
@@ -274,9 +403,9 @@ pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
         diff: Vec::new(),
         figures: Vec::new(),
         baseline_issues: base
-            .rules
+            .findings
             .iter()
-            .map(|(r, m)| format!("[{r}] {m}"))
+            .map(|f| format!("[{}] {}", f.rule, f.message))
             .collect(),
         baseline_known: base.ledger_ids.clone(),
         fixed: Vec::new(),
@@ -284,7 +413,7 @@ pub fn compare(scenario: &str, base: &Side, cand: &Side) -> AbOutcome {
     if settled_before_comparing(base, cand, &mut out) {
         return out;
     }
-    new_rules(base, cand, &mut out);
+    new_faults(base, cand, &mut out);
     if let (Some(b), Some(c)) = (&base.normalised, &cand.normalised) {
         out.diff = stream_diff(b, c);
         if !out.diff.is_empty() && out.class == AbClass::Same {
@@ -356,6 +485,21 @@ pub struct Acceptance {
 /// a change to look at, not a bonus).
 pub fn accept(outcomes: &[AbOutcome], planned: usize, expect_fixed: &[String]) -> Acceptance {
     let mut reasons = Vec::new();
+    // An A/B in which no scenario ran on both sides proves nothing about
+    // the patches: it is not a pass.
+    if !outcomes.iter().any(|o| o.class != AbClass::Skipped) {
+        let why = outcomes
+            .iter()
+            .flat_map(|o| o.details.first())
+            .next()
+            .map(|d| format!(" (first: {d})"))
+            .unwrap_or_default();
+        reasons.push(format!(
+            "nothing was compared: none of the {planned} scenario(s) ran on both kernels{why}; \
+             pick scenarios these kernels can run (`cargo xtask vm-test --list`) or a kernel \
+             config that has what they require"
+        ));
+    }
     if outcomes.len() != planned {
         reasons.push(format!(
             "{} of {planned} scenario(s) compared: a trial of the other(s) is missing",
@@ -478,9 +622,9 @@ mod tests {
             headline: "ok".into(),
             judged: true,
             skipped: None,
-            rules: rules
+            findings: rules
                 .iter()
-                .map(|(r, m)| (r.to_string(), m.to_string()))
+                .map(|(r, m)| Finding::new(*r, *m, None))
                 .collect(),
             normalised: Some(stream.into()),
             overhead: None,
@@ -522,32 +666,144 @@ mod tests {
         }
     }
 
+    fn report(title: &str, frames: &[&str]) -> Finding {
+        let r = crate::check::detail::KernelReport {
+            check: "kmemleak".into(),
+            title: title.into(),
+            frames: frames.iter().map(|f| f.to_string()).collect(),
+        };
+        let message = format!("{title} ← {}", frames.join(" ← "));
+        Finding::new(
+            "kmemleak",
+            message,
+            Some(&crate::check::Detail::KernelReport(r)),
+        )
+    }
+
+    fn with_findings(findings: Vec<Finding>) -> Side {
+        Side {
+            findings,
+            ..side(&[], "s")
+        }
+    }
+
     #[test]
     fn a_kernel_report_the_baseline_also_has_is_not_blamed_and_a_new_one_is() {
-        let noise = ("kmemleak", "unreferenced object (size 32) ← acpi_os_map");
-        let leak = (
-            "kmemleak",
-            "unreferenced object (size 64) ← perf_event_ksymbol ← bpf_prog_load",
+        let noise = report("unreferenced object (size 32)", &["acpi_os_map"]);
+        let leak = report(
+            "unreferenced object (size 64)",
+            &["perf_event_ksymbol", "bpf_prog_load"],
         );
-        let base = side(&[noise], "s");
+        let base = with_findings(vec![noise.clone()]);
         // The same report on both sides: not the candidate's.
-        let o = compare("basic", &base, &side(&[noise], "s"));
+        let o = compare("basic", &base, &with_findings(vec![noise.clone()]));
         assert!(!o.class.rejects(), "{o:?}");
         // A new report of a rule the baseline breaks too: the candidate's.
-        let o = compare("basic", &base, &side(&[noise, leak], "s"));
+        let o = compare("basic", &base, &with_findings(vec![noise.clone(), leak]));
         assert_eq!(o.class, AbClass::Broken, "{o:?}");
         assert!(
             o.details.iter().any(|d| d.contains("perf_event_ksymbol")),
             "{o:?}"
         );
-        // Other rules still compare by name.
-        let parse = ("parse", "listener 1: 24 bytes");
+        // The same title from other code is another report.
+        let elsewhere = report(
+            "unreferenced object (size 32)",
+            &["bpf_trampoline_link_prog"],
+        );
+        let o = compare("basic", &base, &with_findings(vec![elsewhere]));
+        assert_eq!(o.class, AbClass::Broken, "{o:?}");
+    }
+
+    #[test]
+    fn a_report_the_baseline_has_once_and_the_candidate_many_times_is_broken() {
+        let leak = report("unreferenced object (size 64)", &["perf_event_ksymbol"]);
+        let base = with_findings(vec![leak.clone()]);
+        let o = compare("basic", &base, &with_findings(vec![leak.clone(); 1000]));
+        assert_eq!(o.class, AbClass::Broken, "{o:?}");
+        assert!(
+            o.details[0].starts_with("999 violation(s)"),
+            "{:?}",
+            o.details
+        );
+        assert!(
+            o.details
+                .iter()
+                .any(|d| d.contains("(×1000 on the candidate, ×1 on the baseline)")),
+            "{o:?}"
+        );
+        // Fewer than the baseline is not new.
+        let o = compare("basic", &with_findings(vec![leak.clone(); 3]), &base);
+        assert!(!o.class.rejects(), "{o:?}");
+    }
+
+    #[test]
+    fn other_rules_compare_by_content_not_by_name() {
+        // Two parse faults at different places: another fault.
         let o = compare(
             "basic",
-            &side(&[parse], "s"),
-            &side(&[("parse", "listener 3: 64 bytes")], "s"),
+            &side(&[("parse", "listener 1: size 24 too short")], "s"),
+            &side(&[("parse", "listener 1: size 64 past the record")], "s"),
         );
-        assert!(!o.class.rejects(), "{o:?}");
+        assert_eq!(o.class, AbClass::Broken, "{o:?}");
+        // The same fault at another address, id, offset and time: the same.
+        let a = "L0@128 KSYMBOL register BPF addr=0xffffffffc0000794 len=96 name=\"x\" t=81234567 cpu=0 (prog id=12)";
+        let b = "L0@4096 KSYMBOL register BPF addr=0xffffffffc0003000 len=96 name=\"x\" t=99234567 cpu=1 (prog id=14)";
+        let o = compare(
+            "basic",
+            &side(&[("load-symbols", a)], "s"),
+            &side(&[("load-symbols", b)], "s"),
+        );
+        assert_eq!(o.class, AbClass::BaselineOnly, "{o:?}");
+        // A different length is a different fault.
+        let c = b.replace("len=96", "len=4096");
+        let o = compare(
+            "basic",
+            &side(&[("load-symbols", a)], "s"),
+            &side(&[("load-symbols", &c)], "s"),
+        );
+        assert_eq!(o.class, AbClass::Broken, "{o:?}");
+    }
+
+    #[test]
+    fn a_fix_that_trades_a_known_bug_for_another_fault_of_its_rule_is_broken() {
+        // The baseline's load-symbols fault is a ledger entry; the
+        // candidate no longer shows that entry but breaks load-symbols
+        // another way: no entry covers it, and it is new.
+        let cand = side(
+            &[(
+                "load-symbols",
+                "KSYMBOL register at 0xffffffffc0001000 names no program loaded",
+            )],
+            INTERP_FIXED,
+        );
+        let o = compare("interpreter", &interpreter_base(), &cand);
+        assert_eq!(o.class, AbClass::Broken, "{o:?}");
+        assert!(o.fixed.is_empty(), "{o:?}");
+        assert!(
+            o.details
+                .iter()
+                .any(|d| d.contains("names no program loaded")),
+            "{o:?}"
+        );
+        let ids = vec!["interpreted-prog-ksymbol-register".to_string()];
+        assert!(!accept(std::slice::from_ref(&o), 1, &ids).accepted);
+    }
+
+    #[test]
+    fn an_ab_in_which_nothing_ran_on_both_sides_is_not_accepted() {
+        let skip = Side {
+            skipped: Some("fentry: CONFIG_DEBUG_INFO_BTF is not set".into()),
+            ..Side::default()
+        };
+        let outcomes = vec![compare("trampolines", &skip, &skip)];
+        let a = accept(&outcomes, 1, &[]);
+        assert!(!a.accepted);
+        assert!(a.reasons[0].starts_with("nothing was compared"), "{a:?}");
+        assert!(a.reasons[0].contains("CONFIG_DEBUG_INFO_BTF"), "{a:?}");
+        assert!(!accept(&[], 0, &[]).accepted);
+        // One scenario compared beside the skipped one is a comparison.
+        let same = compare("basic", &side(&[], "a\n"), &side(&[], "a\n"));
+        assert!(accept(&[outcomes[0].clone(), same], 2, &[]).accepted);
     }
 
     #[test]

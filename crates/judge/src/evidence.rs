@@ -10,14 +10,21 @@ use kloop_protocol::{
 /// ([`kloop_protocol::Message::KernelLog`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KernelLog {
-    /// The log's messages from the first step on.
+    /// The log's messages from the first step on, one per record (a
+    /// stack frame is a record of its own, starting with a space).
     pub kmsg: Vec<String>,
-    /// Some records were lost or cut.
+    /// The agent's cap cut the records after the last in `kmsg`.
     pub truncated: bool,
+    /// Records the log overwrote before the agent read them.
+    pub overrun: u32,
+    /// Why /dev/kmsg could not be watched; `kmsg` then proves nothing.
+    pub kmsg_error: Option<String>,
     /// kmemleak's list after the final scans; `None` without kmemleak.
     pub kmemleak: Option<String>,
     /// Why kmemleak could not be scanned where it exists.
     pub kmemleak_error: Option<String>,
+    /// kmemleak's list was cut at the agent's cap.
+    pub kmemleak_truncated: bool,
     /// lockdep's `debug_locks` after the plan; `None` without lockdep.
     pub lockdep_on: Option<bool>,
 }
@@ -496,15 +503,21 @@ impl RunEvidence {
             Message::KernelLog {
                 kmsg,
                 truncated,
+                overrun,
+                kmsg_error,
                 kmemleak,
                 kmemleak_error,
+                kmemleak_truncated,
                 lockdep_on,
             } => {
                 self.kernel_log = Some(KernelLog {
                     kmsg: kmsg.clone(),
                     truncated: *truncated,
+                    overrun: *overrun,
+                    kmsg_error: kmsg_error.clone(),
                     kmemleak: kmemleak.clone(),
                     kmemleak_error: kmemleak_error.clone(),
+                    kmemleak_truncated: *kmemleak_truncated,
                     lockdep_on: *lockdep_on,
                 })
             }

@@ -18,8 +18,132 @@
 //! same, and an A/B tells a report the baseline also has from a new one.
 
 use crate::check::detail::KernelReport;
-use crate::check::{Detail, Violation};
+use crate::check::{Detail, Gap, Unchecked, Violation};
 use crate::evidence::RunEvidence;
+
+/// Which of its own checks the kernel under test was built with, read by
+/// the harness from its config (the judge reads no file). A check the
+/// kernel has must leave its evidence: a log read whole, kmemleak's list,
+/// lockdep's state. Without it the check's rules are [`Unchecked`], never
+/// quiet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KernelChecks {
+    /// `CONFIG_KASAN`: reports in the log.
+    pub kasan: bool,
+    /// `CONFIG_UBSAN`: reports in the log.
+    pub ubsan: bool,
+    /// `CONFIG_PROVE_LOCKING` (lockdep, `/proc/lockdep_stats`) or
+    /// `CONFIG_DEBUG_ATOMIC_SLEEP`: reports in the log.
+    pub locking: bool,
+    /// `CONFIG_PROVE_LOCKING`: lockdep's `debug_locks` must be read.
+    pub lockdep: bool,
+    /// `CONFIG_DEBUG_KMEMLEAK`: its list must be scanned and read.
+    pub kmemleak: bool,
+}
+
+impl KernelChecks {
+    /// The checks a config with these options enabled (`y`) builds in.
+    pub fn from_config(enabled: impl Fn(&str) -> bool) -> KernelChecks {
+        KernelChecks {
+            kasan: enabled("CONFIG_KASAN"),
+            ubsan: enabled("CONFIG_UBSAN"),
+            locking: enabled("CONFIG_PROVE_LOCKING") || enabled("CONFIG_DEBUG_ATOMIC_SLEEP"),
+            lockdep: enabled("CONFIG_PROVE_LOCKING"),
+            kmemleak: enabled("CONFIG_DEBUG_KMEMLEAK"),
+        }
+    }
+
+    /// The rules whose reports come from the kernel log.
+    fn log_rules(self) -> Vec<&'static str> {
+        [
+            (self.kasan, KASAN),
+            (self.ubsan, UBSAN),
+            (self.locking, LOCKDEP),
+        ]
+        .into_iter()
+        .filter_map(|(on, r)| on.then_some(r))
+        .collect()
+    }
+
+    /// Whether the kernel has any check whose evidence is the log.
+    pub fn any(self) -> bool {
+        self.kasan || self.ubsan || self.locking || self.kmemleak
+    }
+}
+
+/// The checks `checks` says this kernel has whose evidence did not arrive
+/// whole: the log unread, overrun or cut; kmemleak not there or its list
+/// cut; lockdep's state not shown. Each is [`Gap::Lost`]: the kernel was
+/// built to check, and kloop did not see the check's answer.
+pub fn unchecked(ev: &RunEvidence, checks: KernelChecks) -> Vec<Unchecked> {
+    let mut out = Vec::new();
+    if !checks.any() {
+        return out;
+    }
+    let Some(log) = &ev.kernel_log else {
+        out.push(Unchecked::new(
+            RULES.join(", "),
+            Gap::Lost,
+            "the agent sent no kernel log (a run that stopped before its plan's end?)",
+        ));
+        return out;
+    };
+    let log_rules = checks.log_rules().join(", ");
+    if !log_rules.is_empty() {
+        if let Some(e) = &log.kmsg_error {
+            out.push(Unchecked::new(
+                &log_rules,
+                Gap::Lost,
+                format!("the kernel log could not be read: {e}"),
+            ));
+        }
+        if log.overrun > 0 {
+            out.push(Unchecked::new(
+                &log_rules,
+                Gap::Lost,
+                format!(
+                    "the kernel log overwrote {} record(s) before the agent read them                      (/dev/kmsg EPIPE): a report may be among them; boot with a larger                      log_buf_len=",
+                    log.overrun
+                ),
+            ));
+        }
+        if log.truncated {
+            out.push(Unchecked::new(
+                &log_rules,
+                Gap::Lost,
+                format!(
+                    "the kernel log passed the agent's cap of {} bytes and was cut there:                      what followed was not read (see the console for the rest)",
+                    kloop_protocol::MAX_KERNEL_LOG
+                ),
+            ));
+        }
+    }
+    if checks.kmemleak && log.kmemleak.is_none() && log.kmemleak_error.is_none() {
+        out.push(Unchecked::new(
+            KMEMLEAK,
+            Gap::Lost,
+            "the kernel is built with CONFIG_DEBUG_KMEMLEAK but /sys/kernel/debug/kmemleak              is not there: booted with kmemleak=off, or kmemleak turned itself off              (\"Kernel memory leak detector disabled\" on the console says why)",
+        ));
+    }
+    if checks.kmemleak && log.kmemleak_truncated {
+        out.push(Unchecked::new(
+            KMEMLEAK,
+            Gap::Lost,
+            format!(
+                "kmemleak's list passed the agent's cap of {} bytes and was cut there",
+                kloop_protocol::MAX_KERNEL_LOG
+            ),
+        ));
+    }
+    if checks.lockdep && log.lockdep_on.is_none() {
+        out.push(Unchecked::new(
+            LOCKDEP,
+            Gap::Lost,
+            "the kernel is built with CONFIG_PROVE_LOCKING but /proc/lockdep_stats showed no              debug_locks: whether lockdep was on during the plan is unknown",
+        ));
+    }
+    out
+}
 
 /// The rules this module reports (for the known-issues ledger's list).
 pub const RULES: &[&str] = &[KASAN, UBSAN, LOCKDEP, KMEMLEAK];
@@ -385,8 +509,11 @@ unreferenced object 0xffff888005a2c000 (size 128):
                 " perf_event_ksymbol+0x1a5/0x2c0".into(),
             ],
             truncated: false,
+            overrun: 0,
+            kmsg_error: None,
             kmemleak: Some(String::new()),
             kmemleak_error: None,
+            kmemleak_truncated: false,
             lockdep_on: None,
         };
         let ev = RunEvidence::from_messages(&[msg], Default::default());
@@ -403,8 +530,11 @@ unreferenced object 0xffff888005a2c000 (size 128):
         let broken = Message::KernelLog {
             kmsg: Vec::new(),
             truncated: false,
+            overrun: 0,
+            kmsg_error: None,
             kmemleak: None,
             kmemleak_error: Some("writing \"scan\": EBUSY".into()),
+            kmemleak_truncated: false,
             lockdep_on: None,
         };
         let ev = RunEvidence::from_messages(&[broken], Default::default());
@@ -427,5 +557,113 @@ unreferenced object 0xffff888005a2c000 (size 128):
         assert_eq!(v.len(), 1);
         assert_eq!(v[0].rule, LOCKDEP);
         assert!(v[0].message.contains("debug_locks 0"), "{}", v[0].message);
+    }
+
+    #[test]
+    fn a_checked_kernel_without_its_evidence_is_unchecked_never_quiet() {
+        let all = KernelChecks::from_config(|o| {
+            matches!(
+                o,
+                "CONFIG_KASAN" | "CONFIG_UBSAN" | "CONFIG_PROVE_LOCKING" | "CONFIG_DEBUG_KMEMLEAK"
+            )
+        });
+        assert!(all.kasan && all.ubsan && all.locking && all.lockdep && all.kmemleak);
+        let whole = crate::evidence::KernelLog {
+            kmemleak: Some(String::new()),
+            lockdep_on: Some(true),
+            ..Default::default()
+        };
+        let ev = |log: Option<crate::evidence::KernelLog>| RunEvidence {
+            kernel_log: log,
+            ..RunEvidence::default()
+        };
+        // Everything arrived: judged.
+        assert!(unchecked(&ev(Some(whole.clone())), all).is_empty());
+        // An unchecked kernel claims nothing, so nothing is missing.
+        assert!(unchecked(&ev(None), KernelChecks::default()).is_empty());
+        // No log at all from a checked kernel.
+        let u = unchecked(&ev(None), all);
+        assert_eq!(u.len(), 1);
+        assert_eq!(u[0].gap, Gap::Lost);
+        // kmemleak=off: the file is not there, and no error was met.
+        let off = crate::evidence::KernelLog {
+            kmemleak: None,
+            ..whole.clone()
+        };
+        let u = unchecked(&ev(Some(off)), all);
+        assert_eq!(u.len(), 1, "{u:?}");
+        assert_eq!(u[0].rule, KMEMLEAK);
+        assert!(u[0].reason.contains("kmemleak=off"), "{u:?}");
+        // The log overran, was cut, or could not be read.
+        for broken in [
+            crate::evidence::KernelLog {
+                overrun: 3,
+                ..whole.clone()
+            },
+            crate::evidence::KernelLog {
+                truncated: true,
+                ..whole.clone()
+            },
+            crate::evidence::KernelLog {
+                kmsg_error: Some("opening /dev/kmsg: ENOENT".into()),
+                ..whole.clone()
+            },
+        ] {
+            let u = unchecked(&ev(Some(broken)), all);
+            assert_eq!(u.len(), 1, "{u:?}");
+            assert_eq!(u[0].rule, "kasan, ubsan, lockdep");
+        }
+        // lockdep built in but its state not shown.
+        let u = unchecked(
+            &ev(Some(crate::evidence::KernelLog {
+                lockdep_on: None,
+                ..whole.clone()
+            })),
+            all,
+        );
+        assert_eq!(u.len(), 1);
+        assert_eq!(u[0].rule, LOCKDEP);
+        // kmemleak's list cut at the cap.
+        let u = unchecked(
+            &ev(Some(crate::evidence::KernelLog {
+                kmemleak_truncated: true,
+                ..whole
+            })),
+            all,
+        );
+        assert_eq!(u.len(), 1);
+        assert_eq!(u[0].rule, KMEMLEAK);
+    }
+
+    #[test]
+    fn frames_that_arrive_as_records_of_their_own_name_the_report() {
+        // The guest sends a record per /dev/kmsg record: a report's header,
+        // then each frame as a record whose message starts with a space
+        // (as devkmsg_read() gives them).
+        let kmsg: Vec<String> = [
+            "BUG: sleeping function called from invalid context at kernel/locking/mutex.c:580",
+            "in_atomic(): 1, irqs_disabled(): 0, non_block: 0, pid: 1, name: kloop-guest",
+            "Call Trace:",
+            " <TASK>",
+            " dump_stack_lvl+0x45/0x5d",
+            " __might_resched+0x1a5/0x2c0",
+            " mutex_lock+0x1a/0x40",
+            " bpf_trampoline_link_prog+0x2e/0x90",
+            " </TASK>",
+            "BUG: sleeping function called from invalid context at kernel/locking/mutex.c:580",
+            " mutex_lock+0x1a/0x40",
+            " perf_event_ksymbol+0x1a/0x40",
+        ]
+        .map(String::from)
+        .to_vec();
+        let r = reports_in_log(&kmsg);
+        assert_eq!(r.len(), 2, "{r:#?}");
+        assert_eq!(r[0].frames, ["mutex_lock", "bpf_trampoline_link_prog"]);
+        assert_eq!(r[1].frames, ["mutex_lock", "perf_event_ksymbol"]);
+        // One title, two places: two reports an A/B tells apart.
+        assert_ne!(
+            violation(r[0].clone()).detail,
+            violation(r[1].clone()).detail
+        );
     }
 }

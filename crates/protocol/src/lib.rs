@@ -456,9 +456,22 @@ pub enum Message {
         /// The log's messages, one per record (continuation lines kept
         /// after a newline), at most [`MAX_KERNEL_LOG`] bytes in all.
         kmsg: Vec<String>,
-        /// Whether records were lost: the log overwrote some before they
-        /// were read, or the cap cut the rest.
+        /// Whether the cap ([`MAX_KERNEL_LOG`]) cut the records after
+        /// `kmsg`'s last.
         truncated: bool,
+        /// How many times the log overwrote records before the agent read
+        /// them (`read` on /dev/kmsg failed with EPIPE, printk/printk.c
+        /// `devkmsg_read`): what they said is lost.
+        #[serde(default, skip_serializing_if = "is_zero_u32")]
+        overrun: u32,
+        /// Why /dev/kmsg could not be watched (opened, positioned or read):
+        /// `kmsg` then says nothing about the kernel.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kmsg_error: Option<String>,
+        /// Whether kmemleak's list was longer than [`MAX_KERNEL_LOG`] and
+        /// cut there.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        kmemleak_truncated: bool,
         /// kmemleak's list; `None`: the kernel has no kmemleak (or its
         /// debugfs file could not be used, said in `kmemleak_error`).
         kmemleak: Option<String>,

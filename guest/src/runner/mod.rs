@@ -194,8 +194,9 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
     // kmemleak's last scans come after the frees it would otherwise miss.
     let records_bytes = context.records_bytes;
     drop(context);
+    let plan_ended = Instant::now();
     send(&jit_books.finish())?;
-    send(&kernel_log.finish())?;
+    send(&kernel_log.finish(plan_ended))?;
     send(&Message::Done { records_bytes })
 }
 

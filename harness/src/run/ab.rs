@@ -61,10 +61,10 @@ pub fn side_of(r: &TrialResult) -> Side {
         },
         judged,
         skipped,
-        rules: r
+        findings: r
             .violations
             .iter()
-            .map(|v| (v.rule.clone(), v.message.clone()))
+            .map(|v| ab::Finding::new(&v.rule, &v.message, v.detail.as_ref()))
             .collect(),
         interrupted: matches!(r.verdict, Verdict::Interrupted(_)),
         ledger_ids: {

@@ -288,6 +288,48 @@ impl Violation {
     }
 }
 
+/// A rule this run could not judge: the evidence it needs did not arrive.
+/// Never a pass: the trial says which rule, why, and what kind of gap it
+/// is ([`Gap`]), instead of `ok` beside a note.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Unchecked {
+    /// The rule (or rules, `jit-charge, jit-chunks`) left unjudged.
+    pub rule: String,
+    /// Why, naming the missing option, file or reading, and what to do.
+    pub reason: String,
+    /// What kind of gap it is.
+    pub gap: Gap,
+}
+
+/// Why evidence is missing, which decides the trial's verdict when nothing
+/// else failed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Gap {
+    /// This kernel lacks what the rule reads (a config option, a feature
+    /// of a later release): `SKIPPED`, naming it.
+    NotInKernel,
+    /// The evidence should have arrived and did not (a read failed, a log
+    /// overran, a check the kernel was built with is off): `INFRA`.
+    Lost,
+}
+
+impl Unchecked {
+    /// A rule left unjudged.
+    pub fn new(rule: impl Into<String>, gap: Gap, reason: impl Into<String>) -> Unchecked {
+        Unchecked {
+            rule: rule.into(),
+            reason: reason.into(),
+            gap,
+        }
+    }
+
+    /// `rule <rule> not checked: <reason>`, as a verdict's line says it.
+    pub fn line(&self) -> String {
+        format!("rule {} not checked: {}", self.rule, self.reason)
+    }
+}
+
 /// A record as a violation quotes it: its place, its fields, and the text
 /// the message shows. Fields a record's type or its listener's
 /// `sample_type` does not have are `None`.
