@@ -65,9 +65,41 @@ pub fn sources_hash(dir: &Path) -> Result<String, BuildError> {
     Ok(hex::encode(h.finalize()))
 }
 
+/// The controls `req` asks for, built against the kernel `make` just
+/// compiled with `config`; none when it asks for none. They need the
+/// module loader: a config without it (the fragments' `CONFIG_MODULES=y`
+/// overridden by a later `--config`) gets none, and the controls' run
+/// says the checks are blind for want of them.
+pub(super) fn build_if_asked(
+    make: &Make<'_>,
+    req: &super::BuildRequest,
+    config: &crate::config::KernelConfig,
+    progress: &mut dyn FnMut(BuildEvent),
+) -> Result<Vec<PathBuf>, BuildError> {
+    match &req.controls {
+        Some(dir) if config.is_builtin("CONFIG_MODULES") => build(make, dir, progress),
+        _ => Ok(Vec::new()),
+    }
+}
+
+/// Copies `modules` into the staged kernel directory `tmp`.
+pub(super) fn stage(tmp: &Path, modules: &[PathBuf]) -> Result<(), BuildError> {
+    if modules.is_empty() {
+        return Ok(());
+    }
+    let dest = tmp.join(CONTROLS_DIR);
+    std::fs::create_dir_all(&dest).doing(format!("creating {}", dest.display()))?;
+    for ko in modules {
+        std::fs::copy(ko, dest.join(ko.file_name().unwrap_or_default()))
+            .map(drop)
+            .doing(format!("copying {}", ko.display()))?;
+    }
+    Ok(())
+}
+
 /// Builds the controls in `src_dir` against the kernel in `make`'s output
 /// directory and returns the modules (`.ko` paths), sorted.
-pub(super) fn build(
+fn build(
     make: &Make<'_>,
     src_dir: &Path,
     progress: &mut dyn FnMut(BuildEvent),

@@ -491,19 +491,7 @@ pub fn build(
         compiler: tool_version("gcc", "--version"),
         pahole: tool_version("pahole", "--version"),
     };
-    let controls_hash = req
-        .controls
-        .as_deref()
-        .map(controls::sources_hash)
-        .transpose()?;
-    let id = build_id(
-        req,
-        &source_identity,
-        &tools,
-        &patches,
-        &fragments,
-        controls_hash.as_deref(),
-    );
+    let id = build_id(req, &source_identity, &tools, &patches, &fragments)?;
     let final_dir = kernels_dir(cache).join(&id);
     if let Ok(k) = lookup(cache, &id) {
         if k.record.id == id {
@@ -549,25 +537,10 @@ pub fn build(
     let notes = check_config_survived(req, &requested, &resolved, &kconfig_inputs, config_path)?;
 
     let (build_secs, release) = compile(&make, incremental, progress)?;
-    // The controls need the module loader; a config without it (the
-    // fragments' CONFIG_MODULES=y overridden) has none, and the run says so.
-    let control_modules = match &req.controls {
-        Some(dir) if resolved.is_builtin("CONFIG_MODULES") => {
-            controls::build(&make, dir, progress)?
-        }
-        _ => Vec::new(),
-    };
+    let control_modules = controls::build_if_asked(&make, req, &resolved, progress)?;
 
     let tmp = stage_files(cache, &id, &out, &log)?;
-    if !control_modules.is_empty() {
-        let dest = tmp.join(controls::CONTROLS_DIR);
-        std::fs::create_dir_all(&dest).doing(format!("creating {}", dest.display()))?;
-        for ko in &control_modules {
-            std::fs::copy(ko, dest.join(ko.file_name().unwrap_or_default()))
-                .map(drop)
-                .doing(format!("copying {}", ko.display()))?;
-        }
-    }
+    controls::stage(&tmp, &control_modules)?;
     let record = BuildRecord {
         id: id.clone(),
         source: req.source.label(),
@@ -645,8 +618,7 @@ fn build_id(
     tools: &Toolchain,
     patches: &[HashedFile],
     fragments: &[HashedFile],
-    controls_hash: Option<&str>,
-) -> String {
+) -> Result<String, BuildError> {
     let mut id_parts: Vec<String> = vec![
         "kloop-build-1".into(),
         source_identity.to_string(),
@@ -656,8 +628,10 @@ fn build_id(
     ];
     id_parts.extend(patches.iter().map(|p| format!("patch:{}", p.sha256)));
     id_parts.extend(fragments.iter().map(|f| format!("fragment:{}", f.sha256)));
-    id_parts.extend(controls_hash.map(|h| format!("controls:{h}")));
-    short_hash(&id_parts.iter().map(String::as_str).collect::<Vec<_>>())[..12].to_string()
+    if let Some(dir) = &req.controls {
+        id_parts.push(format!("controls:{}", controls::sources_hash(dir)?));
+    }
+    Ok(short_hash(&id_parts.iter().map(String::as_str).collect::<Vec<_>>())[..12].to_string())
 }
 
 /// The source tree to build and its output directory: the pristine tree,
