@@ -275,14 +275,34 @@ pub enum ControlsError {
 
 /// Where a kernel's passed controls are kept: one file per kernel and
 /// extra command line (`--append kmemleak=off` is another answer).
-fn cache_file(env: &TrialEnv, kernel_id: &str) -> PathBuf {
+fn cache_file(cache_root: &Path, kernel_id: &str, extra_cmdline: &[String]) -> PathBuf {
     use sha2::{Digest, Sha256};
-    let key = hex::encode(Sha256::digest(env.extra_cmdline.join(" ").as_bytes()));
-    env.cache
-        .root()
+    let key = hex::encode(Sha256::digest(extra_cmdline.join(" ").as_bytes()));
+    cache_root
         .join("controls")
         .join(kernel_id)
         .join(format!("{}.json", &key[..16]))
+}
+
+/// The outcomes kept for `kernel_id` booted with `extra_cmdline`, when an
+/// earlier run found every check of `config` seeing; `None`: run them.
+pub fn kept(
+    cache_root: &Path,
+    kernel_id: &str,
+    extra_cmdline: &[String],
+    config: &KernelConfig,
+) -> Option<Vec<ControlOutcome>> {
+    let controls = Control::for_config(config);
+    std::fs::read(cache_file(cache_root, kernel_id, extra_cmdline))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Vec<ControlOutcome>>(&b).ok())
+        .filter(|o| {
+            o.len() == controls.len()
+                && o.iter().all(|c| c.blind.is_none())
+                && controls
+                    .iter()
+                    .all(|c| o.iter().any(|k| k.control == c.rule))
+        })
 }
 
 /// Runs every control `kernel`'s config calls for (each its own boot),
@@ -297,18 +317,7 @@ pub fn run(
     let config = kernel.config(env).map_err(ControlsError::NoConfig)?;
     let controls = Control::for_config(&config);
     let kernel_id = kernel.id();
-    let kept = cache_file(env, &kernel_id);
-    if let Some(outcomes) = std::fs::read(&kept)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Vec<ControlOutcome>>(&b).ok())
-        .filter(|o| {
-            o.len() == controls.len()
-                && o.iter().all(|c| c.blind.is_none())
-                && controls
-                    .iter()
-                    .all(|c| o.iter().any(|k| k.control == c.rule))
-        })
-    {
+    if let Some(outcomes) = kept(env.cache.root(), &kernel_id, &env.extra_cmdline, &config) {
         for o in &outcomes {
             on(o, true);
         }
@@ -365,7 +374,8 @@ pub fn run(
     }
     if let Ok(bytes) = serde_json::to_vec_pretty(&outcomes) {
         // Costs only a rerun of the controls when it cannot be written.
-        let _ = kloop_kernels::write_atomically(&kept, &bytes);
+        let file = cache_file(env.cache.root(), &kernel_id, &env.extra_cmdline);
+        let _ = kloop_kernels::write_atomically(&file, &bytes);
     }
     Ok(outcomes)
 }

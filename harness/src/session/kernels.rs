@@ -214,6 +214,16 @@ pub fn controls(
     let kernel = crate::run::trial::KernelUnderTest::Image(crate::run::trial::LocalKernel::built(
         built, None, &catalog,
     ));
+    // Kept answers need no agent, accelerator or run directory.
+    let cache = KernelCache::default_location()?;
+    if let Some(kept) = built.config().ok().and_then(|config| {
+        crate::run::controls::kept(cache.root(), &kernel.id(), &env.extra_cmdline, &config)
+    }) {
+        for o in &kept {
+            on(o, true);
+        }
+        return Ok(kept);
+    }
     super::start_trials();
     let env = crate::run::suite::prepare_env(layout, env, std::slice::from_ref(&kernel))?;
     Ok(crate::run::controls::run(
