@@ -117,6 +117,32 @@ pub enum BooksError {
     NoImageSize,
 }
 
+impl BooksError {
+    /// Whether the error says this kernel lacks what the books are read
+    /// through (a config option, a structure of a later release), as
+    /// opposed to a reading that failed where it should have worked. The
+    /// host makes the first a SKIPPED rule, the second an INFRA one.
+    pub fn not_in_kernel(&self) -> bool {
+        match self {
+            BooksError::Kcore(e) | BooksError::NoBtf(e) => e.kind() == std::io::ErrorKind::NotFound,
+            BooksError::NoCurrent
+            | BooksError::NoMember(..)
+            | BooksError::NoKsym
+            | BooksError::NoPacks
+            | BooksError::TrampolinesOwnPages
+            | BooksError::NoImageSize => true,
+            BooksError::KcoreNotElf(_)
+            | BooksError::Kallsyms(_)
+            | BooksError::NamedTwice(_)
+            | BooksError::Btf(_)
+            | BooksError::NotInKcore(_)
+            | BooksError::ReadKcore { .. }
+            | BooksError::TooManyPacks
+            | BooksError::TooManyKsyms => false,
+        }
+    }
+}
+
 #[derive(Clone, Copy)]
 struct ImageLayout {
     list: u64,
@@ -522,8 +548,13 @@ impl Watch {
             end,
             settle_ns,
             live,
+            unreadable_in_kernel: unreadable.as_ref().is_some_and(BooksError::not_in_kernel),
             unreadable: unreadable.map(|e| e.to_string()),
             images: self.images,
+            images_unreadable_in_kernel: self
+                .images_error
+                .as_ref()
+                .is_some_and(BooksError::not_in_kernel),
             images_unreadable: self.images_error.map(|e| e.to_string()),
         }
     }

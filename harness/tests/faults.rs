@@ -112,6 +112,7 @@ impl Ctx {
             bless: e.bless,
             saved_vms: kloop::run::saved_vm::SavedVms::in_cache(e.cache.root()),
             known_issues: e.known_issues.clone(),
+            expected_skips: e.expected_skips.clone(),
             pin_modules: e.pin_modules.clone(),
         }
     }

@@ -293,3 +293,56 @@ fn validate_with_memory_checks_rejects_a_planted_leak() {
         trampolines.details
     );
 }
+
+#[test]
+#[ignore = "slow tier: builds linux-source-6.12 twice; see the module docs"]
+fn a_fix_that_trades_a_known_bug_for_another_fault_of_its_rule_is_broken_never_fixed() {
+    // The interpreted-prog fix with prog->len where prog->jited_len
+    // belongs: the ledger's two entries no longer show, but the same rules
+    // break another way. Compared by rule name, this was FIXED.
+    let run = ab_with(
+        &["interpreted-fix-trading-len.patch"],
+        &[],
+        &["interpreter"],
+    );
+    print_report(&run);
+    let ids = [
+        "interpreted-prog-ksymbol-register".to_string(),
+        "interpreted-prog-ksymbol-unregister".to_string(),
+    ];
+    assert!(!run.acceptance(&ids).accepted);
+    let o = outcome(&run, "interpreter");
+    assert_eq!(o.class, AbClass::Broken, "{o:?}");
+    assert!(o.fixed.is_empty(), "{o:?}");
+    assert!(
+        o.details
+            .iter()
+            .any(|d| d.contains("[load-symbols]") && d.contains("len")),
+        "the new fault is named with its rule and the length it gets wrong: {:?}",
+        o.details
+    );
+}
+
+#[test]
+#[ignore = "slow tier: builds linux-source-6.12 twice; see the module docs"]
+fn validate_rejects_a_ring_that_ignores_its_wakeup_watermark() {
+    // No wake-up at all where the records pass the asked-for watermark
+    // several times: only the wake-up rule's lower bound sees it (the
+    // stream itself is the same).
+    let run = ab_with(
+        &["wakeup-watermark-ignored.patch"],
+        &[],
+        &["wakeup-watermark"],
+    );
+    print_report(&run);
+    assert!(!run.acceptance(&[]).accepted);
+    let o = outcome(&run, "wakeup-watermark");
+    assert_eq!(o.class, AbClass::Broken, "{o:?}");
+    assert!(
+        o.details
+            .iter()
+            .any(|d| d.contains("[wakeups]") && d.contains("wakeup watermark 2048 bytes")),
+        "{:?}",
+        o.details
+    );
+}

@@ -61,7 +61,7 @@ fn main() {
     };
     kloop::run::signals::install();
     let _ = KERNELS.set(planned.iter().map(|t| t.kernel.clone()).collect());
-    let trials = planned
+    let mut trials: Vec<Trial> = planned
         .into_iter()
         .map(|t| {
             let layout = layout.clone();
@@ -91,6 +91,30 @@ fn main() {
             .with_kind("vm")
         })
         .collect();
+    // The committed expected skips are what the pins' configs and releases
+    // derive (the configs come with the pins' packages, which this suite
+    // fetches anyway).
+    let skips_layout = layout.clone();
+    trials.push(
+        Trial::test("expected-skips/derived", move || {
+            let d = kloop::session::skips::derive(
+                &skips_layout,
+                &kloop_kernels::FetchOptions::default(),
+            )
+            .map_err(|e| format!("deriving the expected skips: {e}"))?;
+            if d.matches() {
+                return Ok(());
+            }
+            Err(format!(
+                "kernels/expected-skips.toml differs from what the pins' configs and releases \
+                 derive (`cargo xtask skips` shows how; `--write` rewrites it): {}\n{}",
+                d.problems.join("; "),
+                kloop::judge::ab::stream_diff(&d.committed.render(), &d.text()).join("\n")
+            )
+            .into())
+        })
+        .with_kind("vm"),
+    );
     let conclusion = libtest_mimic::run(&args, trials);
     conclusion.exit_if_failed();
     let results = RESULTS.lock().unwrap_or_else(|e| e.into_inner());

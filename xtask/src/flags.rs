@@ -124,6 +124,10 @@ pub(crate) enum Cmd {
     /// Boot a kernel with a scenario's guest and get a shell on its console
     /// (`kloop-run` in it runs the scenario's steps; the host prints the records).
     VmShell(VmShellArgs),
+    /// Which pin × scenario is expected to be SKIPPED: derived from each
+    /// scenario's `requires` and each pin's config and release, compared
+    /// with kernels/expected-skips.toml (`--write` rewrites it).
+    Skips(crate::skips_cmd::SkipsArgs),
     /// The kernel catalog.
     Kernels {
         #[command(subcommand)]

@@ -24,6 +24,7 @@ mod repro_cmd;
 #[cfg(test)]
 mod session_check;
 mod shell_cmd;
+mod skips_cmd;
 mod view;
 mod vm_test_cmd;
 
@@ -141,5 +142,12 @@ fn run() -> Result<ExitCode> {
         Cmd::ReportBug(a) => report_bug_cmd::report_bug(a),
         Cmd::Doctor(a) => doctor_cmd::doctor(a),
         Cmd::VmShell(a) => shell_cmd::vm_shell(a),
+        Cmd::Skips(a) => skips_cmd::skips(a),
     }
+}
+
+/// `- line` / `+ line` for every line that differs between `old` and
+/// `new` (the judge's minimal diff).
+pub(crate) fn judge_diff(old: &str, new: &str) -> Vec<String> {
+    kloop::judge::ab::stream_diff(old, new)
 }

@@ -39,7 +39,6 @@ use kloop_protocol::{
     KsymbolObservation, ListenerInfo, Message, ProgFacts, RawFrame, RecordsHeader, MAX_PAYLOAD,
 };
 
-use kloop_judge::check;
 use kloop_judge::evidence::{KsymbolWatchEvidence, RunEvidence};
 use kloop_judge::normalise;
 use kloop_records::testutil::XorShift;
@@ -999,28 +998,33 @@ fn put_ksymbol_watch(out: &mut Vec<u8>, w: &KsymbolWatchEvidence) {
     out.push(w.dropped.min(255) as u8);
 }
 
-/// The `analyse` target: [`check::analyse`] and [`normalise::normalise`]
-/// over the evidence [`analyse_evidence`] builds from `data`.
+/// The `analyse` target: the judge's one door ([`kloop_judge::judge`],
+/// every rule family, with every check a kernel can be built with
+/// expected) and [`normalise::normalise`] over the evidence
+/// [`analyse_evidence`] builds from `data`.
 ///
 /// Checks: no panic; allocation linear in the input; every violation names a
-/// rule of [`check::rule::ALL`]; each listener's records are what
+/// rule the ledger knows ([`kloop_judge::known_issues::rule_names`]); each listener's records are what
 /// `parse_prefix` gives for its stream; the merged stream holds every record
 /// of the first CPU-wide set; `lost` is the sum of LOST records;
 /// normalisation is deterministic.
 pub fn fuzz_check_analyse(data: &[u8]) {
     let ev = analyse_evidence(data);
     let ((a, text), peak) = peak_alloc(|| {
-        let a = check::analyse(&ev);
+        let a = kloop_judge::judge(&kloop_judge::Inputs {
+            evidence: &ev,
+            scenario: None,
+            kernel_checks: kloop_judge::kernel_log::KernelChecks::from_config(|_| true),
+            perf_file: None,
+        })
+        .analysis;
         let text = normalise::normalise(&ev, &a);
         (a, text)
     });
     assert_alloc_bound("analyse + normalise", peak, data.len(), 1024);
+    let rules = kloop_judge::known_issues::rule_names();
     for v in &a.violations {
-        assert!(
-            check::rule::ALL.contains(&v.rule),
-            "unknown rule {}",
-            v.rule
-        );
+        assert!(rules.contains(&v.rule), "unknown rule {}", v.rule);
         let _ = v.to_string();
     }
     let indexes: BTreeSet<u32> = ev.listeners.iter().map(|l| l.index).collect();

@@ -43,10 +43,15 @@ pub struct JitBooks {
     pub live: Vec<u64>,
     /// Why the books could not be read.
     pub unreadable: Option<String>,
+    /// `unreadable` is the kernel's lack (a config option, a structure of
+    /// a later release), not a reading that failed.
+    pub unreadable_in_kernel: bool,
     /// Trampoline images seen after the attaching steps.
     pub images: Vec<kloop_protocol::ImageReading>,
     /// Why those could not be read.
     pub images_unreadable: Option<String>,
+    /// `images_unreadable` is the kernel's lack.
+    pub images_unreadable_in_kernel: bool,
 }
 
 /// What a `pack-boundary` step built and read
@@ -566,8 +571,10 @@ impl RunEvidence {
                 settle_ns,
                 live,
                 unreadable,
+                unreadable_in_kernel,
                 images,
                 images_unreadable,
+                images_unreadable_in_kernel,
             } => {
                 self.jit_books = Some(JitBooks {
                     start: start.clone(),
@@ -575,8 +582,10 @@ impl RunEvidence {
                     settle_ns: *settle_ns,
                     live: live.clone(),
                     unreadable: unreadable.clone(),
+                    unreadable_in_kernel: *unreadable_in_kernel,
                     images: images.clone(),
                     images_unreadable: images_unreadable.clone(),
+                    images_unreadable_in_kernel: *images_unreadable_in_kernel,
                 })
             }
             Message::Attached {

@@ -29,7 +29,7 @@ use std::collections::BTreeSet;
 
 use kloop_protocol::PackReading;
 
-use crate::check::Violation;
+use crate::check::{Gap, Unchecked, Violation};
 use crate::evidence::{JitBooks, RunEvidence};
 
 /// The rules this module reports (for the known-issues ledger's list).
@@ -212,22 +212,48 @@ pub fn check(ev: &RunEvidence) -> Vec<Violation> {
     out
 }
 
-/// Why the books were not judged in this run, for the trial's notes.
-pub fn not_read(ev: &RunEvidence) -> Option<String> {
+/// The book rules this run could not judge, and why: the kernel lacks
+/// what they read ([`Gap::NotInKernel`], the guest names the option or
+/// release), or a reading failed ([`Gap::Lost`]), or the layout a
+/// `pack-boundary` step met leaves nothing to see (the chunk after the
+/// boundary image is used by code whose symbol starts later).
+pub fn unchecked(ev: &RunEvidence) -> Vec<Unchecked> {
+    let mut out = Vec::new();
     if let Some(pb) = ev.pack_boundaries.iter().find(|pb| pb.neighbour.is_none()) {
-        return Some(format!(
-            "rule {CHUNKS} not checked next to the {}-byte image at {:#x}: the chunk after it \
-             is used by code whose symbol starts later, so a free that clears it shows in no \
-             live symbol",
-            pb.boundary.1, pb.boundary.0
+        out.push(Unchecked::new(
+            CHUNKS,
+            Gap::Lost,
+            format!(
+                "next to the {}-byte image at {:#x}, the chunk after it is used by code whose \
+                 symbol starts later, so a free that clears it shows in no live symbol",
+                pb.boundary.1, pb.boundary.0
+            ),
         ));
     }
-    let books = ev.jit_books.as_ref()?;
-    match (&books.unreadable, &books.images_unreadable) {
-        (Some(why), _) => Some(format!("rules {CHARGE} and {CHUNKS} not checked: {why}")),
-        (None, Some(why)) => Some(format!("rule {IMAGES} not checked: {why}")),
-        (None, None) => None,
+    let Some(books) = ev.jit_books.as_ref() else {
+        return out;
+    };
+    let gap = |in_kernel: bool| {
+        if in_kernel {
+            Gap::NotInKernel
+        } else {
+            Gap::Lost
+        }
+    };
+    if let Some(why) = &books.unreadable {
+        out.push(Unchecked::new(
+            format!("{CHARGE}, {CHUNKS}"),
+            gap(books.unreadable_in_kernel),
+            why.clone(),
+        ));
+    } else if let Some(why) = &books.images_unreadable {
+        out.push(Unchecked::new(
+            IMAGES,
+            gap(books.images_unreadable_in_kernel),
+            why.clone(),
+        ));
     }
+    out
 }
 
 fn used_set(p: &PackReading) -> BTreeSet<u32> {
@@ -429,16 +455,30 @@ mod tests {
     }
 
     #[test]
-    fn unreadable_books_are_not_judged_and_say_why() {
-        let ev = RunEvidence {
+    fn unreadable_books_are_unchecked_never_quiet() {
+        let ev = |in_kernel: bool| RunEvidence {
             jit_books: Some(JitBooks {
                 unreadable: Some("/proc/kcore: No such file (CONFIG_PROC_KCORE)".into()),
+                unreadable_in_kernel: in_kernel,
                 ..JitBooks::default()
             }),
             ..RunEvidence::default()
         };
-        assert!(check(&ev).is_empty());
-        assert!(not_read(&ev).unwrap().contains("CONFIG_PROC_KCORE"));
+        // The kernel lacks /proc/kcore: the rules are not this kernel's.
+        assert!(check(&ev(true)).is_empty());
+        let u = unchecked(&ev(true));
+        assert_eq!(u.len(), 1);
+        assert_eq!(u[0].gap, Gap::NotInKernel);
+        assert_eq!(u[0].rule, "jit-charge, jit-chunks");
+        assert!(u[0].reason.contains("CONFIG_PROC_KCORE"));
+        // A reading that failed: evidence lost.
+        assert_eq!(unchecked(&ev(false))[0].gap, Gap::Lost);
+        // Books read whole: nothing unchecked.
+        let whole = RunEvidence {
+            jit_books: Some(JitBooks::default()),
+            ..RunEvidence::default()
+        };
+        assert!(unchecked(&whole).is_empty());
     }
 
     fn moment_over(

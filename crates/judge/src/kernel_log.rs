@@ -65,6 +65,17 @@ impl KernelChecks {
         .collect()
     }
 
+    /// How many times longer than its plain build such a kernel may take
+    /// to boot and run a plan, for its deadlines: generic KASAN checks
+    /// every memory access out of line (lib/Kconfig.kasan: "slowdown ~x3"
+    /// for outline, more under TCG), lockdep validates every lock
+    /// acquisition, kmemleak tracks every allocation and scans; UBSAN's
+    /// bounds checks cost little. A KASAN 6.12 build missed the 60 s TCG
+    /// boot deadline on a loaded 2-core host while its saved VM was made.
+    pub fn slowdown(self) -> u32 {
+        1 + 2 * u32::from(self.kasan) + u32::from(self.lockdep) + u32::from(self.kmemleak)
+    }
+
     /// Whether the kernel has any check whose evidence is the log.
     pub fn any(self) -> bool {
         self.kasan || self.ubsan || self.locking || self.kmemleak

@@ -226,6 +226,13 @@ pub struct Signature {
     /// `fault-recovery`: the clean attempt's errno name.
     #[serde(default)]
     pub errno: Option<String>,
+    /// `ksymbol-overlap`: one of the two symbols is a trampoline announced
+    /// with this len (registered or live).
+    #[serde(default)]
+    pub trampoline_len: Option<u32>,
+    /// `ksymbol-extent`: what the symbol is (`trampoline`).
+    #[serde(default)]
+    pub kind: Option<String>,
 }
 
 /// The fault classes a signature may name, with the fields each needs.
@@ -235,6 +242,8 @@ pub const FAULTS: &[(&str, &[&str])] = &[
     ("synthesised-ksymbol", &["fields", "first_function_tag"]),
     ("kernel-report", &["title", "frames"]),
     ("fault-recovery", &["target", "errno"]),
+    ("ksymbol-overlap", &["trampoline_len"]),
+    ("ksymbol-extent", &["kind", "len"]),
 ];
 
 /// The one excess shape `oversized-record` knows.
@@ -255,6 +264,8 @@ impl Signature {
             ("frames", self.frames.is_some()),
             ("target", self.target.is_some()),
             ("errno", self.errno.is_some()),
+            ("trampoline_len", self.trampoline_len.is_some()),
+            ("kind", self.kind.is_some()),
         ]
         .into_iter()
         .filter_map(|(f, given)| given.then_some(f))
@@ -347,6 +358,14 @@ impl Signature {
             }
             Detail::FaultRecovery(f) if self.fault == "fault-recovery" => {
                 self.target.as_ref() == Some(&f.target) && self.errno.as_ref() == Some(&f.errno)
+            }
+            Detail::KsymbolOverlap(o) if self.fault == "ksymbol-overlap" => {
+                let page = self.trampoline_len;
+                (o.registered == "trampoline" && Some(o.registered_len) == page)
+                    || (o.live == "trampoline" && Some(o.live_len) == page)
+            }
+            Detail::KsymbolExtent(e) if self.fault == "ksymbol-extent" => {
+                self.kind.as_ref() == Some(&e.kind) && self.len == Some(e.len) && e.extent < e.len
             }
             _ => false,
         }

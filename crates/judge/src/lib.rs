@@ -5,6 +5,7 @@
 //! goes back as values (`Cargo.toml` lists no crate that could do
 //! otherwise).
 //!
+//! - [`entry`]: the one door, [`judge`]: every family below over one run;
 //! - [`evidence`]: the guest's messages and raw streams, before interpretation;
 //! - [`check`]: the invariants every run obeys, one module per rule family;
 //! - [`emissions`]: one kernel write's copies across listeners and perf,
@@ -28,6 +29,7 @@ pub mod ab;
 pub mod bisect;
 pub mod check;
 pub mod emissions;
+pub mod entry;
 pub mod evidence;
 pub mod expect;
 pub mod expectation;
@@ -39,3 +41,5 @@ pub mod normalise;
 pub mod overhead;
 pub mod perf_script;
 pub mod published;
+
+pub use entry::{judge, Inputs, Judged};

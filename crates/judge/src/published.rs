@@ -110,25 +110,38 @@ pub fn check_reading(r: &SpinReading) -> Vec<Violation> {
     out
 }
 
-/// Why the rule checked nothing in this run, for the trial's notes (and
-/// what it checked, when it did).
+/// A spin reader that saw no record checked nothing: each load/unload
+/// cycle of its plan writes KSYMBOL and BPF_EVENT records to the ring it
+/// watches, so none seen is evidence lost, never a pass.
+pub fn unchecked(ev: &RunEvidence) -> Vec<crate::check::Unchecked> {
+    ev.spin_reads
+        .iter()
+        .filter(|r| r.records == 0)
+        .map(|r| {
+            crate::check::Unchecked::new(
+                PUBLISHED_BYTES,
+                crate::check::Gap::Lost,
+                format!(
+                    "the spin reader on CPU {} saw no record on CPU {}'s listener in {} \
+                     load/unload cycle(s), each of which writes records there",
+                    r.reader_cpu, r.listener_cpu, r.cycles
+                ),
+            )
+        })
+        .collect()
+}
+
+/// What the rule checked, for the trial's notes.
 pub fn notes(ev: &RunEvidence) -> Vec<String> {
     ev.spin_reads
         .iter()
+        .filter(|r| r.records > 0)
         .map(|r| {
-            if r.records == 0 {
-                format!(
-                    "rule {PUBLISHED_BYTES} not checked: the spin reader on CPU {} saw no record \
-                     on CPU {}'s listener in {} load/unload cycle(s)",
-                    r.reader_cpu, r.listener_cpu, r.cycles
-                )
-            } else {
-                format!(
-                    "{PUBLISHED_BYTES}: {} records ({} bytes) checked at {} head advances over \
-                     {} load/unload cycles of a {}-function program, {} torn",
-                    r.records, r.bytes, r.head_advances, r.cycles, r.functions, r.torn_total
-                )
-            }
+            format!(
+                "{PUBLISHED_BYTES}: {} records ({} bytes) checked at {} head advances over \
+                 {} load/unload cycles of a {}-function program, {} torn",
+                r.records, r.bytes, r.head_advances, r.cycles, r.functions, r.torn_total
+            )
         })
         .collect()
 }
@@ -267,7 +280,7 @@ mod tests {
     }
 
     #[test]
-    fn a_reader_that_saw_nothing_says_the_rule_was_not_checked() {
+    fn a_reader_that_saw_nothing_is_unchecked_never_quiet() {
         let mut r = clean();
         r.records = 0;
         r.head_advances = 0;
@@ -276,8 +289,21 @@ mod tests {
             ..Default::default()
         };
         assert!(check(&ev).is_empty());
-        assert!(notes(&ev)[0].starts_with("rule published-bytes not checked"));
+        assert!(notes(&ev).is_empty());
+        let u = unchecked(&ev);
+        assert_eq!(u.len(), 1);
+        assert_eq!(u[0].rule, PUBLISHED_BYTES);
+        assert_eq!(u[0].gap, crate::check::Gap::Lost);
+        assert!(u[0].reason.contains("saw no record"), "{u:?}");
+        // A reader that saw records checked them.
+        let seen = RunEvidence {
+            spin_reads: vec![clean()],
+            ..Default::default()
+        };
+        assert!(unchecked(&seen).is_empty());
+        assert_eq!(notes(&seen).len(), 1);
         // A run without a spin-read step says nothing at all.
         assert!(notes(&RunEvidence::default()).is_empty());
+        assert!(unchecked(&RunEvidence::default()).is_empty());
     }
 }

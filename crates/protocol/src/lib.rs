@@ -437,6 +437,11 @@ pub enum Message {
         /// option or symbol missing); the readings are then empty.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         unreadable: Option<String>,
+        /// `unreadable` says the kernel lacks what the books are read
+        /// through (a config option, a structure of a later release), not
+        /// that a reading failed.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        unreadable_in_kernel: bool,
         /// Every trampoline image seen on `bpf_kallsyms` after the plan's
         /// steps that attach (once per image), with its symbol's span.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -444,6 +449,10 @@ pub enum Message {
         /// Why the images could not be read (the other readings stand).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         images_unreadable: Option<String>,
+        /// `images_unreadable` says the kernel lacks what they are read
+        /// through.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        images_unreadable_in_kernel: bool,
     },
     /// What the kernel said about itself while the plan's steps ran, sent
     /// after the last step: the kernel log's records from the first step on

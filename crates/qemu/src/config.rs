@@ -60,6 +60,26 @@ impl Deadlines {
             total: Duration::from_secs(120 * u64::from(s)),
         }
     }
+
+    /// Every deadline `k` times as long (a kernel built with its own
+    /// runtime checks runs several times slower than its plain build).
+    pub fn scaled(self, k: u32) -> Self {
+        let k = k.max(1);
+        Deadlines {
+            boot: self.boot * k,
+            silence: self.silence * k,
+            total: self.total * k,
+        }
+    }
+
+    /// Each deadline the longer of the two.
+    pub fn at_least(self, other: Deadlines) -> Self {
+        Deadlines {
+            boot: self.boot.max(other.boot),
+            silence: self.silence.max(other.silence),
+            total: self.total.max(other.total),
+        }
+    }
 }
 
 /// Everything needed to boot one guest.

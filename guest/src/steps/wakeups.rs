@@ -20,16 +20,24 @@ use crate::channel::send;
 const POLL_MS: libc::c_int = 1_500;
 
 /// How long a waiter of a listener with a watermark above 1 byte goes on
-/// polling after the plan's end: a wake-up the kernel decided on is an
-/// irq_work raised at the record's commit, run at the next interrupt (a
-/// 4 ms tick at most, HZ=250); this is some 60 ticks.
-const QUIET_MS: libc::c_int = 250;
+/// polling after the plan's end, once quiet: the host holds every wake-up
+/// decision to a wake-up within 1 s (`kloop_judge` `wakeups::DEADLINE_NS`),
+/// so the waiter must still be there that long after the last record, or
+/// a wake-up the kernel delivered in time would read as missing. The
+/// agent cannot tell which records decided a wake-up (that needs their
+/// sizes, which the host replays), so it waits the whole deadline.
+const QUIET_MS: libc::c_int = 1_100;
 
 /// A running waiter.
 pub struct Waiter {
     stop: Arc<AtomicBool>,
-    /// Written at [`Waiter::finish`] to end the `poll(2)` in progress.
+    /// Written at [`Waiter::finish`] to end the `poll(2)` in progress, but
+    /// only when no wake-up is owed (see there).
     bell: OwnedFd,
+    /// Set by the thread when every record in the rings has had a
+    /// wake-up after it (1-byte watermark only).
+    covered: Arc<AtomicBool>,
+    watermark: u32,
     thread: JoinHandle<Vec<(u32, Vec<u64>)>>,
 }
 
@@ -50,6 +58,8 @@ impl Waiter {
     pub fn start(rings: Vec<(u32, RawFd, &AtomicU64)>, watermark: u32) -> Result<Waiter> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        let covered = Arc::new(AtomicBool::new(true));
+        let all_covered = covered.clone();
         // SAFETY: eventfd has no pointer arguments.
         let bell = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if bell < 0 {
@@ -64,19 +74,36 @@ impl Waiter {
             .collect();
         let thread = std::thread::Builder::new()
             .name("kloop-waiter".into())
-            .spawn(move || run(&rings, watermark, bell_fd, &flag))?;
-        Ok(Waiter { stop, bell, thread })
+            .spawn(move || run(&rings, watermark, bell_fd, &flag, &all_covered))?;
+        Ok(Waiter {
+            stop,
+            bell,
+            covered,
+            watermark,
+            thread,
+        })
     }
 
     /// Stops once every record in the rings has had a wake-up after it
     /// (or after the current `poll` times out, the case of a wake-up the
     /// kernel never delivers), and sends what it saw, a `Wakeups` per
     /// listener.
+    ///
+    /// The bell is rung only when no wake-up is owed: any return of
+    /// `poll(2)`, the bell's too, runs `perf_poll()` on every ring, which
+    /// reports (and clears) `rb->poll` whether or not the kernel's wake-up
+    /// came. Rung while a record waits for its wake-up, the bell would
+    /// make a lost wake-up look like one delivered now. So with records
+    /// owed a wake-up (or a watermark above 1 byte, where the agent cannot
+    /// tell which are) the thread ends on the kernel's own wake-up or its
+    /// timeout.
     pub fn finish(self) -> Result<()> {
         self.stop.store(true, Ordering::SeqCst);
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from `one`, which outlives the call.
-        unsafe { libc::write(self.bell.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        if self.watermark <= 1 && self.covered.load(Ordering::SeqCst) {
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from `one`, which outlives the call.
+            unsafe { libc::write(self.bell.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        }
         let seen = self
             .thread
             .join()
@@ -104,6 +131,7 @@ fn run(
     watermark: u32,
     bell: RawFd,
     stop: &AtomicBool,
+    all_covered: &AtomicBool,
 ) -> Vec<(u32, Vec<u64>)> {
     let mut seen: Vec<(u32, Vec<u64>)> = rings.iter().map(|(i, _, _)| (*i, Vec::new())).collect();
     // SAFETY: each word lives as long as its ring (`Head`).
@@ -153,17 +181,20 @@ fn run(
         }
         let heads: Vec<u64> = (0..rings.len()).map(head).collect();
         let now = monotonic_ns();
+        // A return the bell ended is not the kernel's wake-up, whatever
+        // the rings say (see `Waiter::finish`): none counted.
+        let bell_rang = fds[rung].revents & libc::POLLIN != 0;
+        if bell_rang {
+            let mut buf = [0u8; 8];
+            // SAFETY: reads at most 8 bytes into `buf`.
+            unsafe { libc::read(bell, buf.as_mut_ptr().cast(), 8) };
+        }
         for (k, p) in fds.iter_mut().enumerate() {
             if k == rung {
-                if p.revents & libc::POLLIN != 0 {
-                    let mut buf = [0u8; 8];
-                    // SAFETY: reads at most 8 bytes into `buf`.
-                    unsafe { libc::read(bell, buf.as_mut_ptr().cast(), 8) };
-                }
                 p.revents = 0;
                 continue;
             }
-            if p.revents & libc::POLLIN != 0 {
+            if p.revents & libc::POLLIN != 0 && !bell_rang {
                 seen[k].1.push(now);
                 covered[k] = heads[k];
             }
@@ -173,6 +204,10 @@ fn run(
             }
             p.revents = 0;
         }
+        all_covered.store(
+            (0..rings.len()).all(|k| head(k) == covered[k]),
+            Ordering::SeqCst,
+        );
     }
     seen
 }

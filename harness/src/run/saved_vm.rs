@@ -441,8 +441,9 @@ impl SavedVms {
             initramfs: Some(initramfs_path),
             artefacts: boot_dir,
             // The trial's own deadlines (a fault test's short ones) apply
-            // to its restore, not to the boot every trial shares.
-            deadlines: kloop_qemu::Deadlines::for_accel(shape.accel),
+            // to its restore, not to the boot every trial shares; a checked
+            // kernel's longer ones do.
+            deadlines: kloop_qemu::Deadlines::for_accel(shape.accel).at_least(shape.deadlines),
             start: GuestStart::BootAndSave {
                 vmstate: partial.clone(),
                 ram: ram_partial.clone(),

@@ -33,6 +33,8 @@ pub enum SuiteError {
     Io(#[from] PathIo),
     #[error(transparent)]
     Ledger(#[from] crate::judge::known_issues::LedgerError),
+    #[error(transparent)]
+    ExpectedSkips(#[from] scenario::skips::SkipsError),
     #[error("--snapshot-as {0} names no kernel pin and no snapshot set blessed with `bless --as {0}`; known pins: {1}")]
     UnknownSnapshotPin(String, String),
     #[error(transparent)]
@@ -290,6 +292,7 @@ pub fn prepare_env_timed(
     let mut laps = crate::run::phases::Laps::new();
     // A broken ledger is a setup error, found before anything is built.
     let known_issues = crate::workspace::load_ledger(layout)?;
+    let expected_skips = scenario::skips::ExpectedSkips::load(&layout.kernels())?;
     let qemu = kloop_qemu::find_qemu()?;
     let qemu_version = kloop_qemu::qemu_version(&qemu).unwrap_or_else(|| "unknown".into());
     // A scenario folder that does not load fails its own trials (and the
@@ -338,6 +341,7 @@ pub fn prepare_env_timed(
         bless: opts.bless,
         saved_vms,
         known_issues,
+        expected_skips,
         pin_modules,
     };
     Ok((env, rest.phases))

@@ -11,6 +11,7 @@ use kloop_protocol::{Plan, Requirement, Step};
 
 pub use kloop_judge::expectation;
 pub mod needs;
+pub mod skips;
 
 use expectation::Expectation;
 

@@ -39,6 +39,7 @@ pub mod merge;
 pub mod mutants;
 pub mod report_bug;
 pub mod repro;
+pub mod skips;
 pub mod validate;
 pub mod vm_shell;
 pub mod vm_test;

@@ -28,6 +28,36 @@ pub enum Detail {
     /// injected fault failed after injected failures
     /// ([`crate::fault_recovery`]).
     FaultRecovery(FaultRecovery),
+    /// `ksymbol-overlap`: a KSYMBOL register over a range another live
+    /// symbol of the set covers.
+    KsymbolOverlap(KsymbolOverlap),
+    /// `ksymbol-extent`: a KSYMBOL whose length is not its code's extent.
+    KsymbolExtent(KsymbolExtent),
+}
+
+/// See [`Detail::KsymbolOverlap`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KsymbolOverlap {
+    /// What the registered symbol is (`trampoline`, `program`,
+    /// `dispatcher`, `ool`, `other`: `check::ranges::symbol_kind`).
+    pub registered: String,
+    /// The register's len.
+    pub registered_len: u32,
+    /// What the live symbol it overlaps is.
+    pub live: String,
+    /// The live symbol's len.
+    pub live_len: u32,
+}
+
+/// See [`Detail::KsymbolExtent`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KsymbolExtent {
+    /// What the symbol is (`trampoline`).
+    pub kind: String,
+    /// The record's len.
+    pub len: u32,
+    /// The code's real extent in bytes (a trampoline's `im->size`).
+    pub extent: u32,
 }
 
 /// See [`Detail::FaultRecovery`].

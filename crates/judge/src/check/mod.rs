@@ -107,6 +107,7 @@ mod listener;
 mod model;
 mod pokes;
 mod programs;
+mod ranges;
 mod tasks;
 mod wakeups;
 
@@ -186,6 +187,13 @@ pub mod rule {
     /// scenario's own test program) exited 0 (or 77: it could not run).
     pub const PROGRAM_EXIT: &str = "program-exit";
 
+    /// Live KSYMBOL ranges of a set are pairwise disjoint at every moment.
+    pub const KSYMBOL_OVERLAP: &str = "ksymbol-overlap";
+    /// An unregister names a live range with the length it was registered with.
+    pub const KSYMBOL_UNREGISTER_RANGE: &str = "ksymbol-unregister-range";
+    /// A trampoline's KSYMBOL range is its image's (im->size).
+    pub const KSYMBOL_EXTENT: &str = "ksymbol-extent";
+
     /// Every rule name, in the order reports list them.
     pub const ALL: &[&str] = &[
         LISTENERS,
@@ -219,6 +227,9 @@ pub mod rule {
         WAKEUPS,
         PROGRAM_EXIT,
         OVERWRITE_NEVER_FULL,
+        KSYMBOL_OVERLAP,
+        KSYMBOL_UNREGISTER_RANGE,
+        KSYMBOL_EXTENT,
     ];
 }
 
@@ -1076,6 +1087,24 @@ impl SetJudge<'_> {
             v.extend(found);
             if k == 0 {
                 a.accounted = accounted;
+            }
+        }
+        // The address space the set's KSYMBOLs describe: CPU-wide sets
+        // that asked for KSYMBOL, read whole (a task-bound set does not
+        // see symbols other tasks register or unregister).
+        if !is_task && scope.has_ksym && !self.is_cut(set) && !overwrite_set {
+            let images = ev
+                .jit_books
+                .as_ref()
+                .map(|b| b.images.as_slice())
+                .unwrap_or(&[]);
+            let label = if label.is_empty() {
+                String::new()
+            } else {
+                format!("{label}: ")
+            };
+            if let Some(note) = ranges::check(&label, &merged, images, v) {
+                a.notes.push(note);
             }
         }
         self.check_pokes(set, is_task, &merged, &label, v);

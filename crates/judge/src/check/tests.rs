@@ -102,7 +102,15 @@ fn unregister_len_differs_from_register() {
     if let Ev::Unreg(_, len, ..) = &mut s[i].2 {
         *len = 8192;
     }
-    only(&s, rule::UNLOAD_SYMBOLS);
+    // The per-symbol rule and the address-space one both see it: the
+    // consumer's map would keep (or drop) another range than announced.
+    let a = analyse(&evidence(&s));
+    assert_eq!(
+        rules(&a),
+        BTreeSet::from([rule::UNLOAD_SYMBOLS, rule::KSYMBOL_UNREGISTER_RANGE]),
+        "{}",
+        dump(&a)
+    );
 }
 
 #[test]

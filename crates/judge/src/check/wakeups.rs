@@ -71,16 +71,39 @@ pub fn check_listener(listener: u32, records: &[Record], woke: &[u64]) -> Vec<Vi
     out
 }
 
+/// The records after which the kernel decided to wake a listener polled
+/// with a ring watermark of `watermark` bytes, read from
+/// kernel/events/ring_buffer.c: `__perf_output_begin()` reserves a
+/// record (the head moves on by its size) and then, `if (head -
+/// local_read(&rb->wakeup) > rb->watermark)`, moves `rb->wakeup` on by one
+/// watermark; `perf_output_put_handle()` calls `perf_output_wakeup()` for
+/// that record because `handle->wakeup` no longer equals `rb->wakeup`.
+/// Both start at 0 in a new ring. Every byte of the ring is a record's,
+/// so the records' sizes, in stream order, replay the head. With a 1-byte
+/// watermark every record decides.
+pub fn decisions(watermark: u64, records: &[Record]) -> Vec<&Record> {
+    let (mut head, mut wakeup) = (0u64, 0u64);
+    let mut out = Vec::new();
+    for r in records {
+        head += u64::from(r.header.size);
+        if head - wakeup > watermark {
+            wakeup += watermark;
+            out.push(r);
+        }
+    }
+    out
+}
+
 /// A listener polled with a wakeup watermark of `watermark` bytes (more
 /// than 1) in a ring of `ring_bytes`: the kernel takes
 /// `min(watermark, ring_bytes)` as the ring's watermark
-/// (`ring_buffer_init()`), and `__perf_output_begin()` moves `rb->wakeup`
-/// on by it only when the head has passed `rb->wakeup` by more than it;
-/// `perf_output_put_handle()` wakes the poller only when `rb->wakeup`
-/// moved. So `B` bytes of records allow at most `B / watermark` wake-ups,
-/// and `perf_poll()` returns readable once per wake-up (it consumes
-/// `rb->poll`), plus one for the listener's close. A waiter woken more
-/// often was woken before the watermark was passed.
+/// (`ring_buffer_init()`), and wakes the poller after exactly the records
+/// [`decisions`] finds. Both ways are held:
+/// - at most one wake-up per decision, plus one for the listener's close:
+///   a waiter woken more often was woken before the watermark was passed;
+/// - after each decision, a wake-up within [`DEADLINE_NS`]: several
+///   decisions may share one wake-up (`rb->poll` is a flag the waiter's
+///   `perf_poll()` consumes once), but none may go without one.
 pub fn check_watermark(
     listener: u32,
     watermark: u64,
@@ -90,21 +113,41 @@ pub fn check_watermark(
 ) -> Vec<Violation> {
     let watermark = watermark.min(ring_bytes.max(1));
     let bytes: u64 = records.iter().map(|r| u64::from(r.header.size)).sum();
-    let allowed = bytes / watermark + 1;
-    if woke.len() as u64 <= allowed {
-        return Vec::new();
+    let owed = decisions(watermark, records);
+    let allowed = owed.len() as u64 + 1;
+    let mut out = Vec::new();
+    if woke.len() as u64 > allowed {
+        out.push(Violation::new(
+            rule::WAKEUPS,
+            format!(
+                "listener {listener} (wakeup watermark {watermark} bytes): its poller woke {} \
+                 times for {bytes} bytes of records, more than the {allowed} the watermark allows \
+                 ({} wake-up decision(s) + 1 for the close): __perf_output_begin() moves \
+                 rb->wakeup on, and perf_output_put_handle() wakes the poller, only when the head \
+                 passed the last wake-up point by more than the watermark",
+                woke.len(),
+                owed.len()
+            ),
+        ));
     }
-    vec![Violation::new(
-        rule::WAKEUPS,
-        format!(
-            "listener {listener} (wakeup watermark {watermark} bytes): its poller woke {} \
-             times for {bytes} bytes of records, more than the {allowed} the watermark allows \
-             ({bytes} / {watermark} + 1 for the close): __perf_output_begin() moves rb->wakeup \
-             on, and perf_output_put_handle() wakes the poller, only when the head passed the \
-             last wake-up point by more than the watermark",
-            woke.len()
-        ),
-    )]
+    let owned: Vec<Record> = owed.into_iter().cloned().collect();
+    out.extend(
+        check_listener(listener, &owned, woke)
+            .into_iter()
+            .map(|mut v| {
+                v.message = v.message.replacen(
+                    "(watermark 1 byte: every record wakes its poller, \
+                     perf_output_put_handle() -> perf_output_wakeup())",
+                    &format!(
+                        "(wakeup watermark {watermark} bytes: this record passed the ring's \
+                         wake-up point, so perf_output_put_handle() -> perf_output_wakeup())"
+                    ),
+                    1,
+                );
+                v
+            }),
+    );
+    out
 }
 
 /// Every polled listener's violations (`listeners` gives each one's
@@ -157,9 +200,30 @@ mod tests {
         let ms = 1_000_000;
         let recs = records(&(1..=40).map(|i| i * ms).collect::<Vec<_>>());
         let bytes: u64 = recs.iter().map(|r| u64::from(r.header.size)).sum();
-        let allowed = (bytes / 512 + 1) as usize;
-        let woke: Vec<u64> = (1..=allowed as u64).map(|i| i * ms).collect();
+        let owed = decisions(512, &recs);
+        // The sizes replay the head: one decision per 512 bytes passed.
+        assert_eq!(owed.len() as u64, (bytes - 1) / 512);
+        // A wake-up right after each decision.
+        let woke: Vec<u64> = owed.iter().map(|r| r.time().unwrap() + 1).collect();
         assert!(check_watermark(0, 512, 65536, &recs, &woke).is_empty());
+        // One wake-up may serve decisions that came close together.
+        let last = *woke.last().unwrap();
+        let merged: Vec<u64> = woke
+            .iter()
+            .copied()
+            .skip(1)
+            .step_by(2)
+            .chain([last])
+            .collect();
+        assert!(check_watermark(0, 512, 65536, &recs, &merged).is_empty());
+        // No wake-up at all, where the bytes owe some: a lower bound.
+        let v = check_watermark(0, 512, 65536, &recs, &[]);
+        assert!(!v.is_empty());
+        assert!(
+            v.iter().all(|v| v.message.contains("never woke after it")
+                && v.message.contains("wakeup watermark 512 bytes")),
+            "{v:?}"
+        );
         // One wake-up per record: woken before the watermark was passed.
         let every: Vec<u64> = (1..=40).map(|i| i * ms).collect();
         let v = check_watermark(0, 512, 65536, &recs, &every);

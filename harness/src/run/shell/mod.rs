@@ -109,6 +109,12 @@ pub fn run_shell(
     let artefacts = env.run_dir.join("shell");
     // Before any kernel is fetched: without busybox there is no shell.
     let busybox = payload::busybox_payload()?;
+    // The checks the kernel was built with: a by-hand run's report holds
+    // their evidence to the same door as a trial's.
+    let kernel_checks = kernel
+        .config(env)
+        .map(|c| crate::judge::kernel_log::KernelChecks::from_config(|o| c.is_builtin(o)))
+        .unwrap_or_default();
     if let Ok(config) = kernel.config(env) {
         if let Some(reason) = crate::scenario::needs::preflight(scenario, &config) {
             say(&format!(
@@ -179,6 +185,7 @@ pub fn run_shell(
                 runs: &runs,
                 artefacts: &artefacts,
                 limit,
+                kernel_checks,
             };
             pump.run();
         });
@@ -301,6 +308,8 @@ struct Pump<'a> {
     artefacts: &'a Path,
     /// Most channel bytes one by-hand session may send.
     limit: u64,
+    /// What the kernel was built to check (its config).
+    kernel_checks: crate::judge::kernel_log::KernelChecks,
 }
 
 impl Pump<'_> {
@@ -384,7 +393,7 @@ impl Pump<'_> {
                     Message::Hello { monotonic_ns, .. } => {
                         // An earlier run that never finished (Ctrl-C in
                         // the guest) is dropped: nobody waits for it.
-                        let mut run = ByHandRun::new(monotonic_ns);
+                        let mut run = ByHandRun::new(monotonic_ns, self.kernel_checks);
                         run.message(msg);
                         *current = Some(run);
                     }

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use kloop_protocol::{Message, RecordsHeader, Step};
 use kloop_records::{merge_by_time, Record};
 
-use crate::judge::check::{analyse, Analysis};
+use crate::judge::check::Analysis;
 use crate::judge::evidence::RunEvidence;
 
 /// Records shown per listener set in the guest; the report file on the
@@ -30,6 +30,8 @@ pub(crate) struct ByHandRun {
     /// What went wrong on the channel during the session (framing errors,
     /// streams out of order), in words.
     pub channel_notes: Vec<String>,
+    /// What the kernel was built to check (its config), for the judge.
+    pub kernel_checks: crate::judge::kernel_log::KernelChecks,
 }
 
 /// How a by-hand session ended.
@@ -42,9 +44,10 @@ pub(crate) enum RunEnd {
 }
 
 impl ByHandRun {
-    pub fn new(hello_ns: u64) -> Self {
+    pub fn new(hello_ns: u64, kernel_checks: crate::judge::kernel_log::KernelChecks) -> Self {
         ByHandRun {
             hello_ns,
+            kernel_checks,
             ..ByHandRun::default()
         }
     }
@@ -105,7 +108,16 @@ impl ByHandRun {
 /// most [`RECORDS_SHOWN`] per listener set.
 pub(crate) fn render(run: &ByHandRun, end: &RunEnd, all: bool) -> String {
     let ev = run.evidence();
-    let analysis = analyse(&ev);
+    // The judge's one door, as for a trial; a by-hand session has no
+    // scenario of its own (its steps are the user's), so no declared
+    // expectations and no ledger.
+    let judged = crate::judge::judge(&crate::judge::Inputs {
+        evidence: &ev,
+        scenario: None,
+        kernel_checks: run.kernel_checks,
+        perf_file: None,
+    });
+    let analysis = judged.analysis;
     let mut out = String::new();
     let scenario_steps: Vec<(u32, String, Option<u64>)> = steps(run);
     let _ = writeln!(
@@ -158,6 +170,17 @@ pub(crate) fn render(run: &ByHandRun, end: &RunEnd, all: bool) -> String {
         for v in &analysis.violations {
             let _ = writeln!(out, "  {v}");
         }
+    }
+    for u in &judged.unchecked {
+        let _ = writeln!(
+            out,
+            "  {} ({})",
+            u.line(),
+            match u.gap {
+                crate::judge::check::Gap::Lost => "evidence lost",
+                crate::judge::check::Gap::NotInKernel => "not in this kernel",
+            }
+        );
     }
     for note in &analysis.notes {
         let _ = writeln!(out, "  {note}");
@@ -340,7 +363,7 @@ mod tests {
             0,
             kloop_records::PERF_SAMPLE_TIME | kloop_records::PERF_SAMPLE_CPU,
         );
-        let mut run = ByHandRun::new(7);
+        let mut run = ByHandRun::new(7, Default::default());
         run.message(Message::StepStart {
             index: 0,
             what: r#"{"op":"drain"}"#.into(),

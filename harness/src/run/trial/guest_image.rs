@@ -233,7 +233,18 @@ pub(crate) fn prepare_guest(
             .collect(),
         artefacts: artefacts.to_path_buf(),
         deadlines: {
-            let mut d = env.deadlines.unwrap_or_else(|| Deadlines::for_accel(accel));
+            // A kernel with its own runtime checks is slower: its
+            // deadlines grow with them (a test's own deadlines stand).
+            let slowdown = kernel
+                .config(env)
+                .map(|c| {
+                    crate::judge::kernel_log::KernelChecks::from_config(|o| c.is_builtin(o))
+                        .slowdown()
+                })
+                .unwrap_or(1);
+            let mut d = env
+                .deadlines
+                .unwrap_or_else(|| Deadlines::for_accel(accel).scaled(slowdown));
             if let Some(secs) = scenario.vm.total_secs {
                 d.total = d.total.min(std::time::Duration::from_secs(secs));
             }

@@ -37,22 +37,78 @@ pub(super) fn judge(
         report_fixed,
         perf_under_test: crate::run::payload::perf_override(),
     };
-    let analysis = analysed(&judging, &evidence, result);
-    let (normalised, normalised_path) = keep_views(&evidence, &analysis, artefacts);
+    let judged = analysed(&judging, &evidence, result);
+    let analysis = &judged.analysis;
+    result.unchecked = judged.unchecked.clone();
+    let verdict = judged_verdict(&judging, &evidence, analysis, result);
+    unchecked_verdict(verdict, &judged.unchecked)
+}
+
+/// A verdict the evidence decided (`ok`, `KNOWN`) stands only if every
+/// rule that applies to this kernel had its evidence: one whose evidence
+/// was lost ([`Gap::Lost`]: a log that overran, books whose reading failed,
+/// a spin reader that saw nothing, a check the kernel was built with that
+/// left no answer) makes the trial `INFRA`, naming the rule and why. A
+/// rule this kernel gives nothing to judge ([`Gap::NotInKernel`]: no
+/// `bpf_prog_pack` before 5.18, trampolines that are pages of their own
+/// before 6.7) does not apply to it: that is kept in the result
+/// (`unchecked`), exact and narrow, and changes no verdict. A failure
+/// stands as it is.
+fn unchecked_verdict(verdict: Verdict, unchecked: &[crate::judge::check::Unchecked]) -> Verdict {
+    use crate::judge::check::Gap;
+    if !matches!(verdict, Verdict::Ok | Verdict::Known(_)) {
+        return verdict;
+    }
+    let lost: Vec<String> = unchecked
+        .iter()
+        .filter(|u| u.gap == Gap::Lost)
+        .map(|u| u.line())
+        .collect();
+    if lost.is_empty() {
+        return verdict;
+    }
+    let held = match &verdict {
+        Verdict::Known(m) => format!(
+            "; of the rules checked, only known bugs broke: {}",
+            one_line(m)
+        ),
+        _ => "; every rule that was checked held".to_string(),
+    };
+    Verdict::Infrastructure(format!("evidence lost: {}{held}", lost.join("; ")))
+}
+
+/// The verdict of the judged evidence: rules and the ledger, overhead,
+/// snapshot.
+fn judged_verdict(
+    judging: &Judging,
+    evidence: &RunEvidence,
+    analysis: &crate::judge::check::Analysis,
+    result: &mut TrialResult,
+) -> Verdict {
+    let &Judging {
+        env,
+        kernel,
+        scenario,
+        artefacts,
+        ledger_pin,
+        ..
+    } = judging;
+    let judging = &judging;
+    let (normalised, normalised_path) = keep_views(evidence, analysis, artefacts);
     result.violations = rule_hits(
         &env.known_issues,
         ledger_pin,
         &scenario.name,
         &analysis.violations,
     );
-    not_showing_notes(&judging, &analysis.violations, result);
+    not_showing_notes(judging, &analysis.violations, result);
     let (ledger_verdict, ledger_suffix) =
-        match ledger_verdict(&judging, &analysis.violations, &normalised_path) {
+        match ledger_verdict(judging, &analysis.violations, &normalised_path) {
             Ok(v) => v,
             Err(failed) => return failed,
         };
-    result.notes.extend(fail_nth_notes(&evidence));
-    let overhead = overhead_checked(&judging, &evidence, result);
+    result.notes.extend(fail_nth_notes(evidence));
+    let overhead = overhead_checked(judging, evidence, result);
     let overhead_verdict = || match overhead.clone() {
         Err(e) => Verdict::failed(FailureCause::OverheadBudget, format!("{e}{ledger_suffix}")),
         Ok(_) => ledger_verdict.clone().unwrap_or(Verdict::Ok),
@@ -60,7 +116,7 @@ pub(super) fn judge(
     let Some(snap_name) = kernel.snapshot_name().filter(|_| scenario.snapshot) else {
         return overhead_verdict();
     };
-    let Some(drift) = compare_snapshot(&judging, &snap_name, &normalised, result) else {
+    let Some(drift) = compare_snapshot(judging, &snap_name, &normalised, result) else {
         return overhead_verdict();
     };
     let verdict = drift_verdict(
@@ -89,88 +145,54 @@ struct Judging<'a> {
     perf_under_test: Option<PathBuf>,
 }
 
-/// The session's evidence analysed: its records and raw fields kept, every
-/// rule and declared expectation checked, perf's own file read. Its notes
-/// join the trial's.
+/// The session's evidence judged through the judge's one door
+/// ([`crate::judge::judge`]): its raw streams and perf's file kept, the
+/// checks the kernel was built with read from its config, the raw fields
+/// per program written for `bisect --predicate field:…`. The judgement's
+/// notes join the trial's.
 fn analysed(
     judging: &Judging,
     evidence: &RunEvidence,
     result: &mut TrialResult,
-) -> crate::judge::check::Analysis {
+) -> crate::judge::Judged {
     let &Judging {
+        env,
         kernel,
         scenario,
         artefacts,
+        ledger_pin,
         ..
     } = judging;
     for (idx, bytes) in &evidence.streams {
         let _ = std::fs::write(artefacts.join(format!("records-{idx}.bin")), bytes);
     }
-    let mut analysis = crate::judge::check::analyse(evidence);
-    result.notes.extend(analysis.notes.iter().cloned());
+    let perf_file = kept_perf_file(judging, evidence);
+    let kernel_checks = kernel
+        .config(env)
+        .map(|c| crate::judge::kernel_log::KernelChecks::from_config(|o| c.is_builtin(o)))
+        .unwrap_or_default();
+    let snapshot_name = kernel.snapshot_name();
+    let judged = crate::judge::judge(&crate::judge::Inputs {
+        evidence,
+        scenario: Some(crate::judge::entry::ScenarioInputs {
+            name: &scenario.name,
+            plan: &scenario.plan,
+            expect: &scenario.expect,
+            pin: snapshot_name.as_deref(),
+            ledger_pin,
+            ledger: &env.known_issues,
+        }),
+        kernel_checks,
+        perf_file: perf_file.as_ref(),
+    });
+    result.notes.extend(judged.analysis.notes.iter().cloned());
     // Raw fields per program label, for `bisect --predicate field:…`.
     if let Ok(json) =
-        serde_json::to_string_pretty(&crate::judge::bisect::fields(evidence, &analysis))
+        serde_json::to_string_pretty(&crate::judge::bisect::fields(evidence, &judged.analysis))
     {
         let _ = std::fs::write(artefacts.join(crate::judge::bisect::FIELDS_FILE), json);
     }
-    check_beyond_rules(kernel, scenario, evidence, &mut analysis, result);
-    if let Some(note) = perf_file(judging, evidence, &mut analysis.violations) {
-        result.notes.push(note);
-    }
-    analysis
-}
-
-/// What this scenario declares, and what every kernel's own books show, on
-/// top of the rules every run obeys: the violations join the analysis, the
-/// notes the trial's.
-fn check_beyond_rules(
-    kernel: &KernelUnderTest,
-    scenario: &Scenario,
-    evidence: &RunEvidence,
-    analysis: &mut crate::judge::check::Analysis,
-    result: &mut TrialResult,
-) {
-    analysis.violations.extend(crate::judge::expect::check(
-        &scenario.expect,
-        &scenario.plan,
-        evidence,
-        analysis,
-        kernel.snapshot_name().as_deref(),
-    ));
-    analysis.violations.extend(crate::judge::perf_script::check(
-        evidence,
-        analysis,
-        &scenario.plan.steps,
-    ));
-    // A checked kernel's own reports (KASAN, UBSAN, lockdep, kmemleak).
-    analysis
-        .violations
-        .extend(crate::judge::kernel_log::check(evidence));
-    // The JIT's books: every charge returned, every chunk given back.
-    analysis
-        .violations
-        .extend(crate::judge::jit_books::check(evidence));
-    result
-        .notes
-        .extend(crate::judge::jit_books::not_read(evidence));
-    // A spin reader's torn records: bytes published before written.
-    analysis
-        .violations
-        .extend(crate::judge::published::check(evidence));
-    result
-        .notes
-        .extend(crate::judge::published::notes(evidence));
-    // A fail-nth sweep whose clean attempt failed: an injected failure
-    // the kernel did not undo.
-    analysis
-        .violations
-        .extend(crate::judge::fault_recovery::check(evidence));
-    // Oversized copies, kloop's and perf's: does the write's other copies'
-    // accumulated trailers account for each one's excess?
-    let mut violations = std::mem::take(&mut analysis.violations);
-    crate::judge::emissions::annotate(evidence, analysis, &mut violations);
-    analysis.violations = violations;
+    judged
 }
 
 /// The pin whose ledger entries judge `kernel`, and whether an entry that
@@ -456,95 +478,35 @@ pub(super) fn rule_hits(
         .collect()
 }
 
-/// The `perf.data` the guest's perf wrote, kept as `perf.data` in the
-/// artefacts and read with `check-perf-data`'s reader, held to perf's own
-/// dump of it and to kloop's own judging of perf's records (rule
-/// `perf-data`): the ledger entries with a perf.data sign the file reader
-/// recognises must be those kloop's second-reader violations are known
-/// as. The note says what the reader read.
-fn perf_file(
+/// perf's own `perf.data` of a plan with a `perf record` step, kept in
+/// the artefacts and read with `check-perf-data`'s reader, for the judge
+/// to hold to perf's dump and to kloop's second reader (rule
+/// `perf-data`). `None` when the plan ran no perf or its file did not
+/// arrive whole (the judge says so from the evidence).
+fn kept_perf_file(
     judging: &Judging,
     evidence: &RunEvidence,
-    violations: &mut Vec<crate::judge::check::Violation>,
-) -> Option<String> {
-    use crate::judge::perf_script::{self, FILE_RULE};
-    let &Judging {
-        env,
-        artefacts,
-        ledger_pin: pin,
-        ..
-    } = judging;
-    let scenario = judging.scenario.name.as_str();
-    let file = evidence.perf_data.as_ref()?;
-    let bytes = match file {
-        Ok(b) => b,
-        Err(why) => {
-            violations.push(crate::judge::check::Violation::new(
-                FILE_RULE,
-                format!("perf.data did not arrive whole: {why}"),
-            ));
-            return None;
-        }
-    };
-    let path = artefacts.join("perf.data");
-    if let Err(e) = std::fs::write(&path, bytes) {
-        violations.push(crate::judge::check::Violation::new(
-            FILE_RULE,
-            format!("writing {}: {e}", path.display()),
-        ));
+) -> Option<crate::judge::entry::PerfFile> {
+    let Some(Ok(bytes)) = evidence.perf_data.as_ref() else {
         return None;
+    };
+    let path = judging.artefacts.join("perf.data");
+    if let Err(e) = std::fs::write(&path, bytes) {
+        return Some(crate::judge::entry::PerfFile {
+            bytes: bytes.len(),
+            reading: crate::judge::perf_script::FileReading {
+                stopped: Some(format!("writing {}: {e}", path.display())),
+                ..Default::default()
+            },
+            file_knows: Vec::new(),
+        });
     }
-    let dump = perf_script::parse(&evidence.perf_scripts.first()?.text).ok()?;
-    let (reading, file_knows) = read_perf_file(&path, env);
-    violations.extend(perf_script::agree(&dump, &reading));
-    // kloop's own verdict on perf's records: its second-reader violations
-    // as the ledger knows them. Compared: perf's bugs a perf.data can show
-    // (component perf, a perf_data sign); the kernel's bugs in this
-    // scenario hit kloop's listeners, not perf's copy, which is exact
-    // (perf's events are iterated first) and checked by the rules above.
-    let perf_bug =
-        |i: &crate::judge::known_issues::Issue| i.component != "kernel" && i.perf_data.is_some();
-    let second: Vec<crate::judge::check::Violation> = violations
-        .iter()
-        .filter(|v| v.rule == perf_script::RULE)
-        .cloned()
-        .collect();
-    let judgement = env.known_issues.judge(pin.unwrap_or(""), scenario, &second);
-    let kloop_knows: Vec<String> = judgement
-        .known
-        .iter()
-        .filter(|(i, _)| perf_bug(i))
-        .map(|(i, _)| i.id.clone())
-        .collect();
-    let file_knows: Vec<String> = file_knows
-        .into_iter()
-        .filter(|id| {
-            env.known_issues
-                .issues
-                .iter()
-                .any(|i| i.id == *id && perf_bug(i))
-        })
-        .collect();
-    if pin.is_some() && file_knows != kloop_knows {
-        violations.push(crate::judge::check::Violation::new(
-            FILE_RULE,
-            format!(
-                "check-perf-data on perf's file knows [{}], kloop's second reader of the same records knows [{}]",
-                file_knows.join(", "),
-                kloop_knows.join(", ")
-            ),
-        ));
-    }
-    Some(format!(
-        "perf.data: {} bytes, {} KSYMBOL/BPF_EVENT read by check-perf-data{}",
-        bytes.len(),
-        reading.side_band.len(),
-        if file_knows.is_empty() {
-            String::new()
-        } else {
-            format!(", known: {}", file_knows.join(", "))
-        }
-    ))
+    let (reading, file_knows) = read_perf_file(&path, judging.env);
+    Some(crate::judge::entry::PerfFile {
+        bytes: bytes.len(),
+        reading,
+        file_knows,
+    })
 }
 
 /// What `check-perf-data`'s reader reads in the kept `perf.data`, and the
@@ -758,4 +720,53 @@ pub(super) fn one_line(text: &str) -> String {
         end -= 1;
     }
     format!("{}…", &joined[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::judge::check::{Gap, Unchecked};
+
+    #[test]
+    fn lost_evidence_turns_ok_and_known_into_infra_and_a_rule_not_in_the_kernel_does_not() {
+        let lost = Unchecked::new(
+            "kmemleak",
+            Gap::Lost,
+            "the kernel is built with CONFIG_DEBUG_KMEMLEAK but /sys/kernel/debug/kmemleak is not there",
+        );
+        let absent = Unchecked::new(
+            "jit-images",
+            Gap::NotInKernel,
+            "trampoline images are pages of their own here",
+        );
+        match unchecked_verdict(Verdict::Ok, std::slice::from_ref(&lost)) {
+            Verdict::Infrastructure(m) => {
+                assert!(
+                    m.starts_with("evidence lost: rule kmemleak not checked"),
+                    "{m}"
+                );
+                assert!(m.ends_with("every rule that was checked held"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            unchecked_verdict(
+                Verdict::Known("known bug: x".into()),
+                std::slice::from_ref(&lost)
+            ),
+            Verdict::Infrastructure(_)
+        ));
+        // A failure is a finding whatever else was unchecked.
+        let failed = Verdict::failed(FailureCause::AgentError, "boom");
+        assert_eq!(
+            unchecked_verdict(failed.clone(), std::slice::from_ref(&lost)),
+            failed
+        );
+        // Not in this kernel: the rule does not apply; the verdict stands.
+        assert_eq!(
+            unchecked_verdict(Verdict::Ok, std::slice::from_ref(&absent)),
+            Verdict::Ok
+        );
+        assert_eq!(unchecked_verdict(Verdict::Ok, &[]), Verdict::Ok);
+    }
 }

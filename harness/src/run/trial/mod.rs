@@ -311,6 +311,9 @@ pub struct TrialEnv {
     pub saved_vms: SavedVms,
     /// The known-issues ledger trials on pins are judged by.
     pub known_issues: crate::judge::known_issues::Ledger,
+    /// Which pin × scenario is expected to be SKIPPED
+    /// (`kernels/expected-skips.toml`).
+    pub expected_skips: crate::scenario::skips::ExpectedSkips,
     /// The modules every trial on a catalog pin ships: the union of every
     /// scenario's `modules` ([`crate::scenario::shipped_modules`]). A
     /// shipped module's file sits unused in the initramfs until a
@@ -375,6 +378,13 @@ pub fn run_trial_with(
     let started = Instant::now();
     let mut result = TrialResult::new(env, kernel, scenario, Verdict::Ok, artefacts.clone());
     result.verdict = run_inner(env, kernel, make, scenario, &artefacts, &mut result);
+    result.verdict = skip_as_expected(
+        env,
+        kernel,
+        scenario,
+        result.verdict.clone(),
+        &mut result.notes,
+    );
     result.wall_secs = started.elapsed().as_secs_f64();
     if let Some(p) = result.phases.as_mut() {
         p.host_checks = (result.wall_secs - p.prepare - p.qemu_total()).max(0.0);
@@ -383,6 +393,35 @@ pub fn run_trial_with(
         let _ = std::fs::write(artefacts.join("result.json"), json);
     }
     result
+}
+
+/// A pin's skip is an expectation (`crate::scenario::skips`): a `SKIPPED`
+/// trial the list does not name fails, and a listed one that ran says so
+/// in its notes. Other kernels' skips are the guest's probe's word.
+fn skip_as_expected(
+    env: &TrialEnv,
+    kernel: &KernelUnderTest,
+    scenario: &Scenario,
+    verdict: Verdict,
+    notes: &mut Vec<String>,
+) -> Verdict {
+    let KernelUnderTest::Pin(pin) = kernel else {
+        return verdict;
+    };
+    // Interrupted, timed out or broken trials say nothing about a skip.
+    let skipped = match &verdict {
+        Verdict::Skipped(why) => Some(why.as_str()),
+        Verdict::Ok | Verdict::Known(_) | Verdict::Failed(_) | Verdict::Fixed(_) => None,
+        _ => return verdict,
+    };
+    match crate::scenario::skips::judge(&env.expected_skips, &pin.id, &scenario.name, skipped) {
+        Ok(None) => verdict,
+        Ok(Some(note)) => {
+            notes.push(note);
+            verdict
+        }
+        Err(message) => Verdict::failed(FailureCause::UnexpectedSkip, message),
+    }
 }
 
 fn run_inner(

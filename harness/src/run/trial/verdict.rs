@@ -65,6 +65,9 @@ pub enum FailureCause {
     OverheadBudget,
     /// The guest agent reported an error and stopped the plan.
     AgentError,
+    /// A pin's trial was SKIPPED where `kernels/expected-skips.toml` says
+    /// it runs (or for another requirement than listed).
+    UnexpectedSkip,
     /// PID 1 died: a kloop agent bug.
     AgentCrash,
     /// The agent said something the scenario makes impossible (an unmet
@@ -82,6 +85,7 @@ impl FailureCause {
             FailureCause::SnapshotDrift => "snapshot drift".into(),
             FailureCause::OverheadBudget => "overhead over budget".into(),
             FailureCause::AgentError => "guest agent error".into(),
+            FailureCause::UnexpectedSkip => "skipped where it is expected to run".into(),
             FailureCause::AgentCrash => "guest agent crashed (kloop bug)".into(),
             FailureCause::AgentBug => "guest agent bug".into(),
             FailureCause::Unstated => "test failure".into(),
@@ -263,6 +267,11 @@ pub struct TrialResult {
     /// and machine-readable reports.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub violations: Vec<RuleHit>,
+    /// The rules the evidence did not let the judge decide, with why
+    /// (`judge::check::Unchecked`): the reason an `ok` became `INFRA` or
+    /// `SKIPPED`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unchecked: Vec<crate::judge::check::Unchecked>,
     /// The snapshot comparison's difference, when the stream drifted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_drift: Option<SnapshotDrift>,
@@ -462,6 +471,7 @@ impl TrialResult {
             saved_vm: None,
             notes: Vec::new(),
             violations: Vec::new(),
+            unchecked: Vec::new(),
             snapshot_drift: None,
             steps: Vec::new(),
             reused_from: None,
@@ -497,6 +507,7 @@ impl TrialResult {
             saved_vm: None,
             notes: Vec::new(),
             violations: Vec::new(),
+            unchecked: Vec::new(),
             snapshot_drift: None,
             steps: Vec::new(),
             reused_from: None,

@@ -1,0 +1,71 @@
+//! `cargo xtask skips`: which pin × scenario is expected to be SKIPPED
+//! (`kernels/expected-skips.toml`), derived from each scenario's
+//! `requires` and each pin's config and release
+//! (`kloop::scenario::skips`).
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use crate::{layout, FetchArgs};
+
+#[derive(Args, Clone)]
+pub(crate) struct SkipsArgs {
+    /// Rewrite kernels/expected-skips.toml with the derived list (its
+    /// `probe` entries kept).
+    #[arg(long, conflicts_with = "check")]
+    write: bool,
+    /// Compare only (the default): exit 1 when the file differs.
+    #[arg(long)]
+    check: bool,
+    #[command(flatten)]
+    fetch: FetchArgs,
+}
+
+/// Exit 0 when the file holds the derived list (or was rewritten), 1 when
+/// it differs, 2 on a setup error.
+pub(crate) fn skips(a: SkipsArgs) -> Result<ExitCode> {
+    let layout = layout();
+    let d = kloop::session::skips::derive(&layout, &a.fetch.options())?;
+    for p in &d.problems {
+        println!("skips: {p}");
+    }
+    let path = layout.kernels().join(kloop::scenario::skips::FILE);
+    if a.write {
+        if !d.problems.is_empty() {
+            println!(
+                "skips: {} problem(s) above: fix them by hand first",
+                d.problems.len()
+            );
+            return Ok(ExitCode::from(1));
+        }
+        let tmp = path.with_extension("toml.tmp");
+        std::fs::write(&tmp, d.text()).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path)
+            .with_context(|| format!("renaming onto {}", path.display()))?;
+        println!(
+            "skips: wrote {} expected skip(s) into {}",
+            d.expected.skips.len(),
+            path.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    if d.matches() {
+        println!(
+            "skips: {} holds the {} expected skip(s) the pins' configs and releases derive",
+            path.display(),
+            d.expected.skips.len()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    for line in crate::judge_diff(&d.committed.render(), &d.text()) {
+        println!("{line}");
+    }
+    println!(
+        "skips: {} differs from what the pins' configs and releases derive (- file, + derived); \
+         `cargo xtask skips --write` rewrites it",
+        path.display()
+    );
+    Ok(ExitCode::from(1))
+}
