@@ -663,3 +663,57 @@ fn recorded_interpreter_fix_is_fixed() {
     assert!(accept(std::slice::from_ref(&o), 1, &ids).accepted);
     assert!(!accept(std::slice::from_ref(&o), 1, &ids[..1]).accepted);
 }
+
+/// The checks' positive controls on linux-source-6.12 built with `--checks
+/// memory,locking,ub` (`src/testdata/real/6.12-built-control-*`, the
+/// messages the agent sent in each control's trial): the kernel log and
+/// kmemleak's list the agent read must make each control's report, of its
+/// rule, naming the control module's own functions, which
+/// `run::controls::judge` takes as the check seeing.
+#[test]
+fn recorded_6_12_checked_controls_report_their_rule_and_own_frames() {
+    use kloop::judge::check::Detail;
+    use kloop::run::controls::{judge, CONTROLS};
+    use kloop::run::trial::{FailureCause, Verdict};
+    for control in CONTROLS {
+        let dir = root().join(format!(
+            "src/testdata/real/6.12-built-control-{}",
+            control.rule
+        ));
+        let ev = recorded(&dir);
+        let reports: Vec<_> = kloop::judge::kernel_log::check(&ev)
+            .into_iter()
+            .filter_map(|v| match v.detail {
+                Some(Detail::KernelReport(r)) => Some(r),
+                _ => None,
+            })
+            .collect();
+        let failed = Verdict::failed(
+            FailureCause::Rules {
+                rules: vec![control.rule.to_string()],
+            },
+            "",
+        );
+        let report = judge(&control, &failed, &reports)
+            .unwrap_or_else(|blind| panic!("{}: {blind}; reports: {reports:?}", control.rule));
+        assert_eq!(report.check, control.rule);
+        let own: Vec<&String> = report
+            .frames
+            .iter()
+            .filter(|f| control.functions.contains(&f.as_str()))
+            .collect();
+        assert!(
+            !own.is_empty(),
+            "{}: frames {:?} name none of {:?}",
+            control.rule,
+            report.frames,
+            control.functions
+        );
+        eprintln!(
+            "{}: {} ← {}",
+            control.rule,
+            report.title,
+            report.frames.join(" ← ")
+        );
+    }
+}

@@ -124,6 +124,12 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
     )?;
     Ok(match validated {
         Validated::BuildFailed(code) => code,
+        Validated::Blind(lines) => {
+            for l in lines {
+                eprintln!("kloop: validate: {l}");
+            }
+            ExitCode::FAILURE
+        }
         Validated::Interrupted => {
             println!("kloop: validate: INTERRUPTED: the run was stopped before every trial ended; nothing is judged or recorded");
             ExitCode::FAILURE
@@ -162,6 +168,7 @@ fn print_validate_event(e: validate::Event<'_>) {
             println!("kloop: validate: {conclusion}");
         }
         validate::Event::Recorded(line) => println!("kloop: {line}"),
+        validate::Event::Control(o, kept) => crate::kernels_cmd::print_control(o, kept),
     }
 }
 

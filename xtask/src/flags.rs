@@ -800,6 +800,9 @@ impl BuildArgs {
             base: self.base,
             jobs: self.jobs.unwrap_or(plain.jobs),
             fetch: self.fetch.options(),
+            // Each check's positive control is built with the kernel
+            // (kernels/controls/, run by kloop::run::controls).
+            controls: (!checks.is_empty()).then(|| layout.kernels().join("controls")),
             ..plain.with_patches(self.patches.clone())
         })
     }

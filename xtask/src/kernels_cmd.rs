@@ -60,6 +60,9 @@ fn build(layout: &Layout, a: BuildArgs) -> Result<ExitCode> {
     let req = a.request(layout)?;
     let what = req.source.label();
     Ok(match build_kernel(&req, &what) {
+        Ok(k) if req.controls.is_some() && !run_controls(layout, &k, &a.fetch)? => {
+            ExitCode::FAILURE
+        }
         Ok(k) => {
             println!(
                 "kloop: run it with `cargo xtask vm-test --kernel built:{}`",
@@ -172,5 +175,50 @@ pub(crate) fn build_kernel(
             eprintln!("error ({what}): {e}");
             Err(ExitCode::from(2))
         }
+    }
+}
+
+/// `kernels build --checks` (and `validate --checks`): each check's
+/// positive control on the checked kernel `k`, a line each; `false` when a
+/// check is blind (its sentences on stderr), which stops the command.
+pub(crate) fn run_controls(
+    layout: &Layout,
+    k: &kloop_kernels::build::BuiltKernel,
+    fetch: &FetchArgs,
+) -> Result<bool> {
+    let env = kloop::run::suite::EnvOptions {
+        fetch: fetch.options(),
+        ..Default::default()
+    };
+    match kernels::controls(layout, k, &env, &print_control) {
+        Ok(_) => Ok(true),
+        Err(kernels::ControlsRunError::Controls(kloop::run::controls::ControlsError::Blind(
+            lines,
+        ))) => {
+            for l in lines {
+                eprintln!("kloop: {l}");
+            }
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// One control's outcome, a line on stdout (a blind one's sentence comes
+/// at the end, on stderr).
+pub(crate) fn print_control(o: &kloop::run::controls::ControlOutcome, kept: bool) {
+    let from = if kept {
+        " (kept from an earlier run)"
+    } else {
+        ""
+    };
+    match &o.blind {
+        None => println!("kloop: control: {}{from}", o.line()),
+        Some(_) => println!(
+            "kloop: control: the {} control came out {} (artefacts: {})",
+            o.control,
+            o.verdict,
+            o.artefacts.display()
+        ),
     }
 }

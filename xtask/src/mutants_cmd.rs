@@ -53,6 +53,12 @@ fn options(a: &MutantsArgs, layout: &kloop::workspace::Layout) -> Result<Mutants
         fetch: a.fetch.clone(),
     }
     .request(layout)?;
+    // The checks' controls run on `kernels build --checks` and `validate
+    // --checks` kernels; a mutant's build would only pay for building them.
+    let base = kloop_kernels::build::BuildRequest {
+        controls: None,
+        ..base
+    };
     Ok(MutantsOptions {
         base,
         source_arg: a.source.clone(),

@@ -132,6 +132,38 @@ impl ModuleSet {
         }
     }
 
+    /// Modules built with a local kernel (its checks' controls,
+    /// [`crate::build::controls`]) shipped as they are, as (name, path),
+    /// with `builtin` the asked-for modules the kernel has built in. They
+    /// need nothing but the kernel, so none depends on another.
+    pub fn local(
+        release: &str,
+        files: &[(String, PathBuf)],
+        builtin: Vec<String>,
+    ) -> std::io::Result<ModuleSet> {
+        let mut modules = Vec::with_capacity(files.len());
+        for (name, path) in files {
+            let bytes = std::fs::read(path).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("reading module {}: {e}", path.display()))
+            })?;
+            modules.push(ShippedModule {
+                name: canonical(name),
+                member: path.display().to_string(),
+                depends: Vec::new(),
+                sha256: hex::encode(Sha256::digest(&bytes)),
+                size: bytes.len() as u64,
+                kernel_decompresses: None,
+            });
+        }
+        Ok(ModuleSet {
+            format: 1,
+            release: release.to_string(),
+            modules,
+            builtin,
+            paths: files.iter().map(|(_, p)| p.clone()).collect(),
+        })
+    }
+
     /// The `order` file the guest reads (format in [`kloop_protocol::MODULES_DIR`]).
     pub fn order_file(&self) -> String {
         let mut out = String::new();

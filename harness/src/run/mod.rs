@@ -28,6 +28,7 @@ pub mod agent;
 pub mod audit;
 pub mod bench;
 pub mod bisect;
+pub mod controls;
 pub mod fixes;
 
 pub mod initramfs;

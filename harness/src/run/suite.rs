@@ -908,6 +908,7 @@ mod order_tests {
             snapshot_as: None,
             config: None,
             ledger_pin: None,
+            modules: Vec::new(),
         });
         let scenario = |name: &str, vm: &str| {
             let text = format!("description = \"x\"\n{vm}\n[[steps]]\nop = \"drain\"\n");

@@ -186,3 +186,50 @@ pub fn update(
 ) -> Result<KernelPin, KernelError> {
     kloop_kernels::update_pin(&layout.kernels(), id, same_version, fetch)
 }
+
+/// Why the checks' controls did not give their answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlsRunError {
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error(transparent)]
+    Setup(#[from] crate::run::suite::SuiteError),
+    /// A check is blind, or which checks the kernel has is unknown.
+    #[error(transparent)]
+    Controls(#[from] crate::run::controls::ControlsError),
+}
+
+/// `kernels build --checks` and `validate --checks`: each check's positive
+/// control on the checked kernel `built` ([`crate::run::controls`]), before
+/// any other trial of it; kept per kernel once every check sees. `on`
+/// hears each control's outcome and whether it was kept from an earlier
+/// run.
+pub fn controls(
+    layout: &Layout,
+    built: &BuiltKernel,
+    env: &crate::run::suite::EnvOptions,
+    on: &dyn Fn(&crate::run::controls::ControlOutcome, bool),
+) -> Result<Vec<crate::run::controls::ControlOutcome>, ControlsRunError> {
+    let catalog = Catalog::load(&layout.kernels())?;
+    let kernel = crate::run::trial::KernelUnderTest::Image(crate::run::trial::LocalKernel::built(
+        built, None, &catalog,
+    ));
+    // Kept answers need no agent, accelerator or run directory.
+    let cache = KernelCache::default_location()?;
+    if let Some(kept) = built.config().ok().and_then(|config| {
+        crate::run::controls::kept(cache.root(), &kernel.id(), &env.extra_cmdline, &config)
+    }) {
+        for o in &kept {
+            on(o, true);
+        }
+        return Ok(kept);
+    }
+    super::start_trials();
+    let env = crate::run::suite::prepare_env(layout, env, std::slice::from_ref(&kernel))?;
+    Ok(crate::run::controls::run(
+        &env,
+        &kernel,
+        &layout.kernels().join("controls"),
+        on,
+    )?)
+}

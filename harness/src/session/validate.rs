@@ -59,6 +59,9 @@ pub enum Event<'a> {
     },
     /// `--record` wrote the result into the ledger: the line that says so.
     Recorded(&'a str),
+    /// A check's positive control on the baseline or the candidate
+    /// (`--checks`), and whether it was kept from an earlier run.
+    Control(&'a crate::run::controls::ControlOutcome, bool),
 }
 
 /// How `validate` ended.
@@ -70,6 +73,10 @@ pub enum Validated<E> {
     Interrupted,
     /// Judged (see [`Event::Judged`]); the wall split written.
     Judged { accepted: bool, timing: Timing },
+    /// A check the kernels were built with is blind on one of them (its
+    /// positive control did not come out as it must): a sentence each.
+    /// No trial of it ran.
+    Blind(Vec<String>),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +87,8 @@ pub enum ValidateRunError {
     Kernel(#[from] kloop_kernels::KernelError),
     #[error(transparent)]
     Ab(#[from] AbError),
+    #[error(transparent)]
+    Controls(crate::session::kernels::ControlsRunError),
     #[error("writing {} in {}", Timing::FILE, .dir.display())]
     Timing {
         dir: PathBuf,
@@ -123,7 +132,8 @@ pub fn run<E>(
     let catalog = Catalog::load(&layout.kernels())?;
     let local = |k: &BuiltKernel| KernelUnderTest::Image(LocalKernel::built(k, None, &catalog));
     let kernels = match build_both(layout, &plan, &opts.ab, build, &local, on)? {
-        Ok(k) => k,
+        Ok(Ok(k)) => k,
+        Ok(Err(blind)) => return Ok(Validated::Blind(blind)),
         Err(e) => return Ok(Validated::BuildFailed(e)),
     };
     let ab_started = Instant::now();
@@ -189,7 +199,9 @@ fn plan(
 }
 
 /// Builds the baseline, then the candidate while the baseline's missing
-/// trials run and are kept; `Err(e)` when a build failed.
+/// trials run and are kept; `Err(e)` when a build failed. With `--checks`
+/// each kernel's controls run first ([`controls_on`]): `Ok(Err(lines))`
+/// when a check is blind on one of them.
 fn build_both<E>(
     layout: &Layout,
     plan: &ValidatePlan,
@@ -197,13 +209,16 @@ fn build_both<E>(
     build: &mut dyn FnMut(&BuildRequest, &str) -> Result<BuiltKernel, E>,
     local: &dyn Fn(&BuiltKernel) -> KernelUnderTest,
     on: &(dyn Fn(Event<'_>) + Sync),
-) -> Result<Result<ValidateKernels, E>, ValidateRunError> {
+) -> Result<Result<Result<ValidateKernels, Vec<String>>, E>, ValidateRunError> {
     let building = Instant::now();
     let what = plan.base_req.source.label();
     let baseline = match build(&plan.base_req, &format!("baseline: {what}")) {
         Ok(k) => k,
         Err(e) => return Ok(Err(e)),
     };
+    if let Err(blind) = controls_on(layout, plan, opts, &baseline, on)? {
+        return Ok(Ok(Err(blind)));
+    }
     let baseline_kernel = local(&baseline);
     let names: Vec<String> = plan
         .patches
@@ -232,7 +247,10 @@ fn build_both<E>(
         Ok(k) => k,
         Err(e) => return Ok(Err(e)),
     };
-    Ok(Ok(ValidateKernels {
+    if let Err(blind) = controls_on(layout, plan, opts, &candidate, on)? {
+        return Ok(Ok(Err(blind)));
+    }
+    Ok(Ok(Ok(ValidateKernels {
         builds: (
             building.elapsed().as_secs_f64(),
             baseline.cached,
@@ -241,7 +259,31 @@ fn build_both<E>(
         baseline: baseline_kernel,
         candidate: local(&candidate),
         early: early.transpose()?.unwrap_or_default(),
-    }))
+    })))
+}
+
+/// With `--checks` (the request builds the controls), each check's
+/// positive control on `kernel` ([`crate::session::kernels::controls`]);
+/// `Err(lines)` when a check is blind on it.
+fn controls_on(
+    layout: &Layout,
+    plan: &ValidatePlan,
+    opts: &AbOptions,
+    kernel: &BuiltKernel,
+    on: &(dyn Fn(Event<'_>) + Sync),
+) -> Result<Result<(), Vec<String>>, ValidateRunError> {
+    use crate::run::controls::ControlsError;
+    use crate::session::kernels::ControlsRunError;
+    if plan.base_req.controls.is_none() {
+        return Ok(Ok(()));
+    }
+    match crate::session::kernels::controls(layout, kernel, &opts.env, &|o, kept| {
+        on(Event::Control(o, kept))
+    }) {
+        Ok(_) => Ok(Ok(())),
+        Err(ControlsRunError::Controls(ControlsError::Blind(lines))) => Ok(Err(lines)),
+        Err(e) => Err(ValidateRunError::Controls(e)),
+    }
 }
 
 /// The A/B judged against the expected fixes: the conclusion told,

@@ -17,6 +17,7 @@
 //! `kernels/<id>/` and costs nothing; `kernel.toml` also records the
 //! resolved `.config`'s hash.
 
+pub mod controls;
 pub mod git;
 mod kconfig;
 mod make;
@@ -209,6 +210,10 @@ pub struct BuildRequest {
     pub base: ConfigBase,
     pub jobs: usize,
     pub fetch: FetchOptions,
+    /// The checks' positive controls (`kernels/controls/`), built against
+    /// the kernel and kept beside it ([`controls`]); `--checks` asks for
+    /// them. Part of the id: changed controls are another kernel directory.
+    pub controls: Option<PathBuf>,
 }
 
 impl BuildRequest {
@@ -224,6 +229,7 @@ impl BuildRequest {
             base: ConfigBase::default(),
             jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
             fetch: FetchOptions::default(),
+            controls: None,
         }
     }
 
@@ -306,6 +312,11 @@ impl BuiltKernel {
     }
     pub fn log(&self) -> PathBuf {
         self.dir.join("build.log")
+    }
+    /// Its checks' control modules, as (module name, path); empty when it
+    /// was built without `--checks`.
+    pub fn controls(&self) -> Vec<(String, PathBuf)> {
+        controls::modules_in(&self.dir)
     }
     pub fn config(&self) -> Result<KernelConfig, KernelError> {
         let mut c = KernelConfig::from_file(&self.config_path())?;
@@ -480,7 +491,7 @@ pub fn build(
         compiler: tool_version("gcc", "--version"),
         pahole: tool_version("pahole", "--version"),
     };
-    let id = build_id(req, &source_identity, &tools, &patches, &fragments);
+    let id = build_id(req, &source_identity, &tools, &patches, &fragments)?;
     let final_dir = kernels_dir(cache).join(&id);
     if let Ok(k) = lookup(cache, &id) {
         if k.record.id == id {
@@ -526,8 +537,10 @@ pub fn build(
     let notes = check_config_survived(req, &requested, &resolved, &kconfig_inputs, config_path)?;
 
     let (build_secs, release) = compile(&make, incremental, progress)?;
+    let control_modules = controls::build_if_asked(&make, req, &resolved, progress)?;
 
     let tmp = stage_files(cache, &id, &out, &log)?;
+    controls::stage(&tmp, &control_modules)?;
     let record = BuildRecord {
         id: id.clone(),
         source: req.source.label(),
@@ -605,7 +618,7 @@ fn build_id(
     tools: &Toolchain,
     patches: &[HashedFile],
     fragments: &[HashedFile],
-) -> String {
+) -> Result<String, BuildError> {
     let mut id_parts: Vec<String> = vec![
         "kloop-build-1".into(),
         source_identity.to_string(),
@@ -615,7 +628,10 @@ fn build_id(
     ];
     id_parts.extend(patches.iter().map(|p| format!("patch:{}", p.sha256)));
     id_parts.extend(fragments.iter().map(|f| format!("fragment:{}", f.sha256)));
-    short_hash(&id_parts.iter().map(String::as_str).collect::<Vec<_>>())[..12].to_string()
+    if let Some(dir) = &req.controls {
+        id_parts.push(format!("controls:{}", controls::sources_hash(dir)?));
+    }
+    Ok(short_hash(&id_parts.iter().map(String::as_str).collect::<Vec<_>>())[..12].to_string())
 }
 
 /// The source tree to build and its output directory: the pristine tree,

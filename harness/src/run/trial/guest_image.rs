@@ -346,7 +346,19 @@ fn builtin_modules(k: &LocalKernel, scenario: &Scenario) -> Result<ModuleSet, Ve
             k.path.display()
         )));
     };
-    for m in &scenario.modules {
+    // Modules built with the kernel (a checked build's controls) ship as
+    // files; every other one must be built in.
+    let (own, rest): (Vec<&String>, Vec<&String>) = scenario
+        .modules
+        .iter()
+        .partition(|m| k.modules.iter().any(|(name, _)| name == *m));
+    let own: Vec<(String, std::path::PathBuf)> = k
+        .modules
+        .iter()
+        .filter(|(name, _)| own.contains(&name))
+        .cloned()
+        .collect();
+    for m in rest.iter().copied() {
         let Some(option) = crate::scenario::needs::module_option(m) else {
             return Err(Verdict::Infrastructure(format!(
                 "scenario {} loads module {m}, whose config option kloop does not know \
@@ -365,7 +377,13 @@ fn builtin_modules(k: &LocalKernel, scenario: &Scenario) -> Result<ModuleSet, Ve
             )));
         }
     }
-    Ok(ModuleSet::builtin_only(scenario.modules.clone()))
+    let builtin: Vec<String> = rest.into_iter().cloned().collect();
+    if own.is_empty() {
+        return Ok(ModuleSet::builtin_only(builtin));
+    }
+    // Built in the kernel's own tree, for it alone: no release to check.
+    ModuleSet::local("", &own, builtin)
+        .map_err(|e| Verdict::Infrastructure(format!("shipping the kernel's own modules: {e}")))
 }
 
 /// The file QEMU's `-kernel` gets for `image`, and the line `boot.txt`

@@ -67,6 +67,10 @@ pub struct LocalKernel {
     pub config: Option<Arc<KernelConfig>>,
     /// The pin of the same series, whose known-bug ledger entries apply.
     pub ledger_pin: Option<String>,
+    /// Modules built with this kernel, which its guest ships when a
+    /// scenario loads them, as (name, path): a checked build's controls
+    /// ([`kloop_kernels::build::controls`], [`crate::run::controls`]).
+    pub modules: Vec<(String, PathBuf)>,
 }
 
 impl LocalKernel {
@@ -82,6 +86,7 @@ impl LocalKernel {
             snapshot_as,
             config: config.map(Arc::new),
             ledger_pin: None,
+            modules: Vec::new(),
         }
     }
 
@@ -98,6 +103,7 @@ impl LocalKernel {
             snapshot_as,
             config: kernel.config().ok().map(Arc::new),
             ledger_pin: None,
+            modules: kernel.controls(),
         }
         .with_series_of(&kernel.record.release, catalog)
     }
@@ -111,6 +117,7 @@ impl LocalKernel {
             snapshot_as: None,
             config: config.map(Arc::new),
             ledger_pin: None,
+            modules: Vec::new(),
         }
     }
 }
