@@ -103,7 +103,10 @@ fn reference_sides(
                 id: id.to_string(),
             });
         }
-        sides.insert(r.scenario.clone(), crate::run::ab::side_of(&r));
+        sides.insert(
+            r.scenario.clone(),
+            crate::run::ab::side_of(&r, &env.known_issues),
+        );
         // Six times the unmutated run and half a minute: a mutant that
         // hangs its kernel times out here, killed by the rule that a
         // scenario the baseline completes completes.
@@ -424,7 +427,7 @@ fn run_again(
         results
             .iter()
             .find(|r| r.kernel == k.kernel.id())
-            .map(crate::run::ab::side_of)
+            .map(|r| crate::run::ab::side_of(r, &env.known_issues))
     };
     Some((side(reference)?, side(subject)?))
 }
@@ -617,7 +620,11 @@ fn judge_on(against: Against<'_>, subject: &Subject, result: &mut MutantResult) 
             let Some(base) = base_sides.get(&r.scenario) else {
                 continue;
             };
-            let mut outcome = ab::compare(&r.scenario, base, &crate::run::ab::side_of(r));
+            let mut outcome = ab::compare(
+                &r.scenario,
+                base,
+                &crate::run::ab::side_of(r, &env.known_issues),
+            );
             if outcome.class.differs() && figures_only(&outcome) {
                 // A figure a hair outside its band in one pair of runs is
                 // as likely noise as a change: both kernels measure again,

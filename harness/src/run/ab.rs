@@ -41,8 +41,17 @@ pub fn trials(
 }
 
 /// What a trial left, as the comparison reads it: verdict, broken rules,
-/// the normalised stream and the overhead figures from its artefacts.
-pub fn side_of(r: &TrialResult) -> Side {
+/// the normalised stream and the overhead figures from its artefacts. The
+/// ledger entries it showed leave out those that only excuse (no scenario
+/// listed: a fault whose showing depends on the run's layout), so that
+/// one gone from a run is no fix, nor its showing a change.
+pub fn side_of(r: &TrialResult, ledger: &crate::judge::known_issues::Ledger) -> Side {
+    let may_show = |id: &str| {
+        ledger
+            .issues
+            .iter()
+            .any(|i| i.id == id && i.scenarios.is_empty())
+    };
     let normalised = read(&r.artefacts.join("normalised.txt"));
     let overhead = read(&r.artefacts.join(crate::run::trial::overhead::TRIAL_FILE))
         .and_then(|t| serde_json::from_str(&t).ok());
@@ -72,6 +81,7 @@ pub fn side_of(r: &TrialResult) -> Side {
                 .violations
                 .iter()
                 .filter_map(|v| v.known_issue.clone())
+                .filter(|id| !may_show(id))
                 .collect();
             ids.sort();
             ids.dedup();
@@ -88,7 +98,11 @@ fn read(p: &Path) -> Option<String> {
 
 /// Pairs the results of [`trials`]'s output (in any order) and compares
 /// each pair.
-pub fn compare(trials: &[PlannedTrial], results: &[TrialResult]) -> Vec<AbOutcome> {
+pub fn compare(
+    trials: &[PlannedTrial],
+    results: &[TrialResult],
+    ledger: &crate::judge::known_issues::Ledger,
+) -> Vec<AbOutcome> {
     let id = |i: usize| trials.get(i).map(|t| t.kernel.id()).unwrap_or_default();
     let (base_id, cand_id) = (id(0), id(1));
     let mut out = Vec::new();
@@ -107,7 +121,7 @@ pub fn compare(trials: &[PlannedTrial], results: &[TrialResult]) -> Vec<AbOutcom
         let (Some(b), Some(c)) = (find(&base_id), find(&cand_id)) else {
             continue;
         };
-        out.push(ab::compare(name, &side_of(b), &side_of(c)));
+        out.push(ab::compare(name, &side_of(b, ledger), &side_of(c, ledger)));
     }
     out
 }
@@ -174,7 +188,7 @@ pub fn run(
     } else {
         suite::run_all(&env, &trials, jobs, on_result)
     };
-    let outcomes = compare(&trials, &results);
+    let outcomes = compare(&trials, &results, &env.known_issues);
     Ok(AbRun {
         baseline: base_name,
         candidate: cand_name,

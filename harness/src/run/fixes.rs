@@ -117,11 +117,14 @@ pub fn names_entry(name: &str, id: &str) -> bool {
 }
 
 /// The ledger ids a folder named `name` ends: the one with that id, or
-/// every id starting with `name-`.
+/// every id starting with `name-`, but for entries that only excuse (no
+/// scenario listed): their fault shows where a run's layout puts it, so
+/// a fix can neither be held to end them nor blamed when they go.
 pub fn ids_named(ledger: &Ledger, name: &str) -> Result<Vec<String>, FixError> {
     let ids: Vec<String> = ledger
         .issues
         .iter()
+        .filter(|i| !i.scenarios.is_empty())
         .map(|i| i.id.clone())
         .filter(|id| names_entry(name, id))
         .collect();
