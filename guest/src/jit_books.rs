@@ -461,48 +461,58 @@ fn runs(bitmap: &[u8], n: u32) -> Vec<(u32, u32)> {
     out
 }
 
+/// Trampoline images seen so far in this boot's plan (by start address
+/// and name), and the first error reading them. Process-wide, because a
+/// trampoline can live inside one step only: a fail-nth sweep's successful
+/// attach is closed again before the step ends, so its image is read while
+/// its link is open ([`sight_images`]), not after the step.
+static SIGHTED: std::sync::Mutex<(Vec<ImageReading>, Option<BooksError>)> =
+    std::sync::Mutex::new((Vec::new(), None));
+
+/// Notes the trampoline images live now.
+pub fn sight_images() {
+    let Ok(loc) = locator() else {
+        return;
+    };
+    let read = loc.images();
+    let mut sighted = SIGHTED.lock().unwrap_or_else(|e| e.into_inner());
+    match read {
+        Ok(now) => {
+            for i in now {
+                if !sighted
+                    .0
+                    .iter()
+                    .any(|s| s.start == i.start && s.name == i.name)
+                {
+                    sighted.0.push(i);
+                }
+            }
+        }
+        Err(e) => {
+            sighted.1.get_or_insert(e);
+        }
+    }
+}
+
 /// The books as they were before the first step.
 pub struct Watch {
     start: Result<JitReading, BooksError>,
-    /// Trampoline images seen so far (by start address), and the first
-    /// error reading them.
-    images: Vec<ImageReading>,
-    images_error: Option<BooksError>,
 }
 
 impl Watch {
     pub fn start() -> Watch {
+        *SIGHTED.lock().unwrap_or_else(|e| e.into_inner()) = (Vec::new(), None);
         Watch {
             start: locator()
                 .as_ref()
                 .map_err(Clone::clone)
                 .and_then(Locator::read),
-            images: Vec::new(),
-            images_error: None,
         }
     }
 
     /// Notes the trampoline images live now (after a step that attaches).
     pub fn look_at_images(&mut self) {
-        let Ok(loc) = locator() else {
-            return;
-        };
-        match loc.images() {
-            Ok(now) => {
-                for i in now {
-                    if !self
-                        .images
-                        .iter()
-                        .any(|s| s.start == i.start && s.name == i.name)
-                    {
-                        self.images.push(i);
-                    }
-                }
-            }
-            Err(e) => {
-                self.images_error.get_or_insert(e);
-            }
-        }
+        sight_images();
     }
 
     /// Waits (at most [`SETTLE`]) for the counter to come back to its
@@ -543,6 +553,8 @@ impl Watch {
         } else {
             Vec::new()
         };
+        let (images, images_error) =
+            std::mem::take(&mut *SIGHTED.lock().unwrap_or_else(|e| e.into_inner()));
         Message::JitBooks {
             start,
             end,
@@ -550,12 +562,11 @@ impl Watch {
             live,
             unreadable_in_kernel: unreadable.as_ref().is_some_and(BooksError::not_in_kernel),
             unreadable: unreadable.map(|e| e.to_string()),
-            images: self.images,
-            images_unreadable_in_kernel: self
-                .images_error
+            images,
+            images_unreadable_in_kernel: images_error
                 .as_ref()
                 .is_some_and(BooksError::not_in_kernel),
-            images_unreadable: self.images_error.map(|e| e.to_string()),
+            images_unreadable: images_error.map(|e| e.to_string()),
         }
     }
 }

@@ -324,8 +324,11 @@ pub(crate) fn attempt_fd(
 ) -> Result<Attempt> {
     let (result, injected) = fail_nth.armed(n, open)?;
     let errno = match result {
-        // Undo a success: closing the fd drops the link or the event.
+        // Undo a success: closing the fd drops the link or the event. A
+        // trampoline the success made lives only until then: its image is
+        // read now (the host holds its KSYMBOL to it, rule ksymbol-extent).
         Ok(fd) => {
+            crate::jit_books::sight_images();
             drop(fd);
             settle().with_context(|| format!("after closing what attempt {n} opened"))?;
             None

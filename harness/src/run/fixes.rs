@@ -121,12 +121,17 @@ pub fn names_entry(name: &str, id: &str) -> bool {
 /// scenario listed): their fault shows where a run's layout puts it, so
 /// a fix can neither be held to end them nor blamed when they go.
 pub fn ids_named(ledger: &Ledger, name: &str) -> Result<Vec<String>, FixError> {
-    let ids: Vec<String> = ledger
+    let named: Vec<&crate::judge::known_issues::Issue> = ledger
         .issues
         .iter()
-        .filter(|i| !i.scenarios.is_empty())
+        .filter(|i| names_entry(name, &i.id))
+        .collect();
+    // A folder that names only entries that excuse is held to those.
+    let strict = named.iter().any(|i| !i.scenarios.is_empty());
+    let ids: Vec<String> = named
+        .iter()
+        .filter(|i| !strict || !i.scenarios.is_empty())
         .map(|i| i.id.clone())
-        .filter(|id| names_entry(name, id))
         .collect();
     if ids.is_empty() {
         return Err(FixError::NoEntry {
