@@ -374,6 +374,7 @@ impl Locator {
                 start: self.u64_at(ksym + l.start)?,
                 end: self.u64_at(ksym + l.end)?,
                 size,
+                seen_ns: None,
             });
             Ok(())
         })?;
@@ -478,12 +479,17 @@ pub fn sight_images() {
     let mut sighted = SIGHTED.lock().unwrap_or_else(|e| e.into_inner());
     match read {
         Ok(now) => {
-            for i in now {
+            // An address is reused by a later image of the same
+            // trampoline (another size): each (start, name, size) is kept
+            // once, with when it was first seen.
+            let now_ns = crate::sys::monotonic_ns();
+            for mut i in now {
                 if !sighted
                     .0
                     .iter()
-                    .any(|s| s.start == i.start && s.name == i.name)
+                    .any(|s| s.start == i.start && s.name == i.name && s.size == i.size)
                 {
+                    i.seen_ns = Some(now_ns);
                     sighted.0.push(i);
                 }
             }

@@ -437,6 +437,7 @@ mod tests {
             start: BASE,
             end: BASE + end,
             size,
+            seen_ns: None,
         };
         let books = |images| JitBooks {
             images,

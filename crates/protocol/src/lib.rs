@@ -178,6 +178,11 @@ pub struct ImageReading {
     /// `im->size` (6.2 on); `None` where the struct has no size (the image
     /// is a page).
     pub size: Option<u32>,
+    /// CLOCK_MONOTONIC ns when the agent first read this image (start,
+    /// name and size): the records' clock, so the host can tell which of
+    /// two images at one address a KSYMBOL was about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seen_ns: Option<u64>,
 }
 
 /// One `bpf_prog_pack`: its executable area and which of its chunks the

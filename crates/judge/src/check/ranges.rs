@@ -195,17 +195,38 @@ impl<'r> Space<'r, '_> {
     }
 
     /// A trampoline's range against its image (`im->size`), when the agent
-    /// read that image.
-    fn extent(&mut self, k: &Ksym<'r>, images: &[kloop_protocol::ImageReading]) {
+    /// read that image: the one it saw between this register and the next
+    /// register at the same address (a later image of the same trampoline
+    /// may reuse the address with another size), or, when it saw none
+    /// there, the one size every image it saw at that address had. Two
+    /// sizes and no sighting in the window: not known, not judged.
+    fn extent(&mut self, k: &Ksym<'r>, images: &[kloop_protocol::ImageReading], next: Option<u64>) {
         let label = self.label;
         if k.kind != "trampoline" {
             return;
         }
-        let Some(size) = images
+        let here: Vec<&kloop_protocol::ImageReading> = images
             .iter()
-            .find(|i| i.start == k.addr && i.name == k.name)
-            .and_then(|i| i.size)
-        else {
+            .filter(|i| i.start == k.addr && i.name == k.name && i.size.is_some())
+            .collect();
+        let t = k.rec.time();
+        let in_window = here.iter().find(|i| match (i.seen_ns, t) {
+            (Some(seen), Some(t)) => seen >= t && next.is_none_or(|n| seen < n),
+            _ => false,
+        });
+        let size = match in_window {
+            Some(i) => i.size,
+            None => {
+                let sizes: std::collections::BTreeSet<u32> =
+                    here.iter().filter_map(|i| i.size).collect();
+                if sizes.len() == 1 {
+                    sizes.into_iter().next()
+                } else {
+                    None
+                }
+            }
+        };
+        let Some(size) = size else {
             return;
         };
         if size == k.len {
@@ -250,6 +271,15 @@ pub fn check(
     };
     let cutoff = lost_cutoff(merged);
     let mut note = None;
+    // For each register, when the next register at its address came.
+    let mut next_at: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for r in merged {
+        if let (RecordBody::Ksymbol { addr, flags, .. }, Some(t)) = (&r.body, r.time()) {
+            if flags & KSYMBOL_FLAGS_UNREGISTER == 0 {
+                next_at.entry(*addr).or_default().push(t);
+            }
+        }
+    }
     for r in merged {
         if let Some((t, lost)) = &cutoff {
             if r.time().is_none_or(|rt| rt > *t) {
@@ -284,8 +314,13 @@ pub fn check(
         if flags & KSYMBOL_FLAGS_UNREGISTER != 0 {
             space.unregister(&k);
         } else {
+            let next = r.time().and_then(|t| {
+                next_at
+                    .get(addr)
+                    .and_then(|ts| ts.iter().copied().find(|n| *n > t))
+            });
             space.register(&k);
-            space.extent(&k, images);
+            space.extent(&k, images, next);
         }
     }
     let counts = std::mem::take(&mut space.counts);
@@ -348,6 +383,7 @@ mod tests {
             start: 0xffffffffc00006c0,
             end: 0xffffffffc00006c0 + 180,
             size: Some(180),
+            seen_ns: Some(25),
         };
         let mut v = Vec::new();
         assert_eq!(check("", &recs, std::slice::from_ref(&image), &mut v), None);
@@ -450,5 +486,43 @@ mod tests {
         let note = check("", &merged, &[], &mut v).expect("a note");
         assert!(v.is_empty(), "{v:#?}");
         assert!(note.contains("not claimed after t=10"), "{note}");
+    }
+
+    #[test]
+    fn an_address_a_later_image_reuses_is_judged_against_the_image_seen_in_its_window() {
+        // A fail-nth sweep: one image at 0xa40 of 248 bytes, freed, then
+        // another of 384 at the same address; the agent saw both.
+        let recs = stream(&[
+            (10, 0xa40, 248, false, TRAMP),
+            (20, 0xa40, 248, true, TRAMP),
+            (30, 0xa40, 384, false, TRAMP),
+            (40, 0xa40, 384, true, TRAMP),
+        ]);
+        let image = |size, seen| kloop_protocol::ImageReading {
+            name: TRAMP.into(),
+            start: 0xa40,
+            end: 0xa40 + u64::from(size),
+            size: Some(size),
+            seen_ns: Some(seen),
+        };
+        let mut v = Vec::new();
+        check("", &recs, &[image(248, 15), image(384, 35)], &mut v);
+        assert!(v.is_empty(), "{v:#?}");
+        // Seen at 35 only: the first register's window (10..30) has no
+        // sighting and two sizes were seen there, so it is not judged; the
+        // second is, and a record that claims a page is caught.
+        let recs = stream(&[
+            (10, 0xa40, 248, false, TRAMP),
+            (20, 0xa40, 248, true, TRAMP),
+            (30, 0xa40, 4096, false, TRAMP),
+        ]);
+        let mut v = Vec::new();
+        check("", &recs, &[image(248, 5), image(384, 35)], &mut v);
+        assert_eq!(v.len(), 1, "{v:#?}");
+        assert!(
+            v[0].message.contains("with len 4096, but its image is 384"),
+            "{}",
+            v[0].message
+        );
     }
 }
