@@ -221,6 +221,27 @@ pub fn implied_requirements(steps: &[Step]) -> Vec<Requirement> {
     out
 }
 
+/// Whether `config` meets `need`.
+pub fn is_met(config: &KernelConfig, need: &ConfigNeed) -> bool {
+    let state = config.state(need.option);
+    match need.want {
+        Want::Enabled => matches!(state, OptionState::BuiltIn | OptionState::Module),
+        Want::BuiltIn => state == OptionState::BuiltIn,
+        Want::Off => state == OptionState::NotSet,
+    }
+}
+
+/// An option's state as a config line says it: `not set`, `=y`, `=m`,
+/// `=<value>`.
+pub fn state_text(state: &OptionState<'_>) -> String {
+    match state {
+        OptionState::NotSet => "not set".to_string(),
+        OptionState::BuiltIn => "=y".to_string(),
+        OptionState::Module => "=m".to_string(),
+        OptionState::Value(v) => format!("={v}"),
+    }
+}
+
 /// Why `config` cannot run `scenario`, or `None`. The reason is one line
 /// that starts with the option: `CONFIG_FUTEX not set (…)`.
 pub fn preflight(scenario: &Scenario, config: &KernelConfig) -> Option<String> {
@@ -237,18 +258,10 @@ pub fn preflight(scenario: &Scenario, config: &KernelConfig) -> Option<String> {
         );
     }
     for (what, need) in needs {
-        let state = config.state(need.option);
-        let met = match need.want {
-            Want::Enabled => matches!(state, OptionState::BuiltIn | OptionState::Module),
-            Want::BuiltIn => state == OptionState::BuiltIn,
-            Want::Off => state == OptionState::NotSet,
-        };
-        if !met {
-            let is = match state {
-                OptionState::NotSet => "not set".to_string(),
-                OptionState::BuiltIn => "=y".to_string(),
+        if !is_met(config, &need) {
+            let is = match config.state(need.option) {
                 OptionState::Module => "=m (a module; kloop needs it built in)".to_string(),
-                OptionState::Value(v) => format!("={v}"),
+                state => state_text(&state),
             };
             let verb = if need.want == Want::Off {
                 "must be off"
@@ -286,19 +299,25 @@ fn lsm_preflight(scenario: &Scenario, config: &KernelConfig) -> Option<String> {
     ))
 }
 
+/// A scenario that requires `requires` and does nothing else, for tests.
+#[cfg(test)]
+pub(super) fn scenario_requiring(requires: Vec<Requirement>) -> Scenario {
+    let mut s = Scenario::parse(
+        "t",
+        std::path::Path::new("/nonexistent"),
+        "description = \"t\"\n[[steps]]\nop = \"drain\"\n",
+    )
+    .expect("a one-step scenario parses");
+    s.plan.requires = requires;
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn scenario(requires: Vec<Requirement>) -> Scenario {
-        let mut s = Scenario::parse(
-            "t",
-            std::path::Path::new("/nonexistent"),
-            "description = \"t\"\n[[steps]]\nop = \"drain\"\n",
-        )
-        .unwrap();
-        s.plan.requires = requires;
-        s
+        scenario_requiring(requires)
     }
 
     const GOOD: &str = "CONFIG_BLK_DEV_INITRD=y\nCONFIG_SERIAL_8250=y\nCONFIG_PROC_FS=y\nCONFIG_SYSFS=y\nCONFIG_BPF_SYSCALL=y\nCONFIG_PERF_EVENTS=y\nCONFIG_FUTEX=y\nCONFIG_BPF_JIT=y\n";

@@ -21,11 +21,11 @@
 
 use std::path::Path;
 
-use kloop_kernels::{KernelConfig, OptionState};
+use kloop_kernels::KernelConfig;
 use kloop_protocol::Requirement;
 use serde::{Deserialize, Serialize};
 
-use super::needs::{requirement_needs, Want};
+use super::needs::{is_met, requirement_needs, state_text};
 use super::{requirement_name, Scenario};
 
 /// The file, under the workspace's `kernels/`.
@@ -189,21 +189,11 @@ pub fn derive(
         why,
     };
     for r in &scenario.plan.requires {
-        let unmet = requirement_needs(*r).into_iter().find(|n| {
-            let state = config.state(n.option);
-            !match n.want {
-                Want::Enabled => matches!(state, OptionState::BuiltIn | OptionState::Module),
-                Want::BuiltIn => state == OptionState::BuiltIn,
-                Want::Off => state == OptionState::NotSet,
-            }
-        });
+        let unmet = requirement_needs(*r)
+            .into_iter()
+            .find(|n| !is_met(config, n));
         if let Some(n) = unmet {
-            let is = match config.state(n.option) {
-                OptionState::NotSet => "not set".to_string(),
-                OptionState::BuiltIn => "=y".to_string(),
-                OptionState::Module => "=m".to_string(),
-                OptionState::Value(v) => format!("={v}"),
-            };
+            let is = state_text(&config.state(n.option));
             return Some(entry(
                 *r,
                 By::Config,
@@ -260,14 +250,7 @@ mod tests {
     use super::*;
 
     fn scenario(requires: Vec<Requirement>) -> Scenario {
-        let mut s = Scenario::parse(
-            "t",
-            std::path::Path::new("/nonexistent"),
-            "description = \"t\"\n[[steps]]\nop = \"drain\"\n",
-        )
-        .unwrap();
-        s.plan.requires = requires;
-        s
+        super::super::needs::scenario_requiring(requires)
     }
 
     #[test]
