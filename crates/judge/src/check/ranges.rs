@@ -196,11 +196,17 @@ impl<'r> Space<'r, '_> {
 
     /// A trampoline's range against its image (`im->size`), when the agent
     /// read that image: the one it saw between this register and the next
-    /// register at the same address (a later image of the same trampoline
-    /// may reuse the address with another size), or, when it saw none
-    /// there, the one size every image it saw at that address had. Two
-    /// sizes and no sighting in the window: not known, not judged.
-    fn extent(&mut self, k: &Ksym<'r>, images: &[kloop_protocol::ImageReading], next: Option<u64>) {
+    /// register at the same address (an earlier or later image of the same
+    /// trampoline may use the address with another size). A reading
+    /// without a time (an older agent) stands for the register only when
+    /// it is the one register at that address. Otherwise not known, not
+    /// judged.
+    fn extent(
+        &mut self,
+        k: &Ksym<'r>,
+        images: &[kloop_protocol::ImageReading],
+        (next, only_register): (Option<u64>, bool),
+    ) {
         let label = self.label;
         if k.kind != "trampoline" {
             return;
@@ -216,15 +222,8 @@ impl<'r> Space<'r, '_> {
         });
         let size = match in_window {
             Some(i) => i.size,
-            None => {
-                let sizes: std::collections::BTreeSet<u32> =
-                    here.iter().filter_map(|i| i.size).collect();
-                if sizes.len() == 1 {
-                    sizes.into_iter().next()
-                } else {
-                    None
-                }
-            }
+            None if only_register && here.len() == 1 && here[0].seen_ns.is_none() => here[0].size,
+            None => None,
         };
         let Some(size) = size else {
             return;
@@ -319,8 +318,9 @@ pub fn check(
                     .get(addr)
                     .and_then(|ts| ts.iter().copied().find(|n| *n > t))
             });
+            let only_register = next_at.get(addr).is_some_and(|ts| ts.len() == 1);
             space.register(&k);
-            space.extent(&k, images, next);
+            space.extent(&k, images, (next, only_register));
         }
     }
     let counts = std::mem::take(&mut space.counts);
@@ -508,9 +508,10 @@ mod tests {
         let mut v = Vec::new();
         check("", &recs, &[image(248, 15), image(384, 35)], &mut v);
         assert!(v.is_empty(), "{v:#?}");
-        // Seen at 35 only: the first register's window (10..30) has no
-        // sighting and two sizes were seen there, so it is not judged; the
-        // second is, and a record that claims a page is caught.
+        // Seen at 5 (an earlier image at that address) and 35: the first
+        // register's window (10..30) has no sighting, so it is not judged
+        // (the 248-byte image at 5 is not this one); the second is, and a
+        // record that claims a page is caught.
         let recs = stream(&[
             (10, 0xa40, 248, false, TRAMP),
             (20, 0xa40, 248, true, TRAMP),
