@@ -151,6 +151,20 @@ pub struct StepContext {
 }
 
 impl StepContext {
+    /// Each open ring's `data_head` now (listener index, bytes the kernel
+    /// has written to it: the stream offset its next record gets).
+    pub fn ring_heads(&self) -> Vec<(u32, u64)> {
+        self.rings
+            .iter()
+            .map(|r| {
+                (
+                    r.index,
+                    r.head_word().load(std::sync::atomic::Ordering::Acquire),
+                )
+            })
+            .collect()
+    }
+
     /// The program loaded under `label`, or an error naming those loaded.
     pub fn loaded_mut(&mut self, label: &str) -> Result<&mut Loaded> {
         loaded_entry(&mut self.loaded, label)

@@ -374,7 +374,7 @@ impl Locator {
                 start: self.u64_at(ksym + l.start)?,
                 end: self.u64_at(ksym + l.end)?,
                 size,
-                seen_ns: None,
+                seen_at: Vec::new(),
             });
             Ok(())
         })?;
@@ -470,8 +470,9 @@ fn runs(bitmap: &[u8], n: u32) -> Vec<(u32, u32)> {
 static SIGHTED: std::sync::Mutex<(Vec<ImageReading>, Option<BooksError>)> =
     std::sync::Mutex::new((Vec::new(), None));
 
-/// Notes the trampoline images live now.
-pub fn sight_images() {
+/// Notes the trampoline images live now, with where the rings are
+/// (`heads`: listener index, `data_head`).
+pub fn sight_images(heads: &[(u32, u64)]) {
     let Ok(loc) = locator() else {
         return;
     };
@@ -482,14 +483,13 @@ pub fn sight_images() {
             // An address is reused by a later image of the same
             // trampoline (another size): each (start, name, size) is kept
             // once, with when it was first seen.
-            let now_ns = crate::sys::monotonic_ns();
             for mut i in now {
                 if !sighted
                     .0
                     .iter()
                     .any(|s| s.start == i.start && s.name == i.name && s.size == i.size)
                 {
-                    i.seen_ns = Some(now_ns);
+                    i.seen_at = heads.to_vec();
                     sighted.0.push(i);
                 }
             }
@@ -516,9 +516,10 @@ impl Watch {
         }
     }
 
-    /// Notes the trampoline images live now (after a step that attaches).
-    pub fn look_at_images(&mut self) {
-        sight_images();
+    /// Notes the trampoline images live now (after a step that attaches),
+    /// with where the rings are.
+    pub fn look_at_images(&mut self, heads: &[(u32, u64)]) {
+        sight_images(heads);
     }
 
     /// Waits (at most [`SETTLE`]) for the counter to come back to its

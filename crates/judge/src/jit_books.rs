@@ -437,7 +437,7 @@ mod tests {
             start: BASE,
             end: BASE + end,
             size,
-            seen_ns: None,
+            seen_at: Vec::new(),
         };
         let books = |images| JitBooks {
             images,

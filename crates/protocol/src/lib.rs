@@ -178,11 +178,14 @@ pub struct ImageReading {
     /// `im->size` (6.2 on); `None` where the struct has no size (the image
     /// is a page).
     pub size: Option<u32>,
-    /// CLOCK_MONOTONIC ns when the agent first read this image (start,
-    /// name and size): the records' clock, so the host can tell which of
-    /// two images at one address a KSYMBOL was about.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seen_ns: Option<u64>,
+    /// Where each listener's ring was (`data_head`, which is the stream
+    /// offset the next record gets) when the agent first read this image
+    /// (start, name and size): a record below it was written before the
+    /// reading, one at or above it after. So the host can tell which of
+    /// two images at one address a KSYMBOL was about, without a clock.
+    /// Empty from an agent that did not say.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seen_at: Vec<(u32, u64)>,
 }
 
 /// One `bpf_prog_pack`: its executable area and which of its chunks the

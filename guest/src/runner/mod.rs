@@ -165,7 +165,7 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
             step,
             Step::Attach { .. } | Step::UnprivilegedAttach { .. } | Step::FailNth { .. }
         ) {
-            jit_books.look_at_images();
+            jit_books.look_at_images(&context.ring_heads());
         }
         context.kallsyms_at_save = None;
         // The facts of a run of loads wait for its last load, read from

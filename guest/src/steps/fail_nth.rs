@@ -328,7 +328,7 @@ pub(crate) fn attempt_fd(
         // trampoline the success made lives only until then: its image is
         // read now (the host holds its KSYMBOL to it, rule ksymbol-extent).
         Ok(fd) => {
-            crate::jit_books::sight_images();
+            crate::jit_books::sight_images(&context.ring_heads());
             drop(fd);
             settle().with_context(|| format!("after closing what attempt {n} opened"))?;
             None

@@ -195,17 +195,19 @@ impl<'r> Space<'r, '_> {
     }
 
     /// A trampoline's range against its image (`im->size`), when the agent
-    /// read that image: the one it saw between this register and the next
-    /// register at the same address (an earlier or later image of the same
-    /// trampoline may use the address with another size). A reading
-    /// without a time (an older agent) stands for the register only when
-    /// it is the one register at that address. Otherwise not known, not
-    /// judged.
+    /// read that image between this register and `next`, the next register
+    /// at the same address (an earlier or later image of the same
+    /// trampoline may use the address with another size). "Between" is
+    /// read from the rings, not a clock: each reading carries every ring's
+    /// `data_head` when it was taken, and a record was written before it
+    /// when its stream offset is below that head. A reading without heads
+    /// (an older agent) stands for the register only when it is the one
+    /// register at that address. Otherwise not known, not judged.
     fn extent(
         &mut self,
         k: &Ksym<'r>,
         images: &[kloop_protocol::ImageReading],
-        (next, only_register): (Option<u64>, bool),
+        (next, only_register): (Option<&Record>, bool),
     ) {
         let label = self.label;
         if k.kind != "trampoline" {
@@ -215,14 +217,21 @@ impl<'r> Space<'r, '_> {
             .iter()
             .filter(|i| i.start == k.addr && i.name == k.name && i.size.is_some())
             .collect();
-        let t = k.rec.time();
-        let in_window = here.iter().find(|i| match (i.seen_ns, t) {
-            (Some(seen), Some(t)) => seen >= t && next.is_none_or(|n| seen < n),
-            _ => false,
+        let head_on = |i: &kloop_protocol::ImageReading, listener: u32| {
+            i.seen_at
+                .iter()
+                .find(|(l, _)| *l == listener)
+                .map(|(_, h)| *h)
+        };
+        let in_window = here.iter().find(|i| {
+            let after = head_on(i, k.rec.listener).is_some_and(|h| k.rec.offset < h);
+            let before_next =
+                next.is_none_or(|n| head_on(i, n.listener).is_some_and(|h| h <= n.offset));
+            after && before_next
         });
         let size = match in_window {
             Some(i) => i.size,
-            None if only_register && here.len() == 1 && here[0].seen_ns.is_none() => here[0].size,
+            None if only_register && here.len() == 1 && here[0].seen_at.is_empty() => here[0].size,
             None => None,
         };
         let Some(size) = size else {
@@ -270,16 +279,16 @@ pub fn check(
     };
     let cutoff = lost_cutoff(merged);
     let mut note = None;
-    // For each register, when the next register at its address came.
-    let mut next_at: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-    for r in merged {
-        if let (RecordBody::Ksymbol { addr, flags, .. }, Some(t)) = (&r.body, r.time()) {
+    // Each address's registers, in stream order (indexes into `merged`).
+    let mut registers_at: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+    for (n, r) in merged.iter().enumerate() {
+        if let RecordBody::Ksymbol { addr, flags, .. } = &r.body {
             if flags & KSYMBOL_FLAGS_UNREGISTER == 0 {
-                next_at.entry(*addr).or_default().push(t);
+                registers_at.entry(*addr).or_default().push(n);
             }
         }
     }
-    for r in merged {
+    for (n, r) in merged.iter().enumerate() {
         if let Some((t, lost)) = &cutoff {
             if r.time().is_none_or(|rt| rt > *t) {
                 note = Some(format!(
@@ -313,12 +322,9 @@ pub fn check(
         if flags & KSYMBOL_FLAGS_UNREGISTER != 0 {
             space.unregister(&k);
         } else {
-            let next = r.time().and_then(|t| {
-                next_at
-                    .get(addr)
-                    .and_then(|ts| ts.iter().copied().find(|n| *n > t))
-            });
-            let only_register = next_at.get(addr).is_some_and(|ts| ts.len() == 1);
+            let at = registers_at.get(addr).map(Vec::as_slice).unwrap_or(&[]);
+            let next = at.iter().find(|m| **m > n).and_then(|m| merged.get(*m));
+            let only_register = at.len() == 1;
             space.register(&k);
             space.extent(&k, images, (next, only_register));
         }
@@ -383,7 +389,9 @@ mod tests {
             start: 0xffffffffc00006c0,
             end: 0xffffffffc00006c0 + 180,
             size: Some(180),
-            seen_ns: Some(25),
+            // Read after the trampoline's register (L0@...: the second
+            // record) was written.
+            seen_at: vec![(0, 1 << 20)],
         };
         let mut v = Vec::new();
         assert_eq!(check("", &recs, std::slice::from_ref(&image), &mut v), None);
@@ -491,39 +499,52 @@ mod tests {
     #[test]
     fn an_address_a_later_image_reuses_is_judged_against_the_image_seen_in_its_window() {
         // A fail-nth sweep: one image at 0xa40 of 248 bytes, freed, then
-        // another of 384 at the same address; the agent saw both.
+        // another of 384 at the same address; the agent read each while it
+        // was live, after its register was written.
         let recs = stream(&[
             (10, 0xa40, 248, false, TRAMP),
             (20, 0xa40, 248, true, TRAMP),
             (30, 0xa40, 384, false, TRAMP),
             (40, 0xa40, 384, true, TRAMP),
         ]);
-        let image = |size, seen| kloop_protocol::ImageReading {
+        let after = |k: usize| recs[k].offset + 1;
+        let image = |size, head: u64| kloop_protocol::ImageReading {
             name: TRAMP.into(),
             start: 0xa40,
             end: 0xa40 + u64::from(size),
             size: Some(size),
-            seen_ns: Some(seen),
+            seen_at: vec![(0, head)],
         };
         let mut v = Vec::new();
-        check("", &recs, &[image(248, 15), image(384, 35)], &mut v);
+        check(
+            "",
+            &recs,
+            &[image(248, after(0)), image(384, after(2))],
+            &mut v,
+        );
         assert!(v.is_empty(), "{v:#?}");
-        // Seen at 5 (an earlier image at that address) and 35: the first
-        // register's window (10..30) has no sighting, so it is not judged
-        // (the 248-byte image at 5 is not this one); the second is, and a
-        // record that claims a page is caught.
+        // The 384-byte image read before the first register (an earlier
+        // image at that address): the first register's window has no
+        // reading, so it is not judged; the second register claims a page
+        // and its image, read in its window, says 384.
         let recs = stream(&[
             (10, 0xa40, 248, false, TRAMP),
             (20, 0xa40, 248, true, TRAMP),
             (30, 0xa40, 4096, false, TRAMP),
         ]);
         let mut v = Vec::new();
-        check("", &recs, &[image(248, 5), image(384, 35)], &mut v);
+        check(
+            "",
+            &recs,
+            &[image(384, 0), image(384, recs[2].offset + 1)],
+            &mut v,
+        );
         assert_eq!(v.len(), 1, "{v:#?}");
         assert!(
             v[0].message.contains("with len 4096, but its image is 384"),
             "{}",
             v[0].message
         );
+        assert_eq!(v[0].records[0].offset, recs[2].offset);
     }
 }
