@@ -712,8 +712,20 @@ impl Ledger {
                 j.uncovered.push(v);
             }
         }
+        // An entry that only excuses (no scenario) takes the violations no
+        // entry naming this scenario covers: where the strict entry explains
+        // a fault, the excuse is not the explanation.
+        let strict: Vec<&Issue> = applicable
+            .iter()
+            .copied()
+            .filter(|i| !i.scenarios.is_empty())
+            .collect();
         for i in applicable {
-            let hits: Vec<&Violation> = violations.iter().filter(|v| i.covers(v)).collect();
+            let hits: Vec<&Violation> = violations
+                .iter()
+                .filter(|v| i.covers(v))
+                .filter(|v| !i.scenarios.is_empty() || !strict.iter().any(|s| s.covers(v)))
+                .collect();
             if !hits.is_empty() {
                 j.known.push((i, hits));
             } else if i.expected(pin, scenario) {
