@@ -40,134 +40,13 @@
  */
 #include "repro.h"
 
-#include <linux/btf.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 
 #define TARGET "hrtimer_nanosleep"
-#define BTF_PATH "/sys/kernel/btf/vmlinux"
 #define DEBUGFS "/sys/kernel/debug"
 #define FAILSLAB DEBUGFS "/failslab"
 #define MAX_ATTEMPTS 500
-
-/* Reads all of `path` (sysfs files report no size). */
-static uint8_t *read_all(const char *path, size_t *len)
-{
-	size_t cap = 1 << 20, n = 0;
-	uint8_t *buf = malloc(cap);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	ssize_t r;
-
-	if (fd < 0 || !buf)
-		return NULL;
-	while ((r = read(fd, buf + n, cap - n)) > 0) {
-		n += (size_t)r;
-		if (n == cap) {
-			cap *= 2;
-			buf = realloc(buf, cap);
-			if (!buf)
-				cannot("out of memory reading %s", path);
-		}
-	}
-	close(fd);
-	*len = n;
-	return buf;
-}
-
-/* The id of BTF_KIND_FUNC `name` in vmlinux's BTF, or 0. */
-static uint32_t btf_func_id(const char *name)
-{
-	size_t len, off;
-	uint8_t *btf = read_all(BTF_PATH, &len);
-	const struct btf_header *h = (const void *)btf;
-	const uint8_t *types, *strs;
-	uint32_t id = 1;
-
-	if (!btf)
-		cannot("%s: %s: the kernel's BTF is needed to attach an fentry program "
-		       "(CONFIG_DEBUG_INFO_BTF)", BTF_PATH, strerror(errno));
-	if (len < sizeof(*h) || h->magic != BTF_MAGIC ||
-	    (size_t)h->hdr_len + h->str_off + h->str_len > len)
-		cannot("%s is not BTF this reproducer reads", BTF_PATH);
-	types = btf + h->hdr_len + h->type_off;
-	strs = btf + h->hdr_len + h->str_off;
-	for (off = 0; off + sizeof(struct btf_type) <= h->type_len; id++) {
-		const struct btf_type *t = (const void *)(types + off);
-		uint32_t kind = BTF_INFO_KIND(t->info), vlen = BTF_INFO_VLEN(t->info);
-		size_t extra;
-
-		switch (kind) {
-		case 1:  /* INT */
-		case 14: /* VAR */
-		case 17: /* DECL_TAG */
-			extra = 4;
-			break;
-		case 3: /* ARRAY */
-			extra = 12;
-			break;
-		case 4:  /* STRUCT */
-		case 5:  /* UNION */
-		case 15: /* DATASEC */
-		case 19: /* ENUM64 */
-			extra = 12 * (size_t)vlen;
-			break;
-		case 6:  /* ENUM */
-		case 13: /* FUNC_PROTO */
-			extra = 8 * (size_t)vlen;
-			break;
-		case 2: case 7: case 8: case 9: case 10: case 11: case 12: case 16: case 18:
-			extra = 0;
-			break;
-		default:
-			cannot("%s: BTF kind %u at type %u is unknown to this reproducer",
-			       BTF_PATH, kind, id);
-		}
-		if (kind == 12 && t->name_off < h->str_len &&
-		    strcmp((const char *)strs + t->name_off, name) == 0) {
-			free(btf);
-			return id;
-		}
-		off += sizeof(*t) + extra;
-	}
-	free(btf);
-	return 0;
-}
-
-/* `r0 = 0; exit` as an fentry program on BTF function `btf_id`. */
-static int load_fentry(uint32_t btf_id)
-{
-	struct bpf_insn insns[2];
-	union bpf_attr attr;
-	char log[4096];
-	long fd;
-
-	memset(insns, 0, sizeof(insns));
-	insns[0].code = BPF_ALU64 | BPF_MOV | BPF_K;
-	insns[0].dst_reg = BPF_REG_0;
-	insns[1].code = BPF_JMP | BPF_EXIT;
-	memset(&attr, 0, sizeof(attr));
-	attr.prog_type = BPF_PROG_TYPE_TRACING;
-	attr.expected_attach_type = BPF_TRACE_FENTRY;
-	attr.attach_btf_id = btf_id;
-	attr.insns = (uint64_t)(unsigned long)insns;
-	attr.insn_cnt = 2;
-	attr.license = (uint64_t)(unsigned long)"GPL";
-	attr.log_buf = (uint64_t)(unsigned long)log;
-	attr.log_size = sizeof(log);
-	attr.log_level = 1;
-	strncpy(attr.prog_name, "kloop_fentry", sizeof(attr.prog_name) - 1);
-	log[0] = 0;
-	fd = sys_bpf(BPF_PROG_LOAD, &attr, sizeof(attr));
-	if (fd < 0 && errno == EPERM)
-		cannot("BPF_PROG_LOAD of an fentry program: %s: it needs CAP_BPF and "
-		       "CAP_PERFMON (5.8+) or CAP_SYS_ADMIN (run as root)", strerror(errno));
-	if (fd < 0)
-		cannot("BPF_PROG_LOAD of an fentry program on %s: %s: fentry needs "
-		       "CONFIG_BPF_JIT, CONFIG_DEBUG_INFO_BTF and CONFIG_FUNCTION_TRACER "
-		       "(x86-64, 5.5+)%s%s", TARGET, strerror(errno),
-		       log[0] ? "; verifier: " : "", log);
-	return (int)fd;
-}
 
 /* Writes `value` to `path`; returns 0 or the errno. */
 static int write_text(const char *path, const char *value)
@@ -296,7 +175,7 @@ int main(void)
 	if (!btf_id)
 		cannot("no BTF_KIND_FUNC %s in %s (CONFIG_DEBUG_INFO_BTF; the function "
 		       "is in every kernel since 2.6.x)", TARGET, BTF_PATH);
-	prog = load_fentry(btf_id);
+	prog = load_fentry(btf_id, TARGET);
 	/* Run the attach path once unarmed with a bad fd, to fault its pages in. */
 	{
 		union bpf_attr bad;
@@ -312,7 +191,7 @@ int main(void)
 			close((int)a.fd);
 			/* 5.10 cannot re-attach a program whose link was closed. */
 			close(prog);
-			prog = load_fentry(btf_id);
+			prog = load_fentry(btf_id, TARGET);
 		}
 		if (a.injected) {
 			if (a.fd < 0) {
