@@ -1,9 +1,11 @@
 //! The BPF JIT's books as oracles: what the agent read of
 //! `bpf_jit_current` and the `bpf_prog_pack` bitmaps before the first step
 //! and after the plan ([`kloop_protocol::Message::JitBooks`]). A charge
-//! not returned or a chunk never given back shows in no record (the
-//! records of a trampoline report PAGE_SIZE whatever its image's size),
-//! only here.
+//! not returned or a chunk never given back shows in no record, only
+//! here. (The records of a trampoline report PAGE_SIZE whatever its
+//! image's size: a kernel bug, which `check::ranges` holds against the
+//! image read here, rule `ksymbol-extent`; ledger
+//! `trampoline-ksymbol-page-len-*`.)
 //!
 //! What the kernel promises, from kernel/bpf/core.c and
 //! kernel/bpf/trampoline.c (5.10 to 7.x):
