@@ -1215,4 +1215,74 @@ errno = "EBUSY"
         assert!(Date::parse("2023-13-01").is_none());
         assert!(Date::parse("2026-11-21").unwrap() < Date::parse("2027-01-01").unwrap());
     }
+
+    /// A strict entry and one that only excuses, for the same fault.
+    const STRICT_AND_EXCUSE: &str = r#"
+[[issue]]
+id = "page-len-overlap"
+rule = "ksymbol-overlap"
+scenarios = ["basic"]
+pins = ["6.12"]
+summary = "s"
+evidence = "e"
+upstream_fix = ""
+review_by = "2099-01-01"
+[[issue.signature]]
+fault = "ksymbol-overlap"
+trampoline_len = 4096
+
+[[issue]]
+id = "page-len-overlap-by-layout"
+rule = "ksymbol-overlap"
+scenarios = []
+pins = ["6.12"]
+summary = "s"
+evidence = "e"
+upstream_fix = ""
+review_by = "2099-01-01"
+[[issue.signature]]
+fault = "ksymbol-overlap"
+trampoline_len = 4096
+"#;
+
+    fn overlap(registered: &str, live: &str) -> Violation {
+        Violation::new(crate::check::rule::KSYMBOL_OVERLAP, "overlap").with(Detail::KsymbolOverlap(
+            crate::check::detail::KsymbolOverlap {
+                registered: registered.into(),
+                registered_len: if registered == "trampoline" { 4096 } else { 96 },
+                live: live.into(),
+                live_len: if live == "trampoline" { 4096 } else { 96 },
+            },
+        ))
+    }
+
+    #[test]
+    fn an_entry_that_only_excuses_takes_what_no_strict_entry_covers() {
+        let l = Ledger::parse(STRICT_AND_EXCUSE, Path::new("k.toml"), &vocab()).unwrap();
+        let v = vec![
+            overlap("program", "trampoline"),
+            overlap("trampoline", "trampoline"),
+        ];
+        // In the strict entry's scenario: the strict entry alone.
+        let j = l.judge("6.12", "basic", &v);
+        let ids: Vec<&str> = j.known.iter().map(|(i, _)| i.id.as_str()).collect();
+        assert_eq!(ids, ["page-len-overlap"]);
+        assert!(j.uncovered.is_empty() && j.fixed.is_empty());
+        // Elsewhere: the excuse, which never turns FIXED? where it does
+        // not show.
+        let j = l.judge("6.12", "subprogs", &v);
+        let ids: Vec<&str> = j.known.iter().map(|(i, _)| i.id.as_str()).collect();
+        assert_eq!(ids, ["page-len-overlap-by-layout"]);
+        assert!(l.judge("6.12", "subprogs", &[]).fixed.is_empty());
+        // Another fault of the rule is covered by neither.
+        let two_programs = overlap("program", "program");
+        assert_eq!(
+            l.judge("6.12", "subprogs", std::slice::from_ref(&two_programs))
+                .uncovered
+                .len(),
+            1
+        );
+        // A strict entry that does not show is FIXED?.
+        assert_eq!(l.judge("6.12", "basic", &[]).fixed.len(), 1);
+    }
 }
