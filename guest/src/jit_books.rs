@@ -516,12 +516,6 @@ impl Watch {
         }
     }
 
-    /// Notes the trampoline images live now (after a step that attaches),
-    /// with where the rings are.
-    pub fn look_at_images(&mut self, heads: &[(u32, u64)]) {
-        sight_images(heads);
-    }
-
     /// Waits (at most [`SETTLE`]) for the counter to come back to its
     /// start value, then reads the books again with the `[bpf]` symbols
     /// still in /proc/kallsyms. Call with everything the plan made closed.

@@ -459,6 +459,11 @@ impl PerfDataSign {
 }
 
 impl Ledger {
+    /// Is `id` an entry that only excuses ([`Issue::only_excuses`])?
+    pub fn only_excuses(&self, id: &str) -> bool {
+        self.issues.iter().any(|i| i.id == id && i.only_excuses())
+    }
+
     /// The entry whose perf.data sign has `rule`, and whether the ledger
     /// says a file of kernel `release` written by `perf_version` has that
     /// bug.
@@ -527,6 +532,13 @@ impl Issue {
     /// Must `pin` × `scenario` reproduce it (the entry names the scenario)?
     pub fn expected(&self, pin: &str, scenario: &str) -> bool {
         self.pins.iter().any(|p| p == pin) && self.scenarios.iter().any(|s| s == scenario)
+    }
+
+    /// Does the entry only excuse (it names no scenario)? Its fault may show
+    /// in one run and not the next (where a run's layout puts it), so it is
+    /// never expected: its showing or going is no change, fix or flake.
+    pub fn only_excuses(&self) -> bool {
+        self.scenarios.is_empty()
     }
 }
 
@@ -718,13 +730,13 @@ impl Ledger {
         let strict: Vec<&Issue> = applicable
             .iter()
             .copied()
-            .filter(|i| !i.scenarios.is_empty())
+            .filter(|i| !i.only_excuses())
             .collect();
         for i in applicable {
             let hits: Vec<&Violation> = violations
                 .iter()
                 .filter(|v| i.covers(v))
-                .filter(|v| !i.scenarios.is_empty() || !strict.iter().any(|s| s.covers(v)))
+                .filter(|v| !i.only_excuses() || !strict.iter().any(|s| s.covers(v)))
                 .collect();
             if !hits.is_empty() {
                 j.known.push((i, hits));

@@ -139,7 +139,7 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
     // The kernel's own checks (a checked kernel's KASAN, lockdep, UBSAN,
     // kmemleak) speak in its log: watched from the first step to the last.
     let kernel_log = crate::kernel_log::Watch::start();
-    let mut jit_books = crate::jit_books::Watch::start();
+    let jit_books = crate::jit_books::Watch::start();
     for (index, step) in plan.steps.iter().enumerate() {
         let final_read = Some(index) == last_drain && snapshots.is_some_and(|s| s < index);
         let index = index as u32;
@@ -165,7 +165,7 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
             step,
             Step::Attach { .. } | Step::UnprivilegedAttach { .. } | Step::FailNth { .. }
         ) {
-            jit_books.look_at_images(&context.ring_heads());
+            crate::jit_books::sight_images(&context.ring_heads());
         }
         context.kallsyms_at_save = None;
         // The facts of a run of loads wait for its last load, read from

@@ -46,12 +46,7 @@ pub fn trials(
 /// listed: a fault whose showing depends on the run's layout), so that
 /// one gone from a run is no fix, nor its showing a change.
 pub fn side_of(r: &TrialResult, ledger: &crate::judge::known_issues::Ledger) -> Side {
-    let may_show = |id: &str| {
-        ledger
-            .issues
-            .iter()
-            .any(|i| i.id == id && i.scenarios.is_empty())
-    };
+    let may_show = |id: &str| ledger.only_excuses(id);
     let normalised = read(&r.artefacts.join("normalised.txt"));
     let overhead = read(&r.artefacts.join(crate::run::trial::overhead::TRIAL_FILE))
         .and_then(|t| serde_json::from_str(&t).ok());

@@ -127,10 +127,10 @@ pub fn ids_named(ledger: &Ledger, name: &str) -> Result<Vec<String>, FixError> {
         .filter(|i| names_entry(name, &i.id))
         .collect();
     // A folder that names only entries that excuse is held to those.
-    let strict = named.iter().any(|i| !i.scenarios.is_empty());
+    let strict = named.iter().any(|i| !i.only_excuses());
     let ids: Vec<String> = named
         .iter()
-        .filter(|i| !strict || !i.scenarios.is_empty())
+        .filter(|i| !strict || !i.only_excuses())
         .map(|i| i.id.clone())
         .collect();
     if ids.is_empty() {

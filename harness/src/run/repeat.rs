@@ -209,12 +209,7 @@ pub fn group(
     results: Vec<TrialResult>,
     ledger: &crate::judge::known_issues::Ledger,
 ) -> Vec<RepeatedTrial> {
-    let may_show = |id: &str| {
-        ledger
-            .issues
-            .iter()
-            .any(|i| i.id == id && i.scenarios.is_empty())
-    };
+    let may_show = |id: &str| ledger.only_excuses(id);
     let mut trials: Vec<RepeatedTrial> = Vec::new();
     for r in results {
         match trials.iter_mut().find(|t| t.id == r.id) {

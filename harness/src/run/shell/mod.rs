@@ -111,10 +111,7 @@ pub fn run_shell(
     let busybox = payload::busybox_payload()?;
     // The checks the kernel was built with: a by-hand run's report holds
     // their evidence to the same door as a trial's.
-    let kernel_checks = kernel
-        .config(env)
-        .map(|c| crate::judge::kernel_log::KernelChecks::from_config(|o| c.is_builtin(o)))
-        .unwrap_or_default();
+    let kernel_checks = kernel.checks(env);
     if let Ok(config) = kernel.config(env) {
         if let Some(reason) = crate::scenario::needs::preflight(scenario, &config) {
             say(&format!(

@@ -235,13 +235,7 @@ pub(crate) fn prepare_guest(
         deadlines: {
             // A kernel with its own runtime checks is slower: its
             // deadlines grow with them (a test's own deadlines stand).
-            let slowdown = kernel
-                .config(env)
-                .map(|c| {
-                    crate::judge::kernel_log::KernelChecks::from_config(|o| c.is_builtin(o))
-                        .slowdown()
-                })
-                .unwrap_or(1);
+            let slowdown = kernel.checks(env).slowdown();
             let mut d = env
                 .deadlines
                 .unwrap_or_else(|| Deadlines::for_accel(accel).scaled(slowdown));

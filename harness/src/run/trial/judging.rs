@@ -93,7 +93,6 @@ fn judged_verdict(
         ledger_pin,
         ..
     } = judging;
-    let judging = &judging;
     let (normalised, normalised_path) = keep_views(evidence, analysis, artefacts);
     result.violations = rule_hits(
         &env.known_issues,
@@ -167,10 +166,7 @@ fn analysed(
         let _ = std::fs::write(artefacts.join(format!("records-{idx}.bin")), bytes);
     }
     let perf_file = kept_perf_file(judging, evidence);
-    let kernel_checks = kernel
-        .config(env)
-        .map(|c| crate::judge::kernel_log::KernelChecks::from_config(|o| c.is_builtin(o)))
-        .unwrap_or_default();
+    let kernel_checks = kernel.checks(env);
     let snapshot_name = kernel.snapshot_name();
     let judged = crate::judge::judge(&crate::judge::Inputs {
         evidence,

@@ -259,6 +259,14 @@ impl KernelUnderTest {
         }
     }
 
+    /// The runtime checks the kernel was built with (KASAN, kmemleak,
+    /// lockdep, UBSAN), from its config; none known without one.
+    pub fn checks(&self, env: &TrialEnv) -> crate::judge::kernel_log::KernelChecks {
+        self.config(env)
+            .map(|c| crate::judge::kernel_log::KernelChecks::from_config(|o| c.is_builtin(o)))
+            .unwrap_or_default()
+    }
+
     /// The kernel's `.config` for the preflight: the pin's package's, or
     /// the one found with the image. `Err`: why there is none.
     pub fn config(&self, env: &TrialEnv) -> Result<Arc<KernelConfig>, String> {
