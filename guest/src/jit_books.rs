@@ -519,7 +519,9 @@ impl Watch {
     /// Waits (at most [`SETTLE`]) for the counter to come back to its
     /// start value, then reads the books again with the `[bpf]` symbols
     /// still in /proc/kallsyms. Call with everything the plan made closed.
-    pub fn finish(self) -> Message {
+    /// Also returns that read of /proc/kallsyms (every module part's
+    /// lines), for the executable-area books' end reading.
+    pub fn finish(self) -> (Message, Option<Vec<kloop_protocol::KallsymsEntry>>) {
         let settle_started = Instant::now();
         let (start, end, unreadable) = match (locator(), self.start) {
             (Ok(loc), Ok(start)) => {
@@ -547,16 +549,20 @@ impl Watch {
             (_, Err(e)) => (JitReading::default(), JitReading::default(), Some(e)),
         };
         let settle_ns = settle_started.elapsed().as_nanos() as u64;
-        let live = if unreadable.is_none() {
-            crate::kallsyms::read_filtered(|e| e.module.as_deref() == Some("bpf"))
-                .map(|v| v.into_iter().map(|e| e.addr).collect())
-                .unwrap_or_default()
+        let symbols = if unreadable.is_none() {
+            crate::kallsyms::read_filtered(|e| e.module.is_some()).ok()
         } else {
-            Vec::new()
+            None
         };
+        let live = symbols
+            .iter()
+            .flatten()
+            .filter(|e| e.module.as_deref() == Some("bpf"))
+            .map(|e| e.addr)
+            .collect();
         let (images, images_error) =
             std::mem::take(&mut *SIGHTED.lock().unwrap_or_else(|e| e.into_inner()));
-        Message::JitBooks {
+        let message = Message::JitBooks {
             start,
             end,
             settle_ns,
@@ -568,7 +574,8 @@ impl Watch {
                 .as_ref()
                 .is_some_and(BooksError::not_in_kernel),
             images_unreadable: images_error.map(|e| e.to_string()),
-        }
+        };
+        (message, symbols)
     }
 }
 

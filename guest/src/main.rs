@@ -31,6 +31,7 @@ mod btf;
 mod by_hand;
 mod channel;
 mod context;
+mod exec_areas;
 mod fixtures;
 mod init;
 mod jit_books;

@@ -76,7 +76,8 @@ pub struct Judged {
 
 /// Every rule family over `inputs`: the stream's invariants, the
 /// scenario's expectations, perf as a second reader and its file, the
-/// kernel's own checks, the JIT's books, the spin reader's bytes, fault
+/// kernel's own checks, the JIT's books and the executable areas, the
+/// spin reader's bytes, fault
 /// recovery, and the oversized copies' account. Pure.
 pub fn judge(inputs: &Inputs) -> Judged {
     let ev = inputs.evidence;
@@ -98,6 +99,10 @@ pub fn judge(inputs: &Inputs) -> Judged {
     // The JIT's books: every charge returned, every chunk given back.
     found.extend(crate::jit_books::check(ev));
     unchecked.extend(crate::jit_books::unchecked(ev));
+    // All executable memory: nothing kept unexplained, nothing listed
+    // where no memory is.
+    found.extend(crate::exec_areas::check(ev, &analysis));
+    unchecked.extend(crate::exec_areas::unchecked(ev));
     // A spin reader's torn records: bytes published before written.
     found.extend(crate::published::check(ev));
     unchecked.extend(crate::published::unchecked(ev));

@@ -54,6 +54,25 @@ pub struct JitBooks {
     pub images_unreadable_in_kernel: bool,
 }
 
+/// The kernel's executable areas as the agent read them
+/// ([`kloop_protocol::Message::ExecAreaReading`],
+/// [`kloop_protocol::Message::ExecAreasEnd`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecAreas {
+    /// Before the first step (`after_step` `None`) and after each step.
+    pub readings: Vec<kloop_protocol::AreaReading>,
+    /// After the plan; `None` when it could not be read.
+    pub end: Option<kloop_protocol::AreaReading>,
+    /// /proc/kallsyms' module-part lines right before `end`.
+    pub end_symbols: Vec<KallsymsEntry>,
+    /// How long the end reading waited for deferred frees.
+    pub settle_ns: u64,
+    /// Why the areas could not be read.
+    pub unreadable: Option<String>,
+    /// Whether the end message arrived.
+    pub ended: bool,
+}
+
 /// What a `pack-boundary` step built and read
 /// ([`kloop_protocol::Message::PackBoundary`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -106,6 +125,9 @@ pub struct RunEvidence {
     /// The JIT's books before the first step and after the plan
     /// (`crate::jit_books`); `None` from an agent that sent none.
     pub jit_books: Option<JitBooks>,
+    /// The executable areas read before, during and after the plan
+    /// (`crate::exec_areas`); `None` from an agent that sent none.
+    pub exec_areas: Option<ExecAreas>,
     /// What `pack-boundary` steps built and read, in step order.
     pub pack_boundaries: Vec<PackBoundary>,
     /// `unprivileged-attach` results, in plan order: (label, over_limit,
@@ -537,6 +559,33 @@ impl RunEvidence {
         true
     }
 
+    /// Takes a message that reports the executable areas; `false` for any
+    /// other.
+    fn take_exec_areas(&mut self, m: &Message) -> bool {
+        match m {
+            Message::ExecAreaReading { reading } => self
+                .exec_areas
+                .get_or_insert_with(ExecAreas::default)
+                .readings
+                .push(reading.clone()),
+            Message::ExecAreasEnd {
+                end,
+                end_symbols,
+                settle_ns,
+                unreadable,
+            } => {
+                let books = self.exec_areas.get_or_insert_with(ExecAreas::default);
+                books.end = end.clone();
+                books.end_symbols = end_symbols.clone();
+                books.settle_ns = *settle_ns;
+                books.unreadable = unreadable.clone();
+                books.ended = true;
+            }
+            _ => return false,
+        }
+        true
+    }
+
     /// Takes a message that reports what a BPF JIT step saw; `false` for
     /// any other.
     fn take_jit_fact(&mut self, m: &Message) -> bool {
@@ -791,7 +840,10 @@ impl Reader {
             }
             Message::PerfData { offset, total, hex } => ev.take_perf_data(*offset, *total, hex),
             _ => {
-                let _ = ev.take_kernel_fact(m) || ev.take_jit_fact(m) || ev.take_step_output(m);
+                let _ = ev.take_kernel_fact(m)
+                    || ev.take_jit_fact(m)
+                    || ev.take_exec_areas(m)
+                    || ev.take_step_output(m);
             }
         }
     }

@@ -31,6 +31,7 @@ pub mod check;
 pub mod emissions;
 pub mod entry;
 pub mod evidence;
+pub mod exec_areas;
 pub mod expect;
 pub mod expectation;
 pub mod fault_recovery;

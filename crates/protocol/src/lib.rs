@@ -44,8 +44,8 @@ pub use plan::{
 /// listener's `poll_watermark`; 14: `FailNthSweep.sweep` and
 /// `.clean_errno`; 15: `spin-read`, `SpinRead` and the `two-cpus`
 /// requirement, `pack-boundary`, `PackBoundary` and the `trampoline-packs`
-/// requirement).
-pub const PROTOCOL_VERSION: u32 = 15;
+/// requirement; 16: `ExecAreaReading`, `ExecAreasEnd`).
+pub const PROTOCOL_VERSION: u32 = 16;
 
 /// The most bytes of kernel log one [`Message::KernelLog`] carries (its
 /// JSON fits a frame).
@@ -186,6 +186,43 @@ pub struct ImageReading {
     /// Empty from an agent that did not say.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub seen_at: Vec<(u32, u64)>,
+}
+
+/// One vmalloc area of the module mapping space, where every executable
+/// allocation of x86-64 lives (module_alloc() before 6.10, execmem_alloc()
+/// from then: BPF JIT images and packs, trampolines, kprobe instruction
+/// pages, ftrace trampolines, modules), as one line of /proc/vmallocinfo
+/// shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecArea {
+    /// `vm->addr`.
+    pub start: u64,
+    /// `vm->addr + vm->size`: the guard page included.
+    pub end: u64,
+    /// `pages=`: the pages mapped (`None` when the line has no count, an
+    /// area that is not vmalloc'ed). The bytes that can hold code are
+    /// `[start, start + pages * PAGE_SIZE)`.
+    pub pages: Option<u32>,
+    /// The allocating caller as the kernel prints it (`%pS`,
+    /// `bpf_prog_pack_alloc+0x2b0/0x3c0`), if it printed one.
+    pub caller: Option<String>,
+}
+
+/// The module mapping space's areas at one moment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AreaReading {
+    /// The step after which it was read; `None` before the first step.
+    pub after_step: Option<u32>,
+    /// Every ring's `data_head` (listener index, head) right before the
+    /// file was read: a record below it was written before the reading
+    /// began.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seen_at: Vec<(u32, u64)>,
+    /// The heads right after the file was read: a record at or above
+    /// them was written after the reading ended.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_until: Vec<(u32, u64)>,
+    pub areas: Vec<ExecArea>,
 }
 
 /// One `bpf_prog_pack`: its executable area and which of its chunks the
@@ -461,6 +498,28 @@ pub enum Message {
         /// through.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         images_unreadable_in_kernel: bool,
+    },
+    /// The kernel's own list of executable memory at one moment:
+    /// /proc/vmallocinfo's areas in the module mapping space, read with
+    /// `kptr_restrict` 1 so that root sees real addresses, before the
+    /// first step and after every step (with the rings' heads). One
+    /// message per reading, sent as it is taken. Collected only: rules
+    /// `exec-area-kept` and `exec-area-missing` judge them on the host.
+    ExecAreaReading {
+        reading: AreaReading,
+    },
+    /// The last reading of the executable areas, after the plan: everything
+    /// it made closed and the deferred frees waited for up to `settle_ns`,
+    /// with the lines of module parts /proc/kallsyms listed right before
+    /// it (`[bpf]`, `[__builtin__kprobes]`, `[__builtin__ftrace]`,
+    /// modules). `unreadable`: why the areas could not be read (this or an
+    /// earlier reading; the readings sent stand).
+    ExecAreasEnd {
+        end: Option<AreaReading>,
+        end_symbols: Vec<KallsymsEntry>,
+        settle_ns: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        unreadable: Option<String>,
     },
     /// What the kernel said about itself while the plan's steps ran, sent
     /// after the last step: the kernel log's records from the first step on

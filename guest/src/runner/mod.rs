@@ -140,6 +140,7 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
     // kmemleak) speak in its log: watched from the first step to the last.
     let kernel_log = crate::kernel_log::Watch::start();
     let jit_books = crate::jit_books::Watch::start();
+    let exec_areas = crate::exec_areas::Watch::start();
     for (index, step) in plan.steps.iter().enumerate() {
         let final_read = Some(index) == last_drain && snapshots.is_some_and(|s| s < index);
         let index = index as u32;
@@ -167,6 +168,7 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
         ) {
             crate::jit_books::sight_images(&context.ring_heads());
         }
+        crate::exec_areas::sight(index, &|| context.ring_heads());
         context.kallsyms_at_save = None;
         // The facts of a run of loads wait for its last load, read from
         // one /proc/kallsyms; a failed load between two loads touches no
@@ -195,7 +197,11 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
     let records_bytes = context.records_bytes;
     drop(context);
     let plan_ended = Instant::now();
-    send(&jit_books.finish())?;
+    let (books, symbols) = jit_books.finish();
+    send(&books)?;
+    // After the JIT books' settle: the deferred frees they waited for are
+    // the executable areas' too.
+    send(&exec_areas.finish(symbols))?;
     send(&kernel_log.finish(plan_ended))?;
     send(&Message::Done { records_bytes })
 }

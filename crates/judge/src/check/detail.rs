@@ -33,6 +33,22 @@ pub enum Detail {
     KsymbolOverlap(KsymbolOverlap),
     /// `ksymbol-extent`: a KSYMBOL whose length is not its code's extent.
     KsymbolExtent(KsymbolExtent),
+    /// `exec-area-kept` / `exec-area-missing`: executable memory no symbol
+    /// explains, or a symbol where no executable memory is.
+    ExecArea(ExecAreaFault),
+}
+
+/// See [`Detail::ExecArea`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecAreaFault {
+    /// The area's allocating function as /proc/vmallocinfo names it,
+    /// without its offset (`alloc_insn_page`, `bpf_prog_pack_alloc`);
+    /// empty when there is no area (`exec-area-missing`).
+    pub caller: String,
+    /// What the symbol is (`check::ranges::symbol_kind`, or the
+    /// kallsyms module part: `__builtin__kprobes`); empty when no symbol
+    /// is involved (`exec-area-kept`).
+    pub symbol: String,
 }
 
 /// See [`Detail::KsymbolOverlap`].

@@ -99,6 +99,7 @@ use kloop_records::{
 
 mod agreement;
 mod announced;
+pub mod areas;
 mod batches;
 pub mod detail;
 mod emission;
@@ -107,7 +108,7 @@ mod listener;
 mod model;
 mod pokes;
 mod programs;
-mod ranges;
+pub mod ranges;
 mod tasks;
 mod wakeups;
 
@@ -193,6 +194,13 @@ pub mod rule {
     pub const KSYMBOL_UNREGISTER_RANGE: &str = "ksymbol-unregister-range";
     /// A trampoline's KSYMBOL range is its image's (im->size).
     pub const KSYMBOL_EXTENT: &str = "ksymbol-extent";
+    /// Executable memory present after the plan that was not before it
+    /// holds a symbol /proc/kallsyms lists (crate::exec_areas).
+    pub const EXEC_AREA_KEPT: &str = "exec-area-kept";
+    /// Every symbol a set's records (or /proc/kallsyms after the plan) show
+    /// live lies in executable memory the kernel holds (check::areas,
+    /// crate::exec_areas).
+    pub const EXEC_AREA_MISSING: &str = "exec-area-missing";
 
     /// Every rule name, in the order reports list them.
     pub const ALL: &[&str] = &[
@@ -230,6 +238,8 @@ pub mod rule {
         KSYMBOL_OVERLAP,
         KSYMBOL_UNREGISTER_RANGE,
         KSYMBOL_EXTENT,
+        EXEC_AREA_KEPT,
+        EXEC_AREA_MISSING,
     ];
 }
 
@@ -1105,6 +1115,11 @@ impl SetJudge<'_> {
             };
             if let Some(note) = ranges::check(&label, &merged, images, v) {
                 a.notes.push(note);
+            }
+            if let Some(books) = &ev.exec_areas {
+                if let Some(note) = areas::check(&label, &merged, set, &books.readings, v) {
+                    a.notes.push(note);
+                }
             }
         }
         self.check_pokes(set, is_task, &merged, &label, v);

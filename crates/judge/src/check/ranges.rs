@@ -66,7 +66,7 @@ struct Live<'r> {
 /// kernel/events/ring_buffer.c), so the earliest such last-kept time over
 /// the set's listeners bounds what the set saw; with the LOST record
 /// quoted. `None`: nothing lost.
-fn lost_cutoff(merged: &[Record]) -> Option<(u64, String)> {
+pub(super) fn lost_cutoff(merged: &[Record]) -> Option<(u64, String)> {
     let mut last: BTreeMap<u32, u64> = BTreeMap::new();
     let mut cut: Option<(u64, String)> = None;
     for r in merged {
