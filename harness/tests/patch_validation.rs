@@ -346,3 +346,75 @@ fn validate_rejects_a_ring_that_ignores_its_wakeup_watermark() {
         o.details
     );
 }
+
+/// The A/B of one planted patch over `scenarios`: BROKEN in `scenario`,
+/// with a detail of `rule` that mentions `needle`.
+fn rejects_by(patch: &str, scenarios: &[&str], scenario: &str, rule: &str, needle: &str) {
+    let run = ab_with(&[patch], &[], scenarios);
+    print_report(&run);
+    assert!(!run.acceptance(&[]).accepted);
+    let o = outcome(&run, scenario);
+    assert_eq!(o.class, AbClass::Broken, "{o:?}");
+    let tag = format!("[{rule}]");
+    assert!(
+        o.details
+            .iter()
+            .any(|d| d.contains(&tag) && d.contains(needle)),
+        "{:?}",
+        o.details
+    );
+}
+
+#[test]
+#[ignore = "slow tier: builds linux-source-6.12 twice; see the module docs"]
+fn the_executable_area_books_reject_a_kprobe_page_kept_after_its_symbol() {
+    // collect_one_slot() unregisters a page that is not the cache's last
+    // and no longer frees it: only the executable areas show it.
+    rejects_by(
+        "kprobe-page-leak.patch",
+        &["symbol-state", "kprobe-slots"],
+        "symbol-state",
+        "exec-area-kept",
+        "alloc_insn_page",
+    );
+}
+
+#[test]
+#[ignore = "slow tier: builds linux-source-6.12 twice; see the module docs"]
+fn the_executable_area_books_reject_a_kprobe_page_freed_under_its_symbol() {
+    // collect_one_slot() frees the cache's kept last page, still listed
+    // and announced.
+    rejects_by(
+        "kprobe-page-freed-early.patch",
+        &["symbol-state", "kprobe-slots"],
+        "symbol-state",
+        "exec-area-missing",
+        "kprobe",
+    );
+}
+
+#[test]
+#[ignore = "slow tier: builds linux-source-6.12 twice; see the module docs"]
+fn the_executable_area_books_reject_an_ftrace_trampoline_kept_after_its_symbol() {
+    rejects_by(
+        "ftrace-trampoline-leak.patch",
+        &["ftrace-ool"],
+        "ftrace-ool",
+        "exec-area-kept",
+        "arch_ftrace_update_trampoline",
+    );
+}
+
+#[test]
+#[ignore = "slow tier: builds linux-source-6.12 twice; see the module docs"]
+fn the_jit_books_reject_a_trampoline_image_kept_in_its_pack() {
+    // On x86 from 6.7 an image is a piece of a pack that stays: the
+    // pack's chunks, not an area of its own, show the leak.
+    rejects_by(
+        "trampoline-image-chunks-leak.patch",
+        &["trampolines"],
+        "trampolines",
+        "jit-chunks",
+        "",
+    );
+}
