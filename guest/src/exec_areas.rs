@@ -23,7 +23,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use kloop_protocol::{AreaReading, ExecArea, KallsymsEntry, Message};
+use kloop_protocol::{AreaReading, ExecArea, KallsymsEntry, Message, Step};
 
 use crate::channel::send;
 
@@ -44,6 +44,10 @@ const POLL: Duration = Duration::from_millis(50);
 
 /// The first reading that failed, if any: later readings are not taken.
 static FAILED: Mutex<Option<String>> = Mutex::new(None);
+/// The readings sent so far, for the end reading's settle.
+static READINGS: Mutex<Vec<AreaReading>> = Mutex::new(Vec::new());
+/// x86-64's page.
+const PAGE_SIZE: u64 = 4096;
 
 /// One line of /proc/vmallocinfo, when it is an area of the module space
 /// that holds memory (`unpurged vm_area` lines are areas already freed and
@@ -144,7 +148,14 @@ fn take(after_step: Option<u32>, heads: &dyn Fn() -> Vec<(u32, u64)>) -> Option<
                 read_until,
                 areas: areas.clone(),
             };
-            if let Err(e) = send(&Message::ExecAreaReading { reading }) {
+            let sent = send(&Message::ExecAreaReading {
+                reading: reading.clone(),
+            });
+            READINGS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(reading);
+            if let Err(e) = sent {
                 *failed = Some(format!("sending a reading: {e:#}"));
                 return None;
             }
@@ -172,16 +183,19 @@ pub struct Watch {
 impl Watch {
     pub fn start() -> Watch {
         *FAILED.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        READINGS.lock().unwrap_or_else(|e| e.into_inner()).clear();
         Watch {
             start: take(None, &Vec::new),
         }
     }
 
     /// The end reading: `symbols` are /proc/kallsyms' lines of module
-    /// parts, read after the plan (`None`: read them here). Areas new
-    /// since the start that hold none of them are given [`SETTLE`] to go
-    /// (deferred frees); the reading sent is the last one taken.
-    pub fn finish(self, symbols: Option<Vec<KallsymsEntry>>) -> Message {
+    /// parts, read after the plan (`None`: read them here), `steps` the
+    /// plan's. Areas new since the start that nothing accounts for
+    /// (`kloop_protocol::exec::owners`, the host's definition too) are
+    /// given [`SETTLE`] to go (deferred frees); the reading sent is the
+    /// last one taken.
+    pub fn finish(self, symbols: Option<Vec<KallsymsEntry>>, steps: &[Step]) -> Message {
         let started = Instant::now();
         let failed = FAILED.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let (Some(start), None) = (self.start, failed.clone()) else {
@@ -206,10 +220,18 @@ impl Watch {
                 }
             },
         };
+        let readings = READINGS.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let unexplained = |areas: &[ExecArea]| {
-            areas.iter().any(|a| {
-                !start.contains(a) && !symbols.iter().any(|s| (a.start..a.end).contains(&s.addr))
-            })
+            kloop_protocol::exec::owners(
+                &start,
+                areas,
+                &readings,
+                &|i| steps.get(i as usize),
+                &symbols,
+                PAGE_SIZE,
+            )
+            .iter()
+            .any(|(_, owner)| owner.is_none())
         };
         let mut end = read();
         while let Ok(areas) = &end {

@@ -19,7 +19,7 @@
 //!   kernel/trace/ftrace.c; a static ops keeps it, and it stays listed as
 //!   `ftrace_trampoline`), the XDP dispatcher's image for good (listed as
 //!   `bpf_dispatcher_xdp`, with its staging copy, which is never run and
-//!   never announced: [`DISPATCHER_COPY`]). So after the plan, with
+//!   never announced: `kloop_protocol::exec::DISPATCHER_COPY`). So after the plan, with
 //!   everything it made closed and the deferred frees waited for, an area
 //!   the kernel did not hold before the first step holds a symbol
 //!   /proc/kallsyms lists, or belongs to a listed owner (rule
@@ -41,76 +41,15 @@
 //! are those, and the cache's own books (mm/execmem.c) are not read. A
 //! leak there keeps no area of its own.
 
+use kloop_protocol::exec::caller_function;
 use kloop_protocol::ExecArea;
 
-use crate::check::areas::{covered, usable};
+use crate::check::areas::{covered, usable, PAGE_SIZE};
 use crate::check::detail::ExecAreaFault;
 use crate::check::ranges::symbol_kind;
 use crate::check::{rule, Analysis, Detail, Gap, Unchecked, Violation};
 use crate::evidence::RunEvidence;
 use kloop_records::{RecordBody, KSYMBOL_FLAGS_UNREGISTER};
-
-/// The function of a `%pS` caller (`alloc_insn_page+0x1a/0x40` →
-/// `alloc_insn_page`).
-fn function(caller: Option<&str>) -> &str {
-    caller
-        .map(|c| c.split('+').next().unwrap_or(c))
-        .unwrap_or("")
-}
-
-/// The XDP dispatcher's staging copy: bpf_dispatcher_change_prog()
-/// (kernel/bpf/dispatcher.c, 6.1 on) allocates `d->rw_image` with
-/// bpf_jit_alloc_exec(PAGE_SIZE) beside `d->image` (from the pack, listed
-/// as `bpf_dispatcher_<name>`) and keeps both for the dispatcher's life;
-/// the dispatcher is built in the copy and moved into the image with
-/// bpf_arch_text_copy(), so the copy never runs and nothing announces it.
-const DISPATCHER_COPY: &str = "bpf_dispatcher_change_prog";
-
-/// Why an area no symbol lies in is still accounted for, if it is: its
-/// owner is listed. A module's areas (text, data and read-only parts,
-/// some of which hold no symbol /proc/kallsyms lists) are the module's
-/// while one is loaded: these books do not judge modules. Which areas are
-/// a module's is read from when they appeared (in the reading after a
-/// `modprobe` step), not from their caller, which names the module
-/// loader on some kernels (`load_module`, `move_module`) and only the
-/// allocator on others (`execmem_alloc_rw`, 6.17 on). The dispatcher's
-/// copy is its dispatcher's while that is listed, one copy per listed
-/// dispatcher.
-fn owner(
-    a: &ExecArea,
-    ev: &RunEvidence,
-    symbols: &[kloop_protocol::KallsymsEntry],
-    copies_left: &mut usize,
-) -> Option<&'static str> {
-    let books = ev.exec_areas.as_ref()?;
-    let first_seen = books
-        .readings
-        .iter()
-        .find(|r| r.areas.iter().any(|b| same(a, b)))
-        .and_then(|r| r.after_step);
-    let after_modprobe = first_seen
-        .and_then(|s| ev.steps.get(&s))
-        .is_some_and(|s| matches!(s, kloop_protocol::Step::Modprobe { .. }));
-    if after_modprobe
-        && symbols.iter().any(|s| {
-            s.module
-                .as_deref()
-                .is_some_and(|m| m != "bpf" && !m.starts_with("__builtin__"))
-        })
-    {
-        return Some("a module's");
-    }
-    if function(a.caller.as_deref()) == DISPATCHER_COPY && *copies_left > 0 {
-        *copies_left -= 1;
-        return Some("the dispatcher's copy");
-    }
-    None
-}
-
-/// Whether two readings name the same area.
-fn same(a: &ExecArea, b: &ExecArea) -> bool {
-    a.start == b.start && a.end == b.end
-}
 
 /// The symbols /proc/kallsyms lists for generated code: `[bpf]` and the
 /// `[__builtin__*]` parts (kprobes, ftrace), with what each is.
@@ -174,21 +113,19 @@ pub fn check(ev: &RunEvidence, analysis: &Analysis) -> Vec<Violation> {
         return out;
     }
     let symbols = &books.end_symbols;
-    let mut copies_left = symbols
-        .iter()
-        .filter(|s| s.module.as_deref() == Some("bpf") && s.name.starts_with("bpf_dispatcher_"))
-        .count();
-    for a in &end.areas {
-        if start.areas.iter().any(|s| same(s, a)) {
+    let owners = kloop_protocol::exec::owners(
+        &start.areas,
+        &end.areas,
+        &books.readings,
+        &|i| ev.steps.get(&i),
+        symbols,
+        PAGE_SIZE,
+    );
+    for (a, owner) in owners {
+        if owner.is_some() {
             continue;
         }
         let u = usable(a);
-        if symbols.iter().any(|s| u.contains(&s.addr)) {
-            continue;
-        }
-        if owner(a, ev, symbols, &mut copies_left).is_some() {
-            continue;
-        }
         let caller = a.caller.as_deref();
         out.push(
             Violation::new(
@@ -208,7 +145,7 @@ pub fn check(ev: &RunEvidence, analysis: &Analysis) -> Vec<Violation> {
                 ),
             )
             .with(Detail::ExecArea(ExecAreaFault {
-                caller: function(caller).to_string(),
+                caller: caller_function(caller).to_string(),
                 symbol: String::new(),
             })),
         );

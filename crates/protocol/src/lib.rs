@@ -25,6 +25,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod exec;
 pub mod frame;
 pub mod plan;
 

@@ -201,7 +201,7 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
     send(&books)?;
     // After the JIT books' settle: the deferred frees they waited for are
     // the executable areas' too.
-    send(&exec_areas.finish(symbols))?;
+    send(&exec_areas.finish(symbols, &plan.steps))?;
     send(&kernel_log.finish(plan_ended))?;
     send(&Message::Done { records_bytes })
 }

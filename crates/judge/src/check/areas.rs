@@ -39,11 +39,7 @@ pub const PAGE_SIZE: u64 = 4096;
 /// The bytes of `a` that can hold code: its mapped pages, without the
 /// guard page after them.
 pub fn usable(a: &ExecArea) -> std::ops::Range<u64> {
-    let end = match a.pages {
-        Some(p) => a.start + u64::from(p) * PAGE_SIZE,
-        None => a.end.saturating_sub(PAGE_SIZE),
-    };
-    a.start..end.max(a.start)
+    kloop_protocol::exec::usable(a, PAGE_SIZE)
 }
 
 /// Whether `[addr, addr + len)` lies inside one area's usable bytes.

@@ -1,0 +1,99 @@
+//! Which executable areas the kernel may keep after a plan without a
+//! symbol of their own in them: what the agent waits for after the plan
+//! (an area nothing accounts for may still be freed by a deferred worker)
+//! and what the host's rule `exec-area-kept` excuses are one definition.
+
+use crate::plan::Step;
+use crate::{AreaReading, ExecArea, KallsymsEntry};
+
+/// The XDP dispatcher's staging copy: bpf_dispatcher_change_prog()
+/// (kernel/bpf/dispatcher.c, 6.1 on) allocates `d->rw_image` with
+/// bpf_jit_alloc_exec(PAGE_SIZE) beside `d->image` (from the pack, listed
+/// as `bpf_dispatcher_<name>`) and keeps both for the dispatcher's life;
+/// the dispatcher is built in the copy and moved into the image with
+/// bpf_arch_text_copy(), so the copy never runs and nothing announces it.
+pub const DISPATCHER_COPY: &str = "bpf_dispatcher_change_prog";
+
+/// What accounts for an area new since the plan's start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// A symbol /proc/kallsyms lists lies in it.
+    Symbol,
+    /// A module's part (text, data, read-only: some hold no symbol
+    /// kallsyms lists), while a module is listed. Which areas are a
+    /// module's is read from when they appeared (in the reading after a
+    /// `modprobe` step), not from their caller, which names the module
+    /// loader on some kernels (`load_module`, `move_module`) and only the
+    /// allocator on others (`execmem_alloc_rw`, 6.17 on).
+    Module,
+    /// The dispatcher's copy ([`DISPATCHER_COPY`]), one per listed
+    /// dispatcher.
+    DispatcherCopy,
+}
+
+/// The function of a `%pS` caller (`alloc_insn_page+0x1a/0x40` →
+/// `alloc_insn_page`).
+pub fn caller_function(caller: Option<&str>) -> &str {
+    caller
+        .map(|c| c.split('+').next().unwrap_or(c))
+        .unwrap_or("")
+}
+
+/// The bytes of `a` that can hold code: its mapped pages, without the
+/// guard page after them (`page_size`: x86-64's 4096).
+pub fn usable(a: &ExecArea, page_size: u64) -> std::ops::Range<u64> {
+    let end = match a.pages {
+        Some(p) => a.start + u64::from(p) * page_size,
+        None => a.end.saturating_sub(page_size),
+    };
+    a.start..end.max(a.start)
+}
+
+/// For each area of `end` not in `start` (same start and end), what
+/// accounts for it (`None`: nothing). `readings` are the per-step
+/// readings in order (the first one an area is in says when it
+/// appeared), `steps` gives a step by its index, `symbols` are
+/// /proc/kallsyms' module-part lines read after the plan.
+pub fn owners<'a, 's>(
+    start: &[ExecArea],
+    end: &'a [ExecArea],
+    readings: &[AreaReading],
+    steps: &dyn Fn(u32) -> Option<&'s Step>,
+    symbols: &[KallsymsEntry],
+    page_size: u64,
+) -> Vec<(&'a ExecArea, Option<Owner>)> {
+    let same = |a: &ExecArea, b: &ExecArea| a.start == b.start && a.end == b.end;
+    let module_listed = symbols.iter().any(|s| {
+        s.module
+            .as_deref()
+            .is_some_and(|m| m != "bpf" && !m.starts_with("__builtin__"))
+    });
+    let mut copies_left = symbols
+        .iter()
+        .filter(|s| s.module.as_deref() == Some("bpf") && s.name.starts_with("bpf_dispatcher_"))
+        .count();
+    end.iter()
+        .filter(|a| !start.iter().any(|s| same(s, a)))
+        .map(|a| {
+            let u = usable(a, page_size);
+            if symbols.iter().any(|s| u.contains(&s.addr)) {
+                return (a, Some(Owner::Symbol));
+            }
+            let first_seen = readings
+                .iter()
+                .find(|r| r.areas.iter().any(|b| same(a, b)))
+                .and_then(|r| r.after_step);
+            let after_modprobe = first_seen
+                .and_then(steps)
+                .is_some_and(|s| matches!(s, Step::Modprobe { .. }));
+            if after_modprobe && module_listed {
+                return (a, Some(Owner::Module));
+            }
+            if caller_function(a.caller.as_deref()) == DISPATCHER_COPY && copies_left > 0 {
+                copies_left -= 1;
+                return (a, Some(Owner::DispatcherCopy));
+            }
+            (a, None)
+        })
+        .collect()
+}
