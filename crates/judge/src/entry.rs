@@ -92,6 +92,11 @@ pub fn judge(inputs: &Inputs) -> Judged {
         .map(|s| s.plan.steps.as_slice())
         .unwrap_or(&[]);
     found.extend(perf_script::check(ev, &analysis, steps));
+    // perf as a consumer: samples in a live program's image filed under
+    // its symbol.
+    found.extend(perf_script::attribution::check(ev));
+    unchecked.extend(perf_script::attribution::unchecked(ev));
+    analysis.notes.extend(perf_script::attribution::notes(ev));
     // A checked kernel's own reports (KASAN, UBSAN, lockdep, kmemleak), and
     // what of their evidence did not arrive.
     found.extend(crate::kernel_log::check(ev));

@@ -174,6 +174,9 @@ pub struct RunEvidence {
     pub provoked_loss: bool,
     /// perf's own output for the plan's `perf record` run (perf_script.rs).
     pub perf_scripts: Vec<PerfScript>,
+    /// What each `perf-attribution` step arranged and what perf made of
+    /// its samples, in plan order (rule `perf-attribution`).
+    pub perf_attributions: Vec<kloop_protocol::PerfAttribution>,
     /// The `perf.data` the plan's `perf record` wrote, put together from
     /// its `PerfData` pieces; `Err`: the pieces did not make the file.
     pub perf_data: Option<Result<Vec<u8>, String>>,
@@ -739,6 +742,7 @@ impl RunEvidence {
                 stderr: stderr.clone(),
             }),
             Message::SpinRead(r) => self.spin_reads.push(r.clone()),
+            Message::PerfAttribution(a) => self.perf_attributions.push(a.clone()),
             _ => return false,
         }
         true

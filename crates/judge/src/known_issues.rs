@@ -185,6 +185,8 @@ pub struct Issue {
 /// | | `frames` | and these first frames |
 /// | `fault-recovery` | `target` | the fail-nth sweep's target kind (`attach`, `xdp-attach`) |
 /// | | `errno` | the errno name its attempt without an injected fault failed with (`EBUSY`) |
+/// | `misattributed-sample` | `kind` | what perf filed the samples under (`trampoline`) |
+/// | | `len` | every sample IP lies past that symbol's image and less than `len` bytes from its start |
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Signature {
@@ -230,7 +232,8 @@ pub struct Signature {
     /// with this len (registered or live).
     #[serde(default)]
     pub trampoline_len: Option<u32>,
-    /// `ksymbol-extent`: what the symbol is (`trampoline`).
+    /// `ksymbol-extent`: what the symbol is (`trampoline`);
+    /// `misattributed-sample`: what perf filed the samples under.
     #[serde(default)]
     pub kind: Option<String>,
 }
@@ -244,6 +247,7 @@ pub const FAULTS: &[(&str, &[&str])] = &[
     ("fault-recovery", &["target", "errno"]),
     ("ksymbol-overlap", &["trampoline_len"]),
     ("ksymbol-extent", &["kind", "len"]),
+    ("misattributed-sample", &["kind", "len"]),
 ];
 
 /// The one excess shape `oversized-record` knows.
@@ -366,6 +370,18 @@ impl Signature {
             }
             Detail::KsymbolExtent(e) if self.fault == "ksymbol-extent" => {
                 self.kind.as_ref() == Some(&e.kind) && self.len == Some(e.len) && e.extent < e.len
+            }
+            // Every IP past the symbol's own image and inside the `len`
+            // bytes its KSYMBOL announced: the announcement, not perf,
+            // put them there.
+            Detail::MisattributedSample(m) if self.fault == "misattributed-sample" => {
+                self.kind.as_ref() == Some(&m.attributed)
+                    && match (m.offsets, m.extent, self.len) {
+                        (Some((lo, hi)), Some(extent), Some(len)) => {
+                            lo >= u64::from(extent) && hi < u64::from(len)
+                        }
+                        _ => false,
+                    }
             }
             _ => false,
         }

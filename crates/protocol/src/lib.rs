@@ -45,8 +45,9 @@ pub use plan::{
 /// listener's `poll_watermark`; 14: `FailNthSweep.sweep` and
 /// `.clean_errno`; 15: `spin-read`, `SpinRead` and the `two-cpus`
 /// requirement, `pack-boundary`, `PackBoundary` and the `trampoline-packs`
-/// requirement; 16: `ExecAreaReading`, `ExecAreasEnd`).
-pub const PROTOCOL_VERSION: u32 = 16;
+/// requirement; 16: `perf-attribution` and `PerfAttribution`; 17:
+/// `ExecAreaReading`, `ExecAreasEnd`).
+pub const PROTOCOL_VERSION: u32 = 17;
 
 /// The most bytes of kernel log one [`Message::KernelLog`] carries (its
 /// JSON fits a frame).
@@ -346,6 +347,48 @@ pub struct KsymbolObservation {
     /// look (another kind, or the cache's address was unknown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listed: Option<bool>,
+}
+
+/// The most distinct (ip, symbol) pairs one [`PerfAttribution`] carries:
+/// about 80 bytes of JSON each keeps the message well inside one frame.
+pub const MAX_ATTRIBUTED_IPS: usize = 8192;
+
+/// What a `perf-attribution` step did ([`Message::PerfAttribution`]): the
+/// real `perf record` sampled a workload program while a trampoline image
+/// lay right below it, and `perf script` said which symbol each sample's
+/// IP belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PerfAttribution {
+    /// `perf record …; perf script …` as run.
+    pub command: String,
+    /// The workload's program id.
+    pub workload: u32,
+    /// The facts of the programs live from the start of the recording to
+    /// its end (the workload and the fentry program), read while they
+    /// were: a sample inside one of their images is that program's. Kept
+    /// here, not sent as `Prog`: the step opens no listener of kloop's to
+    /// hold their records to.
+    pub live: Vec<ProgFacts>,
+    /// The trampoline images live while the workload ran, read off
+    /// `bpf_kallsyms` (empty where the books cannot be read).
+    pub images: Vec<ImageReading>,
+    /// How the trampoline image lay against the workload: `None` when it
+    /// lies right below it (within a page), else why it does not (the
+    /// kernel gives a trampoline a page of its own, before 6.7).
+    pub not_arranged: Option<String>,
+    /// BPF_PROG_TEST_RUN calls of the workload, and how long they took.
+    pub runs: u32,
+    pub run_ns: u64,
+    /// perf script's samples: (ip, perf's symbol, how many samples), one
+    /// per distinct pair, at most [`MAX_ATTRIBUTED_IPS`].
+    pub samples: Vec<(u64, String, u32)>,
+    /// Samples past that cap, not sent.
+    pub samples_dropped: u64,
+    /// Lines of perf script's output that are no sample line (at most a
+    /// few, quoted).
+    pub unparsed: Vec<String>,
+    /// perf record's and perf script's stderr.
+    pub stderr: String,
 }
 
 /// One perf listener the agent opened.
@@ -734,6 +777,9 @@ pub enum Message {
         text: String,
         stderr: String,
     },
+    /// What a `perf-attribution` step arranged and what perf made of its
+    /// samples.
+    PerfAttribution(PerfAttribution),
     /// What `watch-ksymbols` saw, in the order the calls reserved their
     /// place in its ring: one observation per `perf_event_ksymbol` call
     /// since the watch was attached (at most [`MAX_KSYMBOL_OBSERVATIONS`]).

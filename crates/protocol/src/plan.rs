@@ -475,6 +475,24 @@ pub enum Step {
         #[serde(default)]
         fail_nth: bool,
     },
+    /// The real perf as a consumer of the side band (rule
+    /// `perf-attribution`): loads `program` of `fixture` (fentry, against
+    /// `btf_target`), fills the JIT pack's holes with one-chunk socket
+    /// filters, then starts `perf record <perf_args>`; while it records,
+    /// loads a hole-maker and right after it the workload (a straight-line
+    /// socket filter), unloads the hole-maker and attaches the fentry
+    /// program, whose trampoline image the pack hands the hole: right
+    /// below the workload (checked against the books, and said where the
+    /// kernel gives an image a page of its own). Runs the workload with
+    /// BPF_PROG_TEST_RUN for `run_ms`, stops perf, runs `perf script -F
+    /// ip,sym` and reports a `PerfAttribution`; closes everything.
+    PerfAttribution {
+        fixture: String,
+        program: String,
+        btf_target: String,
+        perf_args: Vec<String>,
+        run_ms: u64,
+    },
     /// Check that the kernel writes a record's bytes before it publishes
     /// them (rule `published-bytes`): one `listener` (ksymbol / bpf_event,
     /// `sample_id_all`) is opened on CPU 0 alone and mapped writable (a

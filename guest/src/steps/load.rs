@@ -158,13 +158,20 @@ pub fn load_unnamed(context: &mut StepContext, label: &str) -> Result<()> {
 /// program the JIT makes (its image, header and the 16 bytes of
 /// `bpf_jit_binary_pack_alloc()`'s random hole fit one 64-byte chunk).
 pub(crate) fn load_return_zero_filter(name: &str) -> io::Result<std::os::fd::OwnedFd> {
+    load_socket_filter(name, &[R0_IS_0, EXIT])
+}
+
+/// `r0 = 0` (BPF_ALU64 | BPF_MOV | BPF_K).
+pub(crate) const R0_IS_0: u64 = 0x0000_0000_0000_00b7;
+/// `exit` (BPF_JMP | BPF_EXIT).
+pub(crate) const EXIT: u64 = 0x0000_0000_0000_0095;
+
+/// The socket filter `insns` loaded with the bpf syscall, named `name` (at
+/// most 15 bytes; empty: no name), without BTF.
+pub(crate) fn load_socket_filter(name: &str, insns: &[u64]) -> io::Result<std::os::fd::OwnedFd> {
     use crate::bpf::{bpf_cmd, sys_bpf_fd, zeroed_attr};
     use crate::steps::probes::PROG_LOAD_SIZE;
     use aya_obj::generated::bpf_prog_type;
-    let insns: [u64; 2] = [
-        0x0000_0000_0000_00b7, // BPF_ALU64 | BPF_MOV | BPF_K: r0 = 0
-        0x0000_0000_0000_0095, // BPF_JMP | BPF_EXIT
-    ];
     let license = b"GPL\0";
     let mut attr = zeroed_attr();
     attr.__bindgen_anon_3.prog_type = bpf_prog_type::BPF_PROG_TYPE_SOCKET_FILTER as u32;

@@ -16,6 +16,7 @@ pub mod load;
 pub mod measure;
 pub mod net;
 pub mod pack_boundary;
+pub mod perf_attribution;
 pub mod perf_tool;
 pub mod probes;
 pub mod program;

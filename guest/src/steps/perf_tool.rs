@@ -286,15 +286,7 @@ fn nudge_side_band(pid: libc::pid_t) {
 /// `perf-record-stop`: stops perf record, runs `perf report -D --header` on
 /// its file and sends the text as `PerfScript`.
 pub fn stop() -> Result<()> {
-    let running = PERF_RECORD
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take()
-        .ok_or_else(|| anyhow!("perf-record-stop without a running perf record"))?;
-    let Running {
-        mut child, command, ..
-    } = running;
-    let record_stderr = stop_recording(&mut child, &command)?;
+    let (command, record_stderr) = stop_running()?;
     let (report, report_stderr) = run_report()?;
     send_data()?;
     let text = std::fs::read(REPORT_OUT).os_ctx(format!("reading {REPORT_OUT}"))?;
@@ -310,6 +302,21 @@ pub fn stop() -> Result<()> {
         text: String::from_utf8_lossy(&text).into_owned(),
         stderr: format!("--- perf record ---\n{record_stderr}--- perf report ---\n{report_stderr}"),
     })
+}
+
+/// Stops the `perf record` [`start`] started; returns its command line
+/// and stderr once it stopped cleanly and its file is written.
+pub fn stop_running() -> Result<(String, String)> {
+    let running = PERF_RECORD
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+        .ok_or_else(|| anyhow!("perf-record-stop without a running perf record"))?;
+    let Running {
+        mut child, command, ..
+    } = running;
+    let stderr = stop_recording(&mut child, &command)?;
+    Ok((command, stderr))
 }
 
 /// SIGINT to the running `perf record` (`command`), waited for; returns
@@ -356,11 +363,31 @@ fn stop_recording(child: &mut Child, command: &str) -> Result<String> {
 /// `perf report -D --header` on the recorded file, waited for; returns its
 /// command line and its stderr once it succeeded.
 fn run_report() -> Result<(String, String)> {
-    let report_args = ["report", "-D", "--header", "-i", DATA];
-    let report = format!("perf {}", report_args.join(" "));
-    let stdout = File::create(REPORT_OUT).os_ctx(format!("creating {REPORT_OUT}"))?;
-    let stderr = File::create(REPORT_ERR).os_ctx(format!("creating {REPORT_ERR}"))?;
-    let mut child = perf_command(&report_args)
+    run_on_data(
+        &["report", "-D", "--header", "-i", DATA],
+        REPORT_OUT,
+        REPORT_ERR,
+    )
+}
+
+/// `perf script <fields…>` on the recorded file, waited for; returns its
+/// command line, its output and its stderr once it succeeded.
+pub fn script(args: &[&str]) -> Result<(String, Vec<u8>, String)> {
+    let mut full = vec!["script", "-i", DATA];
+    full.extend_from_slice(args);
+    let (command, stderr) = run_on_data(&full, REPORT_OUT, REPORT_ERR)?;
+    let out = std::fs::read(REPORT_OUT).os_ctx(format!("reading {REPORT_OUT}"))?;
+    Ok((command, out, stderr))
+}
+
+/// `perf <args>` with its stdout in `out` and stderr in `err`, waited for
+/// (killed after [`REPORT_DEADLINE`]); returns its command line and its
+/// stderr once it succeeded.
+fn run_on_data(args: &[&str], out: &str, err: &str) -> Result<(String, String)> {
+    let report = format!("perf {}", args.join(" "));
+    let stdout = File::create(out).os_ctx(format!("creating {out}"))?;
+    let stderr = File::create(err).os_ctx(format!("creating {err}"))?;
+    let mut child = perf_command(args)
         .stdout(stdout)
         .stderr(stderr)
         .spawn()
@@ -375,10 +402,10 @@ fn run_report() -> Result<(String, String)> {
         anyhow!(
             "`{report}` did not finish within {} s (killed); its stderr:\n{}",
             REPORT_DEADLINE.as_secs(),
-            read_lossy(REPORT_ERR)
+            read_lossy(err)
         )
     })?;
-    let report_stderr = read_lossy(REPORT_ERR);
+    let report_stderr = read_lossy(err);
     if !status.success() {
         bail!(
             "`{report}` failed ({}); its stderr:\n{report_stderr}",

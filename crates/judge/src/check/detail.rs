@@ -36,6 +36,9 @@ pub enum Detail {
     /// `exec-area-kept` / `exec-area-missing`: executable memory no symbol
     /// explains, or a symbol where no executable memory is.
     ExecArea(ExecAreaFault),
+    /// `perf-attribution`: samples inside a live program's image that perf
+    /// filed under another symbol.
+    MisattributedSample(MisattributedSample),
 }
 
 /// See [`Detail::ExecArea`].
@@ -49,6 +52,24 @@ pub struct ExecAreaFault {
     /// kallsyms module part: `__builtin__kprobes`); empty when no symbol
     /// is involved (`exec-area-kept`).
     pub symbol: String,
+}
+
+/// See [`Detail::MisattributedSample`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MisattributedSample {
+    /// What perf named instead (`trampoline`, `program`, `unknown`,
+    /// `other`: `perf_script::attribution::kind_of`).
+    pub attributed: String,
+    /// The lowest and highest sample IP, as offsets from the start of the
+    /// symbol perf named, when its image is known (a trampoline the agent
+    /// read off `bpf_kallsyms`).
+    pub offsets: Option<(u64, u64)>,
+    /// That symbol's real extent in bytes (a trampoline's `im->size`).
+    pub extent: Option<u32>,
+    /// Samples filed under it.
+    pub samples: u64,
+    /// Samples inside the program's image in all.
+    pub inside: u64,
 }
 
 /// See [`Detail::KsymbolOverlap`].

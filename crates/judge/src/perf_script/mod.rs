@@ -50,6 +50,7 @@ use std::fmt::{self, Write as _};
 use kloop_protocol::{ListenerInfo, ProgFacts, Step};
 use thiserror::Error;
 
+pub mod attribution;
 mod dump;
 mod expected;
 mod file;
@@ -71,7 +72,7 @@ use kloop_records::{
 pub const RULE: &str = "second-reader";
 
 /// Every rule this module reports (for the known-issues ledger's list).
-pub const RULES: &[&str] = &[RULE, FILE_RULE];
+pub const RULES: &[&str] = &[RULE, FILE_RULE, attribution::PERF_ATTRIBUTION];
 
 /// At most this many violations of one kind are spelled out.
 const MAX_PER_KIND: usize = 8;
