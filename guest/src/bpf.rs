@@ -47,7 +47,7 @@ pub fn zeroed_attr() -> bpf_attr {
 
 /// `bpf(cmd, attr, size)`; `size` is the prefix of `attr` the command reads
 /// (see [`attr_size`]).
-fn sys_bpf(cmd: bpf_cmd, attr: &mut bpf_attr, size: u32) -> io::Result<libc::c_long> {
+pub(crate) fn sys_bpf(cmd: bpf_cmd, attr: &mut bpf_attr, size: u32) -> io::Result<libc::c_long> {
     debug_assert!(size as usize <= std::mem::size_of::<bpf_attr>());
     // SAFETY: attr is a fully initialised bpf_attr at least `size` bytes long.
     let rc = unsafe {

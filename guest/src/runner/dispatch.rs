@@ -6,7 +6,7 @@ use kloop_protocol::Step;
 use crate::context::StepContext;
 use crate::steps::{
     concurrent, fail_nth, fault, files, hooks, inventory, kallsyms, ksymwatch, listeners, load,
-    measure, net, pack_boundary, perf_tool, program, spin_read, storm,
+    measure, net, pack_boundary, perf_tool, program, spin_read, storm, struct_ops,
 };
 
 /// Runs one step of the plan against the plan's shared `context`.
@@ -45,6 +45,7 @@ pub(super) fn run_step(context: &mut StepContext, index: u32, step: &Step) -> Re
             btf_target,
             fail_nth,
         } => pack_boundary::run(context, fixture, program, btf_target, *fail_nth),
+        Step::StructOps { name, timeout_ms } => struct_ops::run(context, name, *timeout_ms),
         Step::Measure {
             fixture,
             program,
