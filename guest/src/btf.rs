@@ -136,6 +136,69 @@ pub fn member_offset(raw: &[u8], name: &str, member: &str) -> Result<Option<u32>
     Ok(None)
 }
 
+/// A STRUCT of raw BTF: its type id, its size and each member's name and
+/// byte offset, in declaration order (the order `for_each_member()` walks,
+/// whose index a struct_ops program gives as `expected_attach_type`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StructLayout {
+    pub id: u32,
+    pub size: u32,
+    pub members: Vec<(String, u32)>,
+}
+
+impl StructLayout {
+    /// The index and byte offset of member `name`.
+    pub fn member(&self, name: &str) -> Option<(u32, u32)> {
+        self.members
+            .iter()
+            .position(|(m, _)| m == name)
+            .map(|i| (i as u32, self.members[i].1))
+    }
+}
+
+/// The string at `off` of the string section.
+fn string_at<'a>(l: &Layout<'a>, off: u32) -> Option<&'a str> {
+    let rest = l.strings.get(off as usize..)?;
+    let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+    std::str::from_utf8(&rest[..end]).ok()
+}
+
+/// The layout of the first STRUCT named `name`, `None` when there is none.
+pub fn struct_layout(raw: &[u8], name: &str) -> Result<Option<StructLayout>, BtfError> {
+    let l = layout(raw)?;
+    let Some(name_off) = string_offset(&l, name) else {
+        return Ok(None);
+    };
+    let (mut off, mut id) = (l.types, 1u32);
+    while off < l.types_end {
+        let (name_at, info) = (u32_at(l.raw, off)?, u32_at(l.raw, off + 4)?);
+        let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
+        if kind == 4 && name_at == name_off {
+            let kind_flag = info >> 31 == 1;
+            let mut members = Vec::with_capacity(vlen);
+            for m in 0..vlen {
+                let rec = off + 12 + 12 * m;
+                let bits = u32_at(l.raw, rec + 8)?;
+                let bits = if kind_flag { bits & 0x00ff_ffff } else { bits };
+                let m_name = u32_at(l.raw, rec)?;
+                let m_name = string_at(&l, m_name).ok_or(BtfError::NamePastStrings {
+                    type_id: id,
+                    name_off: m_name,
+                })?;
+                members.push((m_name.to_owned(), bits / 8));
+            }
+            return Ok(Some(StructLayout {
+                id,
+                size: u32_at(l.raw, off + 8)?,
+                members,
+            }));
+        }
+        off += 12 + extra_len(kind, vlen, id)?;
+        id += 1;
+    }
+    Ok(None)
+}
+
 /// The name of type `type_id` of standalone raw BTF (a program's own: type
 /// ids start at 1 after the void type 0).
 pub fn type_name(raw: &[u8], type_id: u32) -> Result<String, BtfError> {
@@ -217,5 +280,18 @@ mod tests {
         assert_eq!(member_offset(&raw, "s", "f"), Ok(Some(8)));
         assert_eq!(member_offset(&raw, "s", "g"), Ok(None));
         assert_eq!(member_offset(&raw, "int", "f"), Ok(None));
+        let s = struct_layout(&raw, "s").unwrap().unwrap();
+        assert_eq!(
+            s,
+            StructLayout {
+                id: 2,
+                size: 16,
+                members: vec![("f".into(), 8)],
+            }
+        );
+        assert_eq!(s.member("f"), Some((0, 8)));
+        assert_eq!(s.member("g"), None);
+        assert_eq!(struct_layout(&raw, "int"), Ok(None));
+        assert_eq!(struct_layout(&raw, "t"), Ok(None));
     }
 }

@@ -93,6 +93,32 @@ pub struct PackBoundary {
     pub moments: Vec<kloop_protocol::BooksMoment>,
 }
 
+/// What a `struct-ops` step registered and saw
+/// ([`kloop_protocol::Message::StructOps`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StructOpsRun {
+    /// The congestion control's name.
+    pub name: String,
+    /// The map's value type, from vmlinux BTF.
+    pub value_type: String,
+    /// Its size, from vmlinux BTF (the map's `value_size`).
+    pub value_size: u32,
+    /// Each function member filled, with its program's id.
+    pub members: Vec<(String, u32)>,
+    /// The trampolines' /proc/kallsyms lines while registered.
+    pub trampolines: Vec<KallsymsEntry>,
+    /// Their extents as `bpf_kallsyms` holds them (empty where the JIT's
+    /// books cannot be read).
+    pub extents: Vec<kloop_protocol::KsymReading>,
+    /// The available congestion controls listed it while registered.
+    pub listed: bool,
+    /// They still listed it after the unregister.
+    pub listed_after: bool,
+    /// How long the trampolines' symbols took to leave /proc/kallsyms
+    /// after the map was closed.
+    pub gone_after_ms: u64,
+}
+
 /// Everything the guest agent reported in one run, as received.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunEvidence {
@@ -130,6 +156,8 @@ pub struct RunEvidence {
     pub exec_areas: Option<ExecAreas>,
     /// What `pack-boundary` steps built and read, in step order.
     pub pack_boundaries: Vec<PackBoundary>,
+    /// What `struct-ops` steps registered and saw, in step order.
+    pub struct_ops: Vec<StructOpsRun>,
     /// `unprivileged-attach` results, in plan order: (label, over_limit,
     /// errno name or `None` for a success).
     pub unprivileged_attaches: Vec<(String, bool, Option<String>)>,
@@ -589,6 +617,36 @@ impl RunEvidence {
         true
     }
 
+    /// Takes a `struct-ops` step's report; `false` for any other message.
+    fn take_struct_ops(&mut self, m: &Message) -> bool {
+        let Message::StructOps {
+            name,
+            value_type,
+            value_size,
+            members,
+            trampolines,
+            extents,
+            listed,
+            listed_after,
+            gone_after_ms,
+        } = m
+        else {
+            return false;
+        };
+        self.struct_ops.push(StructOpsRun {
+            name: name.clone(),
+            value_type: value_type.clone(),
+            value_size: *value_size,
+            members: members.clone(),
+            trampolines: trampolines.clone(),
+            extents: extents.clone(),
+            listed: *listed,
+            listed_after: *listed_after,
+            gone_after_ms: *gone_after_ms,
+        });
+        true
+    }
+
     /// Takes a message that reports what a BPF JIT step saw; `false` for
     /// any other.
     fn take_jit_fact(&mut self, m: &Message) -> bool {
@@ -846,6 +904,7 @@ impl Reader {
             _ => {
                 let _ = ev.take_kernel_fact(m)
                     || ev.take_jit_fact(m)
+                    || ev.take_struct_ops(m)
                     || ev.take_exec_areas(m)
                     || ev.take_step_output(m);
             }

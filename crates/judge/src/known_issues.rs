@@ -187,6 +187,10 @@ pub struct Issue {
 /// | | `errno` | the errno name its attempt without an injected fault failed with (`EBUSY`) |
 /// | `misattributed-sample` | `kind` | what perf filed the samples under (`trampoline`) |
 /// | | `len` | every sample IP lies past that symbol's image and less than `len` bytes from its start |
+/// | `ksymbol-overlap` | `trampoline_len` | one of the two symbols is a trampoline announced with this len |
+/// | | `kind` (optional) | that symbol is of this kind instead (`struct-ops`: `check::ranges::symbol_kind`) |
+/// | `ksymbol-extent` | `kind` | the symbol's kind (`trampoline`, `struct-ops`) |
+/// | | `len` | the record's len, larger than the symbol's extent |
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Signature {
@@ -232,8 +236,11 @@ pub struct Signature {
     /// with this len (registered or live).
     #[serde(default)]
     pub trampoline_len: Option<u32>,
-    /// `ksymbol-extent`: what the symbol is (`trampoline`);
-    /// `misattributed-sample`: what perf filed the samples under.
+    /// `ksymbol-extent`: what the symbol is (`trampoline`, `struct-ops`);
+    /// `misattributed-sample`: what perf filed the samples under;
+    /// `ksymbol-overlap`, optional: what the side announced with
+    /// `trampoline_len` is (`trampoline` when not given; `struct-ops` for
+    /// a struct_ops trampoline, `check::ranges::symbol_kind`).
     #[serde(default)]
     pub kind: Option<String>,
 }
@@ -249,6 +256,9 @@ pub const FAULTS: &[(&str, &[&str])] = &[
     ("ksymbol-extent", &["kind", "len"]),
     ("misattributed-sample", &["kind", "len"]),
 ];
+
+/// The fields a fault's signature may give beyond those it needs.
+pub const OPTIONAL: &[(&str, &[&str])] = &[("ksymbol-overlap", &["kind"])];
 
 /// The one excess shape `oversized-record` knows.
 pub const ACCUMULATED_TRAILERS: &str = "accumulated-trailers";
@@ -296,8 +306,12 @@ impl Signature {
                 out.push(format!("signature `{}` needs `{n}`", self.fault));
             }
         }
+        let optional = OPTIONAL
+            .iter()
+            .find(|(f, _)| *f == self.fault)
+            .map_or(&[][..], |(_, o)| *o);
         for g in &given {
-            if !needs.contains(g) {
+            if !needs.contains(g) && !optional.contains(g) {
                 out.push(format!(
                     "signature `{}` has no field `{g}` (it has {})",
                     self.fault,
@@ -365,8 +379,9 @@ impl Signature {
             }
             Detail::KsymbolOverlap(o) if self.fault == "ksymbol-overlap" => {
                 let page = self.trampoline_len;
-                (o.registered == "trampoline" && Some(o.registered_len) == page)
-                    || (o.live == "trampoline" && Some(o.live_len) == page)
+                let kind = self.kind.as_deref().unwrap_or("trampoline");
+                (o.registered == kind && Some(o.registered_len) == page)
+                    || (o.live == kind && Some(o.live_len) == page)
             }
             Detail::KsymbolExtent(e) if self.fault == "ksymbol-extent" => {
                 self.kind.as_ref() == Some(&e.kind) && self.len == Some(e.len) && e.extent < e.len
@@ -1312,5 +1327,43 @@ trampoline_len = 4096
         );
         // A strict entry that does not show is FIXED?.
         assert_eq!(l.judge("6.12", "basic", &[]).fixed.len(), 1);
+        // Two struct_ops trampolines are neither entry's: they name no kind.
+        let struct_ops = overlap("struct-ops", "struct-ops");
+        assert_eq!(
+            l.judge("6.12", "basic", std::slice::from_ref(&struct_ops))
+                .uncovered
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn an_overlap_signature_may_name_the_kind_announced_with_the_page() {
+        let text = STRICT_AND_EXCUSE.replace(
+            "[[issue.signature]]\nfault = \"ksymbol-overlap\"\ntrampoline_len = 4096\n\n",
+            "[[issue.signature]]\nfault = \"ksymbol-overlap\"\ntrampoline_len = 4096\nkind = \"struct-ops\"\n\n",
+        );
+        assert_ne!(text, STRICT_AND_EXCUSE);
+        let l = Ledger::parse(&text, Path::new("k.toml"), &vocab()).unwrap();
+        let mut struct_ops = overlap("struct-ops", "struct-ops");
+        if let Some(Detail::KsymbolOverlap(o)) = &mut struct_ops.detail {
+            o.registered_len = 4096;
+            o.live_len = 4096;
+        }
+        let j = l.judge("6.12", "basic", std::slice::from_ref(&struct_ops));
+        let ids: Vec<&str> = j.known.iter().map(|(i, _)| i.id.as_str()).collect();
+        assert_eq!(ids, ["page-len-overlap"]);
+        // The strict entry now names struct_ops: a trampoline's overlap in
+        // its scenario is the excuse's.
+        let tramp = [overlap("program", "trampoline")];
+        let j = l.judge("6.12", "basic", &tramp);
+        let ids: Vec<&str> = j.known.iter().map(|(i, _)| i.id.as_str()).collect();
+        assert_eq!(ids, ["page-len-overlap-by-layout"]);
+        // A kind on another fault's signature is still refused.
+        let bad = STRICT_AND_EXCUSE.replace(
+            "fault = \"ksymbol-overlap\"\ntrampoline_len = 4096\n\n",
+            "fault = \"ksymbol-overlap\"\ntrampoline_len = 4096\nlen = 1\n\n",
+        );
+        assert!(Ledger::parse(&bad, Path::new("k.toml"), &vocab()).is_err());
     }
 }

@@ -46,8 +46,9 @@ pub use plan::{
 /// `.clean_errno`; 15: `spin-read`, `SpinRead` and the `two-cpus`
 /// requirement, `pack-boundary`, `PackBoundary` and the `trampoline-packs`
 /// requirement; 16: `perf-attribution` and `PerfAttribution`; 17:
-/// `ExecAreaReading`, `ExecAreasEnd`).
-pub const PROTOCOL_VERSION: u32 = 17;
+/// `ExecAreaReading`, `ExecAreasEnd`; 18: `struct-ops`, `StructOps` and
+/// the `struct-ops` and `struct-ops-ksyms` requirements).
+pub const PROTOCOL_VERSION: u32 = 18;
 
 /// The most bytes of kernel log one [`Message::KernelLog`] carries (its
 /// JSON fits a frame).
@@ -716,6 +717,30 @@ pub enum Message {
         sweep_attempts: u32,
         sweep_failed: u32,
         moments: Vec<BooksMoment>,
+    },
+    /// What a `struct-ops` step registered and saw: the congestion
+    /// control's `name`, the map's value type and size (from vmlinux BTF),
+    /// each function member with its program's id, the struct_ops
+    /// trampolines' lines of /proc/kallsyms while it was registered
+    /// (`bpf__tcp_congestion_ops_<member>`; none on a kernel that does not
+    /// name them), their extents as `bpf_kallsyms` holds them (`ksym.start`
+    /// and `ksym.end`, bpf_struct_ops_ksym_init(); empty where the JIT's
+    /// books cannot be read), whether
+    /// `/proc/sys/net/ipv4/tcp_available_congestion_control` listed `name`
+    /// while registered and after the unregister, and how long the
+    /// trampolines' symbols took to leave /proc/kallsyms after the map
+    /// was closed.
+    StructOps {
+        name: String,
+        value_type: String,
+        value_size: u32,
+        members: Vec<(String, u32)>,
+        trampolines: Vec<KallsymsEntry>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        extents: Vec<KsymReading>,
+        listed: bool,
+        listed_after: bool,
+        gone_after_ms: u64,
     },
     /// A `fail-nth` step's sweep: `attempts` runs of the swept syscall,
     /// the last of which reached no injected fault; of the others,

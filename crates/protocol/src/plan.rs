@@ -493,6 +493,31 @@ pub enum Step {
         perf_args: Vec<String>,
         run_ms: u64,
     },
+    /// Register a `tcp_congestion_ops` through a `BPF_MAP_TYPE_STRUCT_OPS`
+    /// map and unregister it again, with raw `bpf(2)` (aya cannot load
+    /// struct_ops programs or create struct_ops maps). Three
+    /// `BPF_PROG_TYPE_STRUCT_OPS` programs (`r0 = 0; exit`) are loaded for
+    /// the members `ssthresh`, `cong_avoid` and `undo_cwnd` (what
+    /// tcp_validate_congestion_control() asks for), each with
+    /// `attach_btf_id` the vmlinux BTF id of `tcp_congestion_ops` and
+    /// `expected_attach_type` its member index; the map's value
+    /// (`bpf_struct_ops_tcp_congestion_ops`) is laid out from vmlinux BTF
+    /// with `data.name` = `name` and each member its program's fd.
+    /// `BPF_MAP_UPDATE_ELEM` registers it (kernel/bpf/bpf_struct_ops.c:
+    /// bpf_struct_ops_map_update_elem() writes one trampoline per member
+    /// into one image page and, where the kernel names them, adds a
+    /// `bpf__tcp_congestion_ops_<member>` symbol for each),
+    /// `BPF_MAP_DELETE_ELEM` unregisters it and closing the map frees it
+    /// (deferred: bpf_struct_ops_map_free() deletes the symbols, waits for
+    /// RCU and RCU-tasks grace periods, then frees the image and puts the
+    /// programs). The step waits up to `timeout_ms` for the symbols to
+    /// leave /proc/kallsyms, closes the programs (`wait-unloaded` waits
+    /// for them) and reports `StructOps` and each program's facts.
+    StructOps {
+        name: String,
+        #[serde(default = "default_struct_ops_timeout_ms")]
+        timeout_ms: u64,
+    },
     /// Check that the kernel writes a record's bytes before it publishes
     /// them (rule `published-bytes`): one `listener` (ksymbol / bpf_event,
     /// `sample_id_all`) is opened on CPU 0 alone and mapped writable (a
@@ -672,6 +697,19 @@ pub enum Requirement {
     /// `struct bpf_tramp_image` has `size`), and the JIT's books can be
     /// read through /proc/kcore (`CONFIG_PROC_KCORE`).
     TrampolinePacks,
+    /// A `tcp_congestion_ops` can be registered from BPF: vmlinux BTF
+    /// has `bpf_struct_ops_tcp_congestion_ops` (kernel/bpf/bpf_struct_ops.c
+    /// emits it for each struct_ops type; net/ipv4/bpf_tcp_ca.c, with
+    /// `CONFIG_INET`) and the JIT is on (a struct_ops trampoline is arch
+    /// code: arch_prepare_bpf_trampoline(), `CONFIG_BPF_JIT`).
+    StructOps,
+    /// The kernel names each struct_ops trampoline
+    /// (`bpf__<type>_<member>`, bpf_struct_ops_ksym_init() in
+    /// kernel/bpf/bpf_struct_ops.c, announced by bpf_image_ksym_add()):
+    /// vmlinux BTF's `struct bpf_struct_ops_map` has the member `ksyms`
+    /// that came with it. A stable backport can bring it into an older
+    /// series, so the probe decides, not the release.
+    StructOpsKsyms,
     /// CPUs 0 and 1 are online: a reader on one watches a ring the other
     /// writes (`spin-read`).
     TwoCpus,
@@ -703,6 +741,10 @@ impl Step {
 
 fn default_program_timeout_ms() -> u64 {
     60_000
+}
+
+fn default_struct_ops_timeout_ms() -> u64 {
+    15_000
 }
 
 /// For `skip_serializing_if`: a zero count is the field's default.

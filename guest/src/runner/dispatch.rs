@@ -7,6 +7,7 @@ use crate::context::StepContext;
 use crate::steps::{
     concurrent, fail_nth, fault, files, hooks, inventory, kallsyms, ksymwatch, listeners, load,
     measure, net, pack_boundary, perf_attribution, perf_tool, program, spin_read, storm,
+    struct_ops,
 };
 
 /// Runs one step of the plan against the plan's shared `context`.
@@ -52,6 +53,7 @@ pub(super) fn run_step(context: &mut StepContext, index: u32, step: &Step) -> Re
             perf_args,
             run_ms,
         } => perf_attribution::run(fixture, program, btf_target, perf_args, *run_ms),
+        Step::StructOps { name, timeout_ms } => struct_ops::run(context, name, *timeout_ms),
         Step::Measure {
             fixture,
             program,

@@ -22,5 +22,6 @@ pub mod probes;
 pub mod program;
 pub mod spin_read;
 pub mod storm;
+pub mod struct_ops;
 pub mod unprivileged;
 pub mod wakeups;

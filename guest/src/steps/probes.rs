@@ -76,6 +76,8 @@ const PROBED_BEFORE_SAVE: &[Requirement] = &[
     Requirement::LongSymbolNames,
     Requirement::SideBandWalkKprobe,
     Requirement::TwoCpus,
+    Requirement::StructOps,
+    Requirement::StructOpsKsyms,
 ];
 
 /// Runs every probe of [`PROBED_BEFORE_SAVE`] once, in a guest about to be
@@ -150,6 +152,8 @@ fn probe(r: Requirement) -> Result<Probe> {
             .map(|_| ())
             .map_err(|e| e.to_string())),
         Requirement::TwoCpus => two_cpus(),
+        Requirement::StructOps => struct_ops(),
+        Requirement::StructOpsKsyms => crate::steps::struct_ops::names_trampolines(),
     }
 }
 
@@ -201,6 +205,36 @@ fn two_cpus() -> Result<Probe> {
              (run the guest with at least 2 vCPUs; [vm] cpus = 2)"
         ))
     })
+}
+
+/// vmlinux BTF has the struct_ops value type of `tcp_congestion_ops`, the
+/// JIT is on (a struct_ops trampoline is arch code; with the JIT off the
+/// map update fails) and a struct_ops program for it loads. Like the
+/// fentry probe, it waits until the program's symbol is gone, so its
+/// unregister reaches no listener opened later.
+fn struct_ops() -> Result<Probe> {
+    let types = match crate::steps::struct_ops::types()? {
+        Ok(t) => t,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    if let Err(reason) = jit() {
+        return Ok(Err(reason));
+    }
+    let before = bpf_symbols()?;
+    let outcome = crate::steps::struct_ops::loads(&types);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = bpf_symbols()?;
+        let left: Vec<&(u64, String)> = now.difference(&before).collect();
+        if left.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("struct-ops probe: the kernel still lists {left:?} 30 s after the probe closed its program");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(outcome)
 }
 
 /// `(major, minor)` of a release such as `6.12.5-amd64`.

@@ -149,6 +149,25 @@ pub fn requirement_needs(r: Requirement) -> Vec<ConfigNeed> {
             "CONFIG_PROC_KCORE",
             "the JIT's books read through /proc/kcore",
         )],
+        Requirement::StructOps => vec![
+            builtin(
+                "CONFIG_BPF_JIT",
+                "a struct_ops trampoline is arch code (arch_prepare_bpf_trampoline()); \
+                 before 6.x kernel/bpf/bpf_struct_ops.o and net/ipv4/bpf_tcp_ca.o are built \
+                 only with it",
+            ),
+            builtin(
+                "CONFIG_INET",
+                "tcp_congestion_ops as a struct_ops type (net/ipv4/bpf_tcp_ca.c)",
+            ),
+            builtin(
+                "CONFIG_DEBUG_INFO_BTF",
+                "the map's value and the programs' targets are vmlinux BTF types",
+            ),
+        ],
+        // Whether the kernel names struct_ops trampolines is a source
+        // matter a backport can change: the guest's probe reads BTF.
+        Requirement::StructOpsKsyms => vec![],
         Requirement::TwoCpus => vec![builtin(
             "CONFIG_SMP",
             "a second CPU to read a ring from while the first writes it",
@@ -210,6 +229,7 @@ pub fn implied_requirements(steps: &[Step]) -> Vec<Requirement> {
             } if category == "syscalls" => Some(Requirement::SyscallTracepoints),
             Step::WatchKsymbols => Some(Requirement::BpfSnprintf),
             Step::KprobeFill { .. } => Some(Requirement::Kprobes),
+            Step::StructOps { .. } => Some(Requirement::StructOps),
             _ => None,
         };
         if let Some(r) = r {

@@ -166,6 +166,7 @@ pub fn probe_only(r: Requirement) -> bool {
             | Requirement::TwoCpus
             | Requirement::Veth
             | Requirement::LsmBpf
+            | Requirement::StructOpsKsyms
     )
 }
 

@@ -1103,17 +1103,13 @@ impl SetJudge<'_> {
         // that asked for KSYMBOL, read whole (a task-bound set does not
         // see symbols other tasks register or unregister).
         if !is_task && scope.has_ksym && !self.is_cut(set) && !overwrite_set {
-            let images = ev
-                .jit_books
-                .as_ref()
-                .map(|b| b.images.as_slice())
-                .unwrap_or(&[]);
+            let images = ranges::images(ev);
             let label = if label.is_empty() {
                 String::new()
             } else {
                 format!("{label}: ")
             };
-            if let Some(note) = ranges::check(&label, &merged, images, v) {
+            if let Some(note) = ranges::check(&label, &merged, &images, v) {
                 a.notes.push(note);
             }
             if let Some(books) = &ev.exec_areas {

@@ -13,7 +13,10 @@
 //! - `ksymbol-unregister-range`: an unregister names a range that is live,
 //!   with the length it was registered with (`perf_event_ksymbol()` is
 //!   called with the same `bpf_ksym` at add and at del).
-//! - `ksymbol-extent`: a trampoline's range is its image's
+//! - `ksymbol-extent`: a trampoline's range is its image's, a struct_ops
+//!   trampoline's its own part of its image page (`bpf_struct_ops_ksym_init()`
+//!   gives each `bpf__<type>_<member>` symbol its trampoline's size; the
+//!   `struct-ops` step reads `ksym.start`/`ksym.end` off `bpf_kallsyms`),
 //!   (`bpf_image_ksym_init()`, kernel/bpf/trampoline.c 6.2 on, sets
 //!   `ksym->end = start + size`, and /proc/kallsyms shows that extent; the
 //!   agent reads `im->size` off `bpf_kallsyms`). A program's range against
@@ -37,7 +40,14 @@ use super::{rule, Detail, Violation};
 /// in one line no entry excuses).
 const MAX: usize = 64;
 
-/// What a symbol's name says it is: `trampoline`, `dispatcher`, `program`,
+/// How a struct_ops trampoline is named: `bpf__<type>_<member>`
+/// (bpf_struct_ops_ksym_init(), kernel/bpf/bpf_struct_ops.c; Debian's 6.12
+/// and the 7.x pins have it); no other BPF symbol starts so (`bpf_prog_`,
+/// `bpf_trampoline_`, `bpf_dispatcher_`).
+pub const STRUCT_OPS_PREFIX: &str = "bpf__";
+
+/// What a symbol's name says it is: `trampoline`, `dispatcher`,
+/// `struct-ops` (a struct_ops trampoline), `program`,
 /// or `ool` for an out-of-line KSYMBOL (`other` for the rest).
 pub fn symbol_kind(ksym_type: u16, name: &str) -> &'static str {
     if ksym_type == kloop_records::KSYM_TYPE_OOL {
@@ -46,6 +56,8 @@ pub fn symbol_kind(ksym_type: u16, name: &str) -> &'static str {
         "trampoline"
     } else if name.starts_with("bpf_dispatcher_") {
         "dispatcher"
+    } else if name.starts_with(STRUCT_OPS_PREFIX) {
+        "struct-ops"
     } else if name.starts_with("bpf_prog_") {
         "program"
     } else {
@@ -210,7 +222,7 @@ impl<'r> Space<'r, '_> {
         (next, only_register): (Option<&Record>, bool),
     ) {
         let label = self.label;
-        if k.kind != "trampoline" {
+        if k.kind != "trampoline" && k.kind != "struct-ops" {
             return;
         }
         let here: Vec<&kloop_protocol::ImageReading> = images
@@ -241,14 +253,31 @@ impl<'r> Space<'r, '_> {
             return;
         }
         let (r, name, len) = (k.rec, k.name, k.len);
+        let (what, holder) = if k.kind == "struct-ops" {
+            (
+                format!(
+                    "struct_ops trampoline {name:?} with len {len}, but it is {size} bytes of its \
+                 image page (bpf_kallsyms: bpf_struct_ops_ksym_init() sets ksym->end = start + \
+                 the trampoline's size)"
+                ),
+                "the trampoline",
+            )
+        } else {
+            (
+                format!(
+                    "trampoline {name:?} with len {len}, but its image is {size} bytes (im->size; \
+                 bpf_image_ksym_init() sets ksym->end = start + size, and /proc/kallsyms shows \
+                 that)"
+                ),
+                "the image",
+            )
+        };
         self.push(
             Violation::new(
                 rule::KSYMBOL_EXTENT,
                 format!(
-                    "{label}{r}: announces trampoline {name:?} with len {len}, but its image is \
-                     {size} bytes (im->size; bpf_image_ksym_init() sets ksym->end = start + size, \
-                     and /proc/kallsyms shows that): the record claims {} bytes the image does \
-                     not hold",
+                    "{label}{r}: announces {what}: the record claims {} bytes {holder} does not \
+                     hold",
                     i64::from(len) - i64::from(size)
                 ),
             )
@@ -260,6 +289,29 @@ impl<'r> Space<'r, '_> {
             })),
         );
     }
+}
+
+/// What the `ksymbol-extent` rule holds symbols to: the trampoline images
+/// the agent read (`JitBooks`), and each struct_ops trampoline's extent,
+/// which has no image of its own: its `bpf_ksym`'s, read off
+/// `bpf_kallsyms` by the `struct-ops` step while it was registered (one
+/// register per address in a step).
+pub fn images(ev: &crate::evidence::RunEvidence) -> Vec<kloop_protocol::ImageReading> {
+    let mut images: Vec<kloop_protocol::ImageReading> = ev
+        .jit_books
+        .as_ref()
+        .map(|b| b.images.clone())
+        .unwrap_or_default();
+    images.extend(ev.struct_ops.iter().flat_map(|s| {
+        s.extents.iter().map(|e| kloop_protocol::ImageReading {
+            name: e.name.clone(),
+            start: e.start,
+            end: e.end,
+            size: u32::try_from(e.end.saturating_sub(e.start)).ok(),
+            seen_at: Vec::new(),
+        })
+    }));
+    images
 }
 
 /// The violations of one set's `merged` records (time order), and a note
