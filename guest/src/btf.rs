@@ -106,34 +106,7 @@ pub fn func_id(raw: &[u8], name: &str) -> Result<Option<u32>, BtfError> {
 /// The byte offset of member `member` in the STRUCT named `name` (the
 /// first such struct), `None` when there is no such struct or member.
 pub fn member_offset(raw: &[u8], name: &str, member: &str) -> Result<Option<u32>, BtfError> {
-    let l = layout(raw)?;
-    let (Some(name_off), Some(member_off)) = (string_offset(&l, name), string_offset(&l, member))
-    else {
-        return Ok(None);
-    };
-    // The walk gives ids; the struct's record is found by a second pass
-    // over the same layout.
-    let (mut off, mut id) = (l.types, 1u32);
-    while off < l.types_end {
-        let (name_at, info) = (u32_at(l.raw, off)?, u32_at(l.raw, off + 4)?);
-        let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
-        if kind == 4 && name_at == name_off {
-            let kind_flag = info >> 31 == 1;
-            for m in 0..vlen {
-                let rec = off + 12 + 12 * m;
-                if u32_at(l.raw, rec)? == member_off {
-                    let bits = u32_at(l.raw, rec + 8)?;
-                    // With kind_flag the low 24 bits are the bit offset.
-                    let bits = if kind_flag { bits & 0x00ff_ffff } else { bits };
-                    return Ok(Some(bits / 8));
-                }
-            }
-            return Ok(None);
-        }
-        off += 12 + extra_len(kind, vlen, id)?;
-        id += 1;
-    }
-    Ok(None)
+    Ok(struct_layout(raw, name)?.and_then(|s| s.member(member).map(|(_, off)| off)))
 }
 
 /// A STRUCT of raw BTF: its type id, its size and each member's name and

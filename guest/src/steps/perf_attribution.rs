@@ -332,12 +332,12 @@ fn facts(programs: Vec<(String, bpf::ProgInfo)>) -> Result<Vec<ProgFacts>> {
 
 /// The one trampoline image live, checked to lie where the hole-maker was,
 /// below the workload and within a page of it.
-fn arranged<'a>(
-    images: &'a [ImageReading],
+fn arranged(
+    images: &[ImageReading],
     hole_start: u64,
     work_start: u64,
     work_len: u64,
-) -> Result<&'a ImageReading> {
+) -> Result<&ImageReading> {
     let [image] = images else {
         bail!(
             "{} trampoline images are live after one attach, not one: {:x?}",

@@ -222,19 +222,28 @@ fn struct_ops() -> Result<Probe> {
     }
     let before = bpf_symbols()?;
     let outcome = crate::steps::struct_ops::loads(&types);
+    wait_symbols_gone(&before, "struct-ops probe", "its program")?;
+    Ok(outcome)
+}
+
+/// Waits (at most 30 s) until every `[bpf]` symbol not in `before` has
+/// left /proc/kallsyms: a probe's program goes when its last reference
+/// does, a trampoline image after RCU-tasks grace periods
+/// (kernel/bpf/trampoline.c), and an unregister still to come would
+/// reach a listener opened later.
+fn wait_symbols_gone(before: &HashSet<(u64, String)>, probe: &str, closed: &str) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let now = bpf_symbols()?;
-        let left: Vec<&(u64, String)> = now.difference(&before).collect();
+        let left: Vec<&(u64, String)> = now.difference(before).collect();
         if left.is_empty() {
-            break;
+            return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("struct-ops probe: the kernel still lists {left:?} 30 s after the probe closed its program");
+            bail!("{probe}: the kernel still lists {left:?} 30 s after the probe closed {closed}");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(outcome)
 }
 
 /// `(major, minor)` of a release such as `6.12.5-amd64`.
@@ -614,23 +623,7 @@ fn fentry() -> Result<Probe> {
     };
     let before = bpf_symbols()?;
     let outcome = fentry_load_attach(btf_id);
-    // Detaching frees the trampoline image after RCU-tasks grace periods
-    // (kernel/bpf/trampoline.c), and the program goes when its last
-    // reference does: wait until every symbol the probe made is gone.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let now = bpf_symbols()?;
-        let left: Vec<&(u64, String)> = now.difference(&before).collect();
-        if left.is_empty() {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "fentry probe: the kernel still lists {left:?} 30 s after the probe closed its program and link"
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_symbols_gone(&before, "fentry probe", "its program and link")?;
     Ok(outcome)
 }
 
