@@ -168,7 +168,22 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
         ) {
             crate::jit_books::sight_images(&context.ring_heads());
         }
-        crate::exec_areas::sight(index, &|| context.ring_heads());
+        // Steps that only read (the rings, files, kallsyms, counters) make
+        // and free no code: the areas are read after every other step.
+        let reads_only = matches!(
+            step,
+            Step::Drain
+                | Step::SnapshotKallsyms
+                | Step::ReadFile { .. }
+                | Step::ReadCounter { .. }
+                | Step::Inventory
+                | Step::OpenListeners { .. }
+                | Step::CloseListeners { .. }
+                | Step::ReadKsymbolWatch
+        );
+        if !reads_only {
+            crate::exec_areas::sight(index, &|| context.ring_heads());
+        }
         context.kallsyms_at_save = None;
         // The facts of a run of loads wait for its last load, read from
         // one /proc/kallsyms; a failed load between two loads touches no
