@@ -168,20 +168,7 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
         ) {
             crate::jit_books::sight_images(&context.ring_heads());
         }
-        // Steps that only read (the rings, files, kallsyms, counters) make
-        // and free no code: the areas are read after every other step.
-        let reads_only = matches!(
-            step,
-            Step::Drain
-                | Step::SnapshotKallsyms
-                | Step::ReadFile { .. }
-                | Step::ReadCounter { .. }
-                | Step::Inventory
-                | Step::OpenListeners { .. }
-                | Step::CloseListeners { .. }
-                | Step::ReadKsymbolWatch
-        );
-        if !reads_only {
+        if !reads_only(step) {
             crate::exec_areas::sight(index, &|| context.ring_heads());
         }
         context.kallsyms_at_save = None;
@@ -219,6 +206,22 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
     send(&exec_areas.finish(symbols, &plan.steps))?;
     send(&kernel_log.finish(plan_ended))?;
     send(&Message::Done { records_bytes })
+}
+
+/// Steps that only read (the rings, files, kallsyms, counters) and make
+/// or free no code: the executable areas are read after every other step.
+fn reads_only(step: &Step) -> bool {
+    matches!(
+        step,
+        Step::Drain
+            | Step::SnapshotKallsyms
+            | Step::ReadFile { .. }
+            | Step::ReadCounter { .. }
+            | Step::Inventory
+            | Step::OpenListeners { .. }
+            | Step::CloseListeners { .. }
+            | Step::ReadKsymbolWatch
+    )
 }
 
 /// Hello, the kernel's facts and the notes, in that order: the host's
