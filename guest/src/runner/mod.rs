@@ -160,17 +160,7 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
             })?;
         }
         dispatch::run_step(&mut context, index, step)?;
-        // A trampoline image lives between an attach and the next change
-        // of its trampoline: read them right after the steps that make one.
-        if matches!(
-            step,
-            Step::Attach { .. } | Step::UnprivilegedAttach { .. } | Step::FailNth { .. }
-        ) {
-            crate::jit_books::sight_images(&context.ring_heads());
-        }
-        if !reads_only(step) {
-            crate::exec_areas::sight(index, &|| context.ring_heads());
-        }
+        sight_after(&context, index, step);
         context.kallsyms_at_save = None;
         // The facts of a run of loads wait for its last load, read from
         // one /proc/kallsyms; a failed load between two loads touches no
@@ -206,6 +196,22 @@ pub fn run_steps(plan: &Plan, saved: Option<Vec<kloop_protocol::KallsymsEntry>>)
     send(&exec_areas.finish(symbols, &plan.steps))?;
     send(&kernel_log.finish(plan_ended))?;
     send(&Message::Done { records_bytes })
+}
+
+/// What the books read right after step `index`. A trampoline image lives
+/// between an attach and the next change of its trampoline: read right
+/// after the steps that make one. The executable areas: after every step
+/// that may make or free code.
+fn sight_after(context: &StepContext, index: u32, step: &Step) {
+    if matches!(
+        step,
+        Step::Attach { .. } | Step::UnprivilegedAttach { .. } | Step::FailNth { .. }
+    ) {
+        crate::jit_books::sight_images(&context.ring_heads());
+    }
+    if !reads_only(step) {
+        crate::exec_areas::sight(index, &|| context.ring_heads());
+    }
 }
 
 /// Steps that only read (the rings, files, kallsyms, counters) and make
