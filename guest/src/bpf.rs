@@ -37,6 +37,12 @@ const GET_ID_SIZE: u32 = attr_size(std::mem::offset_of!(bpf_attr, __bindgen_anon
 pub const RAW_TRACEPOINT_OPEN_SIZE: u32 =
     attr_size(std::mem::offset_of!(bpf_attr, raw_tracepoint.prog_fd) + 4);
 const _: () = assert!(INFO_BY_FD_SIZE == 16 && GET_ID_SIZE == 16);
+/// `BPF_PROG_LOAD` up to `attach_prog_fd` (5.5+), the last field a program
+/// loaded by hand (the probes, the ksymbol watch, struct_ops) needs zero
+/// in: it attaches to a kernel function or type, not to a program.
+pub const PROG_LOAD_SIZE: u32 =
+    attr_size(std::mem::offset_of!(bpf_attr, __bindgen_anon_3.__bindgen_anon_1) + 4);
+const _: () = assert!(PROG_LOAD_SIZE == 120 && RAW_TRACEPOINT_OPEN_SIZE == 16);
 
 /// A zeroed `bpf_attr`: every field a command does not set must be zero.
 pub fn zeroed_attr() -> bpf_attr {

@@ -13,6 +13,7 @@ use aya::Ebpf;
 use aya_obj::generated::{bpf_cmd, bpf_prog_type};
 use kloop_protocol::Message;
 
+use crate::bpf::PROG_LOAD_SIZE;
 use crate::bpf::{sys_bpf_fd, zeroed_attr};
 use crate::channel::{log, send};
 use crate::context::{KsymbolWatch, StepContext};
@@ -20,7 +21,6 @@ use crate::fixtures::{fixture_program, load_object, object_bytes};
 use crate::kallsyms;
 use crate::steps::hooks::kprobe_event;
 use crate::steps::load::kernel_btf;
-use crate::steps::probes::PROG_LOAD_SIZE;
 use crate::sys::Errno;
 
 const FIXTURE: &str = "ksymwatch";

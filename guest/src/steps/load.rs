@@ -169,8 +169,8 @@ pub(crate) const EXIT: u64 = 0x0000_0000_0000_0095;
 /// The socket filter `insns` loaded with the bpf syscall, named `name` (at
 /// most 15 bytes; empty: no name), without BTF.
 pub(crate) fn load_socket_filter(name: &str, insns: &[u64]) -> io::Result<std::os::fd::OwnedFd> {
+    use crate::bpf::PROG_LOAD_SIZE;
     use crate::bpf::{bpf_cmd, sys_bpf_fd, zeroed_attr};
-    use crate::steps::probes::PROG_LOAD_SIZE;
     use aya_obj::generated::bpf_prog_type;
     let license = b"GPL\0";
     let mut attr = zeroed_attr();

@@ -20,7 +20,7 @@ use anyhow::{bail, Result};
 use aya_obj::generated::{bpf_attach_type, bpf_prog_type};
 use kloop_protocol::Requirement;
 
-use crate::bpf::{attr_size, bpf_attr, bpf_cmd, sys_bpf_fd, zeroed_attr, RAW_TRACEPOINT_OPEN_SIZE};
+use crate::bpf::{bpf_cmd, sys_bpf_fd, zeroed_attr, PROG_LOAD_SIZE, RAW_TRACEPOINT_OPEN_SIZE};
 use crate::channel::log;
 use crate::perf::{event_attr, perf_event_open};
 use crate::steps::fail_nth::{FAILSLAB, FAIL_NTH, FAIL_PAGE_ALLOC};
@@ -585,12 +585,6 @@ fn perf_tool() -> Probe {
 /// The kernel function the fentry probe's program is verified against:
 /// `net/bpf/test_run.c` keeps it for exactly this kind of test.
 const FENTRY_TARGET: &str = "bpf_fentry_test1";
-
-/// `BPF_PROG_LOAD` up to `attach_prog_fd` (5.5+), the last field the probe
-/// needs zero in (its program attaches to a kernel function, not a program).
-pub(crate) const PROG_LOAD_SIZE: u32 =
-    attr_size(std::mem::offset_of!(bpf_attr, __bindgen_anon_3.__bindgen_anon_1) + 4);
-const _: () = assert!(PROG_LOAD_SIZE == 120 && RAW_TRACEPOINT_OPEN_SIZE == 16);
 
 /// `[bpf]` symbols in /proc/kallsyms (programs and trampolines).
 fn bpf_symbols() -> Result<HashSet<(u64, String)>> {

@@ -25,11 +25,11 @@ use anyhow::{anyhow, bail, Context, Result};
 use aya_obj::generated::{bpf_map_type, bpf_prog_type};
 use kloop_protocol::{KallsymsEntry, Message};
 
+use crate::bpf::PROG_LOAD_SIZE;
 use crate::bpf::{self, attr_size, bpf_attr, bpf_cmd, sys_bpf, sys_bpf_fd, zeroed_attr};
 use crate::btf::{self, StructLayout};
 use crate::channel::send;
 use crate::context::StepContext;
-use crate::steps::probes::PROG_LOAD_SIZE;
 use crate::sys::{Errno, OsContext};
 
 pub const BTF_VMLINUX: &str = "/sys/kernel/btf/vmlinux";
