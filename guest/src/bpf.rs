@@ -37,6 +37,33 @@ const GET_ID_SIZE: u32 = attr_size(std::mem::offset_of!(bpf_attr, __bindgen_anon
 pub const RAW_TRACEPOINT_OPEN_SIZE: u32 =
     attr_size(std::mem::offset_of!(bpf_attr, raw_tracepoint.prog_fd) + 4);
 const _: () = assert!(INFO_BY_FD_SIZE == 16 && GET_ID_SIZE == 16);
+/// The license of every program loaded by hand (tracing and struct_ops
+/// programs must be GPL-compatible).
+static GPL: &[u8; 4] = b"GPL\0";
+
+/// A `BPF_PROG_LOAD` attribute for `insns` of `prog_type` under the GPL,
+/// named `name` (its first 15 bytes; empty: no name). The attribute points
+/// into `insns`, which must outlive the syscall.
+pub fn prog_load_attr(
+    prog_type: aya_obj::generated::bpf_prog_type,
+    insns: &[u64],
+    name: &str,
+) -> bpf_attr {
+    let mut attr = zeroed_attr();
+    // The prog-load member of the union (bindgen's name for the anonymous
+    // struct `BPF_PROG_LOAD` uses).
+    attr.__bindgen_anon_3.prog_type = prog_type as u32;
+    attr.__bindgen_anon_3.insn_cnt = insns.len() as u32;
+    attr.__bindgen_anon_3.insns = insns.as_ptr() as u64;
+    attr.__bindgen_anon_3.license = GPL.as_ptr() as u64;
+    let mut prog_name = [0 as libc::c_char; 16];
+    for (d, s) in prog_name.iter_mut().zip(name.bytes().take(15)) {
+        *d = s as libc::c_char;
+    }
+    attr.__bindgen_anon_3.prog_name = prog_name;
+    attr
+}
+
 /// `BPF_PROG_LOAD` up to `attach_prog_fd` (5.5+), the last field a program
 /// loaded by hand (the probes, the ksymbol watch, struct_ops) needs zero
 /// in: it attaches to a kernel function or type, not to a program.

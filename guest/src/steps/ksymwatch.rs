@@ -13,8 +13,8 @@ use aya::Ebpf;
 use aya_obj::generated::{bpf_cmd, bpf_prog_type};
 use kloop_protocol::Message;
 
+use crate::bpf::sys_bpf_fd;
 use crate::bpf::PROG_LOAD_SIZE;
-use crate::bpf::{sys_bpf_fd, zeroed_attr};
 use crate::channel::{log, send};
 use crate::context::{KsymbolWatch, StepContext};
 use crate::fixtures::{fixture_program, load_object, object_bytes};
@@ -136,15 +136,9 @@ pub fn failed_load() -> Result<()> {
     // A subprogram long enough that its level-2 log alone overflows 128 bytes.
     insns.extend(std::iter::repeat_n(R0_ZERO, 16));
     insns.push(EXIT);
-    let license = b"GPL\0";
     let mut log_buf = vec![0u8; FAILED_LOAD_LOG];
-    let mut attr = zeroed_attr();
-    // The prog-load member of the union (bindgen's name for the anonymous
-    // struct `BPF_PROG_LOAD` uses).
-    attr.__bindgen_anon_3.prog_type = bpf_prog_type::BPF_PROG_TYPE_SOCKET_FILTER as u32;
-    attr.__bindgen_anon_3.insn_cnt = insns.len() as u32;
-    attr.__bindgen_anon_3.insns = insns.as_ptr() as u64;
-    attr.__bindgen_anon_3.license = license.as_ptr() as u64;
+    let mut attr =
+        crate::bpf::prog_load_attr(bpf_prog_type::BPF_PROG_TYPE_SOCKET_FILTER, &insns, "");
     attr.__bindgen_anon_3.log_level = LOG_LEVEL2;
     attr.__bindgen_anon_3.log_size = log_buf.len() as u32;
     attr.__bindgen_anon_3.log_buf = log_buf.as_mut_ptr() as u64;

@@ -169,20 +169,9 @@ pub(crate) const EXIT: u64 = 0x0000_0000_0000_0095;
 /// The socket filter `insns` loaded with the bpf syscall, named `name` (at
 /// most 15 bytes; empty: no name), without BTF.
 pub(crate) fn load_socket_filter(name: &str, insns: &[u64]) -> io::Result<std::os::fd::OwnedFd> {
-    use crate::bpf::PROG_LOAD_SIZE;
-    use crate::bpf::{bpf_cmd, sys_bpf_fd, zeroed_attr};
+    use crate::bpf::{bpf_cmd, prog_load_attr, sys_bpf_fd, PROG_LOAD_SIZE};
     use aya_obj::generated::bpf_prog_type;
-    let license = b"GPL\0";
-    let mut attr = zeroed_attr();
-    attr.__bindgen_anon_3.prog_type = bpf_prog_type::BPF_PROG_TYPE_SOCKET_FILTER as u32;
-    attr.__bindgen_anon_3.insn_cnt = insns.len() as u32;
-    attr.__bindgen_anon_3.insns = insns.as_ptr() as u64;
-    attr.__bindgen_anon_3.license = license.as_ptr() as u64;
-    let mut prog_name = [0 as libc::c_char; 16];
-    for (d, s) in prog_name.iter_mut().zip(name.bytes().take(15)) {
-        *d = s as libc::c_char;
-    }
-    attr.__bindgen_anon_3.prog_name = prog_name;
+    let mut attr = prog_load_attr(bpf_prog_type::BPF_PROG_TYPE_SOCKET_FILTER, insns, name);
     sys_bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr, PROG_LOAD_SIZE)
 }
 

@@ -628,22 +628,11 @@ fn fentry_load_attach(btf_id: u32) -> Probe {
         0x0000_0000_0000_00b7, // BPF_ALU64 | BPF_MOV | BPF_K: r0 = 0
         0x0000_0000_0000_0095, // BPF_JMP | BPF_EXIT
     ];
-    let license = b"GPL\0";
     let mut log = vec![0u8; 64 * 1024];
-    let mut attr = zeroed_attr();
-    // The prog-load member of the union (bindgen's name for the anonymous
-    // struct `BPF_PROG_LOAD` uses).
-    attr.__bindgen_anon_3.prog_type = bpf_prog_type::BPF_PROG_TYPE_TRACING as u32;
-    attr.__bindgen_anon_3.insn_cnt = insns.len() as u32;
-    attr.__bindgen_anon_3.insns = insns.as_ptr() as u64;
-    attr.__bindgen_anon_3.license = license.as_ptr() as u64;
+    let mut attr =
+        crate::bpf::prog_load_attr(bpf_prog_type::BPF_PROG_TYPE_TRACING, &insns, "kloop_probe");
     attr.__bindgen_anon_3.expected_attach_type = bpf_attach_type::BPF_TRACE_FENTRY as u32;
     attr.__bindgen_anon_3.attach_btf_id = btf_id;
-    let mut name = [0 as libc::c_char; 16];
-    for (to, &from) in name.iter_mut().zip(b"kloop_probe") {
-        *to = from as libc::c_char;
-    }
-    attr.__bindgen_anon_3.prog_name = name;
     let prog = match sys_bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr, PROG_LOAD_SIZE) {
         Ok(fd) => fd,
         Err(e) => {

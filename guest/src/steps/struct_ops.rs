@@ -136,20 +136,11 @@ fn load_member(ops_id: u32, index: u32, name: &str, ret: u32) -> Result<OwnedFd>
         0x0000_0000_0000_00b7 | (u64::from(ret) << 32),
         0x0000_0000_0000_0095, // BPF_JMP | BPF_EXIT
     ];
-    // bpf_tcp_ca programs must be GPL-compatible (check_struct_ops_btf_id()).
-    let license = b"GPL\0";
-    let mut attr = zeroed_attr();
-    attr.__bindgen_anon_3.prog_type = bpf_prog_type::BPF_PROG_TYPE_STRUCT_OPS as u32;
-    attr.__bindgen_anon_3.insn_cnt = insns.len() as u32;
-    attr.__bindgen_anon_3.insns = insns.as_ptr() as u64;
-    attr.__bindgen_anon_3.license = license.as_ptr() as u64;
+    // bpf_tcp_ca programs must be GPL-compatible (check_struct_ops_btf_id()),
+    // as prog_load_attr() makes them.
+    let mut attr = bpf::prog_load_attr(bpf_prog_type::BPF_PROG_TYPE_STRUCT_OPS, &insns, name);
     attr.__bindgen_anon_3.expected_attach_type = index;
     attr.__bindgen_anon_3.attach_btf_id = ops_id;
-    let mut prog_name = [0 as libc::c_char; 16];
-    for (d, s) in prog_name.iter_mut().zip(name.bytes().take(15)) {
-        *d = s as libc::c_char;
-    }
-    attr.__bindgen_anon_3.prog_name = prog_name;
     match sys_bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr, PROG_LOAD_SIZE) {
         Ok(fd) => Ok(fd),
         Err(e) => {
