@@ -9,7 +9,6 @@ use anyhow::Result;
 use clap::Parser;
 use kloop::workspace::Layout;
 
-mod ab_cmd;
 mod audit_cmd;
 mod bisect_cmd;
 mod clean_cmd;
@@ -23,16 +22,17 @@ mod report_bug_cmd;
 mod repro_cmd;
 #[cfg(test)]
 mod session_check;
-mod shell_cmd;
 mod skips_cmd;
+mod validate_cmd;
 mod view;
+mod vm_shell_cmd;
 mod vm_test_cmd;
 
 pub(crate) use flags::*;
 
-use ab_cmd::{ab_test, validate};
 use bisect_cmd::{bisect, bisect_step, bisect_tree};
 use kernels_cmd::{build_kernel, kernels};
+use validate_cmd::{ab_test, validate};
 use vm_test_cmd::{bench, vm_test};
 
 /// Exit status of a run whose kernel did not build (vs 1: a trial failed,
@@ -141,7 +141,7 @@ fn run() -> Result<ExitCode> {
         Cmd::Audit(a) => audit_cmd::audit(a),
         Cmd::ReportBug(a) => report_bug_cmd::report_bug(a),
         Cmd::Doctor(a) => doctor_cmd::doctor(a),
-        Cmd::VmShell(a) => shell_cmd::vm_shell(a),
+        Cmd::VmShell(a) => vm_shell_cmd::vm_shell(a),
         Cmd::Skips(a) => skips_cmd::skips(a),
     }
 }
