@@ -10,6 +10,7 @@ use clap::Parser;
 use kloop::workspace::Layout;
 
 mod audit_cmd;
+mod bench_cmd;
 mod bisect_cmd;
 mod clean_cmd;
 #[cfg(test)]
@@ -17,6 +18,7 @@ mod docs_check;
 mod doctor_cmd;
 mod flags;
 mod kernels_cmd;
+mod merge_cmd;
 mod mutants_cmd;
 mod report_bug_cmd;
 mod repro_cmd;
@@ -30,10 +32,11 @@ mod vm_test_cmd;
 
 pub(crate) use flags::*;
 
+use bench_cmd::bench;
 use bisect_cmd::{bisect, bisect_step, bisect_tree};
 use kernels_cmd::{build_kernel, kernels};
 use validate_cmd::{ab_test, validate};
-use vm_test_cmd::{bench, vm_test};
+use vm_test_cmd::vm_test;
 
 /// Exit status of a run whose kernel did not build (vs 1: a trial failed,
 /// 2: kloop could not run).
@@ -133,7 +136,7 @@ fn run() -> Result<ExitCode> {
         Cmd::Bisect(a) => bisect(a),
         Cmd::BisectStep(a) => bisect_step(a),
         Cmd::Bench(a) => bench(a),
-        Cmd::Merge(a) => vm_test_cmd::merge(a),
+        Cmd::Merge(a) => merge_cmd::merge(a),
         Cmd::CheckPerfData { file, json } => check_perf_data(&file, json),
         Cmd::Clean(a) => clean_cmd::clean(a),
         Cmd::Mutants(a) => mutants_cmd::mutants(a),
