@@ -23,6 +23,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use kloop_protocol::exec::X86_64_PAGE_SIZE as PAGE_SIZE;
 use kloop_protocol::{AreaReading, ExecArea, KallsymsEntry, Message, Step};
 
 use crate::channel::send;
@@ -46,8 +47,6 @@ const POLL: Duration = Duration::from_millis(50);
 static FAILED: Mutex<Option<String>> = Mutex::new(None);
 /// The readings sent so far, for the end reading's settle.
 static READINGS: Mutex<Vec<AreaReading>> = Mutex::new(Vec::new());
-/// x86-64's page.
-const PAGE_SIZE: u64 = 4096;
 
 /// One line of /proc/vmallocinfo, when it is an area of the module space
 /// that holds memory (`unpurged vm_area` lines are areas already freed and

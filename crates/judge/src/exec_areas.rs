@@ -24,7 +24,8 @@
 //!   the kernel did not hold before the first step holds a symbol
 //!   /proc/kallsyms lists, or belongs to a listed owner (rule
 //!   `exec-area-kept`). Modules' own areas are the module loader's books,
-//!   not these: one is accounted for while any module is listed.
+//!   not these: an area that appeared right after a `modprobe` step is a
+//!   module's while any module is listed.
 //! - a symbol is added after its memory is allocated and deleted before it
 //!   is freed, so every symbol /proc/kallsyms lists after the plan in
 //!   `[bpf]` or a `[__builtin__*]` part lies in an area the kernel holds

@@ -29,6 +29,9 @@
 
 use std::collections::BTreeSet;
 
+// A page is a trampoline image's size where `bpf_tramp_image` has no
+// `size` (before 6.2, bpf_image_ksym_add() spans PAGE_SIZE).
+use kloop_protocol::exec::X86_64_PAGE_SIZE as PAGE_SIZE;
 use kloop_protocol::PackReading;
 
 use crate::check::{Gap, Unchecked, Violation};
@@ -44,10 +47,6 @@ pub const CHUNKS: &str = "jit-chunks";
 pub const LIMIT: &str = "jit-limit";
 /// A trampoline image's symbol spans the image.
 pub const IMAGES: &str = "jit-images";
-
-/// A page: a trampoline image's size where `bpf_tramp_image` has no
-/// `size` (before 6.2, bpf_image_ksym_add() spans PAGE_SIZE).
-const PAGE_SIZE: u64 = 4096;
 
 /// Every trampoline image seen: its symbol spans exactly the image,
 /// `ksym.end - ksym.start == im->size` (bpf_image_ksym_init(image, size,

@@ -14,6 +14,10 @@ use crate::{AreaReading, ExecArea, KallsymsEntry};
 /// bpf_arch_text_copy(), so the copy never runs and nothing announces it.
 pub const DISPATCHER_COPY: &str = "bpf_dispatcher_change_prog";
 
+/// `PAGE_SIZE` of x86-64: a vmalloc area's guard page, the unit of its
+/// `pages=` count, and what bpf_image_ksym_add() announces.
+pub const X86_64_PAGE_SIZE: u64 = 4096;
+
 /// What accounts for an area new since the plan's start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Owner {
@@ -96,4 +100,10 @@ pub fn owners<'a, 's>(
             (a, None)
         })
         .collect()
+}
+
+/// The ring head of `listener` among `heads` (listener index, `data_head`)
+/// that a reading was taken at, if the reading knew that ring.
+pub fn head_of(heads: &[(u32, u64)], listener: u32) -> Option<u64> {
+    heads.iter().find(|(l, _)| *l == listener).map(|(_, h)| *h)
 }

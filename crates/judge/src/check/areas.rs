@@ -32,9 +32,8 @@ use super::detail::ExecAreaFault;
 use super::ranges::{lost_cutoff, symbol_kind};
 use super::{rule, Detail, Violation};
 
-/// `PAGE_SIZE` of x86-64: a vmalloc area's guard page, and the unit of
-/// its `pages=` count.
-pub const PAGE_SIZE: u64 = 4096;
+use kloop_protocol::exec::head_of;
+pub use kloop_protocol::exec::X86_64_PAGE_SIZE as PAGE_SIZE;
 
 /// The bytes of `a` that can hold code: its mapped pages, without the
 /// guard page after them.
@@ -48,11 +47,6 @@ pub fn covered(areas: &[ExecArea], addr: u64, len: u64) -> bool {
         let u = usable(a);
         u.start <= addr && addr.saturating_add(len.max(1)) <= u.end
     })
-}
-
-/// The head of `listener` in `heads`.
-fn head(heads: &[(u32, u64)], listener: u32) -> Option<u64> {
-    heads.iter().find(|(l, _)| *l == listener).map(|(_, h)| *h)
 }
 
 /// The symbols `merged` shows live at a reading whose rings' heads were
@@ -113,7 +107,13 @@ pub fn check(
         // (opened or closed around it) is not judged there.
         let heads: Option<Vec<(u32, u64, u64)>> = set
             .iter()
-            .map(|&l| Some((l, head(&reading.seen_at, l)?, head(&reading.read_until, l)?)))
+            .map(|&l| {
+                Some((
+                    l,
+                    head_of(&reading.seen_at, l)?,
+                    head_of(&reading.read_until, l)?,
+                ))
+            })
             .collect();
         let Some(heads) = heads else {
             continue;

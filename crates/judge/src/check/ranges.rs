@@ -230,10 +230,7 @@ impl<'r> Space<'r, '_> {
             .filter(|i| i.start == k.addr && i.name == k.name && i.size.is_some())
             .collect();
         let head_on = |i: &kloop_protocol::ImageReading, listener: u32| {
-            i.seen_at
-                .iter()
-                .find(|(l, _)| *l == listener)
-                .map(|(_, h)| *h)
+            kloop_protocol::exec::head_of(&i.seen_at, listener)
         };
         let in_window = here.iter().find(|i| {
             let after = head_on(i, k.rec.listener).is_some_and(|h| k.rec.offset < h);
