@@ -67,8 +67,14 @@ fn compile(clang: &std::ffi::OsStr, src: &Path, obj: &Path) {
     // pruning its own).
     let manifest_dir = env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
     let prefix_map = format!("-ffile-prefix-map={manifest_dir}=/kloop/guest");
+    // The agent's target decides the kprobe context's layout (kloop_bpf.h).
+    let arch = match env::var("CARGO_CFG_TARGET_ARCH").as_deref() {
+        Ok("aarch64") => "-D__TARGET_ARCH_arm64",
+        _ => "-D__TARGET_ARCH_x86",
+    };
     let output = Command::new(clang)
         .args(["-target", "bpf"])
+        .arg(arch)
         .args(debug)
         .arg(&prefix_map)
         .args(["-O2", "-Wall", "-Werror", "-c"])

@@ -7,6 +7,39 @@
 #define KLOOP_BPF_H
 
 #define SEC(name) __attribute__((section(name), used))
+
+// A kprobe's context, as the probed function's arguments are read from it,
+// per architecture (build.rs defines __TARGET_ARCH_<arch> from the agent's
+// target). KLOOP_PT_REGS_WORDS is the size of `bpf_user_pt_regs_t`, the
+// head of uapi `struct bpf_perf_event_data`.
+#if defined(__TARGET_ARCH_arm64)
+// arch/arm64/include/uapi/asm/ptrace.h `struct user_pt_regs`, the first
+// member of the kernel's `struct pt_regs`: arguments in x0..x7.
+struct pt_regs {
+	unsigned long regs[31];
+	unsigned long sp, pc, pstate;
+};
+#define KLOOP_ARG1(ctx) ((ctx)->regs[0])
+#define KLOOP_ARG2(ctx) ((ctx)->regs[1])
+#define KLOOP_ARG3(ctx) ((ctx)->regs[2])
+#define KLOOP_ARG4(ctx) ((ctx)->regs[3])
+#define KLOOP_ARG5(ctx) ((ctx)->regs[4])
+#define KLOOP_PT_REGS_WORDS 34
+#elif defined(__TARGET_ARCH_x86)
+// x86-64 `struct pt_regs`: arguments in di, si, dx, cx, r8.
+struct pt_regs {
+	unsigned long r15, r14, r13, r12, bp, bx, r11, r10, r9, r8;
+	unsigned long ax, cx, dx, si, di, orig_ax, ip, cs, flags, sp, ss;
+};
+#define KLOOP_ARG1(ctx) ((ctx)->di)
+#define KLOOP_ARG2(ctx) ((ctx)->si)
+#define KLOOP_ARG3(ctx) ((ctx)->dx)
+#define KLOOP_ARG4(ctx) ((ctx)->cx)
+#define KLOOP_ARG5(ctx) ((ctx)->r8)
+#define KLOOP_PT_REGS_WORDS 21
+#else
+#error "build.rs defines __TARGET_ARCH_x86 or __TARGET_ARCH_arm64"
+#endif
 #define __uint(name, val) int (*name)[val]
 #define __type(name, val) typeof(val) *name
 

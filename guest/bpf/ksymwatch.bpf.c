@@ -6,8 +6,8 @@
 // bpf_address_lookup for BPF text). kallsyms prints an address it cannot
 // resolve as "0x<hex>" (__sprint_symbol), so the host can tell whether the
 // symbol a KSYMBOL record announces was resolvable when it was emitted.
-// Needs bpf_snprintf (5.13). The kprobe context is x86-64 pt_regs: the
-// agent runs on x86-64 guests only.
+// Needs bpf_snprintf (5.13). The kprobe context is the architecture's
+// pt_regs (kloop_bpf.h).
 //
 // kallsyms does not resolve kprobe instruction pages through %ps, so for
 // an OOL symbol the watch also looks for the page on the page list of the
@@ -33,11 +33,6 @@ static long (*bpf_probe_read_kernel)(void *dst, unsigned int size,
 static long (*bpf_snprintf)(char *str, unsigned int str_size, const char *fmt,
 			    unsigned long long *data, unsigned int data_len) = (void *)165;
 
-// x86-64 struct pt_regs, as the kprobe sees it.
-struct pt_regs {
-	unsigned long r15, r14, r13, r12, bp, bx, r11, r10, r9, r8;
-	unsigned long ax, cx, dx, si, di, orig_ax, ip, cs, flags, sp, ss;
-};
 
 #define NAME_LEN 64
 
@@ -174,19 +169,19 @@ int kloop_ksymwatch(struct pt_regs *ctx)
 	struct observation o = {};
 	unsigned long long args[1];
 
-	o.ksym_type = (unsigned short)ctx->di;
-	o.addr = ctx->si;
-	o.len = (unsigned int)ctx->dx;
-	o.unregister = (unsigned char)ctx->cx;
+	o.ksym_type = (unsigned short)KLOOP_ARG1(ctx);
+	o.addr = KLOOP_ARG2(ctx);
+	o.len = (unsigned int)KLOOP_ARG3(ctx);
+	o.unregister = (unsigned char)KLOOP_ARG4(ctx);
 	args[0] = o.addr;
 	o.ps_ret = bpf_snprintf(o.ps, sizeof(o.ps), ps_fmt, args, sizeof(args));
-	bpf_probe_read_kernel_str(o.name, sizeof(o.name), (const void *)ctx->r8);
+	bpf_probe_read_kernel_str(o.name, sizeof(o.name), (const void *)KLOOP_ARG5(ctx));
 	// Unrolled by hand: a loop over the two keys, with its counter on the
 	// stack for the map lookup, reads to the verifier as an infinite loop.
 	if (o.ksym_type == KSYM_TYPE_OOL) {
-		o.listed = cache_listed(0, ctx->r8, o.addr);
+		o.listed = cache_listed(0, KLOOP_ARG5(ctx), o.addr);
 		if (!o.listed)
-			o.listed = cache_listed(1, ctx->r8, o.addr);
+			o.listed = cache_listed(1, KLOOP_ARG5(ctx), o.addr);
 		if (!o.listed) {
 			// FTRACE_TRAMPOLINE_SYM with its NUL, on the stack: a
 			// global array would need a .rodata variable of its own.

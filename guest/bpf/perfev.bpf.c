@@ -7,10 +7,11 @@
 
 #include "kloop_bpf.h"
 
-// `struct bpf_perf_event_data` (uapi/linux/bpf_perf_event.h) on x86_64:
-// `struct pt_regs` is 21 unsigned longs, then sample_period and addr.
+// `struct bpf_perf_event_data` (uapi/linux/bpf_perf_event.h): the
+// architecture's `bpf_user_pt_regs_t` (21 unsigned longs on x86-64, 34 on
+// arm64), then sample_period and addr.
 struct bpf_perf_event_data {
-	unsigned long regs[21];
+	unsigned long regs[KLOOP_PT_REGS_WORDS];
 	unsigned long long sample_period;
 	unsigned long long addr;
 };

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use kloop_protocol::{Message, Plan, ShellSetup, Step, DATA_PORT, RUN_BY_HAND, SHELL_SETUP_PATH};
+use kloop_protocol::{Message, Plan, ShellSetup, Step, RUN_BY_HAND, SHELL_SETUP_PATH};
 
 use crate::channel;
 use crate::init;
@@ -68,8 +68,8 @@ fn run(args: &[String]) -> Result<i32> {
         plan.steps.len(),
         plan.scenario
     );
-    channel::open(DATA_PORT)
-        .map_err(|e| anyhow::anyhow!("opening the data port {DATA_PORT}: {}", sys::Errno(&e)))?;
+    channel::open_data_port()
+        .map_err(|e| anyhow::anyhow!("opening the data port: {}", sys::Errno(&e)))?;
     channel::discard_input()
         .map_err(|e| anyhow::anyhow!("emptying the data port's input: {}", sys::Errno(&e)))?;
     let session = runner::hello(note.into_iter().collect())?;

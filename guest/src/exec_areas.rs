@@ -19,6 +19,13 @@
 //! The agent runs with the kernel's default 0 (other readers, such as an
 //! unprivileged attach's `bpf_prog_info`, see what a user would), so it
 //! sets 1 around each read and puts the old value back.
+//!
+//! arm64 puts them anywhere in the vmalloc space (BPF images since
+//! 5.17's "arm64/bpf: Remove 128MB limit for BPF JIT programs", kprobe
+//! pages always, modules past their 2 GiB region with
+//! `CONFIG_ARM64_MODULE_PLTS`), beside memory that is never executable:
+//! there an area is one when its allocating function is one of
+//! [`kloop_protocol::exec::ARM64_CODE_ALLOCATORS`].
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -62,7 +69,8 @@ fn parse_line(line: &str) -> Option<Result<ExecArea, String>> {
     let (Some(start), Some(end)) = (hex(a), hex(b)) else {
         return Some(Err(format!("unreadable line {line:?}")));
     };
-    if !MODULE_SPACE.contains(&start) {
+    let x86 = kloop_protocol::Arch::OF_THIS_BUILD == kloop_protocol::Arch::X86_64;
+    if x86 && !MODULE_SPACE.contains(&start) {
         return None;
     }
     let _size = words.next();
@@ -74,6 +82,11 @@ fn parse_line(line: &str) -> Option<Result<ExecArea, String>> {
         } else if caller.is_none() && pages.is_none() && !w.contains('=') {
             caller = Some(w.to_owned());
         }
+    }
+    // arm64 has no space of its own for executable memory: it is known
+    // by the function that allocated it (kloop_protocol::exec).
+    if !x86 && !kloop_protocol::exec::arm64_allocates_code(caller.as_deref()) {
+        return None;
     }
     Some(Ok(ExecArea {
         start,

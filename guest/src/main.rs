@@ -37,13 +37,14 @@ mod init;
 mod jit_books;
 mod kallsyms;
 mod kernel_log;
+mod modules;
 mod perf;
 mod runner;
 mod shell;
 mod steps;
 mod sys;
 
-use kloop_protocol::{DATA_PORT, RUN_BY_HAND, SHELL_SETUP_PATH};
+use kloop_protocol::{RUN_BY_HAND, SHELL_SETUP_PATH};
 
 fn main() {
     let mut args = std::env::args();
@@ -69,13 +70,10 @@ fn main() {
         shell::run(notes);
     }
 
-    let port_note = match channel::open(DATA_PORT) {
-        Ok(note) => note,
+    let port_note = match channel::open_data_port() {
+        Ok((path, note)) => format!("{path}: {note}"),
         Err(e) => {
-            eprintln!(
-                "kloop-guest: cannot open data port {DATA_PORT}: {}",
-                sys::Errno(&e)
-            );
+            eprintln!("kloop-guest: cannot open the data port: {}", sys::Errno(&e));
             for n in &notes {
                 eprintln!("kloop-guest: {n}");
             }

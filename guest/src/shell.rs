@@ -13,7 +13,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
 use kloop_protocol::{
-    Message, ShellSetup, DATA_PORT, FIXTURES_DIR, MODULES_DIR, RUN_BY_HAND, SHELL_SETUP_PATH,
+    Message, ShellSetup, FIXTURES_DIR, MODULES_DIR, RUN_BY_HAND, SHELL_SETUP_PATH,
 };
 
 use crate::channel;
@@ -62,7 +62,7 @@ pub fn run(mut notes: Vec<String>) -> ! {
     // The host's deadline is for the boot: from here on the shell may run
     // as long as the user likes. Without a data port there is no host to
     // tell (and no kloop-run); the shell still runs.
-    match channel::open(DATA_PORT) {
+    match channel::open_data_port() {
         Ok(_) => {
             let ready = Message::ShellReady {
                 monotonic_ns: sys::monotonic_ns(),
@@ -75,7 +75,7 @@ pub fn run(mut notes: Vec<String>) -> ! {
             }
         }
         Err(e) => notes.push(format!(
-            "data port {DATA_PORT}: {} ({RUN_BY_HAND} will not work)",
+            "data port: {} ({RUN_BY_HAND} will not work)",
             sys::Errno(&e)
         )),
     }

@@ -26,6 +26,8 @@
 //! - [`session`]: each command's one entry point over `run` and `report`:
 //!   options in, typed events on the way, a typed result out.
 pub use kloop_judge as judge;
+/// The guest architectures (`--arch`), which the xtask names without depending on the wire crate.
+pub use kloop_protocol::Arch;
 pub mod doctor;
 pub mod mutants;
 pub use kloop_perf_data as perf_data;

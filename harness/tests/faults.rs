@@ -110,10 +110,13 @@ impl Ctx {
             extra_cmdline: e.extra_cmdline.clone(),
             boot: e.boot,
             bless: e.bless,
-            saved_vms: kloop::run::saved_vm::SavedVms::in_cache(e.cache.root()),
+            saved_vms: std::sync::Arc::new(kloop::run::saved_vm::SavedVms::in_cache(
+                e.cache.root(),
+            )),
             known_issues: e.known_issues.clone(),
             expected_skips: e.expected_skips.clone(),
             pin_modules: e.pin_modules.clone(),
+            other_arches: e.other_arches.clone(),
         }
     }
 

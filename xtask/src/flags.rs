@@ -249,9 +249,14 @@ impl FetchArgs {
 
 #[derive(Args, Clone)]
 pub(crate) struct VmTestArgs {
-    /// Only these kernel pins (repeatable).
+    /// Only these kernel pins (repeatable; arm64's are `arm64/<series>`).
     #[arg(long = "kernel", value_name = "ID")]
     pub(crate) kernels: Vec<String>,
+    /// The guests' architecture: `x86_64` (the default), `arm64` (Debian's
+    /// cloud-arm64 pins under TCG; `ci/setup.sh --arch arm64` installs what
+    /// it needs) or `all`. Picks the pins when no --kernel names them.
+    #[arg(long, value_name = "ARCH", default_value = "x86_64", value_parser = arch_parser())]
+    pub(crate) arch: ArchChoice,
     /// Succeed even when every trial was skipped (by default a run that
     /// tested nothing fails: a kernel lacking what the scenarios need is
     /// not a pass).
@@ -344,6 +349,7 @@ impl VmTestArgs {
     pub(crate) fn selection(&self, new_snapshot_set: bool) -> kloop::run::suite::Selection {
         kloop::run::suite::Selection {
             kernels: self.kernels.clone(),
+            arches: self.arch.arches(),
             scenarios: self.scenarios.clone(),
             kernel_image: self.kernel_image.clone(),
             snapshot_as: self.snapshot_as.clone(),
@@ -819,6 +825,28 @@ fn accel_parser() -> impl clap::builder::TypedValueParser<Value = AccelChoice> {
 
 /// `--boot`: one of [`kloop::run::trial::BootMode::NAMES`], listed in
 /// `--help` and in clap's error for anything else.
+/// `--arch`: one guest architecture, or every one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ArchChoice {
+    One(kloop::Arch),
+    All,
+}
+
+impl ArchChoice {
+    pub(crate) fn arches(self) -> Vec<kloop::Arch> {
+        match self {
+            ArchChoice::One(a) => vec![a],
+            ArchChoice::All => kloop::Arch::ALL.to_vec(),
+        }
+    }
+}
+
+fn arch_parser() -> impl clap::builder::TypedValueParser<Value = ArchChoice> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["x86_64", "arm64", "all"])
+        .map(|s| kloop::Arch::parse(&s).map_or(ArchChoice::All, ArchChoice::One))
+}
+
 fn boot_mode_parser() -> impl clap::builder::TypedValueParser<Value = kloop::run::trial::BootMode> {
     use clap::builder::TypedValueParser;
     clap::builder::PossibleValuesParser::new(kloop::run::trial::BootMode::NAMES).map(|s| {

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use kloop_protocol::Arch;
+
 use crate::error::KernelError;
 
 /// How much the Release signature matters for this use.
@@ -36,6 +38,8 @@ pub(crate) struct AptState {
     pub mirror: String,
     pub suite: String,
     pub keyring: PathBuf,
+    /// Whose packages the index lists (Debian's name: `amd64`, `arm64`).
+    arch: Arch,
 }
 
 /// Where an [`AptState`] lives.
@@ -92,18 +96,31 @@ impl AptState {
         mirror: &str,
         suite: &str,
         keyring: &Path,
+        arch: Arch,
     ) -> Result<AptState, KernelError> {
         use sha2::Digest;
         let mirror = mirror.trim_end_matches('/');
-        let key = sha2::Sha256::digest(format!("{mirror}\n{suite}\n{}", keyring.display()));
+        // x86-64's key is what it was before other architectures came, so
+        // an existing cache keeps its indexes.
+        let key = match arch {
+            Arch::X86_64 => {
+                sha2::Sha256::digest(format!("{mirror}\n{suite}\n{}", keyring.display()))
+            }
+            _ => sha2::Sha256::digest(format!(
+                "{mirror}\n{suite}\n{}\n{}",
+                keyring.display(),
+                arch.debian()
+            )),
+        };
         let dir = parent.join(format!("{suite}-{}", &hex::encode(key)[..16]));
         std::fs::create_dir_all(&dir).map_err(|e| werr(&dir, e))?;
         let lock_path = dir.with_extension("lock");
         match crate::lock::HolderLock::try_take(&lock_path).map_err(|e| werr(&lock_path, e))? {
             Some(lock) => {
                 AptState::laid_out(Root::Kept { dir, _lock: lock }, mirror, suite, keyring)
+                    .map(|a| a.for_arch(arch))
             }
-            None => AptState::new(temp_parent, mirror, suite, keyring),
+            None => AptState::new(temp_parent, mirror, suite, keyring).map(|a| a.for_arch(arch)),
         }
     }
 
@@ -139,7 +156,15 @@ impl AptState {
             mirror: mirror.trim_end_matches('/').to_string(),
             suite: suite.to_string(),
             keyring: keyring.to_path_buf(),
+            arch: Arch::X86_64,
         })
+    }
+
+    /// The same state reading another architecture's packages (before its
+    /// first `update`: the sources list is written then).
+    pub fn for_arch(mut self, arch: Arch) -> AptState {
+        self.arch = arch;
+        self
     }
 
     fn path(&self, rel: &str) -> PathBuf {
@@ -173,7 +198,8 @@ impl AptState {
             "trusted=yes".to_string()
         };
         let line = format!(
-            "deb [arch=amd64 target=Packages {trust}] {} {} main\n",
+            "deb [arch={} target=Packages {trust}] {} {} main\n",
+            self.arch.debian(),
             self.suite_uri(),
             self.suite
         );
@@ -195,8 +221,8 @@ impl AptState {
             ("Dir::Etc::PreferencesParts", p("etc/preferences.d")),
             ("Dir::Etc::Trusted", p("etc/trusted.gpg")),
             ("Dir::Etc::TrustedParts", p("etc/trusted.gpg.d")),
-            ("APT::Architecture", "amd64".to_string()),
-            ("APT::Architectures", "amd64".to_string()),
+            ("APT::Architecture", self.arch.debian().to_string()),
+            ("APT::Architectures", self.arch.debian().to_string()),
             ("Acquire::Languages", "none".to_string()),
             ("APT::Get::List-Cleanup", "false".to_string()),
         ];
@@ -441,9 +467,9 @@ impl AptState {
         std::fs::read_dir(self.path("state/lists"))
             .map(|d| {
                 d.filter_map(Result::ok).any(|e| {
-                    e.file_name()
-                        .to_str()
-                        .is_some_and(|n| n.contains("_binary-amd64_Packages"))
+                    e.file_name().to_str().is_some_and(|n| {
+                        n.contains(&format!("_binary-{}_Packages", self.arch.debian()))
+                    })
                 })
             })
             .unwrap_or(false)
@@ -657,7 +683,16 @@ mod tests {
         let cache = tempfile::tempdir().unwrap();
         let (kept, tmp) = (cache.path().join("apt"), cache.path().join("tmp"));
         let keyring = Path::new("/usr/share/keyrings/debian-archive-keyring.gpg");
-        let kept_state = || AptState::kept(&kept, &tmp, "http://m.invalid/debian/", "sid", keyring);
+        let kept_state = || {
+            AptState::kept(
+                &kept,
+                &tmp,
+                "http://m.invalid/debian/",
+                "sid",
+                keyring,
+                Arch::X86_64,
+            )
+        };
         let first = kept_state().unwrap();
         assert!(matches!(first.root, Root::Kept { .. }));
         assert!(!first.has_index());

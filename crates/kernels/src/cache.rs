@@ -327,7 +327,7 @@ impl KernelCache {
     }
 
     /// `package` at `pin.version`, cached as `debs/<sha256>.deb`.
-    fn ensure_package(
+    pub(crate) fn ensure_package(
         &self,
         pin: &KernelPin,
         package: &str,
@@ -380,6 +380,9 @@ impl KernelCache {
             &mirror,
             deb.suite,
             &opts.resolve_keyring(),
+            // A pin's id names its architecture; a source package's id is
+            // x86-64's, whose index lists `Architecture: all` packages too.
+            kloop_protocol::Arch::of_id(deb.id).0,
         )?;
         let index_read_before = apt.has_index();
         if !index_read_before {

@@ -268,6 +268,65 @@ pub(crate) fn walk_deb(
 
 /// The `uname -r` a bzImage will report, read from its setup header
 /// (`HdrS` at 0x202, `kernel_version` pointer at 0x20E, string at +0x200).
+pub fn image_release(image: &Path, arch: kloop_protocol::Arch) -> Result<String, KernelError> {
+    match arch {
+        kloop_protocol::Arch::X86_64 => bzimage_release(image),
+        kloop_protocol::Arch::Arm64 => arm64_image_release(image),
+    }
+}
+
+/// The offset of an arm64 `Image`'s magic, `ARM\x64`
+/// (Documentation/arch/arm64/booting.rst: `u32 magic2` at 56).
+const ARM64_MAGIC_AT: usize = 0x38;
+
+/// True for an uncompressed arm64 `Image`, which QEMU's `-kernel` boots
+/// without firmware (an EFI zboot image, `zimg` at 4, needs UEFI).
+pub fn is_arm64_image(head: &[u8]) -> bool {
+    head.get(ARM64_MAGIC_AT..ARM64_MAGIC_AT + 4) == Some(b"ARM\x64")
+}
+
+/// [`is_arm64_image`] of a file (its first 64 bytes): false when it cannot
+/// be read.
+pub fn is_arm64_image_file(path: &Path) -> bool {
+    let mut head = [0u8; 64];
+    std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+        .is_ok()
+        && is_arm64_image(&head)
+}
+
+/// The release of an uncompressed arm64 `Image`: the first word after the
+/// `Linux version ` banner linux_banner (init/version.c) carries; the image
+/// has no setup header that points at it.
+pub fn arm64_image_release(image: &Path) -> Result<String, KernelError> {
+    let bad = |reason: String| KernelError::BadImage {
+        path: image.to_path_buf(),
+        reason,
+    };
+    let bytes = std::fs::read(image).map_err(|e| bad(format!("cannot read: {e}")))?;
+    if bytes.get(4..8) == Some(b"zimg") {
+        return Err(bad(
+            "an EFI zboot image (compressed, `zimg`): QEMU's -kernel boots arm64 images \
+             uncompressed only"
+                .into(),
+        ));
+    }
+    if !is_arm64_image(&bytes) {
+        return Err(bad("no arm64 Image header (`ARM\\x64` at 0x38)".into()));
+    }
+    const BANNER: &[u8] = b"Linux version ";
+    let at = bytes
+        .windows(BANNER.len())
+        .position(|w| w == BANNER)
+        .ok_or_else(|| bad("no `Linux version` banner in the image".into()))?;
+    let rest = &bytes[at + BANNER.len()..];
+    let end = rest
+        .iter()
+        .position(|&c| c == b' ' || c == 0)
+        .ok_or_else(|| bad("the banner's release is not terminated".into()))?;
+    Ok(String::from_utf8_lossy(&rest[..end]).into_owned())
+}
+
 pub fn bzimage_release(image: &Path) -> Result<String, KernelError> {
     let bad = |reason: String| KernelError::BadImage {
         path: image.to_path_buf(),

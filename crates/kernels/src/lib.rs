@@ -44,7 +44,10 @@ pub use cache::{
 };
 pub use config::{KernelConfig, OptionState};
 pub use error::KernelError;
-pub use extract::{bzimage_release, sha256_file};
+pub use extract::{
+    arm64_image_release, bzimage_release, image_release, is_arm64_image, is_arm64_image_file,
+    sha256_file,
+};
 pub use mirror::{
     host_mirror, locate_host_mirror, mirror_from_apt_sources, AptSourceFile, HostOs, Mirror,
     MirrorOrigin,

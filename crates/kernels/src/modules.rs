@@ -400,6 +400,7 @@ fn resolve(
     pin: &KernelPin,
     archive: &Path,
     names: &[String],
+    builtin_elsewhere: Option<BTreeSet<String>>,
 ) -> Result<Resolved, KernelError> {
     let release = pin.release.as_str();
     let mut scan = Scan::default();
@@ -416,12 +417,7 @@ fn resolve(
                 reader
                     .read_to_string(&mut text)
                     .map_err(|e| bad_read(archive, path, e))?;
-                scan.builtin = Some(
-                    text.lines()
-                        .filter_map(|l| l.rsplit('/').next())
-                        .filter_map(|f| Compression::from_file_name(f).map(|(s, _)| canonical(s)))
-                        .collect(),
-                );
+                scan.builtin = Some(parse_builtin(&text));
                 return Ok(());
             }
             if first && is_config(path, release) {
@@ -469,6 +465,9 @@ fn resolve(
         }
     }
 
+    if scan.builtin.is_none() {
+        scan.builtin = builtin_elsewhere;
+    }
     let builtin = builtin_or_missing(&scan, pin, archive, names)?;
     check_dependencies(&scan, &depends, pin, archive)?;
     let order = dependency_order(&scan, archive, names, &builtin, &depends)?;
@@ -477,6 +476,35 @@ fn resolve(
         order,
         builtin,
     })
+}
+
+/// The module names a `modules.builtin` lists.
+fn parse_builtin(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| l.rsplit('/').next())
+        .filter_map(|f| Compression::from_file_name(f).map(|(s, _)| canonical(s)))
+        .collect()
+}
+
+/// `modules.builtin` of `release` in `deb`, if it has one: from 7.x Debian
+/// ships it in `linux-base-<release>` beside the `.config`, not with the
+/// modules.
+fn builtin_in(deb: &Path, release: &str) -> Result<Option<BTreeSet<String>>, KernelError> {
+    let mut found = None;
+    walk_deb(deb, |path, entry| {
+        if found.is_none()
+            && entry.header().entry_type() == tar::EntryType::Regular
+            && is_release_file(path, release, "modules.builtin")
+        {
+            let mut text = String::new();
+            entry
+                .read_to_string(&mut text)
+                .map_err(|e| bad_read(deb, path, e))?;
+            found = Some(parse_builtin(&text));
+        }
+        Ok(())
+    })?;
+    Ok(found)
 }
 
 /// The asked-for `names` the kernel has built in; an error for the first
@@ -658,6 +686,13 @@ impl KernelCache {
         }
 
         let deb = self.ensure_modules_deb(pin, opts)?;
+        let builtin_elsewhere = match pin.config_of() {
+            PackageOf::Companion { package, sha256 } => builtin_in(
+                &self.ensure_package(pin, package, sha256, opts)?,
+                &pin.release,
+            )?,
+            _ => None,
+        };
         let Resolved {
             mut scan,
             order,
@@ -672,6 +707,7 @@ impl KernelCache {
             pin,
             &deb,
             names,
+            builtin_elsewhere,
         )?;
         mkdir(&dir.join("sets"))?;
         let mut set = ModuleSet {
@@ -868,6 +904,7 @@ mod tests {
             &pin(),
             Path::new("x.deb"),
             &names,
+            None,
         );
         assert!(walks <= 2, "{walks} walks");
         r

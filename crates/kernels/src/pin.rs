@@ -6,6 +6,8 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use kloop_protocol::Arch;
+
 use crate::error::KernelError;
 
 /// One pinned Debian kernel build: which package, which exact bytes.
@@ -202,13 +204,37 @@ impl KernelPin {
                 self.image_path
             )));
         }
+        let (arch, bare_id) = Arch::of_id(&self.id);
         if let Some(stem) = file.file_stem().and_then(|s| s.to_str()) {
-            if file.extension().is_some_and(|e| e == "toml") && stem != self.id {
+            if file.extension().is_some_and(|e| e == "toml") && stem != bare_id {
                 return Err(invalid(format!(
                     "`id` is {:?} but the file is named {stem}.toml; they must match",
                     self.id
                 )));
             }
+        }
+        // An arm64 pin lives in `kernels/arm64/` and its id says so; the
+        // package must be that architecture's, or the guest would boot a
+        // kernel the agent was not built for.
+        let in_arm64_dir = file
+            .parent()
+            .and_then(Path::file_name)
+            .is_some_and(|d| d == "arm64");
+        if file.extension().is_some_and(|e| e == "toml") && in_arm64_dir != (arch == Arch::Arm64) {
+            return Err(invalid(format!(
+                "`id` {:?} and the file's directory disagree on the architecture: arm64 pins \
+                 are `kernels/arm64/<series>.toml` with id `arm64/<series>`",
+                self.id
+            )));
+        }
+        if !self.release.ends_with(arch.debian()) {
+            return Err(invalid(format!(
+                "`release` {:?} is not an {} build (Debian's {} flavours end in `{}`)",
+                self.release,
+                arch,
+                arch,
+                arch.debian()
+            )));
         }
         Ok(())
     }
@@ -267,6 +293,11 @@ impl KernelPin {
         None
     }
 
+    /// The architecture this build runs on (from its id: `arm64/6.12`).
+    pub fn arch(&self) -> Arch {
+        Arch::of_id(&self.id).0
+    }
+
     /// The pin as TOML, with the header comment saying how it was made.
     pub fn to_toml(&self) -> String {
         let body = toml::to_string(self).expect("a KernelPin always serialises");
@@ -281,6 +312,13 @@ impl KernelPin {
     pub fn write_to(&self, dir: &Path) -> Result<PathBuf, KernelError> {
         let path = dir.join(format!("{}.toml", self.id));
         self.validate(&path)?;
+        let dir = path.parent().expect("a pin file has a directory");
+        if !dir.is_dir() {
+            std::fs::create_dir_all(dir).map_err(|source| KernelError::PinWrite {
+                path: path.clone(),
+                source,
+            })?;
+        }
         let werr = |source| KernelError::PinWrite {
             path: path.clone(),
             source,
@@ -310,6 +348,29 @@ impl Catalog {
     /// pin (has `package`, `deb_sha256`, `image_sha256` or `image_path`) but
     /// fails to parse or validate is an error naming it.
     pub fn load(dir: &Path) -> Result<Catalog, KernelError> {
+        Self::load_for(dir, &[Arch::X86_64])
+    }
+
+    /// The pins of `arches`: x86-64's in `dir`, arm64's in `dir/arm64/`
+    /// (ids `arm64/<series>`), each architecture's oldest series first.
+    pub fn load_for(dir: &Path, arches: &[Arch]) -> Result<Catalog, KernelError> {
+        let mut pins = Vec::new();
+        for &arch in arches {
+            let sub = match arch {
+                Arch::X86_64 => dir.to_path_buf(),
+                Arch::Arm64 => dir.join("arm64"),
+            };
+            let mut these = Self::load_dir(&sub)?;
+            pins.append(&mut these);
+        }
+        Ok(Catalog {
+            dir: dir.to_path_buf(),
+            pins,
+        })
+    }
+
+    /// The pins of one directory, sorted; none is an error.
+    fn load_dir(dir: &Path) -> Result<Vec<KernelPin>, KernelError> {
         let read_err = |path: &Path, source| KernelError::CatalogRead {
             path: path.to_path_buf(),
             source,
@@ -336,10 +397,7 @@ impl Catalog {
             });
         }
         pins.sort_by(compare_pins);
-        Ok(Catalog {
-            dir: dir.to_path_buf(),
-            pins,
-        })
+        Ok(pins)
     }
 
     /// The directory the catalog was read from.

@@ -7,12 +7,15 @@ use std::path::{Path, PathBuf};
 use crate::apt::{AptState, PackageRecord, Trust};
 use crate::cache::{FetchOptions, KernelCache};
 use crate::error::KernelError;
+#[cfg(test)]
+use crate::extract::bzimage_release;
 use crate::extract::{
-    bzimage_release, image_release_from_path, install_verified, walk_deb, InstallError,
+    image_release, image_release_from_path, install_verified, walk_deb, InstallError,
 };
 use crate::pin::{parse_pin_file, series_key};
 use crate::pin::{KernelPin, Needs};
 use crate::version::compare_debian_versions;
+use kloop_protocol::Arch;
 
 /// What a pin tracks: a series and flavour in one suite.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +63,26 @@ pub fn update_pin(
     let file = catalog_dir.join(format!("{id}.toml"));
     let text = match std::fs::read_to_string(&file) {
         Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && Arch::of_id(id).0 != Arch::X86_64 => {
+            // Another architecture's first pin of a series: the x86-64 pin
+            // of that series says which suite, and the architecture which
+            // flavour (its cloud build).
+            let (arch, series) = Arch::of_id(id);
+            let x86 = crate::pin::Catalog::load(catalog_dir)?;
+            let twin = x86.get(series)?;
+            let spec = PinSpec {
+                id: id.to_string(),
+                series: twin.series.clone(),
+                suite: twin.suite.clone(),
+                flavour: arch.cloud_flavour().to_string(),
+                config: None,
+                version: None,
+                needs: Needs::ALL,
+            };
+            let pinned = KernelCache::default_location()?.resolve_pin(catalog_dir, &spec, opts)?;
+            pinned.write_to(catalog_dir)?;
+            return Ok(pinned);
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             // Name the valid ids, as `Catalog::get` does.
             let valid = crate::pin::Catalog::load(catalog_dir)
@@ -152,7 +175,8 @@ impl KernelCache {
             &mirror,
             &spec.suite,
             &opts.resolve_keyring(),
-        )?;
+        )?
+        .for_arch(kloop_protocol::Arch::of_id(&spec.id).0);
         apt.update(Trust::RequireSigned)?;
 
         let choice = newest_candidate(&apt, spec)?;
@@ -162,7 +186,8 @@ impl KernelCache {
 
         let (deb, deb_sha256) = self.download_verified(&apt, spec, &choice)?;
 
-        let (image_path, image_sha256) = self.release_image(&deb, &release, &choice.package)?;
+        let (image_path, image_sha256) =
+            self.release_image(&spec.id, &deb, &release, &choice.package)?;
 
         // 7.x splits what 6.x kept in the image package: the modules go
         // to `linux-modules-<release>`, the .config to `linux-base-<release>`.
@@ -216,12 +241,13 @@ impl KernelCache {
     /// release than the package name.
     fn release_image(
         &self,
+        id: &str,
         deb: &Path,
         release: &str,
         package: &str,
     ) -> Result<(String, String), KernelError> {
         let (image_path, image, image_sha256) = self.extract_any_image(deb, release)?;
-        let reported = bzimage_release(&image)?;
+        let reported = image_release(&image, kloop_protocol::Arch::of_id(id).0)?;
         if reported != release {
             return Err(KernelError::BadImage {
                 path: image,

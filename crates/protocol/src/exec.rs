@@ -18,6 +18,46 @@ pub const DISPATCHER_COPY: &str = "bpf_dispatcher_change_prog";
 /// `pages=` count, and what bpf_image_ksym_add() announces.
 pub const X86_64_PAGE_SIZE: u64 = 4096;
 
+/// The functions /proc/vmallocinfo names as the caller of an arm64 area
+/// that holds code: `%pS` of the `caller` the allocation was given, which
+/// is `__builtin_return_address(0)` of the function that called the
+/// vmalloc API. Read from each pinned series' source:
+/// - BPF images and packs, trampolines, dispatchers:
+///   `bpf_jit_alloc_exec` (arch/arm64/net/bpf_jit_comp.c: vmalloc() from
+///   5.17, execmem_alloc(EXECMEM_BPF) from 6.10, both called there);
+///   `bpf_jit_binary_alloc` (5.10, whose bpf_jit_alloc_exec() passes its
+///   own return address to __vmalloc_node_range() in the 128 MiB
+///   BPF_JIT_REGION);
+/// - kprobe instruction pages: `__get_insn_slot` (5.10 to 6.x:
+///   arch/arm64/kernel/probes/kprobes.c alloc_insn_page() passes its own
+///   return address), `alloc_insn_page` (execmem_alloc(EXECMEM_KPROBES),
+///   6.10 on);
+/// - module memory: `module_alloc`'s callers `move_module` and
+///   `load_module` (5.10 to 6.3, `module_memory_alloc` 6.4 to 6.9),
+///   `execmem_alloc` and `execmem_alloc_rw` (6.10 on; 7.x's modules).
+///
+/// A code area whose caller is not listed is not read, so the records'
+/// side of `exec-area-missing` says it holds no area: a missing name fails
+/// loudly, never passes quietly.
+pub const ARM64_CODE_ALLOCATORS: &[&str] = &[
+    "bpf_jit_alloc_exec",
+    "bpf_jit_binary_alloc",
+    "__get_insn_slot",
+    "alloc_insn_page",
+    "module_alloc",
+    "move_module",
+    "load_module",
+    "module_memory_alloc",
+    "execmem_alloc",
+    "execmem_alloc_rw",
+];
+
+/// Whether an arm64 area of this `%pS` caller holds code
+/// ([`ARM64_CODE_ALLOCATORS`]).
+pub fn arm64_allocates_code(caller: Option<&str>) -> bool {
+    ARM64_CODE_ALLOCATORS.contains(&caller_function(caller))
+}
+
 /// What accounts for an area new since the plan's start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Owner {

@@ -25,10 +25,12 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod arch;
 pub mod exec;
 pub mod frame;
 pub mod plan;
 
+pub use arch::Arch;
 pub use frame::{encode_frame, FrameDecoder, FrameError, FrameKind, RawFrame, MAX_PAYLOAD};
 pub use plan::{
     AttachTarget, Fault, ListenerScope, ListenerSpec, ParamWrite, Plan, Requirement, SideBand,
@@ -47,8 +49,9 @@ pub use plan::{
 /// requirement, `pack-boundary`, `PackBoundary` and the `trampoline-packs`
 /// requirement; 16: `perf-attribution` and `PerfAttribution`; 17:
 /// `ExecAreaReading`, `ExecAreasEnd`; 18: `struct-ops`, `StructOps` and
-/// the `struct-ops` and `struct-ops-ksyms` requirements).
-pub const PROTOCOL_VERSION: u32 = 18;
+/// the `struct-ops` and `struct-ops-ksyms` requirements; 19: arm64 guests,
+/// their virtio-serial data port, and the `optprobes` requirement).
+pub const PROTOCOL_VERSION: u32 = 19;
 
 /// The most bytes of kernel log one [`Message::KernelLog`] carries (its
 /// JSON fits a frame).
@@ -102,8 +105,12 @@ pub struct ShellSetup {
     pub term: Option<String>,
 }
 
-/// The guest device the agent writes frames to (second 8250 UART).
+/// The guest device the agent writes frames to on x86-64 (second 8250 UART).
 pub const DATA_PORT: &str = "/dev/ttyS1";
+
+/// On arm64 the `virt` board has one UART, the console's: the data channel
+/// is the virtio-serial port of this name.
+pub const VIRTIO_DATA_PORT_NAME: &str = "kloop.data";
 
 /// Interval between guest heartbeats; the host allows several missed ones.
 pub const HEARTBEAT_INTERVAL_MS: u64 = 250;

@@ -713,6 +713,11 @@ pub enum Requirement {
     /// CPUs 0 and 1 are online: a reader on one watches a ring the other
     /// writes (`spin-read`).
     TwoCpus,
+    /// Kprobes are optimized into jumps to `kprobe_optinsn_page` slots
+    /// (`CONFIG_OPTPROBES`, which only x86, arm and powerpc can select:
+    /// `HAVE_OPTPROBES`): `/proc/sys/debug/kprobes-optimization` exists
+    /// (kernel/kprobes.c). The `kprobe-fill` step fills optinsn pages.
+    Optprobes,
 }
 
 impl Step {

@@ -267,6 +267,7 @@ pub fn choose(
 /// executes guest code at a useful speed.
 fn probe_boot(qemu: &Path, kernel: &Path, scratch: &Path) -> Result<(), ProbeError> {
     let config = VmConfig {
+        arch: kloop_protocol::Arch::X86_64,
         qemu: qemu.to_path_buf(),
         kernel: kernel.to_path_buf(),
         initramfs: None,

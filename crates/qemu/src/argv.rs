@@ -4,12 +4,13 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use kloop_protocol::Arch;
+
 use crate::config::*;
 
 /// The kernel command line every guest starts from; the trial's own
 /// parameters follow.
 const BASE_CMDLINE: &[&str] = &[
-    "console=ttyS0",
     // A panic reboots at once and -no-reboot turns that into a QEMU
     // exit, so a panicking guest never sits until a deadline.
     "panic=-1",
@@ -27,6 +28,11 @@ const BASE_CMDLINE: &[&str] = &[
     // single initcall under TCG: ~0.25 s of QEMU CPU per boot on 6.1.
     // kloop tests no crypto.
     "cryptomgr.notests",
+];
+
+/// x86-64's own command line words after the common ones: what its
+/// emulated PC needs under TCG.
+const X86_64_CMDLINE: &[&str] = &[
     // A preset loops-per-jiffy skips the delay-loop calibration on
     // every CPU. Under TCG the second CPU's calibration fails its
     // consistency check and retries ("Probably due to long
@@ -41,6 +47,15 @@ const BASE_CMDLINE: &[&str] = &[
     // in a day of runs with five builds competing for 2 cores).
     "no_timer_check",
 ];
+
+/// arm64's: none. The architected timer needs no calibration and there is
+/// no PIT to miss.
+const ARM64_CMDLINE: &[&str] = &[];
+
+/// The name the data channel's virtio-serial port has on an arm64 guest
+/// (`/sys/class/virtio-ports/*/name`): the `virt` board has one UART, the
+/// console's.
+pub use kloop_protocol::VIRTIO_DATA_PORT_NAME;
 
 impl VmConfig {
     /// The QEMU argv (without the binary) for this guest, given the paths of
@@ -61,14 +76,20 @@ impl VmConfig {
             GuestStart::BootAndSave { ram, .. } => Some((ram, "on")),
             GuestStart::Restore { ram, .. } => Some((ram, "off")),
         };
+        let machine = match self.arch {
+            Arch::X86_64 => "pc",
+            // `virt` boots an arm64 Image without firmware: QEMU's own boot
+            // code hands it the device tree.
+            Arch::Arm64 => "virt",
+        };
         push("-machine");
-        push(if ram_file.is_some() {
-            "pc,memory-backend=kloop-ram"
+        push(&if ram_file.is_some() {
+            format!("{machine},memory-backend=kloop-ram")
         } else {
-            "pc"
+            machine.to_string()
         });
         a.extend(self.accel_args().into_iter().map(OsString::from));
-        if let Some(bios) = firmware() {
+        if let Some(bios) = firmware().filter(|_| self.arch == Arch::X86_64) {
             a.push("-bios".into());
             a.push(bios.into_os_string());
         }
@@ -90,8 +111,7 @@ impl VmConfig {
         let mut push = |s: &str| a.push(s.into());
         push("-smp");
         push(&self.cpus.to_string());
-        let mut cmdline: Vec<String> = BASE_CMDLINE.iter().map(|s| s.to_string()).collect();
-        cmdline.extend(self.cmdline.iter().cloned());
+        let cmdline = self.kernel_cmdline();
         a.push("-kernel".into());
         a.push(self.kernel.clone().into_os_string());
         if let Some(initrd) = &self.initramfs {
@@ -104,12 +124,7 @@ impl VmConfig {
         a.push(self.console_chardev());
         a.push("-serial".into());
         a.push("chardev:console".into());
-        if self.data_channel {
-            a.push("-chardev".into());
-            a.push(chardev_arg("socket,id=data,server=off,path=", data_sock));
-            a.push("-serial".into());
-            a.push("chardev:data".into());
-        }
+        a.extend(self.data_channel_args(data_sock));
         a.push("-qmp".into());
         let mut qmp = chardev_arg("unix:", qmp_sock);
         qmp.push(",server=on,wait=off");
@@ -133,6 +148,50 @@ impl VmConfig {
             );
         }
         a
+    }
+
+    /// The kernel command line: the console first (x86's first UART, the
+    /// `virt` board's PL011), the common words, the architecture's own,
+    /// then the trial's.
+    fn kernel_cmdline(&self) -> Vec<String> {
+        let (console, own) = match self.arch {
+            Arch::X86_64 => ("console=ttyS0", X86_64_CMDLINE),
+            Arch::Arm64 => ("console=ttyAMA0", ARM64_CMDLINE),
+        };
+        std::iter::once(&console)
+            .chain(BASE_CMDLINE)
+            .chain(own)
+            .map(|s| s.to_string())
+            .chain(self.cmdline.iter().cloned())
+            .collect()
+    }
+
+    /// The data channel's arguments: a socket chardev behind x86's second
+    /// UART, or behind a virtio-serial port on arm64.
+    fn data_channel_args(&self, data_sock: &Path) -> Vec<OsString> {
+        let mut out: Vec<OsString> = Vec::new();
+        if self.data_channel {
+            out.push("-chardev".into());
+            out.push(chardev_arg("socket,id=data,server=off,path=", data_sock));
+            match self.arch {
+                Arch::X86_64 => {
+                    out.push("-serial".into());
+                    out.push("chardev:data".into());
+                }
+                // One UART on `virt`: the data channel is a virtio-serial
+                // port on the board's virtio-mmio transports, named so the
+                // agent finds it whatever number the kernel gives it.
+                Arch::Arm64 => {
+                    out.push("-device".into());
+                    out.push("virtio-serial-device".into());
+                    out.push("-device".into());
+                    out.push(
+                        format!("virtserialport,chardev=data,name={VIRTIO_DATA_PORT_NAME}").into(),
+                    );
+                }
+            }
+        }
+        out
     }
 
     /// The console's `-chardev` value: into `console.log`, and on the
@@ -161,6 +220,23 @@ impl VmConfig {
     /// The accelerator and CPU model arguments.
     fn accel_args(&self) -> Vec<&'static str> {
         let mut args = Vec::new();
+        if self.arch == Arch::Arm64 {
+            // Another architecture than the host's: TCG whatever `accel`
+            // says (KVM runs only the host's own).
+            args.push("-accel");
+            args.push("tcg,thread=single");
+            args.push("-cpu");
+            // Every feature TCG emulates (BTI, pointer authentication, LSE
+            // atomics, which the arm64 JIT emits when it finds them), with
+            // QEMU's own cheap PAC function instead of QARMA, which under
+            // TCG costs more than anything else a guest does.
+            args.push("max,pauth-impdef=on");
+            if self.icount {
+                args.push("-icount");
+                args.push("shift=0,sleep=off");
+            }
+            return args;
+        }
         match self.accel {
             Accel::Kvm => {
                 args.push("-accel");

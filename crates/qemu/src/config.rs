@@ -6,8 +6,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-/// Debian package that provides the QEMU binary.
+/// Debian package that provides the x86-64 QEMU binary.
 pub const QEMU_PACKAGE: &str = "qemu-system-x86";
+
+/// The QEMU binary of a guest architecture and the Debian package that has it.
+pub fn qemu_binary(arch: kloop_protocol::Arch) -> (&'static str, &'static str) {
+    match arch {
+        kloop_protocol::Arch::X86_64 => ("qemu-system-x86_64", QEMU_PACKAGE),
+        kloop_protocol::Arch::Arm64 => ("qemu-system-aarch64", "qemu-system-arm"),
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Accel {
@@ -86,6 +94,8 @@ impl Deadlines {
 #[derive(Debug, Clone)]
 pub struct VmConfig {
     pub qemu: PathBuf,
+    /// The guest's architecture: the board, console and data channel.
+    pub arch: kloop_protocol::Arch,
     pub kernel: PathBuf,
     pub initramfs: Option<PathBuf>,
     pub accel: Accel,
@@ -164,6 +174,11 @@ pub const VMSTATE_FD: i32 = 3;
 pub enum VmError {
     #[error("QEMU not found ({0}); install it with `apt-get install {QEMU_PACKAGE}` or point KLOOP_QEMU at a qemu-system-x86_64 binary")]
     QemuMissing(String),
+    #[error("{binary} not found on PATH, which arm64 guests run on; install it with `apt-get install {package}` (or `ci/setup.sh --arch arm64`), or point KLOOP_QEMU_AARCH64 at one")]
+    QemuMissingFor {
+        binary: &'static str,
+        package: &'static str,
+    },
     #[error("could not start QEMU `{qemu}`: {source}")]
     Spawn {
         qemu: PathBuf,
@@ -189,6 +204,27 @@ pub fn find_qemu() -> Result<PathBuf, VmError> {
     }
     find_in_path("qemu-system-x86_64")
         .ok_or_else(|| VmError::QemuMissing("qemu-system-x86_64 is not on PATH".into()))
+}
+
+/// The QEMU binary for guests of `arch`: x86-64's as [`find_qemu`] finds
+/// it; another architecture's `KLOOP_QEMU_AARCH64`, else its binary on PATH.
+pub fn find_qemu_for(arch: kloop_protocol::Arch) -> Result<PathBuf, VmError> {
+    if arch == kloop_protocol::Arch::X86_64 {
+        return find_qemu();
+    }
+    let (binary, package) = qemu_binary(arch);
+    if let Some(p) = std::env::var_os("KLOOP_QEMU_AARCH64") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(VmError::QemuMissing(format!(
+                "KLOOP_QEMU_AARCH64={} does not exist",
+                p.display()
+            )))
+        };
+    }
+    find_in_path(binary).ok_or(VmError::QemuMissingFor { binary, package })
 }
 
 /// `name` as the shell would find it: a name with a `/` is a path, any

@@ -27,6 +27,7 @@ fn vm_hwm_is_read_from_proc_status() {
 fn argv_has_no_shell_and_escapes_commas() {
     let cfg = VmConfig {
         qemu: "/usr/bin/qemu-system-x86_64".into(),
+        arch: kloop_protocol::Arch::X86_64,
         kernel: "/k/vmlinuz".into(),
         initramfs: Some("/k/init.cpio".into()),
         accel: Accel::Tcg,
@@ -77,6 +78,7 @@ fn argv_has_no_shell_and_escapes_commas() {
 fn saved_vms_keep_their_ram_in_a_file_mapped_shared_then_private() {
     let cfg = |start: GuestStart| VmConfig {
         qemu: "/usr/bin/qemu-system-x86_64".into(),
+        arch: kloop_protocol::Arch::X86_64,
         kernel: "/k/vmlinuz".into(),
         initramfs: Some("/k/init.cpio".into()),
         accel: Accel::Tcg,
@@ -152,6 +154,7 @@ fn saved_vms_keep_their_ram_in_a_file_mapped_shared_then_private() {
 fn standalone_argv_needs_no_kloop() {
     let cfg = VmConfig {
         qemu: "/usr/bin/qemu-system-x86_64".into(),
+        arch: kloop_protocol::Arch::X86_64,
         kernel: "bzImage".into(),
         initramfs: Some("initramfs.cpio".into()),
         accel: Accel::Tcg,

@@ -21,7 +21,7 @@ static PORT: OnceLock<Port> = OnceLock::new();
 
 /// Opens `path`, puts it in raw mode and installs it as the global port.
 /// Returns a description of the line settings for the log.
-pub fn open(path: &str) -> io::Result<String> {
+fn open(path: &str) -> io::Result<String> {
     let cpath = CString::new(path).unwrap();
     // SAFETY: valid path.
     let mut fd = unsafe {
@@ -68,11 +68,109 @@ pub fn open(path: &str) -> io::Result<String> {
     Ok(note)
 }
 
+/// Opens the data port of this build's architecture: x86-64's second UART
+/// ([`kloop_protocol::DATA_PORT`]); on arm64 the virtio-serial port named
+/// [`kloop_protocol::VIRTIO_DATA_PORT_NAME`], once its modules are in
+/// (Debian builds virtio, virtio_mmio and virtio_console as modules, so the
+/// host ships them). Returns the device's path and the note of [`open`].
+pub fn open_data_port() -> io::Result<(String, String)> {
+    match kloop_protocol::Arch::OF_THIS_BUILD {
+        kloop_protocol::Arch::X86_64 => {
+            let path = kloop_protocol::DATA_PORT.to_owned();
+            open(&path).map(|note| (path, note))
+        }
+        kloop_protocol::Arch::Arm64 => {
+            let mut loaded = Vec::new();
+            for module in ["virtio_mmio", "virtio_console"] {
+                let outcomes = crate::modules::insert(module).map_err(|e| {
+                    io::Error::other(format!(
+                        "loading {module} for the data channel: {}",
+                        crate::sys::describe_chain(&e)
+                    ))
+                })?;
+                loaded.extend(outcomes);
+            }
+            let path = find_virtio_port(kloop_protocol::VIRTIO_DATA_PORT_NAME)?;
+            let note = open(&path)?;
+            Ok((path, format!("{note}; modules: {}", loaded.join(", "))))
+        }
+    }
+}
+
+/// How long the named virtio port may take to appear: QEMU announces its
+/// ports over the control queue after the driver is bound.
+const VIRTIO_PORT_WAIT: Duration = Duration::from_secs(10);
+
+/// `/dev/<port>` of the virtio-serial port called `name`, waiting for the
+/// device to announce it (`/sys/class/virtio-ports/<port>/name`).
+fn find_virtio_port(name: &str) -> io::Result<String> {
+    let started = Instant::now();
+    loop {
+        if let Ok(dir) = std::fs::read_dir("/sys/class/virtio-ports") {
+            for entry in dir.flatten() {
+                let named = std::fs::read_to_string(entry.path().join("name"))
+                    .is_ok_and(|n| n.trim_end() == name);
+                if named {
+                    let port = entry.file_name().to_string_lossy().into_owned();
+                    let dev = format!("/dev/{port}");
+                    if !std::path::Path::new(&dev).exists() {
+                        make_node(&dev, &entry.path().join("dev"))?;
+                    }
+                    return Ok(dev);
+                }
+            }
+        }
+        if started.elapsed() > VIRTIO_PORT_WAIT {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "no virtio-serial port named {name} in /sys/class/virtio-ports after {} s \
+                     (is QEMU's virtserialport there, CONFIG_VIRTIO_CONSOLE and \
+                     CONFIG_VIRTIO_MMIO in the kernel?)",
+                    VIRTIO_PORT_WAIT.as_secs()
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The character device `path` from a sysfs `dev` file (`major:minor`),
+/// where devtmpfs did not make it.
+fn make_node(path: &str, dev_file: &std::path::Path) -> io::Result<()> {
+    let text = std::fs::read_to_string(dev_file)?;
+    let (major, minor) = text
+        .trim()
+        .split_once(':')
+        .and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?)))
+        .ok_or_else(|| {
+            io::Error::other(format!("{}: not major:minor: {text:?}", dev_file.display()))
+        })?;
+    let cpath = CString::new(path).unwrap();
+    // SAFETY: valid path.
+    if unsafe {
+        libc::mknod(
+            cpath.as_ptr(),
+            libc::S_IFCHR | 0o600,
+            libc::makedev(major, minor),
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn set_raw(fd: RawFd) -> io::Result<String> {
     // SAFETY: termios is POD; the fd is valid.
     let mut t: libc::termios = unsafe { std::mem::zeroed() };
     if unsafe { libc::tcgetattr(fd, &mut t) } != 0 {
-        return Err(io::Error::last_os_error());
+        let e = io::Error::last_os_error();
+        // A virtio-serial port is no tty: its bytes pass as they are.
+        if e.raw_os_error() == Some(libc::ENOTTY) {
+            return Ok("not a tty (virtio-serial): no line settings".to_owned());
+        }
+        return Err(e);
     }
     unsafe { libc::cfmakeraw(&mut t) };
     t.c_cflag |= libc::CLOCAL | libc::CREAD;
@@ -226,7 +324,15 @@ pub fn drain() -> io::Result<()> {
     let _guard = lock(p);
     // SAFETY: valid fd.
     if unsafe { libc::tcdrain(p.fd) } != 0 {
-        return Err(io::Error::last_os_error());
+        let e = io::Error::last_os_error();
+        // arm64's virtio-serial port is no tty, and has nothing to drain:
+        // a blocking write to it returns once the host took the buffer
+        // (drivers/char/virtio_console.c, __send_to_port(): "Wait till the
+        // host acknowledges it pushed out the data we sent").
+        if e.raw_os_error() == Some(libc::ENOTTY) {
+            return Ok(());
+        }
+        return Err(e);
     }
     Ok(())
 }

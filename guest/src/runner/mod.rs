@@ -39,10 +39,7 @@ const SYSCTLS: &[&str] = &[
 /// host then sees the same session: hello, facts, logs, steps, done.
 pub fn run(notes: Vec<String>, port_note: String) -> Result<()> {
     let mut notes = notes;
-    notes.insert(
-        0,
-        format!("data port {}: {port_note}", kloop_protocol::DATA_PORT),
-    );
+    notes.insert(0, format!("data port {port_note}"));
     let (plan, saved) = if std::path::Path::new(PLAN_PATH).exists() {
         (read_plan()?, None)
     } else {

@@ -78,6 +78,7 @@ const PROBED_BEFORE_SAVE: &[Requirement] = &[
     Requirement::TwoCpus,
     Requirement::StructOps,
     Requirement::StructOpsKsyms,
+    Requirement::Optprobes,
 ];
 
 /// Runs every probe of [`PROBED_BEFORE_SAVE`] once, in a guest about to be
@@ -154,6 +155,22 @@ fn probe(r: Requirement) -> Result<Probe> {
         Requirement::TwoCpus => two_cpus(),
         Requirement::StructOps => struct_ops(),
         Requirement::StructOpsKsyms => crate::steps::struct_ops::names_trampolines(),
+        Requirement::Optprobes => Ok(optprobes()),
+    }
+}
+
+/// kernel/kprobes.c registers `debug.kprobes-optimization` under
+/// `CONFIG_OPTPROBES` only.
+const KPROBES_OPTIMIZATION: &str = "/proc/sys/debug/kprobes-optimization";
+
+fn optprobes() -> Probe {
+    match std::fs::metadata(KPROBES_OPTIMIZATION) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!(
+            "{KPROBES_OPTIMIZATION}: {}: no optimized kprobes (CONFIG_OPTPROBES; HAVE_OPTPROBES \
+             is x86, arm and powerpc's only)",
+            sys::Errno(&e)
+        )),
     }
 }
 
@@ -433,7 +450,14 @@ const KPROBE_PMU_TYPE: &str = "/sys/bus/event_source/devices/kprobe/type";
 /// A function every x86-64 kernel since 4.17 has, with an ftrace call site
 /// (so the kprobe needs no out-of-line instruction slot), and that the agent
 /// never calls while the probe is registered.
+#[cfg(not(target_arch = "aarch64"))]
 const KPROBE_FUNCTION: &str = "__x64_sys_getppid";
+/// arm64's syscall wrapper of the same (ARCH_HAS_SYSCALL_WRAPPER since
+/// 4.19, arch/arm64/include/asm/syscall_wrapper.h). arm64 has no
+/// KPROBES_ON_FTRACE: its kprobe steps the probed instruction in a slot of
+/// a `kprobe_insn_page` (or simulates it), announced like x86's.
+#[cfg(target_arch = "aarch64")]
+const KPROBE_FUNCTION: &str = "__arm64_sys_getppid";
 
 /// A disabled kprobe perf event on `perf_iterate_sb` (or its one clone)
 /// opens and closes.

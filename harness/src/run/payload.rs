@@ -348,7 +348,15 @@ pub fn binary_payload(binary: &Path, guest_path: &str) -> Result<Payload, Payloa
 /// The `PT_INTERP` path of a 64-bit little-endian x86-64 ELF file (`None`
 /// for a static binary), read with the `object` crate.
 pub fn elf_interpreter(elf: &[u8]) -> Result<Option<String>, String> {
-    use object::elf::{FileHeader64, EM_X86_64, PT_INTERP};
+    elf_interpreter_of(elf, kloop_protocol::Arch::X86_64)
+}
+
+/// [`elf_interpreter`] of a binary for guests of `arch`.
+pub fn elf_interpreter_of(
+    elf: &[u8],
+    arch: kloop_protocol::Arch,
+) -> Result<Option<String>, String> {
+    use object::elf::{FileHeader64, EM_AARCH64, EM_X86_64, PT_INTERP};
     use object::read::elf::{FileHeader, ProgramHeader};
     use object::LittleEndian;
 
@@ -358,8 +366,12 @@ pub fn elf_interpreter(elf: &[u8]) -> Result<Option<String>, String> {
         .endian()
         .map_err(|e| format!("not a 64-bit little-endian ELF file: {e}"))?;
     let machine = header.e_machine(endian);
-    if machine != EM_X86_64 {
-        return Err(format!("e_machine is {machine}, not x86_64 ({EM_X86_64})"));
+    let want = match arch {
+        kloop_protocol::Arch::X86_64 => EM_X86_64,
+        kloop_protocol::Arch::Arm64 => EM_AARCH64,
+    };
+    if machine != want {
+        return Err(format!("e_machine is {machine}, not {arch}'s ({want})"));
     }
     let headers = header
         .program_headers(endian, elf)

@@ -813,6 +813,7 @@ mod tests {
 
     fn shape() -> VmConfig {
         VmConfig {
+            arch: kloop_protocol::Arch::X86_64,
             qemu: "/usr/bin/qemu-system-x86_64".into(),
             kernel: "/cache/vmlinux/aaaa".into(),
             initramfs: None,

@@ -65,8 +65,11 @@ impl From<crate::workspace::LoadLedgerError> for SuiteError {
 /// Which trials to run.
 #[derive(Debug, Clone, Default)]
 pub struct Selection {
-    /// Pin ids; empty = all.
+    /// Pin ids; empty = all of `arches`.
     pub kernels: Vec<String>,
+    /// The architectures whose pins run when `kernels` names none (empty:
+    /// x86-64's).
+    pub arches: Vec<kloop_protocol::Arch>,
     /// Scenario names; empty = all.
     pub scenarios: Vec<String>,
     /// Run a user-built bzImage instead of the pins.
@@ -114,7 +117,20 @@ pub fn resolve_kernels(
     layout: &Layout,
     sel: &Selection,
 ) -> Result<Vec<KernelUnderTest>, SuiteError> {
-    let catalog = Catalog::load(&layout.kernels())?;
+    let arches = if sel.arches.is_empty() {
+        vec![kloop_protocol::Arch::X86_64]
+    } else {
+        sel.arches.clone()
+    };
+    // A `--kernel` id is looked up among every architecture's pins that
+    // were asked for, and an arm64 id is asked for by naming it.
+    let mut wanted = arches.clone();
+    if sel.kernels.iter().any(|k| k.starts_with("arm64/"))
+        && !wanted.contains(&kloop_protocol::Arch::Arm64)
+    {
+        wanted.push(kloop_protocol::Arch::Arm64);
+    }
+    let catalog = Catalog::load_for(&layout.kernels(), &wanted)?;
     if let Some(name) = sel.snapshot_as.as_ref().filter(|_| !sel.new_snapshot_set) {
         check_snapshot_set(layout, &catalog, name)?;
     }
@@ -129,6 +145,7 @@ pub fn resolve_kernels(
         return Ok(catalog
             .pins()
             .iter()
+            .filter(|p| arches.contains(&p.arch()))
             .cloned()
             .map(KernelUnderTest::Pin)
             .collect());
@@ -179,7 +196,9 @@ fn image_kernel(
     path: PathBuf,
     snapshot_as: Option<String>,
 ) -> Result<LocalKernel, SuiteError> {
-    let release = match kloop_kernels::bzimage_release(&path) {
+    let release = match kloop_kernels::bzimage_release(&path)
+        .or_else(|bz| kloop_kernels::arm64_image_release(&path).map_err(|_| bz))
+    {
         Ok(r) => Some(r),
         Err(bz) => match kloop_kernels::pvh::verify_elf(&path) {
             Ok(()) => None,
@@ -301,18 +320,33 @@ pub fn prepare_env_timed(
         .map(|all| scenario::shipped_modules(&all))
         .unwrap_or_default();
     let setup_secs = laps.lap();
-    let (rest, agent, agent_own_secs) = std::thread::scope(|s| {
+    // Other architectures' kernels need their QEMU and agent; a missing
+    // one fails those trials (INFRA, naming the package), not the run.
+    let mut other: Vec<kloop_protocol::Arch> = probe_kernels
+        .iter()
+        .map(KernelUnderTest::arch)
+        .filter(|a| *a != kloop_protocol::Arch::X86_64)
+        .collect();
+    other.sort();
+    other.dedup();
+    let (rest, agent, agent_own_secs, other_arches) = std::thread::scope(|s| {
         let build = s.spawn(|| {
             let started = std::time::Instant::now();
             let agent = crate::run::agent::ensure_built(&layout.root);
-            (agent, started.elapsed().as_secs_f64())
+            // After x86-64's: two cargo builds at once on two cores are no
+            // faster than one after the other.
+            let others: std::collections::BTreeMap<_, _> = other
+                .iter()
+                .map(|&arch| (arch, arch_tools(layout, arch)))
+                .collect();
+            (agent, started.elapsed().as_secs_f64(), others)
         });
         let rest =
             beside_the_agent_build(layout, opts, probe_kernels, &pin_modules, &qemu, &mut laps);
-        let (agent, own) = build
+        let (agent, own, others) = build
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
-        (rest, agent, own)
+        (rest, agent, own, others)
     });
     // The agent's failure first: the next step it names (a build error)
     // comes before anything the rest may have met.
@@ -324,7 +358,8 @@ pub fn prepare_env_timed(
     rest.phases.setup_secs += setup_secs;
     rest.phases.agent_build_secs = agent_build_secs;
     rest.phases.agent_build_beside_secs = (agent_own_secs - agent_build_secs).max(0.0);
-    let saved_vms = crate::run::saved_vm::SavedVms::in_cache(rest.cache.root());
+    let saved_vms =
+        std::sync::Arc::new(crate::run::saved_vm::SavedVms::in_cache(rest.cache.root()));
     let env = TrialEnv {
         qemu,
         qemu_version,
@@ -343,8 +378,25 @@ pub fn prepare_env_timed(
         known_issues,
         expected_skips,
         pin_modules,
+        other_arches,
     };
     Ok((env, rest.phases))
+}
+
+/// The QEMU and agent of `arch`'s guests, or why they cannot be had.
+fn arch_tools(
+    layout: &Layout,
+    arch: kloop_protocol::Arch,
+) -> Result<crate::run::trial::ArchTools, String> {
+    let qemu = kloop_qemu::find_qemu_for(arch).map_err(|e| e.to_string())?;
+    let qemu_version = kloop_qemu::qemu_version(&qemu).unwrap_or_else(|| "unknown".into());
+    let agent =
+        crate::run::agent::ensure_built_for(&layout.root, arch).map_err(|e| e.to_string())?;
+    Ok(crate::run::trial::ArchTools {
+        qemu,
+        qemu_version,
+        agent,
+    })
 }
 
 /// What [`prepare_env_timed`] does while the agent builds.
@@ -499,7 +551,8 @@ fn prepare_beyond_image(
         }
         KernelUnderTest::Image(_) => None,
     };
-    if boot != BootMode::BzImage {
+    let arm64 = kloop_kernels::is_arm64_image_file(image);
+    if boot != BootMode::BzImage && !arm64 {
         if let Err(e) = kloop_kernels::pvh::ensure_pvh(cache.root(), image, sha) {
             tracing::debug!(
                 "{}: no PVH ELF ({e}); its trials boot the bzImage",

@@ -104,6 +104,13 @@ const FAULT_INJECTION_NEEDS: &[ConfigNeed] = &[
     ),
 ];
 
+/// What the `kprobe-fill` step's optimized probes need.
+const OPTPROBES_NEEDS: &[ConfigNeed] = &[builtin(
+    "CONFIG_OPTPROBES",
+    "optimized kprobes and their kprobe_optinsn_page slots (HAVE_OPTPROBES: x86, arm, \
+             powerpc; not arm64)",
+)];
+
 /// The options behind a requirement (all must hold).
 pub fn requirement_needs(r: Requirement) -> Vec<ConfigNeed> {
     match r {
@@ -133,6 +140,7 @@ pub fn requirement_needs(r: Requirement) -> Vec<ConfigNeed> {
             ),
             builtin("CONFIG_DEBUG_FS", "/sys/kernel/debug/kprobes/list"),
         ],
+        Requirement::Optprobes => OPTPROBES_NEEDS.to_vec(),
         Requirement::FtraceInstances => vec![builtin(
             "CONFIG_FUNCTION_TRACER",
             "the function tracer in a tracefs instance",
@@ -199,7 +207,21 @@ pub fn requirement_needs(r: Requirement) -> Vec<ConfigNeed> {
 pub fn module_option(name: &str) -> Option<&'static str> {
     match name {
         "veth" => Some("CONFIG_VETH"),
+        "virtio" => Some("CONFIG_VIRTIO"),
+        "virtio_mmio" => Some("CONFIG_VIRTIO_MMIO"),
+        "virtio_console" => Some("CONFIG_VIRTIO_CONSOLE"),
         _ => None,
+    }
+}
+
+/// The modules an arm64 guest's agent loads before anything else: its data
+/// channel is a virtio-serial port (QEMU's `virt` board has one UART, the
+/// console's) on the board's virtio-mmio transports, and Debian builds both
+/// drivers as modules (`CONFIG_VIRTIO_MMIO=m`, `CONFIG_VIRTIO_CONSOLE=m`).
+pub fn boot_modules(arch: kloop_protocol::Arch) -> &'static [&'static str] {
+    match arch {
+        kloop_protocol::Arch::X86_64 => &[],
+        kloop_protocol::Arch::Arm64 => &["virtio_mmio", "virtio_console"],
     }
 }
 
@@ -232,7 +254,9 @@ pub fn implied_requirements(steps: &[Step]) -> Vec<Requirement> {
             Step::StructOps { .. } => Some(Requirement::StructOps),
             _ => None,
         };
-        if let Some(r) = r {
+        // A kprobe-fill fills optimized probes' pages.
+        let also = matches!(s, Step::KprobeFill { .. }).then_some(Requirement::Optprobes);
+        for r in r.into_iter().chain(also) {
             if !out.contains(&r) {
                 out.push(r);
             }
@@ -376,7 +400,11 @@ mod tests {
         ];
         assert_eq!(
             implied_requirements(&steps),
-            vec![Requirement::BpfSnprintf, Requirement::Kprobes]
+            vec![
+                Requirement::BpfSnprintf,
+                Requirement::Kprobes,
+                Requirement::Optprobes
+            ]
         );
         let c = KernelConfig::parse(GOOD, "c");
         let why = preflight(&scenario(vec![Requirement::BpfSnprintf]), &c).unwrap();

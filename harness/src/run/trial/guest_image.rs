@@ -218,8 +218,10 @@ pub(crate) fn prepare_guest(
         Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
     };
     let accel = env.accel.accel();
+    let arch = kernel.arch();
     let vm = VmConfig {
         qemu: env.qemu.clone(),
+        arch,
         kernel: image,
         initramfs: None,
         accel,
@@ -235,7 +237,7 @@ pub(crate) fn prepare_guest(
         deadlines: {
             // A kernel with its own runtime checks is slower: its
             // deadlines grow with them (a test's own deadlines stand).
-            let slowdown = kernel.checks(env).slowdown();
+            let slowdown = kernel.checks(env).slowdown() * arch_slowdown(arch);
             let mut d = env
                 .deadlines
                 .unwrap_or_else(|| Deadlines::for_accel(accel).scaled(slowdown));
@@ -290,18 +292,19 @@ fn guest_modules(
     if shipped.is_empty() {
         return Ok(None);
     }
+    let boot = crate::scenario::needs::boot_modules(kernel.arch());
     Ok(Some(match kernel {
         KernelUnderTest::Pin(pin) | KernelUnderTest::DistroBuild { pin, .. } => {
             match env.cache.ensure_modules(pin, &shipped, &env.fetch) {
                 Ok(set) => set,
-                Err(e) if scenario.modules.is_empty() => {
+                Err(e) if scenario.modules.is_empty() && boot.is_empty() => {
                     tracing::debug!("{}: shipping no modules ({e})", pin.id);
                     return Ok(None);
                 }
                 Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
             }
         }
-        KernelUnderTest::Image(k) => builtin_modules(k, scenario)?,
+        KernelUnderTest::Image(k) => builtin_modules(k, kernel.arch(), scenario)?,
     }))
 }
 
@@ -314,13 +317,19 @@ pub fn modules_shipped(
     kernel: &KernelUnderTest,
     scenario: &Scenario,
 ) -> Vec<String> {
+    let boot = crate::scenario::needs::boot_modules(kernel.arch())
+        .iter()
+        .map(|m| m.to_string());
     if !matches!(kernel, KernelUnderTest::Pin(_)) {
-        return scenario.modules.clone();
+        let mut own: Vec<String> = boot.chain(scenario.modules.iter().cloned()).collect();
+        own.dedup();
+        return own;
     }
     let mut all: Vec<String> = pin_modules
         .iter()
         .chain(&scenario.modules)
         .cloned()
+        .chain(boot)
         .collect();
     all.sort();
     all.dedup();
@@ -330,7 +339,11 @@ pub fn modules_shipped(
 /// A local kernel has no package to take modules from: every module the
 /// scenario loads must be built in, as its `.config` tells; the guest's
 /// `modprobe` then finds it marked built in.
-fn builtin_modules(k: &LocalKernel, scenario: &Scenario) -> Result<ModuleSet, Verdict> {
+fn builtin_modules(
+    k: &LocalKernel,
+    kernel_arch: kloop_protocol::Arch,
+    scenario: &Scenario,
+) -> Result<ModuleSet, Verdict> {
     let Some(config) = &k.config else {
         return Err(Verdict::Skipped(format!(
             "kernel modules {:?}: {} has no .config to tell whether they are built in (no build \
@@ -342,8 +355,12 @@ fn builtin_modules(k: &LocalKernel, scenario: &Scenario) -> Result<ModuleSet, Ve
     };
     // Modules built with the kernel (a checked build's controls) ship as
     // files; every other one must be built in.
-    let (own, rest): (Vec<&String>, Vec<&String>) = scenario
-        .modules
+    let wanted: Vec<String> = crate::scenario::needs::boot_modules(kernel_arch)
+        .iter()
+        .map(|m| m.to_string())
+        .chain(scenario.modules.iter().cloned())
+        .collect();
+    let (own, rest): (Vec<&String>, Vec<&String>) = wanted
         .iter()
         .partition(|m| k.modules.iter().any(|(name, _)| name == *m));
     let own: Vec<(String, std::path::PathBuf)> = k
@@ -396,6 +413,14 @@ pub(super) fn boot_file(
     image_sha256: Option<&str>,
     kasan: bool,
 ) -> (PathBuf, String) {
+    if kloop_kernels::is_arm64_image_file(image) {
+        // QEMU's `virt` board boots an arm64 `Image` itself: there is no
+        // decompressor to skip (Debian's arm64 images are not compressed).
+        return (
+            image.to_path_buf(),
+            format!("arm64 Image: {}", image.display()),
+        );
+    }
     let note = match env.boot {
         BootMode::BzImage => "bzimage (as asked)".to_string(),
         BootMode::Saved | BootMode::Cold if kasan => {
@@ -441,5 +466,15 @@ fn perf_payload_of(scenario: &Scenario) -> Result<Payload, crate::run::payload::
         crate::run::payload::perf_payload()
     } else {
         Ok(Payload::default())
+    }
+}
+
+/// How many times longer a guest of `arch` takes than an x86-64 one under
+/// TCG on an x86-64 host: arm64's instructions are translated, not
+/// passed through, and its boot probes more devices.
+pub(crate) fn arch_slowdown(arch: kloop_protocol::Arch) -> u32 {
+    match arch {
+        kloop_protocol::Arch::X86_64 => 1,
+        kloop_protocol::Arch::Arm64 => 3,
     }
 }

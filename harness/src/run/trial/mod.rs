@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use kloop_protocol::Message;
+use kloop_protocol::{Arch, Message};
 use kloop_qemu::{Deadlines, GuestSession, SessionEnd, Vm, VmConfig};
 
 use crate::judge::evidence::RunEvidence;
@@ -169,6 +169,16 @@ pub enum Provenance {
 }
 
 impl KernelUnderTest {
+    /// The architecture the kernel runs on: a pin's from its id, an
+    /// image's from its header (an arm64 `Image` says `ARM\x64` at 56).
+    pub fn arch(&self) -> Arch {
+        match self {
+            KernelUnderTest::Pin(p) | KernelUnderTest::DistroBuild { pin: p, .. } => p.arch(),
+            KernelUnderTest::Image(k) if kloop_kernels::is_arm64_image_file(&k.path) => Arch::Arm64,
+            KernelUnderTest::Image(_) => Arch::X86_64,
+        }
+    }
+
     /// Where this kernel came from, for the KCIDB document: the Debian
     /// package, the source build's record (from the kernel cache), or the
     /// image file and its sha256.
@@ -299,7 +309,18 @@ pub struct Bless {
     pub overhead: bool,
 }
 
+/// What runs guests of one architecture: its QEMU and the agent built
+/// for it.
+#[derive(Debug, Clone)]
+pub struct ArchTools {
+    pub qemu: PathBuf,
+    pub qemu_version: String,
+    pub agent: PathBuf,
+}
+
+#[derive(Clone)]
 pub struct TrialEnv {
+    /// x86-64's QEMU; another architecture's is in [`TrialEnv::other_arches`].
     pub qemu: PathBuf,
     pub qemu_version: String,
     pub accel: AccelDecision,
@@ -316,7 +337,7 @@ pub struct TrialEnv {
     pub boot: BootMode,
     pub bless: Bless,
     /// The saved VMs trials restore (with [`BootMode::Saved`]).
-    pub saved_vms: SavedVms,
+    pub saved_vms: Arc<SavedVms>,
     /// The known-issues ledger trials on pins are judged by.
     pub known_issues: crate::judge::known_issues::Ledger,
     /// Which pin × scenario is expected to be SKIPPED
@@ -328,6 +349,41 @@ pub struct TrialEnv {
     /// `modprobe` step loads it, so the scenarios that need one share the
     /// pin's other saved VMs instead of a VM shape of their own.
     pub pin_modules: Vec<String>,
+    /// The tools of every other architecture a kernel under test needs,
+    /// or why they could not be had (its trials are INFRA with that).
+    pub other_arches: std::collections::BTreeMap<Arch, Result<ArchTools, String>>,
+}
+
+impl TrialEnv {
+    /// The environment a trial of `arch` runs in: this one for x86-64;
+    /// for another architecture, its QEMU and agent in place of x86-64's,
+    /// under TCG (KVM runs only the host's own architecture).
+    pub fn for_arch(&self, arch: Arch) -> Result<std::borrow::Cow<'_, TrialEnv>, String> {
+        if arch == Arch::X86_64 {
+            return Ok(std::borrow::Cow::Borrowed(self));
+        }
+        let tools = match self.other_arches.get(&arch) {
+            Some(Ok(t)) => t,
+            Some(Err(why)) => return Err(why.clone()),
+            None => {
+                return Err(format!(
+                    "no {arch} QEMU or agent was prepared for this run (a kernel of {arch} \
+                     reached a run set up for others)"
+                ))
+            }
+        };
+        let mut env = self.clone();
+        env.qemu = tools.qemu.clone();
+        env.qemu_version = tools.qemu_version.clone();
+        env.agent = tools.agent.clone();
+        env.accel = kloop_qemu::accel::AccelDecision {
+            accel: "tcg".into(),
+            reason: format!("{arch} guest on an x86-64 host: TCG (KVM runs only the host's own)"),
+            probe_ms: None,
+            from_cache: false,
+        };
+        Ok(std::borrow::Cow::Owned(env))
+    }
 }
 
 /// How a trial's guest starts.
@@ -382,6 +438,20 @@ pub fn run_trial_with(
     scenario: &Scenario,
     make: MakeSavedVm,
 ) -> TrialResult {
+    let env = match env.for_arch(kernel.arch()) {
+        Ok(env) => env,
+        Err(why) => {
+            let artefacts = claim_dir(&env.run_dir.join(kernel.id()).join(&scenario.name));
+            return TrialResult::new(
+                env,
+                kernel,
+                scenario,
+                Verdict::Infrastructure(why),
+                artefacts,
+            );
+        }
+    };
+    let env = &*env;
     let artefacts = claim_dir(&env.run_dir.join(kernel.id()).join(&scenario.name));
     let started = Instant::now();
     let mut result = TrialResult::new(env, kernel, scenario, Verdict::Ok, artefacts.clone());

@@ -229,6 +229,7 @@ mod tests {
     fn icount_reaches_qemu_argv_under_tcg_only() {
         use kloop_qemu::{Deadlines, VmConfig};
         let mut cfg = VmConfig {
+            arch: kloop_protocol::Arch::X86_64,
             qemu: "/q".into(),
             kernel: "/k".into(),
             initramfs: None,
