@@ -18,6 +18,14 @@
 # flex, bison, bc, libelf-dev, libssl-dev, pahole (dwarves, for BTF), patch,
 # xz-utils, zstd, lz4 (kloop.config compresses its kernels with lz4) and
 # ccache (optional; cached objects make rebuilds cheap).
+# With --arch arm64 it also installs what arm64 guests need: QEMU's aarch64
+# system emulator (qemu-system-arm), and Debian's own Rust with the arm64
+# standard library (rustc-web, libstd-rust-web-dev:arm64, after
+# `dpkg --add-architecture arm64`), the aarch64 cross linker and glibc
+# (gcc-aarch64-linux-gnu, libc6-dev-arm64-cross) that build the static
+# arm64 guest agent; the cross compiler also builds arm64 kernels
+# (`validate --arch arm64`). rustup cannot fetch another target's std
+# everywhere kloop runs; Debian's can be had from the mirror.
 # Idempotent: packages already installed are left alone.
 #
 # The kernels themselves come from a Debian mirror: on Debian the host's own
@@ -47,8 +55,37 @@ have_perf() {
   fi
 }
 
+kernel_build=false
+arm64=false
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --kernel-build) kernel_build=true ;;
+    --arch)
+      case "${2:-}" in
+        arm64) arm64=true ;;
+        x86_64 | amd64) ;;
+        all) arm64=true ;;
+        *) echo "kloop setup: --arch takes x86_64, arm64 or all, not '${2:-}'" >&2; exit 2 ;;
+      esac
+      shift ;;
+    *) echo "kloop setup: unknown argument '$1' (--kernel-build, --arch arm64)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
 need=()
-if [ "${1:-}" = "--kernel-build" ]; then
+add_arm64_arch=false
+if $arm64; then
+  command -v qemu-system-aarch64 >/dev/null 2>&1 || need+=(qemu-system-arm)
+  command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need+=(gcc-aarch64-linux-gnu)
+  [ -e /usr/aarch64-linux-gnu/lib/libc.a ] || need+=(libc6-dev-arm64-cross)
+  [ -x /usr/bin/rustc ] || need+=(rustc-web)
+  if [ ! -d /usr/lib/rustlib/aarch64-unknown-linux-gnu/lib ]; then
+    need+=(libstd-rust-web-dev:arm64)
+    dpkg --print-foreign-architectures | grep -qx arm64 || add_arm64_arch=true
+  fi
+fi
+if $kernel_build; then
   for tool_pkg in gcc:gcc make:make flex:flex bison:bison bc:bc pahole:dwarves patch:patch xz:xz-utils zstd:zstd lz4:lz4 ccache:ccache cpio:cpio; do
     command -v "${tool_pkg%%:*}" >/dev/null 2>&1 || need+=("${tool_pkg#*:}")
   done
@@ -85,6 +122,10 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
   fi
   SUDO="sudo"
+fi
+if $add_arm64_arch; then
+  echo "kloop setup: adding the arm64 architecture to dpkg (for libstd-rust-web-dev:arm64)"
+  $SUDO dpkg --add-architecture arm64
 fi
 $SUDO apt-get update -q
 if $perf_missing && $ubuntu; then

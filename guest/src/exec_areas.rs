@@ -30,7 +30,6 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use kloop_protocol::exec::X86_64_PAGE_SIZE as PAGE_SIZE;
 use kloop_protocol::{AreaReading, ExecArea, KallsymsEntry, Message, Step};
 
 use crate::channel::send;
@@ -240,7 +239,7 @@ impl Watch {
                 &readings,
                 &|i| steps.get(i as usize),
                 &symbols,
-                PAGE_SIZE,
+                kloop_protocol::Arch::OF_THIS_BUILD,
             )
             .iter()
             .any(|(_, owner)| owner.is_none())

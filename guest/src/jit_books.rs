@@ -165,7 +165,8 @@ fn locator() -> &'static Result<Locator, BooksError> {
     LOCATOR.get_or_init(find)
 }
 
-fn find() -> Result<Locator, BooksError> {
+/// /proc/kcore and its PT_LOAD segments: (vaddr, file offset, size).
+fn open_kcore() -> Result<(File, Vec<(u64, u64, u64)>), BooksError> {
     let kcore = File::open("/proc/kcore").map_err(|e| BooksError::Kcore(Arc::new(e)))?;
     let segments = {
         let cache = ReadCache::new(&kcore);
@@ -177,6 +178,30 @@ fn find() -> Result<Locator, BooksError> {
             })
             .collect::<Vec<_>>()
     };
+    Ok((kcore, segments))
+}
+
+/// `len` bytes of kernel memory at `addr`, through /proc/kcore (kernel
+/// text: what instruction a kprobe would sit on).
+pub fn kernel_bytes(addr: u64, len: usize) -> Result<Vec<u8>, BooksError> {
+    let (kcore, segments) = open_kcore()?;
+    let (vaddr, offset, _) = segments
+        .iter()
+        .find(|(v, _, size)| addr >= *v && addr + len as u64 <= v + size)
+        .ok_or(BooksError::NotInKcore(addr))?;
+    let mut buf = vec![0u8; len];
+    kcore
+        .read_exact_at(&mut buf, offset + (addr - vaddr))
+        .map_err(|e| BooksError::ReadKcore {
+            len,
+            addr,
+            source: Arc::new(e),
+        })?;
+    Ok(buf)
+}
+
+fn find() -> Result<Locator, BooksError> {
+    let (kcore, segments) = open_kcore()?;
     let found = crate::kallsyms::core_by_name(&CORE_NAMES)
         .map_err(|e| BooksError::Kallsyms(format!("{e:#}")))?;
     let one = |name: &str| -> Result<Option<u64>, BooksError> {

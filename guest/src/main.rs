@@ -26,6 +26,7 @@
 // The ratchet on long functions (issue 49; threshold in clippy.toml).
 #![warn(clippy::too_many_lines)]
 
+mod arm64_insn;
 mod bpf;
 mod btf;
 mod by_hand;

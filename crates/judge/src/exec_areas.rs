@@ -45,7 +45,7 @@
 use kloop_protocol::exec::caller_function;
 use kloop_protocol::ExecArea;
 
-use crate::check::areas::{covered, usable, PAGE_SIZE};
+use crate::check::areas::{covered, usable};
 use crate::check::detail::ExecAreaFault;
 use crate::check::ranges::symbol_kind;
 use crate::check::{rule, Analysis, Detail, Gap, Unchecked, Violation};
@@ -120,7 +120,7 @@ pub fn check(ev: &RunEvidence, analysis: &Analysis) -> Vec<Violation> {
         &books.readings,
         &|i| ev.steps.get(&i),
         symbols,
-        PAGE_SIZE,
+        ev.uname.arch(),
     );
     for (a, owner) in owners {
         if owner.is_some() {

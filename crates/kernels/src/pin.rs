@@ -351,6 +351,12 @@ impl Catalog {
         Self::load_for(dir, &[Arch::X86_64])
     }
 
+    /// Every architecture's pins (the ledger, the expected skips: what a pin
+    /// id may name).
+    pub fn load_all(dir: &Path) -> Result<Catalog, KernelError> {
+        Self::load_for(dir, &Arch::ALL)
+    }
+
     /// The pins of `arches`: x86-64's in `dir`, arm64's in `dir/arm64/`
     /// (ids `arm64/<series>`), each architecture's oldest series first.
     pub fn load_for(dir: &Path, arches: &[Arch]) -> Result<Catalog, KernelError> {
@@ -360,6 +366,11 @@ impl Catalog {
                 Arch::X86_64 => dir.to_path_buf(),
                 Arch::Arm64 => dir.join("arm64"),
             };
+            // Another architecture's directory is optional when every one
+            // is asked for (a checkout that pins x86-64 only).
+            if arch != Arch::X86_64 && arches.len() > 1 && !sub.is_dir() {
+                continue;
+            }
             let mut these = Self::load_dir(&sub)?;
             pins.append(&mut these);
         }

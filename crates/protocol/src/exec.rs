@@ -4,7 +4,7 @@
 //! and what the host's rule `exec-area-kept` excuses are one definition.
 
 use crate::plan::Step;
-use crate::{AreaReading, ExecArea, KallsymsEntry};
+use crate::{Arch, AreaReading, ExecArea, KallsymsEntry};
 
 /// The XDP dispatcher's staging copy: bpf_dispatcher_change_prog()
 /// (kernel/bpf/dispatcher.c, 6.1 on) allocates `d->rw_image` with
@@ -13,6 +13,19 @@ use crate::{AreaReading, ExecArea, KallsymsEntry};
 /// the dispatcher is built in the copy and moved into the image with
 /// bpf_arch_text_copy(), so the copy never runs and nothing announces it.
 pub const DISPATCHER_COPY: &str = "bpf_dispatcher_change_prog";
+
+/// The callers /proc/vmallocinfo names for the dispatcher's copy. On x86-64
+/// bpf_jit_alloc_exec() is module_alloc()/execmem_alloc(), which pass on
+/// their caller's caller: [`DISPATCHER_COPY`]. On arm64 bpf_jit_alloc_exec()
+/// calls vmalloc() (5.17 on) or execmem_alloc() (6.10 on) itself, so the copy
+/// is named after it, like every other BPF allocation there; the owner is
+/// still held to one area per listed dispatcher.
+pub fn dispatcher_copy_callers(arch: Arch) -> &'static [&'static str] {
+    match arch {
+        Arch::X86_64 => &[DISPATCHER_COPY],
+        Arch::Arm64 => &[DISPATCHER_COPY, "bpf_jit_alloc_exec"],
+    }
+}
 
 /// `PAGE_SIZE` of x86-64: a vmalloc area's guard page, the unit of its
 /// `pages=` count, and what bpf_image_ksym_add() announces.
@@ -25,9 +38,14 @@ pub const X86_64_PAGE_SIZE: u64 = 4096;
 /// - BPF images and packs, trampolines, dispatchers:
 ///   `bpf_jit_alloc_exec` (arch/arm64/net/bpf_jit_comp.c: vmalloc() from
 ///   5.17, execmem_alloc(EXECMEM_BPF) from 6.10, both called there);
-///   `bpf_jit_binary_alloc` (5.10, whose bpf_jit_alloc_exec() passes its
-///   own return address to __vmalloc_node_range() in the 128 MiB
-///   BPF_JIT_REGION);
+///   `bpf_jit_binary_alloc` and `bpf_jit_alloc_exec_page` (5.10, whose
+///   bpf_jit_alloc_exec() passes its own return address to
+///   __vmalloc_node_range() in the 128 MiB BPF_JIT_REGION: programs, and
+///   the trampoline and dispatcher pages of kernel/bpf/trampoline.c), and
+///   the callers that page allocator is inlined into: `bpf_trampoline_update`
+///   (seen on the 5.10 pin), `bpf_dispatcher_change_prog`,
+///   `bpf_struct_ops_map_alloc`; from 6.10 a pack's 2 MiB come from
+///   alloc_new_pack(), inlined into `bpf_prog_pack_alloc` (seen on 7.3);
 /// - kprobe instruction pages: `__get_insn_slot` (5.10 to 6.x:
 ///   arch/arm64/kernel/probes/kprobes.c alloc_insn_page() passes its own
 ///   return address), `alloc_insn_page` (execmem_alloc(EXECMEM_KPROBES),
@@ -42,6 +60,12 @@ pub const X86_64_PAGE_SIZE: u64 = 4096;
 pub const ARM64_CODE_ALLOCATORS: &[&str] = &[
     "bpf_jit_alloc_exec",
     "bpf_jit_binary_alloc",
+    "bpf_jit_alloc_exec_page",
+    "bpf_trampoline_update",
+    "bpf_dispatcher_change_prog",
+    "bpf_struct_ops_map_alloc",
+    "bpf_prog_pack_alloc",
+    "alloc_new_pack",
     "__get_insn_slot",
     "alloc_insn_page",
     "module_alloc",
@@ -104,8 +128,9 @@ pub fn owners<'a, 's>(
     readings: &[AreaReading],
     steps: &dyn Fn(u32) -> Option<&'s Step>,
     symbols: &[KallsymsEntry],
-    page_size: u64,
+    arch: Arch,
 ) -> Vec<(&'a ExecArea, Option<Owner>)> {
+    let page_size = arch.page_size();
     let same = |a: &ExecArea, b: &ExecArea| a.start == b.start && a.end == b.end;
     let module_listed = symbols.iter().any(|s| {
         s.module
@@ -133,7 +158,9 @@ pub fn owners<'a, 's>(
             if after_modprobe && module_listed {
                 return (a, Some(Owner::Module));
             }
-            if caller_function(a.caller.as_deref()) == DISPATCHER_COPY && copies_left > 0 {
+            let copy_caller =
+                dispatcher_copy_callers(arch).contains(&caller_function(a.caller.as_deref()));
+            if copy_caller && copies_left > 0 {
                 copies_left -= 1;
                 return (a, Some(Owner::DispatcherCopy));
             }

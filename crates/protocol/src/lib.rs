@@ -141,6 +141,14 @@ pub struct Uname {
     pub machine: String,
 }
 
+impl Uname {
+    /// The architecture the guest ran (`machine`: `aarch64` or `x86_64`);
+    /// x86-64 for an agent that said nothing (older tests' evidence).
+    pub fn arch(&self) -> Arch {
+        Arch::parse(&self.machine).unwrap_or(Arch::X86_64)
+    }
+}
+
 /// One reading of the JIT's books ([`Message::JitBooks`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JitReading {

@@ -475,7 +475,14 @@ fn probe_past_entry(
         }
     }
     let mut refused = Vec::new();
+    let entry = crate::arm64_insn::entry(function)?;
     for offset in start.max(1)..=MAX_AFTER_ENTRY {
+        if let Some(entry) = entry {
+            if let Some(why) = crate::arm64_insn::no_slot(entry, offset)? {
+                refused.push(format!("{offset:#x} ({why})"));
+                continue;
+            }
+        }
         match KprobeEvent::open(p, function, offset, false) {
             Ok(event) => {
                 let flags = kprobe_flags(function, offset);

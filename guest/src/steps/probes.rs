@@ -475,6 +475,9 @@ fn side_band_walk_kprobe() -> Result<Probe> {
     let func = CString::new(function.as_str()).expect("no NUL");
     let mut attr = event_attr(pmu, 0);
     attr.__bindgen_anon_3.kprobe_func = func.as_ptr() as u64;
+    // Whether the kernel takes a kprobe in the walk at all: on arm64 at a
+    // branch, so the probe leaves no instruction page behind.
+    attr.__bindgen_anon_4.probe_offset = crate::arm64_insn::slot_free_offset(&function)?;
     attr.set_disabled(1);
     match perf_event_open(&attr, -1, 0) {
         Ok(fd) => {
@@ -524,6 +527,11 @@ fn kprobes() -> Result<Probe> {
     let mut attr = event_attr(pmu, 0);
     // The function name, which outlives the call.
     attr.__bindgen_anon_3.kprobe_func = func.as_ptr() as u64;
+    // arm64 steps most instructions in a slot of a kprobe_insn_page, which
+    // the kernel keeps once made: a probe that took one before the save
+    // would leave the scenarios that count the page's KSYMBOL register
+    // without one. On a branch, which it simulates, it takes none.
+    attr.__bindgen_anon_4.probe_offset = crate::arm64_insn::slot_free_offset(KPROBE_FUNCTION)?;
     // Registered but never armed, so it never fires.
     attr.set_disabled(1);
     let fd = match perf_event_open(&attr, -1, 0) {

@@ -144,6 +144,7 @@ pub fn run(layout: &Layout, opts: &DoctorOptions, report: &mut dyn FnMut(&Check)
     add(check_clang(), &mut checks);
     add(check_static_libc(), &mut checks);
     add(check_perf(&os), &mut checks);
+    add(check_arm64(), &mut checks);
     add(
         check_tool("python3", "python3", "--version", "python3"),
         &mut checks,

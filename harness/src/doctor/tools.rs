@@ -279,3 +279,62 @@ pub(super) fn check_keyring(fetch: &FetchOptions) -> Check {
         )
     }
 }
+
+/// What arm64 guests need (`--arch arm64`): QEMU's aarch64 emulator and
+/// Debian's Rust with the arm64 std and the cross linker, which build the
+/// arm64 agent. Optional: a WARN naming what is missing, since the x86-64
+/// matrix runs without any of it.
+pub(super) fn check_arm64() -> Check {
+    use kloop_protocol::Arch;
+    let mut missing = Vec::new();
+    let qemu = kloop_qemu::find_qemu_for(Arch::Arm64).ok();
+    if qemu.is_none() {
+        missing.push("qemu-system-aarch64 (qemu-system-arm)".to_string());
+    }
+    let rustc = Path::new(crate::run::agent::DEBIAN_RUSTC);
+    let rustc_version = std::process::Command::new(rustc)
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    if rustc_version.is_none() {
+        missing.push(format!("{} (rustc-web)", rustc.display()));
+    }
+    let std_dir = crate::run::agent::debian_std_dir(Arch::Arm64);
+    if !std_dir.join("lib").is_dir() {
+        missing.push(format!("{} (libstd-rust-web-dev:arm64)", std_dir.display()));
+    }
+    if kloop_qemu::find_in_path(crate::run::agent::AARCH64_LINKER).is_none() {
+        missing.push(format!(
+            "{} (gcc-aarch64-linux-gnu)",
+            crate::run::agent::AARCH64_LINKER
+        ));
+    }
+    if !Path::new("/usr/aarch64-linux-gnu/lib/libc.a").is_file() {
+        missing.push("/usr/aarch64-linux-gnu/lib/libc.a (libc6-dev-arm64-cross)".to_string());
+    }
+    if missing.is_empty() {
+        let qemu_line = qemu
+            .as_deref()
+            .and_then(kloop_qemu::qemu_version)
+            .and_then(|l| version_in(&l))
+            .unwrap_or_else(|| "?".into());
+        return Check::ok(
+            "arm64",
+            format!(
+                "QEMU {qemu_line} (aarch64), {}, arm64 std in {}",
+                rustc_version.unwrap_or_default(),
+                std_dir.display()
+            ),
+        );
+    }
+    Check::warn(
+        "arm64",
+        format!(
+            "arm64 guests (--arch arm64) cannot run: missing {}",
+            missing.join(", ")
+        ),
+        "ci/setup.sh --arch arm64",
+    )
+}

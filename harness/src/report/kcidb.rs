@@ -234,7 +234,7 @@ impl Provenance {
             "id": self.build_id(),
             "checkout_id": self.checkout_id(),
             "origin": ORIGIN,
-            "architecture": "x86_64",
+            "architecture": self.arch().kcidb(),
             "status": "PASS",
         });
         match self {
@@ -243,7 +243,7 @@ impl Provenance {
                 release,
                 ..
             } => {
-                b["config_name"] = json!("debian cloud-amd64");
+                b["config_name"] = json!(format!("debian {}", self.arch().cloud_flavour()));
                 b["comment"] = json!(format!("Debian's build, uname -r {release}"));
                 b["misc"] = json!({"image_sha256": image_sha256, "release": release});
             }

@@ -51,7 +51,7 @@ pub fn derive(
     layout: &Layout,
     fetch: &kloop_kernels::FetchOptions,
 ) -> Result<Derived, SkipsSessionError> {
-    let catalog = Catalog::load(&layout.kernels())?;
+    let catalog = Catalog::load_all(&layout.kernels())?;
     let all = scenario::load_all(&layout.scenarios())?;
     let committed = ExpectedSkips::load(&layout.kernels())?;
     let cache = KernelCache::default_location()?;

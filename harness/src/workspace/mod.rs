@@ -67,7 +67,7 @@ pub enum LoadLedgerError {
 /// the catalog's pins, the scenarios and every rule name.
 pub fn load_ledger(layout: &Layout) -> Result<Ledger, LoadLedgerError> {
     use crate::judge::known_issues::{rule_names, Vocabulary, FILE_NAME};
-    let catalog = Catalog::load(&layout.kernels())?;
+    let catalog = Catalog::load_all(&layout.kernels())?;
     let scenarios = scenario::load_all(&layout.scenarios())?;
     let vocab = Vocabulary {
         pins: catalog.pins().iter().map(|p| p.id.clone()).collect(),

@@ -213,6 +213,9 @@ pub(crate) fn prepare_guest(
         _ => false,
     };
     let (image, boot_note) = boot_file(env, &image, verified_sha, kasan);
+    if let Some(why) = perf_unavailable_for(kernel.arch(), scenario) {
+        return Err(Verdict::Skipped(why));
+    }
     let payload = match scenario_payload(scenario, &env.cache.root().join("programs")) {
         Ok(p) => p,
         Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
@@ -453,16 +456,35 @@ pub(super) fn scenario_payload(
     Ok(payload)
 }
 
-fn perf_payload_of(scenario: &Scenario) -> Result<Payload, crate::run::payload::PayloadError> {
+/// Why a scenario that runs perf cannot on a guest of `arch`: kloop ships
+/// the host's own perf and its libraries ([`crate::run::payload::perf_payload`]),
+/// x86-64 binaries, and no other architecture's. Said on the host, before
+/// a boot, under the requirement's name, as the guest's probe would.
+fn perf_unavailable_for(arch: kloop_protocol::Arch, scenario: &Scenario) -> Option<String> {
+    if arch == kloop_protocol::Arch::X86_64 || !runs_perf(scenario) {
+        return None;
+    }
+    Some(format!(
+        "perf-tool: no {arch} perf to ship: kloop ships the host's own perf and its libraries \
+         (x86-64 binaries); Debian's linux-perf:{} with its libraries is not unpacked for the \
+         guest yet",
+        arch.debian()
+    ))
+}
+
+/// Whether the scenario runs perf in the guest.
+fn runs_perf(scenario: &Scenario) -> bool {
     let plan = &scenario.plan;
-    if plan
-        .requires
+    plan.requires
         .contains(&kloop_protocol::Requirement::PerfTool)
         || plan
             .steps
             .iter()
             .any(|s| matches!(s, kloop_protocol::Step::PerfRecordStart { .. }))
-    {
+}
+
+fn perf_payload_of(scenario: &Scenario) -> Result<Payload, crate::run::payload::PayloadError> {
+    if runs_perf(scenario) {
         crate::run::payload::perf_payload()
     } else {
         Ok(Payload::default())

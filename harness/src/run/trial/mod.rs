@@ -168,6 +168,27 @@ pub enum Provenance {
     Image { path: String, sha256: String },
 }
 
+impl Provenance {
+    /// The architecture the kernel was built for: a Debian build's from its
+    /// release (`…-cloud-arm64`), a source build's from its release too
+    /// (kloop's arm64 builds end in `-arm64`), an image's from its header.
+    pub fn arch(&self) -> Arch {
+        match self {
+            Provenance::DebianBuild { release, .. } | Provenance::SourceBuild { release, .. }
+                if release.ends_with("arm64") =>
+            {
+                Arch::Arm64
+            }
+            Provenance::Image { path, .. }
+                if kloop_kernels::is_arm64_image_file(std::path::Path::new(path)) =>
+            {
+                Arch::Arm64
+            }
+            _ => Arch::X86_64,
+        }
+    }
+}
+
 impl KernelUnderTest {
     /// The architecture the kernel runs on: a pin's from its id, an
     /// image's from its header (an arm64 `Image` says `ARM\x64` at 56).
