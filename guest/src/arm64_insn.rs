@@ -28,7 +28,7 @@ pub fn entry(function: &str) -> Result<Option<u64>> {
 /// rejects instead of stepping in a slot: branches, exception and system
 /// instructions, PC-relative addressing, literal loads, exclusives.
 pub fn no_slot(entry: u64, offset: u64) -> Result<Option<&'static str>> {
-    if offset % 4 != 0 {
+    if !offset.is_multiple_of(4) {
         return Ok(Some("inside an instruction"));
     }
     let bytes = crate::jit_books::kernel_bytes(entry + offset, 4)

@@ -165,8 +165,11 @@ fn locator() -> &'static Result<Locator, BooksError> {
     LOCATOR.get_or_init(find)
 }
 
-/// /proc/kcore and its PT_LOAD segments: (vaddr, file offset, size).
-fn open_kcore() -> Result<(File, Vec<(u64, u64, u64)>), BooksError> {
+/// PT_LOAD segments of /proc/kcore: (vaddr, file offset, size).
+type Segments = Vec<(u64, u64, u64)>;
+
+/// /proc/kcore and its segments.
+fn open_kcore() -> Result<(File, Segments), BooksError> {
     let kcore = File::open("/proc/kcore").map_err(|e| BooksError::Kcore(Arc::new(e)))?;
     let segments = {
         let cache = ReadCache::new(&kcore);
