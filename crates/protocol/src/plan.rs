@@ -718,6 +718,12 @@ pub enum Requirement {
     /// `HAVE_OPTPROBES`): `/proc/sys/debug/kprobes-optimization` exists
     /// (kernel/kprobes.c). The `kprobe-fill` step fills optinsn pages.
     Optprobes,
+    /// A dynamically allocated `ftrace_ops` gets a trampoline of its own
+    /// (an OOL `ftrace_trampoline` symbol): only where the architecture
+    /// implements arch_ftrace_update_trampoline(), which x86 does
+    /// (arch/x86/kernel/ftrace.c) and arm64 does not (its ops are called
+    /// from ftrace_caller, or through the call-ops literal from 6.8).
+    FtraceTrampolines,
 }
 
 impl Step {

@@ -58,13 +58,22 @@ use crate::sys::OsContext;
 
 /// `BPF_PROG_CHUNK_SIZE` (kernel/bpf/core.c).
 const CHUNK: u64 = 64;
-/// `BPF_MAX_TRAMP_LINKS` on x86-64 (include/linux/bpf.h): a trampoline
-/// takes no more fentry links.
+/// `BPF_MAX_TRAMP_LINKS` (include/linux/bpf.h: 38 everywhere but s390x):
+/// a trampoline takes no more fentry links.
 const MAX_LINKS: usize = 38;
-/// What a cookie adds to its link's code over cookie 0's 2-byte
-/// `xor edi, edi`: `mov edi, imm32` (5 bytes), `mov rdi, simm32` (7),
-/// `movabs rdi, imm64` (10).
-const COOKIES: [(u64, u32); 3] = [(1, 3), (u64::MAX, 5), (1 << 32, 8)];
+/// What a cookie adds to its link's code over cookie 0, per architecture.
+/// x86-64: over cookie 0's 2-byte `xor edi, edi`, `mov edi, imm32` (5
+/// bytes), `mov rdi, simm32` (7), `movabs rdi, imm64` (10). arm64
+/// (arch/arm64/net/bpf_jit_comp.c, invoke_bpf_prog(), 6.12): cookie 0 is one
+/// `str xzr`; any other is emit_a64_mov_i64() into x10 and that `str`: a
+/// MOVZ and a MOVK for each further non-zero 16-bit block, 4 bytes each, so
+/// one, two and three blocks add 4, 8 and 12 bytes (four would add 16).
+fn cookies() -> [(u64, u32); 3] {
+    match kloop_protocol::Arch::OF_THIS_BUILD {
+        kloop_protocol::Arch::X86_64 => [(1, 3), (u64::MAX, 5), (1 << 32, 8)],
+        kloop_protocol::Arch::Arm64 => [(1, 4), (0x1_0001, 8), (0x1_0001_0001, 12)],
+    }
+}
 /// The most filler programs the step loads to reach the chunk after the
 /// boundary image: each takes the lowest free chunk, and every hole below
 /// the image is smaller than the image.
@@ -430,16 +439,19 @@ fn plan_cookies(size: u32, per_link: u32, room: usize) -> Option<Vec<(u64, u32)>
     for m in 1..=room as u32 {
         let base = size + m * per_link;
         let need = (CHUNK as u32 - base % CHUNK as u32) % CHUNK as u32;
-        // m links, each adding 0, 3, 5 or 8: counts of the 8s, 5s and 3s.
+        // m links, each adding 0 or one of the three costs: counts of the
+        // largest, middle and smallest.
+        let costs = cookies();
+        let [(_, small), (_, middle), (_, large)] = costs;
         for eights in 0..=m {
             for fives in 0..=m - eights {
                 for threes in 0..=m - eights - fives {
-                    let extra = 8 * eights + 5 * fives + 3 * threes;
+                    let extra = large * eights + middle * fives + small * threes;
                     if extra % CHUNK as u32 != need {
                         continue;
                     }
                     let mut plan = Vec::new();
-                    for (count, (cookie, add)) in [threes, fives, eights].into_iter().zip(COOKIES) {
+                    for (count, (cookie, add)) in [threes, fives, eights].into_iter().zip(costs) {
                         plan.extend((0..count).map(|_| (cookie, add)));
                     }
                     plan.resize(m as usize, (0, 0));

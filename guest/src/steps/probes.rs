@@ -79,6 +79,7 @@ const PROBED_BEFORE_SAVE: &[Requirement] = &[
     Requirement::StructOps,
     Requirement::StructOpsKsyms,
     Requirement::Optprobes,
+    Requirement::FtraceTrampolines,
 ];
 
 /// Runs every probe of [`PROBED_BEFORE_SAVE`] once, in a guest about to be
@@ -156,6 +157,14 @@ fn probe(r: Requirement) -> Result<Probe> {
         Requirement::StructOps => struct_ops(),
         Requirement::StructOpsKsyms => crate::steps::struct_ops::names_trampolines(),
         Requirement::Optprobes => Ok(optprobes()),
+        // What the architecture implements: the host's preflight says it
+        // from the config (CONFIG_X86_64) before any boot.
+        Requirement::FtraceTrampolines => Ok(match kloop_protocol::Arch::OF_THIS_BUILD {
+            kloop_protocol::Arch::X86_64 => Ok(()),
+            other => Err(format!(
+                "{other} has no ftrace ops trampolines (arch_ftrace_update_trampoline() is x86's)"
+            )),
+        }),
     }
 }
 

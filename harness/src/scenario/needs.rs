@@ -111,6 +111,20 @@ const OPTPROBES_NEEDS: &[ConfigNeed] = &[builtin(
              powerpc; not arm64)",
 )];
 
+/// What an ftrace ops trampoline needs: x86's arch_ftrace_update_trampoline()
+/// (arch/x86/kernel/ftrace.c; no other architecture kloop runs has one).
+const FTRACE_TRAMPOLINES_NEEDS: &[ConfigNeed] = &[
+    builtin(
+        "CONFIG_X86_64",
+        "ftrace ops trampolines are x86's alone (arch_ftrace_update_trampoline(), \
+         arch/x86/kernel/ftrace.c; arm64 calls its ops from ftrace_caller)",
+    ),
+    builtin(
+        "CONFIG_DYNAMIC_FTRACE",
+        "an ftrace_ops of its own per tracer instance",
+    ),
+];
+
 /// The options behind a requirement (all must hold).
 pub fn requirement_needs(r: Requirement) -> Vec<ConfigNeed> {
     match r {
@@ -141,6 +155,7 @@ pub fn requirement_needs(r: Requirement) -> Vec<ConfigNeed> {
             builtin("CONFIG_DEBUG_FS", "/sys/kernel/debug/kprobes/list"),
         ],
         Requirement::Optprobes => OPTPROBES_NEEDS.to_vec(),
+        Requirement::FtraceTrampolines => FTRACE_TRAMPOLINES_NEEDS.to_vec(),
         Requirement::FtraceInstances => vec![builtin(
             "CONFIG_FUNCTION_TRACER",
             "the function tracer in a tracefs instance",

@@ -46,7 +46,7 @@ pub fn run(
     opts: &VmShellOptions,
     on: &dyn Fn(Event<'_>),
 ) -> Result<Result<ShellOutcome, ShellError>, VmShellError> {
-    let catalog = Catalog::load(&layout.kernels())?;
+    let catalog = Catalog::load_all(&layout.kernels())?;
     let kernel = suite::resolve_kernel(&catalog, &opts.kernel, None)?;
     let scenarios = crate::scenario::load_all(&layout.scenarios())?;
     let scenario = crate::scenario::select(&scenarios, std::slice::from_ref(&opts.scenario))?

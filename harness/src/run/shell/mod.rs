@@ -47,6 +47,12 @@ const APPLETS_LEFT_OUT: [&str; 2] = ["init", "linuxrc"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ShellError {
+    #[error(
+        "vm-shell has no {0} shell yet: the guest's shell is the host's static busybox, an \
+         x86-64 binary, and no {0} busybox is unpacked for it; run the scenario's trial with \
+         `cargo xtask vm-test --arch {0}` instead"
+    )]
+    NoShellFor(kloop_protocol::Arch),
     #[error(transparent)]
     Payload(#[from] PayloadError),
     #[error("preparing the guest: {0}")]
@@ -107,6 +113,11 @@ pub fn run_shell(
     say: &dyn Fn(&str),
 ) -> Result<ShellOutcome, ShellError> {
     let artefacts = env.run_dir.join("shell");
+    let arch = kernel.arch();
+    if arch != kloop_protocol::Arch::X86_64 {
+        // The shell is the host's static busybox, an x86-64 binary.
+        return Err(ShellError::NoShellFor(arch));
+    }
     // Before any kernel is fetched: without busybox there is no shell.
     let busybox = payload::busybox_payload()?;
     // The checks the kernel was built with: a by-hand run's report holds
