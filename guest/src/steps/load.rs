@@ -98,7 +98,18 @@ fn send_facts(pending: Vec<(String, bpf::ProgInfo)>) -> Result<()> {
         .iter()
         .flat_map(|(_, info)| info.jited_ksyms.iter().copied())
         .collect();
-    let lines = kallsyms::read_filtered(|e| wanted.contains(&e.addr))?;
+    // An interpreted program's address is the kernel's own interpreter
+    // (`__bpf_prog_run<N>`), which the reads after the core's lines do not
+    // see: then the whole file, so the host can name the kernel text there
+    // (arm64 has no fixed kernel image range to tell it by).
+    let interpreted = pending.iter().any(|(_, info)| {
+        !info.jited_func_lens.is_empty() && info.jited_func_lens.iter().all(|&l| l == 0)
+    });
+    let lines = if interpreted {
+        kallsyms::read_all(|e| wanted.contains(&e.addr))?
+    } else {
+        kallsyms::read_filtered(|e| wanted.contains(&e.addr))?
+    };
     for (label, info) in pending {
         let own: Vec<_> = lines
             .iter()

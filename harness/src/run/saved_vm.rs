@@ -973,15 +973,17 @@ mod tests {
         assert!(eviction_order(saved, false, budgets(3, 4)).is_empty());
     }
 
-    /// The matrix's 25 saved VMs, then a bisection's and validates' 40,
-    /// each pruned as it is made (the default budgets): every pin's is
-    /// still there, and the newest throwaway ones fill their budget.
+    /// Both architectures' matrices' saved VMs (`wave`, more than half the
+    /// pins' budget), then a bisection's and validates' 40, each pruned as
+    /// it is made (the default budgets): every pin's is still there, and
+    /// the newest throwaway ones fill their budget.
     #[test]
     fn forty_throwaway_saved_vms_after_the_pins_evict_no_pin() {
         let budgets = Budgets {
             pins: DEFAULT_KEEP,
             others: DEFAULT_KEEP_OTHERS,
         };
+        let wave = DEFAULT_KEEP / 2 + 5;
         let mut cache: Vec<Candidate> = Vec::new();
         let make = |c: Candidate, cache: &mut Vec<Candidate>| {
             for gone in eviction_order(cache.clone(), c.pin, budgets) {
@@ -989,25 +991,28 @@ mod tests {
             }
             cache.push(c);
         };
-        for i in 0..25 {
-            make(cand(&format!("pin-{i}"), true, i), &mut cache);
+        for i in 0..wave {
+            make(cand(&format!("pin-{i}"), true, i as u64), &mut cache);
         }
         for i in 0..40 {
-            make(cand(&format!("step-{i}"), false, 100 + i), &mut cache);
+            make(cand(&format!("step-{i}"), false, 1000 + i), &mut cache);
         }
         let pins = cache.iter().filter(|c| c.pin).count();
-        assert_eq!(pins, 25, "no pin's saved VM removed");
+        assert_eq!(pins, wave, "no pin's saved VM removed");
         let others: Vec<_> = cache.iter().filter(|c| !c.pin).map(|c| &c.label).collect();
         assert_eq!(others.len(), DEFAULT_KEEP_OTHERS);
         assert_eq!(others[0], &format!("step-{}", 40 - DEFAULT_KEEP_OTHERS));
-        // The pins' budget still holds the previous agent's 25 alongside:
-        // the least recently used pins go, not the ones just made.
-        for i in 0..25 {
-            make(cand(&format!("new-pin-{i}"), true, 200 + i), &mut cache);
+        // The pins' budget still holds the previous agent's alongside: the
+        // least recently used pins go, not the ones just made.
+        for i in 0..wave {
+            make(
+                cand(&format!("new-pin-{i}"), true, 2000 + i as u64),
+                &mut cache,
+            );
         }
         let pins: Vec<_> = cache.iter().filter(|c| c.pin).map(|c| &c.label).collect();
         assert_eq!(pins.len(), DEFAULT_KEEP);
-        assert_eq!(pins[0], "pin-10");
+        assert_eq!(pins[0], &format!("pin-{}", 2 * wave - DEFAULT_KEEP));
         assert_eq!(cache.iter().filter(|c| !c.pin).count(), DEFAULT_KEEP_OTHERS);
     }
 

@@ -190,9 +190,11 @@ pub struct InterpretedSymbol {
     pub len: u32,
     /// The record's `name`.
     pub name: String,
-    /// `addr` lies in the x86-64 kernel image mapping
-    /// ([`KERNEL_IMAGE`]), below the module area where JITed code lives:
-    /// the kernel's own text (`__bpf_prog_run32`), not code of its own.
+    /// `addr` is the kernel's own text (`__bpf_prog_run32`), not code of
+    /// its own: on x86-64 it lies in the kernel image mapping
+    /// ([`KERNEL_IMAGE`]), below the module area where JITed code lives;
+    /// on arm64 (no fixed mapping) /proc/kallsyms lists a vmlinux text
+    /// symbol there.
     pub kernel_text: bool,
     /// The `/proc/kallsyms` symbol the agent read at `addr`, when it read
     /// one that is no module's (most readings skip the core kernel's lines).

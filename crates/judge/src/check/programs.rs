@@ -90,7 +90,12 @@ pub(super) fn check_set(
         rules.check(held, &mut out);
     }
     if has_ksym {
-        out.extend(interpreted_symbols(&ev.progs, &ev.initial_kallsyms, merged));
+        out.extend(interpreted_symbols(
+            &ev.progs,
+            &ev.initial_kallsyms,
+            merged,
+            ev.uname.arch(),
+        ));
     }
     // A task listener without inherit follows the agent's main task alone,
     // which runs no batch: no batch program may show in it.
@@ -787,6 +792,7 @@ pub(super) fn interpreted_symbols(
     progs: &[ProgFacts],
     kallsyms: &[KallsymsEntry],
     merged: &[Record],
+    arch: kloop_protocol::Arch,
 ) -> Vec<Violation> {
     let interpreted: Vec<&ProgFacts> = progs.iter().filter(|f| is_interpreted(f)).collect();
     let mut out = Vec::new();
@@ -821,7 +827,16 @@ pub(super) fn interpreted_symbols(
             .chain(interpreted.iter().flat_map(|f| &f.kallsyms))
             .find(|e| e.addr == *addr && e.module.is_none())
             .map(|e| e.name.clone());
-        let kernel_text = detail::KERNEL_IMAGE.contains(addr);
+        // x86-64 maps the kernel image at a fixed range; arm64 maps it
+        // anywhere in its vmalloc space (KASLR), so there the kernel's text
+        // is where /proc/kallsyms lists a vmlinux text symbol.
+        let kernel_text = match arch {
+            kloop_protocol::Arch::X86_64 => detail::KERNEL_IMAGE.contains(addr),
+            kloop_protocol::Arch::Arm64 => kallsyms
+                .iter()
+                .chain(interpreted.iter().flat_map(|f| &f.kallsyms))
+                .any(|e| e.addr == *addr && e.module.is_none() && matches!(e.kind, 't' | 'T')),
+        };
         out.push(
             Violation::new(
                 rule,

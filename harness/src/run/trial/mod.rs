@@ -282,9 +282,12 @@ impl KernelUnderTest {
         }
     }
 
+    /// The file stem of the kernel's snapshots: a pin's id, with an arm64
+    /// pin's `/` made a `-` (`arm64-6.12.snap` beside `6.12.snap`: insta
+    /// would spell it `arm64__6.12`).
     fn snapshot_name(&self) -> Option<String> {
         match self {
-            KernelUnderTest::Pin(p) => Some(p.id.clone()),
+            KernelUnderTest::Pin(p) => Some(p.id.replace('/', "-")),
             KernelUnderTest::DistroBuild { .. } => None,
             KernelUnderTest::Image(k) => k.snapshot_as.clone(),
         }
