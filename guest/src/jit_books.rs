@@ -51,7 +51,7 @@ const POLL: Duration = Duration::from_millis(20);
 struct Locator {
     kcore: File,
     /// PT_LOAD segments of /proc/kcore: (vaddr, file offset, size).
-    segments: Vec<(u64, u64, u64)>,
+    segments: Segments,
     current: Option<u64>,
     /// `pack_list` and the byte offsets of `ptr` and `bitmap` in `struct
     /// bpf_prog_pack` (from the kernel's BTF: a stable backport added a
@@ -188,6 +188,16 @@ fn open_kcore() -> Result<(File, Segments), BooksError> {
 /// text: what instruction a kprobe would sit on).
 pub fn kernel_bytes(addr: u64, len: usize) -> Result<Vec<u8>, BooksError> {
     let (kcore, segments) = open_kcore()?;
+    read_segment(&kcore, &segments, addr, len)
+}
+
+/// `len` bytes at `addr` from the segment of `kcore` that holds them.
+fn read_segment(
+    kcore: &File,
+    segments: &Segments,
+    addr: u64,
+    len: usize,
+) -> Result<Vec<u8>, BooksError> {
     let (vaddr, offset, _) = segments
         .iter()
         .find(|(v, _, size)| addr >= *v && addr + len as u64 <= v + size)
@@ -291,20 +301,7 @@ fn possible_nodes() -> u64 {
 
 impl Locator {
     fn read_bytes(&self, addr: u64, len: usize) -> Result<Vec<u8>, BooksError> {
-        let (vaddr, offset, _) = self
-            .segments
-            .iter()
-            .find(|(v, _, size)| addr >= *v && addr + len as u64 <= v + size)
-            .ok_or(BooksError::NotInKcore(addr))?;
-        let mut buf = vec![0u8; len];
-        self.kcore
-            .read_exact_at(&mut buf, offset + (addr - vaddr))
-            .map_err(|e| BooksError::ReadKcore {
-                len,
-                addr,
-                source: Arc::new(e),
-            })?;
-        Ok(buf)
+        read_segment(&self.kcore, &self.segments, addr, len)
     }
 
     fn u64_at(&self, addr: u64) -> Result<u64, BooksError> {

@@ -130,6 +130,16 @@ fn perf_data_bench(gib: f64) -> Result<ExitCode> {
 /// it, on the kernel cache as it is: cold boots, then saved VMs twice (the
 /// first makes whatever saved VM is missing, the second is the warm figure).
 pub(crate) fn matrix_bench(a: &BenchArgs) -> Result<()> {
+    let mut rounds = Vec::new();
+    for arch in a.arch.arches() {
+        rounds.extend(matrix_rounds(a, arch)?);
+    }
+    print!("\n{}", report::bench::matrix_tables(&rounds));
+    Ok(())
+}
+
+/// [`matrix_bench`]'s rounds for the guests of one architecture.
+fn matrix_rounds(a: &BenchArgs, arch: kloop::Arch) -> Result<Vec<bench::MatrixRound>> {
     let m = bench::MatrixBench {
         exe: std::env::current_exe().context("locating the xtask binary")?,
         runs_root: layout().runs(),
@@ -138,14 +148,15 @@ pub(crate) fn matrix_bench(a: &BenchArgs) -> Result<()> {
         // matrix is timed as a user runs it unless asked otherwise.
         jobs: (a.jobs > 1).then_some(a.jobs),
         append: a.append.clone(),
+        arch,
     };
     let jobs = m.jobs.map_or_else(
         || suite::Parallel::host_default().to_string(),
         |n| format!("--jobs {n}"),
     );
-    let rounds = kloop::session::bench::matrix(&m, &mut |e| match e {
+    let rounds = kloop::session::bench::matrix(&m, a.warm, &mut |e| match e {
         BenchEvent::MatrixStarting { label, boot } => {
-            println!("kloop bench: matrix, {label} (--boot {boot}, {jobs}) …");
+            println!("kloop bench: matrix, {label} (--arch {arch}, --boot {boot}, {jobs}) …");
         }
         BenchEvent::MatrixRound(round) => {
             if let Err(e) = &round.run {
@@ -154,6 +165,5 @@ pub(crate) fn matrix_bench(a: &BenchArgs) -> Result<()> {
         }
         _ => {}
     })?;
-    print!("\n{}", report::bench::matrix_tables(&rounds));
-    Ok(())
+    Ok(rounds)
 }

@@ -664,6 +664,14 @@ pub(crate) struct BenchArgs {
     /// where the trials' time went.
     #[arg(long)]
     pub(crate) matrix: bool,
+    /// With --matrix: only the warm round (saved VMs as they are), once per
+    /// architecture of --arch.
+    #[arg(long, requires = "matrix")]
+    pub(crate) warm: bool,
+    /// With --matrix: the guests' architecture, `all` for both matrices
+    /// one after the other (`x86_64` by default).
+    #[arg(long, value_name = "ARCH", default_value = "x86_64", value_parser = arch_parser())]
+    pub(crate) arch: ArchChoice,
     /// Only time `check-perf-data` on a perf.data of this many GiB (made
     /// once from a real recording under target/kloop/bench/): records/s,
     /// MB/s and the check's peak memory. No VM boots.

@@ -191,16 +191,8 @@ pub enum VmError {
 
 /// Finds the QEMU binary: `KLOOP_QEMU`, else `qemu-system-x86_64` on PATH.
 pub fn find_qemu() -> Result<PathBuf, VmError> {
-    if let Some(p) = std::env::var_os("KLOOP_QEMU") {
-        let p = PathBuf::from(p);
-        return if p.is_file() {
-            Ok(p)
-        } else {
-            Err(VmError::QemuMissing(format!(
-                "KLOOP_QEMU={} does not exist",
-                p.display()
-            )))
-        };
+    if let Some(named) = named_qemu("KLOOP_QEMU") {
+        return named;
     }
     find_in_path("qemu-system-x86_64")
         .ok_or_else(|| VmError::QemuMissing("qemu-system-x86_64 is not on PATH".into()))
@@ -213,18 +205,23 @@ pub fn find_qemu_for(arch: kloop_protocol::Arch) -> Result<PathBuf, VmError> {
         return find_qemu();
     }
     let (binary, package) = qemu_binary(arch);
-    if let Some(p) = std::env::var_os("KLOOP_QEMU_AARCH64") {
-        let p = PathBuf::from(p);
-        return if p.is_file() {
-            Ok(p)
-        } else {
-            Err(VmError::QemuMissing(format!(
-                "KLOOP_QEMU_AARCH64={} does not exist",
-                p.display()
-            )))
-        };
+    if let Some(named) = named_qemu("KLOOP_QEMU_AARCH64") {
+        return named;
     }
     find_in_path(binary).ok_or(VmError::QemuMissingFor { binary, package })
+}
+
+/// The QEMU binary the variable `var` names, if it names one.
+fn named_qemu(var: &str) -> Option<Result<PathBuf, VmError>> {
+    let p = PathBuf::from(std::env::var_os(var)?);
+    Some(if p.is_file() {
+        Ok(p)
+    } else {
+        Err(VmError::QemuMissing(format!(
+            "{var}={} does not exist",
+            p.display()
+        )))
+    })
 }
 
 /// `name` as the shell would find it: a name with a `/` is a path, any

@@ -156,7 +156,8 @@ pub fn matrix_tables(rounds: &[MatrixRound]) -> String {
          its user+sys seconds to the agent's done, summed, which a busy host stretches far \
          less than wall time)\n",
     );
-    if let (Some(cold), Some(warm)) = (rounds.first(), rounds.get(2)) {
+    let three = rounds.len() == 3;
+    if let (Some(cold), Some(warm)) = (rounds.first().filter(|_| three), rounds.get(2)) {
         let _ = writeln!(
             o,
             "cold / saved-warm wall-time ratio: {:.2} ({:.1} s / {:.1} s)",
@@ -165,7 +166,11 @@ pub fn matrix_tables(rounds: &[MatrixRound]) -> String {
             warm.secs
         );
     }
-    let Some(Ok(warm)) = rounds.get(2).map(|r| &r.run) else {
+    let Some(Ok(warm)) = rounds
+        .last()
+        .filter(|_| three || rounds.len() == 1)
+        .map(|r| &r.run)
+    else {
         return o;
     };
     o.push_str(
@@ -401,19 +406,19 @@ mod tests {
         };
         let rounds = [
             MatrixRound {
-                label: "cold boots",
+                label: "cold boots".into(),
                 secs: 300.0,
                 exit: Some(0),
                 run: Ok(run(9.0)),
             },
             MatrixRound {
-                label: "saved VMs, first",
+                label: "saved VMs, first".into(),
                 secs: 250.0,
                 exit: None,
                 run: Err(crate::run::bench::BenchError::Process("x".into())),
             },
             MatrixRound {
-                label: "saved VMs, warm",
+                label: "saved VMs, warm".into(),
                 secs: 200.0,
                 exit: Some(1),
                 run: Ok(run(3.0)),

@@ -85,13 +85,8 @@ pub fn ensure_built_for(workspace: &Path, arch: Arch) -> Result<PathBuf, AgentBu
     if arch == Arch::X86_64 {
         return ensure_built(workspace);
     }
-    if let Some(p) = std::env::var_os("KLOOP_AGENT_ARM64") {
-        let p = PathBuf::from(p);
-        return if p.is_file() {
-            Ok(p)
-        } else {
-            Err(AgentBuildError::MissingOverride(p))
-        };
+    if let Some(prebuilt) = prebuilt("KLOOP_AGENT_ARM64") {
+        return prebuilt;
     }
     let mut built = OTHER_BUILDS.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, p)) = built.iter().find(|(a, _)| *a == arch) {
@@ -134,16 +129,21 @@ pub fn ensure_built_for(workspace: &Path, arch: Arch) -> Result<PathBuf, AgentBu
     Ok(bin)
 }
 
+/// The prebuilt agent the variable `var` names, if it names one.
+fn prebuilt(var: &str) -> Option<Result<PathBuf, AgentBuildError>> {
+    let p = PathBuf::from(std::env::var_os(var)?);
+    Some(if p.is_file() {
+        Ok(p)
+    } else {
+        Err(AgentBuildError::MissingOverride(p))
+    })
+}
+
 /// Builds the agent once per process (cargo makes it a no-op when nothing
 /// changed) and returns its path. `KLOOP_AGENT` points at a prebuilt one.
 pub fn ensure_built(workspace: &Path) -> Result<PathBuf, AgentBuildError> {
-    if let Some(p) = std::env::var_os("KLOOP_AGENT") {
-        let p = PathBuf::from(p);
-        return if p.is_file() {
-            Ok(p)
-        } else {
-            Err(AgentBuildError::MissingOverride(p))
-        };
+    if let Some(prebuilt) = prebuilt("KLOOP_AGENT") {
+        return prebuilt;
     }
     let mut built = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(p) = built.as_ref() {

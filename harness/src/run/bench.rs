@@ -480,13 +480,17 @@ pub struct MatrixBench {
     pub jobs: Option<usize>,
     /// `--append` words for the kernel command line.
     pub append: Vec<String>,
+    /// `--arch`: the guests' architecture (vm-test's default: x86-64).
+    pub arch: kloop_protocol::Arch,
 }
 
 /// One whole-matrix round: its label, wall seconds, exit code (`None`:
 /// a signal) and the run it left, or why that could not be read.
 #[derive(Debug, Clone)]
 pub struct MatrixRound {
-    pub label: &'static str,
+    /// The round's name, with the guests' architecture when it is not
+    /// x86-64's (`saved VMs, warm (arm64)`).
+    pub label: String,
     pub secs: f64,
     pub exit: Option<i32>,
     pub run: Result<MatrixRun, BenchError>,
@@ -507,6 +511,11 @@ impl MatrixBench {
     pub fn round(&self, label: &'static str, boot: &str) -> std::io::Result<MatrixRound> {
         let mut cmd = std::process::Command::new(&self.exe);
         cmd.args(["vm-test", "--accel", &self.accel, "--boot", boot]);
+        cmd.args(["--arch", self.arch.as_str()]);
+        let label = match self.arch {
+            kloop_protocol::Arch::X86_64 => label.to_string(),
+            arch => format!("{label} ({arch})"),
+        };
         if let Some(jobs) = self.jobs {
             cmd.arg("--jobs").arg(jobs.to_string());
         }

@@ -119,10 +119,17 @@ pub fn trials(
 /// [`bench::MATRIX_ROUNDS`].
 pub fn matrix(
     m: &MatrixBench,
+    warm_only: bool,
     on: &mut dyn FnMut(Event<'_>),
 ) -> Result<Vec<MatrixRound>, BenchRunError> {
     let mut rounds = Vec::new();
-    for (label, boot) in bench::MATRIX_ROUNDS {
+    // `--warm`: the warm round alone, on saved VMs as they are.
+    let which: &[(&str, &str)] = if warm_only {
+        &bench::MATRIX_ROUNDS[2..]
+    } else {
+        &bench::MATRIX_ROUNDS
+    };
+    for &(label, boot) in which {
         on(Event::MatrixStarting { label, boot });
         let round = m.round(label, boot).map_err(step("running vm-test"))?;
         on(Event::MatrixRound(&round));
