@@ -728,12 +728,16 @@ pub(crate) enum KernelsCmd {
     Build(BuildArgs),
     /// The kernels `kernels build` made.
     Built,
-    /// Every cloud-amd64 build the Debian suites serve, oldest first, with
-    /// which are pinned (kernels/*.toml), in the bisection lock and cached.
+    /// Every cloud-amd64 (with --arch arm64: cloud-arm64) build the Debian
+    /// suites serve, oldest first, with which are pinned (kernels/*.toml,
+    /// kernels/arm64/*.toml), in the bisection lock and cached.
     Available {
         /// Only this series (`6.12`).
         #[arg(long)]
         series: Option<String>,
+        /// The builds of this architecture (`x86_64` or `arm64`).
+        #[arg(long, value_name = "ARCH", default_value = "x86_64", value_parser = arch_parser())]
+        arch: ArchChoice,
         /// Ask the mirror even if the listing cached within the hour is fresh.
         #[arg(long)]
         refresh: bool,

@@ -17,9 +17,15 @@ pub(crate) fn kernels(cmd: KernelsCmd) -> Result<ExitCode> {
         KernelsCmd::Built => built(),
         KernelsCmd::Available {
             series,
+            arch,
             refresh,
             fetch,
-        } => available(&layout, series.as_deref(), refresh, &fetch),
+        } => match arch {
+            ArchChoice::One(arch) => available(&layout, series.as_deref(), arch, refresh, &fetch),
+            ArchChoice::All => {
+                anyhow::bail!("kernels available lists one architecture: --arch x86_64 or arm64")
+            }
+        },
         KernelsCmd::PinBuild { versions, fetch } => pin_build(&layout, versions, &fetch),
         KernelsCmd::PinSource {
             package,
@@ -85,10 +91,11 @@ fn built() -> Result<ExitCode> {
 fn available(
     layout: &Layout,
     series: Option<&str>,
+    arch: kloop::Arch,
     refresh: bool,
     fetch: &FetchArgs,
 ) -> Result<ExitCode> {
-    let av = kernels::available(layout, refresh, &fetch.options())?;
+    let av = kernels::available(layout, arch, refresh, &fetch.options())?;
     let table = kloop::report::kernels::available_table(
         &av.builds,
         series,

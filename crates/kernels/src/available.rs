@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use kloop_protocol::Arch;
+
 use crate::apt::{control_field, AptState, Trust};
 use crate::cache::{FetchOptions, KernelCache};
 use crate::error::KernelError;
@@ -152,8 +154,18 @@ pub fn list_cloud_builds(
     fetch: &FetchOptions,
     refresh: bool,
 ) -> Result<(Vec<AvailableBuild>, Vec<String>), KernelError> {
+    list_cloud_builds_for(cache, fetch, refresh, Arch::X86_64)
+}
+
+/// [`list_cloud_builds`] of another architecture (`cloud-arm64`).
+pub fn list_cloud_builds_for(
+    cache: &KernelCache,
+    fetch: &FetchOptions,
+    refresh: bool,
+    arch: Arch,
+) -> Result<(Vec<AvailableBuild>, Vec<String>), KernelError> {
     let suites: Vec<String> = DEBIAN_SUITES.iter().map(|s| s.to_string()).collect();
-    list_available(cache, &suites, "cloud-amd64", fetch, refresh)
+    list_available(cache, &suites, arch.cloud_flavour(), fetch, refresh, arch)
 }
 
 /// Every build of `flavour` the suites serve, oldest first, and one note
@@ -165,9 +177,14 @@ pub fn list_available(
     flavour: &str,
     fetch: &FetchOptions,
     refresh: bool,
+    arch: Arch,
 ) -> Result<(Vec<AvailableBuild>, Vec<String>), KernelError> {
     let mirror = fetch.resolve_mirror()?;
-    let path = cache.root().join("available.json");
+    // One listing per architecture (x86-64's kept its name).
+    let path = match arch {
+        Arch::X86_64 => cache.root().join("available.json"),
+        other => cache.root().join(format!("available-{other}.json")),
+    };
     if !refresh {
         if let Some(l) = read_listing(&path) {
             let fresh = now_unix().saturating_sub(l.written_unix) < LISTING_TTL.as_secs();
@@ -189,7 +206,8 @@ pub fn list_available(
     let mut builds: Vec<AvailableBuild> = Vec::new();
     let mut notes = Vec::new();
     for suite in suites {
-        let apt = AptState::new(&cache.tmp_dir(), &mirror, suite, &fetch.resolve_keyring())?;
+        let apt = AptState::new(&cache.tmp_dir(), &mirror, suite, &fetch.resolve_keyring())?
+            .for_arch(arch);
         if let Err(e) = apt.update(Trust::RequireSigned) {
             notes.push(format!("suite {suite}: not asked: {e}"));
             continue;

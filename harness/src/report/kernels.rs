@@ -10,13 +10,13 @@ use kloop_kernels::{Catalog, KernelCache};
 /// The pins and whether each is in `cache`.
 pub fn pins_table(catalog: &Catalog, cache: &KernelCache) -> String {
     let mut out = format!(
-        "{:<8} {:<7} {:<40} {:<28} {:<16} cached\n",
+        "{:<10} {:<7} {:<40} {:<28} {:<16} cached\n",
         "id", "series", "package", "version", "image sha256"
     );
     for p in catalog.pins() {
         let _ = writeln!(
             out,
-            "{:<8} {:<7} {:<40} {:<28} {:<16} {}",
+            "{:<10} {:<7} {:<40} {:<28} {:<16} {}",
             p.id,
             p.series,
             p.package,
@@ -73,7 +73,12 @@ pub fn available_table(
     let cached = |yes: bool| if yes { ", cached" } else { "" };
     for b in &shown {
         let pin = catalog.pins().iter().find(|p| p.version == b.version);
-        let mark = match (pin, lock.get(&b.version)) {
+        // The bisection lock holds x86-64 builds: another architecture's
+        // build of the same version is not in it.
+        let locked = lock
+            .get(&b.version)
+            .filter(|l| b.package.ends_with(l.arch().debian()));
+        let mark = match (pin, locked) {
             (Some(p), _) => format!("pin {}{}", p.id, cached(cache.is_cached(p))),
             (None, Some(p)) => format!("bisect.lock{}", cached(cache.is_cached(p))),
             (None, None) => "-".into(),

@@ -18,7 +18,7 @@ pub struct Pins {
 
 pub fn list(layout: &Layout) -> Result<Pins, KernelError> {
     Ok(Pins {
-        catalog: Catalog::load(&layout.kernels())?,
+        catalog: Catalog::load_all(&layout.kernels())?,
         cache: KernelCache::default_location()?,
     })
 }
@@ -31,10 +31,16 @@ pub fn fetch(
     fetch: &FetchOptions,
     on: &mut dyn FnMut(&KernelPin, &Fetched),
 ) -> Result<(), KernelError> {
-    let catalog = Catalog::load(&layout.kernels())?;
+    // Any architecture's pin by id; all of x86-64's by default.
+    let catalog = Catalog::load_all(&layout.kernels())?;
     let cache = KernelCache::default_location()?;
     let pins: Vec<_> = if ids.is_empty() {
-        catalog.pins().to_vec()
+        catalog
+            .pins()
+            .iter()
+            .filter(|p| p.arch() == kloop_protocol::Arch::X86_64)
+            .cloned()
+            .collect()
     } else {
         ids.iter()
             .map(|id| catalog.get(id).cloned())
@@ -99,12 +105,14 @@ pub struct Available {
 
 pub fn available(
     layout: &Layout,
+    arch: kloop_protocol::Arch,
     refresh: bool,
     fetch: &FetchOptions,
 ) -> Result<Available, KernelError> {
     let cache = KernelCache::default_location()?;
-    let (builds, notes) = kloop_kernels::available::list_cloud_builds(&cache, fetch, refresh)?;
-    let catalog = Catalog::load(&layout.kernels())?;
+    let (builds, notes) =
+        kloop_kernels::available::list_cloud_builds_for(&cache, fetch, refresh, arch)?;
+    let catalog = Catalog::load_for(&layout.kernels(), &[arch])?;
     let lock = BisectLock::load(&layout.kernels())?;
     Ok(Available {
         builds,
