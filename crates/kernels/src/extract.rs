@@ -558,6 +558,34 @@ mod tests {
         );
     }
 
+    /// Synthetic heads in the layout of Documentation/arch/arm64/booting.rst
+    /// (`ARM\x64` at 56) with a linux_banner after them.
+    #[test]
+    fn arm64_image_release_reads_the_banner_and_refuses_zboot() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut image = vec![0u8; 64];
+        image[ARM64_MAGIC_AT..ARM64_MAGIC_AT + 4].copy_from_slice(b"ARM\x64");
+        image.extend_from_slice(
+            b"\0Linux version 6.1.0-50-cloud-arm64 (debian-kernel@lists) #1 SMP\0",
+        );
+        let path = dir.path().join("Image");
+        std::fs::write(&path, &image).unwrap();
+        assert!(is_arm64_image_file(&path));
+        assert_eq!(arm64_image_release(&path).unwrap(), "6.1.0-50-cloud-arm64");
+        let mut zboot = image.clone();
+        zboot[4..8].copy_from_slice(b"zimg");
+        std::fs::write(&path, &zboot).unwrap();
+        let err = arm64_image_release(&path).unwrap_err().to_string();
+        assert!(err.contains("zboot"), "{err}");
+        std::fs::write(
+            &path,
+            b"not a kernel at all, and long enough to have a head of 64 bytes..",
+        )
+        .unwrap();
+        assert!(!is_arm64_image_file(&path));
+        assert!(arm64_image_release(&path).is_err());
+    }
+
     #[test]
     fn bzimage_release_reads_the_setup_header() {
         let dir = tempfile::tempdir().unwrap();

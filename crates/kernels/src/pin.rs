@@ -517,6 +517,34 @@ release = "{series}.0-1-cloud-amd64"
         std::fs::write(dir.join(name), text).unwrap();
     }
 
+    /// arm64 pins live in `arm64/` with ids `arm64/<series>` and arm64
+    /// releases; `load` stays x86-64's, `load_all` has both, and a pin in
+    /// the wrong place or of the wrong architecture is refused.
+    #[test]
+    fn arm64_pins_load_from_their_directory_with_their_id() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "6.12.toml", &pin_toml("6.12", "6.12"));
+        std::fs::create_dir(dir.path().join("arm64")).unwrap();
+        let arm = pin_toml("arm64/6.12", "6.12").replace("amd64", "arm64");
+        write(&dir.path().join("arm64"), "6.12.toml", &arm);
+        assert_eq!(Catalog::load(dir.path()).unwrap().ids(), ["6.12"]);
+        let all = Catalog::load_all(dir.path()).unwrap();
+        assert_eq!(all.ids(), ["6.12", "arm64/6.12"]);
+        assert_eq!(all.get("arm64/6.12").unwrap().arch(), Arch::Arm64);
+        // An x86-64 build under an arm64 id, or an arm64 pin at the top.
+        write(
+            &dir.path().join("arm64"),
+            "6.12.toml",
+            &pin_toml("arm64/6.12", "6.12"),
+        );
+        let err = Catalog::load_all(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("is not an arm64 build"), "{err}");
+        write(&dir.path().join("arm64"), "6.12.toml", &arm);
+        write(dir.path(), "7.2.toml", &arm.replace("6.12", "7.2"));
+        let err = Catalog::load(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("disagree on the architecture"), "{err}");
+    }
+
     #[test]
     fn loads_sorted_by_series_and_skips_non_pins() {
         let dir = tempfile::tempdir().unwrap();

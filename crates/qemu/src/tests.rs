@@ -535,3 +535,49 @@ fn console_oops_finds_an_oops_whose_panic_line_was_lost() {
     .unwrap();
     assert!(console_oops(&p).is_none());
 }
+
+/// An arm64 guest: the `virt` board under TCG whatever the accelerator
+/// asked, no firmware, the PL011 console and the data channel on a
+/// virtio-serial port, no second UART.
+#[test]
+fn an_arm64_guest_boots_virt_with_its_data_channel_on_virtio_serial() {
+    let cfg = VmConfig {
+        qemu: "/usr/bin/qemu-system-aarch64".into(),
+        arch: kloop_protocol::Arch::Arm64,
+        kernel: "/k/Image".into(),
+        initramfs: Some("/k/init.cpio".into()),
+        accel: Accel::Kvm,
+        cpus: 2,
+        memory_mib: 256,
+        cmdline: vec!["x=1".into()],
+        artefacts: "/runs/a".into(),
+        deadlines: Deadlines::for_accel(Accel::Tcg),
+        data_channel: true,
+        icount: false,
+        channel_limit: DEFAULT_CHANNEL_LIMIT,
+        start: Default::default(),
+        console: Default::default(),
+    };
+    let argv: Vec<String> = cfg
+        .argv(Path::new("/s/qmp.sock"), Path::new("/s/data.sock"))
+        .into_iter()
+        .map(|s| s.into_string().unwrap())
+        .collect();
+    let after = |flag: &str| argv[argv.iter().position(|a| a == flag).unwrap() + 1].clone();
+    assert_eq!(after("-machine"), "virt");
+    assert_eq!(after("-accel"), "tcg,thread=single");
+    assert_eq!(after("-cpu"), "max,pauth-impdef=on");
+    assert!(!argv.iter().any(|a| a == "-bios"), "{argv:?}");
+    let append = after("-append");
+    assert!(append.starts_with("console=ttyAMA0 panic=-1"), "{append}");
+    assert!(
+        append.ends_with(" x=1") && !append.contains("no_timer_check"),
+        "{append}"
+    );
+    assert_eq!(argv.iter().filter(|a| *a == "-serial").count(), 1);
+    assert!(argv.contains(&"virtio-serial-device".to_string()));
+    assert!(argv.contains(&format!(
+        "virtserialport,chardev=data,name={}",
+        kloop_protocol::VIRTIO_DATA_PORT_NAME
+    )));
+}
