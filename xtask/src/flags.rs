@@ -448,6 +448,10 @@ pub(crate) struct ValidateArgs {
     pub(crate) jobs: Option<usize>,
     #[arg(long, default_value = "auto", value_parser = accel_parser())]
     pub(crate) accel: AccelChoice,
+    /// The architecture to build and run both kernels for (`arm64`: the
+    /// cross compiler, and the guests under TCG on QEMU's `virt` board).
+    #[arg(long, value_name = "ARCH", default_value = "x86_64", value_parser = arch_parser())]
+    pub(crate) arch: ArchChoice,
     #[command(flatten)]
     pub(crate) fetch: FetchArgs,
     /// Run the baseline's trials even when a kept result of the same
@@ -788,6 +792,10 @@ pub(crate) struct BuildArgs {
     /// make -j (default: number of cores).
     #[arg(long, short)]
     pub(crate) jobs: Option<usize>,
+    /// The architecture to build for: `x86_64`, or `arm64` with Debian's
+    /// cross compiler (gcc-aarch64-linux-gnu) and kernels/configs/kloop-arm64.config.
+    #[arg(long, value_name = "ARCH", default_value = "x86_64", value_parser = arch_parser())]
+    pub(crate) arch: ArchChoice,
     #[command(flatten)]
     pub(crate) fetch: FetchArgs,
 }
@@ -812,7 +820,14 @@ impl BuildArgs {
             .collect();
         kloop_kernels::build::read_fragments(&fragments)?;
         let source = kloop_kernels::build::SourceSpec::parse(&self.source, &layout.kernels())?;
-        let plain = kloop_kernels::build::BuildRequest::new(source, &layout.kernels());
+        let arch = match self.arch {
+            ArchChoice::One(arch) => arch,
+            ArchChoice::All => {
+                anyhow::bail!("a kernel is built for one architecture: --arch x86_64 or arm64")
+            }
+        };
+        let plain =
+            kloop_kernels::build::BuildRequest::new(source, &layout.kernels()).for_arch(arch);
         Ok(kloop_kernels::build::BuildRequest {
             fragments,
             base: self.base,

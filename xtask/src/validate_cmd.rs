@@ -106,6 +106,7 @@ pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
             fragments: a.fragments.clone(),
             base: a.base,
             jobs: a.jobs,
+            arch: a.arch,
             fetch: a.fetch.clone(),
         }
         .request(&layout)?

@@ -129,7 +129,7 @@ pub fn run<E>(
 ) -> Result<Validated<E>, ValidateRunError> {
     let started = Instant::now();
     let plan = plan(layout, opts, on)?;
-    let catalog = Catalog::load(&layout.kernels())?;
+    let catalog = Catalog::load_all(&layout.kernels())?;
     let local = |k: &BuiltKernel| KernelUnderTest::Image(LocalKernel::built(k, None, &catalog));
     let kernels = match build_both(layout, &plan, &opts.ab, build, &local, on)? {
         Ok(Ok(k)) => k,

@@ -306,7 +306,14 @@ pub struct KconfigInputs {
 }
 
 impl KconfigInputs {
+    #[cfg(test)]
     pub fn read(tree: &Path) -> KconfigInputs {
+        Self::read_for(tree, "x86")
+    }
+
+    /// [`KconfigInputs::read`] for a build of the kernel architecture
+    /// directory `arch_dir` (`x86`, `arm64`).
+    pub fn read_for(tree: &Path, arch_dir: &str) -> KconfigInputs {
         let mut paths = Vec::new();
         let mut todo = vec![(tree.to_path_buf(), false)];
         while let Some((dir, all)) = todo.pop() {
@@ -322,11 +329,11 @@ impl KconfigInputs {
                     let skip = name.starts_with('.')
                         || name == "Documentation"
                         || name == "tools"
-                        || (dir.ends_with("arch") && name != "x86");
+                        || (dir.ends_with("arch") && name != arch_dir);
                     let whole = all
                         || path.ends_with("scripts/kconfig")
                         || path.ends_with("kernel/configs")
-                        || path.ends_with("arch/x86/configs");
+                        || path.ends_with(format!("arch/{arch_dir}/configs"));
                     if !skip {
                         todo.push((path, whole));
                     }

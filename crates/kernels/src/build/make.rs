@@ -15,6 +15,17 @@ pub(super) struct Make<'a> {
     pub out: &'a Path,
     pub jobs: usize,
     pub log: &'a Path,
+    /// The kernel's architecture: `ARCH=`, and for arm64 Debian's cross
+    /// compiler (`CROSS_COMPILE=aarch64-linux-gnu-`).
+    pub arch: kloop_protocol::Arch,
+}
+
+/// The cross compiler's prefix for `arch` (none for the host's x86-64).
+pub(super) fn cross_prefix(arch: kloop_protocol::Arch) -> &'static str {
+    match arch {
+        kloop_protocol::Arch::X86_64 => "",
+        kloop_protocol::Arch::Arm64 => "aarch64-linux-gnu-",
+    }
 }
 
 impl Make<'_> {
@@ -29,7 +40,7 @@ impl Make<'_> {
         cmd.arg("-C")
             .arg(self.src)
             .arg(format!("O={}", self.out.display()))
-            .arg("ARCH=x86_64")
+            .arg(format!("ARCH={}", self.arch.kbuild_arch()))
             .arg(format!("-j{}", self.jobs.max(1)))
             .args(targets)
             .stdin(Stdio::null())
@@ -40,8 +51,12 @@ impl Make<'_> {
             .env("KBUILD_BUILD_TIMESTAMP", "kloop")
             .env("KBUILD_BUILD_USER", "kloop")
             .env("KBUILD_BUILD_HOST", "kloop");
+        let cross = cross_prefix(self.arch);
+        if !cross.is_empty() {
+            cmd.arg(format!("CROSS_COMPILE={cross}"));
+        }
         if let Some(cc) = ccache() {
-            cmd.arg(format!("CC={} gcc", cc.display()));
+            cmd.arg(format!("CC={} {cross}gcc", cc.display()));
             // The build directory's path differs between slots; with it out
             // of the hash, a baseline and its patched copy share objects.
             cmd.env("CCACHE_BASEDIR", self.src)

@@ -214,9 +214,33 @@ pub struct BuildRequest {
     /// the kernel and kept beside it ([`controls`]); `--checks` asks for
     /// them. Part of the id: changed controls are another kernel directory.
     pub controls: Option<PathBuf>,
+    /// The architecture to build for: x86-64 natively, arm64 with Debian's
+    /// cross compiler and kloop's arm64 fragment ([`BuildRequest::for_arch`]).
+    pub arch: kloop_protocol::Arch,
 }
 
 impl BuildRequest {
+    /// The same request built for `arch`: kloop's fragment becomes that
+    /// architecture's (`kloop-arm64.config` beside `kloop.config`, whose
+    /// x86 boot options arm64 has not).
+    pub fn for_arch(mut self, arch: kloop_protocol::Arch) -> BuildRequest {
+        if arch != kloop_protocol::Arch::X86_64 {
+            self.kloop_fragment = self
+                .kloop_fragment
+                .with_file_name(format!("kloop-{arch}.config"));
+        }
+        self.arch = arch;
+        self
+    }
+
+    /// The image `make` leaves in the output directory, and its target.
+    pub fn image_target(&self) -> (&'static str, &'static str) {
+        match self.arch {
+            kloop_protocol::Arch::X86_64 => ("arch/x86/boot/bzImage", "bzImage"),
+            kloop_protocol::Arch::Arm64 => ("arch/arm64/boot/Image", "Image"),
+        }
+    }
+
     /// `source` with kloop's fragment (`kernels/configs/kloop.config` under
     /// `kernels`) on tinyconfig, no patches nor other fragments, a job per
     /// core, the default fetch: the one place a request starts from.
@@ -230,6 +254,7 @@ impl BuildRequest {
             jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
             fetch: FetchOptions::default(),
             controls: None,
+            arch: kloop_protocol::Arch::X86_64,
         }
     }
 
@@ -467,7 +492,7 @@ pub fn objects_of(
             .join("out")
             .join(&slot)
     };
-    let image = out.join("arch/x86/boot/bzImage");
+    let image = out.join(req.image_target().0);
     match source::file_hash(&image) {
         Ok(h) if h == kernel.record.image_sha256 => Ok(Some(out)),
         _ => Ok(None),
@@ -486,9 +511,10 @@ pub fn build(
     let patches = hashed_files(&req.patches)?;
     let fragment_paths = req.fragment_paths();
     let fragments = hashed_files(&fragment_paths)?;
-    require_build_tools()?;
+    require_build_tools(req.arch)?;
+    let gcc = format!("{}gcc", make::cross_prefix(req.arch));
     let tools = Toolchain {
-        compiler: tool_version("gcc", "--version"),
+        compiler: tool_version(&gcc, "--version"),
         pahole: tool_version("pahole", "--version"),
     };
     let id = build_id(req, &source_identity, &tools, &patches, &fragments)?;
@@ -520,6 +546,7 @@ pub fn build(
         out: &out,
         jobs,
         log: &log,
+        arch: req.arch,
     };
 
     let config_path = out.join(".config");
@@ -539,7 +566,7 @@ pub fn build(
     let (build_secs, release) = compile(&make, incremental, progress)?;
     let control_modules = controls::build_if_asked(&make, req, &resolved, progress)?;
 
-    let tmp = stage_files(cache, &id, &out, &log)?;
+    let tmp = stage_files(cache, &id, &out, &log, req.image_target().0)?;
     controls::stage(&tmp, &control_modules)?;
     let record = BuildRecord {
         id: id.clone(),
@@ -587,11 +614,17 @@ fn hashed_files(paths: &[PathBuf]) -> Result<Vec<HashedFile>, BuildError> {
 
 /// Refuses before any work when a tool the kernel build needs is missing,
 /// naming the Debian package that provides it.
-fn require_build_tools() -> Result<(), BuildError> {
+fn require_build_tools(arch: kloop_protocol::Arch) -> Result<(), BuildError> {
     if which("gcc").is_none() {
         return Err(BuildError::ToolMissing {
             tool: "gcc",
             package: "gcc",
+        });
+    }
+    if arch == kloop_protocol::Arch::Arm64 && which("aarch64-linux-gnu-gcc").is_none() {
+        return Err(BuildError::ToolMissing {
+            tool: "aarch64-linux-gnu-gcc",
+            package: "gcc-aarch64-linux-gnu",
         });
     }
     for (tool, package) in [
@@ -626,6 +659,9 @@ fn build_id(
         tools.compiler.clone(),
         tools.pahole.clone(),
     ];
+    if req.arch != kloop_protocol::Arch::X86_64 {
+        id_parts.push(format!("arch:{}", req.arch));
+    }
     id_parts.extend(patches.iter().map(|p| format!("patch:{}", p.sha256)));
     id_parts.extend(fragments.iter().map(|f| format!("fragment:{}", f.sha256)));
     if let Some(dir) = &req.controls {
@@ -710,7 +746,11 @@ fn configure(
         rustc.as_str(),
     ];
     settings.extend(fragment_hashes);
-    let kconfig_inputs = kconfig::KconfigInputs::read(make.src);
+    let arch_dir = match make.arch {
+        kloop_protocol::Arch::X86_64 => "x86",
+        kloop_protocol::Arch::Arm64 => "arm64",
+    };
+    let kconfig_inputs = kconfig::KconfigInputs::read_for(make.src, arch_dir);
     let inputs = kconfig_inputs.stamp(&settings);
     let stamp_of = |inputs: &str| -> Option<String> {
         Some(format!(
@@ -793,7 +833,11 @@ fn compile(
         if make::has_ccache() { ", ccache" } else { "" }
     )));
     let started = Instant::now();
-    make.run(&["bzImage"], progress)?;
+    let target = match make.arch {
+        kloop_protocol::Arch::X86_64 => "bzImage",
+        kloop_protocol::Arch::Arm64 => "Image",
+    };
+    make.run(&[target], progress)?;
     let build_secs = started.elapsed().as_secs_f64();
     let release = std::fs::read_to_string(make.out.join("include/config/kernel.release"))
         .map(|s| s.trim().to_string())
@@ -808,6 +852,7 @@ fn stage_files(
     id: &str,
     out: &Path,
     log: &Path,
+    image: &str,
 ) -> Result<PathBuf, BuildError> {
     let tmp = kernels_dir(cache).join(format!(".partial-{id}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
@@ -817,7 +862,9 @@ fn stage_files(
             .map(drop)
             .doing(format!("copying {}", from.display()))
     };
-    copy(&out.join("arch/x86/boot/bzImage"), "bzImage")?;
+    // Kept as `bzImage` whatever the architecture: the cache's one name
+    // for a built kernel's image (an arm64 one is its `Image`).
+    copy(&out.join(image), "bzImage")?;
     copy(&out.join(".config"), "config")?;
     copy(log, "build.log")?;
     Ok(tmp)

@@ -128,10 +128,17 @@ impl LocalKernel {
     pub fn with_series_of(mut self, release: &str, catalog: &kloop_kernels::Catalog) -> Self {
         let series: Vec<&str> = release.split(['.', '-', '+']).take(2).collect();
         let series = series.join(".");
+        // The pin of the same series and architecture (an arm64 image is
+        // judged by the arm64 pin's entries).
+        let arch = if kloop_kernels::is_arm64_image_file(&self.path) {
+            Arch::Arm64
+        } else {
+            Arch::X86_64
+        };
         self.ledger_pin = catalog
             .pins()
             .iter()
-            .find(|p| p.series == series)
+            .find(|p| p.series == series && p.arch() == arch)
             .map(|p| p.id.clone());
         self
     }
@@ -170,15 +177,11 @@ pub enum Provenance {
 
 impl Provenance {
     /// The architecture the kernel was built for: a Debian build's from its
-    /// release (`…-cloud-arm64`), a source build's from its release too
-    /// (kloop's arm64 builds end in `-arm64`), an image's from its header.
+    /// release (`…-cloud-arm64`), a source build's and an image's from the
+    /// image's header.
     pub fn arch(&self) -> Arch {
         match self {
-            Provenance::DebianBuild { release, .. } | Provenance::SourceBuild { release, .. }
-                if release.ends_with("arm64") =>
-            {
-                Arch::Arm64
-            }
+            Provenance::DebianBuild { release, .. } if release.ends_with("arm64") => Arch::Arm64,
             Provenance::Image { path, .. }
                 if kloop_kernels::is_arm64_image_file(std::path::Path::new(path)) =>
             {
