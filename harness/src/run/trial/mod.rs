@@ -177,11 +177,15 @@ pub enum Provenance {
 
 impl Provenance {
     /// The architecture the kernel was built for: a Debian build's from its
-    /// release (`…-cloud-arm64`), a source build's and an image's from the
-    /// image's header.
+    /// release (`…-cloud-arm64`), a source build's from the compiler it
+    /// records (the cross gcc), an image's from its header.
     pub fn arch(&self) -> Arch {
         match self {
             Provenance::DebianBuild { release, .. } if release.ends_with("arm64") => Arch::Arm64,
+            // The build record's compiler line: `aarch64-linux-gnu-gcc (Debian …)`.
+            Provenance::SourceBuild { compiler, .. } if compiler.starts_with("aarch64-") => {
+                Arch::Arm64
+            }
             Provenance::Image { path, .. }
                 if kloop_kernels::is_arm64_image_file(std::path::Path::new(path)) =>
             {
