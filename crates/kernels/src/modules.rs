@@ -686,29 +686,28 @@ impl KernelCache {
         }
 
         let deb = self.ensure_modules_deb(pin, opts)?;
-        let builtin_elsewhere = match pin.config_of() {
-            PackageOf::Companion { package, sha256 } => builtin_in(
-                &self.ensure_package(pin, package, sha256, opts)?,
-                &pin.release,
-            )?,
-            _ => None,
+        let mut walker = |visit: &mut Visitor<'_>| {
+            walk_deb(&deb, |path, entry| {
+                let regular = entry.header().entry_type() == tar::EntryType::Regular;
+                visit(path, entry, regular)
+            })
+        };
+        // A module the package lacks may be built in, which from 7.x only
+        // the companion `linux-base` package's modules.builtin says: read it
+        // then, not before (a set the package holds needs no other package).
+        let resolved = match (resolve(&mut walker, pin, &deb, names, None), pin.config_of()) {
+            (Err(KernelError::ModuleMissing { .. }), PackageOf::Companion { package, sha256 }) => {
+                let elsewhere =
+                    builtin_in(&self.ensure_package(pin, package, sha256, opts)?, &pin.release)?;
+                resolve(&mut walker, pin, &deb, names, elsewhere)
+            }
+            (other, _) => other,
         };
         let Resolved {
             mut scan,
             order,
             builtin,
-        } = resolve(
-            |visit| {
-                walk_deb(&deb, |path, entry| {
-                    let regular = entry.header().entry_type() == tar::EntryType::Regular;
-                    visit(path, entry, regular)
-                })
-            },
-            pin,
-            &deb,
-            names,
-            builtin_elsewhere,
-        )?;
+        } = resolved?;
         mkdir(&dir.join("sets"))?;
         let mut set = ModuleSet {
             format: MANIFEST_FORMAT,
