@@ -109,9 +109,12 @@ fn ledger() -> kloop::judge::known_issues::Ledger {
     use kloop::judge::known_issues::{rule_names, Ledger, Vocabulary};
     let scenarios = kloop::scenario::load_all(&root().join("../scenarios")).unwrap();
     let vocab = Vocabulary {
-        pins: ["5.10", "6.1", "6.12", "7.2", "7.3"]
+        pins: kloop_kernels::Catalog::load_all(&root().join("../kernels"))
+            .unwrap()
+            .ids()
+            .into_iter()
             .map(String::from)
-            .to_vec(),
+            .collect(),
         rules: rule_names().into_iter().map(String::from).collect(),
         scenarios: scenarios.iter().map(|s| s.name.clone()).collect(),
     };

@@ -695,10 +695,15 @@ impl KernelCache {
         // A module the package lacks may be built in, which from 7.x only
         // the companion `linux-base` package's modules.builtin says: read it
         // then, not before (a set the package holds needs no other package).
-        let resolved = match (resolve(&mut walker, pin, &deb, names, None), pin.config_of()) {
+        let resolved = match (
+            resolve(&mut walker, pin, &deb, names, None),
+            pin.config_of(),
+        ) {
             (Err(KernelError::ModuleMissing { .. }), PackageOf::Companion { package, sha256 }) => {
-                let elsewhere =
-                    builtin_in(&self.ensure_package(pin, package, sha256, opts)?, &pin.release)?;
+                let elsewhere = builtin_in(
+                    &self.ensure_package(pin, package, sha256, opts)?,
+                    &pin.release,
+                )?;
                 resolve(&mut walker, pin, &deb, names, elsewhere)
             }
             (other, _) => other,

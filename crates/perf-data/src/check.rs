@@ -628,7 +628,17 @@ mod tests {
                 let stem = p.file_stem()?.to_str()?.to_owned();
                 (p.extension()? == "toml" && !not_pins.contains(&stem.as_str())).then_some(stem)
             })
-            .collect();
+            .collect::<Vec<String>>();
+        // And arm64's, `kernels/arm64/<series>.toml` as `arm64/<series>`.
+        let arm64 = std::fs::read_dir(kernels.join("arm64"))
+            .into_iter()
+            .flatten()
+            .filter_map(|e| {
+                let p = e.ok()?.path();
+                let stem = p.file_stem()?.to_str()?.to_owned();
+                (p.extension()? == "toml").then(|| format!("arm64/{stem}"))
+            });
+        let pins = pins.into_iter().chain(arm64).collect();
         let vocab = Vocabulary {
             pins,
             rules: rule_names().into_iter().map(String::from).collect(),
