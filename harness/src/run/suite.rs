@@ -122,15 +122,10 @@ pub fn resolve_kernels(
     } else {
         sel.arches.clone()
     };
-    // A `--kernel` id is looked up among every architecture's pins that
-    // were asked for, and an arm64 id is asked for by naming it.
-    let mut wanted = arches.clone();
-    if sel.kernels.iter().any(|k| k.starts_with("arm64/"))
-        && !wanted.contains(&kloop_protocol::Arch::Arm64)
-    {
-        wanted.push(kloop_protocol::Arch::Arm64);
-    }
-    let catalog = Catalog::load_for(&layout.kernels(), &wanted)?;
+    // A `--kernel` id is looked up among every architecture's pins (and a
+    // built kernel judged by the pin of its series and architecture); with
+    // no `--kernel`, the pins of `arches` run.
+    let catalog = Catalog::load_all(&layout.kernels())?;
     if let Some(name) = sel.snapshot_as.as_ref().filter(|_| !sel.new_snapshot_set) {
         check_snapshot_set(layout, &catalog, name)?;
     }

@@ -69,6 +69,32 @@ pub const AGENT_NEEDS: &[ConfigNeed] = &[
     ),
 ];
 
+/// [`AGENT_NEEDS`] on arm64: the data channel is the virtio console's
+/// port on virtio-mmio (built in or a module the host ships).
+pub const ARM64_AGENT_NEEDS: &[ConfigNeed] = &[
+    builtin(
+        "CONFIG_BLK_DEV_INITRD",
+        "the agent starts from an initramfs",
+    ),
+    ConfigNeed {
+        option: "CONFIG_VIRTIO_CONSOLE",
+        want: Want::Enabled,
+        why: "the agent talks to the host over a virtio-serial port",
+    },
+    ConfigNeed {
+        option: "CONFIG_VIRTIO_MMIO",
+        want: Want::Enabled,
+        why: "QEMU's virt board puts its virtio devices on virtio-mmio",
+    },
+    builtin("CONFIG_PROC_FS", "the agent reads /proc"),
+    builtin("CONFIG_SYSFS", "the agent reads /sys"),
+    builtin("CONFIG_BPF_SYSCALL", "every scenario loads BPF programs"),
+    builtin(
+        "CONFIG_PERF_EVENTS",
+        "KSYMBOL and BPF_EVENT records come from perf events",
+    ),
+];
+
 /// What fentry programs need: a JIT for their trampolines, BTF for their
 /// targets, and the ftrace call site the trampolines attach at.
 const FENTRY_NEEDS: &[ConfigNeed] = &[
@@ -304,7 +330,13 @@ pub fn state_text(state: &OptionState<'_>) -> String {
 /// Why `config` cannot run `scenario`, or `None`. The reason is one line
 /// that starts with the option: `CONFIG_FUTEX not set (…)`.
 pub fn preflight(scenario: &Scenario, config: &KernelConfig) -> Option<String> {
-    let mut needs: Vec<(String, ConfigNeed)> = AGENT_NEEDS
+    // An arm64 kernel's agent talks over the virtio console, not a UART.
+    let agent = if config.is_builtin("CONFIG_ARM64") {
+        ARM64_AGENT_NEEDS
+    } else {
+        AGENT_NEEDS
+    };
+    let mut needs: Vec<(String, ConfigNeed)> = agent
         .iter()
         .map(|n| ("the agent".to_string(), *n))
         .collect();
