@@ -105,7 +105,10 @@ fn unknown_names_list_the_known_ones() {
     let (code, out) = xtask(&["vm-test", "--kernel", "9.9"]);
     assert_eq!(code, 2, "{out}");
     assert!(
-        out.contains("`9.9` is neither a kernel pin (5.10, 6.1, 6.12, 7.2, 7.3)"),
+        out.contains(
+            "`9.9` is neither a kernel pin (5.10, 6.1, 6.12, 7.2, 7.3, arm64/5.10, arm64/6.1, \
+             arm64/6.12, arm64/7.2, arm64/7.3)"
+        ),
         "{out}"
     );
     let (code, out) = xtask(&["report-bug", "no-such-bug"]);
