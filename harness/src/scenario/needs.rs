@@ -48,17 +48,13 @@ const fn builtin(option: &'static str, why: &'static str) -> ConfigNeed {
     }
 }
 
-/// What the agent needs in every scenario: to be started from the
-/// initramfs, to talk over the second serial port, to load BPF programs
-/// and to open perf side-band events.
+/// What the agent needs in every scenario besides its data channel's
+/// ([`preflight`] puts those second): to be started from the initramfs,
+/// to load BPF programs and to open perf side-band events.
 pub const AGENT_NEEDS: &[ConfigNeed] = &[
     builtin(
         "CONFIG_BLK_DEV_INITRD",
         "the agent starts from an initramfs",
-    ),
-    builtin(
-        "CONFIG_SERIAL_8250",
-        "the agent talks to the host over /dev/ttyS1",
     ),
     builtin("CONFIG_PROC_FS", "the agent reads /proc"),
     builtin("CONFIG_SYSFS", "the agent reads /sys"),
@@ -69,13 +65,15 @@ pub const AGENT_NEEDS: &[ConfigNeed] = &[
     ),
 ];
 
-/// [`AGENT_NEEDS`] on arm64: the data channel is the virtio console's
-/// port on virtio-mmio (built in or a module the host ships).
-pub const ARM64_AGENT_NEEDS: &[ConfigNeed] = &[
-    builtin(
-        "CONFIG_BLK_DEV_INITRD",
-        "the agent starts from an initramfs",
-    ),
+/// The data channel's needs on x86-64: the second 8250 UART.
+const X86_64_CHANNEL_NEEDS: &[ConfigNeed] = &[builtin(
+    "CONFIG_SERIAL_8250",
+    "the agent talks to the host over /dev/ttyS1",
+)];
+
+/// On arm64: the virtio console's port on virtio-mmio (built in or a
+/// module the host ships).
+const ARM64_CHANNEL_NEEDS: &[ConfigNeed] = &[
     ConfigNeed {
         option: "CONFIG_VIRTIO_CONSOLE",
         want: Want::Enabled,
@@ -86,13 +84,6 @@ pub const ARM64_AGENT_NEEDS: &[ConfigNeed] = &[
         want: Want::Enabled,
         why: "QEMU's virt board puts its virtio devices on virtio-mmio",
     },
-    builtin("CONFIG_PROC_FS", "the agent reads /proc"),
-    builtin("CONFIG_SYSFS", "the agent reads /sys"),
-    builtin("CONFIG_BPF_SYSCALL", "every scenario loads BPF programs"),
-    builtin(
-        "CONFIG_PERF_EVENTS",
-        "KSYMBOL and BPF_EVENT records come from perf events",
-    ),
 ];
 
 /// What fentry programs need: a JIT for their trampolines, BTF for their
@@ -330,14 +321,17 @@ pub fn state_text(state: &OptionState<'_>) -> String {
 /// Why `config` cannot run `scenario`, or `None`. The reason is one line
 /// that starts with the option: `CONFIG_FUTEX not set (…)`.
 pub fn preflight(scenario: &Scenario, config: &KernelConfig) -> Option<String> {
-    // An arm64 kernel's agent talks over the virtio console, not a UART.
-    let agent = if config.is_builtin("CONFIG_ARM64") {
-        ARM64_AGENT_NEEDS
+    // An arm64 kernel's agent talks over the virtio console, not a UART;
+    // the channel's needs follow the initramfs, as they always came second.
+    let channel = if config.is_builtin("CONFIG_ARM64") {
+        ARM64_CHANNEL_NEEDS
     } else {
-        AGENT_NEEDS
+        X86_64_CHANNEL_NEEDS
     };
-    let mut needs: Vec<(String, ConfigNeed)> = agent
+    let mut needs: Vec<(String, ConfigNeed)> = AGENT_NEEDS[..1]
         .iter()
+        .chain(channel)
+        .chain(&AGENT_NEEDS[1..])
         .map(|n| ("the agent".to_string(), *n))
         .collect();
     for r in &scenario.plan.requires {
