@@ -21,6 +21,7 @@ pub(crate) fn audit(a: AuditArgs) -> Result<ExitCode> {
         ids: a.ids.clone(),
         series: a.series.clone(),
         fresh: a.fresh,
+        arch: a.arch.one("audit")?,
         vms: kloop::run::parallel::Parallel::from_flag(a.jobs).vms,
         env: EnvOptions {
             accel: a.accel,

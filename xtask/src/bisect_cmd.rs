@@ -17,6 +17,7 @@ pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
     let opts = DistroBisect {
         old: a.old.clone(),
         new: a.new.clone(),
+        arch: a.arch.one("bisect")?,
         scenario: a.scenario.clone(),
         predicate: a.predicate.clone(),
         label: a.label.clone(),
@@ -57,6 +58,7 @@ pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
         predicate: a.predicate.clone(),
         label: a.label.clone(),
         fragments: a.fragments.clone(),
+        arch: a.arch.one("bisect --tree")?,
         repeat: a.repeat as usize,
         jobs: a.jobs.unwrap_or_else(suite::default_jobs),
         env: EnvOptions {
@@ -130,6 +132,8 @@ fn step_command(a: &BisectArgs) -> Result<tree::StepCommand> {
         a.repeat.to_string(),
         "--accel".into(),
         a.accel.to_string(),
+        "--arch".into(),
+        a.arch.one("bisect --tree")?.to_string(),
     ]);
     if let Some(l) = &a.label {
         args.extend(["--label".into(), l.clone()]);
@@ -161,6 +165,7 @@ fn try_bisect_step(a: BisectStepArgs) -> Result<ExitCode> {
     let opts = StepOptions {
         tree: a.tree.clone(),
         fragments: a.fragments.clone(),
+        arch: a.arch.one("bisect-step")?,
         scenario: a.scenario.clone(),
         predicate: a.predicate.clone(),
         label: a.label.clone(),

@@ -167,6 +167,10 @@ pub(crate) struct AuditArgs {
     /// VMs at once (default: from the host's cores).
     #[arg(long, short)]
     pub(crate) jobs: Option<usize>,
+    /// The builds' architecture: `x86_64` (the default) or `arm64`
+    /// (cloud-arm64 builds under TCG).
+    #[arg(long, value_name = "ARCH", default_value = "x86_64", value_parser = arch_parser())]
+    pub(crate) arch: ArchChoice,
     #[arg(long, default_value = "auto", value_parser = accel_parser())]
     pub(crate) accel: AccelChoice,
     #[command(flatten)]
@@ -221,6 +225,10 @@ pub(crate) struct ReproArgs {
     /// Where to write it (default: target/kloop/repro/…).
     #[arg(long)]
     pub(crate) out: Option<PathBuf>,
+    /// The guests' architecture: `x86_64` (the default) or `arm64`
+    /// (Debian's cloud-arm64 pins under TCG; `ci/setup.sh --arch arm64`).
+    #[arg(long, value_name = "ARCH", default_value = "x86_64", value_parser = arch_parser())]
+    pub(crate) arch: ArchChoice,
     #[arg(long, default_value = "auto", value_parser = accel_parser())]
     pub(crate) accel: AccelChoice,
     #[command(flatten)]
@@ -342,6 +350,8 @@ impl VmTestArgs {
             extra_cmdline: self.append.clone(),
             boot: self.boot,
             bless: Default::default(),
+            // The kernels the selection names bring their own.
+            arches: Vec::new(),
         }
     }
 
@@ -387,6 +397,10 @@ pub(crate) struct VmShellArgs {
     /// The scenario whose fixtures, modules and steps the guest gets.
     #[arg(long, value_name = "NAME", default_value = "basic")]
     pub(crate) scenario: String,
+    /// The guests' architecture: `x86_64` (the default) or `arm64`
+    /// (Debian's cloud-arm64 pins under TCG; `ci/setup.sh --arch arm64`).
+    #[arg(long, value_name = "ARCH", default_value = "x86_64", value_parser = arch_parser())]
+    pub(crate) arch: ArchChoice,
     #[arg(long, default_value = "auto")]
     pub(crate) accel: AccelChoice,
     /// vCPUs.
@@ -494,6 +508,10 @@ pub(crate) struct BisectArgs {
     /// Parallel VMs for the runs of a step (default: number of cores).
     #[arg(long, short)]
     pub(crate) jobs: Option<usize>,
+    /// The guests' architecture: `x86_64` (the default) or `arm64`
+    /// (Debian's cloud-arm64 pins under TCG; `ci/setup.sh --arch arm64`).
+    #[arg(long, value_name = "ARCH", default_value = "x86_64", value_parser = arch_parser())]
+    pub(crate) arch: ArchChoice,
     #[arg(long, default_value = "auto", value_parser = accel_parser())]
     pub(crate) accel: AccelChoice,
     #[command(flatten)]
@@ -522,6 +540,10 @@ pub(crate) struct BisectStepArgs {
     pub(crate) steps_log: PathBuf,
     #[arg(long = "config", value_name = "FRAGMENT")]
     pub(crate) fragments: Vec<PathBuf>,
+    /// The guests' architecture: `x86_64` (the default) or `arm64`
+    /// (Debian's cloud-arm64 pins under TCG; `ci/setup.sh --arch arm64`).
+    #[arg(long, value_name = "ARCH", default_value = "x86_64", value_parser = arch_parser())]
+    pub(crate) arch: ArchChoice,
     #[arg(long, default_value = "auto", value_parser = accel_parser())]
     pub(crate) accel: AccelChoice,
 }
@@ -606,6 +628,10 @@ pub(crate) struct MutantsArgs {
     /// VMs one per core and up to half as many again while the host idles).
     #[arg(long, short)]
     pub(crate) jobs: Option<usize>,
+    /// The guests' architecture: `x86_64` (the default) or `arm64`
+    /// (Debian's cloud-arm64 pins under TCG; `ci/setup.sh --arch arm64`).
+    #[arg(long, value_name = "ARCH", default_value = "x86_64", value_parser = arch_parser())]
+    pub(crate) arch: ArchChoice,
     #[arg(long, default_value = "auto", value_parser = accel_parser())]
     pub(crate) accel: AccelChoice,
     /// Judge only shard K of N of the chosen mutants (by count, in id
@@ -860,6 +886,16 @@ pub(crate) enum ArchChoice {
 }
 
 impl ArchChoice {
+    /// The one architecture a command that runs on one takes.
+    pub(crate) fn one(self, command: &str) -> anyhow::Result<kloop::Arch> {
+        match self {
+            ArchChoice::One(a) => Ok(a),
+            ArchChoice::All => {
+                anyhow::bail!("{command} runs on one architecture: --arch x86_64 or arm64")
+            }
+        }
+    }
+
     pub(crate) fn arches(self) -> Vec<kloop::Arch> {
         match self {
             ArchChoice::One(a) => vec![a],

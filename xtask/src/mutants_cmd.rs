@@ -50,8 +50,7 @@ fn options(a: &MutantsArgs, layout: &kloop::workspace::Layout) -> Result<Mutants
         fragments: a.fragments.clone(),
         base: a.base,
         jobs: a.jobs,
-        // Mutants build and judge x86-64 kernels.
-        arch: crate::flags::ArchChoice::One(kloop::Arch::X86_64),
+        arch: crate::flags::ArchChoice::One(a.arch.one("mutants")?),
         fetch: a.fetch.clone(),
     }
     .request(layout)?;

@@ -30,7 +30,7 @@ fn trial_repro(trial: &str, out: Option<PathBuf>) -> Result<ExitCode> {
         written.files.join(", ")
     );
     println!(
-        "kloop: run it with {}/run.sh (needs only qemu-system-x86_64), then ./show-records.py data.bin; report.txt is the text for a mailing list",
+        "kloop: run it with {}/run.sh (needs only the QEMU it names), then ./show-records.py data.bin; report.txt is the text for a mailing list",
         written.dir.display()
     );
     Ok(ExitCode::SUCCESS)
@@ -66,6 +66,7 @@ fn standalone_repro(a: &ReproArgs, id: &str) -> Result<ExitCode> {
 fn prove(layout: &kloop::workspace::Layout, a: &ReproArgs, s: &Standalone) -> Result<ExitCode> {
     let opts = ProveOptions {
         kernels: a.kernels.clone(),
+        arch: a.arch.one("repro --prove")?,
         env: EnvOptions {
             accel: a.accel,
             fetch: a.fetch.options(),

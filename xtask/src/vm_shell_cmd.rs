@@ -13,6 +13,7 @@ use crate::*;
 pub(crate) fn vm_shell(a: VmShellArgs) -> Result<ExitCode> {
     let opts = VmShellOptions {
         kernel: a.kernel.clone(),
+        arch: a.arch.one("vm-shell")?,
         scenario: a.scenario.clone(),
         env: EnvOptions {
             accel: a.accel,

@@ -48,7 +48,7 @@ pub(crate) fn bless(
         as_name,
     }: BlessArgs,
 ) -> Result<ExitCode> {
-    let catalog = kloop_kernels::Catalog::load(&layout().kernels())?;
+    let catalog = kloop_kernels::Catalog::load_all(&layout().kernels())?;
     let set = kloop::session::vm_test::bless_set(
         &catalog,
         &a.selection(false),

@@ -3,6 +3,10 @@
 //! the guest, `kloop-run` shows a step's records, `exit` powers the VM off
 //! and no QEMU of this test is left.
 //!
+//! The arm64 session (`#[ignore]`d: run it with `-- --ignored` after
+//! `ci/setup.sh --arch arm64`) is the same on `--arch arm64 --kernel 6.12`:
+//! Debian's arm64 busybox, fetched by its pin, under TCG.
+//!
 //! Needs the kernel pin 6.12 in the kernel cache (`~/.cache/kloop`, or
 //! `KLOOP_CACHE_DIR`): the test fetches it first, which on an empty cache
 //! downloads it from the Debian mirror in the host's apt sources (network
@@ -32,15 +36,15 @@ fn xtask() -> Command {
 }
 
 /// The pin must be in the cache; fetching is a no-op when it is.
-fn ensure_kernel() {
+fn ensure_kernel(pin: &str) {
     let out = xtask()
-        .args(["kernels", "fetch", PIN])
+        .args(["kernels", "fetch", pin])
         .output()
         .expect("running xtask kernels fetch");
     assert!(
         out.status.success(),
-        "kernel pin {PIN} is not in the kernel cache and could not be fetched \
-         (`cargo xtask kernels fetch {PIN}` needs the Debian mirror of the host's apt sources):\n{}{}",
+        "kernel pin {pin} is not in the kernel cache and could not be fetched \
+         (`cargo xtask kernels fetch {pin}` needs the Debian mirror of the host's apt sources):\n{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -63,9 +67,20 @@ fn expect(session: &mut PtySession, what: &str) -> String {
 
 #[test]
 fn a_shell_on_the_guest_console_runs_commands_and_steps_and_leaves_no_qemu() {
-    ensure_kernel();
+    shell_session(kloop::Arch::X86_64);
+}
+
+#[test]
+#[ignore = "arm64 tier: needs ci/setup.sh --arch arm64 (run with -- --ignored)"]
+fn an_arm64_shell_runs_commands_and_steps_with_debians_arm64_busybox() {
+    shell_session(kloop::Arch::Arm64);
+}
+
+fn shell_session(arch: kloop::Arch) {
+    let pin = format!("{}{PIN}", arch.id_prefix());
+    ensure_kernel(&pin);
     // Built here, outside the terminal's timeouts (a no-op when current).
-    kloop::run::agent::ensure_built(&kloop::workspace::workspace_root())
+    kloop::run::agent::ensure_built_for(&kloop::workspace::workspace_root(), arch)
         .expect("building the guest agent");
 
     // A word on the guest's command line that only this test's QEMU has
@@ -81,11 +96,23 @@ fn a_shell_on_the_guest_console_runs_commands_and_steps_and_leaves_no_qemu() {
     );
     let started = Instant::now();
     let mut cmd = xtask();
-    cmd.args(["vm-shell", "--kernel", PIN, "--append", &marker]);
+    cmd.args([
+        "vm-shell",
+        "--arch",
+        arch.as_str(),
+        "--kernel",
+        PIN,
+        "--append",
+        &marker,
+    ]);
     let mut session = spawn_with_options(
         cmd,
         Options::new()
-            .timeout_ms(Some(STEP_TIMEOUT_MS))
+            // arm64 under TCG: three times x86-64's deadlines, as trials.
+            .timeout_ms(Some(match arch {
+                kloop::Arch::X86_64 => STEP_TIMEOUT_MS,
+                _ => 3 * STEP_TIMEOUT_MS,
+            }))
             .strip_ansi_escape_codes(true),
     )
     .expect("spawning xtask vm-shell in a pseudo terminal");
@@ -145,7 +172,7 @@ fn a_shell_on_the_guest_console_runs_commands_and_steps_and_leaves_no_qemu() {
         "no QEMU of this test left"
     );
     eprintln!(
-        "vm-shell: prompt after {:.1} s, whole session {:.1} s",
+        "vm-shell ({arch}): prompt after {:.1} s, whole session {:.1} s",
         boot.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );

@@ -61,6 +61,24 @@ pub struct AvailableBuild {
     pub deb_sha256: Option<String>,
 }
 
+impl AvailableBuild {
+    /// The architecture it runs on, from its release's flavour
+    /// (`…-cloud-arm64`).
+    pub fn arch(&self) -> Arch {
+        Arch::ALL
+            .into_iter()
+            .find(|a| self.release.ends_with(a.debian()))
+            .unwrap_or(Arch::X86_64)
+    }
+
+    /// Its id in the bisection lock: the Debian version, with the
+    /// architecture's prefix (`arm64/6.12.43-1`) where it is not x86-64's,
+    /// as one version is built for every architecture.
+    pub fn pin_id(&self) -> String {
+        format!("{}{}", self.arch().id_prefix(), self.version)
+    }
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 struct Listing {
     mirror: String,
@@ -322,8 +340,9 @@ impl BisectLock {
         Ok(lock)
     }
 
-    pub fn get(&self, version: &str) -> Option<&KernelPin> {
-        self.builds.iter().find(|b| b.id == version)
+    /// The locked build `id` names ([`AvailableBuild::pin_id`]).
+    pub fn get(&self, id: &str) -> Option<&KernelPin> {
+        self.builds.iter().find(|b| b.id == id)
     }
 
     /// The build `b` as a pin: from the lock, or pinned now (downloaded,
@@ -342,13 +361,13 @@ impl BisectLock {
         fetch: &FetchOptions,
         needs: Needs,
     ) -> Result<KernelPin, KernelError> {
-        if let Some(p) = self.get(&b.version) {
+        if let Some(p) = self.get(&b.pin_id()) {
             if p.lacks(needs).is_empty() {
                 return Ok(p.clone());
             }
         }
         let spec = PinSpec {
-            id: b.version.clone(),
+            id: b.pin_id(),
             series: b.series.clone(),
             suite: b.suite.clone(),
             flavour: flavour_of(&b.release).unwrap_or_default().to_string(),
@@ -407,6 +426,30 @@ mod tests {
         assert_eq!(series_of("6.1.0-50-cloud-amd64"), "6.1");
         assert_eq!(series_of("7.3-cloud-amd64"), "7.3");
         assert_eq!(series_of("7.3~rc7-cloud-amd64"), "7.3");
+    }
+
+    /// One Debian version is built for every architecture: the lock tells
+    /// them apart by the id's prefix, taken from the release's flavour.
+    #[test]
+    fn a_build_names_its_architecture_in_its_lock_id() {
+        let build = |release: &str| AvailableBuild {
+            version: "6.12.43-1".into(),
+            package: format!("linux-image-{release}"),
+            suite: "trixie".into(),
+            release: release.into(),
+            series: "6.12".into(),
+            deb_sha256: None,
+        };
+        let x86 = build("6.12.43+deb13-cloud-amd64");
+        let arm = build("6.12.43+deb13-cloud-arm64");
+        assert_eq!(
+            (x86.arch(), x86.pin_id()),
+            (Arch::X86_64, "6.12.43-1".into())
+        );
+        assert_eq!(
+            (arm.arch(), arm.pin_id()),
+            (Arch::Arm64, "arm64/6.12.43-1".into())
+        );
     }
 
     /// A locked build pinned without its modules serves a caller that

@@ -243,6 +243,17 @@ pub enum KernelError {
     #[error("{path} is not a usable kernel image: {reason}; check the pin's `image_path`")]
     BadImage { path: PathBuf, reason: String },
 
+    /// A guest tool's pin (`kernels/tools/<arch>/<package>.toml`) is
+    /// missing or does not parse.
+    #[error(
+        "cannot use the guest tool pin {path}: {detail}; restore it from git (each names a \
+         Debian package, its version, suite and the .deb's sha256 from the signed index)"
+    )]
+    NoToolPin { path: PathBuf, detail: String },
+
+    #[error("{path} is not the package its guest tool pin names: {reason}; delete it from the cache so it is downloaded again, or fix the pin")]
+    BadToolPackage { path: PathBuf, reason: String },
+
     #[error(
         "kernel `{id}` has no module `{module}`: {archive} holds no `{module}.ko*` for its \
          release and {detail}; check the scenario's `modules` list (names as `modprobe` takes \

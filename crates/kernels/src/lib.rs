@@ -28,6 +28,7 @@ mod cache;
 pub mod config;
 mod error;
 mod extract;
+pub mod guest_tool;
 pub mod lock;
 mod mirror;
 mod modules;

@@ -4,10 +4,14 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A guest architecture kloop runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+/// A guest architecture kloop runs; x86-64 where none is named (every
+/// command's `--arch` default).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Arch {
+    #[default]
     X86_64,
     Arm64,
 }

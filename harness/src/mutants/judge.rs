@@ -135,7 +135,9 @@ pub fn judge_all(
     on_result: &mut dyn FnMut(&MutantsBaseline, &[MutantResult]),
 ) -> Result<(MutantsBaseline, Vec<MutantResult>), MutantsError> {
     let cache = KernelCache::default_location()?;
-    let catalog = Catalog::load(&layout.kernels())?;
+    // Every architecture's pins: a build is judged by the pin of its
+    // series and architecture.
+    let catalog = Catalog::load_all(&layout.kernels())?;
     let baseline = kloop_kernels::build::build(&cache, base_req, &mut |e| on_build("unmutated", e))
         .map_err(MutantsError::Baseline)?;
     let local = |k: &BuiltKernel| KernelUnderTest::Image(LocalKernel::built(k, None, &catalog));

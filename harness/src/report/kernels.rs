@@ -72,12 +72,11 @@ pub fn available_table(
         .collect();
     let cached = |yes: bool| if yes { ", cached" } else { "" };
     for b in &shown {
-        let pin = catalog.pins().iter().find(|p| p.version == b.version);
-        // The bisection lock holds x86-64 builds: another architecture's
-        // build of the same version is not in it.
-        let locked = lock
-            .get(&b.version)
-            .filter(|l| b.package.ends_with(l.arch().debian()));
+        let pin = catalog
+            .pins()
+            .iter()
+            .find(|p| p.version == b.version && p.arch() == b.arch());
+        let locked = lock.get(&b.pin_id());
         let mark = match (pin, locked) {
             (Some(p), _) => format!("pin {}{}", p.id, cached(cache.is_cached(p))),
             (None, Some(p)) => format!("bisect.lock{}", cached(cache.is_cached(p))),

@@ -94,8 +94,9 @@ pub fn write(layout: &Layout, trial: &Path, out: &Path) -> Result<Reproducer, Re
         .into_iter()
         .find(|s| s.name == scenario_name)
         .ok_or_else(|| ReproError::UnknownScenario(scenario_name.clone()))?;
+    // The trial's kernel may be any architecture's (`arm64/6.12`).
     let catalog =
-        kloop_kernels::Catalog::load(&layout.kernels()).map_err(suite::SuiteError::from)?;
+        kloop_kernels::Catalog::load_all(&layout.kernels()).map_err(suite::SuiteError::from)?;
     let kernel = suite::resolve_kernel(&catalog, &kernel_id, None)?;
     let accel = match text(&result["accel"]).as_str() {
         "kvm" => kloop_qemu::accel::AccelChoice::Kvm,
@@ -134,7 +135,8 @@ pub fn write(layout: &Layout, trial: &Path, out: &Path) -> Result<Reproducer, Re
         ..guest.vm.clone()
     };
     let argv = vm.standalone_argv(Path::new("data.bin"));
-    put("run.sh", run_script(&result, &argv).as_bytes(), 0o755)?;
+    let qemu = kloop_qemu::qemu_binary(vm.arch).0;
+    put("run.sh", run_script(&result, &argv, qemu).as_bytes(), 0o755)?;
     put("show-records.py", SHOW_RECORDS.as_bytes(), 0o755)?;
     let plan = serde_json::to_vec_pretty(&scenario.plan).unwrap_or_default();
     put("plan.json", &plan, 0o644)?;
@@ -173,7 +175,14 @@ pub fn write(layout: &Layout, trial: &Path, out: &Path) -> Result<Reproducer, Re
     let provenance = provenance(&kernel, &guest.kernel_file, &image);
     put("kernel.txt", provenance.as_bytes(), 0o644)?;
     files.push("report.txt".into());
-    let report = report_text(&result, &scenario, &provenance, diff.as_deref(), &files);
+    let report = report_text(
+        &result,
+        &scenario,
+        &provenance,
+        diff.as_deref(),
+        &files,
+        qemu,
+    );
     put_file(out, "report.txt", report.as_bytes(), 0o644)?;
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(Reproducer {
@@ -193,7 +202,7 @@ fn put_file(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> Result<(), Repro
 }
 
 /// `argv` as a POSIX shell script run from the reproducer's directory.
-fn run_script(result: &serde_json::Value, argv: &[std::ffi::OsString]) -> String {
+fn run_script(result: &serde_json::Value, argv: &[std::ffi::OsString], qemu: &str) -> String {
     // One option and its value per line.
     let mut quoted: Vec<String> = Vec::new();
     for a in argv.iter().map(|a| shell_quote(&a.to_string_lossy())) {
@@ -212,12 +221,12 @@ fn run_script(result: &serde_json::Value, argv: &[std::ffi::OsString]) -> String
          # initramfs.cpio) and powers off. The console is this terminal; what\n\
          # the agent sends (its messages and the raw perf ring bytes) goes to\n\
          # data.bin. Then: ./show-records.py data.bin\n\
-         # Needs qemu-system-x86_64 (the trial ran under {accel}; under TCG\n\
+         # Needs {qemu} (the trial ran under {accel}; under TCG\n\
          # expect tens of seconds). QEMU=... picks another binary.\n\
          set -eu\n\
          cd \"$(dirname \"$0\")\"\n\
          rm -f data.bin\n\
-         \"${{QEMU:-qemu-system-x86_64}}\" \\\n  {}\n\
+         \"${{QEMU:-{qemu}}}\" \\\n  {}\n\
          echo\n\
          echo \"guest powered off; decode its records with: ./show-records.py data.bin\"\n",
         quoted.join(" \\\n  "),
@@ -278,6 +287,7 @@ fn report_text(
     provenance: &str,
     diff: Option<&str>,
     files: &[String],
+    qemu: &str,
 ) -> String {
     let get = |k: &str| result[k].as_str().unwrap_or("?").to_string();
     let verdict = &result["verdict"];
@@ -350,7 +360,7 @@ fn report_text(
     }
     let _ = writeln!(
         s,
-        "\nTo reproduce (needs qemu-system-x86_64 and python3, not kloop):\n  \
+        "\nTo reproduce (needs {qemu} and python3, not kloop):\n  \
          ./run.sh                      boots the kernel; the agent runs the plan and powers off\n  \
          ./show-records.py data.bin    decodes every record and flags malformed ones\n\
          kloop-run-data.bin is what the trial itself received (same decoder)."

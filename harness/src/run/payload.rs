@@ -39,6 +39,11 @@ pub enum PayloadError {
          or point KLOOP_BUSYBOX at a busybox binary"
     )]
     BusyboxMissing { path: PathBuf },
+    #[error("no busybox for the {arch} guest: {why}")]
+    GuestBusybox {
+        arch: kloop_protocol::Arch,
+        why: String,
+    },
     #[error("asking {path} for its applets (`busybox --list-full`): {what}")]
     BusyboxApplets { path: PathBuf, what: String },
     #[error(
@@ -253,9 +258,76 @@ pub fn perf_payload() -> Result<Payload, PayloadError> {
 /// interpreter and libraries if it is not the static build), and the guest
 /// path of every applet it has (`bin/sh`, `usr/bin/awk`, …), for links to it.
 pub fn busybox_payload() -> Result<(Payload, Vec<String>), PayloadError> {
+    let path = host_busybox()?;
+    busybox_payload_of(&path, &path)
+}
+
+/// The host's busybox: `KLOOP_BUSYBOX`, else [`HOST_BUSYBOX`].
+fn host_busybox() -> Result<PathBuf, PayloadError> {
     let path = std::env::var_os("KLOOP_BUSYBOX")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(HOST_BUSYBOX));
+    if !path.is_file() {
+        return Err(PayloadError::BusyboxMissing { path });
+    }
+    Ok(path)
+}
+
+/// busybox for a guest of `arch` in `env`: the host's for x86-64; for
+/// another architecture `KLOOP_BUSYBOX_<ARCH>` (`KLOOP_BUSYBOX_ARM64`) or
+/// Debian's static busybox of that architecture, pinned in
+/// `kernels/tools/<arch>/busybox-static.toml` and fetched on first use.
+/// Its applets are the host's busybox's (the host cannot run it; the pin
+/// keeps the host's version).
+pub fn busybox_payload_for(
+    env: &crate::run::trial::TrialEnv,
+    arch: kloop_protocol::Arch,
+) -> Result<(Payload, Vec<String>), PayloadError> {
+    if arch == kloop_protocol::Arch::X86_64 {
+        return busybox_payload();
+    }
+    let var = format!("KLOOP_BUSYBOX_{}", arch.as_str().to_uppercase());
+    let guest = match std::env::var_os(&var) {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let kernels = match env.other_arches.get(&arch) {
+                Some(Ok(t)) => t.kernels_dir.clone(),
+                Some(Err(why)) => {
+                    return Err(PayloadError::GuestBusybox {
+                        arch,
+                        why: why.clone(),
+                    })
+                }
+                None => {
+                    return Err(PayloadError::GuestBusybox {
+                        arch,
+                        why: "no tools of it were prepared for this run".into(),
+                    })
+                }
+            };
+            kloop_kernels::guest_tool::guest_tool(
+                &env.cache,
+                &kernels,
+                arch,
+                "busybox-static",
+                &env.fetch,
+            )
+            .map_err(|e| PayloadError::GuestBusybox {
+                arch,
+                why: format!("{e} (or point {var} at a static {arch} busybox)"),
+            })?
+        }
+    };
+    busybox_payload_of(&guest, &host_busybox()?)
+}
+
+/// `binary` as the guest's busybox, with the applets `lister` (a busybox
+/// the host runs) names.
+fn busybox_payload_of(
+    binary: &Path,
+    lister: &Path,
+) -> Result<(Payload, Vec<String>), PayloadError> {
+    let path = binary.to_path_buf();
     if !path.is_file() {
         return Err(PayloadError::BusyboxMissing { path });
     }
@@ -277,17 +349,16 @@ pub fn busybox_payload() -> Result<(Payload, Vec<String>), PayloadError> {
         },
         Some(_) => binary_payload(&path, GUEST_BUSYBOX)?,
     };
-    // The host runs the same binary the guest gets: x86_64, checked above.
-    let out = Command::new(&path)
+    let out = Command::new(lister)
         .arg("--list-full")
         .output()
         .map_err(|e| PayloadError::BusyboxApplets {
-            path: path.clone(),
+            path: lister.to_path_buf(),
             what: e.to_string(),
         })?;
     if !out.status.success() {
         return Err(PayloadError::BusyboxApplets {
-            path,
+            path: lister.to_path_buf(),
             what: format!(
                 "{}: {}",
                 out.status,
@@ -460,6 +531,18 @@ pub fn parse_ldd(text: &str) -> Result<Vec<String>, String> {
 /// source and the headers beside it, once: a cached binary is reused, a new
 /// one is written under a temporary name and renamed into place.
 pub fn c_program(source: &Path, cache: &Path) -> Result<PathBuf, PayloadError> {
+    c_program_for(source, cache, kloop_protocol::Arch::X86_64)
+}
+
+/// [`c_program`] for a guest of `arch`: x86-64's with the host's gcc,
+/// arm64's with Debian's cross compiler (`aarch64-linux-gnu-gcc`, glibc's
+/// static archives from libc6-dev-arm64-cross; `ci/setup.sh --arch arm64`),
+/// cached apart.
+pub fn c_program_for(
+    source: &Path,
+    cache: &Path,
+    arch: kloop_protocol::Arch,
+) -> Result<PathBuf, PayloadError> {
     use sha2::{Digest, Sha256};
     let read = |path: &Path| {
         std::fs::read(path).map_err(|e| PayloadError::Read {
@@ -482,6 +565,10 @@ pub fn c_program(source: &Path, cache: &Path) -> Result<PathBuf, PayloadError> {
         hash.update(h.to_string_lossy().as_bytes());
         hash.update(read(h)?);
     }
+    // x86-64's key is what it was before other architectures came.
+    if arch != kloop_protocol::Arch::X86_64 {
+        hash.update(arch.as_str().as_bytes());
+    }
     let key: String = hash
         .finalize()
         .iter()
@@ -503,7 +590,11 @@ pub fn c_program(source: &Path, cache: &Path) -> Result<PathBuf, PayloadError> {
     let tmp = cache
         .join(&key)
         .join(format!("{stem}.{}.tmp", std::process::id()));
-    let run = Command::new("gcc")
+    let compiler = match arch {
+        kloop_protocol::Arch::X86_64 => "gcc",
+        kloop_protocol::Arch::Arm64 => crate::run::agent::AARCH64_LINKER,
+    };
+    let run = Command::new(compiler)
         .args(["-static", "-O2", "-Wall", "-Wextra", "-I"])
         .arg(dir)
         .arg("-o")
@@ -522,7 +613,7 @@ pub fn c_program(source: &Path, cache: &Path) -> Result<PathBuf, PayloadError> {
                 String::from_utf8_lossy(&o.stderr).into_owned(),
             ));
         }
-        Err(e) => return Err(compile_error(format!("running gcc: {e}"))),
+        Err(e) => return Err(compile_error(format!("running {compiler}: {e}"))),
     }
     std::fs::rename(&tmp, &out).map_err(io)?;
     Ok(out)
@@ -532,12 +623,13 @@ pub fn c_program(source: &Path, cache: &Path) -> Result<PathBuf, PayloadError> {
 pub fn programs_payload(
     programs: &[crate::scenario::GuestProgram],
     cache: &Path,
+    arch: kloop_protocol::Arch,
 ) -> Result<Payload, PayloadError> {
     let mut files = Vec::new();
     for p in programs {
         files.push(PayloadFile {
             guest_path: p.guest.clone(),
-            host_path: c_program(&p.source, cache)?,
+            host_path: c_program_for(&p.source, cache, arch)?,
             mode: 0o755,
         });
     }

@@ -145,10 +145,35 @@ pub fn resolve_kernels(
             .map(KernelUnderTest::Pin)
             .collect());
     }
+    // `--arch arm64 --kernel 6.12` names arm64's 6.12, not x86-64's.
+    let arch = match arches.as_slice() {
+        [one] => *one,
+        _ => kloop_protocol::Arch::X86_64,
+    };
     sel.kernels
         .iter()
-        .map(|spec| resolve_kernel(&catalog, spec, sel.snapshot_as.clone()))
+        .map(|spec| {
+            resolve_kernel(
+                &catalog,
+                &pin_id_for(&catalog, spec, arch),
+                sel.snapshot_as.clone(),
+            )
+        })
         .collect()
+}
+
+/// `spec` as `arch`'s pin id where it is a bare one of that architecture's
+/// pins (`6.12` with arm64 → `arm64/6.12`); any other spec as it is.
+pub fn pin_id_for(catalog: &Catalog, spec: &str, arch: kloop_protocol::Arch) -> String {
+    if arch != kloop_protocol::Arch::X86_64
+        && kloop_protocol::Arch::of_id(spec).0 == kloop_protocol::Arch::X86_64
+    {
+        let id = format!("{}{spec}", arch.id_prefix());
+        if catalog.get(&id).is_ok() {
+            return id;
+        }
+    }
+    spec.to_string()
 }
 
 /// One kernel spec: a pin id, `built:<id>`, or a path to a bzImage.
@@ -264,6 +289,10 @@ pub struct EnvOptions {
     pub boot: crate::run::trial::BootMode,
     /// `bless`: what the trials write instead of comparing.
     pub bless: crate::run::trial::Bless,
+    /// Architectures whose QEMU and agent to prepare besides those of the
+    /// kernels known beforehand: a run whose kernels come later (a
+    /// bisection's builds) names its own.
+    pub arches: Vec<kloop_protocol::Arch>,
 }
 
 impl Default for EnvOptions {
@@ -276,6 +305,7 @@ impl Default for EnvOptions {
             extra_cmdline: Vec::new(),
             boot: Default::default(),
             bless: Default::default(),
+            arches: Vec::new(),
         }
     }
 }
@@ -320,6 +350,7 @@ pub fn prepare_env_timed(
     let mut other: Vec<kloop_protocol::Arch> = probe_kernels
         .iter()
         .map(KernelUnderTest::arch)
+        .chain(opts.arches.iter().copied())
         .filter(|a| *a != kloop_protocol::Arch::X86_64)
         .collect();
     other.sort();
@@ -391,6 +422,7 @@ fn arch_tools(
         qemu,
         qemu_version,
         agent,
+        kernels_dir: layout.kernels(),
     })
 }
 
@@ -942,6 +974,20 @@ fn interrupted_result(env: &TrialEnv, t: &PlannedTrial) -> crate::run::trial::Tr
 mod order_tests {
     use super::*;
     use std::path::Path;
+
+    /// `--arch arm64 --kernel 6.12` names arm64's 6.12; anything that is
+    /// not a bare pin id of that architecture stays as given.
+    #[test]
+    fn a_bare_pin_id_names_the_chosen_architectures_pin() {
+        use kloop_protocol::Arch;
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let catalog = Catalog::load_all(&root.join("kernels")).unwrap();
+        assert_eq!(pin_id_for(&catalog, "6.12", Arch::Arm64), "arm64/6.12");
+        assert_eq!(pin_id_for(&catalog, "6.12", Arch::X86_64), "6.12");
+        assert_eq!(pin_id_for(&catalog, "arm64/6.1", Arch::Arm64), "arm64/6.1");
+        assert_eq!(pin_id_for(&catalog, "built:abc", Arch::Arm64), "built:abc");
+        assert_eq!(pin_id_for(&catalog, "9.9", Arch::Arm64), "9.9");
+    }
 
     /// A validate candidate's shapes with fewer than four trials boot cold
     /// (told how many); its larger shape and every pin's make saved VMs.

@@ -79,7 +79,7 @@ pub fn sides(
         ([one], false) => one.clone(),
         _ => return Err(SidesError::NotOneCandidate),
     };
-    let catalog = kloop_kernels::Catalog::load(&layout.kernels())?;
+    let catalog = kloop_kernels::Catalog::load_all(&layout.kernels())?;
     let baseline = suite::resolve_kernel(&catalog, baseline, None)?;
     Ok((baseline, candidate))
 }

@@ -39,6 +39,8 @@ pub struct TreeOptions {
     pub label: Option<String>,
     /// `--config` fragments for every build.
     pub fragments: Vec<PathBuf>,
+    /// The architecture every build is for (and its guests').
+    pub arch: kloop_protocol::Arch,
     pub repeat: usize,
     pub jobs: usize,
     pub env: EnvOptions,
@@ -113,7 +115,12 @@ pub fn tree_bisect(
         .join("build/bisect/worktree");
     super::start_trials();
     let worktree = Worktree::add(&repo, &wt_dir, &old)?;
-    let env = suite::prepare_env(layout, &opts.env, &[])?;
+    // The builds come later: their architecture's tools are prepared now.
+    let env_opts = EnvOptions {
+        arches: vec![opts.arch],
+        ..opts.env.clone()
+    };
+    let env = suite::prepare_env(layout, &env_opts, &[])?;
     on(Event::Accel(&env.accel));
     on(Event::Started {
         scenario: &scenario.name,
@@ -127,6 +134,7 @@ pub fn tree_bisect(
         old: &old,
         new: &new,
         fragments: &opts.fragments,
+        arch: opts.arch,
         scenario: &scenario,
         predicate: &predicate,
         predicate_text: &opts.predicate,
@@ -152,6 +160,7 @@ pub struct StepOptions {
     /// The worktree git checked the step's commit out in.
     pub tree: PathBuf,
     pub fragments: Vec<PathBuf>,
+    pub arch: kloop_protocol::Arch,
     pub scenario: String,
     pub predicate: String,
     pub label: Option<String>,
@@ -183,6 +192,7 @@ pub fn step(
     let step = tree::Step {
         tree: &opts.tree,
         fragments: &opts.fragments,
+        arch: opts.arch,
         scenario: &scenario,
         predicate: &predicate,
         reference: &reference,

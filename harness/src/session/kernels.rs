@@ -218,7 +218,7 @@ pub fn controls(
     env: &crate::run::suite::EnvOptions,
     on: &dyn Fn(&crate::run::controls::ControlOutcome, bool),
 ) -> Result<Vec<crate::run::controls::ControlOutcome>, ControlsRunError> {
-    let catalog = Catalog::load(&layout.kernels())?;
+    let catalog = Catalog::load_all(&layout.kernels())?;
     let kernel = crate::run::trial::KernelUnderTest::Image(crate::run::trial::LocalKernel::built(
         built, None, &catalog,
     ));

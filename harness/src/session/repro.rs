@@ -129,6 +129,9 @@ pub struct ProveOptions {
     /// `--kernel`: the kernels to prove it on; empty: those the ledger
     /// and the fix name.
     pub kernels: Vec<String>,
+    /// The guests' architecture: its pins, its builds, the program built
+    /// by its compiler.
+    pub arch: kloop_protocol::Arch,
     pub env: EnvOptions,
 }
 
@@ -166,10 +169,11 @@ pub fn prove(
     let (r, file) = (&s.reproducer, s.file.as_path());
     // Built on the host first, so a compile error is told as one.
     let cache = kloop_kernels::KernelCache::default_location()?;
-    let binary = crate::run::payload::c_program(file, &cache.root().join("programs"))?;
+    let binary =
+        crate::run::payload::c_program_for(file, &cache.root().join("programs"), opts.arch)?;
     on(Event::Built(&binary));
     let Some(kernels) =
-        standalone::proof_kernels(layout, r, &opts.kernels, &opts.env.fetch, build)?
+        standalone::proof_kernels(layout, r, &opts.kernels, opts.arch, &opts.env.fetch, build)?
     else {
         return Ok(None);
     };

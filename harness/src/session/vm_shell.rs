@@ -12,6 +12,8 @@ use crate::workspace::Layout;
 pub struct VmShellOptions {
     /// A pin, `built:ID` or a bzImage.
     pub kernel: String,
+    /// The architecture a bare pin id names (`6.12` with arm64: `arm64/6.12`).
+    pub arch: kloop_protocol::Arch,
     pub scenario: String,
     /// The accelerator, the VM's CPUs and memory, the appended command line.
     pub env: EnvOptions,
@@ -47,7 +49,8 @@ pub fn run(
     on: &dyn Fn(Event<'_>),
 ) -> Result<Result<ShellOutcome, ShellError>, VmShellError> {
     let catalog = Catalog::load_all(&layout.kernels())?;
-    let kernel = suite::resolve_kernel(&catalog, &opts.kernel, None)?;
+    let spec = suite::pin_id_for(&catalog, &opts.kernel, opts.arch);
+    let kernel = suite::resolve_kernel(&catalog, &spec, None)?;
     let scenarios = crate::scenario::load_all(&layout.scenarios())?;
     let scenario = crate::scenario::select(&scenarios, std::slice::from_ref(&opts.scenario))?
         .into_iter()

@@ -51,6 +51,8 @@ pub struct AuditOptions {
     /// Boot every build asked even when its answers are kept (and keep
     /// the new answers): after a change the keys do not see, such as QEMU.
     pub fresh: bool,
+    /// The builds' architecture (`cloud-arm64` ones for arm64).
+    pub arch: kloop_protocol::Arch,
     pub env: EnvOptions,
 }
 
@@ -348,10 +350,11 @@ pub fn run(
 ) -> Result<Audit, AuditError> {
     let started = std::time::Instant::now();
     let (found, without_reproducer) = reproducers(layout, &opts.ids)?;
-    let catalog = Catalog::load(&layout.kernels())?;
+    // The architecture's pins: a pin stands for the build it is.
+    let catalog = Catalog::load_for(&layout.kernels(), &[opts.arch])?;
     let cache = kloop_kernels::KernelCache::default_location()?;
     let (served, notes) =
-        kloop_kernels::available::list_cloud_builds(&cache, &opts.env.fetch, false)?;
+        kloop_kernels::available::list_cloud_builds_for(&cache, &opts.env.fetch, false, opts.arch)?;
     for n in notes {
         on(Event::Note(n));
     }
@@ -385,7 +388,11 @@ pub fn run(
         .cloned()
         .map(KernelUnderTest::Pin)
         .collect();
-    let env = suite::prepare_env(layout, &opts.env, &probe)?;
+    let env_opts = EnvOptions {
+        arches: vec![opts.arch],
+        ..opts.env.clone()
+    };
+    let env = suite::prepare_env(layout, &env_opts, &probe)?;
     let programs_dir = env.run_dir.join("reproducers");
     let programs: Vec<Program> = found
         .iter()
@@ -672,7 +679,7 @@ impl<'a> Prober<'a> {
                 .lock
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .get(&b.version)
+                .get(&b.pin_id())
                 .map(|p| p.unserved.clone())
                 .unwrap_or_default(),
         };

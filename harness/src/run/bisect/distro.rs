@@ -20,6 +20,8 @@ pub struct DistroBisect {
     /// end may be the later build (a fix searched backwards).
     pub old: String,
     pub new: String,
+    /// The builds' architecture (`cloud-arm64` ones for arm64).
+    pub arch: kloop_protocol::Arch,
     pub scenario: String,
     /// The predicate as given (`rule:parse`, …), and its program label.
     pub predicate: String,
@@ -100,15 +102,18 @@ pub fn run(
 ) -> Result<DistroBisection, DistroError> {
     let predicate = Predicate::parse(&opts.predicate, opts.label.as_deref())?;
     let cache = KernelCache::default_location()?;
-    let catalog = Catalog::load(&layout.kernels())?;
+    // The architecture's pins only: a pin stands for a build of the range
+    // when it is that build, which another architecture's never is.
+    let catalog = Catalog::load_for(&layout.kernels(), &[opts.arch])?;
     let version_of = |end: &str| {
         catalog
-            .get(end)
+            .get(&suite::pin_id_for(&catalog, end, opts.arch))
             .map(|p| p.version.clone())
             .unwrap_or_else(|_| end.to_string())
     };
     let (old, new) = (version_of(&opts.old), version_of(&opts.new));
-    let (served, _) = kloop_kernels::available::list_cloud_builds(&cache, &opts.env.fetch, false)?;
+    let (served, _) =
+        kloop_kernels::available::list_cloud_builds_for(&cache, &opts.env.fetch, false, opts.arch)?;
     let range = range(&served, &old, &new)?;
     let names: Vec<String> = range.iter().map(|b| b.version.clone()).collect();
     let scenario =
@@ -120,7 +125,11 @@ pub fn run(
         .find(|p| p.version == old)
         .cloned()
         .map(crate::run::trial::KernelUnderTest::Pin);
-    let env = suite::prepare_env(layout, &opts.env, first.as_slice())?;
+    let env_opts = EnvOptions {
+        arches: vec![opts.arch],
+        ..opts.env.clone()
+    };
+    let env = suite::prepare_env(layout, &env_opts, first.as_slice())?;
     on(Event::Note(format!("accelerator: {}", env.accel)));
     on(Event::Note(format!(
         "bisect {} over {} build(s) from {old} (old) to {new} (new), predicate {}, {} run(s) per step; artefacts in {}",

@@ -174,7 +174,12 @@ impl DistroBuilds<'_> {
     /// The `i`th build as a kernel under test.
     pub fn kernel_at(&mut self, i: usize) -> Result<KernelUnderTest, KernelUnavailable> {
         let b = &self.builds[i];
-        if let Some(p) = self.catalog.pins().iter().find(|p| p.version == b.version) {
+        if let Some(p) = self
+            .catalog
+            .pins()
+            .iter()
+            .find(|p| p.version == b.version && p.arch() == b.arch())
+        {
             return Ok(KernelUnderTest::Pin(p.clone()));
         }
         self.lock

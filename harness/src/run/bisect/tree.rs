@@ -80,6 +80,8 @@ pub struct TreeBisection<'a> {
     pub new: &'a str,
     /// Config fragments merged after `kernels/configs/kloop.config`.
     pub fragments: &'a [PathBuf],
+    /// The architecture every build is for.
+    pub arch: kloop_protocol::Arch,
     pub scenario: &'a Scenario,
     pub predicate: &'a Predicate,
     /// The predicate as the user wrote it (for messages).
@@ -118,11 +120,12 @@ pub fn build_tree(
     layout: &Layout,
     dir: &Path,
     fragments: &[PathBuf],
+    arch: kloop_protocol::Arch,
     on_event: &mut dyn FnMut(TreeEvent<'_>),
 ) -> Result<BuiltKernel, BuildError> {
     let req = BuildRequest {
         fragments: fragments.to_vec(),
-        ..BuildRequest::new(SourceSpec::Tree(dir.to_path_buf()), &layout.kernels())
+        ..BuildRequest::new(SourceSpec::Tree(dir.to_path_buf()), &layout.kernels()).for_arch(arch)
     };
     let cache = KernelCache::default_location()?;
     on_event(TreeEvent::BuildStarted { dir });
@@ -137,7 +140,8 @@ pub fn tree_kernel(
     layout: &Layout,
     k: &BuiltKernel,
 ) -> Result<KernelUnderTest, kloop_kernels::KernelError> {
-    let catalog = Catalog::load(&layout.kernels())?;
+    // Every architecture's pins: an arm64 build is judged by arm64's.
+    let catalog = Catalog::load_all(&layout.kernels())?;
     Ok(KernelUnderTest::Image(LocalKernel::built(
         k, None, &catalog,
     )))
@@ -194,12 +198,12 @@ impl TreeBisection<'_> {
     ) -> Result<Vec<Observation>, TreeError> {
         git(worktree, &["checkout", "--quiet", "--detach", rev])?;
         let t = Instant::now();
-        let built = build_tree(layout, worktree, self.fragments, on_event).map_err(|source| {
-            TreeError::EndBuild {
+        let built = build_tree(layout, worktree, self.fragments, self.arch, on_event).map_err(
+            |source| TreeError::EndBuild {
                 rev: rev.to_string(),
                 source: Box::new(source),
-            }
-        })?;
+            },
+        )?;
         on_event(TreeEvent::Built {
             rev: short(rev),
             id: &built.record.id,
@@ -284,6 +288,7 @@ pub struct Step<'a> {
     /// The worktree git has checked the step's commit out in.
     pub tree: &'a Path,
     pub fragments: &'a [PathBuf],
+    pub arch: kloop_protocol::Arch,
     pub scenario: &'a Scenario,
     pub predicate: &'a Predicate,
     pub reference: &'a Observation,
@@ -320,7 +325,7 @@ pub fn step(
 ) -> Result<StepOutcome, TreeError> {
     let head = git(s.tree, &["log", "-1", "--abbrev=12", "--format=%h %s"])?;
     let t = Instant::now();
-    let built = match build_tree(layout, s.tree, s.fragments, on_event) {
+    let built = match build_tree(layout, s.tree, s.fragments, s.arch, on_event) {
         Ok(k) => k,
         Err(e) => {
             let why = if e.is_build_failure() {

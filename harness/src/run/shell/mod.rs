@@ -47,12 +47,6 @@ const APPLETS_LEFT_OUT: [&str; 2] = ["init", "linuxrc"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ShellError {
-    #[error(
-        "vm-shell has no {0} shell yet: the guest's shell is the host's static busybox, an \
-         x86-64 binary, and no {0} busybox is unpacked for it; run the scenario's trial with \
-         `cargo xtask vm-test --arch {0}` instead"
-    )]
-    NoShellFor(kloop_protocol::Arch),
     #[error(transparent)]
     Payload(#[from] PayloadError),
     #[error("preparing the guest: {0}")]
@@ -114,12 +108,11 @@ pub fn run_shell(
 ) -> Result<ShellOutcome, ShellError> {
     let artefacts = env.run_dir.join("shell");
     let arch = kernel.arch();
-    if arch != kloop_protocol::Arch::X86_64 {
-        // The shell is the host's static busybox, an x86-64 binary.
-        return Err(ShellError::NoShellFor(arch));
-    }
+    // Another architecture's QEMU and agent (TCG); its busybox is Debian's
+    // of that architecture.
+    let env = &*env.for_arch(arch).map_err(ShellError::Guest)?;
     // Before any kernel is fetched: without busybox there is no shell.
-    let busybox = payload::busybox_payload()?;
+    let busybox = payload::busybox_payload_for(env, arch)?;
     // The checks the kernel was built with: a by-hand run's report holds
     // their evidence to the same door as a trial's.
     let kernel_checks = kernel.checks(env);

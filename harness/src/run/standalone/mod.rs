@@ -348,6 +348,7 @@ pub fn proof_kernels(
     layout: &crate::workspace::Layout,
     r: &Reproducer,
     specs: &[String],
+    arch: kloop_protocol::Arch,
     fetch: &kloop_kernels::FetchOptions,
     build: &mut dyn FnMut(
         &kloop_kernels::build::BuildRequest,
@@ -355,7 +356,9 @@ pub fn proof_kernels(
     ) -> Option<kloop_kernels::build::BuiltKernel>,
 ) -> Result<Option<Vec<ProofKernel>>, StandaloneError> {
     use crate::run::trial::KernelUnderTest;
-    let catalog = kloop_kernels::Catalog::load(&layout.kernels())?;
+    // Every architecture's pins: a built kernel is judged by the pin of
+    // its series and architecture, and `--kernel arm64/6.12` names one.
+    let catalog = kloop_kernels::Catalog::load_all(&layout.kernels())?;
     let affected = r.affected_pins();
     let pin_expect = |id: &str| {
         catalog.get(id).ok().map(|_| {
@@ -370,10 +373,11 @@ pub fn proof_kernels(
         return specs
             .iter()
             .map(|spec| {
+                let spec = crate::run::suite::pin_id_for(&catalog, spec, arch);
                 Ok(ProofKernel {
-                    kernel: crate::run::suite::resolve_kernel(&catalog, spec, None)?,
-                    expect: pin_expect(spec),
-                    label: spec.clone(),
+                    kernel: crate::run::suite::resolve_kernel(&catalog, &spec, None)?,
+                    expect: pin_expect(&spec),
+                    label: spec,
                 })
             })
             .collect::<Result<Vec<_>, StandaloneError>>()
@@ -382,6 +386,7 @@ pub fn proof_kernels(
     let mut kernels: Vec<ProofKernel> = catalog
         .pins()
         .iter()
+        .filter(|p| p.arch() == arch)
         .map(|p| ProofKernel {
             kernel: KernelUnderTest::Pin(p.clone()),
             expect: pin_expect(&p.id),
@@ -396,7 +401,7 @@ pub fn proof_kernels(
         let spec = kloop_kernels::build::SourceSpec::parse(&source, &layout.kernels())?;
         let base_req = kloop_kernels::build::BuildRequest {
             fetch: fetch.clone(),
-            ..kloop_kernels::build::BuildRequest::new(spec, &layout.kernels())
+            ..kloop_kernels::build::BuildRequest::new(spec, &layout.kernels()).for_arch(arch)
         };
         // The fix's base (fix.toml) beneath both, as validate builds them.
         let beneath = crate::run::fixes::base_of(&layout.kernels(), &folder, &source)?;

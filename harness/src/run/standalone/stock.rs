@@ -149,10 +149,12 @@ pub struct StockRun {
 /// The initramfs of the stock environment: busybox, `init` as `/init`,
 /// and the programs built for the trial (`payload`).
 pub(crate) fn stock_initramfs(
+    env: &TrialEnv,
+    arch: kloop_protocol::Arch,
     payload: &crate::run::payload::Payload,
     init: &str,
 ) -> Result<Initramfs, StandaloneError> {
-    let (busybox, _) = payload::busybox_payload()
+    let (busybox, _) = payload::busybox_payload_for(env, arch)
         .map_err(|e| StandaloneError::Stock(format!("it needs busybox: {e}")))?;
     let mut i = Initramfs::skeleton();
     i.add_file("init", 0o755, init.as_bytes().to_vec());
@@ -193,12 +195,18 @@ pub(crate) fn boot_plain(
     dir: &Path,
     has_status: &dyn Fn(&str) -> bool,
 ) -> Result<PlainBoot, StandaloneError> {
+    // Another architecture's QEMU (TCG) and busybox.
+    let env = match env.for_arch(kernel.arch()) {
+        Ok(env) => env,
+        Err(why) => return Ok(PlainBoot::NotPrepared(why)),
+    };
+    let env = &*env;
     let parts = match prepare_guest(env, kernel, scenario, dir) {
         Ok(p) => p,
         Err(v) => return Ok(PlainBoot::NotPrepared(v.headline())),
     };
     let initramfs = dir.join("initramfs.cpio");
-    stock_initramfs(&parts.payload, init)?
+    stock_initramfs(env, kernel.arch(), &parts.payload, init)?
         .write_file(&initramfs)
         .at("writing", &initramfs)?;
     // PID 1 is busybox's shell reading /init, started by the kernel as

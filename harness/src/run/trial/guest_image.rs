@@ -171,6 +171,10 @@ pub fn standalone_guest(
     scenario: &Scenario,
     scratch: &Path,
 ) -> Result<StandaloneGuest, Verdict> {
+    // Another architecture's agent and QEMU.
+    let env = &*env
+        .for_arch(kernel.arch())
+        .map_err(Verdict::Infrastructure)?;
     let parts = prepare_guest(env, kernel, scenario, scratch)?;
     let initramfs = parts
         .initramfs(&env.agent, Some(&scenario.plan))
@@ -216,10 +220,11 @@ pub(crate) fn prepare_guest(
     if let Some(why) = perf_unavailable_for(kernel.arch(), scenario) {
         return Err(Verdict::Skipped(why));
     }
-    let payload = match scenario_payload(scenario, &env.cache.root().join("programs")) {
-        Ok(p) => p,
-        Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
-    };
+    let payload =
+        match scenario_payload(scenario, &env.cache.root().join("programs"), kernel.arch()) {
+            Ok(p) => p,
+            Err(e) => return Err(Verdict::Infrastructure(e.to_string())),
+        };
     let accel = env.accel.accel();
     let arch = kernel.arch();
     let vm = VmConfig {
@@ -450,8 +455,10 @@ pub(super) fn boot_file(
 pub(super) fn scenario_payload(
     scenario: &Scenario,
     programs_cache: &Path,
+    arch: kloop_protocol::Arch,
 ) -> Result<Payload, crate::run::payload::PayloadError> {
-    let mut payload = crate::run::payload::programs_payload(&scenario.programs, programs_cache)?;
+    let mut payload =
+        crate::run::payload::programs_payload(&scenario.programs, programs_cache, arch)?;
     payload.files.extend(perf_payload_of(scenario)?.files);
     Ok(payload)
 }

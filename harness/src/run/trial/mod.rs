@@ -267,7 +267,7 @@ impl KernelUnderTest {
         let series_pin = catalog
             .pins()
             .iter()
-            .find(|p| p.series == pin.series)
+            .find(|p| p.series == pin.series && p.arch() == pin.arch())
             .map(|p| p.id.clone());
         KernelUnderTest::DistroBuild { pin, series_pin }
     }
@@ -347,6 +347,9 @@ pub struct ArchTools {
     pub qemu: PathBuf,
     pub qemu_version: String,
     pub agent: PathBuf,
+    /// `kernels/`: where the pins of its guest tools are
+    /// ([`kloop_kernels::guest_tool`]), fetched only by what needs them.
+    pub kernels_dir: PathBuf,
 }
 
 #[derive(Clone)]
