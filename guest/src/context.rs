@@ -115,7 +115,7 @@ pub struct StepContext {
     /// The plan's listeners, in `Listener` index order.
     /// The waiters of polled listeners, by the `open-listeners` step that
     /// opened them.
-    pub waiters: std::collections::BTreeMap<u32, crate::steps::wakeups::Waiter>,
+    pub waiters: std::collections::BTreeMap<u32, crate::wakeups::Waiter>,
     pub rings: Vec<perf::Ring>,
     /// Listeners opened without a ring (`ring_pages = 0`), held open.
     pub unmapped: Vec<std::os::fd::OwnedFd>,

@@ -44,6 +44,7 @@ mod runner;
 mod shell;
 mod steps;
 mod sys;
+mod wakeups;
 
 use kloop_protocol::{RUN_BY_HAND, SHELL_SETUP_PATH};
 

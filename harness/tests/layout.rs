@@ -209,12 +209,25 @@ fn rooms_named_in(path: &Path, found: &mut Vec<(String, String)>) {
         if line.trim_start().starts_with("//") {
             continue;
         }
-        for (at, _) in line.match_indices("crate::") {
-            let name: String = line[at + "crate::".len()..]
+        let module = |text: &str| -> String {
+            text.trim_start()
                 .chars()
-                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
-                .collect();
-            found.push((name, path.display().to_string()));
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                .collect()
+        };
+        for (at, _) in line.match_indices("crate::") {
+            let rest = &line[at + "crate::".len()..];
+            match rest.strip_prefix('{') {
+                // `crate::{a, b::c}`: each path's first module (a group
+                // on one line; rustfmt keeps short ones so).
+                Some(group) => {
+                    let group = group.split('}').next().unwrap_or("");
+                    for part in group.split(',').filter(|p| !p.trim().is_empty()) {
+                        found.push((module(part), path.display().to_string()));
+                    }
+                }
+                None => found.push((module(rest), path.display().to_string())),
+            }
         }
     }
 }
@@ -284,6 +297,136 @@ fn the_room_scan_sees_code_and_skips_comments() {
     rooms_named_in(dir.path(), &mut found);
     let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["report", "run"]);
+}
+
+/// The modules of one binary's `src` by floor, top first: a module may
+/// import (`crate::<module>`) only modules on a floor below its own, never
+/// one beside it or above, nor the crate root's own items (`crate::X`,
+/// `crate::*`: the dispatch's). `main` is the root and above every floor.
+/// Every module on disk must be on a floor, so a new one fails here until
+/// its place is decided. Returns the back arrows found.
+fn back_arrows_in(src: &Path, floors: &[Vec<String>]) -> Vec<String> {
+    let mut on_disk = Vec::new();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if (path.is_dir() || path.extension().is_some_and(|e| e == "rs")) && name != "main" {
+            on_disk.push(name);
+        }
+    }
+    on_disk.sort();
+    let mut mapped: Vec<String> = floors.iter().flatten().cloned().collect();
+    mapped.sort();
+    assert_eq!(
+        on_disk,
+        mapped,
+        "modules under {} against their floors",
+        src.display()
+    );
+    let mut arrows = Vec::new();
+    for (level, floor) in floors.iter().enumerate() {
+        let below: Vec<&String> = floors[level + 1..].iter().flatten().collect();
+        for module in floor {
+            let dir = src.join(module);
+            let path = if dir.is_dir() {
+                dir
+            } else {
+                src.join(format!("{module}.rs"))
+            };
+            let mut found = Vec::new();
+            rooms_named_in(&path, &mut found);
+            for (name, file) in found {
+                if name != *module && !below.iter().any(|b| **b == name) {
+                    let what = if name.is_empty() {
+                        "the crate root's items".to_string()
+                    } else {
+                        format!("crate::{name}")
+                    };
+                    arrows.push(format!("{file}: {module} imports {what}"));
+                }
+            }
+        }
+    }
+    arrows
+}
+
+fn floor(names: &[&str]) -> Vec<String> {
+    names.iter().map(|n| n.to_string()).collect()
+}
+
+/// Architecture invariant: inside the xtask, each command's file
+/// (`<command>_cmd.rs`) imports only the shared helpers, the flags and
+/// the view below it: never `main.rs` (the dispatch) or another command.
+#[test]
+fn the_xtask_imports_only_downwards() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../xtask/src");
+    let mut commands: Vec<String> = std::fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter_map(|n| n.strip_suffix("_cmd.rs").map(|c| format!("{c}_cmd")))
+        .collect();
+    // The checks of the xtask's own tree sit beside the commands.
+    commands.extend(floor(&["docs_check", "session_check"]));
+    let floors = [commands, floor(&["shared"]), floor(&["flags", "view"])];
+    let arrows = back_arrows_in(&src, &floors);
+    assert!(
+        arrows.is_empty(),
+        "back arrows in the xtask:\n{}",
+        arrows.join("\n")
+    );
+}
+
+/// Architecture invariant: the guest's modules are layered, from the
+/// system calls up to the runner; a module imports only those below it.
+#[test]
+fn the_guest_imports_only_downwards() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/src");
+    let floors = [
+        floor(&["by_hand"]),
+        floor(&["runner", "shell"]),
+        floor(&["steps"]),
+        floor(&["context"]),
+        floor(&["arm64_insn"]),
+        floor(&["bpf", "perf", "init", "jit_books", "exec_areas", "wakeups"]),
+        floor(&["channel", "kallsyms"]),
+        floor(&["modules", "btf", "fixtures", "kernel_log"]),
+        floor(&["sys"]),
+    ];
+    let arrows = back_arrows_in(&src, &floors);
+    assert!(
+        arrows.is_empty(),
+        "back arrows in the guest:\n{}",
+        arrows.join("\n")
+    );
+}
+
+/// The planted case for the floors: a module importing one beside it, one
+/// above it and the root's items is caught; one below is not.
+#[test]
+fn the_floor_check_sees_sideways_upward_and_root_imports() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+    w("main.rs", "mod a_cmd; mod b_cmd; mod shared;\n");
+    w(
+        "a_cmd.rs",
+        "use crate::shared::x;\nuse crate::b_cmd::y;\nuse crate::*;\n",
+    );
+    w("b_cmd.rs", "use crate::shared::x;\n");
+    w("shared.rs", "fn f() { crate::a_cmd::g() }\n");
+    let floors = [floor(&["a_cmd", "b_cmd"]), floor(&["shared"])];
+    let mut arrows = back_arrows_in(dir.path(), &floors);
+    arrows
+        .iter_mut()
+        .for_each(|a| *a = a.rsplit_once(": ").unwrap().1.to_string());
+    arrows.sort();
+    assert_eq!(
+        arrows,
+        [
+            "a_cmd imports crate::b_cmd",
+            "a_cmd imports the crate root's items",
+            "shared imports crate::a_cmd"
+        ]
+    );
 }
 
 /// Architecture invariant: the library crates print nothing (clippy's

@@ -7,7 +7,14 @@ use anyhow::Result;
 use kloop::run::audit::{AuditOptions, Event};
 use kloop::run::suite::EnvOptions;
 
-use crate::{layout, AuditArgs};
+use crate::flags::*;
+use crate::shared::*;
+
+impl Run for AuditArgs {
+    fn run(self) -> Result<ExitCode> {
+        audit(self)
+    }
+}
 
 /// Exit 0 when every series answered for every reproducer, or only
 /// because the mirror does not serve its builds (the table says which and
@@ -15,7 +22,7 @@ use crate::{layout, AuditArgs};
 /// reason (every build asked panicked, hung, or could not be had for a
 /// reason other than the mirror), 2 on bad input (an unknown id, a series
 /// with no served build) or a setup error.
-pub(crate) fn audit(a: AuditArgs) -> Result<ExitCode> {
+fn audit(a: AuditArgs) -> Result<ExitCode> {
     let layout = layout();
     let opts = AuditOptions {
         ids: a.ids.clone(),
@@ -45,5 +52,5 @@ pub(crate) fn audit(a: AuditArgs) -> Result<ExitCode> {
     print!("\n{}", kloop::report::audit::table(result));
     audited.kcidb?;
     println!("{}", kloop::report::audit::summary(result));
-    Ok(crate::exit_code(result.passed()))
+    Ok(exit_code(result.passed()))
 }

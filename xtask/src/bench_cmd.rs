@@ -8,9 +8,16 @@ use kloop::run::bench;
 use kloop::run::suite::{self, EnvOptions};
 use kloop::session::bench::Event as BenchEvent;
 
-use crate::*;
+use crate::flags::*;
+use crate::shared::*;
 
-pub(crate) fn bench(a: BenchArgs) -> Result<ExitCode> {
+impl Run for BenchArgs {
+    fn run(self) -> Result<ExitCode> {
+        bench(self)
+    }
+}
+
+fn bench(a: BenchArgs) -> Result<ExitCode> {
     if let Some(gib) = a.perf_data_gib {
         return perf_data_bench(gib);
     }

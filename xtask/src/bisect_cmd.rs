@@ -9,10 +9,27 @@ use kloop::run::bisect::tree;
 use kloop::run::suite::{self, EnvOptions};
 use kloop::session::bisect::{Event, StepOptions, TreeOptions};
 
-use crate::*;
+use crate::flags::*;
+use crate::shared::*;
+
+impl Run for BisectArgs {
+    fn run(self) -> Result<ExitCode> {
+        if self.tree.is_some() {
+            bisect_tree(self)
+        } else {
+            bisect(self)
+        }
+    }
+}
+
+impl Run for BisectStepArgs {
+    fn run(self) -> Result<ExitCode> {
+        bisect_step(self)
+    }
+}
 
 /// `bisect` over the builds the mirror serves.
-pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
+fn bisect(a: BisectArgs) -> Result<ExitCode> {
     let layout = layout();
     let opts = DistroBisect {
         old: a.old.clone(),
@@ -49,7 +66,7 @@ pub(crate) fn bisect(a: BisectArgs) -> Result<ExitCode> {
 
 /// `bisect --tree`: the ends evaluated here, then `git bisect run` with
 /// `bisect-step` in a worktree.
-pub(crate) fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
+fn bisect_tree(a: BisectArgs) -> Result<ExitCode> {
     let opts = TreeOptions {
         repo: a.tree.clone().expect("checked by the caller"),
         old: a.old.clone(),
@@ -151,7 +168,7 @@ fn step_command(a: &BisectArgs) -> Result<tree::StepCommand> {
 /// `bisect-step`: what `git bisect run` calls. Exit 0 old, 1 new, 125 skip;
 /// a step that cannot run at all exits 128, which makes git abort the
 /// search (any other code from 1 to 127 would mark the commit new).
-pub(crate) fn bisect_step(a: BisectStepArgs) -> Result<ExitCode> {
+fn bisect_step(a: BisectStepArgs) -> Result<ExitCode> {
     match try_bisect_step(a) {
         Ok(code) => Ok(code),
         Err(e) => {

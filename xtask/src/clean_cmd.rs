@@ -5,9 +5,16 @@ use std::process::ExitCode;
 use anyhow::Result;
 use kloop::session::clean::{CacheCleaning, CleanOptions};
 
-use crate::{layout, CleanArgs};
+use crate::flags::*;
+use crate::shared::*;
 
-pub(crate) fn clean(a: CleanArgs) -> Result<ExitCode> {
+impl Run for CleanArgs {
+    fn run(self) -> Result<ExitCode> {
+        clean(self)
+    }
+}
+
+fn clean(a: CleanArgs) -> Result<ExitCode> {
     let layout = layout();
     let opts = CleanOptions {
         keep: a.keep,
@@ -57,7 +64,7 @@ pub(crate) fn clean(a: CleanArgs) -> Result<ExitCode> {
     for (path, e) in &cleaned.failed {
         eprintln!("kloop: could not remove {}: {e}", path.display());
     }
-    Ok(crate::exit_code(
+    Ok(exit_code(
         pruned.failed.is_empty() && cleaned.failed.is_empty(),
     ))
 }

@@ -6,27 +6,19 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::Args;
 use kloop::doctor::{self, DoctorOptions};
 
-use crate::{layout, FetchArgs};
+use crate::flags::*;
+use crate::shared::*;
 
-#[derive(Args, Clone)]
-pub(crate) struct DoctorArgs {
-    /// Forget the cached KVM verdict and boot the probe guest again (after
-    /// enabling virtualisation, say: the cache key, host kernel and QEMU
-    /// version, has not changed).
-    #[arg(long)]
-    recheck: bool,
-    /// Seconds one suite's Release file may take to arrive from the mirror.
-    #[arg(long, default_value_t = 5)]
-    mirror_timeout: u64,
-    #[command(flatten)]
-    fetch: FetchArgs,
+impl Run for DoctorArgs {
+    fn run(self) -> Result<ExitCode> {
+        doctor(self)
+    }
 }
 
 /// Exit 0 when nothing FAILs (warnings included), 1 otherwise.
-pub(crate) fn doctor(a: DoctorArgs) -> Result<ExitCode> {
+fn doctor(a: DoctorArgs) -> Result<ExitCode> {
     let opts = DoctorOptions {
         recheck_kvm: a.recheck,
         fetch: a.fetch.options(),

@@ -85,13 +85,7 @@ pub(crate) enum Cmd {
     /// Judge the KSYMBOL, BPF_EVENT and LOST records of a perf.data from
     /// any host (strict layout, BPF symbol shape, register/unregister
     /// pairing): exit 0 clean, 1 findings, 2 unreadable.
-    CheckPerfData {
-        /// The perf.data file.
-        file: PathBuf,
-        /// The result as JSON on stdout.
-        #[arg(long)]
-        json: bool,
-    },
+    CheckPerfData(CheckPerfDataArgs),
     /// Join the run directories of the shards of one run (`vm-test
     /// --shard K/N`) into one run directory with the whole run's reports.
     Merge(MergeArgs),
@@ -116,7 +110,7 @@ pub(crate) enum Cmd {
     ReportBug(ReportBugArgs),
     /// Check this machine: QEMU, firmware, KVM, clang, perf, apt tools, the
     /// mirror, the cache; one OK/WARN/FAIL line each, with the fix.
-    Doctor(crate::doctor_cmd::DoctorArgs),
+    Doctor(DoctorArgs),
     /// Mutation testing: mutants of the kernel code that emits the records
     /// (kernels/mutation-targets.toml), each built and judged against the
     /// unmutated build like `validate`; writes the score report.
@@ -127,7 +121,7 @@ pub(crate) enum Cmd {
     /// Which pin × scenario is expected to be SKIPPED: derived from each
     /// scenario's `requires` and each pin's config and release, compared
     /// with kernels/expected-skips.toml (`--write` rewrites it).
-    Skips(crate::skips_cmd::SkipsArgs),
+    Skips(SkipsArgs),
     /// The kernel catalog.
     Kernels {
         #[command(subcommand)]
@@ -916,4 +910,47 @@ fn boot_mode_parser() -> impl clap::builder::TypedValueParser<Value = kloop::run
         s.parse()
             .expect("PossibleValuesParser passes only listed names")
     })
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct DoctorArgs {
+    /// Forget the cached KVM verdict and boot the probe guest again (after
+    /// enabling virtualisation, say: the cache key, host kernel and QEMU
+    /// version, has not changed).
+    #[arg(long)]
+    pub(crate) recheck: bool,
+    /// Seconds one suite's Release file may take to arrive from the mirror.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) mirror_timeout: u64,
+    #[command(flatten)]
+    pub(crate) fetch: FetchArgs,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct SkipsArgs {
+    /// Rewrite kernels/expected-skips.toml with the derived list (its
+    /// `probe` entries kept).
+    #[arg(long, conflicts_with = "check")]
+    pub(crate) write: bool,
+    /// Compare only (the default): exit 1 when the file differs.
+    #[arg(long)]
+    pub(crate) check: bool,
+    #[command(flatten)]
+    pub(crate) fetch: FetchArgs,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct CheckPerfDataArgs {
+    /// The perf.data file.
+    pub(crate) file: PathBuf,
+    /// The result as JSON on stdout.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// One command of the xtask: what runs its flags. Each command's file
+/// (`<command>_cmd.rs`) implements it for its own flags, so main.rs's
+/// dispatch names no module and cannot call another command's.
+pub(crate) trait Run {
+    fn run(self) -> anyhow::Result<std::process::ExitCode>;
 }

@@ -5,10 +5,17 @@ use std::process::ExitCode;
 use anyhow::Result;
 use kloop::report::Summary;
 
-use crate::*;
+use crate::flags::*;
+use crate::shared::*;
+
+impl Run for MergeArgs {
+    fn run(self) -> Result<ExitCode> {
+        merge(self)
+    }
+}
 
 /// `merge DIR…`: the shards' run directories as one run directory.
-pub(crate) fn merge(a: MergeArgs) -> Result<ExitCode> {
+fn merge(a: MergeArgs) -> Result<ExitCode> {
     let opts = kloop::session::merge::MergeOptions {
         dirs: a.dirs.clone(),
         out: a.out.clone(),

@@ -7,9 +7,16 @@ use kloop::mutants::Strategy;
 use kloop::run::suite::{self, EnvOptions};
 use kloop::session::mutants::{self, MutantsOptions, Totals};
 
-use crate::{layout, start_trials, BuildArgs, MutantsArgs};
+use crate::flags::*;
+use crate::shared::*;
 
-pub(crate) fn mutants(a: MutantsArgs) -> Result<ExitCode> {
+impl Run for MutantsArgs {
+    fn run(self) -> Result<ExitCode> {
+        mutants(self)
+    }
+}
+
+fn mutants(a: MutantsArgs) -> Result<ExitCode> {
     let layout = layout();
     start_trials();
     let opts = options(&a, &layout)?;
@@ -112,5 +119,5 @@ fn summarise(t: &Totals) -> ExitCode {
         println!("kloop: interrupted; the report holds the mutants judged so far");
         return ExitCode::from(130);
     }
-    crate::exit_code(t.unexplained.is_empty())
+    exit_code(t.unexplained.is_empty())
 }

@@ -7,9 +7,16 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
-use crate::{layout, ReportBugArgs};
+use crate::flags::*;
+use crate::shared::*;
 
-pub(crate) fn report_bug(a: ReportBugArgs) -> Result<ExitCode> {
+impl Run for ReportBugArgs {
+    fn run(self) -> Result<ExitCode> {
+        report_bug(self)
+    }
+}
+
+fn report_bug(a: ReportBugArgs) -> Result<ExitCode> {
     if let (Some(id), Some(series)) = (&a.backport, &a.series) {
         return backport(&a, id, series);
     }

@@ -10,9 +10,16 @@ use kloop::report::repro;
 use kloop::run::suite::EnvOptions;
 use kloop::session::repro::{Event, ProveOptions, Standalone};
 
-use crate::{layout, ReproArgs};
+use crate::flags::*;
+use crate::shared::*;
 
-pub(crate) fn repro(a: ReproArgs) -> Result<ExitCode> {
+impl Run for ReproArgs {
+    fn run(self) -> Result<ExitCode> {
+        repro(self)
+    }
+}
+
+fn repro(a: ReproArgs) -> Result<ExitCode> {
     match (&a.trial, &a.standalone) {
         (_, Some(id)) => standalone_repro(&a, id),
         (Some(trial), None) => trial_repro(trial, a.out.clone()),
@@ -74,10 +81,10 @@ fn prove(layout: &kloop::workspace::Layout, a: &ReproArgs, s: &Standalone) -> Re
         },
     };
     let mut build =
-        |req: &kloop_kernels::build::BuildRequest, what: &str| crate::build_kernel(req, what).ok();
+        |req: &kloop_kernels::build::BuildRequest, what: &str| build_kernel(req, what).ok();
     let Some(proven) = kloop::session::repro::prove(layout, &opts, s, &mut build, &print_event)?
     else {
-        return Ok(ExitCode::from(crate::EXIT_BUILD));
+        return Ok(ExitCode::from(EXIT_BUILD));
     };
     let run = &proven.run;
     let stock: Vec<_> = run.stock.iter().map(|s| s.outcome.clone()).collect();
@@ -93,7 +100,7 @@ fn prove(layout: &kloop::workspace::Layout, a: &ReproArgs, s: &Standalone) -> Re
         proven.secs,
         proven.run_dir.display()
     );
-    Ok(crate::exit_code(all_as_expected))
+    Ok(exit_code(all_as_expected))
 }
 
 /// What a proof says while it runs, as lines on stdout.

@@ -6,26 +6,19 @@
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use clap::Args;
 
-use crate::{layout, FetchArgs};
+use crate::flags::*;
+use crate::shared::*;
 
-#[derive(Args, Clone)]
-pub(crate) struct SkipsArgs {
-    /// Rewrite kernels/expected-skips.toml with the derived list (its
-    /// `probe` entries kept).
-    #[arg(long, conflicts_with = "check")]
-    write: bool,
-    /// Compare only (the default): exit 1 when the file differs.
-    #[arg(long)]
-    check: bool,
-    #[command(flatten)]
-    fetch: FetchArgs,
+impl Run for SkipsArgs {
+    fn run(self) -> Result<ExitCode> {
+        skips(self)
+    }
 }
 
 /// Exit 0 when the file holds the derived list (or was rewritten), 1 when
 /// it differs, 2 on a setup error.
-pub(crate) fn skips(a: SkipsArgs) -> Result<ExitCode> {
+fn skips(a: SkipsArgs) -> Result<ExitCode> {
     let layout = layout();
     let d = kloop::session::skips::derive(&layout, &a.fetch.options())?;
     for p in &d.problems {
@@ -59,7 +52,7 @@ pub(crate) fn skips(a: SkipsArgs) -> Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    for line in crate::judge_diff(&d.committed.render(), &d.text()) {
+    for line in judge_diff(&d.committed.render(), &d.text()) {
         println!("{line}");
     }
     println!(

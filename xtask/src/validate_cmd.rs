@@ -1,102 +1,26 @@
-//! `vm-test --baseline` and `validate`: A/B runs.
+//! `validate`: a source built without and with patches, and the A/B of
+//! the two kernels.
 
 use std::process::ExitCode;
 
-use anyhow::{bail, Result};
-use kloop::run::ab::AbRun;
-use kloop::run::suite::{self, EnvOptions, Selection};
-use kloop::run::trial::KernelUnderTest;
-use kloop::session::ab::{AbOptions, Event};
+use anyhow::Result;
+use kloop::run::suite::{self, EnvOptions};
+use kloop::session::ab::AbOptions;
 use kloop::session::validate::{self, ValidateOptions, Validated};
-use kloop::workspace::Layout;
 
-use crate::*;
+use crate::flags::*;
+use crate::shared::ab::*;
+use crate::shared::*;
 
-/// `vm-test --baseline`: the candidate (the one kernel --kernel or
-/// --kernel-image names) against the baseline, scenario by scenario.
-pub(crate) fn ab_test(
-    layout: &Layout,
-    a: &VmTestArgs,
-    sel: &Selection,
-    baseline: &str,
-) -> Result<ExitCode> {
-    if a.repeat > 1 {
-        bail!("--baseline compares one run of each side; check stability with --repeat on each kernel first");
-    }
-    let (baseline, candidate) = kloop::session::ab::sides(layout, sel, baseline)?;
-    let opts = AbOptions {
-        scenarios: a.scenarios.clone(),
-        env: a.env_options(),
-        jobs: suite::Parallel::from_flag(a.jobs),
-        shard: a.shard,
-        reuse_baseline: !a.rerun_baseline,
-    };
-    let ab = run_and_print_ab(layout, &baseline, &candidate, &opts)?;
-    Ok(exit_of(&ab.acceptance(&[])))
-}
-
-fn exit_of(acceptance: &kloop::judge::ab::Acceptance) -> ExitCode {
-    print_reasons(acceptance);
-    exit_code(acceptance.accepted)
-}
-
-/// Why an A/B was not accepted, a line each.
-fn print_reasons(acceptance: &kloop::judge::ab::Acceptance) {
-    for r in &acceptance.reasons {
-        println!("kloop: not accepted: {r}");
-    }
-}
-
-/// Runs the A/B (which writes its reports) and prints the per-scenario
-/// report.
-fn run_and_print_ab(
-    layout: &Layout,
-    baseline: &KernelUnderTest,
-    candidate: &KernelUnderTest,
-    opts: &AbOptions,
-) -> Result<AbRun> {
-    start_trials();
-    let ab = kloop::session::ab::run(layout, baseline, candidate, opts, &print_event)?;
-    print_ab(&ab);
-    Ok(ab)
-}
-
-/// An A/B's per-scenario report and where it is.
-fn print_ab(ab: &AbRun) {
-    let colour = kloop::report::ab::Colour::for_stdout();
-    let table = kloop::report::ab::render(&ab.baseline, &ab.candidate, &ab.outcomes, colour);
-    println!("\n{table}");
-    println!(
-        "kloop: A/B in {:.1} s ({}); report {}",
-        ab.secs,
-        ab.accel,
-        ab.json.display()
-    );
-}
-
-/// What an A/B run says, as lines on stdout.
-fn print_event(e: Event<'_>) {
-    match e {
-        Event::Started {
-            accel,
-            baseline,
-            candidate,
-            run_dir,
-        } => {
-            println!("kloop: accelerator: {accel}");
-            println!(
-                "kloop: A/B: baseline {baseline}, candidate {candidate}; artefacts in {}",
-                run_dir.display()
-            );
-        }
-        Event::Note(text) => println!("kloop: {text}"),
-        Event::Trial(r) => println!("{}", kloop::report::trial_line(r)),
+impl Run for ValidateArgs {
+    fn run(self) -> Result<ExitCode> {
+        validate(self)
     }
 }
 
 /// `validate`: the source built without and with the patches, then the
 /// A/B judged against the expected fixes (`kloop::session::validate`).
-pub(crate) fn validate(a: ValidateArgs) -> Result<ExitCode> {
+fn validate(a: ValidateArgs) -> Result<ExitCode> {
     let layout = layout();
     let opts = ValidateOptions {
         base: BuildArgs {
@@ -169,7 +93,7 @@ fn print_validate_event(e: validate::Event<'_>) {
             println!("kloop: validate: {conclusion}");
         }
         validate::Event::Recorded(line) => println!("kloop: {line}"),
-        validate::Event::Control(o, kept) => crate::kernels_cmd::print_control(o, kept),
+        validate::Event::Control(o, kept) => print_control(o, kept),
     }
 }
 

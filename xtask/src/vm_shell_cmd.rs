@@ -8,9 +8,16 @@ use kloop::run::shell::ShellError;
 use kloop::run::suite::EnvOptions;
 use kloop::session::vm_shell::{Event, VmShellOptions};
 
-use crate::*;
+use crate::flags::*;
+use crate::shared::*;
 
-pub(crate) fn vm_shell(a: VmShellArgs) -> Result<ExitCode> {
+impl Run for VmShellArgs {
+    fn run(self) -> Result<ExitCode> {
+        vm_shell(self)
+    }
+}
+
+fn vm_shell(a: VmShellArgs) -> Result<ExitCode> {
     let opts = VmShellOptions {
         kernel: a.kernel.clone(),
         arch: a.arch.one("vm-shell")?,

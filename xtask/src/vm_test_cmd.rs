@@ -1,15 +1,33 @@
-//! `vm-test` and `bless` (through `vm-test`).
+//! `vm-test` and `bless` (through `vm-test`), and `vm-test --baseline`'s
+//! A/B.
 
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
+use kloop::run::suite::{self, Selection};
+use kloop::session::ab::AbOptions;
+use kloop::workspace::Layout;
 
-use crate::*;
+use crate::flags::*;
+use crate::shared::ab::*;
+use crate::shared::*;
+
+impl Run for VmTestArgs {
+    fn run(self) -> Result<ExitCode> {
+        vm_test(self, false, Default::default())
+    }
+}
+
+impl Run for BlessArgs {
+    fn run(self) -> Result<ExitCode> {
+        bless(self)
+    }
+}
 
 /// `vm-test` (and `bless`: `bless` says what the trials write;
 /// `new_snapshot_set`: `bless --as`, whose `--snapshot-as` names a set that
 /// does not exist yet).
-pub(crate) fn vm_test(
+fn vm_test(
     a: VmTestArgs,
     new_snapshot_set: bool,
     bless: kloop::run::trial::Bless,
@@ -41,7 +59,7 @@ pub(crate) fn vm_test(
 /// `bless`: the trials' streams become their golden snapshots (and, with
 /// `--overhead`, their figures the budgets); only a clean stream can be
 /// blessed, since invariant violations still fail.
-pub(crate) fn bless(
+fn bless(
     BlessArgs {
         run: mut a,
         overhead,
@@ -65,4 +83,27 @@ pub(crate) fn bless(
         overhead,
     };
     vm_test(a, as_name.is_some(), bless)
+}
+
+/// `vm-test --baseline`: the candidate (the one kernel --kernel or
+/// --kernel-image names) against the baseline, scenario by scenario.
+pub(crate) fn ab_test(
+    layout: &Layout,
+    a: &VmTestArgs,
+    sel: &Selection,
+    baseline: &str,
+) -> Result<ExitCode> {
+    if a.repeat > 1 {
+        bail!("--baseline compares one run of each side; check stability with --repeat on each kernel first");
+    }
+    let (baseline, candidate) = kloop::session::ab::sides(layout, sel, baseline)?;
+    let opts = AbOptions {
+        scenarios: a.scenarios.clone(),
+        env: a.env_options(),
+        jobs: suite::Parallel::from_flag(a.jobs),
+        shard: a.shard,
+        reuse_baseline: !a.rerun_baseline,
+    };
+    let ab = run_and_print_ab(layout, &baseline, &candidate, &opts)?;
+    Ok(exit_of(&ab.acceptance(&[])))
 }

@@ -95,6 +95,17 @@ impl Arch {
         }
     }
 
+    /// Debian's C compiler for programs of this architecture, run on an
+    /// x86-64 host: the host's own, or the cross compiler
+    /// (`gcc-aarch64-linux-gnu`, glibc's static archives from
+    /// `libc6-dev-arm64-cross`).
+    pub const fn c_compiler(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "gcc",
+            Arch::Arm64 => "aarch64-linux-gnu-gcc",
+        }
+    }
+
     /// The architecture a pin id names (`arm64/6.12` → arm64, `6.12` →
     /// x86-64) and the id without it.
     pub fn of_id(id: &str) -> (Arch, &str) {

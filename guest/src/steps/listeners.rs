@@ -70,7 +70,7 @@ pub fn open(context: &mut StepContext, spec: &ListenerSpec, step: u32) -> Result
             .collect();
         context.waiters.insert(
             step,
-            crate::steps::wakeups::Waiter::start(fds, spec.poll_watermark)?,
+            crate::wakeups::Waiter::start(fds, spec.poll_watermark)?,
         );
     }
     context.opened_by.insert(step, opened);

@@ -24,4 +24,3 @@ pub mod spin_read;
 pub mod storm;
 pub mod struct_ops;
 pub mod unprivileged;
-pub mod wakeups;

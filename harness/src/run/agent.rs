@@ -45,7 +45,7 @@ pub const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
 /// The C cross-compiler that links an aarch64 agent (Debian's
 /// `gcc-aarch64-linux-gnu`), with glibc's static archives from
 /// `libc6-dev-arm64-cross`.
-pub const AARCH64_LINKER: &str = "aarch64-linux-gnu-gcc";
+pub const AARCH64_LINKER: &str = kloop_protocol::Arch::Arm64.c_compiler();
 
 /// Where Debian's rustc keeps a target's std.
 pub fn debian_std_dir(arch: Arch) -> PathBuf {

@@ -279,9 +279,13 @@ fn host_busybox() -> Result<PathBuf, PayloadError> {
 /// `kernels/tools/<arch>/busybox-static.toml` and fetched on first use.
 /// Its applets are the host's busybox's (the host cannot run it; the pin
 /// keeps the host's version).
+/// `kernels_dir` is where the pins are, or why this run has none for
+/// `arch` (see `TrialEnv::busybox`).
 pub fn busybox_payload_for(
-    env: &crate::run::trial::TrialEnv,
     arch: kloop_protocol::Arch,
+    cache: &kloop_kernels::KernelCache,
+    kernels_dir: Result<&Path, String>,
+    fetch: &kloop_kernels::FetchOptions,
 ) -> Result<(Payload, Vec<String>), PayloadError> {
     if arch == kloop_protocol::Arch::X86_64 {
         return busybox_payload();
@@ -290,32 +294,12 @@ pub fn busybox_payload_for(
     let guest = match std::env::var_os(&var) {
         Some(p) => PathBuf::from(p),
         None => {
-            let kernels = match env.other_arches.get(&arch) {
-                Some(Ok(t)) => t.kernels_dir.clone(),
-                Some(Err(why)) => {
-                    return Err(PayloadError::GuestBusybox {
-                        arch,
-                        why: why.clone(),
-                    })
-                }
-                None => {
-                    return Err(PayloadError::GuestBusybox {
-                        arch,
-                        why: "no tools of it were prepared for this run".into(),
-                    })
-                }
-            };
-            kloop_kernels::guest_tool::guest_tool(
-                &env.cache,
-                &kernels,
-                arch,
-                "busybox-static",
-                &env.fetch,
-            )
-            .map_err(|e| PayloadError::GuestBusybox {
-                arch,
-                why: format!("{e} (or point {var} at a static {arch} busybox)"),
-            })?
+            let kernels = kernels_dir.map_err(|why| PayloadError::GuestBusybox { arch, why })?;
+            kloop_kernels::guest_tool::guest_tool(cache, kernels, arch, "busybox-static", fetch)
+                .map_err(|e| PayloadError::GuestBusybox {
+                    arch,
+                    why: format!("{e} (or point {var} at a static {arch} busybox)"),
+                })?
         }
     };
     busybox_payload_of(&guest, &host_busybox()?)
@@ -592,7 +576,7 @@ pub fn c_program_for(
         .join(format!("{stem}.{}.tmp", std::process::id()));
     let compiler = match arch {
         kloop_protocol::Arch::X86_64 => "gcc",
-        kloop_protocol::Arch::Arm64 => crate::run::agent::AARCH64_LINKER,
+        other => other.c_compiler(),
     };
     let run = Command::new(compiler)
         .args(["-static", "-O2", "-Wall", "-Wextra", "-I"])

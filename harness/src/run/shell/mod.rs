@@ -112,7 +112,7 @@ pub fn run_shell(
     // of that architecture.
     let env = &*env.for_arch(arch).map_err(ShellError::Guest)?;
     // Before any kernel is fetched: without busybox there is no shell.
-    let busybox = payload::busybox_payload_for(env, arch)?;
+    let busybox = env.busybox(arch)?;
     // The checks the kernel was built with: a by-hand run's report holds
     // their evidence to the same door as a trial's.
     let kernel_checks = kernel.checks(env);

@@ -154,7 +154,8 @@ pub(crate) fn stock_initramfs(
     payload: &crate::run::payload::Payload,
     init: &str,
 ) -> Result<Initramfs, StandaloneError> {
-    let (busybox, _) = payload::busybox_payload_for(env, arch)
+    let (busybox, _) = env
+        .busybox(arch)
         .map_err(|e| StandaloneError::Stock(format!("it needs busybox: {e}")))?;
     let mut i = Initramfs::skeleton();
     i.add_file("init", 0o755, init.as_bytes().to_vec());

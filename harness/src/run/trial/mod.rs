@@ -389,6 +389,21 @@ pub struct TrialEnv {
 }
 
 impl TrialEnv {
+    /// busybox for a guest of `arch` (the host's for x86-64, else the
+    /// pinned Debian package of `arch`, fetched on first use).
+    pub fn busybox(
+        &self,
+        arch: Arch,
+    ) -> Result<(crate::run::payload::Payload, Vec<String>), crate::run::payload::PayloadError>
+    {
+        let kernels_dir = match self.other_arches.get(&arch) {
+            Some(Ok(t)) => Ok(t.kernels_dir.as_path()),
+            Some(Err(why)) => Err(why.clone()),
+            None => Err("no tools of it were prepared for this run".to_string()),
+        };
+        crate::run::payload::busybox_payload_for(arch, &self.cache, kernels_dir, &self.fetch)
+    }
+
     /// The environment a trial of `arch` runs in: this one for x86-64;
     /// for another architecture, its QEMU and agent in place of x86-64's,
     /// under TCG (KVM runs only the host's own architecture).
