@@ -1,5 +1,6 @@
-//! The docs test: README.md, ARCHITECTURE.md, docs/*.md, ci/test-tiers.txt
-//! and the comments of kernels/known-issues.toml may name only what exists.
+//! The docs test: README.md, ARCHITECTURE.md, docs/*.md, docs/dev/*.md,
+//! ci/test-tiers.txt and the comments of kernels/known-issues.toml may name
+//! only what exists.
 //!
 //! It fails on
 //! - a repository path that does not exist: any word whose first component
@@ -970,16 +971,20 @@ fn documents(root: &Path) -> Vec<Doc> {
         Doc::markdown("README.md", &read(root, "README.md")),
         Doc::markdown("ARCHITECTURE.md", &read(root, "ARCHITECTURE.md")),
     ];
-    let mut names: Vec<String> = std::fs::read_dir(root.join("docs"))
-        .expect("docs/")
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().to_string())
-        .filter(|n| n.ends_with(".md"))
-        .collect();
-    names.sort();
-    for name in names {
-        let rel = format!("docs/{name}");
-        docs.push(Doc::markdown(&rel, &read(root, &rel)));
+    // docs/ and the developer docs under docs/dev/ (what ARCHITECTURE.md
+    // leaves out).
+    for dir in ["docs", "docs/dev"] {
+        let mut names: Vec<String> = std::fs::read_dir(root.join(dir))
+            .unwrap_or_else(|e| panic!("{dir}/: {e}"))
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .filter(|n| n.ends_with(".md"))
+            .collect();
+        names.sort();
+        for name in names {
+            let rel = format!("{dir}/{name}");
+            docs.push(Doc::markdown(&rel, &read(root, &rel)));
+        }
     }
     let tiers = read(root, "ci/test-tiers.txt");
     docs.push(Doc::plain(
