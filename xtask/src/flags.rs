@@ -16,7 +16,7 @@ use kloop_qemu::accel::AccelChoice;
     name = "cargo xtask",
     bin_name = "cargo xtask",
     about = "kloop: kernel-in-the-loop tests of the KSYMBOL / BPF_EVENT stream",
-    after_help = ENVIRONMENT_HELP
+    after_help = after_help()
 )]
 pub(crate) struct Cli {
     /// Log what kloop runs (QEMU's argv, apt, cargo) on stderr; -vv for
@@ -27,40 +27,25 @@ pub(crate) struct Cli {
     pub(crate) cmd: Cmd,
 }
 
-/// The environment variables kloop reads, for `--help`.
-const ENVIRONMENT_HELP: &str = "\
+/// `--help`'s examples, and the environment variables kloop reads (from
+/// the one list, `kloop::session::docs::env_vars`).
+fn after_help() -> String {
+    format!(
+        "\
 Examples:
   cargo xtask vm-test                                   every pin × every scenario
   cargo xtask vm-test --kernel 6.12 --scenario basic    one trial
+  cargo xtask vm-test --arch arm64                      the arm64 matrix
   cargo xtask vm-test --kernel path/to/bzImage --snapshot-as 6.12
   cargo xtask validate --source linux-source-6.12 --patch my-fix.patch
   cargo xtask bisect --scenario many-listeners --old 6.12.43-1~bpo12+1 --new 6.12.117-1
   cargo xtask clean --keep 3
 
 Environment:
-  KLOOP_MIRROR           Debian mirror URL (default: the host's apt sources)
-  KLOOP_KEYRING          keyring that verifies the mirror's Release files
-                         (default: /usr/share/keyrings/debian-archive-keyring.gpg)
-  KLOOP_CACHE_DIR        kernel cache, saved VMs, built kernels
-                         (default: $XDG_CACHE_HOME/kloop or ~/.cache/kloop)
-  KLOOP_QEMU             the qemu-system-x86_64 binary (default: from PATH)
-  KLOOP_QEMU_ARGS        extra QEMU arguments, appended last (experiments)
-  KLOOP_FIRMWARE         -bios image, or `seabios` (default: qboot when installed)
-  KLOOP_PERF             the perf binary shipped into the guest (default: /usr/bin/perf)
-  KLOOP_BUSYBOX          the busybox vm-shell ships as the guest's shell (default: /bin/busybox)
-  KLOOP_CLANG            the clang that compiles the BPF fixtures
-  KLOOP_AGENT            a prebuilt guest agent instead of building it
-  KLOOP_ACCEL            --accel for the test suites (cargo test)
-  KLOOP_ALLOW_SKIPPED    1: the matrix under cargo test may end with every trial skipped
-  KLOOP_ROOT_TESTS       `require`: root-only tests fail instead of skipping when not root
-  KLOOP_DEADLINE_SCALE   integer factor on every boot and session deadline (slow hosts)
-  KLOOP_CHANNEL_LIMIT    most bytes a guest may send (e.g. 256M)
-  KLOOP_SAVED_VMS_KEEP   saved VMs of kernel pins kept in the cache (default 40)
-  KLOOP_SAVED_VMS_KEEP_OTHERS  saved VMs of other kernels kept apart (default 15)
-  KLOOP_KEEP_RUNS        run directories kept under target/kloop/runs (default 10)
-  KLOOP_NO_PREFLIGHT     skip the config preflight (the guest's probes decide)
-  KLOOP_PROGRESS         `live` or `plain` progress (default: live on a terminal)
-  RUST_LOG               tracing filter for -v logs (e.g. kloop_qemu=debug)";
+{}  RUST_LOG                     tracing filter for -v logs (e.g. kloop_qemu=debug)",
+        kloop::session::docs::environment_help()
+    )
+}
 
 #[derive(Subcommand)]
 pub(crate) enum Cmd {
@@ -122,6 +107,10 @@ pub(crate) enum Cmd {
     /// scenario's `requires` and each pin's config and release, compared
     /// with kernels/expected-skips.toml (`--write` rewrites it).
     Skips(SkipsArgs),
+    /// Write the reference sections of the docs that the code knows
+    /// (environment variables, requirements, rules, the scenario table,
+    /// the matrix) between their marker lines; --check only compares.
+    Docs(DocsArgs),
     /// The kernel catalog.
     Kernels {
         #[command(subcommand)]
@@ -953,4 +942,11 @@ pub(crate) struct CheckPerfDataArgs {
 /// dispatch names no module and cannot call another command's.
 pub(crate) trait Run {
     fn run(self) -> anyhow::Result<std::process::ExitCode>;
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct DocsArgs {
+    /// Write nothing: exit 1 when a generated section is stale.
+    #[arg(long)]
+    pub(crate) check: bool,
 }

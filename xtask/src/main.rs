@@ -15,6 +15,9 @@ mod check_perf_data_cmd;
 mod clean_cmd;
 #[cfg(test)]
 mod docs_check;
+mod docs_cmd;
+#[cfg(test)]
+mod docs_generated;
 mod doctor_cmd;
 mod flags;
 mod kernels_cmd;
@@ -100,6 +103,7 @@ fn run() -> Result<ExitCode> {
         Cmd::Audit(a) => a.run(),
         Cmd::ReportBug(a) => a.run(),
         Cmd::Doctor(a) => a.run(),
+        Cmd::Docs(a) => a.run(),
         Cmd::VmShell(a) => a.run(),
         Cmd::Skips(a) => a.run(),
     }

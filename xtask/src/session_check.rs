@@ -50,9 +50,9 @@ fn problems(root: &Path, commands: &[String]) -> Vec<String> {
             .iter()
             .find(|(c, _)| c == cmd)
             .map_or_else(|| cmd.replace('-', "_"), |(_, s)| s.to_string());
-        if !root
-            .join(format!("harness/src/session/{session}.rs"))
-            .is_file()
+        let session_dir = root.join("harness/src/session");
+        if !session_dir.join(format!("{session}.rs")).is_file()
+            && !session_dir.join(session.as_str()).join("mod.rs").is_file()
         {
             problems.push(format!(
                 "`{cmd}` has no harness/src/session/{session}.rs (nor a place in EXEMPT)"

@@ -72,24 +72,34 @@ use crate::check::{Detail, Violation};
 /// The ledger's file name inside the kernels directory.
 pub const FILE_NAME: &str = "known-issues.toml";
 
-/// Rule names other modules define, next to [`crate::check::rule::ALL`].
-/// A module that adds violations with rules of its own appends its list here
-/// so that ledger entries may name them.
-pub const RULE_SOURCES: &[&[&str]] = &[
-    crate::check::rule::ALL,
-    crate::perf_script::RULES,
-    crate::expect::rule::ALL,
-    crate::kernel_log::RULES,
-    crate::jit_books::RULES,
-    crate::fault_recovery::RULES,
-    crate::published::RULES,
+/// Every rule name, by the family (module) that defines it:
+/// [`crate::check::rule::ALL`] and each module that adds violations with
+/// rules of its own, so that ledger entries may name them and the docs
+/// list them (`cargo xtask docs`).
+pub const RULE_FAMILIES: &[(&str, &[&str])] = &[
+    (
+        "the records' stream, as the kernel promises it",
+        crate::check::rule::ALL,
+    ),
+    (
+        "perf as a consumer and a second reader",
+        crate::perf_script::RULES,
+    ),
+    ("a scenario's `[[expect]]`", crate::expect::rule::ALL),
+    ("the kernel's own reports", crate::kernel_log::RULES),
+    ("the JIT's books", crate::jit_books::RULES),
+    ("fault injection", crate::fault_recovery::RULES),
+    (
+        "bytes published to a spinning reader",
+        crate::published::RULES,
+    ),
 ];
 
 /// Every rule name a ledger entry may use.
 pub fn rule_names() -> Vec<&'static str> {
-    RULE_SOURCES
+    RULE_FAMILIES
         .iter()
-        .flat_map(|s| s.iter().copied())
+        .flat_map(|(_, s)| s.iter().copied())
         .collect()
 }
 

@@ -726,6 +726,81 @@ pub enum Requirement {
     FtraceTrampolines,
 }
 
+impl Requirement {
+    /// Every requirement, in declaration order (the docs list them from
+    /// here; `name_every_variant` keeps it whole).
+    pub const ALL: &'static [Requirement] = &[
+        Requirement::Btf,
+        Requirement::Jit,
+        Requirement::JitOptional,
+        Requirement::Fentry,
+        Requirement::LsmBpf,
+        Requirement::Kprobes,
+        Requirement::FtraceInstances,
+        Requirement::Veth,
+        Requirement::PerfTool,
+        Requirement::Threads,
+        Requirement::SyscallTracepoints,
+        Requirement::FaultInjection,
+        Requirement::BpfSnprintf,
+        Requirement::LongSymbolNames,
+        Requirement::SideBandWalkKprobe,
+        Requirement::TrampolinePacks,
+        Requirement::StructOps,
+        Requirement::StructOpsKsyms,
+        Requirement::TwoCpus,
+        Requirement::Optprobes,
+        Requirement::FtraceTrampolines,
+    ];
+
+    /// Its name in `scenario.toml`'s `requires` (`jit-optional`).
+    pub fn name(self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
+}
+
+/// A new variant fails to compile here until it is in [`Requirement::ALL`]
+/// too (the index is its place there).
+#[allow(dead_code)]
+const fn name_every_variant(r: Requirement) -> usize {
+    match r {
+        Requirement::Btf => 0,
+        Requirement::Jit => 1,
+        Requirement::JitOptional => 2,
+        Requirement::Fentry => 3,
+        Requirement::LsmBpf => 4,
+        Requirement::Kprobes => 5,
+        Requirement::FtraceInstances => 6,
+        Requirement::Veth => 7,
+        Requirement::PerfTool => 8,
+        Requirement::Threads => 9,
+        Requirement::SyscallTracepoints => 10,
+        Requirement::FaultInjection => 11,
+        Requirement::BpfSnprintf => 12,
+        Requirement::LongSymbolNames => 13,
+        Requirement::SideBandWalkKprobe => 14,
+        Requirement::TrampolinePacks => 15,
+        Requirement::StructOps => 16,
+        Requirement::StructOpsKsyms => 17,
+        Requirement::TwoCpus => 18,
+        Requirement::Optprobes => 19,
+        Requirement::FtraceTrampolines => 20,
+    }
+}
+
+// Every variant's index names its own place in ALL, and ALL has no more.
+const _: () = {
+    let mut i = 0;
+    while i < Requirement::ALL.len() {
+        assert!(name_every_variant(Requirement::ALL[i]) == i);
+        i += 1;
+    }
+    assert!(Requirement::ALL.len() == name_every_variant(Requirement::FtraceTrampolines) + 1);
+};
+
 impl Step {
     /// The step on one line, `op key=value …`, from its JSON form: how a
     /// person is shown it (`kloop-run --list`, the by-hand report).

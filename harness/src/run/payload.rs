@@ -290,8 +290,11 @@ pub fn busybox_payload_for(
     if arch == kloop_protocol::Arch::X86_64 {
         return busybox_payload();
     }
-    let var = format!("KLOOP_BUSYBOX_{}", arch.as_str().to_uppercase());
-    let guest = match std::env::var_os(&var) {
+    let var = match arch {
+        kloop_protocol::Arch::X86_64 => "KLOOP_BUSYBOX",
+        kloop_protocol::Arch::Arm64 => "KLOOP_BUSYBOX_ARM64",
+    };
+    let guest = match std::env::var_os(var) {
         Some(p) => PathBuf::from(p),
         None => {
             let kernels = kernels_dir.map_err(|why| PayloadError::GuestBusybox { arch, why })?;

@@ -33,6 +33,7 @@ pub mod audit;
 pub mod bench;
 pub mod bisect;
 pub mod clean;
+pub mod docs;
 pub mod doctor;
 pub mod kernels;
 pub mod merge;
