@@ -90,13 +90,15 @@ fn assert_depends_only_on(dir: &str, allowed: &[&str]) {
 }
 
 /// Architecture invariant: `check-perf-data`, a tool for production hosts,
-/// needs kloop's parser, the judge's ledger and a perf.data reader, never
-/// QEMU, kernel builds or the harness.
+/// needs kloop's parser, the judge's ledger and a perf.data reader (and
+/// the one path-I/O error, which needs `thiserror` alone), never QEMU,
+/// kernel builds or the harness.
 #[test]
 fn perf_data_depends_on_the_parser_the_judge_and_its_reader_only() {
     assert_depends_only_on(
         "crates/perf-data",
         &[
+            "kloop-path-io",
             "kloop-protocol",
             "kloop-records",
             "kloop-judge",
@@ -374,9 +376,9 @@ fn the_pure_crates_touch_no_file_environment_process_or_socket() {
     );
 }
 
-/// Architecture invariant: the guest agent shares only the wire types and
-/// the record parser with the host: no harness, judge, QEMU or kernel
-/// crate reaches PID 1.
+/// Architecture invariant: the guest agent shares only the wire types, the
+/// record parser and the one path-I/O error (`thiserror` alone) with the
+/// host: no harness, judge, QEMU or kernel crate reaches PID 1.
 #[test]
 fn the_guest_shares_only_the_protocol_and_the_parser() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -388,7 +390,7 @@ fn the_guest_shares_only_the_protocol_and_the_parser() {
         .keys()
         .filter(|d| d.starts_with("kloop"))
         .collect();
-    assert_eq!(kloop, ["kloop-protocol", "kloop-records"]);
+    assert_eq!(kloop, ["kloop-path-io", "kloop-protocol", "kloop-records"]);
 }
 
 /// ARCHITECTURE.md's code map: every room's "Architecture invariant:" is
