@@ -8,6 +8,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::{Duration, Instant};
 
+use kloop_path_io::{PathIo, PathIoExt};
 use kloop_protocol::{Message, MAX_KERNEL_LOG};
 
 /// kmemleak's debugfs file (mm/kmemleak.c, `kmemleak_init_fs`).
@@ -24,8 +25,9 @@ pub struct Watch {
     /// why it could not be (the host then judges no log, and says so).
     kmsg: Result<File, String>,
     /// kmemleak: `Ok(true)` scanned and cleared before the plan, `Ok(false)`
-    /// not in this kernel, `Err` there but unusable.
-    kmemleak: Result<bool, KmemleakError>,
+    /// not in this kernel, `Err` there but unusable (its text reaches the
+    /// host as the `KernelLog` message's `kmemleak_error`).
+    kmemleak: Result<bool, PathIo>,
 }
 
 impl Watch {
@@ -98,38 +100,22 @@ impl Watch {
     }
 }
 
-/// Why kmemleak could not be used; its text reaches the host as the
-/// `KernelLog` message's `kmemleak_error`.
-#[derive(Debug, thiserror::Error)]
-enum KmemleakError {
-    #[error("writing {what:?} to {KMEMLEAK}: {source}")]
-    Command {
-        what: &'static str,
-        source: std::io::Error,
-    },
-    #[error("reading {path}: {source}")]
-    Read {
-        path: &'static str,
-        source: std::io::Error,
-    },
-}
-
 /// Writes `what` to kmemleak's file.
-fn command(what: &'static str) -> Result<(), KmemleakError> {
+fn command(what: &'static str) -> Result<(), PathIo> {
     OpenOptions::new()
         .write(true)
         .open(KMEMLEAK)
         .and_then(|mut f| f.write_all(what.as_bytes()))
-        .map_err(|source| KmemleakError::Command { what, source })
+        .at(format!("writing {what:?} to"), KMEMLEAK)
 }
 
 /// kmemleak's list, at most [`MAX_KERNEL_LOG`] bytes, and whether it was
 /// longer.
-fn read_capped(path: &'static str) -> Result<(String, bool), KmemleakError> {
+fn read_capped(path: &'static str) -> Result<(String, bool), PathIo> {
     let mut bytes = Vec::new();
     File::open(path)
         .and_then(|f| f.take(MAX_KERNEL_LOG as u64 + 1).read_to_end(&mut bytes))
-        .map_err(|source| KmemleakError::Read { path, source })?;
+        .at("reading", path)?;
     let cut = bytes.len() > MAX_KERNEL_LOG;
     bytes.truncate(MAX_KERNEL_LOG);
     Ok((String::from_utf8_lossy(&bytes).into_owned(), cut))

@@ -90,13 +90,15 @@ fn assert_depends_only_on(dir: &str, allowed: &[&str]) {
 }
 
 /// Architecture invariant: `check-perf-data`, a tool for production hosts,
-/// needs kloop's parser, the judge's ledger and a perf.data reader, never
-/// QEMU, kernel builds or the harness.
+/// needs kloop's parser, the judge's ledger and a perf.data reader (and
+/// the one path-I/O error, which needs `thiserror` alone), never QEMU,
+/// kernel builds or the harness.
 #[test]
 fn perf_data_depends_on_the_parser_the_judge_and_its_reader_only() {
     assert_depends_only_on(
         "crates/perf-data",
         &[
+            "kloop-path-io",
             "kloop-protocol",
             "kloop-records",
             "kloop-judge",
@@ -429,6 +431,225 @@ fn the_floor_check_sees_sideways_upward_and_root_imports() {
     );
 }
 
+/// Architecture invariant: a failed file-system operation on a path is
+/// said by the one `kloop_path_io::PathIo` (`crates/path-io`): no enum
+/// variant anywhere in the workspace holds a `path` field of its own
+/// beside an `io::Error` `source`.
+#[test]
+fn no_error_variant_holds_a_path_beside_an_io_error() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = Vec::new();
+    for dir in ["crates", "harness", "xtask", "guest", "fuzz"] {
+        rust_files_under(&root.join(dir), &mut files);
+    }
+    assert!(files.len() > 200, "only {} .rs files found", files.len());
+    let mut offences = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for line in path_and_io_variants(&text) {
+            let shown = file.strip_prefix(&root).unwrap_or(file);
+            offences.push(format!("{}:{line}", shown.display()));
+        }
+    }
+    assert!(
+        offences.is_empty(),
+        "enum variants holding their own `path` and `source: io::Error`; use \
+         kloop_path_io::PathIo instead (`#[error(transparent)] Io(#[from] PathIo)`, built \
+         with `.at(what, path)` at the failing call; or `Variant(#[source] PathIo)` when its \
+         message adds a next step):\n{}",
+        offences.join("\n")
+    );
+}
+
+/// The planted cases for `no_error_variant_holds_a_path_beside_an_io_error`:
+/// a variant over several lines or on one, with `#[source]` or not, is
+/// seen; a struct literal, `path::` in a type, or one of the two fields
+/// alone is not. (Each fixture line starts with a quote, so that this file
+/// does not hold such a variant itself.)
+#[test]
+fn the_path_io_scan_sees_a_hand_written_variant() {
+    let planted = concat!(
+        "/// Why.\n#[derive(Debug, thiserror::Error)]\npub enum E {\n",
+        "    #[error(\"reading {path}: {source}\")]\n",
+        "    Read {\n        /// The file.\n        path: std::path::PathBuf,\n",
+        "        #[source]\n        source: std::io::Error,\n    },\n",
+        "    Write { path: String, #[source] source: io::Error },\n",
+        "    Both { path: PathBuf, map: BTreeMap<String, u8>, source: std::io::Error },\n",
+        "}\n",
+    );
+    assert_eq!(path_and_io_variants(planted), [5, 11, 12]);
+    let innocent = concat!(
+        "pub enum E {\n",
+        "    Io(#[from] PathIo),\n",
+        "    Step { what: &'static str, source: std::io::Error },\n",
+        "    Spawn { qemu: std::path::PathBuf, source: io::Error },\n",
+        "    Parse { path: PathBuf, source: toml::de::Error },\n",
+        "    // Old { path: PathBuf, source: io::Error },\n",
+        "}\n",
+        "fn f() -> E {\n",
+        "    E::Read {\n        path: p,\n        source: std::io::Error::new(k, \"gone\"),\n    }\n",
+        "}\n",
+        "pub struct PathIo {\n    pub path: Option<PathBuf>,\n    pub source: std::io::Error,\n}\n",
+    );
+    assert_eq!(path_and_io_variants(innocent), Vec::<usize>::new());
+}
+
+/// Every `.rs` file under `dir`, build output (`target/`) and hidden
+/// folders left out.
+fn rust_files_under(dir: &Path, files: &mut Vec<std::path::PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy();
+        if path.is_dir() {
+            if name != "target" && !name.starts_with('.') {
+                rust_files_under(&path, files);
+            }
+        } else if name.ends_with(".rs") {
+            files.push(path);
+        }
+    }
+}
+
+/// The lines (1-based) of the enum variants in `text` with both a `path`
+/// field and a `source` field of type `io::Error` or `std::io::Error`: a
+/// capitalised name, then a `{`, and the fields up to its `}` on however
+/// many lines (comments left out).
+fn path_and_io_variants(text: &str) -> Vec<usize> {
+    let lines: Vec<&str> = text.lines().map(code_of).collect();
+    let mut found = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(open) = line.find('{') else {
+            continue;
+        };
+        let name = line[..open].trim();
+        let variant = name.starts_with(|c: char| c.is_ascii_uppercase())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !variant {
+            continue;
+        }
+        let fields = fields_of(&body_from(&lines[i..], open));
+        let has = |wanted: &str, types: &[&str]| {
+            fields
+                .iter()
+                .any(|(n, t)| n == wanted && (types.is_empty() || types.contains(&t.as_str())))
+        };
+        if has("path", &[]) && has("source", &["io::Error", "std::io::Error"]) {
+            found.push(i + 1);
+        }
+    }
+    found
+}
+
+/// A line without its `//` comment (one outside a string).
+fn code_of(line: &str) -> &str {
+    let mut in_string = false;
+    let mut prev = ' ';
+    for (at, c) in line.char_indices() {
+        match c {
+            '"' if prev != '\\' => in_string = !in_string,
+            '/' if prev == '/' && !in_string => return &line[..at - 1],
+            _ => {}
+        }
+        prev = c;
+    }
+    line
+}
+
+/// What lies between the `{` at byte `open` of `lines[0]` and the `}`
+/// that closes it.
+fn body_from(lines: &[&str], open: usize) -> String {
+    let mut body = String::new();
+    let mut depth = 0usize;
+    for (j, line) in lines.iter().enumerate() {
+        let from = if j == 0 { open } else { 0 };
+        for c in line[from..].chars() {
+            match c {
+                '{' => {
+                    depth += 1;
+                    if depth == 1 {
+                        continue;
+                    }
+                }
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return body;
+                    }
+                }
+                _ => {}
+            }
+            body.push(c);
+        }
+        body.push('\n');
+    }
+    body
+}
+
+/// The `name: type` fields of a braced body, attributes left out, the
+/// type without spaces: split at the commas outside `<>`, `()` and `[]`.
+fn fields_of(body: &str) -> Vec<(String, String)> {
+    let mut parts = Vec::new();
+    let (mut depth, mut part, mut prev) = (0i32, String::new(), ' ');
+    for c in body.chars() {
+        match c {
+            '<' | '(' | '[' => depth += 1,
+            '>' if prev != '-' => depth -= 1,
+            ')' | ']' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(std::mem::take(&mut part));
+                prev = c;
+                continue;
+            }
+            _ => {}
+        }
+        part.push(c);
+        prev = c;
+    }
+    parts.push(part);
+    parts
+        .iter()
+        .filter_map(|part| {
+            let field = without_attributes(part);
+            let (name, ty) = field.trim().split_once(':')?;
+            let name = name.trim().trim_start_matches("pub ").trim();
+            let ident =
+                !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            let ty: String = ty.chars().filter(|c| !c.is_whitespace()).collect();
+            ident.then(|| (name.to_string(), ty))
+        })
+        .collect()
+}
+
+/// `text` without its `#[...]` attributes.
+fn without_attributes(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("#[") {
+        out.push_str(&rest[..at]);
+        let mut depth = 0;
+        let mut end = rest.len();
+        for (i, c) in rest[at + 1..].char_indices() {
+            match c {
+                '[' => depth += 1,
+                ']' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = at + 1 + i + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Architecture invariant: the library crates print nothing (clippy's
 /// `print_stdout` / `print_stderr` are denied in `[workspace.lints]`), so
 /// each takes the workspace's lints; the binaries (guest, xtask) and the
@@ -517,9 +738,9 @@ fn the_pure_crates_touch_no_file_environment_process_or_socket() {
     );
 }
 
-/// Architecture invariant: the guest agent shares only the wire types and
-/// the record parser with the host: no harness, judge, QEMU or kernel
-/// crate reaches PID 1.
+/// Architecture invariant: the guest agent shares only the wire types, the
+/// record parser and the one path-I/O error (`thiserror` alone) with the
+/// host: no harness, judge, QEMU or kernel crate reaches PID 1.
 #[test]
 fn the_guest_shares_only_the_protocol_and_the_parser() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -531,7 +752,7 @@ fn the_guest_shares_only_the_protocol_and_the_parser() {
         .keys()
         .filter(|d| d.starts_with("kloop"))
         .collect();
-    assert_eq!(kloop, ["kloop-protocol", "kloop-records"]);
+    assert_eq!(kloop, ["kloop-path-io", "kloop-protocol", "kloop-records"]);
 }
 
 /// ARCHITECTURE.md's code map: every room's "Architecture invariant:" is

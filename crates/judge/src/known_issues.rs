@@ -103,18 +103,10 @@ pub fn rule_names() -> Vec<&'static str> {
         .collect()
 }
 
-/// Why the ledger cannot be used.
+/// Why the ledger's text cannot be used (reading the file is the running
+/// side's, and so is its error).
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
-    /// The file could not be read.
-    #[error("reading the known-issues ledger {path}: {source}")]
-    Read {
-        /// The ledger's path.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
     /// It is not TOML of the ledger's shape.
     #[error("{path}: {message}")]
     Parse {

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use kloop_path_io::{PathIo, PathIoExt};
 use kloop_protocol::Arch;
 
 use crate::error::KernelError;
@@ -204,7 +205,9 @@ impl AptState {
             self.suite
         );
         let path = self.path("etc/sources.list");
-        std::fs::write(&path, line).map_err(|source| KernelError::CacheWrite { path, source })
+        std::fs::write(&path, line)
+            .at("writing", &path)
+            .map_err(KernelError::CacheWrite)
     }
 
     fn options(&self) -> Vec<String> {
@@ -284,16 +287,13 @@ impl AptState {
             args.extend(["-o", t.as_str()]);
         }
         args.extend(["download-file", &url, &dest_s]);
-        let log_file = std::fs::File::create(&log).map_err(|source| KernelError::CacheWrite {
-            path: log.clone(),
-            source,
-        })?;
+        let log_file = std::fs::File::create(&log)
+            .at("creating", &log)
+            .map_err(KernelError::CacheWrite)?;
         let log_err = log_file
             .try_clone()
-            .map_err(|source| KernelError::CacheWrite {
-                path: log.clone(),
-                source,
-            })?;
+            .at("opening", &log)
+            .map_err(KernelError::CacheWrite)?;
         // Output goes to a file, not a pipe: nothing has to be read while
         // waiting, and a killed helper cannot leave a reader blocked.
         let mut child = self
@@ -324,7 +324,8 @@ impl AptState {
         let output = std::fs::read_to_string(&log).unwrap_or_default();
         if status.success() {
             return std::fs::read_to_string(&dest)
-                .map_err(|source| KernelError::CacheRead { path: dest, source });
+                .at(crate::error::READING, &dest)
+                .map_err(KernelError::CacheRead);
         }
         let detail = match first_problem_lines(&output, "") {
             d if d.is_empty() => format!("apt-helper exited with {status}"),
@@ -562,10 +563,8 @@ impl AptState {
             });
         }
         let debs: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .map_err(|source| KernelError::CacheRead {
-                path: dir.clone(),
-                source,
-            })?
+            .at(crate::error::READING, &dir)
+            .map_err(KernelError::CacheRead)?
             .filter_map(Result::ok)
             .map(|e| e.path())
             .filter(|p| p.extension().is_some_and(|e| e == "deb"))
@@ -583,10 +582,7 @@ impl AptState {
 }
 
 fn werr(path: &Path, source: std::io::Error) -> KernelError {
-    KernelError::CacheWrite {
-        path: path.to_path_buf(),
-        source,
-    }
+    KernelError::CacheWrite(PathIo::at("writing", path, source))
 }
 
 /// apt's single-file downloader (in the `apt` package on every Debian and

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use kloop_path_io::{PathIo, PathIoExt};
 use kloop_protocol::Arch;
 
 use crate::apt::{control_field, AptState, Trust};
@@ -331,7 +332,13 @@ impl BisectLock {
                 message: e.to_string(),
             })?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BisectLock::default(),
-            Err(source) => return Err(KernelError::CatalogRead { path, source }),
+            Err(source) => {
+                return Err(KernelError::CatalogRead(PathIo::at(
+                    "reading the bisect lock",
+                    path,
+                    source,
+                )))
+            }
         };
         for b in &lock.builds {
             b.validate(&path)?;
@@ -399,10 +406,8 @@ impl BisectLock {
         let tmp = self.path.with_extension("lock.partial");
         std::fs::write(&tmp, text)
             .and_then(|()| std::fs::rename(&tmp, &self.path))
-            .map_err(|source| KernelError::PinWrite {
-                path: self.path.clone(),
-                source,
-            })
+            .at("writing the bisect lock", &self.path)
+            .map_err(KernelError::PinWrite)
     }
 }
 

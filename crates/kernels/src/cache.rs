@@ -10,11 +10,12 @@
 //! only after its sha256 matched, and every hit is re-hashed before it is
 //! returned, so a truncated or altered file is never handed out.
 
+use kloop_path_io::{PathIo, PathIoExt};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
 use crate::apt::{AptState, Trust};
-use crate::error::KernelError;
+use crate::error::{KernelError, READING};
 use crate::extract::{install_verified, sha256_file, walk_deb, InstallError};
 use crate::mirror::{locate_host_mirror, Mirror, MirrorOrigin};
 use crate::pin::{KernelPin, PackageOf};
@@ -288,13 +289,14 @@ impl KernelCache {
         crate::status::done(&task, &format!("{}: image extracted and verified", pin.id));
         match lookup(&dest, &pin.image_sha256)? {
             Lookup::Hit(path) => Ok(path),
-            Lookup::Miss => Err(KernelError::CacheRead {
-                path: dest,
-                source: std::io::Error::new(
+            Lookup::Miss => Err(KernelError::CacheRead(PathIo::at(
+                READING,
+                dest,
+                std::io::Error::new(
                     std::io::ErrorKind::NotFound,
                     "the image vanished right after it was written",
                 ),
-            }),
+            ))),
             Lookup::Corrupt { path, actual } => Err(KernelError::ImageHashMismatch {
                 id: pin.id.clone(),
                 member: format!("{} (from {})", path.display(), deb.display()),
@@ -420,10 +422,9 @@ impl KernelCache {
         file: &Path,
         expect: Option<(&str, &str)>,
     ) -> Result<PathBuf, KernelError> {
-        let actual = sha256_file(file).map_err(|source| KernelError::CacheRead {
-            path: file.to_path_buf(),
-            source,
-        })?;
+        let actual = sha256_file(file)
+            .at(READING, file)
+            .map_err(KernelError::CacheRead)?;
         if let Some((id, expected)) = expect {
             if actual != expected {
                 let rejected_dir = self.root.join("rejected");
@@ -443,10 +444,9 @@ impl KernelCache {
         let dir = self.root.join("debs");
         mkdir(&dir)?;
         let dest = dir.join(format!("{actual}.deb"));
-        std::fs::rename(file, &dest).map_err(|source| KernelError::CacheWrite {
-            path: dest.clone(),
-            source,
-        })?;
+        std::fs::rename(file, &dest)
+            .at("renaming into", &dest)
+            .map_err(KernelError::CacheWrite)?;
         Ok(dest)
     }
 
@@ -554,7 +554,7 @@ impl KernelCache {
                     expected: pin.image_sha256.clone(),
                     actual,
                 },
-                InstallError::Write(path, source) => KernelError::CacheWrite { path, source },
+                InstallError::Write(e) => KernelError::CacheWrite(e),
                 InstallError::Read(e) => KernelError::BadImage {
                     path: deb.to_path_buf(),
                     reason: format!("reading {} failed: {e}", pin.image_path),
@@ -597,10 +597,9 @@ fn cache_root_from(
 }
 
 fn mkdir(dir: &Path) -> Result<(), KernelError> {
-    std::fs::create_dir_all(dir).map_err(|source| KernelError::CacheWrite {
-        path: dir.to_path_buf(),
-        source,
-    })
+    std::fs::create_dir_all(dir)
+        .at("creating", dir)
+        .map_err(KernelError::CacheWrite)
 }
 
 /// Hashes `path`; removes it if the hash is wrong.
@@ -608,20 +607,16 @@ fn lookup(path: &Path, expected: &str) -> Result<Lookup, KernelError> {
     match sha256_file(path) {
         Ok(actual) if actual == expected => Ok(Lookup::Hit(path.to_path_buf())),
         Ok(actual) => {
-            std::fs::remove_file(path).map_err(|source| KernelError::CacheWrite {
-                path: path.to_path_buf(),
-                source,
-            })?;
+            std::fs::remove_file(path)
+                .at("removing", path)
+                .map_err(KernelError::CacheWrite)?;
             Ok(Lookup::Corrupt {
                 path: path.to_path_buf(),
                 actual,
             })
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Lookup::Miss),
-        Err(source) => Err(KernelError::CacheRead {
-            path: path.to_path_buf(),
-            source,
-        }),
+        Err(source) => Err(KernelError::CacheRead(PathIo::at(READING, path, source))),
     }
 }
 
@@ -652,12 +647,9 @@ fn read_first_member(
         if found.is_none() {
             if let Some(member) = members.iter().find(|m| path == m.as_path()) {
                 let mut s = String::new();
-                std::io::Read::read_to_string(entry, &mut s).map_err(|source| {
-                    KernelError::CacheRead {
-                        path: deb.to_path_buf(),
-                        source,
-                    }
-                })?;
+                std::io::Read::read_to_string(entry, &mut s)
+                    .at(READING, deb)
+                    .map_err(KernelError::CacheRead)?;
                 found = Some((member.clone(), s));
             }
         }
@@ -677,10 +669,8 @@ fn write_with_sum(dir: &Path, dest: &Path, sum: &Path, text: &str) -> Result<(),
         .and_then(|()| std::fs::rename(&tmp, dest))
         .and_then(|()| std::fs::write(&tmp, format!("{digest}\n")))
         .and_then(|()| std::fs::rename(&tmp, sum))
-        .map_err(|source| KernelError::CacheWrite {
-            path: dest.to_path_buf(),
-            source,
-        })
+        .at("writing", dest)
+        .map_err(KernelError::CacheWrite)
 }
 
 /// Does the config at `path` have the sha256 recorded beside it at `sum`?
@@ -899,8 +889,11 @@ mod tests {
         let cache = KernelCache::at(dir.path());
         let pin = pin_for(b"img", b"deb");
         let err = cache.ensure_image(&pin, &dead_mirror(false)).unwrap_err();
-        let KernelError::CacheWrite { path, .. } = &err else {
-            panic!("expected CacheWrite, got {err:?}");
+        let KernelError::CacheWrite(PathIo {
+            path: Some(path), ..
+        }) = &err
+        else {
+            panic!("expected CacheWrite naming a path, got {err:?}");
         };
         assert!(path.starts_with(dir.path()), "{path:?}");
         assert!(err.to_string().contains("KLOOP_CACHE_DIR"), "{err}");

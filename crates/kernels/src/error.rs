@@ -2,18 +2,19 @@
 
 use std::path::PathBuf;
 
+use kloop_path_io::PathIo;
+
+/// The `what` of a [`KernelError::CacheRead`]'s `PathIo`.
+pub(crate) const READING: &str = "reading from the kernel cache";
+
 /// Everything that can go wrong while loading pins or fetching kernels.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum KernelError {
-    #[error(
-        "cannot read the kernel catalog at {path}: {source}; run from the workspace root \
-         or pass the path of the `kernels/` directory"
-    )]
-    CatalogRead {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// The catalog (its directory, a pin, the bisect lock) could not be
+    /// read.
+    #[error("{0}; run from the workspace root or pass the path of the `kernels/` directory")]
+    CatalogRead(#[source] PathIo),
 
     #[error("no kernel pins found in {dir}; create one with `cargo xtask kernels update <id>`")]
     EmptyCatalog { dir: PathBuf },
@@ -33,14 +34,9 @@ pub enum KernelError {
     #[error("no kernel pin with id `{id}`; valid ids: {valid}")]
     UnknownPin { id: String, valid: String },
 
-    #[error(
-        "cannot write the pin file {path}: {source}; make the `kernels/` directory writable \
-         and run the command again"
-    )]
-    PinWrite {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// A pin file (or the bisect lock) could not be written.
+    #[error("{0}; make the `kernels/` directory writable and run the command again")]
+    PinWrite(#[source] PathIo),
 
     #[error(
         "cannot find the Debian mirror in the host's apt sources: {detail}; set \
@@ -68,28 +64,26 @@ pub enum KernelError {
     NoCacheDir,
 
     #[error(transparent)]
-    Io(#[from] kloop_path_io::PathIo),
+    Io(#[from] PathIo),
 
     /// A write into the cache failed: the message says whether for want
-    /// of space (with what is free), of permission, or else.
-    #[error("{}", crate::space::write_problem(path, source))]
-    CacheWrite {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// of space (with what is free), of permission, or else. It quotes
+    /// the OS error itself, so the `PathIo` is not its `source` (a printed
+    /// chain would repeat it in `PathIo`'s own words).
+    #[error("{}", crate::space::write_problem(.0))]
+    CacheWrite(PathIo),
 
     /// The cache cannot take a run: read-only, or too little free.
     #[error(transparent)]
     Room(#[from] crate::space::RoomError),
 
+    /// A file of the kernel cache could not be read (its `PathIo` says
+    /// [`READING`]).
     #[error(
-        "cannot read {path} from the kernel cache: {source}; delete it (it will be \
-         fetched again) or set KLOOP_CACHE_DIR to another directory"
+        "{0}; delete it (it will be fetched again) or set KLOOP_CACHE_DIR to another \
+         directory"
     )]
-    CacheRead {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    CacheRead(#[source] PathIo),
 
     #[error(
         "the cached file {path} for kernel `{id}` was corrupt (sha256 {actual}, pin expects \

@@ -4,6 +4,7 @@ use std::io::{BufReader, Read, Write};
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use kloop_path_io::{PathIo, PathIoExt};
 use sha2::{Digest, Sha256};
 
 use crate::error::KernelError;
@@ -90,7 +91,7 @@ pub(crate) enum InstallError {
     /// Reading the source failed.
     Read(std::io::Error),
     /// Writing into the destination directory failed (path named).
-    Write(PathBuf, std::io::Error),
+    Write(PathIo),
     /// The bytes did not hash to the expected value; nothing was installed.
     Mismatch { actual: String },
 }
@@ -109,7 +110,8 @@ pub(crate) fn install_verified(
     let mut tmp = tempfile::Builder::new()
         .prefix(".partial-")
         .tempfile_in(dir)
-        .map_err(|e| InstallError::Write(dir.to_path_buf(), e))?;
+        .at("creating a temporary file in", dir)
+        .map_err(InstallError::Write)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
     loop {
@@ -121,7 +123,8 @@ pub(crate) fn install_verified(
         };
         hasher.update(&buf[..n]);
         tmp.write_all(&buf[..n])
-            .map_err(|e| InstallError::Write(tmp.path().to_path_buf(), e))?;
+            .at("writing", tmp.path())
+            .map_err(InstallError::Write)?;
     }
     let actual = hex::encode(hasher.finalize());
     if let Some(expected) = expected {
@@ -136,11 +139,14 @@ pub(crate) fn install_verified(
         let f = tmp.as_file();
         f.set_permissions(std::fs::Permissions::from_mode(0o644))
             .and_then(|()| f.sync_all())
-            .map_err(|e| InstallError::Write(tmp.path().to_path_buf(), e))?;
+            .at("writing", tmp.path())
+            .map_err(InstallError::Write)?;
     }
     let dest = dir.join(name.unwrap_or(&actual));
     tmp.persist(&dest)
-        .map_err(|e| InstallError::Write(dest.clone(), e.error))?;
+        .map_err(|e| e.error)
+        .at("renaming into", &dest)
+        .map_err(InstallError::Write)?;
     Ok((dest, actual))
 }
 
@@ -473,10 +479,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("nope");
         let err = install_verified(&b"x"[..], &missing, None, None).unwrap_err();
-        let InstallError::Write(path, _) = err else {
+        let InstallError::Write(e) = err else {
             panic!("expected a write error, got {err:?}");
         };
-        assert_eq!(path, missing);
+        assert_eq!(e.path.as_deref(), Some(missing.as_path()));
     }
 
     /// Builds a tar with raw header names, bypassing the `tar` crate's own

@@ -8,6 +8,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use kloop_path_io::PathIo;
 use kloop_protocol::Arch;
 use serde::{Deserialize, Serialize};
 
@@ -113,10 +114,7 @@ pub fn guest_tool(
             ToolPin::path(catalog_dir, arch, package).display()
         ),
     })?;
-    let write = |source| KernelError::CacheWrite {
-        path: dest.clone(),
-        source,
-    };
+    let write = |source| KernelError::CacheWrite(PathIo::at("writing", &dest, source));
     crate::write_atomically(&dest, &bytes).map_err(write)?;
     {
         use std::os::unix::fs::PermissionsExt;

@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use kloop_path_io::{PathIo, PathIoExt};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -785,20 +786,16 @@ impl KernelCache {
 /// Installing bytes already in memory can only fail to write.
 fn install_error(e: InstallError, path: &Path) -> KernelError {
     match e {
-        InstallError::Write(path, source) => KernelError::CacheWrite { path, source },
-        InstallError::Read(source) => KernelError::CacheWrite {
-            path: path.to_path_buf(),
-            source,
-        },
+        InstallError::Write(e) => KernelError::CacheWrite(e),
+        InstallError::Read(source) => KernelError::CacheWrite(PathIo::at("writing", path, source)),
         InstallError::Mismatch { .. } => unreachable!("no hash expected"),
     }
 }
 
 fn mkdir(dir: &Path) -> Result<(), KernelError> {
-    std::fs::create_dir_all(dir).map_err(|source| KernelError::CacheWrite {
-        path: dir.to_path_buf(),
-        source,
-    })
+    std::fs::create_dir_all(dir)
+        .at("creating", dir)
+        .map_err(KernelError::CacheWrite)
 }
 
 #[cfg(test)]

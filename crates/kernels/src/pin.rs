@@ -6,6 +6,7 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use kloop_path_io::{PathIo, PathIoExt};
 use kloop_protocol::Arch;
 
 use crate::error::KernelError;
@@ -314,15 +315,12 @@ impl KernelPin {
         self.validate(&path)?;
         let dir = path.parent().expect("a pin file has a directory");
         if !dir.is_dir() {
-            std::fs::create_dir_all(dir).map_err(|source| KernelError::PinWrite {
-                path: path.clone(),
-                source,
-            })?;
+            std::fs::create_dir_all(dir)
+                .at("creating the directory of the pin file", &path)
+                .map_err(KernelError::PinWrite)?;
         }
-        let werr = |source| KernelError::PinWrite {
-            path: path.clone(),
-            source,
-        };
+        let werr =
+            |source| KernelError::PinWrite(PathIo::at("writing the pin file", &path, source));
         let mut tmp = tempfile::Builder::new()
             .prefix(".pin-")
             .suffix(".tmp")
@@ -382,13 +380,13 @@ impl Catalog {
 
     /// The pins of one directory, sorted; none is an error.
     fn load_dir(dir: &Path) -> Result<Vec<KernelPin>, KernelError> {
-        let read_err = |path: &Path, source| KernelError::CatalogRead {
-            path: path.to_path_buf(),
-            source,
+        let read_err = |what: &'static str, path: &Path, source| {
+            KernelError::CatalogRead(PathIo::at(what, path, source))
         };
+        let catalog = "reading the kernel catalog";
         let mut files = Vec::new();
-        for entry in std::fs::read_dir(dir).map_err(|e| read_err(dir, e))? {
-            let path = entry.map_err(|e| read_err(dir, e))?.path();
+        for entry in std::fs::read_dir(dir).map_err(|e| read_err(catalog, dir, e))? {
+            let path = entry.map_err(|e| read_err(catalog, dir, e))?.path();
             if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
                 files.push(path);
             }
@@ -397,7 +395,8 @@ impl Catalog {
 
         let mut pins = Vec::new();
         for file in files {
-            let text = std::fs::read_to_string(&file).map_err(|e| read_err(&file, e))?;
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| read_err("reading the kernel pin", &file, e))?;
             if let Some(pin) = parse_pin_file(&file, &text)? {
                 pins.push(pin);
             }

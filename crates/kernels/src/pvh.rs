@@ -18,6 +18,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use kloop_path_io::{PathIo, PathIoExt};
 use sha2::{Digest, Sha256};
 
 /// `XEN_ELFNOTE_PHYS32_ENTRY` (include/xen/interface/elfnote.h).
@@ -37,12 +38,8 @@ pub enum PvhError {
     Unsupported { path: PathBuf, format: String },
     #[error("{path}: the decompressed kernel has no PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY; CONFIG_PVH off?)")]
     NoPvhEntry { path: PathBuf },
-    #[error("writing {path}: {source}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
 }
 
 /// The PVH-bootable ELF of `image`, from `<cache_root>/vmlinux/` or made
@@ -95,24 +92,22 @@ pub fn ensure_pvh(
             path: image.to_path_buf(),
         });
     }
-    let write_err = |path: &Path, source| PvhError::Write {
-        path: path.to_path_buf(),
-        source,
-    };
-    std::fs::create_dir_all(&dir).map_err(|e| write_err(&dir, e))?;
+    std::fs::create_dir_all(&dir).at("creating", &dir)?;
     let tmp = tempfile::Builder::new()
         .prefix(".partial-")
         .tempfile_in(&dir)
-        .map_err(|e| write_err(&dir, e))?;
-    std::fs::write(tmp.path(), &elf).map_err(|e| write_err(tmp.path(), e))?;
+        .at("creating a temporary file in", &dir)?;
+    std::fs::write(tmp.path(), &elf).at("writing", tmp.path())?;
     {
         use std::os::unix::fs::PermissionsExt;
         let f = tmp.as_file();
         f.set_permissions(std::fs::Permissions::from_mode(0o644))
             .and_then(|()| f.sync_all())
-            .map_err(|e| write_err(tmp.path(), e))?;
+            .at("writing", tmp.path())?;
     }
-    tmp.persist(&dest).map_err(|e| write_err(&dest, e.error))?;
+    tmp.persist(&dest)
+        .map_err(|e| e.error)
+        .at("renaming into", &dest)?;
     Ok(dest)
 }
 

@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use kloop_path_io::{PathIo, PathIoExt};
+
 /// What a run may write into the cache before it ends, at most: one saved
 /// VM (about 100 MB here: the guest's memory as QEMU migrates it, mostly
 /// zero pages) and one kernel's `.deb`, image and decompressed ELF (about
@@ -30,15 +32,24 @@ pub fn mb(bytes: u64) -> String {
 /// The clean-up a user can do to make room, and the way around it.
 pub const FREE_SPACE_HINT: &str = "free space with `cargo xtask clean --saved-vms` (saved VMs, remade on demand) or `cargo xtask clean --kernels` (fetched kernels, fetched again), or set KLOOP_CACHE_DIR to a directory on a larger disk";
 
-/// Why writing `path` failed, and the next step: no space (with what is
-/// free there), a read-only or forbidden directory, or the error as it is.
-pub fn write_problem(path: &Path, source: &std::io::Error) -> String {
+/// Why a write into the cache failed, and the next step: no space (with
+/// what is free there), a read-only or forbidden directory, or the error
+/// as it is. Each says the OS error.
+pub fn write_problem(e: &PathIo) -> String {
     use std::io::ErrorKind;
+    let source = &e.source;
+    let Some(path) = e.path.as_deref() else {
+        // `what` names the path itself.
+        return format!(
+            "{e}; make the kernel cache writable and free disk space there, or set \
+             KLOOP_CACHE_DIR to another directory"
+        );
+    };
     // By kind, not errno: a write through `tempfile` wraps the OS error
     // with its path, which keeps the kind and loses the raw errno.
     match source.kind() {
         ErrorKind::StorageFull | ErrorKind::QuotaExceeded => format!(
-            "no space left on the device holding {} ({} free there, a run needs up to {}): {FREE_SPACE_HINT}",
+            "no space left on the device holding {} ({source}; {} free there, a run needs up to {}): {FREE_SPACE_HINT}",
             path.display(),
             free_bytes(path).map_or("nothing".to_string(), mb),
             mb(RUN_NEEDS)
@@ -58,11 +69,10 @@ pub fn write_problem(path: &Path, source: &std::io::Error) -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum RoomError {
     /// A probe file could not be written (read-only, forbidden, full).
-    #[error("{}", write_problem(path, source))]
-    CannotWrite {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
+    /// The message quotes the OS error, so the `PathIo` is not its
+    /// `source`.
+    #[error("{}", write_problem(.0))]
+    CannotWrite(PathIo),
     /// Less free than a run may need.
     #[error(
         "the kernel cache at {} has {} free; a run needs up to {} (a saved VM, a kernel's package, image and ELF): {FREE_SPACE_HINT}",
@@ -82,9 +92,9 @@ pub fn check_room(cache_root: &Path) -> Result<(), RoomError> {
     let probe = tmp.join(format!(".write-probe-{}", std::process::id()));
     let written = std::fs::create_dir_all(&tmp).and_then(|()| std::fs::write(&probe, b"kloop"));
     let _ = std::fs::remove_file(&probe);
-    if let Err(source) = written {
-        return Err(RoomError::CannotWrite { path: tmp, source });
-    }
+    written
+        .at("writing a probe file in", &tmp)
+        .map_err(RoomError::CannotWrite)?;
     match free_bytes(cache_root) {
         Some(free) if free < RUN_NEEDS => Err(RoomError::NoRoom {
             path: cache_root.to_path_buf(),
@@ -107,11 +117,12 @@ mod tests {
             std::io::ErrorKind::StorageFull,
             "No space left on device (os error 28) at path \"/x\"",
         );
-        assert!(write_problem(Path::new("/x"), &wrapped)
+        assert!(write_problem(&PathIo::at("writing", "/x", wrapped))
             .starts_with("no space left on the device holding /x"));
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("images/x");
-        let full = write_problem(&path, &std::io::Error::from_raw_os_error(libc::ENOSPC));
+        let failed = |errno| PathIo::at("writing", &path, std::io::Error::from_raw_os_error(errno));
+        let full = write_problem(&failed(libc::ENOSPC));
         assert!(
             full.starts_with(&format!(
                 "no space left on the device holding {}",
@@ -123,16 +134,28 @@ mod tests {
             full.contains("MB free there") && full.contains("cargo xtask clean --saved-vms"),
             "{full}"
         );
-        let ro = write_problem(&path, &std::io::Error::from_raw_os_error(libc::EROFS));
+        let enospc = std::io::Error::from_raw_os_error(libc::ENOSPC).to_string();
+        assert!(full.contains(&enospc), "{full}");
+        let ro = write_problem(&failed(libc::EROFS));
         assert!(
             ro.contains("Read-only file system")
                 && ro.contains("KLOOP_CACHE_DIR to a writable directory"),
             "{ro}"
         );
-        let other = write_problem(&path, &std::io::Error::from_raw_os_error(libc::EIO));
+        let other = write_problem(&failed(libc::EIO));
         assert!(
             other.starts_with("cannot write to the kernel cache at"),
             "{other}"
+        );
+        // A `PathIo` whose `what` names the path is said as it is, with
+        // the next step.
+        let unnamed = write_problem(&PathIo::doing(
+            "creating /c/x",
+            std::io::Error::from_raw_os_error(libc::EIO),
+        ));
+        assert!(
+            unnamed.starts_with("creating /c/x: ") && unnamed.contains("KLOOP_CACHE_DIR"),
+            "{unnamed}"
         );
     }
 

@@ -15,6 +15,7 @@ use crate::extract::{
 use crate::pin::{parse_pin_file, series_key};
 use crate::pin::{KernelPin, Needs};
 use crate::version::compare_debian_versions;
+use kloop_path_io::{PathIo, PathIoExt};
 use kloop_protocol::Arch;
 
 /// What a pin tracks: a series and flavour in one suite.
@@ -93,7 +94,13 @@ pub fn update_pin(
                 valid,
             });
         }
-        Err(source) => return Err(KernelError::CatalogRead { path: file, source }),
+        Err(source) => {
+            return Err(KernelError::CatalogRead(PathIo::at(
+                "reading the kernel pin",
+                file,
+                source,
+            )))
+        }
     };
     let pin = parse_pin_file(&file, &text)?.ok_or_else(|| KernelError::PinInvalid {
         file: file.clone(),
@@ -342,10 +349,9 @@ impl KernelCache {
         release: &str,
     ) -> Result<(String, PathBuf, String), KernelError> {
         let dir = self.root().join("images");
-        std::fs::create_dir_all(&dir).map_err(|source| KernelError::CacheWrite {
-            path: dir.clone(),
-            source,
-        })?;
+        std::fs::create_dir_all(&dir)
+            .at("creating", &dir)
+            .map_err(KernelError::CacheWrite)?;
         let mut found: Option<Result<(String, PathBuf, String), KernelError>> = None;
         let mut seen = Vec::new();
         walk_deb(deb, |path, entry| {
@@ -361,9 +367,7 @@ impl KernelCache {
             let member = path.display().to_string();
             found = Some(match install_verified(entry, &dir, None, None) {
                 Ok((cached, sha)) => Ok((member, cached, sha)),
-                Err(InstallError::Write(path, source)) => {
-                    Err(KernelError::CacheWrite { path, source })
-                }
+                Err(InstallError::Write(e)) => Err(KernelError::CacheWrite(e)),
                 Err(InstallError::Read(e)) => Err(KernelError::BadImage {
                     path: deb.to_path_buf(),
                     reason: format!("reading {member} failed: {e}"),

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use kloop_path_io::{PathIo, PathIoExt};
 use kloop_protocol::ListenerInfo;
 use kloop_records::{parse_stream, RecordBody, KSYM_TYPE_BPF};
 use linux_perf_data::{PerfFileReader, PerfFileRecord};
@@ -19,11 +20,8 @@ const LOST: u32 = 2;
 /// Why a file could not be checked (exit 2).
 #[derive(Debug, thiserror::Error)]
 pub enum PerfDataError {
-    #[error("opening {path}: {source}")]
-    Open {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error("{path} is not a readable perf.data file: {why}")]
     Unreadable { path: PathBuf, why: String },
     #[error("{path} is cut short: {why} (was perf killed, or the disk full?)")]
@@ -358,10 +356,7 @@ fn open_reader(
         path: path.to_path_buf(),
         why,
     };
-    let file = std::fs::File::open(path).map_err(|source| PerfDataError::Open {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let file = std::fs::File::open(path).at("opening", path)?;
     let pipe = is_pipe_mode(path).map_err(|e| unreadable(e.to_string()))?;
     let cut = if pipe { pipe_cut(path) } else { file_cut(path) };
     let cut = cut.map_err(|e| unreadable(e.to_string()))?;

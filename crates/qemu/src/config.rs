@@ -1,7 +1,6 @@
 //! What one guest is run with (accelerator, deadlines, limits, the VM
 //! configuration) and where the QEMU binary is.
 
-use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -178,12 +177,6 @@ pub enum VmError {
     QemuMissingFor {
         binary: &'static str,
         package: &'static str,
-    },
-    #[error("could not start QEMU `{qemu}`: {source}")]
-    Spawn {
-        qemu: PathBuf,
-        #[source]
-        source: io::Error,
     },
     #[error(transparent)]
     Io(#[from] kloop_path_io::PathIo),

@@ -80,10 +80,9 @@ impl Vm {
         let vmstate_fd = vmstate.as_ref().map(|f| f.as_raw_fd());
         child_setup(&mut cmd, take_foreground, vmstate_fd);
         let started = Instant::now();
-        let child = cmd.spawn().map_err(|source| VmError::Spawn {
-            qemu: config.qemu.clone(),
-            source,
-        })?;
+        let child = cmd
+            .spawn()
+            .doing(format!("starting QEMU `{}`", config.qemu.display()))?;
         // QEMU holds its own copy now.
         drop(vmstate);
         Ok(Vm {

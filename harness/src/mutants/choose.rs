@@ -6,6 +6,7 @@
 use std::path::Path;
 
 use kloop_mutate::{Generated, Mutant, Sources, Targets};
+use kloop_path_io::PathIoExt;
 
 use super::{
     data_beside, read_saved, settle_schema_overhead, unsettle_interrupted, CommandError, KillKind,
@@ -14,10 +15,7 @@ use super::{
 
 /// The targets file at `path` (`kernels/mutation-targets.toml`).
 pub fn load_targets(path: &Path) -> Result<Targets, MutateError> {
-    let text = std::fs::read_to_string(path).map_err(|source| MutateError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(path).at("reading", path)?;
     toml::from_str(&text).map_err(|e| MutateError::Targets {
         path: path.to_path_buf(),
         detail: e.to_string(),
@@ -41,10 +39,7 @@ pub fn generate(tree: &Path, targets: &Targets) -> Result<Generated, MutateError
             continue;
         }
         let path = tree.join(&t.file);
-        let text = std::fs::read_to_string(&path).map_err(|source| MutateError::Read {
-            path: path.clone(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(&path).at("reading", &path)?;
         sources.files.insert(t.file.clone(), text);
     }
     Ok(kloop_mutate::generate(&sources, targets))

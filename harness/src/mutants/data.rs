@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use kloop_path_io::{PathIo, PathIoExt};
 use serde::{Deserialize, Serialize};
 
 use crate::judge::ab::{self};
@@ -30,12 +31,8 @@ pub enum MutantsError {
     Interrupted,
     #[error("reading {path}: {why}")]
     Read { path: PathBuf, why: String },
-    #[error("writing {path}: {source}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
 }
 
 /// How one mutant came out.
@@ -292,10 +289,8 @@ pub fn write_saved(
     let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
     std::fs::write(&tmp, json)
         .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|source| MutantsError::Write {
-            path: path.to_path_buf(),
-            source,
-        })
+        .at("writing", path)
+        .map_err(MutantsError::from)
 }
 
 /// The [`SavedRun`] at `path`, as [`write_saved`] wrote it.

@@ -2,17 +2,15 @@
 
 use std::path::PathBuf;
 
+use kloop_path_io::PathIo;
+
 use super::data::MutantsError;
 
 /// Reading the targets file or the tree's files it names.
 #[derive(Debug, thiserror::Error)]
 pub enum MutateError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error("{path}: {detail}")]
     Targets { path: PathBuf, detail: String },
 }
@@ -33,7 +31,7 @@ pub enum CommandError {
     #[error("no mutant {0} in this tree (see --list --max 1000)")]
     NoSuchMutant(String),
     #[error(transparent)]
-    Io(#[from] kloop_path_io::PathIo),
+    Io(#[from] PathIo),
     #[error("reading the mutants run in {path}: {source} (a run directory past the newest KLOOP_KEEP_RUNS, default 10, is removed when a run starts; a run given --report left its data beside the report, e.g. docs/mutation-score.json for docs/mutation-score.md: pass that to --from, or judge the mutants again without --from)")]
     From {
         path: PathBuf,

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use kloop_kernels::build::{BuildRequest, BuiltKernel};
 use kloop_kernels::{Catalog, KernelCache};
+use kloop_path_io::PathIoExt;
 
 use crate::judge::ab::{self, Side};
 use crate::run::suite::{self, EnvOptions, PlannedTrial};
@@ -147,10 +148,7 @@ pub fn judge_all(
     let chosen =
         judging_order(crate::scenario::select(&all, scenarios).map_err(suite::SuiteError::from)?);
     let patch_dir = env.run_dir.join("mutants");
-    std::fs::create_dir_all(&patch_dir).map_err(|source| MutantsError::Write {
-        path: patch_dir.clone(),
-        source,
-    })?;
+    std::fs::create_dir_all(&patch_dir).at("creating", &patch_dir)?;
     let mut phases = Phases {
         strategy,
         ..Phases::default()
@@ -266,10 +264,7 @@ pub fn judge_all(
     };
     let base_file = env.run_dir.join(BASELINE_FILE);
     let json = serde_json::to_vec_pretty(&base).expect("the baseline serialises");
-    std::fs::write(&base_file, json).map_err(|source| MutantsError::Write {
-        path: base_file,
-        source,
-    })?;
+    std::fs::write(&base_file, json).at("writing", &base_file)?;
     let mut tce = Tce::new(&cache, base_req, &baseline, mutants);
     let alone = AloneBuild {
         cache: &cache,

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
+use kloop_path_io::PathIo;
 use serde::Deserialize;
 
 use crate::mutants::{MutantResult, MutantsBaseline, Outcome};
@@ -45,12 +46,8 @@ pub enum NotesError {
         #[source]
         source: toml::de::Error,
     },
-    #[error("reading {path}: {source}")]
-    Read {
-        path: std::path::PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
 }
 
 impl Notes {
@@ -62,10 +59,7 @@ impl Notes {
                 source,
             }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Notes::default()),
-            Err(source) => Err(NotesError::Read {
-                path: path.to_path_buf(),
-                source,
-            }),
+            Err(source) => Err(PathIo::at("reading", path, source).into()),
         }
     }
 

@@ -7,6 +7,8 @@
 //! and the reproducer itself. Everything in it is read from what kloop
 //! wrote (the ledger, `ab.json`, `repro-proof.json`): no figure is typed in.
 
+use kloop_path_io::{PathIo, PathIoExt};
+
 use crate::judge::ab::{AbClass, AbOutcome};
 use crate::judge::known_issues::Issue;
 use crate::run::standalone::ReproProof;
@@ -45,12 +47,8 @@ pub enum BugMailError {
     },
     #[error("{0} holds no patch")]
     Empty(std::path::PathBuf),
-    #[error("reading {path}: {source}")]
-    Read {
-        path: std::path::PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error(transparent)]
     Fix(#[from] crate::run::fixes::FixError),
     #[error(transparent)]
@@ -443,10 +441,7 @@ pub fn compose(
         .filter(|i| ids.contains(&i.id))
         .cloned()
         .collect();
-    let text = std::fs::read_to_string(&patch).map_err(|source| BugMailError::Read {
-        path: patch.clone(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(&patch).at("reading", &patch)?;
     let parts = split_patch(&text).map_err(|e| BugMailError::Patch {
         path: patch.clone(),
         source: Box::new(e),

@@ -11,6 +11,8 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use kloop_path_io::{PathIo, PathIoExt};
+
 use crate::run::suite::{self, EnvOptions};
 use crate::run::trial::{BootMode, KernelUnderTest};
 use crate::workspace::Layout;
@@ -24,12 +26,8 @@ pub enum ReproError {
     NotATrial(PathBuf),
     #[error("reading {path}: {detail}")]
     Read { path: PathBuf, detail: String },
-    #[error("writing {path}: {source}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error("the trial's scenario `{0}` is no longer in scenarios/")]
     UnknownScenario(String),
     #[error(transparent)]
@@ -111,8 +109,7 @@ pub fn write(layout: &Layout, trial: &Path, out: &Path) -> Result<Reproducer, Re
         },
         std::slice::from_ref(&kernel),
     )?;
-    let write_err = |path: PathBuf| move |source| ReproError::Write { path, source };
-    std::fs::create_dir_all(out).map_err(write_err(out.to_path_buf()))?;
+    std::fs::create_dir_all(out).at("creating", out)?;
     let scratch = env.run_dir.join("repro-scratch");
     let guest = crate::run::trial::standalone_guest(&env, &kernel, &scenario, &scratch)
         .map_err(|v| ReproError::Guest(v.message().unwrap_or("failed").to_string()))?;
@@ -193,12 +190,10 @@ pub fn write(layout: &Layout, trial: &Path, out: &Path) -> Result<Reproducer, Re
 
 fn put_file(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> Result<(), ReproError> {
     let path = dir.join(name);
-    let err = |source| ReproError::Write {
-        path: path.clone(),
-        source,
-    };
-    std::fs::write(&path, bytes).map_err(err)?;
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(mode)).map_err(err)
+    std::fs::write(&path, bytes).at("writing", &path)?;
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+        .at("writing", &path)?;
+    Ok(())
 }
 
 /// `argv` as a POSIX shell script run from the reproducer's directory.

@@ -16,6 +16,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use kloop_path_io::{PathIo, PathIoExt};
 use thiserror::Error;
 
 /// Where the guest finds perf (the `perf-tool` probe runs it from there).
@@ -53,11 +54,8 @@ pub enum PayloadError {
          at a perf binary"
     )]
     PerfMissing { path: PathBuf },
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error(
         "{wrapper} is a wrapper script and no perf binary is behind it (neither \
          /usr/bin/perf_<version> nor /usr/lib/linux-tools/<release>/perf); run ci/setup.sh, \
@@ -117,10 +115,7 @@ impl Payload {
         let mut total = 0;
         for f in &self.files {
             total += std::fs::metadata(&f.host_path)
-                .map_err(|source| PayloadError::Read {
-                    path: f.host_path.clone(),
-                    source,
-                })?
+                .at("reading", &f.host_path)?
                 .len();
         }
         Ok(total)
@@ -174,10 +169,7 @@ fn host_release() -> String {
 /// newest.
 fn real_perf_behind_wrapper(wrapper: &Path) -> Result<PathBuf, PayloadError> {
     let dir = wrapper.parent().unwrap_or(Path::new("/usr/bin"));
-    let entries = std::fs::read_dir(dir).map_err(|source| PayloadError::Read {
-        path: dir.to_path_buf(),
-        source,
-    })?;
+    let entries = std::fs::read_dir(dir).at("reading", dir)?;
     let mut best: Option<(Vec<u32>, PathBuf)> = None;
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
@@ -234,14 +226,8 @@ fn is_elf(path: &Path) -> bool {
 fn read_head(path: &Path, n: usize) -> Result<Vec<u8>, PayloadError> {
     use std::io::Read;
     let mut buf = vec![0u8; n];
-    let mut f = std::fs::File::open(path).map_err(|source| PayloadError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let got = f.read(&mut buf).map_err(|source| PayloadError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let mut f = std::fs::File::open(path).at("reading", path)?;
+    let got = f.read(&mut buf).at("reading", path)?;
     buf.truncate(got);
     Ok(buf)
 }
@@ -318,10 +304,7 @@ fn busybox_payload_of(
     if !path.is_file() {
         return Err(PayloadError::BusyboxMissing { path });
     }
-    let bytes = std::fs::read(&path).map_err(|source| PayloadError::Read {
-        path: path.clone(),
-        source,
-    })?;
+    let bytes = std::fs::read(&path).at("reading", &path)?;
     let interpreter = elf_interpreter(&bytes).map_err(|what| PayloadError::NotElf {
         path: path.clone(),
         what,
@@ -363,10 +346,7 @@ fn busybox_payload_of(
 
 /// `binary` shipped as `guest_path`, with its interpreter and libraries.
 pub fn binary_payload(binary: &Path, guest_path: &str) -> Result<Payload, PayloadError> {
-    let bytes = std::fs::read(binary).map_err(|source| PayloadError::Read {
-        path: binary.to_path_buf(),
-        source,
-    })?;
+    let bytes = std::fs::read(binary).at("reading", binary)?;
     let interp = elf_interpreter(&bytes).map_err(|what| PayloadError::NotElf {
         path: binary.to_path_buf(),
         what,
@@ -395,10 +375,7 @@ pub fn binary_payload(binary: &Path, guest_path: &str) -> Result<Payload, Payloa
     for f in &mut files {
         // Ship the bytes behind symlinks (`/lib64/ld-linux-x86-64.so.2` ->
         // `/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2`) under the linked name.
-        f.host_path = std::fs::canonicalize(&f.host_path).map_err(|source| PayloadError::Read {
-            path: f.host_path.clone(),
-            source,
-        })?;
+        f.host_path = std::fs::canonicalize(&f.host_path).at("reading", &f.host_path)?;
     }
     Ok(Payload { files })
 }
@@ -531,12 +508,7 @@ pub fn c_program_for(
     arch: kloop_protocol::Arch,
 ) -> Result<PathBuf, PayloadError> {
     use sha2::{Digest, Sha256};
-    let read = |path: &Path| {
-        std::fs::read(path).map_err(|e| PayloadError::Read {
-            path: path.to_path_buf(),
-            source: e,
-        })
-    };
+    let read = |path: &Path| std::fs::read(path).at("reading", path);
     let dir = source.parent().unwrap_or(Path::new("."));
     let mut hash = Sha256::new();
     hash.update(read(source)?);
@@ -569,11 +541,7 @@ pub fn c_program_for(
     if out.is_file() {
         return Ok(out);
     }
-    let io = |e| PayloadError::Read {
-        path: cache.join(&key),
-        source: e,
-    };
-    std::fs::create_dir_all(cache.join(&key)).map_err(io)?;
+    std::fs::create_dir_all(cache.join(&key)).at("creating", cache.join(&key))?;
     let tmp = cache
         .join(&key)
         .join(format!("{stem}.{}.tmp", std::process::id()));
@@ -602,7 +570,7 @@ pub fn c_program_for(
         }
         Err(e) => return Err(compile_error(format!("running {compiler}: {e}"))),
     }
-    std::fs::rename(&tmp, &out).map_err(io)?;
+    std::fs::rename(&tmp, &out).at("renaming into", &out)?;
     Ok(out)
 }
 

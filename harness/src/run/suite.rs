@@ -57,6 +57,7 @@ impl From<crate::workspace::LoadLedgerError> for SuiteError {
         match e {
             LoadLedgerError::Kernel(e) => SuiteError::Kernel(e),
             LoadLedgerError::Scenario(e) => SuiteError::Scenario(e),
+            LoadLedgerError::Io(e) => SuiteError::Io(e),
             LoadLedgerError::Ledger(e) => SuiteError::Ledger(e),
         }
     }

@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
+use kloop_path_io::{PathIo, PathIoExt};
 use kloop_protocol::{Plan, Requirement, Step};
 
 pub use kloop_judge::expectation;
@@ -19,12 +20,8 @@ use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error("{path}: {message}")]
     Invalid { path: PathBuf, message: String },
     #[error("unknown scenario `{name}`; known scenarios: {}", known.join(", "))]
@@ -198,10 +195,7 @@ pub struct Scenario {
 impl Scenario {
     pub fn load(dir: &Path) -> Result<Scenario, ScenarioError> {
         let path = dir.join("scenario.toml");
-        let text = std::fs::read_to_string(&path).map_err(|source| ScenarioError::Read {
-            path: path.clone(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(&path).at("reading", &path)?;
         let name = dir
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -346,10 +340,7 @@ pub fn requirement_name(r: Requirement) -> String {
 
 /// Every scenario under `root`, sorted by name.
 pub fn load_all(root: &Path) -> Result<Vec<Scenario>, ScenarioError> {
-    let entries = std::fs::read_dir(root).map_err(|source| ScenarioError::Read {
-        path: root.to_path_buf(),
-        source,
-    })?;
+    let entries = std::fs::read_dir(root).at("reading", root)?;
     let mut dirs: Vec<PathBuf> = entries
         .filter_map(Result::ok)
         .map(|e| e.path())

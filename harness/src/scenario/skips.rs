@@ -22,6 +22,7 @@
 use std::path::Path;
 
 use kloop_kernels::KernelConfig;
+use kloop_path_io::PathIo;
 use kloop_protocol::Requirement;
 use serde::{Deserialize, Serialize};
 
@@ -65,11 +66,8 @@ pub struct ExpectedSkips {
 /// Why the list cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum SkipsError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error("{path}: {message}")]
     Parse {
         path: std::path::PathBuf,
@@ -85,7 +83,7 @@ impl ExpectedSkips {
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
-            Err(source) => return Err(SkipsError::Read { path, source }),
+            Err(source) => return Err(PathIo::at("reading", path, source).into()),
         };
         Self::parse(&text).map_err(|message| SkipsError::Parse { path, message })
     }

@@ -8,6 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
+use kloop_path_io::{PathIo, PathIoExt};
+
 use crate::run::bench::{
     self, BenchError, BenchRow, ChannelOutcome, FreshRound, MatrixBench, MatrixRound, PerfDataRun,
     ScenarioSteps, ValidateRound,
@@ -55,12 +57,8 @@ pub enum BenchRunError {
         #[source]
         source: std::io::Error,
     },
-    #[error("writing {}", .path.display())]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error("no finished run under {}", .0.display())]
     NoFinishedRun(PathBuf),
 }
@@ -184,12 +182,7 @@ pub fn validate(
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         let patch = dir.path().join(format!("one-line-{i}.patch"));
-        std::fs::write(&patch, bench::one_line_patch(stamp)).map_err(|source| {
-            BenchRunError::Write {
-                path: patch.clone(),
-                source,
-            }
-        })?;
+        std::fs::write(&patch, bench::one_line_patch(stamp)).at("writing", &patch)?;
         on(Event::ValidateStarting { round: i + 1, runs });
         let round = bench::validate_round(exe, &runs_root, source, &patch)
             .map_err(step("running validate"))?;

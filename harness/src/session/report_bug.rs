@@ -6,6 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
+use kloop_path_io::{PathIo, PathIoExt};
+
 use crate::report::backport_mail::{BackportError, ComposedBackport};
 use crate::report::bug_mail::{BugMailError, Composed};
 use crate::workspace::Layout;
@@ -23,12 +25,8 @@ pub enum ReportBugError {
     Bug(#[from] BugMailError),
     #[error(transparent)]
     Backport(#[from] BackportError),
-    #[error("writing {}", .path.display())]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
 }
 
 impl ReportBugError {
@@ -86,11 +84,6 @@ fn write_mail(
         || layout.root.join("target/kloop/report-bug").join(file_name),
         Path::to_path_buf,
     );
-    kloop_kernels::write_atomically(&out, text.as_bytes()).map_err(|source| {
-        ReportBugError::Write {
-            path: out.clone(),
-            source,
-        }
-    })?;
+    kloop_kernels::write_atomically(&out, text.as_bytes()).at("writing", &out)?;
     Ok(out)
 }

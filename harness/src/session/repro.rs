@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kloop_kernels::build::{BuildRequest, BuiltKernel};
+use kloop_path_io::{PathIo, PathIoExt};
 
 use crate::report::repro::{self, ReproError};
 use crate::run::standalone::{self, stock::StockRun, ProofKernel, ProofRun, Reproducer};
@@ -28,12 +29,8 @@ pub enum ReproRunError {
     Ledger(#[from] LoadLedgerError),
     #[error(transparent)]
     Standalone(#[from] standalone::StandaloneError),
-    #[error("writing {}", .path.display())]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error(transparent)]
     Kernel(#[from] kloop_kernels::KernelError),
     #[error(transparent)]
@@ -111,12 +108,7 @@ pub fn standalone(
         },
         Path::to_path_buf,
     );
-    kloop_kernels::write_atomically(&file, r.single_file()?.as_bytes()).map_err(|source| {
-        ReproRunError::Write {
-            path: file.clone(),
-            source,
-        }
-    })?;
+    kloop_kernels::write_atomically(&file, r.single_file()?.as_bytes()).at("writing", &file)?;
     Ok(Standalone {
         reproducer: r,
         file,

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use kloop_kernels::build::{BuildRequest, BuiltKernel};
 use kloop_kernels::Catalog;
+use kloop_path_io::{PathIo, PathIoExt};
 
 use crate::judge::ab::Acceptance;
 use crate::run::ab::{AbRun, KeptBaseline};
@@ -89,12 +90,8 @@ pub enum ValidateRunError {
     Ab(#[from] AbError),
     #[error(transparent)]
     Controls(crate::session::kernels::ControlsRunError),
-    #[error("writing {} in {}", Timing::FILE, .dir.display())]
-    Timing {
-        dir: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
 }
 
 /// What `validate` builds and expects: the baseline's build request, the
@@ -159,10 +156,7 @@ pub fn run<E>(
     .with_early_baseline(kernels.early);
     timing
         .write(&ab.run_dir)
-        .map_err(|source| ValidateRunError::Timing {
-            dir: ab.run_dir.clone(),
-            source,
-        })?;
+        .at("writing", ab.run_dir.join(Timing::FILE))?;
     Ok(Validated::Judged { accepted, timing })
 }
 

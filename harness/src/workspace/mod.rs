@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use crate::judge::known_issues::{Ledger, LedgerError};
 use crate::scenario::{self, ScenarioError};
 use kloop_kernels::{Catalog, KernelError};
+use kloop_path_io::PathIo;
 
 pub mod run_dirs;
 
@@ -51,14 +52,16 @@ pub fn new_run_dir(root: &Path) -> std::io::Result<PathBuf> {
     run_dirs::create(root)
 }
 
-/// Why the ledger could not be loaded: the catalog, the scenarios or the
-/// ledger itself (each said as its own error says it).
+/// Why the ledger could not be loaded: the catalog, the scenarios, the
+/// ledger's file or its text (each said as its own error says it).
 #[derive(Debug, thiserror::Error)]
 pub enum LoadLedgerError {
     #[error(transparent)]
     Kernel(#[from] KernelError),
     #[error(transparent)]
     Scenario(#[from] ScenarioError),
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error(transparent)]
     Ledger(#[from] LedgerError),
 }
@@ -78,7 +81,9 @@ pub fn load_ledger(layout: &Layout) -> Result<Ledger, LoadLedgerError> {
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => Some(t),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(source) => return Err(LedgerError::Read { path, source }.into()),
+        Err(source) => {
+            return Err(PathIo::at("reading the known-issues ledger", path, source).into())
+        }
     };
     Ok(Ledger::of_file(&path, text.as_deref(), &vocab)?)
 }

@@ -19,22 +19,15 @@ use sha2::{Digest, Sha256};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ObjectError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
     #[error("{path} is not an ELF object: {why}")]
     Parse { path: String, why: String },
 }
 
 /// sha256 (hex) over the loaded sections of the ELF object at `path`.
 pub fn code_digest(path: &Path) -> Result<String, ObjectError> {
-    let bytes = std::fs::read(path).map_err(|source| ObjectError::Read {
-        path: path.display().to_string(),
-        source,
-    })?;
+    let bytes = std::fs::read(path).at("reading", path)?;
     code_digest_of(&bytes).map_err(|e| ObjectError::Parse {
         path: path.display().to_string(),
         why: e.to_string(),

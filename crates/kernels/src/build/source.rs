@@ -258,14 +258,12 @@ fn unpack_source(deb: &Path, tarball: &str, root: &Path, tree: &Path) -> Result<
     let mut found = false;
     crate::extract::walk_deb(deb, |path, entry| {
         if path == Path::new(tarball) {
-            let mut out = std::fs::File::create(&xz).map_err(|source| KernelError::CacheWrite {
-                path: xz.clone(),
-                source,
-            })?;
-            std::io::copy(entry, &mut out).map_err(|source| KernelError::CacheWrite {
-                path: xz.clone(),
-                source,
-            })?;
+            let mut out = std::fs::File::create(&xz)
+                .at("creating", &xz)
+                .map_err(KernelError::CacheWrite)?;
+            std::io::copy(entry, &mut out)
+                .at("writing", &xz)
+                .map_err(KernelError::CacheWrite)?;
             found = true;
         }
         Ok(())

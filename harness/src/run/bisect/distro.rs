@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use kloop_kernels::available::AvailableBuild;
 use kloop_kernels::{Catalog, KernelCache};
+use kloop_path_io::{PathIo, PathIoExt};
 
 use super::{BisectError, BisectOutcome, DistroBuilds, Search, StepReport};
 use crate::judge::bisect::{Predicate, PredicateError};
@@ -54,12 +55,8 @@ pub enum DistroError {
     /// The search could not start (an end gave no reference, or is not new).
     #[error("bisect: {0}")]
     Search(#[from] BisectError),
-    #[error("writing {path}: {source}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIo),
 }
 
 /// A finished bisection over distro builds.
@@ -156,12 +153,7 @@ pub fn run(
     })?;
     let report = env.run_dir.join("bisect.json");
     let text = serde_json::to_string_pretty(&outcome).expect("an outcome serialises");
-    kloop_kernels::write_atomically(&report, text.as_bytes()).map_err(|source| {
-        DistroError::Write {
-            path: report.clone(),
-            source,
-        }
-    })?;
+    kloop_kernels::write_atomically(&report, text.as_bytes()).at("writing", &report)?;
     Ok(DistroBisection {
         outcome,
         range,
