@@ -73,6 +73,17 @@ pub fn run(mut notes: Vec<String>) -> ! {
                     sys::Errno(&e)
                 ));
             }
+            // arm64's virtio-serial port opens once at a time: PID 1 lets
+            // go of it so that kloop-run can have it (a serial port is
+            // shared, and x86-64's PID 1 keeps it for its panic report).
+            if kloop_protocol::Arch::OF_THIS_BUILD != kloop_protocol::Arch::X86_64 {
+                if let Err(e) = channel::release() {
+                    notes.push(format!(
+                        "letting go of the data port: {} ({RUN_BY_HAND} will find it busy)",
+                        sys::Errno(&e)
+                    ));
+                }
+            }
         }
         Err(e) => notes.push(format!(
             "data port: {} ({RUN_BY_HAND} will not work)",

@@ -12,7 +12,7 @@ use kloop_protocol::{FrameKind, Message, Plan, ToGuest, HEARTBEAT_INTERVAL_MS};
 use crate::sys::{self, OsContext};
 
 pub use port::{
-    discard_input, drain, open_data_port, panic_mid_frame, receive_frame, send_frame,
+    discard_input, drain, open_data_port, panic_mid_frame, receive_frame, release, send_frame,
     send_last_words, send_message, silence_forever,
 };
 

@@ -209,6 +209,23 @@ fn lock(p: &Port) -> MutexGuard<'_, File> {
     p.file.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Closes this process's open of the data port, keeping its fd number on
+/// /dev/null (so the `Port`'s fd stays valid and what is sent after is
+/// dropped): a virtio-serial port (arm64's) opens once at a time
+/// (drivers/char/virtio_console.c, port_fops_open(): -EBUSY while
+/// `guest_connected`), and `kloop-run` must open it while the shell runs.
+pub fn release() -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let p = port()?;
+    let _guard = lock(p);
+    let null = File::open("/dev/null")?;
+    // SAFETY: both fds are valid; dup3 closes the port's description.
+    if unsafe { libc::dup3(null.as_raw_fd(), p.fd, libc::O_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Writes one complete frame under the port mutex.
 pub fn send_frame(frame: &[u8]) -> io::Result<()> {
     let p = port()?;
@@ -312,10 +329,40 @@ pub fn receive_frame(timeout: Duration) -> io::Result<RawFrame> {
 pub fn discard_input() -> io::Result<()> {
     let p = port()?;
     // SAFETY: valid fd.
-    if unsafe { libc::tcflush(p.fd, libc::TCIFLUSH) } != 0 {
+    if unsafe { libc::tcflush(p.fd, libc::TCIFLUSH) } == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::ENOTTY) {
+        return Err(e);
+    }
+    // arm64's virtio-serial port is no tty: read what is queued without
+    // waiting, until nothing is.
+    // SAFETY: valid fd; flags restored below.
+    let flags = unsafe { libc::fcntl(p.fd, libc::F_GETFL) };
+    if flags < 0 || unsafe { libc::fcntl(p.fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(())
+    let mut buf = [0u8; 4096];
+    let drained = loop {
+        // SAFETY: buf is valid for its length.
+        let n = unsafe { libc::read(p.fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n > 0 {
+            continue;
+        }
+        let err = io::Error::last_os_error();
+        break match (n, err.raw_os_error()) {
+            (0, _) => Ok(()),
+            (_, Some(libc::EAGAIN)) => Ok(()),
+            (_, Some(libc::EINTR)) => continue,
+            _ => Err(err),
+        };
+    };
+    // SAFETY: valid fd, its own flags.
+    if unsafe { libc::fcntl(p.fd, libc::F_SETFL, flags) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    drained
 }
 
 /// Waits until every byte written has left the UART.

@@ -63,7 +63,7 @@ pub enum PayloadError {
          linux-tools-$(uname -r)`), or point KLOOP_PERF at the binary"
     )]
     NoRealPerf { wrapper: PathBuf },
-    #[error("{path} is not an x86_64 ELF executable: {what}")]
+    #[error("{path} is not an ELF executable the guest can run: {what}")]
     NotElf { path: PathBuf, what: String },
     #[error("running ldd on {path}: {what}")]
     Ldd { path: PathBuf, what: String },
@@ -245,7 +245,7 @@ pub fn perf_payload() -> Result<Payload, PayloadError> {
 /// path of every applet it has (`bin/sh`, `usr/bin/awk`, …), for links to it.
 pub fn busybox_payload() -> Result<(Payload, Vec<String>), PayloadError> {
     let path = host_busybox()?;
-    busybox_payload_of(&path, &path)
+    busybox_payload_of(&path, kloop_protocol::Arch::X86_64, &path)
 }
 
 /// The host's busybox: `KLOOP_BUSYBOX`, else [`HOST_BUSYBOX`].
@@ -291,13 +291,14 @@ pub fn busybox_payload_for(
                 })?
         }
     };
-    busybox_payload_of(&guest, &host_busybox()?)
+    busybox_payload_of(&guest, arch, &host_busybox()?)
 }
 
 /// `binary` as the guest's busybox, with the applets `lister` (a busybox
 /// the host runs) names.
 fn busybox_payload_of(
     binary: &Path,
+    arch: kloop_protocol::Arch,
     lister: &Path,
 ) -> Result<(Payload, Vec<String>), PayloadError> {
     let path = binary.to_path_buf();
@@ -305,10 +306,19 @@ fn busybox_payload_of(
         return Err(PayloadError::BusyboxMissing { path });
     }
     let bytes = std::fs::read(&path).at("reading", &path)?;
-    let interpreter = elf_interpreter(&bytes).map_err(|what| PayloadError::NotElf {
+    let interpreter = elf_interpreter_of(&bytes, arch).map_err(|what| PayloadError::NotElf {
         path: path.clone(),
         what,
     })?;
+    if let (Some(interp), false) = (&interpreter, arch == kloop_protocol::Arch::X86_64) {
+        // The libraries shipped beside a dynamic binary are the host's.
+        return Err(PayloadError::NotElf {
+            path,
+            what: format!(
+                "it is dynamic (interpreter {interp}); an {arch} guest needs a static busybox"
+            ),
+        });
+    }
     let payload = match interpreter {
         None => Payload {
             files: vec![PayloadFile {
