@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 
 use crate::flags::*;
+use crate::shared::exits;
 use crate::shared::*;
 
 impl Run for DocsArgs {
@@ -19,7 +20,7 @@ impl Run for DocsArgs {
 fn docs(a: &DocsArgs) -> Result<ExitCode> {
     let layout = layout();
     if a.check {
-        let stale = kloop::session::docs::stale(&layout)?;
+        let stale = kloop::session::docs::stale(&layout, &exits::sections())?;
         for (path, names, _) in &stale {
             println!(
                 "kloop docs: {} is stale: {}",
@@ -34,7 +35,7 @@ fn docs(a: &DocsArgs) -> Result<ExitCode> {
         }
         return Ok(exit_code(stale.is_empty()));
     }
-    let written = kloop::session::docs::write(&layout)?;
+    let written = kloop::session::docs::write(&layout, &exits::sections())?;
     for (path, names) in &written {
         println!(
             "kloop docs: wrote {} ({})",

@@ -15,7 +15,8 @@ fn root() -> PathBuf {
 #[test]
 fn the_generated_sections_are_current() {
     let layout = kloop::workspace::Layout::from_root(root());
-    let stale = kloop::session::docs::stale(&layout).expect("the sections can be generated");
+    let stale = kloop::session::docs::stale(&layout, &crate::shared::exits::sections())
+        .expect("the sections can be generated");
     let lines: Vec<String> = stale
         .iter()
         .map(|(path, names, _)| format!("{}: {}", path.display(), names.join(", ")))
@@ -33,7 +34,8 @@ fn the_generated_sections_are_current() {
 fn a_drift_in_any_generated_section_is_found() {
     use kloop::session::docs::{begin_marker, end_marker, replace_section, sections};
     let layout = kloop::workspace::Layout::from_root(root());
-    let all = sections(&layout).unwrap();
+    let mut all = sections(&layout).unwrap();
+    all.extend(crate::shared::exits::sections());
     assert!(all.len() >= 5, "{all:?}");
     for s in &all {
         let current = format!(
@@ -167,5 +169,90 @@ fn a_new_variable_read_is_seen() {
     assert_eq!(
         variables_in(dir.path()).into_iter().collect::<Vec<_>>(),
         ["KLOOP_NEW_ONE", "KLOOP_SCRIPT_ONE"]
+    );
+}
+
+/// The statuses a command's file returns by number (`ExitCode::from(N)`,
+/// `EXIT_BUILD` and a kernel build's, `exit_code(..)`'s and
+/// `ExitCode::FAILURE`'s 1), besides 0 and 2.
+fn statuses_in(text: &str) -> BTreeSet<u8> {
+    let mut out = BTreeSet::new();
+    for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
+        for (at, _) in line.match_indices("ExitCode::from(") {
+            let n: String = line[at + "ExitCode::from(".len()..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            if let Ok(n) = n.parse() {
+                out.insert(n);
+            }
+        }
+        if line.contains("EXIT_BUILD") || line.contains("build_kernel(") {
+            out.insert(crate::shared::EXIT_BUILD);
+        }
+        if line.contains("exit_code(") || line.contains("ExitCode::FAILURE") {
+            out.insert(1);
+        }
+    }
+    out.retain(|&n| n != 0 && n != 2);
+    out
+}
+
+/// Every status a command's file returns by number is in its row of
+/// `EXIT_STATUSES` (commands one file serves share their rows).
+#[test]
+fn every_exit_status_a_command_returns_is_listed() {
+    use crate::shared::exits::EXIT_STATUSES;
+    let src = root().join("xtask/src");
+    let file_of = |cmd: &str| match cmd {
+        "bless" => "vm_test".to_string(),
+        "bisect-step" => "bisect".to_string(),
+        other => other.replace('-', "_"),
+    };
+    let mut problems = Vec::new();
+    for (cmd, _) in EXIT_STATUSES {
+        let file = file_of(cmd);
+        let text = std::fs::read_to_string(src.join(format!("{file}_cmd.rs"))).unwrap();
+        let listed: BTreeSet<u8> = EXIT_STATUSES
+            .iter()
+            .filter(|(c, _)| file_of(c) == file)
+            .flat_map(|(_, s)| s.iter().map(|(n, _)| *n))
+            .collect();
+        for n in statuses_in(&text) {
+            if !listed.contains(&n) {
+                problems.push(format!(
+                    "xtask/src/{file}_cmd.rs returns {n}, which `{cmd}`'s row lacks"
+                ));
+            }
+        }
+    }
+    let commands: BTreeSet<String> = {
+        use clap::CommandFactory;
+        crate::flags::Cli::command()
+            .get_subcommands()
+            .map(|c| c.get_name().to_string())
+            .collect()
+    };
+    let rows: BTreeSet<String> = EXIT_STATUSES.iter().map(|(c, _)| c.to_string()).collect();
+    assert_eq!(rows, commands, "EXIT_STATUSES has one row per command");
+    problems.sort();
+    problems.dedup();
+    assert!(
+        problems.is_empty(),
+        "exit statuses not in xtask/src/shared/exits.rs (then run `cargo xtask docs`):\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The planted case: a new `ExitCode::from(N)` is seen.
+#[test]
+fn a_new_exit_status_is_seen() {
+    let text = "fn f() -> ExitCode {\n    // ExitCode::from(9)\n    ExitCode::from(77)\n}\n";
+    assert_eq!(statuses_in(text).into_iter().collect::<Vec<_>>(), [77]);
+    assert_eq!(
+        statuses_in("Err(ExitCode::from(EXIT_BUILD))\nOk(exit_code(ok))\n")
+            .into_iter()
+            .collect::<Vec<_>>(),
+        [1, 3]
     );
 }

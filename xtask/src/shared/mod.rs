@@ -11,10 +11,9 @@ use kloop::workspace::Layout;
 use crate::flags::FetchArgs;
 
 pub(crate) mod ab;
+pub(crate) mod exits;
 
-/// Exit status of a run whose kernel did not build (vs 1: a trial failed,
-/// 2: kloop could not run).
-pub(crate) const EXIT_BUILD: u8 = 3;
+pub(crate) use exits::EXIT_BUILD;
 
 /// 0 for a run that passed, 1 for one that did not.
 pub(crate) fn exit_code(passed: bool) -> ExitCode {

@@ -103,6 +103,11 @@ pub fn sections(layout: &Layout) -> Result<Vec<Section>, DocsError> {
             body: rules_list(),
         },
         Section {
+            file: "docs/usage.md",
+            name: "faults",
+            body: faults_table(),
+        },
+        Section {
             file: "docs/scenarios.md",
             name: "scenarios",
             body: scenario_table(&scenarios, &catalog),
@@ -119,9 +124,11 @@ pub fn sections(layout: &Layout) -> Result<Vec<Section>, DocsError> {
 /// the sections that do, and the text it would have.
 pub type StaleFile = (PathBuf, Vec<&'static str>, String);
 
-/// The files whose generated sections differ from [`sections`].
-pub fn stale(layout: &Layout) -> Result<Vec<StaleFile>, DocsError> {
-    let all = sections(layout)?;
+/// The files whose generated sections differ from [`sections`] and
+/// `extra` (the caller's own: the xtask's exit statuses).
+pub fn stale(layout: &Layout, extra: &[Section]) -> Result<Vec<StaleFile>, DocsError> {
+    let mut all = sections(layout)?;
+    all.extend(extra.iter().cloned());
     let mut files: Vec<&'static str> = all.iter().map(|s| s.file).collect();
     files.dedup();
     let mut out = Vec::new();
@@ -145,9 +152,12 @@ pub fn stale(layout: &Layout) -> Result<Vec<StaleFile>, DocsError> {
 }
 
 /// Writes every stale file; returns what it rewrote.
-pub fn write(layout: &Layout) -> Result<Vec<(PathBuf, Vec<&'static str>)>, DocsError> {
+pub fn write(
+    layout: &Layout,
+    extra: &[Section],
+) -> Result<Vec<(PathBuf, Vec<&'static str>)>, DocsError> {
     let mut written = Vec::new();
-    for (path, names, text) in stale(layout)? {
+    for (path, names, text) in stale(layout, extra)? {
         kloop_kernels::write_atomically(&path, text.as_bytes()).at("writing", &path)?;
         written.push((path, names));
     }
@@ -235,6 +245,17 @@ pub fn rules_list() -> String {
     for (family, rules) in kloop_judge::known_issues::RULE_FAMILIES {
         let names: Vec<String> = rules.iter().map(|r| format!("`{r}`")).collect();
         let _ = writeln!(out, "- {family} ({}): {}", rules.len(), names.join(", "));
+    }
+    out
+}
+
+/// docs/usage.md's fault classes a ledger signature may name, with the
+/// fields each needs.
+pub fn faults_table() -> String {
+    let mut out = String::from("| fault class | fields its signature gives |\n|---|---|\n");
+    for (fault, fields) in kloop_judge::known_issues::FAULTS {
+        let fields: Vec<String> = fields.iter().map(|f| format!("`{f}`")).collect();
+        let _ = writeln!(out, "| `{fault}` | {} |", fields.join(", "));
     }
     out
 }
