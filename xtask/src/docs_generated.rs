@@ -256,3 +256,211 @@ fn a_new_exit_status_is_seen() {
         [1, 3]
     );
 }
+
+/// `ci/durations.jsonl`: per trial of the last whole-matrix runs, its
+/// verdict class (`ci/durations-from-runs.py` writes it).
+fn recorded_matrix() -> std::collections::BTreeMap<String, String> {
+    let text = std::fs::read_to_string(root().join("ci/durations.jsonl")).unwrap();
+    text.lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
+            (
+                v["id"].as_str().expect("an id").to_string(),
+                v["class"].as_str().unwrap_or("?").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Every trial the matrix plans: each architecture's pins × scenarios.
+fn planned_trials() -> BTreeSet<String> {
+    let layout = kloop::workspace::Layout::from_root(root());
+    let scenarios = kloop::scenario::load_all(&layout.scenarios()).unwrap();
+    let catalog = kloop_kernels::Catalog::load_all(&layout.kernels()).unwrap();
+    catalog
+        .pins()
+        .iter()
+        .flat_map(|p| {
+            scenarios
+                .iter()
+                .map(move |s| format!("{}/{}", p.id, s.name))
+        })
+        .collect()
+}
+
+/// The trial lines and totals the docs show as sample output, checked
+/// against the recorded runs: `ci/durations.jsonl` covers every planned
+/// trial and no other, every excerpted trial line carries its trial's
+/// verdict, and every totals line adds up to the x86-64 matrix with that
+/// run's counts.
+fn excerpt_problems(
+    docs: &[(&str, String)],
+    recorded: &std::collections::BTreeMap<String, String>,
+    planned: &BTreeSet<String>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    let ids: BTreeSet<String> = recorded.keys().cloned().collect();
+    for missing in planned.difference(&ids) {
+        problems.push(format!(
+            "ci/durations.jsonl lacks the planned trial {missing}"
+        ));
+    }
+    for extra in ids.difference(planned) {
+        problems.push(format!(
+            "ci/durations.jsonl has {extra}, which no longer is a planned trial"
+        ));
+    }
+    let x86: Vec<&String> = recorded
+        .iter()
+        .filter(|(id, _)| !id.starts_with("arm64/"))
+        .map(|(_, c)| c)
+        .collect();
+    let count = |class: &str| x86.iter().filter(|c| c.as_str() == class).count();
+    let matrix = Matrix {
+        recorded,
+        trials: x86.len(),
+        totals: format!(
+            "{} passed, {} failed, {} known bug, {} skipped",
+            count("ok"),
+            x86.len() - count("ok") - count("known") - count("skipped"),
+            count("known"),
+            count("skipped")
+        ),
+    };
+    for (name, text) in docs {
+        // Lines under a command that sets the environment
+        // (`KLOOP_PERF=… cargo xtask vm-test`) are that run's, not the
+        // matrix's.
+        let mut other_run = false;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if let Some((before, _)) = line.split_once("cargo xtask") {
+                other_run = before.contains('=');
+            }
+            for p in matrix.line_problems(line, other_run) {
+                problems.push(format!("{name}:{}: {p}", n + 1));
+            }
+        }
+    }
+    problems
+}
+
+/// What the recorded x86-64 matrix says a sample line must show.
+struct Matrix<'a> {
+    recorded: &'a std::collections::BTreeMap<String, String>,
+    trials: usize,
+    totals: String,
+}
+
+impl Matrix<'_> {
+    fn line_problems(&self, line: &str, other_run: bool) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(rest) = line.strip_prefix("kloop: ") {
+            if rest.contains(" passed, ")
+                && rest.contains(" known bug, ")
+                && !rest.starts_with(&self.totals)
+            {
+                out.push(format!(
+                    "totals `{rest}`: the recorded x86-64 matrix gives `{}`",
+                    self.totals
+                ));
+            }
+            if let Some(r) = rest.strip_prefix("running ") {
+                let n: String = r.chars().take_while(char::is_ascii_digit).collect();
+                if n.parse::<usize>().ok() != Some(self.trials) {
+                    out.push(format!(
+                        "`running {n} trial(s)`: the x86-64 matrix is {}",
+                        self.trials
+                    ));
+                }
+            }
+        }
+        // `shard K/N: A of B trial(s)`, wherever it is quoted.
+        if let Some((_, rest)) = line.split_once("shard ") {
+            if let Some((_, after)) = rest.split_once(" of ").filter(|_| rest.contains(": ")) {
+                let b: String = after.chars().take_while(char::is_ascii_digit).collect();
+                if after.contains(" trial(s)") && b.parse::<usize>().ok() != Some(self.trials) {
+                    out.push(format!(
+                        "shard line `{rest}`: the x86-64 matrix is {}",
+                        self.trials
+                    ));
+                }
+            }
+        }
+        // `<pin>/<scenario> ... <VERDICT>`: an excerpted trial line.
+        if let Some((id, verdict)) = line.split_once(" ... ").filter(|_| !other_run) {
+            match self.recorded.get(id) {
+                Some(class) if !verdict.starts_with(verdict_word(class)) => out.push(format!(
+                    "`{id}` is {} in the recorded run, not `{verdict}`",
+                    verdict_word(class)
+                )),
+                Some(_) => {}
+                None if id.contains('/') && !id.contains(' ') => {
+                    out.push(format!("`{id}` is no recorded trial"));
+                }
+                None => {}
+            }
+        }
+        out
+    }
+}
+
+/// The word a trial line starts its verdict with, for a verdict class.
+fn verdict_word(class: &str) -> &'static str {
+    match class {
+        "ok" => "ok",
+        "known" => "KNOWN",
+        "skipped" => "SKIPPED",
+        "failed" => "FAILED",
+        "infrastructure" => "INFRA",
+        "timeout" => "TIMEOUT",
+        "panic" => "PANIC",
+        "fixed" => "FIXED?",
+        _ => "?",
+    }
+}
+
+#[test]
+fn the_docs_sample_output_is_the_recorded_matrix() {
+    let docs: Vec<(&str, String)> = ["README.md", "docs/usage.md"]
+        .into_iter()
+        .map(|f| (f, std::fs::read_to_string(root().join(f)).unwrap()))
+        .collect();
+    let problems = excerpt_problems(&docs, &recorded_matrix(), &planned_trials());
+    assert!(
+        problems.is_empty(),
+        "sample output against ci/durations.jsonl (after a new scenario or pin: run the whole \
+         matrix, `cargo xtask vm-test --arch all`, and `ci/durations-from-runs.py RUN_DIR > \
+         ci/durations.jsonl`; then fix the excerpts):\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The planted cases: a stale total, a wrong verdict, a missing trial.
+#[test]
+fn a_stale_excerpt_is_found() {
+    let recorded: std::collections::BTreeMap<String, String> = [
+        ("6.1/basic", "ok"),
+        ("6.1/many-listeners", "known"),
+        ("arm64/6.1/basic", "ok"),
+    ]
+    .into_iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    let planned: BTreeSet<String> = [
+        "6.1/basic",
+        "6.1/many-listeners",
+        "6.1/new",
+        "arm64/6.1/basic",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    let doc = "    6.1/basic ... ok (1 s)\n    6.1/many-listeners ... ok (1 s)\n    kloop: running 3 trial(s)\n    kloop: 2 passed, 0 failed, 0 known bug, 0 skipped in 1 s\n    kloop: 1 passed, 0 failed, 1 known bug, 0 skipped in 1 s\n".to_string();
+    let problems = excerpt_problems(&[("d.md", doc)], &recorded, &planned);
+    assert_eq!(problems.len(), 4, "{problems:#?}");
+    assert!(problems[0].contains("lacks the planned trial 6.1/new"));
+    assert!(problems[1].contains("`6.1/many-listeners` is KNOWN"));
+    assert!(problems[2].contains("running 3"));
+    assert!(problems[3].contains("totals `2 passed"));
+}
