@@ -117,7 +117,80 @@ pub fn sections(layout: &Layout) -> Result<Vec<Section>, DocsError> {
             name: "matrix",
             body: matrix_line(&scenarios, &catalog),
         },
+        Section {
+            file: "docs/usage.md",
+            name: "layout",
+            body: layout_table(&layout.root)?,
+        },
     ])
+}
+
+/// The first sentence of the module documentation (`//!`) atop `file`.
+fn module_summary(file: &Path) -> Result<String, DocsError> {
+    let text = std::fs::read_to_string(file).at("reading", file)?;
+    // Inner attributes (`#![warn(missing_docs)]`) may come first.
+    let paragraph: Vec<&str> = text
+        .lines()
+        .skip_while(|l| l.starts_with("#!") || l.trim().is_empty())
+        .map_while(|l| l.strip_prefix("//!"))
+        .map(str::trim)
+        .take_while(|l| !l.is_empty())
+        .collect();
+    let joined = paragraph.join(" ");
+    let end = joined
+        .match_indices(". ")
+        .map(|(i, _)| i + 1)
+        .find(|&i| !joined[..i].ends_with("e.g.") && !joined[..i].ends_with("i.e."))
+        .unwrap_or(joined.len());
+    // Intra-doc links read as plain code here.
+    Ok(joined[..end].replace("[`", "`").replace("`]", "`"))
+}
+
+/// docs/usage.md's layout: every crate and every room of the library, each
+/// with the first sentence of its own module documentation.
+pub fn layout_table(root: &Path) -> Result<String, DocsError> {
+    let mut rows = vec![
+        ("guest/".to_string(), root.join("guest/src/main.rs")),
+        ("xtask/".to_string(), root.join("xtask/src/main.rs")),
+        ("harness/".to_string(), root.join("harness/src/lib.rs")),
+    ];
+    let listed = |dir: &Path| -> Result<Vec<PathBuf>, DocsError> {
+        let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+            .at("listing", dir)?
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        out.sort();
+        Ok(out)
+    };
+    for path in listed(&root.join("harness/src"))? {
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        if path.join("mod.rs").is_file() {
+            rows.push((format!("harness/src/{name}/"), path.join("mod.rs")));
+        } else if name.ends_with(".rs") && name != "lib.rs" {
+            rows.push((format!("harness/src/{name}"), path));
+        }
+    }
+    for path in listed(&root.join("crates"))? {
+        if path.join("src/lib.rs").is_file() {
+            let name = path
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            rows.push((format!("crates/{name}/"), path.join("src/lib.rs")));
+        }
+    }
+    let mut out =
+        String::from("| folder | what it holds (its module documentation) |\n|---|---|\n");
+    for (folder, file) in rows {
+        let _ = writeln!(out, "| `{folder}` | {} |", cell(&module_summary(&file)?));
+    }
+    Ok(out)
 }
 
 /// A file whose generated sections differ from [`sections`]: its path,
@@ -130,6 +203,7 @@ pub fn stale(layout: &Layout, extra: &[Section]) -> Result<Vec<StaleFile>, DocsE
     let mut all = sections(layout)?;
     all.extend(extra.iter().cloned());
     let mut files: Vec<&'static str> = all.iter().map(|s| s.file).collect();
+    files.sort_unstable();
     files.dedup();
     let mut out = Vec::new();
     for file in files {
