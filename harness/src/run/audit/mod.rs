@@ -408,7 +408,7 @@ pub fn run(
         .collect();
     on(Event::Note(format!("accelerator: {}", env.accel)));
     on(Event::Note(format!(
-        "audit of {} reproducer(s) ({}) over {} series ({} build(s)); artefacts in {}",
+        "audit of {} reproducer(s) ({}) over {} series ({} {} build(s), {}); artefacts in {}",
         programs.len(),
         programs
             .iter()
@@ -417,6 +417,8 @@ pub fn run(
             .join(", "),
         chosen.len(),
         chosen.iter().map(|s| by_series[s].len()).sum::<usize>(),
+        opts.arch,
+        opts.arch.cloud_flavour(),
         env.run_dir.display()
     )));
 
