@@ -26,7 +26,7 @@ use crate::check::detail::FaultRecovery;
 use crate::check::{Detail, Violation};
 use crate::evidence::{FailNthSweep, RunEvidence};
 
-/// The rule's name.
+/// Every attempt of a fail-nth sweep fails with an errno and leaves records that obey the run's rules, or succeeds.
 pub const FAULT_RECOVERY: &str = "fault-recovery";
 
 /// The rules this module reports (for the known-issues ledger's list).

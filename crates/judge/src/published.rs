@@ -28,7 +28,7 @@ use kloop_protocol::{SpinReading, TornWord};
 use crate::check::Violation;
 use crate::evidence::RunEvidence;
 
-/// The rule's name.
+/// A record below `data_head` already holds its whole sample_id trailer, as a reader spinning on the head from another CPU sees it.
 pub const PUBLISHED_BYTES: &str = "published-bytes";
 
 /// The rules this module reports (for the known-issues ledger's list).

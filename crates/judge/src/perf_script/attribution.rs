@@ -26,7 +26,7 @@ use crate::check::detail::{Detail, MisattributedSample};
 use crate::check::{Gap, Unchecked, Violation};
 use crate::evidence::RunEvidence;
 
-/// The rule's name.
+/// perf files every sample inside a live program's image under that program's kallsyms name.
 pub const PERF_ATTRIBUTION: &str = "perf-attribution";
 
 /// x86-64 `PAGE_SIZE`: the length `bpf_image_ksym_add()` announces.

@@ -13,7 +13,7 @@ use crate::check::Violation;
 use super::dump::PerfDump;
 use super::MAX_PER_KIND;
 
-/// The rule this file's checks report.
+/// perf's own `perf.data` arrives whole and its KSYMBOL and BPF_EVENT records read strictly.
 pub const FILE_RULE: &str = "perf-data";
 
 /// What the file reader made of perf's file.

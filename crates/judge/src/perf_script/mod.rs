@@ -68,7 +68,7 @@ use kloop_records::{
     PERF_RECORD_LOST, PERF_SAMPLE_CPU, PERF_SAMPLE_TIME,
 };
 
-/// The rule this module checks.
+/// perf, reading the same kernel next to kloop, sees the records kloop's listeners got.
 pub const RULE: &str = "second-reader";
 
 /// Every rule this module reports (for the known-issues ledger's list).

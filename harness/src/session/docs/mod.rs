@@ -100,7 +100,7 @@ pub fn sections(layout: &Layout) -> Result<Vec<Section>, DocsError> {
         Section {
             file: "docs/usage.md",
             name: "rules",
-            body: rules_list(),
+            body: rules_list(&layout.root)?,
         },
         Section {
             file: "docs/usage.md",
@@ -313,14 +313,73 @@ pub fn requires_table() -> String {
     out
 }
 
-/// docs/usage.md's rules, by the family that defines them.
-pub fn rules_list() -> String {
+/// docs/usage.md's rules, by the family that defines them, each with the
+/// first sentence of its name's documentation in `crates/judge/src`.
+pub fn rules_list(root: &Path) -> Result<String, DocsError> {
+    let docs = rule_docs(&root.join("crates/judge/src"))?;
     let mut out = String::new();
     for (family, rules) in kloop_judge::known_issues::RULE_FAMILIES {
-        let names: Vec<String> = rules.iter().map(|r| format!("`{r}`")).collect();
-        let _ = writeln!(out, "- {family} ({}): {}", rules.len(), names.join(", "));
+        let _ = writeln!(out, "\n**{family}** ({}):\n", rules.len());
+        for r in *rules {
+            match docs.get(*r) {
+                Some(line) => {
+                    let _ = writeln!(
+                        out,
+                        "- `{r}`: {}",
+                        line.replace("[`", "`").replace("`]", "`")
+                    );
+                }
+                None => {
+                    let _ = writeln!(out, "- `{r}`");
+                }
+            }
+        }
     }
-    out
+    Ok(out.trim_start().to_string())
+}
+
+/// Each `pub const X: &str = "<name>";` under `dir` with the first sentence
+/// of the `///` lines above it.
+fn rule_docs(dir: &Path) -> Result<std::collections::BTreeMap<String, String>, DocsError> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut files = vec![dir.to_path_buf()];
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            files.extend(
+                std::fs::read_dir(&path)
+                    .at("listing", &path)?
+                    .flatten()
+                    .map(|e| e.path()),
+            );
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).at("reading", &path)?;
+        let mut doc: Vec<&str> = Vec::new();
+        for line in text.lines().map(str::trim) {
+            if let Some(d) = line.strip_prefix("///") {
+                doc.push(d.trim());
+                continue;
+            }
+            let name = line
+                .strip_prefix("pub const ")
+                .and_then(|l| l.split_once(": &str = \""))
+                .and_then(|(_, v)| v.strip_suffix("\";"));
+            if let (Some(name), false) = (name, doc.is_empty()) {
+                let joined = doc.join(" ");
+                let first = joined
+                    .match_indices(". ")
+                    .map(|(i, _)| i + 1)
+                    .next()
+                    .map_or(joined.as_str(), |i| &joined[..i]);
+                out.insert(name.to_string(), first.to_string());
+            }
+            doc.clear();
+        }
+    }
+    Ok(out)
 }
 
 /// docs/usage.md's fault classes a ledger signature may name, with the
