@@ -405,19 +405,17 @@ impl Matrix<'_> {
     }
 }
 
-/// The word a trial line starts its verdict with, for a verdict class.
+/// The word a trial line starts its verdict with, for a verdict class
+/// (`Verdict::label` of the kind whose JSON class it is).
 fn verdict_word(class: &str) -> &'static str {
-    match class {
-        "ok" => "ok",
-        "known" => "KNOWN",
-        "skipped" => "SKIPPED",
-        "failed" => "FAILED",
-        "infrastructure" => "INFRA",
-        "timeout" => "TIMEOUT",
-        "panic" => "PANIC",
-        "fixed" => "FIXED?",
-        _ => "?",
-    }
+    kloop::run::trial::Verdict::one_of_each()
+        .iter()
+        .find(|v| {
+            serde_json::to_value(v)
+                .ok()
+                .is_some_and(|j| j["class"] == class)
+        })
+        .map_or("?", kloop::run::trial::Verdict::label)
 }
 
 #[test]
@@ -463,4 +461,29 @@ fn a_stale_excerpt_is_found() {
     assert!(problems[1].contains("`6.1/many-listeners` is KNOWN"));
     assert!(problems[2].contains("running 3"));
     assert!(problems[3].contains("totals `2 passed"));
+}
+
+/// docs/usage.md's hand-written table of what each verdict means has a
+/// row for every verdict word the code has (`Verdict::one_of_each`).
+#[test]
+fn every_verdict_word_has_its_meaning() {
+    let usage = std::fs::read_to_string(root().join("docs/usage.md")).unwrap();
+    let table = usage
+        .split_once("| verdict | meaning | fails the run |")
+        .map(|(_, t)| t)
+        .expect("docs/usage.md has the verdicts' meaning table");
+    let rows: Vec<&str> = table
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .collect();
+    let missing: Vec<&str> = kloop::run::trial::Verdict::one_of_each()
+        .iter()
+        .map(kloop::run::trial::Verdict::label)
+        .filter(|w| !rows.iter().any(|r| r.starts_with(&format!("| `{w}"))))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "verdict words without a row in docs/usage.md's meaning table: {missing:?}"
+    );
 }

@@ -94,6 +94,25 @@ impl FailureCause {
 }
 
 impl Verdict {
+    /// One verdict of each kind, in the order docs list them (`cargo xtask
+    /// docs` writes the verdict words from these). A new kind fails to
+    /// compile in [`Verdict::label`] until it is given a word, and the
+    /// docs test then finds its word missing from docs/usage.md's table.
+    pub fn one_of_each() -> Vec<Verdict> {
+        vec![
+            Verdict::Ok,
+            Verdict::Skipped(String::new()),
+            Verdict::Known(String::new()),
+            Verdict::Fixed(String::new()),
+            Verdict::failed(FailureCause::Unstated, ""),
+            Verdict::Infrastructure(String::new()),
+            Verdict::Timeout(String::new()),
+            Verdict::Panic(String::new()),
+            Verdict::Interrupted(String::new()),
+            Verdict::Flaky(String::new()),
+        ]
+    }
+
     /// A failure for `cause`.
     pub fn failed(cause: FailureCause, message: impl Into<String>) -> Verdict {
         Verdict::Failed(Failure {

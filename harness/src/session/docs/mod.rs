@@ -108,6 +108,11 @@ pub fn sections(layout: &Layout) -> Result<Vec<Section>, DocsError> {
             body: faults_table(),
         },
         Section {
+            file: "docs/usage.md",
+            name: "verdict-words",
+            body: verdict_words(),
+        },
+        Section {
             file: "docs/scenarios.md",
             name: "scenarios",
             body: scenario_table(&scenarios, &catalog),
@@ -389,6 +394,25 @@ pub fn faults_table() -> String {
     for (fault, fields) in kloop_judge::known_issues::FAULTS {
         let fields: Vec<String> = fields.iter().map(|f| format!("`{f}`")).collect();
         let _ = writeln!(out, "| `{fault}` | {} |", fields.join(", "));
+    }
+    out
+}
+
+/// docs/usage.md's verdict words: each kind's word on a trial line, its
+/// class in `results.jsonl`, whether it fails the run.
+pub fn verdict_words() -> String {
+    let mut out = String::from("| word | `results.jsonl` class | fails the run |\n|---|---|---|\n");
+    for v in crate::run::trial::Verdict::one_of_each() {
+        let class = serde_json::to_value(&v)
+            .ok()
+            .and_then(|j| j["class"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "| `{}` | `{class}` | {} |",
+            v.label(),
+            if v.fails_run() { "yes" } else { "no" }
+        );
     }
     out
 }
