@@ -90,10 +90,11 @@ pub const FEW_TRIALS_FOR_A_SAVED_VM: usize = 4;
 /// go first).
 pub const KEEP_ENV: &str = "KLOOP_SAVED_VMS_KEEP";
 /// About 100 MB of disk each for a 512 MiB guest (the RAM file is sparse:
-/// only the pages the guest touched take space): a full matrix needs 20
-/// per architecture (4 VM shapes × 5 pins), so 40 for `--arch all`, and
-/// after a change to the agent the previous 40 stay until these are used
-/// more recently.
+/// only the pages the guest touched take space): a full matrix restores 20
+/// on x86-64 (4 VM shapes × 5 pins) and 10 on arm64 (2 shapes: the perf
+/// scenarios, among others, are SKIPPED there before a boot), 30 for
+/// `--arch all` (docs/usage.md's table, from the recorded run), and after a change to the agent the previous ones
+/// stay until these are used more recently.
 pub const DEFAULT_KEEP: usize = 80;
 /// How many saved VMs of kernels that are not pins (validate's, bisection
 /// steps', mutants') the cache keeps, apart from the pins' budget.

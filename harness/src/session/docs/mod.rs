@@ -124,10 +124,53 @@ pub fn sections(layout: &Layout) -> Result<Vec<Section>, DocsError> {
         },
         Section {
             file: "docs/usage.md",
+            name: "saved-vms",
+            body: saved_vm_table(&layout.root, &catalog)?,
+        },
+        Section {
+            file: "docs/usage.md",
             name: "layout",
             body: layout_table(&layout.root)?,
         },
     ])
+}
+
+/// docs/usage.md's saved VMs of the matrix: per pin, the VM shapes its
+/// trials restored in the recorded whole-matrix run (`ci/durations.jsonl`).
+pub fn saved_vm_table(root: &Path, catalog: &kloop_kernels::Catalog) -> Result<String, DocsError> {
+    let path = root.join("ci/durations.jsonl");
+    let text = std::fs::read_to_string(&path).at("reading", &path)?;
+    let mut shapes: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+        Default::default();
+    for line in text.lines() {
+        let Ok(row) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(id), Some(key)) = (row["id"].as_str(), row["saved_vm"].as_str()) else {
+            continue;
+        };
+        if let Some((pin, _)) = id.rsplit_once('/') {
+            shapes
+                .entry(pin.to_string())
+                .or_default()
+                .insert(key.to_string());
+        }
+    }
+    let mut out = String::from(
+        "| architecture | saved VMs per pin (VM shapes) | the matrix's |\n|---|---|---|\n",
+    );
+    for (arch, pins) in pins_by_arch(catalog) {
+        let per: Vec<String> = pins
+            .iter()
+            .map(|p| format!("{p}: {}", shapes.get(p).map_or(0, |s| s.len())))
+            .collect();
+        let total: usize = pins
+            .iter()
+            .map(|p| shapes.get(p).map_or(0, |s| s.len()))
+            .sum();
+        let _ = writeln!(out, "| {arch} | {} | {total} |", per.join(", "));
+    }
+    Ok(out)
 }
 
 /// The first sentence of the module documentation (`//!`) atop `file`.
