@@ -719,7 +719,7 @@ pub(crate) struct BenchArgs {
 pub(crate) enum KernelsCmd {
     /// Show the catalog and what is cached.
     List,
-    /// Download and verify pinned kernels (all by default).
+    /// Download and verify pinned kernels (every x86-64 pin by default; `arm64/<series>` names an arm64 one).
     Fetch {
         ids: Vec<String>,
         #[command(flatten)]
