@@ -487,3 +487,124 @@ fn every_verdict_word_has_its_meaning() {
         "verdict words without a row in docs/usage.md's meaning table: {missing:?}"
     );
 }
+
+/// Every identifier of the workspace's Rust source, and the names of its
+/// modules (file stems and folders under a `src/`).
+fn source_words() -> (BTreeSet<String>, BTreeSet<String>) {
+    fn walk(path: &Path, words: &mut BTreeSet<String>, modules: &mut BTreeSet<String>) {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if path.is_dir() {
+            if matches!(name, "target" | ".git" | "testdata") {
+                return;
+            }
+            if path
+                .parent()
+                .and_then(|p| p.file_name())
+                .is_some_and(|p| p == "src")
+            {
+                modules.insert(name.to_string());
+            }
+            for e in std::fs::read_dir(path).into_iter().flatten().flatten() {
+                walk(&e.path(), words, modules);
+            }
+            return;
+        }
+        // This file's planted names are test data, not the source's.
+        if path.ends_with("xtask/src/docs_generated.rs") {
+            return;
+        }
+        if let Some(stem) = name.strip_suffix(".rs") {
+            modules.insert(stem.to_string());
+            if let Ok(text) = std::fs::read_to_string(path) {
+                words.extend(
+                    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .filter(|w| !w.is_empty())
+                        .map(str::to_string),
+                );
+            }
+        }
+    }
+    let (mut words, mut modules) = (BTreeSet::new(), BTreeSet::new());
+    for dir in ["crates", "harness", "xtask", "guest", "fuzz"] {
+        walk(&root().join(dir), &mut words, &mut modules);
+    }
+    (words, modules)
+}
+
+/// The Rust paths a document names in backticks (`kloop_judge::judge`,
+/// `run::trial::Verdict`) whose first part is one of kloop's crates or
+/// modules, and whose parts are no identifier of the source.
+fn stale_code_paths(
+    text: &str,
+    words: &BTreeSet<String>,
+    modules: &BTreeSet<String>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for span in text.split('`').skip(1).step_by(2) {
+        let path = span.trim_end_matches("()").trim_end_matches('!');
+        let parts: Vec<&str> = path.split("::").collect();
+        let is_path = parts.len() > 1
+            && parts
+                .iter()
+                .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+        if !is_path {
+            continue;
+        }
+        let ours = parts[0].starts_with("kloop")
+            || matches!(parts[0], "crate" | "super" | "self")
+            || modules.contains(parts[0]);
+        if !ours {
+            continue;
+        }
+        let missing: Vec<&str> = parts
+            .iter()
+            .copied()
+            .filter(|p| !matches!(*p, "crate" | "super" | "self") && !words.contains(*p))
+            .collect();
+        if !missing.is_empty() {
+            out.push(format!("`{span}`: no {} in the source", missing.join(", ")));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_code_paths_the_docs_name_exist() {
+    let (words, modules) = source_words();
+    let mut docs = vec!["README.md".to_string(), "ARCHITECTURE.md".to_string()];
+    for dir in ["docs", "docs/dev"] {
+        for e in std::fs::read_dir(root().join(dir)).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".md") {
+                docs.push(format!("{dir}/{name}"));
+            }
+        }
+    }
+    let mut problems = Vec::new();
+    for d in &docs {
+        let text = std::fs::read_to_string(root().join(d)).unwrap();
+        for p in stale_code_paths(&text, &words, &modules) {
+            problems.push(format!("{d}: {p}"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "code paths the docs name that the source lacks:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The planted case: a path of kloop's with a gone part is found; a
+/// kernel function and a path of another crate are not kloop's to check.
+#[test]
+fn a_stale_code_path_is_found() {
+    let words: BTreeSet<String> = ["known_issues", "RULE_FAMILIES", "kloop_judge"]
+        .map(String::from)
+        .into();
+    let modules: BTreeSet<String> = ["known_issues"].map(String::from).into();
+    let text = "`known_issues::RULE_SOURCES`, `kloop_judge::known_issues::RULE_FAMILIES`, `std::fs::read`, `perf_event_header__init_id()`";
+    assert_eq!(
+        stale_code_paths(text, &words, &modules),
+        ["`known_issues::RULE_SOURCES`: no RULE_SOURCES in the source"]
+    );
+}
