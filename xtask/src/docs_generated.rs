@@ -608,3 +608,40 @@ fn a_stale_code_path_is_found() {
         ["`known_issues::RULE_SOURCES`: no RULE_SOURCES in the source"]
     );
 }
+
+/// A `validate` summary the docs quote (`38 same, 1 fixed, …`) is one a
+/// fix's validation recorded in the ledger (`[[issue.fix]]`'s `summary`,
+/// with its run and date), not a number typed in.
+#[test]
+fn every_quoted_validate_summary_is_a_recorded_one() {
+    let ledger: toml::Value =
+        toml::from_str(&std::fs::read_to_string(root().join("kernels/known-issues.toml")).unwrap())
+            .unwrap();
+    let recorded: BTreeSet<String> = ledger["issue"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i.get("fix").and_then(|f| f.as_array()))
+        .flatten()
+        .filter_map(|f| f["summary"].as_str())
+        .map(|s| s.split_once(": ").map_or(s, |(_, rest)| rest).to_string())
+        .collect();
+    let mut problems = Vec::new();
+    for doc in ["README.md", "docs/usage.md"] {
+        let text = std::fs::read_to_string(root().join(doc)).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            let quoted = line.contains(" same, ")
+                && line.contains(" fixed, ")
+                && line.contains(" incomparable");
+            if quoted && line.starts_with(|c: char| c.is_ascii_digit()) && !recorded.contains(line)
+            {
+                problems.push(format!(
+                    "{doc}:{}: `{line}` is no fix validation the ledger recorded",
+                    n + 1
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
