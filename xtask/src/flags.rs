@@ -761,6 +761,9 @@ pub(crate) enum KernelsCmd {
     /// kernels/bisect.lock, outside the default matrix.
     PinBuild {
         versions: Vec<String>,
+        /// The builds' architecture (`arm64`: locked as `arm64/<version>`).
+        #[arg(long, value_name = "ARCH", default_value = "x86_64", value_parser = arch_parser())]
+        arch: ArchChoice,
         #[command(flatten)]
         fetch: FetchArgs,
     },

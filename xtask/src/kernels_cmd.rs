@@ -34,7 +34,11 @@ fn kernels(cmd: KernelsCmd) -> Result<ExitCode> {
                 anyhow::bail!("kernels available lists one architecture: --arch x86_64 or arm64")
             }
         },
-        KernelsCmd::PinBuild { versions, fetch } => pin_build(&layout, versions, &fetch),
+        KernelsCmd::PinBuild {
+            versions,
+            arch,
+            fetch,
+        } => pin_build(&layout, versions, arch.one("kernels pin-build")?, &fetch),
         KernelsCmd::PinSource {
             package,
             suite,
@@ -119,8 +123,13 @@ fn available(
 }
 
 /// `kernels pin-build`: builds into the bisection lock.
-fn pin_build(layout: &Layout, versions: Vec<String>, fetch: &FetchArgs) -> Result<ExitCode> {
-    kernels::pin_build(layout, &versions, &fetch.options(), &mut |pin| {
+fn pin_build(
+    layout: &Layout,
+    versions: Vec<String>,
+    arch: kloop::Arch,
+    fetch: &FetchArgs,
+) -> Result<ExitCode> {
+    kernels::pin_build(layout, &versions, arch, &fetch.options(), &mut |pin| {
         println!(
             "{}: {} {} (deb sha256 {}, image sha256 {}) in kernels/bisect.lock",
             pin.id, pin.package, pin.suite, pin.deb_sha256, pin.image_sha256

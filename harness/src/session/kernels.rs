@@ -136,11 +136,12 @@ pub enum PinBuildError {
 pub fn pin_build(
     layout: &Layout,
     versions: &[String],
+    arch: kloop_protocol::Arch,
     fetch: &FetchOptions,
     on: &mut dyn FnMut(&KernelPin),
 ) -> Result<(), PinBuildError> {
     let cache = KernelCache::default_location()?;
-    let (builds, _) = kloop_kernels::available::list_cloud_builds(&cache, fetch, false)?;
+    let (builds, _) = kloop_kernels::available::list_cloud_builds_for(&cache, fetch, false, arch)?;
     let mut lock = BisectLock::load(&layout.kernels())?;
     for v in versions {
         let b = builds
