@@ -6,10 +6,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask/ lives in the workspace root")
-        .to_path_buf()
+    kloop::workspace::workspace_root()
 }
 
 #[test]

@@ -273,11 +273,8 @@ pub fn busybox_payload_for(
     kernels_dir: Result<&Path, String>,
     fetch: &kloop_kernels::FetchOptions,
 ) -> Result<(Payload, Vec<String>), PayloadError> {
-    if arch == kloop_protocol::Arch::X86_64 {
-        return busybox_payload();
-    }
     let var = match arch {
-        kloop_protocol::Arch::X86_64 => "KLOOP_BUSYBOX",
+        kloop_protocol::Arch::X86_64 => return busybox_payload(),
         kloop_protocol::Arch::Arm64 => "KLOOP_BUSYBOX_ARM64",
     };
     let guest = match std::env::var_os(var) {
@@ -555,10 +552,7 @@ pub fn c_program_for(
     let tmp = cache
         .join(&key)
         .join(format!("{stem}.{}.tmp", std::process::id()));
-    let compiler = match arch {
-        kloop_protocol::Arch::X86_64 => "gcc",
-        other => other.c_compiler(),
-    };
+    let compiler = arch.c_compiler();
     let run = Command::new(compiler)
         .args(["-static", "-O2", "-Wall", "-Wextra", "-I"])
         .arg(dir)

@@ -2,7 +2,7 @@
 //! one list `cargo xtask --help` and docs/usage.md's table are written
 //! from (`cargo xtask docs`). Defaults come from the constants the code
 //! uses, so neither can drift from it; the docs test
-//! (`xtask/src/docs_check.rs`) fails when the source reads a `KLOOP_`
+//! (`xtask/src/docs_generated.rs`) fails when the source reads a `KLOOP_`
 //! variable this list lacks, or this list names one nothing reads.
 
 use crate::run::saved_vm;

@@ -7,7 +7,7 @@
 //! <!-- kloop docs: end NAME -->
 //! ```
 //!
-//! The docs test (`xtask/src/docs_check.rs`) fails when any section
+//! The docs test (`xtask/src/docs_generated.rs`) fails when any section
 //! differs from what [`sections`] writes, and says to run the command.
 
 pub mod env_vars;
@@ -184,14 +184,18 @@ fn module_summary(file: &Path) -> Result<String, DocsError> {
         .map(str::trim)
         .take_while(|l| !l.is_empty())
         .collect();
-    let joined = paragraph.join(" ");
-    let end = joined
+    Ok(first_sentence(&paragraph.join(" ")))
+}
+
+/// The first sentence of a doc comment's text, its intra-doc links read
+/// as plain code.
+fn first_sentence(text: &str) -> String {
+    let end = text
         .match_indices(". ")
         .map(|(i, _)| i + 1)
-        .find(|&i| !joined[..i].ends_with("e.g.") && !joined[..i].ends_with("i.e."))
-        .unwrap_or(joined.len());
-    // Intra-doc links read as plain code here.
-    Ok(joined[..end].replace("[`", "`").replace("`]", "`"))
+        .find(|&i| !text[..i].ends_with("e.g.") && !text[..i].ends_with("i.e."))
+        .unwrap_or(text.len());
+    text[..end].replace("[`", "`").replace("`]", "`")
 }
 
 /// docs/usage.md's layout: every crate and every room of the library, each
@@ -371,11 +375,7 @@ pub fn rules_list(root: &Path) -> Result<String, DocsError> {
         for r in *rules {
             match docs.get(*r) {
                 Some(line) => {
-                    let _ = writeln!(
-                        out,
-                        "- `{r}`: {}",
-                        line.replace("[`", "`").replace("`]", "`")
-                    );
+                    let _ = writeln!(out, "- `{r}`: {line}");
                 }
                 None => {
                     let _ = writeln!(out, "- `{r}`");
@@ -416,13 +416,7 @@ fn rule_docs(dir: &Path) -> Result<std::collections::BTreeMap<String, String>, D
                 .and_then(|l| l.split_once(": &str = \""))
                 .and_then(|(_, v)| v.strip_suffix("\";"));
             if let (Some(name), false) = (name, doc.is_empty()) {
-                let joined = doc.join(" ");
-                let first = joined
-                    .match_indices(". ")
-                    .map(|(i, _)| i + 1)
-                    .next()
-                    .map_or(joined.as_str(), |i| &joined[..i]);
-                out.insert(name.to_string(), first.to_string());
+                out.insert(name.to_string(), first_sentence(&doc.join(" ")));
             }
             doc.clear();
         }
